@@ -1,0 +1,218 @@
+"""The adapter contract: one interface, one error taxonomy, one state vocabulary.
+
+Every cloud adapter (providers/<cloud>/) implements :class:`Provider`. Adapters import their SDK
+lazily, inside methods, so ``import providers`` and ``provisioner --help`` stay fast.
+Nothing here imports from ``provisioner`` or ``policies``.
+"""
+
+from __future__ import annotations
+
+import enum
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from decimal import Decimal
+from typing import Any, ClassVar, Literal
+
+# Tag/label keys that mark machines launched by provisioner. Lowercase, dash-separated: valid as
+# AWS tags, GCP labels (``[a-z0-9_-]``, ≤63), Azure tags, Yandex labels and Huawei server tags.
+TAG_MANAGED_BY = "managed-by"
+TAG_MANAGED_BY_VALUE = "provisioner"
+TAG_MACHINE = "provisioner-machine"
+TAG_PROJECT = "provisioner-project"
+TAG_OWNER = "provisioner-owner"
+
+
+class MachineState(enum.StrEnum):
+    """The one state vocabulary. ``preempted`` is a spot machine the cloud took back."""
+
+    PENDING = "pending"
+    RUNNING = "running"
+    STOPPING = "stopping"
+    STOPPED = "stopped"
+    TERMINATED = "terminated"
+    PREEMPTED = "preempted"
+
+
+# --- error taxonomy -------------------------------------------------------------------------
+
+
+class ProviderError(Exception):
+    """Base of every adapter error. ``code`` keeps the cloud's own error code."""
+
+    retryable: ClassVar[bool] = False
+
+    def __init__(self, message: str, *, code: str | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+
+    def __str__(self) -> str:
+        msg = super().__str__()
+        return f"{msg} [{self.code}]" if self.code and self.code not in msg else msg
+
+
+class CapacityError(ProviderError):
+    """The zone has no stock of this type right now: try another zone."""
+
+
+class QuotaError(ProviderError):
+    """A quota blocks the launch. ``scope`` says how far: the region, or the whole cloud
+    (e.g. GCP GPUS_ALL_REGIONS)."""
+
+    def __init__(
+        self, message: str, *, code: str | None = None, scope: Literal["region", "cloud"] = "region"
+    ) -> None:
+        super().__init__(message, code=code)
+        self.scope = scope
+
+
+class AuthError(ProviderError):
+    """Credentials missing, expired or refused: the whole cloud is out."""
+
+
+class InvalidRequest(ProviderError):
+    """The cloud rejected the request itself (bad image, type not offered here…)."""
+
+
+class Throttled(ProviderError):
+    """Rate limited or a transient server error: retried with backoff by the adapter."""
+
+    retryable = True
+
+
+class NotFound(ProviderError):
+    """The machine does not exist (any more)."""
+
+
+# --- data passed across the seam ------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Offer:
+    """One purchasable shape in one place. Prices are per hour in ``currency``; ``None`` means
+    no public price is known (the planner skips it unless settings price it)."""
+
+    cloud: str
+    region: str
+    zone: str  # "" where the cloud prices per region (Azure) or the zone is chosen at launch
+    instance_type: str
+    gpu: str  # normalised: A100, A100-80GB, H100, T4, L4, A10G, V100, …
+    gpu_count: int
+    gpu_memory_gb: int
+    vcpus: int
+    memory_gb: Decimal
+    price: Decimal | None  # on-demand / reserved
+    spot_price: Decimal | None  # spot / preemptible
+    currency: str
+    accelerator: str = ""  # GCP attachable GPU (nvidia-tesla-t4) on an n1 host, else ""
+    source: str = ""  # where the price came from
+
+
+@dataclass(frozen=True)
+class LaunchRequest:
+    """Everything an adapter needs to create one machine."""
+
+    name: str  # cloud resource name: lowercase, [a-z0-9-], ≤ 50 chars, starts with a letter
+    token: str  # idempotency token of the intent (≤ 64 ASCII chars); same token → same machine
+    region: str
+    zone: str
+    instance_type: str
+    gpu: str
+    gpu_count: int
+    spot: bool
+    disk_gb: int = 100
+    accelerator: str = ""
+    image: str | None = None  # None → the adapter's GPU-ready default
+    user_data: str | None = None  # startup script (cloud-init / shell)
+    ssh_public_key: str | None = None
+    labels: Mapping[str, str] = field(default_factory=dict)  # includes the TAG_* keys
+    max_price: Decimal | None = None  # spot cap per hour; None → pay up to on-demand
+    preemption_action: Literal["stop", "terminate"] = "stop"  # what the cloud does on eviction
+
+
+@dataclass(frozen=True)
+class InstanceRef:
+    """Enough to find one machine again in its cloud."""
+
+    id: str
+    region: str
+    zone: str = ""
+    name: str = ""
+
+
+@dataclass(frozen=True)
+class Instance:
+    id: str
+    name: str
+    region: str
+    zone: str
+    instance_type: str
+    state: MachineState
+    spot: bool
+    labels: Mapping[str, str] = field(default_factory=dict)
+    public_ip: str | None = None
+    private_ip: str | None = None
+    launched_at: datetime | None = None
+    state_reason: str | None = None  # the cloud's own words/code for the last transition
+
+    @property
+    def ref(self) -> InstanceRef:
+        return InstanceRef(id=self.id, region=self.region, zone=self.zone, name=self.name)
+
+    @property
+    def machine_id(self) -> str | None:
+        return self.labels.get(TAG_MACHINE)
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    cloud: str
+    ok: bool
+    message: str  # one sentence: what works, or what is missing
+
+
+class Provider(ABC):
+    """One cloud. Constructed with the cloud's non-secret options from settings; secrets come
+    from the environment or the SDK's own configuration and are never passed through here."""
+
+    name: ClassVar[str]
+    currency: ClassVar[str] = "USD"
+
+    def __init__(self, options: Mapping[str, Any] | None = None) -> None:
+        self.options: dict[str, Any] = dict(options or {})
+
+    @abstractmethod
+    def check(self) -> CheckResult:
+        """Are credentials present and valid? Must not hang when nothing is configured."""
+
+    @abstractmethod
+    def launch(self, request: LaunchRequest) -> Instance:
+        """Create the machine, idempotently by ``request.token``. Raises the taxonomy."""
+
+    @abstractmethod
+    def get(self, ref: InstanceRef) -> Instance:
+        """Raises NotFound when the machine is gone."""
+
+    @abstractmethod
+    def list_managed(
+        self, regions: Sequence[str] | None = None, machine_id: str | None = None
+    ) -> list[Instance]:
+        """Our machines (tag ``managed-by=provisioner``), optionally only one machine id's.
+        ``regions=None`` means the regions configured for this cloud. Paginates fully."""
+
+    @abstractmethod
+    def stop(self, ref: InstanceRef) -> None:
+        """Stop so that compute billing ends (Azure: deallocate). Idempotent."""
+
+    @abstractmethod
+    def start(self, ref: InstanceRef) -> None:
+        """Idempotent."""
+
+    @abstractmethod
+    def terminate(self, ref: InstanceRef) -> None:
+        """Idempotent: a machine already gone is not an error."""
+
+    def fetch_offers(self) -> list[Offer]:
+        """Rebuild this cloud's offers from its public price source (``catalog refresh``)."""
+        raise NotImplementedError(f"{self.name}: no price refresh")

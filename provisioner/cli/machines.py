@@ -1,0 +1,311 @@
+"""plan, up, status, stop, start, down."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import typer
+from rich.table import Table
+
+from provisioner.cli import OUTPUT, Output, app, err, get_app, out, print_json
+
+
+def _money(amount: Any, currency: str | None) -> str:
+    from provisioner.money import Money
+
+    return str(Money(amount, currency)) if amount is not None and currency else "—"
+
+
+def candidate_json(c: Any) -> dict[str, Any]:
+    o = c.offer
+    return {
+        "cloud": o.cloud,
+        "region": o.region,
+        "zone": o.zone,
+        "instance_type": o.instance_type,
+        "gpu": o.gpu,
+        "gpu_count": o.gpu_count,
+        "gpu_memory_gb": o.gpu_memory_gb,
+        "vcpus": o.vcpus,
+        "memory_gb": str(o.memory_gb),
+        "market": c.market,
+        "price_per_hour": {"amount": str(c.price.amount), "currency": c.price.currency},
+        "price_per_hour_base": {
+            "amount": str(c.price_base.amount),
+            "currency": c.price_base.currency,
+        },
+        "source": o.source,
+    }
+
+
+def machine_json(m: Any) -> dict[str, Any]:
+    return {
+        "name": m.name,
+        "id": m.id,
+        "status": m.status,
+        "project": m.project,
+        "owner": m.owner,
+        "cloud": m.cloud,
+        "region": m.region,
+        "zone": m.zone,
+        "instance_type": m.instance_type,
+        "gpu": m.gpu,
+        "gpu_count": m.gpu_count,
+        "market": m.market,
+        "instance_id": m.instance_id,
+        "public_ip": m.public_ip,
+        "rate_per_hour": {"amount": str(m.rate), "currency": m.currency}
+        if m.rate is not None
+        else None,
+        "disk_rate_per_hour": {"amount": str(m.disk_rate), "currency": m.currency}
+        if m.disk_rate is not None
+        else None,
+        "created_at": m.created_at,
+        "launched_at": m.launched_at,
+        "terminated_at": m.terminated_at,
+    }
+
+
+@app.command()
+def plan(
+    ctx: typer.Context,
+    spec: str = typer.Argument(..., help="experiment file"),
+    top: int = typer.Option(10, help="how many candidates to show"),
+    output: Output = OUTPUT,
+) -> None:
+    """Rank the offers an experiment may use, with why the others were turned down. Needs no
+    credentials and launches nothing."""
+    from provisioner.spec import load_experiment
+
+    experiment = load_experiment(spec)
+    p = get_app(ctx).plan(experiment)
+    if output is Output.json:
+        print_json(
+            {
+                "experiment": experiment.name,
+                "gpu": str(experiment.resources.gpu),
+                "market": experiment.resources.market,
+                "currency": p.currency,
+                "rates": p.rates,
+                "candidates": [candidate_json(c) for c in p.candidates[:top]],
+                "candidate_count": len(p.candidates),
+                "rejected": dict(p.rejected),
+                "rejected_examples": p.examples,
+                "checks": [getattr(c, "as_json", lambda c=c: c)() for c in p.checks],
+            }
+        )
+        return
+    t = Table(
+        title=f"{experiment.name}: {experiment.resources.gpu} {experiment.resources.market}"
+        f" — {len(p.candidates)} candidates, cheapest first"
+    )
+    for col in (
+        "#",
+        "cloud",
+        "region / zone",
+        "type",
+        "GPUs",
+        "vCPU",
+        "RAM GB",
+        "market",
+        "price/h",
+        f"in {p.currency}",
+    ):
+        t.add_column(
+            col,
+            justify="right"
+            if col in ("#", "GPUs", "vCPU", "RAM GB", "price/h", f"in {p.currency}")
+            else "left",
+        )
+    for i, c in enumerate(p.candidates[:top], 1):
+        o = c.offer
+        t.add_row(
+            str(i),
+            o.cloud,
+            o.zone or o.region,
+            o.instance_type,
+            f"{o.gpu_count}×{o.gpu}",
+            str(o.vcpus),
+            str(o.memory_gb),
+            c.market,
+            str(c.price),
+            f"{c.price_base.amount:,.2f}",
+        )
+    out.print(t)
+    if p.candidates:
+        clouds = sorted({c.offer.cloud for c in p.candidates})
+        best = {cl: next(c for c in p.candidates if c.offer.cloud == cl) for cl in clouds}
+        out.print(
+            "cheapest per cloud: "
+            + ", ".join(
+                f"{cl} {b.price_base.amount:,.2f} {p.currency}"
+                for cl, b in sorted(best.items(), key=lambda kv: kv[1].price_base.amount)
+            )
+        )
+    if p.rates:
+        out.print(f"[dim]ranked in {p.currency}; {p.rates}[/]")
+    for check in p.checks:
+        out.print(str(check))
+    if p.rejected:
+        out.print(
+            "[bold]turned down[/]: "
+            + "; ".join(
+                f"{reason}: {n} (e.g. {p.examples[reason]})" for reason, n in p.summary_reasons()
+            )
+        )
+
+
+@app.command()
+def up(
+    ctx: typer.Context,
+    spec: str = typer.Argument(..., help="experiment file"),
+    output: Output = OUTPUT,
+) -> None:
+    """Launch the cheapest allowed offer, failing over across zones, regions and clouds."""
+    from provisioner import lifecycle
+    from provisioner.spec import load_experiment
+
+    experiment = load_experiment(spec)
+    application = get_app(ctx)
+    quiet = output is Output.json
+    with err.status(f"launching {experiment.name}…") if not quiet else _nullcontext():
+        result = lifecycle.up(
+            application,
+            experiment,
+            spec_path=spec,
+            progress=(lambda msg: None) if quiet else (lambda msg: err.print(msg, highlight=False)),
+        )
+    m = result.machine
+    if quiet:
+        print_json(
+            {
+                "already": result.already,
+                "machine": machine_json(m),
+                "attempts": [a.__dict__ for a in result.attempts],
+            }
+        )
+        return
+    if result.already:
+        out.print(f"{m.name} already exists ({m.status} on {m.cloud or '—'}); nothing launched.")
+        return
+    out.print(
+        f"[green]launched[/] {m.name} on {m.cloud} {m.zone or m.region}: {m.instance_type} "
+        f"({m.gpu_count}×{m.gpu}, {m.market}) at {_money(m.rate, m.currency)}/h"
+    )
+    if m.disk_rate is not None:
+        out.print(f"  disk {m.disk_gb} GB: {_money(m.disk_rate, m.currency)}/h while it exists")
+    out.print(
+        f"  instance {m.instance_id}"
+        + (f", ssh {_ssh_user(m.cloud)}@{m.public_ip}" if m.public_ip else "")
+    )
+    out.print(
+        f"  stop it with `provisioner stop {m.name}`, remove it with `provisioner down {m.name}`"
+    )
+
+
+def _ssh_user(cloud: str | None) -> str:
+    return {
+        "aws": "ubuntu",
+        "gcp": "provisioner",
+        "azure": "provisioner",
+        "yandex": "provisioner",
+        "sbercloud": "root",
+    }.get(cloud or "", "provisioner")
+
+
+class _nullcontext:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *a: object) -> None:
+        return None
+
+
+@app.command()
+def status(
+    ctx: typer.Context,
+    all_: bool = typer.Option(False, "--all", "-a", help="include terminated and failed machines"),
+    refresh: bool = typer.Option(True, help="ask the clouds first (reconcile)"),
+    output: Output = OUTPUT,
+) -> None:
+    """Machines and their state, reconciled with what the clouds report."""
+    from sqlalchemy import select
+
+    from provisioner import lifecycle
+    from provisioner.state import Machine
+
+    application = get_app(ctx)
+    problems = []
+    if refresh:
+        problems = [o for o in lifecycle.reconcile(application) if o.error]
+    with application.db.session() as s:
+        q = select(Machine).order_by(Machine.created_at)
+        if not all_:
+            q = q.where(Machine.status.not_in(("terminated", "failed")))
+        machines = list(s.scalars(q))
+    if output is Output.json:
+        print_json([machine_json(m) for m in machines])
+        return
+    if not machines:
+        out.print("no machines" + ("" if all_ else " (use --all to include terminated ones)"))
+    else:
+        t = Table(title="machines")
+        for col in (
+            "name",
+            "status",
+            "cloud",
+            "zone",
+            "type",
+            "GPUs",
+            "market",
+            "price/h",
+            "address",
+        ):
+            t.add_column(col)
+        for m in machines:
+            t.add_row(
+                m.name,
+                m.status,
+                m.cloud or "—",
+                m.zone or m.region or "—",
+                m.instance_type or "—",
+                f"{m.gpu_count}×{m.gpu}" if m.gpu else "—",
+                m.market or "—",
+                _money(m.rate, m.currency),
+                m.public_ip or "—",
+            )
+        out.print(t)
+    for o in problems:
+        err.print(
+            f"[yellow]warning:[/] could not ask {o.machine.cloud} about {o.machine.name}: {o.error}"
+        )
+
+
+def _simple(verb: str, fn_name: str, done: str, same: str) -> None:
+    def command(
+        ctx: typer.Context,
+        name: str = typer.Argument(..., help="machine name"),
+        output: Output = OUTPUT,
+    ) -> None:
+        from provisioner import lifecycle
+
+        m, changed = getattr(lifecycle, fn_name)(get_app(ctx), name)
+        if output is Output.json:
+            print_json({"changed": changed, "machine": machine_json(m)})
+        else:
+            out.print(f"{m.name} {done if changed else same}")
+
+    command.__doc__ = verb
+    app.command(fn_name)(command)
+
+
+_simple(
+    "Stop a machine: compute billing ends, the disk is kept.",
+    "stop",
+    "stopped",
+    "was already stopped",
+)
+_simple("Start a stopped machine.", "start", "started", "is already running")
+_simple(
+    "Terminate a machine and everything it bills for.", "down", "terminated", "was already gone"
+)

@@ -1,0 +1,525 @@
+"""up / stop / start / down / reconcile.
+
+``up`` reads top to bottom: plan → write the intent → adopt a machine an interrupted run already
+launched → walk the candidates, launching each with a token derived from the intent and
+blocking a zone, region or cloud by the kind of failure → record the machine and open its
+usage intervals at the launch-time rate.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+from decimal import Decimal
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
+
+from providers.base import (
+    TAG_MACHINE,
+    TAG_MANAGED_BY,
+    TAG_MANAGED_BY_VALUE,
+    TAG_OWNER,
+    TAG_PROJECT,
+    AuthError,
+    CapacityError,
+    Instance,
+    InstanceRef,
+    LaunchRequest,
+    MachineState,
+    NotFound,
+    ProviderError,
+    QuotaError,
+)
+from provisioner import catalog, ledger
+from provisioner.app import App
+from provisioner.crashpoints import crashpoint
+from provisioner.errors import OperationFailed, UserError
+from provisioner.planner import Candidate, Plan
+from provisioner.spec import Experiment
+from provisioner.state import Event, Machine, live_machine, new_id
+
+Progress = Callable[[str], None]
+
+
+@dataclass
+class Attempt:
+    where: str
+    instance_type: str
+    market: str
+    outcome: str  # launched | capacity | quota | auth | invalid | error | skipped
+    message: str = ""
+
+
+@dataclass
+class UpResult:
+    machine: Machine
+    already: bool = False
+    attempts: list[Attempt] = field(default_factory=list)
+    plan: Plan | None = None
+
+
+class Blocklist:
+    """What failures rule out for the rest of this ``up``: capacity → the zone, quota → the
+    region (or the cloud), auth → the cloud."""
+
+    def __init__(self) -> None:
+        self.zones: dict[tuple[str, str], str] = {}
+        self.regions: dict[tuple[str, str], str] = {}
+        self.clouds: dict[str, str] = {}
+
+    def reason(self, c: Candidate) -> str | None:
+        o = c.offer
+        return (
+            self.clouds.get(o.cloud)
+            or self.regions.get((o.cloud, o.region))
+            or (self.zones.get((o.cloud, o.zone)) if o.zone else None)
+        )
+
+    def add(self, c: Candidate, err: ProviderError) -> str:
+        o = c.offer
+        if isinstance(err, AuthError):
+            self.clouds[o.cloud] = f"{o.cloud} blocked: credentials"
+            return "auth"
+        if isinstance(err, QuotaError):
+            if err.scope == "cloud":
+                self.clouds[o.cloud] = f"{o.cloud} blocked: quota"
+            else:
+                self.regions[(o.cloud, o.region)] = f"{o.region} blocked: quota"
+            return "quota"
+        if isinstance(err, CapacityError):
+            # zone-less offers (Azure prices per region) block the region they were tried in
+            if o.zone:
+                self.zones[(o.cloud, o.zone)] = f"{o.zone} blocked: no capacity"
+            else:
+                self.regions[(o.cloud, o.region)] = f"{o.region} blocked: no capacity"
+            return "capacity"
+        return "invalid" if err.__class__.__name__ == "InvalidRequest" else "error"
+
+
+def launch_token(machine_id: str, c: Candidate) -> str:
+    """Same intent and same candidate → same token, so a retried launch finds its machine."""
+    o = c.offer
+    key = f"{machine_id}|{o.cloud}|{o.region}|{o.zone}|{o.instance_type}|{c.market}"
+    return "pv-" + hashlib.sha256(key.encode()).hexdigest()[:32]
+
+
+def resource_name(experiment: Experiment, machine_id: str) -> str:
+    return f"{experiment.name}-{machine_id[:6]}"
+
+
+def up(
+    app: App,
+    experiment: Experiment,
+    *,
+    spec_path: str | None = None,
+    progress: Progress = lambda _: None,
+) -> UpResult:
+    plan = app.plan(experiment)
+    if not plan.candidates:
+        reasons = "; ".join(f"{r} ({n})" for r, n in plan.summary_reasons()[:6])
+        raise UserError(f"no offer fits {experiment.name}: {reasons or 'the catalog is empty'}")
+
+    machine, already = _write_intent(app, experiment, spec_path)
+    if already:
+        return UpResult(machine, already=True, plan=plan)
+    crashpoint("after-intent")
+
+    adopted = _adopt(app, machine, progress)
+    if adopted is not None:
+        return UpResult(adopted, plan=plan)
+
+    attempts: list[Attempt] = []
+    blocked = Blocklist()
+    for cand in plan.candidates:
+        o = cand.offer
+        if why := blocked.reason(cand):
+            attempts.append(Attempt(cand.where, o.instance_type, cand.market, "skipped", why))
+            continue
+        progress(f"trying {cand.where} {o.instance_type} {cand.market} at {cand.price}/h")
+        request = _launch_request(machine, experiment, cand)
+        _event(app, machine.id, "launch-attempt", detail=_attempt_detail(cand, request.token))
+        crashpoint("before-launch")
+        try:
+            instance = app.provider(o.cloud).launch(request)
+        except ProviderError as err:
+            outcome = blocked.add(cand, err)
+            attempts.append(Attempt(cand.where, o.instance_type, cand.market, outcome, str(err)))
+            _event(
+                app,
+                machine.id,
+                "launch-failed",
+                reason=outcome,
+                detail={
+                    **_attempt_detail(cand, request.token),
+                    "error": str(err),
+                    "code": err.code,
+                },
+            )
+            progress(f"  {outcome}: {err}")
+            continue
+        crashpoint("after-launch")
+        attempts.append(Attempt(cand.where, o.instance_type, cand.market, "launched"))
+        return UpResult(
+            _record_launch(app, machine.id, cand, instance, request), attempts=attempts, plan=plan
+        )
+
+    with app.db.session() as s:
+        m = s.get(Machine, machine.id)
+        ledger.record_transition(s, m, "failed", app.clock.now(), reason="no-candidate-launched")
+    tried = [a for a in attempts if a.outcome != "skipped"]
+    summary = "; ".join(f"{a.where} {a.instance_type}: {a.outcome}" for a in tried[:8])
+    raise OperationFailed(
+        f"could not launch {experiment.name} on any of {len(tried)} candidates tried: {summary}"
+    )
+
+
+def _write_intent(app: App, experiment: Experiment, spec_path: str | None) -> tuple[Machine, bool]:
+    """The intent is written before anything is launched. Returns (machine, already_running)."""
+    now = app.clock.now()
+    with app.db.session() as s:
+        m = live_machine(s, experiment.name)
+        if m is not None:
+            return m, m.status != "requested"  # "requested": an interrupted up, resume it
+    try:
+        with app.db.session() as s:
+            m = Machine(
+                id=new_id(),
+                name=experiment.name,
+                project=experiment.project,
+                owner=experiment.owner,
+                status="requested",
+                spec=experiment.to_json(),
+                spec_path=spec_path,
+                created_at=now,
+                disk_gb=experiment.resources.disk_gb,
+            )
+            s.add(m)
+            s.flush()
+            s.add(Event(machine_id=m.id, at=now, kind="requested", detail={"spec_path": spec_path}))
+        return m, False
+    except IntegrityError:  # another `up` of this name won the race
+        with app.db.session() as s:
+            m = live_machine(s, experiment.name)
+        if m is None:
+            raise
+        return m, True
+
+
+def _adopt(app: App, machine: Machine, progress: Progress) -> Machine | None:
+    """Find a machine that an interrupted run of this intent launched but never recorded."""
+    with app.db.session() as s:
+        tried = [
+            e.detail
+            for e in s.scalars(
+                select(Event).where(Event.machine_id == machine.id, Event.kind == "launch-attempt")
+            )
+        ]
+    by_cloud: dict[str, set[str]] = {}
+    for d in tried:
+        by_cloud.setdefault(d["cloud"], set()).add(d["region"])
+    for cloud, regions in by_cloud.items():
+        try:
+            found = app.provider(cloud).list_managed(sorted(regions), machine_id=machine.id)
+        except ProviderError:
+            continue
+        live = [i for i in found if i.state not in (MachineState.TERMINATED,)]
+        for inst in live:
+            attempt = next(
+                (
+                    d
+                    for d in reversed(tried)
+                    if d["cloud"] == cloud
+                    and d["zone"] in (inst.zone, "")
+                    and d["instance_type"] == inst.instance_type
+                ),
+                None,
+            )
+            if attempt is None:
+                continue
+            progress(f"found {inst.id} launched by an interrupted run; adopting it")
+            return _record_adoption(app, machine.id, cloud, inst, attempt)
+    return None
+
+
+def _launch_request(m: Machine, experiment: Experiment, c: Candidate) -> LaunchRequest:
+    o = c.offer
+    res = experiment.resources
+    labels = {
+        **experiment.labels,
+        TAG_MANAGED_BY: TAG_MANAGED_BY_VALUE,
+        TAG_MACHINE: m.id,
+        TAG_PROJECT: experiment.project,
+        TAG_OWNER: experiment.owner,
+    }
+    max_price = None
+    if (
+        c.spot
+        and res.max_price_per_hour is not None
+        and res.max_price_per_hour.currency == o.currency
+    ):
+        max_price = res.max_price_per_hour.amount
+    return LaunchRequest(
+        name=resource_name(experiment, m.id),
+        token=launch_token(m.id, c),
+        region=o.region,
+        zone=o.zone,
+        instance_type=o.instance_type,
+        gpu=o.gpu,
+        gpu_count=o.gpu_count,
+        spot=c.spot,
+        disk_gb=res.disk_gb,
+        accelerator=o.accelerator,
+        image=res.image.get(o.cloud),
+        user_data=experiment.startup_script,
+        ssh_public_key=experiment.ssh_public_key,
+        labels=labels,
+        max_price=max_price,
+        preemption_action="terminate"
+        if experiment.lifecycle.on_preemption == "terminate"
+        else "stop",
+    )
+
+
+def _attempt_detail(c: Candidate, token: str) -> dict[str, Any]:
+    o = c.offer
+    return {
+        "cloud": o.cloud,
+        "region": o.region,
+        "zone": o.zone,
+        "instance_type": o.instance_type,
+        "gpu": o.gpu,
+        "gpu_count": o.gpu_count,
+        "market": c.market,
+        "token": token,
+        "rate": str(c.price.amount),
+        "currency": c.price.currency,
+    }
+
+
+def _record_launch(
+    app: App, machine_id: str, c: Candidate, inst: Instance, req: LaunchRequest
+) -> Machine:
+    return _record_adoption(
+        app, machine_id, c.offer.cloud, inst, _attempt_detail(c, req.token), event="launched"
+    )
+
+
+def _record_adoption(
+    app: App,
+    machine_id: str,
+    cloud: str,
+    inst: Instance,
+    attempt: dict[str, Any],
+    event: str = "adopted",
+) -> Machine:
+    now = app.clock.now()
+    with app.db.session() as s:
+        m = s.get(Machine, machine_id)
+        m.cloud, m.region, m.zone = cloud, inst.region, inst.zone or attempt["zone"]
+        m.instance_type, m.gpu, m.gpu_count = (
+            inst.instance_type,
+            attempt["gpu"],
+            attempt["gpu_count"],
+        )
+        m.market, m.instance_id, m.resource_name = attempt["market"], inst.id, inst.name
+        m.rate, m.currency = Decimal(attempt["rate"]), attempt["currency"]
+        m.disk_rate = disk_rate(app, cloud, m.currency, m.disk_gb or 0)
+        m.public_ip, m.launched_at = inst.public_ip, now
+        status = "pending" if inst.state == MachineState.PENDING else "running"
+        ledger.record_transition(
+            s,
+            m,
+            status,
+            now,
+            event=event,
+            detail={**attempt, "instance_id": inst.id, "public_ip": inst.public_ip},
+        )
+        return m
+
+
+def disk_rate(app: App, cloud: str, currency: str, disk_gb: int) -> Decimal | None:
+    """Per hour, fixed at launch like the compute rate. None when the price is unknown."""
+    per_gb_month, hours, _ = catalog.disk_price(app.settings, cloud, currency)
+    if per_gb_month is None:
+        return None
+    return per_gb_month * disk_gb / hours
+
+
+def _event(
+    app: App,
+    machine_id: str,
+    kind: str,
+    *,
+    reason: str | None = None,
+    detail: dict[str, Any] | None = None,
+) -> None:
+    with app.db.session() as s:
+        s.add(
+            Event(
+                machine_id=machine_id,
+                at=app.clock.now(),
+                kind=kind,
+                reason=reason,
+                detail=detail or {},
+            )
+        )
+
+
+# --- stop / start / down ------------------------------------------------------------------
+
+
+def find(app: App, name: str) -> Machine:
+    with app.db.session() as s:
+        m = live_machine(s, name)
+    if m is None:
+        raise UserError(f"no machine named {name!r} (see `provisioner status`)")
+    return m
+
+
+def ref(m: Machine) -> InstanceRef:
+    return InstanceRef(
+        id=m.instance_id or "", region=m.region or "", zone=m.zone or "", name=m.resource_name or ""
+    )
+
+
+def stop(app: App, name: str, *, reason: str = "user") -> tuple[Machine, bool]:
+    """Stop so compute billing ends; disks stay. Returns (machine, changed)."""
+    m = find(app, name)
+    if m.status in ("stopped", "preempted"):
+        return m, False
+    _require_launched(m)
+    _provider_call(app, m, "stop")
+    return _transition(app, m.id, "stopped", event="stopped", reason=reason)
+
+
+def start(app: App, name: str, *, reason: str = "user") -> tuple[Machine, bool]:
+    m = find(app, name)
+    if m.status in ("running", "pending"):
+        return m, False
+    _require_launched(m)
+    _provider_call(app, m, "start")
+    return _transition(app, m.id, "running", event="started", reason=reason)
+
+
+def down(app: App, name: str, *, reason: str = "user") -> tuple[Machine, bool]:
+    """Terminate and close every usage interval. An intent that never launched is closed too."""
+    with app.db.session() as s:
+        m = (
+            live_machine(s, name)
+            or s.scalars(
+                select(Machine).where(Machine.name == name).order_by(Machine.created_at.desc())
+            ).first()
+        )
+    if m is None:
+        raise UserError(f"no machine named {name!r} (see `provisioner status --all`)")
+    if not m.is_live:
+        return m, False
+    if m.status == "requested":
+        adopted = _adopt(app, m, lambda _: None)
+        if adopted is None:
+            return _transition(app, m.id, "failed", event="cancelled", reason=reason)
+        m = adopted
+    _provider_call(app, m, "terminate")
+    return _transition(app, m.id, "terminated", event="terminated", reason=reason)
+
+
+def _require_launched(m: Machine) -> None:
+    if m.status == "requested" or not m.instance_id:
+        raise UserError(
+            f"{m.name} is still being launched; run `provisioner up` again to finish, or `down` it"
+        )
+
+
+def _provider_call(app: App, m: Machine, op: str) -> None:
+    try:
+        getattr(app.provider(m.cloud), op)(ref(m))
+    except NotFound:
+        if op != "terminate":
+            raise OperationFailed(f"{m.name}: the cloud no longer has {m.instance_id}") from None
+    except ProviderError as e:
+        raise OperationFailed(f"{m.name}: {op} failed: {e}") from None
+
+
+def _transition(app: App, machine_id: str, status: str, **kw: Any) -> tuple[Machine, bool]:
+    with app.db.session() as s:
+        m = s.get(Machine, machine_id)
+        changed = ledger.record_transition(s, m, status, app.clock.now(), **kw)
+        return m, changed
+
+
+# --- reconcile ----------------------------------------------------------------------------
+
+_STATUS = {
+    MachineState.PENDING: "pending",
+    MachineState.RUNNING: "running",
+    MachineState.STOPPING: "stopping",
+    MachineState.STOPPED: "stopped",
+    MachineState.TERMINATED: "terminated",
+    MachineState.PREEMPTED: "preempted",
+}
+
+
+@dataclass
+class Observation:
+    machine: Machine
+    observed: str | None  # status the cloud reports, None when it could not be asked
+    changed: bool
+    error: str | None = None
+
+
+def reconcile(app: App, *, now: datetime | None = None) -> list[Observation]:
+    """Ask each cloud about every live machine and record what changed (a preemption, a machine
+    stopped or deleted outside provisioner). One list call per cloud, not one call per machine."""
+    now = now or app.clock.now()
+    with app.db.session() as s:
+        machines = list(
+            s.scalars(
+                select(Machine).where(Machine.status.not_in(("terminated", "failed", "requested")))
+            )
+        )
+    out: list[Observation] = []
+    by_cloud: dict[str, list[Machine]] = {}
+    for m in machines:
+        by_cloud.setdefault(m.cloud or "", []).append(m)
+    for cloud, ms in by_cloud.items():
+        try:
+            seen = {
+                i.id: i
+                for i in app.provider(cloud).list_managed(
+                    sorted({m.region for m in ms if m.region})
+                )
+            }
+        except ProviderError as e:
+            out += [Observation(m, None, False, str(e)) for m in ms]
+            continue
+        for m in ms:
+            inst = seen.get(m.instance_id or "")
+            if inst is None:  # not listed: ask directly (terminated machines drop out of lists)
+                try:
+                    inst = app.provider(cloud).get(ref(m))
+                except NotFound:
+                    inst = None
+                except ProviderError as e:
+                    out.append(Observation(m, None, False, str(e)))
+                    continue
+            status = _STATUS[inst.state] if inst else "terminated"
+            reason = "outside-provisioner" if status != "preempted" else "preempted"
+            with app.db.session() as s:
+                mm = s.get(Machine, m.id)
+                changed = ledger.record_transition(
+                    s,
+                    mm,
+                    status,
+                    now,
+                    reason=reason,
+                    detail={
+                        "observed": inst.state.value if inst else "gone",
+                        "cloud_reason": inst.state_reason if inst else None,
+                    },
+                )
+            out.append(Observation(mm, status, changed))
+    return out

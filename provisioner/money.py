@@ -1,0 +1,101 @@
+"""Exact money: Decimal amounts that always carry their currency, and conversion by set rates."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from decimal import ROUND_HALF_UP, Decimal, InvalidOperation
+
+CENT = Decimal("0.01")
+
+
+@dataclass(frozen=True, order=True)
+class Money:
+    amount: Decimal
+    currency: str
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.amount, Decimal):
+            object.__setattr__(self, "amount", Decimal(str(self.amount)))
+
+    def __add__(self, other: Money) -> Money:
+        self._same(other)
+        return Money(self.amount + other.amount, self.currency)
+
+    def __sub__(self, other: Money) -> Money:
+        self._same(other)
+        return Money(self.amount - other.amount, self.currency)
+
+    def __mul__(self, k: Decimal | int) -> Money:
+        return Money(self.amount * Decimal(k), self.currency)
+
+    def _same(self, other: Money) -> None:
+        if other.currency != self.currency:
+            raise ValueError(f"cannot mix {self.currency} and {other.currency}")
+
+    def rounded(self) -> Money:
+        return Money(self.amount.quantize(CENT, ROUND_HALF_UP), self.currency)
+
+    def __str__(self) -> str:
+        return f"{self.amount.quantize(CENT, ROUND_HALF_UP):,} {self.currency}"
+
+    @classmethod
+    def zero(cls, currency: str) -> Money:
+        return cls(Decimal(0), currency)
+
+    @classmethod
+    def parse(cls, value: object, default_currency: str | None = None) -> Money:
+        """Accept ``"30 USD"``, ``"30"`` (with a default currency), a number, or
+        ``{"amount": 30, "currency": "USD"}``."""
+        if isinstance(value, Money):
+            return value
+        currency = default_currency
+        if isinstance(value, Mapping):
+            amount, currency = value.get("amount"), value.get("currency", default_currency)
+        elif isinstance(value, str) and len(value.split()) == 2:
+            amount, currency = value.split()
+        else:
+            amount = value
+        if isinstance(amount, float):
+            amount = repr(amount)
+        try:
+            dec = Decimal(str(amount).replace("_", ""))
+        except (InvalidOperation, ValueError):
+            raise ValueError(f"not an amount: {amount!r} (write e.g. '30 USD')") from None
+        if not dec.is_finite():
+            raise ValueError(f"not an amount: {amount!r}")
+        if not currency:
+            raise ValueError("an amount needs a currency (e.g. '30 USD')")
+        currency = str(currency).upper()
+        if len(currency) != 3 or not currency.isalpha():
+            raise ValueError(f"unknown currency {currency!r} (use an ISO code: USD, RUB, EUR)")
+        return cls(dec, currency)
+
+
+class Rates:
+    """Conversion into one base currency. ``per_base[X]`` = units of X per 1 unit of base
+    (``{"RUB": 80}`` with base USD means 1 USD = 80 RUB)."""
+
+    def __init__(self, base: str, per_base: Mapping[str, Decimal]) -> None:
+        self.base = base
+        self.per_base = {base: Decimal(1), **{k.upper(): Decimal(v) for k, v in per_base.items()}}
+
+    def can_convert(self, currency: str) -> bool:
+        return currency in self.per_base
+
+    def convert(self, money: Money, to: str | None = None) -> Money:
+        to = to or self.base
+        if money.currency == to:
+            return money
+        try:
+            in_base = money.amount / self.per_base[money.currency]
+            return Money(in_base * self.per_base[to], to)
+        except KeyError as e:
+            raise ValueError(
+                f"no exchange rate for {e.args[0]} (set rates.{e.args[0]} in settings)"
+            ) from None
+
+    def describe(self) -> str:
+        return ", ".join(
+            f"1 {self.base} = {v} {k}" for k, v in self.per_base.items() if k != self.base
+        )

@@ -1,0 +1,149 @@
+"""Settings: where state lives, which clouds are enabled and their non-secret options, currency
+rates, price overrides, mail and scheduler options.
+
+Read from a YAML file (``--config``, ``$PROVISIONER_CONFIG`` or ``<user config dir>/settings.yaml``)
+and ``PROVISIONER_*`` environment variables, which win (nested keys with ``__``:
+``PROVISIONER_CLOUDS__AWS__REGIONS='["us-east-1"]'``). Secrets never live here: each cloud SDK finds
+its own credentials, and the SMTP password comes from ``$PROVISIONER_SMTP_PASSWORD``.
+"""
+
+from __future__ import annotations
+
+import os
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import platformdirs
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+from provisioner import yamlfile
+from provisioner.errors import ConfigError, Problem
+from provisioner.money import Rates
+
+APP = "provisioner"
+DEFAULT_CLOUDS = ("aws", "gcp", "azure", "yandex", "sbercloud", "sandbox")
+
+
+def data_dir() -> Path:
+    return Path(os.environ.get("PROVISIONER_HOME") or platformdirs.user_data_dir(APP))
+
+
+def default_config_path() -> Path:
+    return Path(platformdirs.user_config_dir(APP)) / "settings.yaml"
+
+
+class PriceOverride(BaseModel):
+    """A price the catalog lacks (e.g. cloud.ru Advanced publishes none), per hour, in the
+    cloud's currency."""
+
+    model_config = ConfigDict(extra="forbid")
+    price: Decimal | None = None
+    spot_price: Decimal | None = None
+
+
+class SmtpSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    host: str = "localhost"
+    port: int = 587
+    security: str = Field("starttls", pattern="^(starttls|ssl|none)$")
+    sender: str = "provisioner@localhost"
+    user: str | None = None  # the password comes from $PROVISIONER_SMTP_PASSWORD
+
+
+class SchedulerSettings(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    sweep_interval_seconds: int = Field(300, ge=10)
+    recover_interval_seconds: int = Field(120, ge=10)
+    reconcile_interval_seconds: int = Field(600, ge=10)
+    listen: str = "127.0.0.1:8787"  # heartbeat + /metrics endpoint
+    endpoint_url: str | None = None  # how agents on machines reach the endpoint
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix="PROVISIONER_", env_nested_delimiter="__", extra="forbid"
+    )
+
+    state_url: str | None = None  # None → SQLite file in the user data directory
+    clouds: dict[str, dict[str, Any]] = Field(
+        default_factory=lambda: {c: {} for c in DEFAULT_CLOUDS}
+    )
+    currency: str = "USD"  # the one currency candidates are ranked in
+    rates: dict[str, Decimal] = Field(default_factory=lambda: {"RUB": Decimal("80")})
+    prices: dict[str, dict[str, PriceOverride]] = Field(default_factory=dict)
+    disk_prices: dict[str, Decimal] = Field(default_factory=dict)  # cloud → per GB-month
+    policies: list[str] = Field(default_factory=list)  # policy files or directories
+    smtp: SmtpSettings = Field(default_factory=SmtpSettings)
+    scheduler: SchedulerSettings = Field(default_factory=SchedulerSettings)
+    home: Path = Field(default_factory=data_dir)  # state, sandbox cloud, refreshed catalog
+
+    @field_validator("clouds")
+    @classmethod
+    def _known_clouds(cls, v: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+        unknown = set(v) - set(DEFAULT_CLOUDS)
+        if unknown:
+            raise ValueError(
+                f"unknown cloud(s) {', '.join(sorted(unknown))}; known: {', '.join(DEFAULT_CLOUDS)}"
+            )
+        return {k: dict(o or {}) for k, o in v.items()}
+
+    @field_validator("currency")
+    @classmethod
+    def _iso(cls, v: str) -> str:
+        if len(v) != 3 or not v.isalpha():
+            raise ValueError("use an ISO currency code (USD, RUB, EUR)")
+        return v.upper()
+
+    @classmethod
+    def settings_customise_sources(
+        cls, settings_cls, init_settings, env_settings, dotenv_settings, file_secret_settings
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return (env_settings, init_settings)  # environment beats the file
+
+    # -- derived -------------------------------------------------------------------------
+
+    @property
+    def enabled_clouds(self) -> list[str]:
+        return [c for c, o in self.clouds.items() if o.get("enabled", True)]
+
+    def cloud_options(self, cloud: str) -> dict[str, Any]:
+        return {k: v for k, v in self.clouds.get(cloud, {}).items() if k != "enabled"}
+
+    @property
+    def database_url(self) -> str:
+        return self.state_url or f"sqlite:///{self.home / 'state.db'}"
+
+    @property
+    def money_rates(self) -> Rates:
+        return Rates(self.currency, self.rates)
+
+
+def load_settings(path: str | Path | None = None) -> Settings:
+    """Load settings; a missing default file is fine, a named missing file is an error."""
+    path = path or os.environ.get("PROVISIONER_CONFIG")
+    file = Path(path) if path else default_config_path()
+    data: dict[str, Any] = {}
+    lines = None
+    if path or file.exists():
+        raw, lines = yamlfile.load(file)
+        if raw is not None and not isinstance(raw, dict):
+            raise ConfigError([Problem(str(file), 1, None, "settings must be a mapping of keys")])
+        data = raw or {}
+    try:
+        return Settings(**data)
+    except ValidationError as e:
+        if lines is None:  # only the environment was read
+            raise ConfigError(
+                [
+                    Problem(
+                        "environment",
+                        None,
+                        "PROVISIONER_" + "__".join(str(x) for x in err["loc"]).upper(),
+                        err["msg"],
+                    )
+                    for err in e.errors(include_url=False)
+                ]
+            ) from None
+        raise ConfigError(yamlfile.problems_from(e, lines, str(file))) from None

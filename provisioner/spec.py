@@ -1,0 +1,187 @@
+"""experiment.yaml: what a user asks for. Every error names the file, the line and the field."""
+
+from __future__ import annotations
+
+import re
+from datetime import timedelta
+from decimal import Decimal
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from provisioner import yamlfile
+from provisioner.money import Money
+
+GPU_TYPES = (
+    "A100",
+    "A100-80GB",
+    "H100",
+    "H200",
+    "T4",
+    "L4",
+    "A10G",
+    "V100",
+    "T4I",
+    "YC-GEN2",
+    "YC-V4",
+)
+_GPU_RE = re.compile(r"^(?P<type>[A-Za-z0-9-]+?)(?::(?P<mem>\d+)GB)?(?::(?P<count>\d+))?$", re.I)
+_DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$")
+_NAME_RE = re.compile(r"^[a-z][a-z0-9-]{0,38}[a-z0-9]$")
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+def parse_duration(value: Any) -> timedelta:
+    """``90m``, ``48h``, ``2d``, ``1w`` or a number of seconds."""
+    if isinstance(value, timedelta):
+        return value
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return timedelta(seconds=value)
+    m = _DURATION_RE.match(str(value))
+    if not m:
+        raise ValueError(f"not a duration: {value!r} (write e.g. 90m, 48h, 2d)")
+    return timedelta(seconds=float(m.group(1)) * _UNITS[m.group(2)])
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class GPU(_Strict):
+    type: str
+    count: int = Field(1, ge=1, le=16)
+    memory_gb: int | None = Field(None, ge=1, description="minimum memory per GPU")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _shorthand(cls, v: Any) -> Any:
+        """``A100:8``, ``A100:80GB:8``, ``T4`` — like dstack/SkyPilot."""
+        if isinstance(v, str):
+            m = _GPU_RE.match(v.strip())
+            if not m:
+                raise ValueError(
+                    f"cannot read GPU {v!r}: write TYPE:COUNT (A100:8) or TYPE:MEMGB:COUNT"
+                )
+            out: dict[str, Any] = {"type": m["type"], "count": int(m["count"] or 1)}
+            if m["mem"]:
+                out["memory_gb"] = int(m["mem"])
+            return out
+        if isinstance(v, dict) and isinstance(v.get("memory"), str):
+            v = (
+                {**v, "memory_gb": int(v.pop("memory").upper().removesuffix("GB"))}
+                if re.match(r"^\d+\s*GB$", v["memory"].strip(), re.I)
+                else v
+            )
+        return v
+
+    @field_validator("type")
+    @classmethod
+    def _known(cls, v: str) -> str:
+        up = v.upper()
+        if up not in GPU_TYPES:
+            raise ValueError(f"unknown GPU type {v!r}; known: {', '.join(GPU_TYPES)}")
+        return up
+
+    @property
+    def family(self) -> str:
+        """``A100-80GB`` is an A100 with at least 80 GB."""
+        return "A100" if self.type == "A100-80GB" else self.type
+
+    @property
+    def min_memory_gb(self) -> int:
+        return max(self.memory_gb or 0, 80 if self.type == "A100-80GB" else 0)
+
+    def __str__(self) -> str:
+        mem = f":{self.memory_gb}GB" if self.memory_gb else ""
+        return f"{self.type}{mem}:{self.count}"
+
+
+class Resources(_Strict):
+    gpu: GPU
+    market: Literal["spot", "reserved", "any"] = "any"
+    clouds: list[str] | None = None  # None: every enabled real cloud
+    regions: list[str] = Field(default_factory=list)
+    zones: list[str] = Field(default_factory=list)
+    max_price_per_hour: Money | None = None
+    min_vcpus: int = Field(0, ge=0)
+    min_memory_gb: Decimal = Field(Decimal(0), ge=0)
+    disk_gb: int = Field(100, ge=10, le=65536)
+    image: dict[str, str] = Field(default_factory=dict)  # cloud → image
+
+    @field_validator("max_price_per_hour", mode="before")
+    @classmethod
+    def _money(cls, v: Any) -> Any:
+        if v is None:
+            return v
+        m = Money.parse(v)
+        if m.amount <= 0:
+            raise ValueError("must be more than zero")
+        return m
+
+    @field_validator("clouds")
+    @classmethod
+    def _clouds(cls, v: list[str] | None) -> list[str] | None:
+        from providers import ALL
+
+        if v is not None:
+            bad = [c for c in v if c not in ALL]
+            if bad:
+                raise ValueError(f"unknown cloud {bad[0]!r}; known: {', '.join(ALL)}")
+            if not v:
+                raise ValueError("list at least one cloud, or leave the field out for all")
+        return v
+
+
+class IdleRule(_Strict):
+    gpu_util_below: float = Field(5.0, ge=0, le=100, description="percent, every GPU")
+    for_minutes: int = Field(30, ge=1)
+
+
+class Lifecycle(_Strict):
+    idle: IdleRule | None = None
+    max_lifetime: timedelta | None = None
+    on_preemption: Literal["relaunch", "terminate", "leave"] = "relaunch"
+
+    @field_validator("max_lifetime", mode="before")
+    @classmethod
+    def _duration(cls, v: Any) -> Any:
+        return None if v is None else parse_duration(v)
+
+
+class Experiment(_Strict):
+    name: str
+    project: str = Field(min_length=1, max_length=63)
+    owner: str = Field(min_length=1, max_length=128)
+    resources: Resources
+    startup_script: str | None = None
+    ssh_public_key: str | None = None
+    labels: dict[str, str] = Field(default_factory=dict)
+    lifecycle: Lifecycle = Field(default_factory=Lifecycle)
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not _NAME_RE.match(v):
+            raise ValueError(
+                "use 2–40 lowercase letters, digits and dashes, starting with a letter "
+                "(it becomes part of the cloud machine name)"
+            )
+        return v
+
+    @field_validator("ssh_public_key")
+    @classmethod
+    def _ssh(cls, v: str | None) -> str | None:
+        if v is not None and not re.match(
+            r"^(ssh-(rsa|ed25519|dss)|ecdsa-sha2-\S+|sk-\S+) \S+", v.strip()
+        ):
+            raise ValueError("not an OpenSSH public key (expected 'ssh-ed25519 AAAA…')")
+        return v.strip() if v else v
+
+    def to_json(self) -> dict[str, Any]:
+        return self.model_dump(mode="json")
+
+
+def load_experiment(path: str | Path) -> Experiment:
+    data, lines = yamlfile.load(path)
+    return yamlfile.validate(Experiment, data, lines, str(path), what="experiment file")

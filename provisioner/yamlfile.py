@@ -1,0 +1,105 @@
+"""YAML loading that remembers where every key came from, so errors name file, line and field."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from provisioner.errors import ConfigError, Problem
+
+M = TypeVar("M", bound=BaseModel)
+Loc = tuple[Any, ...]
+
+
+class _Lines:
+    """Maps a path of keys/indexes to the 1-based line it starts on."""
+
+    def __init__(self) -> None:
+        self.lines: dict[Loc, int] = {}
+
+    def walk(self, node: yaml.Node, loc: Loc, problems: list[Problem], file: str) -> None:
+        self.lines[loc] = node.start_mark.line + 1
+        if isinstance(node, yaml.MappingNode):
+            seen: set[Any] = set()
+            for key, value in node.value:
+                k = key.value
+                if k in seen:
+                    field = ".".join(str(x) for x in (*loc, k))
+                    problems.append(Problem(file, key.start_mark.line + 1, field, "duplicate key"))
+                seen.add(k)
+                self.lines[(*loc, k)] = key.start_mark.line + 1
+                self.walk(value, (*loc, k), problems, file)
+                self.lines[(*loc, k)] = key.start_mark.line + 1
+        elif isinstance(node, yaml.SequenceNode):
+            for i, item in enumerate(node.value):
+                self.walk(item, (*loc, i), problems, file)
+
+    def line_for(self, loc: Loc) -> int | None:
+        loc = tuple(loc)
+        while loc:
+            if loc in self.lines:
+                return self.lines[loc]
+            loc = loc[:-1]
+        return self.lines.get(())
+
+
+def load(path: str | Path, text: str | None = None) -> tuple[Any, _Lines]:
+    """Parse ``path`` (or ``text`` named as ``path``); syntax errors become ConfigError."""
+    file = str(path)
+    if text is None:
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except FileNotFoundError:
+            raise ConfigError([Problem(file, None, None, "file not found")]) from None
+        except (OSError, UnicodeDecodeError) as e:
+            raise ConfigError([Problem(file, None, None, f"cannot read: {e}")]) from None
+    lines = _Lines()
+    try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        data = yaml.safe_load(text)
+    except yaml.MarkedYAMLError as e:
+        mark = e.problem_mark or e.context_mark
+        line = mark.line + 1 if mark else None
+        raise ConfigError([Problem(file, line, None, f"invalid YAML: {e.problem or e}")]) from None
+    except yaml.YAMLError as e:
+        raise ConfigError([Problem(file, None, None, f"invalid YAML: {e}")]) from None
+    problems: list[Problem] = []
+    if node is not None:
+        lines.walk(node, (), problems, file)
+    if problems:
+        raise ConfigError(problems)
+    return data, lines
+
+
+def validate(model: type[M], data: Any, lines: _Lines, file: str, *, what: str = "file") -> M:
+    """Validate ``data`` against ``model``; every pydantic error becomes a Problem with a line."""
+    if data is None:
+        raise ConfigError([Problem(file, 1, None, f"empty {what}")])
+    if not isinstance(data, dict):
+        raise ConfigError(
+            [Problem(file, lines.line_for(()), None, f"a {what} must be a mapping of keys")]
+        )
+    try:
+        return model.model_validate(data)
+    except ValidationError as e:
+        raise ConfigError(problems_from(e, lines, file)) from None
+
+
+def problems_from(e: ValidationError, lines: _Lines, file: str, prefix: Loc = ()) -> list[Problem]:
+    problems = []
+    for err in e.errors(include_url=False):
+        loc = tuple(x for x in (*prefix, *err["loc"]) if not _is_union_tag(x))
+        field = ".".join(str(x) for x in loc) or None
+        msg = err["msg"].removeprefix("Value error, ").removeprefix("Assertion failed, ")
+        if err["type"] == "extra_forbidden":
+            msg = "unknown field (check the spelling)"
+        problems.append(Problem(file, lines.line_for(loc), field, msg))
+    return problems
+
+
+def _is_union_tag(x: Any) -> bool:
+    # pydantic inserts the union member / function name into loc ("function-after[...]", "str")
+    return isinstance(x, str) and ("[" in x or x in {"str", "int", "float", "dict", "list"})
