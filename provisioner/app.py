@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from functools import cached_property
+from typing import TYPE_CHECKING
 
 import providers
 from providers.base import Offer, Provider
@@ -12,7 +13,9 @@ from provisioner.clock import Clock
 from provisioner.errors import UserError
 from provisioner.settings import Settings
 from provisioner.spec import Experiment
-from provisioner.state import Database
+
+if TYPE_CHECKING:
+    from provisioner.state import Database
 
 
 class App:
@@ -23,6 +26,8 @@ class App:
 
     @cached_property
     def db(self) -> Database:
+        from provisioner.state import Database  # SQLAlchemy costs ~0.2 s: only when state is used
+
         db = Database(self.settings.database_url)
         db.migrate()
         return db

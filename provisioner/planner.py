@@ -46,6 +46,7 @@ class Plan:
     currency: str = "USD"
     rates: str = ""
     checks: list[Any] = field(default_factory=list)  # policy decision, budget projection, …
+    unpriced: list[Offer] = field(default_factory=list)  # fit the request, but no price is known
 
     def summary_reasons(self) -> list[tuple[str, int]]:
         return self.rejected.most_common()
@@ -74,6 +75,7 @@ def plan(
     rejected: Counter[str] = Counter()
     examples: dict[str, str] = {}
     out: list[Candidate] = []
+    unpriced: list[Offer] = []
 
     def reject(reason: str, o: Offer) -> None:
         rejected[reason] += 1
@@ -103,6 +105,8 @@ def plan(
             for market in markets:
                 amount = o.spot_price if market == "spot" else o.price
                 if amount is None:
+                    if o.price is None and o.spot_price is None:
+                        unpriced.append(o)
                     reject(
                         "no public price (set prices in settings)"
                         if o.price is None and o.spot_price is None
@@ -135,4 +139,6 @@ def plan(
             c.market,
         )
     )
-    return Plan(experiment, out, rejected, examples, rates.base, rates.describe())
+    return Plan(
+        experiment, out, rejected, examples, rates.base, rates.describe(), unpriced=unpriced
+    )

@@ -67,12 +67,10 @@ class GPU(_Strict):
             if m["mem"]:
                 out["memory_gb"] = int(m["mem"])
             return out
-        if isinstance(v, dict) and isinstance(v.get("memory"), str):
-            v = (
-                {**v, "memory_gb": int(v.pop("memory").upper().removesuffix("GB"))}
-                if re.match(r"^\d+\s*GB$", v["memory"].strip(), re.I)
-                else v
-            )
+        if isinstance(v, dict) and "memory" in v:  # "80GB" or 80
+            v = dict(v)
+            mem = str(v.pop("memory")).strip().upper().removesuffix("GB").strip()
+            v["memory_gb"] = int(mem) if mem.isdigit() else mem
         return v
 
     @field_validator("type")

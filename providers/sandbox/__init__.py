@@ -120,13 +120,14 @@ class SandboxProvider(Provider):
 
     def _call(self, fn: Callable[[sqlite3.Connection], Any]) -> Any:
         def attempt() -> Any:
-            with self._db() as db:
+            with self._db() as db:  # counted and committed even when the call is refused
                 db.execute("UPDATE calls SET n = n + 1")
-                if self._fault(db, "auth_fail"):
-                    raise AuthError("sandbox: credentials refused (injected)", code="SandboxAuth")
+                auth_fail = self._fault(db, "auth_fail")
                 left = int(self._fault(db, "throttle") or 0)
                 if left > 0:
                     db.execute(_UPSERT_FAULT, ("throttle", json.dumps(left - 1)))
+            if auth_fail:
+                raise AuthError("sandbox: credentials refused (injected)", code="SandboxAuth")
             if left > 0:
                 raise Throttled(
                     "sandbox: request rate exceeded (injected)", code="SandboxThrottled"

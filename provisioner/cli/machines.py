@@ -89,6 +89,15 @@ def plan(
                 "rates": p.rates,
                 "candidates": [candidate_json(c) for c in p.candidates[:top]],
                 "candidate_count": len(p.candidates),
+                "unpriced": [
+                    {
+                        "cloud": o.cloud,
+                        "zone": o.zone or o.region,
+                        "instance_type": o.instance_type,
+                        "source": o.source,
+                    }
+                    for o in p.unpriced
+                ],
                 "rejected": dict(p.rejected),
                 "rejected_examples": p.examples,
                 "checks": [getattr(c, "as_json", lambda c=c: c)() for c in p.checks],
@@ -144,6 +153,12 @@ def plan(
         )
     if p.rates:
         out.print(f"[dim]ranked in {p.currency}; {p.rates}[/]")
+    for cloud in sorted({o.cloud for o in p.unpriced}):
+        types = sorted({o.instance_type for o in p.unpriced if o.cloud == cloud})
+        out.print(
+            f"[yellow]{cloud}[/]: {', '.join(types)} fit but have no public price, so they are not "
+            f"ranked; set prices.{cloud}.<type> in settings to include them"
+        )
     for check in p.checks:
         out.print(str(check))
     if p.rejected:

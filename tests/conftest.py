@@ -1,0 +1,94 @@
+"""Shared fixtures: an isolated provisioner home, settings with a fast sandbox cloud, an App on
+a manual clock, and a way to run the real CLI."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+import yaml
+
+from provisioner.app import App
+from provisioner.clock import ManualClock
+from provisioner.settings import Settings
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = ROOT / "configs" / "examples"
+
+
+@pytest.fixture
+def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A private PROVISIONER_HOME; no user config file leaks in."""
+    h = tmp_path / "home"
+    monkeypatch.setenv("PROVISIONER_HOME", str(h))
+    monkeypatch.delenv("PROVISIONER_CONFIG", raising=False)
+    monkeypatch.delenv("PROVISIONER_STATE_URL", raising=False)
+    return h
+
+
+@pytest.fixture
+def clock() -> ManualClock:
+    return ManualClock(datetime(2026, 11, 2, 9, 0, tzinfo=UTC))  # a Monday morning
+
+
+def make_settings(home: Path, **overrides: object) -> Settings:
+    sandbox = {"latency_seconds": 0, "retry_base_seconds": 0.001, "retry_max_seconds": 0.01}
+    sandbox.update(overrides.pop("sandbox", {}))  # type: ignore[arg-type]
+    data: dict = {
+        "home": home,
+        "state_url": overrides.pop("state_url", None) or os.environ.get("PROVISIONER_TEST_DB_URL"),
+        "clouds": {"sandbox": sandbox, **overrides.pop("clouds", {})},  # type: ignore[dict-item]
+    }
+    data.update(overrides)
+    return Settings(**data)
+
+
+@pytest.fixture
+def settings(home: Path) -> Settings:
+    return make_settings(home)
+
+
+@pytest.fixture
+def app(settings: Settings, clock: ManualClock):
+    a = App(settings, clock)
+    yield a
+    a.close()
+
+
+def write_yaml(path: Path, data: object) -> Path:
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def sandbox_experiment(name: str = "exp", **resources: object) -> dict:
+    """An experiment dict on the sandbox cloud (T4:1 spot unless told otherwise)."""
+    res = {"gpu": "T4:1", "market": "spot", "clouds": ["sandbox"], "disk_gb": 50}
+    res.update(resources)
+    return {"name": name, "project": "demo", "owner": "ana@example.com", "resources": res}
+
+
+def run_cli(
+    *args: str, env: dict | None = None, cwd: Path | None = None, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
+    """Run the real console entry point in a fresh interpreter."""
+    return subprocess.run(
+        [sys.executable, "-m", "provisioner", *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **(env or {})},
+        cwd=cwd or ROOT,
+        timeout=timeout,
+    )
+
+
+def write_settings(home: Path, **overrides: object) -> Path:
+    """A settings file for CLI runs: the same fast sandbox as ``make_settings``."""
+    s = make_settings(home, **overrides)
+    data = s.model_dump(mode="json", exclude_defaults=False)
+    path = home.parent / "settings.yaml"
+    home.mkdir(parents=True, exist_ok=True)
+    return write_yaml(path, data)

@@ -1,0 +1,141 @@
+"""The command line as a user meets it: fast start without cloud SDKs, plan across five clouds
+offline, catalog, clean errors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from tests.conftest import EXAMPLES, ROOT, run_cli, write_settings
+
+SDK_PREFIXES = (
+    "boto3",
+    "botocore",
+    "google.cloud",
+    "azure",
+    "yandexcloud",
+    "yandex.cloud",
+    "huaweicloudsdk",
+    "grpc",
+)
+
+PROBE = """
+import sys
+sys.argv = ["provisioner", *{args!r}]
+from provisioner.cli import main
+try:
+    main()
+except SystemExit as e:
+    code = e.code
+heavy = sorted(m for m in sys.modules if m.startswith({prefixes!r}))
+print("HEAVY=" + ",".join(heavy))
+"""
+
+
+def modules_loaded_by(*args: str) -> list[str]:
+    r = subprocess.run(
+        [sys.executable, "-c", PROBE.format(args=args, prefixes=SDK_PREFIXES)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+    )
+    line = next(ln for ln in r.stdout.splitlines() if ln.startswith("HEAVY="))
+    return [m for m in line.removeprefix("HEAVY=").split(",") if m]
+
+
+def test_help_and_plan_load_no_cloud_sdk(home):
+    assert modules_loaded_by("--help") == []
+    assert modules_loaded_by("plan", str(EXAMPLES / "experiment.yaml")) == []
+    assert modules_loaded_by("catalog", "--gpu", "H100") == []
+
+
+def test_plan_a100x8_spot_offline_spans_all_five_clouds(home):
+    r = run_cli("plan", str(EXAMPLES / "experiment.yaml"), "--top", "500", "-o", "json")
+    assert r.returncode == 0, r.stderr
+    plan = json.loads(r.stdout)
+    ranked = {c["cloud"] for c in plan["candidates"]}
+    assert ranked == {"aws", "gcp", "azure", "yandex"}
+    assert {u["cloud"] for u in plan["unpriced"]} == {"sbercloud"}  # listed, honestly unpriced
+    prices = [c["price_per_hour_base"]["amount"] for c in plan["candidates"]]
+    assert [float(p) for p in prices] == sorted(float(p) for p in prices)
+    assert all(c["market"] == "spot" and c["gpu_count"] == 8 for c in plan["candidates"])
+    yandex = next(c for c in plan["candidates"] if c["cloud"] == "yandex")
+    assert yandex["price_per_hour"]["currency"] == "RUB"
+    assert (
+        float(yandex["price_per_hour_base"]["amount"])
+        == float(yandex["price_per_hour"]["amount"]) / 80
+    )
+    assert plan["rejected"]["other GPU type"] > 0
+
+
+def test_plan_table_names_reasons_and_rates(home):
+    r = run_cli("plan", str(EXAMPLES / "experiment.yaml"))
+    assert r.returncode == 0, r.stderr
+    assert "cheapest per cloud" in r.stdout and "1 USD = 80 RUB" in r.stdout
+    assert "turned down" in r.stdout and "sbercloud" in r.stdout
+
+
+def test_sbercloud_prices_from_settings_make_it_rank(home):
+    import csv
+
+    rows = list(csv.DictReader((ROOT / "provisioner/data/catalog/sbercloud.csv").open()))
+    flavor = next(r["instance_type"] for r in rows if r["gpu"] == "T4" and r["gpu_count"] == "1")
+    cfg = write_settings(
+        home,
+        clouds={"sbercloud": {}},
+        prices={"sbercloud": {flavor: {"price": "90", "spot_price": "30"}}},
+    )
+    spec = home.parent / "t4.yaml"
+    spec.write_text(
+        "name: t4\nproject: p\nowner: o\nresources:\n  gpu: T4:1\n  market: spot\n"
+        "  clouds: [sbercloud]\n"
+    )
+    r = run_cli("--config", str(cfg), "plan", str(spec), "-o", "json")
+    plan = json.loads(r.stdout)
+    assert plan["candidates"][0]["price_per_hour"] == {"amount": "30", "currency": "RUB"}
+    assert "price from settings" in plan["candidates"][0]["source"]
+
+
+def test_catalog_lists_cheapest_per_cloud(home):
+    r = run_cli("catalog", "--gpu", "A100", "-o", "json")
+    assert r.returncode == 0, r.stderr
+    rows = json.loads(r.stdout)
+    eights = {row["cloud"]: row for row in rows if row["gpu_count"] == 8 and row["gpu"] == "A100"}
+    assert {"aws", "gcp", "azure"} <= set(eights)
+    assert all("spot" in row or "reserved" in row for row in eights.values())
+    table = run_cli("catalog")
+    assert table.returncode == 0 and "H100" in table.stdout and "T4" in table.stdout
+
+
+def test_quickstart_end_to_end_through_the_cli(home):
+    cfg = write_settings(home)
+    up = run_cli("--config", str(cfg), "up", str(EXAMPLES / "quickstart.yaml"))
+    assert up.returncode == 0, up.stderr
+    assert "launched quickstart on sandbox" in up.stdout and "USD/h" in up.stdout
+    assert "trying sandbox/" in up.stderr  # progress while it tries candidates
+    st = run_cli("--config", str(cfg), "status", "-o", "json")
+    assert [m["status"] for m in json.loads(st.stdout)] == ["running"]
+    for cmd, word in (
+        ("stop", "stopped"),
+        ("stop", "already"),
+        ("start", "started"),
+        ("down", "terminated"),
+        ("down", "already gone"),
+    ):
+        r = run_cli("--config", str(cfg), cmd, "quickstart")
+        assert r.returncode == 0 and word in r.stdout, (cmd, r.stdout, r.stderr)
+
+
+def test_unknown_machine_is_exit_2(home):
+    r = run_cli("stop", "nothing-here")
+    assert r.returncode == 2 and "no machine named 'nothing-here'" in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_bad_settings_file_names_line(home, tmp_path):
+    cfg = tmp_path / "bad.yaml"
+    cfg.write_text("currency: USD\nclouds:\n  aws: {}\n  oracle: {}\n")
+    r = run_cli("--config", str(cfg), "catalog")
+    assert r.returncode == 2 and f"{cfg}:2: clouds: unknown cloud(s) oracle" in r.stderr

@@ -1,0 +1,188 @@
+"""up / stop / start / down / reconcile on the sandbox cloud: failover, crash safety,
+idempotence, and usage intervals that follow every transition."""
+
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+from decimal import Decimal
+
+import pytest
+from sqlalchemy import select
+
+from provisioner import ledger, lifecycle
+from provisioner.app import App
+from provisioner.errors import OperationFailed, UserError
+from provisioner.spec import Experiment
+from provisioner.state import Event, Machine, UsageInterval
+from tests.conftest import make_settings, run_cli, sandbox_experiment, write_settings, write_yaml
+
+
+def experiment(name="exp", **res) -> Experiment:
+    return Experiment.model_validate(sandbox_experiment(name, **res))
+
+
+def sandbox_app(home, clock, **sandbox) -> App:
+    return App(make_settings(home, sandbox=sandbox), clock)
+
+
+def events(app: App, m: Machine) -> list[tuple[str, str | None, str | None]]:
+    with app.db.session() as s:
+        return [
+            (e.kind, e.reason, e.detail.get("zone"))
+            for e in s.scalars(select(Event).where(Event.machine_id == m.id).order_by(Event.id))
+        ]
+
+
+def intervals(app: App, m: Machine) -> list[tuple[str, object, object]]:
+    with app.db.session() as s:
+        return [
+            (iv.kind, iv.started_at, iv.ended_at)
+            for iv in s.scalars(
+                select(UsageInterval)
+                .where(UsageInterval.machine_id == m.id)
+                .order_by(UsageInterval.id)
+            )
+        ]
+
+
+def test_up_launches_cheapest_and_records_rate(app):
+    r = lifecycle.up(app, experiment())
+    m = r.machine
+    assert (m.status, m.cloud, m.zone, m.instance_type, m.market) == (
+        "running",
+        "sandbox",
+        "sandbox-us-1a",
+        "sbx-t4-1",
+        "spot",
+    )
+    assert (m.rate, m.currency) == (Decimal("0.15"), "USD")
+    assert m.disk_rate == Decimal("0.10") * 50 / 730  # per GB-month → per hour, fixed at launch
+    inst = app.provider("sandbox").get(lifecycle.ref(m))
+    assert inst.labels["provisioner-machine"] == m.id and inst.labels["managed-by"] == "provisioner"
+    assert [k for k, _, _ in events(app, m)] == ["requested", "launch-attempt", "launched"]
+
+
+def test_failover_across_exhausted_zones(home, clock):
+    app = sandbox_app(home, clock, capacity={"sandbox-us-1a": 0, "sandbox-us-1b": 0})
+    r = lifecycle.up(app, experiment())
+    assert r.machine.zone == "sandbox-us-1c"
+    assert [(a.where, a.outcome) for a in r.attempts] == [
+        ("sandbox/sandbox-us-1a", "capacity"),
+        ("sandbox/sandbox-us-1b", "capacity"),
+        ("sandbox/sandbox-us-1c", "launched"),
+    ]
+    failed = [
+        (reason, zone) for kind, reason, zone in events(app, r.machine) if kind == "launch-failed"
+    ]
+    assert failed == [("capacity", "sandbox-us-1a"), ("capacity", "sandbox-us-1b")]
+    assert len(app.provider("sandbox").list_managed()) == 1
+
+
+def test_quota_blocks_the_whole_region(home, clock):
+    app = sandbox_app(home, clock, quota_gpus={"sandbox-us": 0})
+    r = lifecycle.up(app, experiment())
+    assert r.machine.region == "sandbox-eu"
+    outcomes = [(a.where, a.outcome) for a in r.attempts]
+    assert outcomes[:3] == [
+        ("sandbox/sandbox-us-1a", "quota"),
+        ("sandbox/sandbox-us-1b", "skipped"),
+        ("sandbox/sandbox-us-1c", "skipped"),
+    ]
+    sandbox_calls = app.provider("sandbox").api_calls
+    assert sandbox_calls == 2  # one refused launch, one good one: blocked zones are not tried
+
+
+def test_auth_failure_blocks_the_cloud_and_fails_cleanly(home, clock):
+    app = sandbox_app(home, clock, auth_fail=True)
+    with pytest.raises(OperationFailed, match="auth"):
+        lifecycle.up(app, experiment())
+    with app.db.session() as s:
+        (m,) = s.scalars(select(Machine)).all()
+    assert m.status == "failed"
+    assert app.provider("sandbox").api_calls == 1  # the other 4 candidates were not even tried
+    app.provider("sandbox").inject(auth_fail=False)
+    assert lifecycle.up(app, experiment()).machine.status == "running"  # the name is free again
+
+
+def test_throttling_storm_completes_without_duplicates(home, clock):
+    app = sandbox_app(home, clock, throttle=4)
+    r = lifecycle.up(app, experiment())
+    assert r.machine.status == "running" and r.attempts[-1].outcome == "launched"
+    assert len(app.provider("sandbox").list_managed()) == 1
+
+
+def test_up_of_a_running_name_says_so(app):
+    first = lifecycle.up(app, experiment()).machine
+    again = lifecycle.up(app, experiment())
+    assert again.already and again.machine.id == first.id
+    assert len(app.provider("sandbox").list_managed()) == 1
+
+
+def test_no_candidate_is_a_user_error(app):
+    with pytest.raises(UserError, match="no offer fits"):
+        lifecycle.up(app, experiment(gpu="H100:16"))
+
+
+@pytest.mark.parametrize("point", ["after-intent", "before-launch", "after-launch"])
+def test_crash_then_rerun_gives_one_machine(home, tmp_path, point):
+    cfg = write_settings(home)
+    spec = write_yaml(tmp_path / "exp.yaml", sandbox_experiment("crashy"))
+    crashed = run_cli("--config", str(cfg), "up", str(spec), env={"PROVISIONER_CRASH_AT": point})
+    assert crashed.returncode == -9, crashed.stderr
+    rerun = run_cli("--config", str(cfg), "up", str(spec), "-o", "json")
+    assert rerun.returncode == 0, rerun.stderr
+    machine = json.loads(rerun.stdout)["machine"]
+    assert machine["status"] == "running"
+    app = App(make_settings(home))
+    assert [i.id for i in app.provider("sandbox").list_managed()] == [machine["instance_id"]]
+    kinds = [k for k, _, _ in events(app, app.db.sessions().get(Machine, machine["id"]))]
+    assert kinds.count("requested") == 1
+    assert ("adopted" in kinds) == (point == "after-launch")
+
+
+def test_stop_start_down_are_idempotent_and_intervals_follow(app, clock):
+    t0 = clock.now()
+    m = lifecycle.up(app, experiment()).machine
+    clock.advance(timedelta(hours=1))
+    assert lifecycle.stop(app, "exp")[1] is True
+    assert lifecycle.stop(app, "exp")[1] is False
+    clock.advance(timedelta(hours=2))
+    assert lifecycle.start(app, "exp")[1] is True
+    assert lifecycle.start(app, "exp")[1] is False
+    clock.advance(timedelta(minutes=30))
+    assert lifecycle.down(app, "exp")[1] is True
+    assert lifecycle.down(app, "exp")[1] is False
+    h = timedelta(hours=1)
+    assert intervals(app, m) == [
+        ("compute", t0, t0 + h),
+        ("disk", t0, t0 + 3.5 * h),
+        ("compute", t0 + 3 * h, t0 + 3.5 * h),
+    ]
+    with app.db.session() as s:
+        total = ledger.machine_spend(s, s.get(Machine, m.id), t0, t0 + 10 * h)["USD"].amount
+    assert total == Decimal("0.15") * Decimal("1.5") + Decimal("0.10") * 50 / 730 * Decimal("3.5")
+    assert app.provider("sandbox").get(lifecycle.ref(m)).state.value == "terminated"
+
+
+def test_status_reconciles_a_preemption(app, clock):
+    t0 = clock.now()
+    m = lifecycle.up(app, experiment()).machine
+    clock.advance(timedelta(minutes=40))
+    app.provider("sandbox").preempt(lifecycle.ref(m))
+    obs = lifecycle.reconcile(app)
+    assert [(o.machine.name, o.observed, o.changed) for o in obs] == [("exp", "preempted", True)]
+    assert lifecycle.reconcile(app)[0].changed is False  # observing it again changes nothing
+    compute = [iv for iv in intervals(app, m) if iv[0] == "compute"]
+    assert compute == [("compute", t0, t0 + timedelta(minutes=40))]
+    assert ("preempted", "preempted", None) in events(app, m)
+
+
+def test_machines_made_outside_provisioner_are_not_ours(app):
+    sandbox = app.provider("sandbox")
+    sandbox.create_unmanaged("hand-made")
+    lifecycle.up(app, experiment())
+    assert [i.name for i in sandbox.list_managed()] == [
+        lifecycle.resource_name(experiment(), i.machine_id) for i in sandbox.list_managed()
+    ]
+    assert len(sandbox.list_managed()) == 1
