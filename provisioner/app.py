@@ -44,6 +44,10 @@ class App:
             self._providers[cloud] = providers.create(cloud, options)
         return self._providers[cloud]
 
+    def use_provider(self, cloud: str, provider: Provider) -> None:
+        """Use this adapter instance for ``cloud`` (e.g. one built with an explicit credential)."""
+        self._providers[cloud] = provider
+
     def offers(self, clouds: Iterable[str] | None = None) -> list[Offer]:
         return catalog.load(self.settings, clouds or self.settings.enabled_clouds)
 
@@ -51,12 +55,17 @@ class App:
         """Candidates for ``experiment`` in the order ``up`` would try them."""
         res = experiment.resources
         clouds = [c for c in (res.clouds or providers.CLOUDS) if c in self.settings.enabled_clouds]
-        return planner.plan(
+        plan = planner.plan(
             experiment,
             self.offers(clouds),
             self.settings.money_rates,
             enabled_clouds=self.settings.enabled_clouds,
         )
+        # budget projection: what the new machine would add to each budget that applies
+        from provisioner import budget
+
+        plan.checks.extend(budget.projections(self, plan))
+        return plan
 
     def close(self) -> None:
         if "db" in self.__dict__:

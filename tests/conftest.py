@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import uuid
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -47,9 +48,55 @@ def make_settings(home: Path, **overrides: object) -> Settings:
     return Settings(**data)
 
 
+PG_URL = os.environ.get(
+    "PROVISIONER_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test"
+)
+
+
+def _postgres_problem() -> str | None:
+    try:
+        import psycopg
+
+        psycopg.connect(PG_URL, connect_timeout=3).close()
+    except Exception as e:  # any failure to reach it means: skip, and say why in one line
+        return f"PostgreSQL not reachable at {PG_URL}: {str(e).splitlines()[0]}"
+    return None
+
+
+@pytest.fixture(scope="session")
+def postgres_problem() -> str | None:
+    return _postgres_problem()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def db_url(request: pytest.FixtureRequest):
+    """Each state test runs on SQLite (a file in the test's home) and on PostgreSQL (a fresh
+    schema of the server's `test` database, dropped afterwards)."""
+    if request.param == "sqlite":
+        yield None
+        return
+    problem = request.getfixturevalue("postgres_problem")
+    if problem:
+        pytest.skip(problem)
+    import psycopg
+
+    schema = f"t_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(PG_URL, autocommit=True) as conn:
+        conn.execute(f'CREATE SCHEMA "{schema}"')
+    try:
+        yield f"{PG_URL}?options=-csearch_path%3D{schema}&application_name={schema}"
+    finally:  # a test that left a session open must not block the drop
+        with psycopg.connect(PG_URL, autocommit=True) as conn:
+            conn.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = %s",
+                (schema,),
+            )
+            conn.execute(f'DROP SCHEMA "{schema}" CASCADE')
+
+
 @pytest.fixture
-def settings(home: Path) -> Settings:
-    return make_settings(home)
+def settings(home: Path, db_url: str | None) -> Settings:
+    return make_settings(home, state_url=db_url)
 
 
 @pytest.fixture

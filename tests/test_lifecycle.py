@@ -22,8 +22,12 @@ def experiment(name="exp", **res) -> Experiment:
     return Experiment.model_validate(sandbox_experiment(name, **res))
 
 
-def sandbox_app(home, clock, **sandbox) -> App:
-    return App(make_settings(home, sandbox=sandbox), clock)
+@pytest.fixture
+def sandbox_app(home, clock, db_url):
+    def make(**sandbox) -> App:
+        return App(make_settings(home, sandbox=sandbox, state_url=db_url), clock)
+
+    return make
 
 
 def events(app: App, m: Machine) -> list[tuple[str, str | None, str | None]]:
@@ -63,8 +67,8 @@ def test_up_launches_cheapest_and_records_rate(app):
     assert [k for k, _, _ in events(app, m)] == ["requested", "launch-attempt", "launched"]
 
 
-def test_failover_across_exhausted_zones(home, clock):
-    app = sandbox_app(home, clock, capacity={"sandbox-us-1a": 0, "sandbox-us-1b": 0})
+def test_failover_across_exhausted_zones(sandbox_app):
+    app = sandbox_app(capacity={"sandbox-us-1a": 0, "sandbox-us-1b": 0})
     r = lifecycle.up(app, experiment())
     assert r.machine.zone == "sandbox-us-1c"
     assert [(a.where, a.outcome) for a in r.attempts] == [
@@ -79,8 +83,8 @@ def test_failover_across_exhausted_zones(home, clock):
     assert len(app.provider("sandbox").list_managed()) == 1
 
 
-def test_quota_blocks_the_whole_region(home, clock):
-    app = sandbox_app(home, clock, quota_gpus={"sandbox-us": 0})
+def test_quota_blocks_the_whole_region(sandbox_app):
+    app = sandbox_app(quota_gpus={"sandbox-us": 0})
     r = lifecycle.up(app, experiment())
     assert r.machine.region == "sandbox-eu"
     outcomes = [(a.where, a.outcome) for a in r.attempts]
@@ -93,8 +97,8 @@ def test_quota_blocks_the_whole_region(home, clock):
     assert sandbox_calls == 2  # one refused launch, one good one: blocked zones are not tried
 
 
-def test_auth_failure_blocks_the_cloud_and_fails_cleanly(home, clock):
-    app = sandbox_app(home, clock, auth_fail=True)
+def test_auth_failure_blocks_the_cloud_and_fails_cleanly(sandbox_app):
+    app = sandbox_app(auth_fail=True)
     with pytest.raises(OperationFailed, match="auth"):
         lifecycle.up(app, experiment())
     with app.db.session() as s:
@@ -105,8 +109,8 @@ def test_auth_failure_blocks_the_cloud_and_fails_cleanly(home, clock):
     assert lifecycle.up(app, experiment()).machine.status == "running"  # the name is free again
 
 
-def test_throttling_storm_completes_without_duplicates(home, clock):
-    app = sandbox_app(home, clock, throttle=4)
+def test_throttling_storm_completes_without_duplicates(sandbox_app):
+    app = sandbox_app(throttle=4)
     r = lifecycle.up(app, experiment())
     assert r.machine.status == "running" and r.attempts[-1].outcome == "launched"
     assert len(app.provider("sandbox").list_managed()) == 1
@@ -125,8 +129,8 @@ def test_no_candidate_is_a_user_error(app):
 
 
 @pytest.mark.parametrize("point", ["after-intent", "before-launch", "after-launch"])
-def test_crash_then_rerun_gives_one_machine(home, tmp_path, point):
-    cfg = write_settings(home)
+def test_crash_then_rerun_gives_one_machine(home, tmp_path, point, db_url):
+    cfg = write_settings(home, state_url=db_url)
     spec = write_yaml(tmp_path / "exp.yaml", sandbox_experiment("crashy"))
     crashed = run_cli("--config", str(cfg), "up", str(spec), env={"PROVISIONER_CRASH_AT": point})
     assert crashed.returncode == -9, crashed.stderr
@@ -134,9 +138,12 @@ def test_crash_then_rerun_gives_one_machine(home, tmp_path, point):
     assert rerun.returncode == 0, rerun.stderr
     machine = json.loads(rerun.stdout)["machine"]
     assert machine["status"] == "running"
-    app = App(make_settings(home))
+    app = App(make_settings(home, state_url=db_url))
     assert [i.id for i in app.provider("sandbox").list_managed()] == [machine["instance_id"]]
-    kinds = [k for k, _, _ in events(app, app.db.sessions().get(Machine, machine["id"]))]
+    with app.db.session() as s:
+        m = s.get(Machine, machine["id"])
+    kinds = [k for k, _, _ in events(app, m)]
+    app.close()
     assert kinds.count("requested") == 1
     assert ("adopted" in kinds) == (point == "after-launch")
 

@@ -309,6 +309,14 @@ def yandex(_: Path) -> None:
 # cloud.ru Advanced publishes no GPU prices (RU_CLOUDS.md §2.3): flavors listed, prices empty.
 SBER_FLAVORS = [  # flavor, gpu, count, gpu memory, vcpus, ram
     *[
+        (f"p3.{s}xlarge.8", "A100-80GB", n, 80, 8 * n, 64 * n)
+        for s, n in (("2", 1), ("4", 2), ("8", 4), ("16", 8))
+    ],
+    *[
+        (f"p5s.{s}xlarge.12", "H100", n, 80, 20 * n, 240 * n)
+        for s, n in (("5", 1), ("10", 2), ("20", 4), ("40", 8))
+    ],
+    *[
         (f"p2s.{s}xlarge.8", "V100", n, 32, 8 * n, 64 * n)
         for s, n in (("2", 1), ("4", 2), ("8", 4), ("16", 8))
     ],
@@ -322,8 +330,10 @@ SBER_FLAVORS = [  # flavor, gpu, count, gpu memory, vcpus, ram
 
 def sbercloud(_: Path) -> None:
     src = (
-        "Huawei/OTC ECS GPU flavor spec (opentelekomcloud-docs gpu-accelerated_ecss.rst); "
-        "availability on cloud.ru Advanced not confirmed; no public price — set prices.sbercloud in settings"
+        "Huawei/OTC ECS GPU flavor spec (opentelekomcloud-docs elastic-cloud-server "
+        "gpu-accelerated_ecss.rst); "
+        "availability on cloud.ru Advanced not confirmed; "
+        "no public price — set prices.sbercloud in settings"
     )
     rows = [
         dict(

@@ -1,0 +1,603 @@
+"""Azure: virtual machines through azure-mgmt-compute, their NICs through azure-mgmt-network,
+credentials through azure-identity's DefaultAzureCredential. All three are imported lazily."""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import os
+import re
+import shutil
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from datetime import UTC, datetime, timedelta
+from functools import partial
+from typing import Any, TypeVar
+from urllib.parse import quote, urlsplit
+
+from providers.azure import prices
+from providers.base import (
+    TAG_MACHINE,
+    TAG_MANAGED_BY,
+    TAG_MANAGED_BY_VALUE,
+    AuthError,
+    CapacityError,
+    CheckResult,
+    Instance,
+    InstanceRef,
+    InvalidRequest,
+    LaunchRequest,
+    MachineState,
+    NotFound,
+    Offer,
+    Provider,
+    ProviderError,
+    QuotaError,
+    Throttled,
+)
+from providers.retry import call_with_retry
+
+T = TypeVar("T")
+
+DEFAULT_REGIONS = ("eastus", "eastus2", "westus2", "westus3", "southcentralus", "centralus")
+# Ubuntu 22.04 HPC image from the Data Science VM team: NVIDIA driver, CUDA, InfiniBand stack.
+DEFAULT_IMAGE = "microsoft-dsvm:ubuntu-hpc:2204:latest"
+ARM_SCOPE = "https://management.azure.com/.default"
+ACTIVITY_API_VERSION = "2015-04-01"
+_LOOPBACK = {"127.0.0.1", "localhost", "::1"}
+
+_CAPACITY = {"SkuNotAvailable", "AllocationFailed", "ZonalAllocationFailed",
+             "OverconstrainedAllocationRequest", "OverconstrainedZonalAllocationRequest",
+             "SpotPriceGreaterThanProvidedMaxPrice"}
+_QUOTA = {"QuotaExceeded", "ResourceQuotaExceeded"}
+_AUTH = {"AuthenticationFailed", "AuthorizationFailed", "InvalidAuthenticationToken",
+         "InvalidAuthenticationTokenTenant", "ExpiredAuthenticationToken",
+         "LinkedAuthorizationFailed", "ClientAuthenticationError"}
+_NOT_FOUND = {"ResourceNotFound", "NotFound", "ResourceGroupNotFound"}
+_POWER = {
+    "starting": MachineState.PENDING,
+    "running": MachineState.RUNNING,
+    "stopping": MachineState.STOPPING,
+    "deallocating": MachineState.STOPPING,
+    "stopped": MachineState.STOPPED,  # powered off but still allocated (and billed)
+    "deallocated": MachineState.STOPPED,
+}
+_VM_ID = re.compile(
+    r"/resourceGroups/([^/]+)/providers/Microsoft\.Compute/virtualMachines/([^/]+)$", re.I)
+
+
+class AzureProvider(Provider):
+    """Options: ``subscription_id`` (else env AZURE_SUBSCRIPTION_ID), ``resource_group``
+    ("provisioner", must exist), ``locations``, ``subnet_id`` (one id, or a {location: id} map) or
+    ``vnet``/``subnet`` names in the resource group (``{region}`` is filled in; default
+    "provisioner-{region}"/"default"), ``image`` (publisher:offer:sku:version or an image resource
+    id), ``admin_username``, ``os_disk_type``, ``base_url`` (ARM endpoint), ``prices_endpoint``,
+    ``managed_identity`` (true on an Azure VM whose identity should be used),
+    ``polling_interval_seconds`` (wait between polls of an operation when ARM sends no
+    Retry-After; SDK default 30), ``check_timeout_seconds`` and the retry knobs of
+    :func:`providers.retry.call_with_retry`.
+
+    ``credential`` (keyword) is any azure-core ``TokenCredential`` to use instead of
+    DefaultAzureCredential, for an embedding application that already holds one, or a static one
+    against a local ARM endpoint.
+    """
+
+    name = "azure"
+    currency = "USD"
+
+    def __init__(self, options: Mapping[str, Any] | None = None, *, credential: Any = None) -> None:
+        super().__init__(options)
+        self._supplied_credential = credential
+        self._sdk: tuple[Any, Any] | None = None
+        self._lock = threading.Lock()
+
+    # --- configuration
+
+    @property
+    def regions(self) -> list[str]:
+        return list(self.options.get("locations") or DEFAULT_REGIONS)
+
+    @property
+    def resource_group(self) -> str:
+        return str(self.options.get("resource_group", "provisioner"))
+
+    def _subscription_id(self) -> str | None:
+        return self.options.get("subscription_id") or os.environ.get("AZURE_SUBSCRIPTION_ID")
+
+    def _credential_source(self) -> str | None:
+        """Which credential DefaultAzureCredential will find, judged without any network call."""
+        env = os.environ
+        if self._supplied_credential is not None:
+            return "supplied credential"
+        if env.get("AZURE_CLIENT_ID") and env.get("AZURE_TENANT_ID"):
+            if env.get("AZURE_CLIENT_SECRET") or env.get("AZURE_CLIENT_CERTIFICATE_PATH"):
+                return "service principal (environment)"
+            if env.get("AZURE_FEDERATED_TOKEN_FILE"):
+                return "workload identity"
+        if env.get("IDENTITY_ENDPOINT") or env.get("MSI_ENDPOINT") or self.options.get(
+                "managed_identity"):
+            return "managed identity"
+        if shutil.which("az"):
+            return "Azure CLI login"
+        if shutil.which("azd"):
+            return "Azure Developer CLI login"
+        return None
+
+    def _credential(self) -> Any:
+        if self._supplied_credential is not None:
+            return self._supplied_credential
+        from azure.identity import DefaultAzureCredential
+
+        return DefaultAzureCredential()
+
+    def _clients(self) -> tuple[Any, Any]:
+        """(ComputeManagementClient, NetworkManagementClient), built on first use."""
+        with self._lock:
+            if self._sdk is None:
+                from azure.mgmt.compute import ComputeManagementClient
+                from azure.mgmt.network import NetworkManagementClient
+
+                subscription = self._subscription_id()
+                if not subscription:
+                    raise AuthError("azure: no subscription (set AZURE_SUBSCRIPTION_ID or "
+                                    "subscription_id in settings)", code="NoSubscription")
+                credential = self._credential()
+                # Our call_with_retry is the one retry bound, so the SDK's own retries are off.
+                kwargs: dict[str, Any] = {"retry_total": 0}
+                if "polling_interval_seconds" in self.options:
+                    kwargs["polling_interval"] = float(self.options["polling_interval_seconds"])
+                base_url = self.options.get("base_url")
+                if base_url:
+                    kwargs["base_url"] = base_url
+                    split = urlsplit(base_url)
+                    if split.scheme == "http" and split.hostname in _LOOPBACK:
+                        kwargs["authentication_policy"] = _plain_http_bearer(credential)
+                self._sdk = (ComputeManagementClient(credential, subscription, **kwargs),
+                             NetworkManagementClient(credential, subscription, **kwargs))
+            return self._sdk
+
+    # --- calls: error mapping, retry, long-running operations
+
+    def _call(self, fn: Callable[[], T]) -> T:
+        """Run one SDK call with errors mapped to the taxonomy and Throttled retried."""
+
+        def attempt() -> T:
+            try:
+                return fn()
+            except Exception as err:
+                mapped = _map_error(err)
+                if mapped is None:
+                    raise
+                raise mapped from err
+
+        return call_with_retry(attempt, self.options)
+
+    def _wait(self, begin: Callable[..., Any]) -> Any:
+        """Start a long-running operation and wait for its end. A throttled poll resumes the same
+        operation from its continuation token rather than starting it again."""
+        poller = self._call(begin)
+        if poller is None:
+            return None
+        token = poller.continuation_token()
+        pollers = [poller]
+
+        def result() -> Any:
+            current = pollers.pop() if pollers else begin(continuation_token=token)
+            return current.result()
+
+        return self._call(result)
+
+    # --- the contract
+
+    def check(self) -> CheckResult:
+        source = self._credential_source()
+        if source is None:
+            return CheckResult(self.name, False, (
+                "azure: no credentials found (set AZURE_CLIENT_ID, AZURE_TENANT_ID and "
+                "AZURE_CLIENT_SECRET, run `az login`, or set managed_identity: true on an "
+                "Azure VM)"))
+        subscription = self._subscription_id()
+        if not subscription:
+            return CheckResult(self.name, False, "azure: no subscription (set "
+                               "AZURE_SUBSCRIPTION_ID or subscription_id in settings)")
+        timeout = float(self.options.get("check_timeout_seconds", 20))
+        outcome: list[BaseException | None] = []
+
+        def probe() -> None:
+            try:
+                compute, _ = self._clients()
+                pages = compute.virtual_machines.list(self.resource_group).by_page()
+                next(pages, None)
+                outcome.append(None)
+            except BaseException as err:
+                outcome.append(_map_error(err) or err)
+
+        worker = threading.Thread(target=probe, daemon=True)
+        worker.start()
+        worker.join(timeout)
+        where = f"subscription {subscription}, resource group {self.resource_group}"
+        if not outcome:
+            return CheckResult(self.name, False,
+                               f"azure: no answer within {timeout:g}s using {source} ({where})")
+        err = outcome[0]
+        if err is None:
+            return CheckResult(self.name, True, f"azure: OK, {source} reaches {where}")
+        if isinstance(err, NotFound):
+            return CheckResult(self.name, False, (
+                f"azure: {source} works but resource group {self.resource_group} was not found "
+                f"in subscription {subscription} (create it, with a VNet and subnet per region)"))
+        first_line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        if isinstance(err, AuthError):
+            return CheckResult(self.name, False, f"azure: {source} refused: {first_line}")
+        return CheckResult(self.name, False, f"azure: {first_line} ({where})")
+
+    def launch(self, request: LaunchRequest) -> Instance:
+        from azure.core import MatchConditions
+        from azure.core.exceptions import ResourceExistsError
+
+        compute, network = self._clients()
+        rg, name = self.resource_group, request.name
+        vm_body = self._vm_body(request)  # validates before anything is created
+        create_nic = partial(network.network_interfaces.begin_create_or_update, rg,
+                             _nic_name(name), self._nic_body(request))
+
+        def begin_create(**kwargs: Any) -> Any:
+            # PUT by name is Azure's idempotency; IfMissing (If-None-Match: *) makes it create-only.
+            try:
+                return compute.virtual_machines.begin_create_or_update(
+                    rg, name, vm_body, match_condition=MatchConditions.IfMissing, **kwargs)
+            except ResourceExistsError as err:
+                if err.status_code == 412:
+                    return None
+                raise
+
+        foreign = False
+        try:
+            for _ in range(2):
+                nic = self._wait(create_nic)
+                vm = self._wait(begin_create)
+                if vm is not None:
+                    break
+                vm = self._call(lambda: compute.virtual_machines.get(rg, name))
+                foreign = (vm.tags or {}).get(TAG_MACHINE) != request.labels.get(TAG_MACHINE)
+                if foreign or vm.provisioning_state != "Failed":
+                    break  # someone else's VM, or the earlier attempt of this same intent
+                self._remove_vm(name)  # a failed earlier attempt: clear it and create again
+        except (AuthError, CapacityError, QuotaError, InvalidRequest, NotFound) as err:
+            self._cleanup_failed(request)
+            if isinstance(err, NotFound):  # e.g. the resource group or VNet is missing
+                raise InvalidRequest(str(err), code=err.code) from err
+            raise
+        if foreign:
+            with contextlib.suppress(ProviderError):  # our NIC, unless that VM uses it
+                self._wait(partial(network.network_interfaces.begin_delete, rg, _nic_name(name)))
+            raise InvalidRequest(f"azure: a VM named {name} already exists in {rg} and is not "
+                                 "this machine", code="Conflict")
+        view = self._call(lambda: compute.virtual_machines.instance_view(rg, name))
+        private_ip = nic.ip_configurations[0].private_ip_address if nic.ip_configurations else None
+        return self._instance(vm, view.statuses, private_ip)
+
+    def get(self, ref: InstanceRef) -> Instance:
+        compute, network = self._clients()
+        rg, name = self._locate(ref)
+        vm = self._call(lambda: compute.virtual_machines.get(rg, name, expand="instanceView"))
+        try:
+            nic = self._call(lambda: network.network_interfaces.get(rg, _nic_name(name)))
+            private_ip = nic.ip_configurations[0].private_ip_address
+        except (NotFound, IndexError, TypeError):
+            private_ip = None
+        return self._instance(vm, vm.instance_view.statuses if vm.instance_view else [],
+                              private_ip)
+
+    def list_managed(
+        self, regions: Sequence[str] | None = None, machine_id: str | None = None
+    ) -> list[Instance]:
+        compute, _ = self._clients()
+        rg, wanted = self.resource_group, set(regions or self.regions)
+        try:
+            # ARM cannot filter VMs by tag: list the resource group (all pages), filter here.
+            vms = self._call(lambda: list(compute.virtual_machines.list(rg)))
+        except NotFound:
+            return []
+        found = []
+        for vm in vms:
+            tags = vm.tags or {}
+            if tags.get(TAG_MANAGED_BY) != TAG_MANAGED_BY_VALUE or vm.location not in wanted:
+                continue
+            if machine_id is not None and tags.get(TAG_MACHINE) != machine_id:
+                continue
+            try:
+                view = self._call(partial(compute.virtual_machines.instance_view, rg, vm.name))
+            except NotFound:
+                continue  # deleted while we listed
+            found.append(self._instance(vm, view.statuses))
+        return found
+
+    def stop(self, ref: InstanceRef) -> None:
+        # Deallocate: a mere power-off keeps the compute allocated and billed.
+        compute, _ = self._clients()
+        self._wait(partial(compute.virtual_machines.begin_deallocate, *self._locate(ref)))
+
+    def start(self, ref: InstanceRef) -> None:
+        compute, _ = self._clients()
+        self._wait(partial(compute.virtual_machines.begin_start, *self._locate(ref)))
+
+    def terminate(self, ref: InstanceRef) -> None:
+        self._remove_vm(self._locate(ref)[1])
+
+    def fetch_offers(self) -> list[Offer]:
+        return prices.fetch_offers(self.regions, self.options)
+
+    # --- helpers
+
+    def _locate(self, ref: InstanceRef) -> tuple[str, str]:
+        m = _VM_ID.search(ref.id)
+        return (m[1], m[2]) if m else (self.resource_group, ref.name or ref.id)
+
+    def _remove_vm(self, name: str) -> None:
+        """Delete the VM, then its NIC and OS disk. They carry deleteOption=Delete and normally go
+        with it; deleting them by name catches leftovers. Each step is a no-op when gone."""
+        compute, network = self._clients()
+        rg = self.resource_group
+        for begin in (partial(compute.virtual_machines.begin_delete, rg, name),
+                      partial(network.network_interfaces.begin_delete, rg, _nic_name(name)),
+                      partial(compute.disks.begin_delete, rg, _disk_name(name))):
+            with contextlib.suppress(NotFound):
+                self._wait(begin)
+
+    def _cleanup_failed(self, request: LaunchRequest) -> None:
+        """After a refused create, remove what this attempt left (a Failed VM, the NIC), so the
+        next candidate can reuse the name. Best effort: the original error is what matters."""
+        compute, _ = self._clients()
+        rg, name = self.resource_group, request.name
+        with contextlib.suppress(ProviderError):
+            try:
+                vm = self._call(lambda: compute.virtual_machines.get(rg, name))
+                if (vm.tags or {}).get(TAG_MACHINE) != request.labels.get(TAG_MACHINE):
+                    return  # not ours: never delete it
+            except NotFound:
+                pass
+            self._remove_vm(name)
+
+    def _nic_body(self, request: LaunchRequest) -> Any:
+        from azure.mgmt.network import models
+
+        return models.NetworkInterface(
+            location=request.region,
+            tags=dict(request.labels),
+            ip_configurations=[models.NetworkInterfaceIPConfiguration(
+                name="ipconfig1",
+                subnet=models.Subnet(id=self._subnet_id(request.region)),
+                private_ip_allocation_method="Dynamic",
+            )],
+        )
+
+    def _nic_id(self, vm_name: str) -> str:
+        return (f"/subscriptions/{self._subscription_id()}/resourceGroups/{self.resource_group}"
+                f"/providers/Microsoft.Network/networkInterfaces/{_nic_name(vm_name)}")
+
+    def _subnet_id(self, region: str) -> str:
+        configured = self.options.get("subnet_id")
+        if isinstance(configured, Mapping):
+            configured = configured.get(region)
+        if configured:
+            return str(configured)
+        vnet = str(self.options.get("vnet", "provisioner-{region}")).format(region=region)
+        subnet = str(self.options.get("subnet", "default")).format(region=region)
+        return (f"/subscriptions/{self._subscription_id()}/resourceGroups/{self.resource_group}"
+                f"/providers/Microsoft.Network/virtualNetworks/{vnet}/subnets/{subnet}")
+
+    def _vm_body(self, request: LaunchRequest) -> Any:
+        from azure.mgmt.compute import models
+
+        if not request.ssh_public_key:
+            raise InvalidRequest("azure: an SSH public key is required (Linux VMs are created "
+                                 "without a password)", code="MissingSshKey")
+        admin = str(self.options.get("admin_username", "azureuser"))
+        image = _image_reference(request.image or self.options.get("image") or DEFAULT_IMAGE)
+        zone = request.zone.removeprefix(f"{request.region}-")
+        market: dict[str, Any] = {"priority": "Regular"}
+        if request.spot:
+            market = {
+                "priority": "Spot",
+                "eviction_policy": "Deallocate" if request.preemption_action == "stop"
+                else "Delete",
+                # -1: pay up to the pay-as-you-go price, evicted only for capacity.
+                "billing_profile": models.BillingProfile(
+                    max_price=float(request.max_price) if request.max_price is not None else -1),
+            }
+        os_profile = models.OSProfile(
+            computer_name=request.name,
+            admin_username=admin,
+            linux_configuration=models.LinuxConfiguration(
+                disable_password_authentication=True,
+                ssh=models.SshConfiguration(public_keys=[models.SshPublicKey(
+                    path=f"/home/{admin}/.ssh/authorized_keys", key_data=request.ssh_public_key)]),
+            ),
+        )
+        if request.user_data:
+            os_profile.custom_data = base64.b64encode(request.user_data.encode()).decode()
+        return models.VirtualMachine(
+            location=request.region,
+            zones=[zone] if zone else None,
+            tags=dict(request.labels),
+            hardware_profile=models.HardwareProfile(vm_size=request.instance_type),
+            storage_profile=models.StorageProfile(
+                image_reference=models.ImageReference(**image),
+                os_disk=models.OSDisk(
+                    name=_disk_name(request.name),
+                    create_option="FromImage",
+                    disk_size_gb=request.disk_gb,
+                    delete_option="Delete",
+                    managed_disk=models.ManagedDiskParameters(
+                        storage_account_type=self.options.get("os_disk_type", "Premium_LRS")),
+                ),
+            ),
+            os_profile=os_profile,
+            network_profile=models.NetworkProfile(network_interfaces=[
+                models.NetworkInterfaceReference(id=self._nic_id(request.name), primary=True,
+                                                 delete_option="Delete")]),
+            **market,
+        )
+
+    def _instance(self, vm: Any, statuses: Any, private_ip: str | None = None) -> Instance:
+        codes = [s.code or "" for s in statuses or []]
+        power = next((c.split("/", 1)[1] for c in codes if c.startswith("PowerState/")), None)
+        spot = str(getattr(vm.priority, "value", vm.priority) or "").lower() == "spot"
+        reason = ", ".join(codes) or None
+        if vm.provisioning_state == "Deleting":
+            state = MachineState.TERMINATED
+        elif power is None:
+            failed = vm.provisioning_state == "Failed"
+            state = MachineState.TERMINATED if failed else MachineState.PENDING
+        else:
+            state = _POWER.get(power, MachineState.PENDING)
+        if state is MachineState.STOPPED and power == "deallocated" and spot:
+            evicted, why = self._evicted(vm)
+            if evicted:
+                state = MachineState.PREEMPTED
+            reason = ", ".join(filter(None, [reason, why]))
+        return Instance(
+            id=vm.id,
+            name=vm.name,
+            region=vm.location,
+            zone=(vm.zones or [""])[0],
+            instance_type=vm.hardware_profile.vm_size if vm.hardware_profile else "",
+            state=state,
+            spot=spot,
+            labels=dict(vm.tags or {}),
+            private_ip=private_ip,
+            launched_at=vm.time_created,
+            state_reason=reason,
+        )
+
+    def _evicted(self, vm: Any) -> tuple[bool, str | None]:
+        """Was this deallocated Spot VM evicted (rather than stopped by someone)?
+
+        The instance view of an evicted VM reads exactly like a user's deallocate
+        (``PowerState/deallocated``). The record that tells them apart is the Activity Log: ARM
+        writes ``Microsoft.Compute/virtualMachines/evictSpotVM/action`` (caller "Azure") when it
+        evicts, and ``…/deallocate/action`` or ``…/powerOff/action`` for a stop. The newer of the
+        two decides. The log is read through the compute client's own pipeline (credential,
+        endpoint), so no monitor SDK is needed. Limits: the log lags by minutes (a VM evicted just
+        now reads STOPPED until it catches up) and keeps 90 days. If it cannot be read the VM stays
+        STOPPED and the reason says why.
+        """
+        compute, _ = self._clients()
+        now = datetime.now(UTC)
+        since = max(vm.time_created or now, now - timedelta(days=89)) - timedelta(minutes=5)
+        query = (f"eventTimestamp ge '{since:%Y-%m-%dT%H:%M:%SZ}' and "
+                 f"resourceUri eq '{vm.id}'")
+        url: str | None = (
+            f"/subscriptions/{self._subscription_id()}/providers/Microsoft.Insights/eventtypes/"
+            f"management/values?api-version={ACTIVITY_API_VERSION}&$filter={quote(query)}"
+            "&$select=eventTimestamp,operationName,status")
+        latest: dict[str, datetime] = {}
+        try:
+            while url:
+                page = self._call(partial(_get_json, compute, url))
+                for event in page.get("value", []):
+                    operation = (event.get("operationName") or {}).get("value", "").lower()
+                    status = (event.get("status") or {}).get("value", "")
+                    kind = ("evict" if operation.endswith("/evictspotvm/action") else
+                            "stop" if operation.endswith(("/deallocate/action",
+                                                          "/poweroff/action")) else None)
+                    if kind and status != "Failed":
+                        at = _parse_time(event["eventTimestamp"])
+                        latest[kind] = max(latest.get(kind, at), at)
+                url = page.get("nextLink")
+        except ProviderError as err:
+            return False, f"activity log unreadable ({err.code or err})"
+        if "evict" in latest and latest["evict"] > latest.get("stop", datetime.min.replace(
+                tzinfo=UTC)):
+            return True, "Microsoft.Compute/virtualMachines/evictSpotVM/action"
+        return False, None
+
+
+def _get_json(compute: Any, url: str) -> dict:
+    from azure.core.rest import HttpRequest
+
+    response = compute.send_request(HttpRequest("GET", url))
+    response.raise_for_status()
+    return response.json()
+
+
+def _parse_time(text: str) -> datetime:
+    """ARM timestamps carry up to 7 fractional digits; Python takes 6."""
+    text = re.sub(r"(\.\d{6})\d+", r"\1", text.replace("Z", "+00:00"))
+    parsed = datetime.fromisoformat(text)
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+
+
+def _nic_name(vm_name: str) -> str:
+    return f"{vm_name}-nic"
+
+
+def _disk_name(vm_name: str) -> str:
+    return f"{vm_name}-osdisk"
+
+
+def _image_reference(image: str) -> dict[str, str]:
+    if image.startswith("/subscriptions/"):  # a custom or gallery image
+        return {"id": image}
+    parts = image.split(":")
+    if len(parts) != 4 or not all(parts):
+        raise InvalidRequest(f"azure: image {image!r} is not publisher:offer:sku:version or an "
+                             "image resource id", code="InvalidImage")
+    return dict(zip(("publisher", "offer", "sku", "version"), parts, strict=True))
+
+
+def _plain_http_bearer(credential: Any) -> Any:
+    """A bearer-token policy that also sends the token over plain http. Used only for a
+    loopback ``base_url`` (a local ARM emulator); azure-core refuses non-TLS URLs otherwise."""
+    from azure.mgmt.core.policies import ARMChallengeAuthenticationPolicy
+
+    class PlainHttpBearer(ARMChallengeAuthenticationPolicy):
+        def on_request(self, request: Any) -> None:
+            request.context["enforce_https"] = False
+            super().on_request(request)
+
+    return PlainHttpBearer(credential, ARM_SCOPE)
+
+
+def _map_error(err: BaseException) -> ProviderError | None:
+    """An azure-core exception → the taxonomy (None for anything else). The ARM error code is
+    in ``HttpResponseError.error.code``, both for a refused request and a failed operation."""
+    from azure.core.exceptions import (
+        ClientAuthenticationError,
+        HttpResponseError,
+        ServiceRequestError,
+        ServiceResponseError,
+    )
+
+    if isinstance(err, ProviderError):
+        return err
+    if isinstance(err, ServiceRequestError | ServiceResponseError):
+        return Throttled(f"azure: {_first_line(err)}", code=type(err).__name__)
+    if not isinstance(err, HttpResponseError):
+        return None
+    error = getattr(err, "error", None)
+    code = getattr(error, "code", None) or None
+    message = getattr(error, "message", None) or _first_line(err)
+    status = err.status_code
+    text = f"azure: {code}: {message}" if code else f"azure: {message}"
+    if isinstance(err, ClientAuthenticationError) and status in (None, 401):
+        return AuthError(text, code=code or "ClientAuthenticationError")
+    if status == 429 or code == "TooManyRequests":
+        return Throttled(text, code=code or "TooManyRequests")
+    if code in _CAPACITY:
+        return CapacityError(text, code=code)
+    if code in _QUOTA or (code == "OperationNotAllowed" and "quota" in message.lower()):
+        return QuotaError(text, code=code, scope="region")  # Azure vCPU quotas are regional
+    if code in _AUTH or (status in (401, 403) and code != "RequestDisallowedByPolicy"):
+        return AuthError(text, code=code)
+    if code in _NOT_FOUND or status == 404:
+        return NotFound(text, code=code or "NotFound")
+    if status is not None and status >= 500:
+        return Throttled(text, code=code or str(status))
+    return InvalidRequest(text, code=code)
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return text.splitlines()[0] if text else type(err).__name__

@@ -1,0 +1,442 @@
+"""SberCloud (cloud.ru Advanced): the Huawei ECS API through ``huaweicloudsdkecs``.
+
+Endpoints are options, so the adapter serves any cloud of the Huawei stack. The client is built
+with explicit endpoints, never ``EcsRegion.value_of`` (that points at Huawei's own hosts). Without
+a ``project_id`` the SDK looks the project up in IAM (``iam_endpoint``) by region name.
+
+Preemption: Huawei reports no reason when a spot server stops or disappears. So before every stop
+or delete it asks for, the adapter writes the server metadata ``provisioner_stopped_by=user``
+(removed again on start). A spot server (metadata ``charging_mode == "2"``) that is SHUTOFF or
+DELETED *without* that marker was taken back by the cloud and reads PREEMPTED; one that vanished
+entirely raises NotFound. A spot server stopped from the console, bypassing provisioner, also
+reads PREEMPTED — there is no way to tell the two apart. Huawei spot servers are released on
+interruption, so ``request.preemption_action`` cannot be honoured and is ignored.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
+from decimal import Decimal
+from typing import Any, TypeVar
+
+from providers.base import (
+    TAG_MACHINE,
+    TAG_MANAGED_BY,
+    TAG_MANAGED_BY_VALUE,
+    AuthError,
+    CheckResult,
+    Instance,
+    InstanceRef,
+    InvalidRequest,
+    LaunchRequest,
+    MachineState,
+    NotFound,
+    Offer,
+    Provider,
+    ProviderError,
+    Throttled,
+)
+from providers.retry import call_with_retry
+from providers.sbercloud import errors, flavors, userdata
+
+T = TypeVar("T")
+
+ENV_AK = ("SBERCLOUD_ACCESS_KEY", "HUAWEICLOUD_SDK_AK")
+ENV_SK = ("SBERCLOUD_SECRET_KEY", "HUAWEICLOUD_SDK_SK")
+ENV_PROJECT = ("SBERCLOUD_PROJECT_ID", "HUAWEICLOUD_SDK_PROJECT_ID")
+STOP_MARKER = "provisioner_stopped_by"
+SPOT_CHARGING_MODE = "2"
+_GONE = ("DELETED", "SOFT_DELETED")
+_STATES = {
+    "BUILD": MachineState.PENDING,
+    "REBUILD": MachineState.PENDING,
+    "ACTIVE": MachineState.RUNNING,
+    "REBOOT": MachineState.RUNNING,
+    "HARD_REBOOT": MachineState.RUNNING,
+    "MIGRATING": MachineState.RUNNING,
+    "RESIZE": MachineState.RUNNING,
+    "VERIFY_RESIZE": MachineState.RUNNING,
+    "REVERT_RESIZE": MachineState.RUNNING,
+    "SHUTOFF": MachineState.STOPPED,
+    "PAUSED": MachineState.STOPPED,
+    "SUSPENDED": MachineState.STOPPED,
+    "SHELVED": MachineState.STOPPED,
+    "SHELVED_OFFLOADED": MachineState.STOPPED,
+    "ERROR": MachineState.STOPPED,  # not running, not billed as running; terminate to clean up
+    "DELETED": MachineState.TERMINATED,
+    "SOFT_DELETED": MachineState.TERMINATED,
+}
+
+
+def machine_state(
+    status: str, task_state: str, *, spot: bool, stopped_by_us: bool
+) -> tuple[MachineState, str | None]:
+    """ECS status (+ task state) → our state, and a reason when we infer one."""
+    if status in ("SHUTOFF", *_GONE) and spot and not stopped_by_us:
+        return MachineState.PREEMPTED, f"spot server {status} without a provisioner stop"
+    if status == "ACTIVE" and task_state == "powering-off":
+        return MachineState.STOPPING, None
+    return _STATES.get(status, MachineState.PENDING), None
+
+
+def _env(names: Sequence[str]) -> str | None:
+    return next((os.environ[n] for n in names if os.environ.get(n)), None)
+
+
+def _time(value: str | None) -> datetime | None:
+    if not value:
+        return None
+    try:
+        parsed = datetime.fromisoformat(value)
+    except ValueError:
+        return None
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+
+
+class SberCloudProvider(Provider):
+    name = "sbercloud"
+    currency = "RUB"
+
+    def __init__(self, options: dict[str, Any] | None = None) -> None:
+        super().__init__(options)
+        o = self.options
+        self.region: str = o.get("region", "ru-moscow-1")
+        self.ecs_endpoint: str = o.get("ecs_endpoint", f"https://ecs.{self.region}.hc.sbercloud.ru")
+        self.iam_endpoint: str = o.get(
+            "iam_endpoint", f"https://iam.{self.region}.hc.sbercloud.ru/v3"
+        )
+        self.zones: list[str] = list(o.get("zones") or [f"{self.region}{z}" for z in "abc"])
+        self._poll_seconds = float(o.get("poll_seconds", 3))
+        self._job_timeout = float(o.get("job_timeout_seconds", 900))
+        self._ecs: Any = None
+
+    # -- plumbing -------------------------------------------------------------------------
+
+    def _client(self) -> Any:
+        if self._ecs is not None:
+            return self._ecs
+        ak, sk = _env(ENV_AK), _env(ENV_SK)
+        if not ak or not sk:
+            raise AuthError(
+                "sbercloud: no credentials: set SBERCLOUD_ACCESS_KEY and SBERCLOUD_SECRET_KEY",
+                code="NoCredentials",
+            )
+        from huaweicloudsdkcore.auth.credentials import BasicCredentials
+        from huaweicloudsdkcore.exceptions.exceptions import SdkException
+        from huaweicloudsdkcore.http.http_config import HttpConfig
+        from huaweicloudsdkcore.region.region import Region
+        from huaweicloudsdkecs.v2 import EcsClient
+
+        config = HttpConfig.get_default_config()
+        config.retry_times = 0  # Throttled is retried by call_with_retry, with a bound
+        config.timeout = (10, 60)
+        project = self.options.get("project_id") or _env(ENV_PROJECT)
+        credentials = BasicCredentials(ak, sk, project)
+        builder = EcsClient.new_builder().with_http_config(config).with_credentials(credentials)
+        if project:
+            builder.with_endpoints([self.ecs_endpoint])
+        else:  # the SDK asks IAM for the project of this region while building
+            credentials.with_iam_endpoint(self.iam_endpoint)
+            builder.with_region(Region(self.region, self.ecs_endpoint))
+        try:
+            self._ecs = builder.build()
+        except SdkException as e:
+            err = errors.from_sdk(e, where=f"find the project of {self.region} via IAM")
+            raise (err if isinstance(err, Throttled) else AuthError(str(err), code=err.code)) from e
+        return self._ecs
+
+    def _call(self, where: str, fn: Callable[[Any], T], *, attempts: int | None = None) -> T:
+        from huaweicloudsdkcore.exceptions.exceptions import SdkException
+
+        def attempt() -> T:
+            client = self._client()
+            try:
+                return fn(client)
+            except SdkException as e:
+                raise errors.from_sdk(e, where=where) from e
+
+        options = self.options if attempts is None else {**self.options, "retry_attempts": attempts}
+        return call_with_retry(attempt, options)
+
+    def _wait(self, job_id: str, where: str, timeout: float) -> bool:
+        """Poll an ECS job: True on SUCCESS, False if still running at ``timeout``; FAIL raises."""
+        from huaweicloudsdkecs.v2 import model as m
+
+        deadline = time.monotonic() + timeout
+        while True:
+            job = self._call(where, lambda c: c.show_job(m.ShowJobRequest(job_id=job_id)))
+            if job.status == "SUCCESS":
+                return True
+            if job.status == "FAIL":
+                code, reason = job.error_code, job.fail_reason
+                for sub in (job.entities.sub_jobs if job.entities else None) or []:
+                    if sub.status == "FAIL" and not code:
+                        code, reason = sub.error_code, sub.fail_reason
+                raise errors.classify(
+                    None, code, f"job {job_id} failed: {reason or 'no reason given'}", where=where
+                )
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(self._poll_seconds)
+
+    def _finish(self, job_id: str, where: str) -> None:
+        if not self._wait(job_id, where, self._job_timeout):
+            raise Throttled(
+                f"sbercloud: {where}: job {job_id} still running after {self._job_timeout:.0f} s",
+                code="JobTimeout",
+            )
+
+    def _server(self, server_id: str) -> Any:
+        from huaweicloudsdkecs.v2 import model as m
+
+        return self._call(
+            f"get server {server_id}",
+            lambda c: c.show_server(m.ShowServerRequest(server_id=server_id)),
+        ).server
+
+    def _server_or_none(self, server_id: str) -> Any:
+        try:
+            return self._server(server_id)
+        except NotFound:
+            return None
+
+    def _mark_stopped(self, server_id: str) -> bool:
+        """Record that the next stop/delete is ours. False when the server is gone."""
+        from huaweicloudsdkecs.v2 import model as m
+
+        body = m.UpdateServerMetadataRequestBody(metadata={STOP_MARKER: "user"})
+        try:
+            self._call(
+                f"mark server {server_id} as stopped by provisioner",
+                lambda c: c.update_server_metadata(
+                    m.UpdateServerMetadataRequest(server_id=server_id, body=body)
+                ),
+            )
+        except NotFound:
+            return False
+        return True
+
+    def _instance(self, s: Any) -> Instance:
+        meta = s.metadata or {}
+        spot = meta.get("charging_mode") == SPOT_CHARGING_MODE
+        status = (s.status or "").upper()
+        state, reason = machine_state(
+            status,
+            s.os_ext_st_stask_state or "",
+            spot=spot,
+            stopped_by_us=meta.get(STOP_MARKER) == "user",
+        )
+        fault = s.fault if isinstance(s.fault, dict) else {}
+        if reason is None and (fault.get("message") or status == "ERROR"):
+            reason = f"{status}: {fault.get('message') or 'no fault message'}"
+        ips = [a for addrs in (s.addresses or {}).values() for a in addrs or []]
+        labels = dict(t.split("=", 1) if "=" in t else (t, "") for t in s.tags or [])
+        return Instance(
+            id=s.id,
+            name=s.name or "",
+            region=self.region,
+            zone=s.os_ext_a_zavailability_zone or "",
+            instance_type=(s.flavor.id or s.flavor.name) if s.flavor else "",
+            state=state,
+            spot=spot,
+            labels=labels,
+            public_ip=next((a.addr for a in ips if a.os_ext_ip_stype == "floating"), None),
+            private_ip=next((a.addr for a in ips if a.os_ext_ip_stype != "floating"), None),
+            launched_at=_time(s.os_srv_us_glaunched_at) or _time(s.created),
+            state_reason=reason,
+        )
+
+    # -- the contract ---------------------------------------------------------------------
+
+    def check(self) -> CheckResult:
+        if not _env(ENV_AK) or not _env(ENV_SK):
+            return CheckResult(
+                self.name,
+                False,
+                "sbercloud: no credentials found (set SBERCLOUD_ACCESS_KEY and "
+                "SBERCLOUD_SECRET_KEY, or HUAWEICLOUD_SDK_AK and HUAWEICLOUD_SDK_SK)",
+            )
+        from huaweicloudsdkecs.v2 import model as m
+
+        try:
+            listed = self._call(
+                "check credentials",
+                lambda c: c.list_servers_details(m.ListServersDetailsRequest(limit=1)),
+                attempts=2,
+            )
+        except AuthError as e:
+            return CheckResult(self.name, False, f"sbercloud: {self.ecs_endpoint} refused: {e}")
+        except ProviderError as e:
+            return CheckResult(self.name, False, f"sbercloud: {self.ecs_endpoint} failed: {e}")
+        return CheckResult(
+            self.name,
+            True,
+            f"sbercloud: credentials accepted by {self.ecs_endpoint} "
+            f"(region {self.region}, {listed.count or 0} servers in the project)",
+        )
+
+    def launch(self, request: LaunchRequest) -> Instance:
+        image = request.image or self.options.get("image_id")
+        if not image:
+            raise InvalidRequest(
+                "sbercloud: no image: set clouds.sbercloud.image_id to a GPU-ready image of your "
+                "project, or name one in the spec",
+                code="NoImage",
+            )
+        missing = [k for k in ("vpc_id", "subnet_id") if not self.options.get(k)]
+        if missing:
+            raise InvalidRequest(
+                f"sbercloud: set clouds.sbercloud.{' and '.join(missing)}: the network new "
+                "servers join",
+                code="NoNetwork",
+            )
+        from huaweicloudsdkecs.v2 import model as m
+
+        extend = m.PrePaidServerExtendParam(charging_mode="postPaid")
+        if request.spot:
+            extend.market_type = "spot"
+            if request.max_price is not None:
+                extend.spot_price = format(Decimal(request.max_price), "f")
+        group = self.options.get("security_group_id")
+        server = m.PrePaidServer(
+            image_ref=image,
+            flavor_ref=request.instance_type,
+            name=request.name,
+            vpcid=self.options["vpc_id"],
+            nics=[m.PrePaidServerNic(subnet_id=self.options["subnet_id"])],
+            security_groups=[m.PrePaidServerSecurityGroup(id=group)] if group else None,
+            root_volume=m.PrePaidServerRootVolume(
+                volumetype=self.options.get("root_volume_type", "SSD"), size=request.disk_gb
+            ),
+            availability_zone=request.zone or None,
+            server_tags=[m.PrePaidServerTag(key=k, value=v) for k, v in request.labels.items()],
+            user_data=userdata.build(request.user_data, request.ssh_public_key),
+            extendparam=extend,
+            count=1,
+        )
+        create = m.CreateServersRequest(
+            x_client_token=request.token, body=m.CreateServersRequestBody(server=server)
+        )
+        where = f"create {request.instance_type} in {request.zone or self.region}"
+        created = self._call(where, lambda c: c.create_servers(create))
+        if not created.server_ids:
+            raise InvalidRequest(f"sbercloud: {where}: no server id in the answer", code="NoServer")
+        self._wait(created.job_id, where, self._job_timeout)  # still running → PENDING
+        return self.get(
+            InstanceRef(id=created.server_ids[0], region=self.region, zone=request.zone)
+        )
+
+    def get(self, ref: InstanceRef) -> Instance:
+        return self._instance(self._server(ref.id))
+
+    def list_managed(
+        self, regions: Sequence[str] | None = None, machine_id: str | None = None
+    ) -> list[Instance]:
+        """One region per adapter (the ECS endpoint is regional). Filters server-side by the
+        machine tag when a machine id is given, else by ``managed-by=provisioner``."""
+        if regions is not None and self.region not in regions:
+            return []
+        from huaweicloudsdkecs.v2 import model as m
+
+        tag = (
+            f"{TAG_MACHINE}={machine_id}"
+            if machine_id
+            else f"{TAG_MANAGED_BY}={TAG_MANAGED_BY_VALUE}"
+        )
+        limit = int(self.options.get("page_size", 100))
+        found: dict[str, Instance] = {}
+        page = 1
+        while True:
+            listed = self._call(
+                "list servers",
+                lambda c, p=page: c.list_servers_details(
+                    m.ListServersDetailsRequest(tags=tag, limit=limit, offset=p)
+                ),
+            )
+            for s in listed.servers or []:
+                found[s.id] = self._instance(s)
+            if not listed.servers or page * limit >= (listed.count or 0):
+                break
+            page += 1
+        return [
+            i
+            for i in found.values()
+            if i.labels.get(TAG_MANAGED_BY) == TAG_MANAGED_BY_VALUE
+            and (machine_id is None or i.machine_id == machine_id)
+        ]
+
+    def stop(self, ref: InstanceRef) -> None:
+        """Idempotent: a stopped or vanished server is left alone."""
+        from huaweicloudsdkecs.v2 import model as m
+
+        s = self._server_or_none(ref.id)
+        if s is None or s.status in ("SHUTOFF", *_GONE) or not self._mark_stopped(ref.id):
+            return
+        option = m.BatchStopServersOption(servers=[m.ServerId(id=ref.id)], type="SOFT")
+        where = f"stop server {ref.id}"
+        try:
+            job = self._call(
+                where,
+                lambda c: c.batch_stop_servers(
+                    m.BatchStopServersRequest(body=m.BatchStopServersRequestBody(os_stop=option))
+                ),
+            )
+        except NotFound:
+            return
+        self._finish(job.job_id, where)
+
+    def start(self, ref: InstanceRef) -> None:
+        """Idempotent; a server that is gone raises NotFound."""
+        from huaweicloudsdkecs.v2 import model as m
+
+        s = self._server(ref.id)
+        if s.status in _GONE:
+            raise NotFound(f"sbercloud: server {ref.id} is {s.status}", code=s.status)
+        where = f"start server {ref.id}"
+        if s.status == "SHUTOFF":
+            option = m.BatchStartServersOption(servers=[m.ServerId(id=ref.id)])
+            job = self._call(
+                where,
+                lambda c: c.batch_start_servers(
+                    m.BatchStartServersRequest(body=m.BatchStartServersRequestBody(os_start=option))
+                ),
+            )
+            self._finish(job.job_id, where)
+        if STOP_MARKER in (s.metadata or {}):
+            self._call(
+                where,
+                lambda c: c.delete_server_metadata(
+                    m.DeleteServerMetadataRequest(server_id=ref.id, key=STOP_MARKER)
+                ),
+            )
+
+    def terminate(self, ref: InstanceRef) -> None:
+        """Deletes the server and its volumes. Idempotent: a server already gone is fine."""
+        from huaweicloudsdkecs.v2 import model as m
+
+        s = self._server_or_none(ref.id)
+        if s is None or s.status in _GONE or not self._mark_stopped(ref.id):
+            return
+        body = m.DeleteServersRequestBody(servers=[m.ServerId(id=ref.id)], delete_volume=True)
+        where = f"delete server {ref.id}"
+        try:
+            job = self._call(where, lambda c: c.delete_servers(m.DeleteServersRequest(body=body)))
+        except NotFound:
+            return
+        self._finish(job.job_id, where)
+
+    def fetch_offers(self) -> list[Offer]:
+        """GPU flavors sold in each configured zone, unpriced (see :mod:`.flavors`)."""
+        from huaweicloudsdkecs.v2 import model as m
+
+        out: list[Offer] = []
+        for zone in self.zones:
+            listed = self._call(
+                f"list flavors in {zone}",
+                lambda c, z=zone: c.list_flavors(m.ListFlavorsRequest(availability_zone=z)),
+            )
+            out.extend(flavors.offers(listed.flavors or [], self.region, zone))
+        return out

@@ -1,0 +1,78 @@
+"""Huawei ECS errors → the provider taxonomy.
+
+Codes are from the ECS API reference error table (opentelekomcloud/docs
+``doc/source/ecs/api-reference/error-code-description.md``; Huawei Cloud publishes the same table)
+and the API gateway's error codes (support.huaweicloud.com ``devg-apisign/api-sign-errorcode``):
+
+- Ecs.0319 "Insufficient flavor capacity" (400), Ecs.0044 "disk type sold out in AZ" → capacity;
+- Ecs.0001 number of ECSs, Ecs.0013 EIP, Ecs.0021 EVS disks, Ecs.0022 ECS group → quota. ECS quotas
+  are per project, and a Huawei project is one region, so the scope is ``region``;
+- Ecs.0003 / Ecs.0004 / Ecs.0023 / Ecs.0110 and HTTP 401/403, APIGW.03xx → auth;
+- APIGW.0308 / HTTP 429, any 5xx (e.g. Ecs.0603 "try again 1 minute later") → throttled;
+- Ecs.0114 / Ecs.0614 (404) → not found; any other 4xx → invalid request.
+
+huaweicloudsdkcore 3.1.219 turns a 429 on a GET into its own error with code "429" (urllib3's
+retry bookkeeping eats the body), so the HTTP status is what we rely on for throttling.
+"""
+
+from __future__ import annotations
+
+from providers.base import (
+    AuthError,
+    CapacityError,
+    InvalidRequest,
+    NotFound,
+    ProviderError,
+    QuotaError,
+    Throttled,
+)
+
+CAPACITY_CODES = frozenset({"Ecs.0319", "Ecs.0044"})
+QUOTA_CODES = frozenset({"Ecs.0001", "Ecs.0013", "Ecs.0021", "Ecs.0022"})
+AUTH_CODES = frozenset({"Ecs.0003", "Ecs.0004", "Ecs.0023", "Ecs.0110"})
+NOT_FOUND_CODES = frozenset({"Ecs.0114", "Ecs.0614"})
+_CAPACITY_WORDS = (
+    "sold out",
+    "sellout",
+    "capacity is not enough",
+    "insufficient flavor capacity",
+    "insufficient resource",
+    "no valid host",
+)
+
+
+def classify(status: int | None, code: str | None, message: str, *, where: str) -> ProviderError:
+    """One error of the ECS API (``status`` None for a failed async job). ``where`` says what was
+    attempted (e.g. "create pi2.2xlarge.4 in ru-moscow-1a") and leads the message."""
+    code = code or (str(status) if status else None)
+    text = f"sbercloud: {where}: {message or 'no message'}"
+    if code and code not in text:
+        text = f"{text} [{code}]"
+    lowered = (message or "").lower()
+    if status == 429 or code == "APIGW.0308" or (status is not None and status >= 500):
+        return Throttled(text, code=code)
+    if code in CAPACITY_CODES:
+        return CapacityError(text, code=code)
+    if code in QUOTA_CODES:
+        return QuotaError(text, code=code, scope="region")
+    if any(w in lowered for w in _CAPACITY_WORDS):
+        return CapacityError(text, code=code)
+    if "quota" in lowered:
+        return QuotaError(text, code=code, scope="region")
+    if status in (401, 403) or code in AUTH_CODES or (code or "").startswith("APIGW.03"):
+        return AuthError(text, code=code)
+    if code in NOT_FOUND_CODES or (status == 404 and not (code or "").startswith("APIGW")):
+        return NotFound(text, code=code)
+    return InvalidRequest(text, code=code)
+
+
+def from_sdk(exc: Exception, *, where: str) -> ProviderError:
+    """Map a ``huaweicloudsdkcore`` SdkException. Secrets never appear in these. A lost
+    connection counts as transient: every call we retry is idempotent (create by its token)."""
+    from huaweicloudsdkcore.exceptions import exceptions as sdk
+
+    if isinstance(exc, sdk.ServiceResponseException):
+        return classify(exc.status_code, exc.error_code, exc.error_msg or "", where=where)
+    if isinstance(exc, sdk.ConnectionException | sdk.RequestTimeoutException):
+        return Throttled(f"sbercloud: {where}: {exc.error_msg}", code="connection")
+    return InvalidRequest(f"sbercloud: {where}: {getattr(exc, 'error_msg', exc)}", code="sdk")

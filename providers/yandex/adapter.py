@@ -1,0 +1,618 @@
+"""The Yandex Cloud adapter over the ``yandexcloud`` SDK (gRPC). See the package docstring for
+options, credentials, error heuristics and how a preemption is told from a user stop."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+import uuid
+import warnings
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from providers.base import (
+    TAG_MACHINE,
+    TAG_MANAGED_BY,
+    TAG_MANAGED_BY_VALUE,
+    AuthError,
+    CapacityError,
+    CheckResult,
+    Instance,
+    InstanceRef,
+    InvalidRequest,
+    LaunchRequest,
+    MachineState,
+    NotFound,
+    Offer,
+    Provider,
+    ProviderError,
+    QuotaError,
+    Throttled,
+)
+from providers.retry import call_with_retry
+from providers.yandex.prices import (
+    REGION,
+    Shape,
+    build_offers,
+    current_rates,
+    parse_instance_type,
+)
+
+DEFAULT_ENDPOINT = "api.cloud.yandex.net:443"
+DEFAULT_IMAGE_FAMILY = "ubuntu-2004-lts-gpu"  # the GPU image Yandex's GPU docs recommend
+SSH_USER = "provisioner"
+_IDEMPOTENCY_NS = uuid.UUID("8d6f0f1e-2b47-5a8e-9a3c-6e0d1c5b7a01")
+_IMAGE_ID = re.compile(r"[a-z0-9]{20}")
+_NO_CREDENTIALS = (
+    "yandex: no credentials found (set YC_IAM_TOKEN, YC_SERVICE_ACCOUNT_KEY_FILE or YC_TOKEN, "
+    "or use_metadata_service: true on a Yandex VM)"
+)
+
+_STATES = {
+    "PROVISIONING": MachineState.PENDING,
+    "STARTING": MachineState.PENDING,
+    "RESTARTING": MachineState.PENDING,
+    "UPDATING": MachineState.PENDING,
+    "RUNNING": MachineState.RUNNING,
+    "STOPPING": MachineState.STOPPING,
+    "STOPPED": MachineState.STOPPED,
+    # ERROR/CRASHED machines still exist (and their disks bill): they read as stopped, with the
+    # cloud's word in state_reason, so nobody relaunches them as if preempted.
+    "ERROR": MachineState.STOPPED,
+    "CRASHED": MachineState.STOPPED,
+    "DELETING": MachineState.TERMINATED,
+}
+
+# Operation metadata types that change a machine's power state, by what they mean for a stop.
+_OP_META = "type.googleapis.com/yandex.cloud.compute.v1."
+_STOPPED_BY_CALL = {"StopInstanceMetadata", "GuestStopInstanceMetadata", "CrashInstanceMetadata"}
+_PREEMPTED = {"PreemptInstanceMetadata"}
+_STARTED = {"CreateInstanceMetadata", "StartInstanceMetadata", "RestartInstanceMetadata"}
+
+_RATE_LIMIT = ("rate limit", "too many requests", "throttl", "request limit")
+_CAPACITY = (
+    "insufficient resources",
+    "not enough resources",
+    "no available resources",
+    "resources are exhausted",
+    "capacity",
+)
+
+
+def _sanitise_label(text: str, *, key: bool) -> str:
+    """Yandex labels: lowercase ``[a-z0-9_-]`` (keys start with a letter), at most 63 chars."""
+    out = re.sub(r"[^a-z0-9_-]", "_", text.lower())[:63]
+    if key and not out[:1].isalpha():
+        out = ("l" + out)[:63]
+    return out
+
+
+def sanitise_labels(labels: Mapping[str, str]) -> dict[str, str]:
+    return {_sanitise_label(k, key=True): _sanitise_label(v, key=False) for k, v in labels.items()}
+
+
+def idempotency_key(token: str) -> str:
+    """Yandex wants a UUID: the same token always gives the same one. (Yandex answers a reused
+    key with the first operation, failed or not: a new placement needs a new token, as
+    lifecycle's per-candidate tokens are.)"""
+    return str(uuid.uuid5(_IDEMPOTENCY_NS, token))
+
+
+def map_error(code: str, message: str, what: str, zone: str | None = None) -> ProviderError:
+    """One gRPC status (from a call or an ``Operation.error``) → the taxonomy."""
+    message = " ".join(message.split())  # one line, even for the SDK's nested errors
+    text = f"yandex: {what}: {message} [{code}]"
+    low = message.lower()
+    if code == "RESOURCE_EXHAUSTED":
+        if any(w in low for w in _RATE_LIMIT):
+            return Throttled(text, code=code)
+        if "quota" in low:
+            return QuotaError(text, code=code, scope="region")
+        if any(w in low for w in _CAPACITY):
+            return CapacityError(f"{text} (zone {zone})" if zone else text, code=code)
+        return Throttled(text, code=code)  # Yandex's RESOURCE_EXHAUSTED is a request limit
+    if code in ("UNAUTHENTICATED", "PERMISSION_DENIED"):
+        return AuthError(text, code=code)
+    if code == "UNAVAILABLE" and "getting metadata from plugin failed" in low:
+        return AuthError(text, code=code)  # the SDK could not obtain an IAM token
+    if code in ("UNAVAILABLE", "DEADLINE_EXCEEDED", "INTERNAL", "ABORTED"):
+        return Throttled(text, code=code)
+    if code == "NOT_FOUND":
+        return NotFound(text, code=code)
+    return InvalidRequest(text, code=code)
+
+
+def _rpc_error(exc: Any, what: str, zone: str | None = None) -> ProviderError:
+    return map_error(exc.code().name, exc.details() or "", what, zone)
+
+
+def cloud_init(user_data: str | None, ssh_public_key: str | None) -> str | None:
+    """The ``user-data`` metadata. A cloud-config given by the user goes as it is; a startup
+    script is wrapped in a cloud-config that adds our user with the key and runs the script."""
+    if user_data is not None and user_data.lstrip().startswith("#cloud-config"):
+        return user_data
+    if user_data is None and ssh_public_key is None:
+        return None
+    config: dict[str, Any] = {}
+    if ssh_public_key:
+        config["users"] = [
+            "default",
+            {
+                "name": SSH_USER,
+                "sudo": "ALL=(ALL) NOPASSWD:ALL",
+                "shell": "/bin/bash",
+                "ssh_authorized_keys": [ssh_public_key.strip()],
+            },
+        ]
+    if user_data is not None:
+        path = "/var/lib/provisioner/startup.sh"
+        script = user_data if user_data.startswith("#!") else "#!/bin/sh\n" + user_data
+        config["write_files"] = [{"path": path, "permissions": "0755", "content": script}]
+        config["runcmd"] = [[path]]
+    return "#cloud-config\n" + json.dumps(config, indent=1)  # JSON is YAML
+
+
+class YandexProvider(Provider):
+    name = "yandex"
+    currency = "RUB"
+
+    def __init__(self, options: Mapping[str, Any] | None = None) -> None:
+        super().__init__(options)
+        self._sdk_obj: Any = None
+        self._subnets: dict[str, str] = dict(self.options.get("subnet_ids") or {})
+        self._image_cache: dict[str, str] = {}
+
+    # --- configuration -----------------------------------------------------------------------
+
+    @property
+    def folder_id(self) -> str | None:
+        return self.options.get("folder_id") or os.environ.get("YC_FOLDER_ID") or None
+
+    def _float(self, key: str, default: float) -> float:
+        return float(self.options.get(key, default))
+
+    def _credentials(self) -> tuple[str, dict[str, Any]] | None:
+        """(what, SDK keyword arguments) from the environment, or None. Never logged."""
+        if token := os.environ.get("YC_IAM_TOKEN"):
+            return "IAM token from YC_IAM_TOKEN", {"iam_token": token}
+        if key_file := os.environ.get("YC_SERVICE_ACCOUNT_KEY_FILE"):
+            try:
+                key = json.loads(Path(key_file).read_text())
+            except (OSError, ValueError) as exc:
+                raise AuthError(
+                    f"yandex: cannot read the service account key file named by "
+                    f"YC_SERVICE_ACCOUNT_KEY_FILE ({type(exc).__name__})",
+                    code="BAD_KEY_FILE",
+                ) from None
+            return "service account key from YC_SERVICE_ACCOUNT_KEY_FILE", {
+                "service_account_key": key
+            }
+        if token := os.environ.get("YC_TOKEN"):
+            return "OAuth token from YC_TOKEN", {"token": token}
+        if self.options.get("use_metadata_service"):
+            return "the VM metadata service", {}
+        return None
+
+    def _sdk(self) -> Any:
+        if self._sdk_obj is None:
+            creds = self._credentials()
+            if creds is None:
+                raise AuthError(_NO_CREDENTIALS, code="NO_CREDENTIALS")
+            import yandexcloud
+
+            kwargs = dict(creds[1])
+            if cert := self.options.get("root_certificates_file"):
+                try:
+                    kwargs["root_certificates"] = Path(cert).read_bytes()
+                except OSError as exc:
+                    raise InvalidRequest(
+                        f"yandex: root_certificates_file {cert}: {exc.strerror}", code="BAD_CERT"
+                    ) from None
+            try:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore", DeprecationWarning)  # OAuth: said in check()
+                    self._sdk_obj = yandexcloud.SDK(
+                        endpoint=self.options.get("endpoint", DEFAULT_ENDPOINT), **kwargs
+                    )
+            except RuntimeError as exc:  # the SDK's own validation of the key, no secret in it
+                raise AuthError(f"yandex: {exc}", code="BAD_CREDENTIALS") from None
+        return self._sdk_obj
+
+    # --- calls ---------------------------------------------------------------------------------
+
+    def _rpc(
+        self,
+        stub: Any,
+        method: str,
+        request: Any,
+        what: str,
+        *,
+        zone: str | None = None,
+        metadata: Sequence[tuple[str, str]] | None = None,
+        retry: bool = True,
+    ) -> Any:
+        """One unary call with a deadline, errors mapped, Throttled retried (bounded)."""
+        import grpc
+
+        def once() -> Any:
+            try:
+                client = self._sdk().client(stub)  # first use discovers endpoints: may fail
+                return getattr(client, method)(
+                    request, timeout=self._float("timeout_seconds", 30), metadata=metadata
+                )
+            except grpc.RpcError as exc:
+                raise _rpc_error(exc, what, zone) from None
+
+        return call_with_retry(once, self.options) if retry else once()
+
+    def _wait(self, operation: Any, what: str, zone: str | None = None) -> Any:
+        """Poll OperationService.Get until done; a failed operation raises the taxonomy."""
+        from yandex.cloud.operation.operation_service_pb2 import GetOperationRequest
+        from yandex.cloud.operation.operation_service_pb2_grpc import OperationServiceStub
+
+        deadline = time.monotonic() + self._float("operation_timeout_seconds", 1800)
+        while not operation.done:
+            if time.monotonic() > deadline:
+                raise Throttled(
+                    f"yandex: {what}: operation {operation.id} still running", code="TIMEOUT"
+                )
+            time.sleep(self._float("poll_seconds", 2))
+            operation = self._rpc(
+                OperationServiceStub,
+                "Get",
+                GetOperationRequest(operation_id=operation.id),
+                f"{what} (operation {operation.id})",
+                zone=zone,
+            )
+        if operation.HasField("error") and operation.error.code:
+            import grpc
+
+            code = grpc.StatusCode
+            name = next((c.name for c in code if c.value[0] == operation.error.code), "UNKNOWN")
+            raise map_error(name, operation.error.message, what, zone)
+        return operation
+
+    def _pages(self, call: Callable[[str], Any], field: str) -> Iterator[Any]:
+        token = ""
+        while True:
+            page = call(token)
+            yield from getattr(page, field)
+            token = page.next_page_token
+            if not token:
+                return
+
+    # --- Provider ------------------------------------------------------------------------------
+
+    def check(self) -> CheckResult:
+        try:
+            creds = self._credentials()
+        except AuthError as exc:
+            return CheckResult(self.name, False, str(exc))
+        if creds is None:
+            return CheckResult(self.name, False, _NO_CREDENTIALS)
+        if not self.folder_id:
+            return CheckResult(
+                self.name, False, "yandex: no folder set (folder_id in settings or YC_FOLDER_ID)"
+            )
+        from yandex.cloud.compute.v1.instance_service_pb2 import ListInstancesRequest
+        from yandex.cloud.compute.v1.instance_service_pb2_grpc import InstanceServiceStub
+
+        try:
+            self._rpc(
+                InstanceServiceStub,
+                "List",
+                ListInstancesRequest(folder_id=self.folder_id, page_size=1),
+                f"list instances in folder {self.folder_id}",
+                retry=False,
+            )
+        except ProviderError as exc:
+            return CheckResult(self.name, False, f"{exc} (credentials: {creds[0]})")
+        note = " (Yandex deprecates OAuth tokens: prefer a key)" if "OAuth" in creds[0] else ""
+        return CheckResult(
+            self.name, True, f"yandex: {creds[0]} accepted for folder {self.folder_id}{note}"
+        )
+
+    def launch(self, request: LaunchRequest) -> Instance:
+        from yandex.cloud.compute.v1 import instance_pb2
+        from yandex.cloud.compute.v1 import instance_service_pb2 as svc
+        from yandex.cloud.compute.v1.instance_service_pb2_grpc import InstanceServiceStub
+
+        shape = parse_instance_type(request.instance_type)
+        folder_id = self._require_folder()
+        metadata = {}
+        if user_data := cloud_init(request.user_data, request.ssh_public_key):
+            metadata["user-data"] = user_data
+        if request.ssh_public_key:
+            metadata["ssh-keys"] = f"{SSH_USER}:{request.ssh_public_key.strip()}"
+        create = svc.CreateInstanceRequest(
+            folder_id=folder_id,
+            name=request.name,
+            labels=sanitise_labels(request.labels),
+            zone_id=request.zone,
+            platform_id=shape.platform_id,
+            resources_spec=svc.ResourcesSpec(
+                memory=shape.memory_bytes, cores=shape.vcpus, core_fraction=100, gpus=shape.gpus
+            ),
+            # Yandex preemptible VMs are always stopped, never deleted, and have a fixed price:
+            # preemption_action and max_price have nothing to map to.
+            scheduling_policy=instance_pb2.SchedulingPolicy(preemptible=request.spot),
+            boot_disk_spec=svc.AttachedDiskSpec(
+                auto_delete=True,
+                disk_spec=svc.AttachedDiskSpec.DiskSpec(
+                    type_id=self.options.get("disk_type", "network-ssd"),
+                    size=request.disk_gb << 30,
+                    image_id=self._image_id(request.image),
+                ),
+            ),
+            network_interface_specs=[
+                svc.NetworkInterfaceSpec(
+                    subnet_id=self._subnet_id(folder_id, request.zone),
+                    primary_v4_address_spec=svc.PrimaryAddressSpec(
+                        one_to_one_nat_spec=svc.OneToOneNatSpec(ip_version=instance_pb2.IPV4)
+                    ),
+                )
+            ],
+            metadata=metadata,
+        )
+        what = f"create {request.instance_type} in {request.zone}"
+        operation = self._rpc(
+            InstanceServiceStub,
+            "Create",
+            create,
+            what,
+            zone=request.zone,
+            metadata=[("idempotency-key", idempotency_key(request.token))],
+        )
+        done = self._wait(operation, what, request.zone)
+        created = instance_pb2.Instance()
+        done.response.Unpack(created)
+        return self._to_instance(created)
+
+    def get(self, ref: InstanceRef) -> Instance:
+        return self._to_instance(self._get_raw(ref.id))
+
+    def list_managed(
+        self, regions: Sequence[str] | None = None, machine_id: str | None = None
+    ) -> list[Instance]:
+        """InstanceService.List cannot filter by label: every page of the folder is read and the
+        labels are filtered here."""
+        from yandex.cloud.compute.v1.instance_service_pb2 import ListInstancesRequest
+        from yandex.cloud.compute.v1.instance_service_pb2_grpc import InstanceServiceStub
+
+        if regions is not None and REGION not in regions:
+            return []
+        folder_id = self._require_folder()
+        wanted = {TAG_MANAGED_BY: TAG_MANAGED_BY_VALUE}
+        if machine_id is not None:
+            wanted[TAG_MACHINE] = _sanitise_label(machine_id, key=False)
+        raw = self._pages(
+            lambda token: self._rpc(
+                InstanceServiceStub,
+                "List",
+                ListInstancesRequest(folder_id=folder_id, page_size=1000, page_token=token),
+                f"list instances in folder {folder_id}",
+            ),
+            "instances",
+        )
+        return [
+            self._to_instance(i)
+            for i in raw
+            if all(i.labels.get(k) == v for k, v in wanted.items())
+        ]
+
+    def stop(self, ref: InstanceRef) -> None:
+        self._power(
+            ref, "Stop", done={MachineState.STOPPED, MachineState.STOPPING, MachineState.PREEMPTED}
+        )
+
+    def start(self, ref: InstanceRef) -> None:
+        self._power(ref, "Start", done={MachineState.RUNNING, MachineState.PENDING})
+
+    def terminate(self, ref: InstanceRef) -> None:
+        from yandex.cloud.compute.v1.instance_service_pb2 import DeleteInstanceRequest
+        from yandex.cloud.compute.v1.instance_service_pb2_grpc import InstanceServiceStub
+
+        what = f"delete instance {ref.id}"
+        try:
+            operation = self._rpc(
+                InstanceServiceStub,
+                "Delete",
+                DeleteInstanceRequest(instance_id=ref.id),
+                what,
+                metadata=[("idempotency-key", str(uuid.uuid4()))],
+            )
+            self._wait(operation, what)
+        except NotFound:
+            return
+        except InvalidRequest:  # e.g. already DELETING
+            try:
+                state = self.get(ref).state
+            except NotFound:
+                return
+            if state is not MachineState.TERMINATED:
+                raise
+
+    def fetch_offers(self) -> list[Offer]:
+        """Billing SkuService.List (all pages, RUB incl. VAT) → the street price in force now
+        of each GPU platform's GPU, vCPU and RAM meters → one offer per shape and zone where the
+        platform is sold (option ``zones`` narrows it)."""
+        from yandex.cloud.billing.v1.sku_service_pb2 import ListSkusRequest
+        from yandex.cloud.billing.v1.sku_service_pb2_grpc import SkuServiceStub
+
+        skus = self._pages(
+            lambda token: self._rpc(
+                SkuServiceStub,
+                "List",
+                ListSkusRequest(currency="RUB", page_size=1000, page_token=token),
+                "list billing SKUs",
+            ),
+            "skus",
+        )
+        rates = current_rates(skus, "RUB", datetime.now(UTC))
+        source = "Yandex billing API SkuService.List (RUB incl. VAT); GPUs×GPU + vCPU×vCPU + GB×RAM"
+        return build_offers(rates, source, self.options.get("zones"))
+
+    # --- helpers -------------------------------------------------------------------------------
+
+    def _require_folder(self) -> str:
+        if not self.folder_id:
+            raise InvalidRequest(
+                "yandex: no folder set (folder_id in settings or YC_FOLDER_ID)", code="NO_FOLDER"
+            )
+        return self.folder_id
+
+    def _get_raw(self, instance_id: str) -> Any:
+        from yandex.cloud.compute.v1.instance_service_pb2 import GetInstanceRequest
+        from yandex.cloud.compute.v1.instance_service_pb2_grpc import InstanceServiceStub
+
+        return self._rpc(
+            InstanceServiceStub,
+            "Get",
+            GetInstanceRequest(instance_id=instance_id),
+            f"get instance {instance_id}",
+        )
+
+    def _power(self, ref: InstanceRef, method: str, done: set[MachineState]) -> None:
+        """Stop/Start, idempotent: nothing to do if the machine is there already; a call that
+        races with another transition is judged by the state it leaves."""
+        from yandex.cloud.compute.v1 import instance_service_pb2 as svc
+        from yandex.cloud.compute.v1.instance_service_pb2_grpc import InstanceServiceStub
+
+        if self.get(ref).state in done:
+            return
+        what = f"{method.lower()} instance {ref.id}"
+        request = getattr(svc, f"{method}InstanceRequest")(instance_id=ref.id)
+        try:
+            operation = self._rpc(
+                InstanceServiceStub,
+                method,
+                request,
+                what,
+                metadata=[("idempotency-key", str(uuid.uuid4()))],  # same key on every retry
+            )
+            self._wait(operation, what)
+        except InvalidRequest:
+            if self.get(ref).state not in done:
+                raise
+
+    def _image_id(self, image: str | None) -> str:
+        """``request.image`` or option ``image_id``: an image id (20 chars) is used as it is,
+        anything else is a family in ``image_folder_id`` (default standard-images)."""
+        from yandex.cloud.compute.v1.image_service_pb2 import GetImageLatestByFamilyRequest
+        from yandex.cloud.compute.v1.image_service_pb2_grpc import ImageServiceStub
+
+        image = image or self.options.get("image_id") or self.options.get("image_family")
+        image = image or DEFAULT_IMAGE_FAMILY
+        if _IMAGE_ID.fullmatch(image):
+            return image
+        if image not in self._image_cache:
+            folder = self.options.get("image_folder_id", "standard-images")
+            found = self._rpc(
+                ImageServiceStub,
+                "GetLatestByFamily",
+                GetImageLatestByFamilyRequest(folder_id=folder, family=image),
+                f"find the latest image of family {image} in {folder}",
+            )
+            self._image_cache[image] = found.id
+        return self._image_cache[image]
+
+    def _subnet_id(self, folder_id: str, zone: str) -> str:
+        """Option ``subnet_ids[zone]``, else the folder's one subnet in that zone (of option
+        ``network_id`` when several networks have one)."""
+        from yandex.cloud.vpc.v1.subnet_service_pb2 import ListSubnetsRequest
+        from yandex.cloud.vpc.v1.subnet_service_pb2_grpc import SubnetServiceStub
+
+        if zone not in self._subnets:
+            network = self.options.get("network_id")
+            subnets = [
+                s
+                for s in self._pages(
+                    lambda token: self._rpc(
+                        SubnetServiceStub,
+                        "List",
+                        ListSubnetsRequest(folder_id=folder_id, page_size=1000, page_token=token),
+                        f"list subnets in folder {folder_id}",
+                    ),
+                    "subnets",
+                )
+                if s.zone_id == zone and (not network or s.network_id == network)
+            ]
+            if len(subnets) != 1:
+                found = ", ".join(s.id for s in subnets) or "none"
+                raise InvalidRequest(
+                    f"yandex: need exactly one subnet in {zone} (found: {found}); set "
+                    f"subnet_ids: {{{zone}: <id>}} or network_id in settings",
+                    code="NO_SUBNET",
+                )
+            self._subnets[zone] = subnets[0].id
+        return self._subnets[zone]
+
+    def _stop_reason(self, instance_id: str) -> tuple[MachineState, str]:
+        """Why a preemptible machine is STOPPED, from its own operation history: the latest
+        operation that changed its power state. A Stop (ours, the console's, the guest's) means
+        STOPPED; PreemptInstance means PREEMPTED; a start with no stop after it means it went
+        down without anyone asking: PREEMPTED too. No history at all: STOPPED (a relaunch is
+        the costlier mistake)."""
+        from yandex.cloud.compute.v1.instance_service_pb2 import ListInstanceOperationsRequest
+        from yandex.cloud.compute.v1.instance_service_pb2_grpc import InstanceServiceStub
+
+        operations = self._pages(
+            lambda token: self._rpc(
+                InstanceServiceStub,
+                "ListOperations",
+                ListInstanceOperationsRequest(
+                    instance_id=instance_id, page_size=1000, page_token=token
+                ),
+                f"list operations of instance {instance_id}",
+            ),
+            "operations",
+        )
+        power = [
+            (op.created_at.ToDatetime(UTC), kind, op.id)
+            for op in operations
+            if (kind := op.metadata.type_url.removeprefix(_OP_META))
+            in _STOPPED_BY_CALL | _PREEMPTED | _STARTED
+            and op.done
+            and not op.error.code
+        ]
+        if not power:
+            return MachineState.STOPPED, "STOPPED (no operation history)"
+        _at, kind, op_id = max(power)
+        if kind in _STOPPED_BY_CALL:
+            return MachineState.STOPPED, f"STOPPED by {kind.removesuffix('Metadata')} {op_id}"
+        if kind in _PREEMPTED:
+            return MachineState.PREEMPTED, f"PreemptInstance {op_id}"
+        return MachineState.PREEMPTED, f"STOPPED with no stop operation after {op_id}"
+
+    def _to_instance(self, raw: Any) -> Instance:
+        status = raw.Status.Name(raw.status)
+        state = _STATES.get(status, MachineState.PENDING)
+        reason = status
+        preemptible = raw.scheduling_policy.preemptible
+        if status == "STOPPED" and preemptible:
+            state, reason = self._stop_reason(raw.id)
+        nic = raw.network_interfaces[0] if raw.network_interfaces else None
+        address = nic.primary_v4_address if nic else None
+        return Instance(
+            id=raw.id,
+            name=raw.name,
+            region=raw.zone_id.rsplit("-", 1)[0],
+            zone=raw.zone_id,
+            instance_type=Shape(
+                raw.platform_id,
+                raw.resources.gpus,
+                raw.resources.cores,
+                raw.resources.memory >> 30,
+            ).instance_type,
+            state=state,
+            spot=preemptible,
+            labels=dict(raw.labels),
+            public_ip=(address.one_to_one_nat.address or None) if address else None,
+            private_ip=(address.address or None) if address else None,
+            launched_at=raw.created_at.ToDatetime(UTC) if raw.HasField("created_at") else None,
+            state_reason=reason,
+        )

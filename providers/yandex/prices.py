@@ -1,0 +1,252 @@
+"""Yandex Compute GPU platforms, their allowed shapes, the instance-type encoding, and the
+SKU arithmetic that turns billing unit rates into per-shape hourly offers.
+
+Instance type encoding (the shipped catalog uses it): ``<platform_id>/<gpus>g-<vcpus>c-<ramGB>gb``,
+e.g. ``gpu-standard-v3/8g-224c-952gb`` or ``standard-v3-t4/1g-8c-32gb``. RAM is in GB as the
+console shows it (GiB: the API takes ``memory`` in bytes = GB × 2³⁰).
+
+Pure data and arithmetic: no SDK import here.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from decimal import Decimal
+from typing import Any
+
+from providers.base import InvalidRequest, Offer
+
+REGION = "ru-central1"
+GIB = 1 << 30
+_STREET_PRICE = 1  # yandex.cloud.billing.v1.PricingVersionType.STREET_PRICE
+_A, _B, _D, _E = (f"{REGION}-{z}" for z in "abde")
+
+
+@dataclass(frozen=True)
+class Skus:
+    """Billing SKU names of one platform's three meters, regular and preemptible.
+    ``None`` where the name is not published (those offers carry no price)."""
+
+    gpu: str | None
+    cpu: str | None
+    ram: str | None
+    gpu_preemptible: str | None
+    cpu_preemptible: str | None
+    ram_preemptible: str | None
+
+
+@dataclass(frozen=True)
+class Platform:
+    id: str
+    gpu: str  # normalised GPU name
+    gpu_memory_gb: int
+    shapes: tuple[tuple[int, int, int], ...]  # (gpus, vcpus, ram GB)
+    zones: tuple[str, ...]
+    skus: Skus
+
+
+_UNKNOWN_SKUS = Skus(None, None, None, None, None, None)
+
+# Shapes and zones: Yandex docs "GPUs" and "platforms" pages (RU_CLOUDS.md §1.1-1.2).
+# SKU names: yandex-cloud/docs pricing templates (§1.5). The T4 platform bills vCPU and RAM at
+# the Ice Lake (standard v3) meters. Gen2, V4 and T4i prices are hard-coded in the docs, not
+# templated, so their SKU names are unknown: their offers come out unpriced.
+PLATFORMS: dict[str, Platform] = {
+    p.id: p
+    for p in (
+        Platform(
+            "gpu-standard-v1",
+            "V100",
+            32,
+            ((1, 8, 96), (2, 16, 192), (4, 32, 384)),
+            (_A, _B),
+            Skus(
+                "compute.vm.gpu.gpu-standard",
+                "compute.vm.cpu.c100",
+                "compute.vm.ram",
+                "compute.vm.gpu.gpu-standard.preemptible",
+                "compute.vm.cpu.c100.preemptible",
+                "compute.vm.ram.preemptible",
+            ),
+        ),
+        Platform(
+            "gpu-standard-v2",
+            "V100",
+            32,
+            ((1, 8, 48), (2, 16, 96), (4, 32, 192), (8, 64, 384)),
+            (_A, _B),
+            Skus(
+                "compute.vm.gpu.gpu-standard.v2",
+                "compute.vm.cpu.c100.v2",
+                "compute.vm.ram.v2",
+                "compute.vm.gpu.gpu-standard.preemptible.v2",
+                "compute.vm.cpu.c100.preemptible.v2",
+                "compute.vm.ram.preemptible.v2",
+            ),
+        ),
+        Platform(
+            "gpu-standard-v3",
+            "A100-80GB",
+            80,
+            ((1, 28, 119), (2, 56, 238), (4, 112, 476), (8, 224, 952)),
+            (_A, _B),
+            Skus(
+                "compute.vm.gpu.gpu-standard.v3",
+                "compute.vm.cpu.c100.gpu-standard.v3",
+                "compute.vm.ram.gpu-standard.v3",
+                "compute.vm.gpu.gpu-standard.preemptible.v3",
+                "compute.vm.cpu.c100.gpu-standard.preemptible.v3",
+                "compute.vm.ram.gpu-standard.preemptible.v3",
+            ),
+        ),
+        # Yandex does not name the chip of "Gen2" (80 GB), "V4" (141 GB) or "T4i": they keep
+        # Yandex's own names, never H100/H200, so a spec asking for H100 never lands on a guess.
+        Platform(
+            "gpu-standard-v3i",
+            "YC-GEN2",
+            80,
+            ((1, 18, 144), (2, 36, 288), (4, 72, 576), (8, 180, 1440)),
+            (_D,),
+            _UNKNOWN_SKUS,
+        ),
+        Platform(
+            "gpu-standard-v4",
+            "YC-V4",
+            141,
+            ((1, 22, 220), (2, 44, 440), (4, 88, 880), (8, 180, 1800)),
+            (_D, _E),
+            _UNKNOWN_SKUS,
+        ),
+        Platform(
+            "standard-v3-t4",
+            "T4",
+            16,
+            ((1, 4, 16), (1, 8, 32), (1, 16, 64), (1, 32, 128)),
+            (_A, _B, _D),
+            Skus(
+                "compute.vm.gpu.standard.v3-t4",
+                "compute.vm.cpu.c100.v3",
+                "compute.vm.ram.v3",
+                "compute.vm.gpu.standard.v3-t4.preemptible",
+                "compute.vm.cpu.c100.preemptible.v3",
+                "compute.vm.ram.preemptible.v3",
+            ),
+        ),
+        Platform(
+            "standard-v3-t4i",
+            "T4I",
+            24,
+            ((1, 4, 16), (1, 8, 32), (1, 16, 64), (1, 32, 128)),
+            (_D,),
+            _UNKNOWN_SKUS,
+        ),
+    )
+}
+
+
+@dataclass(frozen=True)
+class Shape:
+    platform_id: str
+    gpus: int
+    vcpus: int
+    ram_gb: int
+
+    @property
+    def instance_type(self) -> str:
+        return f"{self.platform_id}/{self.gpus}g-{self.vcpus}c-{self.ram_gb}gb"
+
+    @property
+    def memory_bytes(self) -> int:
+        return self.ram_gb * GIB
+
+
+_TYPE = re.compile(r"(?P<platform>[a-z][a-z0-9-]*)/(?P<g>\d+)g-(?P<c>\d+)c-(?P<r>\d+)gb")
+
+
+def parse_instance_type(instance_type: str) -> Shape:
+    """Parse and validate against the known platforms. A platform this table does not know is
+    passed through (Yandex adds platforms; the API is the judge), a bad shape of a known one is
+    refused before any call."""
+    m = _TYPE.fullmatch(instance_type)
+    if not m:
+        raise InvalidRequest(
+            f"yandex: instance type {instance_type!r} is not <platform>/<gpus>g-<vcpus>c-<ram>gb",
+            code="BAD_INSTANCE_TYPE",
+        )
+    shape = Shape(m["platform"], int(m["g"]), int(m["c"]), int(m["r"]))
+    platform = PLATFORMS.get(shape.platform_id)
+    if platform and (shape.gpus, shape.vcpus, shape.ram_gb) not in platform.shapes:
+        allowed = ", ".join(Shape(platform.id, *s).instance_type for s in platform.shapes)
+        raise InvalidRequest(
+            f"yandex: {instance_type} is not an allowed shape of {platform.id} ({allowed})",
+            code="BAD_INSTANCE_TYPE",
+        )
+    return shape
+
+
+def shape_price(
+    platform: Platform, shape: tuple[int, int, int], rates: Mapping[str, Decimal], *, spot: bool
+) -> Decimal | None:
+    """GPUs × GPU rate + vCPUs × vCPU rate + GB × RAM rate, or None if a meter has no rate."""
+    s = platform.skus
+    names = (
+        (s.gpu_preemptible, s.cpu_preemptible, s.ram_preemptible) if spot else (s.gpu, s.cpu, s.ram)
+    )
+    if any(n is None or n not in rates for n in names):
+        return None
+    gpu, cpu, ram = (rates[n] for n in names)  # type: ignore[index]
+    gpus, vcpus, ram_gb = shape
+    return (gpus * gpu + vcpus * cpu + ram_gb * ram).quantize(Decimal("0.0001"))
+
+
+def current_rates(skus: Iterable[Any], currency: str, now: datetime) -> dict[str, Decimal]:
+    """SKU name → unit price of its street-price version in force at ``now`` (the first rate
+    tier: GPU hours, core hours and GB hours start pricing at zero). ``skus`` are
+    ``yandex.cloud.billing.v1.Sku`` messages."""
+    rates: dict[str, Decimal] = {}
+    for sku in skus:
+        versions = [
+            v
+            for v in sku.pricing_versions
+            if v.type == _STREET_PRICE and v.effective_time.ToDatetime(UTC) <= now
+        ]
+        if not versions:
+            continue
+        version = max(versions, key=lambda v: v.effective_time.ToDatetime(UTC))
+        tiers = [r for e in version.pricing_expressions for r in e.rates if r.currency == currency]
+        if tiers:
+            first = min(tiers, key=lambda r: Decimal(r.start_pricing_quantity or "0"))
+            rates[sku.name] = Decimal(first.unit_price)
+    return rates
+
+
+def build_offers(
+    rates: Mapping[str, Decimal], source: str, zones: Iterable[str] | None = None
+) -> list[Offer]:
+    """One offer per allowed shape per zone where the platform is sold (of ``zones`` if given)."""
+    wanted = set(zones) if zones is not None else None
+    offers = []
+    for platform in PLATFORMS.values():
+        for zone in (z for z in platform.zones if wanted is None or z in wanted):
+            for shape in platform.shapes:
+                offers.append(
+                    Offer(
+                        cloud="yandex",
+                        region=REGION,
+                        zone=zone,
+                        instance_type=Shape(platform.id, *shape).instance_type,
+                        gpu=platform.gpu,
+                        gpu_count=shape[0],
+                        gpu_memory_gb=platform.gpu_memory_gb,
+                        vcpus=shape[1],
+                        memory_gb=Decimal(shape[2]),
+                        price=shape_price(platform, shape, rates, spot=False),
+                        spot_price=shape_price(platform, shape, rates, spot=True),
+                        currency="RUB",
+                        source=source,
+                    )
+                )
+    return offers

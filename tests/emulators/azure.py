@@ -1,0 +1,872 @@
+"""A local Azure Resource Manager for the unmodified azure-mgmt-compute / azure-mgmt-network SDKs.
+
+Speaks ARM's wire protocol on 127.0.0.1 (plain http, ephemeral port): virtual machines (PUT with
+``If-None-Match: *``, GET, DELETE, list with ``nextLink`` paging, instanceView, deallocate, start,
+powerOff, simulateEviction), network interfaces, managed disks, long-running operations through
+``Azure-AsyncOperation`` + ``Location`` headers (absolute loopback URLs, ``Retry-After: 0``), the
+Activity Log (``Microsoft.Insights/eventtypes/management/values``) and the public Retail Prices API
+(``/api/retail/prices``, served from fixture rows).
+
+Request bodies are checked against the SDK's own models (unknown or read-only properties, wrong
+types, missing required fields, unknown enum values) plus the ARM rules the adapter relies on, so a
+malformed request fails with 400 as ARM would. Faults are injected through the control methods;
+every request is recorded in :attr:`AzureEmulator.requests`.
+"""
+
+from __future__ import annotations
+
+import base64
+import copy
+import enum
+import functools
+import itertools
+import json
+import re
+import threading
+import types
+import typing
+import uuid
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import parse_qsl, quote, urlsplit
+
+SUBSCRIPTION = "00000000-0000-0000-0000-00000000a2e0"
+TOKEN = "emulator-token"
+API_VERSION_ACTIVITY = "2015-04-01"
+
+_ARM = re.compile(r"^/subscriptions/(?P<sub>[^/]+)(?P<rest>/.*)?$", re.I)
+_RG = re.compile(
+    r"^/resourcegroups/(?P<rg>[^/]+)/providers/(?P<ns>[^/]+)/(?P<type>[^/]+)(?P<rest>/.*)?$", re.I)
+_OPERATION = re.compile(
+    r"^/providers/(?P<ns>[^/]+)/locations/(?P<loc>[^/]+)/operations/(?P<op>[^/]+)$", re.I)
+_VM_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}[A-Za-z0-9_]$")
+_SUBNET_ID = re.compile(
+    r"^/subscriptions/[^/]+/resourceGroups/[^/]+/providers/Microsoft\.Network/virtualNetworks/"
+    r"[^/]+/subnets/[^/]+$",
+    re.I,
+)
+# Enums whose SDK list is frozen while ARM keeps adding values (new VM sizes).
+_OPEN_ENUMS = {"VirtualMachineSizeTypes"}
+_FILTER_CLAUSE = re.compile(r"^\s*(\w+)\s+(eq|ge|le)\s+'([^']*)'\s*$")
+
+
+class ArmError(Exception):
+    """Becomes an ARM error response ``{"error": {"code", "message"}}``."""
+
+    def __init__(self, status: int, code: str, message: str, headers: dict[str, str] | None = None):
+        super().__init__(message)
+        self.status, self.code, self.message = status, code, message
+        self.headers = headers or {}
+
+
+@dataclass
+class Recorded:
+    method: str
+    path: str
+    query: dict[str, str]
+    headers: dict[str, str]  # lower-cased names
+    body: Any
+
+
+@dataclass
+class _Operation:
+    polls_left: int
+    complete: Callable[[], dict | None]  # returns an ARM error dict on failure
+    status: str = "InProgress"
+    error: dict | None = None
+
+    def poll(self) -> str:
+        if self.status == "InProgress":
+            if self.polls_left > 0:
+                self.polls_left -= 1
+            else:
+                self.error = self.complete()
+                self.status = "Failed" if self.error else "Succeeded"
+        return self.status
+
+
+@dataclass
+class _Fault:
+    code: str
+    message: str
+    status: int = 409
+    region: str | None = None
+    zone: str | None = None  # None: the whole region
+    synchronous: bool = False  # on the PUT itself, else in the operation
+    remaining: int | None = None  # None: until cleared
+
+    def matches(self, region: str, zone: str) -> bool:
+        if self.remaining is not None and self.remaining <= 0:
+            return False
+        if self.region is not None and self.region != region:
+            return False
+        return self.zone is None or self.zone == zone
+
+
+@dataclass
+class _Throttle:
+    remaining: int
+    method: str | None
+    path_contains: str | None
+    retry_after: int
+
+
+@dataclass
+class _Vm:
+    body: dict  # the ARM resource as GET returns it
+    power: str  # PowerState/<power>
+
+
+# --- strict body checks against the SDK's models -------------------------------------------
+
+
+@functools.cache
+def _hints(cls: type) -> dict[str, Any]:
+    cls()  # the SDK computes the rest-field table on first construction
+    module = __import__(cls.__module__, fromlist=["_"])
+    package = __import__(cls.__module__.rsplit(".", 1)[0], fromlist=["_"])
+    return typing.get_type_hints(cls, vars(module), {"_models": package})
+
+
+def check_model(cls: type, data: Any, where: str = "") -> None:
+    """Raise ArmError(400) when ``data`` is not a valid create body for SDK model ``cls``."""
+    if not isinstance(data, dict):
+        raise _bad(f"{where or 'body'}: expected an object")
+    hints = _hints(cls)
+    fields = {rf._rest_name: (attr, rf) for attr, rf in cls._attr_to_rest_field.items()}
+    for key, value in data.items():
+        path = f"{where}.{key}" if where else key
+        if key not in fields:
+            raise _bad(f"Could not find member '{key}' on object of type '{cls.__name__}'. "
+                       f"Path '{path}'.")
+        attr, rf = fields[key]
+        if rf._visibility == ["read"]:
+            raise _bad(f"'{path}' is read-only and cannot be set")
+        _check_value(hints[attr], value, path)
+    for attr, annotation in hints.items():
+        rf = cls._attr_to_rest_field.get(attr)
+        if rf is None or rf._visibility == ["read"] or _optional(annotation):
+            continue
+        if rf._rest_name not in data:
+            raise _bad(f"Required property '{where + '.' if where else ''}{rf._rest_name}' "
+                       "is missing")
+
+
+def _optional(annotation: Any) -> bool:
+    return type(None) in typing.get_args(annotation)
+
+
+def _check_value(annotation: Any, value: Any, path: str) -> None:
+    if value is None:
+        return
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if origin in (typing.Union, types.UnionType):
+        options = [a for a in args if a is not type(None)]
+        enums = [a for a in options if isinstance(a, type) and issubclass(a, enum.Enum)
+                 and a.__name__ not in _OPEN_ENUMS]
+        if enums:
+            allowed = {m.value.lower() for e in enums for m in e}
+            if not isinstance(value, str) or value.lower() not in allowed:
+                raise _bad(f"'{path}': '{value}' is not one of {sorted(allowed)}")
+            return
+        if len(options) == 1:
+            return _check_value(options[0], value, path)
+        return
+    if isinstance(annotation, type) and issubclass(annotation, enum.Enum):
+        return _check_value(str | annotation, value, path)
+    if origin is list:
+        if not isinstance(value, list):
+            raise _bad(f"'{path}': expected an array")
+        for i, item in enumerate(value):
+            _check_value(args[0], item, f"{path}[{i}]")
+        return
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise _bad(f"'{path}': expected an object")
+        for k, item in value.items():
+            _check_value(args[1], item, f"{path}.{k}")
+        return
+    if isinstance(annotation, type) and hasattr(annotation, "_attr_to_rest_field"):
+        return check_model(annotation, value, path)
+    expected = {str: str, bool: bool, int: int, float: (int, float)}.get(annotation)
+    if expected is None:
+        return
+    if (isinstance(value, bool) and annotation is not bool) or not isinstance(value, expected):
+        raise _bad(f"'{path}': expected {annotation.__name__}, got {type(value).__name__}")
+
+
+def _bad(message: str, code: str = "InvalidParameter") -> ArmError:
+    return ArmError(400, code, message)
+
+
+# --- the emulator ---------------------------------------------------------------------------
+
+
+class AzureEmulator:
+    """One subscription, its resource groups, VMs, NICs and disks, in memory."""
+
+    def __init__(
+        self,
+        *,
+        resource_groups: Iterable[str] = ("provisioner",),
+        page_size: int = 2,
+        prices: Iterable[dict] = (),
+        prices_page_size: int = 3,
+    ) -> None:
+        self.subscription_id = SUBSCRIPTION
+        self.token = TOKEN
+        self.page_size = page_size
+        self.prices_page_size = prices_page_size
+        self.prices: list[dict] = list(prices)
+        self.resource_groups = {rg.lower() for rg in resource_groups}
+        self.requests: list[Recorded] = []
+        self.vms: dict[str, _Vm] = {}  # lower-cased resource id -> VM
+        self.nics: dict[str, dict] = {}
+        self.disks: dict[str, dict] = {}
+        self.activity: list[dict] = []
+        self._ops: dict[str, _Operation] = {}
+        self._faults: list[_Fault] = []
+        self._throttles: list[_Throttle] = []
+        self._slow_polls = 0
+        self._ip = itertools.count(4)
+        self._clock = datetime(2026, 11, 30, 9, 0, tzinfo=UTC)
+        self._lock = threading.RLock()
+        self._server: ThreadingHTTPServer | None = None
+
+    # --- lifecycle
+
+    def start(self) -> AzureEmulator:
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
+        self._server.daemon_threads = True
+        threading.Thread(target=self._server.serve_forever, args=(0.05,), daemon=True).start()
+        return self
+
+    def stop(self) -> None:
+        if self._server:
+            self._server.shutdown()
+            self._server.server_close()
+
+    def __enter__(self) -> AzureEmulator:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    @property
+    def base_url(self) -> str:
+        assert self._server, "start() first"
+        return f"http://127.0.0.1:{self._server.server_address[1]}"
+
+    # --- control surface for tests
+
+    def fail_capacity(
+        self,
+        region: str,
+        zone: str | None = None,
+        *,
+        code: str = "ZonalAllocationFailed",
+        synchronous: bool = False,
+        times: int | None = None,
+    ) -> None:
+        """Creates/starts in ``region`` (one ``zone``, or all) fail with ``code``: in the
+        long-running operation (AllocationFailed, ZonalAllocationFailed) or, ``synchronous``, on
+        the PUT itself (SkuNotAvailable)."""
+        messages = {
+            "SkuNotAvailable": "The requested VM size for resource 'Following SKUs have failed for "
+            f"Capacity Restrictions' is currently not available in location '{region}'.",
+            "OverconstrainedAllocationRequest": "Allocation failed. VM(s) with the following "
+            "constraints cannot be allocated, because the condition is too restrictive.",
+        }
+        message = messages.get(code, "Allocation failed. We do not have sufficient capacity for "
+                               "the requested VM size in this zone. Read more about improving "
+                               "likelihood of allocation success at http://aka.ms/allocation-guidance")
+        with self._lock:
+            self._faults.append(_Fault(code, message, 409, region, zone, synchronous, times))
+
+    def fail_quota(self, region: str, *, family: str = "standardNCADSA100v4Family",
+                   spot: bool = False) -> None:
+        """Creates in ``region`` are refused on the PUT for exceeding a vCPU quota."""
+        quota = "LowPriorityCores" if spot else f"{family} Cores"
+        message = (f"Operation could not be completed as it results in exceeding approved {quota} "
+                   f"quota. Additional details - Deployment Model: Resource Manager, Location: "
+                   f"{region}, Current Limit: 0, Current Usage: 0, Additional Required: 24, "
+                   "(Minimum) New Limit Required: 24.")
+        with self._lock:
+            self._faults.append(_Fault("OperationNotAllowed", message, 409, region, None, True))
+
+    def fail_next_create(self, code: str, message: str, *, status: int = 400) -> None:
+        """The next VM PUT fails synchronously with this ARM error."""
+        with self._lock:
+            self._faults.append(_Fault(code, message, status, synchronous=True, remaining=1))
+
+    def clear_faults(self) -> None:
+        with self._lock:
+            self._faults.clear()
+            self._throttles.clear()
+
+    def throttle(self, count: int, *, method: str | None = None, path_contains: str | None = None,
+                 retry_after: int = 0) -> None:
+        """The next ``count`` matching ARM requests get 429 TooManyRequests."""
+        with self._lock:
+            self._throttles.append(_Throttle(count, method, path_contains, retry_after))
+
+    def slow_operations(self, polls: int) -> None:
+        """Long-running operations started from now report InProgress for ``polls`` polls."""
+        self._slow_polls = polls
+
+    def add_vm(self, name: str, *, location: str = "eastus", tags: dict[str, str] | None = None,
+               resource_group: str = "provisioner", vm_size: str = "Standard_NC4as_T4_v3",
+               priority: str = "Regular") -> str:
+        """Create a running VM directly (as another tool or a person would). Returns its id."""
+        vm_id = self._vm_id(resource_group, name)
+        body = {
+            "id": vm_id, "name": name, "type": "Microsoft.Compute/virtualMachines",
+            "location": location, "tags": dict(tags or {}),
+            "properties": {"hardwareProfile": {"vmSize": vm_size}, "priority": priority,
+                           "provisioningState": "Succeeded", "vmId": str(uuid.uuid4()),
+                           "timeCreated": self._now()},
+        }
+        with self._lock:
+            self.vms[vm_id.lower()] = _Vm(body, "running")
+        return vm_id
+
+    def evict(self, name: str, resource_group: str = "provisioner") -> None:
+        """Azure takes a Spot VM back: deallocated or deleted per its evictionPolicy, with the
+        ``evictSpotVM`` Activity Log event ARM records for it."""
+        with self._lock:
+            vm = self._get_vm(resource_group, name)
+            props = vm.body["properties"]
+            assert props.get("priority") == "Spot", "only Spot VMs are evicted"
+            self._event(vm.body["id"], "Microsoft.Compute/virtualMachines/evictSpotVM/action")
+            if props.get("evictionPolicy", "Deallocate") == "Delete":
+                self._delete_vm(vm)
+            else:
+                vm.power = "deallocated"
+
+    def power_state(self, name: str, resource_group: str = "provisioner") -> str:
+        with self._lock:
+            return self._get_vm(resource_group, name).power
+
+    def vm(self, name: str, resource_group: str = "provisioner") -> dict:
+        with self._lock:
+            return json.loads(json.dumps(self._get_vm(resource_group, name).body))
+
+    def requests_to(self, method: str, path_contains: str) -> list[Recorded]:
+        return [r for r in self.requests
+                if r.method == method and path_contains.lower() in r.path.lower()]
+
+    # --- helpers
+
+    def _now(self) -> str:
+        self._clock += timedelta(seconds=1)  # strictly increasing event times
+        return self._clock.isoformat().replace("+00:00", "Z")
+
+    def _vm_id(self, rg: str, name: str) -> str:
+        return (f"/subscriptions/{self.subscription_id}/resourceGroups/{rg}"
+                f"/providers/Microsoft.Compute/virtualMachines/{name}")
+
+    def _get_vm(self, rg: str, name: str) -> _Vm:
+        vm = self.vms.get(self._vm_id(rg, name).lower())
+        if vm is None:
+            raise ArmError(404, "ResourceNotFound", f"The Resource 'Microsoft.Compute/"
+                           f"virtualMachines/{name}' under resource group '{rg}' was not found.")
+        return vm
+
+    def _event(self, resource_id: str, operation: str) -> None:
+        self.activity.append({
+            "eventTimestamp": self._now(),
+            "operationName": {"value": operation, "localizedValue": operation.split("/")[-2]},
+            "status": {"value": "Succeeded", "localizedValue": "Succeeded"},
+            "resourceId": resource_id,
+            "level": "Informational",
+            "caller": "Azure" if "evict" in operation.lower() else "user@example.com",
+        })
+
+    def _operation(self, ns: str, location: str, complete: Callable[[], dict | None],
+                   ) -> dict[str, str]:
+        op_id = str(uuid.uuid4())
+        self._ops[op_id] = _Operation(self._slow_polls, complete)
+        url = (f"{self.base_url}/subscriptions/{self.subscription_id}/providers/{ns}/locations/"
+               f"{location}/operations/{op_id}?api-version=2026-04-01")
+        return {"Azure-AsyncOperation": url, "Location": url + "&monitor=true",
+                "Retry-After": "0"}
+
+    def _delete_vm(self, vm: _Vm) -> None:
+        props = vm.body["properties"]
+        self.vms.pop(vm.body["id"].lower(), None)
+        for ref in props.get("networkProfile", {}).get("networkInterfaces", []):
+            nic = self.nics.get(ref["id"].lower())
+            if nic is None:
+                continue
+            nic["properties"].pop("virtualMachine", None)
+            if ref.get("properties", {}).get("deleteOption") == "Delete":
+                self.nics.pop(ref["id"].lower())
+        os_disk = props.get("storageProfile", {}).get("osDisk", {})
+        disk_id = os_disk.get("managedDisk", {}).get("id", "").lower()
+        if disk_id in self.disks:
+            self.disks[disk_id]["managedBy"] = None
+            if os_disk.get("deleteOption") == "Delete":
+                self.disks.pop(disk_id)
+
+    def _fault(self, region: str, zone: str, *, synchronous: bool) -> _Fault | None:
+        for fault in self._faults:
+            if fault.synchronous == synchronous and fault.matches(region, zone):
+                if fault.remaining is not None:
+                    fault.remaining -= 1
+                return fault
+        return None
+
+    # --- request handling
+
+    def handle(self, method: str, raw_path: str, headers: dict[str, str], raw: bytes,
+               ) -> tuple[int, dict[str, str], Any]:
+        split = urlsplit(raw_path)
+        path, query = split.path, dict(parse_qsl(split.query, keep_blank_values=True))
+        body = None
+        if raw:
+            try:
+                body = json.loads(raw)
+            except ValueError:
+                raise _bad("The request content was invalid and could not be deserialized.",
+                           "InvalidRequestContent") from None
+        with self._lock:
+            self.requests.append(Recorded(method, path, query, headers, copy.deepcopy(body)))
+            status, extra, result = self._serve(method, path, query, headers, body)
+            return status, extra, copy.deepcopy(result)  # a snapshot, serialised after unlock
+
+    def _serve(self, method: str, path: str, query: dict, headers: dict, body: Any,
+               ) -> tuple[int, dict[str, str], Any]:
+        if path == "/api/retail/prices":
+            return self._prices(query)
+        if headers.get("authorization") != f"Bearer {self.token}":
+            raise ArmError(401, "InvalidAuthenticationToken",
+                           "The access token is invalid.")
+        for t in self._throttles:
+            if t.remaining > 0 and (t.method in (None, method)) and (
+                    t.path_contains is None or t.path_contains.lower() in path.lower()):
+                t.remaining -= 1
+                raise ArmError(429, "TooManyRequests", "The request is being throttled.",
+                               {"Retry-After": str(t.retry_after)})
+        if "api-version" not in query:
+            raise _bad("The api-version query parameter (?api-version=) is required for "
+                       "all requests.", "MissingApiVersionParameter")
+        m = _ARM.match(path)
+        if not m or m["sub"] != self.subscription_id:
+            raise ArmError(404, "SubscriptionNotFound", "The subscription was not found.")
+        return self._route(method, m["rest"] or "", query, headers, body)
+
+    def _route(self, method: str, rest: str, query: dict, headers: dict, body: Any,
+               ) -> tuple[int, dict[str, str], Any]:
+        if m := _OPERATION.match(rest):
+            return self._poll(m["op"], monitor="monitor" in query)
+        if rest.lower() == "/providers/microsoft.insights/eventtypes/management/values":
+            return self._activity(query)
+        m = _RG.match(rest)
+        if not m:
+            raise ArmError(404, "InvalidResourceType", f"Unknown path {rest}")
+        rg, ns, rtype, tail = m["rg"], m["ns"].lower(), m["type"].lower(), m["rest"] or ""
+        if rg.lower() not in self.resource_groups:
+            raise ArmError(404, "ResourceGroupNotFound", f"Resource group '{rg}' could not be "
+                           "found.")
+        parts = [p for p in tail.split("/") if p]
+        key = (ns, rtype, len(parts), method)
+        if key == ("microsoft.compute", "virtualmachines", 0, "GET"):
+            return self._list_vms(rg, query)
+        if ns == "microsoft.compute" and rtype == "virtualmachines" and parts:
+            name = parts[0]
+            if len(parts) == 1 and method == "PUT":
+                return self._put_vm(rg, name, headers, body)
+            if len(parts) == 1 and method == "GET":
+                vm = self._get_vm(rg, name)
+                if query.get("$expand", "").lower() != "instanceview":
+                    return 200, {}, vm.body
+                expanded = copy.deepcopy(vm.body)
+                expanded["properties"]["instanceView"] = self._instance_view(vm)
+                return 200, {}, expanded
+            if len(parts) == 1 and method == "DELETE":
+                return self._delete_vm_request(rg, name)
+            if len(parts) == 2 and method == "GET" and parts[1].lower() == "instanceview":
+                return 200, {}, self._instance_view(self._get_vm(rg, name))
+            if len(parts) == 2 and method == "POST":
+                return self._action(rg, name, parts[1].lower())
+        if ns == "microsoft.network" and rtype == "networkinterfaces" and len(parts) == 1:
+            return self._nic(method, rg, parts[0], body)
+        if ns == "microsoft.compute" and rtype == "disks" and len(parts) == 1:
+            return self._disk(method, rg, parts[0])
+        raise ArmError(404, "InvalidResourceType", f"{method} {rest} is not emulated")
+
+    # --- virtual machines
+
+    def _put_vm(self, rg: str, name: str, headers: dict, body: Any):
+        from azure.mgmt.compute import models
+
+        vm_id = self._vm_id(rg, name)
+        existing = self.vms.get(vm_id.lower())
+        if headers.get("if-none-match") == "*" and existing:
+            raise ArmError(412, "PreconditionFailed", f"The resource '{name}' already exists and "
+                           "the precondition If-None-Match: * failed.")
+        if not _VM_NAME.match(name):
+            raise _bad(f"Virtual machine name '{name}' is invalid.", "InvalidResourceName")
+        check_model(models.VirtualMachine, body)
+        if existing:  # an update: only tags are emulated
+            existing.body["tags"] = body.get("tags", {})
+            return 200, {}, existing.body
+        props = body.get("properties", {})
+        self._check_vm_semantics(name, body, props)
+        region, zone = body["location"], (body.get("zones") or [""])[0]
+        fault = self._fault(region, zone, synchronous=True)
+        if fault:
+            raise ArmError(fault.status, fault.code, fault.message)
+        nic_ids = [ref["id"].lower() for ref in props["networkProfile"]["networkInterfaces"]]
+        os_disk = props["storageProfile"]["osDisk"]
+        disk_name = os_disk.get("name") or f"{name}_OsDisk_1_{uuid.uuid4().hex}"
+        disk_id = (f"/subscriptions/{self.subscription_id}/resourceGroups/{rg}/providers/"
+                   f"Microsoft.Compute/disks/{disk_name}")
+        os_disk["name"] = disk_name
+        os_disk.setdefault("managedDisk", {})["id"] = disk_id
+        props.update(provisioningState="Creating", vmId=str(uuid.uuid4()),
+                     timeCreated=self._now())
+        props.setdefault("osProfile", {}).pop("customData", None)  # ARM never echoes it
+        stored = {"id": vm_id, "name": name, "type": "Microsoft.Compute/virtualMachines", **body}
+        vm = _Vm(stored, "starting")
+        self.vms[vm_id.lower()] = vm
+        for nic_id in nic_ids:
+            self.nics[nic_id]["properties"]["virtualMachine"] = {"id": vm_id}
+        self.disks[disk_id.lower()] = {"id": disk_id, "name": disk_name, "managedBy": vm_id,
+                                       "location": region}
+        self._event(vm_id, "Microsoft.Compute/virtualMachines/write")
+
+        def complete() -> dict | None:
+            failure = self._fault(region, zone, synchronous=False)
+            if failure:
+                props["provisioningState"] = "Failed"
+                vm.power = "deallocated"
+                return {"code": failure.code, "message": failure.message}
+            props["provisioningState"] = "Succeeded"
+            vm.power = "running"
+            return None
+
+        return 201, self._operation("Microsoft.Compute", region, complete), stored
+
+    def _check_vm_semantics(self, name: str, body: dict, props: dict) -> None:
+        """The ARM rules beyond the schema that a create relies on."""
+        if not re.fullmatch(r"[a-z0-9]+", body["location"]):
+            raise _bad(f"Location '{body['location']}' is not valid.",
+                       "LocationNotAvailableForResourceType")
+        zones = body.get("zones") or []
+        if len(zones) > 1 or any(z not in ("1", "2", "3") for z in zones):
+            raise _bad(f"Zones {zones} are invalid for a single VM.")
+        tags = body.get("tags") or {}
+        if len(tags) > 50 or any(len(k) > 512 or len(v) > 256 for k, v in tags.items()):
+            raise _bad("Tags exceed ARM limits.", "InvalidTag")
+        size = props.get("hardwareProfile", {}).get("vmSize", "")
+        if not size.startswith("Standard_"):
+            raise _bad(f"The value {size!r} of parameter 'vmSize' is not allowed.")
+        storage = props.get("storageProfile") or {}
+        image = storage.get("imageReference") or {}
+        if not (image.get("id") or all(image.get(k) for k in ("publisher", "offer", "sku",
+                                                               "version"))):
+            raise _bad("storageProfile.imageReference needs publisher, offer, sku and version.")
+        os_disk = storage.get("osDisk") or {}
+        if os_disk.get("createOption") != "FromImage":
+            raise _bad("storageProfile.osDisk.createOption must be FromImage here.")
+        size_gb = os_disk.get("diskSizeGB")
+        if not isinstance(size_gb, int) or not 30 <= size_gb <= 4095:
+            raise _bad("storageProfile.osDisk.diskSizeGB must be between 30 and 4095.")
+        os_profile = props.get("osProfile") or {}
+        computer, admin = os_profile.get("computerName", ""), os_profile.get("adminUsername", "")
+        if not computer or len(computer) > 64 or not admin:
+            raise _bad("osProfile.computerName (≤64) and osProfile.adminUsername are required.")
+        linux = os_profile.get("linuxConfiguration") or {}
+        keys = (linux.get("ssh") or {}).get("publicKeys") or []
+        for key in keys:
+            if key.get("path") != f"/home/{admin}/.ssh/authorized_keys":
+                raise _bad(f"Destination path for SSH public keys is currently limited to its "
+                           f"default value /home/{admin}/.ssh/authorized_keys.")
+            if not str(key.get("keyData", "")).startswith(("ssh-", "ecdsa-")):
+                raise _bad("The value of parameter linuxConfiguration.ssh.publicKeys.keyData "
+                           "is invalid.", "InvalidParameter")
+        if linux.get("disablePasswordAuthentication") and not keys:
+            raise _bad("Authentication using either SSH or by user name and password must be "
+                       "enabled in Linux profile.")
+        if "customData" in os_profile:
+            try:
+                decoded = base64.b64decode(os_profile["customData"], validate=True)
+            except ValueError:
+                raise _bad("Custom data in OSProfile must be in Base64 encoding.") from None
+            if len(decoded) > 64 * 1024:
+                raise _bad("Custom data exceeds 64 KB.")
+        priority = (props.get("priority") or "Regular").lower()
+        if priority != "spot" and ("evictionPolicy" in props or "billingProfile" in props):
+            raise _bad("Eviction policy and billing profile can be set only on Spot VMs.")
+        if priority == "spot":
+            max_price = (props.get("billingProfile") or {}).get("maxPrice", -1)
+            if max_price != -1 and not max_price > 0:
+                raise _bad("billingProfile.maxPrice must be -1 or greater than 0.",
+                           "InvalidMaxPrice")
+        refs = (props.get("networkProfile") or {}).get("networkInterfaces") or []
+        if not refs:
+            raise _bad("networkProfile.networkInterfaces is required.")
+        for ref in refs:
+            nic = self.nics.get(ref.get("id", "").lower())
+            if nic is None:
+                raise _bad(f"Resource {ref.get('id')} not found.", "InvalidResourceReference")
+            if nic["location"] != body["location"]:
+                raise _bad("The NIC must be in the VM's location.", "NicLocationMismatch")
+            attached = nic["properties"].get("virtualMachine")
+            if attached:
+                raise _bad(f"Network interface is in use by {attached['id']}.", "NicInUse")
+
+    def _list_vms(self, rg: str, query: dict):
+        prefix = f"/subscriptions/{self.subscription_id}/resourcegroups/{rg.lower()}/"
+        vms = [vm.body for key, vm in sorted(self.vms.items()) if key.startswith(prefix)]
+        skip = int(query.get("$skiptoken", "0"))
+        page = vms[skip: skip + self.page_size]
+        result: dict[str, Any] = {"value": page}
+        if skip + self.page_size < len(vms):
+            result["nextLink"] = (f"{self.base_url}/subscriptions/{self.subscription_id}/"
+                                  f"resourceGroups/{rg}/providers/Microsoft.Compute/"
+                                  f"virtualMachines?api-version={query['api-version']}"
+                                  f"&$skiptoken={skip + self.page_size}")
+        return 200, {}, result
+
+    def _instance_view(self, vm: _Vm) -> dict:
+        prov = vm.body["properties"].get("provisioningState", "Succeeded")
+        statuses = [{"code": f"ProvisioningState/{prov.lower()}", "level": "Info",
+                     "displayStatus": f"Provisioning {prov.lower()}"}]
+        if prov == "Failed":
+            statuses[0] = {"code": "ProvisioningState/failed/AllocationFailed", "level": "Error",
+                           "displayStatus": "Provisioning failed"}
+        statuses.append({"code": f"PowerState/{vm.power}", "level": "Info",
+                         "displayStatus": f"VM {vm.power}"})
+        return {"computerName": vm.body["name"], "osName": "ubuntu", "statuses": statuses}
+
+    def _action(self, rg: str, name: str, action: str):
+        vm = self._get_vm(rg, name)
+        vm_id, region = vm.body["id"], vm.body["location"]
+        zone = (vm.body.get("zones") or [""])[0]
+        if action == "simulateeviction":
+            self.evict(name, rg)
+            return 204, {}, None
+        transitions = {"deallocate": ("deallocating", "deallocated"),
+                       "poweroff": ("stopping", "stopped"), "start": ("starting", "running")}
+        if action not in transitions:
+            raise ArmError(404, "InvalidResourceType", f"action {action} is not emulated")
+        during, after = transitions[action]
+        before = vm.power
+        vm.power = during
+
+        def complete() -> dict | None:
+            failure = self._fault(region, zone, synchronous=False) if action == "start" else None
+            if failure:
+                vm.power = before
+                return {"code": failure.code, "message": failure.message}
+            vm.power = after
+            self._event(vm_id, f"Microsoft.Compute/virtualMachines/{action}/action")
+            return None
+
+        return 202, self._operation("Microsoft.Compute", region, complete), None
+
+    def _delete_vm_request(self, rg: str, name: str):
+        vm = self.vms.get(self._vm_id(rg, name).lower())
+        if vm is None:
+            return 204, {}, None
+        vm.body["properties"]["provisioningState"] = "Deleting"
+
+        def complete() -> None:
+            self._delete_vm(vm)
+            self._event(vm.body["id"], "Microsoft.Compute/virtualMachines/delete")
+
+        return 202, self._operation("Microsoft.Compute", vm.body["location"], complete), None
+
+    # --- network interfaces and disks
+
+    def _nic(self, method: str, rg: str, name: str, body: Any):
+        nic_id = (f"/subscriptions/{self.subscription_id}/resourceGroups/{rg}/providers/"
+                  f"Microsoft.Network/networkInterfaces/{name}")
+        nic = self.nics.get(nic_id.lower())
+        if method == "GET":
+            if nic is None:
+                raise ArmError(404, "NotFound", f"Resource {nic_id} not found.")
+            return 200, {}, nic
+        if method == "DELETE":
+            if nic is None:
+                return 204, {}, None
+            if nic["properties"].get("virtualMachine"):
+                raise _bad(f"Network interface {nic_id} is used by a virtual machine.",
+                           "NicInUse")
+            self.nics.pop(nic_id.lower())
+            return 200, {}, None
+        if method != "PUT":
+            raise ArmError(405, "MethodNotAllowed", method)
+        from azure.mgmt.network import models
+
+        check_model(models.NetworkInterface, body)
+        configs = (body.get("properties") or {}).get("ipConfigurations") or []
+        if not configs:
+            raise _bad("A network interface needs at least one IP configuration.")
+        for config in configs:
+            subnet = ((config.get("properties") or {}).get("subnet") or {}).get("id", "")
+            if not config.get("name") or not _SUBNET_ID.match(subnet):
+                raise _bad(f"Subnet id {subnet!r} is not a valid subnet reference.",
+                           "InvalidResourceReference")
+        if nic is None:
+            nic = {"id": nic_id, "name": name, "type": "Microsoft.Network/networkInterfaces",
+                   "location": body["location"], "properties": {}}
+            for config in configs:
+                config["id"] = f"{nic_id}/ipConfigurations/{config['name']}"
+                config["properties"]["privateIPAddress"] = f"10.0.0.{next(self._ip)}"
+                config["properties"]["provisioningState"] = "Succeeded"
+            nic["properties"]["ipConfigurations"] = configs
+            self.nics[nic_id.lower()] = nic
+            status = 201
+        elif nic["location"] != body["location"]:
+            raise _bad(f"Resource {nic_id} exists in location {nic['location']}; a resource "
+                       "cannot change location.", "InvalidResourceLocation")
+        else:
+            status = 200
+        nic["tags"] = body.get("tags", {})
+        nic["properties"]["provisioningState"] = "Succeeded"
+        headers = self._operation("Microsoft.Network", body["location"], lambda: None)
+        return status, headers, nic
+
+    def _disk(self, method: str, rg: str, name: str):
+        disk_id = (f"/subscriptions/{self.subscription_id}/resourceGroups/{rg}/providers/"
+                   f"Microsoft.Compute/disks/{name}")
+        disk = self.disks.get(disk_id.lower())
+        if method == "GET":
+            if disk is None:
+                raise ArmError(404, "ResourceNotFound", f"Disk {name} not found.")
+            return 200, {}, disk
+        if method != "DELETE":
+            raise ArmError(405, "MethodNotAllowed", method)
+        if disk is None:
+            return 204, {}, None
+        if disk.get("managedBy"):
+            raise ArmError(409, "OperationNotAllowed", f"Disk {name} is attached to VM "
+                           f"{disk['managedBy']}.")
+        self.disks.pop(disk_id.lower())
+        return 202, self._operation("Microsoft.Compute", disk["location"], lambda: None), None
+
+    # --- operations, activity log, prices
+
+    def _poll(self, op_id: str, *, monitor: bool):
+        op = self._ops.get(op_id)
+        if op is None:
+            raise ArmError(404, "NotFound", f"Operation {op_id} not found.")
+        status = op.poll()
+        if monitor:  # the Location URL: 202 while running, then 200 (or the error)
+            if status == "InProgress":
+                return 202, {"Retry-After": "0"}, None
+            if status == "Failed":
+                raise ArmError(409, op.error["code"], op.error["message"])
+            return 200, {}, None
+        body: dict[str, Any] = {"name": op_id, "status": status}
+        if op.error:
+            body["error"] = op.error
+        return 200, {"Retry-After": "0"} if status == "InProgress" else {}, body
+
+    def _activity(self, query: dict):
+        clauses = _parse_filter(query.get("$filter", ""))
+        since = clauses.get(("eventTimestamp", "ge"))
+        if not since:
+            raise _bad("The $filter must contain eventTimestamp ge '<time>'.", "BadRequest")
+        since_dt = datetime.fromisoformat(since.replace("Z", "+00:00"))
+        uri = clauses.get(("resourceUri", "eq"), "").lower()
+        events = [e for e in self.activity
+                  if datetime.fromisoformat(e["eventTimestamp"].replace("Z", "+00:00")) >= since_dt
+                  and (not uri or e["resourceId"].lower() == uri)]
+        events.sort(key=lambda e: e["eventTimestamp"], reverse=True)  # newest first, as ARM
+        skip = int(query.get("$skiptoken", "0"))
+        result: dict[str, Any] = {"value": events[skip: skip + self.page_size]}
+        if skip + self.page_size < len(events):
+            result["nextLink"] = (
+                f"{self.base_url}/subscriptions/{self.subscription_id}/providers/"
+                f"microsoft.insights/eventtypes/management/values?api-version="
+                f"{API_VERSION_ACTIVITY}&$filter={quote(query['$filter'])}"
+                f"&$skiptoken={skip + self.page_size}")
+        return 200, {}, result
+
+    def _prices(self, query: dict):
+        clauses = _parse_filter(query.get("$filter", ""))
+        if any(op != "eq" for _, op in clauses):
+            raise _bad("Only eq filters are emulated.")
+        fields = {"priceType": "type"}  # the filter name differs from the item's field
+        rows = [row for row in self.prices
+                if all(str(row.get(fields.get(k, k), "")).lower() == v.lower()
+                       for (k, _), v in clauses.items())]
+        skip = int(query.get("$skip", "0"))
+        page = rows[skip: skip + self.prices_page_size]
+        result = {"BillingCurrency": "USD", "CustomerEntityId": "Default",
+                  "CustomerEntityType": "Retail", "Items": page, "Count": len(page),
+                  "NextPageLink": None}
+        if skip + self.prices_page_size < len(rows):
+            result["NextPageLink"] = (
+                f"{self.base_url}/api/retail/prices?$filter={quote(query['$filter'])}"
+                f"&$skip={skip + self.prices_page_size}")
+        return 200, {}, result
+
+
+def _parse_filter(text: str) -> dict[tuple[str, str], str]:
+    """``a eq 'x' and b ge 'y'`` → {(a, eq): x, (b, ge): y}; anything else is a 400."""
+    clauses: dict[tuple[str, str], str] = {}
+    for part in filter(None, re.split(r"\s+and\s+", text.strip())):
+        m = _FILTER_CLAUSE.match(part)
+        if not m:
+            raise _bad(f"Invalid $filter clause: {part!r}", "BadRequest")
+        clauses[(m[1], m[2])] = m[3]
+    return clauses
+
+
+def _handler(emulator: AzureEmulator) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+        disable_nagle_algorithm = True  # headers and body go out in two writes
+
+        def _serve(self) -> None:
+            length = int(self.headers.get("Content-Length") or 0)
+            raw = self.rfile.read(length) if length else b""
+            headers = {k.lower(): v for k, v in self.headers.items()}
+            try:
+                status, extra, body = emulator.handle(self.command, self.path, headers, raw)
+            except ArmError as err:
+                status, extra = err.status, err.headers
+                body = {"error": {"code": err.code, "message": err.message}}
+            payload = b"" if body is None else json.dumps(body).encode()
+            self.send_response(status)
+            for name, value in extra.items():
+                self.send_header(name, value)
+            self.send_header("x-ms-request-id", str(uuid.uuid4()))
+            if payload:
+                self.send_header("Content-Type", "application/json; charset=utf-8")
+            self.send_header("Content-Length", str(len(payload)))
+            self.end_headers()
+            self.wfile.write(payload)
+
+        do_GET = do_PUT = do_POST = do_DELETE = do_PATCH = _serve
+
+        def log_message(self, format: str, *args: Any) -> None:  # quiet
+            pass
+
+    return Handler
+
+
+def price_row(region: str, sku: str, price: float, *, spot: bool = False, windows: bool = False,
+              low_priority: bool = False) -> dict:
+    """One Retail Prices API item in the recorded shape."""
+    short = sku.removeprefix("Standard_").replace("_", " ")
+    sku_name = short + (" Spot" if spot else " Low Priority" if low_priority else "")
+    series = " ".join(short.split()[1:]) or short
+    return {
+        "currencyCode": "USD", "tierMinimumUnits": 0.0, "retailPrice": price, "unitPrice": price,
+        "armRegionName": region, "location": region, "effectiveStartDate": "2026-01-01T00:00:00Z",
+        "meterId": str(uuid.uuid5(uuid.NAMESPACE_URL, f"{region}/{sku}/{spot}/{windows}")),
+        "meterName": sku_name, "productId": "DZH318Z0BQ4N", "skuId": "DZH318Z0BQ4N/00J2",
+        "productName": f"Virtual Machines {series} Series" + (" Windows" if windows else ""),
+        "skuName": sku_name, "serviceName": "Virtual Machines", "serviceId": "DZH313Z7MMC8",
+        "serviceFamily": "Compute", "unitOfMeasure": "1 Hour", "type": "Consumption",
+        "isPrimaryMeterRegion": True, "armSkuName": sku,
+    }

@@ -1,0 +1,652 @@
+"""A local Huawei ECS API (cloud.ru Advanced) for tests: the unmodified ``huaweicloudsdkecs`` talks
+to it over HTTP on 127.0.0.1.
+
+Every request must carry a valid ``SDK-HMAC-SHA256`` signature made with the emulator's AK/SK; the
+canonical request is rebuilt here the way ``huaweicloudsdkcore/signer/signer.py`` (3.1.219) builds
+it, so a client with a wrong secret gets ``401 APIGW.0301`` like the real API gateway.
+
+Paths served (what the adapter uses): ``POST /v1.1/{p}/cloudservers`` (create, honours
+``X-Client-Token``), ``GET /v1/{p}/cloudservers/detail`` (``tags``, ``limit``, page-number
+``offset``), ``GET /v1/{p}/cloudservers/{id}``, ``POST /v1/{p}/cloudservers/action``
+(``os-start``/``os-stop``), ``POST /v1/{p}/cloudservers/delete``,
+``POST /v1/{p}/cloudservers/{id}/metadata``, ``DELETE /v1/{p}/cloudservers/{id}/metadata/{key}``,
+``GET /v1/{p}/jobs/{job_id}``, ``GET /v1/{p}/cloudservers/flavors`` and IAM's
+``GET /v3/projects?name=`` (project id lookup). Bodies are checked strictly: an unknown or
+missing field is a ``400 Ecs.0005`` and the recorded request shows what was wrong.
+
+Errors use the bodies the real services send: ECS ``{"error": {"code", "message"}}``, the API
+gateway ``{"error_code", "error_msg", "request_id"}``. Codes from the ECS API reference error table
+(opentelekomcloud/docs ``doc/source/ecs/api-reference/error-code-description.md``): Ecs.0001 quota,
+Ecs.0319 insufficient flavor capacity, Ecs.0114 server not found, Ecs.0005 invalid body; gateway
+APIGW.0301 (bad signature) and APIGW.0308 (throttled).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import hmac
+import json
+import re
+import threading
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import parse_qsl, quote, unquote, urlsplit
+
+PROJECT_ID = "0a1b2c3d4e5f60718293a4b5c6d7e8f9"
+REGION = "ru-moscow-1"
+ZONES = ("ru-moscow-1a", "ru-moscow-1b", "ru-moscow-1c")
+_ALGORITHM = "SDK-HMAC-SHA256"
+_DATE_FORMAT = "%Y%m%dT%H%M%SZ"
+_EMPTY_HASH = hashlib.sha256(b"").hexdigest()
+_MAX_CLOCK_SKEW = timedelta(minutes=15)
+
+
+def _gpu_flavor(name: str, vcpus: int, ram_gb: int, specs: dict[str, str]) -> dict[str, Any]:
+    return {
+        "id": name,
+        "name": name,
+        "vcpus": str(vcpus),
+        "ram": ram_gb * 1024,
+        "disk": "0",
+        "swap": "",
+        "OS-FLV-EXT-DATA:ephemeral": 0,
+        "OS-FLV-DISABLED:disabled": False,
+        "rxtx_factor": 1.0,
+        "os-flavor-access:is_public": True,
+        "links": [],
+        "os_extra_specs": {
+            "ecs:performancetype": "gpu",
+            "cond:operation:status": "normal",
+            **specs,
+        },
+    }
+
+
+# Recorded-shape flavor list. Shapes are Huawei/OTC's (opentelekomcloud-docs/elastic-cloud-server,
+# gpu-accelerated_ecss.rst); each GPU family is described by a different extra spec, as flavors of
+# different generations are, so every parsing path of the adapter is exercised.
+FLAVORS: tuple[dict[str, Any], ...] = (
+    _gpu_flavor("pi2.2xlarge.4", 8, 32, {"pci_passthrough:alias": "nvidia-t4:1"}),
+    _gpu_flavor("pi2.4xlarge.4", 16, 64, {"pci_passthrough:alias": "nvidia-t4:2"}),
+    _gpu_flavor("p2s.2xlarge.8", 8, 64, {"pci_passthrough:gpu_specs": "v100:direct_graphics:1"}),
+    _gpu_flavor(
+        "p3.2xlarge.8",
+        8,
+        64,
+        {
+            "info:gpus": json.dumps(
+                [{"name": "NVIDIA-A100-PCIE-80GB", "memory_mb": 81920, "count": 1}]
+            )
+        },
+    ),
+    _gpu_flavor("p5s.5xlarge.12", 20, 240, {}),  # only the family name says H100
+    {
+        **_gpu_flavor("s6.large.2", 2, 4, {}),
+        "os_extra_specs": {"ecs:performancetype": "normal", "cond:operation:status": "normal"},
+    },
+)
+
+
+class _Reject(Exception):
+    """Ends a request with an error response."""
+
+    def __init__(self, status: int, body: dict[str, Any]) -> None:
+        super().__init__(status, body)
+        self.status = status
+        self.body = body
+
+
+def _ecs_error(status: int, code: str, message: str) -> _Reject:
+    return _Reject(status, {"error": {"code": code, "message": message}})
+
+
+def _gateway_error(status: int, code: str, message: str) -> _Reject:
+    return _Reject(
+        status, {"error_code": code, "error_msg": message, "request_id": uuid.uuid4().hex}
+    )
+
+
+def _invalid(message: str) -> _Reject:
+    return _ecs_error(400, "Ecs.0005", f"Invalid request body: {message}")
+
+
+@dataclass
+class Recorded:
+    """One request as received; ``status`` is what the emulator answered."""
+
+    method: str
+    path: str
+    query: dict[str, str]
+    headers: dict[str, str]
+    body: Any
+    status: int = 0
+
+
+@dataclass
+class _Job:
+    id: str
+    type: str
+    server_ids: list[str]
+    finish: Callable[[], None]  # applied once, when the job completes successfully
+    polls_left: int
+    fail: tuple[str, str] | None = None  # (error_code, fail_reason)
+    status: str = "RUNNING"
+
+
+@dataclass
+class Faults:
+    """What the next requests should run into. Tests set these through :class:`EcsEmulator`."""
+
+    sold_out: dict[str, str] = field(default_factory=dict)  # zone -> "sync" | "job"
+    max_servers: int | None = None
+    throttle_left: int = 0
+    job_polls: int = 0  # RUNNING answers before a job completes
+    drop_create_responses: int = 0
+
+
+class EcsEmulator:
+    def __init__(self, ak: str, sk: str, *, project_id: str = PROJECT_ID) -> None:
+        self.ak = ak
+        self.sk = sk
+        self.project_id = project_id
+        self.faults = Faults()
+        self.servers: dict[str, dict[str, Any]] = {}
+        self.requests: list[Recorded] = []
+        self._jobs: dict[str, _Job] = {}
+        self._tokens: dict[str, tuple[str, list[str]]] = {}
+        self._lock = threading.RLock()
+        self._httpd: ThreadingHTTPServer | None = None
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    def start(self) -> EcsEmulator:
+        emulator = self
+
+        class Handler(_Handler):
+            owner = emulator
+
+        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._httpd.daemon_threads = True
+        threading.Thread(
+            target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+        ).start()
+        return self
+
+    def stop(self) -> None:
+        if self._httpd:
+            self._httpd.shutdown()
+            self._httpd.server_close()
+
+    @property
+    def endpoint(self) -> str:
+        assert self._httpd, "not started"
+        return f"http://127.0.0.1:{self._httpd.server_address[1]}"
+
+    # -- control surface ------------------------------------------------------------------
+
+    def sell_out(self, zone: str, *, mode: str = "job") -> None:
+        """No capacity in ``zone``: the create call fails at once (``sync``, 400 Ecs.0319) or
+        its job fails (``job``)."""
+        assert mode in ("sync", "job")
+        self.faults.sold_out[zone] = mode
+
+    def throttle(self, n: int) -> None:
+        """The next ``n`` requests get ``429 APIGW.0308``."""
+        self.faults.throttle_left = n
+
+    def preempt(self, server_id: str, *, how: str = "stop") -> None:
+        """The cloud takes a spot server back: ``stop`` (SHUTOFF), ``delete`` (status DELETED)
+        or ``vanish`` (gone: 404)."""
+        with self._lock:
+            if how == "vanish":
+                del self.servers[server_id]
+            else:
+                self.servers[server_id]["status"] = "SHUTOFF" if how == "stop" else "DELETED"
+
+    def add_server(
+        self, name: str, *, zone: str = ZONES[0], tags: dict[str, str] | None = None
+    ) -> str:
+        """A server created by someone else (console, another tool), running."""
+        with self._lock:
+            server = self._new_server(name, "pi2.2xlarge.4", zone, tags or {}, spot=False)
+            server["status"] = "ACTIVE"
+            return server["id"]
+
+    def received(self, method: str, pattern: str) -> list[Recorded]:
+        rx = re.compile(pattern)
+        return [r for r in self.requests if r.method == method and rx.search(r.path)]
+
+    # -- request handling -----------------------------------------------------------------
+
+    def verify_signature(self, method: str, target: str, headers: Any, body: bytes) -> None:
+        auth = headers.get("Authorization") or ""
+        m = re.fullmatch(
+            rf"{_ALGORITHM} Access=([^,]+), SignedHeaders=([^,]+), Signature=([0-9a-f]+)", auth
+        )
+        if not m:
+            raise _gateway_error(401, "APIGW.0301", "Incorrect IAM authentication information")
+        access, signed_list, signature = m.groups()
+        if access != self.ak:
+            raise _gateway_error(401, "APIGW.0301", "Incorrect IAM authentication information")
+        signed = signed_list.split(";")
+        if not {"host", "x-sdk-date"} <= set(signed) or signed != sorted(signed):
+            raise _gateway_error(401, "APIGW.0301", "Host and X-Sdk-Date must be signed")
+        try:
+            when = datetime.strptime(headers.get("X-Sdk-Date", ""), _DATE_FORMAT)
+        except ValueError:
+            raise _gateway_error(401, "APIGW.0301", "bad X-Sdk-Date") from None
+        if abs(datetime.now(UTC).replace(tzinfo=None) - when) > _MAX_CLOCK_SKEW:
+            raise _gateway_error(401, "APIGW.0301", "request expired")
+        lines = []
+        for name in signed:
+            value = headers.get(name)
+            if value is None:
+                raise _gateway_error(401, "APIGW.0301", f"signed header {name} missing")
+            lines.append(f"{name}:{value.encode('iso-8859-1').decode('utf-8').strip()}")
+        if not body:
+            payload_hash = _EMPTY_HASH
+        else:
+            payload_hash = headers.get("X-Sdk-Content-Sha256") or hashlib.sha256(body).hexdigest()
+        parts = urlsplit(target)
+        uri = "/".join(quote(p, safe="~") for p in unquote(parts.path).split("/"))
+        uri = uri if uri.endswith("/") else uri + "/"
+        query = "&".join(
+            f"{quote(k, safe='~')}={quote(v, safe='~')}"
+            for k, v in sorted(parse_qsl(parts.query, keep_blank_values=True))
+        )
+        canonical = "\n".join(
+            [method, uri, query, "\n".join(lines) + "\n", ";".join(signed), payload_hash]
+        )
+        to_sign = "\n".join(
+            [
+                _ALGORITHM,
+                when.strftime(_DATE_FORMAT),
+                hashlib.sha256(canonical.encode()).hexdigest(),
+            ]
+        )
+        expected = hmac.new(self.sk.encode(), to_sign.encode(), hashlib.sha256).hexdigest()
+        if not hmac.compare_digest(expected, signature):
+            raise _gateway_error(401, "APIGW.0301", "Incorrect IAM authentication information")
+
+    def handle(self, rec: Recorded) -> tuple[int, dict[str, Any] | None]:
+        with self._lock:
+            if self.faults.throttle_left > 0:
+                self.faults.throttle_left -= 1
+                raise _gateway_error(429, "APIGW.0308", "The throttling threshold has been reached")
+            path = rec.path
+            if rec.method == "GET" and path == "/v3/projects":
+                _only(rec.query, {"name"})
+                return 200, {"projects": [{"id": self.project_id, "name": rec.query["name"]}]}
+            m = re.fullmatch(r"/(v1|v1\.1)/([^/]+)/(.+)", path)
+            if not m:
+                raise _gateway_error(404, "APIGW.0101", "The API does not exist")
+            version, project, rest = m.groups()
+            if project != self.project_id or rec.headers.get("X-Project-Id") != project:
+                raise _ecs_error(400, "Ecs.0023", "The project ID in token does not match URL")
+            route = (rec.method, version, rest)
+            if route == ("POST", "v1.1", "cloudservers"):
+                return self._create(rec)
+            if route == ("GET", "v1", "cloudservers/detail"):
+                return self._list(rec.query)
+            if route == ("GET", "v1", "cloudservers/flavors"):
+                _only(rec.query, {"availability_zone"})
+                zone = rec.query.get("availability_zone")
+                if zone and zone not in ZONES:
+                    raise _invalid(f"unknown availability_zone {zone}")
+                return 200, {"flavors": list(FLAVORS)}
+            if route == ("POST", "v1", "cloudservers/action"):
+                return self._action(rec.body)
+            if route == ("POST", "v1", "cloudservers/delete"):
+                return self._delete(rec.body)
+            if rec.method == "GET" and (j := re.fullmatch(r"jobs/([^/]+)", rest)):
+                return self._job(j.group(1))
+            if s := re.fullmatch(r"cloudservers/([^/]+)(/metadata(?:/([^/]+))?)?", rest):
+                server_id, meta, key = s.groups()
+                server = self._server(server_id)
+                if rec.method == "GET" and not meta:
+                    return 200, {"server": self._detail(server)}
+                if rec.method == "POST" and meta and not key:
+                    return self._set_metadata(server, rec.body)
+                if rec.method == "DELETE" and key:
+                    if key not in server["metadata"]:
+                        raise _ecs_error(404, "Ecs.0114", f"metadata key {key} not found")
+                    del server["metadata"][key]
+                    return 204, None
+            raise _gateway_error(404, "APIGW.0101", "The API does not exist")
+
+    # -- ECS operations -------------------------------------------------------------------
+
+    def _create(self, rec: Recorded) -> tuple[int, dict[str, Any]]:
+        token = rec.headers.get("X-Client-Token")
+        if token is not None and not 0 < len(token) <= 64:
+            raise _invalid("X-Client-Token must be 1..64 characters")
+        if token in self._tokens:
+            job_id, ids = self._tokens[token]
+            return 200, {"job_id": job_id, "serverIds": ids}
+        body = rec.body
+        _only(body, {"server", "dry_run"})
+        server = _required(body, "server", dict)
+        _only(
+            server,
+            {
+                "imageRef",
+                "flavorRef",
+                "name",
+                "user_data",
+                "vpcid",
+                "nics",
+                "root_volume",
+                "security_groups",
+                "availability_zone",
+                "extendparam",
+                "metadata",
+                "server_tags",
+                "count",
+                "key_name",
+                "description",
+            },
+        )
+        for key in ("imageRef", "flavorRef", "name", "vpcid"):
+            _required(server, key, str)
+        flavor = server["flavorRef"]
+        if flavor not in {f["id"] for f in FLAVORS}:
+            raise _ecs_error(400, "Ecs.0029", f"Flavor [{flavor}] does not exist.")
+        nics = _required(server, "nics", list)
+        if not nics or any(set(n) != {"subnet_id"} for n in nics):
+            raise _invalid("nics must be [{subnet_id}]")
+        volume = _required(server, "root_volume", dict)
+        _only(volume, {"volumetype", "size"})
+        if volume.get("volumetype") not in ("SATA", "SAS", "SSD", "GPSSD", "ESSD"):
+            raise _invalid(f"root_volume.volumetype {volume.get('volumetype')!r}")
+        if not isinstance(volume.get("size"), int) or not 1 <= volume["size"] <= 1024:
+            raise _invalid("root_volume.size must be 1..1024")
+        for sg in server.get("security_groups", []):
+            if set(sg) != {"id"}:
+                raise _invalid("security_groups must be [{id}]")
+        zone = server.get("availability_zone", ZONES[0])
+        if zone not in ZONES:
+            raise _ecs_error(400, "Ecs.0005", f"availability_zone {zone} does not exist")
+        tags = {}
+        for tag in server.get("server_tags", []):
+            if set(tag) != {"key", "value"}:
+                raise _invalid("server_tags must be [{key, value}]")
+            tags[tag["key"]] = tag["value"]
+        if len(tags) > 10:
+            raise _invalid("at most 10 server_tags")
+        if "user_data" in server:
+            try:
+                raw = base64.b64decode(server["user_data"], validate=True)
+            except binascii.Error:
+                raise _invalid("user_data is not base64") from None
+            if len(raw) > 32 * 1024:
+                raise _invalid("user_data longer than 32 KB")
+        ext = _required(server, "extendparam", dict)
+        _only(ext, {"chargingMode", "marketType", "spotPrice", "regionID"})
+        if ext.get("chargingMode") not in ("postPaid", "prePaid", 0, 1):
+            raise _invalid(f"extendparam.chargingMode {ext.get('chargingMode')!r}")
+        spot = ext.get("marketType") == "spot"
+        if "marketType" in ext and not spot:
+            raise _invalid(f"extendparam.marketType {ext['marketType']!r}")
+        if "spotPrice" in ext and (not spot or not re.fullmatch(r"\d+(\.\d+)?", ext["spotPrice"])):
+            raise _invalid("extendparam.spotPrice needs marketType spot and a decimal string")
+        if server.get("count", 1) != 1:
+            raise _invalid("count must be 1 here")
+        if self.faults.sold_out.get(zone) == "sync":
+            raise _ecs_error(400, "Ecs.0319", "Check capacity: Capacity is not enough.")
+        alive = [s for s in self.servers.values() if s["status"] != "DELETED"]
+        if self.faults.max_servers is not None and len(alive) >= self.faults.max_servers:
+            raise _ecs_error(400, "Ecs.0001", "The number of ECSs is beyond the quota limit.")
+        created = self._new_server(server["name"], flavor, zone, tags, spot=spot)
+        created["metadata"].update(server.get("metadata", {}))
+        sid = created["id"]
+        fail = None
+        if self.faults.sold_out.get(zone) == "job":
+            fail = (
+                "Ecs.0319",
+                f"Check capacity: Capacity is not enough. flavor {flavor} in {zone}",
+            )
+        job = self._new_job("createServer", [sid], lambda: created.update(status="ACTIVE"), fail)
+        if token is not None:
+            self._tokens[token] = (job.id, [sid])
+        return 200, {"job_id": job.id, "serverIds": [sid]}
+
+    def _new_server(
+        self, name: str, flavor: str, zone: str, tags: dict[str, str], *, spot: bool
+    ) -> dict[str, Any]:
+        sid = str(uuid.uuid4())
+        now = datetime.now(UTC)
+        self.servers[sid] = server = {
+            "id": sid,
+            "name": name,
+            "flavor": flavor,
+            "zone": zone,
+            "status": "BUILD",
+            "task_state": "",
+            "tags": dict(tags),
+            "metadata": {"charging_mode": "2" if spot else "0", "vpc_id": "vpc"},
+            "ip": f"192.168.0.{len(self.servers) + 10}",
+            "created": now.strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "launched_at": now.strftime("%Y-%m-%dT%H:%M:%S.000000"),
+        }
+        return server
+
+    def _new_job(
+        self,
+        job_type: str,
+        server_ids: list[str],
+        finish: Callable[[], None],
+        fail: tuple[str, str] | None = None,
+    ) -> _Job:
+        job = _Job(uuid.uuid4().hex, job_type, server_ids, finish, self.faults.job_polls, fail)
+        self._jobs[job.id] = job
+        return job
+
+    def _job(self, job_id: str) -> tuple[int, dict[str, Any]]:
+        job = self._jobs.get(job_id)
+        if job is None:
+            raise _ecs_error(404, "Ecs.0000", f"job {job_id} not found")
+        if job.status == "RUNNING":
+            if job.polls_left > 0:
+                job.polls_left -= 1
+            elif job.fail:
+                job.status = "FAIL"
+                for sid in job.server_ids:  # ECS rolls a failed creation back
+                    self.servers.pop(sid, None)
+            else:
+                job.status = "SUCCESS"
+                job.finish()
+        code, reason = job.fail if job.status == "FAIL" else (None, None)
+        sub_jobs = [
+            {
+                "status": job.status,
+                "job_id": uuid.uuid5(uuid.NAMESPACE_OID, job.id + sid).hex,
+                "job_type": job.type,
+                "entities": {"server_id": sid},
+                "error_code": code,
+                "fail_reason": reason,
+            }
+            for sid in job.server_ids
+        ]
+        return 200, {
+            "job_id": job.id,
+            "job_type": job.type,
+            "status": job.status,
+            "entities": {"sub_jobs_total": len(sub_jobs), "sub_jobs": sub_jobs},
+            "error_code": code,
+            "fail_reason": reason,
+            "begin_time": "2026-11-30T10:00:00.000Z",
+            "end_time": "" if job.status == "RUNNING" else "2026-11-30T10:01:00.000Z",
+        }
+
+    def _action(self, body: Any) -> tuple[int, dict[str, Any]]:
+        if (
+            not isinstance(body, dict)
+            or len(body) != 1
+            or next(iter(body))
+            not in (
+                "os-start",
+                "os-stop",
+            )
+        ):
+            raise _invalid("expected exactly one of os-start, os-stop")
+        action, opts = next(iter(body.items()))
+        if action == "os-stop":
+            _only(opts, {"servers", "type"})
+            if opts.get("type", "SOFT") not in ("SOFT", "HARD"):
+                raise _invalid(f"os-stop.type {opts.get('type')!r}")
+        else:
+            _only(opts, {"servers"})
+        servers = [self._server(sid) for sid in _server_ids(opts)]
+        status = "SHUTOFF" if action == "os-stop" else "ACTIVE"
+        for s in servers:
+            s["task_state"] = "powering-off" if action == "os-stop" else "powering-on"
+
+        def finish() -> None:
+            for s in servers:
+                s.update(status=status, task_state="")
+
+        job = self._new_job(
+            "batchStopServers" if action == "os-stop" else "batchStartServers",
+            [s["id"] for s in servers],
+            finish,
+        )
+        return 200, {"job_id": job.id}
+
+    def _delete(self, body: Any) -> tuple[int, dict[str, Any]]:
+        _only(body, {"servers", "delete_volume", "delete_publicip"})
+        if not isinstance(body.get("delete_volume", False), bool):
+            raise _invalid("delete_volume must be a boolean")
+        servers = [self._server(sid) for sid in _server_ids(body)]
+
+        def finish() -> None:
+            for s in servers:
+                s["status"] = "DELETED"
+
+        job = self._new_job("deleteServers", [s["id"] for s in servers], finish)
+        return 200, {"job_id": job.id}
+
+    def _set_metadata(self, server: dict[str, Any], body: Any) -> tuple[int, dict[str, Any]]:
+        _only(body, {"metadata"})
+        meta = _required(body, "metadata", dict)
+        if not all(isinstance(k, str) and isinstance(v, str) for k, v in meta.items()):
+            raise _invalid("metadata must map strings to strings")
+        server["metadata"].update(meta)
+        return 200, {"metadata": dict(server["metadata"])}
+
+    def _list(self, query: dict[str, str]) -> tuple[int, dict[str, Any]]:
+        _only(query, {"tags", "limit", "offset"})
+        try:
+            limit = int(query.get("limit", 25))
+            page = max(int(query.get("offset", 1)), 1)
+        except ValueError:
+            raise _invalid("limit and offset must be integers") from None
+        if not 1 <= limit <= 1000:
+            raise _invalid("limit must be 1..1000")
+        wanted = query.get("tags")
+        matched = [
+            s
+            for s in self.servers.values()
+            if s["status"] != "DELETED"
+            and (wanted is None or wanted in (f"{k}={v}" for k, v in s["tags"].items()))
+        ]
+        rows = matched[(page - 1) * limit : page * limit]
+        return 200, {"count": len(matched), "servers": [self._detail(s) for s in rows]}
+
+    def _server(self, sid: str) -> dict[str, Any]:
+        server = self.servers.get(sid)
+        if server is None:
+            raise _ecs_error(404, "Ecs.0114", f"Instance[{sid}] could not be found.")
+        return server
+
+    def _detail(self, s: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "id": s["id"],
+            "name": s["name"],
+            "status": s["status"],
+            "OS-EXT-STS:task_state": s["task_state"],
+            "OS-EXT-STS:vm_state": s["status"].lower(),
+            "OS-EXT-AZ:availability_zone": s["zone"],
+            "flavor": {"id": s["flavor"], "name": s["flavor"], "vcpus": "8", "ram": "32768"},
+            "addresses": {"vpc": [{"addr": s["ip"], "version": 4, "OS-EXT-IPS:type": "fixed"}]},
+            "metadata": dict(s["metadata"]),
+            "tags": [f"{k}={v}" for k, v in s["tags"].items()],
+            "created": s["created"],
+            "OS-SRV-USG:launched_at": s["launched_at"],
+            "tenant_id": self.project_id,
+        }
+
+
+def _only(obj: Any, allowed: set[str]) -> None:
+    if not isinstance(obj, dict):
+        raise _invalid(f"expected an object, got {type(obj).__name__}")
+    unknown = set(obj) - allowed
+    if unknown:
+        raise _invalid(f"unknown field(s) {', '.join(sorted(unknown))}")
+
+
+def _required(obj: dict[str, Any], key: str, kind: type) -> Any:
+    if not isinstance(obj.get(key), kind):
+        raise _invalid(f"{key} is required ({kind.__name__})")
+    return obj[key]
+
+
+def _server_ids(opts: dict[str, Any]) -> list[str]:
+    servers = _required(opts, "servers", list)
+    if not servers or any(not isinstance(s, dict) or set(s) != {"id"} for s in servers):
+        raise _invalid("servers must be [{id}]")
+    return [s["id"] for s in servers]
+
+
+class _Handler(BaseHTTPRequestHandler):
+    owner: EcsEmulator
+    protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True  # headers and body go out in two writes
+
+    def log_message(self, format: str, *args: Any) -> None:  # keep test output clean
+        pass
+
+    def _serve(self) -> None:
+        emu = self.owner
+        length = int(self.headers.get("Content-Length") or 0)
+        raw = self.rfile.read(length) if length else b""
+        parts = urlsplit(self.path)
+        rec = Recorded(
+            method=self.command,
+            path=parts.path,
+            query=dict(parse_qsl(parts.query, keep_blank_values=True)),
+            headers={k: v for k, v in self.headers.items()},
+            body=None,
+        )
+        emu.requests.append(rec)
+        try:
+            emu.verify_signature(self.command, self.path, self.headers, raw)
+            if raw:
+                try:
+                    rec.body = json.loads(raw)
+                except ValueError:
+                    raise _invalid("body is not JSON") from None
+            status, body = emu.handle(rec)
+        except _Reject as rej:
+            status, body = rej.status, rej.body
+        rec.status = status
+        is_create = (self.command, parts.path) == ("POST", f"/v1.1/{emu.project_id}/cloudservers")
+        if is_create and status == 200 and emu.faults.drop_create_responses > 0:
+            emu.faults.drop_create_responses -= 1
+            self.close_connection = True  # the server was made; the answer is lost
+            return
+        data = b"" if body is None else json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("X-Request-Id", uuid.uuid4().hex)
+        if body is not None:
+            self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    do_GET = do_POST = do_DELETE = do_PUT = _serve

@@ -1,0 +1,721 @@
+"""A Yandex Cloud API emulator: a gRPC server with TLS on loopback that implements the SDK's own
+generated servicers (ApiEndpoint, IamToken, Instance, Operation, Image, VPC Subnet, billing
+Sku), so ``yandexcloud.SDK(iam_token=…, endpoint="localhost:PORT", root_certificates=pem)``
+runs unmodified against it.
+
+Control surface for tests: ``capacity_exhausted`` (zones), ``quota_message``, ``throttle(n)``,
+``lose_responses(method, n)``, ``slow_polls``, ``preempt(id)``, ``add_instance(...)``,
+``page_size_cap``; ``calls(method)`` gives what went on the wire (request + metadata).
+Requests are checked strictly: a malformed one gets INVALID_ARGUMENT and is kept in ``rejected``.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import ipaddress
+import itertools
+import re
+import threading
+import zlib
+from concurrent import futures
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+import jwt
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+from google.protobuf import empty_pb2
+from google.protobuf.message import Message
+from google.protobuf.timestamp_pb2 import Timestamp
+from google.rpc import status_pb2
+from yandex.cloud.billing.v1 import sku_pb2, sku_service_pb2, sku_service_pb2_grpc
+from yandex.cloud.compute.v1 import image_pb2, image_service_pb2_grpc, instance_pb2
+from yandex.cloud.compute.v1 import instance_service_pb2 as isvc
+from yandex.cloud.compute.v1 import instance_service_pb2_grpc as isvc_grpc
+from yandex.cloud.endpoint import (
+    api_endpoint_pb2,
+    api_endpoint_service_pb2,
+    api_endpoint_service_pb2_grpc,
+)
+from yandex.cloud.iam.v1 import iam_token_service_pb2, iam_token_service_pb2_grpc
+from yandex.cloud.operation import operation_pb2, operation_service_pb2_grpc
+from yandex.cloud.vpc.v1 import subnet_pb2, subnet_service_pb2, subnet_service_pb2_grpc
+
+FOLDER = "b1gemulatorfolder001"
+IAM_TOKEN = "t1.emulator-iam-token"
+ZONES = ("ru-central1-a", "ru-central1-b", "ru-central1-d", "ru-central1-e")
+GIB = 1 << 30
+# Platform → allowed (gpus, cores, memory GB); what the real API refuses, this refuses.
+SHAPES = {
+    "gpu-standard-v1": {(1, 8, 96), (2, 16, 192), (4, 32, 384)},
+    "gpu-standard-v2": {(1, 8, 48), (2, 16, 96), (4, 32, 192), (8, 64, 384)},
+    "gpu-standard-v3": {(1, 28, 119), (2, 56, 238), (4, 112, 476), (8, 224, 952)},
+    "gpu-standard-v3i": {(1, 18, 144), (2, 36, 288), (4, 72, 576), (8, 180, 1440)},
+    "gpu-standard-v4": {(1, 22, 220), (2, 44, 440), (4, 88, 880), (8, 180, 1800)},
+    "standard-v3-t4": {(1, 4, 16), (1, 8, 32), (1, 16, 64), (1, 32, 128)},
+    "standard-v3-t4i": {(1, 4, 16), (1, 8, 32), (1, 16, 64), (1, 32, 128)},
+    "standard-v3": {(0, 2, 2), (0, 2, 4)},  # a small CPU VM for machines made "by hand"
+}
+_NAME = re.compile(r"[a-z]([-a-z0-9]{0,61}[a-z0-9])?")
+_LABEL_KEY = re.compile(r"[a-z][-_./\\@0-9a-z]{0,62}")
+_LABEL_VALUE = re.compile(r"[-_./\\@0-9a-z]{0,63}")
+
+
+def self_signed_localhost() -> tuple[bytes, bytes]:
+    """(certificate PEM, key PEM) for localhost and 127.0.0.1, valid for a day."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")])
+    now = dt.datetime.now(dt.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(minutes=5))
+        .not_valid_after(now + dt.timedelta(days=1))
+        .add_extension(
+            x509.SubjectAlternativeName(
+                [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
+            ),
+            critical=False,
+        )
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(key, hashes.SHA256())
+    )
+    key_pem = key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption(),
+    )
+    return cert.public_bytes(serialization.Encoding.PEM), key_pem
+
+
+@dataclass
+class Call:
+    method: str  # "<Service>.<Method>", e.g. "InstanceService.Create"
+    request: Message
+    metadata: dict[str, str]
+
+
+@dataclass
+class _Op:
+    pb: operation_pb2.Operation
+    instance_id: str
+    polls_left: int
+    finish: Any  # () -> None, applied once when the operation completes
+
+
+@dataclass
+class _Throttle:
+    remaining: int
+    code: grpc.StatusCode
+    message: str
+    methods: set[str] | None
+
+
+@dataclass
+class YandexEmulator:
+    cert_pem: bytes
+    key_pem: bytes
+    tokens: set[str] = field(default_factory=lambda: {IAM_TOKEN})
+    oauth_tokens: set[str] = field(default_factory=set)
+    service_account_keys: dict[str, tuple[str, bytes]] = field(default_factory=dict)
+    subnets: dict[str, str] = field(
+        default_factory=lambda: {z: f"e9bsubnet{z[-1]}0000000000" for z in ZONES}
+    )
+    images: dict[tuple[str, str], str] = field(
+        default_factory=lambda: {("standard-images", "ubuntu-2004-lts-gpu"): "fd8gpuimage000000001"}
+    )
+    skus: list[sku_pb2.Sku] = field(default_factory=list)
+    page_size_cap: int = 1000
+    capacity_exhausted: set[str] = field(default_factory=set)
+    quota_message: str | None = None
+    slow_polls: int = 0
+    requests: list[Call] = field(default_factory=list)
+    rejected: list[tuple[str, str]] = field(default_factory=list)
+    instances: dict[str, instance_pb2.Instance] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self._lock = threading.RLock()
+        self._ops: dict[str, _Op] = {}
+        self._by_key: dict[str, str] = {}
+        self._throttles: list[_Throttle] = []
+        self._lose: dict[str, int] = {}
+        self._ids = itertools.count(1)
+        self._clock = dt.datetime(2026, 11, 30, 9, 0, tzinfo=dt.UTC)
+        self._server: grpc.Server | None = None
+        self.port = 0
+
+    # --- lifecycle -----------------------------------------------------------------------------
+
+    def start(self) -> YandexEmulator:
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
+        creds = grpc.ssl_server_credentials([(self.key_pem, self.cert_pem)])
+        self.port = server.add_secure_port("localhost:0", creds)
+        api_endpoint_service_pb2_grpc.add_ApiEndpointServiceServicer_to_server(
+            _Endpoints(self), server
+        )
+        iam_token_service_pb2_grpc.add_IamTokenServiceServicer_to_server(_Iam(self), server)
+        isvc_grpc.add_InstanceServiceServicer_to_server(_Instances(self), server)
+        operation_service_pb2_grpc.add_OperationServiceServicer_to_server(_Operations(self), server)
+        image_service_pb2_grpc.add_ImageServiceServicer_to_server(_Images(self), server)
+        subnet_service_pb2_grpc.add_SubnetServiceServicer_to_server(_Subnets(self), server)
+        sku_service_pb2_grpc.add_SkuServiceServicer_to_server(_Skus(self), server)
+        server.start()
+        self._server = server
+        return self
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.stop(grace=None)
+
+    @property
+    def endpoint(self) -> str:
+        return f"localhost:{self.port}"
+
+    # --- control surface -----------------------------------------------------------------------
+
+    def throttle(
+        self,
+        n: int,
+        code: grpc.StatusCode = grpc.StatusCode.RESOURCE_EXHAUSTED,
+        message: str = "Request rate limit exceeded, try again later",
+        methods: set[str] | None = None,
+    ) -> None:
+        """The next ``n`` authenticated calls (of ``methods``, default all) fail."""
+        self._throttles.append(_Throttle(n, code, message, methods))
+
+    def lose_responses(self, method: str, n: int = 1) -> None:
+        """Carry out the next ``n`` calls of ``method`` but answer UNAVAILABLE, as when the
+        response is lost on the way back."""
+        self._lose[method] = n
+
+    def preempt(self, instance_id: str, *, record_operation: bool = True) -> None:
+        """Yandex takes a preemptible machine back: it goes STOPPED, and (by default) a
+        PreemptInstance operation is recorded in its history."""
+        with self._lock:
+            inst = self.instances[instance_id]
+            assert inst.scheduling_policy.preemptible, "only preemptible VMs are preempted"
+            inst.status = instance_pb2.Instance.STOPPED
+            if record_operation:
+                op = self._new_op(
+                    "Preempt instance",
+                    isvc.PreemptInstanceMetadata(instance_id=instance_id),
+                    instance_id,
+                    created_by="",
+                )
+                op.pb.done = True
+
+    def add_instance(
+        self,
+        name: str,
+        labels: dict[str, str],
+        zone: str = "ru-central1-a",
+        preemptible: bool = False,
+    ) -> str:
+        """A machine made outside provisioner (console, terraform), RUNNING."""
+        with self._lock:
+            inst = self._instance(
+                name=name,
+                zone=zone,
+                labels=labels,
+                platform="standard-v3",
+                resources=instance_pb2.Resources(memory=2 * GIB, cores=2, core_fraction=100),
+                preemptible=preemptible,
+                subnet=self.subnets[zone],
+                metadata={},
+            )
+            inst.status = instance_pb2.Instance.RUNNING
+            return inst.id
+
+    def calls(self, method: str) -> list[Call]:
+        return [c for c in self.requests if c.method == method]
+
+    # --- plumbing used by the servicers --------------------------------------------------------
+
+    def begin(self, method: str, request: Message, context: grpc.ServicerContext) -> None:
+        """Record the call, check its credentials, apply throttling."""
+        metadata = dict(context.invocation_metadata())
+        with self._lock:
+            self.requests.append(Call(method, _copy(request), metadata))
+            if method.startswith(("ApiEndpointService.", "IamTokenService.")):
+                return  # these two are called without a token, as on the real API
+            auth = metadata.get("authorization", "")
+            if not auth.startswith("Bearer "):
+                context.abort(grpc.StatusCode.UNAUTHENTICATED, "Authorization header is missing")
+            if auth.removeprefix("Bearer ") not in self.tokens:
+                context.abort(grpc.StatusCode.UNAUTHENTICATED, "The token is invalid")
+            for t in self._throttles:
+                if t.remaining > 0 and (t.methods is None or method in t.methods):
+                    t.remaining -= 1
+                    context.abort(t.code, t.message)
+
+    def reply(self, method: str, response: Message, context: grpc.ServicerContext) -> Message:
+        with self._lock:
+            if self._lose.get(method, 0) > 0:
+                self._lose[method] -= 1
+                context.abort(grpc.StatusCode.UNAVAILABLE, "Connection reset by peer")
+        return response
+
+    def invalid(self, method: str, context: grpc.ServicerContext, message: str) -> None:
+        self.rejected.append((method, message))
+        context.abort(grpc.StatusCode.INVALID_ARGUMENT, message)
+
+    def new_id(self, prefix: str) -> str:
+        return f"{prefix}{next(self._ids):017d}"
+
+    def now(self) -> Timestamp:
+        self._clock += dt.timedelta(seconds=1)  # strictly increasing: history has an order
+        ts = Timestamp()
+        ts.FromDatetime(self._clock)
+        return ts
+
+    def _instance(
+        self, *, name, zone, labels, platform, resources, preemptible, subnet, metadata
+    ) -> instance_pb2.Instance:
+        n = next(self._ids)
+        inst = instance_pb2.Instance(
+            id=f"fhm{n:017d}",
+            folder_id=FOLDER,
+            created_at=self.now(),
+            name=name,
+            labels=labels,
+            zone_id=zone,
+            platform_id=platform,
+            resources=resources,
+            status=instance_pb2.Instance.PROVISIONING,
+            metadata=metadata,
+            scheduling_policy=instance_pb2.SchedulingPolicy(preemptible=preemptible),
+            network_interfaces=[
+                instance_pb2.NetworkInterface(
+                    index="0",
+                    subnet_id=subnet,
+                    primary_v4_address=instance_pb2.PrimaryAddress(address=f"10.0.0.{n % 250}"),
+                )
+            ],
+        )
+        self.instances[inst.id] = inst
+        return inst
+
+    def _new_op(
+        self,
+        description: str,
+        meta: Message,
+        instance_id: str,
+        *,
+        created_by: str = "ajeemulatoruser00001",
+        finish: Any = None,
+    ) -> _Op:
+        pb = operation_pb2.Operation(
+            id=self.new_id("fhmop"),
+            description=description,
+            created_at=self.now(),
+            created_by=created_by,
+            done=False,
+        )
+        pb.modified_at.CopyFrom(pb.created_at)
+        pb.metadata.Pack(meta)
+        op = _Op(pb, instance_id, self.slow_polls, finish or (lambda: None))
+        self._ops[pb.id] = op
+        return op
+
+    def _poll(self, op_id: str) -> operation_pb2.Operation | None:
+        with self._lock:
+            op = self._ops.get(op_id)
+            if op is None:
+                return None
+            if not op.pb.done:
+                if op.polls_left > 0:
+                    op.polls_left -= 1
+                else:
+                    op.finish()
+                    op.pb.done = True
+                    op.pb.modified_at.CopyFrom(self.now())
+            return _copy(op.pb)
+
+
+def _copy(message: Message) -> Any:
+    out = type(message)()
+    out.CopyFrom(message)
+    return out
+
+
+def _page(items: list, page_size: int, token: str, cap: int) -> tuple[list, str]:
+    start = int(token or 0)
+    size = min(page_size or 100, cap)
+    end = start + size
+    return items[start:end], (str(end) if end < len(items) else "")
+
+
+class _Endpoints(api_endpoint_service_pb2_grpc.ApiEndpointServiceServicer):
+    IDS = ("compute", "operation", "iam", "billing", "vpc", "resource-manager", "endpoint")
+
+    def __init__(self, emu: YandexEmulator) -> None:
+        self.emu = emu
+
+    def List(self, request, context):
+        self.emu.begin("ApiEndpointService.List", request, context)
+        return api_endpoint_service_pb2.ListApiEndpointsResponse(
+            endpoints=[
+                api_endpoint_pb2.ApiEndpoint(id=i, address=self.emu.endpoint) for i in self.IDS
+            ]
+        )
+
+    def Get(self, request, context):
+        self.emu.begin("ApiEndpointService.Get", request, context)
+        if request.api_endpoint_id not in self.IDS:
+            context.abort(grpc.StatusCode.NOT_FOUND, "endpoint not found")
+        return api_endpoint_pb2.ApiEndpoint(id=request.api_endpoint_id, address=self.emu.endpoint)
+
+
+class _Iam(iam_token_service_pb2_grpc.IamTokenServiceServicer):
+    """OAuth token or service-account JWT (PS256, verified against the registered key) →
+    a fresh IAM token that the other services then accept."""
+
+    def __init__(self, emu: YandexEmulator) -> None:
+        self.emu = emu
+
+    def Create(self, request, context):
+        emu = self.emu
+        emu.begin("IamTokenService.Create", request, context)
+        kind = request.WhichOneof("identity")
+        if kind == "yandex_passport_oauth_token":
+            if request.yandex_passport_oauth_token not in emu.oauth_tokens:
+                context.abort(grpc.StatusCode.UNAUTHENTICATED, "OAuth token is invalid")
+        elif kind == "jwt":
+            try:
+                key_id = jwt.get_unverified_header(request.jwt)["kid"]
+                sa_id, public_pem = emu.service_account_keys[key_id]
+                claims = jwt.decode(
+                    request.jwt, public_pem, algorithms=["PS256"], options={"verify_aud": False}
+                )
+                assert claims["iss"] == sa_id
+            except (KeyError, AssertionError, jwt.PyJWTError) as exc:
+                context.abort(grpc.StatusCode.UNAUTHENTICATED, f"JWT is invalid: {exc!r}")
+        else:
+            emu.invalid("IamTokenService.Create", context, "identity is required")
+        token = emu.new_id("t1.issued-")
+        emu.tokens.add(token)
+        return iam_token_service_pb2.CreateIamTokenResponse(iam_token=token)
+
+
+class _Instances(isvc_grpc.InstanceServiceServicer):
+    def __init__(self, emu: YandexEmulator) -> None:
+        self.emu = emu
+
+    def _find(self, instance_id: str, context) -> instance_pb2.Instance:
+        inst = self.emu.instances.get(instance_id)
+        if inst is None:
+            context.abort(grpc.StatusCode.NOT_FOUND, f"Instance {instance_id} not found")
+        return inst
+
+    def Get(self, request, context):
+        self.emu.begin("InstanceService.Get", request, context)
+        with self.emu._lock:
+            return _copy(self._find(request.instance_id, context))
+
+    def List(self, request, context):
+        emu = self.emu
+        emu.begin("InstanceService.List", request, context)
+        if request.folder_id != FOLDER:
+            context.abort(grpc.StatusCode.PERMISSION_DENIED, f"folder {request.folder_id}")
+        if request.filter:
+            emu.invalid("InstanceService.List", context, "filter is not supported here")
+        with emu._lock:
+            items = [_copy(i) for i in emu.instances.values()]
+        page, token = _page(items, request.page_size, request.page_token, emu.page_size_cap)
+        return isvc.ListInstancesResponse(instances=page, next_page_token=token)
+
+    def ListOperations(self, request, context):
+        emu = self.emu
+        emu.begin("InstanceService.ListOperations", request, context)
+        with emu._lock:
+            self._find(request.instance_id, context)
+            ops = [
+                _copy(o.pb)
+                for o in reversed(emu._ops.values())
+                if o.instance_id == request.instance_id
+            ]
+        page, token = _page(ops, request.page_size, request.page_token, emu.page_size_cap)
+        return isvc.ListInstanceOperationsResponse(operations=page, next_page_token=token)
+
+    def Create(self, request, context):
+        emu = self.emu
+        method = "InstanceService.Create"
+        emu.begin(method, request, context)
+        problem = _create_problem(emu, request)
+        if problem:
+            emu.invalid(method, context, problem)
+        key = dict(context.invocation_metadata()).get("idempotency-key")
+        with emu._lock:
+            if key and key in emu._by_key:
+                return emu.reply(method, _copy(emu._ops[emu._by_key[key]].pb), context)
+            if emu.quota_message:
+                context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, emu.quota_message)
+            if any(i.name == request.name for i in emu.instances.values()):
+                context.abort(
+                    grpc.StatusCode.ALREADY_EXISTS,
+                    f"Instance with name {request.name} already exists",
+                )
+            spec = request.network_interface_specs[0]
+            inst = emu._instance(
+                name=request.name,
+                zone=request.zone_id,
+                labels=dict(request.labels),
+                platform=request.platform_id,
+                resources=instance_pb2.Resources(
+                    memory=request.resources_spec.memory,
+                    cores=request.resources_spec.cores,
+                    core_fraction=request.resources_spec.core_fraction,
+                    gpus=request.resources_spec.gpus,
+                ),
+                preemptible=request.scheduling_policy.preemptible,
+                subnet=spec.subnet_id,
+                metadata=dict(request.metadata),
+            )
+            out_of_stock = request.zone_id in emu.capacity_exhausted
+
+            def finish() -> None:
+                if out_of_stock:
+                    del emu.instances[inst.id]
+                    op.pb.error.CopyFrom(
+                        status_pb2.Status(
+                            code=grpc.StatusCode.RESOURCE_EXHAUSTED.value[0],
+                            message=f"Insufficient resources in zone {request.zone_id} to allocate "
+                            f"{request.resources_spec.gpus} GPU(s) of platform "
+                            f"{request.platform_id}",
+                        )
+                    )
+                    return
+                inst.status = instance_pb2.Instance.RUNNING
+                if spec.primary_v4_address_spec.HasField("one_to_one_nat_spec"):
+                    nat = inst.network_interfaces[0].primary_v4_address.one_to_one_nat
+                    nat.address = f"51.250.0.{int(inst.id[-3:]) % 250}"
+                op.pb.response.Pack(inst)
+
+            op = emu._new_op(
+                "Create instance",
+                isvc.CreateInstanceMetadata(instance_id=inst.id),
+                inst.id,
+                finish=finish,
+            )
+            if key:
+                emu._by_key[key] = op.pb.id
+            return emu.reply(method, _copy(op.pb), context)
+
+    def _transition(
+        self,
+        method: str,
+        request,
+        context,
+        *,
+        allowed,
+        during,
+        after,
+        meta: Message,
+        description: str,
+        response: str,
+    ):
+        emu = self.emu
+        emu.begin(method, request, context)
+        key = dict(context.invocation_metadata()).get("idempotency-key")
+        with emu._lock:
+            if key and key in emu._by_key:
+                return emu.reply(method, _copy(emu._ops[emu._by_key[key]].pb), context)
+            inst = self._find(request.instance_id, context)
+            if inst.status not in allowed:
+                context.abort(
+                    grpc.StatusCode.FAILED_PRECONDITION,
+                    f"Instance {inst.id} is {instance_pb2.Instance.Status.Name(inst.status)}",
+                )
+            inst.status = during
+
+            def finish() -> None:
+                if after is None:
+                    emu.instances.pop(inst.id, None)
+                    op.pb.response.Pack(empty_pb2.Empty())
+                    return
+                inst.status = after
+                op.pb.response.Pack(inst if response == "instance" else empty_pb2.Empty())
+
+            op = emu._new_op(description, meta, inst.id, finish=finish)
+            if key:
+                emu._by_key[key] = op.pb.id
+            return emu.reply(method, _copy(op.pb), context)
+
+    def Stop(self, request, context):
+        s = instance_pb2.Instance
+        return self._transition(
+            "InstanceService.Stop",
+            request,
+            context,
+            allowed={s.RUNNING},
+            during=s.STOPPING,
+            after=s.STOPPED,
+            meta=isvc.StopInstanceMetadata(instance_id=request.instance_id),
+            description="Stop instance",
+            response="empty",
+        )
+
+    def Start(self, request, context):
+        s = instance_pb2.Instance
+        return self._transition(
+            "InstanceService.Start",
+            request,
+            context,
+            allowed={s.STOPPED},
+            during=s.STARTING,
+            after=s.RUNNING,
+            meta=isvc.StartInstanceMetadata(instance_id=request.instance_id),
+            description="Start instance",
+            response="instance",
+        )
+
+    def Delete(self, request, context):
+        s = instance_pb2.Instance
+        return self._transition(
+            "InstanceService.Delete",
+            request,
+            context,
+            allowed={s.RUNNING, s.STOPPED, s.ERROR, s.CRASHED},
+            during=s.DELETING,
+            after=None,
+            meta=isvc.DeleteInstanceMetadata(instance_id=request.instance_id),
+            description="Delete instance",
+            response="empty",
+        )
+
+
+def _create_problem(emu: YandexEmulator, r: isvc.CreateInstanceRequest) -> str | None:
+    """What the real API would refuse in a CreateInstanceRequest, or None."""
+    res = r.resources_spec
+    shape = (res.gpus, res.cores, res.memory // GIB)
+    disk = r.boot_disk_spec.disk_spec
+    nics = r.network_interface_specs
+    checks = [
+        (r.folder_id == FOLDER, f"folder_id {r.folder_id!r} is unknown"),
+        (bool(_NAME.fullmatch(r.name)), f"name {r.name!r} is invalid"),
+        (r.zone_id in ZONES, f"zone_id {r.zone_id!r} is unknown"),
+        (r.platform_id in SHAPES, f"platform_id {r.platform_id!r} is unknown"),
+        (res.memory % GIB == 0, "memory must be a whole number of GB"),
+        (shape in SHAPES.get(r.platform_id, ()), f"{shape} is not allowed on {r.platform_id}"),
+        (res.core_fraction == 100, "GPU platforms need core_fraction 100"),
+        (len(r.labels) <= 64, "at most 64 labels"),
+        (all(_LABEL_KEY.fullmatch(k) for k in r.labels), f"bad label key in {dict(r.labels)}"),
+        (
+            all(_LABEL_VALUE.fullmatch(v) for v in r.labels.values()),
+            f"bad label value in {dict(r.labels)}",
+        ),
+        (
+            r.HasField("boot_disk_spec") and r.boot_disk_spec.HasField("disk_spec"),
+            "boot_disk_spec.disk_spec is required",
+        ),
+        (disk.image_id in emu.images.values(), f"image {disk.image_id!r} not found"),
+        (disk.size >= 20 * GIB and disk.size % GIB == 0, f"disk size {disk.size} is invalid"),
+        (len(nics) == 1, "exactly one network interface expected"),
+        (
+            bool(nics) and emu.subnets.get(r.zone_id) == nics[0].subnet_id,
+            f"subnet {nics[0].subnet_id if nics else ''!r} is not in zone {r.zone_id}",
+        ),
+        (
+            sum(len(k) + len(v) for k, v in r.metadata.items()) <= 256 * 1024,
+            "metadata is over 256 KB",
+        ),
+    ]
+    return next((msg for ok, msg in checks if not ok), None)
+
+
+class _Operations(operation_service_pb2_grpc.OperationServiceServicer):
+    def __init__(self, emu: YandexEmulator) -> None:
+        self.emu = emu
+
+    def Get(self, request, context):
+        self.emu.begin("OperationService.Get", request, context)
+        op = self.emu._poll(request.operation_id)
+        if op is None:
+            context.abort(grpc.StatusCode.NOT_FOUND, f"Operation {request.operation_id} not found")
+        return op
+
+
+class _Images(image_service_pb2_grpc.ImageServiceServicer):
+    def __init__(self, emu: YandexEmulator) -> None:
+        self.emu = emu
+
+    def GetLatestByFamily(self, request, context):
+        self.emu.begin("ImageService.GetLatestByFamily", request, context)
+        image_id = self.emu.images.get((request.folder_id, request.family))
+        if image_id is None:
+            context.abort(
+                grpc.StatusCode.NOT_FOUND,
+                f"Image family {request.family} not found in {request.folder_id}",
+            )
+        return image_pb2.Image(
+            id=image_id,
+            folder_id=request.folder_id,
+            family=request.family,
+            status=image_pb2.Image.READY,
+        )
+
+
+class _Subnets(subnet_service_pb2_grpc.SubnetServiceServicer):
+    def __init__(self, emu: YandexEmulator) -> None:
+        self.emu = emu
+
+    def List(self, request, context):
+        emu = self.emu
+        emu.begin("SubnetService.List", request, context)
+        if request.folder_id != FOLDER:
+            context.abort(grpc.StatusCode.PERMISSION_DENIED, f"folder {request.folder_id}")
+        items = [
+            subnet_pb2.Subnet(id=s, folder_id=FOLDER, zone_id=z, network_id="enpnet0001")
+            for z, s in sorted(emu.subnets.items())
+        ]
+        page, token = _page(items, request.page_size, request.page_token, emu.page_size_cap)
+        return subnet_service_pb2.ListSubnetsResponse(subnets=page, next_page_token=token)
+
+
+class _Skus(sku_service_pb2_grpc.SkuServiceServicer):
+    def __init__(self, emu: YandexEmulator) -> None:
+        self.emu = emu
+
+    def List(self, request, context):
+        emu = self.emu
+        emu.begin("SkuService.List", request, context)
+        if request.currency not in ("RUB", "USD", "KZT"):
+            emu.invalid("SkuService.List", context, "currency must be RUB/USD/KZT")
+        page, token = _page(emu.skus, request.page_size, request.page_token, emu.page_size_cap)
+        return sku_service_pb2.ListSkusResponse(skus=page, next_page_token=token)
+
+
+def sku(name: str, versions: list[tuple[dt.datetime, str]], currency: str = "RUB") -> sku_pb2.Sku:
+    """A fixture SKU in the billing API's shape: street-price versions (effective from, unit
+    price), each with one rate tier starting at zero."""
+    out = sku_pb2.Sku(
+        id=f"dn2{zlib.crc32(name.encode()):017d}",
+        name=name,
+        service_id="dn22pas77ftg9h3f2djj",
+        pricing_unit="unit*hour",
+    )
+    for when, price in versions:
+        ts = Timestamp()
+        ts.FromDatetime(when)
+        out.pricing_versions.append(
+            sku_pb2.PricingVersion(
+                type=sku_pb2.STREET_PRICE,
+                effective_time=ts,
+                pricing_expressions=[
+                    sku_pb2.PricingExpression(
+                        rates=[
+                            sku_pb2.Rate(
+                                start_pricing_quantity="0", unit_price=price, currency=currency
+                            )
+                        ]
+                    )
+                ],
+            )
+        )
+    return out

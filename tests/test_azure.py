@@ -1,0 +1,530 @@
+"""The Azure adapter, driving the unmodified azure-mgmt-compute / azure-mgmt-network SDKs against
+the local ARM emulator (tests/emulators/azure.py)."""
+
+from __future__ import annotations
+
+import base64
+import os
+import subprocess
+import sys
+import time
+from decimal import Decimal
+from pathlib import Path
+
+import pytest
+
+from providers.azure import AzureProvider
+from providers.base import (
+    TAG_MACHINE,
+    TAG_MANAGED_BY,
+    AuthError,
+    CapacityError,
+    InstanceRef,
+    InvalidRequest,
+    LaunchRequest,
+    MachineState,
+    NotFound,
+    QuotaError,
+    Throttled,
+)
+from tests.emulators.azure import AzureEmulator, price_row
+
+ROOT = Path(__file__).resolve().parent.parent
+SSH_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIBaVpdKzFzm8BSV3cWXoexq0jBn8Uv3dX2eQ0wq3 ana@laptop"
+SCRIPT = "#!/bin/bash\nnvidia-smi > /var/log/gpu.txt\n"
+
+
+class StaticCredential:
+    """A TokenCredential with a fixed token: what the emulator accepts."""
+
+    def __init__(self, token: str = "emulator-token") -> None:
+        self.token = token
+
+    def get_token(self, *scopes: str, **kwargs: object):
+        from azure.core.credentials import AccessToken
+
+        return AccessToken(self.token, int(time.time()) + 3600)
+
+
+@pytest.fixture
+def emulator():
+    with AzureEmulator() as emu:
+        yield emu
+
+
+def make_provider(emu: AzureEmulator, credential=None, **options: object) -> AzureProvider:
+    opts = {
+        "subscription_id": emu.subscription_id,
+        "base_url": emu.base_url,
+        "prices_endpoint": emu.base_url,
+        "locations": ["eastus", "westus2"],
+        "retry_base_seconds": 0.001,
+        "retry_max_seconds": 0.002,
+        "polling_interval_seconds": 0,
+        **options,
+    }
+    return AzureProvider(opts, credential=credential or StaticCredential())
+
+
+@pytest.fixture
+def provider(emulator: AzureEmulator) -> AzureProvider:
+    return make_provider(emulator)
+
+
+def request(name: str = "exp-a1b2c3", *, machine: str = "m-1",
+            size: str = "Standard_NC24ads_A100_v4", gpu: str = "A100-80GB", spot: bool = True,
+            region: str = "eastus", zone: str = "1", **kw: object) -> LaunchRequest:
+    labels = {TAG_MANAGED_BY: "provisioner", TAG_MACHINE: machine,
+              "provisioner-project": "vision", "provisioner-owner": "ana@example.com"}
+    fields = {"disk_gb": 128, "user_data": SCRIPT, "ssh_public_key": SSH_KEY, **kw}
+    return LaunchRequest(name=name, token=f"pv-{machine}", region=region, zone=zone,
+                         instance_type=size, gpu=gpu, gpu_count=1, spot=spot, labels=labels,
+                         **fields)
+
+
+def vm_puts(emu: AzureEmulator) -> list:
+    return [r for r in emu.requests_to("PUT", "/virtualMachines/")]
+
+
+# --- launch: every GPU family, spot and regular, and what went on the wire --------------------
+
+
+@pytest.mark.parametrize("size,gpu", [
+    ("Standard_NC24ads_A100_v4", "A100-80GB"),
+    ("Standard_ND96asr_v4", "A100"),
+    ("Standard_NC40ads_H100_v5", "H100"),
+    ("Standard_NC4as_T4_v3", "T4"),
+])
+@pytest.mark.parametrize("spot", [True, False], ids=["spot", "regular"])
+def test_launch_puts_the_vm_the_request_describes(emulator, provider, size, gpu, spot):
+    inst = provider.launch(request(size=size, gpu=gpu, spot=spot))
+
+    assert inst.state is MachineState.RUNNING and inst.spot is spot
+    assert (inst.region, inst.zone, inst.instance_type) == ("eastus", "1", size)
+    assert inst.machine_id == "m-1" and inst.private_ip
+    [put] = vm_puts(emulator)
+    assert put.path.endswith("/virtualMachines/exp-a1b2c3")
+    assert put.headers["if-none-match"] == "*"  # create-only: the name is the idempotency key
+    body, props = put.body, put.body["properties"]
+    assert body["tags"][TAG_MANAGED_BY] == "provisioner" and body["tags"][TAG_MACHINE] == "m-1"
+    assert body["zones"] == ["1"]
+    assert props["hardwareProfile"]["vmSize"] == size
+    assert props["storageProfile"]["osDisk"]["diskSizeGB"] == 128
+    assert props["storageProfile"]["imageReference"]["publisher"] == "microsoft-dsvm"
+    assert base64.b64decode(props["osProfile"]["customData"]).decode() == SCRIPT
+    assert props["osProfile"]["linuxConfiguration"]["ssh"]["publicKeys"][0]["keyData"] == SSH_KEY
+    if spot:
+        assert props["priority"] == "Spot"
+        assert props["evictionPolicy"] == "Deallocate"
+        assert props["billingProfile"] == {"maxPrice": -1}
+    else:
+        assert props["priority"] == "Regular"
+        assert "evictionPolicy" not in props and "billingProfile" not in props
+    [nic_put] = emulator.requests_to("PUT", "/networkInterfaces/")
+    assert nic_put.body["tags"][TAG_MACHINE] == "m-1"
+
+
+def test_spot_cap_and_delete_on_eviction_reach_the_wire(emulator, provider):
+    provider.launch(request(max_price=Decimal("1.25"), preemption_action="terminate", zone=""))
+
+    [put] = vm_puts(emulator)
+    assert put.body["properties"]["evictionPolicy"] == "Delete"
+    assert put.body["properties"]["billingProfile"] == {"maxPrice": 1.25}
+    assert "zones" not in put.body  # a regional VM when no zone is asked
+
+
+def test_an_image_from_options_or_request_is_used(emulator):
+    provider = make_provider(emulator, image="canonical:ubuntu-24_04-lts:server:latest")
+    provider.launch(request())
+    provider.launch(request("other-vm", machine="m-2", image="/subscriptions/s/resourceGroups/g/"
+                            "providers/Microsoft.Compute/galleries/x/images/cuda/versions/1.0.0"))
+
+    first, second = (p.body["properties"]["storageProfile"]["imageReference"]
+                     for p in vm_puts(emulator))
+    assert first == {"publisher": "canonical", "offer": "ubuntu-24_04-lts", "sku": "server",
+                     "version": "latest"}
+    assert second["id"].endswith("/images/cuda/versions/1.0.0")
+
+
+def test_no_ssh_key_is_refused_before_anything_is_created(emulator, provider):
+    with pytest.raises(InvalidRequest, match="SSH public key"):
+        provider.launch(request(ssh_public_key=None))
+    assert not emulator.requests_to("PUT", "/")
+
+
+# --- idempotency ------------------------------------------------------------------------------
+
+
+def test_same_intent_twice_gives_one_machine(emulator, provider):
+    first = provider.launch(request())
+    again = provider.launch(request())  # e.g. the first response was lost
+
+    assert again.id == first.id and again.state is MachineState.RUNNING
+    assert len(emulator.vms) == 1
+    assert len(vm_puts(emulator)) == 2  # the second PUT was refused with 412 and adopted
+
+
+def test_a_foreign_vm_with_the_same_name_is_refused_and_left_alone(emulator, provider):
+    emulator.add_vm("exp-a1b2c3", tags={"team": "other"})
+
+    with pytest.raises(InvalidRequest, match="already exists"):
+        provider.launch(request())
+    assert emulator.vm("exp-a1b2c3")["tags"] == {"team": "other"}
+    assert not emulator.nics
+
+
+# --- errors -----------------------------------------------------------------------------------
+
+
+def test_zone_without_capacity_is_a_capacity_error_and_the_next_zone_works(emulator, provider):
+    emulator.fail_capacity("eastus", "1", code="ZonalAllocationFailed")
+
+    with pytest.raises(CapacityError) as err:
+        provider.launch(request(zone="1"))
+    assert err.value.code == "ZonalAllocationFailed"
+    assert "ZonalAllocationFailed" in str(err.value)
+    assert not emulator.vms and not emulator.nics  # the failed VM and its NIC were removed
+
+    inst = provider.launch(request(zone="2"))  # same name, next zone
+    assert inst.zone == "2" and inst.state is MachineState.RUNNING
+
+
+def test_a_failed_vm_left_by_an_earlier_attempt_is_replaced(emulator):
+    provider = make_provider(emulator, retry_attempts=2)
+    emulator.fail_capacity("eastus", code="AllocationFailed", times=1)
+    emulator.throttle(2, method="DELETE")  # the clean-up after the failure is throttled away
+    with pytest.raises(CapacityError):
+        provider.launch(request())
+    assert emulator.vm("exp-a1b2c3")["properties"]["provisioningState"] == "Failed"
+
+    inst = provider.launch(request())  # the same intent again, capacity back
+
+    assert inst.state is MachineState.RUNNING
+    assert emulator.vm("exp-a1b2c3")["properties"]["provisioningState"] == "Succeeded"
+
+
+def test_sku_not_available_on_the_put_is_a_capacity_error(emulator, provider):
+    emulator.fail_capacity("eastus", code="SkuNotAvailable", synchronous=True)
+
+    with pytest.raises(CapacityError) as err:
+        provider.launch(request())
+    assert err.value.code == "SkuNotAvailable"
+    assert not emulator.nics
+
+
+def test_quota_is_a_region_quota_error(emulator, provider):
+    emulator.fail_quota("eastus", spot=True)
+
+    with pytest.raises(QuotaError) as err:
+        provider.launch(request())
+    assert err.value.scope == "region"
+    assert err.value.code == "OperationNotAllowed" and "LowPriorityCores" in str(err.value)
+    assert not emulator.vms and not emulator.nics
+
+
+@pytest.mark.parametrize("code,status,kind", [
+    ("AuthorizationFailed", 403, AuthError),
+    ("InvalidParameter", 400, InvalidRequest),
+    ("QuotaExceeded", 409, QuotaError),
+    ("OverconstrainedAllocationRequest", 409, CapacityError),
+])
+def test_arm_error_codes_map_to_the_taxonomy(emulator, provider, code, status, kind):
+    emulator.fail_next_create(code, f"{code} from ARM", status=status)
+
+    with pytest.raises(kind) as err:
+        provider.launch(request())
+    assert err.value.code == code
+    assert not emulator.nics  # the NIC made for the refused VM is gone
+
+
+def test_a_refused_token_is_an_auth_error(emulator):
+    provider = make_provider(emulator, credential=StaticCredential("expired"))
+    with pytest.raises(AuthError) as err:
+        provider.get(InstanceRef(id="", region="eastus", name="x"))
+    assert err.value.code == "InvalidAuthenticationToken"
+
+
+def test_a_throttling_storm_is_ridden_out_without_a_second_machine(emulator, provider):
+    emulator.throttle(3, method="PUT", path_contains="/virtualMachines/")
+    emulator.throttle(2, path_contains="/operations/")  # also while waiting on the operation
+
+    inst = provider.launch(request())
+
+    assert inst.state is MachineState.RUNNING
+    assert len(emulator.vms) == 1
+    assert len(vm_puts(emulator)) == 4  # 3 refused, 1 accepted; the wait resumed, no re-PUT
+
+
+def test_throttling_past_the_bound_raises_throttled(emulator):
+    provider = make_provider(emulator, retry_attempts=3)
+    emulator.throttle(10, method="PUT", path_contains="/virtualMachines/")
+
+    with pytest.raises(Throttled) as err:
+        provider.launch(request())
+    assert err.value.code == "TooManyRequests"
+    assert len(vm_puts(emulator)) == 3
+
+
+def test_slow_operations_are_waited_for(emulator, provider):
+    emulator.slow_operations(polls=4)
+    inst = provider.launch(request())
+    assert inst.state is MachineState.RUNNING
+    assert len(emulator.requests_to("GET", "/operations/")) >= 5
+
+
+def test_the_emulator_refuses_a_malformed_vm(emulator, provider):
+    """The emulator's strictness, through the SDK: a Regular VM with an eviction policy, and a
+    misspelt property, are refused as ARM would."""
+    from azure.core.exceptions import HttpResponseError
+
+    compute, _ = provider._clients()
+    size = {"hardwareProfile": {"vmSize": "Standard_NC4as_T4_v3"}}
+    base = {"location": "eastus", "properties": size}
+    for body in ({**base, "properties": {**base["properties"], "evictionPolicy": "Delete"}},
+                 {**base, "properties": {**base["properties"], "hardwareProfle": {}}}):
+        with pytest.raises(HttpResponseError) as err:
+            compute.virtual_machines.begin_create_or_update("provisioner", "bad", body)
+        assert err.value.status_code == 400
+
+
+# --- state: preempted vs stopped; stop / start / terminate -------------------------------------
+
+
+def test_an_evicted_spot_vm_reads_preempted_and_a_stopped_one_stopped(emulator, provider):
+    evicted = provider.launch(request("evicted-vm", machine="m-1"))
+    stopped = provider.launch(request("stopped-vm", machine="m-2"))
+    emulator.evict("evicted-vm")
+    provider.stop(stopped.ref)
+
+    assert provider.get(evicted.ref).state is MachineState.PREEMPTED
+    assert "evictSpotVM" in provider.get(evicted.ref).state_reason
+    assert provider.get(stopped.ref).state is MachineState.STOPPED
+    by_name = {i.name: i.state for i in provider.list_managed()}
+    assert by_name == {"evicted-vm": MachineState.PREEMPTED, "stopped-vm": MachineState.STOPPED}
+
+
+def test_an_evicted_vm_restarted_then_stopped_by_the_user_reads_stopped(emulator, provider):
+    inst = provider.launch(request())
+    emulator.evict("exp-a1b2c3")
+    provider.start(inst.ref)
+    assert provider.get(inst.ref).state is MachineState.RUNNING
+    provider.stop(inst.ref)
+    assert provider.get(inst.ref).state is MachineState.STOPPED
+
+
+def test_eviction_through_the_sdk_simulation_reads_preempted(emulator, provider):
+    inst = provider.launch(request())
+    compute, _ = provider._clients()
+    compute.virtual_machines.simulate_eviction("provisioner", "exp-a1b2c3")
+    assert provider.get(inst.ref).state is MachineState.PREEMPTED
+
+
+def test_an_evicted_delete_policy_vm_is_gone(emulator, provider):
+    inst = provider.launch(request(preemption_action="terminate"))
+    emulator.evict("exp-a1b2c3")
+
+    with pytest.raises(NotFound):
+        provider.get(inst.ref)
+    assert provider.list_managed() == []
+    assert not emulator.nics and not emulator.disks  # deleteOption=Delete took them along
+
+
+def test_stop_deallocates_start_and_terminate_are_idempotent(emulator, provider):
+    inst = provider.launch(request(spot=False))
+
+    provider.stop(inst.ref)
+    provider.stop(inst.ref)
+    assert emulator.power_state("exp-a1b2c3") == "deallocated"  # not merely powered off
+    assert provider.get(inst.ref).state is MachineState.STOPPED
+
+    provider.start(inst.ref)
+    provider.start(inst.ref)
+    assert provider.get(inst.ref).state is MachineState.RUNNING
+
+    provider.terminate(inst.ref)
+    provider.terminate(inst.ref)
+    with pytest.raises(NotFound):
+        provider.get(inst.ref)
+    assert not emulator.vms and not emulator.nics and not emulator.disks
+
+
+def test_start_without_capacity_is_a_capacity_error(emulator, provider):
+    inst = provider.launch(request())
+    provider.stop(inst.ref)
+    emulator.fail_capacity("eastus", code="AllocationFailed")
+
+    with pytest.raises(CapacityError):
+        provider.start(inst.ref)
+    assert provider.get(inst.ref).state is MachineState.STOPPED
+
+
+def test_a_powered_off_vm_reads_stopped_and_stop_deallocates_it(emulator, provider):
+    inst = provider.launch(request())
+    compute, _ = provider._clients()
+    compute.virtual_machines.begin_power_off("provisioner", "exp-a1b2c3").result()
+    got = provider.get(inst.ref)
+    assert got.state is MachineState.STOPPED and "PowerState/stopped" in got.state_reason
+
+    provider.stop(inst.ref)
+    assert emulator.power_state("exp-a1b2c3") == "deallocated"
+
+
+# --- listing ----------------------------------------------------------------------------------
+
+
+def test_list_managed_pages_and_finds_only_our_tagged_machines(emulator, provider):
+    for i in range(4):
+        provider.launch(request(f"ours-{i}", machine=f"m-{i}", spot=False))
+    provider.launch(request("ours-west", machine="m-west", region="westus2"))
+    emulator.add_vm("not-ours", tags={"team": "other"})
+    emulator.add_vm("also-not-ours")
+
+    found = provider.list_managed()
+
+    assert sorted(i.name for i in found) == ["ours-0", "ours-1", "ours-2", "ours-3", "ours-west"]
+    pages = emulator.requests_to("GET", "/providers/Microsoft.Compute/virtualMachines")
+    assert sum(1 for r in pages if r.path.endswith("virtualMachines")) == 4  # 7 VMs, 2 a page
+    assert [i.name for i in provider.list_managed(machine_id="m-2")] == ["ours-2"]
+    assert [i.name for i in provider.list_managed(regions=["westus2"])] == ["ours-west"]
+
+
+def test_list_managed_in_a_missing_resource_group_is_empty(emulator):
+    assert make_provider(emulator, resource_group="nothing-here").list_managed() == []
+
+
+# --- check ------------------------------------------------------------------------------------
+
+
+def _scrub(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    for var in list(os.environ):
+        if var.startswith(("AZURE_", "MSI_", "IDENTITY_")):
+            monkeypatch.delenv(var)
+    monkeypatch.setenv("PATH", str(tmp_path))  # no az / azd on the PATH
+
+
+def test_check_without_credentials_is_one_clear_line_and_no_network(emulator, monkeypatch,
+                                                                     tmp_path):
+    _scrub(monkeypatch, tmp_path)
+    provider = AzureProvider({"subscription_id": emulator.subscription_id,
+                              "base_url": emulator.base_url})
+
+    result = provider.check()
+
+    assert not result.ok
+    assert result.message.startswith("azure: no credentials found")
+    assert "az login" in result.message and "\n" not in result.message
+    assert emulator.requests == []  # answered without touching the network
+
+
+def test_check_without_credentials_imports_no_sdk():
+    code = ("import sys, providers.azure as a; r = a.AzureProvider({}).check(); "
+            "print(r.ok, any(m == 'azure' or m.startswith('azure.') for m in sys.modules))")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AZURE_", "MSI_", "IDENTITY_"))}
+    env["PATH"] = "/nonexistent"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
+                         env=env, timeout=60)
+    assert out.stdout.split() == ["False", "False"], out.stderr
+
+
+def test_check_with_working_credentials(emulator, provider):
+    result = provider.check()
+    assert result.ok and "resource group provisioner" in result.message
+
+
+def test_check_names_a_missing_resource_group(emulator):
+    result = make_provider(emulator, resource_group="missing-rg").check()
+    assert not result.ok and "missing-rg was not found" in result.message
+
+
+def test_check_reports_refused_credentials(emulator):
+    result = make_provider(emulator, credential=StaticCredential("stale")).check()
+    assert not result.ok and "refused" in result.message
+    assert "InvalidAuthenticationToken" in result.message and "\n" not in result.message
+
+
+def test_importing_the_adapter_loads_no_sdk():
+    code = ("import sys, providers.azure; "
+            "print([m for m in sys.modules if m == 'azure' or m.startswith('azure.')])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
+                         timeout=60)
+    assert out.stdout.strip() == "[]", out.stderr
+
+
+# --- prices -----------------------------------------------------------------------------------
+
+
+PRICE_ROWS = [
+    price_row("eastus", "Standard_NC24ads_A100_v4", 3.673),
+    price_row("eastus", "Standard_NC24ads_A100_v4", 0.4444, spot=True),
+    price_row("eastus", "Standard_NC24ads_A100_v4", 0.7346, low_priority=True),
+    price_row("eastus", "Standard_NC24ads_A100_v4", 4.407, windows=True),
+    price_row("eastus", "Standard_NC24ads_A100_v4", 0.61, spot=True, windows=True),
+    price_row("westus2", "Standard_NC24ads_A100_v4", 3.9),
+    price_row("westus2", "Standard_NC24ads_A100_v4", 0.6159, spot=True),
+    price_row("eastus", "Standard_NC40ads_H100_v5", 6.98),
+    price_row("eastus", "Standard_NC40ads_H100_v5", 0.9981, spot=True),
+    price_row("eastus", "Standard_ND96isr_H100_v5", 98.32),
+    price_row("eastus", "Standard_NC4as_T4_v3", 0.526),
+    price_row("eastus", "Standard_NC4as_T4_v3", 0.0526, spot=True),
+    price_row("eastus", "Standard_NC4as_T4_v3", 0.752, windows=True),
+    price_row("eastus", "Standard_D4s_v5", 0.192),  # not a GPU size
+]
+
+
+def test_fetch_offers_reads_linux_and_spot_prices_across_pages(emulator, provider):
+    emulator.prices = list(PRICE_ROWS)
+    emulator.prices_page_size = 2  # the A100 query in eastus has 5 rows: 3 pages
+
+    offers = {(o.region, o.instance_type): o for o in provider.fetch_offers()}
+
+    a100 = offers[("eastus", "Standard_NC24ads_A100_v4")]
+    assert (a100.price, a100.spot_price) == (Decimal("3.673"), Decimal("0.4444"))
+    assert (a100.gpu, a100.gpu_count, a100.gpu_memory_gb, a100.vcpus) == ("A100-80GB", 1, 80, 24)
+    assert a100.zone == "" and a100.currency == "USD" and "Retail Prices" in a100.source
+    assert offers[("westus2", "Standard_NC24ads_A100_v4")].spot_price == Decimal("0.6159")
+    h100x8 = offers[("eastus", "Standard_ND96isr_H100_v5")]
+    assert (h100x8.gpu, h100x8.gpu_count, h100x8.spot_price) == ("H100", 8, None)
+    assert offers[("eastus", "Standard_NC4as_T4_v3")].price == Decimal("0.526")
+    assert set(offers) == {("eastus", "Standard_NC24ads_A100_v4"),
+                           ("westus2", "Standard_NC24ads_A100_v4"),
+                           ("eastus", "Standard_NC40ads_H100_v5"),
+                           ("eastus", "Standard_ND96isr_H100_v5"),
+                           ("eastus", "Standard_NC4as_T4_v3")}
+    crossed = [r for r in emulator.requests_to("GET", "/api/retail/prices") if "$skip" in r.query]
+    assert crossed  # NextPageLink was followed
+
+
+# --- end to end: `up` fails over past a region without capacity -------------------------------
+
+
+def test_up_lands_in_the_next_region_when_the_first_has_no_capacity(emulator, home, clock):
+    from provisioner import catalog, lifecycle
+    from provisioner.app import App
+    from provisioner.spec import Experiment
+    from tests.conftest import make_settings
+
+    emulator.prices = list(PRICE_ROWS)
+    options = {"subscription_id": emulator.subscription_id, "base_url": emulator.base_url,
+               "prices_endpoint": emulator.base_url, "locations": ["eastus", "westus2"],
+               "retry_base_seconds": 0.001, "retry_max_seconds": 0.002,
+               "polling_interval_seconds": 0}
+    settings = make_settings(home, clouds={"azure": options})
+    provider = AzureProvider(options, credential=StaticCredential())
+    catalog.refresh(settings, "azure", provider.fetch_offers())
+    emulator.fail_capacity("eastus", code="AllocationFailed")  # the cheapest region is full
+    experiment = Experiment(name="vision", project="vision", owner="ana@example.com",
+                            ssh_public_key=SSH_KEY, startup_script=SCRIPT,
+                            resources={"gpu": "A100-80GB:1", "market": "spot",
+                                       "clouds": ["azure"], "disk_gb": 100})
+    app = App(settings, clock)
+    app.use_provider("azure", provider)  # the emulator's credential, not DefaultAzureCredential
+    try:
+        result = lifecycle.up(app, experiment)
+    finally:
+        app.close()
+
+    outcomes = [(a.where, a.outcome) for a in result.attempts]
+    assert outcomes == [("azure/eastus", "capacity"), ("azure/westus2", "launched")]
+    [vm] = emulator.vms.values()
+    assert vm.body["location"] == "westus2"
+    assert vm.body["tags"][TAG_MACHINE] == result.machine.id

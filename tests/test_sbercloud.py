@@ -1,0 +1,539 @@
+"""SberCloud (cloud.ru Advanced) adapter: the real huaweicloudsdkecs against a local ECS emulator
+that checks every request's SDK-HMAC-SHA256 signature."""
+
+from __future__ import annotations
+
+import base64
+import subprocess
+import sys
+from dataclasses import replace
+from decimal import Decimal
+from pathlib import Path
+
+import pytest
+import yaml
+
+from providers.base import (
+    TAG_MACHINE,
+    TAG_MANAGED_BY,
+    AuthError,
+    CapacityError,
+    InvalidRequest,
+    LaunchRequest,
+    MachineState,
+    NotFound,
+    QuotaError,
+    Throttled,
+)
+from providers.sbercloud import SberCloudProvider
+from providers.sbercloud.adapter import STOP_MARKER
+from providers.sbercloud.errors import classify
+from provisioner import catalog, lifecycle, planner
+from provisioner.app import App
+from provisioner.spec import Experiment
+from tests.conftest import make_settings
+from tests.emulators.sbercloud import PROJECT_ID, ZONES, EcsEmulator
+
+AK, SK = "AKTESTSBERCLOUD0001", "sk-test-secret-0001"
+CREDENTIAL_VARS = (
+    "SBERCLOUD_ACCESS_KEY",
+    "SBERCLOUD_SECRET_KEY",
+    "HUAWEICLOUD_SDK_AK",
+    "HUAWEICLOUD_SDK_SK",
+    "SBERCLOUD_PROJECT_ID",
+    "HUAWEICLOUD_SDK_PROJECT_ID",
+)
+SCRIPT = "#!/bin/bash\nnvidia-smi > /tmp/gpu.txt\n"
+SSH_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAItest ana@laptop"
+
+
+@pytest.fixture
+def emu():
+    e = EcsEmulator(AK, SK).start()
+    yield e
+    e.stop()
+
+
+@pytest.fixture
+def env(monkeypatch):
+    for var in CREDENTIAL_VARS:
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("SBERCLOUD_ACCESS_KEY", AK)
+    monkeypatch.setenv("SBERCLOUD_SECRET_KEY", SK)
+    return monkeypatch
+
+
+def options(emu: EcsEmulator, **extra: object) -> dict:
+    return {
+        "ecs_endpoint": emu.endpoint,
+        "iam_endpoint": f"{emu.endpoint}/v3",
+        "project_id": PROJECT_ID,
+        "vpc_id": "vpc-0001",
+        "subnet_id": "subnet-0001",
+        "security_group_id": "sg-0001",
+        "image_id": "img-ubuntu-22-gpu",
+        "poll_seconds": 0.001,
+        "retry_base_seconds": 0.001,
+        "retry_max_seconds": 0.01,
+        **extra,
+    }
+
+
+@pytest.fixture
+def sc(emu, env) -> SberCloudProvider:
+    return SberCloudProvider(options(emu))
+
+
+def request(
+    token: str = "pv-token-1",
+    *,
+    flavor: str = "pi2.2xlarge.4",
+    zone: str = ZONES[0],
+    spot: bool = False,
+    machine: str = "m-1",
+    max_price: Decimal | None = None,
+) -> LaunchRequest:
+    return LaunchRequest(
+        name=f"exp-{machine}",
+        token=token,
+        region="ru-moscow-1",
+        zone=zone,
+        instance_type=flavor,
+        gpu="T4",
+        gpu_count=1,
+        spot=spot,
+        disk_gb=80,
+        user_data=SCRIPT,
+        ssh_public_key=SSH_KEY,
+        labels={
+            TAG_MANAGED_BY: "provisioner",
+            TAG_MACHINE: machine,
+            "provisioner-project": "vision",
+            "provisioner-owner": "ana",
+        },
+        max_price=max_price,
+    )
+
+
+def creates(emu: EcsEmulator):
+    return emu.received("POST", r"/v1\.1/[^/]+/cloudservers$")
+
+
+def alive(emu: EcsEmulator) -> list[dict]:
+    return [s for s in emu.servers.values() if s["status"] != "DELETED"]
+
+
+# -- launch -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("spot", [True, False], ids=["spot", "on-demand"])
+@pytest.mark.parametrize(
+    "flavor", ["pi2.2xlarge.4", "p3.2xlarge.8", "p5s.5xlarge.12"], ids=["T4", "A100", "H100"]
+)
+def test_launch_puts_the_whole_intent_on_the_wire(emu, sc, flavor, spot):
+    max_price = Decimal("45.50") if spot else None
+    inst = sc.launch(request(flavor=flavor, zone=ZONES[1], spot=spot, max_price=max_price))
+
+    [sent] = creates(emu)
+    assert sent.headers["X-Client-Token"] == "pv-token-1"
+    server = sent.body["server"]
+    assert server["flavorRef"] == flavor
+    assert server["availability_zone"] == ZONES[1]
+    assert server["imageRef"] == "img-ubuntu-22-gpu"
+    assert server["root_volume"] == {"volumetype": "SSD", "size": 80}
+    assert server["nics"] == [{"subnet_id": "subnet-0001"}]
+    assert server["security_groups"] == [{"id": "sg-0001"}]
+    assert {t["key"]: t["value"] for t in server["server_tags"]} == {
+        TAG_MANAGED_BY: "provisioner",
+        TAG_MACHINE: "m-1",
+        "provisioner-project": "vision",
+        "provisioner-owner": "ana",
+    }
+    expected_ext = {"chargingMode": "postPaid"}
+    if spot:
+        expected_ext |= {"marketType": "spot", "spotPrice": "45.50"}
+    assert server["extendparam"] == expected_ext
+    cloud_init = base64.b64decode(server["user_data"]).decode()
+    assert cloud_init.startswith("#cloud-config\n")
+    config = yaml.safe_load(cloud_init)
+    assert config["ssh_authorized_keys"] == [SSH_KEY]
+    [script] = config["write_files"]
+    assert base64.b64decode(script["content"]).decode() == SCRIPT
+    assert config["runcmd"] == [[script["path"]]]
+
+    assert inst.state is MachineState.RUNNING
+    assert (inst.instance_type, inst.zone, inst.spot) == (flavor, ZONES[1], spot)
+    assert inst.machine_id == "m-1"
+    assert inst.id in emu.servers
+
+
+def test_a_cloud_config_startup_script_gets_the_key_merged_in(emu, sc):
+    sc.launch(replace(request(), user_data="#cloud-config\npackages: [htop]\n"))
+    config = yaml.safe_load(base64.b64decode(creates(emu)[0].body["server"]["user_data"]))
+    assert config == {"packages": ["htop"], "ssh_authorized_keys": [SSH_KEY]}
+
+
+def test_launch_without_an_image_is_refused_before_any_call(emu, env):
+    sc = SberCloudProvider({**options(emu), "image_id": None})
+    with pytest.raises(InvalidRequest, match="image_id") as err:
+        sc.launch(request())
+    assert err.value.code == "NoImage"
+    assert emu.requests == []
+
+
+def test_a_flavor_the_cloud_does_not_have_is_invalid_request(emu, sc):
+    with pytest.raises(InvalidRequest) as err:
+        sc.launch(request(flavor="p9.huge.1"))
+    assert err.value.code == "Ecs.0029"
+    assert "Ecs.0029" in str(err.value)
+
+
+# -- idempotency --------------------------------------------------------------------------
+
+
+def test_the_same_intent_launched_twice_is_one_machine(emu, sc):
+    first = sc.launch(request())
+    again = sc.launch(request())
+    assert again.id == first.id
+    assert len(alive(emu)) == 1
+    assert [r.headers["X-Client-Token"] for r in creates(emu)] == ["pv-token-1", "pv-token-1"]
+
+
+def test_a_lost_create_response_is_retried_with_the_same_token_and_makes_one_machine(emu, sc):
+    emu.faults.drop_create_responses = 1
+    inst = sc.launch(request())
+    sent = creates(emu)
+    assert len(sent) == 2
+    assert {r.headers["X-Client-Token"] for r in sent} == {"pv-token-1"}
+    assert [s["id"] for s in alive(emu)] == [inst.id]
+
+
+# -- faults -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", ["sync", "job"])
+def test_a_zone_out_of_capacity_is_capacity_error(emu, sc, mode):
+    emu.sell_out(ZONES[0], mode=mode)
+    with pytest.raises(CapacityError) as err:
+        sc.launch(request(spot=True))
+    assert err.value.code == "Ecs.0319"
+    assert ZONES[0] in str(err.value) and "Ecs.0319" in str(err.value)
+    assert alive(emu) == []
+    assert sc.launch(request("pv-token-2", zone=ZONES[1], spot=True)).zone == ZONES[1]
+
+
+def test_quota_is_quota_error_for_the_region(emu, sc):
+    emu.faults.max_servers = 0
+    with pytest.raises(QuotaError) as err:
+        sc.launch(request())
+    assert (err.value.code, err.value.scope) == ("Ecs.0001", "region")
+
+
+def test_a_throttling_storm_is_ridden_out_without_a_second_machine(emu, sc):
+    emu.throttle(4)
+    inst = sc.launch(request())
+    assert [r.status for r in creates(emu)] == [429, 429, 429, 429, 200]
+    assert [s["id"] for s in alive(emu)] == [inst.id]
+    emu.throttle(2)  # GETs too (the SDK reports those as its own "429")
+    assert sc.get(inst.ref).state is MachineState.RUNNING
+
+
+def test_throttling_past_the_bound_raises_throttled(emu, env):
+    sc = SberCloudProvider(options(emu, retry_attempts=3))
+    emu.throttle(10)
+    with pytest.raises(Throttled) as err:
+        sc.launch(request())
+    assert err.value.code == "APIGW.0308"
+    assert len(creates(emu)) == 3
+    assert alive(emu) == []
+
+
+def test_a_slow_job_is_waited_for(emu, sc):
+    emu.faults.job_polls = 3
+    inst = sc.launch(request())
+    assert inst.state is MachineState.RUNNING
+    assert len(emu.received("GET", r"/jobs/")) == 4
+
+
+def test_a_job_still_running_at_the_deadline_returns_the_pending_machine(emu, env):
+    sc = SberCloudProvider(options(emu, job_timeout_seconds=0))
+    emu.faults.job_polls = 5
+    inst = sc.launch(request())
+    assert inst.state is MachineState.PENDING
+    assert inst.id in emu.servers
+
+
+def test_a_wrong_secret_key_is_refused_by_the_signature_check(emu, env):
+    env.setenv("SBERCLOUD_SECRET_KEY", "not-the-secret")
+    sc = SberCloudProvider(options(emu))
+    with pytest.raises(AuthError) as err:
+        sc.launch(request())
+    assert err.value.code == "APIGW.0301"
+    assert "not-the-secret" not in str(err.value)
+    assert [r.status for r in emu.requests] == [401]
+    assert emu.servers == {}
+
+
+def test_the_sdk_names_for_credentials_work_too(emu, env):
+    env.delenv("SBERCLOUD_ACCESS_KEY")
+    env.delenv("SBERCLOUD_SECRET_KEY")
+    env.setenv("HUAWEICLOUD_SDK_AK", AK)
+    env.setenv("HUAWEICLOUD_SDK_SK", SK)
+    assert SberCloudProvider(options(emu)).launch(request()).state is MachineState.RUNNING
+
+
+def test_without_a_project_id_it_is_looked_up_in_iam(env):
+    emu = EcsEmulator("AKIAMLOOKUP0001", SK).start()  # own AK: the SDK caches lookups per AK
+    try:
+        env.setenv("SBERCLOUD_ACCESS_KEY", "AKIAMLOOKUP0001")
+        sc = SberCloudProvider({**options(emu), "project_id": None})
+        assert sc.launch(request()).state is MachineState.RUNNING
+        [lookup] = emu.received("GET", r"^/v3/projects$")
+        assert lookup.query == {"name": "ru-moscow-1"}
+    finally:
+        emu.stop()
+
+
+# -- states -------------------------------------------------------------------------------
+
+
+def test_a_preempted_spot_machine_reads_preempted_and_a_user_stopped_one_stopped(emu, sc):
+    taken = sc.launch(request("t-1", spot=True, machine="m-1"))
+    kept = sc.launch(request("t-2", spot=True, machine="m-2"))
+    regular = sc.launch(request("t-3", spot=False, machine="m-3"))
+
+    emu.preempt(taken.id, how="stop")
+    sc.stop(kept.ref)
+    emu.preempt(regular.id, how="stop")  # an on-demand server stopped elsewhere: no preemption
+
+    assert sc.get(taken.ref).state is MachineState.PREEMPTED
+    assert "spot" in (sc.get(taken.ref).state_reason or "")
+    assert sc.get(kept.ref).state is MachineState.STOPPED
+    assert sc.get(regular.ref).state is MachineState.STOPPED
+    states = {i.machine_id: i.state for i in sc.list_managed()}
+    assert states == {
+        "m-1": MachineState.PREEMPTED,
+        "m-2": MachineState.STOPPED,
+        "m-3": MachineState.STOPPED,
+    }
+
+
+def test_a_spot_machine_the_cloud_deleted_is_preempted_and_one_we_deleted_terminated(emu, sc):
+    taken = sc.launch(request("t-1", spot=True, machine="m-1"))
+    ours = sc.launch(request("t-2", spot=True, machine="m-2"))
+    gone = sc.launch(request("t-3", spot=True, machine="m-3"))
+    emu.preempt(taken.id, how="delete")
+    sc.terminate(ours.ref)
+    emu.preempt(gone.id, how="vanish")
+
+    assert sc.get(taken.ref).state is MachineState.PREEMPTED
+    assert sc.get(ours.ref).state is MachineState.TERMINATED
+    with pytest.raises(NotFound) as err:
+        sc.get(gone.ref)
+    assert err.value.code == "Ecs.0114"
+
+
+def test_a_start_clears_the_stop_marker_so_a_later_preemption_still_shows(emu, sc):
+    inst = sc.launch(request(spot=True))
+    sc.stop(inst.ref)
+    sc.start(inst.ref)
+    assert STOP_MARKER not in emu.servers[inst.id]["metadata"]
+    emu.preempt(inst.id, how="stop")
+    assert sc.get(inst.ref).state is MachineState.PREEMPTED
+
+
+def test_stop_start_terminate_are_idempotent(emu, sc):
+    inst = sc.launch(request())
+    sc.stop(inst.ref)
+    sc.stop(inst.ref)
+    assert sc.get(inst.ref).state is MachineState.STOPPED
+    assert len(emu.received("POST", r"/cloudservers/action$")) == 1
+    assert emu.received("POST", r"/cloudservers/action$")[0].body == {
+        "os-stop": {"servers": [{"id": inst.id}], "type": "SOFT"}
+    }
+    sc.start(inst.ref)
+    sc.start(inst.ref)
+    assert sc.get(inst.ref).state is MachineState.RUNNING
+    assert len(emu.received("POST", r"/cloudservers/action$")) == 2
+    sc.terminate(inst.ref)
+    sc.terminate(inst.ref)
+    assert sc.get(inst.ref).state is MachineState.TERMINATED
+    [delete] = emu.received("POST", r"/cloudservers/delete$")
+    assert delete.body["delete_volume"] is True
+
+
+def test_a_machine_that_vanished_can_be_stopped_and_terminated_but_not_started(emu, sc):
+    inst = sc.launch(request())
+    emu.preempt(inst.id, how="vanish")
+    sc.stop(inst.ref)
+    sc.terminate(inst.ref)
+    with pytest.raises(NotFound):
+        sc.start(inst.ref)
+
+
+def test_list_managed_reads_every_page_and_only_our_machines(emu, env):
+    sc = SberCloudProvider(options(emu, page_size=2))
+    ours = {sc.launch(request(f"t-{n}", machine=f"m-{n}")).id for n in range(5)}
+    emu.add_server("someone-elses")
+    emu.add_server("other-tool", tags={"managed-by": "terraform"})
+
+    listed = sc.list_managed()
+    assert {i.id for i in listed} == ours
+    pages = emu.received("GET", r"/cloudservers/detail$")
+    assert [r.query for r in pages] == [
+        {"tags": "managed-by=provisioner", "limit": "2", "offset": str(p)} for p in (1, 2, 3)
+    ]
+
+    [one] = sc.list_managed(machine_id="m-3")
+    assert one.machine_id == "m-3"
+    assert emu.received("GET", r"/cloudservers/detail$")[-1].query["tags"] == (
+        "provisioner-machine=m-3"
+    )
+    assert sc.list_managed(regions=["ru-moscow-2"]) == []
+
+
+# -- check --------------------------------------------------------------------------------
+
+
+def test_check_with_no_credentials_answers_in_one_line_without_calling_anyone(emu, env):
+    for var in CREDENTIAL_VARS:
+        env.delenv(var, raising=False)
+    result = SberCloudProvider(options(emu)).check()
+    assert not result.ok
+    assert "\n" not in result.message
+    assert "SBERCLOUD_ACCESS_KEY" in result.message
+    assert emu.requests == []
+
+
+def test_check_with_valid_credentials(emu, sc):
+    result = sc.check()
+    assert result.ok, result.message
+    assert emu.endpoint in result.message
+
+
+def test_check_with_a_refused_key_says_so_without_the_secret(emu, env):
+    env.setenv("SBERCLOUD_SECRET_KEY", "wrong-secret-value")
+    result = SberCloudProvider(options(emu)).check()
+    assert not result.ok
+    assert "APIGW.0301" in result.message
+    assert "wrong-secret-value" not in result.message
+
+
+# -- offers -------------------------------------------------------------------------------
+
+
+def test_fetch_offers_lists_gpu_flavors_of_every_zone_without_prices(emu, sc):
+    offers = sc.fetch_offers()
+    assert {o.zone for o in offers} == set(ZONES)
+    by_type = {o.instance_type: o for o in offers if o.zone == ZONES[0]}
+    assert {t: (o.gpu, o.gpu_count, o.gpu_memory_gb) for t, o in by_type.items()} == {
+        "pi2.2xlarge.4": ("T4", 1, 16),
+        "pi2.4xlarge.4": ("T4", 2, 16),
+        "p2s.2xlarge.8": ("V100", 1, 32),
+        "p3.2xlarge.8": ("A100-80GB", 1, 80),
+        "p5s.5xlarge.12": ("H100", 1, 80),
+    }
+    assert all(o.price is None and o.spot_price is None and o.currency == "RUB" for o in offers)
+    assert by_type["p5s.5xlarge.12"].memory_gb == 240
+
+
+def test_fetched_offers_feed_the_planner_once_priced_in_settings(emu, sc, home):
+    settings = make_settings(
+        home,
+        clouds={"sbercloud": {}},
+        prices={"sbercloud": {"p3.2xlarge.8": {"price": "390", "spot_price": "160"}}},
+    )
+    catalog.refresh(settings, "sbercloud", sc.fetch_offers())
+    experiment = Experiment.model_validate(
+        {
+            "name": "llm",
+            "project": "vision",
+            "owner": "ana@example.com",
+            "resources": {"gpu": "A100-80GB:1", "clouds": ["sbercloud"], "market": "spot"},
+        }
+    )
+    result = planner.plan(
+        experiment,
+        catalog.load(settings, ["sbercloud"]),
+        settings.money_rates,
+        enabled_clouds=["sbercloud"],
+    )
+    assert [(c.offer.zone, c.price.amount) for c in result.candidates] == [
+        (z, Decimal("160")) for z in ZONES
+    ]
+
+
+# -- end to end ---------------------------------------------------------------------------
+
+
+def test_up_fails_over_from_a_zone_out_of_capacity_to_the_next(emu, env, home, clock):
+    settings = make_settings(
+        home,
+        clouds={"sbercloud": options(emu)},
+        prices={"sbercloud": {"pi2.2xlarge.4": {"price": "95", "spot_price": "30"}}},
+    )
+    emu.sell_out(ZONES[0])
+    experiment = Experiment.model_validate(
+        {
+            "name": "train",
+            "project": "vision",
+            "owner": "ana@example.com",
+            "resources": {"gpu": "T4:1", "clouds": ["sbercloud"], "market": "spot"},
+        }
+    )
+    app = App(settings, clock)
+    try:
+        result = lifecycle.up(app, experiment)
+    finally:
+        app.close()
+    assert [(a.where, a.outcome) for a in result.attempts] == [
+        (f"sbercloud/{ZONES[0]}", "capacity"),
+        (f"sbercloud/{ZONES[1]}", "launched"),
+    ]
+    m = result.machine
+    assert (m.status, m.zone, m.market, m.rate, m.currency) == (
+        "running",
+        ZONES[1],
+        "spot",
+        Decimal("30"),
+        "RUB",
+    )
+    [server] = alive(emu)
+    assert (server["zone"], server["metadata"]["charging_mode"]) == (ZONES[1], "2")
+    assert server["tags"][TAG_MACHINE] == m.id
+
+
+# -- error mapping and import hygiene -----------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("status", "code", "message", "kind"),
+    [
+        (400, "Ecs.0319", "Check capacity: Capacity is not enough.", CapacityError),
+        (None, "Ecs.0044", "Disk type [SSD] has been sold out in AZ [x].", CapacityError),
+        (None, None, "No valid host was found", CapacityError),
+        (400, "Ecs.0013", "Insufficient EIP quota.", QuotaError),
+        (403, "Ecs.0110", "Token role is not allowed", AuthError),
+        (400, "Ecs.0023", "The project ID in token does not match that in URL.", AuthError),
+        (501, "Ecs.0603", "Other commands are being executed.", Throttled),
+        (404, "Ecs.0614", "itemNotFound: Instance xxx could not be found.", NotFound),
+        (404, "APIGW.0101", "The API does not exist", InvalidRequest),
+        (400, "Ecs.0005", "Invalid request body.", InvalidRequest),
+    ],
+)
+def test_huawei_error_codes_map_to_the_taxonomy(status, code, message, kind):
+    err = classify(status, code, message, where="create in ru-moscow-1a")
+    assert type(err) is kind
+    assert err.code == code
+
+
+def test_importing_the_adapter_loads_no_sdk():
+    code = (
+        "import sys, providers.sbercloud; "
+        "print(sorted(m for m in sys.modules if m.startswith('huaweicloudsdk')))"
+    )
+    root = Path(__file__).resolve().parent.parent
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=root
+    ).stdout
+    assert out.strip() == "[]"

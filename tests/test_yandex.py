@@ -1,0 +1,613 @@
+"""The Yandex adapter, running the real ``yandexcloud`` SDK over TLS against the local gRPC
+emulator (tests/emulators/yandex.py)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import subprocess
+import sys
+import uuid
+from decimal import Decimal
+from pathlib import Path
+
+import grpc
+import pytest
+import yaml
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import rsa
+
+from providers.base import (
+    TAG_MACHINE,
+    TAG_MANAGED_BY,
+    TAG_OWNER,
+    TAG_PROJECT,
+    AuthError,
+    CapacityError,
+    InstanceRef,
+    InvalidRequest,
+    LaunchRequest,
+    MachineState,
+    NotFound,
+    QuotaError,
+    Throttled,
+)
+from providers.yandex import YandexProvider
+from tests.emulators.yandex import FOLDER, IAM_TOKEN, YandexEmulator, self_signed_localhost, sku
+
+GIB = 1 << 30
+YC_ENV = (
+    "YC_IAM_TOKEN",
+    "YC_TOKEN",
+    "YC_SERVICE_ACCOUNT_KEY_FILE",
+    "YC_FOLDER_ID",
+    "YC_METADATA_ADDR",
+)
+SSH_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIEmulatorKey user@host"
+
+
+@pytest.fixture(scope="module")
+def tls(tmp_path_factory: pytest.TempPathFactory) -> tuple[bytes, bytes, Path]:
+    cert, key = self_signed_localhost()
+    path = tmp_path_factory.mktemp("yc") / "localhost.pem"
+    path.write_bytes(cert)
+    return cert, key, path
+
+
+@pytest.fixture
+def emu(tls):
+    emulator = YandexEmulator(tls[0], tls[1]).start()
+    yield emulator
+    emulator.stop()
+    assert emulator.rejected == [], "the adapter sent a request the API would refuse"
+
+
+@pytest.fixture
+def env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
+    for name in YC_ENV:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("YC_IAM_TOKEN", IAM_TOKEN)
+    return monkeypatch
+
+
+def provider(emu: YandexEmulator, tls, **options) -> YandexProvider:
+    base = {
+        "folder_id": FOLDER,
+        "endpoint": emu.endpoint,
+        "root_certificates_file": str(tls[2]),
+        "poll_seconds": 0,
+        "retry_base_seconds": 0.001,
+        "retry_max_seconds": 0.002,
+    }
+    return YandexProvider(base | options)
+
+
+@pytest.fixture
+def yc(emu, tls, env) -> YandexProvider:
+    return provider(emu, tls)
+
+
+def request(name: str = "exp-1", **kw) -> LaunchRequest:
+    fields = {
+        "name": name,
+        "token": f"intent-{name}",
+        "region": "ru-central1",
+        "zone": "ru-central1-a",
+        "instance_type": "gpu-standard-v3/8g-224c-952gb",
+        "gpu": "A100-80GB",
+        "gpu_count": 8,
+        "spot": False,
+        "disk_gb": 200,
+        "user_data": "#!/bin/bash\necho training > /tmp/started\n",
+        "ssh_public_key": SSH_KEY,
+        "labels": {
+            TAG_MANAGED_BY: "provisioner",
+            TAG_MACHINE: name,
+            TAG_PROJECT: "vision",
+            TAG_OWNER: "Alice.Smith@Example.COM",
+        },
+    }
+    return LaunchRequest(**(fields | kw))
+
+
+# --- launch ------------------------------------------------------------------------------------
+
+FAMILIES = [
+    ("gpu-standard-v3/8g-224c-952gb", "ru-central1-a", (8, 224, 952)),  # 8×A100 80GB
+    ("gpu-standard-v3/1g-28c-119gb", "ru-central1-b", (1, 28, 119)),  # 1×A100 80GB
+    ("standard-v3-t4/1g-8c-32gb", "ru-central1-d", (1, 8, 32)),  # T4
+    ("gpu-standard-v2/1g-8c-48gb", "ru-central1-a", (1, 8, 48)),  # V100
+    ("gpu-standard-v3i/1g-18c-144gb", "ru-central1-d", (1, 18, 144)),  # Gen2 (Yandex's top GPU)
+]
+
+
+@pytest.mark.parametrize("spot", [True, False], ids=["preemptible", "regular"])
+@pytest.mark.parametrize(("instance_type", "zone", "shape"), FAMILIES)
+def test_launch_puts_the_whole_intent_on_the_wire(emu, yc, instance_type, zone, shape, spot):
+    req = request(instance_type=instance_type, zone=zone, spot=spot, gpu_count=shape[0])
+    inst = yc.launch(req)
+
+    [call] = emu.calls("InstanceService.Create")
+    wire = call.request
+    assert call.metadata["authorization"] == f"Bearer {IAM_TOKEN}"
+    assert uuid.UUID(call.metadata["idempotency-key"])
+    assert wire.folder_id == FOLDER and wire.name == "exp-1" and wire.zone_id == zone
+    assert wire.platform_id == instance_type.split("/")[0]
+    gpus, cores, ram = shape
+    assert (wire.resources_spec.gpus, wire.resources_spec.cores) == (gpus, cores)
+    assert wire.resources_spec.memory == ram * GIB
+    assert wire.resources_spec.core_fraction == 100
+    assert wire.scheduling_policy.preemptible is spot
+    # Yandex label rules: lowercase [a-z0-9_-]
+    assert dict(wire.labels) == {
+        "managed-by": "provisioner",
+        "provisioner-machine": "exp-1",
+        "provisioner-project": "vision",
+        "provisioner-owner": "alice_smith_example_com",
+    }
+    assert wire.boot_disk_spec.disk_spec.size == 200 * GIB
+    assert wire.boot_disk_spec.disk_spec.image_id == "fd8gpuimage000000001"  # latest of family
+    assert wire.boot_disk_spec.auto_delete
+    nic = wire.network_interface_specs[0]
+    assert nic.subnet_id == emu.subnets[zone]
+    assert nic.primary_v4_address_spec.HasField("one_to_one_nat_spec")
+    assert wire.metadata["ssh-keys"] == f"provisioner:{SSH_KEY}"
+    cloud_config = yaml.safe_load(wire.metadata["user-data"])
+    assert wire.metadata["user-data"].startswith("#cloud-config\n")
+    [script] = cloud_config["write_files"]
+    assert "echo training > /tmp/started" in script["content"]
+    assert cloud_config["runcmd"] == [[script["path"]]]
+    assert cloud_config["users"][1]["ssh_authorized_keys"] == [SSH_KEY]
+
+    assert inst.state is MachineState.RUNNING
+    assert inst.spot is spot
+    assert inst.instance_type == instance_type
+    assert (inst.region, inst.zone) == ("ru-central1", zone)
+    assert inst.machine_id == "exp-1"
+    assert inst.public_ip and inst.private_ip
+    assert emu.rejected == []
+
+
+def test_user_cloud_config_is_passed_as_given(emu, yc):
+    config = "#cloud-config\npackages: [htop]\n"
+    yc.launch(request(user_data=config))
+    wire = emu.calls("InstanceService.Create")[0].request
+    assert wire.metadata["user-data"] == config
+    assert wire.metadata["ssh-keys"] == f"provisioner:{SSH_KEY}"
+
+
+def test_image_can_be_an_id_or_a_family(emu, yc):
+    emu.images[("standard-images", "ubuntu-2204-lts-cuda")] = "fd8cudaimage00000001"
+    emu.images[("standard-images", "custom")] = "fd8pinnedimage000001"
+    yc.launch(request("a", image="ubuntu-2204-lts-cuda"))
+    yc.launch(request("b", image="fd8pinnedimage000001"))
+    a, b = (
+        c.request.boot_disk_spec.disk_spec.image_id for c in emu.calls("InstanceService.Create")
+    )
+    assert (a, b) == ("fd8cudaimage00000001", "fd8pinnedimage000001")
+
+
+def test_a_shape_the_platform_does_not_have_is_refused_before_any_call(emu, yc):
+    with pytest.raises(InvalidRequest, match="allowed shape"):
+        yc.launch(request(instance_type="gpu-standard-v3/3g-84c-357gb"))
+    with pytest.raises(InvalidRequest, match="<platform>"):
+        yc.launch(request(instance_type="gpu-standard-v3/8"))
+    assert emu.requests == []
+
+
+def test_the_api_refusing_a_request_is_invalid_request(emu, yc):
+    with pytest.raises(InvalidRequest) as err:
+        yc.launch(request(image="fd8doesnotexist00001"))
+    assert err.value.code == "INVALID_ARGUMENT"
+    assert "not found" in str(err.value)
+    emu.rejected.clear()  # refused on purpose
+
+
+# --- idempotency ---------------------------------------------------------------------------------
+
+
+def test_a_lost_create_response_retried_makes_one_machine(emu, yc):
+    emu.lose_responses("InstanceService.Create", 1)
+    inst = yc.launch(request())
+    again = yc.launch(request())  # the whole intent replayed, e.g. after a crash
+
+    creates = emu.calls("InstanceService.Create")
+    assert len(creates) == 3
+    assert len({c.metadata["idempotency-key"] for c in creates}) == 1
+    assert len(emu.instances) == 1
+    assert again.id == inst.id
+
+
+# --- errors ------------------------------------------------------------------------------------
+
+
+def test_zone_out_of_capacity_is_capacity_error(emu, yc):
+    emu.capacity_exhausted.add("ru-central1-a")
+    with pytest.raises(CapacityError) as err:
+        yc.launch(request(spot=True))
+    assert err.value.code == "RESOURCE_EXHAUSTED"
+    assert "Insufficient resources" in str(err.value) and "ru-central1-a" in str(err.value)
+    assert emu.instances == {}
+
+
+def test_quota_is_quota_error_for_the_region(emu, yc):
+    emu.quota_message = "Quota limit compute.instanceGpus.count exceeded"
+    with pytest.raises(QuotaError) as err:
+        yc.launch(request())
+    assert err.value.scope == "region"
+    assert err.value.code == "RESOURCE_EXHAUSTED"
+    assert "compute.instanceGpus.count" in str(err.value)
+
+
+def test_a_throttling_storm_is_ridden_out_without_a_second_machine(emu, yc):
+    emu.throttle(2, methods={"InstanceService.Create"})  # "Request rate limit exceeded"
+    unavailable = grpc.StatusCode.UNAVAILABLE
+    emu.throttle(2, unavailable, "Service is unavailable", methods={"OperationService.Get"})
+    inst = yc.launch(request())
+    assert inst.state is MachineState.RUNNING
+    assert len(emu.instances) == 1
+    assert len(emu.calls("InstanceService.Create")) == 3
+    assert len(emu.calls("OperationService.Get")) == 3
+
+
+def test_throttling_past_the_bound_raises_throttled(emu, tls, env):
+    yc = provider(emu, tls, retry_attempts=3)
+    emu.throttle(10, methods={"InstanceService.Create"})
+    with pytest.raises(Throttled) as err:
+        yc.launch(request())
+    assert err.value.code == "RESOURCE_EXHAUSTED"
+    assert len(emu.calls("InstanceService.Create")) == 3
+    assert emu.instances == {}
+
+
+def test_a_slow_operation_is_waited_for(emu, yc):
+    emu.slow_polls = 4
+    inst = yc.launch(request())
+    assert inst.state is MachineState.RUNNING
+    assert len(emu.calls("OperationService.Get")) == 5
+
+
+def test_a_bad_token_is_auth_error(emu, tls, env):
+    env.setenv("YC_IAM_TOKEN", "t1.expired")
+    with pytest.raises(AuthError) as err:
+        provider(emu, tls).launch(request())
+    assert err.value.code == "UNAUTHENTICATED"
+    assert "t1.expired" not in str(err.value)
+
+
+# --- states ------------------------------------------------------------------------------------
+
+
+def test_preempted_reads_preempted_and_a_user_stop_reads_stopped(emu, yc):
+    spot = yc.launch(request("spot-1", spot=True))
+    stopped = yc.launch(request("spot-2", spot=True))
+    regular = yc.launch(request("regular", spot=False))
+
+    emu.preempt(spot.id)
+    yc.stop(stopped.ref)
+    yc.stop(regular.ref)
+
+    assert yc.get(spot.ref).state is MachineState.PREEMPTED
+    assert "PreemptInstance" in (yc.get(spot.ref).state_reason or "")
+    assert yc.get(stopped.ref).state is MachineState.STOPPED
+    assert yc.get(regular.ref).state is MachineState.STOPPED
+
+    # restarted after the preemption, then stopped by its user: a stop again
+    yc.start(spot.ref)
+    yc.stop(spot.ref)
+    assert yc.get(spot.ref).state is MachineState.STOPPED
+
+
+def test_a_preemption_missing_from_the_history_still_reads_preempted(emu, yc):
+    """Whether Yandex lists the preemption or not, a machine that went down with no stop
+    after its start was not stopped by anyone."""
+    spot = yc.launch(request(spot=True))
+    yc.stop(spot.ref)
+    yc.start(spot.ref)
+    emu.preempt(spot.id, record_operation=False)
+    assert yc.get(spot.ref).state is MachineState.PREEMPTED
+
+
+def test_stop_start_terminate_are_idempotent(emu, yc):
+    inst = yc.launch(request())
+    yc.stop(inst.ref)
+    yc.stop(inst.ref)
+    assert yc.get(inst.ref).state is MachineState.STOPPED
+    assert len(emu.calls("InstanceService.Stop")) == 1
+
+    yc.start(inst.ref)
+    yc.start(inst.ref)
+    assert yc.get(inst.ref).state is MachineState.RUNNING
+    assert len(emu.calls("InstanceService.Start")) == 1
+
+    yc.terminate(inst.ref)
+    yc.terminate(inst.ref)
+    with pytest.raises(NotFound):
+        yc.get(inst.ref)
+    assert emu.instances == {}
+
+
+def test_a_stop_whose_response_was_lost_is_not_sent_as_a_new_stop(emu, yc):
+    inst = yc.launch(request())
+    emu.lose_responses("InstanceService.Stop", 1)
+    yc.stop(inst.ref)
+    stops = emu.calls("InstanceService.Stop")
+    assert len(stops) == 2
+    assert stops[0].metadata["idempotency-key"] == stops[1].metadata["idempotency-key"]
+    assert yc.get(inst.ref).state is MachineState.STOPPED
+
+
+def test_a_machine_deleted_elsewhere_is_not_found(emu, yc):
+    with pytest.raises(NotFound):
+        yc.get(InstanceRef(id="fhm00000000000000999", region="ru-central1"))
+    yc.terminate(InstanceRef(id="fhm00000000000000999", region="ru-central1"))
+
+
+# --- listing -----------------------------------------------------------------------------------
+
+
+def test_list_managed_reads_every_page_and_only_our_machines(emu, yc):
+    ours = [yc.launch(request(f"m-{i}", spot=i % 2 == 0)).id for i in range(5)]
+    emu.add_instance("bastion", labels={"team": "infra"})
+    emu.add_instance("lookalike", labels={"managed-by": "terraform", TAG_MACHINE: "m-0"})
+    emu.page_size_cap = 2
+
+    found = yc.list_managed()
+    assert sorted(i.id for i in found) == sorted(ours)
+    lists = emu.calls("InstanceService.List")
+    assert len(lists) == 4  # 7 machines, 2 per page
+    assert [c.request.page_token for c in lists][1:] == ["2", "4", "6"]
+
+    [one] = yc.list_managed(machine_id="m-3")
+    assert one.name == "m-3"
+    assert yc.list_managed(regions=["kz1"]) == []
+
+
+# --- check -------------------------------------------------------------------------------------
+
+
+def test_check_with_nothing_configured_answers_without_calling_anyone(emu, tls, env):
+    for name in YC_ENV:
+        env.delenv(name, raising=False)
+    result = provider(emu, tls).check()
+    assert not result.ok
+    assert result.message.count("\n") == 0
+    assert "YC_IAM_TOKEN" in result.message and "YC_SERVICE_ACCOUNT_KEY_FILE" in result.message
+    assert emu.requests == []
+
+
+def test_check_without_a_folder_says_so(emu, tls, env):
+    result = provider(emu, tls, folder_id=None).check()
+    assert not result.ok and "YC_FOLDER_ID" in result.message
+
+
+def test_check_with_a_valid_token(yc):
+    result = yc.check()
+    assert result.ok
+    assert "YC_IAM_TOKEN" in result.message and FOLDER in result.message
+
+
+def test_check_with_a_refused_token_says_why_without_the_token(emu, tls, env):
+    env.setenv("YC_IAM_TOKEN", "t1.secret-but-wrong")
+    result = provider(emu, tls).check()
+    assert not result.ok
+    assert "UNAUTHENTICATED" in result.message
+    assert "secret-but-wrong" not in result.message
+
+
+def service_account_key(path: Path) -> bytes:
+    """Write an authorized-key JSON file as ``yc iam key create`` does; return its public key."""
+    private = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    pem = private.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
+    key = {"id": "ajekey0001", "service_account_id": "ajesa00001", "private_key": pem.decode()}
+    path.write_text(json.dumps(key))
+    return private.public_key().public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+    )
+
+
+def test_service_account_key_file_is_exchanged_for_an_iam_token(emu, tls, env, tmp_path):
+    public = service_account_key(tmp_path / "sa.json")
+    emu.service_account_keys["ajekey0001"] = ("ajesa00001", public)
+    env.delenv("YC_IAM_TOKEN")
+    env.setenv("YC_SERVICE_ACCOUNT_KEY_FILE", str(tmp_path / "sa.json"))
+
+    result = provider(emu, tls).check()
+    assert result.ok, result.message
+    assert "service account key" in result.message
+    [exchange] = emu.calls("IamTokenService.Create")
+    assert exchange.request.jwt
+    [listing] = emu.calls("InstanceService.List")
+    assert listing.metadata["authorization"].startswith("Bearer t1.issued-")
+
+
+def test_a_key_the_cloud_refuses_is_an_auth_error_in_one_line(emu, tls, env, tmp_path):
+    service_account_key(tmp_path / "sa.json")  # never registered with the cloud
+    env.delenv("YC_IAM_TOKEN")
+    env.setenv("YC_SERVICE_ACCOUNT_KEY_FILE", str(tmp_path / "sa.json"))
+    yc = provider(emu, tls)
+    result = yc.check()
+    assert not result.ok and "\n" not in result.message
+    assert "UNAUTHENTICATED" in result.message
+    with pytest.raises(AuthError):
+        yc.launch(request())
+    assert emu.calls("InstanceService.Create") == []
+
+
+def test_oauth_token_works_and_is_flagged_as_deprecated(emu, tls, env):
+    emu.oauth_tokens.add("y0_oauth")
+    env.delenv("YC_IAM_TOKEN")
+    env.setenv("YC_TOKEN", "y0_oauth")
+    result = provider(emu, tls).check()
+    assert result.ok and "deprecat" in result.message
+
+
+def test_an_unreadable_key_file_is_reported_without_its_content(emu, tls, env, tmp_path):
+    bad = tmp_path / "sa.json"
+    bad.write_text("not json: PRIVATE-KEY-MATERIAL")
+    env.delenv("YC_IAM_TOKEN")
+    env.setenv("YC_SERVICE_ACCOUNT_KEY_FILE", str(bad))
+    result = provider(emu, tls).check()
+    assert not result.ok
+    assert "YC_SERVICE_ACCOUNT_KEY_FILE" in result.message
+    assert "PRIVATE-KEY-MATERIAL" not in result.message
+    assert emu.requests == []
+
+
+# --- prices ------------------------------------------------------------------------------------
+
+PAST = dt.datetime(2022, 4, 13, tzinfo=dt.UTC)
+OLDER = dt.datetime(2020, 1, 1, tzinfo=dt.UTC)
+FUTURE = dt.datetime(2099, 1, 1, tzinfo=dt.UTC)
+# RU_CLOUDS.md §1.4 table A (RUB/h incl. VAT, from 2022-04-13): name → (regular, preemptible)
+RATES = {
+    ("compute.vm.gpu.gpu-standard", "compute.vm.gpu.gpu-standard.preemptible"): ("249.52", "62.40"),
+    ("compute.vm.cpu.c100", "compute.vm.cpu.c100.preemptible"): ("1.12", "0.34"),
+    ("compute.vm.ram", "compute.vm.ram.preemptible"): ("0.39", "0.12"),
+    ("compute.vm.gpu.gpu-standard.v2", "compute.vm.gpu.gpu-standard.preemptible.v2"): (
+        "249.52",
+        "62.40",
+    ),
+    ("compute.vm.cpu.c100.v2", "compute.vm.cpu.c100.preemptible.v2"): ("1.19", "0.32"),
+    ("compute.vm.ram.v2", "compute.vm.ram.preemptible.v2"): ("0.31", "0.07"),
+    ("compute.vm.gpu.gpu-standard.v3", "compute.vm.gpu.gpu-standard.preemptible.v3"): (
+        "371.70",
+        "148.68",
+    ),
+    (
+        "compute.vm.cpu.c100.gpu-standard.v3",
+        "compute.vm.cpu.c100.gpu-standard.preemptible.v3",
+    ): ("0.90", "0.36"),
+    ("compute.vm.ram.gpu-standard.v3", "compute.vm.ram.gpu-standard.preemptible.v3"): (
+        "0.28",
+        "0.11",
+    ),
+    ("compute.vm.gpu.standard.v3-t4", "compute.vm.gpu.standard.v3-t4.preemptible"): (
+        "64.00",
+        "16.00",
+    ),
+    ("compute.vm.cpu.c100.v3", "compute.vm.cpu.c100.preemptible.v3"): ("1.05", "0.29"),
+    ("compute.vm.ram.v3", "compute.vm.ram.preemptible.v3"): ("0.28", "0.07"),
+}
+
+
+def billing_fixture() -> list:
+    skus = []
+    for (regular, preemptible), (r, p) in RATES.items():
+        # an older price superseded, and an announced future one not yet in force
+        skus.append(sku(regular, [(OLDER, "1.00"), (PAST, r), (FUTURE, "999.00")]))
+        skus.append(sku(preemptible, [(PAST, p), (FUTURE, "999.00")]))
+    skus.append(sku("compute.vm.ram.v3", [(PAST, "5.55")], currency="USD"))  # another currency
+    skus.append(sku("storage.bucket.standard", [(PAST, "2.01")]))
+    return skus
+
+
+def test_fetch_offers_prices_every_shape_from_the_billing_skus(emu, yc):
+    emu.skus = billing_fixture()
+    emu.page_size_cap = 5
+    offers = yc.fetch_offers()
+    by = {(o.instance_type, o.zone): o for o in offers}
+
+    # RU_CLOUDS.md §1.4 table C, computed there independently from the same rates
+    expected = {
+        "gpu-standard-v3/8g-224c-952gb": ("3441.76", "1374.80"),
+        "gpu-standard-v3/1g-28c-119gb": ("430.22", "171.85"),
+        "standard-v3-t4/1g-4c-16gb": ("72.68", "18.28"),
+        "standard-v3-t4/1g-32c-128gb": ("133.44", "34.24"),
+        "gpu-standard-v2/8g-64c-384gb": ("2191.36", "546.56"),
+        "gpu-standard-v1/4g-32c-384gb": ("1183.68", "306.56"),
+    }
+    for instance_type, (price, spot) in expected.items():
+        o = by[(instance_type, "ru-central1-a")]
+        assert (o.price, o.spot_price) == (Decimal(price), Decimal(spot)), instance_type
+        assert o.currency == "RUB" and o.cloud == "yandex" and o.region == "ru-central1"
+
+    a100 = by[("gpu-standard-v3/8g-224c-952gb", "ru-central1-b")]
+    assert (a100.gpu, a100.gpu_count, a100.gpu_memory_gb) == ("A100-80GB", 8, 80)
+    assert (a100.vcpus, a100.memory_gb) == (224, Decimal(952))
+    assert ("gpu-standard-v3/1g-28c-119gb", "ru-central1-d") not in by  # A100 is not sold in -d
+    assert by[("standard-v3-t4/1g-8c-32gb", "ru-central1-d")].price == Decimal("81.36")
+    gen2 = by[("gpu-standard-v3i/8g-180c-1440gb", "ru-central1-d")]
+    assert gen2.price is None and gen2.spot_price is None  # its SKU names are not published
+    assert len(emu.calls("SkuService.List")) == 6  # 26 SKUs, 5 per page
+    assert all(c.request.currency == "RUB" for c in emu.calls("SkuService.List"))
+
+
+def test_fetched_offers_feed_the_planner(emu, yc):
+    from provisioner.money import Rates
+    from provisioner.planner import plan
+    from provisioner.spec import Experiment
+
+    emu.skus = billing_fixture()
+    experiment = Experiment.model_validate(
+        {
+            "name": "t4-job",
+            "project": "vision",
+            "owner": "alice",
+            "resources": {"gpu": "T4:1", "market": "spot", "clouds": ["yandex"]},
+        }
+    )
+    ranked = plan(experiment, yc.fetch_offers(), Rates("RUB", {}), enabled_clouds={"yandex"})
+    best = ranked.candidates[0]
+    assert best.offer.instance_type == "standard-v3-t4/1g-4c-16gb"
+    assert best.price.amount == Decimal("18.28") and best.spot
+
+
+# --- end to end ------------------------------------------------------------------------------
+
+
+def test_up_fails_over_to_the_next_zone_when_the_first_is_out_of_capacity(
+    emu, tls, env, home, clock
+):
+    from provisioner import lifecycle
+    from provisioner.app import App
+    from provisioner.settings import Settings
+    from provisioner.spec import Experiment
+
+    options = {
+        "folder_id": FOLDER,
+        "endpoint": emu.endpoint,
+        "root_certificates_file": str(tls[2]),
+        "poll_seconds": 0,
+        "retry_base_seconds": 0.001,
+    }
+    app = App(Settings(home=home, clouds={"yandex": options}), clock)
+    experiment = Experiment.model_validate(
+        {
+            "name": "t4-run",
+            "project": "vision",
+            "owner": "ana@example.com",
+            "resources": {"gpu": "T4:1", "market": "spot", "clouds": ["yandex"]},
+            "startup_script": "python train.py",
+        }
+    )
+    emu.capacity_exhausted.add("ru-central1-a")
+    try:
+        result = lifecycle.up(app, experiment)
+    finally:
+        app.close()
+
+    tried = [(a.where, a.outcome) for a in result.attempts]
+    assert tried[0] == ("yandex/ru-central1-a", "capacity")
+    assert tried[-1] == ("yandex/ru-central1-b", "launched")
+    [inst] = emu.instances.values()
+    assert inst.zone_id == "ru-central1-b" and inst.scheduling_policy.preemptible
+    assert inst.labels[TAG_MACHINE] == result.machine.id
+    keys = [c.metadata["idempotency-key"] for c in emu.calls("InstanceService.Create")]
+    assert len(set(keys)) == 2  # each candidate its own token, so its own key
+
+
+# --- packaging ---------------------------------------------------------------------------------
+
+
+def test_importing_the_adapter_loads_no_sdk():
+    code = (
+        "import sys, providers.yandex; "
+        "bad = [m for m in sys.modules if m.split('.')[0] in ('yandexcloud', 'grpc', 'yandex')]; "
+        "print(bad); sys.exit(1 if bad else 0)"
+    )
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
