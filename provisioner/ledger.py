@@ -17,6 +17,7 @@ from datetime import UTC, date, datetime, time, timedelta
 from decimal import Decimal
 from fnmatch import fnmatchcase
 from typing import Any, NamedTuple
+from zoneinfo import ZoneInfo
 
 from pydantic import TypeAdapter
 from sqlalchemy import String, func, or_, select, type_coerce
@@ -141,50 +142,53 @@ _WEEK = re.compile(r"^(\d{4})-W(\d{2})$", re.I)
 _RANGE = re.compile(r"^(\d{4}-\d{2}-\d{2})\s*\.\.\s*(\d{4}-\d{2}-\d{2})$")
 
 
-def _midnight(d: date) -> datetime:
-    return datetime.combine(d, time(0), tzinfo=UTC)
+def midnight(d: date, tz: str = "UTC") -> datetime:
+    """The start of day ``d`` in ``tz``, as a UTC datetime."""
+    return datetime.combine(d, time(0), tzinfo=ZoneInfo(tz)).astimezone(UTC)
 
 
 @dataclass(frozen=True)
 class Period:
-    """[start, end) in UTC, with the label people use for it (``2026-11``, ``2026-W48``)."""
+    """[start, end) between local midnights of ``tz`` (a policy's timezone; UTC by default),
+    with the label people use for it (``2026-11``, ``2026-W48``)."""
 
     start: datetime
     end: datetime
     label: str
+    tz: str = "UTC"
 
     @classmethod
-    def month(cls, at: datetime) -> Period:
-        at = at.astimezone(UTC)
-        first = date(at.year, at.month, 1)
-        nxt = date(at.year + at.month // 12, at.month % 12 + 1, 1)
-        return cls(_midnight(first), _midnight(nxt), f"{at.year}-{at.month:02d}")
+    def month(cls, at: datetime, tz: str = "UTC") -> Period:
+        local = at.astimezone(ZoneInfo(tz))
+        first = date(local.year, local.month, 1)
+        nxt = date(local.year + local.month // 12, local.month % 12 + 1, 1)
+        return cls(midnight(first, tz), midnight(nxt, tz), f"{first:%Y-%m}", tz)
 
     @classmethod
-    def week(cls, at: datetime) -> Period:
-        day = at.astimezone(UTC).date()
+    def week(cls, at: datetime, tz: str = "UTC") -> Period:
+        day = at.astimezone(ZoneInfo(tz)).date()
         monday = day - timedelta(days=day.weekday())
         y, w, _ = monday.isocalendar()
-        return cls(_midnight(monday), _midnight(monday + timedelta(days=7)), f"{y}-W{w:02d}")
+        return cls(midnight(monday, tz), midnight(monday + 7 * DAY, tz), f"{y}-W{w:02d}", tz)
 
     @classmethod
-    def between(cls, first: date, last: date) -> Period:
+    def between(cls, first: date, last: date, tz: str = "UTC") -> Period:
         """Whole days ``first`` to ``last``, both included."""
         if last < first:
             raise ValueError(f"period ends ({last}) before it starts ({first})")
-        return cls(_midnight(first), _midnight(last + DAY), f"{first}..{last}")
+        return cls(midnight(first, tz), midnight(last + DAY, tz), f"{first}..{last}", tz)
 
     @classmethod
-    def parse(cls, text: str) -> Period:
+    def parse(cls, text: str, tz: str = "UTC") -> Period:
         """``2026-11`` (a month), ``2026-W48`` (an ISO week), ``2026-11-01..2026-11-15``."""
         text = text.strip()
         try:
             if m := _MONTH.match(text):
-                return cls.month(datetime(int(m[1]), int(m[2]), 1, tzinfo=UTC))
+                return cls.month(midnight(date(int(m[1]), int(m[2]), 1), tz), tz)
             if m := _WEEK.match(text):
-                return cls.week(_midnight(date.fromisocalendar(int(m[1]), int(m[2]), 1)))
+                return cls.week(midnight(date.fromisocalendar(int(m[1]), int(m[2]), 1), tz), tz)
             if m := _RANGE.match(text):
-                return cls.between(date.fromisoformat(m[1]), date.fromisoformat(m[2]))
+                return cls.between(date.fromisoformat(m[1]), date.fromisoformat(m[2]), tz)
         except ValueError as e:
             raise ValueError(f"not a period: {text!r} ({e})") from None
         raise ValueError(
@@ -195,8 +199,9 @@ class Period:
         return min(max(at, self.start), self.end)
 
     def days(self) -> list[date]:
-        d, out = self.start.date(), []
-        while _midnight(d) < self.end:
+        """The local days of the period."""
+        d, out = self.start.astimezone(ZoneInfo(self.tz)).date(), []
+        while midnight(d, self.tz) < self.end:
             out.append(d)
             d += DAY
         return out
@@ -281,12 +286,13 @@ class Usage(NamedTuple):
     def us(self) -> int:
         return (self.hi - self.lo) // _US
 
-    def days(self) -> Iterator[tuple[date, int]]:
-        """(UTC day, microseconds) pieces of this usage."""
-        lo = self.lo
+    def days(self, tz: str = "UTC") -> Iterator[tuple[date, int]]:
+        """(local day, microseconds) pieces of this usage."""
+        zone, lo = ZoneInfo(tz), self.lo
         while lo < self.hi:
-            nxt = min(_midnight(lo.date() + DAY), self.hi)
-            yield lo.date(), (nxt - lo) // _US
+            day = lo.astimezone(zone).date()
+            nxt = min(midnight(day + DAY, tz), self.hi)
+            yield day, (nxt - lo) // _US
             lo = nxt
 
 
@@ -373,9 +379,10 @@ def spend_by(
     scope: Scope = Scope(),
     *,
     kinds: Sequence[str] | None = None,
+    tz: str = "UTC",
 ) -> dict[tuple[Any, ...], Amounts]:
-    """Spend over [start, end) grouped by any of :data:`BY`; ``day`` (the UTC day), when
-    asked for, is always the last item of the key."""
+    """Spend over [start, end) grouped by any of :data:`BY`; ``day`` (the local day in
+    ``tz``), when asked for, is always the last item of the key."""
     unknown = set(by) - set(BY)
     if unknown:
         raise ValueError(f"cannot group by {', '.join(sorted(unknown))}; use {', '.join(BY)}")
@@ -384,7 +391,7 @@ def spend_by(
     for u in scan(s, start, end, scope, kinds=kinds):
         key = tuple(getattr(u, f) for f in fields)
         if "day" in by:
-            for d, us in u.days():
+            for d, us in u.days(tz):
                 tally.add((*key, d), u, us)
         else:
             tally.add(key, u)
@@ -454,9 +461,18 @@ def commitments(s: Session, period: Period, now: datetime, scope: Scope = Scope(
     return out
 
 
-def forecast(s: Session, period: Period, now: datetime, scope: Scope = Scope()) -> Forecast:
+def forecast(
+    s: Session,
+    period: Period,
+    now: datetime,
+    scope: Scope = Scope(),
+    *,
+    actual: Amounts | None = None,
+) -> Forecast:
+    """``actual``, when the caller has already summed the period to ``now``, saves a pass."""
     to = period.clip(now)
-    actual = total(s, period.start, to, scope)
+    if actual is None:
+        actual = total(s, period.start, to, scope)
     if to >= period.end:
         return Forecast(actual, Amounts(), Amounts())
     open_spend = Amounts()

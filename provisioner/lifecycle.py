@@ -34,7 +34,7 @@ from providers.base import (
     ProviderError,
     QuotaError,
 )
-from provisioner import catalog, ledger
+from provisioner import budget, catalog, ledger
 from provisioner.app import App
 from provisioner.crashpoints import crashpoint
 from provisioner.errors import OperationFailed, UserError
@@ -119,6 +119,9 @@ def up(
     progress: Progress = lambda _: None,
 ) -> UpResult:
     plan = app.plan(experiment)
+    # budget: refuse (exit 2) when the cheapest candidate would overspend a budget, with the
+    # numbers; failover keeps only candidates every budget can afford
+    budget.guard(plan)
     if not plan.candidates:
         reasons = "; ".join(f"{r} ({n})" for r, n in plan.summary_reasons()[:6])
         raise UserError(f"no offer fits {experiment.name}: {reasons or 'the catalog is empty'}")

@@ -50,6 +50,46 @@ class SmtpSettings(BaseModel):
     security: str = Field("starttls", pattern="^(starttls|ssl|none)$")
     sender: str = "provisioner@localhost"
     user: str | None = None  # the password comes from $PROVISIONER_SMTP_PASSWORD
+    ca_file: str | None = None  # trust this CA bundle for the server (e.g. an internal CA)
+    timeout_seconds: float = Field(30, gt=0)
+
+
+class GpuOwnership(BaseModel):
+    """Owning one card: its purchase price range and its power draw."""
+
+    model_config = ConfigDict(extra="forbid")
+    price_low: Decimal = Field(gt=0)
+    price_high: Decimal = Field(gt=0)
+    power_watts: int = Field(gt=0)
+
+
+def _default_gpus() -> dict[str, GpuOwnership]:
+    # Rules of thumb, not quotes: street prices of one card (2024–2026, new or refurbished) and
+    # the board power from NVIDIA's data sheets (SXM versions for A100/H100).
+    table = {
+        "A100": ("8000", "15000", 400),
+        "A100-80GB": ("12000", "18000", 400),
+        "H100": ("25000", "40000", 700),
+        "T4": ("1000", "2500", 70),
+        "L4": ("2500", "3500", 72),
+        "A10G": ("3000", "5000", 150),
+        "V100": ("1500", "4000", 300),
+    }
+    return {
+        g: GpuOwnership(price_low=Decimal(lo), price_high=Decimal(hi), power_watts=w)
+        for g, (lo, hi, w) in table.items()
+    }
+
+
+class OwnershipSettings(BaseModel):
+    """The report's rent-or-buy comparison: what owning a card would cost instead. Defaults are
+    rules of thumb (card only, no server or staff); set your own quotes here."""
+
+    model_config = ConfigDict(extra="forbid")
+    currency: str = "USD"  # of prices and electricity
+    electricity_per_kwh: Decimal = Field(Decimal("0.15"), ge=0)  # a typical commercial tariff
+    amortisation_months: int = Field(36, ge=1)  # a common depreciation horizon for GPUs
+    gpus: dict[str, GpuOwnership] = Field(default_factory=_default_gpus)
 
 
 class SchedulerSettings(BaseModel):
@@ -77,6 +117,7 @@ class Settings(BaseSettings):
     policies: list[str] = Field(default_factory=list)  # policy files or directories
     smtp: SmtpSettings = Field(default_factory=SmtpSettings)
     scheduler: SchedulerSettings = Field(default_factory=SchedulerSettings)
+    ownership: OwnershipSettings = Field(default_factory=OwnershipSettings)  # rent or buy
     home: Path = Field(default_factory=data_dir)  # state, sandbox cloud, refreshed catalog
 
     @field_validator("clouds")

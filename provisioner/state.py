@@ -115,6 +115,9 @@ class Machine(Base):
     created_at: Mapped[datetime] = mapped_column(UTCDateTime)
     launched_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     terminated_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    # scheduler (0002): sha256 of the agent's heartbeat token; `provisioner keep NAME --until`
+    agent_token_hash: Mapped[str | None] = mapped_column(String(64), unique=True)
+    kept_until: Mapped[datetime | None] = mapped_column(UTCDateTime)
 
     events: Mapped[list[Event]] = relationship(
         back_populates="machine", order_by="Event.id", cascade="all, delete-orphan"

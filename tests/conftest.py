@@ -88,7 +88,8 @@ def db_url(request: pytest.FixtureRequest):
     finally:  # a test that left a session open must not block the drop
         with psycopg.connect(PG_URL, autocommit=True) as conn:
             conn.execute(
-                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = %s",
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                " WHERE application_name = %s",
                 (schema,),
             )
             conn.execute(f'DROP SCHEMA "{schema}" CASCADE')
