@@ -99,6 +99,10 @@ class SchedulerSettings(BaseModel):
     reconcile_interval_seconds: int = Field(600, ge=10)
     listen: str = "127.0.0.1:8787"  # heartbeat + /metrics endpoint
     endpoint_url: str | None = None  # how agents on machines reach the endpoint
+    # idle signal and leader lease (scheduler helper)
+    agent_interval_seconds: int = Field(30, ge=5)  # heartbeat period of the on-machine agent
+    heartbeat_grace_seconds: int = Field(300, ge=30)  # silent longer: the idle signal is unknown
+    lease_seconds: int = Field(900, ge=30)  # a pass must finish within it; a dead leader's expires
 
 
 class Settings(BaseSettings):
@@ -187,4 +191,4 @@ def load_settings(path: str | Path | None = None) -> Settings:
                     for err in e.errors(include_url=False)
                 ]
             ) from None
-        raise ConfigError(yamlfile.problems_from(e, lines, str(file))) from None
+        raise ConfigError(yamlfile.problems_from(e, lines, str(file), data)) from None

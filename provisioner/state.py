@@ -183,17 +183,35 @@ class Database:
         self.sessions = sessionmaker(self.engine, expire_on_commit=False)
 
     def migrate(self) -> None:
-        """Bring the schema to the newest Alembic revision (idempotent, safe to run concurrently
-        on PostgreSQL thanks to Alembic's transactional DDL)."""
+        """Bring the schema to the newest Alembic revision. Idempotent, and safe when several
+        processes start at once on a new database: one migrates, the others wait and find it
+        done (a file lock beside a SQLite file; an advisory lock on PostgreSQL)."""
         from alembic import command
         from alembic.config import Config
 
         cfg = Config()
         cfg.set_main_option("script_location", str(Path(__file__).parent / "migrations"))
         cfg.attributes["connection_url"] = self.url
-        with self.engine.begin() as conn:
+        with self._migration_lock(), self.engine.begin() as conn:
+            if conn.dialect.name == "postgresql":
+                conn.execute(text("SELECT pg_advisory_xact_lock(7270011)"))
             cfg.attributes["connection"] = conn
             command.upgrade(cfg, "heads")
+
+    @contextmanager
+    def _migration_lock(self) -> Iterator[None]:
+        path = self.engine.url.database if self.engine.dialect.name == "sqlite" else None
+        if not path or path == ":memory:":
+            yield
+            return
+        import fcntl
+
+        fd = os.open(f"{path}.migrate-lock", os.O_CREAT | os.O_WRONLY, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
 
     @contextmanager
     def session(self) -> Iterator[Session]:

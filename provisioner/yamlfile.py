@@ -85,13 +85,13 @@ def validate(model: type[M], data: Any, lines: _Lines, file: str, *, what: str =
     try:
         return model.model_validate(data)
     except ValidationError as e:
-        raise ConfigError(problems_from(e, lines, file)) from None
+        raise ConfigError(problems_from(e, lines, file, data)) from None
 
 
-def problems_from(e: ValidationError, lines: _Lines, file: str, prefix: Loc = ()) -> list[Problem]:
+def problems_from(e: ValidationError, lines: _Lines, file: str, data: Any = None) -> list[Problem]:
     problems = []
     for err in e.errors(include_url=False):
-        loc = tuple(x for x in (*prefix, *err["loc"]) if not _is_union_tag(x))
+        loc = _user_loc(err["loc"], data)
         field = ".".join(str(x) for x in loc) or None
         msg = err["msg"].removeprefix("Value error, ").removeprefix("Assertion failed, ")
         if err["type"] == "extra_forbidden":
@@ -100,6 +100,23 @@ def problems_from(e: ValidationError, lines: _Lines, file: str, prefix: Loc = ()
     return problems
 
 
-def _is_union_tag(x: Any) -> bool:
-    # pydantic inserts the union member / function name into loc ("function-after[...]", "str")
-    return isinstance(x, str) and ("[" in x or x in {"str", "int", "float", "dict", "list"})
+def _user_loc(loc: tuple[Any, ...], data: Any) -> tuple[Any, ...]:
+    """The path as the user wrote it: drop what pydantic inserts for union members and
+    validators (``function-after[...]``, ``str``), which are not keys of the document."""
+    out: list[Any] = []
+    cur = data
+    for i, x in enumerate(loc):
+        present = (isinstance(cur, dict) and x in cur) or (
+            isinstance(cur, list) and isinstance(x, int) and 0 <= x < len(cur)
+        )
+        if present:
+            out.append(x)
+            cur = cur[x]
+        elif i == len(loc) - 1 or not _looks_internal(x):
+            out.append(x)  # a missing or unknown field: the user's name, kept as written
+            cur = None
+    return tuple(out)
+
+
+def _looks_internal(x: Any) -> bool:
+    return isinstance(x, str) and ("[" in x or x in {"str", "int", "float", "dict", "list", "bool"})
