@@ -6,7 +6,6 @@ Every row keeps where its price came from. Unknown prices stay empty — never i
 
 from __future__ import annotations
 
-import ast
 import csv
 import sys
 from decimal import Decimal
@@ -70,9 +69,7 @@ def aws(ref: Path) -> None:
         count = Decimal(r["AcceleratorCount"])
         if count < 1 or (r["AcceleratorName"] == "H200" and not r["Price"]):
             continue  # fractional L4 slices (g6f/gr6f) are not whole GPUs
-        info = ast.literal_eval(r["GpuInfo"]) if r["GpuInfo"] else {}
-        mem = info.get("Gpus", [{}])[0].get("MemoryInfo", {}).get("SizeInMiB")
-        mem_gb = round(mem / 1024) if mem else GPU_MEMORY[r["AcceleratorName"]]
+        mem_gb = GPU_MEMORY[r["AcceleratorName"]]  # nominal, as users ask for it (A10G = 24 GB)
         gpu = r["AcceleratorName"]
         rows.append(
             dict(

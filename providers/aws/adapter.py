@@ -1,0 +1,454 @@
+"""The AWS adapter: EC2 through boto3 (imported lazily, inside methods).
+
+Zones are AZ ids (``use1-az1``), as in the catalog: AZ names are shuffled per account, ids are
+not. ``launch`` accepts either and places by the account's name for that id.
+
+Credentials come only from boto3's default chain (environment, profile, SSO, instance role).
+botocore's own retries are off (``total_max_attempts=1``) so :func:`providers.retry.call_with_retry`
+is the one bounded retry. Launch is idempotent twice over: EC2 honours ``ClientToken``, and each
+attempt first looks for an instance already tagged with the token (covers a lost response on a
+backend that ignores the token, or a token past its expiry).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from email.mime.multipart import MIMEMultipart
+from email.mime.text import MIMEText
+from typing import Any, TypeVar
+
+from providers.aws.errors import map_error
+from providers.base import (
+    TAG_MACHINE,
+    TAG_MANAGED_BY,
+    TAG_MANAGED_BY_VALUE,
+    AuthError,
+    CheckResult,
+    Instance,
+    InstanceRef,
+    InvalidRequest,
+    LaunchRequest,
+    MachineState,
+    NotFound,
+    Offer,
+    Provider,
+    ProviderError,
+    Throttled,
+)
+from providers.retry import call_with_retry
+
+T = TypeVar("T")
+
+DEFAULT_REGIONS = ("us-east-1", "us-west-2")
+# Public SSM parameter of the "Deep Learning Base OSS Nvidia Driver GPU AMI (Ubuntu 22.04)".
+DEFAULT_IMAGE_PARAMETER = (
+    "/aws/service/deeplearning/ami/x86_64/base-oss-nvidia-driver-gpu-ubuntu-22.04/latest/ami-id"
+)
+TAG_TOKEN = "provisioner-token"  # the launch intent's token, for the adapter's own dedup
+PREEMPTION_REASONS = frozenset({"Server.SpotInstanceTermination", "Server.SpotInstanceShutdown"})
+_STATES = {
+    "pending": MachineState.PENDING,
+    "running": MachineState.RUNNING,
+    "stopping": MachineState.STOPPING,
+    "stopped": MachineState.STOPPED,
+    "shutting-down": MachineState.TERMINATED,  # cannot come back; billing has ended
+    "terminated": MachineState.TERMINATED,
+}
+_STOPPED_OR_GONE = ("stopping", "stopped", "shutting-down", "terminated")
+_HALTED = (MachineState.STOPPING, MachineState.STOPPED, MachineState.TERMINATED)
+NO_CREDENTIALS = (
+    "aws: no credentials found (set AWS_PROFILE, or AWS_ACCESS_KEY_ID and "
+    "AWS_SECRET_ACCESS_KEY, or run `aws sso login`)"
+)
+
+
+class AWSProvider(Provider):
+    """Options (all optional): ``regions``, ``endpoint_url`` (one URL for every AWS API used:
+    an emulator), ``pricing_endpoint_url`` (defaults to ``endpoint_url``),
+    ``subnet_id`` or ``subnet_ids`` {zone: subnet}, ``security_group_ids``, ``key_name``,
+    ``images`` {region: ami} or ``image``, ``iam_instance_profile`` (name or ARN),
+    ``connect_timeout_seconds``, ``read_timeout_seconds`` and the ``retry_*`` knobs."""
+
+    name = "aws"
+    currency = "USD"
+
+    def __init__(self, options: Mapping[str, Any] | None = None) -> None:
+        super().__init__(options)
+        self._lock = threading.RLock()
+        self._boto_session: Any = None
+        self._clients: dict[tuple[str, str], Any] = {}
+        self._images: dict[str, str] = {}
+        self._root_devices: dict[tuple[str, str], str] = {}
+        self._zone_ids: dict[str, dict[str, str]] = {}  # region → {AZ name: AZ id}
+
+    @property
+    def regions(self) -> list[str]:
+        return list(self.options.get("regions") or DEFAULT_REGIONS)
+
+    # --- contract -------------------------------------------------------------------------
+
+    def check(self) -> CheckResult:
+        try:
+            credentials = self._session().get_credentials()
+        except Exception as exc:  # a broken profile/SSO config: say which kind, no traceback
+            return CheckResult(
+                "aws", False, f"aws: credentials could not be loaded ({type(exc).__name__})"
+            )
+        if credentials is None:
+            return CheckResult("aws", False, NO_CREDENTIALS)
+        sts = self._client("sts", self.regions[0])
+        try:
+            ident = self._call(sts.get_caller_identity, "verify credentials")
+        except AuthError as exc:
+            return CheckResult("aws", False, f"aws: credentials were refused [{exc.code}]")
+        except ProviderError as exc:
+            return CheckResult(
+                "aws", False, f"aws: credentials found but could not be verified [{exc.code}]"
+            )
+        return CheckResult(
+            "aws", True, f"aws: credentials OK for account {ident['Account']} ({ident['Arn']})"
+        )
+
+    def launch(self, request: LaunchRequest) -> Instance:
+        ec2 = self._client("ec2", request.region)
+        zone = self._zone_name(request.region, request.zone)
+        image = self._image(request)
+        params = self._run_params(request, zone, image, self._root_device(request.region, image))
+
+        def attempt() -> dict[str, Any]:
+            found = self._find_by_token(ec2, request, zone)
+            if found is not None:
+                return found
+            return ec2.run_instances(**params)["Instances"][0]
+
+        raw = self._call(attempt, f"launch {request.instance_type} in {zone}")
+        return self._instance(raw, request.region)
+
+    def get(self, ref: InstanceRef) -> Instance:
+        return self._instance(self._describe(ref), ref.region)
+
+    def list_managed(
+        self, regions: Sequence[str] | None = None, machine_id: str | None = None
+    ) -> list[Instance]:
+        filters = [{"Name": f"tag:{TAG_MANAGED_BY}", "Values": [TAG_MANAGED_BY_VALUE]}]
+        if machine_id is not None:
+            filters.append({"Name": f"tag:{TAG_MACHINE}", "Values": [machine_id]})
+        found: list[Instance] = []
+        for region in regions or self.regions:
+            ec2 = self._client("ec2", region)
+
+            def fetch(ec2: Any = ec2) -> list[dict[str, Any]]:
+                pages = ec2.get_paginator("describe_instances").paginate(Filters=filters)
+                return [raw for page in pages for raw in _instances(page)]
+
+            raws = self._call(fetch, "list instances")
+            found.extend(self._instance(raw, region) for raw in raws)
+        return found
+
+    def stop(self, ref: InstanceRef) -> None:
+        if self._describe(ref)["State"]["Name"] in _STOPPED_OR_GONE:
+            return  # compute is not billed any more
+        ec2 = self._client("ec2", ref.region)
+        self._call(lambda: ec2.stop_instances(InstanceIds=[ref.id]), f"stop {ref.id}")
+
+    def start(self, ref: InstanceRef) -> None:
+        state = self._describe(ref)["State"]["Name"]
+        if state in ("pending", "running"):
+            return
+        if state in ("shutting-down", "terminated"):
+            raise InvalidRequest(
+                f"aws: {ref.id} is terminated and cannot be started", code="IncorrectInstanceState"
+            )
+        ec2 = self._client("ec2", ref.region)
+        self._call(lambda: ec2.start_instances(InstanceIds=[ref.id]), f"start {ref.id}")
+
+    def terminate(self, ref: InstanceRef) -> None:
+        ec2 = self._client("ec2", ref.region)
+        try:
+            self._call(lambda: ec2.terminate_instances(InstanceIds=[ref.id]), f"terminate {ref.id}")
+        except NotFound:
+            return  # already gone
+
+    def fetch_offers(self) -> list[Offer]:
+        from providers.aws.prices import fetch_offers
+
+        # The Price List API is served from us-east-1 (also eu-central-1, ap-south-1).
+        pricing = self._client("pricing", "us-east-1")
+        return fetch_offers(
+            self.regions,
+            lambda region: self._client("ec2", region),
+            self._zones,
+            pricing,
+            self._call,
+        )
+
+    # --- helpers --------------------------------------------------------------------------
+
+    def _call(self, fn: Callable[[], T], what: str) -> T:
+        """Run one AWS call: botocore errors → taxonomy; Throttled retried within the bound."""
+
+        def attempt() -> T:
+            try:
+                return fn()
+            except Exception as exc:
+                mapped = map_error(exc, what)
+                if mapped is exc:
+                    raise
+                raise mapped from exc
+
+        return call_with_retry(attempt, self.options)
+
+    def _session(self) -> Any:
+        with self._lock:
+            if self._boto_session is None:
+                import boto3
+                import botocore.session
+
+                core = botocore.session.get_session()
+                core.register_component("data_loader", _shared_loader())
+                # Off EC2 the instance-metadata probe must fail fast, not hang `check`.
+                core.set_config_variable("metadata_service_timeout", 1)
+                core.set_config_variable("metadata_service_num_attempts", 1)
+                self._boto_session = boto3.session.Session(botocore_session=core)
+            return self._boto_session
+
+    def _client(self, service: str, region: str) -> Any:
+        with self._lock:
+            client = self._clients.get((service, region))
+            if client is None:
+                from botocore.config import Config
+
+                endpoint = self.options.get("endpoint_url")
+                if service == "pricing":
+                    endpoint = self.options.get("pricing_endpoint_url") or endpoint
+                config = Config(
+                    # Trap: botocore's "max_attempts" counts retries (1 → 2 attempts);
+                    # "total_max_attempts" counts attempts.
+                    retries={"total_max_attempts": 1, "mode": "standard"},
+                    connect_timeout=float(self.options.get("connect_timeout_seconds", 10)),
+                    read_timeout=float(self.options.get("read_timeout_seconds", 60)),
+                    user_agent_extra="provisioner",
+                )
+                client = self._session().client(
+                    service, region_name=region, endpoint_url=endpoint, config=config
+                )
+                self._clients[(service, region)] = client
+            return client
+
+    def _describe(self, ref: InstanceRef) -> dict[str, Any]:
+        ec2 = self._client("ec2", ref.region)
+        found = self._call(
+            lambda: _instances(ec2.describe_instances(InstanceIds=[ref.id])), f"describe {ref.id}"
+        )
+        if not found:
+            raise NotFound(
+                f"aws: {ref.id} not found in {ref.region}", code="InvalidInstanceID.NotFound"
+            )
+        return found[0]
+
+    def _zones(self, region: str) -> dict[str, str]:
+        """{AZ name: AZ id} of the region, as this account sees it."""
+        if region not in self._zone_ids:
+            ec2 = self._client("ec2", region)
+            zones = self._call(
+                lambda: ec2.describe_availability_zones()["AvailabilityZones"],
+                f"describe zones of {region}",
+            )
+            self._zone_ids[region] = {z["ZoneName"]: z["ZoneId"] for z in zones}
+        return self._zone_ids[region]
+
+    def _zone_name(self, region: str, zone: str) -> str:
+        zones = self._zones(region)
+        if zone in zones:
+            return zone
+        for name, zone_id in zones.items():
+            if zone_id == zone:
+                return name
+        raise InvalidRequest(f"aws: no zone {zone} in {region}", code="InvalidParameterValue")
+
+    def _instance(self, raw: Mapping[str, Any], region: str) -> Instance:
+        placement = raw.get("Placement") or {}
+        name = placement.get("AvailabilityZone", "")
+        zone = placement.get("AvailabilityZoneId") or self._zones(region).get(name, name)
+        return _instance(raw, region, zone)
+
+    def _image(self, request: LaunchRequest) -> str:
+        image = (
+            request.image
+            or (self.options.get("images") or {}).get(request.region)
+            or self.options.get("image")
+        )
+        if image:
+            return str(image)
+        if request.region not in self._images:
+            ssm = self._client("ssm", request.region)
+            try:
+                value = self._call(
+                    lambda: ssm.get_parameter(Name=DEFAULT_IMAGE_PARAMETER)["Parameter"]["Value"],
+                    "resolve the default GPU image",
+                )
+            except Throttled:
+                raise
+            except ProviderError as exc:
+                raise InvalidRequest(
+                    f"aws: no default GPU image in {request.region}: SSM parameter "
+                    f"{DEFAULT_IMAGE_PARAMETER} could not be read; set images: "
+                    f"{{{request.region}: ami-…}} in the aws settings",
+                    code=exc.code,
+                ) from exc
+            self._images[request.region] = value
+        return self._images[request.region]
+
+    def _root_device(self, region: str, image: str) -> str:
+        """The image's root device name, so the root volume mapping resizes the right disk."""
+        if (region, image) not in self._root_devices:
+            ec2 = self._client("ec2", region)
+            images = self._call(
+                lambda: ec2.describe_images(ImageIds=[image])["Images"], f"describe {image}"
+            )
+            if not images:
+                raise InvalidRequest(
+                    f"aws: image {image} not found in {region}", code="InvalidAMIID.NotFound"
+                )
+            self._root_devices[(region, image)] = images[0].get("RootDeviceName") or "/dev/sda1"
+        return self._root_devices[(region, image)]
+
+    def _run_params(
+        self, request: LaunchRequest, zone: str, image: str, root_device: str
+    ) -> dict[str, Any]:
+        tags = {**request.labels, "Name": request.name}
+        instance_tags = {**tags, TAG_TOKEN: request.token}
+        params: dict[str, Any] = {
+            "ImageId": image,
+            "InstanceType": request.instance_type,
+            "MinCount": 1,
+            "MaxCount": 1,
+            "ClientToken": request.token,
+            "Placement": {"AvailabilityZone": zone},
+            "TagSpecifications": [
+                {"ResourceType": "instance", "Tags": _tag_list(instance_tags)},
+                {"ResourceType": "volume", "Tags": _tag_list(tags)},
+            ],
+            "BlockDeviceMappings": [
+                {
+                    "DeviceName": root_device,
+                    "Ebs": {
+                        "VolumeSize": request.disk_gb,
+                        "VolumeType": "gp3",
+                        "DeleteOnTermination": True,
+                    },
+                }
+            ],
+        }
+        user_data = cloud_init(request.user_data, request.ssh_public_key)
+        if user_data:
+            params["UserData"] = user_data  # botocore base64-encodes it
+        subnets = self.options.get("subnet_ids") or {}
+        subnet = (
+            subnets.get(zone)
+            or subnets.get(self._zones(request.region)[zone])
+            or self.options.get("subnet_id")
+        )
+        if subnet:
+            params["SubnetId"] = subnet
+        if self.options.get("security_group_ids"):
+            params["SecurityGroupIds"] = list(self.options["security_group_ids"])
+        if self.options.get("key_name"):
+            params["KeyName"] = self.options["key_name"]
+        profile = self.options.get("iam_instance_profile")
+        if profile:
+            params["IamInstanceProfile"] = (
+                {"Arn": profile} if str(profile).startswith("arn:") else {"Name": profile}
+            )
+        if request.spot:
+            # "stop" on interruption is only allowed for persistent spot requests.
+            persistent = request.preemption_action == "stop"
+            spot: dict[str, Any] = {
+                "SpotInstanceType": "persistent" if persistent else "one-time",
+                "InstanceInterruptionBehavior": request.preemption_action,
+            }
+            if request.max_price is not None:
+                spot["MaxPrice"] = str(request.max_price)
+            params["InstanceMarketOptions"] = {"MarketType": "spot", "SpotOptions": spot}
+        return params
+
+    def _find_by_token(self, ec2: Any, request: LaunchRequest, zone: str) -> dict[str, Any] | None:
+        response = ec2.describe_instances(
+            Filters=[{"Name": f"tag:{TAG_TOKEN}", "Values": [request.token]}]
+        )
+        for raw in _instances(response):
+            where = raw.get("Placement", {}).get("AvailabilityZone")
+            if raw["InstanceType"] != request.instance_type or where != zone:
+                raise InvalidRequest(
+                    f"aws: token {request.token} already launched {raw['InstanceId']} "
+                    f"({raw['InstanceType']} in {where}) for different parameters",
+                    code="IdempotentParameterMismatch",
+                )
+            return raw
+        return None
+
+
+_loader_lock = threading.Lock()
+_loader: Any = None
+
+
+def _shared_loader() -> Any:
+    """botocore parses its JSON service models once per session (~0.2 s for EC2): every
+    provider instance in the process shares one loader."""
+    global _loader
+    with _loader_lock:
+        if _loader is None:
+            from botocore.loaders import create_loader
+
+            _loader = create_loader()
+        return _loader
+
+
+def cloud_init(script: str | None, ssh_public_key: str | None) -> str | None:
+    """User data: the startup script, plus a cloud-config part that authorises the SSH key."""
+    if not ssh_public_key:
+        return script
+    config = "#cloud-config\nssh_authorized_keys:\n  - " + json.dumps(ssh_public_key) + "\n"
+    if not script:
+        return config
+    message = MIMEMultipart()
+    message.attach(MIMEText(config, "cloud-config"))
+    kind = "cloud-config" if script.startswith("#cloud-config") else "x-shellscript"
+    message.attach(MIMEText(script, kind))
+    return message.as_string()
+
+
+def _tag_list(tags: Mapping[str, str]) -> list[dict[str, str]]:
+    return [{"Key": key, "Value": str(value)} for key, value in tags.items()]
+
+
+def _instances(response: Mapping[str, Any]) -> list[dict[str, Any]]:
+    return [raw for res in response.get("Reservations", []) for raw in res.get("Instances", [])]
+
+
+def _instance(raw: Mapping[str, Any], region: str, zone: str) -> Instance:
+    tags = {t["Key"]: t["Value"] for t in raw.get("Tags", [])}
+    reason = raw.get("StateReason") or {}
+    code, message = reason.get("Code") or "", reason.get("Message") or ""
+    spot = raw.get("InstanceLifecycle") == "spot"
+    state = _STATES.get(raw["State"]["Name"], MachineState.PENDING)
+    if spot and code in PREEMPTION_REASONS and state in _HALTED:
+        state = MachineState.PREEMPTED
+    if message and not message.startswith(code):
+        message = f"{code}: {message}" if code else message
+    return Instance(
+        id=raw["InstanceId"],
+        name=tags.get("Name", ""),
+        region=region,
+        zone=zone,
+        instance_type=raw["InstanceType"],
+        state=state,
+        spot=spot,
+        labels={k: v for k, v in tags.items() if k not in ("Name", TAG_TOKEN)},
+        public_ip=raw.get("PublicIpAddress"),
+        private_ip=raw.get("PrivateIpAddress"),
+        launched_at=raw.get("LaunchTime"),
+        state_reason=message or code or raw.get("StateTransitionReason") or None,
+    )

@@ -1,0 +1,108 @@
+"""botocore exceptions → the adapter error taxonomy. botocore is imported inside the function."""
+
+from __future__ import annotations
+
+from providers.base import (
+    AuthError,
+    CapacityError,
+    InvalidRequest,
+    NotFound,
+    ProviderError,
+    QuotaError,
+    Throttled,
+)
+
+CAPACITY_CODES = frozenset(
+    {
+        "InsufficientInstanceCapacity",
+        "InsufficientCapacity",
+        "UnfulfillableCapacity",
+        "Unsupported",  # the type is not offered in that AZ
+        "SpotMaxPriceTooLow",  # the spot price here is above our cap; another AZ may be cheaper
+    }
+)
+QUOTA_CODES = frozenset(
+    {"InstanceLimitExceeded", "VcpuLimitExceeded", "MaxSpotInstanceCountExceeded"}
+)
+AUTH_CODES = frozenset(
+    {
+        "AuthFailure",
+        "UnauthorizedOperation",
+        "ExpiredToken",
+        "ExpiredTokenException",
+        "InvalidClientTokenId",
+        "SignatureDoesNotMatch",
+        "AccessDenied",
+        "AccessDeniedException",
+        "OptInRequired",
+    }
+)
+THROTTLE_CODES = frozenset(
+    {
+        "RequestLimitExceeded",
+        "Throttling",
+        "ThrottlingException",
+        "InternalError",
+        "InternalFailure",
+        "ServiceUnavailable",
+        "Unavailable",
+    }
+)
+NOT_FOUND_CODES = frozenset({"InvalidInstanceID.NotFound"})
+INVALID_CODES = frozenset(
+    {
+        "IdempotentParameterMismatch",
+        "InvalidParameterValue",
+        "InvalidParameterCombination",
+        "InvalidParameter",
+        "MissingParameter",
+        "UnsupportedOperation",
+        "IncorrectInstanceState",
+        "IncorrectSpotRequestState",
+        "ParameterNotFound",
+        "ValidationException",
+    }
+)
+
+
+def map_error(exc: Exception, what: str) -> Exception:
+    """The taxonomy error for a botocore exception (``what`` names the call), or ``exc``
+    itself when it is not a botocore error. The AWS error code is kept in ``.code``."""
+    from botocore import exceptions as bx
+    from botocore.parsers import ResponseParserError
+
+    if isinstance(exc, bx.ClientError):
+        err = exc.response.get("Error", {})
+        code = str(err.get("Code") or "Unknown")
+        status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0)
+        message = f"aws: {what}: {err.get('Message') or code} [{code}]"
+        return _by_code(code, status, message)
+    if isinstance(exc, bx.NoCredentialsError | bx.PartialCredentialsError):
+        return AuthError(f"aws: {what}: no credentials found", code="NoCredentialsError")
+    if isinstance(exc, bx.SSOError | bx.TokenRetrievalError | bx.CredentialRetrievalError):
+        return AuthError(f"aws: {what}: credentials could not be loaded", code=type(exc).__name__)
+    if isinstance(exc, bx.HTTPClientError | bx.ConnectionError | ResponseParserError):
+        # A lost, late or garbled response, or a refused connection: transient. Every call
+        # retried here is safe to repeat (launch carries its ClientToken).
+        return Throttled(
+            f"aws: {what}: connection problem ({type(exc).__name__})", code=type(exc).__name__
+        )
+    if isinstance(exc, bx.BotoCoreError):
+        return ProviderError(f"aws: {what}: {exc}", code=type(exc).__name__)
+    return exc
+
+
+def _by_code(code: str, status: int, message: str) -> ProviderError:
+    if code in CAPACITY_CODES:
+        return CapacityError(message, code=code)
+    if code in QUOTA_CODES:
+        return QuotaError(message, code=code, scope="region")
+    if code in AUTH_CODES:
+        return AuthError(message, code=code)
+    if code in NOT_FOUND_CODES:
+        return NotFound(message, code=code)
+    if code in THROTTLE_CODES or status >= 500:
+        return Throttled(message, code=code)
+    if code in INVALID_CODES or code.startswith(("InvalidAMIID.", "Invalid")):
+        return InvalidRequest(message, code=code)
+    return ProviderError(message, code=code)

@@ -1,0 +1,528 @@
+"""The AWS adapter, unmodified boto3 against moto in server mode behind the fault-injecting proxy
+(tests/emulators/aws.py). Zones are AZ ids, as in the catalog; moto maps us-east-1a → use1-az6,
+us-east-1b → use1-az1, us-east-1c → use1-az2, us-east-1d → use1-az4."""
+
+from __future__ import annotations
+
+import base64
+import email
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from decimal import Decimal
+from pathlib import Path
+
+import boto3
+import pytest
+import yaml
+from botocore.exceptions import ClientError
+
+from providers.aws import AWSProvider
+from providers.aws.prices import GPU_TYPES
+from providers.base import (
+    TAG_MACHINE,
+    TAG_MANAGED_BY,
+    TAG_MANAGED_BY_VALUE,
+    TAG_OWNER,
+    TAG_PROJECT,
+    AuthError,
+    CapacityError,
+    InstanceRef,
+    InvalidRequest,
+    LaunchRequest,
+    MachineState,
+    NotFound,
+    QuotaError,
+    Throttled,
+)
+from provisioner import catalog, lifecycle
+from provisioner.app import App
+from provisioner.spec import Experiment
+from tests.conftest import make_settings, sandbox_experiment
+from tests.emulators.aws import DLAMI_PARAMETER, AwsEmulator, aws_emulator
+
+ROOT = Path(__file__).resolve().parent.parent
+KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIBmJ0tMlHkP1d1Lq8n1xj6pG1m9cQv0d0uKc0d8gYQ3h ana@laptop"
+SCRIPT = "#!/bin/bash\necho training > /tmp/started\n"
+
+
+@pytest.fixture(scope="module")
+def emulator() -> Iterator[AwsEmulator]:
+    with aws_emulator() as emu:
+        yield emu
+
+
+@pytest.fixture
+def emu(emulator: AwsEmulator, monkeypatch: pytest.MonkeyPatch) -> Iterator[AwsEmulator]:
+    """A clean emulator and fake credentials in the environment (boto3's default chain)."""
+    for var in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    monkeypatch.setenv("AWS_CONFIG_FILE", "/nonexistent/aws-config")
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent/aws-credentials")
+    emulator.reset()
+    yield emulator
+    emulator.wait_idle()
+    assert emulator.errors == []  # the emulator itself never failed
+
+
+def make(emu: AwsEmulator, **options: object) -> AWSProvider:
+    return AWSProvider(
+        {
+            "endpoint_url": emu.endpoint_url,
+            "retry_base_seconds": 0.001,
+            "retry_max_seconds": 0.01,
+            **options,
+        }
+    )
+
+
+def req(
+    token: str = "tok-1", zone: str = "use1-az6", itype: str = "g4dn.xlarge", **kw
+) -> LaunchRequest:
+    region = {"use1": "us-east-1", "usw2": "us-west-2"}.get(zone.split("-")[0], zone[:-1])
+    gpu, count = GPU_TYPES[itype]
+    fields: dict = {
+        "name": f"exp-{token}",
+        "token": token,
+        "region": region,
+        "zone": zone,
+        "instance_type": itype,
+        "gpu": gpu,
+        "gpu_count": count,
+        "spot": False,
+        "disk_gb": 200,
+        "user_data": SCRIPT,
+        "ssh_public_key": KEY,
+        "labels": {
+            TAG_MANAGED_BY: TAG_MANAGED_BY_VALUE,
+            TAG_MACHINE: f"m-{token}",
+            TAG_PROJECT: "vision",
+            TAG_OWNER: "ana-example-com",
+        },
+    }
+    fields.update(kw)
+    return LaunchRequest(**fields)
+
+
+def wire_tags(params: dict[str, str], resource: str) -> dict[str, str]:
+    """The tags sent for ``resource`` in a RunInstances request's TagSpecification.N."""
+    n = next(
+        k.split(".")[1] for k, v in params.items() if k.endswith(".ResourceType") and v == resource
+    )
+    prefix = f"TagSpecification.{n}.Tag."
+    keys = {k[len(prefix) :].split(".")[0]: v for k, v in params.items() if k.startswith(prefix)}
+    return {
+        params[f"{prefix}{i}.Key"]: params[f"{prefix}{i}.Value"]
+        for i in {k.split(".")[0] for k in keys}
+    }
+
+
+def moto_instances(emu: AwsEmulator, region: str = "us-east-1") -> list[dict]:
+    pages = emu.client("ec2", region).get_paginator("describe_instances").paginate()
+    return [i for page in pages for r in page["Reservations"] for i in r["Instances"]]
+
+
+def test_import_loads_no_sdk() -> None:
+    code = (
+        "import sys, providers, providers.aws; providers.provider_class('aws');"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in "
+        "('boto3', 'botocore', 's3transfer', 'moto')))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True
+    )
+    assert out.stdout.strip() == "[]"
+
+
+FAMILIES = [("p4d.24xlarge", "A100"), ("p5.48xlarge", "H100"), ("g4dn.xlarge", "T4")]
+MARKETS = ["on-demand", "spot-terminate", "spot-stop"]
+
+
+@pytest.mark.parametrize("market", MARKETS)
+@pytest.mark.parametrize(("itype", "gpu"), FAMILIES)
+def test_launch_sends_market_tags_token_and_user_data(
+    emu: AwsEmulator, itype: str, gpu: str, market: str
+) -> None:
+    spot = market != "on-demand"
+    extra = {"preemption_action": market.removeprefix("spot-")} if spot else {}
+    if market == "spot-stop":
+        extra["max_price"] = Decimal("12.5")
+    request = req("tok-a", "use1-az1", itype, spot=spot, **extra)
+
+    inst = make(emu).launch(request)
+
+    [wire] = emu.run_instances_requests
+    assert wire["InstanceType"] == itype
+    assert wire["Placement.AvailabilityZone"] == "us-east-1b"  # use1-az1 in this account
+    assert wire["ClientToken"] == "tok-a"
+    assert (wire["MinCount"], wire["MaxCount"]) == ("1", "1")
+    assert wire["ImageId"] == emu.ubuntu_ami("us-east-1")  # the default GPU image parameter
+    assert wire["BlockDeviceMapping.1.DeviceName"] == "/dev/sda1"
+    assert wire["BlockDeviceMapping.1.Ebs.VolumeSize"] == "200"
+    assert wire["BlockDeviceMapping.1.Ebs.VolumeType"] == "gp3"
+    for resource in ("instance", "volume"):
+        tags = wire_tags(wire, resource)
+        assert tags.items() >= {**request.labels, "Name": "exp-tok-a"}.items()
+    market_options = {k: v for k, v in wire.items() if k.startswith("InstanceMarketOptions.")}
+    spot_options = "InstanceMarketOptions.SpotOptions."
+    if market == "on-demand":
+        assert market_options == {}
+    elif market == "spot-terminate":
+        assert market_options == {
+            "InstanceMarketOptions.MarketType": "spot",
+            spot_options + "SpotInstanceType": "one-time",
+            spot_options + "InstanceInterruptionBehavior": "terminate",
+        }
+    else:
+        assert market_options == {
+            "InstanceMarketOptions.MarketType": "spot",
+            spot_options + "SpotInstanceType": "persistent",
+            spot_options + "InstanceInterruptionBehavior": "stop",
+            spot_options + "MaxPrice": "12.5",
+        }
+    parts = {
+        p.get_content_type(): p.get_payload()
+        for p in email.message_from_bytes(base64.b64decode(wire["UserData"])).walk()
+        if not p.is_multipart()
+    }
+    assert parts["text/x-shellscript"] == SCRIPT
+    assert yaml.safe_load(parts["text/cloud-config"]) == {"ssh_authorized_keys": [KEY]}
+
+    assert (inst.instance_type, inst.zone, inst.region) == (itype, "use1-az1", "us-east-1")
+    assert inst.spot is spot and inst.name == "exp-tok-a"
+    assert inst.labels == request.labels
+    assert inst.state in (MachineState.PENDING, MachineState.RUNNING)
+    assert make(emu).get(inst.ref).spot is spot
+
+
+@pytest.mark.parametrize(
+    ("script", "key", "expected"),
+    [
+        (SCRIPT, None, SCRIPT),
+        (None, KEY, f'#cloud-config\nssh_authorized_keys:\n  - "{KEY}"\n'),
+        (None, None, None),
+    ],
+)
+def test_user_data_is_the_script_alone_or_the_key_alone(
+    emu: AwsEmulator, script: str | None, key: str | None, expected: str | None
+) -> None:
+    make(emu).launch(req(user_data=script, ssh_public_key=key))
+    [wire] = emu.run_instances_requests
+    sent = base64.b64decode(wire["UserData"]).decode() if "UserData" in wire else None
+    assert sent == expected
+
+
+def test_zone_name_is_accepted_and_reported_as_az_id(emu: AwsEmulator) -> None:
+    inst = make(emu).launch(req(zone="us-east-1c"))
+    assert emu.run_instances_requests[0]["Placement.AvailabilityZone"] == "us-east-1c"
+    assert inst.zone == "use1-az2"
+    with pytest.raises(InvalidRequest, match="no zone"):
+        make(emu).launch(req("tok-2", zone="use1-az99"))
+
+
+def test_image_from_settings_wins_and_a_missing_default_is_a_clear_error(
+    emu: AwsEmulator,
+) -> None:
+    ami = emu.ubuntu_ami("us-east-1")
+    make(emu, images={"us-east-1": ami}).launch(req())
+    assert emu.run_instances_requests[0]["ImageId"] == ami
+    assert emu.calls("GetParameter", service="ssm") == []
+
+    emu.public_parameters.pop(DLAMI_PARAMETER)
+    with pytest.raises(InvalidRequest, match=r"images: \{us-east-1: ami-") as err:
+        make(emu).launch(req("tok-2"))
+    assert err.value.code == "ParameterNotFound"
+    assert emu.calls("GetParameter", service="ssm")[0].params["Name"] == DLAMI_PARAMETER
+
+    with pytest.raises(InvalidRequest) as err:
+        make(emu, image="ami-00000000").launch(req("tok-3"))
+    assert err.value.code == "InvalidAMIID.NotFound"
+    assert len(emu.run_instances_requests) == 1  # neither bad launch reached RunInstances
+
+
+def test_same_intent_twice_is_one_machine(emu: AwsEmulator) -> None:
+    first = make(emu).launch(req())
+    again = make(emu).launch(req())  # a new process retrying the same intent
+    assert again.id == first.id
+    assert [i["InstanceId"] for i in moto_instances(emu)] == [first.id]
+
+    with pytest.raises(InvalidRequest) as err:
+        make(emu).launch(req(itype="g4dn.2xlarge"))
+    assert err.value.code == "IdempotentParameterMismatch"
+    assert len(moto_instances(emu)) == 1
+
+
+def test_lost_response_retry_returns_the_same_machine(emu: AwsEmulator) -> None:
+    emu.faults.drop_response("RunInstances")
+    inst = make(emu).launch(req())
+    assert emu.calls("RunInstances")[0].answer == "dropped"
+    assert [i["InstanceId"] for i in moto_instances(emu)] == [inst.id]
+
+
+def test_late_response_and_retry_make_one_machine(emu: AwsEmulator) -> None:
+    """The first RunInstances is answered after the client gave up; the retry (same token)
+    launches; the late one then replays the same reservation instead of a second machine."""
+    emu.faults.slow(1.5, action="RunInstances")
+    inst = make(emu, read_timeout_seconds=0.3).launch(req())
+    emu.wait_idle()
+    calls = emu.calls("RunInstances")
+    assert {c.params["ClientToken"] for c in calls} == {"tok-1"}
+    assert sorted(c.answer for c in calls) == ["forwarded", "replayed"]
+    assert [i["InstanceId"] for i in moto_instances(emu)] == [inst.id]
+
+
+def test_emulator_honours_client_token_and_checks_spot_options(emu: AwsEmulator) -> None:
+    ec2 = boto3.client("ec2", endpoint_url=emu.endpoint_url, region_name="us-east-1")
+    ami = emu.ubuntu_ami("us-east-1")
+    args = {"ImageId": ami, "InstanceType": "g4dn.xlarge", "MinCount": 1, "MaxCount": 1}
+    one = ec2.run_instances(ClientToken="t", **args)["Instances"][0]["InstanceId"]
+    two = ec2.run_instances(ClientToken="t", **args)["Instances"][0]["InstanceId"]
+    assert one == two and len(moto_instances(emu)) == 1
+    with pytest.raises(ClientError, match="IdempotentParameterMismatch"):
+        ec2.run_instances(ClientToken="t", **{**args, "InstanceType": "g4dn.2xlarge"})
+    bad_spot = {"SpotInstanceType": "one-time", "InstanceInterruptionBehavior": "stop"}
+    with pytest.raises(ClientError, match="InvalidParameterCombination"):
+        ec2.run_instances(
+            InstanceMarketOptions={"MarketType": "spot", "SpotOptions": bad_spot}, **args
+        )
+
+
+@pytest.mark.parametrize(
+    "code", ["InsufficientInstanceCapacity", "InsufficientCapacity", "Unsupported"]
+)
+def test_capacity_error_in_a_zone(emu: AwsEmulator, code: str) -> None:
+    emu.faults.no_capacity("use1-az6", code=code)
+    provider = make(emu)
+    with pytest.raises(CapacityError) as err:
+        provider.launch(req(itype="p4d.24xlarge", spot=True))
+    assert err.value.code == code and code in str(err.value)
+    assert len(emu.run_instances_requests) == 1  # not mistaken for a transient 5xx
+    assert provider.launch(req("tok-2", "use1-az1", "p4d.24xlarge", spot=True)).zone == "use1-az1"
+
+
+@pytest.mark.parametrize(
+    "code", ["VcpuLimitExceeded", "InstanceLimitExceeded", "MaxSpotInstanceCountExceeded"]
+)
+def test_quota_error_blocks_the_region(emu: AwsEmulator, code: str) -> None:
+    emu.faults.quota_exceeded("us-east-1", code)
+    with pytest.raises(QuotaError) as err:
+        make(emu).launch(req(itype="p5.48xlarge", spot=True))
+    assert (err.value.code, err.value.scope) == (code, "region")
+    assert moto_instances(emu) == []
+
+
+def test_throttling_storm_completes_without_a_duplicate(emu: AwsEmulator) -> None:
+    emu.faults.throttle(4)
+    inst = make(emu).launch(req())
+    throttled = [r for r in emu.requests if r.answer == "RequestLimitExceeded"]
+    assert len(throttled) == 4
+    assert [i["InstanceId"] for i in moto_instances(emu)] == [inst.id]
+
+
+def test_throttling_beyond_the_bound_raises_throttled(emu: AwsEmulator) -> None:
+    emu.faults.throttle(100, action="RunInstances")
+    with pytest.raises(Throttled) as err:
+        make(emu, retry_attempts=3).launch(req())
+    assert err.value.code == "RequestLimitExceeded"
+    # exactly our bound: botocore's own retries are off
+    assert len(emu.run_instances_requests) == 3
+    assert moto_instances(emu) == []
+
+
+def test_refused_credentials(emu: AwsEmulator) -> None:
+    emu.faults.reject_credentials()
+    with pytest.raises(AuthError) as err:
+        make(emu).launch(req())
+    assert err.value.code == "AuthFailure"
+    result = make(emu).check()
+    assert not result.ok and "refused" in result.message and "\n" not in result.message
+
+
+@pytest.mark.parametrize("action", ["terminate", "stop"])
+def test_preempted_spot_machine_reads_preempted(emu: AwsEmulator, action: str) -> None:
+    provider = make(emu)
+    inst = provider.launch(req(spot=True, preemption_action=action))
+    emu.preempt(inst.id, action=action)
+    got = provider.get(inst.ref)
+    assert got.state is MachineState.PREEMPTED
+    assert got.state_reason and got.state_reason.startswith("Server.SpotInstance")
+    assert [i.state for i in provider.list_managed()] == [MachineState.PREEMPTED]
+
+
+def test_user_stopped_machines_read_stopped(emu: AwsEmulator) -> None:
+    provider = make(emu)
+    on_demand = provider.launch(req("tok-1"))
+    spot = provider.launch(req("tok-2", spot=True, preemption_action="stop"))
+    for inst in (on_demand, spot):
+        provider.stop(inst.ref)
+        got = provider.get(inst.ref)
+        assert got.state is MachineState.STOPPED
+        assert "UserInitiatedShutdown" in (got.state_reason or "")
+
+
+def test_preempted_machine_restarts_only_if_it_was_stopped(emu: AwsEmulator) -> None:
+    provider = make(emu)
+    stopped = provider.launch(req("tok-1", spot=True, preemption_action="stop"))
+    gone = provider.launch(req("tok-2", spot=True, preemption_action="terminate"))
+    emu.preempt(stopped.id, action="stop")
+    emu.preempt(gone.id, action="terminate")
+    provider.start(stopped.ref)
+    assert provider.get(stopped.ref).state in (MachineState.PENDING, MachineState.RUNNING)
+    with pytest.raises(InvalidRequest):
+        provider.start(gone.ref)
+    assert provider.get(gone.ref).state is MachineState.PREEMPTED
+
+
+def test_stop_start_terminate_are_idempotent(emu: AwsEmulator) -> None:
+    provider = make(emu)
+    inst = provider.launch(req())
+    provider.stop(inst.ref)
+    provider.stop(inst.ref)
+    assert provider.get(inst.ref).state is MachineState.STOPPED
+    provider.start(inst.ref)
+    provider.start(inst.ref)
+    assert provider.get(inst.ref).state in (MachineState.PENDING, MachineState.RUNNING)
+    provider.terminate(inst.ref)
+    provider.terminate(inst.ref)
+    provider.stop(inst.ref)  # nothing left to stop: not an error
+    assert provider.get(inst.ref).state is MachineState.TERMINATED
+    with pytest.raises(InvalidRequest):
+        provider.start(inst.ref)
+
+    gone = InstanceRef(id="i-0123456789abcdef0", region="us-east-1")
+    provider.terminate(gone)
+    with pytest.raises(NotFound) as err:
+        provider.get(gone)
+    assert err.value.code == "InvalidInstanceID.NotFound"
+
+
+def test_list_managed_finds_only_ours_across_regions_and_pages(emu: AwsEmulator) -> None:
+    emu.faults.cap_page_size(2)
+    provider = make(emu)
+    ours = [
+        provider.launch(req(f"tok-{n}", zone))
+        for n, zone in enumerate(["use1-az6", "use1-az1", "use1-az2", "usw2-az1", "usw2-az2"])
+    ]
+    ami = emu.ubuntu_ami("us-east-1")
+    emu.client("ec2").run_instances(ImageId=ami, InstanceType="g4dn.xlarge", MinCount=1, MaxCount=1)
+    emu.client("ec2").run_instances(
+        ImageId=ami,
+        InstanceType="g4dn.xlarge",
+        MinCount=1,
+        MaxCount=1,
+        TagSpecifications=[
+            {"ResourceType": "instance", "Tags": [{"Key": TAG_MANAGED_BY, "Value": "someone"}]}
+        ],
+    )
+
+    listed = provider.list_managed()
+    assert sorted(i.id for i in listed) == sorted(i.id for i in ours)
+    assert {i.region for i in listed} == {"us-east-1", "us-west-2"}
+    pages = [
+        r
+        for r in emu.calls("DescribeInstances")
+        if r.region == "us-east-1" and "Filter.1.Name" in r.params
+    ]
+    assert any("NextToken" in r.params for r in pages)  # followed the pages
+    [one] = provider.list_managed(machine_id="m-tok-3")
+    assert one.id == ours[3].id and one.zone == "usw2-az1"
+    assert len(provider.list_managed(regions=["us-west-2"])) == 2
+
+
+def test_check_without_credentials_is_one_clear_line(
+    emu: AwsEmulator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for var in (
+        "AWS_ACCESS_KEY_ID",
+        "AWS_SECRET_ACCESS_KEY",
+        "AWS_SESSION_TOKEN",
+        "AWS_PROFILE",
+        "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
+        "AWS_CONTAINER_CREDENTIALS_FULL_URI",
+        "AWS_WEB_IDENTITY_TOKEN_FILE",
+        "AWS_ROLE_ARN",
+    ):
+        monkeypatch.delenv(var, raising=False)
+    with socket.socket() as s:  # a loopback port nobody listens on: the IMDS probe is refused
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setenv("AWS_EC2_METADATA_SERVICE_ENDPOINT", f"http://127.0.0.1:{port}")
+    result = make(emu).check()
+    assert not result.ok
+    assert (
+        result.message.startswith("aws: no credentials found") and "AWS_PROFILE" in result.message
+    )
+    assert "\n" not in result.message
+    assert emu.requests == []  # nothing was sent anywhere
+
+
+def test_check_with_credentials(emu: AwsEmulator) -> None:
+    result = make(emu).check()
+    assert result.ok and "123456789012" in result.message
+
+
+def test_fetch_offers_from_price_list_and_spot_history(emu: AwsEmulator, tmp_path: Path) -> None:
+    emu.faults.cap_page_size(3)  # spot history comes in several pages
+    offers = make(emu, pricing_endpoint_url=emu.endpoint_url).fetch_offers()
+    by = {(o.region, o.zone, o.instance_type): o for o in offers}
+    assert len(by) == len(offers)  # one offer per type and AZ
+
+    p4d = by[("us-east-1", "use1-az6", "p4d.24xlarge")]  # us-east-1a
+    assert (p4d.gpu, p4d.gpu_count, p4d.gpu_memory_gb) == ("A100", 8, 40)
+    assert (p4d.vcpus, p4d.memory_gb, p4d.currency) == (96, Decimal("1152"), "USD")
+    assert p4d.price == Decimal("21.9576")  # Linux, shared, no software, used capacity
+    assert p4d.spot_price == Decimal("8.6012")  # the latest of that AZ
+    assert p4d.source.startswith("AWS Price List API + spot price history, fetched 20")
+    assert by[("us-east-1", "use1-az1", "p4d.24xlarge")].spot_price == Decimal("10.2077")
+    assert by[("us-east-1", "use1-az4", "p4d.24xlarge")].spot_price is None  # no history
+    assert by[("us-east-1", "use1-az6", "p4de.24xlarge")].gpu == "A100-80GB"
+    h100 = by[("us-east-1", "use1-az6", "p5.48xlarge")]
+    assert (h100.gpu, h100.price) == ("H100", Decimal("55.04"))  # not the capacity block
+    t4 = by[("us-east-1", "use1-az6", "g4dn.xlarge")]
+    assert (t4.gpu, t4.price, t4.spot_price) == ("T4", Decimal("0.526"), Decimal("0.2163"))
+    assert by[("us-west-2", "usw2-az2", "p4d.24xlarge")].spot_price == Decimal("7.9513")
+    assert not any(o.instance_type == "g5.2xlarge" for o in offers)  # no price → no offer
+    assert all(o.spot_price is None or o.spot_price < o.price for o in offers)
+
+    products = emu.calls("GetProducts", service="pricing")
+    terms = {(f["Field"], f["Value"]) for f in products[0].params["Filters"]}
+    assert terms >= {
+        ("operatingSystem", "Linux"),
+        ("tenancy", "Shared"),
+        ("preInstalledSw", "NA"),
+        ("capacitystatus", "Used"),
+    }
+    assert all(f["Type"] == "TERM_MATCH" for p in products for f in p.params["Filters"])
+
+    path = tmp_path / "aws.csv"  # what `catalog refresh` stores, read back as the planner will
+    assert catalog.write_csv(path, offers) == len(offers)
+    assert list(catalog.read_csv(path)) == offers
+
+
+def test_up_fails_over_from_a_zone_without_capacity(emu: AwsEmulator, home: Path, clock) -> None:
+    """`catalog refresh` from the fixtures, then `up` a T4 spot machine with the cheapest zone
+    out of capacity: it lands in the next zone and leaves exactly one machine."""
+    options = {"endpoint_url": emu.endpoint_url, "retry_base_seconds": 0.001}
+    app = App(make_settings(home, clouds={"aws": options}), clock)
+    try:
+        catalog.refresh(app.settings, "aws", app.provider("aws").fetch_offers())
+        experiment = Experiment.model_validate(
+            sandbox_experiment("train", gpu="T4:1", market="spot", clouds=["aws"])
+        )
+        first, second = app.plan(experiment).candidates[:2]
+        assert first.offer.zone != second.offer.zone
+        emu.faults.no_capacity(first.offer.zone)
+
+        result = lifecycle.up(app, experiment)
+    finally:
+        app.close()
+
+    m = result.machine
+    assert (m.cloud, m.zone, m.market) == ("aws", second.offer.zone, "spot")
+    assert [a.outcome for a in result.attempts] == ["capacity", "launched"]
+    [one] = app.provider("aws").list_managed()
+    assert (one.id, one.zone, one.spot) == (m.instance_id, second.offer.zone, True)
