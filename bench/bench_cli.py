@@ -1,7 +1,10 @@
 """CLI cold start: `provisioner --help` and `provisioner plan configs/examples/experiment.yaml`,
 each in a fresh interpreter, against a bare `python -c pass` in the same run.
 
-    .venv/bin/python bench/bench_cli.py [--runs 15]
+    .venv/bin/python bench/bench_cli.py [--runs 15] [--sky PATH-TO-sky]
+
+With ``--sky`` (SkyPilot installed in a venv of its own) its `sky --help` and `sky show-gpus`
+run in the same loop, for the ratio.
 """
 
 from __future__ import annotations
@@ -18,20 +21,21 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def timed(cmd: list[str], runs: int, env: dict[str, str]) -> list[float]:
-    out = []
+def timed(cmd: list[str], runs: int, env: dict[str, str]) -> tuple[list[float], int]:
+    out, code = [], 0
     for _ in range(runs):
         t = time.perf_counter()
-        subprocess.run(
-            cmd, cwd=ROOT, env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-        )
+        code = subprocess.run(
+            cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        ).returncode
         out.append(time.perf_counter() - t)
-    return out
+    return out, code
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", type=int, default=15)
+    ap.add_argument("--sky", help="path to SkyPilot's `sky`, to measure it in the same run")
     args = ap.parse_args()
     env = {**os.environ, "PROVISIONER_HOME": tempfile.mkdtemp()}
     py = sys.executable
@@ -47,13 +51,16 @@ def main() -> None:
         ],
         "provisioner catalog": [py, "-m", "provisioner", "catalog"],
     }
+    if args.sky:
+        cases["sky --help (SkyPilot)"] = [args.sky, "--help"]
+        cases["sky show-gpus A100:8 (SkyPilot)"] = [args.sky, "show-gpus", "A100:8"]
     base = None
-    print(f"{'command':<36} {'min s':>7} {'median s':>9} {'× python':>9}")
+    print(f"{'command':<36} {'min s':>7} {'median s':>9} {'× python':>9} {'exit':>5}")
     for name, cmd in cases.items():
-        times = timed(cmd, args.runs, env)
+        times, code = timed(cmd, args.runs, env)
         med = statistics.median(times)
         base = base or med
-        print(f"{name:<36} {min(times):>7.3f} {med:>9.3f} {med / base:>9.1f}")
+        print(f"{name:<36} {min(times):>7.3f} {med:>9.3f} {med / base:>9.1f} {code:>5}")
 
 
 if __name__ == "__main__":

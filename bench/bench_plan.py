@@ -26,9 +26,14 @@ def synthetic(n: int, base: list) -> list:
     while len(out) < n:
         o = base[len(out) % len(base)]
         k = Decimal(rnd.randint(80, 120)) / 100
-        out.append(replace(o, zone=f"{o.zone or o.region}-x{len(out) // len(base)}",
-                           price=o.price * k if o.price else None,
-                           spot_price=o.spot_price * k if o.spot_price else None))
+        out.append(
+            replace(
+                o,
+                zone=f"{o.zone or o.region}-x{len(out) // len(base)}",
+                price=o.price * k if o.price else None,
+                spot_price=o.spot_price * k if o.spot_price else None,
+            )
+        )
     return out
 
 
@@ -47,10 +52,14 @@ def main() -> None:
         loaded = list(catalog.read_csv(path))
         t_read = time.perf_counter() - t
         t = time.perf_counter()
-        p = planner.plan(experiment, loaded, settings.money_rates, enabled_clouds=settings.enabled_clouds)
+        p = planner.plan(
+            experiment, loaded, settings.money_rates, enabled_clouds=settings.enabled_clouds
+        )
         t_plan = time.perf_counter() - t
-        print(f"{n:>8} {t_read:>11.3f} {t_plan:>8.3f} {len(p.candidates):>11} "
-              f"{(t_read + t_plan) / n * 1e6:>9.1f}")
+        print(
+            f"{n:>8} {t_read:>11.3f} {t_plan:>8.3f} {len(p.candidates):>11} "
+            f"{(t_read + t_plan) / n * 1e6:>9.1f}"
+        )
 
 
 if __name__ == "__main__":

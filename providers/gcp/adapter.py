@@ -1,0 +1,540 @@
+"""GCP adapter: Compute Engine v1 through google-cloud-compute's REST transport.
+
+Credentials are Application Default Credentials only (``google.auth.default``); tests pass
+``anonymous: true`` and an ``api_endpoint`` on loopback. Operations are awaited with our own
+ZoneOperationsClient built with the same client options, because ``ExtendedOperation.result()``
+would call the real googleapis host, and an operation's ``error`` is checked by hand (it can be
+set without ``httpErrorStatusCode``). The SDK is imported inside methods only.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from datetime import datetime
+from pathlib import Path
+from typing import Any, TypeVar
+
+from providers.base import (
+    TAG_MACHINE,
+    TAG_MANAGED_BY,
+    TAG_MANAGED_BY_VALUE,
+    AuthError,
+    CapacityError,
+    CheckResult,
+    Instance,
+    InstanceRef,
+    InvalidRequest,
+    LaunchRequest,
+    MachineState,
+    NotFound,
+    Offer,
+    Provider,
+    ProviderError,
+    QuotaError,
+    Throttled,
+)
+from providers.gcp import prices
+from providers.retry import call_with_retry
+
+T = TypeVar("T")
+
+DEFAULT_ZONES = (
+    "us-central1-a",
+    "us-central1-b",
+    "us-central1-c",
+    "us-east4-c",
+    "europe-west4-a",
+    "europe-west4-b",
+)
+DEFAULT_IMAGE = "projects/deeplearning-platform-release/global/images/family/common-cu124-debian-11"
+DEFAULT_NETWORK = "global/networks/default"
+SCOPES = ["https://www.googleapis.com/auth/cloud-platform"]
+PREEMPTED = "compute.instances.preempted"
+NO_CREDENTIALS = (
+    "gcp: no credentials found (run `gcloud auth application-default login` "
+    "or set GOOGLE_APPLICATION_CREDENTIALS to a service-account key file)"
+)
+# requestId = uuid5(namespace, token/zone/name): the same intent in the same place is one request.
+_REQUEST_NAMESPACE = uuid.UUID("5d0b7a52-54c4-4a9c-9a55-0c2f5bd6d8a1")
+_STATES = {
+    "PROVISIONING": MachineState.PENDING,
+    "STAGING": MachineState.PENDING,
+    "REPAIRING": MachineState.PENDING,
+    "RUNNING": MachineState.RUNNING,
+    "STOPPING": MachineState.STOPPING,
+    "SUSPENDING": MachineState.STOPPING,
+    "STOPPED": MachineState.STOPPED,
+    "SUSPENDED": MachineState.STOPPED,
+    "TERMINATED": MachineState.STOPPED,
+}
+_CAPACITY = {"ZONE_RESOURCE_POOL_EXHAUSTED", "ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS"}
+_QUOTA = {"QUOTA_EXCEEDED", "quotaExceeded"}
+_THROTTLED = {
+    "rateLimitExceeded",
+    "userRateLimitExceeded",
+    "RATE_LIMIT_EXCEEDED",
+    "backendError",
+    "RESOURCE_OPERATION_RATE_EXCEEDED",
+}
+
+
+class GCPProvider(Provider):
+    """Options: ``project`` (else the ADC project), ``zones`` or ``regions`` (which regions
+    ``list_managed`` looks at by default, and which zones ``fetch_offers`` prices),
+    ``network``, ``subnetwork``, ``image``, ``external_ip`` (default true), ``api_endpoint``,
+    ``anonymous``, ``billing_endpoint``, ``operation_timeout_seconds`` and the retry knobs.
+
+    GCP Spot VMs have no price cap, so ``request.max_price`` is not sent; the planner's price
+    ceiling is what bounds a spot launch here."""
+
+    name = "gcp"
+    currency = "USD"
+
+    def __init__(self, options: Mapping[str, Any] | None = None) -> None:
+        super().__init__(options)
+        self._auth: tuple[Any, str | None] | None = None
+        self._clients: tuple[Any, Any] | None = None
+
+    # --- contract --------------------------------------------------------------------------
+
+    def check(self) -> CheckResult:
+        try:
+            project = self._project()
+            from google.cloud import compute_v1
+
+            request = compute_v1.AggregatedListInstancesRequest(project=project, max_results=1)
+            self._call(lambda: self._instances().aggregated_list(request=request, retry=None))
+        except ProviderError as exc:
+            return CheckResult(self.name, False, _sentence(exc))
+        return CheckResult(self.name, True, f"gcp: credentials accepted for project {project}")
+
+    def launch(self, request: LaunchRequest) -> Instance:
+        from google.cloud import compute_v1
+
+        ref = InstanceRef(
+            id=request.name, region=request.region, zone=request.zone, name=request.name
+        )
+        insert = compute_v1.InsertInstanceRequest(
+            project=self._project(),
+            zone=request.zone,
+            instance_resource=self._instance_resource(request),
+            request_id=request_id(request),
+        )
+        try:
+            operation = self._call(
+                lambda: self._instances().insert_unary(request=insert, retry=None)
+            )
+        except InvalidRequest as exc:
+            if exc.code != "alreadyExists":
+                raise
+            return self._adopt(ref, request, exc)
+        try:
+            self._wait(operation, request.zone)
+        except NotFound as exc:  # e.g. the image or network named in the request
+            raise InvalidRequest(str(exc), code=exc.code) from exc
+        return self.get(ref)
+
+    def get(self, ref: InstanceRef) -> Instance:
+        zone = _zone_of(ref)
+        instance = self._call(
+            lambda: self._instances().get(
+                project=self._project(), zone=zone, instance=ref.name or ref.id, retry=None
+            )
+        )
+        return self._to_instance(instance)
+
+    def list_managed(
+        self, regions: Sequence[str] | None = None, machine_id: str | None = None
+    ) -> list[Instance]:
+        from google.cloud import compute_v1
+
+        wanted = set(regions) if regions is not None else self._regions()
+        terms = [f'(labels.{TAG_MANAGED_BY} = "{TAG_MANAGED_BY_VALUE}")']
+        if machine_id is not None:
+            terms.append(f'(labels.{TAG_MACHINE} = "{label_value(machine_id)}")')
+        request = compute_v1.AggregatedListInstancesRequest(
+            project=self._project(), filter=" AND ".join(terms), max_results=500
+        )
+
+        def every_page() -> list[Any]:
+            pager = self._instances().aggregated_list(request=request, retry=None)
+            return [item for _, scoped in pager for item in scoped.instances]
+
+        found = self._call(every_page)
+        return [
+            self._to_instance(item)
+            for item in found
+            if prices.region_of(_last(item.zone)) in wanted
+        ]
+
+    def stop(self, ref: InstanceRef) -> None:
+        self._mutate(ref, "stop_unary", discard_local_ssd=True)
+
+    def start(self, ref: InstanceRef) -> None:
+        self._mutate(ref, "start_unary")
+
+    def terminate(self, ref: InstanceRef) -> None:
+        try:
+            self._mutate(ref, "delete_unary")
+        except NotFound:
+            return
+
+    def fetch_offers(self) -> list[Offer]:
+        return prices.fetch_offers(self.options)
+
+    # --- launch helpers --------------------------------------------------------------------
+
+    def _instance_resource(self, request: LaunchRequest) -> Any:
+        from google.cloud import compute_v1
+
+        zone = request.zone
+        gpu_host = bool(request.gpu_count or request.accelerator)
+        if request.spot:
+            scheduling = compute_v1.Scheduling(
+                provisioning_model="SPOT",
+                instance_termination_action=(
+                    "STOP" if request.preemption_action == "stop" else "DELETE"
+                ),
+                on_host_maintenance="TERMINATE",
+                automatic_restart=False,
+            )
+        else:
+            scheduling = compute_v1.Scheduling(
+                provisioning_model="STANDARD",
+                on_host_maintenance="TERMINATE" if gpu_host else "MIGRATE",
+                automatic_restart=True,
+            )
+        accelerator = request.accelerator
+        if not accelerator and request.instance_type.startswith("n1-"):
+            accelerator = prices.ACCELERATOR.get(request.gpu, "")
+        accelerators = (
+            [
+                compute_v1.AcceleratorConfig(
+                    accelerator_count=request.gpu_count or 1,
+                    accelerator_type=f"zones/{zone}/acceleratorTypes/{accelerator}",
+                )
+            ]
+            if accelerator
+            else []
+        )
+        # DLVM images install the NVIDIA driver on first boot only when asked to.
+        items = [compute_v1.Items(key="install-nvidia-driver", value="True")]
+        if request.user_data:
+            items.append(compute_v1.Items(key="startup-script", value=request.user_data))
+        if request.ssh_public_key:
+            items.append(
+                compute_v1.Items(
+                    key="ssh-keys", value=f"provisioner:{request.ssh_public_key.strip()}"
+                )
+            )
+        interface = compute_v1.NetworkInterface(
+            network=self.options.get("network", DEFAULT_NETWORK)
+        )
+        if request.instance_type.startswith("a3-"):
+            interface.nic_type = "GVNIC"  # A3 machines require gVNIC
+        if self.options.get("subnetwork"):
+            interface.subnetwork = self.options["subnetwork"]
+        if self.options.get("external_ip", True):
+            interface.access_configs = [
+                compute_v1.AccessConfig(name="External NAT", type_="ONE_TO_ONE_NAT")
+            ]
+        return compute_v1.Instance(
+            name=request.name,
+            machine_type=f"zones/{zone}/machineTypes/{request.instance_type}",
+            labels=labels(request.labels),
+            scheduling=scheduling,
+            guest_accelerators=accelerators,
+            metadata=compute_v1.Metadata(items=items),
+            network_interfaces=[interface],
+            disks=[
+                compute_v1.AttachedDisk(
+                    boot=True,
+                    auto_delete=True,
+                    type_="PERSISTENT",
+                    initialize_params=compute_v1.AttachedDiskInitializeParams(
+                        source_image=request.image or self.options.get("image", DEFAULT_IMAGE),
+                        disk_size_gb=request.disk_gb,
+                        disk_type=f"zones/{zone}/diskTypes/pd-balanced",
+                    ),
+                )
+            ],
+        )
+
+    def _adopt(self, ref: InstanceRef, request: LaunchRequest, exc: ProviderError) -> Instance:
+        """A 409 on our name: ours if it carries the same machine label (a retry whose
+        requestId the cloud no longer remembers), else someone else's instance."""
+        existing = self.get(ref)
+        ours = label_value(request.labels.get(TAG_MACHINE, ""))
+        if ours and existing.labels.get(TAG_MACHINE) == ours:
+            return existing
+        raise InvalidRequest(
+            f"gcp: an instance named {request.name} already exists in {request.zone} "
+            "and is not this machine's",
+            code="alreadyExists",
+        ) from exc
+
+    # --- operations ------------------------------------------------------------------------
+
+    def _mutate(self, ref: InstanceRef, method: str, **fields: Any) -> None:
+        zone = _zone_of(ref)
+        # One requestId per call: a retry after a lost answer joins the first operation.
+        call_id = str(uuid.uuid4())
+        operation = self._call(
+            lambda: getattr(self._instances(), method)(
+                request={
+                    "project": self._project(),
+                    "zone": zone,
+                    "instance": ref.name or ref.id,
+                    "request_id": call_id,
+                    **fields,
+                },
+                retry=None,
+            )
+        )
+        self._wait(operation, zone)
+
+    def _wait(self, operation: Any, zone: str) -> None:
+        from google.cloud import compute_v1
+
+        done = compute_v1.Operation.Status.DONE
+        deadline = time.monotonic() + float(self.options.get("operation_timeout_seconds", 900))
+        while operation.status != done:
+            if time.monotonic() > deadline:
+                raise Throttled(
+                    f"gcp: operation {operation.name} still {operation.status.name} in {zone}",
+                    code="operationTimeout",
+                )
+            name = operation.name
+            operation = self._call(
+                lambda name=name: self._operations().wait(
+                    project=self._project(), zone=zone, operation=name, retry=None
+                )
+            )
+        if operation.error.errors:
+            raise operation_error(operation)
+
+    def _was_preempted(self, instance: Any, zone: str) -> bool:
+        """A preempted-operation for this instance since it last started."""
+        from google.cloud import compute_v1
+
+        request = compute_v1.ListZoneOperationsRequest(
+            project=self._project(),
+            zone=zone,
+            filter=f'(operationType = "{PREEMPTED}") AND (targetId = {instance.id})',
+        )
+        operations = self._call(lambda: list(self._operations().list(request=request, retry=None)))
+        started = _timestamp(instance.last_start_timestamp)
+        return any(
+            started is None or (_timestamp(op.insert_time) or started) >= started
+            for op in operations
+        )
+
+    def _to_instance(self, item: Any) -> Instance:
+        zone = _last(item.zone)
+        spot = item.scheduling.provisioning_model == "SPOT" or bool(item.scheduling.preemptible)
+        state = _STATES.get(item.status, MachineState.PENDING)
+        reason = item.status_message or None
+        if item.status == "TERMINATED" and spot and self._was_preempted(item, zone):
+            state, reason = MachineState.PREEMPTED, PREEMPTED
+        nic = item.network_interfaces[0] if item.network_interfaces else None
+        public = nic.access_configs[0].nat_i_p if nic and nic.access_configs else ""
+        return Instance(
+            id=str(item.id),
+            name=item.name,
+            region=prices.region_of(zone),
+            zone=zone,
+            instance_type=_last(item.machine_type),
+            state=state,
+            spot=spot,
+            labels=dict(item.labels),
+            public_ip=public or None,
+            private_ip=(nic.network_i_p if nic else "") or None,
+            launched_at=_timestamp(item.creation_timestamp),
+            state_reason=reason,
+        )
+
+    # --- plumbing --------------------------------------------------------------------------
+
+    def _call(self, fn: Callable[[], T]) -> T:
+        def attempt() -> T:
+            try:
+                return fn()
+            except ProviderError:
+                raise
+            except Exception as exc:
+                mapped = map_exception(exc)
+                if mapped is None:
+                    raise
+                raise mapped from exc
+
+        return call_with_retry(attempt, self.options)
+
+    def _credentials(self) -> tuple[Any, str | None]:
+        if self._auth is None:
+            if self.options.get("anonymous"):
+                from google.auth.credentials import AnonymousCredentials
+
+                self._auth = (AnonymousCredentials(), None)
+            else:
+                if not adc_configured():
+                    raise AuthError(NO_CREDENTIALS, code="noCredentials")
+                import google.auth
+                from google.auth.exceptions import DefaultCredentialsError
+
+                try:
+                    self._auth = google.auth.default(scopes=SCOPES)
+                except DefaultCredentialsError as exc:
+                    raise AuthError(f"gcp: {exc}", code="DefaultCredentialsError") from None
+        return self._auth
+
+    def _project(self) -> str:
+        project = self.options.get("project") or self._credentials()[1]
+        if not project:
+            raise AuthError(
+                "gcp: no project set (give `project` in the gcp settings or GOOGLE_CLOUD_PROJECT)",
+                code="noProject",
+            )
+        return str(project)
+
+    def _instances(self) -> Any:
+        return self._sdk_clients()[0]
+
+    def _operations(self) -> Any:
+        return self._sdk_clients()[1]
+
+    def _sdk_clients(self) -> tuple[Any, Any]:
+        if self._clients is None:
+            from google.api_core.client_options import ClientOptions
+            from google.cloud import compute_v1
+
+            endpoint = self.options.get("api_endpoint")
+            common = {
+                "credentials": self._credentials()[0],
+                "transport": "rest",
+                "client_options": ClientOptions(api_endpoint=endpoint) if endpoint else None,
+            }
+            self._clients = (
+                compute_v1.InstancesClient(**common),
+                compute_v1.ZoneOperationsClient(**common),
+            )
+        return self._clients
+
+    def _regions(self) -> set[str]:
+        if self.options.get("zones"):
+            return {prices.region_of(z) for z in self.options["zones"]}
+        if self.options.get("regions"):
+            return set(self.options["regions"])
+        return {prices.region_of(z) for z in DEFAULT_ZONES}
+
+
+# --- pure helpers (module level so tests and the emulator can share the rules) --------------
+
+
+def request_id(request: LaunchRequest) -> str:
+    return str(uuid.uuid5(_REQUEST_NAMESPACE, f"{request.token}/{request.zone}/{request.name}"))
+
+
+def label_value(text: str) -> str:
+    """GCP label values: lowercase ``[a-z0-9_-]``, at most 63 characters."""
+    return re.sub(r"[^a-z0-9_-]", "-", str(text).lower())[:63]
+
+
+def labels(source: Mapping[str, str]) -> dict[str, str]:
+    out = {}
+    for key, value in source.items():
+        clean = label_value(key)
+        if not clean[:1].isalpha():
+            clean = f"k-{clean}"[:63]
+        out[clean] = label_value(value)
+    return out
+
+
+def adc_configured() -> bool:
+    """Would ``google.auth.default`` find something without a slow metadata-server probe?
+    Off Google hardware the probe is skipped, so a bare machine answers at once."""
+    if os.environ.get("GOOGLE_APPLICATION_CREDENTIALS") or os.environ.get("GCE_METADATA_HOST"):
+        return True
+    config = os.environ.get("CLOUDSDK_CONFIG")
+    if not config:
+        base = os.environ.get("APPDATA", "") if os.name == "nt" else Path.home() / ".config"
+        config = str(Path(base) / "gcloud")
+    if (Path(config) / "application_default_credentials.json").is_file():
+        return True
+    if os.environ.get("NO_GCE_CHECK") == "True":
+        return False
+    try:
+        return Path("/sys/class/dmi/id/product_name").read_text().startswith("Google")
+    except OSError:
+        return False
+
+
+def classify(code: str, message: str, status: int | None = None) -> ProviderError:
+    """One GCP error (HTTP reason or operation error code) → the taxonomy."""
+    text = message if message.startswith("gcp:") else f"gcp: {message}"
+    if code in _CAPACITY or any(c in message for c in _CAPACITY):
+        return CapacityError(text, code=code)
+    if code in _QUOTA:
+        quota = re.search(r"Quota '([A-Z0-9_-]+)'", message)
+        everywhere = "globally" in message or bool(quota and "ALL_REGIONS" in quota.group(1))
+        return QuotaError(text, code=code, scope="cloud" if everywhere else "region")
+    if code in _THROTTLED or status == 429 or (status or 0) >= 500:
+        return Throttled(text, code=code)
+    if status in (401, 403):
+        return AuthError(text, code=code)
+    if status == 404 or code in ("notFound", "RESOURCE_NOT_FOUND"):
+        return NotFound(text, code=code)
+    return InvalidRequest(text, code=code)
+
+
+def map_exception(exc: BaseException) -> ProviderError | None:
+    import requests
+    from google.api_core import exceptions as api_exceptions
+    from google.auth import exceptions as auth_exceptions
+
+    if isinstance(exc, api_exceptions.GoogleAPICallError):
+        reasons = [e.get("reason", "") for e in exc.errors or () if isinstance(e, dict)]
+        code = next((r for r in reasons if r), None) or exc.reason or type(exc).__name__
+        status = exc.code if isinstance(exc.code, int) else None
+        return classify(code, exc.message or str(exc), status)
+    if isinstance(exc, auth_exceptions.GoogleAuthError):
+        return AuthError(
+            f"gcp: credentials refused ({type(exc).__name__}: {exc})", code=type(exc).__name__
+        )
+    if isinstance(exc, requests.exceptions.RequestException):
+        return Throttled(f"gcp: API unreachable ({type(exc).__name__})", code=type(exc).__name__)
+    return None
+
+
+def operation_error(operation: Any) -> ProviderError:
+    errors = list(operation.error.errors)
+    code = errors[0].code
+    message = "; ".join(e.message for e in errors if e.message) or code
+    status = operation.http_error_status_code or None
+    return classify(code, message, status)
+
+
+def _sentence(exc: ProviderError) -> str:
+    if isinstance(exc, AuthError) and exc.code in ("noCredentials", "noProject"):
+        return exc.args[0]
+    return f"gcp: check failed: {str(exc).removeprefix('gcp: ')}"
+
+
+def _zone_of(ref: InstanceRef) -> str:
+    if not ref.zone:
+        raise InvalidRequest(f"gcp: instance {ref.name or ref.id} has no zone", code="noZone")
+    return ref.zone
+
+
+def _last(url: str) -> str:
+    return url.rsplit("/", 1)[-1]
+
+
+def _timestamp(text: str) -> datetime | None:
+    try:
+        return datetime.fromisoformat(text) if text else None
+    except ValueError:
+        return None

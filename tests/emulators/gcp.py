@@ -1,0 +1,894 @@
+"""A local Compute Engine v1 REST emulator (plus a Cloud Billing Catalog fixture) for the GCP
+adapter's tests.
+
+It speaks the wire protocol the unmodified google-cloud-compute REST transport uses: JSON bodies
+with camelCase fields, ``requestId`` query parameters, zone operations that move PENDING →
+RUNNING → DONE, ``filter``/``maxResults``/``pageToken`` listing, and Google's error shape
+``{"error": {"code", "message", "errors": [{"reason", …}]}}`` so the SDK raises the same
+google.api_core exceptions as against the real API. Insert bodies are parsed into the SDK's own
+``compute_v1.Instance`` with unknown fields refused and checked against GCP's rules; a malformed
+request gets HTTP 400 and so fails the test that sent it.
+
+Control surface for tests: :meth:`GCPEmulator.exhaust`, :meth:`~GCPEmulator.exceed_quota`,
+:meth:`~GCPEmulator.throttle`, :meth:`~GCPEmulator.lose_responses`,
+:meth:`~GCPEmulator.slow_operations`, :meth:`~GCPEmulator.preempt`,
+:meth:`~GCPEmulator.add_instance`, :meth:`~GCPEmulator.deny_auth`; received requests are in
+:attr:`~GCPEmulator.requests`.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import random
+import re
+import threading
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+API = "https://www.googleapis.com/compute/v1"
+BILLING_SERVICE = "6F81-5844-456A"
+PREEMPTED_TYPE = "compute.instances.preempted"
+NAME_RE = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
+LABEL_KEY_RE = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
+LABEL_VALUE_RE = re.compile(r"^[a-z0-9_-]{0,63}$")
+ZONE_RE = re.compile(r"^[a-z]+-[a-z]+[0-9]+-[a-z]$")
+MACHINE_TYPES = {
+    **{f"a2-highgpu-{n}g": ("A100", n) for n in (1, 2, 4, 8)},
+    **{f"a2-ultragpu-{n}g": ("A100-80GB", n) for n in (1, 2, 4, 8)},
+    **{f"a3-highgpu-{n}g": ("H100", n) for n in (1, 2, 4, 8)},
+    **{f"g2-standard-{v}": ("L4", 1) for v in (4, 8, 12, 16, 32)},
+    "g2-standard-24": ("L4", 2),
+    "g2-standard-48": ("L4", 4),
+    "g2-standard-96": ("L4", 8),
+    **{f"n1-standard-{v}": ("", 0) for v in (1, 2, 4, 8, 16, 32, 64, 96)},
+}
+ACCELERATOR_TYPES = {"nvidia-tesla-t4", "nvidia-tesla-v100"}
+# Query parameters the real API accepts on each call we serve (anything else is a 400).
+LIST_PARAMS = {"filter", "maxResults", "pageToken", "orderBy", "returnPartialSuccess"}
+AGGREGATED_PARAMS = LIST_PARAMS | {"includeAllScopes", "serviceProjectNumber"}
+
+
+class ApiError(Exception):
+    """An HTTP error answered in Google's JSON error shape."""
+
+    def __init__(self, status: int, reason: str, message: str, domain: str = "global") -> None:
+        super().__init__(message)
+        self.status, self.reason, self.message, self.domain = status, reason, message, domain
+
+    def body(self) -> dict[str, Any]:
+        return {
+            "error": {
+                "code": self.status,
+                "message": self.message,
+                "errors": [{"message": self.message, "domain": self.domain, "reason": self.reason}],
+            }
+        }
+
+
+def invalid(message: str) -> ApiError:
+    return ApiError(400, "invalid", message)
+
+
+@dataclass
+class Recorded:
+    method: str
+    path: str
+    query: dict[str, str]
+    body: dict[str, Any] | None
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class _Pending:
+    """An operation not DONE yet: ``polls`` more reads, then ``finish`` runs."""
+
+    polls: int
+    finish: Callable[[], dict[str, Any] | None]
+
+
+class GCPEmulator:
+    """Compute Engine v1 for one project, in memory, on ``http://127.0.0.1:<port>``."""
+
+    def __init__(self, project: str = "test-project") -> None:
+        self.project = project
+        self.instances: dict[tuple[str, str], dict[str, Any]] = {}
+        self.operations: dict[tuple[str, str], dict[str, Any]] = {}
+        self.requests: list[Recorded] = []
+        self.max_page_size = 500  # the real API may return fewer than maxResults
+        self.billing_pages: list[dict[str, Any]] = billing_fixture_pages()
+        self.billing_api_key = "test-billing-key"
+        self._pending: dict[tuple[str, str], _Pending] = {}
+        self._request_ids: dict[str, tuple[str, str]] = {}
+        self._exhausted: dict[str, str] = {}
+        self._quota: tuple[str, str, str | None] | None = None
+        self._throttle = 0
+        self._throttle_status = 429
+        self._lose = 0
+        self._op_polls = 0
+        self._auth_denied = False
+        self._clock = datetime(2026, 11, 30, 9, 0, tzinfo=UTC)
+        self._lock = threading.RLock()
+        self._server: ThreadingHTTPServer | None = None
+
+    # --- lifecycle -------------------------------------------------------------------------
+
+    def start(self) -> GCPEmulator:
+        emulator = self
+
+        class Handler(_Handler):
+            pass
+
+        Handler.emulator = emulator
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server.daemon_threads = True
+        threading.Thread(
+            target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+        ).start()
+        return self
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+
+    def __enter__(self) -> GCPEmulator:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    @property
+    def endpoint(self) -> str:
+        assert self._server is not None, "emulator not started"
+        return f"http://127.0.0.1:{self._server.server_address[1]}"
+
+    # --- control surface -------------------------------------------------------------------
+
+    def exhaust(self, zone: str, code: str = "ZONE_RESOURCE_POOL_EXHAUSTED") -> None:
+        """Inserts in ``zone`` end in an operation DONE with this error (as on GCP)."""
+        self._exhausted[zone] = code
+
+    def exceed_quota(self, quota: str, *, via: str = "http", region: str | None = None) -> None:
+        """Every insert breaks ``quota`` (e.g. NVIDIA_A100_GPUS, GPUS_ALL_REGIONS): as an HTTP 403
+        ``quotaExceeded`` (via="http") or as an operation error QUOTA_EXCEEDED (via="operation").
+        ``region`` limits it to inserts in that region."""
+        self._quota = (quota, via, region)
+
+    def clear_faults(self) -> None:
+        self._exhausted.clear()
+        self._quota = None
+        self._throttle = self._lose = self._op_polls = 0
+        self._auth_denied = False
+
+    def throttle(self, count: int, status: int = 429) -> None:
+        """The next ``count`` requests are refused with ``rateLimitExceeded``."""
+        self._throttle, self._throttle_status = count, status
+
+    def lose_responses(self, count: int) -> None:
+        """The next ``count`` mutating requests are carried out, then answered 503 (as if the
+        answer got lost on the way back)."""
+        self._lose = count
+
+    def slow_operations(self, polls: int) -> None:
+        """New operations stay PENDING/RUNNING for ``polls`` reads (get or wait)."""
+        self._op_polls = polls
+
+    def deny_auth(self) -> None:
+        self._auth_denied = True
+
+    def preempt(self, zone: str, name: str) -> None:
+        """GCP takes back a spot instance: per its instanceTerminationAction it is stopped
+        (TERMINATED) or deleted, and a ``compute.instances.preempted`` operation is logged."""
+        with self._lock:
+            instance = self.instances[(zone, name)]
+            scheduling = instance.get("scheduling", {})
+            assert scheduling.get("provisioningModel") == "SPOT", "only spot VMs are preempted"
+            op = self._new_operation(zone, PREEMPTED_TYPE, instance)
+            op["user"] = "system"
+            op.update(status="DONE", progress=100, endTime=self._now())
+            if scheduling.get("instanceTerminationAction") == "DELETE":
+                del self.instances[(zone, name)]
+            else:
+                instance.update(
+                    status="TERMINATED", lastStopTimestamp=self._now(), statusMessage=""
+                )
+
+    def add_instance(
+        self,
+        zone: str,
+        name: str,
+        *,
+        labels: dict[str, str] | None = None,
+        machine_type: str = "n1-standard-4",
+        status: str = "RUNNING",
+    ) -> dict[str, Any]:
+        """Create an instance directly, as someone else's tool would."""
+        with self._lock:
+            body = {
+                "name": name,
+                "machineType": f"zones/{zone}/machineTypes/{machine_type}",
+                "labels": labels or {},
+                "networkInterfaces": [{"network": "global/networks/default"}],
+            }
+            instance = self._materialise(zone, body)
+            instance["status"] = status
+            return instance
+
+    def instance(self, zone: str, name: str) -> dict[str, Any] | None:
+        return self.instances.get((zone, name))
+
+    def calls(self, method: str, path_suffix: str = "") -> list[Recorded]:
+        return [r for r in self.requests if r.method == method and r.path.endswith(path_suffix)]
+
+    # --- request handling ------------------------------------------------------------------
+
+    def handle(
+        self, method: str, path: str, query: dict[str, str], body: Any, headers: dict[str, str]
+    ) -> tuple[int, Any]:
+        with self._lock:
+            if self._throttle > 0:
+                self._throttle -= 1
+                error = ApiError(
+                    self._throttle_status, "rateLimitExceeded", "Rate Limit Exceeded", "usageLimits"
+                )
+                return error.status, error.body()
+            try:
+                if path.startswith(f"/v1/services/{BILLING_SERVICE}/skus"):
+                    return 200, self._billing(query, headers)
+                if self._auth_denied:
+                    raise ApiError(
+                        401,
+                        "authError",
+                        "Request is missing required authentication credential.",
+                    )
+                answer = self._route(method, path, query, body)
+            except ApiError as error:
+                return error.status, error.body()
+            if self._lose > 0 and method in ("POST", "DELETE"):
+                self._lose -= 1
+                lost = ApiError(
+                    503,
+                    "backendError",
+                    "Internal error. Please try again or contact Google Support.",
+                )
+                return lost.status, lost.body()
+            return 200, answer
+
+    def _route(self, method: str, path: str, query: dict[str, str], body: Any) -> Any:
+        base = f"/compute/v1/projects/{self.project}"
+        if not path.startswith(base + "/"):
+            raise ApiError(404, "notFound", f"The resource '{path}' was not found")
+        rest = path[len(base) :]
+        if rest == "/aggregated/instances" and method == "GET":
+            _allow(query, AGGREGATED_PARAMS)
+            return self._aggregated(query)
+        match = re.fullmatch(
+            r"/zones/([^/]+)/(instances|operations)(?:/([^/]+))?(?:/([^/]+))?", rest
+        )
+        if not match:
+            raise ApiError(404, "notFound", f"The resource '{path}' was not found")
+        zone, kind, name, verb = match.groups()
+        if not ZONE_RE.match(zone):
+            raise invalid(f"Invalid value for field 'zone': '{zone}'. Unknown zone.")
+        if kind == "operations":
+            if name is None and method == "GET":
+                _allow(query, LIST_PARAMS)
+                return self._list(
+                    "compute#operationList",
+                    [o for (z, _), o in self.operations.items() if z == zone],
+                    query,
+                    "items",
+                )
+            if name and (method, verb) in (("GET", None), ("POST", "wait")):
+                _allow(query, set())
+                return self._poll(zone, name)
+        elif name is None and method == "POST":
+            _allow(query, {"requestId", "sourceInstanceTemplate", "sourceMachineImage"})
+            return self._insert(zone, query.get("requestId"), body)
+        elif name is None and method == "GET":
+            _allow(query, LIST_PARAMS)
+            found = [i for (z, _), i in sorted(self.instances.items()) if z == zone]
+            return self._list("compute#instanceList", found, query, "items")
+        elif method == "GET" and verb is None:
+            _allow(query, set())
+            return self._find(zone, name)
+        elif method == "DELETE" and verb is None:
+            _allow(query, {"requestId", "noGracefulShutdown"})
+            return self._delete(zone, name, query.get("requestId"))
+        elif method == "POST" and verb in ("stop", "start"):
+            extra = {"discardLocalSsd", "noGracefulShutdown"} if verb == "stop" else set()
+            _allow(query, {"requestId"} | extra)
+            return self._stop_start(zone, name, verb, query.get("requestId"))
+        raise ApiError(404, "notFound", f"The resource '{path}' was not found")
+
+    # --- instances -------------------------------------------------------------------------
+
+    def _insert(self, zone: str, request_id: str | None, body: Any) -> dict[str, Any]:
+        _check_request_id(request_id)
+        if request_id in self._request_ids:
+            return self._poll(*self._request_ids[request_id])
+        resource = _parse_instance(body, zone)
+        name = resource["name"]
+        if (zone, name) in self.instances:
+            raise ApiError(
+                409,
+                "alreadyExists",
+                f"The resource 'projects/{self.project}/zones/{zone}/instances/{name}' "
+                "already exists",
+            )
+        quota = self._quota
+        region = zone.rsplit("-", 1)[0]
+        if quota and quota[2] in (None, region):
+            message = _quota_message(quota[0], region)
+            if quota[1] == "http":
+                raise ApiError(403, "quotaExceeded", message, "usageLimits")
+        target = {"name": name, "id": _new_id()}
+        op = self._new_operation(zone, "insert", target)
+        if request_id:
+            op["clientOperationId"] = request_id
+            self._request_ids[request_id] = (zone, op["name"])
+        if zone in self._exhausted:
+            code = self._exhausted[zone]
+            error = {
+                "code": code,
+                "message": f"The zone 'projects/{self.project}/zones/{zone}' does not have enough "
+                "resources available to fulfill the request.  Try a different zone, or try again "
+                "later.",
+            }
+            return self._schedule(zone, op, lambda: {"errors": [error]})
+        if quota and quota[2] in (None, region):
+            error = {"code": "QUOTA_EXCEEDED", "message": _quota_message(quota[0], region)}
+            return self._schedule(zone, op, lambda: {"errors": [error]})
+        instance = self._materialise(zone, resource, target["id"])
+        instance["status"] = "PROVISIONING"
+
+        def boot() -> None:
+            instance.update(status="RUNNING", lastStartTimestamp=self._now())
+
+        return self._schedule(zone, op, boot)
+
+    def _materialise(
+        self, zone: str, body: dict[str, Any], instance_id: str | None = None
+    ) -> dict[str, Any]:
+        instance = json.loads(json.dumps(body))
+        name = instance["name"]
+        number = len(self.instances) + 2
+        for nic_index, nic in enumerate(instance.get("networkInterfaces", [])):
+            nic.update(name=f"nic{nic_index}", networkIP=f"10.128.0.{number}")
+            for access in nic.get("accessConfigs", []):
+                access["natIP"] = f"34.1.{number // 250}.{number % 250}"
+        instance.update(
+            kind="compute#instance",
+            id=instance_id or _new_id(),
+            creationTimestamp=self._now(),
+            zone=f"{API}/projects/{self.project}/zones/{zone}",
+            machineType=f"{API}/projects/{self.project}/{instance['machineType']}",
+            selfLink=f"{API}/projects/{self.project}/zones/{zone}/instances/{name}",
+            status="RUNNING",
+            lastStartTimestamp=self._now(),
+        )
+        self.instances[(zone, name)] = instance
+        return instance
+
+    def _find(self, zone: str, name: str) -> dict[str, Any]:
+        instance = self.instances.get((zone, name))
+        if instance is None:  # the API also takes the numeric id
+            instance = next(
+                (i for (z, _), i in self.instances.items() if z == zone and i["id"] == name), None
+            )
+        if instance is None:
+            raise ApiError(
+                404,
+                "notFound",
+                f"The resource 'projects/{self.project}/zones/{zone}/instances/{name}' was not "
+                "found",
+            )
+        return instance
+
+    def _stop_start(self, zone: str, name: str, verb: str, request_id: str | None) -> Any:
+        _check_request_id(request_id)
+        if request_id in self._request_ids:
+            return self._poll(*self._request_ids[request_id])
+        instance = self._find(zone, name)
+        op = self._new_operation(zone, verb, instance)
+        if request_id:
+            self._request_ids[request_id] = (zone, op["name"])
+        if verb == "stop":
+            if instance["status"] in ("TERMINATED", "STOPPED"):
+                return self._schedule(zone, op, lambda: None)
+            instance["status"] = "STOPPING"
+
+            def stopped() -> None:
+                instance.update(status="TERMINATED", lastStopTimestamp=self._now())
+
+            return self._schedule(zone, op, stopped)
+        if instance["status"] == "RUNNING":
+            return self._schedule(zone, op, lambda: None)
+        instance["status"] = "STAGING"
+
+        def started() -> None:
+            instance.update(status="RUNNING", lastStartTimestamp=self._now())
+
+        return self._schedule(zone, op, started)
+
+    def _delete(self, zone: str, name: str, request_id: str | None) -> Any:
+        _check_request_id(request_id)
+        if request_id in self._request_ids:
+            return self._poll(*self._request_ids[request_id])
+        instance = self._find(zone, name)
+        op = self._new_operation(zone, "delete", instance)
+        if request_id:
+            self._request_ids[request_id] = (zone, op["name"])
+        instance["status"] = "STOPPING"
+
+        def deleted() -> None:
+            self.instances.pop((zone, instance["name"]), None)
+
+        return self._schedule(zone, op, deleted)
+
+    # --- operations ------------------------------------------------------------------------
+
+    def _new_operation(self, zone: str, op_type: str, target: dict[str, Any]) -> dict[str, Any]:
+        name = f"operation-{uuid.uuid4().hex[:13]}-{uuid.uuid4().hex[:8]}"
+        zone_url = f"{API}/projects/{self.project}/zones/{zone}"
+        op = {
+            "kind": "compute#operation",
+            "id": _new_id(),
+            "name": name,
+            "zone": zone_url,
+            "operationType": op_type,
+            "targetLink": f"{zone_url}/instances/{target['name']}",
+            "targetId": target["id"],
+            "status": "PENDING",
+            "user": "user@example.com",
+            "progress": 0,
+            "insertTime": self._now(),
+            "selfLink": f"{zone_url}/operations/{name}",
+        }
+        self.operations[(zone, name)] = op
+        return op
+
+    def _schedule(
+        self, zone: str, op: dict[str, Any], finish: Callable[[], dict[str, Any] | None]
+    ) -> dict[str, Any]:
+        op["startTime"] = self._now()
+        self._pending[(zone, op["name"])] = _Pending(self._op_polls, finish)
+        return self._poll(zone, op["name"], count=False)
+
+    def _poll(self, zone: str, name: str, *, count: bool = True) -> dict[str, Any]:
+        op = self.operations.get((zone, name))
+        if op is None:
+            raise ApiError(
+                404,
+                "notFound",
+                f"The resource 'projects/{self.project}/zones/{zone}/operations/{name}' was not "
+                "found",
+            )
+        pending = self._pending.get((zone, name))
+        if pending is not None:
+            if count:
+                pending.polls -= 1
+            if pending.polls <= 0:
+                del self._pending[(zone, name)]
+                error = pending.finish()
+                op.update(status="DONE", progress=100, endTime=self._now())
+                if error:
+                    op["error"] = error
+            else:
+                op.update(status="RUNNING", progress=50)
+        return op
+
+    # --- listing ---------------------------------------------------------------------------
+
+    def _matching(self, items: list[dict[str, Any]], query: dict[str, str]) -> list[dict]:
+        terms = parse_filter(query.get("filter", ""))
+        return [item for item in items if all(t(item) for t in terms)]
+
+    def _page(self, items: list[Any], query: dict[str, str]) -> tuple[list[Any], str]:
+        try:
+            size = int(query.get("maxResults", "500"))
+        except ValueError:
+            raise invalid("Invalid value for field 'maxResults'") from None
+        if not 0 <= size <= 500:
+            raise invalid(f"Invalid value for field 'maxResults': {size}. Must be in [0, 500].")
+        size = min(size or 500, self.max_page_size)
+        start = 0
+        if query.get("pageToken"):
+            try:
+                start = int(base64.urlsafe_b64decode(query["pageToken"]).decode())
+            except ValueError:
+                raise invalid("Invalid value for field 'pageToken'") from None
+        end = start + size
+        token = base64.urlsafe_b64encode(str(end).encode()).decode() if end < len(items) else ""
+        return items[start:end], token
+
+    def _list(self, kind: str, items: list[dict], query: dict[str, str], key: str) -> Any:
+        page, token = self._page(self._matching(items, query), query)
+        answer: dict[str, Any] = {"kind": kind, key: page, "selfLink": "", "id": kind}
+        if token:
+            answer["nextPageToken"] = token
+        return answer
+
+    def _aggregated(self, query: dict[str, str]) -> Any:
+        found = self._matching([i for _, i in sorted(self.instances.items())], query)
+        page, token = self._page(found, query)
+        items: dict[str, Any] = {}
+        for instance in page:
+            scope = "zones/" + instance["zone"].rsplit("/", 1)[-1]
+            items.setdefault(scope, {"instances": []})["instances"].append(instance)
+        answer: dict[str, Any] = {
+            "kind": "compute#instanceAggregatedList",
+            "id": f"projects/{self.project}/aggregated/instances",
+            "items": items,
+            "selfLink": f"{API}/projects/{self.project}/aggregated/instances",
+        }
+        if token:
+            answer["nextPageToken"] = token
+        return answer
+
+    # --- billing ---------------------------------------------------------------------------
+
+    def _billing(self, query: dict[str, str], headers: dict[str, str]) -> Any:
+        key = query.get("key") or headers.get("x-goog-api-key", "")
+        if key != self.billing_api_key:
+            raise ApiError(
+                400, "API_KEY_INVALID", "API key not valid. Please pass a valid API key."
+            )
+        _allow(query, {"key", "pageSize", "pageToken", "currencyCode", "startTime", "endTime"})
+        token = query.get("pageToken") or "0"
+        if not token.isdigit() or int(token) >= len(self.billing_pages):
+            raise invalid(f"Invalid value for field 'pageToken': '{token}'.")
+        return self.billing_pages[int(token)]
+
+    def _now(self) -> str:
+        """A logical clock: every timestamp is one second after the last one."""
+        self._clock += timedelta(seconds=1)
+        return self._clock.isoformat(timespec="milliseconds")
+
+
+class _Handler(BaseHTTPRequestHandler):
+    emulator: GCPEmulator
+    protocol_version = "HTTP/1.1"
+
+    def _serve(self) -> None:
+        parts = urlsplit(self.path)
+        query = {k: v[-1] for k, v in parse_qs(parts.query, keep_blank_values=True).items()}
+        length = int(self.headers.get("Content-Length") or 0)
+        raw = self.rfile.read(length) if length else b""
+        headers = {k.lower(): v for k, v in self.headers.items()}
+        try:
+            body = json.loads(raw) if raw else None
+        except ValueError:
+            body = raw.decode("utf-8", "replace")
+        emulator = self.emulator
+        with emulator._lock:
+            emulator.requests.append(Recorded(self.command, parts.path, query, body, headers))
+            if isinstance(body, str):
+                error = invalid("Invalid JSON payload received.")
+                status, answer = error.status, error.body()
+            else:
+                status, answer = emulator.handle(self.command, parts.path, query, body, headers)
+        payload = json.dumps(answer).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json; charset=UTF-8")
+        self.send_header("Content-Length", str(len(payload)))
+        self.end_headers()
+        self.wfile.write(payload)
+
+    do_GET = do_POST = do_DELETE = _serve
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+# --- strict request parsing -------------------------------------------------------------------
+
+
+def _allow(query: dict[str, str], allowed: set[str]) -> None:
+    unknown = set(query) - allowed
+    if unknown:
+        raise invalid(f"Invalid JSON payload received. Unknown name {sorted(unknown)[0]!r}")
+
+
+def _check_request_id(request_id: str | None) -> None:
+    if request_id is None:
+        return
+    try:
+        parsed = uuid.UUID(request_id)
+    except ValueError:
+        raise invalid(f"Invalid value for field 'requestId': '{request_id}'.") from None
+    if parsed.int == 0 or str(parsed) != request_id.lower():
+        raise invalid(f"Invalid value for field 'requestId': '{request_id}'.")
+
+
+def _parse_instance(body: Any, zone: str) -> dict[str, Any]:
+    """Parse with the SDK's own type (unknown fields refused), then apply GCP's rules."""
+    from google.cloud import compute_v1
+
+    if not isinstance(body, dict):
+        raise invalid("Required field 'resource' not specified")
+    try:
+        compute_v1.Instance.from_json(json.dumps(body), ignore_unknown_fields=False)
+    except Exception as exc:  # json_format.ParseError and friends
+        raise invalid(f"Invalid JSON payload received. {exc}") from None
+    name = body.get("name", "")
+    if not NAME_RE.match(name):
+        raise invalid(f"Invalid value for field 'resource.name': '{name}'.")
+    mt = re.fullmatch(r"zones/([^/]+)/machineTypes/([^/]+)", body.get("machineType", ""))
+    if not mt or mt.group(1) != zone or mt.group(2) not in MACHINE_TYPES:
+        raise invalid(
+            f"Invalid value for field 'resource.machineType': '{body.get('machineType')}'. "
+            f"Machine type does not exist in zone '{zone}'."
+        )
+    family = mt.group(2).split("-", 1)[0]
+    for key, value in body.get("labels", {}).items():
+        if not LABEL_KEY_RE.match(key) or not LABEL_VALUE_RE.match(value):
+            raise invalid(f"Invalid value for field 'resource.labels': '{key}={value}'.")
+    accelerators = body.get("guestAccelerators", [])
+    for acc in accelerators:
+        at = re.fullmatch(r"zones/([^/]+)/acceleratorTypes/([^/]+)", acc.get("acceleratorType", ""))
+        if family != "n1" or not at or at.group(1) != zone or at.group(2) not in ACCELERATOR_TYPES:
+            raise invalid(
+                "Invalid value for field 'resource.guestAccelerators[0].acceleratorType': "
+                f"'{acc.get('acceleratorType')}'."
+            )
+        if acc.get("acceleratorCount") not in (1, 2, 4, 8):
+            raise invalid(
+                "Invalid value for field 'resource.guestAccelerators[0].acceleratorCount'"
+            )
+    scheduling = body.get("scheduling", {})
+    has_gpu = bool(accelerators) or MACHINE_TYPES[mt.group(2)][1] > 0
+    if has_gpu and scheduling.get("onHostMaintenance") != "TERMINATE":
+        raise invalid("Instances with guest accelerators do not support live migration.")
+    model = scheduling.get("provisioningModel", "STANDARD")
+    if model not in ("STANDARD", "SPOT"):
+        raise invalid(f"Invalid value for field 'resource.scheduling.provisioningModel': '{model}'")
+    if family == "a3" and MACHINE_TYPES[mt.group(2)][1] < 8 and model != "SPOT":
+        raise invalid(f"Machine type {mt.group(2)} is only available as Spot or Flex-start VM.")
+    nics = body.get("networkInterfaces") or [{}]
+    if family == "a3" and nics[0].get("nicType") != "GVNIC":
+        raise invalid(f"Machine type {mt.group(2)} requires a gVNIC network interface.")
+    if model == "SPOT":
+        if scheduling.get("automaticRestart", True):
+            raise invalid("Spot VMs must have automaticRestart set to false.")
+        if scheduling.get("instanceTerminationAction") not in ("STOP", "DELETE"):
+            raise invalid("Invalid value for field 'resource.scheduling.instanceTerminationAction'")
+    elif "instanceTerminationAction" in scheduling:
+        raise invalid("instanceTerminationAction is only allowed for Spot VMs.")
+    boot = [d for d in body.get("disks", []) if d.get("boot")]
+    if len(boot) != 1 or not boot[0].get("initializeParams", {}).get("sourceImage"):
+        raise invalid("Exactly one boot disk with initializeParams.sourceImage is required.")
+    if int(boot[0]["initializeParams"].get("diskSizeGb", 10)) < 10:
+        raise invalid("Invalid value for field 'resource.disks[0].initializeParams.diskSizeGb'")
+    if not body.get("networkInterfaces") or not body["networkInterfaces"][0].get("network"):
+        raise invalid("At least one network interface with a network is required.")
+    keys = [item["key"] for item in body.get("metadata", {}).get("items", [])]
+    if len(keys) != len(set(keys)):
+        raise invalid("Invalid value for field 'resource.metadata': duplicate keys.")
+    return body
+
+
+def parse_filter(text: str) -> list[Callable[[dict[str, Any]], bool]]:
+    """The subset of the list-filter grammar we need: ``field = value`` / ``field != value``
+    terms, optionally parenthesised and quoted, joined by ``AND``. Anything else is a 400."""
+    if not text.strip():
+        return []
+    terms = []
+    for raw in re.split(r"\s+AND\s+", text.strip()):
+        match = re.fullmatch(
+            r'\(?\s*([A-Za-z][\w.-]*)\s*(=|!=)\s*(?:"([^"]*)"|([^\s()"]+))\s*\)?', raw.strip()
+        )
+        if not match:
+            raise invalid(f"Invalid value for field 'filter': '{text}'. Invalid list filter")
+        path, op, quoted, bare = match.groups()
+        value = quoted if quoted is not None else bare
+
+        def term(item: dict[str, Any], path: str = path, op: str = op, value: str = value) -> bool:
+            current: Any = item
+            for part in path.split("."):
+                current = current.get(part) if isinstance(current, dict) else None
+            equal = current is not None and str(current) == value
+            return equal if op == "=" else not equal
+
+        terms.append(term)
+    return terms
+
+
+def _quota_message(quota: str, region: str) -> str:
+    where = "globally" if quota.endswith("ALL_REGIONS") else f"in region {region}"
+    return f"Quota '{quota}' exceeded.  Limit: 0.0 {where}."
+
+
+def _new_id() -> str:
+    return str(random.randrange(10**18, 10**19))
+
+
+# --- Cloud Billing Catalog fixture ------------------------------------------------------------
+
+_AMERICAS = ["us-central1", "us-east1", "us-east4", "us-west1", "us-west4"]
+_EMEA = ["europe-west4", "europe-west1"]
+
+
+def _sku(
+    sku_id: str,
+    description: str,
+    group: str,
+    usage: str,
+    regions: list[str],
+    price: str,
+    unit: str = "h",
+    family: str = "Compute",
+) -> dict[str, Any]:
+    units, _, frac = price.partition(".")
+    nanos = int((frac + "000000000")[:9])
+    return {
+        "name": f"services/{BILLING_SERVICE}/skus/{sku_id}",
+        "skuId": sku_id,
+        "description": description,
+        "category": {
+            "serviceDisplayName": "Compute Engine",
+            "resourceFamily": family,
+            "resourceGroup": group,
+            "usageType": usage,
+        },
+        "serviceRegions": regions,
+        "pricingInfo": [
+            {
+                "summary": "",
+                "pricingExpression": {
+                    "usageUnit": unit,
+                    "displayQuantity": 1,
+                    "tieredRates": [
+                        {
+                            "startUsageAmount": 0,
+                            "unitPrice": {"currencyCode": "USD", "units": units, "nanos": nanos},
+                        }
+                    ],
+                    "usageUnitDescription": "hour" if unit == "h" else "gibibyte hour",
+                    "baseUnit": "s" if unit == "h" else "By.s",
+                    "baseUnitDescription": "second" if unit == "h" else "byte second",
+                    "baseUnitConversionFactor": 3600 if unit == "h" else 3865470566400,
+                },
+                "currencyConversionRate": 1,
+                "effectiveTime": "2026-11-29T12:00:00.000Z",
+            }
+        ],
+        "serviceProviderName": "Google",
+        "geoTaxonomy": {
+            "type": "MULTI_REGIONAL" if len(regions) > 1 else "REGIONAL",
+            "regions": regions,
+        },
+    }
+
+
+def billing_fixture_pages() -> list[dict[str, Any]]:
+    """Three pages of Compute Engine SKUs in the catalog's shape. The us-central1 ("Americas")
+    unit prices reproduce SkyPilot's catalog for a2-highgpu-1g (0.73948 host + 2.93391 A100)
+    and g2-standard-4 (0.14679 + 0.56004 L4); the rest are plausible. Noise SKUs (storage,
+    commitments, custom/sole-tenant, vWS, H100 Mega) must be ignored by the parser."""
+    skus = []
+    n = 0
+
+    def add(*args: Any, **kwargs: Any) -> None:
+        nonlocal n
+        n += 1
+        skus.append(_sku(f"{n:04X}-A1B2-C3D4", *args, **kwargs))
+
+    for where, regions, factor in (("Americas", _AMERICAS, 1), ("EMEA", _EMEA, 1.1)):
+
+        def p(value: float, factor: float = factor) -> str:
+            return f"{value * factor:.9f}"
+
+        for series, label, core, ram in (
+            ("A2", "A2 Instance", 0.031611, 0.004237),
+            ("A3", "A3 Instance", 0.0295, 0.0017757),
+            ("G2", "G2 Instance", 0.02229, 0.0036019),
+        ):
+            add(f"{label} Core running in {where}", "CPU", "OnDemand", regions, p(core))
+            add(f"{label} Ram running in {where}", "RAM", "OnDemand", regions, p(ram), "GiBy.h")
+            add(
+                f"Spot Preemptible {label} Core running in {where}",
+                "CPU",
+                "Preemptible",
+                regions,
+                p(core / 2),
+            )
+            add(
+                f"Spot Preemptible {label} Ram running in {where}",
+                "RAM",
+                "Preemptible",
+                regions,
+                p(ram / 2),
+                "GiBy.h",
+            )
+            add(
+                f"Commitment v1: {series} Cpu in {where} for 1 Year",
+                "CPU",
+                "Commit1Yr",
+                regions,
+                p(core * 0.63),
+            )
+        add(
+            f"N1 Predefined Instance Core running in {where}",
+            "N1Standard",
+            "OnDemand",
+            regions,
+            p(0.031611),
+        )
+        add(
+            f"N1 Predefined Instance Ram running in {where}",
+            "N1Standard",
+            "OnDemand",
+            regions,
+            p(0.004237),
+            "GiBy.h",
+        )
+        add(
+            f"Spot Preemptible N1 Predefined Instance Core running in {where}",
+            "N1Standard",
+            "Preemptible",
+            regions,
+            p(0.00698),
+        )
+        add(
+            f"Spot Preemptible N1 Predefined Instance Ram running in {where}",
+            "N1Standard",
+            "Preemptible",
+            regions,
+            p(0.000936),
+            "GiBy.h",
+        )
+        add(f"Custom Instance Core running in {where}", "CPU", "OnDemand", regions, p(0.033174))
+        add(
+            f"N1 Sole Tenancy Instance Core running in {where}",
+            "CPU",
+            "OnDemand",
+            regions,
+            p(0.034773),
+        )
+        for gpu, od, spot in (
+            ("Nvidia Tesla A100 GPU", 2.933908, 1.4341),
+            ("Nvidia A100 80GB GPU", 1.8462, 1.964),
+            ("Nvidia H100 80GB GPU", 4.20076, 2.9926),
+            ("Nvidia L4 GPU", 0.56004, 0.2231),
+            ("Nvidia Tesla T4 GPU", 0.35, 0.175),
+            ("Nvidia Tesla V100 GPU", 2.48, 1.0885),
+        ):
+            add(f"{gpu} running in {where}", "GPU", "OnDemand", regions, p(od))
+            add(
+                f"{gpu} attached to Spot Preemptible VMs running in {where}",
+                "GPU",
+                "Preemptible",
+                regions,
+                p(spot),
+            )
+        add(f"Nvidia H100 80GB Mega GPU running in {where}", "GPU", "OnDemand", regions, p(11.06))
+        add(
+            f"Nvidia Tesla T4 Virtual Workstation GPU running in {where}",
+            "GPU",
+            "OnDemand",
+            regions,
+            p(0.55),
+        )
+        add(
+            f"Storage PD Capacity in {where}",
+            "PDStandard",
+            "OnDemand",
+            regions,
+            p(0.000054),
+            "GiBy.h",
+            family="Storage",
+        )
+    third = len(skus) // 3 + 1
+    chunks = [skus[:third], skus[third : 2 * third], skus[2 * third :]]
+    return [
+        {"skus": chunk, "nextPageToken": str(i + 1) if i + 1 < len(chunks) else ""}
+        for i, chunk in enumerate(chunks)
+    ]
