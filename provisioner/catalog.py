@@ -91,11 +91,29 @@ def load(settings: Settings, clouds: Iterable[str]) -> list[Offer]:
 
 
 def refresh(settings: Settings, cloud: str, fetched: list[Offer]) -> Path:
-    """Store freshly fetched offers for ``cloud``. An empty result keeps the old data."""
+    """Store freshly fetched offers for ``cloud``. An empty result keeps the old data; an offer
+    the source lists without a price keeps the price the catalog had for it, saying so."""
     if not fetched:
         raise ValueError(f"{cloud}: the price source returned no offers; keeping the old catalog")
+    old_path = source_of(settings, cloud)
+    previous = (
+        {(o.region, o.zone, o.instance_type): o for o in read_csv(old_path)}
+        if old_path.exists()
+        else {}
+    )
+    merged = []
+    for o in fetched:
+        before = previous.get((o.region, o.zone, o.instance_type))
+        if o.price is None and o.spot_price is None and before and before.price is not None:
+            o = replace(
+                o,
+                price=before.price,
+                spot_price=before.spot_price,
+                source=f"{o.source}; price kept from the previous catalog ({before.source})",
+            )
+        merged.append(o)
     path = refreshed_path(settings, cloud)
-    write_csv(path, fetched)
+    write_csv(path, merged)
     return path
 
 

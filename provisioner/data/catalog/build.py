@@ -177,6 +177,9 @@ def azure(ref: Path) -> None:
         gpu, count, note = r["AcceleratorName"], int(Decimal(r["AcceleratorCount"])), ""
         if r["InstanceType"] == "Standard_ND96isr_H100_v5":
             count, note = 8, "; GPU count corrected 12->8 (the VM has 8 H100)"
+        mem = GPU_MEMORY[gpu]
+        if r["InstanceType"].startswith("Standard_NC") and gpu == "H100":
+            mem, note = 94, note + "; H100 NVL (94 GB)"
         spot = r["SpotPrice"]
         if spot and spot == r["Price"]:
             spot, note = "", note + "; no real spot price published (source repeats on-demand)"
@@ -188,7 +191,7 @@ def azure(ref: Path) -> None:
                 instance_type=r["InstanceType"],
                 gpu=gpu,
                 gpu_count=count,
-                gpu_memory_gb=GPU_MEMORY[gpu],
+                gpu_memory_gb=mem,
                 vcpus=_num(r["vCPUs"]),
                 memory_gb=_num(r["MemoryGiB"]),
                 price=_dec(r["Price"]),

@@ -1,0 +1,68 @@
+"""The shipped catalog and its refresh: sources on every row, unknown prices stay unknown, a
+failed or partial refresh never loses prices."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from decimal import Decimal
+
+import pytest
+
+from provisioner import catalog
+from tests.conftest import run_cli, write_settings
+
+
+def test_shipped_catalog_covers_five_clouds_with_sources(settings):
+    offers = catalog.load(settings, ["aws", "gcp", "azure", "yandex", "sbercloud"])
+    by_cloud = {}
+    for o in offers:
+        by_cloud.setdefault(o.cloud, set()).add(o.gpu)
+        assert o.source, o
+        assert o.currency == ("RUB" if o.cloud in ("yandex", "sbercloud") else "USD")
+    assert {"A100", "H100", "T4"} <= by_cloud["aws"]
+    assert {"A100", "A100-80GB", "H100", "T4"} <= by_cloud["gcp"]
+    assert {"A100", "A100-80GB", "H100", "T4"} <= by_cloud["azure"]
+    assert {"A100-80GB", "T4", "V100"} <= by_cloud["yandex"]
+    assert {"A100-80GB", "H100", "T4", "V100"} <= by_cloud["sbercloud"]
+    assert all(o.price is None and o.spot_price is None for o in offers if o.cloud == "sbercloud")
+
+
+def test_gcp_t4_is_host_plus_gpu(settings):
+    (o,) = [
+        o
+        for o in catalog.load(settings, ["gcp"])
+        if o.zone == "us-central1-a"
+        and o.instance_type == "n1-standard-4"
+        and o.gpu == "T4"
+        and o.gpu_count == 1
+    ]
+    assert o.accelerator == "nvidia-tesla-t4" and o.price == Decimal("0.54")
+
+
+def test_refresh_keeps_old_data_on_failure_and_old_prices_where_the_source_has_none(settings):
+    old = catalog.load(settings, ["yandex"])
+    with pytest.raises(ValueError, match="keeping the old catalog"):
+        catalog.refresh(settings, "yandex", [])
+    assert catalog.load(settings, ["yandex"]) == old
+    fetched = [
+        replace(o, price=None, spot_price=None, source="billing API")
+        if o.gpu == "YC-V4"
+        else replace(o, price=o.price * 2, source="billing API")
+        for o in old
+    ]
+    catalog.refresh(settings, "yandex", fetched)
+    new = {(o.zone, o.instance_type): o for o in catalog.load(settings, ["yandex"])}
+    for o in old:
+        n = new[(o.zone, o.instance_type)]
+        if o.gpu == "YC-V4":
+            assert n.price == o.price and "price kept from the previous catalog" in n.source
+        else:
+            assert n.price == o.price * 2 and n.source == "billing API"
+
+
+def test_refresh_of_a_cloud_without_price_source_fails_cleanly(home):
+    cfg = write_settings(home)
+    r = run_cli("--config", str(cfg), "catalog", "refresh", "--cloud", "sandbox")
+    assert (
+        r.returncode == 1 and "keeping the old catalog" in r.stderr and "Traceback" not in r.stderr
+    )
