@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from policies.yamlfile import DocumentError, Problem
+
+__all__ = ["ConfigError", "OperationFailed", "Problem", "ProvisionerError", "UserError"]
 
 
 class ProvisionerError(Exception):
@@ -17,26 +19,8 @@ class UserError(ProvisionerError):
     exit_code = 2
 
 
-@dataclass(frozen=True)
-class Problem:
-    file: str
-    line: int | None
-    field: str | None
-    message: str
-
-    def __str__(self) -> str:
-        where = f"{self.file}:{self.line}" if self.line else self.file
-        return (
-            f"{where}: {self.field}: {self.message}" if self.field else f"{where}: {self.message}"
-        )
-
-
-class ConfigError(UserError):
-    """One or more problems in a YAML file, each with file, line and field."""
-
-    def __init__(self, problems: list[Problem]) -> None:
-        self.problems = problems
-        super().__init__("\n".join(str(p) for p in problems))
+# A mistake in a YAML file (experiment, settings, policy): exit code 2, every problem located.
+ConfigError = DocumentError
 
 
 class OperationFailed(ProvisionerError):

@@ -117,14 +117,20 @@ def up(
     *,
     spec_path: str | None = None,
     progress: Progress = lambda _: None,
+    prefer: Callable[[Candidate], Any] | None = None,
 ) -> UpResult:
+    """``prefer`` reorders the candidates (stable): recovery tries the lost machine's zone and
+    region first."""
     plan = app.plan(experiment)
+    _refuse_by_policy(plan)
     # budget: refuse (exit 2) when the cheapest candidate would overspend a budget, with the
     # numbers; failover keeps only candidates every budget can afford
     budget.guard(plan)
     if not plan.candidates:
         reasons = "; ".join(f"{r} ({n})" for r, n in plan.summary_reasons()[:6])
         raise UserError(f"no offer fits {experiment.name}: {reasons or 'the catalog is empty'}")
+    if prefer is not None:
+        plan.candidates.sort(key=prefer)
 
     machine, already = _write_intent(app, experiment, spec_path)
     if already:
@@ -135,6 +141,7 @@ def up(
     if adopted is not None:
         return UpResult(adopted, plan=plan)
 
+    user_data = _startup_data(app, machine.id, experiment)
     attempts: list[Attempt] = []
     blocked = Blocklist()
     for cand in plan.candidates:
@@ -143,7 +150,7 @@ def up(
             attempts.append(Attempt(cand.where, o.instance_type, cand.market, "skipped", why))
             continue
         progress(f"trying {cand.where} {o.instance_type} {cand.market} at {cand.price}/h")
-        request = _launch_request(machine, experiment, cand)
+        request = _launch_request(machine, experiment, cand, user_data)
         _event(app, machine.id, "launch-attempt", detail=_attempt_detail(cand, request.token))
         crashpoint("before-launch")
         try:
@@ -248,7 +255,33 @@ def _adopt(app: App, machine: Machine, progress: Progress) -> Machine | None:
     return None
 
 
-def _launch_request(m: Machine, experiment: Experiment, c: Candidate) -> LaunchRequest:
+def _refuse_by_policy(plan: Plan) -> None:
+    """No flag bypasses a policy: every violated rule is listed, exit 2."""
+    from policies.evaluate import Decision
+
+    for check in plan.checks:
+        if isinstance(check, Decision) and not check.allowed:
+            rules = "\n  ".join(check.reasons)
+            raise UserError(f"refused by policy for {plan.experiment.name}:\n  {rules}")
+
+
+def _startup_data(app: App, machine_id: str, experiment: Experiment) -> str | None:
+    """The user's startup script, with the idle agent and a fresh per-machine token added when
+    settings name the endpoint agents report to. The token is never logged or recorded."""
+    sched = app.settings.scheduler
+    if not sched.endpoint_url:
+        return experiment.startup_script
+    from provisioner import idle
+
+    token = idle.issue_token(app, machine_id)
+    return idle.startup_data(
+        experiment.startup_script, sched.endpoint_url, token, sched.agent_interval_seconds
+    )
+
+
+def _launch_request(
+    m: Machine, experiment: Experiment, c: Candidate, user_data: str | None
+) -> LaunchRequest:
     o = c.offer
     res = experiment.resources
     labels = {
@@ -277,7 +310,7 @@ def _launch_request(m: Machine, experiment: Experiment, c: Candidate) -> LaunchR
         disk_gb=res.disk_gb,
         accelerator=o.accelerator,
         image=res.image.get(o.cloud),
-        user_data=experiment.startup_script,
+        user_data=user_data,
         ssh_public_key=experiment.ssh_public_key,
         labels=labels,
         max_price=max_price,
@@ -389,14 +422,16 @@ def ref(m: Machine) -> InstanceRef:
     )
 
 
-def stop(app: App, name: str, *, reason: str = "user") -> tuple[Machine, bool]:
+def stop(
+    app: App, name: str, *, reason: str = "user", detail: dict[str, Any] | None = None
+) -> tuple[Machine, bool]:
     """Stop so compute billing ends; disks stay. Returns (machine, changed)."""
     m = find(app, name)
     if m.status in ("stopped", "preempted"):
         return m, False
     _require_launched(m)
     _provider_call(app, m, "stop")
-    return _transition(app, m.id, "stopped", event="stopped", reason=reason)
+    return _transition(app, m.id, "stopped", event="stopped", reason=reason, detail=detail)
 
 
 def start(app: App, name: str, *, reason: str = "user") -> tuple[Machine, bool]:
@@ -408,7 +443,9 @@ def start(app: App, name: str, *, reason: str = "user") -> tuple[Machine, bool]:
     return _transition(app, m.id, "running", event="started", reason=reason)
 
 
-def down(app: App, name: str, *, reason: str = "user") -> tuple[Machine, bool]:
+def down(
+    app: App, name: str, *, reason: str = "user", detail: dict[str, Any] | None = None
+) -> tuple[Machine, bool]:
     """Terminate and close every usage interval. An intent that never launched is closed too."""
     with app.db.session() as s:
         m = (
@@ -427,7 +464,7 @@ def down(app: App, name: str, *, reason: str = "user") -> tuple[Machine, bool]:
             return _transition(app, m.id, "failed", event="cancelled", reason=reason)
         m = adopted
     _provider_call(app, m, "terminate")
-    return _transition(app, m.id, "terminated", event="terminated", reason=reason)
+    return _transition(app, m.id, "terminated", event="terminated", reason=reason, detail=detail)
 
 
 def _require_launched(m: Machine) -> None:
@@ -474,9 +511,13 @@ class Observation:
     error: str | None = None
 
 
-def reconcile(app: App, *, now: datetime | None = None) -> list[Observation]:
+def reconcile(
+    app: App, *, now: datetime | None = None, orphans: list[tuple[str, Instance]] | None = None
+) -> list[Observation]:
     """Ask each cloud about every live machine and record what changed (a preemption, a machine
-    stopped or deleted outside provisioner). One list call per cloud, not one call per machine."""
+    stopped or deleted outside provisioner). One list call per cloud, not one call per machine.
+    ``orphans``, when given, receives (cloud, instance) for each listed machine with our tag that
+    no live machine in the state owns."""
     now = now or app.clock.now()
     with app.db.session() as s:
         machines = list(
@@ -499,6 +540,9 @@ def reconcile(app: App, *, now: datetime | None = None) -> list[Observation]:
         except ProviderError as e:
             out += [Observation(m, None, False, str(e)) for m in ms]
             continue
+        if orphans is not None:
+            known = {m.instance_id for m in ms}
+            orphans += [(cloud, i) for i in seen.values() if i.id not in known]
         for m in ms:
             inst = seen.get(m.instance_id or "")
             if inst is None:  # not listed: ask directly (terminated machines drop out of lists)
@@ -511,6 +555,9 @@ def reconcile(app: App, *, now: datetime | None = None) -> list[Observation]:
                     continue
             status = _STATUS[inst.state] if inst else "terminated"
             reason = "outside-provisioner" if status != "preempted" else "preempted"
+            if status == m.status:  # nothing to record: no write per unchanged machine
+                out.append(Observation(m, status, False))
+                continue
             with app.db.session() as s:
                 mm = s.get(Machine, m.id)
                 changed = ledger.record_transition(

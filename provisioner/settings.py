@@ -18,7 +18,7 @@ import platformdirs
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
-from provisioner import yamlfile
+from policies import yamlfile
 from provisioner.errors import ConfigError, Problem
 from provisioner.money import Rates
 
@@ -172,12 +172,12 @@ def load_settings(path: str | Path | None = None) -> Settings:
     data: dict[str, Any] = {}
     lines = None
     if path or file.exists():
-        raw, lines = yamlfile.load(file)
+        raw, lines = yamlfile.load_document(file)
         if raw is not None and not isinstance(raw, dict):
             raise ConfigError([Problem(str(file), 1, None, "settings must be a mapping of keys")])
         data = raw or {}
     try:
-        return Settings(**data)
+        settings = Settings(**data)
     except ValidationError as e:
         if lines is None:  # only the environment was read
             raise ConfigError(
@@ -191,4 +191,9 @@ def load_settings(path: str | Path | None = None) -> Settings:
                     for err in e.errors(include_url=False)
                 ]
             ) from None
-        raise ConfigError(yamlfile.problems_from(e, lines, str(file), data)) from None
+        raise ConfigError(
+            lines.problems + yamlfile.problems_from(e, lines, str(file), data)
+        ) from None
+    if lines is not None and lines.problems:
+        raise ConfigError(lines.problems)
+    return settings

@@ -8,9 +8,17 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    TypeAdapter,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
-from provisioner import yamlfile
+from policies import yamlfile
 from provisioner.money import Money
 
 GPU_TYPES = (
@@ -30,12 +38,19 @@ _GPU_RE = re.compile(r"^(?P<type>[A-Za-z0-9-]+?)(?::(?P<mem>\d+)GB)?(?::(?P<coun
 _DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$")
 _NAME_RE = re.compile(r"^[a-z][a-z0-9-]{0,38}[a-z0-9]$")
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+_TIMEDELTA = TypeAdapter(timedelta)
 
 
 def parse_duration(value: Any) -> timedelta:
-    """``90m``, ``48h``, ``2d``, ``1w`` or a number of seconds."""
+    """``90m``, ``48h``, ``2d``, ``1w``, a number of seconds, or ISO 8601 (``PT12H``, as a
+    stored spec writes it)."""
     if isinstance(value, timedelta):
         return value
+    if isinstance(value, str) and value.startswith("P"):
+        try:
+            return _TIMEDELTA.validate_python(value)
+        except ValidationError:
+            pass
     if isinstance(value, int | float) and not isinstance(value, bool):
         return timedelta(seconds=value)
     m = _DURATION_RE.match(str(value))
@@ -181,5 +196,5 @@ class Experiment(_Strict):
 
 
 def load_experiment(path: str | Path) -> Experiment:
-    data, lines = yamlfile.load(path)
+    data, lines = yamlfile.load_document(path)
     return yamlfile.validate(Experiment, data, lines, str(path), what="experiment file")

@@ -196,7 +196,7 @@ class Database:
             if conn.dialect.name == "postgresql":
                 conn.execute(text("SELECT pg_advisory_xact_lock(7270011)"))
             cfg.attributes["connection"] = conn
-            command.upgrade(cfg, "heads")
+            command.upgrade(cfg, "head")
 
     @contextmanager
     def _migration_lock(self) -> Iterator[None]:

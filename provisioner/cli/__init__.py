@@ -65,7 +65,7 @@ def print_json(data: Any) -> None:
 
 
 def main() -> None:
-    from provisioner.cli import catalog, machines, report  # noqa: F401  (register commands)
+    from provisioner.cli import catalog, machines, report, scheduler  # noqa: F401  (register commands)
 
     try:
         app(standalone_mode=False)

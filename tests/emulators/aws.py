@@ -397,7 +397,8 @@ class AwsEmulator:
                 for key, iid in params.items():
                     if key.startswith("InstanceId."):
                         self._preempted.pop(iid, None)
-        if action == "DescribeInstances" and self.faults.page_size:
+        by_id = any(k.startswith("InstanceId.") for k in params)  # EC2 refuses MaxResults there
+        if action == "DescribeInstances" and self.faults.page_size and not by_id:
             wanted = int(params.get("MaxResults") or 1000)
             params = {**params, "MaxResults": str(min(wanted, self.faults.page_size))}
             body = urllib.parse.urlencode(params).encode()

@@ -1,24 +1,52 @@
-"""YAML loading that remembers where every key came from, so errors name file, line and field."""
+"""YAML documents that remember where every key came from, so every error names the file, the
+line and the field. Shared by policy files (here) and the application's experiment and settings
+files (``provisioner`` imports it; this layer imports nothing from there)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from provisioner.errors import ConfigError, Problem
+
+@dataclass(frozen=True)
+class Problem:
+    file: str
+    line: int | None
+    field: str | None
+    message: str
+
+    def __str__(self) -> str:
+        where = f"{self.file}:{self.line}" if self.line else self.file
+        return (
+            f"{where}: {self.field}: {self.message}" if self.field else f"{where}: {self.message}"
+        )
+
+
+class DocumentError(Exception):
+    """One or more problems in YAML files, each with file, line and field. Exit code 2."""
+
+    exit_code = 2
+
+    def __init__(self, problems: list[Problem]) -> None:
+        self.problems = problems
+        super().__init__("\n".join(str(p) for p in problems))
+
 
 M = TypeVar("M", bound=BaseModel)
 Loc = tuple[Any, ...]
 
 
-class _Lines:
-    """Maps a path of keys/indexes to the 1-based line it starts on."""
+class Lines:
+    """Maps a path of keys/indexes to the 1-based line it starts on; ``problems`` holds what the
+    document's shape already shows (duplicate keys), reported together with validation."""
 
     def __init__(self) -> None:
         self.lines: dict[Loc, int] = {}
+        self.problems: list[Problem] = []
 
     def walk(self, node: yaml.Node, loc: Loc, problems: list[Problem], file: str) -> None:
         self.lines[loc] = node.start_mark.line + 1
@@ -46,52 +74,58 @@ class _Lines:
         return self.lines.get(())
 
 
-def load(path: str | Path, text: str | None = None) -> tuple[Any, _Lines]:
-    """Parse ``path`` (or ``text`` named as ``path``); syntax errors become ConfigError."""
+def load_document(path: str | Path, text: str | None = None) -> tuple[Any, Lines]:
+    """Parse ``path`` (or ``text`` named as ``path``); syntax errors become DocumentError."""
     file = str(path)
     if text is None:
         try:
             text = Path(path).read_text(encoding="utf-8")
         except FileNotFoundError:
-            raise ConfigError([Problem(file, None, None, "file not found")]) from None
+            raise DocumentError([Problem(file, None, None, "file not found")]) from None
         except (OSError, UnicodeDecodeError) as e:
-            raise ConfigError([Problem(file, None, None, f"cannot read: {e}")]) from None
-    lines = _Lines()
+            raise DocumentError([Problem(file, None, None, f"cannot read: {e}")]) from None
+    lines = Lines()
     try:
         node = yaml.compose(text, Loader=yaml.SafeLoader)
         data = yaml.safe_load(text)
     except yaml.MarkedYAMLError as e:
         mark = e.problem_mark or e.context_mark
         line = mark.line + 1 if mark else None
-        raise ConfigError([Problem(file, line, None, f"invalid YAML: {e.problem or e}")]) from None
+        raise DocumentError(
+            [Problem(file, line, None, f"invalid YAML: {e.problem or e}")]
+        ) from None
     except yaml.YAMLError as e:
-        raise ConfigError([Problem(file, None, None, f"invalid YAML: {e}")]) from None
-    problems: list[Problem] = []
+        raise DocumentError([Problem(file, None, None, f"invalid YAML: {e}")]) from None
     if node is not None:
-        lines.walk(node, (), problems, file)
-    if problems:
-        raise ConfigError(problems)
+        lines.walk(node, (), lines.problems, file)
     return data, lines
 
 
-def validate(model: type[M], data: Any, lines: _Lines, file: str, *, what: str = "file") -> M:
-    """Validate ``data`` against ``model``; every pydantic error becomes a Problem with a line."""
+def validate(model: type[M], data: Any, lines: Lines, file: str, *, what: str = "file") -> M:
+    """Validate ``data`` against ``model``; every pydantic error becomes a Problem with a line,
+    reported together with the document's own problems."""
     if data is None:
-        raise ConfigError([Problem(file, 1, None, f"empty {what}")])
+        raise DocumentError([Problem(file, 1, None, f"empty {what}")])
     if not isinstance(data, dict):
-        raise ConfigError(
+        raise DocumentError(
             [Problem(file, lines.line_for(()), None, f"a {what} must be a mapping of keys")]
         )
     try:
-        return model.model_validate(data)
+        result = model.model_validate(data)
     except ValidationError as e:
-        raise ConfigError(problems_from(e, lines, file, data)) from None
+        raise DocumentError(lines.problems + problems_from(e, lines, file, data)) from None
+    if lines.problems:
+        raise DocumentError(lines.problems)
+    return result
 
 
-def problems_from(e: ValidationError, lines: _Lines, file: str, data: Any = None) -> list[Problem]:
+def problems_from(
+    e: ValidationError, lines: Lines, file: str, data: Any = None, prefix: Loc = ()
+) -> list[Problem]:
+    """``prefix``: where the validated part sits in the document (a list item, say)."""
     problems = []
     for err in e.errors(include_url=False):
-        loc = _user_loc(err["loc"], data)
+        loc = (*prefix, *_user_loc(err["loc"], _at(data, prefix)))
         field = ".".join(str(x) for x in loc) or None
         msg = err["msg"].removeprefix("Value error, ").removeprefix("Assertion failed, ")
         if err["type"] == "extra_forbidden":
@@ -116,6 +150,12 @@ def _user_loc(loc: tuple[Any, ...], data: Any) -> tuple[Any, ...]:
             out.append(x)  # a missing or unknown field: the user's name, kept as written
             cur = None
     return tuple(out)
+
+
+def _at(data: Any, loc: Loc) -> Any:
+    for x in loc:
+        data = data[x]
+    return data
 
 
 def _looks_internal(x: Any) -> bool:

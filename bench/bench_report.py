@@ -1,0 +1,172 @@
+"""A month's report over many usage intervals: time and peak memory.
+
+    .venv/bin/python bench/bench_report.py [--intervals 1000000] [--state-url URL]
+
+Builds a state database (SQLite in a temporary directory unless ``--state-url``) with
+``--intervals`` usage intervals over November 2026 — 50 per machine, compute and disk, in USD
+and RUB at a dozen rates — then, in a fresh interpreter each, builds the report (one streaming
+pass: by project, by day, top machines, GPU-hours; plus forecast, savings, idle waste) and
+renders it as CSV and JSON. Prints the wall time, the peak RSS of that process, and Python's own
+peak allocation (tracemalloc, a separate run since tracing slows it down).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+NOV = datetime(2026, 11, 1, tzinfo=UTC)
+PER_MACHINE = 50
+RATES = [
+    ("USD", "0.15"),
+    ("USD", "0.50"),
+    ("USD", "3.60"),
+    ("USD", "11.00"),
+    ("USD", "29.00"),
+    ("RUB", "14.25"),
+    ("RUB", "47.50"),
+    ("RUB", "342.00"),
+    ("RUB", "1045.00"),
+]
+GPUS = ["T4", "A100", "H100"]
+
+
+def settings(home: Path, state_url: str | None):
+    from provisioner.settings import Settings
+
+    return Settings(home=home, state_url=state_url, clouds={"sandbox": {}})
+
+
+def populate(home: Path, state_url: str | None, n: int) -> None:
+    from sqlalchemy import insert
+
+    from provisioner.app import App
+    from provisioner.state import Machine, UsageInterval
+
+    app = App(settings(home, state_url))
+    rnd = random.Random(6)
+    machines = max(1, n // PER_MACHINE)
+    t0 = time.perf_counter()
+    with app.db.engine.begin() as conn:
+        conn.execute(
+            insert(Machine.__table__),
+            [
+                {
+                    "id": f"m{i:08d}",
+                    "name": f"exp-{i}",
+                    "project": f"proj-{i % 40}",
+                    "owner": f"user{i % 200}@example.com",
+                    "status": "terminated",
+                    "spec": {},
+                    "cloud": "sandbox",
+                    "gpu": GPUS[i % 3],
+                    "gpu_count": 1 + (i % 2) * 7,
+                    "rate": Decimal(RATES[i % len(RATES)][1]),
+                    "currency": RATES[i % len(RATES)][0],
+                    "created_at": NOV,
+                }
+                for i in range(machines)
+            ],
+        )
+        batch: list[dict] = []
+        for i in range(machines):
+            cur, rate = RATES[i % len(RATES)]
+            t = NOV + timedelta(minutes=rnd.randrange(0, 600))
+            for k in range(PER_MACHINE // 2):
+                run = timedelta(minutes=rnd.randrange(10, 900))
+                for kind, r in (("compute", rate), ("disk", "0.0068")):
+                    batch.append(
+                        {
+                            "machine_id": f"m{i:08d}",
+                            "kind": kind,
+                            "started_at": t,
+                            "ended_at": t + run,
+                            "rate": Decimal(r),
+                            "currency": cur,
+                        }
+                    )
+                t += run + timedelta(minutes=rnd.randrange(1, 600)) + timedelta(microseconds=k)
+            if len(batch) >= 50_000:
+                conn.execute(insert(UsageInterval.__table__), batch)
+                batch.clear()
+        if batch:
+            conn.execute(insert(UsageInterval.__table__), batch)
+    app.close()
+    print(
+        f"populated {machines * PER_MACHINE:,} intervals on {machines:,} machines "
+        f"in {time.perf_counter() - t0:.1f} s"
+    )
+
+
+def run(home: Path, state_url: str | None, trace: bool) -> None:
+    if trace:
+        import tracemalloc
+
+        tracemalloc.start()
+    from provisioner import ledger, reports
+    from provisioner.app import App
+
+    app = App(settings(home, state_url))
+    app.db  # noqa: B018  (migrate before timing)
+    t = time.perf_counter()
+    r = reports.build(
+        app, ledger.Period.parse("2026-11"), by="project", now=datetime(2026, 12, 1, 3, tzinfo=UTC)
+    )
+    built = time.perf_counter() - t
+    csv_text, js = r.csv(), json.dumps(r.as_json(), default=str)
+    rendered = time.perf_counter() - t
+    out = {
+        "build_s": built,
+        "build_and_render_s": rendered,
+        "total": str(r.total),
+        "csv_bytes": len(csv_text),
+        "json_bytes": len(js),
+        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+    }
+    if trace:
+        out["python_peak_mb"] = tracemalloc.get_traced_memory()[1] / 2**20
+    print(json.dumps(out))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--intervals", type=int, default=1_000_000)
+    ap.add_argument("--state-url")
+    ap.add_argument("--run", help=argparse.SUPPRESS)  # child: the home to report on
+    ap.add_argument("--trace", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.run:
+        run(Path(args.run), args.state_url, args.trace)
+        return
+    home = Path(tempfile.mkdtemp()) / "home"
+    populate(home, args.state_url, args.intervals)
+    child = [sys.executable, __file__, "--run", str(home)]
+    if args.state_url:
+        child += ["--state-url", args.state_url]
+    plain = json.loads(subprocess.run(child, capture_output=True, text=True, check=True).stdout)
+    traced = json.loads(
+        subprocess.run([*child, "--trace"], capture_output=True, text=True, check=True).stdout
+    )
+    print(
+        f"report over {args.intervals:,} intervals: built in {plain['build_s']:.2f} s, "
+        f"with CSV+JSON {plain['build_and_render_s']:.2f} s; peak RSS "
+        f"{plain['peak_rss_mb']:.0f} MB; Python peak allocation "
+        f"{traced['python_peak_mb']:.1f} MB (traced run: {traced['build_s']:.2f} s)"
+    )
+    print(f"total {plain['total']}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,168 @@
+"""report: spend against budget, forecast, top machines, idle waste, savings, rent or buy."""
+
+from __future__ import annotations
+
+import sys
+from enum import StrEnum
+from typing import Any
+
+import typer
+from rich.table import Table
+
+from provisioner.cli import app, err, get_app, out, print_json
+
+
+class ReportOutput(StrEnum):
+    table = "table"
+    json = "json"
+    csv = "csv"
+    html = "html"
+
+
+class By(StrEnum):
+    project = "project"
+    owner = "owner"
+    cloud = "cloud"
+    gpu = "gpu"
+    machine = "machine"
+
+
+@app.command()
+def report(
+    ctx: typer.Context,
+    period: str = typer.Option(
+        None,
+        help="2026-11, 2026-W48 or 2026-11-01..2026-11-15 (default: the budget's period, "
+        "else this month)",
+    ),
+    project: str = typer.Option(None, help="one project (globs like 'nlp-*' work)"),
+    owner: str = typer.Option(None, help="one owner (globs work)"),
+    cloud: str = typer.Option(None),
+    gpu: str = typer.Option(None, help="GPU type: A100, H100, T4…"),
+    by: By = typer.Option(By.project, "--by", help="group spend by"),
+    policy: str = typer.Option(
+        None, help="compare with this policy's budget (default: the budget of --project)"
+    ),
+    currency: str = typer.Option(None, help="report in this currency (default: the budget's)"),
+    language: str = typer.Option(None, help="en or ru (default: the budget's, else en)"),
+    email: bool = typer.Option(False, "--email", help="mail it (to --to, else the recipients)"),
+    to: list[str] = typer.Option(None, "--to", help="recipient (repeat for several)"),
+    output: ReportOutput = typer.Option(ReportOutput.table, "--output", "-o"),
+) -> None:
+    """Spend for a period: by project/owner/cloud/GPU/machine, against the budget, with the
+    forecast to the period's end. Exact to the cent; amounts keep their currency until shown."""
+    from provisioner import budget, ledger, reports
+    from provisioner.errors import UserError
+
+    application = get_app(ctx)
+    now = application.clock.now()
+    chosen = _budget_policy(application.policies, policy, project, owner)
+    tz = chosen.timezone if chosen else "UTC"
+    try:
+        p = ledger.Period.parse(period, tz) if period else None
+    except ValueError as e:
+        raise UserError(str(e)) from None
+    if p is None:
+        p = (budget.period_of(chosen, now) if chosen else None) or ledger.Period.month(now, tz)
+    scope = ledger.Scope(project=project, owner=owner, cloud=cloud, gpu=gpu and gpu.upper())
+    lang = language or (chosen.budget.language if chosen and chosen.budget else "en")
+    r = reports.build(
+        application,
+        p,
+        scope,
+        by=by.value,
+        title=project or (chosen.name if chosen else None),
+        budget_policy=chosen,
+        currency=currency,
+        language=lang,
+        now=now,
+    )
+    if email:
+        recipients = to or (chosen.budget.recipients if chosen and chosen.budget else [])
+        reports.email(application, r, recipients)
+        err.print(f"sent “{r.subject()}” to {', '.join(recipients)}", highlight=False)
+    if output is ReportOutput.json:
+        print_json(r.as_json())
+    elif output is ReportOutput.csv:
+        sys.stdout.write(r.csv())
+    elif output is ReportOutput.html:
+        sys.stdout.write(reports.html_page(r))
+    elif not email:
+        _table(r)
+
+
+def _budget_policy(
+    policies: list[Any], name: str | None, project: str | None, owner: str | None
+) -> Any:
+    """The budget to compare with: --policy by name, else the first policy with a budget that
+    applies to --project (and --owner) and names projects more narrowly than '*'."""
+    from provisioner.errors import UserError
+
+    if name:
+        found = next((p for p in policies if p.name == name), None)
+        if found is None or found.budget is None:
+            raise UserError(f"no policy {name!r} with a budget (see settings.policies)")
+        return found
+    if not project:
+        return None
+    for p in policies:
+        if (
+            p.budget
+            and p.applies_to.matches(project, owner or "*")
+            and p.applies_to.projects != ["*"]
+        ):
+            return p
+    return next(
+        (p for p in policies if p.budget and p.applies_to.matches(project, owner or "*")), None
+    )
+
+
+def _table(r: Any) -> None:
+    f = r.fmt
+    out.print(f"[bold]{f.t('report')}: {r.title}[/] — {f.period(r.period)}", highlight=False)
+    billed = " + ".join(f.money(m) for m in r.native.monies())
+    out.print(f"{f.t('spent')}: [bold]{f.money(r.total)}[/]  ({billed or '0'})", highlight=False)
+    b = r.budget
+    if b is not None:
+        style = "red" if b.pct >= 100 else "yellow" if b.forecast_pct >= 100 else "green"
+        out.print(
+            f"{f.t('budget')} {b.policy.name}: {f.money(b.amount)} — [{style}]{f.pct(b.pct)}[/] "
+            f"{f.t('of_budget')}; {f.t('forecast')}: {f.money(b.forecast)} "
+            f"([{style}]{f.pct(b.forecast_pct)}[/]); {f.t('left')}: {f.money(b.left)}",
+            highlight=False,
+        )
+    elif r.forecast is not None:
+        out.print(f"{f.t('forecast')}: {f.money(r.forecast)}", highlight=False)
+    t = Table(title=f.t(r.by))
+    t.add_column(f.t(r.by))
+    for kind in r.by_kind:
+        t.add_column(f.t(kind), justify="right")
+    t.add_column(f.t("total"), justify="right")
+    for ln in r.lines:
+        t.add_row(
+            ln.key,
+            *(
+                f.money(ln.by_kind[k].total(r.conversion, r.currency)) if k in ln.by_kind else "—"
+                for k in r.by_kind
+            ),
+            f.money(ln.total),
+        )
+    out.print(t)
+    if r.top_machines:
+        top = Table(title=f.t("top"))
+        top.add_column("#", justify="right")
+        top.add_column(f.t("machine"))
+        top.add_column(f.t("total"), justify="right")
+        for i, ln in enumerate(r.top_machines, 1):
+            top.add_row(str(i), ln.key, f.money(ln.total))
+        out.print(top)
+    saved = ", ".join(f"{reason} {f.money(m)}" for reason, m in r.savings) or f.t("none")
+    out.print(f"{f.t('idle')}: {f.money(r.idle_waste)}", highlight=False)
+    out.print(f"{f.t('savings')}: {saved}", highlight=False)
+    if r.rent_or_buy:
+        out.print(f"[bold]{f.t('rent')}[/]")
+        for o in r.rent_or_buy:
+            out.print("  " + r.ownership_text(o), highlight=False)
+        out.print(f"  [dim]{f.t('rule')}[/]")
+    if r.rates:
+        out.print(f"[dim]{f.t('rates')}: {r.rates}[/]", highlight=False)

@@ -1,0 +1,172 @@
+"""Reports over the simulated month: mailed to a real SMTP server on loopback (text, HTML, inline
+chart, CSV whose totals match the ledger), in English and Russian; scheduled once per due time;
+the CLI's outputs; rent or buy by hand."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+from pathlib import Path
+
+import pytest
+
+from provisioner import ledger, reports
+from provisioner.app import App
+from provisioner.errors import UserError
+from tests.conftest import make_settings, run_cli, write_settings, write_yaml
+from tests.test_ledger import HAND_RUB, HAND_USD, NOV, cents, month
+from tests.test_mail import smtp_server  # noqa: F401  (fixture)
+
+POLICY = {
+    "name": "demo-budget",
+    "applies_to": {"projects": ["demo"]},
+    "budget": {
+        "amount": "500 USD",
+        "recipients": ["lead@example.com", "cfo@example.com"],
+        "report": {"cron": "0 9 * * MON"},
+    },
+}
+
+
+@pytest.fixture
+def rapp(home, clock, tmp_path, smtp_server):  # noqa: F811
+    d = tmp_path / "policies"
+    d.mkdir()
+    a = App(make_settings(home, policies=[str(d)], smtp=smtp_server.smtp.model_dump()), clock)
+    yield a
+    a.close()
+
+
+def the_policy(app):
+    """The budget arrives after the month ran (its guard would have refused the A100)."""
+    write_yaml(Path(app.settings.policies[0]) / "p.yaml", POLICY)
+    app.__dict__.pop("policies", None)  # an App reads the policies once; read them again
+    [p] = app.policies
+    return p
+
+
+def csv_totals(text: str) -> tuple[dict[str, Decimal], Decimal]:
+    native: dict[str, Decimal] = {}
+    converted = Decimal(0)
+    for row in csv.DictReader(io.StringIO(text)):
+        native[row["currency"]] = native.get(row["currency"], Decimal(0)) + Decimal(row["amount"])
+        converted += Decimal(row["amount_USD"])
+    return native, converted
+
+
+def test_budget_report_by_mail(rapp, clock, smtp_server):  # noqa: F811
+    month(rapp, clock)
+    r = reports.for_budget(rapp, the_policy(rapp), clock.now(), period=NOV)
+    reports.email(rapp, r, ["lead@example.com", "cfo@example.com"])
+    [(rcpt, msg)] = smtp_server.inbox.messages
+    assert rcpt == ["lead@example.com", "cfo@example.com"]
+    assert msg["From"] == "provisioner@example.com"
+    # 485.39 USD of 500: the month is over, so the forecast is what was spent
+    assert msg["Subject"] == "demo-budget: 97 % of budget, forecast 97 %"
+    text = msg.get_body(("plain",)).get_content()
+    assert "Spent: $485.39 (RUB30,158.94 + $108.41)" in text
+    assert "Rates used: 1 USD = 80 RUB" in text
+    assert "off-hours $41.03" in text  # 36 h × 0.15 + 60 h × 47.50 / 80
+    html = msg.get_body(("html",)).get_content()
+    assert '<img src="cid:chart"' in html and "$485.39" in html
+    [img] = [p for p in msg.walk() if p.get_content_type() == "image/png"]
+    assert img["Content-ID"] == "<chart>"
+    assert img.get_content()[:8] == b"\x89PNG\r\n\x1a\n" and len(img.get_content()) > 10_000
+    [att] = list(msg.iter_attachments())
+    assert att.get_content_type() == "text/csv"
+    assert att.get_filename() == "spend-demo-budget-2026-11.csv"
+    native, converted = csv_totals(att.get_content())
+    assert {c: cents(a) for c, a in native.items()} == {
+        "USD": cents(HAND_USD),
+        "RUB": cents(HAND_RUB),
+    }
+    assert cents(converted) == Decimal("485.39") == r.total.rounded().amount
+
+
+def test_russian_report(rapp, clock):
+    month(rapp, clock)
+    r = reports.for_budget(rapp, the_policy(rapp), clock.now(), period=NOV, language="ru")
+    assert r.subject() == "demo-budget: 97 % бюджета, прогноз 97 %"
+    text = r.text()
+    assert "Потрачено: 485,39\xa0$ (30\xa0158,94\xa0₽ + 108,41\xa0$)" in text
+    assert "Период: 2026-11 (1 нояб. 2026\u202fг. – 30 нояб. 2026\u202fг.)" in text
+    assert "Аренда или покупка" in text and "Курсы: 1 USD = 80 RUB" in text
+    assert '<html lang="ru">' in r.html(None)
+
+
+def test_rent_or_buy_by_hand(rapp, clock):
+    month(rapp, clock)
+    r = reports.build(rapp, NOV, now=clock.now())
+    rows = {o.gpu: o for o in r.rent_or_buy}
+    a100 = rows["A100"]
+    # 12.5 GPU-hours in 720 h at 3.60 USD/h; owning: 8,000–15,000 USD, 400 W at 0.15 USD/kWh
+    month_h = Decimal("12.5") / 720 * 730
+    rental = Decimal("45.00") / 720 * 730
+    power = month_h * Decimal("0.4") * Decimal("0.15")
+    assert a100.cards == 1 and a100.gpu_hours == Decimal("12.5")
+    assert a100.rental_month.amount == rental and a100.power_month.amount == power
+    assert cents(a100.payback_low) == cents(8000 / (rental - power))
+    weekly_net = (Decimal("3.60") - Decimal("0.06")) * 52 / 12
+    assert cents(a100.breakeven_low) == cents(Decimal(8000) / 36 / weekly_net) == Decimal("14.49")
+    assert cents(a100.breakeven_high) == Decimal("27.16")  # the classic 20–30 h a week
+    assert a100.verdict == "rent"  # 2.9 h a week
+    t4 = rows["T4"]  # us-spot 402 h + ru-res 627 h in 720 h: two cards, busy all week
+    assert t4.gpu_hours == 1029 and t4.cards == 2
+    assert cents(t4.hours_per_week) == cents(Decimal(1029) / 720 * 168)
+    assert t4.verdict == "own"
+    assert "A100: 2.9 GPU-hours a week" in r.ownership_text(a100)
+
+
+def test_scheduled_report_once_per_due_time(rapp, clock, smtp_server):  # noqa: F811
+    the_policy(rapp)
+    clock.set(datetime(2026, 11, 2, 9, 0, 30, tzinfo=UTC))  # Monday, just after 09:00
+    assert [s.split(":")[0] for s in reports.run_scheduled(rapp, clock.now())] == [
+        "report demo-budget due 2026-11-02T09"
+    ]
+    assert reports.run_scheduled(rapp, clock.now()) == []
+    clock.advance(timedelta(hours=6))
+    assert reports.run_scheduled(rapp, clock.now()) == []
+    clock.set(datetime(2026, 11, 9, 9, 5, tzinfo=UTC))
+    assert len(reports.run_scheduled(rapp, clock.now())) == 1
+    clock.set(datetime(2026, 11, 11, 9, 5, tzinfo=UTC))  # due Monday, but more than a day ago
+    assert reports.run_scheduled(rapp, clock.now()) == []
+    assert [m["Subject"] for _, m in smtp_server.inbox.messages] == [
+        "demo-budget: 0 % of budget, forecast 0 %"
+    ] * 2
+
+
+def test_cli_outputs(home, clock, tmp_path):
+    app = App(make_settings(home), clock)
+    month(app, clock)
+    span = ledger.Period.parse("2026-11-01..2026-11-20")  # closed before the real clock's now
+    with app.db.session() as s:
+        expected = ledger.total(s, span.start, span.end)
+    app.close()
+    usd = cents(expected.total(app.settings.money_rates, "USD").amount)
+    cfg = write_settings(home)
+    args = ("--config", str(cfg), "report", "--period", "2026-11-01..2026-11-20")
+    out = run_cli(*args, "--output", "csv")
+    assert out.returncode == 0, out.stderr
+    native, converted = csv_totals(out.stdout)
+    assert {c: cents(a) for c, a in native.items()} == {c: cents(a) for c, a in expected.items()}
+    assert cents(converted) == usd
+    js = run_cli(*args, "--by", "machine", "-o", "json")
+    data = json.loads(js.stdout)
+    assert data["total"] == {"amount": str(usd), "currency": "USD"}
+    assert [ln["key"] for ln in data["lines"]] == ["ru-res", "us-spot", "us-a100"]
+    assert data["savings"] == {"off-hours": {"amount": "41.03", "currency": "USD"}}
+    table = run_cli(*args, "--by", "cloud")
+    assert table.returncode == 0 and "sandbox" in table.stdout and f"${usd:,}" in table.stdout
+    bad = run_cli("--config", str(cfg), "report", "--period", "Nov")
+    assert bad.returncode == 2 and "not a period" in bad.stderr
+
+
+def test_report_over_a_missing_rate_is_a_clear_error(app, home, clock):
+    month(app, clock)
+    norates = App(make_settings(home, rates={}, state_url=app.settings.state_url), clock)
+    with pytest.raises(UserError, match=r"no exchange rate for RUB \(set rates.RUB"):
+        reports.build(norates, NOV, now=clock.now())
+    norates.close()

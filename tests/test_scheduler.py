@@ -1,0 +1,459 @@
+"""The scheduler on the sandbox cloud with a simulated clock: idle machines stopped out of hours
+(weekday nights, holidays), busy and kept ones left alone, max lifetime, preempted spot machines
+relaunched within policy with backoff, orphans listed, and one leader per pass — also between
+two real processes sharing one SQLite file."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from sqlalchemy import select
+
+from providers.base import TAG_MACHINE, TAG_MANAGED_BY, TAG_MANAGED_BY_VALUE, LaunchRequest
+from provisioner import idle, lifecycle, scheduler
+from provisioner.app import App
+from provisioner.clock import ManualClock
+from provisioner.errors import ConfigError
+from provisioner.spec import Experiment
+from provisioner.state import Event, Machine
+from tests.conftest import ROOT, make_settings, run_cli, sandbox_experiment, write_settings
+
+BERLIN_NIGHTS = """
+name: nights
+applies_to: {projects: ["demo"]}
+off_hours:
+  timezone: Europe/Berlin
+  windows: [{days: mon-fri, start: "20:00", end: "08:00"}]
+  holidays: DE
+idle: {gpu_util_below: 5, for_minutes: 30, unknown_counts_as_idle: false, action: stop}
+"""
+
+FRI_1700 = datetime(2026, 11, 6, 16, 0, tzinfo=UTC)  # Friday 17:00 in Berlin (CET)
+
+
+@pytest.fixture
+def sched(home, db_url, tmp_path):
+    """make(policy_text, start) -> App on a ManualClock at ``start``."""
+    apps: list[App] = []
+
+    def make(policy: str = BERLIN_NIGHTS, start: datetime = FRI_1700, **settings) -> App:
+        path = tmp_path / "policy.yaml"
+        path.write_text(policy)
+        app = App(
+            make_settings(home, state_url=db_url, policies=[str(path)], **settings),
+            ManualClock(start),
+        )
+        apps.append(app)
+        return app
+
+    yield make
+    for a in apps:
+        a.close()
+
+
+def up(app: App, name: str, **spec) -> Machine:
+    data = sandbox_experiment(name)
+    data.update(spec)
+    m = lifecycle.up(app, Experiment.model_validate(data)).machine
+    idle.issue_token(app, m.id)
+    return m
+
+
+def heartbeats(app: App, m: Machine, util: float, minutes: int, every: int = 5) -> None:
+    """Record a heartbeat every ``every`` minutes for the ``minutes`` before now."""
+    now = app.clock.now()
+    with app.db.session() as s:
+        for k in range(minutes // every, -1, -1):
+            s.add(
+                idle.Heartbeat(
+                    machine_id=m.id,
+                    at=now - timedelta(minutes=k * every),
+                    gpus=[{"index": 0, "util": util}],
+                    max_util=util,
+                )
+            )
+
+
+def status(app: App, name: str) -> str:
+    with app.db.session() as s:
+        return s.scalars(
+            select(Machine.status).where(Machine.name == name).order_by(Machine.created_at.desc())
+        ).first()
+
+
+def events(app: App, name: str) -> list[tuple[str, str | None]]:
+    with app.db.session() as s:
+        ids = list(s.scalars(select(Machine.id).where(Machine.name == name)))
+        return [
+            (e.kind, e.reason)
+            for e in s.scalars(select(Event).where(Event.machine_id.in_(ids)).order_by(Event.id))
+        ]
+
+
+def test_idle_at_21_friday_is_stopped_busy_is_kept(sched):
+    app = sched()
+    idle_m, busy_m = up(app, "idle-one"), up(app, "busy-one")
+    app.clock.set(datetime(2026, 11, 6, 20, 0, tzinfo=UTC))  # 21:00 Berlin
+    heartbeats(app, idle_m, 1.0, 60)
+    heartbeats(app, busy_m, 88.0, 60)
+    dry = scheduler.sweep(app, dry_run=True)
+    assert [(a.machine, a.action, a.done) for a in dry.actions] == [("idle-one", "stop", False)]
+    assert status(app, "idle-one") == "running"  # a dry run changes nothing
+    p = scheduler.sweep(app)
+    assert [(a.machine, a.action, a.reason, a.done) for a in p.actions] == [
+        ("idle-one", "stop", "off-hours-idle", True)
+    ]
+    assert "off-hours window 20:00–08:00; GPUs below 5% for 30 min (nights)" in p.actions[0].why
+    assert (status(app, "idle-one"), status(app, "busy-one")) == ("stopped", "running")
+    assert events(app, "idle-one")[-1] == ("stopped", "off-hours-idle")
+    assert scheduler.sweep(app).actions == []  # the next pass has nothing to do
+
+
+def test_idle_in_working_hours_is_kept_but_idle_at_noon_on_a_holiday_is_stopped(sched):
+    app = sched(start=datetime(2026, 12, 23, 8, 0, tzinfo=UTC))
+    m = up(app, "holiday")
+    app.clock.set(datetime(2026, 12, 23, 11, 0, tzinfo=UTC))  # Wednesday noon in Berlin
+    heartbeats(app, m, 0.0, 60)
+    assert scheduler.sweep(app).actions == []
+    app.clock.set(datetime(2026, 12, 25, 11, 0, tzinfo=UTC))  # Christmas Day, noon
+    heartbeats(app, m, 0.0, 60)
+    p = scheduler.sweep(app)
+    assert [(a.action, a.reason) for a in p.actions] == [("stop", "off-hours-idle")]
+    assert p.actions[0].why.startswith("holiday: Christmas Day")
+
+
+def test_a_missed_tick_acts_on_the_next_one(sched):
+    app = sched()
+    m = up(app, "late")
+    app.clock.set(datetime(2026, 11, 6, 18, 55, tzinfo=UTC))  # 19:55: within hours
+    heartbeats(app, m, 0.0, 60)
+    assert scheduler.sweep(app).actions == []
+    # the 20:00, 20:05 … ticks never ran; the first one that does, at 22:40, acts
+    app.clock.set(datetime(2026, 11, 6, 21, 40, tzinfo=UTC))
+    heartbeats(app, m, 0.0, 160)
+    assert [a.action for a in scheduler.sweep(app).actions] == ["stop"]
+
+
+def test_kept_until_is_honoured_then_the_sweep_acts(sched):
+    app = sched()
+    m = up(app, "kept")
+    app.clock.set(datetime(2026, 11, 6, 20, 0, tzinfo=UTC))  # 21:00 Berlin
+    kept = scheduler.keep(app, "kept", "23:00")
+    assert kept.kept_until == datetime(2026, 11, 6, 22, 0, tzinfo=UTC)  # 23:00 CET
+    heartbeats(app, m, 0.0, 60)
+    p = scheduler.sweep(app)
+    assert [(a.action, a.done) for a in p.actions] == [("keep", False)]
+    assert status(app, "kept") == "running"
+    app.clock.set(datetime(2026, 11, 6, 22, 5, tzinfo=UTC))
+    heartbeats(app, m, 0.0, 60)
+    assert [a.action for a in scheduler.sweep(app).actions] == ["stop"]
+    assert ("kept", "user") in events(app, "kept")
+
+
+def test_unknown_signal_follows_the_policy(sched):
+    app = sched(
+        BERLIN_NIGHTS.replace("unknown_counts_as_idle: false", "unknown_counts_as_idle: true")
+    )
+    up(app, "silent")
+    app.clock.set(datetime(2026, 11, 6, 20, 0, tzinfo=UTC))  # no heartbeat at all
+    p = scheduler.sweep(app)
+    assert [(a.action, a.reason) for a in p.actions] == [("stop", "off-hours-idle")]
+    assert "no heartbeat (counted as idle)" in p.actions[0].why
+    other = sched()  # the default: unknown is not idle
+    up(other, "silent2")
+    other.clock.set(datetime(2026, 11, 6, 20, 0, tzinfo=UTC))
+    assert scheduler.sweep(other).actions == []
+
+
+def test_max_lifetime_terminates_whatever_the_hour_and_activity(sched):
+    app = sched(BERLIN_NIGHTS + "max_lifetime: {after: 2h, action: terminate}\n")
+    m = up(app, "old")
+    app.clock.advance(timedelta(hours=1, minutes=59))
+    heartbeats(app, m, 99.0, 60)
+    assert scheduler.sweep(app).actions == []
+    app.clock.advance(timedelta(minutes=1))
+    p = scheduler.sweep(app)
+    assert [(a.action, a.reason) for a in p.actions] == [("terminate", "max-lifetime")]
+    assert status(app, "old") == "terminated"
+    assert events(app, "old")[-1] == ("terminated", "max-lifetime")
+
+
+def test_the_experiments_own_idle_rule_acts_at_any_hour(sched):
+    app = sched("name: none\napplies_to: {projects: [nobody]}\n")
+    m = up(app, "own", lifecycle={"idle": {"gpu_util_below": 10, "for_minutes": 20}})
+    app.clock.advance(timedelta(hours=1))  # Friday 18:00: within hours, no policy applies
+    heartbeats(app, m, 3.0, 30)
+    p = scheduler.sweep(app)
+    assert [(a.action, a.reason) for a in p.actions] == [("stop", "idle")]
+    assert "(experiment)" in p.actions[0].why
+
+
+def test_a_bad_policy_stops_the_scheduler_before_anything_is_done(sched, tmp_path):
+    app = sched()
+    up(app, "safe")
+    app.clock.set(datetime(2026, 11, 6, 20, 0, tzinfo=UTC))
+    (tmp_path / "policy.yaml").write_text(
+        BERLIN_NIGHTS.replace("for_minutes: 30", "for_minutes: x")
+    )
+    fresh = App(app.settings, app.clock)
+    with pytest.raises(ConfigError, match=r"policy.yaml:\d+: idle.for_minutes"):
+        scheduler.sweep(fresh)
+    fresh.close()
+    assert status(app, "safe") == "running"
+
+
+# --- recovery --------------------------------------------------------------------------------
+
+
+def preempt(app: App, name: str) -> Machine:
+    m = lifecycle.find(app, name)
+    app.provider("sandbox").preempt(lifecycle.ref(m))
+    return m
+
+
+def test_preempted_spot_machine_is_relaunched_in_its_zone_first(sched):
+    app = sched("name: us\nallow: {regions: ['sandbox-us']}\n")
+    sandbox = app.provider("sandbox")
+    sandbox.inject(capacity={"sandbox-us-1a": 0})
+    lost = up(app, "spot", lifecycle={"on_preemption": "relaunch"})
+    assert lost.zone == "sandbox-us-1b"
+    sandbox.inject(capacity={})  # 1a has room again and sorts first: the lost zone still wins
+    preempt(app, "spot")
+    scheduler.reconcile(app)
+    assert status(app, "spot") == "preempted"
+    p = scheduler.recover(app)
+    assert [(a.action, a.reason, a.done) for a in p.actions] == [("relaunch", "preempted", True)]
+    new = lifecycle.find(app, "spot")
+    assert new.id != lost.id and (new.status, new.zone) == ("running", "sandbox-us-1b")
+    ev = events(app, "spot")
+    assert ("preempted", "preempted") in ev and ("terminated", "preempted") in ev
+    assert ("relaunched", "preempted") in ev and ("recovered", "recovered") in ev
+    assert scheduler.recover(app).actions == []  # recovered once
+
+
+def test_relaunch_stays_within_policy_and_backs_off(sched):
+    app = sched("name: us\nallow: {regions: ['sandbox-us']}\n")
+    sandbox = app.provider("sandbox")
+    up(app, "spot")
+    preempt(app, "spot")
+    scheduler.reconcile(app)
+    full = {z: 0 for z in ("sandbox-us-1a", "sandbox-us-1b", "sandbox-us-1c")}
+    sandbox.inject(capacity=full)  # only sandbox-eu has room, and the policy forbids it
+    p = scheduler.recover(app)
+    assert p.actions[0].error and not p.actions[0].done
+    assert all(i.region == "sandbox-us" for i in sandbox.list_managed())
+    assert events(app, "spot")[-1] == ("recover-failed", "preempted")
+    app.clock.advance(timedelta(seconds=30))
+    assert scheduler.recover(app).actions == []  # backing off
+    app.clock.advance(timedelta(seconds=31))
+    assert scheduler.recover(app).actions[0].error  # second attempt, still full
+    app.clock.advance(timedelta(seconds=90))
+    assert scheduler.recover(app).actions == []  # the wait doubled to 2 minutes
+    sandbox.inject(capacity={})
+    app.clock.advance(timedelta(seconds=31))
+    p = scheduler.recover(app)
+    assert p.actions[0].done and status(app, "spot") == "running"
+    assert lifecycle.find(app, "spot").region == "sandbox-us"
+
+
+def test_on_preemption_terminate_and_leave(sched):
+    app = sched("name: any\n")
+    up(app, "gone", lifecycle={"on_preemption": "terminate"})
+    up(app, "stays", lifecycle={"on_preemption": "leave"})
+    preempt(app, "gone")
+    preempt(app, "stays")
+    scheduler.reconcile(app)
+    p = scheduler.recover(app)
+    assert [(a.machine, a.action) for a in p.actions] == [("gone", "terminate")]
+    assert (status(app, "gone"), status(app, "stays")) == ("terminated", "preempted")
+
+
+# --- reconcile, lease ------------------------------------------------------------------------
+
+
+def test_reconcile_lists_orphans(sched):
+    app = sched("name: any\n")
+    up(app, "known")
+    sandbox = app.provider("sandbox")
+    sandbox.create_unmanaged("by-hand")  # not ours: not an orphan either
+    stray = sandbox.launch(
+        LaunchRequest(
+            name="stray",
+            token="stray-1",
+            region="sandbox-us",
+            zone="sandbox-us-1c",
+            instance_type="sbx-t4-1",
+            gpu="T4",
+            gpu_count=1,
+            spot=False,
+            labels={TAG_MANAGED_BY: TAG_MANAGED_BY_VALUE, TAG_MACHINE: "deadbeef"},
+        )
+    )
+    p = scheduler.reconcile(app)
+    assert [o["id"] for o in p.orphans] == [stray.id]
+
+
+def test_one_leader_per_pass(sched):
+    app = sched()
+    up(app, "m1")
+    app.clock.set(datetime(2026, 11, 6, 20, 0, tzinfo=UTC))
+    assert scheduler.acquire(app, "sweep", app.clock.now(), holder="other")
+    p = scheduler.sweep(app, holder="me")
+    assert not p.leader and "other" in p.note and p.actions == []
+    scheduler.release(app, "sweep", holder="other")
+    assert scheduler.sweep(app, holder="me").leader
+    # a leader that died: its lease runs out and another takes over
+    assert scheduler.acquire(app, "sweep", app.clock.now(), holder="dead")
+    assert not scheduler.acquire(app, "sweep", app.clock.now(), holder="me")
+    later = app.clock.now() + timedelta(seconds=app.settings.scheduler.lease_seconds + 1)
+    assert scheduler.acquire(app, "sweep", later, holder="me")
+
+
+def test_metrics_count_scheduler_actions(sched):
+    app = sched()
+    m = up(app, "counted")
+    app.clock.set(datetime(2026, 11, 6, 20, 0, tzinfo=UTC))
+    heartbeats(app, m, 0.0, 60)
+    text = scheduler.Metrics(app).render()[0].decode()
+    assert 'provisioner_machine_activity{signal="idle"} 1.0' in text
+    scheduler.sweep(app)
+    text = scheduler.Metrics(app).render()[0].decode()
+    assert (
+        'provisioner_scheduler_actions_total{action="stopped",reason="off-hours-idle"} 1.0' in text
+    )
+    assert 'provisioner_machines{cloud="sandbox",state="stopped"} 1.0' in text
+
+
+# --- the CLI and two processes ---------------------------------------------------------------
+
+ALWAYS_OFF = """
+name: always-off
+off_hours: {timezone: UTC, weekends: mon-sun}
+idle: {unknown_counts_as_idle: true}
+"""
+
+
+def test_two_scheduler_processes_stop_each_machine_once(home, tmp_path):
+    """Real processes, one SQLite state file, one sandbox cloud: the machines (launched two days
+    ago, silent since) are stopped once each, whichever process leads each pass."""
+    (tmp_path / "p.yaml").write_text(ALWAYS_OFF)
+    cfg = write_settings(home, policies=[str(tmp_path / "p.yaml")])
+    start = datetime.now(UTC) - timedelta(days=2)
+    app = App(make_settings(home, policies=[str(tmp_path / "p.yaml")]), ManualClock(start))
+    names = [f"m{i:02d}" for i in range(24)]
+    for n in names:
+        up(app, n)
+    app.close()
+    cmd = [sys.executable, "-m", "provisioner", "--config", str(cfg), "sweep", "--output", "json"]
+    script = f"import subprocess\nfor _ in range(3): subprocess.run({cmd!r}, check=True)\n"
+    procs = [
+        subprocess.Popen([sys.executable, "-c", script], cwd=ROOT, stdout=subprocess.PIPE)
+        for _ in range(2)
+    ]
+    outputs = [p.communicate(timeout=240)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0]
+    app = App(make_settings(home), ManualClock(datetime.now(UTC)))
+    with app.db.session() as s:
+        stops = list(s.scalars(select(Event.machine_id).where(Event.kind == "stopped")))
+        stopped = set(s.scalars(select(Machine.name).where(Machine.status == "stopped")))
+    app.close()
+    assert stopped == set(names)
+    assert len(stops) == len(names)  # once each
+    reported: list[str] = []
+    for out in outputs:
+        text, pos = out.decode(), 0
+        while pos < len(text.rstrip()):
+            doc, pos = json.JSONDecoder().raw_decode(text, pos)
+            pos += 1
+            for p in doc["passes"]:
+                reported += [a["machine"] for a in p["actions"]]
+    assert sorted(reported) == sorted(names)  # each reported by the one process that acted
+
+
+def test_cli_keep_and_sweep_dry_run(home, tmp_path):
+    (tmp_path / "p.yaml").write_text(ALWAYS_OFF)
+    cfg = write_settings(home, policies=[str(tmp_path / "p.yaml")])
+    app = App(
+        make_settings(home, policies=[str(tmp_path / "p.yaml")]),
+        ManualClock(datetime.now(UTC) - timedelta(days=1)),
+    )
+    up(app, "a1")
+    up(app, "a2")
+    app.close()
+    r = run_cli("--config", str(cfg), "keep", "a2", "--until", "2099-01-01T00:00")
+    assert r.returncode == 0, r.stderr
+    r = run_cli("--config", str(cfg), "sweep", "--dry-run")
+    assert r.returncode == 0, r.stderr
+    assert "a1: stop [off-hours-idle]" in r.stdout and "(dry run)" in r.stdout
+    assert "a2: left alone [kept]" in r.stdout
+    r = run_cli("--config", str(cfg), "status", "--output", "json", "--no-refresh")
+    assert {m["name"]: m["status"] for m in json.loads(r.stdout)} == {
+        "a1": "running",
+        "a2": "running",
+    }
+    r = run_cli("--config", str(cfg), "keep", "nope", "--until", "23:00")
+    assert r.returncode == 2 and "no machine named 'nope'" in r.stderr
+
+
+def test_deploy_examples_run_the_sweep():
+    deploy = ROOT / "configs" / "deploy"
+    assert "provisioner sweep" in (deploy / "crontab").read_text()
+    assert "provisioner sweep" in (deploy / "provisioner-sweep.service").read_text()
+    assert "OnCalendar" in (deploy / "provisioner-sweep.timer").read_text()
+    import yaml
+
+    job = yaml.safe_load((deploy / "cronjob.yaml").read_text())
+    assert job["kind"] == "CronJob" and job["spec"]["concurrencyPolicy"] == "Forbid"
+    container = job["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"][0]
+    assert container["args"][-1] == "sweep" or "sweep" in container["args"]
+
+
+def test_scheduler_run_serves_health_and_metrics_and_stops_on_sigterm(home, tmp_path):
+    import signal
+    import socket
+    import time
+    import urllib.request
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    (tmp_path / "p.yaml").write_text(BERLIN_NIGHTS)
+    cfg = write_settings(
+        home,
+        policies=[str(tmp_path / "p.yaml")],
+        scheduler={"listen": f"127.0.0.1:{port}", "sweep_interval_seconds": 10},
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "provisioner", "--config", str(cfg), "scheduler", "run"],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        for _ in range(300):  # until it listens (imports, migrations)
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as r:
+                    assert json.loads(r.read()) == {"ok": True}
+                break
+            except OSError:
+                assert proc.poll() is None, proc.communicate()[1].decode()
+                time.sleep(0.1)
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+            assert "provisioner_idle_machines 0.0" in r.read().decode()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 0, stderr.decode()
+    assert "job sweep failed" not in stderr.decode()
+
+
+def test_scheduler_run_refuses_to_start_with_a_bad_policy(home, tmp_path):
+    (tmp_path / "p.yaml").write_text(BERLIN_NIGHTS.replace("Europe/Berlin", "Europe/Nowhere"))
+    cfg = write_settings(home, policies=[str(tmp_path / "p.yaml")])
+    r = run_cli("--config", str(cfg), "scheduler", "run", timeout=60)
+    assert r.returncode == 2
+    assert "p.yaml:5: off_hours.timezone: unknown IANA timezone 'Europe/Nowhere'" in r.stderr

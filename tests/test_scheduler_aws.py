@@ -1,0 +1,95 @@
+"""The sweep against the AWS adapter and its wire-level emulator (moto + fault layer): idle
+machines out of hours are stopped with StopInstances, busy ones kept, and the pass reads the
+cloud with one DescribeInstances list call — never one call per machine it leaves alone."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from provisioner import catalog, idle, lifecycle, scheduler
+from provisioner.app import App
+from provisioner.clock import ManualClock
+from provisioner.spec import Experiment
+from tests.conftest import make_settings, sandbox_experiment
+from tests.emulators.aws import AwsEmulator, aws_emulator
+
+POLICY = """
+name: nights
+off_hours: {timezone: America/New_York, windows: [{days: mon-fri, start: "20:00", end: "08:00"}]}
+idle: {gpu_util_below: 5, for_minutes: 30}
+"""
+
+
+@pytest.fixture
+def emu(monkeypatch: pytest.MonkeyPatch) -> Iterator[AwsEmulator]:
+    for var in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    monkeypatch.setenv("AWS_CONFIG_FILE", "/nonexistent/aws-config")
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent/aws-credentials")
+    with aws_emulator() as e:
+        yield e
+
+
+def test_sweep_stops_idle_aws_machines_with_list_calls_only(emu, home: Path, tmp_path):
+    (tmp_path / "p.yaml").write_text(POLICY)
+    options = {"endpoint_url": emu.endpoint_url, "retry_base_seconds": 0.001}
+    clock = ManualClock(datetime(2026, 11, 6, 17, 0, tzinfo=UTC))  # Friday 12:00 in New York
+    app = App(
+        make_settings(home, clouds={"aws": options}, policies=[str(tmp_path / "p.yaml")]), clock
+    )
+    try:
+        catalog.refresh(app.settings, "aws", app.provider("aws").fetch_offers())
+        machines = {}
+        for name in ("idle-a", "idle-b", "busy-c"):
+            spec = sandbox_experiment(name, gpu="T4:1", market="spot", clouds=["aws"])
+            machines[name] = lifecycle.up(app, Experiment.model_validate(spec)).machine
+            idle.issue_token(app, machines[name].id)
+        lifecycle.reconcile(app)  # launched "pending"; seen running from now on
+        clock.set(datetime(2026, 11, 7, 2, 0, tzinfo=UTC))  # Friday 21:00 in New York
+        with app.db.session() as s:
+            for name, m in machines.items():
+                util = 90.0 if name.startswith("busy") else 0.5
+                for k in range(0, 45, 5):
+                    s.add(
+                        idle.Heartbeat(
+                            machine_id=m.id,
+                            at=clock.now() - timedelta(minutes=k),
+                            gpus=[{"index": 0, "util": util}],
+                            max_util=util,
+                        )
+                    )
+        emu.wait_idle()
+        before = len(emu.requests)
+        p = scheduler.sweep(app)
+        emu.wait_idle()
+        sent = [
+            (r.action, r.params.get("InstanceId.1") or r.params.get("InstanceIds.1"))
+            for r in emu.requests[before:]
+        ]
+    finally:
+        app.close()
+    assert sorted((a.machine, a.action, a.done) for a in p.actions) == [
+        ("idle-a", "stop", True),
+        ("idle-b", "stop", True),
+    ]
+    idle_ids = {machines["idle-a"].instance_id, machines["idle-b"].instance_id}
+    # reading the cloud: one list call for the region, by our tag — no lookup per machine
+    assert [a for a, iid in sent if iid is None] == ["DescribeInstances"]
+    # acting: the adapter checks, then stops, each idle machine — and only those
+    assert sorted(a for a, iid in sent if iid) == ["DescribeInstances"] * 2 + ["StopInstances"] * 2
+    assert {iid for _, iid in sent if iid} == idle_ids
+    states = {
+        i["InstanceId"]: i["State"]["Name"]
+        for region in {m.region for m in machines.values()}
+        for r in emu.client("ec2", region).describe_instances()["Reservations"]
+        for i in r["Instances"]
+    }
+    assert states[machines["busy-c"].instance_id] == "running"
+    assert states[machines["idle-a"].instance_id] in ("stopping", "stopped")
