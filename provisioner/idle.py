@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from sqlalchemy import JSON, Float, ForeignKey, Index, Integer, delete, func, select
 from sqlalchemy.orm import Mapped, mapped_column
 
+from providers.userdata import combine
 from provisioner.state import ACTIVE_EXCLUDED, Base, Event, Machine, UTCDateTime
 
 if TYPE_CHECKING:
@@ -105,14 +106,8 @@ fi
 """
     if not user_script:
         return install
-    if user_script.lstrip().startswith("#cloud-config"):
-        boundary = "PV-" + secrets.token_hex(8)
-        return (
-            f'Content-Type: multipart/mixed; boundary="{boundary}"\nMIME-Version: 1.0\n\n'
-            f'--{boundary}\nContent-Type: text/x-shellscript; charset="utf-8"\n\n{install}\n'
-            f'--{boundary}\nContent-Type: text/cloud-config; charset="utf-8"\n\n{user_script}\n'
-            f"--{boundary}--\n"
-        )
+    if user_script.lstrip().startswith("#cloud-config") or user_script.startswith("Content-Type:"):
+        return combine(install, user_script)  # cloud-init runs the parts in order
     end = "PV_USER_SCRIPT_" + secrets.token_hex(6)
     script = user_script if user_script.startswith("#!") else "#!/bin/bash\n" + user_script
     return (

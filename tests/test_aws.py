@@ -5,7 +5,6 @@ us-east-1b → use1-az1, us-east-1c → use1-az2, us-east-1d → use1-az4."""
 from __future__ import annotations
 
 import base64
-import email
 import socket
 import subprocess
 import sys
@@ -184,13 +183,13 @@ def test_launch_sends_market_tags_token_and_user_data(
             spot_options + "InstanceInterruptionBehavior": "stop",
             spot_options + "MaxPrice": "12.5",
         }
-    parts = {
-        p.get_content_type(): p.get_payload()
-        for p in email.message_from_bytes(base64.b64decode(wire["UserData"])).walk()
-        if not p.is_multipart()
-    }
-    assert parts["text/x-shellscript"] == SCRIPT
-    assert yaml.safe_load(parts["text/cloud-config"]) == {"ssh_authorized_keys": [KEY]}
+    config = base64.b64decode(wire["UserData"]).decode()
+    assert config.startswith("#cloud-config\n")
+    config = yaml.safe_load(config)
+    assert config["ssh_authorized_keys"] == [KEY]
+    (script,) = config["write_files"]
+    assert base64.b64decode(script["content"]).decode() == SCRIPT
+    assert config["runcmd"] == [[script["path"]]]
 
     assert (inst.instance_type, inst.zone, inst.region) == (itype, "use1-az1", "us-east-1")
     assert inst.spot is spot and inst.name == "exp-tok-a"
@@ -203,7 +202,7 @@ def test_launch_sends_market_tags_token_and_user_data(
     ("script", "key", "expected"),
     [
         (SCRIPT, None, SCRIPT),
-        (None, KEY, f'#cloud-config\nssh_authorized_keys:\n  - "{KEY}"\n'),
+        (None, KEY, f'#cloud-config\n{{\n "ssh_authorized_keys": [\n  "{KEY}"\n ]\n}}'),
         (None, None, None),
     ],
 )

@@ -4,6 +4,7 @@ that checks every request's SDK-HMAC-SHA256 signature."""
 from __future__ import annotations
 
 import base64
+import email
 import subprocess
 import sys
 from dataclasses import replace
@@ -167,10 +168,15 @@ def test_launch_puts_the_whole_intent_on_the_wire(emu, sc, flavor, spot):
     assert inst.id in emu.servers
 
 
-def test_a_cloud_config_startup_script_gets_the_key_merged_in(emu, sc):
+def test_a_cloud_config_startup_script_is_kept_beside_our_key(emu, sc):
     sc.launch(replace(request(), user_data="#cloud-config\npackages: [htop]\n"))
-    config = yaml.safe_load(base64.b64decode(creates(emu)[0].body["server"]["user_data"]))
-    assert config == {"packages": ["htop"], "ssh_authorized_keys": [SSH_KEY]}
+    doc = base64.b64decode(creates(emu)[0].body["server"]["user_data"]).decode()
+    parts = [
+        yaml.safe_load(p.get_payload(decode=True))
+        for p in email.message_from_string(doc).walk()
+        if not p.is_multipart()
+    ]
+    assert parts == [{"ssh_authorized_keys": [SSH_KEY]}, {"packages": ["htop"]}]
 
 
 def test_launch_without_an_image_is_refused_before_any_call(emu, env):

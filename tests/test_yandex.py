@@ -3,7 +3,9 @@ emulator (tests/emulators/yandex.py)."""
 
 from __future__ import annotations
 
+import base64
 import datetime as dt
+import email
 import json
 import subprocess
 import sys
@@ -155,7 +157,7 @@ def test_launch_puts_the_whole_intent_on_the_wire(emu, yc, instance_type, zone, 
     cloud_config = yaml.safe_load(wire.metadata["user-data"])
     assert wire.metadata["user-data"].startswith("#cloud-config\n")
     [script] = cloud_config["write_files"]
-    assert "echo training > /tmp/started" in script["content"]
+    assert "echo training > /tmp/started" in base64.b64decode(script["content"]).decode()
     assert cloud_config["runcmd"] == [[script["path"]]]
     assert cloud_config["users"][1]["ssh_authorized_keys"] == [SSH_KEY]
 
@@ -168,11 +170,18 @@ def test_launch_puts_the_whole_intent_on_the_wire(emu, yc, instance_type, zone, 
     assert emu.rejected == []
 
 
-def test_user_cloud_config_is_passed_as_given(emu, yc):
+def test_user_cloud_config_is_kept_beside_our_key(emu, yc):
     config = "#cloud-config\npackages: [htop]\n"
     yc.launch(request(user_data=config))
     wire = emu.calls("InstanceService.Create")[0].request
-    assert wire.metadata["user-data"] == config
+    parts = [
+        p.get_payload(decode=True).decode()
+        for p in email.message_from_string(wire.metadata["user-data"]).walk()
+        if not p.is_multipart()
+    ]
+    ours, theirs = (yaml.safe_load(p) for p in parts)
+    assert theirs == {"packages": ["htop"]}
+    assert ours["users"][1]["ssh_authorized_keys"] == [SSH_KEY]
     assert wire.metadata["ssh-keys"] == f"provisioner:{SSH_KEY}"
 
 

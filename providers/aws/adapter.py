@@ -12,11 +12,8 @@ backend that ignores the token, or a token past its expiry).
 
 from __future__ import annotations
 
-import json
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from email.mime.multipart import MIMEMultipart
-from email.mime.text import MIMEText
 from typing import Any, TypeVar
 
 from providers.aws.errors import map_error
@@ -38,6 +35,7 @@ from providers.base import (
     Throttled,
 )
 from providers.retry import call_with_retry
+from providers.userdata import cloud_init
 
 T = TypeVar("T")
 
@@ -404,20 +402,6 @@ def _shared_loader() -> Any:
 
             _loader = create_loader()
         return _loader
-
-
-def cloud_init(script: str | None, ssh_public_key: str | None) -> str | None:
-    """User data: the startup script, plus a cloud-config part that authorises the SSH key."""
-    if not ssh_public_key:
-        return script
-    config = "#cloud-config\nssh_authorized_keys:\n  - " + json.dumps(ssh_public_key) + "\n"
-    if not script:
-        return config
-    message = MIMEMultipart()
-    message.attach(MIMEText(config, "cloud-config"))
-    kind = "cloud-config" if script.startswith("#cloud-config") else "x-shellscript"
-    message.attach(MIMEText(script, kind))
-    return message.as_string()
 
 
 def _tag_list(tags: Mapping[str, str]) -> list[dict[str, str]]:

@@ -46,13 +46,24 @@ ARM_SCOPE = "https://management.azure.com/.default"
 ACTIVITY_API_VERSION = "2015-04-01"
 _LOOPBACK = {"127.0.0.1", "localhost", "::1"}
 
-_CAPACITY = {"SkuNotAvailable", "AllocationFailed", "ZonalAllocationFailed",
-             "OverconstrainedAllocationRequest", "OverconstrainedZonalAllocationRequest",
-             "SpotPriceGreaterThanProvidedMaxPrice"}
+_CAPACITY = {
+    "SkuNotAvailable",
+    "AllocationFailed",
+    "ZonalAllocationFailed",
+    "OverconstrainedAllocationRequest",
+    "OverconstrainedZonalAllocationRequest",
+    "SpotPriceGreaterThanProvidedMaxPrice",
+}
 _QUOTA = {"QuotaExceeded", "ResourceQuotaExceeded"}
-_AUTH = {"AuthenticationFailed", "AuthorizationFailed", "InvalidAuthenticationToken",
-         "InvalidAuthenticationTokenTenant", "ExpiredAuthenticationToken",
-         "LinkedAuthorizationFailed", "ClientAuthenticationError"}
+_AUTH = {
+    "AuthenticationFailed",
+    "AuthorizationFailed",
+    "InvalidAuthenticationToken",
+    "InvalidAuthenticationTokenTenant",
+    "ExpiredAuthenticationToken",
+    "LinkedAuthorizationFailed",
+    "ClientAuthenticationError",
+}
 _NOT_FOUND = {"ResourceNotFound", "NotFound", "ResourceGroupNotFound"}
 _POWER = {
     "starting": MachineState.PENDING,
@@ -63,7 +74,8 @@ _POWER = {
     "deallocated": MachineState.STOPPED,
 }
 _VM_ID = re.compile(
-    r"/resourceGroups/([^/]+)/providers/Microsoft\.Compute/virtualMachines/([^/]+)$", re.I)
+    r"/resourceGroups/([^/]+)/providers/Microsoft\.Compute/virtualMachines/([^/]+)$", re.I
+)
 
 
 class AzureProvider(Provider):
@@ -114,8 +126,11 @@ class AzureProvider(Provider):
                 return "service principal (environment)"
             if env.get("AZURE_FEDERATED_TOKEN_FILE"):
                 return "workload identity"
-        if env.get("IDENTITY_ENDPOINT") or env.get("MSI_ENDPOINT") or self.options.get(
-                "managed_identity"):
+        if (
+            env.get("IDENTITY_ENDPOINT")
+            or env.get("MSI_ENDPOINT")
+            or self.options.get("managed_identity")
+        ):
             return "managed identity"
         if shutil.which("az"):
             return "Azure CLI login"
@@ -139,8 +154,11 @@ class AzureProvider(Provider):
 
                 subscription = self._subscription_id()
                 if not subscription:
-                    raise AuthError("azure: no subscription (set AZURE_SUBSCRIPTION_ID or "
-                                    "subscription_id in settings)", code="NoSubscription")
+                    raise AuthError(
+                        "azure: no subscription (set AZURE_SUBSCRIPTION_ID or "
+                        "subscription_id in settings)",
+                        code="NoSubscription",
+                    )
                 credential = self._credential()
                 # Our call_with_retry is the one retry bound, so the SDK's own retries are off.
                 kwargs: dict[str, Any] = {"retry_total": 0}
@@ -152,8 +170,10 @@ class AzureProvider(Provider):
                     split = urlsplit(base_url)
                     if split.scheme == "http" and split.hostname in _LOOPBACK:
                         kwargs["authentication_policy"] = _plain_http_bearer(credential)
-                self._sdk = (ComputeManagementClient(credential, subscription, **kwargs),
-                             NetworkManagementClient(credential, subscription, **kwargs))
+                self._sdk = (
+                    ComputeManagementClient(credential, subscription, **kwargs),
+                    NetworkManagementClient(credential, subscription, **kwargs),
+                )
             return self._sdk
 
     # --- calls: error mapping, retry, long-running operations
@@ -192,14 +212,22 @@ class AzureProvider(Provider):
     def check(self) -> CheckResult:
         source = self._credential_source()
         if source is None:
-            return CheckResult(self.name, False, (
-                "azure: no credentials found (set AZURE_CLIENT_ID, AZURE_TENANT_ID and "
-                "AZURE_CLIENT_SECRET, run `az login`, or set managed_identity: true on an "
-                "Azure VM)"))
+            return CheckResult(
+                self.name,
+                False,
+                (
+                    "azure: no credentials found (set AZURE_CLIENT_ID, AZURE_TENANT_ID and "
+                    "AZURE_CLIENT_SECRET, run `az login`, or set managed_identity: true on an "
+                    "Azure VM)"
+                ),
+            )
         subscription = self._subscription_id()
         if not subscription:
-            return CheckResult(self.name, False, "azure: no subscription (set "
-                               "AZURE_SUBSCRIPTION_ID or subscription_id in settings)")
+            return CheckResult(
+                self.name,
+                False,
+                "azure: no subscription (set AZURE_SUBSCRIPTION_ID or subscription_id in settings)",
+            )
         timeout = float(self.options.get("check_timeout_seconds", 20))
         outcome: list[BaseException | None] = []
 
@@ -217,15 +245,21 @@ class AzureProvider(Provider):
         worker.join(timeout)
         where = f"subscription {subscription}, resource group {self.resource_group}"
         if not outcome:
-            return CheckResult(self.name, False,
-                               f"azure: no answer within {timeout:g}s using {source} ({where})")
+            return CheckResult(
+                self.name, False, f"azure: no answer within {timeout:g}s using {source} ({where})"
+            )
         err = outcome[0]
         if err is None:
             return CheckResult(self.name, True, f"azure: OK, {source} reaches {where}")
         if isinstance(err, NotFound):
-            return CheckResult(self.name, False, (
-                f"azure: {source} works but resource group {self.resource_group} was not found "
-                f"in subscription {subscription} (create it, with a VNet and subnet per region)"))
+            return CheckResult(
+                self.name,
+                False,
+                (
+                    f"azure: {source} works but resource group {self.resource_group} was not found "
+                    f"in subscription {subscription} (create it, with a VNet and subnet per region)"
+                ),
+            )
         first_line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         if isinstance(err, AuthError):
             return CheckResult(self.name, False, f"azure: {source} refused: {first_line}")
@@ -238,14 +272,19 @@ class AzureProvider(Provider):
         compute, network = self._clients()
         rg, name = self.resource_group, request.name
         vm_body = self._vm_body(request)  # validates before anything is created
-        create_nic = partial(network.network_interfaces.begin_create_or_update, rg,
-                             _nic_name(name), self._nic_body(request))
+        create_nic = partial(
+            network.network_interfaces.begin_create_or_update,
+            rg,
+            _nic_name(name),
+            self._nic_body(request),
+        )
 
         def begin_create(**kwargs: Any) -> Any:
             # PUT by name is Azure's idempotency; IfMissing (If-None-Match: *) makes it create-only.
             try:
                 return compute.virtual_machines.begin_create_or_update(
-                    rg, name, vm_body, match_condition=MatchConditions.IfMissing, **kwargs)
+                    rg, name, vm_body, match_condition=MatchConditions.IfMissing, **kwargs
+                )
             except ResourceExistsError as err:
                 if err.status_code == 412:
                     return None
@@ -271,8 +310,10 @@ class AzureProvider(Provider):
         if foreign:
             with contextlib.suppress(ProviderError):  # our NIC, unless that VM uses it
                 self._wait(partial(network.network_interfaces.begin_delete, rg, _nic_name(name)))
-            raise InvalidRequest(f"azure: a VM named {name} already exists in {rg} and is not "
-                                 "this machine", code="Conflict")
+            raise InvalidRequest(
+                f"azure: a VM named {name} already exists in {rg} and is not this machine",
+                code="Conflict",
+            )
         view = self._call(lambda: compute.virtual_machines.instance_view(rg, name))
         private_ip = nic.ip_configurations[0].private_ip_address if nic.ip_configurations else None
         return self._instance(vm, view.statuses, private_ip)
@@ -286,8 +327,7 @@ class AzureProvider(Provider):
             private_ip = nic.ip_configurations[0].private_ip_address
         except (NotFound, IndexError, TypeError):
             private_ip = None
-        return self._instance(vm, vm.instance_view.statuses if vm.instance_view else [],
-                              private_ip)
+        return self._instance(vm, vm.instance_view.statuses if vm.instance_view else [], private_ip)
 
     def list_managed(
         self, regions: Sequence[str] | None = None, machine_id: str | None = None
@@ -339,9 +379,11 @@ class AzureProvider(Provider):
         with it; deleting them by name catches leftovers. Each step is a no-op when gone."""
         compute, network = self._clients()
         rg = self.resource_group
-        for begin in (partial(compute.virtual_machines.begin_delete, rg, name),
-                      partial(network.network_interfaces.begin_delete, rg, _nic_name(name)),
-                      partial(compute.disks.begin_delete, rg, _disk_name(name))):
+        for begin in (
+            partial(compute.virtual_machines.begin_delete, rg, name),
+            partial(network.network_interfaces.begin_delete, rg, _nic_name(name)),
+            partial(compute.disks.begin_delete, rg, _disk_name(name)),
+        ):
             with contextlib.suppress(NotFound):
                 self._wait(begin)
 
@@ -365,16 +407,20 @@ class AzureProvider(Provider):
         return models.NetworkInterface(
             location=request.region,
             tags=dict(request.labels),
-            ip_configurations=[models.NetworkInterfaceIPConfiguration(
-                name="ipconfig1",
-                subnet=models.Subnet(id=self._subnet_id(request.region)),
-                private_ip_allocation_method="Dynamic",
-            )],
+            ip_configurations=[
+                models.NetworkInterfaceIPConfiguration(
+                    name="ipconfig1",
+                    subnet=models.Subnet(id=self._subnet_id(request.region)),
+                    private_ip_allocation_method="Dynamic",
+                )
+            ],
         )
 
     def _nic_id(self, vm_name: str) -> str:
-        return (f"/subscriptions/{self._subscription_id()}/resourceGroups/{self.resource_group}"
-                f"/providers/Microsoft.Network/networkInterfaces/{_nic_name(vm_name)}")
+        return (
+            f"/subscriptions/{self._subscription_id()}/resourceGroups/{self.resource_group}"
+            f"/providers/Microsoft.Network/networkInterfaces/{_nic_name(vm_name)}"
+        )
 
     def _subnet_id(self, region: str) -> str:
         configured = self.options.get("subnet_id")
@@ -384,15 +430,19 @@ class AzureProvider(Provider):
             return str(configured)
         vnet = str(self.options.get("vnet", "provisioner-{region}")).format(region=region)
         subnet = str(self.options.get("subnet", "default")).format(region=region)
-        return (f"/subscriptions/{self._subscription_id()}/resourceGroups/{self.resource_group}"
-                f"/providers/Microsoft.Network/virtualNetworks/{vnet}/subnets/{subnet}")
+        return (
+            f"/subscriptions/{self._subscription_id()}/resourceGroups/{self.resource_group}"
+            f"/providers/Microsoft.Network/virtualNetworks/{vnet}/subnets/{subnet}"
+        )
 
     def _vm_body(self, request: LaunchRequest) -> Any:
         from azure.mgmt.compute import models
 
         if not request.ssh_public_key:
-            raise InvalidRequest("azure: an SSH public key is required (Linux VMs are created "
-                                 "without a password)", code="MissingSshKey")
+            raise InvalidRequest(
+                "azure: an SSH public key is required (Linux VMs are created without a password)",
+                code="MissingSshKey",
+            )
         admin = str(self.options.get("admin_username", "azureuser"))
         image = _image_reference(request.image or self.options.get("image") or DEFAULT_IMAGE)
         zone = request.zone.removeprefix(f"{request.region}-")
@@ -400,19 +450,27 @@ class AzureProvider(Provider):
         if request.spot:
             market = {
                 "priority": "Spot",
-                "eviction_policy": "Deallocate" if request.preemption_action == "stop"
+                "eviction_policy": "Deallocate"
+                if request.preemption_action == "stop"
                 else "Delete",
                 # -1: pay up to the pay-as-you-go price, evicted only for capacity.
                 "billing_profile": models.BillingProfile(
-                    max_price=float(request.max_price) if request.max_price is not None else -1),
+                    max_price=float(request.max_price) if request.max_price is not None else -1
+                ),
             }
         os_profile = models.OSProfile(
             computer_name=request.name,
             admin_username=admin,
             linux_configuration=models.LinuxConfiguration(
                 disable_password_authentication=True,
-                ssh=models.SshConfiguration(public_keys=[models.SshPublicKey(
-                    path=f"/home/{admin}/.ssh/authorized_keys", key_data=request.ssh_public_key)]),
+                ssh=models.SshConfiguration(
+                    public_keys=[
+                        models.SshPublicKey(
+                            path=f"/home/{admin}/.ssh/authorized_keys",
+                            key_data=request.ssh_public_key,
+                        )
+                    ]
+                ),
             ),
         )
         if request.user_data:
@@ -430,13 +488,18 @@ class AzureProvider(Provider):
                     disk_size_gb=request.disk_gb,
                     delete_option="Delete",
                     managed_disk=models.ManagedDiskParameters(
-                        storage_account_type=self.options.get("os_disk_type", "Premium_LRS")),
+                        storage_account_type=self.options.get("os_disk_type", "Premium_LRS")
+                    ),
                 ),
             ),
             os_profile=os_profile,
-            network_profile=models.NetworkProfile(network_interfaces=[
-                models.NetworkInterfaceReference(id=self._nic_id(request.name), primary=True,
-                                                 delete_option="Delete")]),
+            network_profile=models.NetworkProfile(
+                network_interfaces=[
+                    models.NetworkInterfaceReference(
+                        id=self._nic_id(request.name), primary=True, delete_option="Delete"
+                    )
+                ]
+            ),
             **market,
         )
 
@@ -486,12 +549,12 @@ class AzureProvider(Provider):
         compute, _ = self._clients()
         now = datetime.now(UTC)
         since = max(vm.time_created or now, now - timedelta(days=89)) - timedelta(minutes=5)
-        query = (f"eventTimestamp ge '{since:%Y-%m-%dT%H:%M:%SZ}' and "
-                 f"resourceUri eq '{vm.id}'")
+        query = f"eventTimestamp ge '{since:%Y-%m-%dT%H:%M:%SZ}' and resourceUri eq '{vm.id}'"
         url: str | None = (
             f"/subscriptions/{self._subscription_id()}/providers/Microsoft.Insights/eventtypes/"
             f"management/values?api-version={ACTIVITY_API_VERSION}&$filter={quote(query)}"
-            "&$select=eventTimestamp,operationName,status")
+            "&$select=eventTimestamp,operationName,status"
+        )
         latest: dict[str, datetime] = {}
         try:
             while url:
@@ -499,17 +562,22 @@ class AzureProvider(Provider):
                 for event in page.get("value", []):
                     operation = (event.get("operationName") or {}).get("value", "").lower()
                     status = (event.get("status") or {}).get("value", "")
-                    kind = ("evict" if operation.endswith("/evictspotvm/action") else
-                            "stop" if operation.endswith(("/deallocate/action",
-                                                          "/poweroff/action")) else None)
+                    kind = (
+                        "evict"
+                        if operation.endswith("/evictspotvm/action")
+                        else "stop"
+                        if operation.endswith(("/deallocate/action", "/poweroff/action"))
+                        else None
+                    )
                     if kind and status != "Failed":
                         at = _parse_time(event["eventTimestamp"])
                         latest[kind] = max(latest.get(kind, at), at)
                 url = page.get("nextLink")
         except ProviderError as err:
             return False, f"activity log unreadable ({err.code or err})"
-        if "evict" in latest and latest["evict"] > latest.get("stop", datetime.min.replace(
-                tzinfo=UTC)):
+        if "evict" in latest and latest["evict"] > latest.get(
+            "stop", datetime.min.replace(tzinfo=UTC)
+        ):
             return True, "Microsoft.Compute/virtualMachines/evictSpotVM/action"
         return False, None
 
@@ -542,8 +610,10 @@ def _image_reference(image: str) -> dict[str, str]:
         return {"id": image}
     parts = image.split(":")
     if len(parts) != 4 or not all(parts):
-        raise InvalidRequest(f"azure: image {image!r} is not publisher:offer:sku:version or an "
-                             "image resource id", code="InvalidImage")
+        raise InvalidRequest(
+            f"azure: image {image!r} is not publisher:offer:sku:version or an image resource id",
+            code="InvalidImage",
+        )
     return dict(zip(("publisher", "offer", "sku", "version"), parts, strict=True))
 
 

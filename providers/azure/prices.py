@@ -57,8 +57,10 @@ def fetch_offers(regions: Iterable[str], options: Mapping[str, Any]) -> list[Off
     offers = []
     for region in regions:
         for sku, size in SIZES.items():
-            query = (f"serviceName eq 'Virtual Machines' and armRegionName eq '{region}' "
-                     f"and armSkuName eq '{sku}' and priceType eq 'Consumption'")
+            query = (
+                f"serviceName eq 'Virtual Machines' and armRegionName eq '{region}' "
+                f"and armSkuName eq '{sku}' and priceType eq 'Consumption'"
+            )
             url = f"{endpoint}/api/retail/prices?$filter={quote(query)}"
             price = spot = None
             for item in _items(url, timeout, options):
@@ -69,19 +71,33 @@ def fetch_offers(regions: Iterable[str], options: Mapping[str, Any]) -> list[Off
                     spot = Decimal(str(item["retailPrice"]))
             if price is None and spot is None:
                 continue
-            offers.append(Offer(
-                cloud="azure", region=region, zone="", instance_type=sku, gpu=size.gpu,
-                gpu_count=size.gpu_count, gpu_memory_gb=size.gpu_memory_gb, vcpus=size.vcpus,
-                memory_gb=Decimal(size.memory_gb), price=price, spot_price=spot, currency="USD",
-                source=source,
-            ))
+            offers.append(
+                Offer(
+                    cloud="azure",
+                    region=region,
+                    zone="",
+                    instance_type=sku,
+                    gpu=size.gpu,
+                    gpu_count=size.gpu_count,
+                    gpu_memory_gb=size.gpu_memory_gb,
+                    vcpus=size.vcpus,
+                    memory_gb=Decimal(size.memory_gb),
+                    price=price,
+                    spot_price=spot,
+                    currency="USD",
+                    source=source,
+                )
+            )
     return offers
 
 
 def _kind(item: Mapping[str, Any]) -> str | None:
-    """"regular", "spot", or None for rows that are not a Linux hourly VM price."""
-    if (item.get("unitOfMeasure") != "1 Hour" or "Windows" in item.get("productName", "")
-            or item.get("isPrimaryMeterRegion") is False):
+    """ "regular", "spot", or None for rows that are not a Linux hourly VM price."""
+    if (
+        item.get("unitOfMeasure") != "1 Hour"
+        or "Windows" in item.get("productName", "")
+        or item.get("isPrimaryMeterRegion") is False
+    ):
         return None
     sku_name = item.get("skuName", "")
     if sku_name.endswith(" Low Priority"):

@@ -9,39 +9,17 @@ from __future__ import annotations
 
 import base64
 
-import yaml
-
 from providers.base import InvalidRequest
+from providers.userdata import cloud_init
 
 MAX_BYTES = 32 * 1024
-SCRIPT_PATH = "/var/lib/provisioner/startup.sh"
 
 
 def build(script: str | None, ssh_public_key: str | None) -> str | None:
-    """Base64 user data, or None when there is nothing to inject. A script that is already a
-    ``#cloud-config`` document gets the key merged in; any other script is written to disk and
-    run once by ``runcmd``."""
-    if not script and not ssh_public_key:
+    """Base64 cloud-init user data with the key and the script, or None when there is none."""
+    text = cloud_init(script, ssh_public_key)
+    if text is None:
         return None
-    config: dict = {}
-    if script and script.lstrip().startswith("#cloud-config"):
-        loaded = yaml.safe_load(script)
-        if loaded is not None and not isinstance(loaded, dict):
-            raise InvalidRequest("sbercloud: user data #cloud-config is not a mapping")
-        config = loaded or {}
-    elif script:
-        config["write_files"] = [
-            {
-                "path": SCRIPT_PATH,
-                "permissions": "0755",
-                "encoding": "b64",
-                "content": base64.b64encode(script.encode()).decode(),
-            }
-        ]
-        config["runcmd"] = [[SCRIPT_PATH]]
-    if ssh_public_key:
-        config.setdefault("ssh_authorized_keys", []).append(ssh_public_key.strip())
-    text = "#cloud-config\n" + yaml.safe_dump(config, sort_keys=False)
     raw = text.encode()
     if len(raw) > MAX_BYTES:
         raise InvalidRequest(

@@ -34,6 +34,7 @@ from providers.base import (
     Throttled,
 )
 from providers.retry import call_with_retry
+from providers.userdata import cloud_init
 from providers.yandex.prices import (
     REGION,
     Shape,
@@ -128,32 +129,6 @@ def map_error(code: str, message: str, what: str, zone: str | None = None) -> Pr
 
 def _rpc_error(exc: Any, what: str, zone: str | None = None) -> ProviderError:
     return map_error(exc.code().name, exc.details() or "", what, zone)
-
-
-def cloud_init(user_data: str | None, ssh_public_key: str | None) -> str | None:
-    """The ``user-data`` metadata. A cloud-config given by the user goes as it is; a startup
-    script is wrapped in a cloud-config that adds our user with the key and runs the script."""
-    if user_data is not None and user_data.lstrip().startswith("#cloud-config"):
-        return user_data
-    if user_data is None and ssh_public_key is None:
-        return None
-    config: dict[str, Any] = {}
-    if ssh_public_key:
-        config["users"] = [
-            "default",
-            {
-                "name": SSH_USER,
-                "sudo": "ALL=(ALL) NOPASSWD:ALL",
-                "shell": "/bin/bash",
-                "ssh_authorized_keys": [ssh_public_key.strip()],
-            },
-        ]
-    if user_data is not None:
-        path = "/var/lib/provisioner/startup.sh"
-        script = user_data if user_data.startswith("#!") else "#!/bin/sh\n" + user_data
-        config["write_files"] = [{"path": path, "permissions": "0755", "content": script}]
-        config["runcmd"] = [[path]]
-    return "#cloud-config\n" + json.dumps(config, indent=1)  # JSON is YAML
 
 
 class YandexProvider(Provider):
@@ -324,7 +299,7 @@ class YandexProvider(Provider):
         shape = parse_instance_type(request.instance_type)
         folder_id = self._require_folder()
         metadata = {}
-        if user_data := cloud_init(request.user_data, request.ssh_public_key):
+        if user_data := cloud_init(request.user_data, request.ssh_public_key, user=SSH_USER):
             metadata["user-data"] = user_data
         if request.ssh_public_key:
             metadata["ssh-keys"] = f"{SSH_USER}:{request.ssh_public_key.strip()}"

@@ -1,0 +1,95 @@
+"""User data for cloud-init: the startup script and the SSH key in the one document every cloud
+image with cloud-init runs (AWS UserData, Azure custom data, Yandex ``user-data`` metadata,
+Huawei ``user_data``). GCP runs its own ``startup-script`` and ``ssh-keys`` metadata instead.
+
+Input may be a shell script, a ``#cloud-config`` document, or a MIME multipart of them (the
+scheduler's agent install joined with the user's script); the output keeps each part's kind.
+"""
+
+from __future__ import annotations
+
+import base64
+import email
+import json
+from email.mime.multipart import MIMEMultipart
+from email.mime.text import MIMEText
+
+SCRIPT_PATH = "/var/lib/provisioner/startup.sh"
+
+
+def cloud_init(
+    script: str | None, ssh_public_key: str | None, *, user: str | None = None
+) -> str | None:
+    """One cloud-init document that authorises the key (for ``user``, created with sudo, or for
+    the image's default user) and runs the script once at first boot."""
+    if not ssh_public_key:
+        return script or None
+    key = ssh_public_key.strip()
+    config: dict = (
+        {
+            "users": [
+                "default",
+                {
+                    "name": user,
+                    "sudo": "ALL=(ALL) NOPASSWD:ALL",
+                    "shell": "/bin/bash",
+                    "ssh_authorized_keys": [key],
+                },
+            ]
+        }
+        if user
+        else {"ssh_authorized_keys": [key]}
+    )
+    if script and _kind(script) == "x-shellscript":
+        config["write_files"] = [
+            {
+                "path": SCRIPT_PATH,
+                "permissions": "0755",
+                "encoding": "b64",
+                "content": base64.b64encode(_shebang(script).encode()).decode(),
+            }
+        ]
+        config["runcmd"] = [[SCRIPT_PATH]]
+        script = None
+    return combine(_config(config), script)
+
+
+def combine(*documents: str | None) -> str | None:
+    """Join documents into one MIME multipart that cloud-init runs part by part, in order.
+    A single document is returned as it is."""
+    docs = [d for d in documents if d]
+    if len(docs) <= 1:
+        return docs[0] if docs else None
+    message = MIMEMultipart()
+    for doc in docs:
+        for subtype, content in _parts(doc):
+            charset = "us-ascii" if content.isascii() else "utf-8"  # readable unless it must not be
+            message.attach(MIMEText(content, subtype, charset))
+    return message.as_string()
+
+
+def _parts(doc: str) -> list[tuple[str, str]]:
+    if _kind(doc) == "multipart":
+        out = []
+        for part in email.message_from_string(doc).walk():
+            if not part.is_multipart():
+                payload = part.get_payload(decode=True)
+                text = payload.decode(part.get_content_charset() or "utf-8") if payload else ""
+                out.append((part.get_content_subtype(), text))
+        return out
+    kind = _kind(doc)
+    return [(kind, _shebang(doc) if kind == "x-shellscript" else doc)]
+
+
+def _kind(doc: str) -> str:
+    if doc.startswith(("Content-Type: multipart/", "MIME-Version:")):
+        return "multipart"
+    return "cloud-config" if doc.lstrip().startswith("#cloud-config") else "x-shellscript"
+
+
+def _shebang(script: str) -> str:
+    return script if script.startswith("#!") else "#!/bin/sh\n" + script
+
+
+def _config(config: dict) -> str:
+    return "#cloud-config\n" + json.dumps(config, indent=1)  # JSON is YAML
