@@ -1,14 +1,4 @@
-"""Pure policy rules: schema, evaluation, off-hours calendars. No I/O but reading YAML files;
-imports nothing from provisioner/ or providers/."""
-
-from policies.schema import (
-    Amount,
-    Budget,
-    IdleRule,
-    MaxLifetime,
-    OffHours,
-    Policy,
-    matching,
-)
-
-__all__ = ["Amount", "Budget", "IdleRule", "MaxLifetime", "OffHours", "Policy", "matching"]
+"""Pure policy rules: schema (policies.schema), evaluation (policies.evaluate), off-hours
+calendars (policies.calendar), loading (policies.loader). No I/O but reading YAML files; imports
+nothing from provisioner/ or providers/. Submodules are imported where used, so importing this
+package costs nothing."""

@@ -6,10 +6,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import yaml
-from pydantic import BaseModel, ValidationError
+
+if TYPE_CHECKING:  # pydantic is imported when something is validated, not for --help
+    from pydantic import BaseModel, ValidationError
 
 
 @dataclass(frozen=True)
@@ -36,7 +38,7 @@ class DocumentError(Exception):
         super().__init__("\n".join(str(p) for p in problems))
 
 
-M = TypeVar("M", bound=BaseModel)
+M = TypeVar("M", bound="BaseModel")
 Loc = tuple[Any, ...]
 
 
@@ -110,6 +112,8 @@ def validate(model: type[M], data: Any, lines: Lines, file: str, *, what: str = 
         raise DocumentError(
             [Problem(file, lines.line_for(()), None, f"a {what} must be a mapping of keys")]
         )
+    from pydantic import ValidationError
+
     try:
         result = model.model_validate(data)
     except ValidationError as e:

@@ -70,10 +70,13 @@ class App:
         if decision.rejected:  # policy turned offers down: say whether any is left
             decision.candidates_allowed = len(plan.candidates)
         plan.checks.append(decision)
-        # budget projection: what the new machine would add to each budget that applies
-        from provisioner import budget
+        if any(
+            p.budget is not None for p in self.policies
+        ):  # the ledger costs SQLAlchemy: only then
+            from provisioner import budget
 
-        plan.checks.extend(budget.projections(self, plan))
+            # what the new machine would add to each budget that applies
+            plan.checks.extend(budget.projections(self, plan))
         return plan
 
     # -- policies (scheduler helper) -----------------------------------------------------------

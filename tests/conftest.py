@@ -17,6 +17,7 @@ from provisioner.app import App
 from provisioner.clock import ManualClock
 from provisioner.settings import Settings
 
+os.environ.setdefault("GRPC_VERBOSITY", "ERROR")  # an emulator stopping is not news
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "configs" / "examples"
 
