@@ -9,7 +9,7 @@ usage intervals at the launch-time rate.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
 from decimal import Decimal
@@ -40,7 +40,7 @@ from provisioner.crashpoints import crashpoint
 from provisioner.errors import OperationFailed, UserError
 from provisioner.planner import Candidate, Plan
 from provisioner.spec import Experiment
-from provisioner.state import Event, Machine, live_machine, new_id
+from provisioner.state import ACTIVE_EXCLUDED, Event, Machine, live_machine, new_id
 
 Progress = Callable[[str], None]
 
@@ -511,13 +511,73 @@ class Observation:
     error: str | None = None
 
 
+@dataclass(frozen=True)
+class Orphan:
+    """A machine carrying our tag that no live machine in the state owns: it bills, unseen."""
+
+    cloud: str
+    instance: Instance
+    adoptable_by: str | None = None  # the name of an interrupted `up` that launched it
+
+    def __str__(self) -> str:
+        i = self.instance
+        where = f"{self.cloud}/{i.zone or i.region} {i.id} ({i.name}, {i.state.value})"
+        if self.adoptable_by:
+            return f"{where}: an interrupted `up` of {self.adoptable_by} launched it; rerun to adopt"
+        return f"{where}: no machine in the state owns it"
+
+
+def _orphans(app: App, cloud: str, listed: Iterable[Instance]) -> list[Orphan]:
+    with app.db.session() as s:
+        rows = s.execute(
+            select(Machine.id, Machine.name, Machine.status, Machine.instance_id).where(
+                Machine.cloud.is_(None) | (Machine.cloud == cloud)
+            )
+        ).all()
+    owned = {iid for _, _, status, iid in rows if iid and status not in ACTIVE_EXCLUDED}
+    launching = {mid: name for mid, name, status, _ in rows if status == "requested"}
+    return [
+        Orphan(cloud, i, launching.get(i.machine_id or ""))
+        for i in listed
+        if i.state != MachineState.TERMINATED and i.id not in owned
+    ]
+
+
+def orphans(app: App, clouds: Iterable[str] | None = None) -> tuple[list[Orphan], dict[str, str]]:
+    """Orphans in every enabled cloud (not only where the state has machines), and the clouds
+    that could not be asked, with why."""
+    found: list[Orphan] = []
+    errors: dict[str, str] = {}
+    for cloud in clouds or app.settings.enabled_clouds:
+        try:
+            provider = app.provider(cloud)
+            check = provider.check()
+            if not check.ok:
+                errors[cloud] = check.message
+                continue
+            found += _orphans(app, cloud, provider.list_managed())
+        except ProviderError as e:
+            errors[cloud] = str(e)
+    return found, errors
+
+
+def collect(app: App, found: Iterable[Orphan]) -> list[Orphan]:
+    """Terminate orphans (never one an interrupted `up` may still adopt); returns those done."""
+    done = []
+    for o in found:
+        if o.adoptable_by:
+            continue
+        app.provider(o.cloud).terminate(o.instance.ref)
+        done.append(o)
+    return done
+
+
 def reconcile(
-    app: App, *, now: datetime | None = None, orphans: list[tuple[str, Instance]] | None = None
+    app: App, *, now: datetime | None = None, orphans: list[Orphan] | None = None
 ) -> list[Observation]:
     """Ask each cloud about every live machine and record what changed (a preemption, a machine
     stopped or deleted outside provisioner). One list call per cloud, not one call per machine.
-    ``orphans``, when given, receives (cloud, instance) for each listed machine with our tag that
-    no live machine in the state owns."""
+    ``orphans``, when given, receives the orphans seen in those lists."""
     now = now or app.clock.now()
     with app.db.session() as s:
         machines = list(
@@ -541,8 +601,7 @@ def reconcile(
             out += [Observation(m, None, False, str(e)) for m in ms]
             continue
         if orphans is not None:
-            known = {m.instance_id for m in ms}
-            orphans += [(cloud, i) for i in seen.values() if i.id not in known]
+            orphans += _orphans(app, cloud, seen.values())
         for m in ms:
             inst = seen.get(m.instance_id or "")
             if inst is None:  # not listed: ask directly (terminated machines drop out of lists)

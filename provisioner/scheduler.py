@@ -497,7 +497,7 @@ def reconcile(app: App, now: datetime | None = None, *, holder: str = HOLDER) ->
     with leading(app, "reconcile", now, holder, False) as leader:
         if not leader:
             return _not_leader("reconcile", app, False)
-        orphans: list[tuple[str, Any]] = []
+        orphans: list[lifecycle.Orphan] = []
         observations = lifecycle.reconcile(app, now=now, orphans=orphans)
         result = Pass("reconcile", checked=len(observations))
         for o in observations:
@@ -506,12 +506,16 @@ def reconcile(app: App, now: datetime | None = None, *, holder: str = HOLDER) ->
             elif o.changed:
                 why = f"the cloud reports {o.observed}"
                 result.actions.append(Action(o.machine.name, "record", o.observed or "", why, True))
-        with app.db.session() as s:  # launches in flight are not orphans
-            requested = set(s.scalars(select(Machine.id).where(Machine.status == "requested")))
-        result.orphans = [
-            {"cloud": cloud, "id": i.id, "name": i.name, "region": i.region, "zone": i.zone}
-            for cloud, i in orphans
-            if i.machine_id not in requested
+        result.orphans = [  # launches in flight are not orphans
+            {
+                "cloud": o.cloud,
+                "id": o.instance.id,
+                "name": o.instance.name,
+                "region": o.instance.region,
+                "zone": o.instance.zone,
+            }
+            for o in orphans
+            if not o.adoptable_by
         ]
         return result
 

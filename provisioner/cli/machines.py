@@ -324,3 +324,53 @@ _simple("Start a stopped machine.", "start", "started", "is already running")
 _simple(
     "Terminate a machine and everything it bills for.", "down", "terminated", "was already gone"
 )
+
+
+@app.command()
+def gc(
+    ctx: typer.Context,
+    cloud: list[str] = typer.Option(
+        None, "--cloud", help="only these clouds (default: all enabled)"
+    ),
+    terminate: bool = typer.Option(False, "--terminate", help="terminate what is found"),
+    yes: bool = typer.Option(False, "--yes", "-y", help="do not ask before terminating"),
+    output: Output = OUTPUT,
+) -> None:
+    """Machines carrying our tag that the state does not know: they bill, unseen. Lists them;
+    terminates them with --terminate after confirmation."""
+    from provisioner import lifecycle
+
+    application = get_app(ctx)
+    found, errors = lifecycle.orphans(application, cloud or None)
+    done: list[Any] = []
+    if terminate and found:
+        doomed = [o for o in found if not o.adoptable_by]
+        if doomed and not yes and not typer.confirm(f"terminate {len(doomed)} machine(s)?"):
+            raise typer.Abort()
+        done = lifecycle.collect(application, found)
+    if output is Output.json:
+        print_json(
+            {
+                "orphans": [
+                    {
+                        "cloud": o.cloud,
+                        "id": o.instance.id,
+                        "name": o.instance.name,
+                        "region": o.instance.region,
+                        "zone": o.instance.zone,
+                        "state": o.instance.state.value,
+                        "adoptable_by": o.adoptable_by,
+                    }
+                    for o in found
+                ],
+                "terminated": [o.instance.id for o in done],
+                "not_asked": errors,
+            }
+        )
+        return
+    for o in found:
+        out.print(("[red]terminated[/] " if o in done else "") + str(o), highlight=False)
+    if not found:
+        out.print("no orphans")
+    for c, why in errors.items():
+        err.print(f"[yellow]{c}[/]: not asked: {why}", highlight=False)
