@@ -523,7 +523,9 @@ class Orphan:
         i = self.instance
         where = f"{self.cloud}/{i.zone or i.region} {i.id} ({i.name}, {i.state.value})"
         if self.adoptable_by:
-            return f"{where}: an interrupted `up` of {self.adoptable_by} launched it; rerun to adopt"
+            return (
+                f"{where}: an interrupted `up` of {self.adoptable_by} launched it; rerun to adopt"
+            )
         return f"{where}: no machine in the state owns it"
 
 
