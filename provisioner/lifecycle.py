@@ -482,6 +482,7 @@ def _provider_call(app: App, m: Machine, op: str) -> None:
             raise OperationFailed(f"{m.name}: the cloud no longer has {m.instance_id}") from None
     except ProviderError as e:
         raise OperationFailed(f"{m.name}: {op} failed: {e}") from None
+    crashpoint(f"after-{op}")  # the cloud acted, the state does not know yet
 
 
 def _transition(app: App, machine_id: str, status: str, **kw: Any) -> tuple[Machine, bool]:

@@ -31,6 +31,7 @@ from sqlalchemy.orm import Mapped, mapped_column
 from policies.calendar import Calendar
 from policies.schema import IdleRule, Policy, matching
 from provisioner import idle, lifecycle
+from provisioner.crashpoints import crashpoint
 from provisioner.errors import ProvisionerError, UserError
 from provisioner.spec import parse_duration
 from provisioner.state import ACTIVE_EXCLUDED, Base, Event, Machine, UTCDateTime
@@ -114,12 +115,30 @@ def acquire(app: App, job: str, now: datetime, holder: str = HOLDER) -> bool:
     except IntegrityError:  # another scheduler inserted it first: fine, it exists
         pass
     with app.db.session() as s:
+        current = s.get(Lease, job)
+        takeable = [holder] + ([current.holder] if current and _dead_here(current.holder) else [])
         won = s.execute(
             update(Lease)
-            .where(Lease.name == job, or_(Lease.expires_at < now, Lease.holder == holder))
+            .where(Lease.name == job, or_(Lease.expires_at < now, Lease.holder.in_(takeable)))
             .values(holder=holder, expires_at=now + ttl)
         ).rowcount
     return won == 1
+
+
+def _dead_here(holder: str) -> bool:
+    """A holder that was a process on this host which no longer runs (killed mid-pass): its
+    lease need not be waited out."""
+    host, _, rest = holder.partition(":")
+    pid = rest.partition(":")[0]
+    if host != socket.gethostname() or not pid.isdigit() or int(pid) == os.getpid():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
 
 
 def release(app: App, job: str, holder: str = HOLDER) -> None:
@@ -423,28 +442,42 @@ def recover(
 
 
 def _to_recover(app: App) -> list[tuple[Machine, int, datetime | None]]:
-    """Preempted machines, and those whose relaunch failed and may be retried:
-    (machine, failed attempts so far, when the last one failed)."""
+    """Preempted machines, and those whose relaunch failed or was interrupted (terminated to
+    be relaunched, with no machine of that name since): (machine, failed attempts so far, when
+    the last one failed)."""
     with app.db.session() as s:
-        preempted = list(s.scalars(select(Machine).where(Machine.status == "preempted")))
-        failed = s.execute(
-            select(Event.machine_id, func.count(), func.max(Event.at))
-            .where(Event.kind == "recover-failed")
-            .group_by(Event.machine_id)
-        ).all()
-        out: list[tuple[Machine, int, datetime | None]] = [(m, 0, None) for m in preempted]
-        for mid, n, last in failed:
+        out: list[tuple[Machine, int, datetime | None]] = [
+            (m, 0, None) for m in s.scalars(select(Machine).where(Machine.status == "preempted"))
+        ]
+        failed = {
+            mid: (n, last)
+            for mid, n, last in s.execute(
+                select(Event.machine_id, func.count(), func.max(Event.at))
+                .where(Event.kind == "recover-failed")
+                .group_by(Event.machine_id)
+            )
+        }
+        pending = set(failed) | set(
+            s.scalars(
+                select(Event.machine_id).where(
+                    Event.kind == "terminated", Event.reason == "preempted"
+                )
+            )
+        )
+        for mid in pending:
             m = s.get(Machine, mid)
             latest = s.scalars(
-                select(Event.kind).where(Event.machine_id == mid).order_by(Event.id.desc())
+                select(Event).where(Event.machine_id == mid).order_by(Event.id.desc())
             ).first()
+            interrupted = latest.kind == "terminated" and (latest.detail or {}).get("relaunching")
             live = s.scalars(
-                select(Machine.id).where(
+                select(Machine.status).where(
                     Machine.name == m.name, Machine.status.not_in(ACTIVE_EXCLUDED)
                 )
             ).first()
-            if latest == "recover-failed" and live is None:
-                out.append((m, n, last))
+            # a relaunch killed mid-`up` left its intent "requested": resuming it finishes the job
+            if (latest.kind == "recover-failed" or interrupted) and live in (None, "requested"):
+                out.append((m, *failed.get(mid, (0, None))))
         return out
 
 
@@ -466,6 +499,7 @@ def _relaunch(
     try:
         if m.status == "preempted":
             lifecycle.down(app, m.name, reason="preempted", detail={"relaunching": True})
+            crashpoint("recover-after-down")
         result = lifecycle.up(app, exp, spec_path=m.spec_path, prefer=_near(m))
     except ProvisionerError as e:
         action.error = str(e)
