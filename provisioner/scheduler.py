@@ -68,6 +68,7 @@ class Action:
     why: str
     done: bool = False
     error: str | None = None
+    idle_since: datetime | None = None  # start of the window proven idle (for idle waste)
 
     def as_json(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -289,7 +290,8 @@ def decide(a: Assessment, now: datetime) -> Action | None:
         else "no heartbeat (counted as idle)"
     )
     why = f"{off}; {activity} ({check.source})" if off else f"{activity} ({check.source})"
-    return Action(m.name, how, "off-hours-idle" if off else "idle", why)
+    since = now - timedelta(minutes=check.rule.for_minutes) if signal == "idle" else None
+    return Action(m.name, how, "off-hours-idle" if off else "idle", why, idle_since=since)
 
 
 def sweep(
@@ -327,7 +329,10 @@ def sweep(
 def _act(app: App, action: Action) -> None:
     fn = lifecycle.stop if action.action == "stop" else lifecycle.down
     try:
-        _, changed = fn(app, action.machine, reason=action.reason, detail={"why": action.why})
+        detail = {"why": action.why}
+        if action.idle_since is not None:
+            detail["idle_since"] = action.idle_since.isoformat()
+        _, changed = fn(app, action.machine, reason=action.reason, detail=detail)
         action.done = True
         if not changed:
             action.why += " (it already was)"
