@@ -4,10 +4,8 @@ shows up in an error."""
 
 from __future__ import annotations
 
-import datetime as dt
 import email
 import email.policy
-import ipaddress
 import socket
 import ssl
 from dataclasses import dataclass, field
@@ -74,40 +72,12 @@ def smtp_server():
 
 @pytest.fixture(scope="module")
 def cert(tmp_path_factory) -> tuple[Path, Path]:
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
+    from tests.emulators.tls import self_signed_localhost
 
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
-    now = dt.datetime.now(dt.UTC)
-    crt = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - dt.timedelta(minutes=5))
-        .not_valid_after(now + dt.timedelta(days=1))
-        .add_extension(
-            x509.SubjectAlternativeName(
-                [x509.IPAddress(ipaddress.ip_address("127.0.0.1")), x509.DNSName("localhost")]
-            ),
-            critical=False,
-        )
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .sign(key, hashes.SHA256())
-    )
+    crt, key = self_signed_localhost()
     d = tmp_path_factory.mktemp("tls")
-    (d / "cert.pem").write_bytes(crt.public_bytes(serialization.Encoding.PEM))
-    (d / "key.pem").write_bytes(
-        key.private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.PKCS8,
-            serialization.NoEncryption(),
-        )
-    )
+    (d / "cert.pem").write_bytes(crt)
+    (d / "key.pem").write_bytes(key)
     return d / "cert.pem", d / "key.pem"
 
 

@@ -35,7 +35,8 @@ from providers.base import (
     Throttled,
 )
 from providers.yandex import YandexProvider
-from tests.emulators.yandex import FOLDER, IAM_TOKEN, YandexEmulator, self_signed_localhost, sku
+from tests.emulators.tls import self_signed_localhost
+from tests.emulators.yandex import FOLDER, IAM_TOKEN, YandexEmulator, sku
 
 GIB = 1 << 30
 YC_ENV = (
