@@ -18,6 +18,8 @@ from provisioner.clock import ManualClock
 from provisioner.settings import Settings
 
 os.environ.setdefault("GRPC_VERBOSITY", "ERROR")  # an emulator stopping is not news
+# No test may reach past loopback: no cloud metadata service probes either.
+os.environ["AWS_EC2_METADATA_DISABLED"] = "true"
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "configs" / "examples"
 

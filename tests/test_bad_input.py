@@ -163,6 +163,55 @@ def test_broken_settings_are_reported(tmp_path, data, monkeypatch):
         check_problems(e, f, text)
 
 
+POLICY_VALID = {
+    "name": "nlp",
+    "applies_to": {"projects": ["nlp-*"], "owners": ["*@example.com"]},
+    "allow": {"clouds": ["aws"], "gpus": ["A100"], "markets": ["spot"]},
+    "max_gpus_per_machine": 8,
+    "max_machines": 3,
+    "max_price_per_hour": "25 USD",
+    "budget": {
+        "amount": "5000 USD",
+        "period": "month",
+        "alerts": {"actual": [50, 100]},
+        "on_exhausted": "stop",
+        "recipients": ["a@example.com"],
+    },
+    "off_hours": {
+        "timezone": "Europe/Berlin",
+        "windows": [{"days": "mon-fri", "start": "20:00", "end": "08:00"}],
+        "holidays": {"country": "DE"},
+    },
+    "idle": {"gpu_util_below": 10, "for_minutes": 20, "action": "stop"},
+    "max_lifetime": {"after": "72h", "action": "terminate"},
+}
+POLICY_PATHS = list(paths(POLICY_VALID))
+
+
+@FAST
+@given(data=st.data())
+def test_broken_policies_are_reported(tmp_path, data):
+    from policies.loader import PolicyError, load
+
+    doc = yaml.safe_load(yaml.safe_dump(POLICY_VALID))
+    for _ in range(data.draw(st.integers(1, 3))):
+        path = data.draw(st.sampled_from(POLICY_PATHS))
+        parent = doc
+        for k in path[:-1]:
+            parent = parent.get(k) if isinstance(parent, dict) else None
+        if isinstance(parent, dict):
+            parent[path[-1]] = data.draw(values)
+    text = yaml.safe_dump(doc, sort_keys=False)
+    if data.draw(st.booleans()):
+        text = garbled(text, data)
+    f = tmp_path / "policy.yaml"
+    f.write_text(text)
+    try:
+        load([f])
+    except PolicyError as e:
+        check_problems(e, f, text)
+
+
 def run_main(argv: list[str]) -> tuple[int, str]:
     from provisioner.cli import main
 

@@ -139,3 +139,49 @@ def test_bad_settings_file_names_line(home, tmp_path):
     cfg.write_text("currency: USD\nclouds:\n  aws: {}\n  oracle: {}\n")
     r = run_cli("--config", str(cfg), "catalog")
     assert r.returncode == 2 and f"{cfg}:2: clouds: unknown cloud(s) oracle" in r.stderr
+
+
+def test_check_without_credentials_is_one_line_per_cloud(home, tmp_path):
+    cfg = write_settings(
+        home, clouds={c: {} for c in ("aws", "gcp", "azure", "yandex", "sbercloud")}
+    )
+    scrubbed = {
+        k: ""
+        for k in (
+            "AWS_ACCESS_KEY_ID",
+            "AWS_SECRET_ACCESS_KEY",
+            "AWS_SESSION_TOKEN",
+            "AWS_PROFILE",
+            "GOOGLE_APPLICATION_CREDENTIALS",
+            "AZURE_CLIENT_ID",
+            "AZURE_CLIENT_SECRET",
+            "AZURE_TENANT_ID",
+            "AZURE_SUBSCRIPTION_ID",
+            "YC_TOKEN",
+            "YC_IAM_TOKEN",
+            "YC_SERVICE_ACCOUNT_KEY_FILE",
+            "SBERCLOUD_ACCESS_KEY",
+            "SBERCLOUD_SECRET_KEY",
+            "HUAWEICLOUD_SDK_AK",
+            "HUAWEICLOUD_SDK_SK",
+        )
+    }
+    empty_home = tmp_path / "nobody"  # no ~/.aws, no gcloud, no az login
+    empty_home.mkdir()
+    r = run_cli(
+        "--config",
+        str(cfg),
+        "check",
+        env={
+            **scrubbed,
+            "HOME": str(empty_home),
+            "AWS_CONFIG_FILE": str(empty_home / "x"),
+            "AWS_SHARED_CREDENTIALS_FILE": str(empty_home / "y"),
+        },
+    )
+    assert r.returncode == 0, r.stderr
+    lines = {ln.split()[1]: ln for ln in r.stdout.splitlines() if ln.strip()}
+    assert sorted(lines) == ["aws", "azure", "gcp", "sandbox", "sbercloud", "yandex"]
+    assert lines["sandbox"].startswith("ok")
+    assert all(lines[c].startswith("no") for c in lines if c != "sandbox"), lines
+    assert "Traceback" not in r.stderr

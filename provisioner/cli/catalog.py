@@ -129,4 +129,5 @@ def check(ctx: typer.Context, output: Output = OUTPUT) -> None:
         return
     for r in results:
         mark = "[green]ok[/]  " if r.ok else "[red]no[/]  "
-        out.print(f"{mark}{r.cloud:<10} {r.message}", highlight=False)
+        message = r.message.removeprefix(f"{r.cloud}: ")
+        out.print(f"{mark}{r.cloud:<10} {message}", highlight=False, soft_wrap=True)
