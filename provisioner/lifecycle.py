@@ -28,6 +28,7 @@ from providers.base import (
     CapacityError,
     Instance,
     InstanceRef,
+    InvalidRequest,
     LaunchRequest,
     MachineState,
     NotFound,
@@ -97,7 +98,7 @@ class Blocklist:
             else:
                 self.regions[(o.cloud, o.region)] = f"{o.region} blocked: no capacity"
             return "capacity"
-        return "invalid" if err.__class__.__name__ == "InvalidRequest" else "error"
+        return "invalid" if isinstance(err, InvalidRequest) else "error"
 
 
 def launch_token(machine_id: str, c: Candidate) -> str:

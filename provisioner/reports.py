@@ -82,7 +82,7 @@ TEXT: dict[str, dict[str, str]] = {
         "renting costs {rental} a month",
         "own_pays": "owning ({low}–{high} a card, {months}-month amortisation, {power} a month "
         "of power) would pay off after {pb}",
-        "own_never": "at this use the rent hardly covers the power: owning would not pay off",
+        "own_never": "at this use owning would not pay off within the card's {months}-month life",
         "own_breakeven": "owning wins above {be} hours a week per card",
         "own_unknown": "no ownership figures for {gpu} (set ownership.gpus.{gpu} in settings)",
         "months": "{n} months",
@@ -134,7 +134,7 @@ TEXT: dict[str, dict[str, str]] = {
         "аренда стоит {rental} в месяц",
         "own_pays": "покупка ({low}–{high} за карту, амортизация {months} мес., электричество "
         "{power} в месяц) окупилась бы за {pb}",
-        "own_never": "при такой загрузке аренда едва покрывает электричество: покупка не окупится",
+        "own_never": "при такой загрузке покупка не окупится за {months} мес. службы карты",
         "own_breakeven": "покупка выгоднее при загрузке больше {be} ч в неделю на карту",
         "own_unknown": "нет данных о покупке {gpu} (задайте ownership.gpus.{gpu} в настройках)",
         "months": "{n} мес.",
@@ -371,7 +371,7 @@ class Report:
         if o.price_low is None:
             parts.append(f.t("own_unknown", gpu=o.gpu))
         elif o.payback_low is None:
-            parts.append(f.t("own_never"))
+            parts.append(f.t("own_never", months=o.amortisation_months))
         else:
             pb = f.t("months", n=_range(f, o.payback_low, o.payback_high))
             parts.append(
@@ -586,7 +586,11 @@ def _rent_or_buy(
             kw = Decimal(spec.power_watts) / 1000
             o.power_month = conv(gh / elapsed_h * HOURS_PER_MONTH * kw * own.electricity_per_kwh)
             net = o.rental_month - o.power_month
-            if net.amount > 0:
+            # a payback longer than the card's useful life is no payback at all
+            if (
+                net.amount > 0
+                and o.price_low.amount * o.cards / net.amount <= own.amortisation_months
+            ):
                 o.payback_low = o.price_low.amount * o.cards / net.amount
                 o.payback_high = o.price_high.amount * o.cards / net.amount
             per_hour_net = cost[gpu].amount / gh - conv(kw * own.electricity_per_kwh).amount

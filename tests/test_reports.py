@@ -108,7 +108,8 @@ def test_rent_or_buy_by_hand(rapp, clock):
     power = month_h * Decimal("0.4") * Decimal("0.15")
     assert a100.cards == 1 and a100.gpu_hours == Decimal("12.5")
     assert a100.rental_month.amount == rental and a100.power_month.amount == power
-    assert cents(a100.payback_low) == cents(8000 / (rental - power))
+    assert 8000 / (rental - power) > 36  # longer than the card lives: no payback at all
+    assert a100.payback_low is None
     weekly_net = (Decimal("3.60") - Decimal("0.06")) * 52 / 12
     assert cents(a100.breakeven_low) == cents(Decimal(8000) / 36 / weekly_net) == Decimal("14.49")
     assert cents(a100.breakeven_high) == Decimal("27.16")  # the classic 20–30 h a week
@@ -117,7 +118,10 @@ def test_rent_or_buy_by_hand(rapp, clock):
     assert t4.gpu_hours == 1029 and t4.cards == 2
     assert cents(t4.hours_per_week) == cents(Decimal(1029) / 720 * 168)
     assert t4.verdict == "own"
+    net = t4.rental_month.amount - t4.power_month.amount
+    assert t4.payback_low == t4.price_low.amount * 2 / net <= 36
     assert "A100: 2.9 GPU-hours a week" in r.ownership_text(a100)
+    assert "would not pay off within the card's 36-month life" in r.ownership_text(a100)
 
 
 def test_scheduled_report_once_per_due_time(rapp, clock, smtp_server):  # noqa: F811

@@ -373,4 +373,4 @@ def gc(
     if not found:
         out.print("no orphans")
     for c, why in errors.items():
-        err.print(f"[yellow]{c}[/]: not asked: {why}", highlight=False)
+        err.print(f"[yellow]{c}[/]: not asked: {why.removeprefix(f'{c}: ')}", highlight=False)
