@@ -71,15 +71,36 @@ def provider(emulator: AzureEmulator) -> AzureProvider:
     return make_provider(emulator)
 
 
-def request(name: str = "exp-a1b2c3", *, machine: str = "m-1",
-            size: str = "Standard_NC24ads_A100_v4", gpu: str = "A100-80GB", spot: bool = True,
-            region: str = "eastus", zone: str = "1", **kw: object) -> LaunchRequest:
-    labels = {TAG_MANAGED_BY: "provisioner", TAG_MACHINE: machine,
-              "provisioner-project": "vision", "provisioner-owner": "ana@example.com"}
+def request(
+    name: str = "exp-a1b2c3",
+    *,
+    machine: str = "m-1",
+    size: str = "Standard_NC24ads_A100_v4",
+    gpu: str = "A100-80GB",
+    spot: bool = True,
+    region: str = "eastus",
+    zone: str = "1",
+    **kw: object,
+) -> LaunchRequest:
+    labels = {
+        TAG_MANAGED_BY: "provisioner",
+        TAG_MACHINE: machine,
+        "provisioner-project": "vision",
+        "provisioner-owner": "ana@example.com",
+    }
     fields = {"disk_gb": 128, "user_data": SCRIPT, "ssh_public_key": SSH_KEY, **kw}
-    return LaunchRequest(name=name, token=f"pv-{machine}", region=region, zone=zone,
-                         instance_type=size, gpu=gpu, gpu_count=1, spot=spot, labels=labels,
-                         **fields)
+    return LaunchRequest(
+        name=name,
+        token=f"pv-{machine}",
+        region=region,
+        zone=zone,
+        instance_type=size,
+        gpu=gpu,
+        gpu_count=1,
+        spot=spot,
+        labels=labels,
+        **fields,
+    )
 
 
 def vm_puts(emu: AzureEmulator) -> list:
@@ -89,12 +110,15 @@ def vm_puts(emu: AzureEmulator) -> list:
 # --- launch: every GPU family, spot and regular, and what went on the wire --------------------
 
 
-@pytest.mark.parametrize("size,gpu", [
-    ("Standard_NC24ads_A100_v4", "A100-80GB"),
-    ("Standard_ND96asr_v4", "A100"),
-    ("Standard_NC40ads_H100_v5", "H100"),
-    ("Standard_NC4as_T4_v3", "T4"),
-])
+@pytest.mark.parametrize(
+    "size,gpu",
+    [
+        ("Standard_NC24ads_A100_v4", "A100-80GB"),
+        ("Standard_ND96asr_v4", "A100"),
+        ("Standard_NC40ads_H100_v5", "H100"),
+        ("Standard_NC4as_T4_v3", "T4"),
+    ],
+)
 @pytest.mark.parametrize("spot", [True, False], ids=["spot", "regular"])
 def test_launch_puts_the_vm_the_request_describes(emulator, provider, size, gpu, spot):
     inst = provider.launch(request(size=size, gpu=gpu, spot=spot))
@@ -136,13 +160,24 @@ def test_spot_cap_and_delete_on_eviction_reach_the_wire(emulator, provider):
 def test_an_image_from_options_or_request_is_used(emulator):
     provider = make_provider(emulator, image="canonical:ubuntu-24_04-lts:server:latest")
     provider.launch(request())
-    provider.launch(request("other-vm", machine="m-2", image="/subscriptions/s/resourceGroups/g/"
-                            "providers/Microsoft.Compute/galleries/x/images/cuda/versions/1.0.0"))
+    provider.launch(
+        request(
+            "other-vm",
+            machine="m-2",
+            image="/subscriptions/s/resourceGroups/g/"
+            "providers/Microsoft.Compute/galleries/x/images/cuda/versions/1.0.0",
+        )
+    )
 
-    first, second = (p.body["properties"]["storageProfile"]["imageReference"]
-                     for p in vm_puts(emulator))
-    assert first == {"publisher": "canonical", "offer": "ubuntu-24_04-lts", "sku": "server",
-                     "version": "latest"}
+    first, second = (
+        p.body["properties"]["storageProfile"]["imageReference"] for p in vm_puts(emulator)
+    )
+    assert first == {
+        "publisher": "canonical",
+        "offer": "ubuntu-24_04-lts",
+        "sku": "server",
+        "version": "latest",
+    }
     assert second["id"].endswith("/images/cuda/versions/1.0.0")
 
 
@@ -222,12 +257,15 @@ def test_quota_is_a_region_quota_error(emulator, provider):
     assert not emulator.vms and not emulator.nics
 
 
-@pytest.mark.parametrize("code,status,kind", [
-    ("AuthorizationFailed", 403, AuthError),
-    ("InvalidParameter", 400, InvalidRequest),
-    ("QuotaExceeded", 409, QuotaError),
-    ("OverconstrainedAllocationRequest", 409, CapacityError),
-])
+@pytest.mark.parametrize(
+    "code,status,kind",
+    [
+        ("AuthorizationFailed", 403, AuthError),
+        ("InvalidParameter", 400, InvalidRequest),
+        ("QuotaExceeded", 409, QuotaError),
+        ("OverconstrainedAllocationRequest", 409, CapacityError),
+    ],
+)
 def test_arm_error_codes_map_to_the_taxonomy(emulator, provider, code, status, kind):
     emulator.fail_next_create(code, f"{code} from ARM", status=status)
 
@@ -280,8 +318,10 @@ def test_the_emulator_refuses_a_malformed_vm(emulator, provider):
     compute, _ = provider._clients()
     size = {"hardwareProfile": {"vmSize": "Standard_NC4as_T4_v3"}}
     base = {"location": "eastus", "properties": size}
-    for body in ({**base, "properties": {**base["properties"], "evictionPolicy": "Delete"}},
-                 {**base, "properties": {**base["properties"], "hardwareProfle": {}}}):
+    for body in (
+        {**base, "properties": {**base["properties"], "evictionPolicy": "Delete"}},
+        {**base, "properties": {**base["properties"], "hardwareProfle": {}}},
+    ):
         with pytest.raises(HttpResponseError) as err:
             compute.virtual_machines.begin_create_or_update("provisioner", "bad", body)
         assert err.value.status_code == 400
@@ -402,11 +442,13 @@ def _scrub(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("PATH", str(tmp_path))  # no az / azd on the PATH
 
 
-def test_check_without_credentials_is_one_clear_line_and_no_network(emulator, monkeypatch,
-                                                                     tmp_path):
+def test_check_without_credentials_is_one_clear_line_and_no_network(
+    emulator, monkeypatch, tmp_path
+):
     _scrub(monkeypatch, tmp_path)
-    provider = AzureProvider({"subscription_id": emulator.subscription_id,
-                              "base_url": emulator.base_url})
+    provider = AzureProvider(
+        {"subscription_id": emulator.subscription_id, "base_url": emulator.base_url}
+    )
 
     result = provider.check()
 
@@ -417,12 +459,15 @@ def test_check_without_credentials_is_one_clear_line_and_no_network(emulator, mo
 
 
 def test_check_without_credentials_imports_no_sdk():
-    code = ("import sys, providers.azure as a; r = a.AzureProvider({}).check(); "
-            "print(r.ok, any(m == 'azure' or m.startswith('azure.') for m in sys.modules))")
+    code = (
+        "import sys, providers.azure as a; r = a.AzureProvider({}).check(); "
+        "print(r.ok, any(m == 'azure' or m.startswith('azure.') for m in sys.modules))"
+    )
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AZURE_", "MSI_", "IDENTITY_"))}
     env["PATH"] = "/nonexistent"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
-                         env=env, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, env=env, timeout=60
+    )
     assert out.stdout.split() == ["False", "False"], out.stderr
 
 
@@ -443,10 +488,13 @@ def test_check_reports_refused_credentials(emulator):
 
 
 def test_importing_the_adapter_loads_no_sdk():
-    code = ("import sys, providers.azure; "
-            "print([m for m in sys.modules if m == 'azure' or m.startswith('azure.')])")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
-                         timeout=60)
+    code = (
+        "import sys, providers.azure; "
+        "print([m for m in sys.modules if m == 'azure' or m.startswith('azure.')])"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=60
+    )
     assert out.stdout.strip() == "[]", out.stderr
 
 
@@ -485,11 +533,13 @@ def test_fetch_offers_reads_linux_and_spot_prices_across_pages(emulator, provide
     h100x8 = offers[("eastus", "Standard_ND96isr_H100_v5")]
     assert (h100x8.gpu, h100x8.gpu_count, h100x8.spot_price) == ("H100", 8, None)
     assert offers[("eastus", "Standard_NC4as_T4_v3")].price == Decimal("0.526")
-    assert set(offers) == {("eastus", "Standard_NC24ads_A100_v4"),
-                           ("westus2", "Standard_NC24ads_A100_v4"),
-                           ("eastus", "Standard_NC40ads_H100_v5"),
-                           ("eastus", "Standard_ND96isr_H100_v5"),
-                           ("eastus", "Standard_NC4as_T4_v3")}
+    assert set(offers) == {
+        ("eastus", "Standard_NC24ads_A100_v4"),
+        ("westus2", "Standard_NC24ads_A100_v4"),
+        ("eastus", "Standard_NC40ads_H100_v5"),
+        ("eastus", "Standard_ND96isr_H100_v5"),
+        ("eastus", "Standard_NC4as_T4_v3"),
+    }
     crossed = [r for r in emulator.requests_to("GET", "/api/retail/prices") if "$skip" in r.query]
     assert crossed  # NextPageLink was followed
 
@@ -504,18 +554,27 @@ def test_up_lands_in_the_next_region_when_the_first_has_no_capacity(emulator, ho
     from tests.conftest import make_settings
 
     emulator.prices = list(PRICE_ROWS)
-    options = {"subscription_id": emulator.subscription_id, "base_url": emulator.base_url,
-               "prices_endpoint": emulator.base_url, "locations": ["eastus", "westus2"],
-               "retry_base_seconds": 0.001, "retry_max_seconds": 0.002,
-               "polling_interval_seconds": 0}
+    options = {
+        "subscription_id": emulator.subscription_id,
+        "base_url": emulator.base_url,
+        "prices_endpoint": emulator.base_url,
+        "locations": ["eastus", "westus2"],
+        "retry_base_seconds": 0.001,
+        "retry_max_seconds": 0.002,
+        "polling_interval_seconds": 0,
+    }
     settings = make_settings(home, clouds={"azure": options})
     provider = AzureProvider(options, credential=StaticCredential())
     catalog.refresh(settings, "azure", provider.fetch_offers())
     emulator.fail_capacity("eastus", code="AllocationFailed")  # the cheapest region is full
-    experiment = Experiment(name="vision", project="vision", owner="ana@example.com",
-                            ssh_public_key=SSH_KEY, startup_script=SCRIPT,
-                            resources={"gpu": "A100-80GB:1", "market": "spot",
-                                       "clouds": ["azure"], "disk_gb": 100})
+    experiment = Experiment(
+        name="vision",
+        project="vision",
+        owner="ana@example.com",
+        ssh_public_key=SSH_KEY,
+        startup_script=SCRIPT,
+        resources={"gpu": "A100-80GB:1", "market": "spot", "clouds": ["azure"], "disk_gb": 100},
+    )
     app = App(settings, clock)
     app.use_provider("azure", provider)  # the emulator's credential, not DefaultAzureCredential
     try:

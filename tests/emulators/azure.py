@@ -39,9 +39,11 @@ API_VERSION_ACTIVITY = "2015-04-01"
 
 _ARM = re.compile(r"^/subscriptions/(?P<sub>[^/]+)(?P<rest>/.*)?$", re.I)
 _RG = re.compile(
-    r"^/resourcegroups/(?P<rg>[^/]+)/providers/(?P<ns>[^/]+)/(?P<type>[^/]+)(?P<rest>/.*)?$", re.I)
+    r"^/resourcegroups/(?P<rg>[^/]+)/providers/(?P<ns>[^/]+)/(?P<type>[^/]+)(?P<rest>/.*)?$", re.I
+)
 _OPERATION = re.compile(
-    r"^/providers/(?P<ns>[^/]+)/locations/(?P<loc>[^/]+)/operations/(?P<op>[^/]+)$", re.I)
+    r"^/providers/(?P<ns>[^/]+)/locations/(?P<loc>[^/]+)/operations/(?P<op>[^/]+)$", re.I
+)
 _VM_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}[A-Za-z0-9_]$")
 _SUBNET_ID = re.compile(
     r"^/subscriptions/[^/]+/resourceGroups/[^/]+/providers/Microsoft\.Network/virtualNetworks/"
@@ -140,8 +142,9 @@ def check_model(cls: type, data: Any, where: str = "") -> None:
     for key, value in data.items():
         path = f"{where}.{key}" if where else key
         if key not in fields:
-            raise _bad(f"Could not find member '{key}' on object of type '{cls.__name__}'. "
-                       f"Path '{path}'.")
+            raise _bad(
+                f"Could not find member '{key}' on object of type '{cls.__name__}'. Path '{path}'."
+            )
         attr, rf = fields[key]
         if rf._visibility == ["read"]:
             raise _bad(f"'{path}' is read-only and cannot be set")
@@ -151,8 +154,9 @@ def check_model(cls: type, data: Any, where: str = "") -> None:
         if rf is None or rf._visibility == ["read"] or _optional(annotation):
             continue
         if rf._rest_name not in data:
-            raise _bad(f"Required property '{where + '.' if where else ''}{rf._rest_name}' "
-                       "is missing")
+            raise _bad(
+                f"Required property '{where + '.' if where else ''}{rf._rest_name}' is missing"
+            )
 
 
 def _optional(annotation: Any) -> bool:
@@ -165,8 +169,11 @@ def _check_value(annotation: Any, value: Any, path: str) -> None:
     origin, args = typing.get_origin(annotation), typing.get_args(annotation)
     if origin in (typing.Union, types.UnionType):
         options = [a for a in args if a is not type(None)]
-        enums = [a for a in options if isinstance(a, type) and issubclass(a, enum.Enum)
-                 and a.__name__ not in _OPEN_ENUMS]
+        enums = [
+            a
+            for a in options
+            if isinstance(a, type) and issubclass(a, enum.Enum) and a.__name__ not in _OPEN_ENUMS
+        ]
         if enums:
             allowed = {m.value.lower() for e in enums for m in e}
             if not isinstance(value, str) or value.lower() not in allowed:
@@ -280,20 +287,26 @@ class AzureEmulator:
             "OverconstrainedAllocationRequest": "Allocation failed. VM(s) with the following "
             "constraints cannot be allocated, because the condition is too restrictive.",
         }
-        message = messages.get(code, "Allocation failed. We do not have sufficient capacity for "
-                               "the requested VM size in this zone. Read more about improving "
-                               "likelihood of allocation success at http://aka.ms/allocation-guidance")
+        message = messages.get(
+            code,
+            "Allocation failed. We do not have sufficient capacity for "
+            "the requested VM size in this zone. Read more about improving "
+            "likelihood of allocation success at http://aka.ms/allocation-guidance",
+        )
         with self._lock:
             self._faults.append(_Fault(code, message, 409, region, zone, synchronous, times))
 
-    def fail_quota(self, region: str, *, family: str = "standardNCADSA100v4Family",
-                   spot: bool = False) -> None:
+    def fail_quota(
+        self, region: str, *, family: str = "standardNCADSA100v4Family", spot: bool = False
+    ) -> None:
         """Creates in ``region`` are refused on the PUT for exceeding a vCPU quota."""
         quota = "LowPriorityCores" if spot else f"{family} Cores"
-        message = (f"Operation could not be completed as it results in exceeding approved {quota} "
-                   f"quota. Additional details - Deployment Model: Resource Manager, Location: "
-                   f"{region}, Current Limit: 0, Current Usage: 0, Additional Required: 24, "
-                   "(Minimum) New Limit Required: 24.")
+        message = (
+            f"Operation could not be completed as it results in exceeding approved {quota} "
+            f"quota. Additional details - Deployment Model: Resource Manager, Location: "
+            f"{region}, Current Limit: 0, Current Usage: 0, Additional Required: 24, "
+            "(Minimum) New Limit Required: 24."
+        )
         with self._lock:
             self._faults.append(_Fault("OperationNotAllowed", message, 409, region, None, True))
 
@@ -307,8 +320,14 @@ class AzureEmulator:
             self._faults.clear()
             self._throttles.clear()
 
-    def throttle(self, count: int, *, method: str | None = None, path_contains: str | None = None,
-                 retry_after: int = 0) -> None:
+    def throttle(
+        self,
+        count: int,
+        *,
+        method: str | None = None,
+        path_contains: str | None = None,
+        retry_after: int = 0,
+    ) -> None:
         """The next ``count`` matching ARM requests get 429 TooManyRequests."""
         with self._lock:
             self._throttles.append(_Throttle(count, method, path_contains, retry_after))
@@ -317,17 +336,31 @@ class AzureEmulator:
         """Long-running operations started from now report InProgress for ``polls`` polls."""
         self._slow_polls = polls
 
-    def add_vm(self, name: str, *, location: str = "eastus", tags: dict[str, str] | None = None,
-               resource_group: str = "provisioner", vm_size: str = "Standard_NC4as_T4_v3",
-               priority: str = "Regular") -> str:
+    def add_vm(
+        self,
+        name: str,
+        *,
+        location: str = "eastus",
+        tags: dict[str, str] | None = None,
+        resource_group: str = "provisioner",
+        vm_size: str = "Standard_NC4as_T4_v3",
+        priority: str = "Regular",
+    ) -> str:
         """Create a running VM directly (as another tool or a person would). Returns its id."""
         vm_id = self._vm_id(resource_group, name)
         body = {
-            "id": vm_id, "name": name, "type": "Microsoft.Compute/virtualMachines",
-            "location": location, "tags": dict(tags or {}),
-            "properties": {"hardwareProfile": {"vmSize": vm_size}, "priority": priority,
-                           "provisioningState": "Succeeded", "vmId": str(uuid.uuid4()),
-                           "timeCreated": self._now()},
+            "id": vm_id,
+            "name": name,
+            "type": "Microsoft.Compute/virtualMachines",
+            "location": location,
+            "tags": dict(tags or {}),
+            "properties": {
+                "hardwareProfile": {"vmSize": vm_size},
+                "priority": priority,
+                "provisioningState": "Succeeded",
+                "vmId": str(uuid.uuid4()),
+                "timeCreated": self._now(),
+            },
         }
         with self._lock:
             self.vms[vm_id.lower()] = _Vm(body, "running")
@@ -355,8 +388,11 @@ class AzureEmulator:
             return json.loads(json.dumps(self._get_vm(resource_group, name).body))
 
     def requests_to(self, method: str, path_contains: str) -> list[Recorded]:
-        return [r for r in self.requests
-                if r.method == method and path_contains.lower() in r.path.lower()]
+        return [
+            r
+            for r in self.requests
+            if r.method == method and path_contains.lower() in r.path.lower()
+        ]
 
     # --- helpers
 
@@ -365,34 +401,47 @@ class AzureEmulator:
         return self._clock.isoformat().replace("+00:00", "Z")
 
     def _vm_id(self, rg: str, name: str) -> str:
-        return (f"/subscriptions/{self.subscription_id}/resourceGroups/{rg}"
-                f"/providers/Microsoft.Compute/virtualMachines/{name}")
+        return (
+            f"/subscriptions/{self.subscription_id}/resourceGroups/{rg}"
+            f"/providers/Microsoft.Compute/virtualMachines/{name}"
+        )
 
     def _get_vm(self, rg: str, name: str) -> _Vm:
         vm = self.vms.get(self._vm_id(rg, name).lower())
         if vm is None:
-            raise ArmError(404, "ResourceNotFound", f"The Resource 'Microsoft.Compute/"
-                           f"virtualMachines/{name}' under resource group '{rg}' was not found.")
+            raise ArmError(
+                404,
+                "ResourceNotFound",
+                f"The Resource 'Microsoft.Compute/"
+                f"virtualMachines/{name}' under resource group '{rg}' was not found.",
+            )
         return vm
 
     def _event(self, resource_id: str, operation: str) -> None:
-        self.activity.append({
-            "eventTimestamp": self._now(),
-            "operationName": {"value": operation, "localizedValue": operation.split("/")[-2]},
-            "status": {"value": "Succeeded", "localizedValue": "Succeeded"},
-            "resourceId": resource_id,
-            "level": "Informational",
-            "caller": "Azure" if "evict" in operation.lower() else "user@example.com",
-        })
+        self.activity.append(
+            {
+                "eventTimestamp": self._now(),
+                "operationName": {"value": operation, "localizedValue": operation.split("/")[-2]},
+                "status": {"value": "Succeeded", "localizedValue": "Succeeded"},
+                "resourceId": resource_id,
+                "level": "Informational",
+                "caller": "Azure" if "evict" in operation.lower() else "user@example.com",
+            }
+        )
 
-    def _operation(self, ns: str, location: str, complete: Callable[[], dict | None],
-                   ) -> dict[str, str]:
+    def _operation(
+        self,
+        ns: str,
+        location: str,
+        complete: Callable[[], dict | None],
+    ) -> dict[str, str]:
         op_id = str(uuid.uuid4())
         self._ops[op_id] = _Operation(self._slow_polls, complete)
-        url = (f"{self.base_url}/subscriptions/{self.subscription_id}/providers/{ns}/locations/"
-               f"{location}/operations/{op_id}?api-version=2026-04-01")
-        return {"Azure-AsyncOperation": url, "Location": url + "&monitor=true",
-                "Retry-After": "0"}
+        url = (
+            f"{self.base_url}/subscriptions/{self.subscription_id}/providers/{ns}/locations/"
+            f"{location}/operations/{op_id}?api-version=2026-04-01"
+        )
+        return {"Azure-AsyncOperation": url, "Location": url + "&monitor=true", "Retry-After": "0"}
 
     def _delete_vm(self, vm: _Vm) -> None:
         props = vm.body["properties"]
@@ -421,8 +470,13 @@ class AzureEmulator:
 
     # --- request handling
 
-    def handle(self, method: str, raw_path: str, headers: dict[str, str], raw: bytes,
-               ) -> tuple[int, dict[str, str], Any]:
+    def handle(
+        self,
+        method: str,
+        raw_path: str,
+        headers: dict[str, str],
+        raw: bytes,
+    ) -> tuple[int, dict[str, str], Any]:
         split = urlsplit(raw_path)
         path, query = split.path, dict(parse_qsl(split.query, keep_blank_values=True))
         body = None
@@ -430,36 +484,58 @@ class AzureEmulator:
             try:
                 body = json.loads(raw)
             except ValueError:
-                raise _bad("The request content was invalid and could not be deserialized.",
-                           "InvalidRequestContent") from None
+                raise _bad(
+                    "The request content was invalid and could not be deserialized.",
+                    "InvalidRequestContent",
+                ) from None
         with self._lock:
             self.requests.append(Recorded(method, path, query, headers, copy.deepcopy(body)))
             status, extra, result = self._serve(method, path, query, headers, body)
             return status, extra, copy.deepcopy(result)  # a snapshot, serialised after unlock
 
-    def _serve(self, method: str, path: str, query: dict, headers: dict, body: Any,
-               ) -> tuple[int, dict[str, str], Any]:
+    def _serve(
+        self,
+        method: str,
+        path: str,
+        query: dict,
+        headers: dict,
+        body: Any,
+    ) -> tuple[int, dict[str, str], Any]:
         if path == "/api/retail/prices":
             return self._prices(query)
         if headers.get("authorization") != f"Bearer {self.token}":
-            raise ArmError(401, "InvalidAuthenticationToken",
-                           "The access token is invalid.")
+            raise ArmError(401, "InvalidAuthenticationToken", "The access token is invalid.")
         for t in self._throttles:
-            if t.remaining > 0 and (t.method in (None, method)) and (
-                    t.path_contains is None or t.path_contains.lower() in path.lower()):
+            if (
+                t.remaining > 0
+                and (t.method in (None, method))
+                and (t.path_contains is None or t.path_contains.lower() in path.lower())
+            ):
                 t.remaining -= 1
-                raise ArmError(429, "TooManyRequests", "The request is being throttled.",
-                               {"Retry-After": str(t.retry_after)})
+                raise ArmError(
+                    429,
+                    "TooManyRequests",
+                    "The request is being throttled.",
+                    {"Retry-After": str(t.retry_after)},
+                )
         if "api-version" not in query:
-            raise _bad("The api-version query parameter (?api-version=) is required for "
-                       "all requests.", "MissingApiVersionParameter")
+            raise _bad(
+                "The api-version query parameter (?api-version=) is required for all requests.",
+                "MissingApiVersionParameter",
+            )
         m = _ARM.match(path)
         if not m or m["sub"] != self.subscription_id:
             raise ArmError(404, "SubscriptionNotFound", "The subscription was not found.")
         return self._route(method, m["rest"] or "", query, headers, body)
 
-    def _route(self, method: str, rest: str, query: dict, headers: dict, body: Any,
-               ) -> tuple[int, dict[str, str], Any]:
+    def _route(
+        self,
+        method: str,
+        rest: str,
+        query: dict,
+        headers: dict,
+        body: Any,
+    ) -> tuple[int, dict[str, str], Any]:
         if m := _OPERATION.match(rest):
             return self._poll(m["op"], monitor="monitor" in query)
         if rest.lower() == "/providers/microsoft.insights/eventtypes/management/values":
@@ -469,8 +545,9 @@ class AzureEmulator:
             raise ArmError(404, "InvalidResourceType", f"Unknown path {rest}")
         rg, ns, rtype, tail = m["rg"], m["ns"].lower(), m["type"].lower(), m["rest"] or ""
         if rg.lower() not in self.resource_groups:
-            raise ArmError(404, "ResourceGroupNotFound", f"Resource group '{rg}' could not be "
-                           "found.")
+            raise ArmError(
+                404, "ResourceGroupNotFound", f"Resource group '{rg}' could not be found."
+            )
         parts = [p for p in tail.split("/") if p]
         key = (ns, rtype, len(parts), method)
         if key == ("microsoft.compute", "virtualmachines", 0, "GET"):
@@ -506,8 +583,12 @@ class AzureEmulator:
         vm_id = self._vm_id(rg, name)
         existing = self.vms.get(vm_id.lower())
         if headers.get("if-none-match") == "*" and existing:
-            raise ArmError(412, "PreconditionFailed", f"The resource '{name}' already exists and "
-                           "the precondition If-None-Match: * failed.")
+            raise ArmError(
+                412,
+                "PreconditionFailed",
+                f"The resource '{name}' already exists and "
+                "the precondition If-None-Match: * failed.",
+            )
         if not _VM_NAME.match(name):
             raise _bad(f"Virtual machine name '{name}' is invalid.", "InvalidResourceName")
         check_model(models.VirtualMachine, body)
@@ -523,20 +604,25 @@ class AzureEmulator:
         nic_ids = [ref["id"].lower() for ref in props["networkProfile"]["networkInterfaces"]]
         os_disk = props["storageProfile"]["osDisk"]
         disk_name = os_disk.get("name") or f"{name}_OsDisk_1_{uuid.uuid4().hex}"
-        disk_id = (f"/subscriptions/{self.subscription_id}/resourceGroups/{rg}/providers/"
-                   f"Microsoft.Compute/disks/{disk_name}")
+        disk_id = (
+            f"/subscriptions/{self.subscription_id}/resourceGroups/{rg}/providers/"
+            f"Microsoft.Compute/disks/{disk_name}"
+        )
         os_disk["name"] = disk_name
         os_disk.setdefault("managedDisk", {})["id"] = disk_id
-        props.update(provisioningState="Creating", vmId=str(uuid.uuid4()),
-                     timeCreated=self._now())
+        props.update(provisioningState="Creating", vmId=str(uuid.uuid4()), timeCreated=self._now())
         props.setdefault("osProfile", {}).pop("customData", None)  # ARM never echoes it
         stored = {"id": vm_id, "name": name, "type": "Microsoft.Compute/virtualMachines", **body}
         vm = _Vm(stored, "starting")
         self.vms[vm_id.lower()] = vm
         for nic_id in nic_ids:
             self.nics[nic_id]["properties"]["virtualMachine"] = {"id": vm_id}
-        self.disks[disk_id.lower()] = {"id": disk_id, "name": disk_name, "managedBy": vm_id,
-                                       "location": region}
+        self.disks[disk_id.lower()] = {
+            "id": disk_id,
+            "name": disk_name,
+            "managedBy": vm_id,
+            "location": region,
+        }
         self._event(vm_id, "Microsoft.Compute/virtualMachines/write")
 
         def complete() -> dict | None:
@@ -554,8 +640,10 @@ class AzureEmulator:
     def _check_vm_semantics(self, name: str, body: dict, props: dict) -> None:
         """The ARM rules beyond the schema that a create relies on."""
         if not re.fullmatch(r"[a-z0-9]+", body["location"]):
-            raise _bad(f"Location '{body['location']}' is not valid.",
-                       "LocationNotAvailableForResourceType")
+            raise _bad(
+                f"Location '{body['location']}' is not valid.",
+                "LocationNotAvailableForResourceType",
+            )
         zones = body.get("zones") or []
         if len(zones) > 1 or any(z not in ("1", "2", "3") for z in zones):
             raise _bad(f"Zones {zones} are invalid for a single VM.")
@@ -567,8 +655,9 @@ class AzureEmulator:
             raise _bad(f"The value {size!r} of parameter 'vmSize' is not allowed.")
         storage = props.get("storageProfile") or {}
         image = storage.get("imageReference") or {}
-        if not (image.get("id") or all(image.get(k) for k in ("publisher", "offer", "sku",
-                                                               "version"))):
+        if not (
+            image.get("id") or all(image.get(k) for k in ("publisher", "offer", "sku", "version"))
+        ):
             raise _bad("storageProfile.imageReference needs publisher, offer, sku and version.")
         os_disk = storage.get("osDisk") or {}
         if os_disk.get("createOption") != "FromImage":
@@ -584,14 +673,20 @@ class AzureEmulator:
         keys = (linux.get("ssh") or {}).get("publicKeys") or []
         for key in keys:
             if key.get("path") != f"/home/{admin}/.ssh/authorized_keys":
-                raise _bad(f"Destination path for SSH public keys is currently limited to its "
-                           f"default value /home/{admin}/.ssh/authorized_keys.")
+                raise _bad(
+                    f"Destination path for SSH public keys is currently limited to its "
+                    f"default value /home/{admin}/.ssh/authorized_keys."
+                )
             if not str(key.get("keyData", "")).startswith(("ssh-", "ecdsa-")):
-                raise _bad("The value of parameter linuxConfiguration.ssh.publicKeys.keyData "
-                           "is invalid.", "InvalidParameter")
+                raise _bad(
+                    "The value of parameter linuxConfiguration.ssh.publicKeys.keyData is invalid.",
+                    "InvalidParameter",
+                )
         if linux.get("disablePasswordAuthentication") and not keys:
-            raise _bad("Authentication using either SSH or by user name and password must be "
-                       "enabled in Linux profile.")
+            raise _bad(
+                "Authentication using either SSH or by user name and password must be "
+                "enabled in Linux profile."
+            )
         if "customData" in os_profile:
             try:
                 decoded = base64.b64decode(os_profile["customData"], validate=True)
@@ -605,8 +700,9 @@ class AzureEmulator:
         if priority == "spot":
             max_price = (props.get("billingProfile") or {}).get("maxPrice", -1)
             if max_price != -1 and not max_price > 0:
-                raise _bad("billingProfile.maxPrice must be -1 or greater than 0.",
-                           "InvalidMaxPrice")
+                raise _bad(
+                    "billingProfile.maxPrice must be -1 or greater than 0.", "InvalidMaxPrice"
+                )
         refs = (props.get("networkProfile") or {}).get("networkInterfaces") or []
         if not refs:
             raise _bad("networkProfile.networkInterfaces is required.")
@@ -624,24 +720,35 @@ class AzureEmulator:
         prefix = f"/subscriptions/{self.subscription_id}/resourcegroups/{rg.lower()}/"
         vms = [vm.body for key, vm in sorted(self.vms.items()) if key.startswith(prefix)]
         skip = int(query.get("$skiptoken", "0"))
-        page = vms[skip: skip + self.page_size]
+        page = vms[skip : skip + self.page_size]
         result: dict[str, Any] = {"value": page}
         if skip + self.page_size < len(vms):
-            result["nextLink"] = (f"{self.base_url}/subscriptions/{self.subscription_id}/"
-                                  f"resourceGroups/{rg}/providers/Microsoft.Compute/"
-                                  f"virtualMachines?api-version={query['api-version']}"
-                                  f"&$skiptoken={skip + self.page_size}")
+            result["nextLink"] = (
+                f"{self.base_url}/subscriptions/{self.subscription_id}/"
+                f"resourceGroups/{rg}/providers/Microsoft.Compute/"
+                f"virtualMachines?api-version={query['api-version']}"
+                f"&$skiptoken={skip + self.page_size}"
+            )
         return 200, {}, result
 
     def _instance_view(self, vm: _Vm) -> dict:
         prov = vm.body["properties"].get("provisioningState", "Succeeded")
-        statuses = [{"code": f"ProvisioningState/{prov.lower()}", "level": "Info",
-                     "displayStatus": f"Provisioning {prov.lower()}"}]
+        statuses = [
+            {
+                "code": f"ProvisioningState/{prov.lower()}",
+                "level": "Info",
+                "displayStatus": f"Provisioning {prov.lower()}",
+            }
+        ]
         if prov == "Failed":
-            statuses[0] = {"code": "ProvisioningState/failed/AllocationFailed", "level": "Error",
-                           "displayStatus": "Provisioning failed"}
-        statuses.append({"code": f"PowerState/{vm.power}", "level": "Info",
-                         "displayStatus": f"VM {vm.power}"})
+            statuses[0] = {
+                "code": "ProvisioningState/failed/AllocationFailed",
+                "level": "Error",
+                "displayStatus": "Provisioning failed",
+            }
+        statuses.append(
+            {"code": f"PowerState/{vm.power}", "level": "Info", "displayStatus": f"VM {vm.power}"}
+        )
         return {"computerName": vm.body["name"], "osName": "ubuntu", "statuses": statuses}
 
     def _action(self, rg: str, name: str, action: str):
@@ -651,8 +758,11 @@ class AzureEmulator:
         if action == "simulateeviction":
             self.evict(name, rg)
             return 204, {}, None
-        transitions = {"deallocate": ("deallocating", "deallocated"),
-                       "poweroff": ("stopping", "stopped"), "start": ("starting", "running")}
+        transitions = {
+            "deallocate": ("deallocating", "deallocated"),
+            "poweroff": ("stopping", "stopped"),
+            "start": ("starting", "running"),
+        }
         if action not in transitions:
             raise ArmError(404, "InvalidResourceType", f"action {action} is not emulated")
         during, after = transitions[action]
@@ -685,8 +795,10 @@ class AzureEmulator:
     # --- network interfaces and disks
 
     def _nic(self, method: str, rg: str, name: str, body: Any):
-        nic_id = (f"/subscriptions/{self.subscription_id}/resourceGroups/{rg}/providers/"
-                  f"Microsoft.Network/networkInterfaces/{name}")
+        nic_id = (
+            f"/subscriptions/{self.subscription_id}/resourceGroups/{rg}/providers/"
+            f"Microsoft.Network/networkInterfaces/{name}"
+        )
         nic = self.nics.get(nic_id.lower())
         if method == "GET":
             if nic is None:
@@ -696,8 +808,7 @@ class AzureEmulator:
             if nic is None:
                 return 204, {}, None
             if nic["properties"].get("virtualMachine"):
-                raise _bad(f"Network interface {nic_id} is used by a virtual machine.",
-                           "NicInUse")
+                raise _bad(f"Network interface {nic_id} is used by a virtual machine.", "NicInUse")
             self.nics.pop(nic_id.lower())
             return 200, {}, None
         if method != "PUT":
@@ -711,11 +822,18 @@ class AzureEmulator:
         for config in configs:
             subnet = ((config.get("properties") or {}).get("subnet") or {}).get("id", "")
             if not config.get("name") or not _SUBNET_ID.match(subnet):
-                raise _bad(f"Subnet id {subnet!r} is not a valid subnet reference.",
-                           "InvalidResourceReference")
+                raise _bad(
+                    f"Subnet id {subnet!r} is not a valid subnet reference.",
+                    "InvalidResourceReference",
+                )
         if nic is None:
-            nic = {"id": nic_id, "name": name, "type": "Microsoft.Network/networkInterfaces",
-                   "location": body["location"], "properties": {}}
+            nic = {
+                "id": nic_id,
+                "name": name,
+                "type": "Microsoft.Network/networkInterfaces",
+                "location": body["location"],
+                "properties": {},
+            }
             for config in configs:
                 config["id"] = f"{nic_id}/ipConfigurations/{config['name']}"
                 config["properties"]["privateIPAddress"] = f"10.0.0.{next(self._ip)}"
@@ -724,8 +842,11 @@ class AzureEmulator:
             self.nics[nic_id.lower()] = nic
             status = 201
         elif nic["location"] != body["location"]:
-            raise _bad(f"Resource {nic_id} exists in location {nic['location']}; a resource "
-                       "cannot change location.", "InvalidResourceLocation")
+            raise _bad(
+                f"Resource {nic_id} exists in location {nic['location']}; a resource "
+                "cannot change location.",
+                "InvalidResourceLocation",
+            )
         else:
             status = 200
         nic["tags"] = body.get("tags", {})
@@ -734,8 +855,10 @@ class AzureEmulator:
         return status, headers, nic
 
     def _disk(self, method: str, rg: str, name: str):
-        disk_id = (f"/subscriptions/{self.subscription_id}/resourceGroups/{rg}/providers/"
-                   f"Microsoft.Compute/disks/{name}")
+        disk_id = (
+            f"/subscriptions/{self.subscription_id}/resourceGroups/{rg}/providers/"
+            f"Microsoft.Compute/disks/{name}"
+        )
         disk = self.disks.get(disk_id.lower())
         if method == "GET":
             if disk is None:
@@ -746,8 +869,9 @@ class AzureEmulator:
         if disk is None:
             return 204, {}, None
         if disk.get("managedBy"):
-            raise ArmError(409, "OperationNotAllowed", f"Disk {name} is attached to VM "
-                           f"{disk['managedBy']}.")
+            raise ArmError(
+                409, "OperationNotAllowed", f"Disk {name} is attached to VM {disk['managedBy']}."
+            )
         self.disks.pop(disk_id.lower())
         return 202, self._operation("Microsoft.Compute", disk["location"], lambda: None), None
 
@@ -776,18 +900,22 @@ class AzureEmulator:
             raise _bad("The $filter must contain eventTimestamp ge '<time>'.", "BadRequest")
         since_dt = datetime.fromisoformat(since.replace("Z", "+00:00"))
         uri = clauses.get(("resourceUri", "eq"), "").lower()
-        events = [e for e in self.activity
-                  if datetime.fromisoformat(e["eventTimestamp"].replace("Z", "+00:00")) >= since_dt
-                  and (not uri or e["resourceId"].lower() == uri)]
+        events = [
+            e
+            for e in self.activity
+            if datetime.fromisoformat(e["eventTimestamp"].replace("Z", "+00:00")) >= since_dt
+            and (not uri or e["resourceId"].lower() == uri)
+        ]
         events.sort(key=lambda e: e["eventTimestamp"], reverse=True)  # newest first, as ARM
         skip = int(query.get("$skiptoken", "0"))
-        result: dict[str, Any] = {"value": events[skip: skip + self.page_size]}
+        result: dict[str, Any] = {"value": events[skip : skip + self.page_size]}
         if skip + self.page_size < len(events):
             result["nextLink"] = (
                 f"{self.base_url}/subscriptions/{self.subscription_id}/providers/"
                 f"microsoft.insights/eventtypes/management/values?api-version="
                 f"{API_VERSION_ACTIVITY}&$filter={quote(query['$filter'])}"
-                f"&$skiptoken={skip + self.page_size}")
+                f"&$skiptoken={skip + self.page_size}"
+            )
         return 200, {}, result
 
     def _prices(self, query: dict):
@@ -795,18 +923,29 @@ class AzureEmulator:
         if any(op != "eq" for _, op in clauses):
             raise _bad("Only eq filters are emulated.")
         fields = {"priceType": "type"}  # the filter name differs from the item's field
-        rows = [row for row in self.prices
-                if all(str(row.get(fields.get(k, k), "")).lower() == v.lower()
-                       for (k, _), v in clauses.items())]
+        rows = [
+            row
+            for row in self.prices
+            if all(
+                str(row.get(fields.get(k, k), "")).lower() == v.lower()
+                for (k, _), v in clauses.items()
+            )
+        ]
         skip = int(query.get("$skip", "0"))
-        page = rows[skip: skip + self.prices_page_size]
-        result = {"BillingCurrency": "USD", "CustomerEntityId": "Default",
-                  "CustomerEntityType": "Retail", "Items": page, "Count": len(page),
-                  "NextPageLink": None}
+        page = rows[skip : skip + self.prices_page_size]
+        result = {
+            "BillingCurrency": "USD",
+            "CustomerEntityId": "Default",
+            "CustomerEntityType": "Retail",
+            "Items": page,
+            "Count": len(page),
+            "NextPageLink": None,
+        }
         if skip + self.prices_page_size < len(rows):
             result["NextPageLink"] = (
                 f"{self.base_url}/api/retail/prices?$filter={quote(query['$filter'])}"
-                f"&$skip={skip + self.prices_page_size}")
+                f"&$skip={skip + self.prices_page_size}"
+            )
         return 200, {}, result
 
 
@@ -854,19 +993,38 @@ def _handler(emulator: AzureEmulator) -> type[BaseHTTPRequestHandler]:
     return Handler
 
 
-def price_row(region: str, sku: str, price: float, *, spot: bool = False, windows: bool = False,
-              low_priority: bool = False) -> dict:
+def price_row(
+    region: str,
+    sku: str,
+    price: float,
+    *,
+    spot: bool = False,
+    windows: bool = False,
+    low_priority: bool = False,
+) -> dict:
     """One Retail Prices API item in the recorded shape."""
     short = sku.removeprefix("Standard_").replace("_", " ")
     sku_name = short + (" Spot" if spot else " Low Priority" if low_priority else "")
     series = " ".join(short.split()[1:]) or short
     return {
-        "currencyCode": "USD", "tierMinimumUnits": 0.0, "retailPrice": price, "unitPrice": price,
-        "armRegionName": region, "location": region, "effectiveStartDate": "2026-01-01T00:00:00Z",
+        "currencyCode": "USD",
+        "tierMinimumUnits": 0.0,
+        "retailPrice": price,
+        "unitPrice": price,
+        "armRegionName": region,
+        "location": region,
+        "effectiveStartDate": "2026-01-01T00:00:00Z",
         "meterId": str(uuid.uuid5(uuid.NAMESPACE_URL, f"{region}/{sku}/{spot}/{windows}")),
-        "meterName": sku_name, "productId": "DZH318Z0BQ4N", "skuId": "DZH318Z0BQ4N/00J2",
+        "meterName": sku_name,
+        "productId": "DZH318Z0BQ4N",
+        "skuId": "DZH318Z0BQ4N/00J2",
         "productName": f"Virtual Machines {series} Series" + (" Windows" if windows else ""),
-        "skuName": sku_name, "serviceName": "Virtual Machines", "serviceId": "DZH313Z7MMC8",
-        "serviceFamily": "Compute", "unitOfMeasure": "1 Hour", "type": "Consumption",
-        "isPrimaryMeterRegion": True, "armSkuName": sku,
+        "skuName": sku_name,
+        "serviceName": "Virtual Machines",
+        "serviceId": "DZH313Z7MMC8",
+        "serviceFamily": "Compute",
+        "unitOfMeasure": "1 Hour",
+        "type": "Consumption",
+        "isPrimaryMeterRegion": True,
+        "armSkuName": sku,
     }
