@@ -19,7 +19,7 @@ from provisioner.app import App
 from provisioner.clock import ManualClock
 from provisioner.errors import ConfigError
 from provisioner.spec import Experiment
-from provisioner.state import Event, Machine
+from provisioner.state import Event, Machine, UsageInterval
 from tests.conftest import ROOT, make_settings, run_cli, sandbox_experiment, write_settings
 
 BERLIN_NIGHTS = """
@@ -337,13 +337,15 @@ idle: {unknown_counts_as_idle: true}
 """
 
 
-def test_two_scheduler_processes_stop_each_machine_once(home, tmp_path):
-    """Real processes, one SQLite state file, one sandbox cloud: the machines (launched two days
-    ago, silent since) are stopped once each, whichever process leads each pass."""
+def test_two_scheduler_processes_stop_each_machine_once(home, tmp_path, db_url):
+    """Real processes, one state database, one sandbox cloud: the machines (launched two days
+    ago, silent since) are stopped once each, whichever process leads each pass, and every
+    second is counted once."""
     (tmp_path / "p.yaml").write_text(ALWAYS_OFF)
-    cfg = write_settings(home, policies=[str(tmp_path / "p.yaml")])
+    cfg = write_settings(home, policies=[str(tmp_path / "p.yaml")], state_url=db_url)
     start = datetime.now(UTC) - timedelta(days=2)
-    app = App(make_settings(home, policies=[str(tmp_path / "p.yaml")]), ManualClock(start))
+    settings = make_settings(home, policies=[str(tmp_path / "p.yaml")], state_url=db_url)
+    app = App(settings, ManualClock(start))
     names = [f"m{i:02d}" for i in range(24)]
     for n in names:
         up(app, n)
@@ -356,13 +358,15 @@ def test_two_scheduler_processes_stop_each_machine_once(home, tmp_path):
     ]
     outputs = [p.communicate(timeout=240)[0] for p in procs]
     assert [p.returncode for p in procs] == [0, 0]
-    app = App(make_settings(home), ManualClock(datetime.now(UTC)))
+    app = App(settings, ManualClock(datetime.now(UTC)))
     with app.db.session() as s:
         stops = list(s.scalars(select(Event.machine_id).where(Event.kind == "stopped")))
         stopped = set(s.scalars(select(Machine.name).where(Machine.status == "stopped")))
+        compute = list(s.scalars(select(UsageInterval).where(UsageInterval.kind == "compute")))
     app.close()
     assert stopped == set(names)
     assert len(stops) == len(names)  # once each
+    assert len(compute) == len(names) and all(iv.ended_at for iv in compute)  # counted once
     reported: list[str] = []
     for out in outputs:
         text, pos = out.decode(), 0
