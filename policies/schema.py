@@ -279,6 +279,7 @@ class IdleRule(_Strict):
     for_minutes: int = Field(30, ge=1)
     unknown_counts_as_idle: bool = False  # no heartbeat for longer than the grace period
     action: Action = "stop"
+    warn_minutes: int = Field(0, ge=0, le=240)  # mail the owner this long before acting; 0: no
 
 
 class MaxLifetime(_Strict):

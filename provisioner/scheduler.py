@@ -20,7 +20,7 @@ import socket
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, time, timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -69,12 +69,13 @@ class Action:
     done: bool = False
     error: str | None = None
     idle_since: datetime | None = None  # start of the window proven idle (for idle waste)
+    warn_minutes: int = 0  # the owner is mailed this long before the machine is acted on
 
     def as_json(self) -> dict[str, Any]:
         return dict(self.__dict__)
 
     def __str__(self) -> str:
-        verb = {"keep": "left alone"}.get(self.action, self.action)
+        verb = {"keep": "left alone", "warn": "owner warned"}.get(self.action, self.action)
         state = "" if self.done or self.action == "keep" else " (dry run)"
         if self.error:
             state = f" FAILED: {self.error}"
@@ -291,7 +292,10 @@ def decide(a: Assessment, now: datetime) -> Action | None:
     )
     why = f"{off}; {activity} ({check.source})" if off else f"{activity} ({check.source})"
     since = now - timedelta(minutes=check.rule.for_minutes) if signal == "idle" else None
-    return Action(m.name, how, "off-hours-idle" if off else "idle", why, idle_since=since)
+    warn = max((c.rule.warn_minutes for c, _, _ in fired), default=0)
+    return Action(
+        m.name, how, "off-hours-idle" if off else "idle", why, idle_since=since, warn_minutes=warn
+    )
 
 
 def sweep(
@@ -318,12 +322,71 @@ def sweep(
             action = decide(a, now)
             if action is None:
                 continue
+            if action.warn_minutes and action.action in ("stop", "terminate"):
+                action = _warned_first(app, a.machine, action, now, dry_run)
             if not dry_run and action.action in ("stop", "terminate"):
                 _act(app, action)
             result.actions.append(action)
         if not dry_run:
             idle.prune(app, now - HEARTBEAT_RETENTION)
         return result
+
+
+def _warned_first(app: App, m: Machine, action: Action, now: datetime, dry_run: bool) -> Action:
+    """The owner hears of an idle stop ``warn_minutes`` before it happens (and can `keep` the
+    machine). A warning older than twice that, with the machine busy in between, is stale:
+    the next idle spell is warned again."""
+    wait = timedelta(minutes=action.warn_minutes)
+    with app.db.session() as s:
+        last = s.scalars(
+            select(Event)
+            .where(
+                Event.machine_id == m.id, Event.kind.in_(("stop-warning", "started", "launched"))
+            )
+            .order_by(Event.id.desc())
+        ).first()
+    warned = last.at if last is not None and last.kind == "stop-warning" else None
+    if warned is not None and warned + 2 * wait >= now:
+        if now >= warned + wait:
+            return action  # warned in time: act
+        return replace(
+            action,
+            action="warn",
+            why=f"{action.why}; {action.action} at {warned + wait:%H:%M} UTC, owner warned",
+            done=True,
+        )
+    when = now + wait
+    pending = replace(
+        action, action="warn", why=f"{action.why}; {action.action} at {when:%H:%M} UTC"
+    )
+    if dry_run:
+        return pending
+    detail: dict[str, Any] = {"why": action.why, "act_at": when.isoformat(), "to": m.owner}
+    try:
+        _mail_warning(app, m, action, when)
+    except ProvisionerError as e:  # a broken mail server must not keep machines running
+        detail["mail_error"] = str(e)
+        pending.error = str(e)
+    _event(app, m.id, "stop-warning", action.reason, detail)
+    pending.done = pending.error is None
+    return pending
+
+
+def _mail_warning(app: App, m: Machine, action: Action, when: datetime) -> None:
+    from provisioner import mail
+
+    if "@" not in m.owner:
+        raise UserError(f"owner {m.owner!r} is not an email address")
+    smtp = app.settings.smtp
+    keep_until = (when + timedelta(hours=2)).strftime("%H:%M")
+    done = "stopped" if action.action == "stop" else "terminated"
+    text = (
+        f"{m.name} ({m.cloud} {m.zone or m.region}, {m.gpu_count}×{m.gpu}) will be {done} at "
+        f"{when:%Y-%m-%d %H:%M} UTC:\n{action.why}.\n\n"
+        f"To keep it running, run:\n  provisioner keep {m.name} --until {keep_until}\n"
+    )
+    subject = f"provisioner: {m.name} will be {done} at {when:%H:%M} UTC (idle)"
+    mail.send(smtp, mail.compose(sender=smtp.sender, to=[m.owner], subject=subject, text=text))
 
 
 def _act(app: App, action: Action) -> None:

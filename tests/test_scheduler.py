@@ -21,6 +21,7 @@ from provisioner.errors import ConfigError
 from provisioner.spec import Experiment
 from provisioner.state import Event, Machine, UsageInterval
 from tests.conftest import ROOT, make_settings, run_cli, sandbox_experiment, write_settings
+from tests.test_mail import smtp_server  # noqa: F401  (fixture)
 
 BERLIN_NIGHTS = """
 name: nights
@@ -461,3 +462,44 @@ def test_scheduler_run_refuses_to_start_with_a_bad_policy(home, tmp_path):
     r = run_cli("--config", str(cfg), "scheduler", "run", timeout=60)
     assert r.returncode == 2
     assert "p.yaml:5: off_hours.timezone: unknown IANA timezone 'Europe/Nowhere'" in r.stderr
+
+
+WARNED = """
+name: warned
+off_hours: {timezone: UTC, weekends: mon-sun}
+idle: {unknown_counts_as_idle: true, warn_minutes: 10}
+"""
+
+
+def test_owner_is_warned_before_an_idle_stop(home, tmp_path, smtp_server, db_url):  # noqa: F811
+    (tmp_path / "p.yaml").write_text(WARNED)
+    settings = make_settings(
+        home,
+        policies=[str(tmp_path / "p.yaml")],
+        state_url=db_url,
+        smtp=smtp_server.smtp.model_dump(),
+    )
+    clock = ManualClock(datetime(2026, 11, 7, 10, 0, tzinfo=UTC))
+    app = App(settings, clock)
+    up(app, "quiet")
+    clock.advance(timedelta(hours=1))
+    assert scheduler.sweep(app, dry_run=True).actions[0].action == "warn"
+    assert smtp_server.inbox.messages == []  # a dry run mails nobody
+
+    first = scheduler.sweep(app).actions
+    assert [(a.action, a.done) for a in first] == [("warn", True)]
+    ((to, msg),) = smtp_server.inbox.messages
+    assert to == ["ana@example.com"] and "will be stopped at 11:10 UTC" in msg["Subject"]
+    assert "provisioner keep quiet --until" in msg.get_body().get_content()
+
+    clock.advance(timedelta(minutes=5))
+    assert [a.action for a in scheduler.sweep(app).actions] == ["warn"]
+    assert len(smtp_server.inbox.messages) == 1  # warned once
+    assert status(app, "quiet") == "running"
+
+    clock.advance(timedelta(minutes=6))
+    assert [(a.action, a.done) for a in scheduler.sweep(app).actions] == [("stop", True)]
+    assert status(app, "quiet") == "stopped"
+    kinds = [k for k, _ in events(app, "quiet")]
+    assert kinds.index("stop-warning") < kinds.index("stopped")
+    app.close()
