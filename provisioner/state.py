@@ -116,7 +116,7 @@ class Machine(Base):
     launched_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     terminated_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     # scheduler (0002): sha256 of the agent's heartbeat token; `provisioner keep NAME --until`
-    agent_token_hash: Mapped[str | None] = mapped_column(String(64), unique=True)
+    agent_token_hash: Mapped[str | None] = mapped_column(String(64), unique=True, index=True)
     kept_until: Mapped[datetime | None] = mapped_column(UTCDateTime)
 
     events: Mapped[list[Event]] = relationship(
@@ -150,6 +150,8 @@ class Event(Base):
     detail: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
 
     machine: Mapped[Machine] = relationship(back_populates="events")
+
+    __table_args__ = (Index("ix_events_reason_at", "reason", "at"),)  # scheduler stops, budget
 
 
 class UsageInterval(Base):

@@ -54,7 +54,7 @@ def upgrade() -> None:
         sa.Column("at", sa.DateTime(timezone=True), nullable=False, index=True),
         sa.Column("kind", sa.String(32), nullable=False),
         sa.Column("reason", sa.String(64)),
-        sa.Column("detail", sa.JSON),
+        sa.Column("detail", sa.JSON, nullable=False),
     )
     op.create_table(
         "usage_intervals",

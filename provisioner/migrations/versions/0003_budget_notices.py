@@ -22,7 +22,7 @@ def upgrade() -> None:
         sa.Column("period_start", sa.DateTime(timezone=True), nullable=False),
         sa.Column("mark", sa.String(40), nullable=False),
         sa.Column("at", sa.DateTime(timezone=True), nullable=False),
-        sa.Column("detail", sa.JSON),
+        sa.Column("detail", sa.JSON, nullable=False),
         sa.UniqueConstraint("policy", "kind", "period_start", "mark", name="uq_budget_notice"),
     )
     # the savings and idle-waste queries look up events by reason
