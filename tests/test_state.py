@@ -12,8 +12,11 @@ from alembic.migration import MigrationContext
 
 import provisioner.budget
 import provisioner.idle
-import provisioner.scheduler  # noqa: F401  (their tables join the metadata)
+import provisioner.scheduler
+import provisioner.state
 from provisioner.state import Base, Database
+
+TABLE_MODULES = (provisioner.budget, provisioner.idle, provisioner.scheduler)  # their tables
 
 
 def config(db: Database, conn) -> Config:
