@@ -669,6 +669,7 @@ def run(app: App) -> None:
             "interval",
             seconds=every,
             id=name,
+            name=name,
             next_run_time=datetime.now(UTC),
             coalesce=True,
             max_instances=1,
