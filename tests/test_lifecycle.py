@@ -193,3 +193,29 @@ def test_machines_made_outside_provisioner_are_not_ours(app):
         lifecycle.resource_name(experiment(), i.machine_id) for i in sandbox.list_managed()
     ]
     assert len(sandbox.list_managed()) == 1
+
+
+def test_status_shows_what_each_machine_cost_so_far(home, db_url):
+    from datetime import UTC, datetime
+
+    from provisioner.clock import ManualClock
+    from tests.conftest import write_settings
+
+    launched = datetime.now(UTC) - timedelta(hours=2)
+    app = App(make_settings(home, state_url=db_url), ManualClock(launched))
+    lifecycle.up(app, experiment())
+    app.close()
+    per_hour = Decimal("0.15") + Decimal("0.10") * 50 / 730  # compute + 50 GB disk
+
+    def cost_at(t) -> Decimal:
+        return per_hour * Decimal((t - launched).total_seconds()) / 3600
+
+    cfg = write_settings(home, state_url=db_url)
+    before = datetime.now(UTC)
+    r = run_cli("--config", str(cfg), "status", "-o", "json")
+    after = datetime.now(UTC)
+    ((spent,),) = [m["spent"] for m in json.loads(r.stdout)]
+    assert spent["currency"] == "USD"
+    assert cost_at(before) <= Decimal(spent["amount"]) <= cost_at(after)
+    table = run_cli("--config", str(cfg), "status")
+    assert "0.31 USD" in table.stdout or "0.32 USD" in table.stdout  # ~2 h at 0.157/h

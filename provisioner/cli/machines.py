@@ -243,23 +243,36 @@ def status(
     refresh: bool = typer.Option(True, help="ask the clouds first (reconcile)"),
     output: Output = OUTPUT,
 ) -> None:
-    """Machines and their state, reconciled with what the clouds report."""
+    """Machines and their state, reconciled with what the clouds report, with what each has
+    cost so far (compute and disk, at its launch-time rate)."""
     from sqlalchemy import select
 
-    from provisioner import lifecycle
+    from provisioner import ledger, lifecycle
     from provisioner.state import Machine
 
     application = get_app(ctx)
     problems = []
     if refresh:
         problems = [o for o in lifecycle.reconcile(application) if o.error]
+    now = application.clock.now()
     with application.db.session() as s:
         q = select(Machine).order_by(Machine.created_at)
         if not all_:
             q = q.where(Machine.status.not_in(("terminated", "failed")))
         machines = list(s.scalars(q))
+        spent = {m.id: ledger.machine_spend(s, m, m.created_at, now) for m in machines}
     if output is Output.json:
-        print_json([machine_json(m) for m in machines])
+        print_json(
+            [
+                {
+                    **machine_json(m),
+                    "spent": [
+                        {"amount": str(v.amount), "currency": c} for c, v in spent[m.id].items()
+                    ],
+                }
+                for m in machines
+            ]
+        )
         return
     if not machines:
         out.print("no machines" + ("" if all_ else " (use --all to include terminated ones)"))
@@ -274,6 +287,7 @@ def status(
             "GPUs",
             "market",
             "price/h",
+            "spent",
             "address",
         ):
             t.add_column(col)
@@ -287,6 +301,7 @@ def status(
                 f"{m.gpu_count}×{m.gpu}" if m.gpu else "—",
                 m.market or "—",
                 _money(m.rate, m.currency),
+                " + ".join(str(v) for v in spent[m.id].values()) or "—",
                 m.public_ip or "—",
             )
         out.print(t)
