@@ -16,11 +16,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from policies.duration import parse_duration
+
 Action = Literal["stop", "terminate"]
 Market = Literal["spot", "reserved"]
 DAYS = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")
-_DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([mhdw])\s*$")
-_UNITS = {"m": 60, "h": 3600, "d": 86400, "w": 604800}
 
 
 class _Strict(BaseModel):
@@ -66,18 +66,6 @@ class Amount(_Strict):
 
     def __str__(self) -> str:
         return f"{self.amount} {self.currency}"
-
-
-def parse_duration(value: Any) -> timedelta:
-    """``90m``, ``72h``, ``3d``, ``1w`` or a number of hours."""
-    if isinstance(value, timedelta):
-        return value
-    if isinstance(value, int | float) and not isinstance(value, bool):
-        return timedelta(hours=value)
-    m = _DURATION_RE.match(str(value))
-    if not m:
-        raise ValueError(f"not a duration: {value!r} (write e.g. 90m, 72h, 3d)")
-    return timedelta(seconds=float(m.group(1)) * _UNITS[m.group(2)])
 
 
 def parse_days(value: Any) -> tuple[str, ...]:

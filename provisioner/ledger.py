@@ -20,10 +20,10 @@ from functools import lru_cache
 from typing import Any, NamedTuple
 from zoneinfo import ZoneInfo
 
-from pydantic import TypeAdapter
 from sqlalchemy import String, func, or_, select, type_coerce
 from sqlalchemy.orm import Session
 
+from policies.duration import parse_duration
 from provisioner.money import Money, Rates
 from provisioner.state import Event, Machine, UsageInterval
 
@@ -406,13 +406,11 @@ def total(s: Session, start: datetime, end: datetime, scope: Scope = Scope()) ->
 
 # --- forecast, commitments, savings, idle waste --------------------------------------------
 
-_DURATION = TypeAdapter(timedelta)
-
 
 def max_lifetime(spec: dict[str, Any] | None) -> timedelta | None:
     """The spec's ``lifecycle.max_lifetime`` as stored with the machine (JSON)."""
     raw = ((spec or {}).get("lifecycle") or {}).get("max_lifetime")
-    return None if raw is None else _DURATION.validate_python(raw)
+    return None if raw is None else parse_duration(raw)
 
 
 @dataclass

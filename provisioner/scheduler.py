@@ -29,11 +29,11 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Mapped, mapped_column
 
 from policies.calendar import Calendar
+from policies.duration import parse_duration
 from policies.schema import IdleRule, Policy, matching
 from provisioner import idle, lifecycle
 from provisioner.crashpoints import crashpoint
 from provisioner.errors import ProvisionerError, UserError
-from provisioner.spec import parse_duration
 from provisioner.state import ACTIVE_EXCLUDED, Base, Event, Machine, UTCDateTime
 
 if TYPE_CHECKING:

@@ -12,13 +12,12 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
-    TypeAdapter,
-    ValidationError,
     field_validator,
     model_validator,
 )
 
 from policies import yamlfile
+from policies.duration import parse_duration
 from provisioner.money import Money
 
 GPU_TYPES = (
@@ -35,28 +34,7 @@ GPU_TYPES = (
     "YC-V4",
 )
 _GPU_RE = re.compile(r"^(?P<type>[A-Za-z0-9-]+?)(?::(?P<mem>\d+)GB)?(?::(?P<count>\d+))?$", re.I)
-_DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$")
 _NAME_RE = re.compile(r"^[a-z][a-z0-9-]{0,38}[a-z0-9]$")
-_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
-_TIMEDELTA = TypeAdapter(timedelta)
-
-
-def parse_duration(value: Any) -> timedelta:
-    """``90m``, ``48h``, ``2d``, ``1w``, a number of seconds, or ISO 8601 (``PT12H``, as a
-    stored spec writes it)."""
-    if isinstance(value, timedelta):
-        return value
-    if isinstance(value, str) and value.startswith("P"):
-        try:
-            return _TIMEDELTA.validate_python(value)
-        except ValidationError:
-            pass
-    if isinstance(value, int | float) and not isinstance(value, bool):
-        return timedelta(seconds=value)
-    m = _DURATION_RE.match(str(value))
-    if not m:
-        raise ValueError(f"not a duration: {value!r} (write e.g. 90m, 48h, 2d)")
-    return timedelta(seconds=float(m.group(1)) * _UNITS[m.group(2)])
 
 
 class _Strict(BaseModel):

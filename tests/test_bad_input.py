@@ -253,3 +253,19 @@ def test_hostile_yaml(tmp_path, text):
     with pytest.raises(ConfigError) as e:
         load_experiment(f)
     assert "YAML" in str(e.value) or "mapping" in str(e.value)
+
+
+@pytest.mark.parametrize("value", [24000000000.0, "99999999999999h", ".inf", "P99999999D", 1e308])
+def test_absurd_durations_are_errors_not_overflows(tmp_path, value):
+    from policies.loader import PolicyError, load
+
+    f = tmp_path / "p.yaml"
+    f.write_text(yaml.safe_dump({"name": "p", "max_lifetime": value}))
+    with pytest.raises(PolicyError) as e:
+        load([f])
+    assert e.value.problems[0].field.startswith("max_lifetime")
+    g = tmp_path / "e.yaml"
+    g.write_text(yaml.safe_dump({**VALID, "lifecycle": {"max_lifetime": value}}))
+    with pytest.raises(ConfigError) as e:
+        load_experiment(g)
+    assert e.value.problems[0].field == "lifecycle.max_lifetime"

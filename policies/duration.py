@@ -1,0 +1,43 @@
+"""Durations as people write them in experiment and policy files."""
+
+from __future__ import annotations
+
+import re
+from datetime import timedelta
+from typing import Any
+
+_TEXT = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$")
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+_LONGEST = timedelta(days=3650)  # anything longer is a typo, not a lifetime
+
+
+def parse_duration(value: Any) -> timedelta:
+    """``90m``, ``48h``, ``2d``, ``1w``, a bare number of hours, or ISO 8601 (``PT12H``, as a
+    stored spec writes it). Up to ten years."""
+    if isinstance(value, timedelta):
+        d = value
+    elif isinstance(value, bool):
+        raise ValueError(f"not a duration: {value!r} (write e.g. 90m, 48h, 2d)")
+    elif isinstance(value, int | float):
+        d = _bounded(float(value) * 3600, value)
+    elif isinstance(value, str) and value.startswith("P"):
+        from pydantic import TypeAdapter, ValidationError
+
+        try:
+            d = TypeAdapter(timedelta).validate_python(value)
+        except ValidationError:
+            raise ValueError(f"not an ISO 8601 duration: {value!r}") from None
+    else:
+        m = _TEXT.match(str(value))
+        if not m:
+            raise ValueError(f"not a duration: {value!r} (write e.g. 90m, 48h, 2d)")
+        d = _bounded(float(m.group(1)) * _UNITS[m.group(2)], value)
+    if d > _LONGEST:
+        raise ValueError(f"{value!r} is longer than ten years")
+    return d
+
+
+def _bounded(seconds: float, value: Any) -> timedelta:
+    if not seconds < _LONGEST.total_seconds() * 2:  # also catches inf and nan
+        raise ValueError(f"{value!r} is longer than ten years")
+    return timedelta(seconds=seconds)
