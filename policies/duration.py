@@ -32,12 +32,16 @@ def parse_duration(value: Any) -> timedelta:
         if not m:
             raise ValueError(f"not a duration: {value!r} (write e.g. 90m, 48h, 2d)")
         d = _bounded(float(m.group(1)) * _UNITS[m.group(2)], value)
+    if d < timedelta(0):
+        raise ValueError(f"{value!r} is negative")
     if d > _LONGEST:
         raise ValueError(f"{value!r} is longer than ten years")
     return d
 
 
 def _bounded(seconds: float, value: Any) -> timedelta:
+    if seconds < 0:
+        raise ValueError(f"{value!r} is negative")
     if not seconds < _LONGEST.total_seconds() * 2:  # also catches inf and nan
         raise ValueError(f"{value!r} is longer than ten years")
     return timedelta(seconds=seconds)
