@@ -10,6 +10,7 @@ import uuid
 from datetime import UTC, datetime
 from pathlib import Path
 
+import hypothesis
 import pytest
 import yaml
 
@@ -18,6 +19,10 @@ from provisioner.clock import ManualClock
 from provisioner.settings import Settings
 
 os.environ.setdefault("GRPC_VERBOSITY", "ERROR")  # an emulator stopping is not news
+# CI replays the same generated examples every run; developers' runs explore new ones.
+hypothesis.settings.register_profile("ci", derandomize=True, database=None)
+if os.environ.get("CI"):
+    hypothesis.settings.load_profile("ci")
 # No test may reach past loopback: no cloud metadata service probes either.
 os.environ["AWS_EC2_METADATA_DISABLED"] = "true"
 ROOT = Path(__file__).resolve().parent.parent
