@@ -14,7 +14,7 @@ import provisioner.budget
 import provisioner.idle
 import provisioner.scheduler
 import provisioner.state
-from provisioner.state import Base, Database
+from provisioner.state import SCHEMA_REVISION, Base, Database
 
 TABLE_MODULES = (provisioner.budget, provisioner.idle, provisioner.scheduler)  # their tables
 
@@ -51,3 +51,10 @@ def test_migrations_match_the_models_and_go_down_and_up(settings):
     db.migrate()  # idempotent
     assert drift(db) == []
     db.dispose()
+
+
+def test_the_fast_path_knows_the_newest_migration():
+    from alembic.script import ScriptDirectory
+
+    script = ScriptDirectory(str(Path(provisioner.state.__file__).parent / "migrations"))
+    assert script.get_heads() == [SCHEMA_REVISION]
