@@ -45,9 +45,32 @@ NOON = datetime(2026, 11, 6, 11, 0, tzinfo=UTC)  # 12:00 Berlin: within hours
 NIGHT = datetime(2026, 11, 6, 21, 0, tzinfo=UTC)  # 22:00 Berlin: out of hours
 
 
+def record(app: App, rows: list[dict]) -> None:
+    """State rows for launched machines, written in bulk (``up`` would measure ``up``)."""
+    machines = [
+        Machine(
+            project="bench",
+            owner="bench@example.com",
+            status="running",
+            spec={},
+            gpu="T4",
+            gpu_count=1,
+            currency="USD",
+            created_at=LAUNCH,
+            launched_at=LAUNCH,
+            **r,
+        )
+        for r in rows
+    ]
+    with app.db.session() as s:
+        s.add_all(machines)
+        s.flush()
+        s.add_all(Event(machine_id=m.id, at=LAUNCH, kind="launched", detail={}) for m in machines)
+
+
 def seed(app: App, n: int) -> None:
     sandbox = app.provider("sandbox")
-    machines, events = [], []
+    rows = []
     for i in range(n):
         mid = new_id()
         inst = sandbox.launch(
@@ -63,34 +86,21 @@ def seed(app: App, n: int) -> None:
                 labels={TAG_MANAGED_BY: TAG_MANAGED_BY_VALUE, TAG_MACHINE: mid},
             )
         )
-        machines.append(
-            Machine(
+        rows.append(
+            dict(
                 id=mid,
                 name=f"m{i:05d}",
-                project="bench",
-                owner="bench@example.com",
-                status="running",
-                spec={},
                 cloud="sandbox",
                 region="sandbox-us",
                 zone="sandbox-us-1a",
                 instance_type="sbx-t4-1",
-                gpu="T4",
-                gpu_count=1,
                 market="spot",
                 instance_id=inst.id,
                 resource_name=inst.name,
                 rate=Decimal("0.15"),
-                currency="USD",
-                created_at=LAUNCH,
-                launched_at=LAUNCH,
             )
         )
-        events.append(Event(machine_id=mid, at=LAUNCH, kind="launched", detail={}))
-    with app.db.session() as s:
-        s.add_all(machines)
-        s.flush()
-        s.add_all(events)
+    record(app, rows)
 
 
 def beats(app: App, now: datetime, n_idle: int) -> None:
@@ -218,7 +228,7 @@ def run_aws(n: int) -> None:
 
 def seed_aws(app: App, ec2, ami: str, n: int) -> None:
     """One reservation per machine, as `up` makes them (moto pages by reservation)."""
-    machines, events = [], []
+    rows = []
     for i in range(n):
         mid = new_id()
         tags = [
@@ -232,34 +242,21 @@ def seed_aws(app: App, ec2, ami: str, n: int) -> None:
             MaxCount=1,
             TagSpecifications=[{"ResourceType": "instance", "Tags": tags}],
         )["Instances"][0]
-        machines.append(
-            Machine(
+        rows.append(
+            dict(
                 id=mid,
                 name=f"m{i:05d}",
-                project="bench",
-                owner="bench@example.com",
-                status="running",
-                spec={},
                 cloud="aws",
                 region="us-east-1",
                 zone=inst["Placement"]["AvailabilityZone"],
                 instance_type="g4dn.xlarge",
-                gpu="T4",
-                gpu_count=1,
                 market="reserved",
                 instance_id=inst["InstanceId"],
                 resource_name=f"m{i:05d}",
                 rate=Decimal("0.526"),
-                currency="USD",
-                created_at=LAUNCH,
-                launched_at=LAUNCH,
             )
         )
-        events.append(Event(machine_id=mid, at=LAUNCH, kind="launched", detail={}))
-    with app.db.session() as s:
-        s.add_all(machines)
-        s.flush()
-        s.add_all(events)
+    record(app, rows)
 
 
 def main() -> None:

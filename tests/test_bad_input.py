@@ -63,15 +63,20 @@ def paths(d, prefix=()):
 ALL_PATHS = list(paths(VALID))
 
 
+def parent_of(doc, path):
+    """The mapping that holds ``path``'s last key, or None where earlier changes cut the path."""
+    for k in path[:-1]:
+        doc = doc.get(k) if isinstance(doc, dict) else None
+    return doc if isinstance(doc, dict) else None
+
+
 @st.composite
 def broken_documents(draw):
     doc = yaml.safe_load(yaml.safe_dump(VALID))
     for _ in range(draw(st.integers(1, 4))):
         path = draw(st.sampled_from(ALL_PATHS))
-        parent = doc
-        for k in path[:-1]:
-            parent = parent.get(k) if isinstance(parent, dict) else None
-        if not isinstance(parent, dict):
+        parent = parent_of(doc, path)
+        if parent is None:
             continue
         action = draw(st.sampled_from(["delete", "replace", "add"]))
         if action == "delete":
@@ -151,10 +156,7 @@ def test_broken_settings_are_reported(tmp_path, data, monkeypatch):
     monkeypatch.setenv("PROVISIONER_HOME", str(tmp_path))
     doc = yaml.safe_load(yaml.safe_dump(SETTINGS_VALID))
     path = data.draw(st.sampled_from(SETTINGS_PATHS))
-    parent = doc
-    for k in path[:-1]:
-        parent = parent[k]
-    parent[path[-1]] = data.draw(values)
+    parent_of(doc, path)[path[-1]] = data.draw(values)
     text = yaml.safe_dump(doc, sort_keys=False)
     f = tmp_path / "settings.yaml"
     f.write_text(text)
@@ -197,10 +199,8 @@ def test_broken_policies_are_reported(tmp_path, data):
     doc = yaml.safe_load(yaml.safe_dump(POLICY_VALID))
     for _ in range(data.draw(st.integers(1, 3))):
         path = data.draw(st.sampled_from(POLICY_PATHS))
-        parent = doc
-        for k in path[:-1]:
-            parent = parent.get(k) if isinstance(parent, dict) else None
-        if isinstance(parent, dict):
+        parent = parent_of(doc, path)
+        if parent is not None:
             parent[path[-1]] = data.draw(values)
     text = yaml.safe_dump(doc, sort_keys=False)
     if data.draw(st.booleans()):
