@@ -152,14 +152,14 @@ def up(
             continue
         progress(f"trying {cand.where} {o.instance_type} {cand.market} at {cand.price}/h")
         request = _launch_request(machine, experiment, cand, user_data)
-        _event(app, machine.id, "launch-attempt", detail=_attempt_detail(cand, request.token))
+        record_event(app, machine.id, "launch-attempt", detail=_attempt_detail(cand, request.token))
         crashpoint("before-launch")
         try:
             instance = app.provider(o.cloud).launch(request)
         except ProviderError as err:
             outcome = blocked.add(cand, err)
             attempts.append(Attempt(cand.where, o.instance_type, cand.market, outcome, str(err)))
-            _event(
+            record_event(
                 app,
                 machine.id,
                 "launch-failed",
@@ -386,7 +386,7 @@ def disk_rate(app: App, cloud: str, currency: str, disk_gb: int) -> Decimal | No
     return per_gb_month * disk_gb / hours
 
 
-def _event(
+def record_event(
     app: App,
     machine_id: str,
     kind: str,

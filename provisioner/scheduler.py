@@ -367,7 +367,7 @@ def _warned_first(app: App, m: Machine, action: Action, now: datetime, dry_run: 
     except ProvisionerError as e:  # a broken mail server must not keep machines running
         detail["mail_error"] = str(e)
         pending.error = str(e)
-    _event(app, m.id, "stop-warning", action.reason, detail)
+    lifecycle.record_event(app, m.id, "stop-warning", reason=action.reason, detail=detail)
     pending.done = pending.error is None
     return pending
 
@@ -571,24 +571,25 @@ def _relaunch(
         result = lifecycle.up(app, exp, spec_path=m.spec_path, prefer=_near(m))
     except ProvisionerError as e:
         action.error = str(e)
-        _event(app, m.id, "recover-failed", "preempted", {"attempt": attempts + 1, "error": str(e)})
+        lifecycle.record_event(
+            app,
+            m.id,
+            "recover-failed",
+            reason="preempted",
+            detail={"attempt": attempts + 1, "error": str(e)},
+        )
         log.warning("recover: %s not relaunched: %s", m.name, e)
         return
     new = result.machine
     where = f"{new.cloud}/{new.zone or new.region}"
     action.done = True
     action.why += f" → {where}"
-    _event(app, m.id, "relaunched", "preempted", {"machine": new.id, "where": where})
-    _event(app, new.id, "recovered", "recovered", {"replaces": m.id, "lost_zone": m.zone})
-
-
-def _event(app: App, machine_id: str, kind: str, reason: str, detail: dict[str, Any]) -> None:
-    with app.db.session() as s:
-        s.add(
-            Event(
-                machine_id=machine_id, at=app.clock.now(), kind=kind, reason=reason, detail=detail
-            )
-        )
+    lifecycle.record_event(
+        app, m.id, "relaunched", reason="preempted", detail={"machine": new.id, "where": where}
+    )
+    lifecycle.record_event(
+        app, new.id, "recovered", reason="recovered", detail={"replaces": m.id, "lost_zone": m.zone}
+    )
 
 
 # --- reconcile -------------------------------------------------------------------------------

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import typer
 from rich.table import Table
 
@@ -25,24 +27,27 @@ def catalog(
     if ctx.invoked_subcommand:
         return
     from provisioner import catalog as cat
+    from provisioner.money import Money
 
     application = get_app(ctx)
     rates = application.settings.money_rates
+    # (gpu, count, cloud) → market → (price in the base currency, price, offer); plus any offer
     best: dict[tuple[str, int, str], dict[str, tuple]] = {}
+    seen: dict[tuple[str, int, str], Any] = {}
     for o in application.offers():
         if gpu and o.gpu.upper() != gpu.upper() and not o.gpu.upper().startswith(gpu.upper() + "-"):
             continue
-        row = best.setdefault((o.gpu, o.gpu_count, o.cloud), {})
+        key = (o.gpu, o.gpu_count, o.cloud)
+        seen.setdefault(key, o)
+        row = best.setdefault(key, {})
         for market, amount in (("reserved", o.price), ("spot", o.spot_price)):
             if amount is None or not rates.can_convert(o.currency):
                 continue
-            from provisioner.money import Money
-
-            base = rates.convert(Money(amount, o.currency))
+            price = Money(amount, o.currency)
+            base = rates.convert(price)
             if market not in row or base.amount < row[market][0].amount:
-                row[market] = (base, Money(amount, o.currency), o)
-        row.setdefault("_any", (None, None, o))
-    keys = sorted(best, key=lambda k: (k[0], k[1], k[2]))
+                row[market] = (base, price, o)
+    keys = sorted(best)
     if output is Output.json:
         print_json(
             [
@@ -52,13 +57,12 @@ def catalog(
                     "cloud": cl,
                     **{
                         m: {
-                            "price": str(best[(g, n, cl)][m][1].amount),
-                            "currency": best[(g, n, cl)][m][1].currency,
-                            "instance_type": best[(g, n, cl)][m][2].instance_type,
-                            "where": best[(g, n, cl)][m][2].zone or best[(g, n, cl)][m][2].region,
+                            "price": str(price.amount),
+                            "currency": price.currency,
+                            "instance_type": o.instance_type,
+                            "where": o.zone or o.region,
                         }
-                        for m in ("reserved", "spot")
-                        if m in best[(g, n, cl)]
+                        for m, (_, price, o) in best[(g, n, cl)].items()
                     },
                 }
                 for g, n, cl in keys
@@ -68,19 +72,16 @@ def catalog(
     t = Table(title=f"GPU offers, cheapest per cloud (prices per hour; ranked in {rates.base})")
     for col in ("GPU", "count", "cloud", "on-demand", "where", "spot", "where"):
         t.add_column(col)
-    for g, n, cl in keys:
-        row = best[(g, n, cl)]
+    for key in keys:
+        row = best[key]
         cells = []
-        for market in ("reserved", "spot"):
+        for market, missing in (("reserved", "no public price"), ("spot", "—")):
             if market in row:
-                _, money, o = row[market]
-                cells += [str(money), f"{o.zone or o.region} {o.instance_type}"]
+                _, price, o = row[market]
+                cells += [str(price), f"{o.zone or o.region} {o.instance_type}"]
             else:
-                cells += [
-                    "no public price" if market == "reserved" else "—",
-                    row["_any"][2].instance_type if market == "reserved" else "",
-                ]
-        t.add_row(g, str(n), cl, *cells)
+                cells += [missing, seen[key].instance_type if market == "reserved" else ""]
+        t.add_row(key[0], str(key[1]), key[2], *cells)
     out.print(t)
     sources = {
         cl: cat.source_of(application.settings, cl).name

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from typing import Any
 
 import typer
@@ -183,7 +184,7 @@ def up(
     experiment = load_experiment(spec)
     application = get_app(ctx)
     quiet = output is Output.json
-    with err.status(f"launching {experiment.name}…") if not quiet else _nullcontext():
+    with err.status(f"launching {experiment.name}…") if not quiet else nullcontext():
         result = lifecycle.up(
             application,
             experiment,
@@ -226,14 +227,6 @@ def _ssh_user(cloud: str | None) -> str:
         "yandex": "provisioner",
         "sbercloud": "root",
     }.get(cloud or "", "provisioner")
-
-
-class _nullcontext:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *a: object) -> None:
-        return None
 
 
 @app.command()
