@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import os
 from datetime import UTC, datetime, timedelta
+
+#: An ISO 8601 instant the command's clock starts at (it ticks from there). For tests and
+#: what-if runs of ``plan``/``report``: the test harness gives the CLI its clock this way, so
+#: no test depends on the day it runs.
+CLOCK_ENV = "PROVISIONER_CLOCK"
 
 
 class Clock:
@@ -27,3 +33,34 @@ class ManualClock(Clock):
 
     def set(self, when: datetime) -> None:
         self._now = when.astimezone(UTC)
+
+
+class ShiftedClock(Clock):
+    """The wall clock moved to start at ``start``: it ticks, so waits and timeouts still end."""
+
+    def __init__(self, start: datetime) -> None:
+        if start.tzinfo is None:
+            raise ValueError("ShiftedClock needs an aware datetime")
+        self._shift = start - datetime.now(UTC)
+
+    def now(self) -> datetime:
+        return datetime.now(UTC) + self._shift
+
+
+def clock_from_env() -> Clock:
+    """The wall clock, or a shifted one when ``PROVISIONER_CLOCK`` names an instant."""
+    from provisioner.errors import UserError
+
+    raw = os.environ.get(CLOCK_ENV, "").strip()
+    if not raw:
+        return Clock()
+    try:
+        start = datetime.fromisoformat(raw)
+    except ValueError:
+        start = None
+    if start is None or start.tzinfo is None:
+        raise UserError(
+            f"{CLOCK_ENV}: {raw!r} is not an ISO 8601 instant with a UTC offset"
+            " (e.g. 2026-11-02T09:00:00+00:00)"
+        )
+    return ShiftedClock(start)

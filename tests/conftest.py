@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from provisioner.app import App
-from provisioner.clock import ManualClock
+from provisioner.clock import CLOCK_ENV, ManualClock
 from provisioner.settings import Settings
 
 os.environ.setdefault("GRPC_VERBOSITY", "ERROR")  # an emulator stopping is not news
@@ -39,9 +39,13 @@ def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return h
 
 
+#: Where every test's time starts: a Monday morning early in a month, whatever the wall clock says.
+TEST_START = datetime(2026, 11, 2, 9, 0, tzinfo=UTC)
+
+
 @pytest.fixture
 def clock() -> ManualClock:
-    return ManualClock(datetime(2026, 11, 2, 9, 0, tzinfo=UTC))  # a Monday morning
+    return ManualClock(TEST_START)
 
 
 def make_settings(home: Path, **overrides: object) -> Settings:
@@ -128,14 +132,19 @@ def sandbox_experiment(name: str = "exp", **resources: object) -> dict:
 
 
 def run_cli(
-    *args: str, env: dict | None = None, cwd: Path | None = None, timeout: float = 120
+    *args: str,
+    env: dict | None = None,
+    cwd: Path | None = None,
+    timeout: float = 120,
+    now: datetime = TEST_START,
 ) -> subprocess.CompletedProcess[str]:
-    """Run the real console entry point in a fresh interpreter."""
+    """Run the real console entry point in a fresh interpreter, its clock starting at ``now``
+    (never the wall clock: a test must pass on every day of every month)."""
     return subprocess.run(
         [sys.executable, "-m", "provisioner", *args],
         capture_output=True,
         text=True,
-        env={**os.environ, **(env or {})},
+        env={**os.environ, CLOCK_ENV: now.isoformat(), **(env or {})},
         cwd=cwd or ROOT,
         timeout=timeout,
     )

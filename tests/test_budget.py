@@ -205,3 +205,21 @@ def test_a_failed_mail_is_retried_next_run(bapp, policy_dir, clock, smtp_server)
     bapp.settings.smtp.port = smtp_server.smtp.port
     assert [x.error for x in budget.enforce(bapp, clock.now())] == [None]
     assert len(smtp_server.inbox.messages) == 1
+
+
+def test_the_projection_follows_the_clock_the_cli_is_given(home, tmp_path, policy_dir):
+    """The refusal above is the projection over what is left of the month: in its last hours a
+    0.15 USD/h machine no longer exceeds 1 USD, and ``up`` goes ahead (the CLI's clock comes from
+    the test, so neither outcome depends on the day the suite runs)."""
+    from datetime import UTC, datetime
+
+    write_yaml(policy_dir / "p.yaml", policy("1 USD"))
+    cfg = write_settings(home, policies=[str(policy_dir)])
+    spec = write_yaml(tmp_path / "exp.yaml", sandbox_experiment("late"))
+    late = run_cli(
+        "--config", str(cfg), "up", str(spec), now=datetime(2026, 11, 30, 22, tzinfo=UTC)
+    )
+    assert late.returncode == 0, late.stderr
+    bad = run_cli("--config", str(cfg), "status", env={"PROVISIONER_CLOCK": "yesterday"})
+    assert bad.returncode == 2 and "PROVISIONER_CLOCK" in bad.stderr
+    assert "Traceback" not in bad.stderr

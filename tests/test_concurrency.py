@@ -8,7 +8,15 @@ import subprocess
 import sys
 
 from provisioner.app import App
-from tests.conftest import ROOT, make_settings, sandbox_experiment, write_settings, write_yaml
+from provisioner.clock import CLOCK_ENV
+from tests.conftest import (
+    ROOT,
+    TEST_START,
+    make_settings,
+    sandbox_experiment,
+    write_settings,
+    write_yaml,
+)
 
 
 def test_two_ups_of_one_name_at_once_make_one_machine(home, tmp_path, db_url):
@@ -19,7 +27,7 @@ def test_two_ups_of_one_name_at_once_make_one_machine(home, tmp_path, db_url):
         subprocess.Popen(
             cmd,
             cwd=ROOT,
-            env=os.environ.copy(),
+            env={**os.environ, CLOCK_ENV: TEST_START.isoformat()},
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,

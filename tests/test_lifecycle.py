@@ -199,9 +199,9 @@ def test_status_shows_what_each_machine_cost_so_far(home, db_url):
     from datetime import UTC, datetime
 
     from provisioner.clock import ManualClock
-    from tests.conftest import write_settings
+    from tests.conftest import TEST_START, write_settings
 
-    launched = datetime.now(UTC) - timedelta(hours=2)
+    launched = TEST_START
     app = App(make_settings(home, state_url=db_url), ManualClock(launched))
     lifecycle.up(app, experiment())
     app.close()
@@ -211,11 +211,12 @@ def test_status_shows_what_each_machine_cost_so_far(home, db_url):
         return per_hour * Decimal((t - launched).total_seconds()) / 3600
 
     cfg = write_settings(home, state_url=db_url)
-    before = datetime.now(UTC)
-    r = run_cli("--config", str(cfg), "status", "-o", "json")
-    after = datetime.now(UTC)
+    at = launched + timedelta(hours=2)
+    wall = datetime.now(UTC)
+    r = run_cli("--config", str(cfg), "status", "-o", "json", now=at)
+    took = datetime.now(UTC) - wall  # the CLI's clock ticks from `at` while it runs
     ((spent,),) = [m["spent"] for m in json.loads(r.stdout)]
     assert spent["currency"] == "USD"
-    assert cost_at(before) <= Decimal(spent["amount"]) <= cost_at(after)
-    table = run_cli("--config", str(cfg), "status")
+    assert cost_at(at) <= Decimal(spent["amount"]) <= cost_at(at + took)
+    table = run_cli("--config", str(cfg), "status", now=at)
     assert "0.31 USD" in table.stdout or "0.32 USD" in table.stdout  # ~2 h at 0.157/h

@@ -145,24 +145,24 @@ def test_scheduled_report_once_per_due_time(rapp, clock, smtp_server):  # noqa: 
 def test_cli_outputs(home, clock, tmp_path):
     app = App(make_settings(home), clock)
     month(app, clock)
-    span = ledger.Period.parse("2026-11-01..2026-11-20")  # closed before the real clock's now
+    span = ledger.Period.parse("2026-11-01..2026-11-20")  # closed before the clock's now
     with app.db.session() as s:
         expected = ledger.total(s, span.start, span.end)
     app.close()
     usd = cents(expected.total(app.settings.money_rates, "USD").amount)
     cfg = write_settings(home)
     args = ("--config", str(cfg), "report", "--period", "2026-11-01..2026-11-20")
-    out = run_cli(*args, "--output", "csv")
+    out = run_cli(*args, "--output", "csv", now=clock.now())
     assert out.returncode == 0, out.stderr
     native, converted = csv_totals(out.stdout)
     assert {c: cents(a) for c, a in native.items()} == {c: cents(a) for c, a in expected.items()}
     assert cents(converted) == usd
-    js = run_cli(*args, "--by", "machine", "-o", "json")
+    js = run_cli(*args, "--by", "machine", "-o", "json", now=clock.now())
     data = json.loads(js.stdout)
     assert data["total"] == {"amount": str(usd), "currency": "USD"}
     assert [ln["key"] for ln in data["lines"]] == ["ru-res", "us-spot", "us-a100"]
     assert data["savings"] == {"off-hours": {"amount": "41.03", "currency": "USD"}}
-    table = run_cli(*args, "--by", "cloud")
+    table = run_cli(*args, "--by", "cloud", now=clock.now())
     assert table.returncode == 0 and "sandbox" in table.stdout and f"${usd:,}" in table.stdout
     bad = run_cli("--config", str(cfg), "report", "--period", "Nov")
     assert bad.returncode == 2 and "not a period" in bad.stderr

@@ -20,7 +20,14 @@ from provisioner.clock import ManualClock
 from provisioner.errors import ConfigError
 from provisioner.spec import Experiment
 from provisioner.state import Event, Machine, UsageInterval
-from tests.conftest import ROOT, make_settings, run_cli, sandbox_experiment, write_settings
+from tests.conftest import (
+    ROOT,
+    TEST_START,
+    make_settings,
+    run_cli,
+    sandbox_experiment,
+    write_settings,
+)
 from tests.test_mail import smtp_server  # noqa: F401  (fixture)
 
 BERLIN_NIGHTS = """
@@ -384,7 +391,7 @@ def test_cli_keep_and_sweep_dry_run(home, tmp_path):
     cfg = write_settings(home, policies=[str(tmp_path / "p.yaml")])
     app = App(
         make_settings(home, policies=[str(tmp_path / "p.yaml")]),
-        ManualClock(datetime.now(UTC) - timedelta(days=1)),
+        ManualClock(TEST_START - timedelta(days=1)),
     )
     up(app, "a1")
     up(app, "a2")

@@ -53,11 +53,12 @@ def _root(
 def get_app(ctx: typer.Context, clock: Any = None) -> Any:
     """The application for this command (settings loaded, database opened lazily)."""
     from provisioner.app import App
+    from provisioner.clock import clock_from_env
     from provisioner.settings import load_settings
 
     root = ctx.find_root()
     config = (root.obj or {}).get("config")
-    return App(load_settings(config), clock)
+    return App(load_settings(config), clock or clock_from_env())
 
 
 def print_json(data: Any) -> None:
