@@ -13,6 +13,7 @@ from dataclasses import replace
 from decimal import Decimal
 from pathlib import Path
 
+import providers
 from provisioner import catalog, planner
 from provisioner.settings import Settings
 from provisioner.spec import load_experiment
@@ -41,7 +42,7 @@ def main() -> None:
     home = Path(tempfile.mkdtemp())
     settings = Settings(home=home)
     experiment = load_experiment(ROOT / "configs/examples/experiment.yaml")
-    base = catalog.load(settings, ["aws", "gcp", "azure", "yandex", "sbercloud"])
+    base = catalog.load(settings, providers.CLOUDS)
     print(f"shipped catalog: {len(base)} offers")
     print(f"{'offers':>8} {'read CSV s':>11} {'plan s':>8} {'candidates':>11} {'µs/offer':>9}")
     for n in (10_000, 100_000):

@@ -185,7 +185,7 @@ def run_aws(n: int) -> None:
                 policies=[str(home / "policy.yaml")],
                 clouds={
                     "aws": {
-                        "endpoint_url": emu.endpoint_url,
+                        "endpoint": emu.endpoint_url,
                         "regions": ["us-east-1"],
                         "images": {"us-east-1": emu.ubuntu_ami("us-east-1")},
                         "retry_base_seconds": 0.001,

@@ -1,40 +1,86 @@
-"""Cloud adapters behind one contract (:mod:`providers.base`), looked up lazily by name.
+"""Cloud adapters behind one contract (:mod:`providers.base`), looked up by name.
 
-Importing this package imports no cloud SDK: each adapter module is imported on first use, and
-the adapters themselves import their SDK inside methods.
+:data:`REGISTRY` is the one list of clouds: a new cloud is its folder (a package whose
+``__init__`` declares ``SPEC`` without importing any SDK, see :mod:`providers.spec`) and one line
+here. Importing this package imports no cloud SDK: each adapter module is imported on first use,
+and the adapters themselves import their SDK inside methods.
 """
 
 from __future__ import annotations
 
 import importlib
-from collections.abc import Mapping
+import importlib.util
+from collections.abc import Callable, Mapping
+from datetime import datetime
+from functools import cache
 from typing import Any
 
-from providers.base import Provider
+from providers.base import Provider, ProviderError
+from providers.spec import CloudSpec, Options
 
-CLOUDS: tuple[str, ...] = ("aws", "gcp", "azure", "yandex", "sbercloud")
-"""The real clouds, in display order. ``sandbox`` is the simulated one."""
+REGISTRY: tuple[str, ...] = (
+    "aws",
+    "gcp",
+    "azure",
+    "yandex",
+    "sbercloud",
+    "sandbox",
+)
+"""Every cloud, in display order: one line each."""
 
-_ADAPTERS: dict[str, str] = {
-    "sandbox": "providers.sandbox:SandboxProvider",
-    "aws": "providers.aws:AWSProvider",
-    "gcp": "providers.gcp:GCPProvider",
-    "azure": "providers.azure:AzureProvider",
-    "yandex": "providers.yandex:YandexProvider",
-    "sbercloud": "providers.sbercloud:SberCloudProvider",
-}
 
-ALL: tuple[str, ...] = (*CLOUDS, "sandbox")
+@cache
+def spec(name: str) -> CloudSpec:
+    if name not in REGISTRY:
+        raise KeyError(f"unknown cloud {name!r}; known: {', '.join(REGISTRY)}")
+    found: CloudSpec = importlib.import_module(f"providers.{name}").SPEC
+    return found
+
+
+def specs() -> tuple[CloudSpec, ...]:
+    return tuple(spec(n) for n in REGISTRY)
+
+
+CLOUDS: tuple[str, ...] = tuple(n for n in REGISTRY if n != "sandbox")
+"""The real clouds, in display order (``sandbox`` is the simulated one; checked in tests)."""
+ALL: tuple[str, ...] = REGISTRY
+
+
+class MissingSDK(ProviderError):
+    """The cloud's SDK is not installed: the message names the pip extra that brings it."""
+
+
+def sdk_problem(name: str) -> str | None:
+    """One sentence when the cloud's SDK is missing, else None (asks the import system where
+    the modules are; imports none of them)."""
+    s = spec(name)
+    for module in s.sdk:
+        try:
+            found = importlib.util.find_spec(module)
+        except ModuleNotFoundError:  # a parent package is missing
+            found = None
+        if found is None:
+            return (
+                f"{name}: its SDK ({module}) is not installed: "
+                f"pip install 'gpu-provisioner[{s.extra}]'"
+            )
+    return None
 
 
 def provider_class(name: str) -> type[Provider]:
-    try:
-        target = _ADAPTERS[name]
-    except KeyError:
-        raise KeyError(f"unknown cloud {name!r}; known: {', '.join(ALL)}") from None
-    module, _, attr = target.partition(":")
-    return getattr(importlib.import_module(module), attr)
+    module, _, attr = spec(name).adapter.partition(":")
+    cls: type[Provider] = getattr(importlib.import_module(module), attr)
+    return cls
 
 
-def create(name: str, options: Mapping[str, Any] | None = None) -> Provider:
-    return provider_class(name)(options)
+def create(
+    name: str,
+    options: Options | Mapping[str, Any] | None = None,
+    *,
+    clock: Callable[[], datetime] | None = None,
+) -> Provider:
+    """The adapter for ``name``. Raises :class:`MissingSDK` when its SDK is not installed."""
+    problem = sdk_problem(name)
+    if problem:
+        raise MissingSDK(problem, code="MissingSDK")
+    return provider_class(name)(options, clock=clock)

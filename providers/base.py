@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import enum
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from decimal import Decimal
-from typing import Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
+
+if TYPE_CHECKING:
+    from providers.spec import CloudSpec, Options
 
 # Tag/label keys that mark machines launched by provisioner. Lowercase, dash-separated: valid as
 # AWS tags, GCP labels (``[a-z0-9_-]``, ≤63), Azure tags, Yandex labels and Huawei server tags.
@@ -173,14 +176,33 @@ class CheckResult:
 
 
 class Provider(ABC):
-    """One cloud. Constructed with the cloud's non-secret options from settings; secrets come
-    from the environment or the SDK's own configuration and are never passed through here."""
+    """One cloud. Constructed with the cloud's non-secret options from settings (its
+    :class:`~providers.spec.Options` model, or a mapping validated against it); secrets come from
+    the environment or the SDK's own configuration and are never passed through here. ``clock``
+    is the application's, so simulated time reaches the adapter too."""
 
+    spec: ClassVar[CloudSpec]
     name: ClassVar[str]
-    currency: ClassVar[str] = "USD"
+    currency: ClassVar[str]
+    options: Options  # each adapter narrows it to its own model
 
-    def __init__(self, options: Mapping[str, Any] | None = None) -> None:
-        self.options: dict[str, Any] = dict(options or {})
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "spec" in cls.__dict__:
+            cls.name = cls.spec.name
+            cls.currency = cls.spec.currency
+
+    def __init__(
+        self,
+        options: Options | Mapping[str, Any] | None = None,
+        *,
+        clock: Callable[[], datetime] | None = None,
+    ) -> None:
+        model = self.spec.options
+        self.options = (
+            options if isinstance(options, model) else model.model_validate(dict(options or {}))
+        )
+        self.clock: Callable[[], datetime] = clock or (lambda: datetime.now(UTC))
 
     @abstractmethod
     def check(self) -> CheckResult:

@@ -1,28 +1,49 @@
-"""Bounded retry with exponential backoff and full jitter for :class:`~providers.base.Throttled`."""
+"""The one call helper: map a cloud's exception into the taxonomy, and retry
+:class:`~providers.base.Throttled` with exponential backoff and full jitter, bounded."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from typing import Any, TypeVar
+from collections.abc import Callable
+from typing import TypeVar
 
 from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_random_exponential
 
-from providers.base import Throttled
+from providers.base import ProviderError, Throttled
+from providers.spec import Options
 
 T = TypeVar("T")
+ErrorMap = Callable[[Exception], Exception | None]  # None or the exception itself: not ours
 
 
-def call_with_retry(fn: Callable[[], T], options: Mapping[str, Any] | None = None) -> T:
-    """Run ``fn``; on Throttled retry up to ``retry_attempts`` times (default 6) waiting a random
-    0..min(retry_max_seconds, retry_base_seconds·2ⁿ). The last Throttled is re-raised."""
-    opts = options or {}
+def call_with_retry(
+    fn: Callable[[], T],
+    options: Options | None = None,
+    map_error: ErrorMap | None = None,
+    *,
+    attempts: int | None = None,
+) -> T:
+    """Run ``fn``. An exception ``map_error`` recognises is raised as its taxonomy error (the
+    original chained); a Throttled one is retried up to ``retry_attempts`` times in all, waiting
+    a random 0..min(retry_max_seconds, retry_base_seconds·2ⁿ). The last Throttled is re-raised."""
+    opts = options or Options()
+
+    def attempt() -> T:
+        try:
+            return fn()
+        except ProviderError:
+            raise
+        except Exception as exc:
+            mapped = map_error(exc) if map_error else None
+            if mapped is None or mapped is exc:
+                raise
+            raise mapped from exc
+
     retrying = Retrying(
         retry=retry_if_exception_type(Throttled),
-        stop=stop_after_attempt(int(opts.get("retry_attempts", 6))),
+        stop=stop_after_attempt(attempts or opts.retry_attempts),
         wait=wait_random_exponential(
-            multiplier=float(opts.get("retry_base_seconds", 0.5)),
-            max=float(opts.get("retry_max_seconds", 20)),
+            multiplier=opts.retry_base_seconds, max=opts.retry_max_seconds
         ),
         reraise=True,
     )
-    return retrying(fn)
+    return retrying(attempt)

@@ -39,13 +39,17 @@ class App:
     def provider(self, cloud: str) -> Provider:
         """The adapter for ``cloud``, built once with its options from settings."""
         if cloud not in self._providers:
-            if cloud not in self.settings.clouds:
+            options = self.settings.cloud(cloud)
+            if options is None:
                 raise UserError(f"cloud {cloud!r} is not enabled in settings")
-            options = self.settings.cloud_options(cloud)
-            if cloud == "sandbox":
-                options.setdefault("db_path", str(self.settings.home / "sandbox.db"))
-                options.setdefault("clock", self.clock.now)
-            self._providers[cloud] = providers.create(cloud, options)
+            if cloud == "sandbox" and not getattr(options, "db_path", None):
+                options = options.model_copy(
+                    update={"db_path": str(self.settings.home / "sandbox.db")}
+                )
+            try:
+                self._providers[cloud] = providers.create(cloud, options, clock=self.clock.now)
+            except providers.MissingSDK as e:
+                raise UserError(str(e)) from None
         return self._providers[cloud]
 
     def use_provider(self, cloud: str, provider: Provider) -> None:

@@ -13,6 +13,7 @@ from decimal import Decimal
 from importlib import resources
 from pathlib import Path
 
+import providers
 from providers.base import Offer
 from provisioner.settings import Settings
 
@@ -71,13 +72,18 @@ def source_of(settings: Settings, cloud: str) -> Path:
 
 
 def load(settings: Settings, clouds: Iterable[str]) -> list[Offer]:
+    """The offers of ``clouds`` inside the regions and zones settings enable for each, priced
+    from a refreshed catalog where there is one, else the shipped one, then settings."""
     offers: list[Offer] = []
     for cloud in clouds:
         path = source_of(settings, cloud)
+        options = settings.cloud(cloud) or providers.spec(cloud).options()
         if not path.exists():
             continue
         overrides = settings.prices.get(cloud, {})
         for o in read_csv(path):
+            if not options.allows(o.region, o.zone):
+                continue
             p = overrides.get(o.instance_type)
             if p is not None:
                 o = replace(

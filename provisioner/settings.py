@@ -15,15 +15,16 @@ from pathlib import Path
 from typing import Any
 
 import platformdirs
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+import providers
 from policies import yamlfile
+from providers.spec import Options
 from provisioner.errors import ConfigError, Problem
 from provisioner.money import Rates
 
 APP = "provisioner"
-DEFAULT_CLOUDS = ("aws", "gcp", "azure", "yandex", "sbercloud", "sandbox")
 
 
 def data_dir() -> Path:
@@ -105,15 +106,30 @@ class SchedulerSettings(BaseModel):
     lease_seconds: int = Field(900, ge=30)  # a pass must finish within it; a dead leader's expires
 
 
+def _clouds_model() -> type[BaseModel]:
+    """``clouds:``: one optional section per registered cloud, typed by the cloud's own
+    options model, so a misspelt cloud or option is an error with its file and line. A cloud
+    absent from a settings file that has ``clouds:`` is not enabled."""
+    fields: dict[str, Any] = {s.name: (s.options | None, None) for s in providers.specs()}
+    return create_model(
+        "Clouds", __config__=ConfigDict(extra="forbid", frozen=True), **fields
+    )
+
+
+Clouds = _clouds_model()
+
+
+def _every_cloud() -> Any:
+    return Clouds(**{s.name: s.options() for s in providers.specs()})
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix="PROVISIONER_", env_nested_delimiter="__", extra="forbid"
     )
 
     state_url: str | None = None  # None → SQLite file in the user data directory
-    clouds: dict[str, dict[str, Any]] = Field(
-        default_factory=lambda: {c: {} for c in DEFAULT_CLOUDS}
-    )
+    clouds: Clouds = Field(default_factory=_every_cloud)  # type: ignore[valid-type]
     currency: str = "USD"  # the one currency candidates are ranked in
     rates: dict[str, Decimal] = Field(default_factory=lambda: {"RUB": Decimal("80")})
     prices: dict[str, dict[str, PriceOverride]] = Field(default_factory=dict)
@@ -123,16 +139,6 @@ class Settings(BaseSettings):
     scheduler: SchedulerSettings = Field(default_factory=SchedulerSettings)
     ownership: OwnershipSettings = Field(default_factory=OwnershipSettings)  # rent or buy
     home: Path = Field(default_factory=data_dir)  # state, sandbox cloud, refreshed catalog
-
-    @field_validator("clouds")
-    @classmethod
-    def _known_clouds(cls, v: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
-        unknown = set(v) - set(DEFAULT_CLOUDS)
-        if unknown:
-            raise ValueError(
-                f"unknown cloud(s) {', '.join(sorted(unknown))}; known: {', '.join(DEFAULT_CLOUDS)}"
-            )
-        return {k: dict(o or {}) for k, o in v.items()}
 
     @field_validator("currency")
     @classmethod
@@ -149,12 +155,15 @@ class Settings(BaseSettings):
 
     # -- derived -------------------------------------------------------------------------
 
+    def cloud(self, name: str) -> Options | None:
+        """The options of ``name``, or None when settings do not list it."""
+        options: Options | None = getattr(self.clouds, name, None)
+        return options
+
     @property
     def enabled_clouds(self) -> list[str]:
-        return [c for c, o in self.clouds.items() if o.get("enabled", True)]
-
-    def cloud_options(self, cloud: str) -> dict[str, Any]:
-        return {k: v for k, v in self.clouds.get(cloud, {}).items() if k != "enabled"}
+        """In registry order."""
+        return [c for c in providers.REGISTRY if (o := self.cloud(c)) is not None and o.enabled]
 
     @property
     def database_url(self) -> str:

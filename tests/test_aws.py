@@ -17,7 +17,7 @@ import pytest
 import yaml
 from botocore.exceptions import ClientError
 
-from providers.aws import AWSProvider
+from providers.aws.adapter import AWSProvider
 from providers.aws.prices import GPU_TYPES
 from providers.base import (
     TAG_MACHINE,
@@ -71,7 +71,7 @@ def emu(emulator: AwsEmulator, monkeypatch: pytest.MonkeyPatch) -> Iterator[AwsE
 def make(emu: AwsEmulator, **options: object) -> AWSProvider:
     return AWSProvider(
         {
-            "endpoint_url": emu.endpoint_url,
+            "endpoint": emu.endpoint_url,
             "retry_base_seconds": 0.001,
             "retry_max_seconds": 0.01,
             **options,
@@ -266,7 +266,7 @@ def test_late_response_and_retry_make_one_machine(emu: AwsEmulator) -> None:
     """The first RunInstances is answered after the client gave up; the retry (same token)
     launches; the late one then replays the same reservation instead of a second machine."""
     emu.faults.slow(1.5, action="RunInstances")
-    inst = make(emu, read_timeout_seconds=0.3).launch(req())
+    inst = make(emu, timeout_seconds=0.3).launch(req())
     emu.wait_idle()
     calls = emu.calls("RunInstances")
     assert {c.params["ClientToken"] for c in calls} == {"tok-1"}
@@ -466,7 +466,7 @@ def test_check_with_credentials(emu: AwsEmulator) -> None:
 
 def test_fetch_offers_from_price_list_and_spot_history(emu: AwsEmulator, tmp_path: Path) -> None:
     emu.faults.cap_page_size(3)  # spot history comes in several pages
-    offers = make(emu, pricing_endpoint_url=emu.endpoint_url).fetch_offers()
+    offers = make(emu, pricing_endpoint=emu.endpoint_url).fetch_offers()
     by = {(o.region, o.zone, o.instance_type): o for o in offers}
     assert len(by) == len(offers)  # one offer per type and AZ
 
@@ -505,7 +505,7 @@ def test_fetch_offers_from_price_list_and_spot_history(emu: AwsEmulator, tmp_pat
 def test_up_fails_over_from_a_zone_without_capacity(emu: AwsEmulator, home: Path, clock) -> None:
     """`catalog refresh` from the fixtures, then `up` a T4 spot machine with the cheapest zone
     out of capacity: it lands in the next zone and leaves exactly one machine."""
-    options = {"endpoint_url": emu.endpoint_url, "retry_base_seconds": 0.001}
+    options = {"endpoint": emu.endpoint_url, "retry_base_seconds": 0.001}
     app = App(make_settings(home, clouds={"aws": options}), clock)
     try:
         catalog.refresh(app.settings, "aws", app.provider("aws").fetch_offers())

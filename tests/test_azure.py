@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from providers.azure import AzureProvider
+from providers.azure.adapter import AzureProvider
 from providers.base import (
     TAG_MACHINE,
     TAG_MANAGED_BY,
@@ -55,12 +55,12 @@ def emulator():
 def make_provider(emu: AzureEmulator, credential=None, **options: object) -> AzureProvider:
     opts = {
         "subscription_id": emu.subscription_id,
-        "base_url": emu.base_url,
-        "prices_endpoint": emu.base_url,
-        "locations": ["eastus", "westus2"],
+        "endpoint": emu.base_url,
+        "pricing_endpoint": emu.base_url,
+        "regions": ["eastus", "westus2"],
         "retry_base_seconds": 0.001,
         "retry_max_seconds": 0.002,
-        "polling_interval_seconds": 0,
+        "poll_seconds": 0.001,
         **options,
     }
     return AzureProvider(opts, credential=credential or StaticCredential())
@@ -447,7 +447,7 @@ def test_check_without_credentials_is_one_clear_line_and_no_network(
 ):
     _scrub(monkeypatch, tmp_path)
     provider = AzureProvider(
-        {"subscription_id": emulator.subscription_id, "base_url": emulator.base_url}
+        {"subscription_id": emulator.subscription_id, "endpoint": emulator.base_url}
     )
 
     result = provider.check()
@@ -460,7 +460,7 @@ def test_check_without_credentials_is_one_clear_line_and_no_network(
 
 def test_check_without_credentials_imports_no_sdk():
     code = (
-        "import sys, providers.azure as a; r = a.AzureProvider({}).check(); "
+        "import sys, providers.azure.adapter as a; r = a.AzureProvider({}).check(); "
         "print(r.ok, any(m == 'azure' or m.startswith('azure.') for m in sys.modules))"
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AZURE_", "MSI_", "IDENTITY_"))}
@@ -556,12 +556,12 @@ def test_up_lands_in_the_next_region_when_the_first_has_no_capacity(emulator, ho
     emulator.prices = list(PRICE_ROWS)
     options = {
         "subscription_id": emulator.subscription_id,
-        "base_url": emulator.base_url,
-        "prices_endpoint": emulator.base_url,
-        "locations": ["eastus", "westus2"],
+        "endpoint": emulator.base_url,
+        "pricing_endpoint": emulator.base_url,
+        "regions": ["eastus", "westus2"],
         "retry_base_seconds": 0.001,
         "retry_max_seconds": 0.002,
-        "polling_interval_seconds": 0,
+        "poll_seconds": 0.001,
     }
     settings = make_settings(home, clouds={"azure": options})
     provider = AzureProvider(options, credential=StaticCredential())

@@ -138,7 +138,21 @@ def test_bad_settings_file_names_line(home, tmp_path):
     cfg = tmp_path / "bad.yaml"
     cfg.write_text("currency: USD\nclouds:\n  aws: {}\n  oracle: {}\n")
     r = run_cli("--config", str(cfg), "catalog")
-    assert r.returncode == 2 and f"{cfg}:2: clouds: unknown cloud(s) oracle" in r.stderr
+    assert r.returncode == 2 and f"{cfg}:4: clouds.oracle: unknown field" in r.stderr
+
+
+def test_a_misspelt_cloud_option_is_an_error_with_its_line(home, tmp_path):
+    """Each cloud's options are typed: a typo is never a default quietly used."""
+    cfg = tmp_path / "typo.yaml"
+    cfg.write_text(
+        "clouds:\n  aws:\n    regoins: [eu-west-1]\n    endpont_url: http://x\n"
+        "  gcp:\n    zones: us-central1-a\n  sandbox: {}\n"
+    )
+    r = run_cli("--config", str(cfg), "catalog")
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert f"{cfg}:3: clouds.aws.regoins: unknown field" in r.stderr
+    assert f"{cfg}:4: clouds.aws.endpont_url: unknown field" in r.stderr
+    assert f"{cfg}:6: clouds.gcp.zones:" in r.stderr  # a string is not a list of zones
 
 
 def test_check_without_credentials_is_one_line_per_cloud(home, tmp_path):

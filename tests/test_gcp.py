@@ -28,8 +28,7 @@ from providers.base import (
     QuotaError,
     Throttled,
 )
-from providers.gcp import GCPProvider
-from providers.gcp.adapter import request_id
+from providers.gcp.adapter import GCPProvider, request_id
 from tests.emulators.gcp import GCPEmulator
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -57,8 +56,8 @@ def provider(emu: GCPEmulator, **options: object) -> GCPProvider:
     return GCPProvider(
         {
             "project": emu.project,
-            "api_endpoint": emu.endpoint,
-            "billing_endpoint": emu.endpoint,
+            "endpoint": emu.endpoint,
+            "pricing_endpoint": emu.endpoint,
             "anonymous": True,
             "retry_base_seconds": 0.001,
             "retry_max_seconds": 0.01,
@@ -484,8 +483,8 @@ def test_up_lands_in_the_next_zone_when_the_first_has_no_capacity(
 
     options = {
         "project": emu.project,
-        "api_endpoint": emu.endpoint,
-        "billing_endpoint": emu.endpoint,
+        "endpoint": emu.endpoint,
+        "pricing_endpoint": emu.endpoint,
         "anonymous": True,
         "retry_base_seconds": 0.001,
         "retry_max_seconds": 0.01,

@@ -26,8 +26,7 @@ from providers.base import (
     QuotaError,
     Throttled,
 )
-from providers.sbercloud import SberCloudProvider
-from providers.sbercloud.adapter import STOP_MARKER
+from providers.sbercloud.adapter import STOP_MARKER, SberCloudProvider
 from providers.sbercloud.errors import classify
 from provisioner import catalog, lifecycle, planner
 from provisioner.app import App
@@ -66,13 +65,13 @@ def env(monkeypatch):
 
 def options(emu: EcsEmulator, **extra: object) -> dict:
     return {
-        "ecs_endpoint": emu.endpoint,
+        "endpoint": emu.endpoint,
         "iam_endpoint": f"{emu.endpoint}/v3",
         "project_id": PROJECT_ID,
         "vpc_id": "vpc-0001",
         "subnet_id": "subnet-0001",
         "security_group_id": "sg-0001",
-        "image_id": "img-ubuntu-22-gpu",
+        "image": "img-ubuntu-22-gpu",
         "poll_seconds": 0.001,
         "retry_base_seconds": 0.001,
         "retry_max_seconds": 0.01,
@@ -180,8 +179,8 @@ def test_a_cloud_config_startup_script_is_kept_beside_our_key(emu, sc):
 
 
 def test_launch_without_an_image_is_refused_before_any_call(emu, env):
-    sc = SberCloudProvider({**options(emu), "image_id": None})
-    with pytest.raises(InvalidRequest, match="image_id") as err:
+    sc = SberCloudProvider({**options(emu), "image": None})
+    with pytest.raises(InvalidRequest, match=r"clouds\.sbercloud\.image") as err:
         sc.launch(request())
     assert err.value.code == "NoImage"
     assert emu.requests == []
@@ -262,7 +261,7 @@ def test_a_slow_job_is_waited_for(emu, sc):
 
 
 def test_a_job_still_running_at_the_deadline_returns_the_pending_machine(emu, env):
-    sc = SberCloudProvider(options(emu, job_timeout_seconds=0))
+    sc = SberCloudProvider(options(emu, operation_timeout_seconds=0.001))
     emu.faults.job_polls = 5
     inst = sc.launch(request())
     assert inst.state is MachineState.PENDING

@@ -39,7 +39,7 @@ def emu(monkeypatch: pytest.MonkeyPatch) -> Iterator[AwsEmulator]:
 
 def test_sweep_stops_idle_aws_machines_with_list_calls_only(emu, home: Path, tmp_path):
     (tmp_path / "p.yaml").write_text(POLICY)
-    options = {"endpoint_url": emu.endpoint_url, "retry_base_seconds": 0.001}
+    options = {"endpoint": emu.endpoint_url, "retry_base_seconds": 0.001}
     clock = ManualClock(datetime(2026, 11, 6, 17, 0, tzinfo=UTC))  # Friday 12:00 in New York
     app = App(
         make_settings(home, clouds={"aws": options}, policies=[str(tmp_path / "p.yaml")]), clock

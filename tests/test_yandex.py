@@ -34,7 +34,7 @@ from providers.base import (
     QuotaError,
     Throttled,
 )
-from providers.yandex import YandexProvider
+from providers.yandex.adapter import YandexProvider
 from tests.emulators.tls import self_signed_localhost
 from tests.emulators.yandex import FOLDER, IAM_TOKEN, YandexEmulator, sku
 

@@ -1,5 +1,50 @@
-"""AWS EC2 adapter (boto3, imported lazily). See :mod:`providers.aws.adapter`."""
+"""AWS EC2 (boto3, imported lazily by :mod:`providers.aws.adapter`)."""
 
-from providers.aws.adapter import AWSProvider
+from __future__ import annotations
 
-__all__ = ["AWSProvider"]
+import re
+
+from pydantic import Field
+
+from providers.spec import Capabilities, CloudSpec, Name, Names, Options, Seconds
+
+
+class AWSOptions(Options):
+    regions: Names = ("us-east-1", "us-west-2")  # where machines are listed and launched
+    zones: Names | None = None  # AZ ids (use1-az1) to launch in; None: every zone of `regions`
+    endpoint: Name | None = None  # one URL for every AWS API used (a private endpoint, moto)
+    pricing_endpoint: Name | None = None  # the Price List API; default `endpoint`
+    image: Name | None = None  # one AMI everywhere; default the DLAMI with NVIDIA driver
+    images: dict[Name, Name] = Field(default_factory=dict)  # {region: AMI}
+    subnet_id: Name | None = None
+    subnet_ids: dict[Name, Name] = Field(default_factory=dict)  # {zone id or name: subnet}
+    security_group_ids: Names = ()
+    key_name: Name | None = None
+    iam_instance_profile: Name | None = None  # a name, or an ARN
+    connect_timeout_seconds: Seconds = 10
+    timeout_seconds: Seconds = 60  # reading one API answer
+
+    def allows(self, region: str, zone: str) -> bool:
+        """Local Zones and Wavelength Zones (``usw2-lax1-az1``) are opt-in, with their own
+        prices and limits: only when named in ``zones``."""
+        if not self.zones and zone and not _REGIONAL_AZ.fullmatch(zone):
+            return False
+        return super().allows(region, zone)
+
+
+_REGIONAL_AZ = re.compile(r"[a-z]+[0-9]+-az[0-9]+")  # use1-az1; not usw2-lax1-az1
+
+
+SPEC = CloudSpec(
+    name="aws",
+    title="AWS",
+    currency="USD",
+    options=AWSOptions,
+    adapter="providers.aws.adapter:AWSProvider",
+    ssh_user="ubuntu",
+    extra="aws",
+    sdk=("boto3",),
+    # Persistent spot requests may be stopped by the user; EC2 takes a MaxPrice; Stop/Start/
+    # TerminateInstances take up to 1,000 ids.
+    capabilities=Capabilities(stop_spot=True, cap_spot_price=True, zones=True, batch=True),
+)

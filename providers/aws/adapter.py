@@ -16,6 +16,7 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
+from providers.aws import SPEC, AWSOptions
 from providers.aws.errors import map_error
 from providers.base import (
     TAG_MACHINE,
@@ -39,7 +40,6 @@ from providers.userdata import cloud_init
 
 T = TypeVar("T")
 
-DEFAULT_REGIONS = ("us-east-1", "us-west-2")
 # Public SSM parameter of the "Deep Learning Base OSS Nvidia Driver GPU AMI (Ubuntu 22.04)".
 DEFAULT_IMAGE_PARAMETER = (
     "/aws/service/deeplearning/ami/x86_64/base-oss-nvidia-driver-gpu-ubuntu-22.04/latest/ami-id"
@@ -63,17 +63,13 @@ NO_CREDENTIALS = (
 
 
 class AWSProvider(Provider):
-    """Options (all optional): ``regions``, ``endpoint_url`` (one URL for every AWS API used:
-    an emulator), ``pricing_endpoint_url`` (defaults to ``endpoint_url``),
-    ``subnet_id`` or ``subnet_ids`` {zone: subnet}, ``security_group_ids``, ``key_name``,
-    ``images`` {region: ami} or ``image``, ``iam_instance_profile`` (name or ARN),
-    ``connect_timeout_seconds``, ``read_timeout_seconds`` and the ``retry_*`` knobs."""
+    """Options: :class:`providers.aws.AWSOptions`."""
 
-    name = "aws"
-    currency = "USD"
+    spec = SPEC
+    options: AWSOptions
 
-    def __init__(self, options: Mapping[str, Any] | None = None) -> None:
-        super().__init__(options)
+    def __init__(self, options: Any = None, **kwargs: Any) -> None:
+        super().__init__(options, **kwargs)
         self._lock = threading.RLock()
         self._boto_session: Any = None
         self._clients: dict[tuple[str, str], Any] = {}
@@ -83,7 +79,7 @@ class AWSProvider(Provider):
 
     @property
     def regions(self) -> list[str]:
-        return list(self.options.get("regions") or DEFAULT_REGIONS)
+        return list(self.options.regions)
 
     # --- contract -------------------------------------------------------------------------
 
@@ -187,16 +183,7 @@ class AWSProvider(Provider):
     def _call(self, fn: Callable[[], T], what: str) -> T:
         """Run one AWS call: botocore errors → taxonomy; Throttled retried within the bound."""
 
-        def attempt() -> T:
-            try:
-                return fn()
-            except Exception as exc:
-                mapped = map_error(exc, what)
-                if mapped is exc:
-                    raise
-                raise mapped from exc
-
-        return call_with_retry(attempt, self.options)
+        return call_with_retry(fn, self.options, lambda exc: map_error(exc, what))
 
     def _session(self) -> Any:
         with self._lock:
@@ -218,15 +205,15 @@ class AWSProvider(Provider):
             if client is None:
                 from botocore.config import Config
 
-                endpoint = self.options.get("endpoint_url")
+                endpoint = self.options.endpoint
                 if service == "pricing":
-                    endpoint = self.options.get("pricing_endpoint_url") or endpoint
+                    endpoint = self.options.pricing_endpoint or endpoint
                 config = Config(
                     # Trap: botocore's "max_attempts" counts retries (1 → 2 attempts);
                     # "total_max_attempts" counts attempts.
                     retries={"total_max_attempts": 1, "mode": "standard"},
-                    connect_timeout=float(self.options.get("connect_timeout_seconds", 10)),
-                    read_timeout=float(self.options.get("read_timeout_seconds", 60)),
+                    connect_timeout=self.options.connect_timeout_seconds,
+                    read_timeout=self.options.timeout_seconds,
                     user_agent_extra="provisioner",
                 )
                 client = self._session().client(
@@ -275,8 +262,8 @@ class AWSProvider(Provider):
     def _image(self, request: LaunchRequest) -> str:
         image = (
             request.image
-            or (self.options.get("images") or {}).get(request.region)
-            or self.options.get("image")
+            or self.options.images.get(request.region)
+            or self.options.image
         )
         if image:
             return str(image)
@@ -343,19 +330,19 @@ class AWSProvider(Provider):
         user_data = cloud_init(request.user_data, request.ssh_public_key)
         if user_data:
             params["UserData"] = user_data  # botocore base64-encodes it
-        subnets = self.options.get("subnet_ids") or {}
+        subnets = self.options.subnet_ids
         subnet = (
             subnets.get(zone)
             or subnets.get(self._zones(request.region)[zone])
-            or self.options.get("subnet_id")
+            or self.options.subnet_id
         )
         if subnet:
             params["SubnetId"] = subnet
-        if self.options.get("security_group_ids"):
-            params["SecurityGroupIds"] = list(self.options["security_group_ids"])
-        if self.options.get("key_name"):
-            params["KeyName"] = self.options["key_name"]
-        profile = self.options.get("iam_instance_profile")
+        if self.options.security_group_ids:
+            params["SecurityGroupIds"] = list(self.options.security_group_ids)
+        if self.options.key_name:
+            params["KeyName"] = self.options.key_name
+        profile = self.options.iam_instance_profile
         if profile:
             params["IamInstanceProfile"] = (
                 {"Arn": profile} if str(profile).startswith("arn:") else {"Name": profile}

@@ -1,5 +1,40 @@
-"""Azure adapter. Importing this package imports no Azure SDK module; they load on first use."""
+"""Azure Virtual Machines (azure-mgmt-compute/network, imported lazily by
+:mod:`providers.azure.adapter`)."""
 
-from providers.azure.adapter import AzureProvider
+from __future__ import annotations
 
-__all__ = ["AzureProvider"]
+from providers.spec import Capabilities, CloudSpec, Name, Names, Options, Seconds, Wait
+
+
+class AzureOptions(Options):
+    subscription_id: Name | None = None  # default: $AZURE_SUBSCRIPTION_ID
+    resource_group: Name = "provisioner"  # must exist
+    regions: Names = ("eastus", "eastus2", "westus2", "westus3", "southcentralus", "centralus")
+    # One subnet id, or {region: id}; else `vnet`/`subnet` names in the resource group, with
+    # {region} filled in.
+    subnet_id: Name | dict[Name, Name] | None = None
+    vnet: Name = "provisioner-{region}"
+    subnet: Name = "default"
+    image: Name = "microsoft-dsvm:ubuntu-hpc:2204:latest"  # publisher:offer:sku:version or an id
+    admin_username: Name = "azureuser"
+    os_disk_type: Name = "Premium_LRS"
+    endpoint: Name | None = None  # the ARM root (a sovereign cloud, an emulator)
+    pricing_endpoint: Name = "https://prices.azure.com"  # the Retail Prices API
+    managed_identity: bool = False  # true on an Azure VM whose identity should be used
+    poll_seconds: Wait | None = None  # between polls when ARM sends no Retry-After (SDK: 30)
+    timeout_seconds: Seconds = 30  # `check`'s probe and one price page
+
+
+SPEC = CloudSpec(
+    name="azure",
+    title="Azure",
+    currency="USD",
+    options=AzureOptions,
+    adapter="providers.azure.adapter:AzureProvider",
+    ssh_user="azureuser",
+    extra="azure",
+    sdk=("azure.mgmt.compute", "azure.mgmt.network", "azure.identity"),
+    # Spot VMs with evictionPolicy Deallocate can be deallocated and started; billingProfile
+    # takes a maxPrice; Azure prices per region (zones are placement only).
+    capabilities=Capabilities(stop_spot=True, cap_spot_price=True, zones=False, batch=False),
+)

@@ -15,7 +15,7 @@ from functools import partial
 from typing import Any, TypeVar
 from urllib.parse import quote, urlsplit
 
-from providers.azure import prices
+from providers.azure import SPEC, AzureOptions, prices
 from providers.base import (
     TAG_MACHINE,
     TAG_MANAGED_BY,
@@ -39,9 +39,7 @@ from providers.retry import call_with_retry
 
 T = TypeVar("T")
 
-DEFAULT_REGIONS = ("eastus", "eastus2", "westus2", "westus3", "southcentralus", "centralus")
 # Ubuntu 22.04 HPC image from the Data Science VM team: NVIDIA driver, CUDA, InfiniBand stack.
-DEFAULT_IMAGE = "microsoft-dsvm:ubuntu-hpc:2204:latest"
 ARM_SCOPE = "https://management.azure.com/.default"
 ACTIVITY_API_VERSION = "2015-04-01"
 _LOOPBACK = {"127.0.0.1", "localhost", "::1"}
@@ -79,26 +77,18 @@ _VM_ID = re.compile(
 
 
 class AzureProvider(Provider):
-    """Options: ``subscription_id`` (else env AZURE_SUBSCRIPTION_ID), ``resource_group``
-    ("provisioner", must exist), ``locations``, ``subnet_id`` (one id, or a {location: id} map) or
-    ``vnet``/``subnet`` names in the resource group (``{region}`` is filled in; default
-    "provisioner-{region}"/"default"), ``image`` (publisher:offer:sku:version or an image resource
-    id), ``admin_username``, ``os_disk_type``, ``base_url`` (ARM endpoint), ``prices_endpoint``,
-    ``managed_identity`` (true on an Azure VM whose identity should be used),
-    ``polling_interval_seconds`` (wait between polls of an operation when ARM sends no
-    Retry-After; SDK default 30), ``check_timeout_seconds`` and the retry knobs of
-    :func:`providers.retry.call_with_retry`.
+    """Options: :class:`providers.azure.AzureOptions`.
 
     ``credential`` (keyword) is any azure-core ``TokenCredential`` to use instead of
     DefaultAzureCredential, for an embedding application that already holds one, or a static one
     against a local ARM endpoint.
     """
 
-    name = "azure"
-    currency = "USD"
+    spec = SPEC
+    options: AzureOptions
 
-    def __init__(self, options: Mapping[str, Any] | None = None, *, credential: Any = None) -> None:
-        super().__init__(options)
+    def __init__(self, options: Any = None, *, credential: Any = None, **kwargs: Any) -> None:
+        super().__init__(options, **kwargs)
         self._supplied_credential = credential
         self._sdk: tuple[Any, Any] | None = None
         self._lock = threading.Lock()
@@ -107,14 +97,14 @@ class AzureProvider(Provider):
 
     @property
     def regions(self) -> list[str]:
-        return list(self.options.get("locations") or DEFAULT_REGIONS)
+        return list(self.options.regions)
 
     @property
     def resource_group(self) -> str:
-        return str(self.options.get("resource_group", "provisioner"))
+        return self.options.resource_group
 
     def _subscription_id(self) -> str | None:
-        return self.options.get("subscription_id") or os.environ.get("AZURE_SUBSCRIPTION_ID")
+        return self.options.subscription_id or os.environ.get("AZURE_SUBSCRIPTION_ID")
 
     def _credential_source(self) -> str | None:
         """Which credential DefaultAzureCredential will find, judged without any network call."""
@@ -129,7 +119,7 @@ class AzureProvider(Provider):
         if (
             env.get("IDENTITY_ENDPOINT")
             or env.get("MSI_ENDPOINT")
-            or self.options.get("managed_identity")
+            or self.options.managed_identity
         ):
             return "managed identity"
         if shutil.which("az"):
@@ -162,9 +152,9 @@ class AzureProvider(Provider):
                 credential = self._credential()
                 # Our call_with_retry is the one retry bound, so the SDK's own retries are off.
                 kwargs: dict[str, Any] = {"retry_total": 0}
-                if "polling_interval_seconds" in self.options:
-                    kwargs["polling_interval"] = float(self.options["polling_interval_seconds"])
-                base_url = self.options.get("base_url")
+                if self.options.poll_seconds is not None:
+                    kwargs["polling_interval"] = self.options.poll_seconds
+                base_url = self.options.endpoint
                 if base_url:
                     kwargs["base_url"] = base_url
                     split = urlsplit(base_url)
@@ -181,16 +171,7 @@ class AzureProvider(Provider):
     def _call(self, fn: Callable[[], T]) -> T:
         """Run one SDK call with errors mapped to the taxonomy and Throttled retried."""
 
-        def attempt() -> T:
-            try:
-                return fn()
-            except Exception as err:
-                mapped = _map_error(err)
-                if mapped is None:
-                    raise
-                raise mapped from err
-
-        return call_with_retry(attempt, self.options)
+        return call_with_retry(fn, self.options, _map_error)
 
     def _wait(self, begin: Callable[..., Any]) -> Any:
         """Start a long-running operation and wait for its end. A throttled poll resumes the same
@@ -228,7 +209,7 @@ class AzureProvider(Provider):
                 False,
                 "azure: no subscription (set AZURE_SUBSCRIPTION_ID or subscription_id in settings)",
             )
-        timeout = float(self.options.get("check_timeout_seconds", 20))
+        timeout = self.options.timeout_seconds
         outcome: list[BaseException | None] = []
 
         def probe() -> None:
@@ -423,13 +404,13 @@ class AzureProvider(Provider):
         )
 
     def _subnet_id(self, region: str) -> str:
-        configured = self.options.get("subnet_id")
+        configured = self.options.subnet_id
         if isinstance(configured, Mapping):
             configured = configured.get(region)
         if configured:
             return str(configured)
-        vnet = str(self.options.get("vnet", "provisioner-{region}")).format(region=region)
-        subnet = str(self.options.get("subnet", "default")).format(region=region)
+        vnet = self.options.vnet.format(region=region)
+        subnet = self.options.subnet.format(region=region)
         return (
             f"/subscriptions/{self._subscription_id()}/resourceGroups/{self.resource_group}"
             f"/providers/Microsoft.Network/virtualNetworks/{vnet}/subnets/{subnet}"
@@ -443,8 +424,8 @@ class AzureProvider(Provider):
                 "azure: an SSH public key is required (Linux VMs are created without a password)",
                 code="MissingSshKey",
             )
-        admin = str(self.options.get("admin_username", "azureuser"))
-        image = _image_reference(request.image or self.options.get("image") or DEFAULT_IMAGE)
+        admin = self.options.admin_username
+        image = _image_reference(request.image or self.options.image)
         zone = request.zone.removeprefix(f"{request.region}-")
         market: dict[str, Any] = {"priority": "Regular"}
         if request.spot:
@@ -488,7 +469,7 @@ class AzureProvider(Provider):
                     disk_size_gb=request.disk_gb,
                     delete_option="Delete",
                     managed_disk=models.ManagedDiskParameters(
-                        storage_account_type=self.options.get("os_disk_type", "Premium_LRS")
+                        storage_account_type=self.options.os_disk_type
                     ),
                 ),
             ),

@@ -9,13 +9,14 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from decimal import Decimal
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 from providers.base import InvalidRequest, Offer, Throttled
 from providers.retry import call_with_retry
 
-PRICES_ENDPOINT = "https://prices.azure.com"
+if TYPE_CHECKING:
+    from providers.azure import AzureOptions
 
 
 @dataclass(frozen=True)
@@ -45,14 +46,14 @@ SIZES: dict[str, Size] = {
 }
 
 
-def fetch_offers(regions: Iterable[str], options: Mapping[str, Any]) -> list[Offer]:
+def fetch_offers(regions: Iterable[str], options: AzureOptions) -> list[Offer]:
     """One Offer per (region, size) that has a Linux pay-as-you-go or Spot price.
 
     Queries are per region and size, the API's documented filter shape; Windows and the retired
     "Low Priority" rows are skipped, a skuName ending in " Spot" is the spot price.
     """
-    endpoint = str(options.get("prices_endpoint", PRICES_ENDPOINT)).rstrip("/")
-    timeout = float(options.get("prices_timeout_seconds", 30))
+    endpoint = options.pricing_endpoint.rstrip("/")
+    timeout = options.timeout_seconds
     source = f"Azure Retail Prices API ({endpoint}), {datetime.now(UTC):%Y-%m-%d}"
     offers = []
     for region in regions:
@@ -105,7 +106,7 @@ def _kind(item: Mapping[str, Any]) -> str | None:
     return "spot" if sku_name.endswith(" Spot") else "regular"
 
 
-def _items(url: str, timeout: float, options: Mapping[str, Any]) -> Iterator[dict]:
+def _items(url: str, timeout: float, options: AzureOptions) -> Iterator[dict]:
     next_url: str | None = url
     while next_url:
         page = call_with_retry(lambda u=next_url: _get_json(u, timeout), options)

@@ -1,5 +1,38 @@
-"""Google Cloud (Compute Engine) adapter. Importing this package imports no Google SDK."""
+"""Google Cloud Compute Engine (google-cloud-compute over REST, imported lazily by
+:mod:`providers.gcp.adapter`)."""
 
-from providers.gcp.adapter import GCPProvider
+from __future__ import annotations
 
-__all__ = ["GCPProvider"]
+from providers.spec import Capabilities, CloudSpec, Name, Names, Options, Seconds
+
+DEFAULT_IMAGE = "projects/deeplearning-platform-release/global/images/family/common-cu124-debian-11"
+
+
+class GCPOptions(Options):
+    project: Name | None = None  # default: the project of the application-default credentials
+    # Where machines are planned, launched and listed: `zones`, else every zone of `regions`.
+    regions: Names = ("us-central1", "us-east4", "europe-west4")
+    zones: Names | None = None
+    network: Name = "global/networks/default"
+    subnetwork: Name | None = None
+    external_ip: bool = True
+    image: Name = DEFAULT_IMAGE
+    endpoint: Name | None = None  # the Compute API root (a private endpoint, an emulator)
+    pricing_endpoint: Name | None = None  # the Cloud Billing Catalog API root
+    anonymous: bool = False  # no credentials at all: only for a local emulator
+    operation_timeout_seconds: Seconds = 900
+
+
+SPEC = CloudSpec(
+    name="gcp",
+    title="Google Cloud",
+    currency="USD",
+    options=GCPOptions,
+    adapter="providers.gcp.adapter:GCPProvider",
+    ssh_user="provisioner",
+    extra="gcp",
+    sdk=("google.cloud.compute_v1",),
+    # Spot VMs with instanceTerminationAction=STOP stop and start again; Spot has no price cap;
+    # every instance call names one instance.
+    capabilities=Capabilities(stop_spot=True, cap_spot_price=False, zones=True, batch=False),
+)

@@ -37,21 +37,11 @@ from providers.base import (
     QuotaError,
     Throttled,
 )
-from providers.gcp import prices
+from providers.gcp import SPEC, GCPOptions, prices
 from providers.retry import call_with_retry
 
 T = TypeVar("T")
 
-DEFAULT_ZONES = (
-    "us-central1-a",
-    "us-central1-b",
-    "us-central1-c",
-    "us-east4-c",
-    "europe-west4-a",
-    "europe-west4-b",
-)
-DEFAULT_IMAGE = "projects/deeplearning-platform-release/global/images/family/common-cu124-debian-11"
-DEFAULT_NETWORK = "global/networks/default"
 SCOPES = ["https://www.googleapis.com/auth/cloud-platform"]
 PREEMPTED = "compute.instances.preempted"
 NO_CREDENTIALS = (
@@ -83,19 +73,16 @@ _THROTTLED = {
 
 
 class GCPProvider(Provider):
-    """Options: ``project`` (else the ADC project), ``zones`` or ``regions`` (which regions
-    ``list_managed`` looks at by default, and which zones ``fetch_offers`` prices),
-    ``network``, ``subnetwork``, ``image``, ``external_ip`` (default true), ``api_endpoint``,
-    ``anonymous``, ``billing_endpoint``, ``operation_timeout_seconds`` and the retry knobs.
+    """Options: :class:`providers.gcp.GCPOptions`.
 
     GCP Spot VMs have no price cap, so ``request.max_price`` is not sent; the planner's price
     ceiling is what bounds a spot launch here."""
 
-    name = "gcp"
-    currency = "USD"
+    spec = SPEC
+    options: GCPOptions
 
-    def __init__(self, options: Mapping[str, Any] | None = None) -> None:
-        super().__init__(options)
+    def __init__(self, options: Any = None, **kwargs: Any) -> None:
+        super().__init__(options, **kwargs)
         self._auth: tuple[Any, str | None] | None = None
         self._clients: tuple[Any, Any] | None = None
 
@@ -232,13 +219,13 @@ class GCPProvider(Provider):
                 )
             )
         interface = compute_v1.NetworkInterface(
-            network=self.options.get("network", DEFAULT_NETWORK)
+            network=self.options.network
         )
         if request.instance_type.startswith("a3-"):
             interface.nic_type = "GVNIC"  # A3 machines require gVNIC
-        if self.options.get("subnetwork"):
-            interface.subnetwork = self.options["subnetwork"]
-        if self.options.get("external_ip", True):
+        if self.options.subnetwork:
+            interface.subnetwork = self.options.subnetwork
+        if self.options.external_ip:
             interface.access_configs = [
                 compute_v1.AccessConfig(name="External NAT", type_="ONE_TO_ONE_NAT")
             ]
@@ -256,7 +243,7 @@ class GCPProvider(Provider):
                     auto_delete=True,
                     type_="PERSISTENT",
                     initialize_params=compute_v1.AttachedDiskInitializeParams(
-                        source_image=request.image or self.options.get("image", DEFAULT_IMAGE),
+                        source_image=request.image or self.options.image,
                         disk_size_gb=request.disk_gb,
                         disk_type=f"zones/{zone}/diskTypes/pd-balanced",
                     ),
@@ -301,7 +288,7 @@ class GCPProvider(Provider):
         from google.cloud import compute_v1
 
         done = compute_v1.Operation.Status.DONE
-        deadline = time.monotonic() + float(self.options.get("operation_timeout_seconds", 900))
+        deadline = time.monotonic() + self.options.operation_timeout_seconds
         while operation.status != done:
             if time.monotonic() > deadline:
                 raise Throttled(
@@ -360,22 +347,11 @@ class GCPProvider(Provider):
     # --- plumbing --------------------------------------------------------------------------
 
     def _call(self, fn: Callable[[], T]) -> T:
-        def attempt() -> T:
-            try:
-                return fn()
-            except ProviderError:
-                raise
-            except Exception as exc:
-                mapped = map_exception(exc)
-                if mapped is None:
-                    raise
-                raise mapped from exc
-
-        return call_with_retry(attempt, self.options)
+        return call_with_retry(fn, self.options, map_exception)
 
     def _credentials(self) -> tuple[Any, str | None]:
         if self._auth is None:
-            if self.options.get("anonymous"):
+            if self.options.anonymous:
                 from google.auth.credentials import AnonymousCredentials
 
                 self._auth = (AnonymousCredentials(), None)
@@ -392,7 +368,7 @@ class GCPProvider(Provider):
         return self._auth
 
     def _project(self) -> str:
-        project = self.options.get("project") or self._credentials()[1]
+        project = self.options.project or self._credentials()[1]
         if not project:
             raise AuthError(
                 "gcp: no project set (give `project` in the gcp settings or GOOGLE_CLOUD_PROJECT)",
@@ -411,7 +387,7 @@ class GCPProvider(Provider):
             from google.api_core.client_options import ClientOptions
             from google.cloud import compute_v1
 
-            endpoint = self.options.get("api_endpoint")
+            endpoint = self.options.endpoint
             common = {
                 "credentials": self._credentials()[0],
                 "transport": "rest",
@@ -424,11 +400,9 @@ class GCPProvider(Provider):
         return self._clients
 
     def _regions(self) -> set[str]:
-        if self.options.get("zones"):
-            return {prices.region_of(z) for z in self.options["zones"]}
-        if self.options.get("regions"):
-            return set(self.options["regions"])
-        return {prices.region_of(z) for z in DEFAULT_ZONES}
+        if self.options.zones:
+            return {prices.region_of(z) for z in self.options.zones}
+        return set(self.options.regions)
 
 
 # --- pure helpers (module level so tests and the emulator can share the rules) --------------

@@ -28,10 +28,13 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from decimal import ROUND_HALF_UP, Decimal
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from providers.base import AuthError, InvalidRequest, Offer, Throttled
 from providers.retry import call_with_retry
+
+if TYPE_CHECKING:
+    from providers.gcp import GCPOptions
 
 BILLING_ENDPOINT = "https://cloudbilling.googleapis.com"
 COMPUTE_SERVICE = "6F81-5844-456A"
@@ -151,7 +154,7 @@ def region_of(zone: str) -> str:
     return zone.rsplit("-", 1)[0]
 
 
-def fetch_offers(options: Mapping[str, Any]) -> list[Offer]:
+def fetch_offers(options: GCPOptions) -> list[Offer]:
     """All offers of :data:`SHAPES` priced from the live catalog. Restricted to the configured
     ``zones`` or ``regions`` when the options set them."""
     key = os.environ.get(API_KEY_ENV)
@@ -160,13 +163,13 @@ def fetch_offers(options: Mapping[str, Any]) -> list[Offer]:
             f"gcp: catalog refresh needs a Cloud Billing API key in {API_KEY_ENV}",
             code="noApiKey",
         )
-    endpoint = str(options.get("billing_endpoint") or BILLING_ENDPOINT).rstrip("/")
+    endpoint = (options.pricing_endpoint or BILLING_ENDPOINT).rstrip("/")
     skus = fetch_skus(endpoint, key, options)
     fetched = datetime.now(UTC).date().isoformat()
     return build_offers(skus, _zone_filter(options), source=f"{_source()} fetched {fetched}")
 
 
-def fetch_skus(endpoint: str, key: str, options: Mapping[str, Any]) -> list[dict[str, Any]]:
+def fetch_skus(endpoint: str, key: str, options: GCPOptions) -> list[dict[str, Any]]:
     """Every Compute Engine SKU, following ``nextPageToken`` to the end."""
     skus: list[dict[str, Any]] = []
     token = ""
@@ -222,11 +225,11 @@ def _source() -> str:
     return f"GCP Cloud Billing Catalog API services/{COMPUTE_SERVICE}/skus (host vCPU+RAM + GPU)"
 
 
-def _zone_filter(options: Mapping[str, Any]) -> set[str] | None:
-    if options.get("zones"):
-        return set(options["zones"])
-    if options.get("regions"):
-        regions = set(options["regions"])
+def _zone_filter(options: GCPOptions) -> set[str] | None:
+    if options.zones:
+        return set(options.zones)
+    if options.regions:
+        regions = set(options.regions)
         return {z for zones in GPU_ZONES.values() for z in zones if region_of(z) in regions}
     return None
 

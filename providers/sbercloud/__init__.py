@@ -1,6 +1,40 @@
-"""SberCloud (cloud.ru Advanced) adapter, Huawei-ECS-compatible. Importing this package does not
-import ``huaweicloudsdk*``; the adapter does that when first used."""
+"""SberCloud (cloud.ru Advanced), Huawei-ECS-compatible (huaweicloudsdkecs, imported lazily by
+:mod:`providers.sbercloud.adapter`)."""
 
-from providers.sbercloud.adapter import SberCloudProvider
+from __future__ import annotations
 
-__all__ = ["SberCloudProvider"]
+from pydantic import Field
+
+from providers.spec import Capabilities, CloudSpec, Name, Names, Options, Seconds, Wait
+
+
+class SberCloudOptions(Options):
+    # The ECS endpoint is regional: one region per settings.
+    regions: Names = Field(("ru-moscow-1",), min_length=1, max_length=1)
+    zones: Names | None = None  # default <region>a, b, c
+    endpoint: Name | None = None  # ECS; default https://ecs.<region>.hc.sbercloud.ru
+    iam_endpoint: Name | None = None  # default https://iam.<region>.hc.sbercloud.ru/v3
+    project_id: Name | None = None  # default $SBERCLOUD_PROJECT_ID, else looked up in IAM
+    vpc_id: Name | None = None  # required to launch
+    subnet_id: Name | None = None  # required to launch
+    security_group_id: Name | None = None
+    image: Name | None = None  # no public GPU image is known: required to launch
+    root_volume_type: Name = "SSD"
+    page_size: int = Field(100, ge=1, le=1000)
+    poll_seconds: Wait = 3
+    operation_timeout_seconds: Seconds = 900  # an ECS job
+
+
+SPEC = CloudSpec(
+    name="sbercloud",
+    title="SberCloud (cloud.ru Advanced)",
+    currency="RUB",
+    options=SberCloudOptions,
+    adapter="providers.sbercloud.adapter:SberCloudProvider",
+    ssh_user="root",
+    extra="sbercloud",
+    sdk=("huaweicloudsdkecs",),
+    # Spot servers can be stopped; extendparam takes a spot_price cap; BatchStopServers,
+    # BatchStartServers and DeleteServers take many servers.
+    capabilities=Capabilities(stop_spot=True, cap_spot_price=True, zones=True, batch=True),
+)

@@ -40,7 +40,7 @@ from providers.base import (
     Throttled,
 )
 from providers.retry import call_with_retry
-from providers.sbercloud import errors, flavors, userdata
+from providers.sbercloud import SPEC, SberCloudOptions, errors, flavors, userdata
 
 T = TypeVar("T")
 
@@ -97,20 +97,16 @@ def _time(value: str | None) -> datetime | None:
 
 
 class SberCloudProvider(Provider):
-    name = "sbercloud"
-    currency = "RUB"
+    spec = SPEC
+    options: SberCloudOptions
 
-    def __init__(self, options: dict[str, Any] | None = None) -> None:
-        super().__init__(options)
+    def __init__(self, options: Any = None, **kwargs: Any) -> None:
+        super().__init__(options, **kwargs)
         o = self.options
-        self.region: str = o.get("region", "ru-moscow-1")
-        self.ecs_endpoint: str = o.get("ecs_endpoint", f"https://ecs.{self.region}.hc.sbercloud.ru")
-        self.iam_endpoint: str = o.get(
-            "iam_endpoint", f"https://iam.{self.region}.hc.sbercloud.ru/v3"
-        )
-        self.zones: list[str] = list(o.get("zones") or [f"{self.region}{z}" for z in "abc"])
-        self._poll_seconds = float(o.get("poll_seconds", 3))
-        self._job_timeout = float(o.get("job_timeout_seconds", 900))
+        self.region: str = o.regions[0]
+        self.ecs_endpoint: str = o.endpoint or f"https://ecs.{self.region}.hc.sbercloud.ru"
+        self.iam_endpoint: str = o.iam_endpoint or f"https://iam.{self.region}.hc.sbercloud.ru/v3"
+        self.zones: list[str] = list(o.zones or [f"{self.region}{z}" for z in "abc"])
         self._ecs: Any = None
 
     # -- plumbing -------------------------------------------------------------------------
@@ -133,7 +129,7 @@ class SberCloudProvider(Provider):
         config = HttpConfig.get_default_config()
         config.retry_times = 0  # Throttled is retried by call_with_retry, with a bound
         config.timeout = (10, 60)
-        project = self.options.get("project_id") or _env(ENV_PROJECT)
+        project = self.options.project_id or _env(ENV_PROJECT)
         credentials = BasicCredentials(ak, sk, project)
         builder = EcsClient.new_builder().with_http_config(config).with_credentials(credentials)
         if project:
@@ -158,8 +154,7 @@ class SberCloudProvider(Provider):
             except SdkException as e:
                 raise errors.from_sdk(e, where=where) from e
 
-        options = self.options if attempts is None else {**self.options, "retry_attempts": attempts}
-        return call_with_retry(attempt, options)
+        return call_with_retry(attempt, self.options, attempts=attempts)
 
     def _wait(self, job_id: str, where: str, timeout: float) -> bool:
         """Poll an ECS job: True on SUCCESS, False if still running at ``timeout``; FAIL raises."""
@@ -180,12 +175,13 @@ class SberCloudProvider(Provider):
                 )
             if time.monotonic() >= deadline:
                 return False
-            time.sleep(self._poll_seconds)
+            time.sleep(self.options.poll_seconds)
 
     def _finish(self, job_id: str, where: str) -> None:
-        if not self._wait(job_id, where, self._job_timeout):
+        timeout = self.options.operation_timeout_seconds
+        if not self._wait(job_id, where, timeout):
             raise Throttled(
-                f"sbercloud: {where}: job {job_id} still running after {self._job_timeout:.0f} s",
+                f"sbercloud: {where}: job {job_id} still running after {timeout:.0f} s",
                 code="JobTimeout",
             )
 
@@ -279,14 +275,14 @@ class SberCloudProvider(Provider):
         )
 
     def launch(self, request: LaunchRequest) -> Instance:
-        image = request.image or self.options.get("image_id")
+        image = request.image or self.options.image
         if not image:
             raise InvalidRequest(
-                "sbercloud: no image: set clouds.sbercloud.image_id to a GPU-ready image of your "
+                "sbercloud: no image: set clouds.sbercloud.image to a GPU-ready image of your "
                 "project, or name one in the spec",
                 code="NoImage",
             )
-        missing = [k for k in ("vpc_id", "subnet_id") if not self.options.get(k)]
+        missing = [k for k in ("vpc_id", "subnet_id") if not getattr(self.options, k)]
         if missing:
             raise InvalidRequest(
                 f"sbercloud: set clouds.sbercloud.{' and '.join(missing)}: the network new "
@@ -300,16 +296,16 @@ class SberCloudProvider(Provider):
             extend.market_type = "spot"
             if request.max_price is not None:
                 extend.spot_price = format(Decimal(request.max_price), "f")
-        group = self.options.get("security_group_id")
+        group = self.options.security_group_id
         server = m.PrePaidServer(
             image_ref=image,
             flavor_ref=request.instance_type,
             name=request.name,
-            vpcid=self.options["vpc_id"],
-            nics=[m.PrePaidServerNic(subnet_id=self.options["subnet_id"])],
+            vpcid=self.options.vpc_id,
+            nics=[m.PrePaidServerNic(subnet_id=self.options.subnet_id)],
             security_groups=[m.PrePaidServerSecurityGroup(id=group)] if group else None,
             root_volume=m.PrePaidServerRootVolume(
-                volumetype=self.options.get("root_volume_type", "SSD"), size=request.disk_gb
+                volumetype=self.options.root_volume_type, size=request.disk_gb
             ),
             availability_zone=request.zone or None,
             server_tags=[m.PrePaidServerTag(key=k, value=v) for k, v in request.labels.items()],
@@ -324,7 +320,8 @@ class SberCloudProvider(Provider):
         created = self._call(where, lambda c: c.create_servers(create))
         if not created.server_ids:
             raise InvalidRequest(f"sbercloud: {where}: no server id in the answer", code="NoServer")
-        self._wait(created.job_id, where, self._job_timeout)  # still running → PENDING
+        # still running at the timeout → PENDING
+        self._wait(created.job_id, where, self.options.operation_timeout_seconds)
         return self.get(
             InstanceRef(id=created.server_ids[0], region=self.region, zone=request.zone)
         )
@@ -346,7 +343,7 @@ class SberCloudProvider(Provider):
             if machine_id
             else f"{TAG_MANAGED_BY}={TAG_MANAGED_BY_VALUE}"
         )
-        limit = int(self.options.get("page_size", 100))
+        limit = self.options.page_size
         found: dict[str, Instance] = {}
         page = 1
         while True:

@@ -5,14 +5,7 @@ Instance types are ``<platform_id>/<gpus>g-<vcpus>c-<ramGB>gb``, e.g.
 ``gpu-standard-v3/8g-224c-952gb`` (8×A100 80 GB) or ``standard-v3-t4/1g-8c-32gb`` (1×T4); the
 allowed shapes per platform are in :mod:`providers.yandex.prices`.
 
-Options (settings, nothing secret):
-  folder_id (else env YC_FOLDER_ID); zones (to price; default every zone a platform is sold
-  in); subnet_ids {zone: id} (else the folder's one subnet in that zone, of network_id if
-  several); image_id or image_family (default ubuntu-2004-lts-gpu in image_folder_id
-  standard-images; ``request.image`` wins: a 20-char id as it is, anything else a family); disk_type
-  (network-ssd); endpoint (api.cloud.yandex.net:443); root_certificates_file (PEM, for a
-  private endpoint); use_metadata_service; timeout_seconds (per call, 30); poll_seconds (2);
-  operation_timeout_seconds (1800); retry_attempts / retry_base_seconds / retry_max_seconds.
+Options (settings, nothing secret): :class:`YandexOptions`.
 
 Credentials, first found: YC_IAM_TOKEN, YC_SERVICE_ACCOUNT_KEY_FILE (authorized key JSON),
 YC_TOKEN (OAuth, deprecated by Yandex), or the VM metadata service when ``use_metadata_service``
@@ -43,6 +36,41 @@ as PREEMPTED; a Stop / GuestStop (by us, the console or the guest) reads as STOP
 is written on the machine for this, so a stop from any tool is seen correctly.
 """
 
-from providers.yandex.adapter import YandexProvider
+from __future__ import annotations
 
-__all__ = ["YandexProvider"]
+from pydantic import Field
+
+from providers.spec import Capabilities, CloudSpec, Name, Names, Options, Seconds, Wait
+
+
+class YandexOptions(Options):
+    folder_id: Name | None = None  # default: $YC_FOLDER_ID
+    zones: Names | None = None  # where to price and launch; default every zone a platform has
+    subnet_ids: dict[Name, Name] = Field(default_factory=dict)  # {zone: id}
+    network_id: Name | None = None  # else the folder's one subnet in the zone
+    # An image id (20 characters) as it is, anything else a family in `image_folder_id`;
+    # the experiment's `image` wins.
+    image: Name = "ubuntu-2004-lts-gpu"
+    image_folder_id: Name = "standard-images"
+    disk_type: Name = "network-ssd"
+    endpoint: Name = "api.cloud.yandex.net:443"
+    root_certificates_file: Name | None = None  # PEM, for a private endpoint
+    use_metadata_service: bool = False
+    timeout_seconds: Seconds = 30  # one call
+    poll_seconds: Wait = 2
+    operation_timeout_seconds: Seconds = 1800
+
+
+SPEC = CloudSpec(
+    name="yandex",
+    title="Yandex Cloud",
+    currency="RUB",
+    options=YandexOptions,
+    adapter="providers.yandex.adapter:YandexProvider",
+    ssh_user="provisioner",
+    extra="yandex",
+    sdk=("yandexcloud",),
+    # Preemptible VMs are stopped, never deleted, and can be started again; they have a fixed
+    # price (no cap); every call names one instance.
+    capabilities=Capabilities(stop_spot=True, cap_spot_price=False, zones=True, batch=False),
+)

@@ -35,6 +35,7 @@ from providers.base import (
 )
 from providers.retry import call_with_retry
 from providers.userdata import cloud_init
+from providers.yandex import SPEC, YandexOptions
 from providers.yandex.prices import (
     REGION,
     Shape,
@@ -43,8 +44,6 @@ from providers.yandex.prices import (
     parse_instance_type,
 )
 
-DEFAULT_ENDPOINT = "api.cloud.yandex.net:443"
-DEFAULT_IMAGE_FAMILY = "ubuntu-2004-lts-gpu"  # the GPU image Yandex's GPU docs recommend
 SSH_USER = "provisioner"
 _IDEMPOTENCY_NS = uuid.UUID("8d6f0f1e-2b47-5a8e-9a3c-6e0d1c5b7a01")
 _IMAGE_ID = re.compile(r"[a-z0-9]{20}")
@@ -132,23 +131,20 @@ def _rpc_error(exc: Any, what: str, zone: str | None = None) -> ProviderError:
 
 
 class YandexProvider(Provider):
-    name = "yandex"
-    currency = "RUB"
+    spec = SPEC
+    options: YandexOptions
 
-    def __init__(self, options: Mapping[str, Any] | None = None) -> None:
-        super().__init__(options)
+    def __init__(self, options: Any = None, **kwargs: Any) -> None:
+        super().__init__(options, **kwargs)
         self._sdk_obj: Any = None
-        self._subnets: dict[str, str] = dict(self.options.get("subnet_ids") or {})
+        self._subnets: dict[str, str] = dict(self.options.subnet_ids)
         self._image_cache: dict[str, str] = {}
 
     # --- configuration -----------------------------------------------------------------------
 
     @property
     def folder_id(self) -> str | None:
-        return self.options.get("folder_id") or os.environ.get("YC_FOLDER_ID") or None
-
-    def _float(self, key: str, default: float) -> float:
-        return float(self.options.get(key, default))
+        return self.options.folder_id or os.environ.get("YC_FOLDER_ID") or None
 
     def _credentials(self) -> tuple[str, dict[str, Any]] | None:
         """(what, SDK keyword arguments) from the environment, or None. Never logged."""
@@ -168,7 +164,7 @@ class YandexProvider(Provider):
             }
         if token := os.environ.get("YC_TOKEN"):
             return "OAuth token from YC_TOKEN", {"token": token}
-        if self.options.get("use_metadata_service"):
+        if self.options.use_metadata_service:
             return "the VM metadata service", {}
         return None
 
@@ -180,7 +176,7 @@ class YandexProvider(Provider):
             import yandexcloud
 
             kwargs = dict(creds[1])
-            if cert := self.options.get("root_certificates_file"):
+            if cert := self.options.root_certificates_file:
                 try:
                     kwargs["root_certificates"] = Path(cert).read_bytes()
                 except OSError as exc:
@@ -191,7 +187,7 @@ class YandexProvider(Provider):
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore", DeprecationWarning)  # OAuth: said in check()
                     self._sdk_obj = yandexcloud.SDK(
-                        endpoint=self.options.get("endpoint", DEFAULT_ENDPOINT), **kwargs
+                        endpoint=self.options.endpoint, **kwargs
                     )
             except RuntimeError as exc:  # the SDK's own validation of the key, no secret in it
                 raise AuthError(f"yandex: {exc}", code="BAD_CREDENTIALS") from None
@@ -217,7 +213,7 @@ class YandexProvider(Provider):
             try:
                 client = self._sdk().client(stub)  # first use discovers endpoints: may fail
                 return getattr(client, method)(
-                    request, timeout=self._float("timeout_seconds", 30), metadata=metadata
+                    request, timeout=self.options.timeout_seconds, metadata=metadata
                 )
             except grpc.RpcError as exc:
                 raise _rpc_error(exc, what, zone) from None
@@ -229,13 +225,13 @@ class YandexProvider(Provider):
         from yandex.cloud.operation.operation_service_pb2 import GetOperationRequest
         from yandex.cloud.operation.operation_service_pb2_grpc import OperationServiceStub
 
-        deadline = time.monotonic() + self._float("operation_timeout_seconds", 1800)
+        deadline = time.monotonic() + self.options.operation_timeout_seconds
         while not operation.done:
             if time.monotonic() > deadline:
                 raise Throttled(
                     f"yandex: {what}: operation {operation.id} still running", code="TIMEOUT"
                 )
-            time.sleep(self._float("poll_seconds", 2))
+            time.sleep(self.options.poll_seconds)
             operation = self._rpc(
                 OperationServiceStub,
                 "Get",
@@ -318,7 +314,7 @@ class YandexProvider(Provider):
             boot_disk_spec=svc.AttachedDiskSpec(
                 auto_delete=True,
                 disk_spec=svc.AttachedDiskSpec.DiskSpec(
-                    type_id=self.options.get("disk_type", "network-ssd"),
+                    type_id=self.options.disk_type,
                     size=request.disk_gb << 30,
                     image_id=self._image_id(request.image),
                 ),
@@ -429,7 +425,7 @@ class YandexProvider(Provider):
         )
         rates = current_rates(skus, "RUB", datetime.now(UTC))
         source = "Yandex billing API SkuService.List (RUB incl. VAT); GPUs×GPU + vCPU×vCPU + GB×RAM"
-        return build_offers(rates, source, self.options.get("zones"))
+        return build_offers(rates, source, self.options.zones)
 
     # --- helpers -------------------------------------------------------------------------------
 
@@ -475,17 +471,16 @@ class YandexProvider(Provider):
                 raise
 
     def _image_id(self, image: str | None) -> str:
-        """``request.image`` or option ``image_id``: an image id (20 chars) is used as it is,
+        """``request.image`` or option ``image``: an image id (20 chars) is used as it is,
         anything else is a family in ``image_folder_id`` (default standard-images)."""
         from yandex.cloud.compute.v1.image_service_pb2 import GetImageLatestByFamilyRequest
         from yandex.cloud.compute.v1.image_service_pb2_grpc import ImageServiceStub
 
-        image = image or self.options.get("image_id") or self.options.get("image_family")
-        image = image or DEFAULT_IMAGE_FAMILY
+        image = image or self.options.image
         if _IMAGE_ID.fullmatch(image):
             return image
         if image not in self._image_cache:
-            folder = self.options.get("image_folder_id", "standard-images")
+            folder = self.options.image_folder_id
             found = self._rpc(
                 ImageServiceStub,
                 "GetLatestByFamily",
@@ -502,7 +497,7 @@ class YandexProvider(Provider):
         from yandex.cloud.vpc.v1.subnet_service_pb2_grpc import SubnetServiceStub
 
         if zone not in self._subnets:
-            network = self.options.get("network_id")
+            network = self.options.network_id
             subnets = [
                 s
                 for s in self._pages(

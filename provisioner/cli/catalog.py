@@ -95,7 +95,7 @@ def catalog(
 @catalog_app.command("refresh")
 def refresh(
     ctx: typer.Context,
-    cloud: str = typer.Option(..., "--cloud", help="aws, gcp, azure, yandex or sbercloud"),
+    cloud: str = typer.Option(..., "--cloud", help="the cloud, as named in settings"),
 ) -> None:
     """Rebuild one cloud's offers from its public price source; the old data stays if it fails."""
     from providers.base import ProviderError
@@ -117,12 +117,15 @@ def refresh(
 def check(ctx: typer.Context, output: Output = OUTPUT) -> None:
     """Which clouds have working credentials, and what is missing — one line per cloud."""
     from providers.base import CheckResult
+    from provisioner.errors import ProvisionerError
 
     application = get_app(ctx)
     results = []
     for cloud in application.settings.enabled_clouds:
         try:
             results.append(application.provider(cloud).check())
+        except ProvisionerError as e:  # its SDK is not installed: the message names the extra
+            results.append(CheckResult(cloud, False, str(e)))
         except Exception as e:  # a broken SDK install must not hide the other clouds
             results.append(CheckResult(cloud, False, f"cannot check: {type(e).__name__}: {e}"))
     if output is Output.json:

@@ -220,13 +220,9 @@ def up(
 
 
 def _ssh_user(cloud: str | None) -> str:
-    return {
-        "aws": "ubuntu",
-        "gcp": "provisioner",
-        "azure": "provisioner",
-        "yandex": "provisioner",
-        "sbercloud": "root",
-    }.get(cloud or "", "provisioner")
+    import providers
+
+    return providers.spec(cloud).ssh_user if cloud in providers.REGISTRY else "provisioner"
 
 
 @app.command()

@@ -1,0 +1,328 @@
+"""The sandbox cloud: a simulated cloud behind the same contract as the real adapters.
+
+It keeps its machines in a SQLite file of its own (``db_path``), so several processes see one
+cloud. Launch latency, per-zone capacity, GPU quota per region, throttling, auth failure and
+spot preemption are injectable from options (settings) or at run time (:meth:`inject`,
+:meth:`preempt`). Its regions, types and prices are its own: it never pretends to be a real cloud.
+
+Options: :class:`providers.sandbox.SandboxOptions`. Its clock is the application's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import secrets
+import sqlite3
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from providers.base import (
+    TAG_MACHINE,
+    TAG_MANAGED_BY,
+    TAG_MANAGED_BY_VALUE,
+    AuthError,
+    CapacityError,
+    CheckResult,
+    Instance,
+    InstanceRef,
+    LaunchRequest,
+    MachineState,
+    NotFound,
+    Provider,
+    QuotaError,
+    Throttled,
+)
+from providers.retry import call_with_retry
+from providers.sandbox import SPEC, SandboxOptions
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS machines (
+    id TEXT PRIMARY KEY, name TEXT NOT NULL, token TEXT NOT NULL UNIQUE,
+    region TEXT NOT NULL, zone TEXT NOT NULL, instance_type TEXT NOT NULL,
+    gpu TEXT NOT NULL, gpu_count INTEGER NOT NULL, spot INTEGER NOT NULL,
+    preemption_action TEXT NOT NULL, state TEXT NOT NULL, reason TEXT,
+    labels TEXT NOT NULL, user_data TEXT, created_at TEXT NOT NULL, public_ip TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS faults (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS calls (n INTEGER NOT NULL);
+"""
+_OCCUPYING = ("pending", "running", "stopping")
+_UPSERT_FAULT = (
+    "INSERT INTO faults VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value"
+)
+
+
+class SandboxProvider(Provider):
+    spec = SPEC
+    options: SandboxOptions
+
+    def __init__(self, options: Any = None, **kwargs: Any) -> None:
+        super().__init__(options, **kwargs)
+        self.db_path = Path(self.options.db_path or "sandbox.db")
+        self.db_path.parent.mkdir(parents=True, exist_ok=True)
+        conn = sqlite3.connect(self.db_path, timeout=30)
+        try:
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.executescript(_SCHEMA)
+            with conn:
+                if not conn.execute("SELECT 1 FROM calls").fetchone():
+                    conn.execute("INSERT INTO calls VALUES (0)")
+        finally:
+            conn.close()
+
+    # -- plumbing --------------------------------------------------------------------------
+
+    @contextmanager
+    def _db(self) -> Iterator[sqlite3.Connection]:
+        conn = sqlite3.connect(self.db_path, timeout=30, isolation_level=None)
+        conn.row_factory = sqlite3.Row
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            yield conn
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        finally:
+            conn.close()
+
+    def _fault(self, db: sqlite3.Connection, key: str) -> Any:
+        row = db.execute("SELECT value FROM faults WHERE key = ?", (key,)).fetchone()
+        return json.loads(row["value"]) if row else getattr(self.options, key)
+
+    def inject(self, **faults: Any) -> None:
+        """Set faults at run time, shared by every process using this sandbox
+        (``capacity={"sandbox-us-1a": 0}``, ``throttle=3``, ``auth_fail=True``…)."""
+        with self._db() as db:
+            for key, value in faults.items():
+                db.execute(
+                    _UPSERT_FAULT,
+                    (key, json.dumps(value)),
+                )
+
+    @property
+    def api_calls(self) -> int:
+        """How many API calls this sandbox has served (for tests and benchmarks)."""
+        with self._db() as db:
+            return int(db.execute("SELECT n FROM calls").fetchone()["n"])
+
+    def _call(self, fn: Callable[[sqlite3.Connection], Any]) -> Any:
+        def attempt() -> Any:
+            with self._db() as db:  # counted and committed even when the call is refused
+                db.execute("UPDATE calls SET n = n + 1")
+                auth_fail = self._fault(db, "auth_fail")
+                left = int(self._fault(db, "throttle") or 0)
+                if left > 0:
+                    db.execute(_UPSERT_FAULT, ("throttle", json.dumps(left - 1)))
+            if auth_fail:
+                raise AuthError("sandbox: credentials refused (injected)", code="SandboxAuth")
+            if left > 0:
+                raise Throttled(
+                    "sandbox: request rate exceeded (injected)", code="SandboxThrottled"
+                )
+            with self._db() as db:
+                return fn(db)
+
+        return call_with_retry(attempt, self.options)
+
+    def _now(self) -> datetime:
+        return self.clock()
+
+    def _instance(self, db: sqlite3.Connection, row: sqlite3.Row) -> Instance:
+        row = self._maybe_preempt(db, row)
+        state = (
+            MachineState.PREEMPTED if row["reason"] == "preempted" else MachineState(row["state"])
+        )
+        return Instance(
+            id=row["id"],
+            name=row["name"],
+            region=row["region"],
+            zone=row["zone"],
+            instance_type=row["instance_type"],
+            state=state,
+            spot=bool(row["spot"]),
+            labels=json.loads(row["labels"]),
+            public_ip=row["public_ip"],
+            private_ip=None,
+            launched_at=datetime.fromisoformat(row["created_at"]),
+            state_reason=row["reason"],
+        )
+
+    def _maybe_preempt(self, db: sqlite3.Connection, row: sqlite3.Row) -> sqlite3.Row:
+        after = self._fault(db, "preempt_after_seconds")
+        if after is None or not row["spot"] or row["state"] != "running":
+            return row
+        age = (self._now() - datetime.fromisoformat(row["created_at"])).total_seconds()
+        if age < float(after):
+            return row
+        return self._preempt_row(db, row)
+
+    def _preempt_row(self, db: sqlite3.Connection, row: sqlite3.Row) -> sqlite3.Row:
+        state = "terminated" if row["preemption_action"] == "terminate" else "stopped"
+        db.execute(
+            "UPDATE machines SET state = ?, reason = 'preempted' WHERE id = ?", (state, row["id"])
+        )
+        return db.execute("SELECT * FROM machines WHERE id = ?", (row["id"],)).fetchone()
+
+    def _row(self, db: sqlite3.Connection, ref: InstanceRef) -> sqlite3.Row:
+        row = db.execute("SELECT * FROM machines WHERE id = ?", (ref.id,)).fetchone()
+        if row is None:
+            raise NotFound(f"sandbox: no machine {ref.id}", code="SandboxNotFound")
+        return row
+
+    # -- contract --------------------------------------------------------------------------
+
+    def check(self) -> CheckResult:
+        return CheckResult("sandbox", True, "simulated cloud, no credentials needed")
+
+    def launch(self, request: LaunchRequest) -> Instance:
+        def create(db: sqlite3.Connection) -> Instance:
+            row = db.execute("SELECT * FROM machines WHERE token = ?", (request.token,)).fetchone()
+            if row is not None:  # the same intent again: the same machine
+                return self._instance(db, row)
+            cap = (self._fault(db, "capacity") or {}).get(request.zone)
+            if cap is not None:
+                used = db.execute(
+                    f"SELECT COUNT(*) FROM machines WHERE zone = ? AND state IN {_OCCUPYING}",
+                    (request.zone,),
+                ).fetchone()[0]
+                if used >= int(cap):
+                    raise CapacityError(
+                        f"sandbox: zone {request.zone} has no {request.instance_type} capacity",
+                        code="SandboxZoneExhausted",
+                    )
+            quota = (self._fault(db, "quota_gpus") or {}).get(request.region)
+            if quota is not None:
+                used = db.execute(
+                    "SELECT COALESCE(SUM(gpu_count), 0) FROM machines"
+                    f" WHERE region = ? AND state IN {_OCCUPYING}",
+                    (request.region,),
+                ).fetchone()[0]
+                if used + request.gpu_count > int(quota):
+                    raise QuotaError(
+                        f"sandbox: GPU quota of {quota} in {request.region} exceeded",
+                        code="SandboxGpuQuota",
+                    )
+            iid = "sbx-" + secrets.token_hex(6)
+            ip = f"198.51.100.{secrets.randbelow(250) + 2}"  # TEST-NET-2: never routable
+            db.execute(
+                "INSERT INTO machines VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                (
+                    iid,
+                    request.name,
+                    request.token,
+                    request.region,
+                    request.zone,
+                    request.instance_type,
+                    request.gpu,
+                    request.gpu_count,
+                    int(request.spot),
+                    request.preemption_action,
+                    "running",
+                    None,
+                    json.dumps(dict(request.labels)),
+                    request.user_data,
+                    self._now().isoformat(),
+                    ip,
+                ),
+            )
+            return self._instance(
+                db, db.execute("SELECT * FROM machines WHERE id = ?", (iid,)).fetchone()
+            )
+
+        latency = self.options.latency_seconds
+        if latency:
+            time.sleep(latency)
+        return self._call(create)
+
+    def get(self, ref: InstanceRef) -> Instance:
+        return self._call(lambda db: self._instance(db, self._row(db, ref)))
+
+    def list_managed(
+        self, regions: Sequence[str] | None = None, machine_id: str | None = None
+    ) -> list[Instance]:
+        def query(db: sqlite3.Connection) -> list[Instance]:
+            out = []
+            for row in db.execute(
+                "SELECT * FROM machines WHERE state != 'terminated' ORDER BY created_at"
+            ):
+                labels = json.loads(row["labels"])
+                if labels.get(TAG_MANAGED_BY) != TAG_MANAGED_BY_VALUE:
+                    continue
+                if machine_id and labels.get(TAG_MACHINE) != machine_id:
+                    continue
+                if regions and row["region"] not in regions:
+                    continue
+                out.append(self._instance(db, row))
+            return out
+
+        return self._call(query)
+
+    def _set_state(self, ref: InstanceRef, state: str, *, allowed_from: tuple[str, ...]) -> None:
+        def update(db: sqlite3.Connection) -> None:
+            row = self._row(db, ref)
+            if row["state"] == "terminated" and state != "terminated":
+                raise NotFound(f"sandbox: machine {ref.id} is terminated", code="SandboxNotFound")
+            if row["state"] in allowed_from:
+                db.execute(
+                    "UPDATE machines SET state = ?, reason = ? WHERE id = ?",
+                    (state, "user" if state != "running" else None, ref.id),
+                )
+
+        self._call(update)
+
+    def stop(self, ref: InstanceRef) -> None:
+        self._set_state(ref, "stopped", allowed_from=("pending", "running", "stopping"))
+
+    def start(self, ref: InstanceRef) -> None:
+        self._set_state(ref, "running", allowed_from=("stopped",))
+
+    def terminate(self, ref: InstanceRef) -> None:
+        with contextlib.suppress(NotFound):  # already gone: terminate is idempotent
+            self._set_state(ref, "terminated", allowed_from=(*_OCCUPYING, "stopped"))
+
+    # -- simulation hooks ------------------------------------------------------------------
+
+    def preempt(self, ref: InstanceRef) -> None:
+        """Take a spot machine back, as the cloud would."""
+
+        def take(db: sqlite3.Connection) -> None:
+            row = self._row(db, ref)
+            if not row["spot"]:
+                raise ValueError(f"sandbox: {ref.id} is not a spot machine")
+            self._preempt_row(db, row)
+
+        with self._db() as db:
+            take(db)
+
+    def create_unmanaged(self, name: str, zone: str = "sandbox-us-1a") -> str:
+        """A machine someone made by hand, without our tags (for list_managed tests)."""
+        iid = "sbx-" + secrets.token_hex(6)
+        with self._db() as db:
+            db.execute(
+                "INSERT INTO machines VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                (
+                    iid,
+                    name,
+                    "manual-" + iid,
+                    zone.rsplit("-", 1)[0],
+                    zone,
+                    "sbx-t4-1",
+                    "T4",
+                    1,
+                    0,
+                    "stop",
+                    "running",
+                    None,
+                    "{}",
+                    None,
+                    self._now().isoformat(),
+                    "198.51.100.1",
+                ),
+            )
+        return iid

@@ -1,0 +1,69 @@
+"""What a cloud is, declared without importing its SDK: a name, a currency, typed options,
+the SSH user, the pip extra that brings its SDK, and what it can and cannot do.
+
+Each cloud package (``providers/<cloud>/__init__.py``) defines ``SPEC``; the registry in
+:mod:`providers` is the only list of clouds, and settings, the CLI, the catalog build and the
+benches read it. An option a cloud does not know is an error at settings load (file and line),
+never a default quietly used.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+
+Name = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=256)]
+Names = tuple[Name, ...]  # a YAML list; a bare string is an error, not a list of characters
+Seconds = Annotated[float, Field(gt=0, le=86_400)]  # a timeout
+Wait = Annotated[float, Field(ge=0, le=3_600)]  # a pause between tries or polls; 0: none
+
+
+class Options(BaseModel):
+    """What every cloud accepts, under the same names. A cloud's own model adds only what it
+    honours; where two clouds share a notion they share the name: ``endpoint`` (the API URL, for
+    a private endpoint or an emulator), ``pricing_endpoint``, ``regions``, ``zones``, ``image``,
+    ``timeout_seconds`` (one API call), ``operation_timeout_seconds`` (waiting for a long
+    operation), ``poll_seconds``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    enabled: bool = True
+    retry_attempts: int = Field(6, ge=1, le=20)  # a throttled call is tried at most this often
+    retry_base_seconds: Wait = 0.5  # backoff: random 0..min(max, base·2ⁿ)
+    retry_max_seconds: Wait = 20
+
+    def allows(self, region: str, zone: str) -> bool:
+        """Whether the user enabled this place: ``zones`` when set, else ``regions`` when the
+        cloud has them (None: all). What is planned and launched stays inside it, so it is
+        also where ``list_managed`` looks."""
+        zones: tuple[str, ...] | None = getattr(self, "zones", None)
+        if zones and zone:
+            return zone in zones
+        regions: tuple[str, ...] | None = getattr(self, "regions", None)
+        return regions is None or region in regions
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What the cloud's API allows, so callers decide from data rather than from docstrings."""
+
+    stop_spot: bool  # a spot machine can be stopped by us and started again
+    cap_spot_price: bool  # a spot launch can carry a maximum price per hour
+    zones: bool  # offers and launches name a zone (Azure prices and places per region)
+    batch: bool  # stop/start/terminate many machines in one API call
+
+
+@dataclass(frozen=True)
+class CloudSpec:
+    name: str
+    title: str
+    currency: str  # what its prices are in
+    options: type[Options]
+    adapter: str  # "module:Class", imported when the cloud is first used
+    ssh_user: str  # the login user on its machines
+    extra: str | None  # `pip install 'gpu-provisioner[<extra>]'` brings its SDK; None: built in
+    sdk: tuple[str, ...]  # top-level modules of its SDK: a missing one names the extra
+    capabilities: Capabilities
+    simulated: bool = False  # the sandbox: never pretends to be a real cloud
