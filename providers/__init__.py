@@ -82,5 +82,5 @@ def create(
     """The adapter for ``name``. Raises :class:`MissingSDK` when its SDK is not installed."""
     problem = sdk_problem(name)
     if problem:
-        raise MissingSDK(problem, code="MissingSDK")
+        raise MissingSDK(problem)
     return provider_class(name)(options, clock=clock)

@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from providers import CLOUDS
+from providers import CLOUDS, gpus
 from providers.base import Offer
 from provisioner.money import Money, Rates
 from provisioner.spec import Experiment
@@ -53,7 +53,7 @@ class Plan:
 
 
 def _gpu_family(name: str) -> tuple[str, int]:
-    return ("A100", 80) if name == "A100-80GB" else (name, 0)
+    return gpus.family(name), gpus.implied_memory_gb(name)
 
 
 def plan(

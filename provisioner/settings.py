@@ -20,6 +20,7 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 
 import providers
 from policies import yamlfile
+from providers.gpus import GPUS
 from providers.spec import Options
 from provisioner.errors import ConfigError, Problem
 from provisioner.money import Rates
@@ -65,20 +66,12 @@ class GpuOwnership(BaseModel):
 
 
 def _default_gpus() -> dict[str, GpuOwnership]:
-    # Rules of thumb, not quotes: street prices of one card (2024–2026, new or refurbished) and
-    # the board power from NVIDIA's data sheets (SXM versions for A100/H100).
-    table = {
-        "A100": ("8000", "15000", 400),
-        "A100-80GB": ("12000", "18000", 400),
-        "H100": ("25000", "40000", 700),
-        "T4": ("1000", "2500", 70),
-        "L4": ("2500", "3500", 72),
-        "A10G": ("3000", "5000", 150),
-        "V100": ("1500", "4000", 300),
-    }
     return {
-        g: GpuOwnership(price_low=Decimal(lo), price_high=Decimal(hi), power_watts=w)
-        for g, (lo, hi, w) in table.items()
+        g.name: GpuOwnership(
+            price_low=g.price_low, price_high=g.price_high, power_watts=g.power_watts
+        )
+        for g in GPUS.values()
+        if g.price_low and g.price_high and g.power_watts
     }
 
 
@@ -111,9 +104,7 @@ def _clouds_model() -> type[BaseModel]:
     options model, so a misspelt cloud or option is an error with its file and line. A cloud
     absent from a settings file that has ``clouds:`` is not enabled."""
     fields: dict[str, Any] = {s.name: (s.options | None, None) for s in providers.specs()}
-    return create_model(
-        "Clouds", __config__=ConfigDict(extra="forbid", frozen=True), **fields
-    )
+    return create_model("Clouds", __config__=ConfigDict(extra="forbid", frozen=True), **fields)
 
 
 Clouds = _clouds_model()

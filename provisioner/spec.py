@@ -18,21 +18,11 @@ from pydantic import (
 
 from policies import yamlfile
 from policies.duration import parse_duration
+from providers import gpus
+from providers.gpus import GPUS
 from provisioner.money import Money
 
-GPU_TYPES = (
-    "A100",
-    "A100-80GB",
-    "H100",
-    "H200",
-    "T4",
-    "L4",
-    "A10G",
-    "V100",
-    "T4I",
-    "YC-GEN2",
-    "YC-V4",
-)
+GPU_TYPES = tuple(GPUS)
 _GPU_RE = re.compile(r"^(?P<type>[A-Za-z0-9-]+?)(?::(?P<mem>\d+)GB)?(?::(?P<count>\d+))?$", re.I)
 _NAME_RE = re.compile(r"^[a-z][a-z0-9-]{0,38}[a-z0-9]$")
 
@@ -77,11 +67,11 @@ class GPU(_Strict):
     @property
     def family(self) -> str:
         """``A100-80GB`` is an A100 with at least 80 GB."""
-        return "A100" if self.type == "A100-80GB" else self.type
+        return gpus.family(self.type)
 
     @property
     def min_memory_gb(self) -> int:
-        return max(self.memory_gb or 0, 80 if self.type == "A100-80GB" else 0)
+        return max(self.memory_gb or 0, gpus.implied_memory_gb(self.type))
 
     def __str__(self) -> str:
         mem = f":{self.memory_gb}GB" if self.memory_gb else ""

@@ -80,6 +80,15 @@ def postgres_problem() -> str | None:
     return _postgres_problem()
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Tests parametrized onto the PostgreSQL server carry the ``postgres`` marker, so
+    ``-m "not postgres"`` runs without one."""
+    for item in items:
+        callspec = getattr(item, "callspec", None)
+        if callspec is not None and callspec.params.get("db_url") == "postgresql":
+            item.add_marker(pytest.mark.postgres)
+
+
 @pytest.fixture(params=["sqlite", "postgresql"])
 def db_url(request: pytest.FixtureRequest):
     """Each state test runs on SQLite (a file in the test's home) and on PostgreSQL (a fresh

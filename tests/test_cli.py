@@ -199,3 +199,36 @@ def test_check_without_credentials_is_one_line_per_cloud(home, tmp_path):
     assert lines["sandbox"].startswith("ok")
     assert all(lines[c].startswith("no") for c in lines if c != "sandbox"), lines
     assert "Traceback" not in r.stderr
+
+
+MISSING_SDK = """
+import sys
+sys.modules["boto3"] = None  # as if `pip install gpu-provisioner` without the [aws] extra
+sys.argv = ["provisioner", *sys.argv[1:]]
+from provisioner.cli import main
+main()
+"""
+
+
+def test_a_cloud_whose_sdk_is_missing_names_the_extra(home, tmp_path):
+    cfg = write_settings(home, clouds={"aws": {}})
+    spec = tmp_path / "exp.yaml"
+    spec.write_text(
+        "name: tiny\nproject: p\nowner: o@example.com\n"
+        "resources: {gpu: 'T4:1', market: spot, clouds: [aws]}\n"
+    )
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-c", MISSING_SDK, "--config", str(cfg), *args],
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+            timeout=120,
+        )
+
+    check = run("check")
+    assert "its SDK (boto3) is not installed: pip install 'gpu-provisioner[aws]'" in check.stdout
+    up = run("up", str(spec))
+    assert up.returncode == 2 and "Traceback" not in up.stderr, up.stderr
+    assert "pip install 'gpu-provisioner[aws]'" in up.stderr

@@ -7,6 +7,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from provisioner.app import App
 from provisioner.clock import CLOCK_ENV
 from tests.conftest import (
@@ -17,6 +19,8 @@ from tests.conftest import (
     write_settings,
     write_yaml,
 )
+
+pytestmark = pytest.mark.slow  # real processes racing
 
 
 def test_two_ups_of_one_name_at_once_make_one_machine(home, tmp_path, db_url):

@@ -19,6 +19,8 @@ from provisioner.spec import Experiment
 from provisioner.state import Machine, UsageInterval
 from tests.conftest import ROOT, make_settings, sandbox_experiment, write_settings, write_yaml
 
+pytestmark = pytest.mark.slow  # real processes killed at each step
+
 T0 = datetime(2026, 11, 2, 9, 0, tzinfo=UTC)
 
 DRIVER = """

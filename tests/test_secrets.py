@@ -5,7 +5,11 @@ from __future__ import annotations
 import sqlite3
 import stat
 
+import pytest
+
 from tests.conftest import EXAMPLES, run_cli, write_settings
+
+pytestmark = pytest.mark.slow  # every command of the CLI, each in its own process
 
 CANARY = "CANARY-7f3a9c-do-not-print"
 SECRET_ENV = {

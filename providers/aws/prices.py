@@ -14,6 +14,7 @@ from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from providers.base import Offer
+from providers.gpus import GPUS
 
 # instance type → (normalised GPU, GPUs per instance)
 GPU_TYPES: dict[str, tuple[str, int]] = {
@@ -47,15 +48,6 @@ GPU_TYPES: dict[str, tuple[str, int]] = {
     "p3.2xlarge": ("V100", 1),
     "p3.8xlarge": ("V100", 4),
     "p3.16xlarge": ("V100", 8),
-}
-GPU_MEMORY_GB: dict[str, int] = {
-    "A100": 40,
-    "A100-80GB": 80,
-    "H100": 80,
-    "T4": 16,
-    "A10G": 24,
-    "L4": 24,
-    "V100": 16,
 }
 PRICE_FILTERS: dict[str, str] = {
     "operatingSystem": "Linux",
@@ -96,7 +88,7 @@ def fetch_offers(
                     instance_type=itype,
                     gpu=gpu,
                     gpu_count=count,
-                    gpu_memory_gb=GPU_MEMORY_GB[gpu],
+                    gpu_memory_gb=GPUS[gpu].memory_gb,
                     vcpus=int(attrs["vcpu"]),
                     memory_gb=_quantity(attrs["memory"]),
                     price=price,

@@ -31,6 +31,7 @@ from decimal import ROUND_HALF_UP, Decimal
 from typing import TYPE_CHECKING, Any
 
 from providers.base import AuthError, InvalidRequest, Offer, Throttled
+from providers.gpus import GPUS
 from providers.retry import call_with_retry
 
 if TYPE_CHECKING:
@@ -56,7 +57,6 @@ GPU_SKU = {
     "T4": "T4 GPU",
     "V100": "V100 GPU",
 }
-GPU_MEMORY_GB = {"A100": 40, "A100-80GB": 80, "H100": 80, "L4": 24, "T4": 16, "V100": 16}
 ACCELERATOR = {"T4": "nvidia-tesla-t4", "V100": "nvidia-tesla-v100"}
 N1_HOSTS = {1: (4, 8), 2: (8, 16), 4: (16,), 8: (16,)}  # GPUs -> n1-standard vCPUs
 # Unit prices we must not mix in: commitments are another usageType; these are other products.
@@ -208,7 +208,7 @@ def build_offers(
                     instance_type=shape.instance_type,
                     gpu=shape.gpu,
                     gpu_count=shape.gpu_count,
-                    gpu_memory_gb=GPU_MEMORY_GB[shape.gpu],
+                    gpu_memory_gb=GPUS[shape.gpu].memory_gb,
                     vcpus=shape.vcpus,
                     memory_gb=Decimal(shape.memory_gb),
                     price=price,

@@ -13,6 +13,7 @@ from typing import Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from provisioner.errors import ConfigError, ProvisionerError
 
@@ -72,10 +73,10 @@ def main() -> None:
         app(standalone_mode=False)
     except ConfigError as e:
         for p in e.problems:
-            err.print(f"[red]error:[/] {p}", highlight=False, markup=True, soft_wrap=True)
+            err.print(f"[red]error:[/] {escape(str(p))}", highlight=False, soft_wrap=True)
         sys.exit(e.exit_code)
     except ProvisionerError as e:
-        err.print(f"[red]error:[/] {e}", highlight=False, soft_wrap=True)
+        err.print(f"[red]error:[/] {escape(str(e))}", highlight=False, soft_wrap=True)
         sys.exit(e.exit_code)
     except (typer.Abort, KeyboardInterrupt):
         err.print("aborted")

@@ -116,6 +116,8 @@ def refresh(
 @app.command()
 def check(ctx: typer.Context, output: Output = OUTPUT) -> None:
     """Which clouds have working credentials, and what is missing — one line per cloud."""
+    from rich.markup import escape
+
     from providers.base import CheckResult
     from provisioner.errors import ProvisionerError
 
@@ -134,4 +136,4 @@ def check(ctx: typer.Context, output: Output = OUTPUT) -> None:
     for r in results:
         mark = "[green]ok[/]  " if r.ok else "[red]no[/]  "
         message = r.message.removeprefix(f"{r.cloud}: ")
-        out.print(f"{mark}{r.cloud:<10} {message}", highlight=False, soft_wrap=True)
+        out.print(f"{mark}{r.cloud:<10} {escape(message)}", highlight=False, soft_wrap=True)

@@ -11,6 +11,8 @@ import sys
 from decimal import Decimal
 from pathlib import Path
 
+from providers.gpus import GPUS
+
 HERE = Path(__file__).parent
 COLUMNS = [
     "cloud",
@@ -28,17 +30,7 @@ COLUMNS = [
     "accelerator",
     "source",
 ]
-GPU_MEMORY = {
-    "A100": 40,
-    "A100-80GB": 80,
-    "H100": 80,
-    "H100-MEGA": 80,
-    "H200": 141,
-    "T4": 16,
-    "L4": 24,
-    "A10G": 24,
-    "V100": 16,
-}
+GPU_MEMORY = {n: g.memory_gb for n, g in GPUS.items()} | {"H100-MEGA": 80}
 SKYPILOT = "SkyPilot catalog v8 ({path} @ {commit}), copied 2026-11-30"
 
 
