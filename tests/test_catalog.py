@@ -9,7 +9,7 @@ from decimal import Decimal
 import pytest
 
 from provisioner import catalog
-from tests.conftest import run_cli, write_settings
+from tests.conftest import ROOT, run_cli, write_settings
 
 
 def test_shipped_catalog_covers_five_clouds_with_sources(settings):
@@ -66,3 +66,42 @@ def test_refresh_of_a_cloud_without_price_source_fails_cleanly(home):
     assert (
         r.returncode == 1 and "keeping the old catalog" in r.stderr and "Traceback" not in r.stderr
     )
+
+
+def _rows(cloud: str) -> list[dict]:
+    import csv
+
+    path = ROOT / "provisioner" / "data" / "catalog" / f"{cloud}.csv"
+    return list(csv.DictReader(path.open()))
+
+
+def test_shipped_prices_pass_the_builds_checks():
+    """What the build empties stays out: the shipped rows pass the checks again unchanged."""
+    from provisioner.data.catalog import build
+
+    for cloud in ("aws", "gcp", "azure", "yandex", "sbercloud", "sandbox"):
+        rows = _rows(cloud)
+        assert build.check(rows) == [], cloud
+        for r in rows:
+            if r["spot_price"] and r["price"]:
+                assert Decimal(r["spot_price"]) <= Decimal(r["price"]), r
+
+
+def test_untrusted_source_prices_are_emptied_and_listed():
+    gcp = _rows("gcp")
+    # GCP sells a3-highgpu-1g/2g/4g only as Spot or Flex-start.
+    small_h100 = [r for r in gcp if r["instance_type"] in ("a3-highgpu-1g", "a3-highgpu-4g")]
+    assert small_h100 and all(not r["price"] and r["spot_price"] for r in small_h100)
+    # The source's committed-use-like prices: a3-highgpu-8g at ~43 in us-central1 vs ~88 in
+    # us-east4; A100-80GB below A100-40GB per card in us-central1.
+    h100 = {r["zone"]: r["price"] for r in gcp if r["instance_type"] == "a3-highgpu-8g"}
+    assert h100["us-central1-a"] == "" and Decimal(h100["us-east4-a"]) > 80
+    ultra = {r["zone"]: r["price"] for r in gcp if r["instance_type"] == "a2-ultragpu-1g"}
+    assert ultra["us-central1-a"] == "" and Decimal(ultra["us-east5-a"]) > 5
+    import csv
+
+    listed = list(csv.DictReader((ROOT / "provisioner/data/catalog/checks.csv").open()))
+    emptied = {(f["cloud"], f["zone"], f["instance_type"], f["field"]) for f in listed}
+    assert ("gcp", "us-central1-a", "a3-highgpu-8g", "price") in emptied
+    assert ("gcp", "us-central1-a", "a3-highgpu-1g", "price") in emptied
+    assert all(f["reason"] and f["value"] for f in listed)
