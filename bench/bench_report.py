@@ -53,7 +53,7 @@ def populate(home: Path, state_url: str | None, n: int) -> None:
     from sqlalchemy import insert
 
     from provisioner.app import App
-    from provisioner.state import Machine, UsageInterval
+    from provisioner.models import Machine, UsageInterval
 
     app = App(settings(home, state_url))
     rnd = random.Random(6)

@@ -27,11 +27,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from providers.base import TAG_MACHINE, TAG_MANAGED_BY, TAG_MANAGED_BY_VALUE, LaunchRequest
-from provisioner import idle, scheduler
+from provisioner import scheduler
 from provisioner.app import App
 from provisioner.clock import ManualClock
+from provisioner.models import Event, Heartbeat, Machine, new_id
 from provisioner.settings import Settings
-from provisioner.state import Event, Machine, new_id
 
 POLICY = """
 name: nights
@@ -123,7 +123,7 @@ def beats(app: App, now: datetime, n_idle: int) -> None:
                         "max_util": util,
                     }
                 )
-        s.execute(idle.Heartbeat.__table__.insert(), rows)
+        s.execute(Heartbeat.__table__.insert(), rows)
 
 
 def timed_pass(app: App, label: str, **kw) -> scheduler.Pass:

@@ -101,7 +101,7 @@ class App:
         if any(p.max_machines is not None for p in applied):
             from sqlalchemy import select
 
-            from provisioner.state import ACTIVE_EXCLUDED, Machine
+            from provisioner.models import ACTIVE_EXCLUDED, Machine
 
             with self.db.session() as s:
                 rows = s.execute(

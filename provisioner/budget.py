@@ -24,16 +24,15 @@ from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import JSON, Integer, String, UniqueConstraint, select
+from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.orm import Mapped, mapped_column
 
 from policies.schema import CustomPeriod, Policy
 from provisioner import catalog, ledger
 from provisioner.errors import OperationFailed, UserError
 from provisioner.ledger import Period, Scope
+from provisioner.models import Machine, Notice
 from provisioner.money import Money, Rates
-from provisioner.state import Base, Machine, UTCDateTime
 
 if TYPE_CHECKING:
     from provisioner.app import App
@@ -41,25 +40,6 @@ if TYPE_CHECKING:
 
 REASON = "budget"
 HUNDRED = Decimal(100)
-
-
-class Notice(Base):
-    """A budget alert (``actual``/``forecast`` at a threshold), an ``exhausted`` mark or a
-    scheduled ``report`` (at its due time) — each recorded once per policy and period."""
-
-    __tablename__ = "budget_notices"
-
-    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
-    policy: Mapped[str] = mapped_column(String(128))
-    kind: Mapped[str] = mapped_column(String(16))
-    period_start: Mapped[datetime] = mapped_column(UTCDateTime)
-    mark: Mapped[str] = mapped_column(String(40))
-    at: Mapped[datetime] = mapped_column(UTCDateTime)
-    detail: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
-
-    __table_args__ = (
-        UniqueConstraint("policy", "kind", "period_start", "mark", name="uq_budget_notice"),
-    )
 
 
 def period_of(policy: Policy, now: datetime) -> Period | None:

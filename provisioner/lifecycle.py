@@ -39,9 +39,10 @@ from provisioner import budget, catalog, ledger
 from provisioner.app import App
 from provisioner.crashpoints import crashpoint
 from provisioner.errors import OperationFailed, UserError
+from provisioner.models import ACTIVE_EXCLUDED, Event, Machine, new_id
 from provisioner.planner import Candidate, Plan
 from provisioner.spec import Experiment
-from provisioner.state import ACTIVE_EXCLUDED, Event, Machine, live_machine, new_id
+from provisioner.state import live_machine
 
 Progress = Callable[[str], None]
 

@@ -24,9 +24,8 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, time, timedelta
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import String, func, or_, select, update
+from sqlalchemy import func, or_, select, update
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.orm import Mapped, mapped_column
 
 from policies.calendar import Calendar
 from policies.duration import parse_duration
@@ -34,7 +33,7 @@ from policies.schema import IdleRule, Policy, matching
 from provisioner import idle, lifecycle
 from provisioner.crashpoints import crashpoint
 from provisioner.errors import ProvisionerError, UserError
-from provisioner.state import ACTIVE_EXCLUDED, Base, Event, Machine, UTCDateTime
+from provisioner.models import ACTIVE_EXCLUDED, Event, Lease, Machine
 
 if TYPE_CHECKING:
     from provisioner.app import App
@@ -50,14 +49,6 @@ RECOVER_BACKOFF_MAX = timedelta(hours=1)  # … up to this
 RECOVER_MAX_ATTEMPTS = 10
 # event reasons the scheduler writes (reports and /metrics count them)
 REASONS = ("off-hours-idle", "idle", "max-lifetime", "preempted", "recovered")
-
-
-class Lease(Base):
-    __tablename__ = "scheduler_leases"
-
-    name: Mapped[str] = mapped_column(String(32), primary_key=True)
-    holder: Mapped[str] = mapped_column(String(128))
-    expires_at: Mapped[datetime] = mapped_column(UTCDateTime)
 
 
 @dataclass

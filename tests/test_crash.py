@@ -15,8 +15,8 @@ from sqlalchemy import select
 from provisioner import lifecycle
 from provisioner.app import App
 from provisioner.clock import ManualClock
+from provisioner.models import Machine, UsageInterval
 from provisioner.spec import Experiment
-from provisioner.state import Machine, UsageInterval
 from tests.conftest import ROOT, make_settings, sandbox_experiment, write_settings, write_yaml
 
 T0 = datetime(2026, 11, 2, 9, 0, tzinfo=UTC)

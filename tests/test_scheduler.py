@@ -18,8 +18,8 @@ from provisioner import idle, lifecycle, scheduler
 from provisioner.app import App
 from provisioner.clock import ManualClock
 from provisioner.errors import ConfigError
+from provisioner.models import Event, Heartbeat, Machine, UsageInterval
 from provisioner.spec import Experiment
-from provisioner.state import Event, Machine, UsageInterval
 from tests.conftest import (
     ROOT,
     TEST_START,
@@ -77,7 +77,7 @@ def heartbeats(app: App, m: Machine, util: float, minutes: int, every: int = 5) 
     with app.db.session() as s:
         for k in range(minutes // every, -1, -1):
             s.add(
-                idle.Heartbeat(
+                Heartbeat(
                     machine_id=m.id,
                     at=now - timedelta(minutes=k * every),
                     gpus=[{"index": 0, "util": util}],

@@ -13,6 +13,7 @@ import pytest
 from provisioner import catalog, idle, lifecycle, scheduler
 from provisioner.app import App
 from provisioner.clock import ManualClock
+from provisioner.models import Heartbeat
 from provisioner.spec import Experiment
 from tests.conftest import make_settings, sandbox_experiment
 from tests.emulators.aws import AwsEmulator, aws_emulator
@@ -58,7 +59,7 @@ def test_sweep_stops_idle_aws_machines_with_list_calls_only(emu, home: Path, tmp
                 util = 90.0 if name.startswith("busy") else 0.5
                 for k in range(0, 45, 5):
                     s.add(
-                        idle.Heartbeat(
+                        Heartbeat(
                             machine_id=m.id,
                             at=clock.now() - timedelta(minutes=k),
                             gpus=[{"index": 0, "util": util}],

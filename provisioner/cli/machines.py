@@ -241,7 +241,7 @@ def status(
     from sqlalchemy import select
 
     from provisioner import ledger, lifecycle
-    from provisioner.state import Machine
+    from provisioner.models import Machine
 
     application = get_app(ctx)
     problems = []
