@@ -22,15 +22,15 @@ from tests.conftest import ROOT, make_settings, sandbox_experiment, write_settin
 T0 = datetime(2026, 11, 2, 9, 0, tzinfo=UTC)
 
 DRIVER = """
-import json, sys
+import importlib, json, sys
 from datetime import datetime
-from provisioner import scheduler
 from provisioner.app import App
 from provisioner.clock import ManualClock
 from provisioner.settings import load_settings
 
 app = App(load_settings(sys.argv[1]), ManualClock(datetime.fromisoformat(sys.argv[2])))
-print(json.dumps(getattr(scheduler, sys.argv[3])(app).as_json(), default=str))
+job = importlib.import_module(f"provisioner.jobs.{sys.argv[3]}")
+print(json.dumps(job.run(app).as_json(), default=str))
 """
 
 

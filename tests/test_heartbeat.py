@@ -14,8 +14,9 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from sqlalchemy import func, select
 
-from provisioner import agent, idle, lifecycle, scheduler
+from provisioner import agent, idle, lifecycle
 from provisioner.app import App
+from provisioner.jobs.metrics import Metrics
 from provisioner.models import Event, Heartbeat, Machine
 from provisioner.spec import Experiment
 from tests.conftest import make_settings, sandbox_experiment
@@ -238,7 +239,7 @@ def test_idle_needs_every_gpu_below_the_threshold_for_the_whole_window(points, s
 def test_metrics_show_machines_utilisation_and_actions(agent_app):
     m = launch(agent_app)
     token = token_in(user_data(agent_app, m))
-    metrics = scheduler.Metrics(agent_app)
+    metrics = Metrics(agent_app)
     with idle.Endpoint(agent_app, port=0, metrics=metrics) as ep:
         gpus = [{"index": 0, "util": 77.0}, {"index": 1, "util": 12.0}]
         assert post(ep.url, token, {"gpus": gpus})[0] == 200
