@@ -175,3 +175,8 @@ def test_report_over_a_missing_rate_is_a_clear_error(app, home, clock):
     with pytest.raises(UserError, match=r"no exchange rate for RUB \(set rates.RUB"):
         reports.build(norates, NOV, now=clock.now())
     norates.close()
+
+
+def test_report_in_an_unknown_language_is_a_clear_error(app, clock):
+    with pytest.raises(UserError, match=r"unknown language 'de'; use en, ru"):
+        reports.build(app, NOV, language="de", now=clock.now())
