@@ -53,7 +53,7 @@ def populate(home: Path, state_url: str | None, n: int) -> None:
     from sqlalchemy import insert
 
     from provisioner.app import App
-    from provisioner.state import Machine, UsageInterval
+    from provisioner.models import Machine, UsageInterval
 
     app = App(settings(home, state_url))
     rnd = random.Random(6)
@@ -115,7 +115,7 @@ def run(home: Path, state_url: str | None, trace: bool) -> None:
         import tracemalloc
 
         tracemalloc.start()
-    from provisioner import ledger, reports
+    from provisioner import ledger, render, reports
     from provisioner.app import App
 
     app = App(settings(home, state_url))
@@ -125,7 +125,7 @@ def run(home: Path, state_url: str | None, trace: bool) -> None:
         app, ledger.Period.parse("2026-11"), by="project", now=datetime(2026, 12, 1, 3, tzinfo=UTC)
     )
     built = time.perf_counter() - t
-    csv_text, js = r.csv(), json.dumps(r.as_json(), default=str)
+    csv_text, js = render.csv(r), json.dumps(r.as_json(), default=str)
     rendered = time.perf_counter() - t
     out = {
         "build_s": built,

@@ -27,11 +27,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from providers.base import TAG_MACHINE, TAG_MANAGED_BY, TAG_MANAGED_BY_VALUE, LaunchRequest
-from provisioner import idle, scheduler
 from provisioner.app import App
 from provisioner.clock import ManualClock
+from provisioner.jobs import sweep
+from provisioner.jobs.passes import Pass
+from provisioner.models import Event, Heartbeat, Machine, new_id
 from provisioner.settings import Settings
-from provisioner.state import Event, Machine, new_id
 
 POLICY = """
 name: nights
@@ -123,14 +124,14 @@ def beats(app: App, now: datetime, n_idle: int) -> None:
                         "max_util": util,
                     }
                 )
-        s.execute(idle.Heartbeat.__table__.insert(), rows)
+        s.execute(Heartbeat.__table__.insert(), rows)
 
 
-def timed_pass(app: App, label: str, **kw) -> scheduler.Pass:
+def timed_pass(app: App, label: str, **kw) -> Pass:
     sandbox = app.provider("sandbox")
     calls = sandbox.api_calls
     t = time.perf_counter()
-    p = scheduler.sweep(app, **kw)
+    p = sweep.run(app, **kw)
     dt = time.perf_counter() - t
     acted = sum(1 for a in p.actions if a.done or p.dry_run)
     print(
@@ -204,7 +205,7 @@ def run_aws(n: int) -> None:
                 beats(app, clock.now(), 0)
                 before = len(emu.requests)
                 t = time.perf_counter()
-                scheduler.sweep(app)
+                sweep.run(app)
                 dt = time.perf_counter() - t
                 counts: dict[str, int] = {}
                 for r in emu.requests[before:]:
@@ -214,7 +215,7 @@ def run_aws(n: int) -> None:
             beats(app, NIGHT, n // 2)
             before = len(emu.requests)
             t = time.perf_counter()
-            p = scheduler.sweep(app)
+            p = sweep.run(app)
             dt = time.perf_counter() - t
             counts = {}
             for r in emu.requests[before:]:

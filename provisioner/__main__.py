@@ -1,3 +1,3 @@
-from provisioner.cli import main
+from provisioner.cli.main import main
 
 main()

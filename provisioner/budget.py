@@ -1,65 +1,36 @@
-"""Budgets from the policies' ``budget`` blocks: where each stands, what a new machine would add,
-and what to do when one is crossed.
+"""Budgets from the policies' ``budget`` blocks: where each stands, and what a new machine would
+add.
 
+- :func:`status` — a budget's period, spend, commitments and forecast (reports and alerts show it).
 - :func:`projections` — for ``plan``: each budget that applies to the experiment, with what the
   cheapest candidate would cost until the period ends (or its max lifetime does) against what is
   left. What is left counts the spend so far AND what live machines will still cost at their
   rates until the period ends: ten machines that each fit alone must not overspend together.
 - :func:`guard` — for ``up``: refuse (exit 2) with the numbers when even the cheapest candidate
   does not fit; drop from failover the candidates that would not fit.
-- :func:`enforce` — for the scheduler: alerts at each threshold once per period (actual spend and
-  forecast), and on an exhausted budget stop or terminate the machines in scope if the policy
-  says so (events with reason ``budget``).
 
-Each alert, exhaustion and scheduled report is a row in ``budget_notices``, unique per policy,
-period and mark: claiming the row and sending the mail happen in one transaction, so a mail is
-sent once, or again only if the process died between the send and the commit.
+What the scheduler does when a budget is crossed (alerts, stops) is :mod:`provisioner.jobs.enforce`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import JSON, Integer, String, UniqueConstraint, select
-from sqlalchemy.exc import IntegrityError
-from sqlalchemy.orm import Mapped, mapped_column
-
 from policies.schema import CustomPeriod, Policy
 from provisioner import catalog, ledger
-from provisioner.errors import OperationFailed, UserError
+from provisioner.errors import UserError
 from provisioner.ledger import Period, Scope
 from provisioner.money import Money, Rates
-from provisioner.state import Base, Machine, UTCDateTime
 
 if TYPE_CHECKING:
     from provisioner.app import App
     from provisioner.planner import Candidate, Plan
 
-REASON = "budget"
 HUNDRED = Decimal(100)
-
-
-class Notice(Base):
-    """A budget alert (``actual``/``forecast`` at a threshold), an ``exhausted`` mark or a
-    scheduled ``report`` (at its due time) — each recorded once per policy and period."""
-
-    __tablename__ = "budget_notices"
-
-    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
-    policy: Mapped[str] = mapped_column(String(128))
-    kind: Mapped[str] = mapped_column(String(16))
-    period_start: Mapped[datetime] = mapped_column(UTCDateTime)
-    mark: Mapped[str] = mapped_column(String(40))
-    at: Mapped[datetime] = mapped_column(UTCDateTime)
-    detail: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
-
-    __table_args__ = (
-        UniqueConstraint("policy", "kind", "period_start", "mark", name="uq_budget_notice"),
-    )
 
 
 def period_of(policy: Policy, now: datetime) -> Period | None:
@@ -287,157 +258,3 @@ def guard(plan: Plan) -> Plan:
             plan.rejected["over the budget left"] += dropped
         plan.candidates = keep
     return plan
-
-
-# --- enforcement (the scheduler's budget job) ----------------------------------------------
-
-
-@dataclass
-class Action:
-    kind: str  # alert | exhausted | stop | terminate
-    policy: str
-    detail: str
-    machine: str | None = None
-    mailed: bool = False
-    error: str | None = None
-
-    def __str__(self) -> str:
-        what = f"{self.kind} {self.machine}" if self.machine else self.kind
-        extra = f" (failed: {self.error})" if self.error else ""
-        return f"budget {self.policy}: {what}: {self.detail}{extra}"
-
-
-def claimed(app: App, policy: str, period: Period) -> set[tuple[str, str]]:
-    with app.db.session() as s:
-        return {
-            (n.kind, n.mark)
-            for n in s.scalars(
-                select(Notice).where(Notice.policy == policy, Notice.period_start == period.start)
-            )
-        }
-
-
-def claim(
-    app: App,
-    policy: str,
-    period: Period,
-    marks: list[tuple[str, str]],
-    now: datetime,
-    send: Callable[[], None] | None,
-    detail: dict[str, Any] | None = None,
-) -> bool:
-    """Record ``marks`` (kind, mark) and call ``send`` in one transaction: False when another
-    run recorded them first; a failing send records nothing (the next run tries again)."""
-    try:
-        with app.db.session() as s:
-            for kind, mark in marks:
-                s.add(
-                    Notice(
-                        policy=policy,
-                        kind=kind,
-                        period_start=period.start,
-                        mark=mark,
-                        at=now,
-                        detail=detail or {},
-                    )
-                )
-            s.flush()
-            if send is not None:
-                send()
-        return True
-    except IntegrityError:
-        return False
-
-
-def _mark(t: Decimal) -> str:
-    return str(t.normalize()) if t == t.to_integral() else str(t)
-
-
-def enforce(app: App, now: datetime | None = None) -> list[Action]:
-    """Alerts once per threshold and period; on exhaustion stop/terminate per policy."""
-    from provisioner import reports
-
-    now = now or app.clock.now()
-    actions: list[Action] = []
-    for policy in app.policies:
-        st = status(app, policy, now) if policy.budget else None
-        if st is None:
-            continue
-        b = policy.budget
-        assert b is not None
-        done = claimed(app, policy.name, st.period)
-        for kind, thresholds, value in (
-            ("actual", b.alerts.actual, st.pct),
-            ("forecast", b.alerts.forecast, st.forecast_pct),
-        ):
-            new = [t for t in thresholds if value >= t and (kind, _mark(t)) not in done]
-            if not new:
-                continue
-            top = max(new)
-            a = Action(
-                "alert",
-                policy.name,
-                f"{kind} {st.pct if kind == 'actual' else st.forecast_pct:.0f} % "
-                f"(threshold {_mark(top)} %)",
-            )
-            send = None
-            if b.recipients:
-
-                def send(st: Status = st, kind: str = kind, top: Decimal = top) -> None:
-                    reports.send_alert(app, st, kind, top, now)
-
-                a.mailed = True
-            try:
-                if not claim(
-                    app,
-                    policy.name,
-                    st.period,
-                    [(kind, _mark(t)) for t in new],
-                    now,
-                    send,
-                    {"percent": str(value)},
-                ):
-                    continue
-            except OperationFailed as e:
-                a.mailed, a.error = False, str(e)
-            actions.append(a)
-        if not st.exhausted:
-            continue
-        if ("exhausted", "100") not in done and claim(
-            app,
-            policy.name,
-            st.period,
-            [("exhausted", "100")],
-            now,
-            None,
-            {"spent": str(st.spent.amount), "currency": st.spent.currency},
-        ):
-            actions.append(
-                Action("exhausted", policy.name, f"{st.spent} of {st.amount}; launches blocked")
-            )
-        if b.on_exhausted in ("stop", "terminate"):
-            actions += _stop_in_scope(app, policy, b.on_exhausted, st)
-    return actions
-
-
-def _stop_in_scope(app: App, policy: Policy, how: str, st: Status) -> list[Action]:
-    from provisioner import lifecycle
-
-    statuses = (
-        ("pending", "running") if how == "stop" else ("pending", "running", "stopped", "preempted")
-    )
-    with app.db.session() as s:
-        names = [
-            m.name
-            for m in s.scalars(select(Machine).where(Machine.status.in_(statuses)))
-            if policy.applies_to.matches(m.project, m.owner)
-        ]
-    out = []
-    for name in names:
-        a = Action(how, policy.name, f"budget exhausted: {st.spent} of {st.amount}", name)
-        try:
-            (lifecycle.stop if how == "stop" else lifecycle.down)(app, name, reason=REASON)
-        except OperationFailed as e:
-            a.error = str(e)
-        out.append(a)
-    return out

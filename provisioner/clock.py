@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 from datetime import UTC, datetime, timedelta
 
+from provisioner.errors import UserError
+
 #: An ISO 8601 instant the command's clock starts at (it ticks from there). For tests and
 #: what-if runs of ``plan``/``report``: the test harness gives the CLI its clock this way, so
 #: no test depends on the day it runs.
@@ -49,8 +51,6 @@ class ShiftedClock(Clock):
 
 def clock_from_env() -> Clock:
     """The wall clock, or a shifted one when ``PROVISIONER_CLOCK`` names an instant."""
-    from provisioner.errors import UserError
-
     raw = os.environ.get(CLOCK_ENV, "").strip()
     if not raw:
         return Clock()

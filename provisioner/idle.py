@@ -21,11 +21,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from importlib import resources
 from typing import TYPE_CHECKING, Any, Literal
 
-from sqlalchemy import JSON, Float, ForeignKey, Index, Integer, delete, func, select
-from sqlalchemy.orm import Mapped, mapped_column
+from sqlalchemy import delete, func, select
 
 from providers.userdata import combine
-from provisioner.state import ACTIVE_EXCLUDED, Base, Event, Machine, UTCDateTime
+from provisioner.models import ACTIVE_EXCLUDED, Event, Heartbeat, Machine
 
 if TYPE_CHECKING:
     from provisioner.app import App
@@ -36,18 +35,6 @@ Signal = Literal["idle", "busy", "unknown", "starting"]
 MAX_BODY = 64 * 1024
 AGENT_DIR = "/etc/provisioner"
 RUNNING_SINCE_EVENTS = ("launched", "adopted", "started", "running")
-
-
-class Heartbeat(Base):
-    __tablename__ = "heartbeats"
-
-    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
-    machine_id: Mapped[str] = mapped_column(ForeignKey("machines.id"))
-    at: Mapped[datetime] = mapped_column(UTCDateTime, index=True)  # the scheduler's clock
-    gpus: Mapped[list[dict[str, Any]]] = mapped_column(JSON)
-    max_util: Mapped[float | None] = mapped_column(Float)  # None: the agent saw no GPU
-
-    __table_args__ = (Index("ix_heartbeats_machine_at", "machine_id", "at"),)
 
 
 # --- tokens and startup data -----------------------------------------------------------------

@@ -24,8 +24,8 @@ from sqlalchemy import String, func, or_, select, type_coerce
 from sqlalchemy.orm import Session
 
 from policies.duration import parse_duration
+from provisioner.models import Event, Machine, UsageInterval
 from provisioner.money import Money, Rates
-from provisioner.state import Event, Machine, UsageInterval
 
 COMPUTE_BILLED = frozenset({"pending", "running", "stopping"})
 DISK_BILLED = frozenset({"pending", "running", "stopping", "stopped", "preempted"})

@@ -18,6 +18,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 
+from policies.evaluate import Decision
 from providers.base import (
     TAG_MACHINE,
     TAG_MANAGED_BY,
@@ -35,13 +36,14 @@ from providers.base import (
     ProviderError,
     QuotaError,
 )
-from provisioner import budget, catalog, ledger
+from provisioner import budget, catalog, idle, ledger, planning
 from provisioner.app import App
 from provisioner.crashpoints import crashpoint
 from provisioner.errors import OperationFailed, UserError
+from provisioner.models import ACTIVE_EXCLUDED, Event, Machine, new_id
 from provisioner.planner import Candidate, Plan
 from provisioner.spec import Experiment
-from provisioner.state import ACTIVE_EXCLUDED, Event, Machine, live_machine, new_id
+from provisioner.state import live_machine
 
 Progress = Callable[[str], None]
 
@@ -122,7 +124,7 @@ def up(
 ) -> UpResult:
     """``prefer`` reorders the candidates (stable): recovery tries the lost machine's zone and
     region first."""
-    plan = app.plan(experiment)
+    plan = planning.plan(app, experiment)
     _refuse_by_policy(plan)
     # budget: refuse (exit 2) when the cheapest candidate would overspend a budget, with the
     # numbers; failover keeps only candidates every budget can afford
@@ -258,8 +260,6 @@ def _adopt(app: App, machine: Machine, progress: Progress) -> Machine | None:
 
 def _refuse_by_policy(plan: Plan) -> None:
     """No flag bypasses a policy: every violated rule is listed, exit 2."""
-    from policies.evaluate import Decision
-
     for check in plan.checks:
         if isinstance(check, Decision) and not check.allowed:
             rules = "\n  ".join(check.reasons)
@@ -272,8 +272,6 @@ def _startup_data(app: App, machine_id: str, experiment: Experiment) -> str | No
     sched = app.settings.scheduler
     if not sched.endpoint_url:
         return experiment.startup_script
-    from provisioner import idle
-
     token = idle.issue_token(app, machine_id)
     return idle.startup_data(
         experiment.startup_script, sched.endpoint_url, token, sched.agent_interval_seconds

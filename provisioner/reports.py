@@ -1,198 +1,30 @@
-"""Spend reports: one model (:class:`Report`) built in one streaming pass over the ledger, rendered
-as JSON, CSV, plain text and HTML (Jinja2, with a matplotlib chart of daily spend, the budget line
-and the forecast), and mailed — on demand, on each policy's cron, and as threshold alerts.
-
-Numbers, dates and currencies are formatted for the language (Babel); English by default,
-Russian per policy (``budget.language``) or per command (``report --language ru``).
+"""Spend reports: one model (:class:`Report`) built in one streaming pass over the ledger — spend
+by group and day, forecast, budget standing, top machines, idle waste, savings, rent or buy.
+:mod:`provisioner.render` writes it for people (text, HTML, chart, CSV, email).
 """
 
 from __future__ import annotations
 
-import csv
-import io
 import math
-from base64 import b64encode
-from collections.abc import Iterable
 from dataclasses import dataclass, field
-from datetime import date, datetime, timedelta
-from decimal import ROUND_HALF_UP, Decimal
-from functools import cached_property
-from pathlib import Path
+from datetime import date, datetime
+from decimal import Decimal
 from typing import TYPE_CHECKING, Any
-from zoneinfo import ZoneInfo
 
-from provisioner import budget, ledger, mail
+from provisioner import budget, ledger
 from provisioner.errors import UserError
 from provisioner.ledger import Amounts, Period, Scope, Tally
-from provisioner.money import CENT, Money, Rates
+from provisioner.money import Money, Rates
 
 if TYPE_CHECKING:
-    from email.message import EmailMessage
-
     from policies.schema import Policy
     from provisioner.app import App
 
-TEMPLATES = Path(__file__).parent / "templates"
-LOCALES = {"en": "en_US", "ru": "ru_RU"}
 HOURS_PER_MONTH = Decimal(730)  # 8760 / 12, the clouds' own convention
 WEEKS_PER_MONTH = Decimal(52) / Decimal(12)
 TOP = 10
-SCHEDULE_GRACE = timedelta(days=1)  # a report due longer ago than this is skipped, not sent late
-CSV_PLACES = Decimal("0.000001")  # rows keep micro-units so the column sums to the ledger's total
-
-TEXT: dict[str, dict[str, str]] = {
-    "en": {
-        "report": "Spend report",
-        "all": "all projects",
-        "period": "Period",
-        "generated": "as of",
-        "spent": "Spent",
-        "budget": "Budget",
-        "of_budget": "of budget",
-        "forecast": "Forecast to period end",
-        "committed": "Committed by live machines",
-        "left": "Left for new machines",
-        "on_exhausted": "When exhausted",
-        "compute": "Compute",
-        "disk": "Disks",
-        "total": "Total",
-        "share": "Share",
-        "project": "Project",
-        "owner": "Owner",
-        "cloud": "Cloud",
-        "gpu": "GPU",
-        "machine": "Machine",
-        "top": "Top machines",
-        "idle": "Idle waste (running idle before the scheduler stopped them)",
-        "savings": "Saved by scheduled stops",
-        "none": "none",
-        "rates": "Rates used",
-        "daily": "Daily spend",
-        "cumulative": "Cumulative",
-        "rent": "Rent or buy",
-        "rule": "Rule of thumb: a GPU busy more than 20–30 hours a week is cheaper to own.",
-        "subject_budget": "{name}: {pct} of budget, forecast {fpct}",
-        "subject_plain": "{name}: {total} spent in {period}",
-        "subject_actual": "{name}: {pct} of budget spent ({spent} of {amount})",
-        "subject_forecast": "{name}: forecast {fpct} of budget by the end of {period}",
-        "alert_actual": "Spend has reached the {t} threshold of the budget.",
-        "alert_forecast": "The forecast to the end of the period has reached the {t} threshold.",
-        "csv_note": "The attached CSV holds the spend per {by} and kind.",
-        "own_use": "{hours} GPU-hours a week ({per_card} h per card on {cards} card(s)); "
-        "renting costs {rental} a month",
-        "own_pays": "owning ({low}–{high} a card, {months}-month amortisation, {power} a month "
-        "of power) would pay off after {pb}",
-        "own_never": "at this use owning would not pay off within the card's {months}-month life",
-        "own_breakeven": "owning wins above {be} hours a week per card",
-        "own_unknown": "no ownership figures for {gpu} (set ownership.gpus.{gpu} in settings)",
-        "months": "{n} months",
-        "verdict_own": "owning would be cheaper",
-        "verdict_rent": "renting is cheaper",
-        "verdict_close": "close: depends on the card's price",
-        "axis_day": "day",
-        "budget_line": "budget",
-        "forecast_line": "forecast",
-    },
-    "ru": {
-        "report": "Отчёт о расходах",
-        "all": "все проекты",
-        "period": "Период",
-        "generated": "на",
-        "spent": "Потрачено",
-        "budget": "Бюджет",
-        "of_budget": "бюджета",
-        "forecast": "Прогноз на конец периода",
-        "committed": "Обязательства работающих машин",
-        "left": "Остаток для новых машин",
-        "on_exhausted": "При исчерпании",
-        "compute": "Вычисления",
-        "disk": "Диски",
-        "total": "Итого",
-        "share": "Доля",
-        "project": "Проект",
-        "owner": "Владелец",
-        "cloud": "Облако",
-        "gpu": "GPU",
-        "machine": "Машина",
-        "top": "Самые дорогие машины",
-        "idle": "Потери на простое (до остановки планировщиком)",
-        "savings": "Сэкономлено плановыми остановками",
-        "none": "нет",
-        "rates": "Курсы",
-        "daily": "Расходы по дням",
-        "cumulative": "Нарастающим итогом",
-        "rent": "Аренда или покупка",
-        "rule": "Эмпирическое правило: GPU, занятый больше 20–30 часов в неделю, выгоднее купить.",
-        "subject_budget": "{name}: {pct} бюджета, прогноз {fpct}",
-        "subject_plain": "{name}: потрачено {total} за {period}",
-        "subject_actual": "{name}: израсходовано {pct} бюджета ({spent} из {amount})",
-        "subject_forecast": "{name}: прогноз {fpct} бюджета к концу периода {period}",
-        "alert_actual": "Расходы достигли порога {t} бюджета.",
-        "alert_forecast": "Прогноз на конец периода достиг порога {t} бюджета.",
-        "csv_note": "В приложенном CSV — расходы по разрезу «{by}» и видам.",
-        "own_use": "{hours} GPU-часов в неделю ({per_card} ч на карту, карт: {cards}); "
-        "аренда стоит {rental} в месяц",
-        "own_pays": "покупка ({low}–{high} за карту, амортизация {months} мес., электричество "
-        "{power} в месяц) окупилась бы за {pb}",
-        "own_never": "при такой загрузке покупка не окупится за {months} мес. службы карты",
-        "own_breakeven": "покупка выгоднее при загрузке больше {be} ч в неделю на карту",
-        "own_unknown": "нет данных о покупке {gpu} (задайте ownership.gpus.{gpu} в настройках)",
-        "months": "{n} мес.",
-        "verdict_own": "покупка выгоднее",
-        "verdict_rent": "аренда выгоднее",
-        "verdict_close": "на грани: зависит от цены карты",
-        "axis_day": "день",
-        "budget_line": "бюджет",
-        "forecast_line": "прогноз",
-    },
-}
-
-
-class Fmt:
-    """Numbers, money, dates and words for one language."""
-
-    def __init__(self, language: str) -> None:
-        if language not in LOCALES:
-            raise UserError(f"unknown language {language!r}; use {', '.join(LOCALES)}")
-        self.language = language
-        self.locale = LOCALES[language]
-
-    def t(self, key: str, **kw: Any) -> str:
-        text = TEXT[self.language][key]
-        return text.format(**kw) if kw else text
-
-    def money(self, m: Money | None) -> str:
-        from babel.numbers import format_currency
-
-        if m is None:
-            return "—"
-        return format_currency(
-            m.amount.quantize(CENT, ROUND_HALF_UP), m.currency, locale=self.locale
-        )
-
-    def num(self, d: Decimal | int, places: int = 0) -> str:
-        from babel.numbers import format_decimal
-
-        pattern = "#,##0" + ("." + "0" * places if places else "")
-        return format_decimal(d, pattern, locale=self.locale)
-
-    def pct(self, d: Decimal) -> str:
-        return f"{self.num(d.quantize(Decimal(1), ROUND_HALF_UP))} %"
-
-    def date(self, d: date) -> str:
-        from babel.dates import format_date
-
-        return format_date(d, "medium", locale=self.locale)
-
-    def period(self, p: Period) -> str:
-        last = p.end.astimezone(ZoneInfo(p.tz)).date() - timedelta(days=1)
-        return (
-            f"{p.label} ({self.date(p.start.astimezone(ZoneInfo(p.tz)).date())} – "
-            f"{self.date(last)})"
-        )
-
-
-# --- the model -----------------------------------------------------------------------------
+#: The languages a report is written in, each with the title of a report over every project.
+ALL_PROJECTS = {"en": "all projects", "ru": "все проекты"}
 
 
 @dataclass
@@ -253,55 +85,6 @@ class Report:
     budget: budget.Status | None = None
     language: str = "en"
 
-    @cached_property
-    def fmt(self) -> Fmt:
-        return Fmt(self.language)
-
-    def subject(self, alert: tuple[str, Decimal] | None = None) -> str:
-        f, b = self.fmt, self.budget
-        if b is None:
-            return f.t(
-                "subject_plain",
-                name=self.title,
-                total=f.money(self.total),
-                period=self.period.label,
-            )
-        kw = {
-            "name": self.title,
-            "pct": f.pct(b.pct),
-            "fpct": f.pct(b.forecast_pct),
-            "spent": f.money(b.spent),
-            "amount": f.money(b.amount),
-            "period": b.period.label,
-        }
-        if alert is not None:
-            return f.t(f"subject_{alert[0]}", **kw)
-        return f.t("subject_budget", **kw)
-
-    # -- machine-readable ------------------------------------------------------------------
-
-    def csv(self) -> str:
-        """One row per (group, kind, currency): the amount billed and its conversion."""
-        buf = io.StringIO()
-        w = csv.writer(buf, lineterminator="\n")
-        w.writerow(["period", self.by, "kind", "currency", "amount", f"amount_{self.currency}"])
-        rates = self.conversion
-        for line in self.lines:
-            for kind, amounts in sorted(line.by_kind.items()):
-                for m in amounts.monies():
-                    conv = rates.convert(m, self.currency)
-                    w.writerow(
-                        [
-                            self.period.label,
-                            line.key,
-                            kind,
-                            m.currency,
-                            _csv_amount(m.amount),
-                            _csv_amount(conv.amount),
-                        ]
-                    )
-        return buf.getvalue()
-
     def as_json(self) -> dict[str, Any]:
         def money(m: Money | None) -> dict[str, str] | None:
             return (
@@ -355,73 +138,9 @@ class Report:
             ],
         }
 
-    # -- for people --------------------------------------------------------------------------
-
-    def ownership_text(self, o: Ownership) -> str:
-        f = self.fmt
-        parts = [
-            f.t(
-                "own_use",
-                hours=f.num(o.hours_per_week, 1),
-                per_card=f.num(o.hours_per_week / o.cards, 1),
-                cards=o.cards,
-                rental=f.money(o.rental_month),
-            )
-        ]
-        if o.price_low is None:
-            parts.append(f.t("own_unknown", gpu=o.gpu))
-        elif o.payback_low is None:
-            parts.append(f.t("own_never", months=o.amortisation_months))
-        else:
-            pb = f.t("months", n=_range(f, o.payback_low, o.payback_high))
-            parts.append(
-                f.t(
-                    "own_pays",
-                    low=f.money(o.price_low),
-                    high=f.money(o.price_high),
-                    months=o.amortisation_months,
-                    power=f.money(o.power_month),
-                    pb=pb,
-                )
-            )
-            if o.breakeven_low is not None:
-                parts.append(f.t("own_breakeven", be=_range(f, o.breakeven_low, o.breakeven_high)))
-        if o.verdict:
-            parts.append(f.t(f"verdict_{o.verdict}"))
-        return f"{o.gpu}: " + "; ".join(parts) + "."
-
-    def text(self, alert: tuple[str, Decimal] | None = None) -> str:
-        return (
-            _env()
-            .get_template("alert.txt" if alert else "report.txt")
-            .render(r=self, f=self.fmt, alert=alert)
-        )
-
-    def html(self, chart_src: str | None, alert: tuple[str, Decimal] | None = None) -> str:
-        return (
-            _env()
-            .get_template("alert.html" if alert else "report.html")
-            .render(r=self, f=self.fmt, chart_src=chart_src, alert=alert)
-        )
-
-    def chart(self) -> bytes:
-        return chart_png(self)
-
 
 def _q(d: Decimal | None) -> str | None:
     return None if d is None else str(d.quantize(Decimal("0.1")))
-
-
-def _range(f: Fmt, lo: Decimal | None, hi: Decimal | None) -> str:
-    a, b = f.num(lo or 0, 1), f.num(hi or 0, 1)
-    return a if a == b else f"{a}–{b}"
-
-
-def _csv_amount(d: Decimal) -> str:
-    return str(d.quantize(CSV_PLACES, ROUND_HALF_UP))
-
-
-# --- building ------------------------------------------------------------------------------
 
 
 @dataclass
@@ -454,6 +173,8 @@ def build(
     With ``budget_policy``, the budget's own status (over the budget's whole scope) is shown."""
     if by not in ("project", "owner", "cloud", "gpu", "machine"):
         raise UserError(f"cannot report by {by!r}; use project, owner, cloud, gpu or machine")
+    if language not in ALL_PROJECTS:
+        raise UserError(f"unknown language {language!r}; use {', '.join(ALL_PROJECTS)}")
     now = now or app.clock.now()
     if budget_policy is not None and budget_policy.budget is not None:
         currency = currency or budget_policy.budget.amount.currency
@@ -493,7 +214,7 @@ def build(
             st,
             currency=currency,
             by=by,
-            title=title or TEXT[language]["all"],
+            title=title or ALL_PROJECTS[language],
             language=language,
         )
     except ValueError as e:
@@ -603,109 +324,6 @@ def _rent_or_buy(
     return out
 
 
-# --- rendering -----------------------------------------------------------------------------
-
-
-def _env() -> Any:
-    from jinja2 import Environment, FileSystemLoader, StrictUndefined, select_autoescape
-
-    return Environment(
-        loader=FileSystemLoader(TEMPLATES),
-        autoescape=select_autoescape(["html"], default_for_string=False, default=False),
-        undefined=StrictUndefined,
-        trim_blocks=True,
-        lstrip_blocks=True,
-    )
-
-
-def chart_png(r: Report) -> bytes:
-    """Daily spend (bars), cumulative spend, the budget line and the forecast to period end."""
-    from matplotlib.figure import Figure
-
-    f = r.fmt
-    days = [d for d, _ in r.daily]
-    daily = [float(m.amount) for _, m in r.daily]
-    today = r.now.astimezone(ZoneInfo(r.period.tz)).date()
-    cumulative, run = [], 0.0
-    for d, v in zip(days, daily, strict=True):
-        run += v
-        cumulative.append(run if d <= today else None)
-    fig = Figure(figsize=(8, 3.6), dpi=100)
-    ax = fig.add_subplot()
-    x = list(range(1, len(days) + 1))
-    ax.bar(x, daily, color="#4c72b0", label=f.t("daily"))
-    ax.set_xlabel(f.t("axis_day"))
-    ax.set_ylabel(r.currency)
-    ax2 = ax.twinx()
-    ax2.plot(
-        [i for i, c in zip(x, cumulative, strict=True) if c is not None],
-        [c for c in cumulative if c is not None],
-        color="#222222",
-        label=f.t("cumulative"),
-    )
-    if r.budget is not None:
-        ax2.axhline(
-            float(r.budget.amount.amount),
-            color="#c44e52",
-            linestyle="-",
-            label=f"{f.t('budget_line')} {f.money(r.budget.amount)}",
-        )
-    if r.forecast is not None and today in days:
-        i = days.index(today)
-        ax2.plot(
-            [x[i], x[-1]],
-            [cumulative[i] or 0.0, float(r.forecast.amount)],
-            color="#dd8452",
-            linestyle="--",
-            label=f"{f.t('forecast_line')} {f.money(r.forecast)}",
-        )
-    ax2.set_ylim(bottom=0)
-    ax2.set_ylabel(f.t("cumulative"))
-    handles = ax.get_legend_handles_labels()[0] + ax2.get_legend_handles_labels()[0]
-    ax2.legend(handles=handles, loc="upper left", fontsize=8)
-    ax.set_title(f"{r.title} — {r.period.label}")
-    fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png")
-    return buf.getvalue()
-
-
-def html_page(r: Report) -> str:
-    """A standalone HTML page (the chart inlined as a data: URL)."""
-    return r.html("data:image/png;base64," + b64encode(r.chart()).decode())
-
-
-# --- mail ----------------------------------------------------------------------------------
-
-
-def message(
-    app: App, r: Report, to: Iterable[str], alert: tuple[str, Decimal] | None = None
-) -> EmailMessage:
-    """Plain text, HTML with the chart inline, and the CSV attached."""
-    return mail.compose(
-        sender=app.settings.smtp.sender,
-        to=list(to),
-        subject=r.subject(alert),
-        text=r.text(alert),
-        html=r.html("cid:chart", alert),
-        images={"chart": r.chart()},
-        attachments=[
-            (f"spend-{_slug(r.title)}-{r.period.label}.csv", r.csv().encode(), "text/csv")
-        ],
-    )
-
-
-def _slug(text: str) -> str:
-    return "".join(ch if ch.isalnum() or ch in "-_" else "-" for ch in text).strip("-") or "all"
-
-
-def email(app: App, r: Report, to: Iterable[str], alert: tuple[str, Decimal] | None = None) -> None:
-    to = list(to)
-    if not to:
-        raise UserError("no recipients: give --to, or set budget.recipients in the policy")
-    mail.send(app.settings.smtp, message(app, r, to, alert))
-
-
 def for_budget(
     app: App,
     policy: Policy,
@@ -727,52 +345,3 @@ def for_budget(
         language=language or policy.budget.language,
         now=now,
     )
-
-
-def send_alert(app: App, st: budget.Status, kind: str, threshold: Decimal, now: datetime) -> None:
-    """A threshold alert: the budget's report in the short template."""
-    policy = st.policy
-    r = for_budget(app, policy, now, st.period)
-    email(app, r, policy.budget.recipients, alert=(kind, threshold))  # type: ignore[union-attr]
-
-
-def due_time(cron: str, tz: str, now: datetime) -> datetime | None:
-    """The latest time ``cron`` (read in ``tz``) fired at or before ``now``, if within grace."""
-    from apscheduler.triggers.cron import CronTrigger
-
-    trigger = CronTrigger.from_crontab(cron, timezone=ZoneInfo(tz))
-    last = None
-    t = trigger.get_next_fire_time(None, now - SCHEDULE_GRACE)
-    while t is not None and t <= now:
-        last = t
-        t = trigger.get_next_fire_time(t, t + timedelta(seconds=1))
-    return last
-
-
-def run_scheduled(app: App, now: datetime | None = None) -> list[str]:
-    """Send each policy's scheduled report once per due time (the scheduler calls this every
-    few minutes). Returns what was sent, or why not."""
-    now = now or app.clock.now()
-    out = []
-    for policy in app.policies:
-        b = policy.budget
-        if b is None or b.report is None or not b.recipients:
-            continue
-        due = due_time(b.report.cron, policy.timezone, now)
-        period = budget.period_of(policy, now)
-        if due is None or period is None:
-            continue
-        mark = due.astimezone(ZoneInfo("UTC")).isoformat(timespec="minutes")
-        if ("report", mark) in budget.claimed(app, policy.name, period):
-            continue
-
-        def send(policy: Policy = policy, period: Period = period) -> None:
-            r = for_budget(app, policy, now, period)
-            email(app, r, policy.budget.recipients)  # type: ignore[union-attr]
-
-        try:
-            if budget.claim(app, policy.name, period, [("report", mark)], now, send):
-                out.append(f"report {policy.name} due {mark}: sent to {', '.join(b.recipients)}")
-        except mail.MailError as e:
-            out.append(f"report {policy.name} due {mark}: not sent: {e}")
-    return out

@@ -35,7 +35,7 @@ from providers.base import (
     QuotaError,
     Throttled,
 )
-from provisioner import catalog, lifecycle
+from provisioner import catalog, lifecycle, planning
 from provisioner.app import App
 from provisioner.spec import Experiment
 from tests.conftest import make_settings, sandbox_experiment
@@ -512,7 +512,7 @@ def test_up_fails_over_from_a_zone_without_capacity(emu: AwsEmulator, home: Path
         experiment = Experiment.model_validate(
             sandbox_experiment("train", gpu="T4:1", market="spot", clouds=["aws"])
         )
-        first, second = app.plan(experiment).candidates[:2]
+        first, second = planning.plan(app, experiment).candidates[:2]
         assert first.offer.zone != second.offer.zone
         emu.faults.no_capacity(first.offer.zone)
 

@@ -214,7 +214,7 @@ def test_broken_policies_are_reported(tmp_path, data):
 
 
 def run_main(argv: list[str]) -> tuple[int, str]:
-    from provisioner.cli import main
+    from provisioner.cli.main import main
 
     err, out = io.StringIO(), io.StringIO()
     old = sys.argv

@@ -10,11 +10,12 @@ from decimal import Decimal
 import pytest
 from sqlalchemy import select
 
-from provisioner import budget, lifecycle
+from provisioner import budget, lifecycle, planning
 from provisioner.app import App
 from provisioner.errors import OperationFailed, UserError
+from provisioner.jobs import enforce
+from provisioner.models import Event, Machine
 from provisioner.spec import Experiment
-from provisioner.state import Event, Machine
 from tests.conftest import make_settings, run_cli, sandbox_experiment, write_settings, write_yaml
 from tests.test_mail import smtp_server  # noqa: F401  (fixture)
 
@@ -68,7 +69,7 @@ def experiment(name="exp", lifetime=None, **res) -> Experiment:
 
 def test_plan_shows_the_projection(bapp, policy_dir):
     set_policy(bapp, policy_dir / "p.yaml", policy("200 USD"))
-    p = bapp.plan(experiment())
+    p = planning.plan(bapp, experiment())
     [proj] = [c for c in p.checks if isinstance(c, budget.Projection)]
     hours = Decimal(24 * 29 - 9)  # Mon Nov 2 09:00 → Dec 1 00:00
     assert proj.hours == hours
@@ -90,7 +91,7 @@ def test_up_refused_over_budget_and_allowed_when_it_fits(bapp, policy_dir):
     m = lifecycle.up(bapp, experiment("short", lifetime="48h")).machine
     assert m.status == "running"
     # what the live machine still commits counts: 100 − 48 h of it leaves too little for 687 h
-    p = bapp.plan(experiment("more", lifetime="600h"))
+    p = planning.plan(bapp, experiment("more", lifetime="600h"))
     [proj] = [c for c in p.checks if isinstance(c, budget.Projection)]
     assert proj.status.committed.rounded().amount == (48 * PER_H).quantize(Decimal("0.01"))
     assert proj.over
@@ -110,7 +111,7 @@ def test_failover_skips_offers_the_budget_cannot_afford(home, clock, policy_dir,
     )
     # 100 h: 15.68 USD in sandbox-us, 16.68 USD in sandbox-eu; 16 USD left
     set_policy(app, policy_dir / "p.yaml", policy("16 USD"))
-    plan = app.plan(experiment(lifetime="100h"))
+    plan = planning.plan(app, experiment(lifetime="100h"))
     assert budget.guard(plan).rejected["over the budget left"] > 0
     assert {c.offer.region for c in plan.candidates} == {"sandbox-us"}
     with pytest.raises(OperationFailed, match="on any of 3 candidates"):
@@ -143,26 +144,26 @@ def test_alerts_once_each_then_exhaustion_blocks_and_stops(
     clock.advance(timedelta(hours=1))
     seen = []
 
-    def enforce() -> list[str]:
-        acts = budget.enforce(bapp, clock.now())
+    def enforced() -> list[str]:
+        acts = enforce.run(bapp, clock.now())
         seen.extend(str(a) for a in acts)
         return [f"{a.kind}:{a.detail.split(' (')[0]}" for a in acts]
 
-    assert enforce() == ["alert:forecast 378 %"]  # 11 USD/h for the 686 h left
-    assert enforce() == []
+    assert enforced() == ["alert:forecast 378 %"]  # 11 USD/h for the 686 h left
+    assert enforced() == []
     clock.advance(timedelta(hours=99))  # 100 h: 1,100.68 USD
-    assert enforce() == ["alert:actual 55 %"]
-    assert enforce() == []
+    assert enforced() == ["alert:actual 55 %"]
+    assert enforced() == []
     clock.advance(timedelta(hours=50))  # 150 h
-    assert enforce() == ["alert:actual 83 %"]
+    assert enforced() == ["alert:actual 83 %"]
     clock.advance(timedelta(hours=32))  # 182 h: 2,003.25 USD
-    acts = enforce()
+    acts = enforced()
     assert acts[:2] == [
         "alert:actual 100 %",
         "exhausted:2,003.25 USD of 2,000.00 USD; launches blocked",
     ]
     assert acts[2].startswith(f"{how}:budget exhausted")
-    assert enforce() == []
+    assert enforced() == []
     subjects = [msg["Subject"] for _, msg in smtp_server.inbox.messages]
     assert subjects == [
         "demo-budget: forecast 378 % of budget by the end of 2026-11",
@@ -186,7 +187,7 @@ def test_block_only_keeps_machines_running(bapp, policy_dir, clock, smtp_server)
     m = lifecycle.up(bapp, experiment()).machine
     set_policy(bapp, policy_dir / "p.yaml", policy("1 USD", recipients=[]))
     clock.advance(timedelta(hours=10))  # 1.57 USD
-    kinds = [a.kind for a in budget.enforce(bapp, clock.now())]
+    kinds = [a.kind for a in enforce.run(bapp, clock.now())]
     assert kinds == ["alert", "alert", "exhausted"]  # actual (50, 80, 100 at once), forecast
     assert smtp_server.inbox.messages == []  # nobody to tell
     with bapp.db.session() as s:
@@ -200,10 +201,10 @@ def test_a_failed_mail_is_retried_next_run(bapp, policy_dir, clock, smtp_server)
     set_policy(bapp, policy_dir / "p.yaml", policy("2000 USD"))
     clock.advance(timedelta(hours=1))
     bapp.settings.smtp.port = 1  # nothing listens there
-    [a] = budget.enforce(bapp, clock.now())
+    [a] = enforce.run(bapp, clock.now())
     assert a.error and "failed" in a.error
     bapp.settings.smtp.port = smtp_server.smtp.port
-    assert [x.error for x in budget.enforce(bapp, clock.now())] == [None]
+    assert [x.error for x in enforce.run(bapp, clock.now())] == [None]
     assert len(smtp_server.inbox.messages) == 1
 
 

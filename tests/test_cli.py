@@ -23,7 +23,7 @@ SDK_PREFIXES = (
 PROBE = """
 import sys
 sys.argv = ["provisioner", *{args!r}]
-from provisioner.cli import main
+from provisioner.cli.main import main
 try:
     main()
 except SystemExit as e:
@@ -33,9 +33,9 @@ print("HEAVY=" + ",".join(heavy))
 """
 
 
-def modules_loaded_by(*args: str) -> list[str]:
+def modules_loaded_by(*args: str, prefixes: tuple[str, ...] = SDK_PREFIXES) -> list[str]:
     r = subprocess.run(
-        [sys.executable, "-c", PROBE.format(args=args, prefixes=SDK_PREFIXES)],
+        [sys.executable, "-c", PROBE.format(args=args, prefixes=prefixes)],
         capture_output=True,
         text=True,
         cwd=ROOT,
@@ -49,6 +49,14 @@ def test_help_and_plan_load_no_cloud_sdk(home):
     assert modules_loaded_by("--help") == []
     assert modules_loaded_by("plan", str(EXAMPLES / "experiment.yaml")) == []
     assert modules_loaded_by("catalog", "--gpu", "H100") == []
+
+
+def test_help_and_plan_load_no_database_code(home):
+    """SQLAlchemy costs ~0.2 s: only commands that use the state pay it (``plan`` only when a
+    budget or a machine-count rule applies)."""
+    state = ("sqlalchemy", "alembic", "provisioner.state", "provisioner.models")
+    assert modules_loaded_by("--help", prefixes=state) == []
+    assert modules_loaded_by("plan", str(EXAMPLES / "experiment.yaml"), prefixes=state) == []
 
 
 def test_plan_a100x8_spot_offline_spans_all_five_clouds(home):

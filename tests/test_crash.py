@@ -15,8 +15,8 @@ from sqlalchemy import select
 from provisioner import lifecycle
 from provisioner.app import App
 from provisioner.clock import ManualClock
+from provisioner.models import Machine, UsageInterval
 from provisioner.spec import Experiment
-from provisioner.state import Machine, UsageInterval
 from tests.conftest import ROOT, make_settings, sandbox_experiment, write_settings, write_yaml
 
 pytestmark = pytest.mark.slow  # real processes killed at each step
@@ -24,15 +24,15 @@ pytestmark = pytest.mark.slow  # real processes killed at each step
 T0 = datetime(2026, 11, 2, 9, 0, tzinfo=UTC)
 
 DRIVER = """
-import json, sys
+import importlib, json, sys
 from datetime import datetime
-from provisioner import scheduler
 from provisioner.app import App
 from provisioner.clock import ManualClock
 from provisioner.settings import load_settings
 
 app = App(load_settings(sys.argv[1]), ManualClock(datetime.fromisoformat(sys.argv[2])))
-print(json.dumps(getattr(scheduler, sys.argv[3])(app).as_json(), default=str))
+job = importlib.import_module(f"provisioner.jobs.{sys.argv[3]}")
+print(json.dumps(job.run(app).as_json(), default=str))
 """
 
 

@@ -476,7 +476,7 @@ def test_fetch_offers_honours_configured_zones_and_needs_a_key(
 def test_up_lands_in_the_next_zone_when_the_first_has_no_capacity(
     emu: GCPEmulator, home: Path, clock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from provisioner import catalog, lifecycle
+    from provisioner import catalog, lifecycle, planning
     from provisioner.app import App
     from provisioner.spec import Experiment
     from tests.conftest import make_settings
@@ -502,7 +502,7 @@ def test_up_lands_in_the_next_zone_when_the_first_has_no_capacity(
     )
     app = App(settings, clock)
     try:
-        first, second = (c.offer.zone for c in app.plan(experiment).candidates[:2])
+        first, second = (c.offer.zone for c in planning.plan(app, experiment).candidates[:2])
         emu.exhaust(first)  # the cheapest zone is out of stock
         result = lifecycle.up(app, experiment)
     finally:

@@ -14,10 +14,11 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from sqlalchemy import func, select
 
-from provisioner import agent, idle, lifecycle, scheduler
+from provisioner import agent, idle, lifecycle
 from provisioner.app import App
+from provisioner.jobs.metrics import Metrics
+from provisioner.models import Event, Heartbeat, Machine
 from provisioner.spec import Experiment
-from provisioner.state import Event, Machine
 from tests.conftest import make_settings, sandbox_experiment
 
 
@@ -66,7 +67,7 @@ def post(url: str, token: str | None, body: object) -> tuple[int, dict]:
 
 def count_beats(app: App) -> int:
     with app.db.session() as s:
-        return s.scalar(select(func.count()).select_from(idle.Heartbeat))
+        return s.scalar(select(func.count()).select_from(Heartbeat))
 
 
 def test_token_travels_in_startup_data_and_only_its_hash_is_stored(agent_app):
@@ -119,7 +120,7 @@ def test_endpoint_records_good_tokens_and_refuses_others(agent_app):
         assert post(ep.url, token, {"gpus": gpus})[0] == 401  # a terminated machine's token
     assert count_beats(agent_app) == 1
     with agent_app.db.session() as s:
-        hb = s.scalars(select(idle.Heartbeat)).one()
+        hb = s.scalars(select(Heartbeat)).one()
     assert (hb.machine_id, hb.max_util, hb.gpus[0]["mem_total_mb"]) == (m.id, 42.5, 16000.0)
     assert other.id != hb.machine_id
 
@@ -137,7 +138,7 @@ def test_agent_without_nvml_reports_no_gpu(agent_app, tmp_path):
         agent.run(ep.url, str(token_file), 30, sleep=sleeps.append, stop=lambda: len(sleeps) >= 2)
     assert sleeps == [30, 30]  # both heartbeats accepted: no backoff
     with agent_app.db.session() as s:
-        beats = list(s.scalars(select(idle.Heartbeat)))
+        beats = list(s.scalars(select(Heartbeat)))
     assert [(b.gpus, b.max_util) for b in beats] == [([], None), ([], None)]
 
 
@@ -238,7 +239,7 @@ def test_idle_needs_every_gpu_below_the_threshold_for_the_whole_window(points, s
 def test_metrics_show_machines_utilisation_and_actions(agent_app):
     m = launch(agent_app)
     token = token_in(user_data(agent_app, m))
-    metrics = scheduler.Metrics(agent_app)
+    metrics = Metrics(agent_app)
     with idle.Endpoint(agent_app, port=0, metrics=metrics) as ep:
         gpus = [{"index": 0, "util": 77.0}, {"index": 1, "util": 12.0}]
         assert post(ep.url, token, {"gpus": gpus})[0] == 200

@@ -11,8 +11,8 @@ from sqlalchemy import func, select
 
 from provisioner import ledger, lifecycle
 from provisioner.ledger import Period, Scope
+from provisioner.models import Event, Machine, UsageInterval
 from provisioner.spec import Experiment
-from provisioner.state import Event, Machine, UsageInterval
 from tests.conftest import sandbox_experiment
 
 NOV = Period.month(datetime(2026, 11, 15, tzinfo=UTC))

@@ -13,8 +13,8 @@ from sqlalchemy import select
 from provisioner import ledger, lifecycle
 from provisioner.app import App
 from provisioner.errors import OperationFailed, UserError
+from provisioner.models import Event, Machine, UsageInterval
 from provisioner.spec import Experiment
-from provisioner.state import Event, Machine, UsageInterval
 from tests.conftest import make_settings, run_cli, sandbox_experiment, write_settings, write_yaml
 
 

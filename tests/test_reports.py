@@ -13,9 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from provisioner import ledger, reports
+from provisioner import ledger, render, reports
 from provisioner.app import App
 from provisioner.errors import UserError
+from provisioner.jobs import scheduled_reports
 from tests.conftest import make_settings, run_cli, write_settings, write_yaml
 from tests.test_ledger import HAND_RUB, HAND_USD, NOV, cents, month
 from tests.test_mail import smtp_server  # noqa: F401  (fixture)
@@ -60,7 +61,7 @@ def csv_totals(text: str) -> tuple[dict[str, Decimal], Decimal]:
 def test_budget_report_by_mail(rapp, clock, smtp_server):  # noqa: F811
     month(rapp, clock)
     r = reports.for_budget(rapp, the_policy(rapp), clock.now(), period=NOV)
-    reports.email(rapp, r, ["lead@example.com", "cfo@example.com"])
+    render.email(rapp, r, ["lead@example.com", "cfo@example.com"])
     [(rcpt, msg)] = smtp_server.inbox.messages
     assert rcpt == ["lead@example.com", "cfo@example.com"]
     assert msg["From"] == "provisioner@example.com"
@@ -89,12 +90,12 @@ def test_budget_report_by_mail(rapp, clock, smtp_server):  # noqa: F811
 def test_russian_report(rapp, clock):
     month(rapp, clock)
     r = reports.for_budget(rapp, the_policy(rapp), clock.now(), period=NOV, language="ru")
-    assert r.subject() == "demo-budget: 97 % бюджета, прогноз 97 %"
-    text = r.text()
+    assert render.subject(r) == "demo-budget: 97 % бюджета, прогноз 97 %"
+    text = render.text(r)
     assert "Потрачено: 485,39\xa0$ (30\xa0158,94\xa0₽ + 108,41\xa0$)" in text
     assert "Период: 2026-11 (1 нояб. 2026\u202fг. – 30 нояб. 2026\u202fг.)" in text
     assert "Аренда или покупка" in text and "Курсы: 1 USD = 80 RUB" in text
-    assert '<html lang="ru">' in r.html(None)
+    assert '<html lang="ru">' in render.html(r, None)
 
 
 def test_rent_or_buy_by_hand(rapp, clock):
@@ -120,23 +121,23 @@ def test_rent_or_buy_by_hand(rapp, clock):
     assert t4.verdict == "own"
     net = t4.rental_month.amount - t4.power_month.amount
     assert t4.payback_low == t4.price_low.amount * 2 / net <= 36
-    assert "A100: 2.9 GPU-hours a week" in r.ownership_text(a100)
-    assert "would not pay off within the card's 36-month life" in r.ownership_text(a100)
+    assert "A100: 2.9 GPU-hours a week" in render.ownership_text(r, a100)
+    assert "would not pay off within the card's 36-month life" in render.ownership_text(r, a100)
 
 
 def test_scheduled_report_once_per_due_time(rapp, clock, smtp_server):  # noqa: F811
     the_policy(rapp)
     clock.set(datetime(2026, 11, 2, 9, 0, 30, tzinfo=UTC))  # Monday, just after 09:00
-    assert [s.split(":")[0] for s in reports.run_scheduled(rapp, clock.now())] == [
+    assert [s.split(":")[0] for s in scheduled_reports.run(rapp, clock.now())] == [
         "report demo-budget due 2026-11-02T09"
     ]
-    assert reports.run_scheduled(rapp, clock.now()) == []
+    assert scheduled_reports.run(rapp, clock.now()) == []
     clock.advance(timedelta(hours=6))
-    assert reports.run_scheduled(rapp, clock.now()) == []
+    assert scheduled_reports.run(rapp, clock.now()) == []
     clock.set(datetime(2026, 11, 9, 9, 5, tzinfo=UTC))
-    assert len(reports.run_scheduled(rapp, clock.now())) == 1
+    assert len(scheduled_reports.run(rapp, clock.now())) == 1
     clock.set(datetime(2026, 11, 11, 9, 5, tzinfo=UTC))  # due Monday, but more than a day ago
-    assert reports.run_scheduled(rapp, clock.now()) == []
+    assert scheduled_reports.run(rapp, clock.now()) == []
     assert [m["Subject"] for _, m in smtp_server.inbox.messages] == [
         "demo-budget: 0 % of budget, forecast 0 %"
     ] * 2
@@ -174,3 +175,8 @@ def test_report_over_a_missing_rate_is_a_clear_error(app, home, clock):
     with pytest.raises(UserError, match=r"no exchange rate for RUB \(set rates.RUB"):
         reports.build(norates, NOV, now=clock.now())
     norates.close()
+
+
+def test_report_in_an_unknown_language_is_a_clear_error(app, clock):
+    with pytest.raises(UserError, match=r"unknown language 'de'; use en, ru"):
+        reports.build(app, NOV, language="de", now=clock.now())

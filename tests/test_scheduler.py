@@ -14,12 +14,13 @@ import pytest
 from sqlalchemy import select
 
 from providers.base import TAG_MACHINE, TAG_MANAGED_BY, TAG_MANAGED_BY_VALUE, LaunchRequest
-from provisioner import idle, lifecycle, scheduler
+from provisioner import idle, lifecycle
 from provisioner.app import App
 from provisioner.clock import ManualClock
 from provisioner.errors import ConfigError
+from provisioner.jobs import lease, metrics, reconcile, recover, sweep
+from provisioner.models import Event, Heartbeat, Machine, UsageInterval
 from provisioner.spec import Experiment
-from provisioner.state import Event, Machine, UsageInterval
 from tests.conftest import (
     ROOT,
     TEST_START,
@@ -77,7 +78,7 @@ def heartbeats(app: App, m: Machine, util: float, minutes: int, every: int = 5) 
     with app.db.session() as s:
         for k in range(minutes // every, -1, -1):
             s.add(
-                idle.Heartbeat(
+                Heartbeat(
                     machine_id=m.id,
                     at=now - timedelta(minutes=k * every),
                     gpus=[{"index": 0, "util": util}],
@@ -108,17 +109,17 @@ def test_idle_at_21_friday_is_stopped_busy_is_kept(sched):
     app.clock.set(datetime(2026, 11, 6, 20, 0, tzinfo=UTC))  # 21:00 Berlin
     heartbeats(app, idle_m, 1.0, 60)
     heartbeats(app, busy_m, 88.0, 60)
-    dry = scheduler.sweep(app, dry_run=True)
+    dry = sweep.run(app, dry_run=True)
     assert [(a.machine, a.action, a.done) for a in dry.actions] == [("idle-one", "stop", False)]
     assert status(app, "idle-one") == "running"  # a dry run changes nothing
-    p = scheduler.sweep(app)
+    p = sweep.run(app)
     assert [(a.machine, a.action, a.reason, a.done) for a in p.actions] == [
         ("idle-one", "stop", "off-hours-idle", True)
     ]
     assert "off-hours window 20:00–08:00; GPUs below 5% for 30 min (nights)" in p.actions[0].why
     assert (status(app, "idle-one"), status(app, "busy-one")) == ("stopped", "running")
     assert events(app, "idle-one")[-1] == ("stopped", "off-hours-idle")
-    assert scheduler.sweep(app).actions == []  # the next pass has nothing to do
+    assert sweep.run(app).actions == []  # the next pass has nothing to do
 
 
 def test_idle_in_working_hours_is_kept_but_idle_at_noon_on_a_holiday_is_stopped(sched):
@@ -126,10 +127,10 @@ def test_idle_in_working_hours_is_kept_but_idle_at_noon_on_a_holiday_is_stopped(
     m = up(app, "holiday")
     app.clock.set(datetime(2026, 12, 23, 11, 0, tzinfo=UTC))  # Wednesday noon in Berlin
     heartbeats(app, m, 0.0, 60)
-    assert scheduler.sweep(app).actions == []
+    assert sweep.run(app).actions == []
     app.clock.set(datetime(2026, 12, 25, 11, 0, tzinfo=UTC))  # Christmas Day, noon
     heartbeats(app, m, 0.0, 60)
-    p = scheduler.sweep(app)
+    p = sweep.run(app)
     assert [(a.action, a.reason) for a in p.actions] == [("stop", "off-hours-idle")]
     assert p.actions[0].why.startswith("holiday: Christmas Day")
 
@@ -139,26 +140,26 @@ def test_a_missed_tick_acts_on_the_next_one(sched):
     m = up(app, "late")
     app.clock.set(datetime(2026, 11, 6, 18, 55, tzinfo=UTC))  # 19:55: within hours
     heartbeats(app, m, 0.0, 60)
-    assert scheduler.sweep(app).actions == []
+    assert sweep.run(app).actions == []
     # the 20:00, 20:05 … ticks never ran; the first one that does, at 22:40, acts
     app.clock.set(datetime(2026, 11, 6, 21, 40, tzinfo=UTC))
     heartbeats(app, m, 0.0, 160)
-    assert [a.action for a in scheduler.sweep(app).actions] == ["stop"]
+    assert [a.action for a in sweep.run(app).actions] == ["stop"]
 
 
 def test_kept_until_is_honoured_then_the_sweep_acts(sched):
     app = sched()
     m = up(app, "kept")
     app.clock.set(datetime(2026, 11, 6, 20, 0, tzinfo=UTC))  # 21:00 Berlin
-    kept = scheduler.keep(app, "kept", "23:00")
+    kept = sweep.keep(app, "kept", "23:00")
     assert kept.kept_until == datetime(2026, 11, 6, 22, 0, tzinfo=UTC)  # 23:00 CET
     heartbeats(app, m, 0.0, 60)
-    p = scheduler.sweep(app)
+    p = sweep.run(app)
     assert [(a.action, a.done) for a in p.actions] == [("keep", False)]
     assert status(app, "kept") == "running"
     app.clock.set(datetime(2026, 11, 6, 22, 5, tzinfo=UTC))
     heartbeats(app, m, 0.0, 60)
-    assert [a.action for a in scheduler.sweep(app).actions] == ["stop"]
+    assert [a.action for a in sweep.run(app).actions] == ["stop"]
     assert ("kept", "user") in events(app, "kept")
 
 
@@ -168,13 +169,13 @@ def test_unknown_signal_follows_the_policy(sched):
     )
     up(app, "silent")
     app.clock.set(datetime(2026, 11, 6, 20, 0, tzinfo=UTC))  # no heartbeat at all
-    p = scheduler.sweep(app)
+    p = sweep.run(app)
     assert [(a.action, a.reason) for a in p.actions] == [("stop", "off-hours-idle")]
     assert "no heartbeat (counted as idle)" in p.actions[0].why
     other = sched()  # the default: unknown is not idle
     up(other, "silent2")
     other.clock.set(datetime(2026, 11, 6, 20, 0, tzinfo=UTC))
-    assert scheduler.sweep(other).actions == []
+    assert sweep.run(other).actions == []
 
 
 def test_max_lifetime_terminates_whatever_the_hour_and_activity(sched):
@@ -182,9 +183,9 @@ def test_max_lifetime_terminates_whatever_the_hour_and_activity(sched):
     m = up(app, "old")
     app.clock.advance(timedelta(hours=1, minutes=59))
     heartbeats(app, m, 99.0, 60)
-    assert scheduler.sweep(app).actions == []
+    assert sweep.run(app).actions == []
     app.clock.advance(timedelta(minutes=1))
-    p = scheduler.sweep(app)
+    p = sweep.run(app)
     assert [(a.action, a.reason) for a in p.actions] == [("terminate", "max-lifetime")]
     assert status(app, "old") == "terminated"
     assert events(app, "old")[-1] == ("terminated", "max-lifetime")
@@ -195,7 +196,7 @@ def test_the_experiments_own_idle_rule_acts_at_any_hour(sched):
     m = up(app, "own", lifecycle={"idle": {"gpu_util_below": 10, "for_minutes": 20}})
     app.clock.advance(timedelta(hours=1))  # Friday 18:00: within hours, no policy applies
     heartbeats(app, m, 3.0, 30)
-    p = scheduler.sweep(app)
+    p = sweep.run(app)
     assert [(a.action, a.reason) for a in p.actions] == [("stop", "idle")]
     assert "(experiment)" in p.actions[0].why
 
@@ -209,7 +210,7 @@ def test_a_bad_policy_stops_the_scheduler_before_anything_is_done(sched, tmp_pat
     )
     fresh = App(app.settings, app.clock)
     with pytest.raises(ConfigError, match=r"policy.yaml:\d+: idle.for_minutes"):
-        scheduler.sweep(fresh)
+        sweep.run(fresh)
     fresh.close()
     assert status(app, "safe") == "running"
 
@@ -231,16 +232,16 @@ def test_preempted_spot_machine_is_relaunched_in_its_zone_first(sched):
     assert lost.zone == "sandbox-us-1b"
     sandbox.inject(capacity={})  # 1a has room again and sorts first: the lost zone still wins
     preempt(app, "spot")
-    scheduler.reconcile(app)
+    reconcile.run(app)
     assert status(app, "spot") == "preempted"
-    p = scheduler.recover(app)
+    p = recover.run(app)
     assert [(a.action, a.reason, a.done) for a in p.actions] == [("relaunch", "preempted", True)]
     new = lifecycle.find(app, "spot")
     assert new.id != lost.id and (new.status, new.zone) == ("running", "sandbox-us-1b")
     ev = events(app, "spot")
     assert ("preempted", "preempted") in ev and ("terminated", "preempted") in ev
     assert ("relaunched", "preempted") in ev and ("recovered", "recovered") in ev
-    assert scheduler.recover(app).actions == []  # recovered once
+    assert recover.run(app).actions == []  # recovered once
 
 
 def test_relaunch_stays_within_policy_and_backs_off(sched):
@@ -248,22 +249,22 @@ def test_relaunch_stays_within_policy_and_backs_off(sched):
     sandbox = app.provider("sandbox")
     up(app, "spot")
     preempt(app, "spot")
-    scheduler.reconcile(app)
+    reconcile.run(app)
     full = {z: 0 for z in ("sandbox-us-1a", "sandbox-us-1b", "sandbox-us-1c")}
     sandbox.inject(capacity=full)  # only sandbox-eu has room, and the policy forbids it
-    p = scheduler.recover(app)
+    p = recover.run(app)
     assert p.actions[0].error and not p.actions[0].done
     assert all(i.region == "sandbox-us" for i in sandbox.list_managed())
     assert events(app, "spot")[-1] == ("recover-failed", "preempted")
     app.clock.advance(timedelta(seconds=30))
-    assert scheduler.recover(app).actions == []  # backing off
+    assert recover.run(app).actions == []  # backing off
     app.clock.advance(timedelta(seconds=31))
-    assert scheduler.recover(app).actions[0].error  # second attempt, still full
+    assert recover.run(app).actions[0].error  # second attempt, still full
     app.clock.advance(timedelta(seconds=90))
-    assert scheduler.recover(app).actions == []  # the wait doubled to 2 minutes
+    assert recover.run(app).actions == []  # the wait doubled to 2 minutes
     sandbox.inject(capacity={})
     app.clock.advance(timedelta(seconds=31))
-    p = scheduler.recover(app)
+    p = recover.run(app)
     assert p.actions[0].done and status(app, "spot") == "running"
     assert lifecycle.find(app, "spot").region == "sandbox-us"
 
@@ -274,8 +275,8 @@ def test_on_preemption_terminate_and_leave(sched):
     up(app, "stays", lifecycle={"on_preemption": "leave"})
     preempt(app, "gone")
     preempt(app, "stays")
-    scheduler.reconcile(app)
-    p = scheduler.recover(app)
+    reconcile.run(app)
+    p = recover.run(app)
     assert [(a.machine, a.action) for a in p.actions] == [("gone", "terminate")]
     assert (status(app, "gone"), status(app, "stays")) == ("terminated", "preempted")
 
@@ -301,7 +302,7 @@ def test_reconcile_lists_orphans(sched):
             labels={TAG_MANAGED_BY: TAG_MANAGED_BY_VALUE, TAG_MACHINE: "deadbeef"},
         )
     )
-    p = scheduler.reconcile(app)
+    p = reconcile.run(app)
     assert [o["id"] for o in p.orphans] == [stray.id]
 
 
@@ -309,16 +310,16 @@ def test_one_leader_per_pass(sched):
     app = sched()
     up(app, "m1")
     app.clock.set(datetime(2026, 11, 6, 20, 0, tzinfo=UTC))
-    assert scheduler.acquire(app, "sweep", app.clock.now(), holder="other")
-    p = scheduler.sweep(app, holder="me")
+    assert lease.acquire(app, "sweep", app.clock.now(), holder="other")
+    p = sweep.run(app, holder="me")
     assert not p.leader and "other" in p.note and p.actions == []
-    scheduler.release(app, "sweep", holder="other")
-    assert scheduler.sweep(app, holder="me").leader
+    lease.release(app, "sweep", holder="other")
+    assert sweep.run(app, holder="me").leader
     # a leader that died: its lease runs out and another takes over
-    assert scheduler.acquire(app, "sweep", app.clock.now(), holder="dead")
-    assert not scheduler.acquire(app, "sweep", app.clock.now(), holder="me")
+    assert lease.acquire(app, "sweep", app.clock.now(), holder="dead")
+    assert not lease.acquire(app, "sweep", app.clock.now(), holder="me")
     later = app.clock.now() + timedelta(seconds=app.settings.scheduler.lease_seconds + 1)
-    assert scheduler.acquire(app, "sweep", later, holder="me")
+    assert lease.acquire(app, "sweep", later, holder="me")
 
 
 def test_metrics_count_scheduler_actions(sched):
@@ -326,10 +327,10 @@ def test_metrics_count_scheduler_actions(sched):
     m = up(app, "counted")
     app.clock.set(datetime(2026, 11, 6, 20, 0, tzinfo=UTC))
     heartbeats(app, m, 0.0, 60)
-    text = scheduler.Metrics(app).render()[0].decode()
+    text = metrics.Metrics(app).render()[0].decode()
     assert 'provisioner_machine_activity{signal="idle"} 1.0' in text
-    scheduler.sweep(app)
-    text = scheduler.Metrics(app).render()[0].decode()
+    sweep.run(app)
+    text = metrics.Metrics(app).render()[0].decode()
     assert (
         'provisioner_scheduler_actions_total{action="stopped",reason="off-hours-idle"} 1.0' in text
     )
@@ -490,22 +491,22 @@ def test_owner_is_warned_before_an_idle_stop(home, tmp_path, smtp_server, db_url
     app = App(settings, clock)
     up(app, "quiet")
     clock.advance(timedelta(hours=1))
-    assert scheduler.sweep(app, dry_run=True).actions[0].action == "warn"
+    assert sweep.run(app, dry_run=True).actions[0].action == "warn"
     assert smtp_server.inbox.messages == []  # a dry run mails nobody
 
-    first = scheduler.sweep(app).actions
+    first = sweep.run(app).actions
     assert [(a.action, a.done) for a in first] == [("warn", True)]
     ((to, msg),) = smtp_server.inbox.messages
     assert to == ["ana@example.com"] and "will be stopped at 11:10 UTC" in msg["Subject"]
     assert "provisioner keep quiet --until" in msg.get_body().get_content()
 
     clock.advance(timedelta(minutes=5))
-    assert [a.action for a in scheduler.sweep(app).actions] == ["warn"]
+    assert [a.action for a in sweep.run(app).actions] == ["warn"]
     assert len(smtp_server.inbox.messages) == 1  # warned once
     assert status(app, "quiet") == "running"
 
     clock.advance(timedelta(minutes=6))
-    assert [(a.action, a.done) for a in scheduler.sweep(app).actions] == [("stop", True)]
+    assert [(a.action, a.done) for a in sweep.run(app).actions] == [("stop", True)]
     assert status(app, "quiet") == "stopped"
     kinds = [k for k, _ in events(app, "quiet")]
     assert kinds.index("stop-warning") < kinds.index("stopped")

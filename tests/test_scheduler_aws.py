@@ -10,9 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from provisioner import catalog, idle, lifecycle, scheduler
+from provisioner import catalog, idle, lifecycle
 from provisioner.app import App
 from provisioner.clock import ManualClock
+from provisioner.jobs import sweep
+from provisioner.models import Heartbeat
 from provisioner.spec import Experiment
 from tests.conftest import make_settings, sandbox_experiment
 from tests.emulators.aws import AwsEmulator, aws_emulator
@@ -58,7 +60,7 @@ def test_sweep_stops_idle_aws_machines_with_list_calls_only(emu, home: Path, tmp
                 util = 90.0 if name.startswith("busy") else 0.5
                 for k in range(0, 45, 5):
                     s.add(
-                        idle.Heartbeat(
+                        Heartbeat(
                             machine_id=m.id,
                             at=clock.now() - timedelta(minutes=k),
                             gpus=[{"index": 0, "util": util}],
@@ -67,7 +69,7 @@ def test_sweep_stops_idle_aws_machines_with_list_calls_only(emu, home: Path, tmp
                     )
         emu.wait_idle()
         before = len(emu.requests)
-        p = scheduler.sweep(app)
+        p = sweep.run(app)
         emu.wait_idle()
         sent = [
             (r.action, r.params.get("InstanceId.1") or r.params.get("InstanceIds.1"))

@@ -1,7 +1,11 @@
 """The command line: thin commands that parse, call one application function, and render.
 
 Tables for people, ``--output json`` for scripts. Exit codes: 0 done, 1 an operation failed,
-2 bad input or refused (policy, budget).
+2 bad input or refused (policy, budget). This module holds what every command shares; the
+commands live in its submodules and :mod:`provisioner.cli.main` runs them.
+
+Commands import the application's modules inside their bodies: ``provisioner --help`` must not
+pay for SQLAlchemy, the policies or a cloud SDK.
 """
 
 from __future__ import annotations
@@ -13,9 +17,6 @@ from typing import Any
 
 import typer
 from rich.console import Console
-from rich.markup import escape
-
-from provisioner.errors import ConfigError, ProvisionerError
 
 app = typer.Typer(
     name="provisioner",
@@ -53,9 +54,9 @@ def _root(
 
 def get_app(ctx: typer.Context, clock: Any = None) -> Any:
     """The application for this command (settings loaded, database opened lazily)."""
-    from provisioner.app import App
-    from provisioner.clock import clock_from_env
-    from provisioner.settings import load_settings
+    from provisioner.app import App  # pydantic settings, the provider registry: not for --help
+    from provisioner.clock import clock_from_env  # as above
+    from provisioner.settings import load_settings  # as above
 
     root = ctx.find_root()
     config = (root.obj or {}).get("config")
@@ -64,29 +65,3 @@ def get_app(ctx: typer.Context, clock: Any = None) -> Any:
 
 def print_json(data: Any) -> None:
     sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
-
-
-def main() -> None:
-    from provisioner.cli import catalog, machines, report, scheduler  # noqa: F401  (register commands)
-
-    try:
-        app(standalone_mode=False)
-    except ConfigError as e:
-        for p in e.problems:
-            err.print(f"[red]error:[/] {escape(str(p))}", highlight=False, soft_wrap=True)
-        sys.exit(e.exit_code)
-    except ProvisionerError as e:
-        err.print(f"[red]error:[/] {escape(str(e))}", highlight=False, soft_wrap=True)
-        sys.exit(e.exit_code)
-    except (typer.Abort, KeyboardInterrupt):
-        err.print("aborted")
-        sys.exit(130)
-    except SystemExit:
-        raise
-    except Exception as e:  # click usage errors arrive here in non-standalone mode
-        import click
-
-        if isinstance(e, click.ClickException):
-            e.show()
-            sys.exit(2 if isinstance(e, click.UsageError) else e.exit_code)
-        raise

@@ -9,11 +9,10 @@ import typer
 from rich.table import Table
 
 from provisioner.cli import OUTPUT, Output, app, err, get_app, out, print_json
+from provisioner.money import Money
 
 
 def _money(amount: Any, currency: str | None) -> str:
-    from provisioner.money import Money
-
     return str(Money(amount, currency)) if amount is not None and currency else "—"
 
 
@@ -76,10 +75,11 @@ def plan(
 ) -> None:
     """Rank the offers an experiment may use, with why the others were turned down. Needs no
     credentials and launches nothing."""
-    from provisioner.spec import load_experiment
+    from provisioner import planning  # policies and the catalog: not for --help
+    from provisioner.spec import load_experiment  # pydantic: not for --help
 
     experiment = load_experiment(spec)
-    p = get_app(ctx).plan(experiment)
+    p = planning.plan(get_app(ctx), experiment)
     if output is Output.json:
         print_json(
             {
@@ -178,8 +178,8 @@ def up(
     output: Output = OUTPUT,
 ) -> None:
     """Launch the cheapest allowed offer, failing over across zones, regions and clouds."""
-    from provisioner import lifecycle
-    from provisioner.spec import load_experiment
+    from provisioner import lifecycle  # SQLAlchemy: not for --help
+    from provisioner.spec import load_experiment  # pydantic: not for --help
 
     experiment = load_experiment(spec)
     application = get_app(ctx)
@@ -236,8 +236,8 @@ def status(
     cost so far (compute and disk, at its launch-time rate)."""
     from sqlalchemy import select
 
-    from provisioner import ledger, lifecycle
-    from provisioner.state import Machine
+    from provisioner import ledger, lifecycle  # SQLAlchemy: not for --help
+    from provisioner.models import Machine  # as above
 
     application = get_app(ctx)
     problems = []
@@ -306,7 +306,7 @@ def _simple(verb: str, fn_name: str, done: str, same: str) -> None:
         name: str = typer.Argument(..., help="machine name"),
         output: Output = OUTPUT,
     ) -> None:
-        from provisioner import lifecycle
+        from provisioner import lifecycle  # SQLAlchemy: not for --help
 
         m, changed = getattr(lifecycle, fn_name)(get_app(ctx), name)
         if output is Output.json:
@@ -342,7 +342,7 @@ def gc(
 ) -> None:
     """Machines carrying our tag that the state does not know: they bill, unseen. Lists them;
     terminates them with --terminate after confirmation."""
-    from provisioner import lifecycle
+    from provisioner import lifecycle  # SQLAlchemy: not for --help
 
     application = get_app(ctx)
     found, errors = lifecycle.orphans(application, cloud or None)

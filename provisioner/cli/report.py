@@ -10,6 +10,7 @@ import typer
 from rich.table import Table
 
 from provisioner.cli import app, err, get_app, out, print_json
+from provisioner.errors import UserError
 
 
 class ReportOutput(StrEnum):
@@ -51,8 +52,7 @@ def report(
 ) -> None:
     """Spend for a period: by project/owner/cloud/GPU/machine, against the budget, with the
     forecast to the period's end. Exact to the cent; amounts keep their currency until shown."""
-    from provisioner import budget, ledger, reports
-    from provisioner.errors import UserError
+    from provisioner import budget, ledger, render, reports  # SQLAlchemy: not for --help
 
     application = get_app(ctx)
     now = application.clock.now()
@@ -79,14 +79,14 @@ def report(
     )
     if email:
         recipients = to or (chosen.budget.recipients if chosen and chosen.budget else [])
-        reports.email(application, r, recipients)
-        err.print(f"sent “{r.subject()}” to {', '.join(recipients)}", highlight=False)
+        render.email(application, r, recipients)
+        err.print(f"sent “{render.subject(r)}” to {', '.join(recipients)}", highlight=False)
     if output is ReportOutput.json:
         print_json(r.as_json())
     elif output is ReportOutput.csv:
-        sys.stdout.write(r.csv())
+        sys.stdout.write(render.csv(r))
     elif output is ReportOutput.html:
-        sys.stdout.write(reports.html_page(r))
+        sys.stdout.write(render.html_page(r))
     elif not email:
         _table(r)
 
@@ -96,8 +96,6 @@ def _budget_policy(
 ) -> Any:
     """The budget to compare with: --policy by name, else the first policy with a budget that
     applies to --project (and --owner) and names projects more narrowly than '*'."""
-    from provisioner.errors import UserError
-
     if name:
         found = next((p for p in policies if p.name == name), None)
         if found is None or found.budget is None:
@@ -118,7 +116,9 @@ def _budget_policy(
 
 
 def _table(r: Any) -> None:
-    f = r.fmt
+    from provisioner import render  # as in report(): SQLAlchemy, not for --help
+
+    f = render.fmt(r)
     out.print(f"[bold]{f.t('report')}: {r.title}[/] — {f.period(r.period)}", highlight=False)
     billed = " + ".join(f.money(m) for m in r.native.monies())
     out.print(f"{f.t('spent')}: [bold]{f.money(r.total)}[/]  ({billed or '0'})", highlight=False)
@@ -162,7 +162,7 @@ def _table(r: Any) -> None:
     if r.rent_or_buy:
         out.print(f"[bold]{f.t('rent')}[/]")
         for o in r.rent_or_buy:
-            out.print("  " + r.ownership_text(o), highlight=False)
+            out.print("  " + render.ownership_text(r, o), highlight=False)
         out.print(f"  [dim]{f.t('rule')}[/]")
     if r.rates:
         out.print(f"[dim]{f.t('rates')}: {r.rates}[/]", highlight=False)

@@ -22,9 +22,9 @@ def keep(
     output: Output = OUTPUT,
 ) -> None:
     """Keep a machine running: the sweep leaves it alone until then."""
-    from provisioner import scheduler
+    from provisioner.jobs import sweep  # SQLAlchemy and the policies: not for --help
 
-    m = scheduler.keep(get_app(ctx), name, until)
+    m = sweep.keep(get_app(ctx), name, until)
     if output is Output.json:
         print_json({"machine": m.name, "kept_until": m.kept_until})
     else:
@@ -39,33 +39,35 @@ def sweep(
 ) -> None:
     """One scheduler pass, for cron, systemd timers and Kubernetes CronJobs: stop idle machines
     out of hours and those past their lifetime, relaunch preempted ones (and enforce budgets)."""
-    from provisioner import scheduler
+    from provisioner.jobs import daemon, recover  # SQLAlchemy and the policies: not for --help
+    from provisioner.jobs import sweep as sweeping  # as above
+    from provisioner.jobs.passes import describe  # as above
 
     application = get_app(ctx)
     passes = [
-        scheduler.sweep(application, dry_run=dry_run),
-        scheduler.recover(application, dry_run=dry_run),
+        sweeping.run(application, dry_run=dry_run),
+        recover.run(application, dry_run=dry_run),
     ]
     extra = []
     if not dry_run:
-        for name, call, _ in scheduler.jobs(application)[3:]:  # budget, reports when present
+        for name, call in daemon.housekeeping(application):  # budgets, scheduled reports
             extra.append((name, call()))
     if output is Output.json:
         print_json(
             {
                 "passes": [p.as_json() for p in passes],
-                "other": {n: scheduler.describe(r) for n, r in extra},
+                "other": {n: describe(r) for n, r in extra},
             }
         )
         return
     for p in passes:
-        lines = scheduler.describe(p)
+        lines = describe(p)
         head = f"{p.job}: {p.checked} machines checked" if p.leader else p.job
         out.print(f"[bold]{head}[/]" + (" (dry run)" if dry_run else ""), highlight=False)
         for line in lines or ["nothing to do"]:
             out.print(f"  {line}", highlight=False, markup=False)
     for name, r in extra:
-        for line in scheduler.describe(r):
+        for line in describe(r):
             out.print(f"{name}: {line}", highlight=False, markup=False)
     if any(a.error for p in passes for a in p.actions):
         raise typer.Exit(1)
@@ -75,12 +77,13 @@ def sweep(
 def run(ctx: typer.Context) -> None:
     """Run sweep, recover and reconcile on their intervals and serve heartbeats, /metrics and
     /healthz on `scheduler.listen`, until stopped."""
-    from provisioner import scheduler
+    from provisioner.jobs import daemon  # SQLAlchemy, the policies, APScheduler: not for --help
+    from provisioner.jobs.lease import HOLDER  # as above
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     application = get_app(ctx)
-    err.print(f"scheduler {scheduler.HOLDER} listening on {application.settings.scheduler.listen}")
-    scheduler.run(application)
+    err.print(f"scheduler {HOLDER} listening on {application.settings.scheduler.listen}")
+    daemon.run(application)
 
 
 @app.command()
@@ -90,6 +93,6 @@ def agent(
     interval: float = typer.Option(30.0, "--interval", help="seconds between heartbeats"),
 ) -> None:
     """On a machine: post GPU utilisation heartbeats to the scheduler (never stops on errors)."""
-    from provisioner import agent as agent_mod
+    from provisioner import agent as agent_mod  # urllib: only for this command
 
     agent_mod.run(endpoint, token_file, interval)

@@ -3,7 +3,7 @@
 from alembic import context
 from sqlalchemy import create_engine
 
-from provisioner.state import Base
+from provisioner.models import Base
 
 config = context.config
 target_metadata = Base.metadata

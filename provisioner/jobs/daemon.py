@@ -1,0 +1,86 @@
+"""``provisioner scheduler run``: every job on its interval, and the heartbeat and metrics
+endpoint, until SIGTERM or Ctrl-C."""
+
+from __future__ import annotations
+
+import logging
+import signal
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any
+
+from provisioner import idle
+from provisioner.app import App
+from provisioner.jobs import enforce, reconcile, recover, scheduled_reports, sweep
+from provisioner.jobs.metrics import Metrics
+from provisioner.jobs.passes import describe
+
+log = logging.getLogger("provisioner.scheduler")
+
+
+Job = tuple[str, Callable[[], Any], int]  # name, call, interval in seconds
+
+
+def schedule(app: App) -> list[Job]:
+    """Every job ``scheduler run`` schedules, with its interval."""
+    cfg = app.settings.scheduler
+    return [
+        ("sweep", lambda: sweep.run(app), cfg.sweep_interval_seconds),
+        ("recover", lambda: recover.run(app), cfg.recover_interval_seconds),
+        ("reconcile", lambda: reconcile.run(app), cfg.reconcile_interval_seconds),
+        *((name, call, 60) for name, call in housekeeping(app)),
+    ]
+
+
+def housekeeping(app: App) -> list[tuple[str, Callable[[], Any]]]:
+    """Budget enforcement and scheduled reports: every minute under the daemon, and once after
+    its passes in ``provisioner sweep``."""
+    return [
+        ("budget.enforce", lambda: enforce.run(app, app.clock.now())),
+        ("reports.run_scheduled", lambda: scheduled_reports.run(app, app.clock.now())),
+    ]
+
+
+def run(app: App) -> None:
+    """``provisioner scheduler run``: the jobs on their intervals, and the heartbeat and
+    metrics endpoint, until SIGTERM or Ctrl-C."""
+    from apscheduler.schedulers.blocking import BlockingScheduler
+
+    app.policies  # noqa: B018  (refuse to start with a bad policy rather than act on half)
+    host, _, port = app.settings.scheduler.listen.rpartition(":")
+    metrics = Metrics(app)
+    endpoint = idle.Endpoint(app, host or "127.0.0.1", int(port), metrics).start()
+    log.info("heartbeats and /metrics on %s", endpoint.url)
+    sched = BlockingScheduler(timezone=UTC)
+    for name, call, every in schedule(app):
+        sched.add_job(
+            _guarded(name, call),
+            "interval",
+            seconds=every,
+            id=name,
+            name=name,
+            next_run_time=datetime.now(UTC),
+            coalesce=True,
+            max_instances=1,
+            misfire_grace_time=every,
+        )
+    signal.signal(signal.SIGTERM, lambda *_: sched.shutdown(wait=False))
+    try:
+        sched.start()
+    except (KeyboardInterrupt, SystemExit):
+        pass
+    finally:
+        endpoint.stop()
+
+
+def _guarded(name: str, call: Callable[[], Any]) -> Callable[[], None]:
+    def job() -> None:
+        try:
+            result = call()
+        except Exception:  # a job that fails is logged and runs again next interval
+            log.exception("job %s failed", name)
+            return
+        for line in describe(result):
+            log.info("%s: %s", name, line)
+
+    return job

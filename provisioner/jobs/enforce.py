@@ -1,0 +1,134 @@
+"""Budget enforcement: alerts at each threshold once per period (actual spend and forecast), and
+on an exhausted budget stop or terminate the machines in scope if the policy says so (events with
+reason ``budget``). Where each budget stands is :mod:`provisioner.budget`'s to say.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from decimal import Decimal
+
+from sqlalchemy import select
+
+from policies.schema import Policy
+from provisioner import lifecycle, render, reports
+from provisioner.app import App
+from provisioner.budget import Status, status
+from provisioner.errors import OperationFailed
+from provisioner.jobs.notices import claim, claimed
+from provisioner.models import Machine
+
+REASON = "budget"
+
+
+@dataclass
+class Action:
+    kind: str  # alert | exhausted | stop | terminate
+    policy: str
+    detail: str
+    machine: str | None = None
+    mailed: bool = False
+    error: str | None = None
+
+    def __str__(self) -> str:
+        what = f"{self.kind} {self.machine}" if self.machine else self.kind
+        extra = f" (failed: {self.error})" if self.error else ""
+        return f"budget {self.policy}: {what}: {self.detail}{extra}"
+
+
+def _mark(t: Decimal) -> str:
+    return str(t.normalize()) if t == t.to_integral() else str(t)
+
+
+def run(app: App, now: datetime | None = None) -> list[Action]:
+    """Alerts once per threshold and period; on exhaustion stop/terminate per policy."""
+    now = now or app.clock.now()
+    actions: list[Action] = []
+    for policy in app.policies:
+        st = status(app, policy, now) if policy.budget else None
+        if st is None:
+            continue
+        b = policy.budget
+        assert b is not None
+        done = claimed(app, policy.name, st.period)
+        for kind, thresholds, value in (
+            ("actual", b.alerts.actual, st.pct),
+            ("forecast", b.alerts.forecast, st.forecast_pct),
+        ):
+            new = [t for t in thresholds if value >= t and (kind, _mark(t)) not in done]
+            if not new:
+                continue
+            top = max(new)
+            a = Action(
+                "alert",
+                policy.name,
+                f"{kind} {st.pct if kind == 'actual' else st.forecast_pct:.0f} % "
+                f"(threshold {_mark(top)} %)",
+            )
+            send = None
+            if b.recipients:
+
+                def send(st: Status = st, kind: str = kind, top: Decimal = top) -> None:
+                    _send_alert(app, st, kind, top, now)
+
+                a.mailed = True
+            try:
+                if not claim(
+                    app,
+                    policy.name,
+                    st.period,
+                    [(kind, _mark(t)) for t in new],
+                    now,
+                    send,
+                    {"percent": str(value)},
+                ):
+                    continue
+            except OperationFailed as e:
+                a.mailed, a.error = False, str(e)
+            actions.append(a)
+        if not st.exhausted:
+            continue
+        if ("exhausted", "100") not in done and claim(
+            app,
+            policy.name,
+            st.period,
+            [("exhausted", "100")],
+            now,
+            None,
+            {"spent": str(st.spent.amount), "currency": st.spent.currency},
+        ):
+            actions.append(
+                Action("exhausted", policy.name, f"{st.spent} of {st.amount}; launches blocked")
+            )
+        if b.on_exhausted in ("stop", "terminate"):
+            actions += _stop_in_scope(app, policy, b.on_exhausted, st)
+    return actions
+
+
+def _send_alert(app: App, st: Status, kind: str, threshold: Decimal, now: datetime) -> None:
+    """A threshold alert: the budget's report in the short template."""
+    policy = st.policy
+    r = reports.for_budget(app, policy, now, st.period)
+    render.email(app, r, policy.budget.recipients, alert=(kind, threshold))  # type: ignore[union-attr]
+
+
+def _stop_in_scope(app: App, policy: Policy, how: str, st: Status) -> list[Action]:
+    statuses = (
+        ("pending", "running") if how == "stop" else ("pending", "running", "stopped", "preempted")
+    )
+    with app.db.session() as s:
+        names = [
+            m.name
+            for m in s.scalars(select(Machine).where(Machine.status.in_(statuses)))
+            if policy.applies_to.matches(m.project, m.owner)
+        ]
+    out = []
+    for name in names:
+        a = Action(how, policy.name, f"budget exhausted: {st.spent} of {st.amount}", name)
+        try:
+            (lifecycle.stop if how == "stop" else lifecycle.down)(app, name, reason=REASON)
+        except OperationFailed as e:
+            a.error = str(e)
+        out.append(a)
+    return out

@@ -1,0 +1,87 @@
+"""Two schedulers on one database never act twice: each pass first takes a lease (a table row,
+``UPDATE … WHERE expired OR mine``, the same on SQLite and PostgreSQL); the other skips the pass.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime, timedelta
+
+from sqlalchemy import or_, update
+from sqlalchemy.exc import IntegrityError
+
+from provisioner.app import App
+from provisioner.jobs.passes import Pass
+from provisioner.models import Lease
+
+HOLDER = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def acquire(app: App, job: str, now: datetime, holder: str = HOLDER) -> bool:
+    """Take (or renew) the lease for ``job``; False while another holder's lease runs."""
+    ttl = timedelta(seconds=app.settings.scheduler.lease_seconds)
+    try:
+        with app.db.session() as s:
+            if s.get(Lease, job) is None:
+                s.add(Lease(name=job, holder="", expires_at=EPOCH))
+    except IntegrityError:  # another scheduler inserted it first: fine, it exists
+        pass
+    with app.db.session() as s:
+        current = s.get(Lease, job)
+        takeable = [holder] + ([current.holder] if current and _dead_here(current.holder) else [])
+        won = s.execute(
+            update(Lease)
+            .where(Lease.name == job, or_(Lease.expires_at < now, Lease.holder.in_(takeable)))
+            .values(holder=holder, expires_at=now + ttl)
+        ).rowcount
+    return won == 1
+
+
+def _dead_here(holder: str) -> bool:
+    """A holder that was a process on this host which no longer runs (killed mid-pass): its
+    lease need not be waited out."""
+    host, _, rest = holder.partition(":")
+    pid = rest.partition(":")[0]
+    if host != socket.gethostname() or not pid.isdigit() or int(pid) == os.getpid():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
+
+
+def release(app: App, job: str, holder: str = HOLDER) -> None:
+    with app.db.session() as s:
+        s.execute(
+            update(Lease).where(Lease.name == job, Lease.holder == holder).values(expires_at=EPOCH)
+        )
+
+
+@contextmanager
+def leading(app: App, job: str, now: datetime, holder: str, dry_run: bool) -> Iterator[bool]:
+    """Hold the lease for one pass. A dry run changes nothing, so it needs none."""
+    if dry_run:
+        yield True
+        return
+    if not acquire(app, job, now, holder):
+        yield False
+        return
+    try:
+        yield True
+    finally:
+        release(app, job, holder)
+
+
+def not_leader(job: str, app: App, dry_run: bool) -> Pass:
+    with app.db.session() as s:
+        lease = s.get(Lease, job)
+        who = lease.holder if lease else "?"
+    return Pass(job, leader=False, dry_run=dry_run, note=f"another scheduler ({who}) runs it")

@@ -1,0 +1,95 @@
+"""Prometheus metrics for ``/metrics`` on the scheduler's endpoint."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import timedelta
+from typing import Any
+
+from sqlalchemy import func, select
+
+from provisioner import idle
+from provisioner.app import App
+from provisioner.jobs.passes import REASONS
+from provisioner.jobs.sweep import IdleCheck, assess
+from provisioner.models import ACTIVE_EXCLUDED, Event, Machine
+
+
+class Metrics:
+    """Prometheus metrics, read from the state at each scrape, so every scheduler sharing the
+    database reports the same numbers (actions come from the machines' events)."""
+
+    def __init__(self, app: App) -> None:
+        from prometheus_client import CollectorRegistry
+
+        self.app = app
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(self)
+
+    def render(self) -> tuple[bytes, str]:
+        from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST
+
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        app, now = self.app, self.app.clock.now()
+        by_state = GaugeMetricFamily(
+            "provisioner_machines", "Machines by state and cloud", labels=["state", "cloud"]
+        )
+        actions = CounterMetricFamily(
+            "provisioner_scheduler_actions",
+            "Actions the scheduler took, by kind and reason",
+            labels=["action", "reason"],
+        )
+        with app.db.session() as s:
+            for status, cloud, n in s.execute(
+                select(Machine.status, Machine.cloud, func.count())
+                .where(Machine.status.not_in(ACTIVE_EXCLUDED))
+                .group_by(Machine.status, Machine.cloud)
+            ):
+                by_state.add_metric([status, cloud or ""], n)
+            for kind, reason, n in s.execute(
+                select(Event.kind, Event.reason, func.count())
+                .where(Event.reason.in_(REASONS))
+                .group_by(Event.kind, Event.reason)
+            ):
+                actions.add_metric([kind, reason], n)
+            running = list(s.scalars(select(Machine).where(Machine.status == "running")))
+        yield by_state
+        yield actions
+        grace = timedelta(seconds=app.settings.scheduler.heartbeat_grace_seconds)
+        util = GaugeMetricFamily(
+            "provisioner_gpu_utilization_percent",
+            "GPU utilisation from each machine's latest heartbeat",
+            labels=["machine", "cloud", "gpu"],
+        )
+        for m, g in idle.iter_latest_gpus(app, now - grace):
+            util.add_metric([m.name, m.cloud or "", str(g["index"])], g["util"])
+        yield util
+        signals = GaugeMetricFamily(
+            "provisioner_machine_activity",
+            "Running machines by their strictest idle rule's signal (idle, busy, unknown, "
+            "starting), whatever the hour",
+            labels=["signal"],
+        )
+        counts = dict.fromkeys(("idle", "busy", "unknown", "starting"), 0)
+        for a in assess(app, now, running):
+            if a.signals:
+                counts[_strictest(a.signals)] += 1
+        for k, n in counts.items():
+            signals.add_metric([k], n)
+        yield signals
+        yield GaugeMetricFamily(
+            "provisioner_idle_machines",
+            "Running machines idle under one of their rules",
+            value=counts["idle"],
+        )
+
+
+def _strictest(signals: dict[IdleCheck, idle.Signal]) -> idle.Signal:
+    for s in ("idle", "unknown", "busy", "starting"):
+        if s in signals.values():
+            return s  # type: ignore[return-value]
+    return "starting"

@@ -1,0 +1,38 @@
+"""Reconcile: the state brought in line with what the clouds report; orphans listed."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from provisioner import lifecycle
+from provisioner.app import App
+from provisioner.jobs.lease import HOLDER, leading, not_leader
+from provisioner.jobs.passes import Action, Pass
+
+
+def run(app: App, now: datetime | None = None, *, holder: str = HOLDER) -> Pass:
+    now = now or app.clock.now()
+    with leading(app, "reconcile", now, holder, False) as leader:
+        if not leader:
+            return not_leader("reconcile", app, False)
+        orphans: list[lifecycle.Orphan] = []
+        observations = lifecycle.reconcile(app, now=now, orphans=orphans)
+        result = Pass("reconcile", checked=len(observations))
+        for o in observations:
+            if o.error:
+                result.actions.append(Action(o.machine.name, "record", "error", o.error))
+            elif o.changed:
+                why = f"the cloud reports {o.observed}"
+                result.actions.append(Action(o.machine.name, "record", o.observed or "", why, True))
+        result.orphans = [  # launches in flight are not orphans
+            {
+                "cloud": o.cloud,
+                "id": o.instance.id,
+                "name": o.instance.name,
+                "region": o.instance.region,
+                "zone": o.instance.zone,
+            }
+            for o in orphans
+            if not o.adoptable_by
+        ]
+        return result

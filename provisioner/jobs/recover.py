@@ -1,0 +1,154 @@
+"""Recover: a preempted spot machine → relaunched per its spec's ``on_preemption``: its zone and
+region first, then the planner's next candidates, within policy and budget, with backoff."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import func, select
+
+from provisioner import lifecycle
+from provisioner.app import App
+from provisioner.crashpoints import crashpoint
+from provisioner.errors import ProvisionerError
+from provisioner.jobs.lease import HOLDER, leading, not_leader
+from provisioner.jobs.passes import Action, Pass, act
+from provisioner.models import ACTIVE_EXCLUDED, Event, Machine
+from provisioner.spec import Experiment
+
+log = logging.getLogger("provisioner.scheduler")
+
+BACKOFF = timedelta(minutes=1)  # doubled per failed attempt …
+BACKOFF_MAX = timedelta(hours=1)  # … up to this
+MAX_ATTEMPTS = 10
+
+
+def stored_experiment(m: Machine) -> Experiment:
+    """The experiment a machine was launched from, read back from the state."""
+    return Experiment.model_validate(m.spec)
+
+
+def run(
+    app: App, now: datetime | None = None, *, dry_run: bool = False, holder: str = HOLDER
+) -> Pass:
+    now = now or app.clock.now()
+    app.policies  # noqa: B018
+    with leading(app, "recover", now, holder, dry_run) as leader:
+        if not leader:
+            return not_leader("recover", app, dry_run)
+        result = Pass("recover", dry_run=dry_run)
+        for m, attempts, last in _to_recover(app):
+            result.checked += 1
+            exp = stored_experiment(m)
+            mode = exp.lifecycle.on_preemption
+            if mode == "leave":
+                continue
+            if mode == "terminate":
+                action = Action(m.name, "terminate", "preempted", "on_preemption: terminate")
+                if not dry_run:
+                    act(app, action)
+                result.actions.append(action)
+                continue
+            if attempts >= MAX_ATTEMPTS:
+                continue
+            if last is not None:
+                wait = min(BACKOFF * 2 ** (attempts - 1), BACKOFF_MAX)
+                if now < last + wait:
+                    continue
+            near = m.zone or m.region or "?"
+            action = Action(
+                m.name,
+                "relaunch",
+                "preempted",
+                f"on_preemption: relaunch, {near} first (attempt {attempts + 1})",
+            )
+            if not dry_run:
+                _relaunch(app, m, exp, action, attempts, now)
+            result.actions.append(action)
+        return result
+
+
+def _to_recover(app: App) -> list[tuple[Machine, int, datetime | None]]:
+    """Preempted machines, and those whose relaunch failed or was interrupted (terminated to
+    be relaunched, with no machine of that name since): (machine, failed attempts so far, when
+    the last one failed)."""
+    with app.db.session() as s:
+        out: list[tuple[Machine, int, datetime | None]] = [
+            (m, 0, None) for m in s.scalars(select(Machine).where(Machine.status == "preempted"))
+        ]
+        failed = {
+            mid: (n, last)
+            for mid, n, last in s.execute(
+                select(Event.machine_id, func.count(), func.max(Event.at))
+                .where(Event.kind == "recover-failed")
+                .group_by(Event.machine_id)
+            )
+        }
+        pending = set(failed) | set(
+            s.scalars(
+                select(Event.machine_id).where(
+                    Event.kind == "terminated", Event.reason == "preempted"
+                )
+            )
+        )
+        for mid in pending:
+            m = s.get(Machine, mid)
+            latest = s.scalars(
+                select(Event).where(Event.machine_id == mid).order_by(Event.id.desc())
+            ).first()
+            interrupted = latest.kind == "terminated" and (latest.detail or {}).get("relaunching")
+            live = s.scalars(
+                select(Machine.status).where(
+                    Machine.name == m.name, Machine.status.not_in(ACTIVE_EXCLUDED)
+                )
+            ).first()
+            # a relaunch killed mid-`up` left its intent "requested": resuming it finishes the job
+            if (latest.kind == "recover-failed" or interrupted) and live in (None, "requested"):
+                out.append((m, *failed.get(mid, (0, None))))
+        return out
+
+
+def _near(m: Machine) -> Callable[[Any], int]:
+    def rank(c: Any) -> int:
+        o = c.offer
+        if o.cloud == m.cloud and o.zone and o.zone == m.zone:
+            return 0
+        return 1 if (o.cloud, o.region) == (m.cloud, m.region) else 2
+
+    return rank
+
+
+def _relaunch(
+    app: App, m: Machine, exp: Experiment, action: Action, attempts: int, now: datetime
+) -> None:
+    """Free the name (the lost machine is terminated: its disk still bills), then ``up`` with
+    the lost zone and region first. ``up`` applies every policy and budget."""
+    try:
+        if m.status == "preempted":
+            lifecycle.down(app, m.name, reason="preempted", detail={"relaunching": True})
+            crashpoint("recover-after-down")
+        result = lifecycle.up(app, exp, spec_path=m.spec_path, prefer=_near(m))
+    except ProvisionerError as e:
+        action.error = str(e)
+        lifecycle.record_event(
+            app,
+            m.id,
+            "recover-failed",
+            reason="preempted",
+            detail={"attempt": attempts + 1, "error": str(e)},
+        )
+        log.warning("recover: %s not relaunched: %s", m.name, e)
+        return
+    new = result.machine
+    where = f"{new.cloud}/{new.zone or new.region}"
+    action.done = True
+    action.why += f" → {where}"
+    lifecycle.record_event(
+        app, m.id, "relaunched", reason="preempted", detail={"machine": new.id, "where": where}
+    )
+    lifecycle.record_event(
+        app, new.id, "recovered", reason="recovered", detail={"replaces": m.id, "lost_zone": m.zone}
+    )

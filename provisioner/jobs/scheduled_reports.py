@@ -1,0 +1,56 @@
+"""Each policy's scheduled report (``budget.report.cron``), sent once per due time."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from zoneinfo import ZoneInfo
+
+from policies.schema import Policy
+from provisioner import budget, mail, render, reports
+from provisioner.app import App
+from provisioner.jobs.notices import claim, claimed
+from provisioner.ledger import Period
+
+GRACE = timedelta(days=1)  # a report due longer ago than this is skipped, not sent late
+
+
+def due_time(cron: str, tz: str, now: datetime) -> datetime | None:
+    """The latest time ``cron`` (read in ``tz``) fired at or before ``now``, if within grace."""
+    from apscheduler.triggers.cron import CronTrigger
+
+    trigger = CronTrigger.from_crontab(cron, timezone=ZoneInfo(tz))
+    last = None
+    t = trigger.get_next_fire_time(None, now - GRACE)
+    while t is not None and t <= now:
+        last = t
+        t = trigger.get_next_fire_time(t, t + timedelta(seconds=1))
+    return last
+
+
+def run(app: App, now: datetime | None = None) -> list[str]:
+    """Send each policy's scheduled report once per due time (the scheduler calls this every
+    few minutes). Returns what was sent, or why not."""
+    now = now or app.clock.now()
+    out = []
+    for policy in app.policies:
+        b = policy.budget
+        if b is None or b.report is None or not b.recipients:
+            continue
+        due = due_time(b.report.cron, policy.timezone, now)
+        period = budget.period_of(policy, now)
+        if due is None or period is None:
+            continue
+        mark = due.astimezone(ZoneInfo("UTC")).isoformat(timespec="minutes")
+        if ("report", mark) in claimed(app, policy.name, period):
+            continue
+
+        def send(policy: Policy = policy, period: Period = period) -> None:
+            r = reports.for_budget(app, policy, now, period)
+            render.email(app, r, policy.budget.recipients)  # type: ignore[union-attr]
+
+        try:
+            if claim(app, policy.name, period, [("report", mark)], now, send):
+                out.append(f"report {policy.name} due {mark}: sent to {', '.join(b.recipients)}")
+        except mail.MailError as e:
+            out.append(f"report {policy.name} due {mark}: not sent: {e}")
+    return out

@@ -1,0 +1,294 @@
+"""The sweep: out of hours AND idle → stop/terminate per policy; max lifetime reached → act; a
+machine kept by ``provisioner keep`` is left alone until then (and ``keep`` itself). An owner
+whose rule asks for it is mailed before the machine is acted on.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime, time, timedelta
+from typing import Any
+
+from sqlalchemy import select
+
+from policies.calendar import Calendar
+from policies.duration import parse_duration
+from policies.schema import IdleRule, Policy, matching
+from provisioner import idle, lifecycle, mail
+from provisioner.app import App
+from provisioner.errors import ProvisionerError, UserError
+from provisioner.jobs.lease import HOLDER, leading, not_leader
+from provisioner.jobs.passes import Action, Pass, act
+from provisioner.models import Event, Machine
+
+HEARTBEAT_RETENTION = timedelta(days=1)
+
+
+# --- rules per machine -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class IdleCheck:
+    source: str  # the policy's name, or "experiment"
+    rule: IdleRule
+    calendar: Calendar | None  # None: the rule acts at any hour
+
+
+@dataclass
+class Rules:
+    idle: list[IdleCheck]
+    lifetime: tuple[timedelta, str, str] | None  # (after, action, source): the shortest wins
+
+
+class RuleBook:
+    """Each machine's idle and lifetime rules: its matching policies plus its own spec."""
+
+    def __init__(self, policies: list[Policy]) -> None:
+        self.policies = policies
+        self.calendars = {p.name: Calendar(p.off_hours) for p in policies if p.off_hours}
+        self._by_scope: dict[tuple[str, str], list[Policy]] = {}
+
+    def for_machine(self, m: Machine) -> Rules:
+        key = (m.project, m.owner)
+        if key not in self._by_scope:
+            self._by_scope[key] = matching(self.policies, *key)
+        checks: list[IdleCheck] = []
+        lifetimes: list[tuple[timedelta, str, str]] = []
+        for p in self._by_scope[key]:
+            if p.idle_rule is not None:
+                checks.append(IdleCheck(p.name, p.idle_rule, self.calendars.get(p.name)))
+            if p.max_lifetime is not None:
+                lifetimes.append((p.max_lifetime.after, p.max_lifetime.action, p.name))
+        own = (m.spec or {}).get("lifecycle") or {}
+        if own.get("idle"):
+            checks.append(IdleCheck("experiment", IdleRule(**own["idle"]), None))
+        if own.get("max_lifetime") is not None:
+            lifetimes.append((parse_duration(own["max_lifetime"]), "stop", "experiment"))
+        lifetime = min(lifetimes, key=lambda x: (x[0], x[1] != "terminate")) if lifetimes else None
+        return Rules(checks, lifetime)
+
+
+# --- the pass ------------------------------------------------------------------------------
+
+
+@dataclass
+class Assessment:
+    machine: Machine
+    rules: Rules
+    signals: dict[IdleCheck, idle.Signal]
+
+
+def assess(app: App, now: datetime, machines: list[Machine]) -> list[Assessment]:
+    """Each machine's rules and, for each idle rule, its signal (two queries in all)."""
+    book = RuleBook(app.policies)
+    rules = {m.id: book.for_machine(m) for m in machines}
+    grace = timedelta(seconds=app.settings.scheduler.heartbeat_grace_seconds)
+    windows = [c.rule.for_minutes for r in rules.values() for c in r.idle]
+    running = [m.id for m in machines if m.status == "running" and rules[m.id].idle]
+    beats: dict[str, list[idle.Beat]] = {}
+    since: dict[str, datetime] = {}
+    if running:
+        beats = idle.beats_since(app, running, now - timedelta(minutes=max(windows)) - grace)
+        since = idle.running_since(app, running)
+    out = []
+    for m in machines:
+        r = rules[m.id]
+        signals: dict[IdleCheck, idle.Signal] = {}
+        if m.status == "running":
+            for c in r.idle:
+                signals[c] = idle.classify(
+                    beats.get(m.id, []),
+                    now=now,
+                    running_since=since.get(m.id, m.launched_at),
+                    below=c.rule.gpu_util_below,
+                    window=timedelta(minutes=c.rule.for_minutes),
+                    grace=grace,
+                )
+        out.append(Assessment(m, r, signals))
+    return out
+
+
+def decide(a: Assessment, now: datetime) -> Action | None:
+    """What the sweep does to one machine, and why; None: nothing."""
+    m = a.machine
+    if m.kept_until is not None and m.kept_until > now:
+        return Action(m.name, "keep", "kept", f"kept until {m.kept_until:%Y-%m-%d %H:%M} UTC")
+    if a.rules.lifetime and m.launched_at:
+        after, how, source = a.rules.lifetime
+        age = now - m.launched_at
+        if age >= after and (how == "terminate" or m.status == "running"):
+            why = f"up {_hours(age)}, max lifetime {_hours(after)} ({source})"
+            return Action(m.name, how, "max-lifetime", why)
+    fired = []
+    for check, signal in a.signals.items():
+        off = check.calendar.why_off(now) if check.calendar else None
+        if check.calendar and off is None:
+            continue
+        if signal == "idle" or (signal == "unknown" and check.rule.unknown_counts_as_idle):
+            fired.append((check, off, signal))
+    if not fired:
+        return None
+    check, off, signal = fired[0]
+    how = "terminate" if any(c.rule.action == "terminate" for c, _, _ in fired) else "stop"
+    activity = (
+        f"GPUs below {check.rule.gpu_util_below:g}% for {check.rule.for_minutes} min"
+        if signal == "idle"
+        else "no heartbeat (counted as idle)"
+    )
+    why = f"{off}; {activity} ({check.source})" if off else f"{activity} ({check.source})"
+    since = now - timedelta(minutes=check.rule.for_minutes) if signal == "idle" else None
+    warn = max((c.rule.warn_minutes for c, _, _ in fired), default=0)
+    return Action(
+        m.name, how, "off-hours-idle" if off else "idle", why, idle_since=since, warn_minutes=warn
+    )
+
+
+def run(
+    app: App, now: datetime | None = None, *, dry_run: bool = False, holder: str = HOLDER
+) -> Pass:
+    now = now or app.clock.now()
+    app.policies  # noqa: B018  (a bad policy file stops the pass before anything is done)
+    with leading(app, "sweep", now, holder, dry_run) as leader:
+        if not leader:
+            return not_leader("sweep", app, dry_run)
+        if not dry_run:  # one list call per cloud brings the state up to date
+            lifecycle.reconcile(app, now=now)
+        with app.db.session() as s:
+            machines = list(
+                s.scalars(
+                    select(Machine).where(
+                        Machine.status.in_(("running", "stopped")),
+                        Machine.instance_id.is_not(None),
+                    )
+                )
+            )
+        result = Pass("sweep", dry_run=dry_run, checked=len(machines))
+        for a in assess(app, now, machines):
+            action = decide(a, now)
+            if action is None:
+                continue
+            if action.warn_minutes and action.action in ("stop", "terminate"):
+                action = _warned_first(app, a.machine, action, now, dry_run)
+            if not dry_run and action.action in ("stop", "terminate"):
+                act(app, action)
+            result.actions.append(action)
+        if not dry_run:
+            idle.prune(app, now - HEARTBEAT_RETENTION)
+        return result
+
+
+def _warned_first(app: App, m: Machine, action: Action, now: datetime, dry_run: bool) -> Action:
+    """The owner hears of an idle stop ``warn_minutes`` before it happens (and can `keep` the
+    machine). A warning older than twice that, with the machine busy in between, is stale:
+    the next idle spell is warned again."""
+    wait = timedelta(minutes=action.warn_minutes)
+    with app.db.session() as s:
+        last = s.scalars(
+            select(Event)
+            .where(
+                Event.machine_id == m.id, Event.kind.in_(("stop-warning", "started", "launched"))
+            )
+            .order_by(Event.id.desc())
+        ).first()
+    warned = last.at if last is not None and last.kind == "stop-warning" else None
+    if warned is not None and warned + 2 * wait >= now:
+        if now >= warned + wait:
+            return action  # warned in time: act
+        return replace(
+            action,
+            action="warn",
+            why=f"{action.why}; {action.action} at {warned + wait:%H:%M} UTC, owner warned",
+            done=True,
+        )
+    when = now + wait
+    pending = replace(
+        action, action="warn", why=f"{action.why}; {action.action} at {when:%H:%M} UTC"
+    )
+    if dry_run:
+        return pending
+    detail: dict[str, Any] = {"why": action.why, "act_at": when.isoformat(), "to": m.owner}
+    try:
+        _mail_warning(app, m, action, when)
+    except ProvisionerError as e:  # a broken mail server must not keep machines running
+        detail["mail_error"] = str(e)
+        pending.error = str(e)
+    lifecycle.record_event(app, m.id, "stop-warning", reason=action.reason, detail=detail)
+    pending.done = pending.error is None
+    return pending
+
+
+def _mail_warning(app: App, m: Machine, action: Action, when: datetime) -> None:
+    if "@" not in m.owner:
+        raise UserError(f"owner {m.owner!r} is not an email address")
+    smtp = app.settings.smtp
+    keep_until = (when + timedelta(hours=2)).strftime("%H:%M")
+    done = "stopped" if action.action == "stop" else "terminated"
+    text = (
+        f"{m.name} ({m.cloud} {m.zone or m.region}, {m.gpu_count}×{m.gpu}) will be {done} at "
+        f"{when:%Y-%m-%d %H:%M} UTC:\n{action.why}.\n\n"
+        f"To keep it running, run:\n  provisioner keep {m.name} --until {keep_until}\n"
+    )
+    subject = f"provisioner: {m.name} will be {done} at {when:%H:%M} UTC (idle)"
+    mail.send(smtp, mail.compose(sender=smtp.sender, to=[m.owner], subject=subject, text=text))
+
+
+def _hours(d: timedelta) -> str:
+    h = d.total_seconds() / 3600
+    return f"{h:.0f} h" if h >= 10 else f"{h:.1f} h"
+
+
+# --- keep ------------------------------------------------------------------------------------
+
+
+def calendar_for(app: App, m: Machine) -> Calendar | None:
+    """The off-hours calendar of the first policy with one that applies to ``m``."""
+    for p in matching(app.policies, m.project, m.owner):
+        if p.off_hours:
+            return Calendar(p.off_hours)
+    return None
+
+
+def keep(app: App, name: str, until: str) -> Machine:
+    """Leave ``name`` alone until ``until``: ``HH:MM`` (next such time in the machine's policy
+    calendar, else this computer's timezone) or an ISO date-time."""
+    now = app.clock.now()
+    m = lifecycle.find(app, name)
+    cal = calendar_for(app, m)
+    tz = cal.tz if cal else datetime.now().astimezone().tzinfo
+    try:
+        if len(until) <= 5 and ":" in until:
+            t = time.fromisoformat(until.zfill(5))
+            when = (cal or _LocalCalendar(tz)).next_at(now, t)
+        else:
+            when = datetime.fromisoformat(until)
+            when = (when if when.tzinfo else when.replace(tzinfo=tz)).astimezone(UTC)
+    except ValueError:
+        raise UserError(f"--until {until!r}: write HH:MM or an ISO date-time") from None
+    if when <= now:
+        raise UserError(f"--until {until!r} is in the past")
+    with app.db.session() as s:
+        mm = s.get(Machine, m.id)
+        mm.kept_until = when
+        s.add(
+            Event(
+                machine_id=m.id,
+                at=now,
+                kind="kept",
+                reason="user",
+                detail={"until": when.isoformat(), "timezone": str(tz)},
+            )
+        )
+        return mm
+
+
+class _LocalCalendar:
+    def __init__(self, tz: Any) -> None:
+        self.tz = tz
+
+    def next_at(self, now: datetime, t: Any) -> datetime:
+        day = now.astimezone(self.tz).date()
+        for d in (day, day + timedelta(days=1), day + timedelta(days=2)):
+            at = datetime.combine(d, t).replace(tzinfo=self.tz).astimezone(UTC)
+            if at > now:
+                return at
+        raise ValueError(t)

@@ -1,0 +1,209 @@
+"""Every table of the state database, in one module: Alembic's environment imports it, so
+autogenerate sees the whole schema (tests/test_state.py checks it matches the migrations).
+
+Amounts are stored as exact decimal text and times as UTC.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime
+from decimal import Decimal
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    String,
+    Text,
+    TypeDecorator,
+    UniqueConstraint,
+    text,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+
+ACTIVE_EXCLUDED = ("terminated", "failed")  # a name may be reused once its machine is one of these
+
+
+class DecimalText(TypeDecorator[Decimal]):
+    """Exact decimals on every backend (SQLite has no decimal type)."""
+
+    impl = String(40)
+    cache_ok = True
+
+    def process_bind_param(self, value: Any, dialect: Any) -> str | None:
+        return None if value is None else str(Decimal(value))
+
+    def process_result_value(self, value: Any, dialect: Any) -> Decimal | None:
+        return None if value is None else Decimal(value)
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """Aware UTC datetimes in, aware UTC datetimes out, whatever the backend keeps."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: Any, dialect: Any) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError("naive datetime given to the state database")
+        value = value.astimezone(UTC)
+        return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
+
+    def process_result_value(self, value: Any, dialect: Any) -> datetime | None:
+        if value is None:
+            return None
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+def new_id() -> str:
+    return uuid.uuid4().hex
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class Machine(Base):
+    """One experiment's machine, from intent to termination. ``status`` is the machine state
+    vocabulary plus ``requested`` (intent written, not launched yet) and ``failed``."""
+
+    __tablename__ = "machines"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True, default=new_id)
+    name: Mapped[str] = mapped_column(String(64))
+    project: Mapped[str] = mapped_column(String(64), index=True)
+    owner: Mapped[str] = mapped_column(String(128), index=True)
+    status: Mapped[str] = mapped_column(String(16), index=True)
+    spec: Mapped[dict[str, Any]] = mapped_column(JSON)
+    spec_path: Mapped[str | None] = mapped_column(Text)
+    cloud: Mapped[str | None] = mapped_column(String(16))
+    region: Mapped[str | None] = mapped_column(String(64))
+    zone: Mapped[str | None] = mapped_column(String(64))
+    instance_type: Mapped[str | None] = mapped_column(String(64))
+    gpu: Mapped[str | None] = mapped_column(String(16))
+    gpu_count: Mapped[int | None] = mapped_column(Integer)
+    market: Mapped[str | None] = mapped_column(String(8))  # spot | reserved
+    instance_id: Mapped[str | None] = mapped_column(String(128))
+    resource_name: Mapped[str | None] = mapped_column(String(64))
+    rate: Mapped[Decimal | None] = mapped_column(DecimalText)  # per hour, fixed at launch
+    currency: Mapped[str | None] = mapped_column(String(3))
+    disk_gb: Mapped[int | None] = mapped_column(Integer)
+    disk_rate: Mapped[Decimal | None] = mapped_column(DecimalText)  # per hour, fixed at launch
+    public_ip: Mapped[str | None] = mapped_column(String(64))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    launched_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    terminated_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    # scheduler (0002): sha256 of the agent's heartbeat token; `provisioner keep NAME --until`
+    agent_token_hash: Mapped[str | None] = mapped_column(String(64), unique=True, index=True)
+    kept_until: Mapped[datetime | None] = mapped_column(UTCDateTime)
+
+    events: Mapped[list[Event]] = relationship(
+        back_populates="machine", order_by="Event.id", cascade="all, delete-orphan"
+    )
+
+    __table_args__ = (
+        # one live machine per name: a second concurrent `up` of the same name fails to insert
+        Index(
+            "uq_machines_live_name",
+            "name",
+            unique=True,
+            sqlite_where=text("status NOT IN ('terminated', 'failed')"),
+            postgresql_where=text("status NOT IN ('terminated', 'failed')"),
+        ),
+    )
+
+    @property
+    def is_live(self) -> bool:
+        return self.status not in ACTIVE_EXCLUDED
+
+
+class Event(Base):
+    __tablename__ = "events"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    machine_id: Mapped[str] = mapped_column(ForeignKey("machines.id"), index=True)
+    at: Mapped[datetime] = mapped_column(UTCDateTime, index=True)
+    kind: Mapped[str] = mapped_column(String(32))
+    reason: Mapped[str | None] = mapped_column(String(64))
+    detail: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+
+    machine: Mapped[Machine] = relationship(back_populates="events")
+
+    __table_args__ = (Index("ix_events_reason_at", "reason", "at"),)  # scheduler stops, budget
+
+
+class UsageInterval(Base):
+    """A span of billing at one rate: ``compute`` while the machine runs, ``disk`` while it
+    exists. Open intervals have no end. (machine, kind, start) is unique: re-recording a
+    transition never double-counts."""
+
+    __tablename__ = "usage_intervals"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    machine_id: Mapped[str] = mapped_column(ForeignKey("machines.id"), index=True)
+    kind: Mapped[str] = mapped_column(String(8))  # compute | disk
+    started_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    ended_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    rate: Mapped[Decimal] = mapped_column(DecimalText)  # per hour
+    currency: Mapped[str] = mapped_column(String(3))
+
+    __table_args__ = (
+        UniqueConstraint("machine_id", "kind", "started_at", name="uq_usage_machine_kind_start"),
+        Index("ix_usage_period", "started_at", "ended_at"),
+    )
+
+
+# --- the scheduler (0002) ------------------------------------------------------------------
+
+
+class Heartbeat(Base):
+    """One report of a machine's agent: each GPU's utilisation and memory."""
+
+    __tablename__ = "heartbeats"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    machine_id: Mapped[str] = mapped_column(ForeignKey("machines.id"))
+    at: Mapped[datetime] = mapped_column(UTCDateTime, index=True)  # the scheduler's clock
+    gpus: Mapped[list[dict[str, Any]]] = mapped_column(JSON)
+    max_util: Mapped[float | None] = mapped_column(Float)  # None: the agent saw no GPU
+
+    __table_args__ = (Index("ix_heartbeats_machine_at", "machine_id", "at"),)
+
+
+class Lease(Base):
+    """Who leads one scheduler job, until when (see :mod:`provisioner.jobs.lease`)."""
+
+    __tablename__ = "scheduler_leases"
+
+    name: Mapped[str] = mapped_column(String(32), primary_key=True)
+    holder: Mapped[str] = mapped_column(String(128))
+    expires_at: Mapped[datetime] = mapped_column(UTCDateTime)
+
+
+# --- budgets (0003) -------------------------------------------------------------------------
+
+
+class Notice(Base):
+    """A budget alert (``actual``/``forecast`` at a threshold), an ``exhausted`` mark or a
+    scheduled ``report`` (at its due time) — each recorded once per policy and period."""
+
+    __tablename__ = "budget_notices"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    policy: Mapped[str] = mapped_column(String(128))
+    kind: Mapped[str] = mapped_column(String(16))
+    period_start: Mapped[datetime] = mapped_column(UTCDateTime)
+    mark: Mapped[str] = mapped_column(String(40))
+    at: Mapped[datetime] = mapped_column(UTCDateTime)
+    detail: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+
+    __table_args__ = (
+        UniqueConstraint("policy", "kind", "period_start", "mark", name="uq_budget_notice"),
+    )

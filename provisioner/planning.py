@@ -1,0 +1,86 @@
+"""The plan for one experiment in this context: the catalog's offers ranked by the planner, under
+the policies that apply (the request-level decision, and each offer checked against the rules),
+with what the cheapest candidate would add to each budget. ``plan`` shows it; ``up`` follows it.
+"""
+
+from __future__ import annotations
+
+from decimal import Decimal
+
+import providers
+from policies import evaluate as pe
+from policies.schema import matching
+from provisioner import planner
+from provisioner.app import App
+from provisioner.money import Money
+from provisioner.spec import Experiment
+
+
+def plan(app: App, experiment: Experiment) -> planner.Plan:
+    """Candidates for ``experiment`` in the order ``up`` would try them."""
+    res = experiment.resources
+    clouds = [c for c in (res.clouds or providers.CLOUDS) if c in app.settings.enabled_clouds]
+    decision, policy_check = _policy(app, experiment)
+    p = planner.plan(
+        experiment,
+        app.offers(clouds),
+        app.settings.money_rates,
+        enabled_clouds=app.settings.enabled_clouds,
+        policy_check=policy_check,
+    )
+    if decision.rejected:  # policy turned offers down: say whether any is left
+        decision.candidates_allowed = len(p.candidates)
+    p.checks.append(decision)
+    if any(policy.budget is not None for policy in app.policies):
+        from provisioner import budget  # the ledger costs SQLAlchemy (~0.2 s): only with budgets
+
+        # what the new machine would add to each budget that applies
+        p.checks.extend(budget.projections(app, p))
+    return p
+
+
+def _policy(app: App, experiment: Experiment) -> tuple[pe.Decision, planner.PolicyCheck]:
+    """The request-level decision, and the per-candidate check for the planner (each offer
+    it turns down counted on the decision under the rule it broke)."""
+    res = experiment.resources
+    applied = matching(app.policies, experiment.project, experiment.owner)
+    active: tuple[tuple[str, str], ...] = ()
+    if any(p.max_machines is not None for p in applied):
+        from sqlalchemy import select  # SQLAlchemy (~0.2 s): only when a policy counts machines
+
+        from provisioner.models import ACTIVE_EXCLUDED, Machine  # as above
+
+        with app.db.session() as s:
+            rows = s.execute(
+                select(Machine.project, Machine.owner).where(
+                    Machine.status.not_in(ACTIVE_EXCLUDED), Machine.name != experiment.name
+                )
+            )
+            active = tuple((project, owner) for project, owner in rows)
+    request = pe.Request(
+        project=experiment.project,
+        owner=experiment.owner,
+        gpu=res.gpu.type,
+        gpu_count=res.gpu.count,
+        market=res.market,
+        clouds=tuple(res.clouds) if res.clouds else None,
+        active=active,
+    )
+    decision = pe.evaluate(request, applied)
+    rates = app.settings.money_rates
+
+    def convert(amount: Decimal, frm: str, to: str) -> Decimal:
+        return rates.convert(Money(amount, frm), to).amount
+
+    def check(c: planner.Candidate) -> str | None:
+        o = c.offer
+        facts = pe.CandidateFacts(
+            o.cloud, o.region, o.gpu, o.gpu_count, c.market, c.price.amount, c.price.currency
+        )
+        broken = pe.check_candidate(facts, applied, convert)
+        if not broken:
+            return None
+        decision.rejected[broken[0]] += 1
+        return str(broken[0])
+
+    return decision, check

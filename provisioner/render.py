@@ -1,0 +1,391 @@
+"""A report (:mod:`provisioner.reports`) for people and spreadsheets: plain text and HTML
+(Jinja2 templates), a matplotlib chart of daily spend with the budget line and the forecast, CSV,
+and the email that carries them all.
+
+Numbers, dates and currencies are formatted for the language (Babel); English by default,
+Russian per policy (``budget.language``) or per command (``report --language ru``).
+"""
+
+from __future__ import annotations
+
+import csv as csvlib
+import io
+from base64 import b64encode
+from collections.abc import Iterable
+from datetime import date, timedelta
+from decimal import ROUND_HALF_UP, Decimal
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+from zoneinfo import ZoneInfo
+
+from provisioner import mail
+from provisioner.errors import UserError
+from provisioner.ledger import Period
+from provisioner.money import CENT, Money
+from provisioner.reports import Ownership, Report
+
+if TYPE_CHECKING:
+    from email.message import EmailMessage
+
+    from provisioner.app import App
+
+TEMPLATES = Path(__file__).parent / "templates"
+LOCALES = {"en": "en_US", "ru": "ru_RU"}
+CSV_PLACES = Decimal("0.000001")  # rows keep micro-units so the column sums to the ledger's total
+
+Alert = tuple[str, Decimal]  # (actual | forecast, the threshold crossed)
+
+TEXT: dict[str, dict[str, str]] = {
+    "en": {
+        "report": "Spend report",
+        "period": "Period",
+        "generated": "as of",
+        "spent": "Spent",
+        "budget": "Budget",
+        "of_budget": "of budget",
+        "forecast": "Forecast to period end",
+        "committed": "Committed by live machines",
+        "left": "Left for new machines",
+        "on_exhausted": "When exhausted",
+        "compute": "Compute",
+        "disk": "Disks",
+        "total": "Total",
+        "share": "Share",
+        "project": "Project",
+        "owner": "Owner",
+        "cloud": "Cloud",
+        "gpu": "GPU",
+        "machine": "Machine",
+        "top": "Top machines",
+        "idle": "Idle waste (running idle before the scheduler stopped them)",
+        "savings": "Saved by scheduled stops",
+        "none": "none",
+        "rates": "Rates used",
+        "daily": "Daily spend",
+        "cumulative": "Cumulative",
+        "rent": "Rent or buy",
+        "rule": "Rule of thumb: a GPU busy more than 20–30 hours a week is cheaper to own.",
+        "subject_budget": "{name}: {pct} of budget, forecast {fpct}",
+        "subject_plain": "{name}: {total} spent in {period}",
+        "subject_actual": "{name}: {pct} of budget spent ({spent} of {amount})",
+        "subject_forecast": "{name}: forecast {fpct} of budget by the end of {period}",
+        "alert_actual": "Spend has reached the {t} threshold of the budget.",
+        "alert_forecast": "The forecast to the end of the period has reached the {t} threshold.",
+        "csv_note": "The attached CSV holds the spend per {by} and kind.",
+        "own_use": "{hours} GPU-hours a week ({per_card} h per card on {cards} card(s)); "
+        "renting costs {rental} a month",
+        "own_pays": "owning ({low}–{high} a card, {months}-month amortisation, {power} a month "
+        "of power) would pay off after {pb}",
+        "own_never": "at this use owning would not pay off within the card's {months}-month life",
+        "own_breakeven": "owning wins above {be} hours a week per card",
+        "own_unknown": "no ownership figures for {gpu} (set ownership.gpus.{gpu} in settings)",
+        "months": "{n} months",
+        "verdict_own": "owning would be cheaper",
+        "verdict_rent": "renting is cheaper",
+        "verdict_close": "close: depends on the card's price",
+        "axis_day": "day",
+        "budget_line": "budget",
+        "forecast_line": "forecast",
+    },
+    "ru": {
+        "report": "Отчёт о расходах",
+        "period": "Период",
+        "generated": "на",
+        "spent": "Потрачено",
+        "budget": "Бюджет",
+        "of_budget": "бюджета",
+        "forecast": "Прогноз на конец периода",
+        "committed": "Обязательства работающих машин",
+        "left": "Остаток для новых машин",
+        "on_exhausted": "При исчерпании",
+        "compute": "Вычисления",
+        "disk": "Диски",
+        "total": "Итого",
+        "share": "Доля",
+        "project": "Проект",
+        "owner": "Владелец",
+        "cloud": "Облако",
+        "gpu": "GPU",
+        "machine": "Машина",
+        "top": "Самые дорогие машины",
+        "idle": "Потери на простое (до остановки планировщиком)",
+        "savings": "Сэкономлено плановыми остановками",
+        "none": "нет",
+        "rates": "Курсы",
+        "daily": "Расходы по дням",
+        "cumulative": "Нарастающим итогом",
+        "rent": "Аренда или покупка",
+        "rule": "Эмпирическое правило: GPU, занятый больше 20–30 часов в неделю, выгоднее купить.",
+        "subject_budget": "{name}: {pct} бюджета, прогноз {fpct}",
+        "subject_plain": "{name}: потрачено {total} за {period}",
+        "subject_actual": "{name}: израсходовано {pct} бюджета ({spent} из {amount})",
+        "subject_forecast": "{name}: прогноз {fpct} бюджета к концу периода {period}",
+        "alert_actual": "Расходы достигли порога {t} бюджета.",
+        "alert_forecast": "Прогноз на конец периода достиг порога {t} бюджета.",
+        "csv_note": "В приложенном CSV — расходы по разрезу «{by}» и видам.",
+        "own_use": "{hours} GPU-часов в неделю ({per_card} ч на карту, карт: {cards}); "
+        "аренда стоит {rental} в месяц",
+        "own_pays": "покупка ({low}–{high} за карту, амортизация {months} мес., электричество "
+        "{power} в месяц) окупилась бы за {pb}",
+        "own_never": "при такой загрузке покупка не окупится за {months} мес. службы карты",
+        "own_breakeven": "покупка выгоднее при загрузке больше {be} ч в неделю на карту",
+        "own_unknown": "нет данных о покупке {gpu} (задайте ownership.gpus.{gpu} в настройках)",
+        "months": "{n} мес.",
+        "verdict_own": "покупка выгоднее",
+        "verdict_rent": "аренда выгоднее",
+        "verdict_close": "на грани: зависит от цены карты",
+        "axis_day": "день",
+        "budget_line": "бюджет",
+        "forecast_line": "прогноз",
+    },
+}
+
+
+class Fmt:
+    """Numbers, money, dates and words for one language."""
+
+    def __init__(self, language: str) -> None:
+        if language not in LOCALES:
+            raise UserError(f"unknown language {language!r}; use {', '.join(LOCALES)}")
+        self.language = language
+        self.locale = LOCALES[language]
+
+    def t(self, key: str, **kw: Any) -> str:
+        text = TEXT[self.language][key]
+        return text.format(**kw) if kw else text
+
+    def money(self, m: Money | None) -> str:
+        from babel.numbers import format_currency
+
+        if m is None:
+            return "—"
+        return format_currency(
+            m.amount.quantize(CENT, ROUND_HALF_UP), m.currency, locale=self.locale
+        )
+
+    def num(self, d: Decimal | int, places: int = 0) -> str:
+        from babel.numbers import format_decimal
+
+        pattern = "#,##0" + ("." + "0" * places if places else "")
+        return format_decimal(d, pattern, locale=self.locale)
+
+    def pct(self, d: Decimal) -> str:
+        return f"{self.num(d.quantize(Decimal(1), ROUND_HALF_UP))} %"
+
+    def date(self, d: date) -> str:
+        from babel.dates import format_date
+
+        return format_date(d, "medium", locale=self.locale)
+
+    def period(self, p: Period) -> str:
+        last = p.end.astimezone(ZoneInfo(p.tz)).date() - timedelta(days=1)
+        return (
+            f"{p.label} ({self.date(p.start.astimezone(ZoneInfo(p.tz)).date())} – "
+            f"{self.date(last)})"
+        )
+
+
+def fmt(r: Report) -> Fmt:
+    return Fmt(r.language)
+
+
+def subject(r: Report, alert: Alert | None = None) -> str:
+    f, b = fmt(r), r.budget
+    if b is None:
+        return f.t("subject_plain", name=r.title, total=f.money(r.total), period=r.period.label)
+    kw = {
+        "name": r.title,
+        "pct": f.pct(b.pct),
+        "fpct": f.pct(b.forecast_pct),
+        "spent": f.money(b.spent),
+        "amount": f.money(b.amount),
+        "period": b.period.label,
+    }
+    if alert is not None:
+        return f.t(f"subject_{alert[0]}", **kw)
+    return f.t("subject_budget", **kw)
+
+
+def csv(r: Report) -> str:
+    """One row per (group, kind, currency): the amount billed and its conversion."""
+    buf = io.StringIO()
+    w = csvlib.writer(buf, lineterminator="\n")
+    w.writerow(["period", r.by, "kind", "currency", "amount", f"amount_{r.currency}"])
+    rates = r.conversion
+    for line in r.lines:
+        for kind, amounts in sorted(line.by_kind.items()):
+            for m in amounts.monies():
+                conv = rates.convert(m, r.currency)
+                w.writerow(
+                    [
+                        r.period.label,
+                        line.key,
+                        kind,
+                        m.currency,
+                        _csv_amount(m.amount),
+                        _csv_amount(conv.amount),
+                    ]
+                )
+    return buf.getvalue()
+
+
+def ownership_text(r: Report, o: Ownership) -> str:
+    f = fmt(r)
+    parts = [
+        f.t(
+            "own_use",
+            hours=f.num(o.hours_per_week, 1),
+            per_card=f.num(o.hours_per_week / o.cards, 1),
+            cards=o.cards,
+            rental=f.money(o.rental_month),
+        )
+    ]
+    if o.price_low is None:
+        parts.append(f.t("own_unknown", gpu=o.gpu))
+    elif o.payback_low is None:
+        parts.append(f.t("own_never", months=o.amortisation_months))
+    else:
+        pb = f.t("months", n=_range(f, o.payback_low, o.payback_high))
+        parts.append(
+            f.t(
+                "own_pays",
+                low=f.money(o.price_low),
+                high=f.money(o.price_high),
+                months=o.amortisation_months,
+                power=f.money(o.power_month),
+                pb=pb,
+            )
+        )
+        if o.breakeven_low is not None:
+            parts.append(f.t("own_breakeven", be=_range(f, o.breakeven_low, o.breakeven_high)))
+    if o.verdict:
+        parts.append(f.t(f"verdict_{o.verdict}"))
+    return f"{o.gpu}: " + "; ".join(parts) + "."
+
+
+def text(r: Report, alert: Alert | None = None) -> str:
+    return _template("alert.txt" if alert else "report.txt", r, alert)
+
+
+def html(r: Report, chart_src: str | None, alert: Alert | None = None) -> str:
+    return _template("alert.html" if alert else "report.html", r, alert, chart_src=chart_src)
+
+
+def _template(name: str, r: Report, alert: Alert | None, **kw: Any) -> str:
+    return (
+        _env()
+        .get_template(name)
+        .render(
+            r=r,
+            f=fmt(r),
+            alert=alert,
+            subject=subject(r, alert),
+            ownership=lambda o: ownership_text(r, o),
+            **kw,
+        )
+    )
+
+
+def _range(f: Fmt, lo: Decimal | None, hi: Decimal | None) -> str:
+    a, b = f.num(lo or 0, 1), f.num(hi or 0, 1)
+    return a if a == b else f"{a}–{b}"
+
+
+def _csv_amount(d: Decimal) -> str:
+    return str(d.quantize(CSV_PLACES, ROUND_HALF_UP))
+
+
+def _env() -> Any:
+    from jinja2 import Environment, FileSystemLoader, StrictUndefined, select_autoescape
+
+    return Environment(
+        loader=FileSystemLoader(TEMPLATES),
+        autoescape=select_autoescape(["html"], default_for_string=False, default=False),
+        undefined=StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+
+
+def chart_png(r: Report) -> bytes:
+    """Daily spend (bars), cumulative spend, the budget line and the forecast to period end."""
+    from matplotlib.figure import Figure
+
+    f = fmt(r)
+    days = [d for d, _ in r.daily]
+    daily = [float(m.amount) for _, m in r.daily]
+    today = r.now.astimezone(ZoneInfo(r.period.tz)).date()
+    cumulative, run = [], 0.0
+    for d, v in zip(days, daily, strict=True):
+        run += v
+        cumulative.append(run if d <= today else None)
+    fig = Figure(figsize=(8, 3.6), dpi=100)
+    ax = fig.add_subplot()
+    x = list(range(1, len(days) + 1))
+    ax.bar(x, daily, color="#4c72b0", label=f.t("daily"))
+    ax.set_xlabel(f.t("axis_day"))
+    ax.set_ylabel(r.currency)
+    ax2 = ax.twinx()
+    ax2.plot(
+        [i for i, c in zip(x, cumulative, strict=True) if c is not None],
+        [c for c in cumulative if c is not None],
+        color="#222222",
+        label=f.t("cumulative"),
+    )
+    if r.budget is not None:
+        ax2.axhline(
+            float(r.budget.amount.amount),
+            color="#c44e52",
+            linestyle="-",
+            label=f"{f.t('budget_line')} {f.money(r.budget.amount)}",
+        )
+    if r.forecast is not None and today in days:
+        i = days.index(today)
+        ax2.plot(
+            [x[i], x[-1]],
+            [cumulative[i] or 0.0, float(r.forecast.amount)],
+            color="#dd8452",
+            linestyle="--",
+            label=f"{f.t('forecast_line')} {f.money(r.forecast)}",
+        )
+    ax2.set_ylim(bottom=0)
+    ax2.set_ylabel(f.t("cumulative"))
+    handles = ax.get_legend_handles_labels()[0] + ax2.get_legend_handles_labels()[0]
+    ax2.legend(handles=handles, loc="upper left", fontsize=8)
+    ax.set_title(f"{r.title} — {r.period.label}")
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    return buf.getvalue()
+
+
+def html_page(r: Report) -> str:
+    """A standalone HTML page (the chart inlined as a data: URL)."""
+    return html(r, "data:image/png;base64," + b64encode(chart_png(r)).decode())
+
+
+# --- mail ----------------------------------------------------------------------------------
+
+
+def message(app: App, r: Report, to: Iterable[str], alert: Alert | None = None) -> EmailMessage:
+    """Plain text, HTML with the chart inline, and the CSV attached."""
+    return mail.compose(
+        sender=app.settings.smtp.sender,
+        to=list(to),
+        subject=subject(r, alert),
+        text=text(r, alert),
+        html=html(r, "cid:chart", alert),
+        images={"chart": chart_png(r)},
+        attachments=[(f"spend-{_slug(r.title)}-{r.period.label}.csv", csv(r).encode(), "text/csv")],
+    )
+
+
+def _slug(text: str) -> str:
+    return "".join(ch if ch.isalnum() or ch in "-_" else "-" for ch in text).strip("-") or "all"
+
+
+def email(app: App, r: Report, to: Iterable[str], alert: Alert | None = None) -> None:
+    to = list(to)
+    if not to:
+        raise UserError("no recipients: give --to, or set budget.recipients in the policy")
+    mail.send(app.settings.smtp, message(app, r, to, alert))

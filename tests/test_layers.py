@@ -1,0 +1,195 @@
+"""The layers point one way (ARCHITECTURE.md). providers/ imports nothing from provisioner/ or
+policies/, policies/ nothing from provisioner/ or providers/, and each module of provisioner/
+imports only modules below it in :data:`ORDER` — counting every import statement in the file:
+at module level, inside a function, or for type checking only."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT
+
+#: provisioner's modules, lowest first. A module may import only those listed before it.
+ORDER = [
+    "provisioner",
+    "provisioner.agent",  # runs on the rented machine: the standard library only
+    "provisioner.money",
+    "provisioner.errors",
+    "provisioner.clock",
+    "provisioner.crashpoints",
+    "provisioner.settings",
+    "provisioner.spec",
+    "provisioner.models",  # every table
+    "provisioner.state",  # the database: engine, sessions, migrations
+    "provisioner.catalog",
+    "provisioner.planner",  # pure ranking: offers × spec × policy check
+    "provisioner.mail",
+    "provisioner.app",  # the context: settings, clock, database, providers, policies
+    "provisioner.ledger",
+    "provisioner.budget",  # budget rules and standing; no enforcement
+    "provisioner.planning",  # an experiment's plan: offers, policy decision, budget projection
+    "provisioner.idle",
+    "provisioner.lifecycle",
+    "provisioner.reports",  # the report model: numbers
+    "provisioner.render",  # the report as text, HTML, chart, CSV and mail
+    "provisioner.jobs",
+    "provisioner.jobs.passes",
+    "provisioner.jobs.lease",
+    "provisioner.jobs.notices",
+    "provisioner.jobs.sweep",
+    "provisioner.jobs.recover",
+    "provisioner.jobs.reconcile",
+    "provisioner.jobs.enforce",
+    "provisioner.jobs.scheduled_reports",
+    "provisioner.jobs.metrics",
+    "provisioner.jobs.daemon",
+    "provisioner.cli",  # the Typer app and what every command shares
+    "provisioner.cli.catalog",
+    "provisioner.cli.machines",
+    "provisioner.cli.report",
+    "provisioner.cli.scheduler",
+    "provisioner.cli.main",  # the entry point: registers the commands and runs one
+    "provisioner.__main__",
+]
+
+#: Files of provisioner/ that are not modules of its packages, and what they may import from it.
+SCRIPTS = {
+    "provisioner/migrations/env.py": {"provisioner.models"},  # Alembic sees every table
+}
+
+PACKAGES = ("provisioner", "providers", "policies")
+
+
+def modules(package: str) -> dict[str, Path]:
+    """Every module of ``package`` (files in directories that are packages), by dotted name."""
+    out = {}
+    for path in sorted((ROOT / package).rglob("*.py")):
+        rel = path.relative_to(ROOT)
+        if not all((ROOT / p / "__init__.py").exists() for p in rel.parents if p != Path(".")):
+            continue
+        parts = rel.with_suffix("").parts
+        out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return out
+
+
+def scripts(package: str) -> list[Path]:
+    """The other .py files under ``package``: Alembic's environment and migrations, data tools."""
+    known = set(modules(package).values())
+    return [p for p in sorted((ROOT / package).rglob("*.py")) if p not in known]
+
+
+def imports(path: Path, name: str, known: set[str]) -> dict[str, int]:
+    """Every module ``path`` imports (resolved to the longest known module name, or the
+    top-level name for anything else), with the line of the first such import."""
+    tree = ast.parse(path.read_text(), str(path))
+    is_pkg = path.name == "__init__.py"
+    out: dict[str, int] = {}
+
+    def resolve(target: str) -> str:
+        parts = target.split(".")
+        for i in range(len(parts), 0, -1):
+            if ".".join(parts[:i]) in known:
+                return ".".join(parts[:i])
+        return parts[0]
+
+    for node in ast.walk(tree):
+        targets = []
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                pkg = name if is_pkg else name.rpartition(".")[0]
+                for _ in range(node.level - 1):
+                    pkg = pkg.rpartition(".")[0]
+                base = f"{pkg}.{base}" if base else pkg
+            targets = [f"{base}.{a.name}" for a in node.names]
+        for t in targets:
+            out.setdefault(resolve(t), node.lineno)
+    return out
+
+
+def known_modules() -> set[str]:
+    return {m for p in PACKAGES for m in modules(p)}
+
+
+def test_every_module_of_provisioner_has_its_place_in_the_order():
+    found = set(modules("provisioner"))
+    assert sorted(found - set(ORDER)) == [], "declare where these sit in ORDER"
+    assert sorted(set(ORDER) - found) == [], "ORDER names modules that do not exist"
+    assert len(ORDER) == len(set(ORDER))
+
+
+def test_provisioner_modules_import_only_modules_below_them():
+    known = known_modules()
+    rank = {m: i for i, m in enumerate(ORDER)}
+    wrong = []
+    for name, path in modules("provisioner").items():
+        for target, line in imports(path, name, known).items():
+            if target.split(".")[0] != "provisioner" or target == name:
+                continue
+            if rank.get(target, len(ORDER)) >= rank.get(name, -1):
+                wrong.append(f"{path.relative_to(ROOT)}:{line}: {name} imports {target}")
+    assert wrong == []
+
+
+def test_scripts_import_only_what_they_declare():
+    known = known_modules()
+    wrong = []
+    for path in scripts("provisioner"):
+        rel = str(path.relative_to(ROOT))
+        got = {t for t in imports(path, "", known) if t.split(".")[0] in PACKAGES}
+        if got - SCRIPTS.get(rel, set()):
+            wrong.append(f"{rel} imports {sorted(got)}")
+    assert wrong == []
+
+
+def test_no_dynamic_imports_hide_an_edge():
+    """``importlib.import_module`` or ``__import__`` in provisioner/ would slip past the check."""
+    wrong = []
+    for name, path in modules("provisioner").items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call):
+                f = node.func
+                called = f.attr if isinstance(f, ast.Attribute) else getattr(f, "id", "")
+                if called in ("import_module", "__import__"):
+                    wrong.append(f"{name}:{node.lineno}")
+    assert wrong == []
+
+
+@pytest.mark.parametrize(
+    ("package", "forbidden"),
+    [("providers", ("provisioner", "policies")), ("policies", ("provisioner", "providers"))],
+)
+def test_providers_and_policies_import_nothing_from_the_layers_above(package, forbidden):
+    known = known_modules()
+    wrong = [
+        f"{path.relative_to(ROOT)}:{line}: {name} imports {target}"
+        for name, path in modules(package).items()
+        for target, line in imports(path, name, known).items()
+        if target.split(".")[0] in forbidden
+    ]
+    assert wrong == []
+    # and at run time: importing every module loads nothing from the layers above
+    code = (
+        f"import sys\nfor m in {sorted(modules(package))!r}:\n    __import__(m)\n"
+        f"print(sorted(m for m in sys.modules if m.split('.')[0] in {forbidden!r}))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
+
+
+def test_every_module_of_provisioner_imports():
+    """Every module imports (Alembic's scripts run only under Alembic: parsed above instead)."""
+    code = (
+        f"import importlib\nfor m in {sorted(modules('provisioner'))!r}:\n"
+        "    if m != 'provisioner.__main__':\n        importlib.import_module(m)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
