@@ -213,7 +213,7 @@ MISSING_SDK = """
 import sys
 sys.modules["boto3"] = None  # as if `pip install gpu-provisioner` without the [aws] extra
 sys.argv = ["provisioner", *sys.argv[1:]]
-from provisioner.cli import main
+from provisioner.cli.main import main
 main()
 """
 
