@@ -116,11 +116,7 @@ class AzureProvider(Provider):
                 return "service principal (environment)"
             if env.get("AZURE_FEDERATED_TOKEN_FILE"):
                 return "workload identity"
-        if (
-            env.get("IDENTITY_ENDPOINT")
-            or env.get("MSI_ENDPOINT")
-            or self.options.managed_identity
-        ):
+        if env.get("IDENTITY_ENDPOINT") or env.get("MSI_ENDPOINT") or self.options.managed_identity:
             return "managed identity"
         if shutil.which("az"):
             return "Azure CLI login"

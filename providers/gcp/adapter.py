@@ -218,9 +218,7 @@ class GCPProvider(Provider):
                     key="ssh-keys", value=f"provisioner:{request.ssh_public_key.strip()}"
                 )
             )
-        interface = compute_v1.NetworkInterface(
-            network=self.options.network
-        )
+        interface = compute_v1.NetworkInterface(network=self.options.network)
         if request.instance_type.startswith("a3-"):
             interface.nic_type = "GVNIC"  # A3 machines require gVNIC
         if self.options.subnetwork:
