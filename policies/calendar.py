@@ -18,8 +18,12 @@ from __future__ import annotations
 import zoneinfo
 from datetime import UTC, date, datetime, time, timedelta
 from functools import cached_property
+from typing import TYPE_CHECKING
 
 from policies.schema import DAYS, OffHours
+
+if TYPE_CHECKING:
+    from holidays import HolidayBase
 
 _WEEKDAYS = frozenset(DAYS[:5])
 
@@ -30,7 +34,7 @@ class Calendar:
         self.tz = zoneinfo.ZoneInfo(spec.timezone)
 
     @cached_property
-    def _holidays(self):  # holidays.HolidayBase | None; expands to new years on lookup
+    def _holidays(self) -> HolidayBase | None:  # expands to new years on lookup
         if self.spec.holidays is None:
             return None
         import holidays

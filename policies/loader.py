@@ -63,6 +63,7 @@ def _load_file(path: Path, problems: list[Problem]) -> list[tuple[Policy, int | 
         problems.extend(e.problems)
         return []
     problems.extend(lines.problems)
+    prefix: tuple[str, ...]
     if isinstance(data, dict) and "policies" in data:
         extra = sorted(set(data) - {"policies"})
         if extra:

@@ -74,7 +74,12 @@ def _parts(doc: str) -> list[tuple[str, str]]:
         for part in email.message_from_string(doc).walk():
             if not part.is_multipart():
                 payload = part.get_payload(decode=True)
-                text = payload.decode(part.get_content_charset() or "utf-8") if payload else ""
+                # decode=True on a non-multipart part: the bytes, or None when there are none
+                text = (
+                    payload.decode(part.get_content_charset() or "utf-8")
+                    if isinstance(payload, bytes) and payload
+                    else ""
+                )
                 out.append((part.get_content_subtype(), text))
         return out
     kind = _kind(doc)

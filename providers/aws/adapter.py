@@ -260,11 +260,7 @@ class AWSProvider(Provider):
         return _instance(raw, region, zone)
 
     def _image(self, request: LaunchRequest) -> str:
-        image = (
-            request.image
-            or self.options.images.get(request.region)
-            or self.options.image
-        )
+        image = request.image or self.options.images.get(request.region) or self.options.image
         if image:
             return str(image)
         if request.region not in self._images:

@@ -116,11 +116,7 @@ class AzureProvider(Provider):
                 return "service principal (environment)"
             if env.get("AZURE_FEDERATED_TOKEN_FILE"):
                 return "workload identity"
-        if (
-            env.get("IDENTITY_ENDPOINT")
-            or env.get("MSI_ENDPOINT")
-            or self.options.managed_identity
-        ):
+        if env.get("IDENTITY_ENDPOINT") or env.get("MSI_ENDPOINT") or self.options.managed_identity:
             return "managed identity"
         if shutil.which("az"):
             return "Azure CLI login"
@@ -385,11 +381,14 @@ class AzureProvider(Provider):
     def _nic_body(self, request: LaunchRequest) -> Any:
         from azure.mgmt.network import models
 
-        return models.NetworkInterface(
+        # The flattened keywords (ip_configurations=…, subnet=…) are what every supported
+        # azure-mgmt-network accepts; the newer SDK's overloads declare only ``properties=``
+        # although its __init__ still takes them, hence the ignores.
+        return models.NetworkInterface(  # type: ignore[call-overload]
             location=request.region,
             tags=dict(request.labels),
             ip_configurations=[
-                models.NetworkInterfaceIPConfiguration(
+                models.NetworkInterfaceIPConfiguration(  # type: ignore[call-overload]
                     name="ipconfig1",
                     subnet=models.Subnet(id=self._subnet_id(request.region)),
                     private_ip_allocation_method="Dynamic",
@@ -456,7 +455,9 @@ class AzureProvider(Provider):
         )
         if request.user_data:
             os_profile.custom_data = base64.b64encode(request.user_data.encode()).decode()
-        return models.VirtualMachine(
+        # Flattened keywords as in _nic_body: accepted at run time by every supported
+        # azure-mgmt-compute, missing from the newer SDK's overloads (only ``properties=``).
+        return models.VirtualMachine(  # type: ignore[call-overload]
             location=request.region,
             zones=[zone] if zone else None,
             tags=dict(request.labels),
@@ -476,7 +477,7 @@ class AzureProvider(Provider):
             os_profile=os_profile,
             network_profile=models.NetworkProfile(
                 network_interfaces=[
-                    models.NetworkInterfaceReference(
+                    models.NetworkInterfaceReference(  # type: ignore[call-overload]
                         id=self._nic_id(request.name), primary=True, delete_option="Delete"
                     )
                 ]

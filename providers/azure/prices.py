@@ -9,6 +9,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from decimal import Decimal
+from functools import partial
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
@@ -109,7 +110,7 @@ def _kind(item: Mapping[str, Any]) -> str | None:
 def _items(url: str, timeout: float, options: AzureOptions) -> Iterator[dict]:
     next_url: str | None = url
     while next_url:
-        page = call_with_retry(lambda u=next_url: _get_json(u, timeout), options)
+        page = call_with_retry(partial(_get_json, next_url, timeout), options)
         yield from page.get("Items", [])
         next_url = page.get("NextPageLink")
 

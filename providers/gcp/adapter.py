@@ -218,9 +218,7 @@ class GCPProvider(Provider):
                     key="ssh-keys", value=f"provisioner:{request.ssh_public_key.strip()}"
                 )
             )
-        interface = compute_v1.NetworkInterface(
-            network=self.options.network
-        )
+        interface = compute_v1.NetworkInterface(network=self.options.network)
         if request.instance_type.startswith("a3-"):
             interface.nic_type = "GVNIC"  # A3 machines require gVNIC
         if self.options.subnetwork:
@@ -295,12 +293,13 @@ class GCPProvider(Provider):
                     f"gcp: operation {operation.name} still {operation.status.name} in {zone}",
                     code="operationTimeout",
                 )
-            name = operation.name
-            operation = self._call(
-                lambda name=name: self._operations().wait(
+
+            def wait(name: str = operation.name) -> Any:
+                return self._operations().wait(
                     project=self._project(), zone=zone, operation=name, retry=None
                 )
-            )
+
+            operation = self._call(wait)
         if operation.error.errors:
             raise operation_error(operation)
 

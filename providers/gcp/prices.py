@@ -28,6 +28,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from decimal import ROUND_HALF_UP, Decimal
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from providers.base import AuthError, InvalidRequest, Offer, Throttled
@@ -178,7 +179,7 @@ def fetch_skus(endpoint: str, key: str, options: GCPOptions) -> list[dict[str, A
         if token:
             query["pageToken"] = token
         url = f"{endpoint}/v1/services/{COMPUTE_SERVICE}/skus?{urllib.parse.urlencode(query)}"
-        page = call_with_retry(lambda url=url: _get_json(url, key), options)
+        page = call_with_retry(partial(_get_json, url, key), options)
         skus.extend(page.get("skus", []))
         token = page.get("nextPageToken") or ""
         if not token:

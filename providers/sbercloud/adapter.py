@@ -347,12 +347,13 @@ class SberCloudProvider(Provider):
         found: dict[str, Instance] = {}
         page = 1
         while True:
-            listed = self._call(
-                "list servers",
-                lambda c, p=page: c.list_servers_details(
-                    m.ListServersDetailsRequest(tags=tag, limit=limit, offset=p)
-                ),
-            )
+
+            def list_page(c: Any, offset: int = page) -> Any:
+                return c.list_servers_details(
+                    m.ListServersDetailsRequest(tags=tag, limit=limit, offset=offset)
+                )
+
+            listed = self._call("list servers", list_page)
             for s in listed.servers or []:
                 found[s.id] = self._instance(s)
             if not listed.servers or page * limit >= (listed.count or 0):
@@ -431,9 +432,10 @@ class SberCloudProvider(Provider):
 
         out: list[Offer] = []
         for zone in self.zones:
-            listed = self._call(
-                f"list flavors in {zone}",
-                lambda c, z=zone: c.list_flavors(m.ListFlavorsRequest(availability_zone=z)),
-            )
+
+            def list_flavors(c: Any, z: str = zone) -> Any:
+                return c.list_flavors(m.ListFlavorsRequest(availability_zone=z))
+
+            listed = self._call(f"list flavors in {zone}", list_flavors)
             out.extend(flavors.offers(listed.flavors or [], self.region, zone))
         return out

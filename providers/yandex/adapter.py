@@ -186,9 +186,7 @@ class YandexProvider(Provider):
             try:
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore", DeprecationWarning)  # OAuth: said in check()
-                    self._sdk_obj = yandexcloud.SDK(
-                        endpoint=self.options.endpoint, **kwargs
-                    )
+                    self._sdk_obj = yandexcloud.SDK(endpoint=self.options.endpoint, **kwargs)
             except RuntimeError as exc:  # the SDK's own validation of the key, no secret in it
                 raise AuthError(f"yandex: {exc}", code="BAD_CREDENTIALS") from None
         return self._sdk_obj
