@@ -24,7 +24,9 @@ class GPUModel:
     power_watts: int | None = None
 
 
-def _gpu(name: str, memory: int, family: str = "", own: tuple[str, str, int] | None = None):
+def _gpu(
+    name: str, memory: int, family: str = "", own: tuple[str, str, int] | None = None
+) -> GPUModel:
     low, high, watts = own if own else (None, None, None)
     return GPUModel(
         name,
