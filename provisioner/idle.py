@@ -21,7 +21,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from importlib import resources
 from typing import TYPE_CHECKING, Any, Literal
 
-from sqlalchemy import delete, func, select
+from sqlalchemy import Select, delete, func, select
 
 from providers.userdata import combine
 from provisioner.models import ACTIVE_EXCLUDED, Event, Heartbeat, Machine
@@ -33,6 +33,7 @@ log = logging.getLogger("provisioner.idle")
 
 Signal = Literal["idle", "busy", "unknown", "starting"]
 MAX_BODY = 64 * 1024
+SOCKET_TIMEOUT = 10  # seconds a heartbeat connection may sit silent
 AGENT_DIR = "/etc/provisioner"
 RUNNING_SINCE_EVENTS = ("launched", "adopted", "started", "running")
 
@@ -61,36 +62,7 @@ def startup_data(user_script: str | None, endpoint: str, token: str, interval: i
         f"/usr/bin/env python3 {AGENT_DIR}/agent.py --endpoint {_sh(endpoint)} "
         f"--token-file {AGENT_DIR}/agent-token --interval {int(interval)}"
     )
-    install = f"""#!/bin/bash
-# provisioner agent: GPU utilisation heartbeats for the idle scheduler
-(
-umask 077
-mkdir -p {AGENT_DIR}
-cat > {AGENT_DIR}/agent-token <<'PV_TOKEN_EOF'
-{token}
-PV_TOKEN_EOF
-cat > {AGENT_DIR}/agent.py <<'PV_AGENT_EOF'
-{agent_py}PV_AGENT_EOF
-python3 -c 'import pynvml' 2>/dev/null || pip3 install -q nvidia-ml-py || true
-if command -v systemctl >/dev/null 2>&1; then
-  cat > /etc/systemd/system/provisioner-agent.service <<'PV_UNIT_EOF'
-[Unit]
-Description=provisioner GPU heartbeat agent
-After=network-online.target
-[Service]
-ExecStart={cmd}
-Restart=always
-RestartSec=30
-Nice=10
-[Install]
-WantedBy=multi-user.target
-PV_UNIT_EOF
-  systemctl daemon-reload && systemctl enable --now provisioner-agent.service
-else
-  nohup {cmd} >/var/log/provisioner-agent.log 2>&1 &
-fi
-) >/var/log/provisioner-agent-install.log 2>&1 || true
-"""
+    install = _render_install(agent_dir=AGENT_DIR, token=token, agent_py=agent_py, cmd=cmd)
     if not user_script:
         return install
     if user_script.lstrip().startswith("#cloud-config") or user_script.startswith("Content-Type:"):
@@ -102,6 +74,14 @@ fi
         f"cat > /var/lib/provisioner/startup <<'{end}'\n{script.rstrip()}\n{end}\n"
         "chmod 700 /var/lib/provisioner/startup\nexec /var/lib/provisioner/startup\n"
     )
+
+
+def _render_install(**values: str) -> str:
+    from jinja2 import Environment, StrictUndefined  # only when a machine is launched
+
+    template = resources.files("provisioner").joinpath("templates/agent-install.sh")
+    env = Environment(undefined=StrictUndefined, keep_trailing_newline=True, autoescape=False)
+    return env.from_string(template.read_text(encoding="utf-8")).render(**values)
 
 
 def _sh(s: str) -> str:
@@ -146,17 +126,18 @@ def _num(v: Any) -> float | None:
     return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
 
 
+def _live_holding(token: str) -> Select[Any]:
+    return select(Machine).where(
+        Machine.agent_token_hash == token_hash(token), Machine.status.not_in(ACTIVE_EXCLUDED)
+    )
+
+
 def record(app: App, token: str, gpus: list[dict[str, Any]]) -> Machine | None:
     """Store one heartbeat for the live machine holding ``token``; None when no machine does."""
     if not token:
         return None
     with app.db.session() as s:
-        m = s.scalars(
-            select(Machine).where(
-                Machine.agent_token_hash == token_hash(token),
-                Machine.status.not_in(ACTIVE_EXCLUDED),
-            )
-        ).first()
+        m = s.scalars(_live_holding(token)).first()
         if m is None:
             return None
         top = max((g["util"] for g in gpus), default=None)
@@ -248,6 +229,11 @@ class Endpoint:
         self.server.daemon_threads = True
         self._thread: threading.Thread | None = None
 
+    def knows(self, token: str) -> bool:
+        """Whether a live machine holds ``token`` (a heartbeat is parsed only then)."""
+        with self.app.db.session() as s:
+            return s.execute(_live_holding(token).with_only_columns(Machine.id)).first() is not None
+
     @property
     def url(self) -> str:
         host, port = self.server.server_address[:2]
@@ -274,6 +260,7 @@ class Endpoint:
 def _handler(ep: Endpoint) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         server_version = "provisioner"
+        timeout = SOCKET_TIMEOUT  # a client that stalls gives its thread back
 
         def log_message(self, fmt: str, *args: Any) -> None:  # never log headers (the token)
             log.debug("%s %s", self.address_string(), fmt % args)
@@ -303,13 +290,24 @@ def _handler(ep: Endpoint) -> type[BaseHTTPRequestHandler]:
             if self.path != "/v1/heartbeat":
                 self._json(404, {"error": "not found"})
                 return
-            length = int(self.headers.get("Content-Length") or 0)
-            if length > MAX_BODY:
-                self._json(413, {"error": "body too large"})
-                return
-            raw = self.rfile.read(length)
             auth = self.headers.get("Authorization", "")
             token = auth[7:].strip() if auth[:7].lower() == "bearer " else ""
+            if not token or not ep.knows(token):  # before reading a byte of the body
+                self._json(401, {"error": "unknown or missing token"})
+                return
+            try:
+                length = int(self.headers.get("Content-Length") or "")
+            except ValueError:
+                self._json(411, {"error": "a Content-Length is required"})
+                return
+            if not 0 <= length <= MAX_BODY:
+                self._json(413, {"error": f"the body must be 0 to {MAX_BODY} bytes"})
+                return
+            try:
+                raw = self.rfile.read(length)
+            except TimeoutError:
+                self.close_connection = True  # stalled: its thread is given back, quietly
+                return
             try:
                 gpus = parse_body(raw)
             except BadHeartbeat as e:

@@ -125,6 +125,44 @@ def test_endpoint_records_good_tokens_and_refuses_others(agent_app):
     assert other.id != hb.machine_id
 
 
+def raw_request(ep: idle.Endpoint, head: bytes, wait: float = 30) -> bytes:
+    """Send ``head`` as it is and read until the server closes (bounded by ``wait``)."""
+    import socket
+
+    host, port = ep.server.server_address[:2]
+    with socket.create_connection((host, port), timeout=wait) as c:
+        c.sendall(head)
+        chunks = []
+        while chunk := c.recv(65536):
+            chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def test_endpoint_refuses_before_reading_and_never_waits_forever(agent_app, monkeypatch):
+    m = launch(agent_app)
+    token = token_in(user_data(agent_app, m))
+    monkeypatch.setattr(idle, "SOCKET_TIMEOUT", 0.5)
+    with idle.Endpoint(agent_app, port=0) as ep:
+        monkeypatch.setattr(ep.server.RequestHandlerClass, "timeout", 0.5)
+        # No token: 401 at once, although the promised body never comes.
+        head = b"POST /v1/heartbeat HTTP/1.1\r\nHost: x\r\nContent-Length: 50000\r\n\r\n"
+        assert raw_request(ep, head).startswith(b"HTTP/1.0 401")
+        auth = f"Authorization: Bearer {token}\r\n".encode()
+        for length, status in ((b"abc", b"411"), (b"-1", b"413"), (b"99999999", b"413")):
+            head = b"POST /v1/heartbeat HTTP/1.1\r\nHost: x\r\n" + auth
+            reply = raw_request(ep, head + b"Content-Length: " + length + b"\r\n\r\n")
+            assert reply.split(b"\r\n")[0].split(b" ")[1] == status, (length, reply)
+        # A client that promises a body and stalls is cut off by the socket timeout, and the
+        # endpoint keeps answering others.
+        stalled = (
+            b"POST /v1/heartbeat HTTP/1.1\r\nHost: x\r\n" + auth + b"Content-Length: 10\r\n\r\n"
+        )
+        assert b" 200 " not in raw_request(ep, stalled)
+        gpus = [{"index": 0, "util": 1.0}]
+        assert post(ep.url, token, {"gpus": gpus})[0] == 200
+    assert count_beats(agent_app) == 1
+
+
 def test_agent_without_nvml_reports_no_gpu(agent_app, tmp_path):
     """No GPU and no NVML library here: the real reader says so instead of failing. (NVML
     itself cannot be exercised on this machine.)"""
