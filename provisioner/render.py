@@ -14,6 +14,7 @@ from base64 import b64encode
 from collections.abc import Iterable
 from datetime import date, timedelta
 from decimal import ROUND_HALF_UP, Decimal
+from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from zoneinfo import ZoneInfo
@@ -35,110 +36,19 @@ CSV_PLACES = Decimal("0.000001")  # rows keep micro-units so the column sums to 
 
 Alert = tuple[str, Decimal]  # (actual | forecast, the threshold crossed)
 
-TEXT: dict[str, dict[str, str]] = {
-    "en": {
-        "report": "Spend report",
-        "period": "Period",
-        "generated": "as of",
-        "spent": "Spent",
-        "budget": "Budget",
-        "of_budget": "of budget",
-        "forecast": "Forecast to period end",
-        "committed": "Committed by live machines",
-        "left": "Left for new machines",
-        "on_exhausted": "When exhausted",
-        "compute": "Compute",
-        "disk": "Disks",
-        "total": "Total",
-        "share": "Share",
-        "project": "Project",
-        "owner": "Owner",
-        "cloud": "Cloud",
-        "gpu": "GPU",
-        "machine": "Machine",
-        "top": "Top machines",
-        "idle": "Idle waste (running idle before the scheduler stopped them)",
-        "savings": "Saved by scheduled stops",
-        "none": "none",
-        "rates": "Rates used",
-        "daily": "Daily spend",
-        "cumulative": "Cumulative",
-        "rent": "Rent or buy",
-        "rule": "Rule of thumb: a GPU busy more than 20–30 hours a week is cheaper to own.",
-        "subject_budget": "{name}: {pct} of budget, forecast {fpct}",
-        "subject_plain": "{name}: {total} spent in {period}",
-        "subject_actual": "{name}: {pct} of budget spent ({spent} of {amount})",
-        "subject_forecast": "{name}: forecast {fpct} of budget by the end of {period}",
-        "alert_actual": "Spend has reached the {t} threshold of the budget.",
-        "alert_forecast": "The forecast to the end of the period has reached the {t} threshold.",
-        "csv_note": "The attached CSV holds the spend per {by} and kind.",
-        "own_use": "{hours} GPU-hours a week ({per_card} h per card on {cards} card(s)); "
-        "renting costs {rental} a month",
-        "own_pays": "owning ({low}–{high} a card, {months}-month amortisation, {power} a month "
-        "of power) would pay off after {pb}",
-        "own_never": "at this use owning would not pay off within the card's {months}-month life",
-        "own_breakeven": "owning wins above {be} hours a week per card",
-        "own_unknown": "no ownership figures for {gpu} (set ownership.gpus.{gpu} in settings)",
-        "months": "{n} months",
-        "verdict_own": "owning would be cheaper",
-        "verdict_rent": "renting is cheaper",
-        "verdict_close": "close: depends on the card's price",
-        "axis_day": "day",
-        "budget_line": "budget",
-        "forecast_line": "forecast",
-    },
-    "ru": {
-        "report": "Отчёт о расходах",
-        "period": "Период",
-        "generated": "на",
-        "spent": "Потрачено",
-        "budget": "Бюджет",
-        "of_budget": "бюджета",
-        "forecast": "Прогноз на конец периода",
-        "committed": "Обязательства работающих машин",
-        "left": "Остаток для новых машин",
-        "on_exhausted": "При исчерпании",
-        "compute": "Вычисления",
-        "disk": "Диски",
-        "total": "Итого",
-        "share": "Доля",
-        "project": "Проект",
-        "owner": "Владелец",
-        "cloud": "Облако",
-        "gpu": "GPU",
-        "machine": "Машина",
-        "top": "Самые дорогие машины",
-        "idle": "Потери на простое (до остановки планировщиком)",
-        "savings": "Сэкономлено плановыми остановками",
-        "none": "нет",
-        "rates": "Курсы",
-        "daily": "Расходы по дням",
-        "cumulative": "Нарастающим итогом",
-        "rent": "Аренда или покупка",
-        "rule": "Эмпирическое правило: GPU, занятый больше 20–30 часов в неделю, выгоднее купить.",
-        "subject_budget": "{name}: {pct} бюджета, прогноз {fpct}",
-        "subject_plain": "{name}: потрачено {total} за {period}",
-        "subject_actual": "{name}: израсходовано {pct} бюджета ({spent} из {amount})",
-        "subject_forecast": "{name}: прогноз {fpct} бюджета к концу периода {period}",
-        "alert_actual": "Расходы достигли порога {t} бюджета.",
-        "alert_forecast": "Прогноз на конец периода достиг порога {t} бюджета.",
-        "csv_note": "В приложенном CSV — расходы по разрезу «{by}» и видам.",
-        "own_use": "{hours} GPU-часов в неделю ({per_card} ч на карту, карт: {cards}); "
-        "аренда стоит {rental} в месяц",
-        "own_pays": "покупка ({low}–{high} за карту, амортизация {months} мес., электричество "
-        "{power} в месяц) окупилась бы за {pb}",
-        "own_never": "при такой загрузке покупка не окупится за {months} мес. службы карты",
-        "own_breakeven": "покупка выгоднее при загрузке больше {be} ч в неделю на карту",
-        "own_unknown": "нет данных о покупке {gpu} (задайте ownership.gpus.{gpu} в настройках)",
-        "months": "{n} мес.",
-        "verdict_own": "покупка выгоднее",
-        "verdict_rent": "аренда выгоднее",
-        "verdict_close": "на грани: зависит от цены карты",
-        "axis_day": "день",
-        "budget_line": "бюджет",
-        "forecast_line": "прогноз",
-    },
-}
+LOCALE_DIR = Path(__file__).parent / "locale"
+
+
+@cache
+def messages(language: str) -> dict[str, str]:
+    """The report's words in ``language``: a gettext catalog (``locale/<lang>/LC_MESSAGES/
+    provisioner.po``, read with Babel), message ids being keys and ``en`` the source text."""
+    from babel.messages.pofile import read_po
+
+    path = LOCALE_DIR / language / "LC_MESSAGES" / "provisioner.po"
+    with path.open("rb") as f:
+        catalog = read_po(f, locale=language)
+    return {str(m.id): str(m.string) for m in catalog if m.id and m.string}
 
 
 class Fmt:
@@ -151,7 +61,7 @@ class Fmt:
         self.locale = LOCALES[language]
 
     def t(self, key: str, **kw: Any) -> str:
-        text = TEXT[self.language][key]
+        text = messages(self.language)[key]
         return text.format(**kw) if kw else text
 
     def money(self, m: Money | None) -> str:

@@ -180,3 +180,19 @@ def test_report_over_a_missing_rate_is_a_clear_error(app, home, clock):
 def test_report_in_an_unknown_language_is_a_clear_error(app, clock):
     with pytest.raises(UserError, match=r"unknown language 'de'; use en, ru"):
         reports.build(app, NOV, language="de", now=clock.now())
+
+
+def test_every_language_has_every_message_with_the_same_placeholders():
+    """The report's words are gettext catalogs: a message missing in one language, or with a
+    placeholder the other lacks, would fail only in that language's mail."""
+    import re
+
+    from provisioner import render
+
+    source = render.messages("en")
+    fields = re.compile(r"{(\w+)}")
+    for language in render.LOCALES:
+        words = render.messages(language)
+        assert set(words) == set(source), language
+        for key, text in source.items():
+            assert set(fields.findall(words[key])) == set(fields.findall(text)), (language, key)
