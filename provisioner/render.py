@@ -217,9 +217,13 @@ def _env() -> Any:
     )
 
 
-def chart_png(r: Report) -> bytes:
-    """Daily spend (bars), cumulative spend, the budget line and the forecast to period end."""
-    from matplotlib.figure import Figure
+def chart_png(r: Report) -> bytes | None:
+    """Daily spend (bars), cumulative spend, the budget line and the forecast to period end;
+    None without matplotlib (the ``charts`` extra): the report is whole without its picture."""
+    try:
+        from matplotlib.figure import Figure
+    except ImportError:
+        return None
 
     f = fmt(r)
     days = [d for d, _ in r.daily]
@@ -271,7 +275,8 @@ def chart_png(r: Report) -> bytes:
 
 def html_page(r: Report) -> str:
     """A standalone HTML page (the chart inlined as a data: URL)."""
-    return html(r, "data:image/png;base64," + b64encode(chart_png(r)).decode())
+    png = chart_png(r)
+    return html(r, "data:image/png;base64," + b64encode(png).decode() if png else None)
 
 
 # --- mail ----------------------------------------------------------------------------------
@@ -279,13 +284,14 @@ def html_page(r: Report) -> str:
 
 def message(app: App, r: Report, to: Iterable[str], alert: Alert | None = None) -> EmailMessage:
     """Plain text, HTML with the chart inline, and the CSV attached."""
+    png = chart_png(r)
     return mail.compose(
         sender=app.settings.smtp.sender,
         to=list(to),
         subject=subject(r, alert),
         text=text(r, alert),
-        html=html(r, "cid:chart", alert),
-        images={"chart": chart_png(r)},
+        html=html(r, "cid:chart" if png else None, alert),
+        images={"chart": png} if png else {},
         attachments=[(f"spend-{_slug(r.title)}-{r.period.label}.csv", csv(r).encode(), "text/csv")],
     )
 

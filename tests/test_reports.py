@@ -196,3 +196,21 @@ def test_every_language_has_every_message_with_the_same_placeholders():
         assert set(words) == set(source), language
         for key, text in source.items():
             assert set(fields.findall(words[key])) == set(fields.findall(text)), (language, key)
+
+
+def test_without_matplotlib_the_mail_is_whole_but_for_the_picture(rapp, clock, monkeypatch):
+    """matplotlib is the ``charts`` extra: without it a report mail keeps its text, table and
+    CSV, and the HTML names no missing image."""
+    import sys
+
+    month(rapp, clock)
+    r = reports.for_budget(rapp, the_policy(rapp), clock.now(), period=NOV)
+    with_chart = render.message(rapp, r, ["lead@example.com"])
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    monkeypatch.setitem(sys.modules, "matplotlib.figure", None)
+    msg = render.message(rapp, r, ["lead@example.com"])
+    kinds = [p.get_content_type() for p in msg.walk()]
+    assert "image/png" in [p.get_content_type() for p in with_chart.walk()]
+    assert "image/png" not in kinds and "text/csv" in kinds and "text/plain" in kinds
+    html = next(p for p in msg.walk() if p.get_content_type() == "text/html").get_content()
+    assert "<img" not in html and render.fmt(r).money(r.total) in html
