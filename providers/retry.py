@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -47,3 +48,25 @@ def call_with_retry(
         reraise=True,
     )
     return retrying(attempt)
+
+
+def wait_until(
+    fetch: Callable[[], T],
+    done: Callable[[T], bool],
+    *,
+    timeout: float,
+    interval: float,
+    current: T | None = None,
+) -> tuple[T, bool]:
+    """The one operation wait: ``fetch`` (starting from ``current`` when given) until ``done``
+    or ``timeout`` seconds, pausing ``interval`` between fetches (0 where the API's own call
+    waits, as GCP's operations.wait does). Returns the last value and whether it was done."""
+    deadline = time.monotonic() + timeout
+    value = fetch() if current is None else current
+    while not done(value):
+        if time.monotonic() >= deadline:
+            return value, False
+        if interval:
+            time.sleep(interval)
+        value = fetch()
+    return value, True

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import re
-import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
@@ -38,7 +37,7 @@ from providers.base import (
     Throttled,
 )
 from providers.gcp import SPEC, GCPOptions, prices
-from providers.retry import call_with_retry
+from providers.retry import call_with_retry, wait_until
 
 T = TypeVar("T")
 
@@ -285,21 +284,24 @@ class GCPProvider(Provider):
     def _wait(self, operation: Any, zone: str) -> None:
         from google.cloud import compute_v1
 
-        done = compute_v1.Operation.Status.DONE
-        deadline = time.monotonic() + self.options.operation_timeout_seconds
-        while operation.status != done:
-            if time.monotonic() > deadline:
-                raise Throttled(
-                    f"gcp: operation {operation.name} still {operation.status.name} in {zone}",
-                    code="operationTimeout",
-                )
+        def wait() -> Any:  # the server holds the call until done or ~2 minutes
+            return self._operations().wait(
+                project=self._project(), zone=zone, operation=operation.name, retry=None
+            )
 
-            def wait(name: str = operation.name) -> Any:
-                return self._operations().wait(
-                    project=self._project(), zone=zone, operation=name, retry=None
-                )
-
-            operation = self._call(wait)
+        status_done = compute_v1.Operation.Status.DONE
+        operation, finished = wait_until(
+            lambda: self._call(wait),
+            lambda op: op.status == status_done,
+            timeout=self.options.operation_timeout_seconds,
+            interval=0,
+            current=operation,
+        )
+        if not finished:
+            raise Throttled(
+                f"gcp: operation {operation.name} still {operation.status.name} in {zone}",
+                code="operationTimeout",
+            )
         if operation.error.errors:
             raise operation_error(operation)
 

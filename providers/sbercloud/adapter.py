@@ -16,7 +16,6 @@ interruption, so ``request.preemption_action`` cannot be honoured and is ignored
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from decimal import Decimal
@@ -39,7 +38,7 @@ from providers.base import (
     ProviderError,
     Throttled,
 )
-from providers.retry import call_with_retry
+from providers.retry import call_with_retry, wait_until
 from providers.sbercloud import SPEC, SberCloudOptions, errors, flavors, userdata
 
 T = TypeVar("T")
@@ -160,22 +159,21 @@ class SberCloudProvider(Provider):
         """Poll an ECS job: True on SUCCESS, False if still running at ``timeout``; FAIL raises."""
         from huaweicloudsdkecs.v2 import model as m
 
-        deadline = time.monotonic() + timeout
-        while True:
-            job = self._call(where, lambda c: c.show_job(m.ShowJobRequest(job_id=job_id)))
-            if job.status == "SUCCESS":
-                return True
-            if job.status == "FAIL":
-                code, reason = job.error_code, job.fail_reason
-                for sub in (job.entities.sub_jobs if job.entities else None) or []:
-                    if sub.status == "FAIL" and not code:
-                        code, reason = sub.error_code, sub.fail_reason
-                raise errors.classify(
-                    None, code, f"job {job_id} failed: {reason or 'no reason given'}", where=where
-                )
-            if time.monotonic() >= deadline:
-                return False
-            time.sleep(self.options.poll_seconds)
+        job, finished = wait_until(
+            lambda: self._call(where, lambda c: c.show_job(m.ShowJobRequest(job_id=job_id))),
+            lambda j: j.status in ("SUCCESS", "FAIL"),
+            timeout=timeout,
+            interval=self.options.poll_seconds,
+        )
+        if job.status == "FAIL":
+            code, reason = job.error_code, job.fail_reason
+            for sub in (job.entities.sub_jobs if job.entities else None) or []:
+                if sub.status == "FAIL" and not code:
+                    code, reason = sub.error_code, sub.fail_reason
+            raise errors.classify(
+                None, code, f"job {job_id} failed: {reason or 'no reason given'}", where=where
+            )
+        return finished
 
     def _finish(self, job_id: str, where: str) -> None:
         timeout = self.options.operation_timeout_seconds

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import time
 import uuid
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -33,7 +32,7 @@ from providers.base import (
     QuotaError,
     Throttled,
 )
-from providers.retry import call_with_retry
+from providers.retry import call_with_retry, wait_until
 from providers.userdata import cloud_init
 from providers.yandex import SPEC, YandexOptions
 from providers.yandex.prices import (
@@ -223,19 +222,23 @@ class YandexProvider(Provider):
         from yandex.cloud.operation.operation_service_pb2 import GetOperationRequest
         from yandex.cloud.operation.operation_service_pb2_grpc import OperationServiceStub
 
-        deadline = time.monotonic() + self.options.operation_timeout_seconds
-        while not operation.done:
-            if time.monotonic() > deadline:
-                raise Throttled(
-                    f"yandex: {what}: operation {operation.id} still running", code="TIMEOUT"
-                )
-            time.sleep(self.options.poll_seconds)
-            operation = self._rpc(
+        operation_id = operation.id
+        operation, finished = wait_until(
+            lambda: self._rpc(
                 OperationServiceStub,
                 "Get",
-                GetOperationRequest(operation_id=operation.id),
-                f"{what} (operation {operation.id})",
+                GetOperationRequest(operation_id=operation_id),
+                f"{what} (operation {operation_id})",
                 zone=zone,
+            ),
+            lambda op: bool(op.done),
+            timeout=self.options.operation_timeout_seconds,
+            interval=self.options.poll_seconds,
+            current=operation,
+        )
+        if not finished:
+            raise Throttled(
+                f"yandex: {what}: operation {operation_id} still running", code="TIMEOUT"
             )
         if operation.HasField("error") and operation.error.code:
             import grpc
