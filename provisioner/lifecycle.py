@@ -18,6 +18,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 
+import providers
 from policies.evaluate import Decision
 from providers.base import (
     TAG_MACHINE,
@@ -421,6 +422,13 @@ def ref(m: Machine) -> InstanceRef:
     )
 
 
+def can_stop(m: Machine) -> bool:
+    """Whether ``m``'s cloud can stop it and start it again (not an AWS one-time spot)."""
+    return m.market != "spot" or m.cloud not in providers.REGISTRY or (
+        providers.spec(m.cloud).capabilities.stop_spot
+    )
+
+
 def stop(
     app: App, name: str, *, reason: str = "user", detail: dict[str, Any] | None = None
 ) -> tuple[Machine, bool]:
@@ -429,6 +437,11 @@ def stop(
     if m.status in ("stopped", "preempted"):
         return m, False
     _require_launched(m)
+    if not can_stop(m):
+        raise UserError(
+            f"{m.name} is a spot machine on {m.cloud}, which cannot stop one (it launches spot "
+            f"as one-time requests): `provisioner down {m.name}` ends its billing"
+        )
     _provider_call(app, m, "stop")
     return _transition(app, m.id, "stopped", event="stopped", reason=reason, detail=detail)
 

@@ -39,7 +39,18 @@ def emu(monkeypatch: pytest.MonkeyPatch) -> Iterator[AwsEmulator]:
         yield e
 
 
-def test_sweep_stops_idle_aws_machines_with_list_calls_only(emu, home: Path, tmp_path):
+@pytest.mark.parametrize(
+    ("market", "verb", "after"),
+    [
+        ("reserved", "Stop", ("stopping", "stopped")),
+        ("spot", "Terminate", ("shutting-down", "terminated")),
+    ],
+)
+def test_sweep_stops_idle_aws_machines_with_list_calls_only(
+    emu, home: Path, tmp_path, market, verb, after
+):
+    """Idle machines are stopped; an idle AWS spot machine, which EC2 cannot stop (one-time
+    request), is terminated, saying why."""
     (tmp_path / "p.yaml").write_text(POLICY)
     options = {"endpoint": emu.endpoint_url, "retry_base_seconds": 0.001}
     clock = ManualClock(datetime(2026, 11, 6, 17, 0, tzinfo=UTC))  # Friday 12:00 in New York
@@ -50,7 +61,7 @@ def test_sweep_stops_idle_aws_machines_with_list_calls_only(emu, home: Path, tmp
         catalog.refresh(app.settings, "aws", app.provider("aws").fetch_offers())
         machines = {}
         for name in ("idle-a", "idle-b", "busy-c"):
-            spec = sandbox_experiment(name, gpu="T4:1", market="spot", clouds=["aws"])
+            spec = sandbox_experiment(name, gpu="T4:1", market=market, clouds=["aws"])
             machines[name] = lifecycle.up(app, Experiment.model_validate(spec)).machine
             idle.issue_token(app, machines[name].id)
         lifecycle.reconcile(app)  # launched "pending"; seen running from now on
@@ -77,15 +88,18 @@ def test_sweep_stops_idle_aws_machines_with_list_calls_only(emu, home: Path, tmp
         ]
     finally:
         app.close()
+    action = verb.lower()
     assert sorted((a.machine, a.action, a.done) for a in p.actions) == [
-        ("idle-a", "stop", True),
-        ("idle-b", "stop", True),
+        ("idle-a", action, True),
+        ("idle-b", action, True),
     ]
+    assert all(("cannot stop a spot machine" in a.why) == (market == "spot") for a in p.actions)
     idle_ids = {machines["idle-a"].instance_id, machines["idle-b"].instance_id}
     # reading the cloud: one list call for the region, by our tag — no lookup per machine
     assert [a for a, iid in sent if iid is None] == ["DescribeInstances"]
-    # acting: the adapter checks, then stops, each idle machine — and only those
-    assert sorted(a for a, iid in sent if iid) == ["DescribeInstances"] * 2 + ["StopInstances"] * 2
+    # acting on each idle machine — and only those (a stop is checked first)
+    checks = ["DescribeInstances"] * 2 if verb == "Stop" else []
+    assert sorted(a for a, iid in sent if iid) == checks + [f"{verb}Instances"] * 2
     assert {iid for _, iid in sent if iid} == idle_ids
     states = {
         i["InstanceId"]: i["State"]["Name"]
@@ -94,4 +108,4 @@ def test_sweep_stops_idle_aws_machines_with_list_calls_only(emu, home: Path, tmp
         for i in r["Instances"]
     }
     assert states[machines["busy-c"].instance_id] == "running"
-    assert states[machines["idle-a"].instance_id] in ("stopping", "stopped")
+    assert states[machines["idle-a"].instance_id] in after

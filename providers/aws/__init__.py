@@ -44,7 +44,8 @@ SPEC = CloudSpec(
     ssh_user="ubuntu",
     extra="aws",
     sdk=("boto3",),
-    # Persistent spot requests may be stopped by the user; EC2 takes a MaxPrice; Stop/Start/
-    # TerminateInstances take up to 1,000 ids.
-    capabilities=Capabilities(stop_spot=True, cap_spot_price=True, zones=True, batch=True),
+    # Spot is launched as one-time requests, which EC2 cannot stop ("You can only stop Spot
+    # Instances associated with persistent Spot Instance requests", UnsupportedOperation);
+    # EC2 takes a MaxPrice; Stop/Start/TerminateInstances take up to 1,000 ids.
+    capabilities=Capabilities(stop_spot=False, cap_spot_price=True, zones=True, batch=True),
 )

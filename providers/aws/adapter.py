@@ -344,11 +344,15 @@ class AWSProvider(Provider):
                 {"Arn": profile} if str(profile).startswith("arn:") else {"Name": profile}
             )
         if request.spot:
-            # "stop" on interruption is only allowed for persistent spot requests.
-            persistent = request.preemption_action == "stop"
+            # One-time + terminate, as SkyPilot and dstack launch spot. A persistent request
+            # (the only kind that may stop on interruption) relaunches its instance after every
+            # interruption *or terminate* until it is cancelled, and restarts a stopped one when
+            # capacity returns: spend that survives `down`. So an AWS spot machine is never
+            # stopped (SPEC.capabilities.stop_spot is False) and `preemption_action` has nothing
+            # to map to here; a preempted one is gone, and recovery launches a new one.
             spot: dict[str, Any] = {
-                "SpotInstanceType": "persistent" if persistent else "one-time",
-                "InstanceInterruptionBehavior": request.preemption_action,
+                "SpotInstanceType": "one-time",
+                "InstanceInterruptionBehavior": "terminate",
             }
             if request.max_price is not None:
                 spot["MaxPrice"] = str(request.max_price)

@@ -108,6 +108,14 @@ def assess(app: App, now: datetime, machines: list[Machine]) -> list[Assessment]
     return out
 
 
+def _stoppable(m: Machine, how: str, why: str) -> tuple[str, str]:
+    """A spot machine on a cloud that cannot stop one (AWS one-time spot) is terminated
+    instead: left running it would bill all night, and its cloud may take it back any time."""
+    if how == "stop" and m.market == "spot" and not lifecycle.can_stop(m):
+        return "terminate", f"{why}; {m.cloud} cannot stop a spot machine, so it is terminated"
+    return how, why
+
+
 def decide(a: Assessment, now: datetime) -> Action | None:
     """What the sweep does to one machine, and why; None: nothing."""
     m = a.machine
@@ -118,6 +126,7 @@ def decide(a: Assessment, now: datetime) -> Action | None:
         age = now - m.launched_at
         if age >= after and (how == "terminate" or m.status == "running"):
             why = f"up {_hours(age)}, max lifetime {_hours(after)} ({source})"
+            how, why = _stoppable(m, how, why)
             return Action(m.name, how, "max-lifetime", why)
     fired = []
     for check, signal in a.signals.items():
@@ -138,6 +147,7 @@ def decide(a: Assessment, now: datetime) -> Action | None:
     why = f"{off}; {activity} ({check.source})" if off else f"{activity} ({check.source})"
     since = now - timedelta(minutes=check.rule.for_minutes) if signal == "idle" else None
     warn = max((c.rule.warn_minutes for c, _, _ in fired), default=0)
+    how, why = _stoppable(m, how, why)
     return Action(
         m.name, how, "off-hours-idle" if off else "idle", why, idle_since=since, warn_minutes=warn
     )
