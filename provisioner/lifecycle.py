@@ -12,7 +12,7 @@ import hashlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
-from decimal import Decimal
+from decimal import ROUND_DOWN, Decimal
 from typing import Any
 
 from sqlalchemy import select
@@ -42,6 +42,7 @@ from provisioner.app import App
 from provisioner.crashpoints import crashpoint
 from provisioner.errors import OperationFailed, UserError
 from provisioner.models import ACTIVE_EXCLUDED, Event, Machine, new_id
+from provisioner.money import Rates
 from provisioner.planner import Candidate, Plan
 from provisioner.spec import Experiment
 from provisioner.state import live_machine
@@ -154,7 +155,7 @@ def up(
             attempts.append(Attempt(cand.where, o.instance_type, cand.market, "skipped", why))
             continue
         progress(f"trying {cand.where} {o.instance_type} {cand.market} at {cand.price}/h")
-        request = _launch_request(machine, experiment, cand, user_data)
+        request = _launch_request(machine, experiment, cand, user_data, app.settings.money_rates)
         record_event(app, machine.id, "launch-attempt", detail=_attempt_detail(cand, request.token))
         crashpoint("before-launch")
         try:
@@ -280,7 +281,7 @@ def _startup_data(app: App, machine_id: str, experiment: Experiment) -> str | No
 
 
 def _launch_request(
-    m: Machine, experiment: Experiment, c: Candidate, user_data: str | None
+    m: Machine, experiment: Experiment, c: Candidate, user_data: str | None, rates: Rates
 ) -> LaunchRequest:
     o = c.offer
     res = experiment.resources
@@ -292,12 +293,11 @@ def _launch_request(
         TAG_OWNER: experiment.owner,
     }
     max_price = None
-    if (
-        c.spot
-        and res.max_price_per_hour is not None
-        and res.max_price_per_hour.currency == o.currency
-    ):
-        max_price = res.max_price_per_hour.amount
+    if c.spot and res.max_price_per_hour is not None:
+        # The cap in the offer's currency at the settings' rate, rounded down: never above
+        # what the experiment allows (the planner already refused a rate it lacks).
+        cap = rates.convert(res.max_price_per_hour, o.currency).amount
+        max_price = cap.quantize(Decimal("0.0001"), ROUND_DOWN)
     return LaunchRequest(
         name=resource_name(experiment, m.id),
         token=launch_token(m.id, c),

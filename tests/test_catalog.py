@@ -105,3 +105,18 @@ def test_untrusted_source_prices_are_emptied_and_listed():
     assert ("gcp", "us-central1-a", "a3-highgpu-8g", "price") in emptied
     assert ("gcp", "us-central1-a", "a3-highgpu-1g", "price") in emptied
     assert all(f["reason"] and f["value"] for f in listed)
+
+
+def test_offers_stay_inside_the_regions_and_zones_settings_enable(home):
+    from tests.conftest import make_settings
+
+    s = make_settings(home, clouds={"aws": {"regions": ["us-west-2"]}, "gcp": {}})
+    aws = catalog.load(s, ["aws"])
+    assert aws and {o.region for o in aws} == {"us-west-2"}
+    assert not [o for o in aws if "lax" in o.zone]  # Local Zones are opt-in
+    gcp = {o.region for o in catalog.load(s, ["gcp"])}
+    assert gcp == {"us-central1", "us-east4", "europe-west4"}  # the GCP default regions
+    lax = make_settings(
+        home, clouds={"aws": {"regions": ["us-west-2"], "zones": ["usw2-lax1-az1"]}}
+    )
+    assert {o.zone for o in catalog.load(lax, ["aws"])} == {"usw2-lax1-az1"}

@@ -220,3 +220,25 @@ def test_status_shows_what_each_machine_cost_so_far(home, db_url):
     assert cost_at(at) <= Decimal(spent["amount"]) <= cost_at(at + took)
     table = run_cli("--config", str(cfg), "status", now=at)
     assert "0.31 USD" in table.stdout or "0.32 USD" in table.stdout  # ~2 h at 0.157/h
+
+
+def test_a_spot_cap_in_another_currency_reaches_the_cloud_converted():
+    """max_price_per_hour: 1 USD on a RUB offer is sent as 80 RUB (settings rate), rounded
+    down — never dropped, never above what the experiment allows."""
+    from providers.base import Offer
+    from provisioner.models import Machine
+    from provisioner.money import Money, Rates
+    from provisioner.planner import Candidate
+
+    offer = Offer(
+        "sandbox", "sandbox-ru", "sandbox-ru-1a", "sbx-t4-1", "T4", 1, 16, 8, Decimal(32),
+        Decimal("47.50"), Decimal("14.25"), "RUB",
+    )  # fmt: skip
+    rates = Rates("USD", {"RUB": Decimal("80.123456")})
+    c = Candidate(offer, "spot", Money(Decimal("14.25"), "RUB"), Money(Decimal("0.18"), "USD"))
+    exp = experiment(max_price_per_hour="1 USD")
+    m = Machine(id="m1", name="exp")
+    request = lifecycle._launch_request(m, exp, c, None, rates)
+    assert request.max_price == Decimal("80.1234")
+    reserved = Candidate(offer, "reserved", Money(Decimal("47.5"), "RUB"), c.price_base)
+    assert lifecycle._launch_request(m, exp, reserved, None, rates).max_price is None
