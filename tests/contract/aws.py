@@ -87,6 +87,15 @@ class AwsHarness:
     name = "aws"
     places = (("us-east-1", "use1-az6"), ("us-east-1", "use1-az1"), ("us-west-2", "usw2-az1"))
     empty_region = "eu-west-1"
+    codes = {
+        "capacity": "InsufficientInstanceCapacity",
+        "quota": "VcpuLimitExceeded",
+        "auth": "AuthFailure",
+        "throttled": "RequestLimitExceeded",
+        "not_found": "InvalidInstanceID.NotFound",
+    }
+    credential_hint = "AWS_PROFILE"
+    ok_hint = "123456789012"  # moto's account
     cannot = {
         "slow_operations": "aws: RunInstances/StopInstances answer at once (pending/stopping); "
         "EC2 has no operation object to wait for",

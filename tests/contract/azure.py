@@ -55,6 +55,15 @@ class AzureHarness:
     name = "azure"
     places = (("eastus", "1"), ("eastus", "2"), ("westus2", "1"))
     empty_region = "centralus"
+    codes = {
+        "capacity": "ZonalAllocationFailed",
+        "quota": "OperationNotAllowed",
+        "auth": "InvalidAuthenticationToken",
+        "throttled": "TooManyRequests",
+        "not_found": "ResourceNotFound",
+    }
+    credential_hint = "az login"
+    ok_hint = "resource group provisioner"
     cannot: dict[str, str] = {}
 
     def __init__(self, emu: AzureEmulator) -> None:

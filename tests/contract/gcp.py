@@ -45,6 +45,17 @@ class GCPHarness:
         ("europe-west4", "europe-west4-a"),
     )
     empty_region = "us-east4"
+    codes = {
+        "capacity": "ZONE_RESOURCE_POOL_EXHAUSTED",
+        "quota": "quotaExceeded",
+        # a refused token is retried once through a refresh, which anonymous credentials (the
+        # emulator's) cannot do: google-auth's InvalidOperation, not the API's authError
+        "auth": None,
+        "throttled": "rateLimitExceeded",
+        "not_found": "notFound",
+    }
+    credential_hint = "gcloud auth application-default login"
+    ok_hint = "test-project"
     cannot: dict[str, str] = {}
 
     def __init__(self, emu: GCPEmulator) -> None:

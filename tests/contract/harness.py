@@ -63,6 +63,15 @@ class Harness(Protocol):
     empty_region: str
     #: ability → the cloud fact that rules it out (see :data:`ABILITIES`).
     cannot: Mapping[str, str]
+    #: The cloud's own error code the adapter keeps in ``.code`` for each injected fault:
+    #: capacity, quota, auth, throttled, not_found (None: only that some code is kept).
+    codes: Mapping[str, str | None]
+    #: What ``check()`` must name when no credentials are found (where to put them).
+    credential_hint: str
+
+    @property
+    def ok_hint(self) -> str:
+        """What ``check()`` must name when the credentials work (the account, project…)."""
 
     # --- the adapter ------------------------------------------------------------------------
 

@@ -27,6 +27,15 @@ class SandboxHarness:
         ("sandbox-eu", "sandbox-eu-1a"),
     )
     empty_region = "sandbox-ru"
+    codes = {
+        "capacity": "SandboxZoneExhausted",
+        "quota": "SandboxGpuQuota",
+        "auth": "SandboxAuth",
+        "throttled": "SandboxThrottled",
+        "not_found": "SandboxNotFound",
+    }
+    credential_hint = ""
+    ok_hint = "simulated cloud"
     cannot = {
         "lose_response": "sandbox: an in-process simulated cloud, no wire to lose an answer on",
         "slow_operations": "sandbox: launch/stop finish within the call, no operations to poll",

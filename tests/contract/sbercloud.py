@@ -54,6 +54,14 @@ class SberCloudHarness:
     name = "sbercloud"
     places = (("ru-moscow-1", ZONES[0]), ("ru-moscow-1", ZONES[1]))
     empty_region = "ru-moscow-2"
+    codes = {
+        "capacity": "Ecs.0319",
+        "quota": "Ecs.0001",
+        "auth": "APIGW.0301",
+        "throttled": "APIGW.0308",
+        "not_found": "Ecs.0114",
+    }
+    credential_hint = "SBERCLOUD_ACCESS_KEY"
     cannot = {
         "console_stop_of_spot": "sbercloud: Huawei ECS records no reason for a stop, so a spot "
         "server stopped in the console cannot be told from a preempted one",
@@ -63,6 +71,10 @@ class SberCloudHarness:
         self.emu = emu
         self._options: dict[str, Any] = {}
         self._requests: dict[str, LaunchRequest] = {}
+
+    @property
+    def ok_hint(self) -> str:
+        return self.emu.endpoint
 
     def provider(self, **extra: Any) -> SberCloudProvider:
         return SberCloudProvider(options(self.emu, **{**self._options, **extra}))

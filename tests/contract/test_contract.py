@@ -96,6 +96,14 @@ def state_or_gone(provider: Provider, ref: InstanceRef) -> MachineState | None:
         return None
 
 
+def assert_code(cloud: Harness, fault: str, err: Exception) -> None:
+    """The adapter kept the cloud's own error code for ``fault``."""
+    code = getattr(err, "code", None)
+    assert code, f"{cloud.name}: {fault} error without the cloud's code"
+    expected = cloud.codes[fault]
+    assert expected is None or code == expected
+
+
 def one_line_without_secrets(cloud: Harness, message: str) -> None:
     assert message and "\n" not in message
     for secret in cloud.secrets():
@@ -161,7 +169,8 @@ def test_a_zone_out_of_capacity_is_a_capacity_error_and_another_zone_works(
     cloud.exhaust_capacity(zone)
     with pytest.raises(CapacityError) as err:
         provider.launch(cloud.launch_request("1", spot=True))
-    assert err.value.code and err.value.code in str(err.value)
+    assert_code(cloud, "capacity", err.value)
+    assert err.value.code in str(err.value)
     assert cloud.machines() == []
     elsewhere = provider.launch(cloud.launch_request("2", spot=True, place=1))
     assert elsewhere.zone == cloud.places[1][1] and elsewhere.state in LIVE
@@ -172,7 +181,8 @@ def test_a_quota_is_a_quota_error_scoped_to_the_region(cloud: Harness) -> None:
     cloud.exhaust_quota(cloud.places[0][0])
     with pytest.raises(QuotaError) as err:
         cloud.provider().launch(cloud.launch_request())
-    assert err.value.scope == "region" and err.value.code
+    assert err.value.scope == "region"
+    assert_code(cloud, "quota", err.value)
     assert cloud.machines() == []
 
 
@@ -180,7 +190,7 @@ def test_refused_credentials_are_an_auth_error(cloud: Harness) -> None:
     cloud.deny_auth()
     with pytest.raises(AuthError) as err:
         cloud.provider().launch(cloud.launch_request())
-    assert err.value.code
+    assert_code(cloud, "auth", err.value)
     one_line_without_secrets(cloud, str(err.value))
     assert cloud.machines() == []
 
@@ -212,7 +222,7 @@ def test_throttling_past_the_bound_raises_throttled(cloud: Harness) -> None:
     cloud.throttle(100)
     with pytest.raises(Throttled) as err:
         cloud.provider(retry_attempts=3).launch(cloud.launch_request())
-    assert err.value.code
+    assert_code(cloud, "throttled", err.value)
     assert cloud.create_calls() == 3  # exactly our bound: the SDK's own retries are off
     assert cloud.machines() == []
 
@@ -311,13 +321,14 @@ def test_a_machine_deleted_elsewhere_is_not_found_and_terminating_it_is_no_error
     cloud.delete_from_outside(inst)
     with pytest.raises(NotFound) as err:
         provider.get(inst.ref)
-    assert err.value.code
+    assert_code(cloud, "not_found", err.value)
     provider.terminate(inst.ref)
     assert [i for i in provider.list_managed() if i.state is not MachineState.TERMINATED] == []
 
     never = cloud.unknown_ref()
-    with pytest.raises(NotFound):
+    with pytest.raises(NotFound) as err:
         provider.get(never)
+    assert_code(cloud, "not_found", err.value)
     provider.terminate(never)
 
 
@@ -369,7 +380,8 @@ def test_check_without_credentials_answers_at_once_in_one_line(
     result = cloud.provider().check()
     took = time.monotonic() - started
     assert not result.ok and result.cloud == cloud.name
-    assert result.message.startswith(f"{cloud.name}: ")
+    assert result.message.startswith(f"{cloud.name}: no credentials found")
+    assert cloud.credential_hint in result.message
     one_line_without_secrets(cloud, result.message)
     assert cloud.calls() == 0  # nothing was sent anywhere
     assert took < 10  # no network timeout was waited out
@@ -378,4 +390,5 @@ def test_check_without_credentials_answers_at_once_in_one_line(
 def test_check_with_credentials_says_ok(cloud: Harness) -> None:
     result = cloud.provider().check()
     assert result.ok and result.cloud == cloud.name
+    assert cloud.ok_hint in result.message
     one_line_without_secrets(cloud, result.message)

@@ -80,6 +80,15 @@ class YandexHarness:
     name = "yandex"
     places = (("ru-central1", "ru-central1-a"), ("ru-central1", "ru-central1-b"))
     empty_region = "kz1"
+    codes = {
+        "capacity": "RESOURCE_EXHAUSTED",
+        "quota": "RESOURCE_EXHAUSTED",
+        "auth": "UNAUTHENTICATED",
+        "throttled": "RESOURCE_EXHAUSTED",
+        "not_found": "NOT_FOUND",
+    }
+    credential_hint = "YC_SERVICE_ACCOUNT_KEY_FILE"
+    ok_hint = FOLDER
     cannot = {
         "delete_on_preemption": "yandex: a preemptible VM is always stopped when taken back, "
         "never deleted",
