@@ -199,6 +199,7 @@ def test_check_reports_refused_credentials(cloud: Harness) -> None:
     cloud.deny_auth()
     result = cloud.provider().check()
     assert not result.ok and result.cloud == cloud.name
+    assert (cloud.codes["auth"] or "") in result.message  # the cloud's own word for it
     one_line_without_secrets(cloud, result.message)
 
 
