@@ -5,7 +5,6 @@ us-east-1b → use1-az1, us-east-1c → use1-az2, us-east-1d → use1-az4."""
 from __future__ import annotations
 
 import base64
-import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -25,58 +24,33 @@ from providers.base import (
     TAG_MANAGED_BY_VALUE,
     TAG_OWNER,
     TAG_PROJECT,
-    AuthError,
     CapacityError,
-    InstanceRef,
     InvalidRequest,
     LaunchRequest,
     MachineState,
-    NotFound,
     QuotaError,
-    Throttled,
 )
 from provisioner import catalog, lifecycle, planning
 from provisioner.app import App
 from provisioner.spec import Experiment
 from tests.conftest import make_settings, sandbox_experiment
-from tests.emulators.aws import DLAMI_PARAMETER, AwsEmulator, aws_emulator
+from tests.contract.aws import clean_emulator, make_provider
+from tests.emulators.aws import DLAMI_PARAMETER, SPOT_INTERRUPTION, AwsEmulator
 
 ROOT = Path(__file__).resolve().parent.parent
 KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIBmJ0tMlHkP1d1Lq8n1xj6pG1m9cQv0d0uKc0d8gYQ3h ana@laptop"
 SCRIPT = "#!/bin/bash\necho training > /tmp/started\n"
 
 
-@pytest.fixture(scope="module")
-def emulator() -> Iterator[AwsEmulator]:
-    with aws_emulator() as emu:
-        yield emu
-
-
 @pytest.fixture
-def emu(emulator: AwsEmulator, monkeypatch: pytest.MonkeyPatch) -> Iterator[AwsEmulator]:
-    """A clean emulator and fake credentials in the environment (boto3's default chain)."""
-    for var in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL"):
-        monkeypatch.delenv(var, raising=False)
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
-    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
-    monkeypatch.setenv("AWS_CONFIG_FILE", "/nonexistent/aws-config")
-    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent/aws-credentials")
-    emulator.reset()
-    yield emulator
-    emulator.wait_idle()
-    assert emulator.errors == []  # the emulator itself never failed
+def emu(monkeypatch: pytest.MonkeyPatch) -> Iterator[AwsEmulator]:
+    """The run's shared emulator, emptied, with fake credentials (tests/contract/aws.py)."""
+    with clean_emulator(monkeypatch) as emulator:
+        yield emulator
 
 
 def make(emu: AwsEmulator, **options: object) -> AWSProvider:
-    return AWSProvider(
-        {
-            "endpoint": emu.endpoint_url,
-            "retry_base_seconds": 0.001,
-            "retry_max_seconds": 0.01,
-            **options,
-        }
-    )
+    return make_provider(emu, **options)
 
 
 def req(
@@ -244,22 +218,23 @@ def test_image_from_settings_wins_and_a_missing_default_is_a_clear_error(
     assert len(emu.run_instances_requests) == 1  # neither bad launch reached RunInstances
 
 
-def test_same_intent_twice_is_one_machine(emu: AwsEmulator) -> None:
+def test_the_same_token_with_other_parameters_is_refused(emu: AwsEmulator) -> None:
     first = make(emu).launch(req())
-    again = make(emu).launch(req())  # a new process retrying the same intent
-    assert again.id == first.id
-    assert [i["InstanceId"] for i in moto_instances(emu)] == [first.id]
-
     with pytest.raises(InvalidRequest) as err:
         make(emu).launch(req(itype="g4dn.2xlarge"))
     assert err.value.code == "IdempotentParameterMismatch"
-    assert len(moto_instances(emu)) == 1
+    assert [i["InstanceId"] for i in moto_instances(emu)] == [first.id]
 
 
-def test_lost_response_retry_returns_the_same_machine(emu: AwsEmulator) -> None:
+def test_a_lost_run_instances_answer_is_found_by_its_token_tag(emu: AwsEmulator) -> None:
+    """The retry finds the machine by the token tag it was launched with (a DescribeInstances
+    filter) instead of sending RunInstances again."""
     emu.faults.drop_response("RunInstances")
     inst = make(emu).launch(req())
-    assert emu.calls("RunInstances")[0].answer == "dropped"
+    assert [c.answer for c in emu.calls("RunInstances")] == ["dropped"]
+    lookups = [c.params for c in emu.calls("DescribeInstances") if "tok-1" in c.params.values()]
+    assert len(lookups) == 2  # before the first RunInstances, and on the retry
+    assert lookups[0]["Filter.1.Name"] == "tag:provisioner-token"
     assert [i["InstanceId"] for i in moto_instances(emu)] == [inst.id]
 
 
@@ -315,53 +290,21 @@ def test_quota_error_blocks_the_region(emu: AwsEmulator, code: str) -> None:
     assert moto_instances(emu) == []
 
 
-def test_throttling_storm_completes_without_a_duplicate(emu: AwsEmulator) -> None:
-    emu.faults.throttle(4)
-    inst = make(emu).launch(req())
-    throttled = [r for r in emu.requests if r.answer == "RequestLimitExceeded"]
-    assert len(throttled) == 4
-    assert [i["InstanceId"] for i in moto_instances(emu)] == [inst.id]
-
-
-def test_throttling_beyond_the_bound_raises_throttled(emu: AwsEmulator) -> None:
-    emu.faults.throttle(100, action="RunInstances")
-    with pytest.raises(Throttled) as err:
-        make(emu, retry_attempts=3).launch(req())
-    assert err.value.code == "RequestLimitExceeded"
-    # exactly our bound: botocore's own retries are off
-    assert len(emu.run_instances_requests) == 3
-    assert moto_instances(emu) == []
-
-
-def test_refused_credentials(emu: AwsEmulator) -> None:
-    emu.faults.reject_credentials()
-    with pytest.raises(AuthError) as err:
-        make(emu).launch(req())
-    assert err.value.code == "AuthFailure"
-    result = make(emu).check()
-    assert not result.ok and "refused" in result.message and "\n" not in result.message
-
-
 @pytest.mark.parametrize("action", ["terminate", "stop"])
-def test_preempted_spot_machine_reads_preempted(emu: AwsEmulator, action: str) -> None:
+def test_preemption_and_user_stop_are_read_from_the_state_reason_code(
+    emu: AwsEmulator, action: str
+) -> None:
     provider = make(emu)
-    inst = provider.launch(req(spot=True, preemption_action=action))
-    emu.preempt(inst.id, action=action)
-    got = provider.get(inst.ref)
+    taken = provider.launch(req("tok-1", spot=True, preemption_action=action))
+    stopped = provider.launch(req("tok-2", spot=True, preemption_action="stop"))
+    emu.preempt(taken.id, action=action)
+    provider.stop(stopped.ref)
+    got = provider.get(taken.ref)
     assert got.state is MachineState.PREEMPTED
-    assert got.state_reason and got.state_reason.startswith("Server.SpotInstance")
-    assert [i.state for i in provider.list_managed()] == [MachineState.PREEMPTED]
-
-
-def test_user_stopped_machines_read_stopped(emu: AwsEmulator) -> None:
-    provider = make(emu)
-    on_demand = provider.launch(req("tok-1"))
-    spot = provider.launch(req("tok-2", spot=True, preemption_action="stop"))
-    for inst in (on_demand, spot):
-        provider.stop(inst.ref)
-        got = provider.get(inst.ref)
-        assert got.state is MachineState.STOPPED
-        assert "UserInitiatedShutdown" in (got.state_reason or "")
+    assert got.state_reason and got.state_reason.startswith(SPOT_INTERRUPTION[action][0])
+    got = provider.get(stopped.ref)
+    assert got.state is MachineState.STOPPED
+    assert "Client.UserInitiatedShutdown" in (got.state_reason or "")
 
 
 def test_preempted_machine_restarts_only_if_it_was_stopped(emu: AwsEmulator) -> None:
@@ -377,92 +320,16 @@ def test_preempted_machine_restarts_only_if_it_was_stopped(emu: AwsEmulator) -> 
     assert provider.get(gone.ref).state is MachineState.PREEMPTED
 
 
-def test_stop_start_terminate_are_idempotent(emu: AwsEmulator) -> None:
+def test_a_terminated_machine_can_still_be_stopped_but_not_started(emu: AwsEmulator) -> None:
+    """EC2 keeps a terminated instance visible for a while: StopInstances on it is a no-op,
+    StartInstances is IncorrectInstanceState."""
     provider = make(emu)
     inst = provider.launch(req())
-    provider.stop(inst.ref)
-    provider.stop(inst.ref)
-    assert provider.get(inst.ref).state is MachineState.STOPPED
-    provider.start(inst.ref)
-    provider.start(inst.ref)
-    assert provider.get(inst.ref).state in (MachineState.PENDING, MachineState.RUNNING)
-    provider.terminate(inst.ref)
     provider.terminate(inst.ref)
     provider.stop(inst.ref)  # nothing left to stop: not an error
     assert provider.get(inst.ref).state is MachineState.TERMINATED
     with pytest.raises(InvalidRequest):
         provider.start(inst.ref)
-
-    gone = InstanceRef(id="i-0123456789abcdef0", region="us-east-1")
-    provider.terminate(gone)
-    with pytest.raises(NotFound) as err:
-        provider.get(gone)
-    assert err.value.code == "InvalidInstanceID.NotFound"
-
-
-def test_list_managed_finds_only_ours_across_regions_and_pages(emu: AwsEmulator) -> None:
-    emu.faults.cap_page_size(2)
-    provider = make(emu)
-    ours = [
-        provider.launch(req(f"tok-{n}", zone))
-        for n, zone in enumerate(["use1-az6", "use1-az1", "use1-az2", "usw2-az1", "usw2-az2"])
-    ]
-    ami = emu.ubuntu_ami("us-east-1")
-    emu.client("ec2").run_instances(ImageId=ami, InstanceType="g4dn.xlarge", MinCount=1, MaxCount=1)
-    emu.client("ec2").run_instances(
-        ImageId=ami,
-        InstanceType="g4dn.xlarge",
-        MinCount=1,
-        MaxCount=1,
-        TagSpecifications=[
-            {"ResourceType": "instance", "Tags": [{"Key": TAG_MANAGED_BY, "Value": "someone"}]}
-        ],
-    )
-
-    listed = provider.list_managed()
-    assert sorted(i.id for i in listed) == sorted(i.id for i in ours)
-    assert {i.region for i in listed} == {"us-east-1", "us-west-2"}
-    pages = [
-        r
-        for r in emu.calls("DescribeInstances")
-        if r.region == "us-east-1" and "Filter.1.Name" in r.params
-    ]
-    assert any("NextToken" in r.params for r in pages)  # followed the pages
-    [one] = provider.list_managed(machine_id="m-tok-3")
-    assert one.id == ours[3].id and one.zone == "usw2-az1"
-    assert len(provider.list_managed(regions=["us-west-2"])) == 2
-
-
-def test_check_without_credentials_is_one_clear_line(
-    emu: AwsEmulator, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    for var in (
-        "AWS_ACCESS_KEY_ID",
-        "AWS_SECRET_ACCESS_KEY",
-        "AWS_SESSION_TOKEN",
-        "AWS_PROFILE",
-        "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
-        "AWS_CONTAINER_CREDENTIALS_FULL_URI",
-        "AWS_WEB_IDENTITY_TOKEN_FILE",
-        "AWS_ROLE_ARN",
-    ):
-        monkeypatch.delenv(var, raising=False)
-    with socket.socket() as s:  # a loopback port nobody listens on: the IMDS probe is refused
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    monkeypatch.setenv("AWS_EC2_METADATA_SERVICE_ENDPOINT", f"http://127.0.0.1:{port}")
-    result = make(emu).check()
-    assert not result.ok
-    assert (
-        result.message.startswith("aws: no credentials found") and "AWS_PROFILE" in result.message
-    )
-    assert "\n" not in result.message
-    assert emu.requests == []  # nothing was sent anywhere
-
-
-def test_check_with_credentials(emu: AwsEmulator) -> None:
-    result = make(emu).check()
-    assert result.ok and "123456789012" in result.message
 
 
 def test_fetch_offers_from_price_list_and_spot_history(emu: AwsEmulator, tmp_path: Path) -> None:

@@ -7,7 +7,6 @@ import base64
 import os
 import subprocess
 import sys
-import time
 from decimal import Decimal
 from pathlib import Path
 
@@ -19,14 +18,13 @@ from providers.base import (
     TAG_MANAGED_BY,
     AuthError,
     CapacityError,
-    InstanceRef,
     InvalidRequest,
     LaunchRequest,
     MachineState,
     NotFound,
     QuotaError,
-    Throttled,
 )
+from tests.contract.azure import StaticCredential, make_provider
 from tests.emulators.azure import AzureEmulator, price_row
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -34,36 +32,10 @@ SSH_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIBaVpdKzFzm8BSV3cWXoexq0jBn8Uv3dX
 SCRIPT = "#!/bin/bash\nnvidia-smi > /var/log/gpu.txt\n"
 
 
-class StaticCredential:
-    """A TokenCredential with a fixed token: what the emulator accepts."""
-
-    def __init__(self, token: str = "emulator-token") -> None:
-        self.token = token
-
-    def get_token(self, *scopes: str, **kwargs: object):
-        from azure.core.credentials import AccessToken
-
-        return AccessToken(self.token, int(time.time()) + 3600)
-
-
 @pytest.fixture
 def emulator():
     with AzureEmulator() as emu:
         yield emu
-
-
-def make_provider(emu: AzureEmulator, credential=None, **options: object) -> AzureProvider:
-    opts = {
-        "subscription_id": emu.subscription_id,
-        "endpoint": emu.base_url,
-        "pricing_endpoint": emu.base_url,
-        "regions": ["eastus", "westus2"],
-        "retry_base_seconds": 0.001,
-        "retry_max_seconds": 0.002,
-        "poll_seconds": 0.001,
-        **options,
-    }
-    return AzureProvider(opts, credential=credential or StaticCredential())
 
 
 @pytest.fixture
@@ -211,17 +183,13 @@ def test_a_foreign_vm_with_the_same_name_is_refused_and_left_alone(emulator, pro
 # --- errors -----------------------------------------------------------------------------------
 
 
-def test_zone_without_capacity_is_a_capacity_error_and_the_next_zone_works(emulator, provider):
+def test_a_capacity_failure_leaves_neither_the_vm_nor_its_nic(emulator, provider):
     emulator.fail_capacity("eastus", "1", code="ZonalAllocationFailed")
-
-    with pytest.raises(CapacityError) as err:
+    with pytest.raises(CapacityError):
         provider.launch(request(zone="1"))
-    assert err.value.code == "ZonalAllocationFailed"
-    assert "ZonalAllocationFailed" in str(err.value)
     assert not emulator.vms and not emulator.nics  # the failed VM and its NIC were removed
-
     inst = provider.launch(request(zone="2"))  # same name, next zone
-    assert inst.zone == "2" and inst.state is MachineState.RUNNING
+    assert inst.zone == "2" and emulator.vm("exp-a1b2c3")["zones"] == ["2"]
 
 
 def test_a_failed_vm_left_by_an_earlier_attempt_is_replaced(emulator):
@@ -275,13 +243,6 @@ def test_arm_error_codes_map_to_the_taxonomy(emulator, provider, code, status, k
     assert not emulator.nics  # the NIC made for the refused VM is gone
 
 
-def test_a_refused_token_is_an_auth_error(emulator):
-    provider = make_provider(emulator, credential=StaticCredential("expired"))
-    with pytest.raises(AuthError) as err:
-        provider.get(InstanceRef(id="", region="eastus", name="x"))
-    assert err.value.code == "InvalidAuthenticationToken"
-
-
 def test_a_throttling_storm_is_ridden_out_without_a_second_machine(emulator, provider):
     emulator.throttle(3, method="PUT", path_contains="/virtualMachines/")
     emulator.throttle(2, path_contains="/operations/")  # also while waiting on the operation
@@ -291,23 +252,6 @@ def test_a_throttling_storm_is_ridden_out_without_a_second_machine(emulator, pro
     assert inst.state is MachineState.RUNNING
     assert len(emulator.vms) == 1
     assert len(vm_puts(emulator)) == 4  # 3 refused, 1 accepted; the wait resumed, no re-PUT
-
-
-def test_throttling_past_the_bound_raises_throttled(emulator):
-    provider = make_provider(emulator, retry_attempts=3)
-    emulator.throttle(10, method="PUT", path_contains="/virtualMachines/")
-
-    with pytest.raises(Throttled) as err:
-        provider.launch(request())
-    assert err.value.code == "TooManyRequests"
-    assert len(vm_puts(emulator)) == 3
-
-
-def test_slow_operations_are_waited_for(emulator, provider):
-    emulator.slow_operations(polls=4)
-    inst = provider.launch(request())
-    assert inst.state is MachineState.RUNNING
-    assert len(emulator.requests_to("GET", "/operations/")) >= 5
 
 
 def test_the_emulator_refuses_a_malformed_vm(emulator, provider):
@@ -330,26 +274,12 @@ def test_the_emulator_refuses_a_malformed_vm(emulator, provider):
 # --- state: preempted vs stopped; stop / start / terminate -------------------------------------
 
 
-def test_an_evicted_spot_vm_reads_preempted_and_a_stopped_one_stopped(emulator, provider):
+def test_an_eviction_is_read_from_the_activity_log(emulator, provider):
     evicted = provider.launch(request("evicted-vm", machine="m-1"))
-    stopped = provider.launch(request("stopped-vm", machine="m-2"))
     emulator.evict("evicted-vm")
-    provider.stop(stopped.ref)
-
-    assert provider.get(evicted.ref).state is MachineState.PREEMPTED
-    assert "evictSpotVM" in provider.get(evicted.ref).state_reason
-    assert provider.get(stopped.ref).state is MachineState.STOPPED
-    by_name = {i.name: i.state for i in provider.list_managed()}
-    assert by_name == {"evicted-vm": MachineState.PREEMPTED, "stopped-vm": MachineState.STOPPED}
-
-
-def test_an_evicted_vm_restarted_then_stopped_by_the_user_reads_stopped(emulator, provider):
-    inst = provider.launch(request())
-    emulator.evict("exp-a1b2c3")
-    provider.start(inst.ref)
-    assert provider.get(inst.ref).state is MachineState.RUNNING
-    provider.stop(inst.ref)
-    assert provider.get(inst.ref).state is MachineState.STOPPED
+    got = provider.get(evicted.ref)
+    assert got.state is MachineState.PREEMPTED and "evictSpotVM" in got.state_reason
+    assert emulator.power_state("evicted-vm") == "deallocated"  # as a user stop would leave it
 
 
 def test_eviction_through_the_sdk_simulation_reads_preempted(emulator, provider):
@@ -369,22 +299,12 @@ def test_an_evicted_delete_policy_vm_is_gone(emulator, provider):
     assert not emulator.nics and not emulator.disks  # deleteOption=Delete took them along
 
 
-def test_stop_deallocates_start_and_terminate_are_idempotent(emulator, provider):
+def test_stop_deallocates_and_terminate_takes_the_nic_and_disk(emulator, provider):
     inst = provider.launch(request(spot=False))
-
-    provider.stop(inst.ref)
     provider.stop(inst.ref)
     assert emulator.power_state("exp-a1b2c3") == "deallocated"  # not merely powered off
-    assert provider.get(inst.ref).state is MachineState.STOPPED
-
-    provider.start(inst.ref)
-    provider.start(inst.ref)
-    assert provider.get(inst.ref).state is MachineState.RUNNING
-
+    assert emulator.requests_to("POST", "/deallocate")
     provider.terminate(inst.ref)
-    provider.terminate(inst.ref)
-    with pytest.raises(NotFound):
-        provider.get(inst.ref)
     assert not emulator.vms and not emulator.nics and not emulator.disks
 
 
@@ -412,50 +332,11 @@ def test_a_powered_off_vm_reads_stopped_and_stop_deallocates_it(emulator, provid
 # --- listing ----------------------------------------------------------------------------------
 
 
-def test_list_managed_pages_and_finds_only_our_tagged_machines(emulator, provider):
-    for i in range(4):
-        provider.launch(request(f"ours-{i}", machine=f"m-{i}", spot=False))
-    provider.launch(request("ours-west", machine="m-west", region="westus2"))
-    emulator.add_vm("not-ours", tags={"team": "other"})
-    emulator.add_vm("also-not-ours")
-
-    found = provider.list_managed()
-
-    assert sorted(i.name for i in found) == ["ours-0", "ours-1", "ours-2", "ours-3", "ours-west"]
-    pages = emulator.requests_to("GET", "/providers/Microsoft.Compute/virtualMachines")
-    assert sum(1 for r in pages if r.path.endswith("virtualMachines")) == 4  # 7 VMs, 2 a page
-    assert [i.name for i in provider.list_managed(machine_id="m-2")] == ["ours-2"]
-    assert [i.name for i in provider.list_managed(regions=["westus2"])] == ["ours-west"]
-
-
 def test_list_managed_in_a_missing_resource_group_is_empty(emulator):
     assert make_provider(emulator, resource_group="nothing-here").list_managed() == []
 
 
 # --- check ------------------------------------------------------------------------------------
-
-
-def _scrub(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    for var in list(os.environ):
-        if var.startswith(("AZURE_", "MSI_", "IDENTITY_")):
-            monkeypatch.delenv(var)
-    monkeypatch.setenv("PATH", str(tmp_path))  # no az / azd on the PATH
-
-
-def test_check_without_credentials_is_one_clear_line_and_no_network(
-    emulator, monkeypatch, tmp_path
-):
-    _scrub(monkeypatch, tmp_path)
-    provider = AzureProvider(
-        {"subscription_id": emulator.subscription_id, "endpoint": emulator.base_url}
-    )
-
-    result = provider.check()
-
-    assert not result.ok
-    assert result.message.startswith("azure: no credentials found")
-    assert "az login" in result.message and "\n" not in result.message
-    assert emulator.requests == []  # answered without touching the network
 
 
 def test_check_without_credentials_imports_no_sdk():
@@ -469,11 +350,6 @@ def test_check_without_credentials_imports_no_sdk():
         [sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, env=env, timeout=60
     )
     assert out.stdout.split() == ["False", "False"], out.stderr
-
-
-def test_check_with_working_credentials(emulator, provider):
-    result = provider.check()
-    assert result.ok and "resource group provisioner" in result.message
 
 
 def test_check_names_a_missing_resource_group(emulator):

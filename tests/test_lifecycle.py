@@ -109,13 +109,6 @@ def test_auth_failure_blocks_the_cloud_and_fails_cleanly(sandbox_app):
     assert lifecycle.up(app, experiment()).machine.status == "running"  # the name is free again
 
 
-def test_throttling_storm_completes_without_duplicates(sandbox_app):
-    app = sandbox_app(throttle=4)
-    r = lifecycle.up(app, experiment())
-    assert r.machine.status == "running" and r.attempts[-1].outcome == "launched"
-    assert len(app.provider("sandbox").list_managed()) == 1
-
-
 def test_up_of_a_running_name_says_so(app):
     first = lifecycle.up(app, experiment()).machine
     again = lifecycle.up(app, experiment())

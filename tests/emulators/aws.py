@@ -8,7 +8,8 @@ strictly, records it, and forwards it to moto unchanged except where it adds wha
 - faults (:class:`Faults`): capacity exhaustion per AZ, quota errors per region, throttling,
   slow requests, lost responses, refused credentials, a small page size for DescribeInstances;
 - preemption of a spot instance (:meth:`AwsEmulator.preempt`): moto stops/terminates it and the
-  proxy rewrites its DescribeInstances StateReason to the spot interruption code;
+  proxy rewrites its DescribeInstances StateReason to the spot interruption code; an instance
+  terminated elsewhere long ago (:meth:`AwsEmulator.forget`) is no longer known;
 - public data moto does not have: the Deep Learning AMI SSM parameter, the Price List API
   (``GetProducts``) and spot price history, served from recorded-shape fixtures.
 
@@ -310,6 +311,20 @@ class AwsEmulator:
         code, text = SPOT_INTERRUPTION[action]
         with self._lock:
             self._preempted[instance_id] = (code, f"{code}: {text}")
+
+    def forget(self, instance_id: str, region: str = "us-east-1") -> None:
+        """Someone terminated the instance elsewhere, long enough ago that EC2 no longer lists
+        it (terminated instances stay visible for about an hour, then DescribeInstances answers
+        InvalidInstanceID.NotFound): terminate it in moto, then drop it from moto's records."""
+        from moto.core import DEFAULT_ACCOUNT_ID
+        from moto.ec2.models import ec2_backends
+
+        self.client("ec2", region).terminate_instances(InstanceIds=[instance_id])
+        backend = ec2_backends[DEFAULT_ACCOUNT_ID][region]
+        for rid, reservation in list(backend.reservations.items()):
+            reservation.instances = [i for i in reservation.instances if i.id != instance_id]
+            if not reservation.instances:
+                del backend.reservations[rid]
 
     def _load_defaults(self) -> None:
         self.price_list = [dict(p) for p in PRICE_LIST]

@@ -237,6 +237,7 @@ class AzureEmulator:
         self._ops: dict[str, _Operation] = {}
         self._faults: list[_Fault] = []
         self._throttles: list[_Throttle] = []
+        self._losses: list[_Throttle] = []
         self._slow_polls = 0
         self._ip = itertools.count(4)
         self._clock = datetime(2026, 11, 30, 9, 0, tzinfo=UTC)
@@ -319,6 +320,7 @@ class AzureEmulator:
         with self._lock:
             self._faults.clear()
             self._throttles.clear()
+            self._losses.clear()
 
     def throttle(
         self,
@@ -331,6 +333,42 @@ class AzureEmulator:
         """The next ``count`` matching ARM requests get 429 TooManyRequests."""
         with self._lock:
             self._throttles.append(_Throttle(count, method, path_contains, retry_after))
+
+    def lose_responses(
+        self, count: int, *, method: str | None = None, path_contains: str | None = None
+    ) -> None:
+        """The next ``count`` matching ARM requests are carried out, then the connection is
+        closed without an answer (a response lost on the way back)."""
+        with self._lock:
+            self._losses.append(_Throttle(count, method, path_contains, 0))
+
+    def take_loss(self, method: str, path: str) -> bool:
+        with self._lock:
+            for loss in self._losses:
+                if (
+                    loss.remaining > 0
+                    and loss.method in (None, method)
+                    and (loss.path_contains is None or loss.path_contains.lower() in path.lower())
+                ):
+                    loss.remaining -= 1
+                    return True
+            return False
+
+    def console_stop(self, name: str, resource_group: str = "provisioner") -> None:
+        """A person deallocates the VM in the portal: deallocated, with the user's
+        ``deallocate/action`` event in the Activity Log."""
+        with self._lock:
+            vm = self._get_vm(resource_group, name)
+            vm.power = "deallocated"
+            self._event(vm.body["id"], "Microsoft.Compute/virtualMachines/deallocate/action")
+
+    def console_delete(self, name: str, resource_group: str = "provisioner") -> None:
+        """Someone deletes the VM outside provisioner (its NIC and disk go with it per their
+        deleteOption): GET answers 404."""
+        with self._lock:
+            vm = self._get_vm(resource_group, name)
+            self._delete_vm(vm)
+            self._event(vm.body["id"], "Microsoft.Compute/virtualMachines/delete")
 
     def slow_operations(self, polls: int) -> None:
         """Long-running operations started from now report InProgress for ``polls`` polls."""
@@ -974,6 +1012,9 @@ def _handler(emulator: AzureEmulator) -> type[BaseHTTPRequestHandler]:
             except ArmError as err:
                 status, extra = err.status, err.headers
                 body = {"error": {"code": err.code, "message": err.message}}
+            if status < 400 and emulator.take_loss(self.command, urlsplit(self.path).path):
+                self.close_connection = True  # carried out; the answer never arrives
+                return
             payload = b"" if body is None else json.dumps(body).encode()
             self.send_response(status)
             for name, value in extra.items():

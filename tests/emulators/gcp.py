@@ -12,7 +12,8 @@ request gets HTTP 400 and so fails the test that sent it.
 Control surface for tests: :meth:`GCPEmulator.exhaust`, :meth:`~GCPEmulator.exceed_quota`,
 :meth:`~GCPEmulator.throttle`, :meth:`~GCPEmulator.lose_responses`,
 :meth:`~GCPEmulator.slow_operations`, :meth:`~GCPEmulator.preempt`,
-:meth:`~GCPEmulator.add_instance`, :meth:`~GCPEmulator.deny_auth`; received requests are in
+:meth:`~GCPEmulator.add_instance`, :meth:`~GCPEmulator.deny_auth`,
+:meth:`~GCPEmulator.console_stop`, :meth:`~GCPEmulator.console_delete`; received requests are in
 :attr:`~GCPEmulator.requests`.
 """
 
@@ -199,6 +200,22 @@ class GCPEmulator:
                 instance.update(
                     status="TERMINATED", lastStopTimestamp=self._now(), statusMessage=""
                 )
+
+    def console_stop(self, zone: str, name: str) -> None:
+        """A person stops the instance in the console: a ``stop`` operation by a user, and the
+        instance TERMINATED (GCP's word for stopped), as after instances.stop."""
+        with self._lock:
+            instance = self.instances[(zone, name)]
+            op = self._new_operation(zone, "stop", instance)
+            op.update(status="DONE", progress=100, endTime=self._now())
+            instance.update(status="TERMINATED", lastStopTimestamp=self._now())
+
+    def console_delete(self, zone: str, name: str) -> None:
+        """Someone deletes the instance outside provisioner: it is gone (GET answers 404)."""
+        with self._lock:
+            instance = self.instances.pop((zone, name))
+            op = self._new_operation(zone, "delete", instance)
+            op.update(status="DONE", progress=100, endTime=self._now())
 
     def add_instance(
         self,

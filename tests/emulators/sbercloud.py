@@ -148,6 +148,7 @@ class Faults:
     throttle_left: int = 0
     job_polls: int = 0  # RUNNING answers before a job completes
     drop_create_responses: int = 0
+    drop_action_responses: int = 0  # os-start / os-stop carried out, the answer lost
 
 
 class EcsEmulator:
@@ -208,6 +209,15 @@ class EcsEmulator:
                 del self.servers[server_id]
             else:
                 self.servers[server_id]["status"] = "SHUTOFF" if how == "stop" else "DELETED"
+
+    def console_stop(self, server_id: str) -> None:
+        """A person stops the server in the console: SHUTOFF. Huawei records no reason, so this
+        looks exactly like a spot preemption that stopped it (``preempt(how="stop")``)."""
+        self.preempt(server_id, how="stop")
+
+    def console_delete(self, server_id: str) -> None:
+        """Someone deleted the server elsewhere and ECS no longer knows it: 404 Ecs.0114."""
+        self.preempt(server_id, how="vanish")
 
     def add_server(
         self, name: str, *, zone: str = ZONES[0], tags: dict[str, str] | None = None
@@ -639,6 +649,14 @@ class _Handler(BaseHTTPRequestHandler):
         if is_create and status == 200 and emu.faults.drop_create_responses > 0:
             emu.faults.drop_create_responses -= 1
             self.close_connection = True  # the server was made; the answer is lost
+            return
+        is_action = (self.command, parts.path) == (
+            "POST",
+            f"/v1/{emu.project_id}/cloudservers/action",
+        )
+        if is_action and status == 200 and emu.faults.drop_action_responses > 0:
+            emu.faults.drop_action_responses -= 1
+            self.close_connection = True  # the stop/start job was made; the answer is lost
             return
         data = b"" if body is None else json.dumps(body).encode()
         self.send_response(status)

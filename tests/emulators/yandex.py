@@ -5,7 +5,8 @@ runs unmodified against it.
 
 Control surface for tests: ``capacity_exhausted`` (zones), ``quota_message``, ``throttle(n)``,
 ``lose_responses(method, n)``, ``slow_polls``, ``preempt(id)``, ``add_instance(...)``,
-``page_size_cap``; ``calls(method)`` gives what went on the wire (request + metadata).
+``page_size_cap``, ``console_stop(id)``, ``console_delete(id)``; ``calls(method)`` gives what
+went on the wire (request + metadata).
 Requests are checked strictly: a malformed one gets INVALID_ARGUMENT and is kept in ``rejected``.
 """
 
@@ -174,6 +175,25 @@ class YandexEmulator:
                     created_by="",
                 )
                 op.pb.done = True
+
+    def console_stop(self, instance_id: str) -> None:
+        """A person stops the machine in the console: STOPPED, with a "Stop instance" operation
+        by that user in its history (what InstanceService.ListOperations shows)."""
+        with self._lock:
+            inst = self.instances[instance_id]
+            inst.status = instance_pb2.Instance.STOPPED
+            op = self._new_op(
+                "Stop instance",
+                isvc.StopInstanceMetadata(instance_id=instance_id),
+                instance_id,
+                created_by="ajeconsoleuser000001",
+            )
+            op.pb.done = True
+
+    def console_delete(self, instance_id: str) -> None:
+        """Someone deletes the machine outside provisioner: Get answers NOT_FOUND."""
+        with self._lock:
+            del self.instances[instance_id]
 
     def add_instance(
         self,

@@ -1,0 +1,155 @@
+"""One harness protocol: what the contract suite (tests/contract/test_contract.py) needs from a
+cloud, so every behaviour is asserted the same way on the sandbox and on each real SDK against
+its wire-level emulator (tests/emulators/).
+
+Each cloud has one harness class in tests/contract/<cloud>.py. It wraps that emulator's own
+fault API — it adds no behaviour of its own — and it is built from the fixture code the
+per-cloud file used (which now imports it from there).
+
+Where a cloud cannot do something (no long-running operation on AWS RunInstances, no wire on
+the sandbox), the harness names the cloud fact in :attr:`Harness.cannot`; the contract test
+skips that parameter with that reason instead of passing silently.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Protocol, runtime_checkable
+
+from providers.base import (
+    TAG_MACHINE,
+    TAG_MANAGED_BY,
+    TAG_MANAGED_BY_VALUE,
+    TAG_OWNER,
+    TAG_PROJECT,
+    Instance,
+    InstanceRef,
+    LaunchRequest,
+    Provider,
+)
+
+#: What a contract test may find a cloud unable to do (keys of :attr:`Harness.cannot`).
+ABILITIES = (
+    "lose_response",  # the cloud has a wire on which an answer can be lost
+    "slow_operations",  # launch/stop are long-running operations the adapter waits for
+    "idempotency_keys",  # each create/stop carries a key we can read off the wire
+    "pages",  # listing comes in pages
+    "credentials",  # the cloud needs credentials at all
+    "console_stop_of_spot",  # a console stop of a spot machine can be told from a preemption
+    "delete_on_preemption",  # a spot machine may be deleted (not stopped) when taken back
+)
+
+
+def labels(machine: str) -> dict[str, str]:
+    """Our tags, with values that are valid verbatim on every cloud (so what comes back can be
+    compared with what was sent)."""
+    return {
+        TAG_MANAGED_BY: TAG_MANAGED_BY_VALUE,
+        TAG_MACHINE: machine,
+        TAG_PROJECT: "vision",
+        TAG_OWNER: "ana-example-com",
+    }
+
+
+@runtime_checkable
+class Harness(Protocol):
+    """One cloud under test, its emulator reset for this test."""
+
+    name: str  # the registry name: sandbox, aws, gcp, azure, yandex, sbercloud
+    #: (region, zone) places of the cloud's catalog to launch in; ``places[0]`` and
+    #: ``places[1]`` share a region; more places may be in another region.
+    places: tuple[tuple[str, str], ...]
+    #: A region of this cloud where the harness never launches (listing it finds nothing).
+    empty_region: str
+    #: ability → the cloud fact that rules it out (see :data:`ABILITIES`).
+    cannot: Mapping[str, str]
+    #: The cloud's own error code the adapter keeps in ``.code`` for each injected fault:
+    #: capacity, quota, auth, throttled, not_found (None: only that some code is kept).
+    codes: Mapping[str, str | None]
+    #: What ``check()`` must name when no credentials are found (where to put them).
+    credential_hint: str
+
+    @property
+    def ok_hint(self) -> str:
+        """What ``check()`` must name when the credentials work (the account, project…)."""
+
+    # --- the adapter ------------------------------------------------------------------------
+
+    def provider(self, **options: Any) -> Provider:
+        """A configured adapter talking to the emulator (``options`` override the harness's:
+        ``retry_attempts``, …). Built after :meth:`remove_credentials` it has none."""
+
+    def launch_request(
+        self, key: str = "1", *, spot: bool = False, place: int = 0, **fields: Any
+    ) -> LaunchRequest:
+        """A valid request of this cloud's catalog (a T4 type where the cloud has one):
+        token ``tok-<key>``, name ``exp-<key>``, machine id ``m-<key>``, our :func:`labels`."""
+
+    # --- faults -----------------------------------------------------------------------------
+
+    def exhaust_capacity(self, zone: str) -> None:
+        """Launches in ``zone`` fail for lack of stock (the cloud's own error for it)."""
+
+    def exhaust_quota(self, region: str) -> None:
+        """Launches in ``region`` break a regional quota."""
+
+    def deny_auth(self) -> None:
+        """The cloud refuses the credentials in use from now on (revoked, rotated)."""
+
+    def throttle(self, n: int) -> None:
+        """The next ``n`` create calls are refused with the cloud's rate-limit answer."""
+
+    def lose_next_response(self, call: str = "create") -> None:
+        """The next ``call`` ("create" or "stop") is carried out by the cloud, but its answer
+        never reaches the client."""
+
+    def slow_operations(self, n: int) -> None:
+        """Long-running operations started from now take ``n`` more polls to finish."""
+
+    def cap_page_size(self, n: int) -> None:
+        """Listings come at most ``n`` machines a page (for providers built from now on)."""
+
+    # --- the world outside ------------------------------------------------------------------
+
+    def preempt(self, instance: Instance) -> None:
+        """The cloud takes a spot machine back, per its ``preemption_action``."""
+
+    def stop_from_outside(self, instance: Instance) -> None:
+        """A person stops the machine in the console (not through provisioner)."""
+
+    def delete_from_outside(self, instance: Instance) -> None:
+        """Someone deletes the machine elsewhere, and the cloud no longer knows it."""
+
+    def add_foreign_machine(self, tags: Mapping[str, str] | None = None) -> None:
+        """A machine made outside provisioner, with ``tags`` (None: none at all)."""
+
+    def unknown_ref(self) -> InstanceRef:
+        """A well-formed reference to a machine the cloud has never heard of."""
+
+    def remove_credentials(self, monkeypatch: Any, tmp_path: Any) -> None:
+        """No credentials anywhere the SDK looks (environment, files, metadata service)."""
+
+    # --- what the cloud saw -----------------------------------------------------------------
+
+    def machines(self) -> list[str]:
+        """Ids of every live machine in the cloud (ours and foreign; not deleted ones)."""
+
+    def calls(self) -> int:
+        """How many API requests the cloud received in all."""
+
+    def create_calls(self) -> int:
+        """How many create requests the cloud received (refused ones included)."""
+
+    def keys(self, call: str = "create") -> list[str]:
+        """The idempotency key each ``call`` ("create"/"stop") request carried, in order: the
+        client token / request id / idempotency-key, or what makes that call idempotent on
+        this cloud (the VM name of an ARM PUT, the instance id of a stop)."""
+
+    def operation_polls(self) -> int:
+        """How many times an operation's status was read."""
+
+    def list_pages(self) -> int:
+        """How many listing requests asked for a page after the first."""
+
+    def secrets(self) -> list[str]:
+        """Credential values in use that must never appear in a message."""

@@ -1,0 +1,395 @@
+"""One contract suite: every behaviour of the adapter contract (providers/base.py), asserted the
+same way on the sandbox and on each real cloud SDK against its wire-level emulator.
+
+Each test takes the ``cloud`` fixture: a :class:`~tests.contract.harness.Harness` for one of the
+six clouds. Where a cloud cannot do what a test needs, the test skips that cloud with the cloud
+fact its harness names (``Harness.cannot``); an adapter bug is an ``xfail(strict=True)`` naming
+the bug (:data:`KNOWN_BUGS`), so its fix shows up as an unexpected pass.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import AbstractContextManager
+from pathlib import Path
+
+import pytest
+
+from providers.base import (
+    TAG_MACHINE,
+    TAG_MANAGED_BY,
+    AuthError,
+    CapacityError,
+    InstanceRef,
+    MachineState,
+    NotFound,
+    Provider,
+    QuotaError,
+    Throttled,
+)
+from tests.contract.harness import Harness
+
+CLOUDS = ("sandbox", "aws", "gcp", "azure", "yandex", "sbercloud")
+LIVE = (MachineState.PENDING, MachineState.RUNNING)
+
+#: (test, cloud) → the adapter bug that makes it fail today.
+KNOWN_BUGS: dict[tuple[str, str], str] = {
+    ("test_check_reports_refused_credentials", "sandbox"): (
+        "sandbox bug: SandboxProvider.check() answers OK unconditionally, even while the "
+        "injected auth_fail fault refuses every call"
+    ),
+}
+
+
+def open_harness(
+    name: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> AbstractContextManager[Harness]:
+    if name == "sandbox":
+        from tests.contract.sandbox import sandbox_harness
+
+        return sandbox_harness(tmp_path)
+    if name == "aws":
+        from tests.contract.aws import aws_harness
+
+        return aws_harness(monkeypatch)
+    if name == "gcp":
+        from tests.contract.gcp import gcp_harness
+
+        return gcp_harness()
+    if name == "azure":
+        from tests.contract.azure import azure_harness
+
+        return azure_harness()
+    if name == "yandex":
+        from tests.contract.yandex import yandex_harness
+
+        return yandex_harness(monkeypatch)
+    from tests.contract.sbercloud import sbercloud_harness
+
+    return sbercloud_harness(monkeypatch)
+
+
+@pytest.fixture(params=CLOUDS)
+def cloud(
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> Iterator[Harness]:
+    bug = KNOWN_BUGS.get((request.node.originalname, request.param))
+    if bug:
+        request.applymarker(pytest.mark.xfail(strict=True, reason=bug))
+    with open_harness(request.param, monkeypatch, tmp_path) as harness:
+        assert isinstance(harness, Harness)
+        yield harness
+
+
+def needs(cloud: Harness, ability: str) -> None:
+    """Skip this cloud, naming the cloud fact, when it cannot do ``ability``."""
+    if ability in cloud.cannot:
+        pytest.skip(cloud.cannot[ability])
+
+
+def state_or_gone(provider: Provider, ref: InstanceRef) -> MachineState | None:
+    """The machine's state, or None when the cloud answers NotFound."""
+    try:
+        return provider.get(ref).state
+    except NotFound:
+        return None
+
+
+def assert_code(cloud: Harness, fault: str, err: Exception) -> None:
+    """The adapter kept the cloud's own error code for ``fault``."""
+    code = getattr(err, "code", None)
+    assert code, f"{cloud.name}: {fault} error without the cloud's code"
+    expected = cloud.codes[fault]
+    assert expected is None or code == expected
+
+
+def one_line_without_secrets(cloud: Harness, message: str) -> None:
+    assert message and "\n" not in message
+    for secret in cloud.secrets():
+        assert secret not in message
+
+
+# --- launch and idempotency ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("spot", [False, True], ids=["on-demand", "spot"])
+def test_launch_returns_a_live_instance_with_our_labels(cloud: Harness, spot: bool) -> None:
+    request = cloud.launch_request(spot=spot)
+    inst = cloud.provider().launch(request)
+
+    assert inst.state in LIVE and inst.spot is spot
+    assert (inst.name, inst.region, inst.zone) == (request.name, request.region, request.zone)
+    assert inst.instance_type == request.instance_type
+    assert dict(inst.labels).items() >= dict(request.labels).items()
+    assert inst.machine_id == "m-1"
+    assert cloud.machines() == [inst.id]
+    got = cloud.provider().get(inst.ref)
+    assert (got.id, got.spot, got.machine_id) == (inst.id, spot, "m-1")
+
+
+def test_the_same_intent_twice_is_one_machine(cloud: Harness) -> None:
+    first = cloud.provider().launch(cloud.launch_request())
+    again = cloud.provider().launch(cloud.launch_request())  # a new process, the same intent
+    assert again.id == first.id
+    assert cloud.machines() == [first.id]
+
+
+def test_a_lost_create_answer_then_a_retry_is_one_machine(cloud: Harness) -> None:
+    needs(cloud, "lose_response")
+    cloud.lose_next_response("create")
+    inst = cloud.provider().launch(cloud.launch_request())  # the adapter's own retry
+    assert inst.state in LIVE
+    again = cloud.provider().launch(cloud.launch_request())  # the whole intent replayed
+    assert again.id == inst.id
+    assert cloud.machines() == [inst.id]
+    keys = cloud.keys("create")  # AWS finds the first by its ClientToken and sends no second
+    assert 1 <= len(keys) <= 3 and len(set(keys)) == 1  # never a create under a new key
+
+
+def test_a_lost_stop_answer_is_retried_as_the_same_stop(cloud: Harness) -> None:
+    needs(cloud, "lose_response")
+    provider = cloud.provider()
+    inst = provider.launch(cloud.launch_request())
+    cloud.lose_next_response("stop")
+    provider.stop(inst.ref)
+    assert provider.get(inst.ref).state is MachineState.STOPPED
+    keys = cloud.keys("stop")
+    assert len(keys) == 2 and len(set(keys)) == 1
+
+
+# --- errors -------------------------------------------------------------------------------
+
+
+def test_a_zone_out_of_capacity_is_a_capacity_error_and_another_zone_works(
+    cloud: Harness,
+) -> None:
+    provider = cloud.provider()
+    zone = cloud.places[0][1]
+    cloud.exhaust_capacity(zone)
+    with pytest.raises(CapacityError) as err:
+        provider.launch(cloud.launch_request("1", spot=True))
+    assert_code(cloud, "capacity", err.value)
+    assert err.value.code in str(err.value)
+    assert cloud.machines() == []
+    elsewhere = provider.launch(cloud.launch_request("2", spot=True, place=1))
+    assert elsewhere.zone == cloud.places[1][1] and elsewhere.state in LIVE
+    assert cloud.machines() == [elsewhere.id]
+
+
+def test_a_quota_is_a_quota_error_scoped_to_the_region(cloud: Harness) -> None:
+    cloud.exhaust_quota(cloud.places[0][0])
+    with pytest.raises(QuotaError) as err:
+        cloud.provider().launch(cloud.launch_request())
+    assert err.value.scope == "region"
+    assert_code(cloud, "quota", err.value)
+    assert cloud.machines() == []
+
+
+def test_refused_credentials_are_an_auth_error(cloud: Harness) -> None:
+    cloud.deny_auth()
+    with pytest.raises(AuthError) as err:
+        cloud.provider().launch(cloud.launch_request())
+    assert_code(cloud, "auth", err.value)
+    one_line_without_secrets(cloud, str(err.value))
+    assert cloud.machines() == []
+
+
+def test_check_reports_refused_credentials(cloud: Harness) -> None:
+    cloud.deny_auth()
+    result = cloud.provider().check()
+    assert not result.ok and result.cloud == cloud.name
+    assert (cloud.codes["auth"] or "") in result.message  # the cloud's own word for it
+    one_line_without_secrets(cloud, result.message)
+
+
+def test_a_throttling_storm_within_the_bound_completes_with_one_machine(cloud: Harness) -> None:
+    cloud.throttle(4)  # the default bound is 6 tries
+    inst = cloud.provider().launch(cloud.launch_request())
+    assert inst.state in LIVE
+    assert cloud.create_calls() == 5  # 4 refused, then the one that went through
+    assert cloud.machines() == [inst.id]
+
+
+def test_throttled_creates_are_retried_under_one_key(cloud: Harness) -> None:
+    needs(cloud, "idempotency_keys")
+    cloud.throttle(2)
+    cloud.provider().launch(cloud.launch_request())
+    keys = cloud.keys("create")
+    assert len(keys) == 3 and len(set(keys)) == 1
+
+
+def test_throttling_past_the_bound_raises_throttled(cloud: Harness) -> None:
+    cloud.throttle(100)
+    with pytest.raises(Throttled) as err:
+        cloud.provider(retry_attempts=3).launch(cloud.launch_request())
+    assert_code(cloud, "throttled", err.value)
+    assert cloud.create_calls() == 3  # exactly our bound: the SDK's own retries are off
+    assert cloud.machines() == []
+
+
+def test_a_slow_operation_is_waited_for(cloud: Harness) -> None:
+    needs(cloud, "slow_operations")
+    provider = cloud.provider()
+    cloud.slow_operations(3)
+    inst = provider.launch(cloud.launch_request())
+    assert inst.state is MachineState.RUNNING
+    assert cloud.operation_polls() >= 3
+    provider.stop(inst.ref)
+    assert provider.get(inst.ref).state is MachineState.STOPPED
+
+
+# --- states -------------------------------------------------------------------------------
+
+
+def test_a_preempted_spot_machine_reads_preempted_and_a_user_stop_stopped(cloud: Harness) -> None:
+    provider = cloud.provider()
+    taken = provider.launch(cloud.launch_request("1", spot=True))
+    stopped_spot = provider.launch(cloud.launch_request("2", spot=True))
+    stopped = provider.launch(cloud.launch_request("3"))
+    console = provider.launch(cloud.launch_request("4"))
+
+    cloud.preempt(taken)
+    provider.stop(stopped_spot.ref)
+    provider.stop(stopped.ref)
+    cloud.stop_from_outside(console)  # an on-demand machine stopped in the console
+
+    got = provider.get(taken.ref)
+    assert got.state is MachineState.PREEMPTED and got.state_reason
+    assert provider.get(stopped_spot.ref).state is MachineState.STOPPED
+    assert provider.get(stopped.ref).state is MachineState.STOPPED
+    assert provider.get(console.ref).state is MachineState.STOPPED
+    assert {i.machine_id: i.state for i in provider.list_managed()} == {
+        "m-1": MachineState.PREEMPTED,
+        "m-2": MachineState.STOPPED,
+        "m-3": MachineState.STOPPED,
+        "m-4": MachineState.STOPPED,
+    }
+
+
+def test_a_spot_machine_stopped_in_the_console_reads_stopped(cloud: Harness) -> None:
+    needs(cloud, "console_stop_of_spot")
+    provider = cloud.provider()
+    inst = provider.launch(cloud.launch_request(spot=True))
+    cloud.stop_from_outside(inst)
+    assert provider.get(inst.ref).state is MachineState.STOPPED
+
+
+def test_preemption_and_user_stops_are_told_apart_across_restarts(cloud: Harness) -> None:
+    provider = cloud.provider()
+    inst = provider.launch(cloud.launch_request(spot=True))
+    provider.stop(inst.ref)
+    provider.start(inst.ref)
+    cloud.preempt(inst)  # an earlier user stop does not hide a later preemption
+    assert provider.get(inst.ref).state is MachineState.PREEMPTED
+    provider.start(inst.ref)
+    assert provider.get(inst.ref).state in LIVE
+    provider.stop(inst.ref)  # nor does an earlier preemption turn a user stop into one
+    assert provider.get(inst.ref).state is MachineState.STOPPED
+
+
+def test_a_spot_machine_deleted_on_preemption_is_preempted_or_gone(cloud: Harness) -> None:
+    needs(cloud, "delete_on_preemption")
+    provider = cloud.provider()
+    inst = provider.launch(cloud.launch_request(spot=True, preemption_action="terminate"))
+    cloud.preempt(inst)
+    # PREEMPTED, or None where the cloud forgets a deleted machine at once (GCP, Azure)
+    assert state_or_gone(provider, inst.ref) in (MachineState.PREEMPTED, None)
+    assert all(i.state is not MachineState.RUNNING for i in provider.list_managed())
+
+
+def test_stop_start_terminate_are_idempotent(cloud: Harness) -> None:
+    provider = cloud.provider()
+    inst = provider.launch(cloud.launch_request())
+    provider.stop(inst.ref)
+    provider.stop(inst.ref)
+    assert provider.get(inst.ref).state is MachineState.STOPPED
+    provider.start(inst.ref)
+    provider.start(inst.ref)
+    assert provider.get(inst.ref).state in LIVE
+    provider.terminate(inst.ref)
+    provider.terminate(inst.ref)
+    assert state_or_gone(provider, inst.ref) in (MachineState.TERMINATED, None)
+    assert all(i.state is MachineState.TERMINATED for i in provider.list_managed())
+    assert cloud.machines() == []
+
+
+def test_a_machine_deleted_elsewhere_is_not_found_and_terminating_it_is_no_error(
+    cloud: Harness,
+) -> None:
+    provider = cloud.provider()
+    inst = provider.launch(cloud.launch_request())
+    cloud.delete_from_outside(inst)
+    with pytest.raises(NotFound) as err:
+        provider.get(inst.ref)
+    assert_code(cloud, "not_found", err.value)
+    provider.terminate(inst.ref)
+    assert [i for i in provider.list_managed() if i.state is not MachineState.TERMINATED] == []
+
+    never = cloud.unknown_ref()
+    with pytest.raises(NotFound) as err:
+        provider.get(never)
+    assert_code(cloud, "not_found", err.value)
+    provider.terminate(never)
+
+
+# --- listing ------------------------------------------------------------------------------
+
+
+def test_list_managed_returns_only_our_machines(cloud: Harness) -> None:
+    provider = cloud.provider()
+    ours = [
+        provider.launch(cloud.launch_request(str(n), place=n % len(cloud.places)))
+        for n in range(len(cloud.places) + 1)
+    ]
+    cloud.add_foreign_machine(None)
+    cloud.add_foreign_machine({TAG_MANAGED_BY: "terraform", TAG_MACHINE: "m-0"})
+
+    listed = provider.list_managed()
+    assert sorted(i.id for i in listed) == sorted(i.id for i in ours)
+    assert all(i.labels[TAG_MANAGED_BY] == "provisioner" for i in listed)
+    [one] = provider.list_managed(machine_id="m-1")
+    assert one.id == ours[1].id and one.zone == ours[1].zone
+    for region in {r for r, _ in cloud.places}:
+        here = provider.list_managed(regions=[region])
+        assert sorted(i.id for i in here) == sorted(i.id for i in ours if i.region == region)
+    assert provider.list_managed(regions=[cloud.empty_region]) == []
+
+
+def test_list_managed_reads_every_page(cloud: Harness) -> None:
+    needs(cloud, "pages")
+    cloud.cap_page_size(2)
+    provider = cloud.provider()
+    ours = [
+        provider.launch(cloud.launch_request(str(n), place=n % len(cloud.places))) for n in range(5)
+    ]
+    cloud.add_foreign_machine(None)
+    cloud.add_foreign_machine({TAG_MANAGED_BY: "terraform"})
+    assert sorted(i.id for i in provider.list_managed()) == sorted(i.id for i in ours)
+    assert cloud.list_pages() >= 1  # the pages after the first were asked for
+
+
+# --- check --------------------------------------------------------------------------------
+
+
+def test_check_without_credentials_answers_at_once_in_one_line(
+    cloud: Harness, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    needs(cloud, "credentials")
+    cloud.remove_credentials(monkeypatch, tmp_path)
+    started = time.monotonic()
+    result = cloud.provider().check()
+    took = time.monotonic() - started
+    assert not result.ok and result.cloud == cloud.name
+    assert result.message.startswith(f"{cloud.name}: no credentials found")
+    assert cloud.credential_hint in result.message
+    one_line_without_secrets(cloud, result.message)
+    assert cloud.calls() == 0  # nothing was sent anywhere
+    assert took < 10  # no network timeout was waited out
+
+
+def test_check_with_credentials_says_ok(cloud: Harness) -> None:
+    result = cloud.provider().check()
+    assert result.ok and result.cloud == cloud.name
+    assert cloud.ok_hint in result.message
+    one_line_without_secrets(cloud, result.message)
