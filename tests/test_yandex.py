@@ -10,6 +10,7 @@ import json
 import subprocess
 import sys
 import uuid
+from dataclasses import replace
 from decimal import Decimal
 from pathlib import Path
 
@@ -31,7 +32,13 @@ from providers.base import (
 )
 from providers.yandex.adapter import YandexProvider
 from tests.contract.yandex import make_provider, running_emulator, tls_material, yc_env
-from tests.emulators.yandex import FOLDER, IAM_TOKEN, YandexEmulator, sku
+from tests.emulators.yandex import (
+    DOCUMENTED_GPU_IMAGE,
+    FOLDER,
+    IAM_TOKEN,
+    YandexEmulator,
+    sku,
+)
 
 GIB = 1 << 30
 SSH_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIEmulatorKey user@host"
@@ -121,7 +128,11 @@ def test_launch_puts_the_whole_intent_on_the_wire(emu, yc, instance_type, zone, 
         "provisioner-owner": "alice_smith_example_com",
     }
     assert wire.boot_disk_spec.disk_spec.size == 200 * GIB
-    assert wire.boot_disk_spec.disk_spec.image_id == "fd8gpuimage000000001"  # latest of family
+    # the latest image of the family whose driver serves this platform (Yandex's GPU docs)
+    platform = instance_type.split("/")[0]
+    family = DOCUMENTED_GPU_IMAGE[platform]
+    assert wire.boot_disk_spec.disk_spec.image_id == emu.images[("standard-images", family)]
+    assert emu.gpu_driver_works(inst.id)
     assert wire.boot_disk_spec.auto_delete
     nic = wire.network_interface_specs[0]
     assert nic.subnet_id == emu.subnets[zone]
@@ -167,6 +178,27 @@ def test_image_can_be_an_id_or_a_family(emu, yc):
         c.request.boot_disk_spec.disk_spec.image_id for c in emu.calls("InstanceService.Create")
     )
     assert (a, b) == ("fd8cudaimage00000001", "fd8pinnedimage000001")
+
+
+def test_every_platform_boots_the_image_its_gpus_need_or_is_refused(emu, yc):
+    """One image for every platform left A100 and T4i without a driver; a platform Yandex
+    documents no image for is refused before any call unless the user names one."""
+    from providers.yandex.prices import PLATFORMS
+
+    for n, platform in enumerate(sorted(PLATFORMS)):
+        gpus, cpus, ram = PLATFORMS[platform].shapes[0]
+        req = request(f"p{n}", instance_type=f"{platform}/{gpus}g-{cpus}c-{ram}gb")
+        req = replace(req, zone=sorted(PLATFORMS[platform].zones)[0])
+        if platform not in DOCUMENTED_GPU_IMAGE:
+            with pytest.raises(InvalidRequest, match="documents no GPU image") as err:
+                yc.launch(req)
+            assert err.value.code == "NoImage"
+            continue
+        inst = yc.launch(req)
+        assert emu.gpu_driver_works(inst.id), platform
+    wrong = yc.launch(request("wrong", instance_type="gpu-standard-v3/1g-28c-119gb",
+                              image="ubuntu-2004-lts-gpu"))  # fmt: skip
+    assert not emu.gpu_driver_works(wrong.id)  # what the emulator would catch
 
 
 def test_a_shape_the_platform_does_not_have_is_refused_before_any_call(emu, yc):

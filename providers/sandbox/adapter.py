@@ -34,6 +34,7 @@ from providers.base import (
     MachineState,
     NotFound,
     Provider,
+    ProviderError,
     QuotaError,
     Throttled,
 )
@@ -178,6 +179,11 @@ class SandboxProvider(Provider):
     # -- contract --------------------------------------------------------------------------
 
     def check(self) -> CheckResult:
+        """One call, as a real cloud's check makes one: an injected refusal shows here too."""
+        try:
+            self._call(lambda db: None)
+        except ProviderError as e:
+            return CheckResult("sandbox", False, f"sandbox: {e}")
         return CheckResult("sandbox", True, "simulated cloud, no credentials needed")
 
     def launch(self, request: LaunchRequest) -> Instance:

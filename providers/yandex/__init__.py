@@ -49,8 +49,8 @@ class YandexOptions(Options):
     subnet_ids: dict[Name, Name] = Field(default_factory=dict)  # {zone: id}
     network_id: Name | None = None  # else the folder's one subnet in the zone
     # An image id (20 characters) as it is, anything else a family in `image_folder_id`;
-    # the experiment's `image` wins.
-    image: Name = "ubuntu-2004-lts-gpu"
+    # the experiment's `image` wins. None: the GPU image Yandex documents for the platform.
+    image: Name | None = None
     image_folder_id: Name = "standard-images"
     disk_type: Name = "network-ssd"
     endpoint: Name = "api.cloud.yandex.net:443"

@@ -129,6 +129,20 @@ def _rpc_error(exc: Any, what: str, zone: str | None = None) -> ProviderError:
     return map_error(exc.code().name, exc.details() or "", what, zone)
 
 
+# The GPU image family per platform, from Yandex's "Create a VM with a GPU" docs
+# (compute/operations/vm-create/create-vm-with-gpu, recorded in shared/reference/clouds.md):
+# the driver in `ubuntu-2004-lts-gpu` serves V100 and T4 only; A100 and T4i need the CUDA 12.2
+# image (driver 535); Gen2 boots with secure boot. gpu-standard-v4 has no documented image.
+GPU_IMAGE_FAMILIES = {
+    "gpu-standard-v1": "ubuntu-2004-lts-gpu",
+    "gpu-standard-v2": "ubuntu-2004-lts-gpu",
+    "standard-v3-t4": "ubuntu-2004-lts-gpu",
+    "gpu-standard-v3": "ubuntu-2204-lts-cuda-12-2",
+    "standard-v3-t4i": "ubuntu-2204-lts-cuda-12-2",
+    "gpu-standard-v3i": "ubuntu-2004-lts-secureboot-cuda-12-2",
+}
+
+
 class YandexProvider(Provider):
     spec = SPEC
     options: YandexOptions
@@ -317,7 +331,7 @@ class YandexProvider(Provider):
                 disk_spec=svc.AttachedDiskSpec.DiskSpec(
                     type_id=self.options.disk_type,
                     size=request.disk_gb << 30,
-                    image_id=self._image_id(request.image),
+                    image_id=self._image_id(request.image, shape.platform_id),
                 ),
             ),
             network_interface_specs=[
@@ -471,13 +485,20 @@ class YandexProvider(Provider):
             if self.get(ref).state not in done:
                 raise
 
-    def _image_id(self, image: str | None) -> str:
-        """``request.image`` or option ``image``: an image id (20 chars) is used as it is,
-        anything else is a family in ``image_folder_id`` (default standard-images)."""
+    def _image_id(self, image: str | None, platform_id: str) -> str:
+        """``request.image`` or option ``image``, else the family Yandex documents for the
+        platform: an image id (20 chars) is used as it is, anything else is a family in
+        ``image_folder_id`` (default standard-images)."""
         from yandex.cloud.compute.v1.image_service_pb2 import GetImageLatestByFamilyRequest
         from yandex.cloud.compute.v1.image_service_pb2_grpc import ImageServiceStub
 
-        image = image or self.options.image
+        image = image or self.options.image or GPU_IMAGE_FAMILIES.get(platform_id)
+        if image is None:
+            raise InvalidRequest(
+                f"yandex: Yandex documents no GPU image for {platform_id}: set "
+                "clouds.yandex.image, or the experiment's image, to one with its driver",
+                code="NoImage",
+            )
         if _IMAGE_ID.fullmatch(image):
             return image
         if image not in self._image_cache:

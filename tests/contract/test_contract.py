@@ -34,12 +34,7 @@ CLOUDS = ("sandbox", "aws", "gcp", "azure", "yandex", "sbercloud")
 LIVE = (MachineState.PENDING, MachineState.RUNNING)
 
 #: (test, cloud) → the adapter bug that makes it fail today.
-KNOWN_BUGS: dict[tuple[str, str], str] = {
-    ("test_check_reports_refused_credentials", "sandbox"): (
-        "sandbox bug: SandboxProvider.check() answers OK unconditionally, even while the "
-        "injected auth_fail fault refuses every call"
-    ),
-}
+KNOWN_BUGS: dict[tuple[str, str], str] = {}
 
 
 def open_harness(

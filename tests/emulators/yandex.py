@@ -60,6 +60,18 @@ _LABEL_KEY = re.compile(r"[a-z][-_./\\@0-9a-z]{0,62}")
 _LABEL_VALUE = re.compile(r"[-_./\\@0-9a-z]{0,63}")
 
 
+# Yandex Cloud docs, "Create a VM with a GPU" (compute/operations/vm-create/create-vm-with-gpu;
+# shared/reference/clouds.md): the image family whose driver serves each platform.
+DOCUMENTED_GPU_IMAGE = {
+    "gpu-standard-v1": "ubuntu-2004-lts-gpu",
+    "gpu-standard-v2": "ubuntu-2004-lts-gpu",
+    "standard-v3-t4": "ubuntu-2004-lts-gpu",
+    "gpu-standard-v3": "ubuntu-2204-lts-cuda-12-2",
+    "standard-v3-t4i": "ubuntu-2204-lts-cuda-12-2",
+    "gpu-standard-v3i": "ubuntu-2004-lts-secureboot-cuda-12-2",
+}
+
+
 @dataclass
 class Call:
     method: str  # "<Service>.<Method>", e.g. "InstanceService.Create"
@@ -93,9 +105,16 @@ class YandexEmulator:
     subnets: dict[str, str] = field(
         default_factory=lambda: {z: f"e9bsubnet{z[-1]}0000000000" for z in ZONES}
     )
+    # The public GPU image families (standard-images) that Yandex's "Create a VM with a GPU"
+    # docs name, each the latest of its family here.
     images: dict[tuple[str, str], str] = field(
-        default_factory=lambda: {("standard-images", "ubuntu-2004-lts-gpu"): "fd8gpuimage000000001"}
+        default_factory=lambda: {
+            ("standard-images", "ubuntu-2004-lts-gpu"): "fd8gpuimage000000001",
+            ("standard-images", "ubuntu-2204-lts-cuda-12-2"): "fd8cuda122image00002",
+            ("standard-images", "ubuntu-2004-lts-secureboot-cuda-12-2"): "fd8sbcuda122image003",
+        }
     )
+    boot_images: dict[str, str] = field(default_factory=dict)  # instance id → image id
     skus: list[sku_pb2.Sku] = field(default_factory=list)
     page_size_cap: int = 1000
     capacity_exhausted: set[str] = field(default_factory=set)
@@ -216,6 +235,15 @@ class YandexEmulator:
             )
             inst.status = instance_pb2.Instance.RUNNING
             return inst.id
+
+    def gpu_driver_works(self, instance_id: str) -> bool:
+        """Whether the instance booted an image whose driver serves its platform's GPUs: the
+        pairing of Yandex's GPU docs (ubuntu-2004-lts-gpu has the driver for V100 and T4
+        only; A100 and T4i need the CUDA 12.2 image, Gen2 the secure-boot one). The real
+        cloud boots any image; the GPU just stays invisible, which the agent then reports."""
+        platform = self.instances[instance_id].platform_id
+        family = next(f for (_, f), i in self.images.items() if i == self.boot_images[instance_id])
+        return family == DOCUMENTED_GPU_IMAGE.get(platform)
 
     def calls(self, method: str) -> list[Call]:
         return [c for c in self.requests if c.method == method]
@@ -462,6 +490,7 @@ class _Instances(isvc_grpc.InstanceServiceServicer):
                 subnet=spec.subnet_id,
                 metadata=dict(request.metadata),
             )
+            emu.boot_images[inst.id] = request.boot_disk_spec.disk_spec.image_id
             out_of_stock = request.zone_id in emu.capacity_exhausted
 
             def finish() -> None:
