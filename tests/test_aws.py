@@ -290,34 +290,93 @@ def test_quota_error_blocks_the_region(emu: AwsEmulator, code: str) -> None:
     assert moto_instances(emu) == []
 
 
-@pytest.mark.parametrize("action", ["terminate", "stop"])
-def test_preemption_and_user_stop_are_read_from_the_state_reason_code(
-    emu: AwsEmulator, action: str
-) -> None:
+def test_preemption_and_user_stop_are_read_from_the_state_reason_code(emu: AwsEmulator) -> None:
     provider = make(emu)
-    taken = provider.launch(req("tok-1", spot=True, preemption_action=action))
-    stopped = provider.launch(req("tok-2", spot=True, preemption_action="stop"))
-    emu.preempt(taken.id, action=action)
+    taken = provider.launch(req("tok-1", spot=True))
+    stopped = provider.launch(req("tok-2"))
+    emu.preempt(taken.id, action="terminate")
     provider.stop(stopped.ref)
     got = provider.get(taken.ref)
     assert got.state is MachineState.PREEMPTED
-    assert got.state_reason and got.state_reason.startswith(SPOT_INTERRUPTION[action][0])
+    assert got.state_reason and got.state_reason.startswith(SPOT_INTERRUPTION["terminate"][0])
     got = provider.get(stopped.ref)
     assert got.state is MachineState.STOPPED
     assert "Client.UserInitiatedShutdown" in (got.state_reason or "")
 
 
-def test_preempted_machine_restarts_only_if_it_was_stopped(emu: AwsEmulator) -> None:
+def test_a_spot_machine_cannot_be_stopped_and_a_preempted_one_is_gone(emu: AwsEmulator) -> None:
+    """One-time spot: EC2 refuses to stop it, and takes it back by terminating it."""
     provider = make(emu)
-    stopped = provider.launch(req("tok-1", spot=True, preemption_action="stop"))
-    gone = provider.launch(req("tok-2", spot=True, preemption_action="terminate"))
-    emu.preempt(stopped.id, action="stop")
-    emu.preempt(gone.id, action="terminate")
-    provider.start(stopped.ref)
-    assert provider.get(stopped.ref).state in (MachineState.PENDING, MachineState.RUNNING)
+    spot = provider.launch(req("tok-1", spot=True, preemption_action="stop"))
+    with pytest.raises(InvalidRequest) as refused:
+        provider.stop(spot.ref)
+    assert refused.value.code == "UnsupportedOperation"
+    emu.preempt(spot.id, action="terminate")
     with pytest.raises(InvalidRequest):
-        provider.start(gone.ref)
-    assert provider.get(gone.ref).state is MachineState.PREEMPTED
+        provider.start(spot.ref)
+    assert provider.get(spot.ref).state is MachineState.PREEMPTED
+
+
+def test_the_emulator_bills_what_a_persistent_request_relaunches(emu: AwsEmulator) -> None:
+    """The control for the leak tests: had the adapter sent a persistent request, terminating
+    its instance would make EC2 launch another, billed, until the request is cancelled — and
+    an interrupted-stopped one would start again when capacity returns."""
+    ec2 = boto3.client("ec2", endpoint_url=emu.endpoint_url, region_name="us-east-1")
+    persistent = {
+        "MarketType": "spot",
+        "SpotOptions": {"SpotInstanceType": "persistent", "InstanceInterruptionBehavior": "stop"},
+    }
+    ami = emu.ubuntu_ami("us-east-1")
+
+    def launch() -> str:
+        out = ec2.run_instances(
+            ImageId=ami, InstanceType="g4dn.xlarge", MinCount=1, MaxCount=1,
+            InstanceMarketOptions=persistent,
+        )  # fmt: skip
+        return str(out["Instances"][0]["InstanceId"])
+
+    first = launch()
+    ec2.terminate_instances(InstanceIds=[first])
+    [request] = emu.open_spot_requests()
+    assert request.instance_id != first and emu.billed_instances() == [request.instance_id]
+    emu.preempt(request.instance_id, action="stop")
+    assert emu.restore_capacity() == [request.instance_id]  # started again by EC2
+    ec2.cancel_spot_instance_requests(SpotInstanceRequestIds=[request.id])
+    ec2.terminate_instances(InstanceIds=[request.instance_id])
+    assert emu.open_spot_requests() == [] and emu.billed_instances() == []
+
+
+def test_spot_up_preemption_recovery_and_down_leave_nothing_billed(
+    emu: AwsEmulator, home: Path, clock
+) -> None:
+    """The first real run, on the emulator's own books: a spot machine is taken back, the
+    scheduler relaunches it, the user downs it — no open spot request, no billed instance."""
+    from provisioner.jobs import recover
+
+    options = {"endpoint": emu.endpoint_url, "retry_base_seconds": 0.001}
+    app = App(make_settings(home, clouds={"aws": options}), clock)
+    try:
+        catalog.refresh(app.settings, "aws", app.provider("aws").fetch_offers())
+        experiment = Experiment.model_validate(
+            sandbox_experiment("train", gpu="T4:1", market="spot", clouds=["aws"])
+        )
+        first = lifecycle.up(app, experiment).machine
+        emu.preempt(first.instance_id, first.region, action="terminate")
+        emu.restore_capacity()  # a persistent request would come back here
+        lifecycle.reconcile(app)
+        done = recover.run(app)
+        assert [(a.action, a.done) for a in done.actions] == [("relaunch", True)]
+        second = lifecycle.find(app, "train")
+        assert second.instance_id != first.instance_id
+        assert emu.billed_instances(second.region) == [second.instance_id]
+        lifecycle.down(app, "train")
+        emu.restore_capacity()
+    finally:
+        app.close()
+    for region in {first.region, second.region}:
+        assert emu.billed_instances(region) == []
+    assert emu.open_spot_requests() == []
+    assert {r.kind for r in emu.spot_requests.values()} == {"one-time"}
 
 
 def test_a_terminated_machine_can_still_be_stopped_but_not_started(emu: AwsEmulator) -> None:

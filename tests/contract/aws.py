@@ -99,6 +99,8 @@ class AwsHarness:
     cannot = {
         "slow_operations": "aws: RunInstances/StopInstances answer at once (pending/stopping); "
         "EC2 has no operation object to wait for",
+        "console_stop_of_spot": "aws: a one-time spot instance cannot be stopped, from the "
+        "console either (UnsupportedOperation)",
     }
 
     def __init__(self, emu: AwsEmulator) -> None:
@@ -150,8 +152,8 @@ class AwsHarness:
         self.emu.faults.cap_page_size(n)
 
     def preempt(self, instance: Instance) -> None:
-        action = self._requests[instance.name].preemption_action
-        self.emu.preempt(instance.id, instance.region, action=action)
+        # the adapter launches one-time + terminate: EC2 terminates it when taking it back
+        self.emu.preempt(instance.id, instance.region, action="terminate")
 
     def stop_from_outside(self, instance: Instance) -> None:
         self.emu.client("ec2", instance.region).stop_instances(InstanceIds=[instance.id])

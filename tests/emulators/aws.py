@@ -7,6 +7,11 @@ strictly, records it, and forwards it to moto unchanged except where it adds wha
   machine; same token with other parameters → IdempotentParameterMismatch);
 - faults (:class:`Faults`): capacity exhaustion per AZ, quota errors per region, throttling,
   slow requests, lost responses, refused credentials, a small page size for DescribeInstances;
+- spot requests, which moto does not model for RunInstances market options (:class:`SpotRequest`):
+  a one-time spot instance cannot be stopped; terminating an instance of a persistent request
+  that is not cancelled makes EC2 launch a new, billed one; an instance a persistent request
+  stopped on interruption is started again when capacity returns (:meth:`restore_capacity`);
+  ``CancelSpotInstanceRequests`` is answered here;
 - preemption of a spot instance (:meth:`AwsEmulator.preempt`): moto stops/terminates it and the
   proxy rewrites its DescribeInstances StateReason to the spot interruption code; an instance
   terminated elsewhere long ago (:meth:`AwsEmulator.forget`) is no longer known;
@@ -32,7 +37,7 @@ import uuid
 import xml.etree.ElementTree as ET
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from xml.sax.saxutils import escape
@@ -190,6 +195,23 @@ def json_reply(payload: dict[str, Any]) -> _Reply:
     return _Reply(200, json.dumps(payload).encode(), "application/x-amz-json-1.1", "fixture")
 
 
+@dataclass
+class SpotRequest:
+    """One spot request as EC2 keeps it (AWS EC2 User Guide, "Spot Instance requests" and
+    "Behavior of Spot Instance interruptions"): a one-time request closes once its instance is
+    gone; a persistent one stays open until cancelled, relaunching its instance after an
+    interruption or a terminate, and is ``disabled`` while its instance is stopped."""
+
+    id: str
+    region: str
+    kind: str  # one-time | persistent
+    behaviour: str  # terminate | stop | hibernate
+    instance_id: str
+    launch: tuple[dict[str, str], bytes]  # the RunInstances it came from (headers, body)
+    state: str = "active"  # active | disabled | open | closed | cancelled
+    instances: list[str] = field(default_factory=list)  # every instance it ever launched
+
+
 class AwsEmulator:
     """moto + the proxy. Use :func:`start_aws_emulator`; :meth:`reset` between tests."""
 
@@ -213,6 +235,7 @@ class AwsEmulator:
         self._tokens: dict[tuple[str, str], tuple[dict[str, str], bytes]] = {}
         self._token_locks: dict[tuple[str, str], threading.Lock] = {}
         self._preempted: dict[str, tuple[str, str]] = {}
+        self.spot_requests: dict[str, SpotRequest] = {}
         self._clients: dict[tuple[str, str], Any] = {}
         self._zone_ids: dict[str, dict[str, str]] = {}
         self._amis: dict[str, str] = {}
@@ -244,6 +267,7 @@ class AwsEmulator:
             self._tokens.clear()
             self._token_locks.clear()
             self._preempted.clear()
+            self.spot_requests.clear()
         self._load_defaults()
 
     def stop(self) -> None:
@@ -304,6 +328,9 @@ class AwsEmulator:
         raw = ec2.describe_instances(InstanceIds=[instance_id])["Reservations"][0]["Instances"][0]
         if raw.get("InstanceLifecycle") != "spot":
             raise ValueError(f"{instance_id} is not a spot instance")
+        request = self._spot_request_of(instance_id)
+        if action != "terminate" and request is not None and request.kind == "one-time":
+            raise ValueError(f"{instance_id}: EC2 only stops instances of persistent requests")
         if action == "terminate":
             ec2.terminate_instances(InstanceIds=[instance_id])
         else:
@@ -311,6 +338,53 @@ class AwsEmulator:
         code, text = SPOT_INTERRUPTION[action]
         with self._lock:
             self._preempted[instance_id] = (code, f"{code}: {text}")
+            request = self._spot_request_of(instance_id)
+            if request is not None and request.state not in ("cancelled", "closed"):
+                # persistent: open again, waiting for capacity; one-time: done
+                request.state = "open" if request.kind == "persistent" else "closed"
+
+    def restore_capacity(self) -> list[str]:
+        """Capacity is back: EC2 fulfils every open persistent request again — it starts an
+        instance stopped by an interruption, or launches a new one for a terminated one
+        ("Behavior of Spot Instance interruptions", EC2 User Guide). Returns the instance
+        ids it started or launched."""
+        acted = []
+        with self._lock:
+            waiting = [r for r in self.spot_requests.values() if r.state == "open"]
+        for request in waiting:
+            iid = request.instance_id
+            state = self._state(iid, request.region)
+            if state == "stopped":
+                self.client("ec2", request.region).start_instances(InstanceIds=[iid])
+                with self._lock:
+                    self._preempted.pop(iid, None)
+                    request.state = "active"
+            else:
+                with self._lock:
+                    self._relaunch(request)
+            acted.append(request.instance_id)
+        return acted
+
+    def open_spot_requests(self) -> list[SpotRequest]:
+        """Requests that can still launch or keep a billed instance."""
+        with self._lock:
+            return [
+                r for r in self.spot_requests.values() if r.state in ("active", "open", "disabled")
+            ]
+
+    def billed_instances(self, region: str = "us-east-1") -> list[str]:
+        """Instances that still cost money: running or starting, or stopped with their disk."""
+        ec2 = self.client("ec2", region)
+        return [
+            i["InstanceId"]
+            for r in ec2.describe_instances()["Reservations"]
+            for i in r["Instances"]
+            if i["State"]["Name"] in ("pending", "running", "stopping", "stopped")
+        ]
+
+    def _state(self, instance_id: str, region: str) -> str:
+        raw = self.client("ec2", region).describe_instances(InstanceIds=[instance_id])
+        return str(raw["Reservations"][0]["Instances"][0]["State"]["Name"])
 
     def forget(self, instance_id: str, region: str = "us-east-1") -> None:
         """Someone terminated the instance elsewhere, long enough ago that EC2 no longer lists
@@ -405,6 +479,24 @@ class AwsEmulator:
             time.sleep(delay)
         if action == "RunInstances":
             return self._run_instances(h, region, params, body, rec)
+        if action == "CancelSpotInstanceRequests":
+            return self._cancel_spot_requests(params, rec)
+        ids = [v for k, v in sorted(params.items()) if k.startswith("InstanceId.")]
+        if action == "StopInstances":
+            for iid in ids:
+                request = self._spot_request_of(iid)
+                if request is not None and request.kind == "one-time":
+                    # The real answer, as EC2 gives it (seen in gitlab-runner#28865, and the
+                    # EC2 User Guide: "You can only stop Spot Instances associated with
+                    # persistent Spot Instance requests").
+                    rec.answer = "UnsupportedOperation"
+                    raise ec2_error(
+                        "UnsupportedOperation",
+                        f"You can't stop the Spot Instance '{iid}' because it is associated "
+                        "with a one-time Spot Instance request. You can only stop Spot "
+                        "Instances associated with persistent Spot Instance requests.",
+                        400,
+                    )
         if action == "DescribeSpotPriceHistory":
             return self._spot_history(region, params, rec)
         if action == "StartInstances":
@@ -418,6 +510,14 @@ class AwsEmulator:
             params = {**params, "MaxResults": str(min(wanted, self.faults.page_size))}
             body = urllib.parse.urlencode(params).encode()
         status, ctype, data = self._forward(h, body)
+        if status == 200 and action == "TerminateInstances":
+            with self._lock:
+                self._after_terminate(ids)
+        if status == 200 and action == "StopInstances":
+            with self._lock:
+                for iid in ids:
+                    if request := self._spot_request_of(iid):
+                        request.state = "disabled"  # "when you stop your Spot Instance"
         if action == "DescribeInstances" and status == 200 and self._preempted:
             data = self._rewrite_preempted(data)
         if self.faults.take_drop(action):
@@ -481,7 +581,95 @@ class AwsEmulator:
             )
         status, ctype, data = self._forward(h, body)
         rec.answer = "forwarded" if status == 200 else f"moto {status}"
+        if status == 200 and params.get("InstanceMarketOptions.MarketType") == "spot":
+            self._open_spot_requests(h, region, params, data)
         return _Reply(status, data, ctype, rec.answer)
+
+    def _open_spot_requests(
+        self, h: _ProxyHandler, region: str, params: dict[str, str], data: bytes
+    ) -> None:
+        spot = "InstanceMarketOptions.SpotOptions."
+        launch = {k: v for k, v in params.items() if k != "ClientToken"}
+        headers = {
+            k: v
+            for k, v in h.headers.items()
+            if k.lower() not in ("content-length", "connection", "keep-alive")
+        }
+        with self._lock:
+            for iid in _instance_ids(data):
+                rid = f"sir-{uuid.uuid4().hex[:8]}"
+                self.spot_requests[rid] = SpotRequest(
+                    rid,
+                    region,
+                    params.get(spot + "SpotInstanceType", "one-time"),
+                    params.get(spot + "InstanceInterruptionBehavior", "terminate"),
+                    iid,
+                    (headers, urllib.parse.urlencode(launch).encode()),
+                    instances=[iid],
+                )
+
+    def _spot_request_of(self, instance_id: str) -> SpotRequest | None:
+        return next((r for r in self.spot_requests.values() if r.instance_id == instance_id), None)
+
+    def _relaunch(self, request: SpotRequest) -> None:
+        """EC2 fulfils the open persistent request again: a new instance, billed."""
+        headers, body = request.launch
+        host, port = urllib.parse.urlsplit(self.moto_url).netloc.split(":")
+        conn = http.client.HTTPConnection(host, int(port), timeout=60)
+        try:
+            conn.request(
+                "POST", "/", body=body, headers={**headers, "Content-Length": str(len(body))}
+            )
+            data = conn.getresponse().read()
+        finally:
+            conn.close()
+        (new,) = _instance_ids(data)
+        request.instance_id, request.state = new, "active"
+        request.instances.append(new)
+
+    def _after_terminate(self, ids: list[str]) -> None:
+        """A one-time request closes with its instance; a persistent one that is not cancelled
+        relaunches it ("remains active until it expires or you cancel it, even if the request
+        is fulfilled" — CDK SpotRequestType.PERSISTENT, EC2 User Guide)."""
+        for iid in ids:
+            request = self._spot_request_of(iid)
+            if request is None or request.state in ("cancelled", "closed"):
+                continue
+            if request.kind == "persistent":
+                self._relaunch(request)
+            else:
+                request.state = "closed"
+
+    def _cancel_spot_requests(self, params: dict[str, str], rec: Recorded) -> _Reply:
+        """CancelSpotInstanceRequests, answered here (moto keeps no request for RunInstances
+        market options). Cancelling does not terminate the instance (EC2 API reference)."""
+        items = []
+        with self._lock:
+            for key, rid in sorted(params.items()):
+                if not key.startswith("SpotInstanceRequestId."):
+                    continue
+                request = self.spot_requests.get(rid)
+                if request is None:
+                    rec.answer = "InvalidSpotInstanceRequestID.NotFound"
+                    return ec2_error(
+                        "InvalidSpotInstanceRequestID.NotFound",
+                        f"The spot instance request ID '{rid}' does not exist",
+                        400,
+                    )
+                request.state = "cancelled"
+                items.append(
+                    f"<item><spotInstanceRequestId>{rid}</spotInstanceRequestId>"
+                    "<state>cancelled</state></item>"
+                )
+        rec.answer = "answered"
+        body = (
+            '<?xml version="1.0" encoding="UTF-8"?>\n<CancelSpotInstanceRequestsResponse '
+            'xmlns="http://ec2.amazonaws.com/doc/2016-11-15/">'
+            f"<requestId>{uuid.uuid4()}</requestId>"
+            f"<spotInstanceRequestSet>{''.join(items)}</spotInstanceRequestSet>"
+            "</CancelSpotInstanceRequestsResponse>"
+        ).encode()
+        return _Reply(200, body, "text/xml", "answered")
 
     def _maybe_drop(self, reply: _Reply, rec: Recorded) -> _Reply:
         if reply.status == 200 and self.faults.take_drop("RunInstances"):
@@ -683,6 +871,13 @@ def _parse_json(body: bytes) -> dict[str, Any]:
     if not isinstance(payload, dict):
         raise json_error("SerializationException", "body is not a JSON object")
     return payload
+
+
+def _instance_ids(data: bytes) -> list[str]:
+    """The instance ids of a RunInstances answer."""
+    root = ET.fromstring(data)
+    ids = [e.text or "" for e in root.iter() if e.tag.rsplit("}", 1)[-1] == "instanceId"]
+    return list(dict.fromkeys(ids))
 
 
 def _validate_run_instances(params: dict[str, str]) -> None:
