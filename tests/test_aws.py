@@ -452,3 +452,28 @@ def test_up_fails_over_from_a_zone_without_capacity(emu: AwsEmulator, home: Path
     assert [a.outcome for a in result.attempts] == ["capacity", "launched"]
     [one] = app.provider("aws").list_managed()
     assert (one.id, one.zone, one.spot) == (m.instance_id, second.offer.zone, True)
+
+
+def test_machines_join_our_ssh_group_with_imdsv2_only(emu: AwsEmulator) -> None:
+    """Without a security group in settings a machine would land in the VPC's default group,
+    which admits only its own members: ours opens 22/tcp to `ssh_cidrs`, is tagged, reused."""
+    provider = make(emu, ssh_cidrs=["203.0.113.0/24"])
+    provider.launch(req("tok-1"))
+    provider.launch(req("tok-2", zone="use1-az4"))
+    first, second = emu.run_instances_requests
+    assert first["SecurityGroupId.1"] == second["SecurityGroupId.1"]
+    assert (
+        first["MetadataOptions.HttpTokens"],
+        first["MetadataOptions.HttpPutResponseHopLimit"],
+    ) == ("required", "1")
+    ec2 = emu.client("ec2", "us-east-1")
+    [group] = ec2.describe_security_groups(GroupIds=[first["SecurityGroupId.1"]])["SecurityGroups"]
+    [rule] = group["IpPermissions"]
+    assert (rule["IpProtocol"], rule["FromPort"], rule["ToPort"]) == ("tcp", 22, 22)
+    assert [r["CidrIp"] for r in rule["IpRanges"]] == ["203.0.113.0/24"]
+    assert {"Key": "managed-by", "Value": "provisioner"} in group["Tags"]
+    assert len(emu.calls("CreateSecurityGroup")) == 1
+    # another process (a fresh adapter) finds the group instead of making a second
+    make(emu).launch(req("tok-3"))
+    assert len(emu.calls("CreateSecurityGroup")) == 1
+    assert emu.run_instances_requests[-1]["SecurityGroupId.1"] == group["GroupId"]

@@ -18,7 +18,10 @@ class AWSOptions(Options):
     images: dict[Name, Name] = Field(default_factory=dict)  # {region: AMI}
     subnet_id: Name | None = None
     subnet_ids: dict[Name, Name] = Field(default_factory=dict)  # {zone id or name: subnet}
+    # Groups to put machines in; none: our own group in the subnet's VPC (the default VPC),
+    # created once, tagged as ours, admitting SSH from `ssh_cidrs`.
     security_group_ids: Names = ()
+    ssh_cidrs: Names = ("0.0.0.0/0",)  # who may reach port 22, as SkyPilot's and dstack's default
     key_name: Name | None = None
     iam_instance_profile: Name | None = None  # a name, or an ARN
     connect_timeout_seconds: Seconds = 10

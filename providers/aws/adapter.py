@@ -44,6 +44,7 @@ T = TypeVar("T")
 DEFAULT_IMAGE_PARAMETER = (
     "/aws/service/deeplearning/ami/x86_64/base-oss-nvidia-driver-gpu-ubuntu-22.04/latest/ami-id"
 )
+SSH_GROUP = "provisioner-ssh"
 TAG_TOKEN = "provisioner-token"  # the launch intent's token, for the adapter's own dedup
 PREEMPTION_REASONS = frozenset({"Server.SpotInstanceTermination", "Server.SpotInstanceShutdown"})
 _STATES = {
@@ -76,6 +77,7 @@ class AWSProvider(Provider):
         self._images: dict[str, str] = {}
         self._root_devices: dict[tuple[str, str], str] = {}
         self._zone_ids: dict[str, dict[str, str]] = {}  # region → {AZ name: AZ id}
+        self._groups: dict[tuple[str, str], str] = {}  # (region, subnet) → our SSH group
 
     @property
     def regions(self) -> list[str]:
@@ -296,6 +298,83 @@ class AWSProvider(Provider):
             self._root_devices[(region, image)] = images[0].get("RootDeviceName") or "/dev/sda1"
         return self._root_devices[(region, image)]
 
+    def _ssh_group(self, region: str, subnet: str | None) -> str:
+        """Our security group in the VPC the machine joins: found by name, else created with
+        22/tcp open to ``ssh_cidrs`` and tagged as ours (a VPC's default group admits only its
+        own members: no SSH from outside). Outbound stays open, as a new group's is."""
+        with self._lock:
+            key = (region, subnet or "")
+            if key in self._groups:
+                return self._groups[key]
+        ec2 = self._client("ec2", region)
+        vpc = self._vpc(ec2, region, subnet)
+        filters = [
+            {"Name": "group-name", "Values": [SSH_GROUP]},
+            {"Name": "vpc-id", "Values": [vpc]},
+        ]
+
+        def find() -> str | None:
+            groups = ec2.describe_security_groups(Filters=filters)["SecurityGroups"]
+            return str(groups[0]["GroupId"]) if groups else None
+
+        group = self._call(find, f"find security group {SSH_GROUP} in {vpc}")
+        if group is None:
+            tags = _tag_list({TAG_MANAGED_BY: TAG_MANAGED_BY_VALUE, "Name": SSH_GROUP})
+
+            def create() -> str:
+                try:
+                    made = ec2.create_security_group(
+                        GroupName=SSH_GROUP,
+                        Description="provisioner: SSH to GPU machines",
+                        VpcId=vpc,
+                        TagSpecifications=[{"ResourceType": "security-group", "Tags": tags}],
+                    )
+                except Exception as exc:  # another process made it first: use that one
+                    if getattr(exc, "response", {}).get("Error", {}).get("Code") == (
+                        "InvalidGroup.Duplicate"
+                    ):
+                        return find() or ""
+                    raise
+                group_id = str(made["GroupId"])
+                ec2.authorize_security_group_ingress(
+                    GroupId=group_id,
+                    IpPermissions=[
+                        {
+                            "IpProtocol": "tcp",
+                            "FromPort": 22,
+                            "ToPort": 22,
+                            "IpRanges": [
+                                {"CidrIp": c, "Description": "provisioner SSH"}
+                                for c in self.options.ssh_cidrs
+                            ],
+                        }
+                    ],
+                )
+                return group_id
+
+            group = self._call(create, f"create security group {SSH_GROUP} in {vpc}")
+        with self._lock:
+            self._groups[key] = group
+        return group
+
+    def _vpc(self, ec2: Any, region: str, subnet: str | None) -> str:
+        if subnet:
+            found = self._call(
+                lambda: ec2.describe_subnets(SubnetIds=[subnet])["Subnets"], f"find {subnet}"
+            )
+            return str(found[0]["VpcId"])
+        vpcs = self._call(
+            lambda: ec2.describe_vpcs(Filters=[{"Name": "isDefault", "Values": ["true"]}])["Vpcs"],
+            f"find the default VPC of {region}",
+        )
+        if not vpcs:
+            raise InvalidRequest(
+                f"aws: {region} has no default VPC: set clouds.aws.subnet_id (or subnet_ids), "
+                "or create one with `aws ec2 create-default-vpc`",
+                code="NoDefaultVpc",
+            )
+        return str(vpcs[0]["VpcId"])
+
     def _run_params(
         self, request: LaunchRequest, zone: str, image: str, root_device: str
     ) -> dict[str, Any]:
@@ -334,8 +413,16 @@ class AWSProvider(Provider):
         )
         if subnet:
             params["SubnetId"] = subnet
-        if self.options.security_group_ids:
-            params["SecurityGroupIds"] = list(self.options.security_group_ids)
+        params["SecurityGroupIds"] = list(
+            self.options.security_group_ids or [self._ssh_group(request.region, subnet)]
+        )
+        # IMDSv2 only, one hop: the instance's credentials are not readable by a container or
+        # by a plain GET from anything on the machine (clouds.md, AWS networking).
+        params["MetadataOptions"] = {
+            "HttpTokens": "required",
+            "HttpPutResponseHopLimit": 1,
+            "HttpEndpoint": "enabled",
+        }
         if self.options.key_name:
             params["KeyName"] = self.options.key_name
         profile = self.options.iam_instance_profile
