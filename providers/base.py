@@ -204,6 +204,11 @@ class Provider(ABC):
         )
         self.clock: Callable[[], datetime] = clock or (lambda: datetime.now(UTC))
 
+    @property
+    def ssh_user(self) -> str:
+        """Who logs in on this cloud's machines."""
+        return self.spec.ssh_user
+
     @abstractmethod
     def check(self) -> CheckResult:
         """Are credentials present and valid? Must not hang when nothing is configured."""

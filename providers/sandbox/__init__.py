@@ -20,6 +20,10 @@ class SandboxOptions(Options):
     throttle: int = Field(0, ge=0)  # the next N calls are throttled
     auth_fail: bool = False
     preempt_after_seconds: Seconds | None = None  # spot machines older than this are preempted
+    # Where its machines answer SSH, and as whom: by default a TEST-NET-2 address that never
+    # routes; 127.0.0.1 and the current user let a real sshd on loopback stand in for one.
+    public_ip: Name | None = None
+    ssh_user: Name | None = None
     retry_base_seconds: Wait = 0.05
     retry_max_seconds: Wait = 0.5
 

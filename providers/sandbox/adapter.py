@@ -178,6 +178,10 @@ class SandboxProvider(Provider):
 
     # -- contract --------------------------------------------------------------------------
 
+    @property
+    def ssh_user(self) -> str:
+        return self.options.ssh_user or self.spec.ssh_user
+
     def check(self) -> CheckResult:
         """One call, as a real cloud's check makes one: an injected refusal shows here too."""
         try:
@@ -215,7 +219,8 @@ class SandboxProvider(Provider):
                         code="SandboxGpuQuota",
                     )
             iid = "sbx-" + secrets.token_hex(6)
-            ip = f"198.51.100.{secrets.randbelow(250) + 2}"  # TEST-NET-2: never routable
+            # TEST-NET-2, never routable, unless settings point its machines at a real host
+            ip = self.options.public_ip or f"198.51.100.{secrets.randbelow(250) + 2}"
             db.execute(
                 "INSERT INTO machines VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
                 (

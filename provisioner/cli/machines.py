@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from contextlib import nullcontext
 from typing import Any
 
@@ -210,19 +211,49 @@ def up(
     )
     if m.disk_rate is not None:
         out.print(f"  disk {m.disk_gb} GB: {_money(m.disk_rate, m.currency)}/h while it exists")
-    out.print(
-        f"  instance {m.instance_id}"
-        + (f", ssh {_ssh_user(m.cloud)}@{m.public_ip}" if m.public_ip else "")
-    )
+    out.print(f"  instance {m.instance_id}" + (f", address {m.public_ip}" if m.public_ip else ""))
+    out.print(f"  connect with `provisioner ssh {m.name}`")
     out.print(
         f"  stop it with `provisioner stop {m.name}`, remove it with `provisioner down {m.name}`"
     )
 
 
-def _ssh_user(cloud: str | None) -> str:
-    import providers
+@app.command()
+def ssh(
+    ctx: typer.Context,
+    name: str = typer.Argument(..., help="machine name"),
+    command: list[str] = typer.Argument(None, help="a command to run there (after --)"),
+) -> None:
+    """Log in on a machine (or run a command there) as its cloud's user, at its address.
 
-    return providers.spec(cloud).ssh_user if cloud in providers.REGISTRY else "provisioner"
+    Runs OpenSSH's `ssh` — $PROVISIONER_SSH_COMMAND instead when set (e.g. "ssh -i KEY -p
+    2222", like GIT_SSH_COMMAND) — so keys come from your agent or ~/.ssh/config."""
+    import os
+    import shlex
+
+    from provisioner import lifecycle  # SQLAlchemy: not for --help
+    from provisioner.errors import UserError
+
+    application = get_app(ctx)
+    m = lifecycle.find(application, name)
+    if m.status != "running" or not m.public_ip:
+        hint = f"`provisioner start {m.name}`" if m.status == "stopped" else "`provisioner status`"
+        raise UserError(f"{m.name} is {m.status} with no address to connect to (see {hint})")
+    user = application.provider(m.cloud).ssh_user
+    argv = [
+        *shlex.split(os.environ.get("PROVISIONER_SSH_COMMAND") or "ssh"),
+        "-o",
+        "StrictHostKeyChecking=accept-new",
+        f"{user}@{m.public_ip}",
+        *(command or []),
+    ]
+    sys.stdout.flush()
+    try:
+        os.execvp(argv[0], argv)
+    except OSError as e:
+        raise UserError(
+            f"cannot run {argv[0]}: {e.strerror} (is the OpenSSH client installed?)"
+        ) from None
 
 
 @app.command()
