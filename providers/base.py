@@ -209,6 +209,18 @@ class Provider(ABC):
         """Who logs in on this cloud's machines."""
         return self.spec.ssh_user
 
+    def accepts_ssh(self, instance: Instance, timeout: float = 3) -> bool:
+        """Whether the machine's SSH port answers at its public address (a TCP connect)."""
+        import socket
+
+        if not instance.public_ip:
+            return False
+        try:
+            socket.create_connection((instance.public_ip, 22), timeout=timeout).close()
+        except OSError:
+            return False
+        return True
+
     @abstractmethod
     def check(self) -> CheckResult:
         """Are credentials present and valid? Must not hang when nothing is configured."""

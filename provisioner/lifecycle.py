@@ -9,6 +9,7 @@ usage intervals at the launch-time rate.
 from __future__ import annotations
 
 import hashlib
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -37,6 +38,7 @@ from providers.base import (
     ProviderError,
     QuotaError,
 )
+from providers.retry import wait_until
 from provisioner import budget, catalog, idle, ledger, planning
 from provisioner.app import App
 from provisioner.crashpoints import crashpoint
@@ -424,8 +426,10 @@ def ref(m: Machine) -> InstanceRef:
 
 def can_stop(m: Machine) -> bool:
     """Whether ``m``'s cloud can stop it and start it again (not an AWS one-time spot)."""
-    return m.market != "spot" or m.cloud not in providers.REGISTRY or (
-        providers.spec(m.cloud).capabilities.stop_spot
+    return (
+        m.market != "spot"
+        or m.cloud not in providers.REGISTRY
+        or (providers.spec(m.cloud).capabilities.stop_spot)
     )
 
 
@@ -495,6 +499,51 @@ def _provider_call(app: App, m: Machine, op: str) -> None:
     except ProviderError as e:
         raise OperationFailed(f"{m.name}: {op} failed: {e}") from None
     crashpoint(f"after-{op}")  # the cloud acted, the state does not know yet
+
+
+def wait_ready(
+    app: App,
+    name: str,
+    *,
+    timeout: float,
+    interval: float = 2,
+    progress: Callable[[str], None] = lambda _: None,
+) -> Machine:
+    """Wait (bounded) until the cloud says the machine runs, it has a public address and its
+    SSH port answers; record the boot and the address. Raises OperationFailed at ``timeout``,
+    naming what it was still waiting for; the machine is left as it is (it may still boot)."""
+    m = find(app, name)
+    provider = app.provider(m.cloud or "")
+    deadline = time.monotonic() + timeout
+    progress(f"waiting for {m.name} to run and get an address…")
+    inst, up = wait_until(
+        lambda: provider.get(ref(m)),
+        lambda i: i.state is MachineState.RUNNING and bool(i.public_ip),
+        timeout=timeout,
+        interval=interval,
+    )
+    if up:
+        with app.db.session() as s:
+            mm = s.get(Machine, m.id)
+            assert mm is not None  # found above; machines are never deleted
+            mm.public_ip = inst.public_ip
+            ledger.record_transition(
+                s, mm, "running", app.clock.now(), event="booted", reason="launched"
+            )
+        progress(f"{m.name} runs at {inst.public_ip}; waiting for SSH…")
+        left = max(deadline - time.monotonic(), 0)
+        _, up = wait_until(
+            lambda: provider.accepts_ssh(inst), bool, timeout=left, interval=interval
+        )
+        waiting_for = "SSH to answer"
+    else:
+        waiting_for = f"it to run with an address (it is {inst.state.value})"
+    if not up:
+        raise OperationFailed(
+            f"{m.name}: still waiting for {waiting_for} after {timeout:g} s; it is not "
+            f"stopped — see `provisioner status {m.name}`, or `provisioner down {m.name}`"
+        )
+    return find(app, name)
 
 
 def _transition(app: App, machine_id: str, status: str, **kw: Any) -> tuple[Machine, bool]:

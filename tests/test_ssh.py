@@ -5,6 +5,7 @@ the command after --) is checked by sshd itself, not by a mock."""
 from __future__ import annotations
 
 import getpass
+import json
 import os
 import shutil
 import socket
@@ -74,7 +75,8 @@ def sshd(tmp_path: Path) -> Iterator[tuple[int, Path]]:
 def test_ssh_connects_as_the_clouds_user_at_the_machines_address(sshd, home, tmp_path):
     port, d = sshd
     me = getpass.getuser()
-    cfg = write_settings(home, sandbox={"public_ip": "127.0.0.1", "ssh_user": me})
+    sandbox = {"public_ip": "127.0.0.1", "ssh_port": port, "ssh_user": me}
+    cfg = write_settings(home, sandbox=sandbox)
     spec = write_yaml(tmp_path / "exp.yaml", sandbox_experiment("box"))
     up = run_cli("--config", str(cfg), "up", str(spec))
     assert up.returncode == 0, up.stderr
@@ -93,3 +95,17 @@ def test_ssh_connects_as_the_clouds_user_at_the_machines_address(sshd, home, tmp
     r = run_cli("--config", str(cfg), "ssh", "box", env=env)
     assert r.returncode == 2 and "provisioner start box" in r.stderr
     assert "Traceback" not in r.stderr
+
+
+def test_up_waits_for_ssh_within_its_bound_and_says_what_it_waited_for(home, tmp_path):
+    closed = _free_port()  # nothing listens here
+    cfg = write_settings(home, sandbox={"public_ip": "127.0.0.1", "ssh_port": closed})
+    spec = write_yaml(tmp_path / "exp.yaml", sandbox_experiment("slow"))
+    r = run_cli("--config", str(cfg), "up", str(spec), "--wait-timeout", "2")
+    assert r.returncode == 1 and "still waiting for SSH to answer after 2 s" in r.stderr
+    assert "Traceback" not in r.stderr
+    status = run_cli("--config", str(cfg), "status", "-o", "json", "--no-refresh")
+    assert [m["status"] for m in json.loads(status.stdout)] == ["running"]  # left, not lost
+    spec2 = write_yaml(tmp_path / "exp2.yaml", sandbox_experiment("quick"))
+    r = run_cli("--config", str(cfg), "up", str(spec2), "--no-wait")
+    assert r.returncode == 0, r.stderr

@@ -23,6 +23,7 @@ class SandboxOptions(Options):
     # Where its machines answer SSH, and as whom: by default a TEST-NET-2 address that never
     # routes; 127.0.0.1 and the current user let a real sshd on loopback stand in for one.
     public_ip: Name | None = None
+    ssh_port: int = Field(22, ge=1, le=65535)
     ssh_user: Name | None = None
     retry_base_seconds: Wait = 0.05
     retry_max_seconds: Wait = 0.5

@@ -182,6 +182,20 @@ class SandboxProvider(Provider):
     def ssh_user(self) -> str:
         return self.options.ssh_user or self.spec.ssh_user
 
+    def accepts_ssh(self, instance: Instance, timeout: float = 3) -> bool:
+        """A simulated machine answers at once; one pointed at a real host is asked."""
+        if self.options.public_ip is None:
+            return instance.state is MachineState.RUNNING
+        import socket
+
+        try:
+            socket.create_connection(
+                (self.options.public_ip, self.options.ssh_port), timeout
+            ).close()
+        except OSError:
+            return False
+        return True
+
     def check(self) -> CheckResult:
         """One call, as a real cloud's check makes one: an injected refusal shows here too."""
         try:

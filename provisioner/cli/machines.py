@@ -176,9 +176,12 @@ def plan(
 def up(
     ctx: typer.Context,
     spec: str = typer.Argument(..., help="experiment file"),
+    wait: bool = typer.Option(True, help="wait until the machine runs and answers SSH"),
+    wait_timeout: float = typer.Option(600, min=1, help="seconds to wait at most"),
     output: Output = OUTPUT,
 ) -> None:
-    """Launch the cheapest allowed offer, failing over across zones, regions and clouds."""
+    """Launch the cheapest allowed offer, failing over across zones, regions and clouds, and
+    wait until it is ready to use."""
     from provisioner import lifecycle  # SQLAlchemy: not for --help
     from provisioner.spec import load_experiment  # pydantic: not for --help
 
@@ -193,6 +196,16 @@ def up(
             progress=(lambda msg: None) if quiet else (lambda msg: err.print(msg, highlight=False)),
         )
     m = result.machine
+    if wait and m.status in ("pending", "running"):
+        with err.status(f"waiting for {m.name}…") if not quiet else nullcontext():
+            m = lifecycle.wait_ready(
+                application,
+                m.name,
+                timeout=wait_timeout,
+                progress=(lambda msg: None)
+                if quiet
+                else (lambda msg: err.print(msg, highlight=False)),
+            )
     if quiet:
         print_json(
             {
