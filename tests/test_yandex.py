@@ -26,16 +26,22 @@ from providers.base import (
     TAG_OWNER,
     TAG_PROJECT,
     AuthError,
+    CapacityError,
     InvalidRequest,
     LaunchRequest,
     MachineState,
+    QuotaError,
+    Throttled,
 )
 from providers.yandex.adapter import YandexProvider
 from tests.contract.yandex import make_provider, running_emulator, tls_material, yc_env
 from tests.emulators.yandex import (
+    ACTIVE_OPERATIONS_LIMIT,
     DOCUMENTED_GPU_IMAGE,
     FOLDER,
     IAM_TOKEN,
+    NOT_ENOUGH_RESOURCES,
+    QUOTA_MESSAGES,
     YandexEmulator,
     sku,
 )
@@ -221,7 +227,7 @@ def test_the_api_refusing_a_request_is_invalid_request(emu, yc):
 
 
 def test_a_throttling_storm_is_ridden_out_without_a_second_machine(emu, yc):
-    emu.throttle(2, methods={"InstanceService.Create"})  # "Request rate limit exceeded"
+    emu.throttle(2, methods={"InstanceService.Create"})  # the folder's active-operations limit
     unavailable = grpc.StatusCode.UNAVAILABLE
     emu.throttle(2, unavailable, "Service is unavailable", methods={"OperationService.Get"})
     inst = yc.launch(request())
@@ -229,6 +235,78 @@ def test_a_throttling_storm_is_ridden_out_without_a_second_machine(emu, yc):
     assert len(emu.instances) == 1
     assert len(emu.calls("InstanceService.Create")) == 3
     assert len(emu.calls("OperationService.Get")) == 3
+
+
+@pytest.mark.parametrize("in_call", [False, True], ids=["operation", "call"])
+@pytest.mark.parametrize("code", ["RESOURCE_EXHAUSTED", "INTERNAL"])
+def test_a_zone_without_stock_is_a_capacity_error_naming_the_zone(emu, yc, code, in_call):
+    """Yandex documents the words ("Not enough resources"), not the code nor whether Create or
+    its operation fails: each combination is a CapacityError, tried once, nothing left over."""
+    emu.capacity_exhausted.add("ru-central1-a")
+    emu.capacity_code = getattr(grpc.StatusCode, code)
+    emu.capacity_in_call = in_call
+    with pytest.raises(CapacityError) as err:
+        yc.launch(request())
+    assert err.value.code == code
+    assert NOT_ENOUGH_RESOURCES in str(err.value) and "ru-central1-a" in str(err.value)
+    assert len(emu.calls("InstanceService.Create")) == 1  # no retry: the next zone is tried
+    assert emu.instances == {}
+
+
+def test_a_preemptible_start_in_a_zone_without_stock_is_a_capacity_error(emu, yc):
+    spot = yc.launch(request(spot=True))
+    yc.stop(spot.ref)
+    emu.capacity_exhausted.add(spot.ref.zone)
+    with pytest.raises(CapacityError, match=NOT_ENOUGH_RESOURCES) as err:
+        yc.start(spot.ref)
+    assert spot.ref.zone in str(err.value)
+    assert yc.get(spot.ref).state is not MachineState.RUNNING
+
+
+@pytest.mark.parametrize("details", [False, True], ids=["text", "text+QuotaFailure"])
+@pytest.mark.parametrize("quota", sorted(QUOTA_MESSAGES))
+def test_a_used_up_quota_is_a_quota_error_at_once(emu, yc, quota, details):
+    emu.quota_exceeded = quota
+    emu.quota_details = details
+    with pytest.raises(QuotaError) as err:
+        yc.launch(request())
+    assert err.value.code == "RESOURCE_EXHAUSTED" and err.value.scope == "region"
+    assert QUOTA_MESSAGES[quota] in str(err.value)
+    assert len(emu.calls("InstanceService.Create")) == 1  # not retried as a rate limit
+    assert emu.instances == {}
+
+
+def test_a_quota_failure_in_the_details_is_a_quota_error_whatever_the_text(emu, yc, monkeypatch):
+    """The public yandex.cloud.quota.QuotaFailure detail alone is enough (whether Compute sends
+    one is unconfirmed; the text here is deliberately one the adapter does not know)."""
+    monkeypatch.setitem(QUOTA_MESSAGES, "compute.instanceGpus.count", "over the limit")
+    emu.quota_exceeded = "compute.instanceGpus.count"
+    emu.quota_details = True
+    with pytest.raises(QuotaError, match="over the limit"):
+        yc.launch(request())
+    assert len(emu.calls("InstanceService.Create")) == 1
+
+
+def test_the_active_operations_limit_is_retried_with_the_same_key(emu, yc):
+    emu.throttle(3, methods={"InstanceService.Create"})
+    assert emu._throttles[0].message == ACTIVE_OPERATIONS_LIMIT
+    yc.launch(request())
+    keys = {c.metadata["idempotency-key"] for c in emu.calls("InstanceService.Create")}
+    assert len(emu.calls("InstanceService.Create")) == 4 and len(keys) == 1
+    assert len(emu.instances) == 1
+
+
+def test_an_unknown_resource_exhausted_is_retried_a_bounded_number_of_times(emu, tls, env):
+    """RESOURCE_EXHAUSTED is documented as "the request limit exceeded": a text we do not know
+    is retried like one, never forever, and never taken for capacity or a quota."""
+    yc = provider(emu, tls, retry_attempts=3)
+    emu.throttle(
+        100, message="Something Yandex has not documented", methods={"InstanceService.Create"}
+    )
+    with pytest.raises(Throttled, match="Something Yandex has not documented"):
+        yc.launch(request())
+    assert len(emu.calls("InstanceService.Create")) == 3
+    assert emu.instances == {}
 
 
 # --- states ------------------------------------------------------------------------------------

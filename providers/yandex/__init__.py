@@ -16,16 +16,38 @@ token; stop/start/delete send one random key reused across their own retries. La
 to Yandex's rules (lowercase ``[a-z0-9_-]``, ≤ 63). User data goes in as cloud-init with our
 ``provisioner`` user and the SSH key; the key is also in ``ssh-keys``.
 
-Error heuristics (gRPC status of a call, or ``Operation.error``; code kept in ``.code``):
-  RESOURCE_EXHAUSTED is a request-rate limit unless its message says otherwise: "rate limit",
-  "too many requests", "throttl" → Throttled; "quota" (e.g. "Quota limit
-  compute.instanceGpus.count exceeded") → QuotaError(scope="region": Yandex quotas are per
-  cloud, and the cloud has one region); "insufficient/not enough/no available resources",
-  "resources are exhausted", "capacity" → CapacityError (try another zone); anything else →
-  Throttled. UNAUTHENTICATED / PERMISSION_DENIED, and UNAVAILABLE "Getting metadata from plugin
-  failed" (no IAM token could be had) → AuthError. UNAVAILABLE / DEADLINE_EXCEEDED / INTERNAL /
-  ABORTED → Throttled (retried, bounded). NOT_FOUND → NotFound. The rest (INVALID_ARGUMENT,
-  FAILED_PRECONDITION, ALREADY_EXISTS…) → InvalidRequest.
+Errors (gRPC status of a call, or ``Operation.error``; code kept in ``.code``). The code decides,
+refined only by texts Yandex is documented or seen to send (the capacity text wins over any code
+but the auth ones, since its code is not documented):
+  * "Not enough resources" (any code) → CapacityError, try another zone. Yandex's Compute
+    troubleshooting ("Not enough resources" error: the zone lacks hardware for the VM; checked
+    again when a preemptible VM starts) and preemptible-VM docs give this text but not its gRPC
+    code; the API error table lists INTERNAL as possibly "insufficient computing resources".
+    [yandex-cloud/docs en/compute/qa/not-enough-resources.md,
+    en/troubleshooting/compute/known-issues/not-enough-resources.md,
+    en/compute/concepts/preemptible-vm.md, en/_includes/errors-handling.md]
+  * RESOURCE_EXHAUSTED, documented as "The request limit exceeded" (errors-handling.md):
+    "The limit on maximum number of active operations has exceeded." → Throttled: the
+    concurrent-operations quota of a folder (15, en/_includes/compute-limits.md) clears as
+    operations finish [log in yc-actions/yc-github-runner#700]. "The limit on maximum number of
+    <GPU devices|cores|…> has exceeded." → QuotaError(scope="region": quotas are per cloud, and
+    the cloud has one region); it comes at once in the answer to Create [cores: seen live by
+    AlexeySetevoi/yandex-fleeting-plugin's README; GPU devices, for compute.instanceGpus.count:
+    a third-party note]. Any other RESOURCE_EXHAUSTED → Throttled, as documented: retried
+    ``retry_attempts`` times, then the launch of that candidate fails with Yandex's text (no
+    zone or region is written off for it).
+  * A ``QuotaFailure`` in the status details (``google.rpc`` or the public
+    ``yandex.cloud.quota.QuotaFailure``) → QuotaError, whatever the code. Whether Compute sends
+    one is not confirmed.
+  * UNAUTHENTICATED / PERMISSION_DENIED, and UNAVAILABLE "Getting metadata from plugin failed"
+    (no IAM token could be had) → AuthError. UNAVAILABLE / DEADLINE_EXCEEDED / INTERNAL /
+    ABORTED → Throttled (retried, bounded). NOT_FOUND → NotFound. The rest (INVALID_ARGUMENT,
+    FAILED_PRECONDITION — e.g. 'platform "standard-v1" is unavailable in zone
+    "ru-central1-d"', seen live by the same README —, ALREADY_EXISTS…) → InvalidRequest.
+  Not found anywhere: the gRPC code of "Not enough resources", whether it fails Create or its
+  operation, and whether the API adds words around it (the docs quote only those words); the
+  quota texts for the A100, T4 and Gen2 GPU quotas (compute.instanceA100Gpus.count, …), taken
+  to follow the same "The limit on …" pattern.
 
 States: PROVISIONING / STARTING / RESTARTING / UPDATING → pending; RUNNING; STOPPING; DELETING
 or gone → terminated / NotFound; ERROR / CRASHED → stopped (reason kept). Yandex stops a

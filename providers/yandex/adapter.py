@@ -72,14 +72,22 @@ _STOPPED_BY_CALL = {"StopInstanceMetadata", "GuestStopInstanceMetadata", "CrashI
 _PREEMPTED = {"PreemptInstanceMetadata"}
 _STARTED = {"CreateInstanceMetadata", "StartInstanceMetadata", "RestartInstanceMetadata"}
 
-_RATE_LIMIT = ("rate limit", "too many requests", "throttl", "request limit")
-_CAPACITY = (
-    "insufficient resources",
-    "not enough resources",
-    "no available resources",
-    "resources are exhausted",
-    "capacity",
-)
+# What Yandex Compute answers, with where it is written down (sources in the package docstring):
+# - "Not enough resources": the zone has no hardware for the VM (Yandex docs, "Not enough
+#   resources" error; also what a preemptible VM gets when a zone runs out). The docs give the
+#   text, not the gRPC code, and list INTERNAL as "e.g. insufficient computing resources": the
+#   text decides, whatever the code.
+# - "The limit on maximum number of active operations has exceeded.": RESOURCE_EXHAUSTED on
+#   Create when the folder has too many operations running (quota "concurrent operations per
+#   folder", 15); it clears as they finish, so it is retried.
+# - "The limit on maximum number of <GPU devices|cores|...> has exceeded.": RESOURCE_EXHAUSTED
+#   at once in the answer to Create when a cloud quota is used up.
+# - A QuotaFailure in the status details (``google.rpc`` or Yandex's public
+#   ``yandex.cloud.quota``) names the quota outright.
+_NOT_ENOUGH_RESOURCES = "not enough resources"
+_ACTIVE_OPERATIONS = "the limit on maximum number of active operations has exceeded"
+_QUOTA_LIMIT = re.compile(r"\bthe limit on (maximum|total) .+ has exceeded")
+_QUOTA_DETAILS = {"google.rpc.QuotaFailure", "yandex.cloud.quota.QuotaFailure"}
 
 
 def _sanitise_label(text: str, *, key: bool) -> str:
@@ -101,23 +109,37 @@ def idempotency_key(token: str) -> str:
     return str(uuid.uuid5(_IDEMPOTENCY_NS, token))
 
 
-def map_error(code: str, message: str, what: str, zone: str | None = None) -> ProviderError:
-    """One gRPC status (from a call or an ``Operation.error``) → the taxonomy."""
+def map_error(
+    code: str,
+    message: str,
+    what: str,
+    zone: str | None = None,
+    details: Sequence[str] = (),
+) -> ProviderError:
+    """One gRPC status (from a call or an ``Operation.error``) → the taxonomy. ``details``: the
+    message types in the status details (``google.rpc.Status.details``), e.g.
+    ``yandex.cloud.quota.QuotaFailure``. The code decides first; within RESOURCE_EXHAUSTED the
+    texts above tell quota and the operations limit apart."""
     message = " ".join(message.split())  # one line, even for the SDK's nested errors
     text = f"yandex: {what}: {message} [{code}]"
     low = message.lower()
-    if code == "RESOURCE_EXHAUSTED":
-        if any(w in low for w in _RATE_LIMIT):
-            return Throttled(text, code=code)
-        if "quota" in low:
-            return QuotaError(text, code=code, scope="region")
-        if any(w in low for w in _CAPACITY):
-            return CapacityError(f"{text} (zone {zone})" if zone else text, code=code)
-        return Throttled(text, code=code)  # Yandex's RESOURCE_EXHAUSTED is a request limit
     if code in ("UNAUTHENTICATED", "PERMISSION_DENIED"):
         return AuthError(text, code=code)
     if code == "UNAVAILABLE" and "getting metadata from plugin failed" in low:
         return AuthError(text, code=code)  # the SDK could not obtain an IAM token
+    if _NOT_ENOUGH_RESOURCES in low:
+        return CapacityError(f"{text} (zone {zone})" if zone else text, code=code)
+    if _QUOTA_DETAILS.intersection(details):
+        return QuotaError(text, code=code, scope="region")
+    if code == "RESOURCE_EXHAUSTED":
+        if _ACTIVE_OPERATIONS in low:
+            return Throttled(text, code=code)
+        if _QUOTA_LIMIT.search(low):
+            # Yandex quotas are per cloud, and the cloud has one region
+            return QuotaError(text, code=code, scope="region")
+        # Anything else is what the code is documented to mean, "the request limit exceeded":
+        # retried a bounded number of times, then the candidate fails with this text.
+        return Throttled(text, code=code)
     if code in ("UNAVAILABLE", "DEADLINE_EXCEEDED", "INTERNAL", "ABORTED"):
         return Throttled(text, code=code)
     if code == "NOT_FOUND":
@@ -125,8 +147,24 @@ def map_error(code: str, message: str, what: str, zone: str | None = None) -> Pr
     return InvalidRequest(text, code=code)
 
 
+def detail_types(status: Any) -> list[str]:
+    """The message types in a ``google.rpc.Status``'s details, by full name."""
+    return [d.type_url.rsplit("/", 1)[-1] for d in status.details]
+
+
 def _rpc_error(exc: Any, what: str, zone: str | None = None) -> ProviderError:
-    return map_error(exc.code().name, exc.details() or "", what, zone)
+    details: list[str] = []
+    trailers = getattr(exc, "trailing_metadata", None)  # a grpc.Call; other RpcErrors lack it
+    for key, value in (trailers() if trailers else None) or ():
+        if key == "grpc-status-details-bin":  # the full google.rpc.Status, details included
+            from google.protobuf.message import DecodeError
+            from google.rpc import status_pb2  # type: ignore[import-untyped]  # no py.typed
+
+            try:
+                details = detail_types(status_pb2.Status.FromString(value))
+            except DecodeError:  # a malformed trailer leaves the code and the text
+                details = []
+    return map_error(exc.code().name, exc.details() or "", what, zone, details)
 
 
 # The GPU image family per platform, from Yandex's "Create a VM with a GPU" docs
@@ -259,7 +297,9 @@ class YandexProvider(Provider):
 
             code = grpc.StatusCode
             name = next((c.name for c in code if c.value[0] == operation.error.code), "UNKNOWN")
-            raise map_error(name, operation.error.message, what, zone)
+            raise map_error(
+                name, operation.error.message, what, zone, detail_types(operation.error)
+            )
         return operation
 
     def _pages(self, call: Callable[[str], Any], field: str) -> Iterator[Any]:
@@ -479,8 +519,11 @@ class YandexProvider(Provider):
                 request,
                 what,
                 metadata=[("idempotency-key", str(uuid.uuid4()))],  # same key on every retry
+                zone=ref.zone,
             )
-            self._wait(operation, what)
+            # a preemptible VM's Start is checked for capacity: "Not enough resources" there
+            # names the zone like a failed launch does
+            self._wait(operation, what, ref.zone)
         except InvalidRequest:
             if self.get(ref).state not in done:
                 raise

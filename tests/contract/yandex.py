@@ -122,12 +122,14 @@ class YandexHarness:
         self.emu.capacity_exhausted.add(zone)
 
     def exhaust_quota(self, region: str) -> None:
-        self.emu.quota_message = "Quota limit compute.instanceGpus.count exceeded"
+        # Yandex's GPU quota is 0 by default; Create is then refused with the GPU-devices text
+        self.emu.quota_exceeded = "compute.instanceGpus.count"
 
     def deny_auth(self) -> None:
         self.emu.tokens.clear()  # the IAM token was revoked
 
     def throttle(self, n: int) -> None:
+        # RESOURCE_EXHAUSTED "The limit on maximum number of active operations has exceeded."
         self.emu.throttle(n, methods={"InstanceService.Create"})
 
     def lose_next_response(self, call: str = "create") -> None:

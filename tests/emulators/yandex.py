@@ -3,7 +3,8 @@ generated servicers (ApiEndpoint, IamToken, Instance, Operation, Image, VPC Subn
 Sku), so ``yandexcloud.SDK(iam_token=…, endpoint="localhost:PORT", root_certificates=pem)``
 runs unmodified against it.
 
-Control surface for tests: ``capacity_exhausted`` (zones), ``quota_message``, ``throttle(n)``,
+Control surface for tests: ``capacity_exhausted`` (zones, with ``capacity_code`` and
+``capacity_in_call``), ``quota_exceeded`` (a quota id, with ``quota_details``), ``throttle(n)``,
 ``lose_responses(method, n)``, ``slow_polls``, ``preempt(id)``, ``add_instance(...)``,
 ``page_size_cap``, ``console_stop(id)``, ``console_delete(id)``; ``calls(method)`` gives what
 went on the wire (request + metadata).
@@ -38,6 +39,7 @@ from yandex.cloud.endpoint import (
 )
 from yandex.cloud.iam.v1 import iam_token_service_pb2, iam_token_service_pb2_grpc
 from yandex.cloud.operation import operation_pb2, operation_service_pb2_grpc
+from yandex.cloud.quota import quota_pb2
 from yandex.cloud.vpc.v1 import subnet_pb2, subnet_service_pb2, subnet_service_pb2_grpc
 
 FOLDER = "b1gemulatorfolder001"
@@ -69,6 +71,39 @@ DOCUMENTED_GPU_IMAGE = {
     "gpu-standard-v3": "ubuntu-2204-lts-cuda-12-2",
     "standard-v3-t4i": "ubuntu-2204-lts-cuda-12-2",
     "gpu-standard-v3i": "ubuntu-2004-lts-secureboot-cuda-12-2",
+}
+
+
+# --- what Yandex answers when a zone, a quota or a limit runs out ----------------------------
+# Each text is one Yandex is documented or seen to send; nothing here is made up. Where the
+# source gives the text but not the gRPC code, the code is marked as assumed.
+
+# Yandex Compute troubleshooting, "Not enough resources" error (yandex-cloud/docs
+# en/compute/qa/not-enough-resources.md, en/troubleshooting/compute/known-issues/
+# not-enough-resources.md; en/compute/concepts/preemptible-vm.md): a zone without hardware for
+# the VM fails its creation, or a preemptible VM's start, with this error. The docs quote only
+# these words, and no gRPC code: RESOURCE_EXHAUSTED is assumed (the API error table,
+# en/_includes/errors-handling.md, also names INTERNAL for "insufficient computing resources";
+# ``capacity_code`` switches to it). Whether the API adds words around it is not known.
+NOT_ENOUGH_RESOURCES = "Not enough resources"
+
+# RESOURCE_EXHAUSTED on InstanceService.Create when the folder has too many operations running
+# (quota "concurrent operations per folder", 15: en/_includes/compute-limits.md), as logged in
+# github.com/yc-actions/yc-github-runner/issues/700:
+# "/yandex.cloud.compute.v1.InstanceService/Create RESOURCE_EXHAUSTED: The limit on maximum
+# number of active operations has exceeded."
+ACTIVE_OPERATIONS_LIMIT = "The limit on maximum number of active operations has exceeded."
+
+# RESOURCE_EXHAUSTED at once in the answer to Create when a cloud quota is used up.
+# Cores: "The limit on maximum number of cores has exceeded", seen live on Yandex Cloud
+# (README of github.com/AlexeySetevoi/yandex-fleeting-plugin, "what was checked on the live
+# cloud"). GPU devices (compute.instanceGpus.count = 0, the default, with gpu-standard-v2):
+# "ResourceExhausted: The limit on maximum number of GPU devices has exceeded", a third-party
+# note found in public code search. The final period is as in the #700 log above. The texts
+# for the A100/T4/Gen2 GPU quotas are not known, so they are not offered here.
+QUOTA_MESSAGES = {
+    "compute.instanceGpus.count": "The limit on maximum number of GPU devices has exceeded.",
+    "compute.instanceCores.count": "The limit on maximum number of cores has exceeded.",
 }
 
 
@@ -117,8 +152,13 @@ class YandexEmulator:
     boot_images: dict[str, str] = field(default_factory=dict)  # instance id → image id
     skus: list[sku_pb2.Sku] = field(default_factory=list)
     page_size_cap: int = 1000
-    capacity_exhausted: set[str] = field(default_factory=set)
-    quota_message: str | None = None
+    capacity_exhausted: set[str] = field(default_factory=set)  # zones with no stock
+    capacity_code: grpc.StatusCode = grpc.StatusCode.RESOURCE_EXHAUSTED  # assumed, see above
+    capacity_in_call: bool = False  # refuse Create itself instead of failing its operation
+    quota_exceeded: str | None = None  # a key of QUOTA_MESSAGES: that quota is used up
+    # Also attach a yandex.cloud.quota.QuotaFailure (public cloudapi, yandex/cloud/quota/
+    # quota.proto) to the quota error. Whether Compute does is not confirmed: off by default.
+    quota_details: bool = False
     slow_polls: int = 0
     requests: list[Call] = field(default_factory=list)
     rejected: list[tuple[str, str]] = field(default_factory=list)
@@ -168,7 +208,7 @@ class YandexEmulator:
         self,
         n: int,
         code: grpc.StatusCode = grpc.StatusCode.RESOURCE_EXHAUSTED,
-        message: str = "Request rate limit exceeded, try again later",
+        message: str = ACTIVE_OPERATIONS_LIMIT,
         methods: set[str] | None = None,
     ) -> None:
         """The next ``n`` authenticated calls (of ``methods``, default all) fail."""
@@ -273,6 +313,29 @@ class YandexEmulator:
                 self._lose[method] -= 1
                 context.abort(grpc.StatusCode.UNAVAILABLE, "Connection reset by peer")
         return response
+
+    def not_enough_resources(self) -> status_pb2.Status:
+        """The documented capacity error, as a failed operation carries it."""
+        return status_pb2.Status(code=self.capacity_code.value[0], message=NOT_ENOUGH_RESOURCES)
+
+    def refuse_quota(self, context: grpc.ServicerContext) -> None:
+        """Answer the call with the quota error of ``quota_exceeded``."""
+        quota = self.quota_exceeded or ""
+        message = QUOTA_MESSAGES[quota]
+        if self.quota_details:
+            failure = quota_pb2.QuotaFailure(
+                violations=[
+                    quota_pb2.QuotaFailure.Violation(
+                        metric=quota_pb2.QuotaMetric(name=quota, limit=0, usage=0), required=1
+                    )
+                ]
+            )
+            code = grpc.StatusCode.RESOURCE_EXHAUSTED
+            status = status_pb2.Status(code=code.value[0], message=message)
+            status.details.add().Pack(failure)
+            # how gRPC carries a google.rpc.Status with details (grpcio-status does the same)
+            context.set_trailing_metadata([("grpc-status-details-bin", status.SerializeToString())])
+        context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, message)
 
     def invalid(self, method: str, context: grpc.ServicerContext, message: str) -> None:
         self.rejected.append((method, message))
@@ -467,8 +530,10 @@ class _Instances(isvc_grpc.InstanceServiceServicer):
         with emu._lock:
             if key and key in emu._by_key:
                 return emu.reply(method, _copy(emu._ops[emu._by_key[key]].pb), context)
-            if emu.quota_message:
-                context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, emu.quota_message)
+            if emu.quota_exceeded:
+                emu.refuse_quota(context)
+            if emu.capacity_in_call and request.zone_id in emu.capacity_exhausted:
+                context.abort(emu.capacity_code, NOT_ENOUGH_RESOURCES)
             if any(i.name == request.name for i in emu.instances.values()):
                 context.abort(
                     grpc.StatusCode.ALREADY_EXISTS,
@@ -496,14 +561,7 @@ class _Instances(isvc_grpc.InstanceServiceServicer):
             def finish() -> None:
                 if out_of_stock:
                     del emu.instances[inst.id]
-                    op.pb.error.CopyFrom(
-                        status_pb2.Status(
-                            code=grpc.StatusCode.RESOURCE_EXHAUSTED.value[0],
-                            message=f"Insufficient resources in zone {request.zone_id} to allocate "
-                            f"{request.resources_spec.gpus} GPU(s) of platform "
-                            f"{request.platform_id}",
-                        )
-                    )
+                    op.pb.error.CopyFrom(emu.not_enough_resources())
                     return
                 inst.status = instance_pb2.Instance.RUNNING
                 if spec.primary_v4_address_spec.HasField("one_to_one_nat_spec"):
@@ -533,6 +591,7 @@ class _Instances(isvc_grpc.InstanceServiceServicer):
         meta: Message,
         description: str,
         response: str,
+        capacity_checked: bool = False,
     ):
         emu = self.emu
         emu.begin(method, request, context)
@@ -547,8 +606,19 @@ class _Instances(isvc_grpc.InstanceServiceServicer):
                     f"Instance {inst.id} is {instance_pb2.Instance.Status.Name(inst.status)}",
                 )
             inst.status = during
+            # Yandex checks capacity again when a preemptible VM starts (docs, "Not enough
+            # resources" error): in a zone with no stock the start fails and the VM stays put.
+            out_of_stock = (
+                capacity_checked
+                and inst.scheduling_policy.preemptible
+                and inst.zone_id in emu.capacity_exhausted
+            )
 
             def finish() -> None:
+                if out_of_stock:
+                    inst.status = instance_pb2.Instance.STOPPED
+                    op.pb.error.CopyFrom(emu.not_enough_resources())
+                    return
                 if after is None:
                     emu.instances.pop(inst.id, None)
                     op.pb.response.Pack(empty_pb2.Empty())
@@ -587,6 +657,7 @@ class _Instances(isvc_grpc.InstanceServiceServicer):
             meta=isvc.StartInstanceMetadata(instance_id=request.instance_id),
             description="Start instance",
             response="instance",
+            capacity_checked=True,
         )
 
     def Delete(self, request, context):
