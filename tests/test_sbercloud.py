@@ -165,6 +165,89 @@ def test_a_flavor_the_cloud_does_not_have_is_invalid_request(emu, sc):
     assert "Ecs.0029" in str(err.value)
 
 
+def raw_create(sc: SberCloudProvider, **server: object) -> None:
+    """A create the adapter would never send, through the real SDK (for what the API refuses)."""
+    from huaweicloudsdkecs.v2 import model as m
+
+    body = m.PrePaidServer(
+        image_ref="img-ubuntu-22-gpu",
+        flavor_ref="pi2.2xlarge.4",
+        name="raw",
+        vpcid="vpc-0001",
+        nics=[m.PrePaidServerNic(subnet_id="subnet-0001")],
+        root_volume=m.PrePaidServerRootVolume(volumetype="SSD", size=80),
+        extendparam=m.PrePaidServerExtendParam(charging_mode="postPaid"),
+        **server,
+    )
+    create = m.CreateServersRequest(body=m.CreateServersRequestBody(server=body))
+    sc._call("raw create", lambda c: c.create_servers(create))
+
+
+def test_labels_are_folded_into_at_most_ten_tags_ours_first(emu, sc):
+    user = {
+        "team": "vision",
+        "a-label-key-that-is-far-longer-than-thirty-six": "v",
+        "cost/centre": "x" * 60,
+        "note": "a=b, c|d <e> *f* \\g/h",
+        "run": "r1",
+        "stage": "dev",
+        "extra-1": "dropped",
+        "extra-2": "dropped",
+    }
+    req = replace(request(), labels={**user, **request().labels, "provisioner-owner": "ana@x.io"})
+    inst = sc.launch(req)
+
+    sent = [(t["key"], t["value"]) for t in creates(emu)[0].body["server"]["server_tags"]]
+    assert sent == [
+        (TAG_MANAGED_BY, "provisioner"),
+        (TAG_MACHINE, "m-1"),
+        ("provisioner-project", "vision"),
+        ("provisioner-owner", "ana@x.io"),
+        ("team", "vision"),
+        ("a-label-key-that-is-far-longer-than-", "v"),
+        ("cost_centre", "x" * 43),
+        ("note", "a_b_ c_d _e_ _f_ _g_h"),
+        ("run", "r1"),
+        ("stage", "dev"),
+    ]
+    assert inst.machine_id == "m-1"
+    assert [i.id for i in sc.list_managed(machine_id="m-1")] == [inst.id]
+
+
+@pytest.mark.parametrize(
+    ("tags", "code"),
+    [
+        ([(f"k{n}", "v") for n in range(11)], "Ecs.0905"),
+        ([("k" * 37, "v")], "Ecs.0906"),
+        ([("", "v")], "Ecs.0906"),
+        ([("k", "v" * 44)], "Ecs.0906"),
+        ([("a=b", "v")], "Ecs.0907"),
+        ([("k", "a,b")], "Ecs.0907"),
+        ([("k", "a/b")], "Ecs.0907"),
+        ([("k", "line\nbreak")], "Ecs.0907"),
+        ([("k", "1"), ("k", "2")], "Ecs.0908"),
+    ],
+    ids=[
+        "11-tags",
+        "long-key",
+        "empty-key",
+        "long-value",
+        "eq-in-key",
+        "comma",
+        "slash",
+        "ctrl",
+        "dup",
+    ],
+)
+def test_a_create_with_tags_ecs_refuses_gets_the_ecs_code(emu, sc, tags, code):
+    from huaweicloudsdkecs.v2 import model as m
+
+    with pytest.raises(InvalidRequest) as err:
+        raw_create(sc, server_tags=[m.PrePaidServerTag(key=k, value=v) for k, v in tags])
+    assert err.value.code == code
+    assert alive(emu) == []
+
+
 # -- idempotency --------------------------------------------------------------------------
 
 

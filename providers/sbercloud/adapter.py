@@ -39,7 +39,7 @@ from providers.base import (
     Throttled,
 )
 from providers.retry import call_with_retry, wait_until
-from providers.sbercloud import SPEC, SberCloudOptions, errors, flavors, userdata
+from providers.sbercloud import SPEC, SberCloudOptions, errors, flavors, tags, userdata
 
 T = TypeVar("T")
 
@@ -306,7 +306,10 @@ class SberCloudProvider(Provider):
                 volumetype=self.options.root_volume_type, size=request.disk_gb
             ),
             availability_zone=request.zone or None,
-            server_tags=[m.PrePaidServerTag(key=k, value=v) for k, v in request.labels.items()],
+            server_tags=[
+                m.PrePaidServerTag(key=k, value=v)
+                for k, v in tags.server_tags(request.labels).items()
+            ],
             user_data=userdata.build(request.user_data, request.ssh_public_key),
             extendparam=extend,
             count=1,

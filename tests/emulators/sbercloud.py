@@ -382,13 +382,7 @@ class EcsEmulator:
         zone = server.get("availability_zone", ZONES[0])
         if zone not in ZONES:
             raise _ecs_error(400, "Ecs.0005", f"availability_zone {zone} does not exist")
-        tags = {}
-        for tag in server.get("server_tags", []):
-            if set(tag) != {"key", "value"}:
-                raise _invalid("server_tags must be [{key, value}]")
-            tags[tag["key"]] = tag["value"]
-        if len(tags) > 10:
-            raise _invalid("at most 10 server_tags")
+        tags = _server_tags(server.get("server_tags", []))
         if "user_data" in server:
             try:
                 raw = base64.b64decode(server["user_data"], validate=True)
@@ -604,6 +598,44 @@ def _required(obj: dict[str, Any], key: str, kind: type) -> Any:
     if not isinstance(obj.get(key), kind):
         raise _invalid(f"{key} is required ({kind.__name__})")
     return obj[key]
+
+
+# Tag rules: huaweicloudsdkecs PrePaidServerTag (key at most 36 unicode characters, not empty;
+# value at most 43, may be empty; neither holds ASCII 0-31 nor = * < > \ , | and, per Huawei's
+# ECS.ServerTags reference and the C++ SDK's PrePaidServerTag.h, /; keys unique per server), at
+# most 10 per server. Codes and messages from the ECS error table (opentelekomcloud/docs
+# doc/source/ecs/api-reference/error-code-description.md): Ecs.0905 "The number of tags cannot be
+# greater than 10.", Ecs.0906 "Invalid tag attribute" ("Invalid tag key."), Ecs.0907 "Tag key [%s]
+# contains invalid characters.", Ecs.0908 "The tag key cannot be duplicate.".
+_TAG_FORBIDDEN = re.compile(r"[\x00-\x1f=*<>\\,|/]")
+
+
+def _server_tags(tags: Any) -> dict[str, str]:
+    if not isinstance(tags, list) or any(
+        not isinstance(t, dict)
+        or set(t) != {"key", "value"}
+        or not all(isinstance(v, str) for v in t.values())
+        for t in tags
+    ):
+        raise _invalid("server_tags must be [{key, value}] of strings")
+    if len(tags) > 10:
+        raise _ecs_error(400, "Ecs.0905", "The number of tags cannot be greater than 10.")
+    out: dict[str, str] = {}
+    for tag in tags:
+        key, value = tag["key"], tag["value"]
+        if not 1 <= len(key) <= 36:
+            raise _ecs_error(400, "Ecs.0906", "Invalid tag key.")
+        if len(value) > 43:
+            raise _ecs_error(400, "Ecs.0906", "Invalid tag value.")
+        for what, text in (("key", key), ("value", value)):
+            if _TAG_FORBIDDEN.search(text):
+                raise _ecs_error(
+                    400, "Ecs.0907", f"Tag {what} [{text}] contains invalid characters."
+                )
+        if key in out:
+            raise _ecs_error(400, "Ecs.0908", "The tag key cannot be duplicate.")
+        out[key] = value
+    return out
 
 
 def _server_ids(opts: dict[str, Any]) -> list[str]:
