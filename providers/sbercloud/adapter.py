@@ -273,6 +273,10 @@ class SberCloudProvider(Provider):
         )
 
     def launch(self, request: LaunchRequest) -> Instance:
+        """One pay-per-use (or spot) server, idempotent by ``X-Client-Token``. Unless
+        ``public_ip`` is off it gets its public address from an EIP made with it and released
+        with it (``delete_on_termination``), so terminating leaves no address billing. Labels are
+        folded into tags ECS accepts (:func:`.tags.server_tags`)."""
         image = request.image or self.options.image
         if not image:
             raise InvalidRequest(
@@ -295,12 +299,27 @@ class SberCloudProvider(Provider):
             if request.max_price is not None:
                 extend.spot_price = format(Decimal(request.max_price), "f")
         group = self.options.security_group_id
+        publicip = None
+        if self.options.public_ip:
+            # chargemode: absent means by bandwidth; "traffic" by traffic; anything else fails
+            # the create (huaweicloudsdkecs PrePaidServerEipBandwidth)
+            charge = "traffic" if self.options.bandwidth_charge == "traffic" else None
+            publicip = m.PrePaidServerPublicip(
+                eip=m.PrePaidServerEip(
+                    iptype=self.options.eip_type,
+                    bandwidth=m.PrePaidServerEipBandwidth(
+                        size=self.options.bandwidth_mbit, sharetype="PER", chargemode=charge
+                    ),
+                ),
+                delete_on_termination=True,
+            )
         server = m.PrePaidServer(
             image_ref=image,
             flavor_ref=request.instance_type,
             name=request.name,
             vpcid=self.options.vpc_id,
             nics=[m.PrePaidServerNic(subnet_id=self.options.subnet_id)],
+            publicip=publicip,
             security_groups=[m.PrePaidServerSecurityGroup(id=group)] if group else None,
             root_volume=m.PrePaidServerRootVolume(
                 volumetype=self.options.root_volume_type, size=request.disk_gb
