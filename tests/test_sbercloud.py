@@ -465,6 +465,20 @@ def test_list_managed_filters_by_tag_and_pages_by_page_number(emu, env):
 # -- check --------------------------------------------------------------------------------
 
 
+def test_check_names_the_missing_security_group_that_would_open_ssh(emu, env):
+    result = SberCloudProvider(options(emu, security_group_id=None)).check()
+    assert result.ok
+    assert "security_group_id" in result.message and "22/tcp" in result.message
+    assert "\n" not in result.message
+    assert "security_group_id" not in SberCloudProvider(options(emu)).check().message
+
+
+def test_without_a_security_group_the_server_joins_the_default_one(emu, env):
+    inst = SberCloudProvider(options(emu, security_group_id=None)).launch(request())
+    assert "security_groups" not in creates(emu)[0].body["server"]
+    assert emu.servers[inst.id]["security_groups"] == ["default"]
+
+
 # -- offers -------------------------------------------------------------------------------
 
 

@@ -265,11 +265,22 @@ class SberCloudProvider(Provider):
             return CheckResult(self.name, False, f"sbercloud: {self.ecs_endpoint} refused: {e}")
         except ProviderError as e:
             return CheckResult(self.name, False, f"sbercloud: {self.ecs_endpoint} failed: {e}")
+        # Without security_groups a server joins the project's "default" group
+        # (huaweicloudsdkecs PrePaidServer.security_groups), whose rules admit no inbound traffic
+        # from outside the group (Huawei/OTC ECS user guide, "Default Security Group and Rules"):
+        # SSH would stay closed.
+        ssh = (
+            ""
+            if self.options.security_group_id
+            else "; no clouds.sbercloud.security_group_id: servers join the default security "
+            "group, which admits no inbound traffic from outside it, so SSH (22/tcp) stays "
+            "closed unless that group opens it - name a group that allows 22/tcp from your CIDR"
+        )
         return CheckResult(
             self.name,
             True,
             f"sbercloud: credentials accepted by {self.ecs_endpoint} "
-            f"(region {self.region}, {listed.count or 0} servers in the project)",
+            f"(region {self.region}, {listed.count or 0} servers in the project){ssh}",
         )
 
     def launch(self, request: LaunchRequest) -> Instance:

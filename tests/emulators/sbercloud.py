@@ -388,6 +388,9 @@ class EcsEmulator:
         for sg in server.get("security_groups", []):
             if set(sg) != {"id"}:
                 raise _invalid("security_groups must be [{id}]")
+        # none given: the server joins the "default" security group (huaweicloudsdkecs
+        # PrePaidServer.security_groups: "当该值指定为空时，默认给云服务器绑定default安全组")
+        groups = [sg["id"] for sg in server.get("security_groups", [])] or ["default"]
         zone = server.get("availability_zone", ZONES[0])
         if zone not in ZONES:
             raise _ecs_error(400, "Ecs.0005", f"availability_zone {zone} does not exist")
@@ -421,6 +424,7 @@ class EcsEmulator:
             raise _ecs_error(400, "Ecs.0013", "Insufficient EIP quota.")
         created = self._new_server(server["name"], flavor, zone, tags, spot=spot)
         created["metadata"].update(server.get("metadata", {}))
+        created["security_groups"] = groups
         sid = created["id"]
 
         def finish() -> None:
@@ -452,6 +456,7 @@ class EcsEmulator:
             "status": "BUILD",
             "task_state": "",
             "tags": dict(tags),
+            "security_groups": ["default"],
             "metadata": {"charging_mode": "2" if spot else "0", "vpc_id": "vpc"},
             "ip": f"192.168.0.{len(self.servers) + 10}",
             "created": now.strftime("%Y-%m-%dT%H:%M:%SZ"),
@@ -674,6 +679,7 @@ class EcsEmulator:
             },
             "metadata": dict(s["metadata"]),
             "tags": [f"{k}={v}" for k, v in s["tags"].items()],
+            "security_groups": [{"name": g, "id": g} for g in s["security_groups"]],
             "created": s["created"],
             "OS-SRV-USG:launched_at": s["launched_at"],
             "tenant_id": self.project_id,
