@@ -10,6 +10,7 @@ import sys
 from dataclasses import replace
 from decimal import Decimal
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -19,6 +20,7 @@ from providers.base import (
     TAG_MANAGED_BY,
     AuthError,
     CapacityError,
+    InstanceRef,
     InvalidRequest,
     LaunchRequest,
     MachineState,
@@ -115,6 +117,13 @@ def test_launch_puts_the_whole_intent_on_the_wire(emu, sc, flavor, spot):
     assert server["root_volume"] == {"volumetype": "SSD", "size": 80}
     assert server["nics"] == [{"subnet_id": "subnet-0001"}]
     assert server["security_groups"] == [{"id": "sg-0001"}]
+    assert server["publicip"] == {
+        "eip": {
+            "iptype": "5_bgp",
+            "bandwidth": {"size": 100, "sharetype": "PER", "chargemode": "traffic"},
+        },
+        "delete_on_termination": True,
+    }
     assert {t["key"]: t["value"] for t in server["server_tags"]} == {
         TAG_MANAGED_BY: "provisioner",
         TAG_MACHINE: "m-1",
@@ -163,6 +172,177 @@ def test_a_flavor_the_cloud_does_not_have_is_invalid_request(emu, sc):
         sc.launch(request(flavor="p9.huge.1"))
     assert err.value.code == "Ecs.0029"
     assert "Ecs.0029" in str(err.value)
+
+
+def raw_create(sc: SberCloudProvider, **server: object) -> Any:
+    """A create the adapter would never send, through the real SDK (for what the API refuses)."""
+    from huaweicloudsdkecs.v2 import model as m
+
+    body = m.PrePaidServer(
+        image_ref="img-ubuntu-22-gpu",
+        flavor_ref="pi2.2xlarge.4",
+        name="raw",
+        vpcid="vpc-0001",
+        nics=[m.PrePaidServerNic(subnet_id="subnet-0001")],
+        root_volume=m.PrePaidServerRootVolume(volumetype="SSD", size=80),
+        extendparam=m.PrePaidServerExtendParam(charging_mode="postPaid"),
+        **server,
+    )
+    create = m.CreateServersRequest(body=m.CreateServersRequestBody(server=body))
+    return sc._call("raw create", lambda c: c.create_servers(create))
+
+
+def test_labels_are_folded_into_at_most_ten_tags_ours_first(emu, sc):
+    user = {
+        "team": "vision",
+        "a-label-key-that-is-far-longer-than-thirty-six": "v",
+        "cost/centre": "x" * 60,
+        "note": "a=b, c|d <e> *f* \\g/h",
+        "run": "r1",
+        "stage": "dev",
+        "extra-1": "dropped",
+        "extra-2": "dropped",
+    }
+    req = replace(request(), labels={**user, **request().labels, "provisioner-owner": "ana@x.io"})
+    inst = sc.launch(req)
+
+    sent = [(t["key"], t["value"]) for t in creates(emu)[0].body["server"]["server_tags"]]
+    assert sent == [
+        (TAG_MANAGED_BY, "provisioner"),
+        (TAG_MACHINE, "m-1"),
+        ("provisioner-project", "vision"),
+        ("provisioner-owner", "ana@x.io"),
+        ("team", "vision"),
+        ("a-label-key-that-is-far-longer-than-", "v"),
+        ("cost_centre", "x" * 43),
+        ("note", "a_b_ c_d _e_ _f_ _g_h"),
+        ("run", "r1"),
+        ("stage", "dev"),
+    ]
+    assert inst.machine_id == "m-1"
+    assert [i.id for i in sc.list_managed(machine_id="m-1")] == [inst.id]
+
+
+@pytest.mark.parametrize(
+    ("tags", "code"),
+    [
+        ([(f"k{n}", "v") for n in range(11)], "Ecs.0905"),
+        ([("k" * 37, "v")], "Ecs.0906"),
+        ([("", "v")], "Ecs.0906"),
+        ([("k", "v" * 44)], "Ecs.0906"),
+        ([("a=b", "v")], "Ecs.0907"),
+        ([("k", "a,b")], "Ecs.0907"),
+        ([("k", "a/b")], "Ecs.0907"),
+        ([("k", "line\nbreak")], "Ecs.0907"),
+        ([("k", "1"), ("k", "2")], "Ecs.0908"),
+    ],
+    ids=[
+        "11-tags",
+        "long-key",
+        "empty-key",
+        "long-value",
+        "eq-in-key",
+        "comma",
+        "slash",
+        "ctrl",
+        "dup",
+    ],
+)
+def test_a_create_with_tags_ecs_refuses_gets_the_ecs_code(emu, sc, tags, code):
+    from huaweicloudsdkecs.v2 import model as m
+
+    with pytest.raises(InvalidRequest) as err:
+        raw_create(sc, server_tags=[m.PrePaidServerTag(key=k, value=v) for k, v in tags])
+    assert err.value.code == code
+    assert alive(emu) == []
+
+
+# -- public address -----------------------------------------------------------------------
+
+
+def eip(size: int = 10, share: str = "PER", charge: str | None = None, **publicip: Any) -> Any:
+    from huaweicloudsdkecs.v2 import model as m
+
+    bandwidth = m.PrePaidServerEipBandwidth(size=size, sharetype=share, chargemode=charge)
+    return m.PrePaidServerPublicip(
+        eip=m.PrePaidServerEip(iptype="5_bgp", bandwidth=bandwidth), **publicip
+    )
+
+
+@pytest.mark.parametrize("spot", [False, True], ids=["on-demand", "spot"])
+def test_a_server_gets_a_public_address_and_down_leaves_no_eip_billing(emu, sc, spot):
+    inst = sc.launch(request(spot=spot))
+    [address] = [e["address"] for e in emu.eips.values() if e["server_id"] == inst.id]
+    assert inst.public_ip == address
+    assert inst.private_ip == emu.servers[inst.id]["ip"]
+    sc.stop(inst.ref)
+    assert sc.get(inst.ref).public_ip == address  # a stopped server keeps its EIP
+    sc.terminate(inst.ref)
+    assert emu.eips == {}
+
+
+def test_the_bandwidth_is_an_option_and_by_bandwidth_sends_no_chargemode(emu, env):
+    sc = SberCloudProvider(options(emu, bandwidth_mbit=20, bandwidth_charge="bandwidth"))
+    sc.launch(request())
+    bandwidth = creates(emu)[0].body["server"]["publicip"]["eip"]["bandwidth"]
+    assert bandwidth == {"size": 20, "sharetype": "PER"}
+
+
+def test_without_public_ip_no_eip_is_made(emu, env):
+    inst = SberCloudProvider(options(emu, public_ip=False)).launch(request())
+    assert "publicip" not in creates(emu)[0].body["server"]
+    assert inst.public_ip is None and inst.private_ip
+    assert emu.eips == {}
+
+
+def test_an_eip_not_released_with_its_server_stays_and_bills(emu, sc):
+    made = raw_create(sc, publicip=eip(delete_on_termination=False))
+    sc._wait(made.job_id, "raw create", 5)
+    [sid] = made.server_ids
+    sc.terminate(InstanceRef(id=sid, region="ru-moscow-1", zone=ZONES[0]))
+    [left] = emu.eips.values()
+    assert (left["server_id"], left["status"]) == (None, "DOWN")
+
+
+@pytest.mark.parametrize("how", ["delete", "vanish"])
+def test_a_spot_server_taken_back_releases_its_eip(emu, sc, how):
+    inst = sc.launch(request(spot=True))
+    emu.preempt(inst.id, how=how)
+    assert emu.eips == {}
+
+
+def test_no_eip_quota_is_quota_error_and_leaves_nothing(emu, sc):
+    emu.faults.max_eips = 0
+    with pytest.raises(QuotaError) as err:
+        sc.launch(request())
+    assert err.value.code == "Ecs.0013"
+    assert alive(emu) == [] and emu.eips == {}
+
+
+def test_a_bandwidth_ecs_does_not_sell_is_invalid_request(emu, env):
+    sc = SberCloudProvider(options(emu, bandwidth_mbit=2001))
+    with pytest.raises(InvalidRequest) as err:
+        sc.launch(request())
+    assert err.value.code == "Ecs.0045"
+    assert alive(emu) == []
+
+
+@pytest.mark.parametrize(
+    "publicip",
+    [
+        lambda: eip(charge="bandwidth"),  # only absent, empty or "traffic"
+        lambda: eip(share="SHARED"),
+        lambda: eip(share="WHOLE"),  # a shared bandwidth needs its id
+        lambda: eip(size=None),  # PER needs a size
+        lambda: eip(id="00000000-0000-4000-8000-00000000e1p"),  # id or eip, not both
+    ],
+    ids=["chargemode", "sharetype", "whole-without-id", "per-without-size", "id-and-eip"],
+)
+def test_a_publicip_ecs_refuses_is_invalid_request(emu, sc, publicip):
+    with pytest.raises(InvalidRequest) as err:
+        raw_create(sc, publicip=publicip())
+    assert err.value.code == "Ecs.0005"
+    assert alive(emu) == [] and emu.eips == {}
 
 
 # -- idempotency --------------------------------------------------------------------------
@@ -283,6 +463,20 @@ def test_list_managed_filters_by_tag_and_pages_by_page_number(emu, env):
 
 
 # -- check --------------------------------------------------------------------------------
+
+
+def test_check_names_the_missing_security_group_that_would_open_ssh(emu, env):
+    result = SberCloudProvider(options(emu, security_group_id=None)).check()
+    assert result.ok
+    assert "security_group_id" in result.message and "22/tcp" in result.message
+    assert "\n" not in result.message
+    assert "security_group_id" not in SberCloudProvider(options(emu)).check().message
+
+
+def test_without_a_security_group_the_server_joins_the_default_one(emu, env):
+    inst = SberCloudProvider(options(emu, security_group_id=None)).launch(request())
+    assert "security_groups" not in creates(emu)[0].body["server"]
+    assert emu.servers[inst.id]["security_groups"] == ["default"]
 
 
 # -- offers -------------------------------------------------------------------------------

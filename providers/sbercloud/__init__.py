@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field
 
 from providers.spec import Capabilities, CloudSpec, Name, Names, Options, Seconds, Wait
@@ -18,6 +20,13 @@ class SberCloudOptions(Options):
     vpc_id: Name | None = None  # required to launch
     subnet_id: Name | None = None  # required to launch
     security_group_id: Name | None = None
+    # A public address is an EIP made with the server and released with it
+    # (publicip.delete_on_termination), so nothing of it bills after `down`.
+    public_ip: bool = True
+    bandwidth_mbit: int = Field(100, ge=1)  # the EIP's own (PER) bandwidth; the API takes 1..2000
+    # "traffic": pay per GB sent out, the bandwidth a cap; "bandwidth": pay for the size by the hour
+    bandwidth_charge: Literal["traffic", "bandwidth"] = "traffic"
+    eip_type: Name = "5_bgp"  # dynamic BGP, the type cloud.ru Advanced sells
     image: Name | None = None  # no public GPU image is known: required to launch
     root_volume_type: Name = "SSD"
     page_size: int = Field(100, ge=1, le=1000)

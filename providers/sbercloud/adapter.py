@@ -39,7 +39,7 @@ from providers.base import (
     Throttled,
 )
 from providers.retry import call_with_retry, wait_until
-from providers.sbercloud import SPEC, SberCloudOptions, errors, flavors, userdata
+from providers.sbercloud import SPEC, SberCloudOptions, errors, flavors, tags, userdata
 
 T = TypeVar("T")
 
@@ -265,14 +265,29 @@ class SberCloudProvider(Provider):
             return CheckResult(self.name, False, f"sbercloud: {self.ecs_endpoint} refused: {e}")
         except ProviderError as e:
             return CheckResult(self.name, False, f"sbercloud: {self.ecs_endpoint} failed: {e}")
+        # Without security_groups a server joins the project's "default" group
+        # (huaweicloudsdkecs PrePaidServer.security_groups), whose rules admit no inbound traffic
+        # from outside the group (Huawei/OTC ECS user guide, "Default Security Group and Rules"):
+        # SSH would stay closed.
+        ssh = (
+            ""
+            if self.options.security_group_id
+            else "; no clouds.sbercloud.security_group_id: servers join the default security "
+            "group, which admits no inbound traffic from outside it, so SSH (22/tcp) stays "
+            "closed unless that group opens it - name a group that allows 22/tcp from your CIDR"
+        )
         return CheckResult(
             self.name,
             True,
             f"sbercloud: credentials accepted by {self.ecs_endpoint} "
-            f"(region {self.region}, {listed.count or 0} servers in the project)",
+            f"(region {self.region}, {listed.count or 0} servers in the project){ssh}",
         )
 
     def launch(self, request: LaunchRequest) -> Instance:
+        """One pay-per-use (or spot) server, idempotent by ``X-Client-Token``. Unless
+        ``public_ip`` is off it gets its public address from an EIP made with it and released
+        with it (``delete_on_termination``), so terminating leaves no address billing. Labels are
+        folded into tags ECS accepts (:func:`.tags.server_tags`)."""
         image = request.image or self.options.image
         if not image:
             raise InvalidRequest(
@@ -295,18 +310,36 @@ class SberCloudProvider(Provider):
             if request.max_price is not None:
                 extend.spot_price = format(Decimal(request.max_price), "f")
         group = self.options.security_group_id
+        publicip = None
+        if self.options.public_ip:
+            # chargemode: absent means by bandwidth; "traffic" by traffic; anything else fails
+            # the create (huaweicloudsdkecs PrePaidServerEipBandwidth)
+            charge = "traffic" if self.options.bandwidth_charge == "traffic" else None
+            publicip = m.PrePaidServerPublicip(
+                eip=m.PrePaidServerEip(
+                    iptype=self.options.eip_type,
+                    bandwidth=m.PrePaidServerEipBandwidth(
+                        size=self.options.bandwidth_mbit, sharetype="PER", chargemode=charge
+                    ),
+                ),
+                delete_on_termination=True,
+            )
         server = m.PrePaidServer(
             image_ref=image,
             flavor_ref=request.instance_type,
             name=request.name,
             vpcid=self.options.vpc_id,
             nics=[m.PrePaidServerNic(subnet_id=self.options.subnet_id)],
+            publicip=publicip,
             security_groups=[m.PrePaidServerSecurityGroup(id=group)] if group else None,
             root_volume=m.PrePaidServerRootVolume(
                 volumetype=self.options.root_volume_type, size=request.disk_gb
             ),
             availability_zone=request.zone or None,
-            server_tags=[m.PrePaidServerTag(key=k, value=v) for k, v in request.labels.items()],
+            server_tags=[
+                m.PrePaidServerTag(key=k, value=v)
+                for k, v in tags.server_tags(request.labels).items()
+            ],
             user_data=userdata.build(request.user_data, request.ssh_public_key),
             extendparam=extend,
             count=1,

@@ -19,6 +19,10 @@ gateway ``{"error_code", "error_msg", "request_id"}``. Codes from the ECS API re
 (opentelekomcloud/docs ``doc/source/ecs/api-reference/error-code-description.md``): Ecs.0001 quota,
 Ecs.0319 insufficient flavor capacity, Ecs.0114 server not found, Ecs.0005 invalid body; gateway
 APIGW.0301 (bad signature) and APIGW.0308 (throttled).
+
+Elastic IPs are kept in their own books (``eips``): one made with a server (``publicip.eip``)
+exists, and bills, until it is deleted; deleting the server deletes it only when it was made with
+``delete_on_termination`` (or the delete asks ``delete_publicip``), else it is only unbound.
 """
 
 from __future__ import annotations
@@ -149,6 +153,7 @@ class Faults:
     job_polls: int = 0  # RUNNING answers before a job completes
     drop_create_responses: int = 0
     drop_action_responses: int = 0  # os-start / os-stop carried out, the answer lost
+    max_eips: int | None = None  # EIP quota of the project
 
 
 class EcsEmulator:
@@ -158,6 +163,7 @@ class EcsEmulator:
         self.project_id = project_id
         self.faults = Faults()
         self.servers: dict[str, dict[str, Any]] = {}
+        self.eips: dict[str, dict[str, Any]] = {}  # every EIP here exists and bills
         self.requests: list[Recorded] = []
         self._jobs: dict[str, _Job] = {}
         self._tokens: dict[str, tuple[str, list[str]]] = {}
@@ -205,6 +211,8 @@ class EcsEmulator:
         """The cloud takes a spot server back: ``stop`` (SHUTOFF), ``delete`` (status DELETED)
         or ``vanish`` (gone: 404)."""
         with self._lock:
+            if how != "stop":
+                self._release_eips(server_id, delete_publicip=False)
             if how == "vanish":
                 del self.servers[server_id]
             else:
@@ -357,6 +365,7 @@ class EcsEmulator:
                 "extendparam",
                 "metadata",
                 "server_tags",
+                "publicip",
                 "count",
                 "key_name",
                 "description",
@@ -379,16 +388,14 @@ class EcsEmulator:
         for sg in server.get("security_groups", []):
             if set(sg) != {"id"}:
                 raise _invalid("security_groups must be [{id}]")
+        # none given: the server joins the "default" security group (huaweicloudsdkecs
+        # PrePaidServer.security_groups: "当该值指定为空时，默认给云服务器绑定default安全组")
+        groups = [sg["id"] for sg in server.get("security_groups", [])] or ["default"]
         zone = server.get("availability_zone", ZONES[0])
         if zone not in ZONES:
             raise _ecs_error(400, "Ecs.0005", f"availability_zone {zone} does not exist")
-        tags = {}
-        for tag in server.get("server_tags", []):
-            if set(tag) != {"key", "value"}:
-                raise _invalid("server_tags must be [{key, value}]")
-            tags[tag["key"]] = tag["value"]
-        if len(tags) > 10:
-            raise _invalid("at most 10 server_tags")
+        tags = _server_tags(server.get("server_tags", []))
+        publicip = self._publicip(server["publicip"]) if "publicip" in server else None
         if "user_data" in server:
             try:
                 raw = base64.b64decode(server["user_data"], validate=True)
@@ -412,16 +419,26 @@ class EcsEmulator:
         alive = [s for s in self.servers.values() if s["status"] != "DELETED"]
         if self.faults.max_servers is not None and len(alive) >= self.faults.max_servers:
             raise _ecs_error(400, "Ecs.0001", "The number of ECSs is beyond the quota limit.")
+        eip_quota = self.faults.max_eips
+        if publicip and "eip" in publicip and eip_quota is not None and len(self.eips) >= eip_quota:
+            raise _ecs_error(400, "Ecs.0013", "Insufficient EIP quota.")
         created = self._new_server(server["name"], flavor, zone, tags, spot=spot)
         created["metadata"].update(server.get("metadata", {}))
+        created["security_groups"] = groups
         sid = created["id"]
+
+        def finish() -> None:
+            created.update(status="ACTIVE")
+            if publicip:  # the EIP is assigned and bound as the job completes
+                self._bind_eip(sid, publicip)
+
         fail = None
         if self.faults.sold_out.get(zone) == "job":
             fail = (
                 "Ecs.0319",
                 f"Check capacity: Capacity is not enough. flavor {flavor} in {zone}",
             )
-        job = self._new_job("createServer", [sid], lambda: created.update(status="ACTIVE"), fail)
+        job = self._new_job("createServer", [sid], finish, fail)
         if token is not None:
             self._tokens[token] = (job.id, [sid])
         return 200, {"job_id": job.id, "serverIds": [sid]}
@@ -439,12 +456,77 @@ class EcsEmulator:
             "status": "BUILD",
             "task_state": "",
             "tags": dict(tags),
+            "security_groups": ["default"],
             "metadata": {"charging_mode": "2" if spot else "0", "vpc_id": "vpc"},
             "ip": f"192.168.0.{len(self.servers) + 10}",
             "created": now.strftime("%Y-%m-%dT%H:%M:%SZ"),
             "launched_at": now.strftime("%Y-%m-%dT%H:%M:%S.000000"),
         }
         return server
+
+    # EIP fields: huaweicloudsdkecs PrePaidServerPublicip {id | eip, delete_on_termination},
+    # PrePaidServerEip {iptype, bandwidth, extendparam}, PrePaidServerEipBandwidth {size, sharetype,
+    # chargemode, id}; Huawei "Data Structure for Creating ECSs" (opentelekomcloud/docs
+    # doc/source/ecs/api-reference/data-structure-for-creating-ecss.md): either id or eip, iptype
+    # and bandwidth mandatory; sharetype PER (size mandatory) or WHOLE (a shared bandwidth id);
+    # chargemode absent/empty (by bandwidth) or "traffic", any other value fails the create; size
+    # 1..2000 Mbit/s (SDK) else Ecs.0045 "Bandwidth size %d is invalid." (ECS error table);
+    # delete_on_termination defaults to false. SberCloud's iptype is 5_bgp
+    # (sbercloud-terraform/terraform-provider-sbercloud docs/resources/compute_instance.md).
+    EIP_TYPES = frozenset({"5_bgp"})
+
+    def _publicip(self, publicip: Any) -> dict[str, Any]:
+        _only(publicip, {"id", "eip", "delete_on_termination"})
+        if ("id" in publicip) == ("eip" in publicip):
+            raise _invalid("publicip takes either id or eip")
+        if not isinstance(publicip.get("delete_on_termination", False), bool):
+            raise _invalid("publicip.delete_on_termination must be a boolean")
+        if "id" in publicip:
+            eip = self.eips.get(publicip["id"])
+            if eip is None or eip["server_id"] is not None:
+                raise _invalid(f"publicip.id {publicip['id']}: only an EIP in DOWN state")
+            return publicip
+        eip = publicip["eip"]
+        _only(eip, {"iptype", "bandwidth", "extendparam"})
+        if eip.get("iptype") not in self.EIP_TYPES:
+            raise _invalid(f"publicip.eip.iptype {eip.get('iptype')!r} is not supported")
+        bandwidth = _required(eip, "bandwidth", dict)
+        _only(bandwidth, {"size", "sharetype", "chargemode", "id"})
+        if bandwidth.get("chargemode", "") not in ("", "traffic"):
+            raise _invalid(f"bandwidth.chargemode {bandwidth['chargemode']!r}")
+        share = bandwidth.get("sharetype")
+        if share == "WHOLE":
+            _required(bandwidth, "id", str)
+        elif share == "PER":
+            size = bandwidth.get("size")
+            if not isinstance(size, int):
+                raise _invalid("bandwidth.size is required for sharetype PER")
+            if not 1 <= size <= 2000:
+                raise _ecs_error(400, "Ecs.0045", f"Bandwidth size {size} is invalid.")
+        else:
+            raise _invalid(f"bandwidth.sharetype {share!r}")
+        return publicip
+
+    def _bind_eip(self, server_id: str, publicip: dict[str, Any]) -> None:
+        if "id" in publicip:
+            eip = self.eips[publicip["id"]]
+        else:
+            n = len(self.eips) + 10
+            eip = {"id": str(uuid.uuid4()), "address": f"203.0.113.{n}", **publicip["eip"]}
+            self.eips[eip["id"]] = eip
+        eip.update(
+            server_id=server_id,
+            status="ACTIVE",
+            delete_on_termination=publicip.get("delete_on_termination", False),
+        )
+
+    def _release_eips(self, server_id: str, *, delete_publicip: bool) -> None:
+        """A server is gone: its EIPs go with it when so asked, else stay, unbound, billing."""
+        for eip in [e for e in self.eips.values() if e["server_id"] == server_id]:
+            if delete_publicip or eip["delete_on_termination"]:
+                del self.eips[eip["id"]]
+            else:
+                eip.update(server_id=None, status="DOWN")
 
     def _new_job(
         self,
@@ -530,13 +612,15 @@ class EcsEmulator:
 
     def _delete(self, body: Any) -> tuple[int, dict[str, Any]]:
         _only(body, {"servers", "delete_volume", "delete_publicip"})
-        if not isinstance(body.get("delete_volume", False), bool):
-            raise _invalid("delete_volume must be a boolean")
+        for flag in ("delete_volume", "delete_publicip"):
+            if not isinstance(body.get(flag, False), bool):
+                raise _invalid(f"{flag} must be a boolean")
         servers = [self._server(sid) for sid in _server_ids(body)]
 
         def finish() -> None:
             for s in servers:
                 s["status"] = "DELETED"
+                self._release_eips(s["id"], delete_publicip=body.get("delete_publicip", False))
 
         job = self._new_job("deleteServers", [s["id"] for s in servers], finish)
         return 200, {"job_id": job.id}
@@ -583,9 +667,19 @@ class EcsEmulator:
             "OS-EXT-STS:vm_state": s["status"].lower(),
             "OS-EXT-AZ:availability_zone": s["zone"],
             "flavor": {"id": s["flavor"], "name": s["flavor"], "vcpus": "8", "ram": "32768"},
-            "addresses": {"vpc": [{"addr": s["ip"], "version": 4, "OS-EXT-IPS:type": "fixed"}]},
+            "addresses": {
+                "vpc": [
+                    {"addr": s["ip"], "version": 4, "OS-EXT-IPS:type": "fixed"},
+                    *(
+                        {"addr": e["address"], "version": 4, "OS-EXT-IPS:type": "floating"}
+                        for e in self.eips.values()
+                        if e["server_id"] == s["id"]
+                    ),
+                ]
+            },
             "metadata": dict(s["metadata"]),
             "tags": [f"{k}={v}" for k, v in s["tags"].items()],
+            "security_groups": [{"name": g, "id": g} for g in s["security_groups"]],
             "created": s["created"],
             "OS-SRV-USG:launched_at": s["launched_at"],
             "tenant_id": self.project_id,
@@ -604,6 +698,44 @@ def _required(obj: dict[str, Any], key: str, kind: type) -> Any:
     if not isinstance(obj.get(key), kind):
         raise _invalid(f"{key} is required ({kind.__name__})")
     return obj[key]
+
+
+# Tag rules: huaweicloudsdkecs PrePaidServerTag (key at most 36 unicode characters, not empty;
+# value at most 43, may be empty; neither holds ASCII 0-31 nor = * < > \ , | and, per Huawei's
+# ECS.ServerTags reference and the C++ SDK's PrePaidServerTag.h, /; keys unique per server), at
+# most 10 per server. Codes and messages from the ECS error table (opentelekomcloud/docs
+# doc/source/ecs/api-reference/error-code-description.md): Ecs.0905 "The number of tags cannot be
+# greater than 10.", Ecs.0906 "Invalid tag attribute" ("Invalid tag key."), Ecs.0907 "Tag key [%s]
+# contains invalid characters.", Ecs.0908 "The tag key cannot be duplicate.".
+_TAG_FORBIDDEN = re.compile(r"[\x00-\x1f=*<>\\,|/]")
+
+
+def _server_tags(tags: Any) -> dict[str, str]:
+    if not isinstance(tags, list) or any(
+        not isinstance(t, dict)
+        or set(t) != {"key", "value"}
+        or not all(isinstance(v, str) for v in t.values())
+        for t in tags
+    ):
+        raise _invalid("server_tags must be [{key, value}] of strings")
+    if len(tags) > 10:
+        raise _ecs_error(400, "Ecs.0905", "The number of tags cannot be greater than 10.")
+    out: dict[str, str] = {}
+    for tag in tags:
+        key, value = tag["key"], tag["value"]
+        if not 1 <= len(key) <= 36:
+            raise _ecs_error(400, "Ecs.0906", "Invalid tag key.")
+        if len(value) > 43:
+            raise _ecs_error(400, "Ecs.0906", "Invalid tag value.")
+        for what, text in (("key", key), ("value", value)):
+            if _TAG_FORBIDDEN.search(text):
+                raise _ecs_error(
+                    400, "Ecs.0907", f"Tag {what} [{text}] contains invalid characters."
+                )
+        if key in out:
+            raise _ecs_error(400, "Ecs.0908", "The tag key cannot be duplicate.")
+        out[key] = value
+    return out
 
 
 def _server_ids(opts: dict[str, Any]) -> list[str]:
