@@ -154,6 +154,13 @@ def test_launch_puts_the_whole_intent_on_the_wire(
     assert disk["initializeParams"]["diskType"] == f"zones/{ZONE}/diskTypes/{boot}"
 
 
+def test_without_external_ip_the_instance_gets_no_access_config(emu: GCPEmulator) -> None:
+    inst = provider(emu, external_ip=False).launch(request())
+    (sent,) = inserts(emu)
+    assert "accessConfigs" not in sent.body["networkInterfaces"][0]
+    assert inst.public_ip is None and inst.private_ip
+
+
 def test_spot_that_should_terminate_is_deleted_on_preemption(
     emu: GCPEmulator, gcp: GCPProvider
 ) -> None:
