@@ -8,6 +8,7 @@ import subprocess
 import sys
 import urllib.error
 import urllib.request
+from dataclasses import replace
 from decimal import Decimal
 from pathlib import Path
 
@@ -27,7 +28,7 @@ from providers.base import (
     NotFound,
     QuotaError,
 )
-from providers.gcp.adapter import GCPProvider, request_id
+from providers.gcp.adapter import GCPProvider, classify, request_id
 from tests.contract.gcp import make_provider as provider
 from tests.contract.gcp import remove_credentials
 from tests.emulators.gcp import GCPEmulator
@@ -38,8 +39,10 @@ ZONE = "us-central1-a"
 FAMILIES = {  # gpu -> (instance type, GPUs, accelerator); a3 below 8 GPUs is Spot-only
     "A100": ("a2-highgpu-1g", 1, ""),
     "H100": ("a3-highgpu-8g", 8, ""),
+    "H200": ("a3-ultragpu-8g", 8, ""),
     "T4": ("n1-standard-4", 1, "nvidia-tesla-t4"),
 }
+T4 = "nvidia-tesla-t4"
 
 
 @pytest.fixture
@@ -127,7 +130,12 @@ def test_launch_puts_the_whole_intent_on_the_wire(
         ]
     else:  # a2/a3 bring their GPUs with the machine type
         assert "guestAccelerators" not in body
-    assert body["networkInterfaces"][0].get("nicType") == ("GVNIC" if gpu == "H100" else None)
+    nic = body["networkInterfaces"][0]
+    assert nic.get("nicType") == ("GVNIC" if gpu in ("H100", "H200") else None)
+    # the `default` network, and an external address through a one-to-one NAT access config
+    assert nic["network"] == "global/networks/default"
+    assert nic["accessConfigs"] == [{"name": "External NAT", "type": "ONE_TO_ONE_NAT"}]
+    assert inst.public_ip and inst.private_ip
     # labels travel sanitised to GCP's rules: the owner's e-mail is no valid label value
     assert body["labels"] == {
         TAG_MANAGED_BY: "provisioner",
@@ -142,6 +150,15 @@ def test_launch_puts_the_whole_intent_on_the_wire(
     (disk,) = body["disks"]
     assert disk["boot"] and disk["initializeParams"]["diskSizeGb"] == "150"
     assert "deeplearning-platform-release" in disk["initializeParams"]["sourceImage"]
+    boot = "hyperdisk-balanced" if gpu == "H200" else "pd-balanced"
+    assert disk["initializeParams"]["diskType"] == f"zones/{ZONE}/diskTypes/{boot}"
+
+
+def test_without_external_ip_the_instance_gets_no_access_config(emu: GCPEmulator) -> None:
+    inst = provider(emu, external_ip=False).launch(request())
+    (sent,) = inserts(emu)
+    assert "accessConfigs" not in sent.body["networkInterfaces"][0]
+    assert inst.public_ip is None and inst.private_ip
 
 
 def test_spot_that_should_terminate_is_deleted_on_preemption(
@@ -174,7 +191,12 @@ def test_name_taken_by_the_same_machine_is_adopted_by_another_one_refused(
 
 
 @pytest.mark.parametrize(
-    "code", ["ZONE_RESOURCE_POOL_EXHAUSTED", "ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS"]
+    "code",
+    [
+        "ZONE_RESOURCE_POOL_EXHAUSTED",
+        "ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS",
+        "insufficientCapacity",
+    ],
 )
 def test_zone_out_of_capacity(emu: GCPEmulator, gcp: GCPProvider, code: str) -> None:
     emu.exhaust(ZONE, code)
@@ -186,6 +208,56 @@ def test_zone_out_of_capacity(emu: GCPEmulator, gcp: GCPProvider, code: str) -> 
     assert all("httpErrorStatusCode" not in op for op in emu.operations.values())
     # another zone still works
     assert gcp.launch(request(gpu="A100", zone="us-central1-b")).zone == "us-central1-b"
+
+
+def test_an_accelerator_the_zone_lacks_is_refused_at_once_as_no_capacity_there(
+    emu: GCPEmulator, gcp: GCPProvider
+) -> None:
+    emu.withdraw_accelerator(ZONE, T4)
+    with pytest.raises(CapacityError) as err:
+        gcp.launch(request())
+    assert err.value.code == "badRequest"
+    assert f"zones/{ZONE}/acceleratorTypes/{T4}' was not found" in str(err.value)
+    assert emu.operations == {} and emu.instances == {}  # refused before any operation began
+    assert gcp.launch(request(zone="us-central1-b")).state is MachineState.RUNNING
+
+
+def test_a_spot_vm_preempted_while_booting_is_no_capacity_and_leaves_nothing(
+    emu: GCPEmulator, gcp: GCPProvider
+) -> None:
+    emu.preempt_on_create(ZONE)
+    with pytest.raises(CapacityError) as err:
+        gcp.launch(request("booting"))
+    assert err.value.code == "UNSUPPORTED_OPERATION"
+    assert "failed to start due to preemption" in str(err.value)
+    # GCP left it stopped under our name, its disk billing: the adapter deleted it
+    assert emu.instances == {}
+    assert [r.path.rsplit("/", 1)[-1] for r in emu.calls("DELETE")] == ["booting"]
+    assert gcp.launch(request("booting", zone="us-central1-b")).zone == "us-central1-b"
+
+
+def test_a_missing_default_network_is_an_invalid_request_that_says_what_to_set(
+    emu: GCPEmulator, gcp: GCPProvider
+) -> None:
+    emu.delete_network("default")
+    with pytest.raises(InvalidRequest) as err:
+        gcp.launch(request())
+    assert err.value.code == "invalid"
+    assert "The referenced network resource cannot be found" in str(err.value)
+    assert "`network`" in str(err.value)
+    emu.networks.add("gpu-vpc")
+    named = provider(emu, network="projects/test-project/global/networks/gpu-vpc")
+    assert named.launch(request()).state is MachineState.RUNNING
+
+
+def test_an_incompatible_combination_is_never_a_capacity_error() -> None:
+    # GCE has reported an unsupported machine/disk pairing under a capacity code
+    err = classify(
+        "ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS",
+        "[pd-standard, pd-ssd, n4-standard-16] features are not compatible for creating instance.",
+        400,
+    )
+    assert type(err) is InvalidRequest
 
 
 @pytest.mark.parametrize(
@@ -211,26 +283,132 @@ def test_rate_limit_as_403_is_throttling_not_auth(emu: GCPEmulator, gcp: GCPProv
     assert gcp.launch(request()).state is MachineState.RUNNING
 
 
+def post(emu: GCPEmulator, body: dict, zone: str = ZONE) -> tuple[int, dict]:
+    """Send an instances.insert body straight to the emulator: (HTTP status, JSON answer)."""
+    url = f"{emu.endpoint}/compute/v1/projects/{emu.project}/zones/{zone}/instances"
+    data = json.dumps(body).encode()
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, data, method="POST")) as r:
+            return r.status, json.load(r)
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.load(exc)
+
+
+def sent_body(emu: GCPEmulator, gcp: GCPProvider, name: str, **kw: object) -> dict:
+    """The insert body the adapter sends for ``request(name, **kw)`` (launched, then deleted)."""
+    gcp.launch(request(name, **kw))
+    emu.console_delete(ZONE, name)
+    return json.loads(json.dumps(inserts(emu)[-1].body))
+
+
 def test_malformed_request_is_refused_by_the_emulator(emu: GCPEmulator, gcp: GCPProvider) -> None:
     # a2 machines cannot take attachable GPUs: the emulator applies GCP's rules
     with pytest.raises(InvalidRequest) as err:
-        gcp.launch(request(gpu="A100", accelerator="nvidia-tesla-t4"))
-    assert err.value.code == "invalid"
+        gcp.launch(request(gpu="A100", accelerator=T4))
+    assert err.value.code == "badRequest"
+    assert "[nvidia-tesla-t4, a2-highgpu-1g] features are not compatible" in str(err.value)
     # a field compute_v1.Instance does not know is refused too: replay a good body with one
-    gcp.launch(request("good"))
-    good = dict(inserts(emu)[-1].body, name="replayed")
-    url = f"{emu.endpoint}/compute/v1/projects/{emu.project}/zones/{ZONE}/instances"
+    good = dict(sent_body(emu, gcp, "good"), name="replayed")
+    assert post(emu, {**good, "machineTyp": good["machineType"]})[0] == 400
+    assert post(emu, good)[0] == 200
 
-    def post(body: dict) -> int:
-        data = json.dumps(body).encode()
-        try:
-            with urllib.request.urlopen(urllib.request.Request(url, data, method="POST")) as r:
-                return r.status
-        except urllib.error.HTTPError as exc:
-            return exc.code
 
-    assert post({**good, "machineTyp": good["machineType"]}) == 400
-    assert post(good) == 200
+# --- machine series rules -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("instance_type", "gpu", "gpus", "disk"),
+    [
+        ("a3-ultragpu-8g", "H200", 8, "hyperdisk-balanced"),
+        ("a3-megagpu-8g", "H100", 8, "pd-balanced"),
+        ("a3-highgpu-8g", "H100", 8, "pd-balanced"),
+        ("a2-megagpu-16g", "A100", 16, "pd-balanced"),
+        ("a2-ultragpu-1g", "A100-80GB", 1, "pd-balanced"),
+        ("g2-standard-4", "L4", 1, "pd-balanced"),
+        ("n1-standard-8", "T4", 1, "pd-balanced"),
+    ],
+)
+def test_boot_disk_type_follows_the_machine_series(
+    emu: GCPEmulator, gcp: GCPProvider, instance_type: str, gpu: str, gpus: int, disk: str
+) -> None:
+    accelerator = T4 if instance_type.startswith("n1-") else ""
+    req = replace(
+        request(spot=False),
+        instance_type=instance_type,
+        gpu=gpu,
+        gpu_count=gpus,
+        accelerator=accelerator,
+    )
+    inst = gcp.launch(req)
+    assert inst.state is MachineState.RUNNING and inst.instance_type == instance_type
+    (sent,) = inserts(emu)
+    assert sent.body["disks"][0]["initializeParams"]["diskType"] == f"zones/{ZONE}/diskTypes/{disk}"
+
+
+def test_a_boot_disk_the_series_cannot_take_is_refused(
+    emu: GCPEmulator, gcp: GCPProvider, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from providers.gcp import adapter
+
+    # A3 Ultra boots from Hyperdisk only: Persistent Disk is refused, as GCP refuses it
+    monkeypatch.setattr(adapter, "boot_disk_type", lambda _: "pd-balanced")
+    with pytest.raises(InvalidRequest) as err:
+        gcp.launch(request(gpu="H200", spot=False))
+    assert err.value.code == "badRequest"
+    assert "[pd-balanced, a3-ultragpu-8g] features are not compatible" in str(err.value)
+    assert emu.instances == {}
+    # ... and N1 (here with a T4) takes no Hyperdisk
+    monkeypatch.setattr(adapter, "boot_disk_type", lambda _: "hyperdisk-balanced")
+    with pytest.raises(InvalidRequest, match=r"\[hyperdisk-balanced, n1-standard-4\]"):
+        gcp.launch(request("n1-on-hyperdisk"))
+    # the error is Google's shape: HTTP 400, reason badRequest
+    monkeypatch.undo()
+    body = sent_body(emu, gcp, "shape", gpu="H200", spot=False)
+    body["disks"][0]["initializeParams"]["diskType"] = f"zones/{ZONE}/diskTypes/pd-ssd"
+    status, answer = post(emu, body)
+    assert status == 400 and answer["error"]["errors"][0]["reason"] == "badRequest"
+    # without a diskType an A3 gets the series' default, Hyperdisk Balanced
+    del body["disks"][0]["initializeParams"]["diskType"]
+    assert post(emu, body)[0] == 200
+
+
+def test_full_and_partial_resource_urls_are_both_accepted(
+    emu: GCPEmulator, gcp: GCPProvider
+) -> None:
+    body = sent_body(emu, gcp, "partial")
+    api = "https://www.googleapis.com/compute/v1"
+    zone_path = f"projects/{emu.project}/zones/{ZONE}"
+    body["machineType"] = f"{api}/{zone_path}/machineTypes/n1-standard-4"
+    body["guestAccelerators"][0]["acceleratorType"] = f"{zone_path}/acceleratorTypes/{T4}"
+    body["disks"][0]["initializeParams"]["diskType"] = f"{api}/{zone_path}/diskTypes/pd-balanced"
+    assert post(emu, dict(body, name="full-urls"))[0] == 200
+    stored = emu.instance(ZONE, "full-urls")
+    assert (
+        stored is not None
+        and stored["machineType"] == f"{api}/{zone_path}/machineTypes/n1-standard-4"
+    )
+    # a URL naming another zone than the request's is refused
+    body["machineType"] = f"projects/{emu.project}/zones/us-central1-b/machineTypes/n1-standard-4"
+    status, answer = post(emu, dict(body, name="other-zone"))
+    assert status == 400 and "Machine type does not exist" in answer["error"]["message"]
+
+
+def test_at_most_four_t4_on_an_n1_machine(emu: GCPEmulator, gcp: GCPProvider) -> None:
+    four = gcp.launch(request("four-t4", instance_type="n1-standard-16", gpu_count=4))
+    assert four.state is MachineState.RUNNING
+    with pytest.raises(InvalidRequest) as err:
+        gcp.launch(request("eight-t4", instance_type="n1-standard-16", gpu_count=8))
+    assert err.value.code == "invalid"
+    assert "acceleratorCount': '8'" in str(err.value) and "one of [1, 2, 4]" in str(err.value)
+    # eight V100 are a valid N1 shape
+    v100 = replace(
+        request("eight-v100"),
+        instance_type="n1-standard-16",
+        gpu="V100",
+        gpu_count=8,
+        accelerator="nvidia-tesla-v100",
+    )
+    assert gcp.launch(v100).state is MachineState.RUNNING
 
 
 # --- state ----------------------------------------------------------------------------------
@@ -357,9 +535,9 @@ def test_fetch_offers_honours_configured_zones_and_needs_a_key(
 # --- end to end: `up` fails over past a zone without capacity ---------------------------------
 
 
-def test_up_lands_in_the_next_zone_when_the_first_has_no_capacity(
-    emu: GCPEmulator, home: Path, clock, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def up(emu: GCPEmulator, home: Path, clock, monkeypatch: pytest.MonkeyPatch, gpu: str, prepare):
+    """Plan and `up` a spot ``gpu`` experiment on the emulator; ``prepare(candidates)`` runs
+    between the two (to break the cloud where the plan would go). Returns the UpResult."""
     from provisioner import catalog, lifecycle, planning
     from provisioner.app import App
     from provisioner.spec import Experiment
@@ -382,16 +560,27 @@ def test_up_lands_in_the_next_zone_when_the_first_has_no_capacity(
         owner="ana@example.com",
         ssh_public_key=SSH_KEY,
         startup_script="#!/bin/bash\necho hi",
-        resources={"gpu": "A100:1", "market": "spot", "clouds": ["gcp"], "disk_gb": 100},
+        resources={"gpu": gpu, "market": "spot", "clouds": ["gcp"], "disk_gb": 100},
     )
     app = App(settings, clock)
     try:
-        first, second = (c.offer.zone for c in planning.plan(app, experiment).candidates[:2])
-        emu.exhaust(first)  # the cheapest zone is out of stock
-        result = lifecycle.up(app, experiment)
+        prepare(planning.plan(app, experiment).candidates)
+        return lifecycle.up(app, experiment)
     finally:
         app.close()
 
+
+def test_up_lands_in_the_next_zone_when_the_first_has_no_capacity(
+    emu: GCPEmulator, home: Path, clock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    zones: list[str] = []
+
+    def prepare(candidates: list) -> None:
+        zones.extend(c.offer.zone for c in candidates[:2])
+        emu.exhaust(zones[0])  # the cheapest zone is out of stock
+
+    result = up(emu, home, clock, monkeypatch, "A100:1", prepare)
+    first, second = zones
     outcomes = [(a.where, a.outcome) for a in result.attempts]
     assert outcomes == [(f"gcp/{first}", "capacity"), (f"gcp/{second}", "launched")]
     [(zone, _)] = emu.instances
@@ -400,3 +589,25 @@ def test_up_lands_in_the_next_zone_when_the_first_has_no_capacity(
     assert instance["labels"][TAG_MACHINE] == result.machine.id
     assert instance["scheduling"]["provisioningModel"] == "SPOT"
     assert instance["machineType"].endswith("/a2-highgpu-1g")
+
+
+def test_up_moves_to_another_zone_when_the_catalog_s_zone_lacks_the_accelerator(
+    emu: GCPEmulator, home: Path, clock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tried: list = []
+
+    def prepare(candidates: list) -> None:
+        tried.extend(candidates)
+        emu.withdraw_accelerator(candidates[0].offer.zone, T4)  # the catalog is out of date
+
+    result = up(emu, home, clock, monkeypatch, "T4:1", prepare)
+    lacking = tried[0].offer.zone
+    first, *rest = result.attempts
+    # "capacity" blocks the zone (an "invalid" outcome would block nothing): any other T4 host
+    # there is skipped, and the next candidate elsewhere launches
+    assert (first.where, first.outcome) == (f"gcp/{lacking}", "capacity")
+    assert "acceleratorTypes" in first.message
+    assert all(a.outcome == "skipped" for a in rest if a.where == f"gcp/{lacking}")
+    assert rest[-1].outcome == "launched"
+    [(zone, _)] = emu.instances
+    assert zone != lacking

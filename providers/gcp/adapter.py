@@ -9,6 +9,7 @@ set without ``httpErrorStatusCode``). The SDK is imported inside methods only.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import uuid
@@ -60,7 +61,30 @@ _STATES = {
     "SUSPENDED": MachineState.STOPPED,
     "TERMINATED": MachineState.STOPPED,
 }
-_CAPACITY = {"ZONE_RESOURCE_POOL_EXHAUSTED", "ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS"}
+# Zone-level failures: the next zone may well work. ZONE_RESOURCE_POOL_EXHAUSTED(_WITH_DETAILS)
+# are Google's resource-availability errors (compute/docs/troubleshooting/
+# troubleshooting-resource-availability); SkyPilot's GCP failover also blocks the zone on
+# UNSUPPORTED_OPERATION (a Spot VM preempted while it was being created) and insufficientCapacity.
+_CAPACITY = {
+    "ZONE_RESOURCE_POOL_EXHAUSTED",
+    "ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS",
+    "UNSUPPORTED_OPERATION",
+    "insufficientCapacity",
+}
+# An attachable GPU the zone does not offer: a synchronous 400 badRequest "The resource
+# 'projects/P/zones/Z/acceleratorTypes/A' was not found". The zone lacks the type, so the launch
+# is a CapacityError (the failover blocks the zone and moves on), not an InvalidRequest (which
+# blocks nothing, so every other host shape in the same zone would be refused the same way).
+_ACCELERATOR_MISSING = re.compile(r"/zones/[^/']+/acceleratorTypes/[^/']+' was not found")
+# A machine type / disk type / accelerator combination the series cannot take. GCE has been seen
+# to carry it under a capacity code too (scylladb/scylla-cluster-tests, capacity_errors.py): no
+# other zone can fix it, so it is never a CapacityError.
+_INCOMPATIBLE = "features are not compatible for creating instance"
+_NO_NETWORK = "referenced network resource cannot be found"
+# Boot disk type per machine series. A3 Ultra (H200) boots from Hyperdisk only; N1 and A2 take
+# no Hyperdisk Balanced; pd-balanced suits every other series we launch (A2, A3 High/Mega, G2,
+# N1). Sources: compute/docs/accelerator-optimized-machines and compute/docs/disks/hyperdisks.
+_HYPERDISK_BOOT = ("a3-ultragpu-",)
 _QUOTA = {"QUOTA_EXCEEDED", "quotaExceeded"}
 _THROTTLED = {
     "rateLimitExceeded",
@@ -122,6 +146,13 @@ class GCPProvider(Provider):
             self._wait(operation, request.zone)
         except NotFound as exc:  # e.g. the image or network named in the request
             raise InvalidRequest(str(exc), code=exc.code) from exc
+        except CapacityError as exc:
+            if exc.code == "UNSUPPORTED_OPERATION":
+                # Preempted while booting: GCP leaves the instance stopped under our name, and
+                # its boot disk bills. Nothing of a failed launch may stay behind.
+                with contextlib.suppress(ProviderError):
+                    self.terminate(ref)
+            raise
         return self.get(ref)
 
     def get(self, ref: InstanceRef) -> Instance:
@@ -242,7 +273,7 @@ class GCPProvider(Provider):
                     initialize_params=compute_v1.AttachedDiskInitializeParams(
                         source_image=request.image or self.options.image,
                         disk_size_gb=request.disk_gb,
-                        disk_type=f"zones/{zone}/diskTypes/pd-balanced",
+                        disk_type=f"zones/{zone}/diskTypes/{boot_disk_type(request.instance_type)}",
                     ),
                 )
             ],
@@ -447,10 +478,24 @@ def adc_configured() -> bool:
         return False
 
 
+def boot_disk_type(instance_type: str) -> str:
+    """The boot disk type a machine series takes (see ``_HYPERDISK_BOOT``)."""
+    if instance_type.startswith(_HYPERDISK_BOOT):
+        return "hyperdisk-balanced"
+    return "pd-balanced"
+
+
 def classify(code: str, message: str, status: int | None = None) -> ProviderError:
     """One GCP error (HTTP reason or operation error code) → the taxonomy."""
     text = message if message.startswith("gcp:") else f"gcp: {message}"
+    if _INCOMPATIBLE in message:
+        return InvalidRequest(text, code=code)
+    if _NO_NETWORK in message:
+        hint = " (set `network`/`subnetwork` in the gcp settings to a VPC network of this project)"
+        return InvalidRequest(text + hint, code=code)
     if code in _CAPACITY or any(c in message for c in _CAPACITY):
+        return CapacityError(text, code=code)
+    if _ACCELERATOR_MISSING.search(message):
         return CapacityError(text, code=code)
     if code in _QUOTA:
         quota = re.search(r"Quota '([A-Z0-9_-]+)'", message)

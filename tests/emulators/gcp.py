@@ -13,7 +13,9 @@ Control surface for tests: :meth:`GCPEmulator.exhaust`, :meth:`~GCPEmulator.exce
 :meth:`~GCPEmulator.throttle`, :meth:`~GCPEmulator.lose_responses`,
 :meth:`~GCPEmulator.slow_operations`, :meth:`~GCPEmulator.preempt`,
 :meth:`~GCPEmulator.add_instance`, :meth:`~GCPEmulator.deny_auth`,
-:meth:`~GCPEmulator.console_stop`, :meth:`~GCPEmulator.console_delete`; received requests are in
+:meth:`~GCPEmulator.console_stop`, :meth:`~GCPEmulator.console_delete`,
+:meth:`~GCPEmulator.preempt_on_create`, :meth:`~GCPEmulator.withdraw_accelerator`,
+:meth:`~GCPEmulator.delete_network`; received requests are in
 :attr:`~GCPEmulator.requests`.
 """
 
@@ -32,6 +34,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
+from providers.gcp.prices import ACCELERATOR as _ACCELERATOR
+from providers.gcp.prices import GPU_ZONES as _GPU_ZONES
+
 API = "https://www.googleapis.com/compute/v1"
 BILLING_SERVICE = "6F81-5844-456A"
 PREEMPTED_TYPE = "compute.instances.preempted"
@@ -41,8 +46,11 @@ LABEL_VALUE_RE = re.compile(r"^[a-z0-9_-]{0,63}$")
 ZONE_RE = re.compile(r"^[a-z]+-[a-z]+[0-9]+-[a-z]$")
 MACHINE_TYPES = {
     **{f"a2-highgpu-{n}g": ("A100", n) for n in (1, 2, 4, 8)},
+    "a2-megagpu-16g": ("A100", 16),
     **{f"a2-ultragpu-{n}g": ("A100-80GB", n) for n in (1, 2, 4, 8)},
     **{f"a3-highgpu-{n}g": ("H100", n) for n in (1, 2, 4, 8)},
+    "a3-megagpu-8g": ("H100", 8),
+    "a3-ultragpu-8g": ("H200", 8),
     **{f"g2-standard-{v}": ("L4", 1) for v in (4, 8, 12, 16, 32)},
     "g2-standard-24": ("L4", 2),
     "g2-standard-48": ("L4", 4),
@@ -50,6 +58,47 @@ MACHINE_TYPES = {
     **{f"n1-standard-{v}": ("", 0) for v in (1, 2, 4, 8, 16, 32, 64, 96)},
 }
 ACCELERATOR_TYPES = {"nvidia-tesla-t4", "nvidia-tesla-v100"}
+# Where each attachable accelerator type exists: the zones of `gcloud compute accelerator-types
+# list` behind SkyPilot's GCP catalog (the same listing providers/gcp/prices.py ships). An insert
+# naming it elsewhere is refused at once, HTTP 400 badRequest "The resource
+# 'projects/P/zones/Z/acceleratorTypes/A' was not found" (hashicorp/terraform-provider-google#5860;
+# fastai/course-v3#430 and #493 show the same text from `gcloud compute instances create`).
+ACCELERATOR_ZONES = {
+    _ACCELERATOR[gpu]: frozenset(zones) for gpu, zones in _GPU_ZONES.items() if gpu in _ACCELERATOR
+}
+# How many of one attachable GPU an N1 instance takes (https://cloud.google.com/compute/docs/gpus,
+# "NVIDIA T4": 1, 2 or 4 GPUs; "NVIDIA V100": 1, 2, 4 or 8). Any other count is refused with
+# 400 invalid "Invalid value for field 'resource.guestAccelerators[0].acceleratorCount': '8'.
+# Number of accelerator cards attached to an instance must be one of [1, 2, 4]."
+# (google/deepvariant#136).
+ACCELERATOR_COUNTS = {"nvidia-tesla-t4": (1, 2, 4), "nvidia-tesla-v100": (1, 2, 4, 8)}
+# Boot disk types a machine series cannot take. compute_v1.AttachedDiskInitializeParams.disk_type:
+# "The disk type you specify must be compatible with the instance's machine series."
+# - A3 Ultra (a3-ultragpu, H200) boots from Hyperdisk only: no Persistent Disk
+#   (https://cloud.google.com/compute/docs/accelerator-optimized-machines, A3 Ultra supported disk
+#   types; Vertex AI DiskSpec.bootDiskType: "for A3U machines ... hyperdisk-balanced").
+# - N1 (with or without GPUs) and A2 take no Hyperdisk Balanced
+#   (https://cloud.google.com/compute/docs/disks/hyperdisks, machine series support table: the
+#   N1, N1+GPU and A2 rows have no Hyperdisk Balanced).
+# The refusal is HTTP 400 badRequest "[<disk type>, <machine type>] features are not compatible
+# for creating instance." (elastic/elastic-agent#5091: "[pd-ssd, c4a-standard-4] ...").
+PERSISTENT_DISKS = frozenset({"pd-standard", "pd-balanced", "pd-ssd", "pd-extreme"})
+HYPERDISKS = frozenset(
+    {"hyperdisk-balanced", "hyperdisk-balanced-high-availability", "hyperdisk-extreme"}
+    | {"hyperdisk-ml", "hyperdisk-throughput"}
+)
+BOOT_DISK_FORBIDDEN = {
+    "a3-ultragpu": PERSISTENT_DISKS,
+    "a2-highgpu": HYPERDISKS,
+    "a2-megagpu": HYPERDISKS,
+    "a2-ultragpu": HYPERDISKS,
+    "n1": HYPERDISKS,
+}
+# The roots a full resource URL may start with (compute_v1 docstrings: machineType and
+# acceleratorType take a "Full or partial URL"; diskType lists
+# https://www.googleapis.com/compute/v1/projects/p/zones/z/diskTypes/t, projects/p/zones/z/...
+# and zones/z/diskTypes/t).
+URL_ROOTS = ("https://www.googleapis.com/compute/v1/", "https://compute.googleapis.com/compute/v1/")
 # Query parameters the real API accepts on each call we serve (anything else is a 400).
 LIST_PARAMS = {"filter", "maxResults", "pageToken", "orderBy", "returnPartialSuccess"}
 AGGREGATED_PARAMS = LIST_PARAMS | {"includeAllScopes", "serviceProjectNumber"}
@@ -104,6 +153,9 @@ class GCPEmulator:
         self.max_page_size = 500  # the real API may return fewer than maxResults
         self.billing_pages: list[dict[str, Any]] = billing_fixture_pages()
         self.billing_api_key = "test-billing-key"
+        self.networks: set[str] = {"default"}  # the auto-mode network a new project gets
+        self.accelerator_zones = {k: frozenset(v) for k, v in ACCELERATOR_ZONES.items()}
+        self._preempt_on_create: set[str] = set()
         self._pending: dict[tuple[str, str], _Pending] = {}
         self._request_ids: dict[str, tuple[str, str]] = {}
         self._exhausted: dict[str, str] = {}
@@ -162,8 +214,27 @@ class GCPEmulator:
         ``region`` limits it to inserts in that region."""
         self._quota = (quota, via, region)
 
+    def withdraw_accelerator(self, zone: str, accelerator: str) -> None:
+        """``accelerator`` is no longer offered in ``zone`` (a catalog older than the cloud)."""
+        self.accelerator_zones[accelerator] = self.accelerator_zones[accelerator] - {zone}
+
+    def delete_network(self, name: str = "default") -> None:
+        """The project has no such VPC network (deleted, or never created by policy)."""
+        self.networks.discard(name)
+
+    def preempt_on_create(self, zone: str) -> None:
+        """The next Spot insert in ``zone`` is preempted before it finishes booting: its operation
+        ends DONE with error UNSUPPORTED_OPERATION "Instance failed to start due to preemption."
+        (SkyPilot's GCP failover handler: "UNSUPPORTED_OPERATION is observed empirically when VM
+        is preempted during creation"; the message as reported in scylladb/scylla-cluster-tests
+        #2790) and the instance is left behind stopped (TERMINATED) under its name, its boot disk
+        still there (scylladb/scylla-cluster-tests#2840: "This instance won't be destroyed but
+        stopped and stays with the name")."""
+        self._preempt_on_create.add(zone)
+
     def clear_faults(self) -> None:
         self._exhausted.clear()
+        self._preempt_on_create.clear()
         self._quota = None
         self._throttle = self._lose = self._op_polls = 0
         self._auth_denied = False
@@ -331,7 +402,7 @@ class GCPEmulator:
         _check_request_id(request_id)
         if request_id in self._request_ids:
             return self._poll(*self._request_ids[request_id])
-        resource = _parse_instance(body, zone)
+        resource = _parse_instance(body, zone, self.project, self.networks, self.accelerator_zones)
         name = resource["name"]
         if (zone, name) in self.instances:
             raise ApiError(
@@ -365,6 +436,19 @@ class GCPEmulator:
             return self._schedule(zone, op, lambda: {"errors": [error]})
         instance = self._materialise(zone, resource, target["id"])
         instance["status"] = "PROVISIONING"
+        spot = resource.get("scheduling", {}).get("provisioningModel") == "SPOT"
+        if spot and zone in self._preempt_on_create:
+            self._preempt_on_create.discard(zone)
+            error = {
+                "code": "UNSUPPORTED_OPERATION",
+                "message": "Instance failed to start due to preemption.",
+            }
+
+            def preempted() -> dict[str, Any]:
+                instance.update(status="TERMINATED", lastStopTimestamp=self._now())
+                return {"errors": [error]}
+
+            return self._schedule(zone, op, preempted)
 
         def boot() -> None:
             instance.update(status="RUNNING", lastStartTimestamp=self._now())
@@ -386,7 +470,8 @@ class GCPEmulator:
             id=instance_id or _new_id(),
             creationTimestamp=self._now(),
             zone=f"{API}/projects/{self.project}/zones/{zone}",
-            machineType=f"{API}/projects/{self.project}/{instance['machineType']}",
+            machineType=f"{API}/projects/{self.project}/zones/{zone}/machineTypes/"
+            + instance["machineType"].rsplit("/", 1)[-1],
             selfLink=f"{API}/projects/{self.project}/zones/{zone}/instances/{name}",
             status="RUNNING",
             lastStartTimestamp=self._now(),
@@ -625,8 +710,41 @@ def _check_request_id(request_id: str | None) -> None:
         raise invalid(f"Invalid value for field 'requestId': '{request_id}'.")
 
 
-def _parse_instance(body: Any, zone: str) -> dict[str, Any]:
-    """Parse with the SDK's own type (unknown fields refused), then apply GCP's rules."""
+def zonal_name(url: str, kind: str, project: str, zone: str) -> str | None:
+    """The resource name a full or partial URL of a zonal resource names (``kind`` is e.g.
+    ``machineTypes``), or None when it is malformed or points at another project or zone."""
+    for root in URL_ROOTS:
+        if url.startswith(root):
+            url = url[len(root) :]
+            if not url.startswith("projects/"):
+                return None
+            break
+    match = re.fullmatch(rf"(?:projects/([^/]+)/)?zones/([^/]+)/{kind}/([^/]+)", url)
+    if not match or match.group(1) not in (None, project) or match.group(2) != zone:
+        return None
+    return match.group(3)
+
+
+def machine_series(machine_type: str) -> str:
+    """``a3-ultragpu-8g`` -> ``a3-ultragpu``; ``n1-standard-4`` -> ``n1``."""
+    family, _, rest = machine_type.partition("-")
+    return f"{family}-{rest.split('-')[0]}" if family in ("a2", "a3") else family
+
+
+def incompatible(*features: str) -> ApiError:
+    message = f"[{', '.join(features)}] features are not compatible for creating instance."
+    return ApiError(400, "badRequest", message)
+
+
+def _parse_instance(
+    body: Any,
+    zone: str,
+    project: str,
+    networks: set[str],
+    accelerator_zones: dict[str, frozenset[str]],
+) -> dict[str, Any]:
+    """Parse with the SDK's own type (unknown fields refused), then apply GCP's rules. Returns
+    the body with machineType, acceleratorType and diskType in their full-URL form."""
     from google.cloud import compute_v1
 
     if not isinstance(body, dict):
@@ -635,43 +753,63 @@ def _parse_instance(body: Any, zone: str) -> dict[str, Any]:
         compute_v1.Instance.from_json(json.dumps(body), ignore_unknown_fields=False)
     except Exception as exc:  # json_format.ParseError and friends
         raise invalid(f"Invalid JSON payload received. {exc}") from None
+    body = json.loads(json.dumps(body))
+    zone_url = f"{API}/projects/{project}/zones/{zone}"
     name = body.get("name", "")
     if not NAME_RE.match(name):
         raise invalid(f"Invalid value for field 'resource.name': '{name}'.")
-    mt = re.fullmatch(r"zones/([^/]+)/machineTypes/([^/]+)", body.get("machineType", ""))
-    if not mt or mt.group(1) != zone or mt.group(2) not in MACHINE_TYPES:
+    machine = zonal_name(body.get("machineType", ""), "machineTypes", project, zone)
+    if machine not in MACHINE_TYPES:
         raise invalid(
             f"Invalid value for field 'resource.machineType': '{body.get('machineType')}'. "
             f"Machine type does not exist in zone '{zone}'."
         )
-    family = mt.group(2).split("-", 1)[0]
+    body["machineType"] = f"{zone_url}/machineTypes/{machine}"
+    family = machine.split("-", 1)[0]
     for key, value in body.get("labels", {}).items():
         if not LABEL_KEY_RE.match(key) or not LABEL_VALUE_RE.match(value):
             raise invalid(f"Invalid value for field 'resource.labels': '{key}={value}'.")
     accelerators = body.get("guestAccelerators", [])
-    for acc in accelerators:
-        at = re.fullmatch(r"zones/([^/]+)/acceleratorTypes/([^/]+)", acc.get("acceleratorType", ""))
-        if family != "n1" or not at or at.group(1) != zone or at.group(2) not in ACCELERATOR_TYPES:
+    for i, acc in enumerate(accelerators):
+        url = acc.get("acceleratorType", "")
+        accelerator = zonal_name(url, "acceleratorTypes", project, zone)
+        if accelerator is None:
             raise invalid(
-                "Invalid value for field 'resource.guestAccelerators[0].acceleratorType': "
-                f"'{acc.get('acceleratorType')}'."
+                f"Invalid value for field 'resource.guestAccelerators[{i}].acceleratorType': "
+                f"'{url}'."
             )
-        if acc.get("acceleratorCount") not in (1, 2, 4, 8):
+        if zone not in accelerator_zones.get(accelerator, frozenset()):
+            raise ApiError(
+                400,
+                "badRequest",
+                f"The resource 'projects/{project}/zones/{zone}/acceleratorTypes/{accelerator}' "
+                "was not found",
+            )
+        if family != "n1":  # a2/a3/g2 bring their own GPUs; skypilot-org/skypilot#212 shows
+            # "[nvidia-tesla-a100, n1-highmem-8] features are not compatible for creating
+            # instance." for a pairing GCP does not offer
+            raise incompatible(accelerator, machine)
+        count = acc.get("acceleratorCount")
+        allowed = ACCELERATOR_COUNTS[accelerator]
+        if count not in allowed:
             raise invalid(
-                "Invalid value for field 'resource.guestAccelerators[0].acceleratorCount'"
+                f"Invalid value for field 'resource.guestAccelerators[{i}].acceleratorCount': "
+                f"'{count}'. Number of accelerator cards attached to an instance must be one of "
+                f"[{', '.join(map(str, allowed))}]."
             )
+        acc["acceleratorType"] = f"{zone_url}/acceleratorTypes/{accelerator}"
     scheduling = body.get("scheduling", {})
-    has_gpu = bool(accelerators) or MACHINE_TYPES[mt.group(2)][1] > 0
+    has_gpu = bool(accelerators) or MACHINE_TYPES[machine][1] > 0
     if has_gpu and scheduling.get("onHostMaintenance") != "TERMINATE":
         raise invalid("Instances with guest accelerators do not support live migration.")
     model = scheduling.get("provisioningModel", "STANDARD")
     if model not in ("STANDARD", "SPOT"):
         raise invalid(f"Invalid value for field 'resource.scheduling.provisioningModel': '{model}'")
-    if family == "a3" and MACHINE_TYPES[mt.group(2)][1] < 8 and model != "SPOT":
-        raise invalid(f"Machine type {mt.group(2)} is only available as Spot or Flex-start VM.")
+    if family == "a3" and MACHINE_TYPES[machine][1] < 8 and model != "SPOT":
+        raise invalid(f"Machine type {machine} is only available as Spot or Flex-start VM.")
     nics = body.get("networkInterfaces") or [{}]
     if family == "a3" and nics[0].get("nicType") != "GVNIC":
-        raise invalid(f"Machine type {mt.group(2)} requires a gVNIC network interface.")
+        raise invalid(f"Machine type {machine} requires a gVNIC network interface.")
     if model == "SPOT":
         if scheduling.get("automaticRestart", True):
             raise invalid("Spot VMs must have automaticRestart set to false.")
@@ -682,10 +820,36 @@ def _parse_instance(body: Any, zone: str) -> dict[str, Any]:
     boot = [d for d in body.get("disks", []) if d.get("boot")]
     if len(boot) != 1 or not boot[0].get("initializeParams", {}).get("sourceImage"):
         raise invalid("Exactly one boot disk with initializeParams.sourceImage is required.")
-    if int(boot[0]["initializeParams"].get("diskSizeGb", 10)) < 10:
+    params = boot[0]["initializeParams"]
+    if int(params.get("diskSizeGb", 10)) < 10:
         raise invalid("Invalid value for field 'resource.disks[0].initializeParams.diskSizeGb'")
+    # Without a diskType the series' default applies: pd-standard for N1/N2-era series,
+    # hyperdisk-balanced for A3 and newer (compute_v1.AttachedDiskInitializeParams.disk_type).
+    default_disk = "hyperdisk-balanced" if family == "a3" else "pd-standard"
+    disk_url = params.get("diskType") or f"zones/{zone}/diskTypes/{default_disk}"
+    disk = zonal_name(disk_url, "diskTypes", project, zone)
+    if disk not in PERSISTENT_DISKS | HYPERDISKS:
+        raise invalid(
+            f"Invalid value for field 'resource.disks[0].initializeParams.diskType': '{disk_url}'."
+        )
+    if disk in BOOT_DISK_FORBIDDEN.get(machine_series(machine), frozenset()):
+        raise incompatible(disk, machine)
+    params["diskType"] = f"{zone_url}/diskTypes/{disk}"
     if not body.get("networkInterfaces") or not body["networkInterfaces"][0].get("network"):
         raise invalid("At least one network interface with a network is required.")
+    for i, nic in enumerate(body["networkInterfaces"]):
+        # A project may have no `default` network (it can be deleted, or an organization policy
+        # skips creating it): "Invalid value for field 'resource.networkInterfaces[0].network':
+        # '...'. The referenced network resource cannot be found." (seen from gcloud).
+        network = nic["network"]
+        match = re.fullmatch(
+            r"(?:(?:https://[^/]+/compute/v1/)?projects/([^/]+)/)?global/networks/([^/]+)", network
+        )
+        if not match or match.group(1) not in (None, project) or match.group(2) not in networks:
+            raise invalid(
+                f"Invalid value for field 'resource.networkInterfaces[{i}].network': '{network}'. "
+                "The referenced network resource cannot be found."
+            )
     keys = [item["key"] for item in body.get("metadata", {}).get("items", [])]
     if len(keys) != len(set(keys)):
         raise invalid("Invalid value for field 'resource.metadata': duplicate keys.")
