@@ -18,7 +18,7 @@ import pytest
 
 from providers.aws.adapter import AWSProvider
 from providers.base import Instance, InstanceRef, LaunchRequest
-from tests.contract.harness import labels
+from tests.contract.harness import t4_request
 from tests.emulators.aws import AwsEmulator, start_aws_emulator
 
 SECRET = "aws-emulator-secret-0001"
@@ -113,20 +113,7 @@ class AwsHarness:
     def launch_request(
         self, key: str = "1", *, spot: bool = False, place: int = 0, **fields: Any
     ) -> LaunchRequest:
-        region, zone = self.places[place]
-        base: dict[str, Any] = {
-            "name": f"exp-{key}",
-            "token": f"tok-{key}",
-            "region": region,
-            "zone": zone,
-            "instance_type": "g4dn.xlarge",
-            "gpu": "T4",
-            "gpu_count": 1,
-            "spot": spot,
-            "disk_gb": 100,
-            "labels": labels(f"m-{key}"),
-        }
-        request = LaunchRequest(**{**base, **fields})
+        request = t4_request(key, self.places[place], "g4dn.xlarge", spot, **fields)
         self._requests[request.name] = request
         return request
 

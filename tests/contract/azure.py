@@ -11,7 +11,7 @@ from typing import Any
 
 from providers.azure.adapter import AzureProvider
 from providers.base import Instance, InstanceRef, LaunchRequest
-from tests.contract.harness import labels
+from tests.contract.harness import t4_request
 from tests.emulators.azure import TOKEN, AzureEmulator
 
 SSH_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIBaVpdKzFzm8BSV3cWXoexq0jBn8Uv3dX2eQ0wq3 ana@laptop"
@@ -79,21 +79,9 @@ class AzureHarness:
     def launch_request(
         self, key: str = "1", *, spot: bool = False, place: int = 0, **fields: Any
     ) -> LaunchRequest:
-        region, zone = self.places[place]
-        base: dict[str, Any] = {
-            "name": f"exp-{key}",
-            "token": f"tok-{key}",
-            "region": region,
-            "zone": zone,
-            "instance_type": "Standard_NC4as_T4_v3",
-            "gpu": "T4",
-            "gpu_count": 1,
-            "spot": spot,
-            "disk_gb": 128,
-            "ssh_public_key": SSH_KEY,  # Azure refuses a Linux VM with no way to log in
-            "labels": labels(f"m-{key}"),
-        }
-        return LaunchRequest(**{**base, **fields})
+        # Azure refuses a Linux VM with no way to log in: a key always
+        extra = {"disk_gb": 128, "ssh_public_key": SSH_KEY, **fields}
+        return t4_request(key, self.places[place], "Standard_NC4as_T4_v3", spot, **extra)
 
     def exhaust_capacity(self, zone: str) -> None:
         region = next(r for r, z in self.places if z == zone)

@@ -9,7 +9,7 @@ from typing import Any
 
 from providers.base import Instance, InstanceRef, LaunchRequest
 from providers.gcp.adapter import GCPProvider
-from tests.contract.harness import labels
+from tests.contract.harness import t4_request
 from tests.emulators.gcp import GCPEmulator
 
 NO_CREDENTIAL_VARS = ("GOOGLE_APPLICATION_CREDENTIALS", "GCE_METADATA_HOST", "GOOGLE_CLOUD_PROJECT")
@@ -68,21 +68,13 @@ class GCPHarness:
     def launch_request(
         self, key: str = "1", *, spot: bool = False, place: int = 0, **fields: Any
     ) -> LaunchRequest:
-        region, zone = self.places[place]
-        base: dict[str, Any] = {
-            "name": f"exp-{key}",
-            "token": f"tok-{key}",
-            "region": region,
-            "zone": zone,
-            "instance_type": "n1-standard-4",
-            "accelerator": "nvidia-tesla-t4",
-            "gpu": "T4",
-            "gpu_count": 1,
-            "spot": spot,
-            "disk_gb": 100,
-            "labels": labels(f"m-{key}"),
-        }
-        return LaunchRequest(**{**base, **fields})
+        return t4_request(
+            key,
+            self.places[place],
+            "n1-standard-4",
+            spot,
+            **{"accelerator": "nvidia-tesla-t4", **fields},
+        )
 
     def exhaust_capacity(self, zone: str) -> None:
         self.emu.exhaust(zone)

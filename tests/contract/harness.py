@@ -40,6 +40,27 @@ ABILITIES = (
 )
 
 
+def t4_request(
+    key: str, place: tuple[str, str], instance_type: str, spot: bool, **fields: Any
+) -> LaunchRequest:
+    """A one-T4 launch of ``instance_type`` at ``place`` (region, zone) for machine ``m-<key>``;
+    ``fields`` override (a cloud's disk size, its accelerator name, a preemption action…)."""
+    region, zone = place
+    base: dict[str, Any] = {
+        "name": f"exp-{key}",
+        "token": f"tok-{key}",
+        "region": region,
+        "zone": zone,
+        "instance_type": instance_type,
+        "gpu": "T4",
+        "gpu_count": 1,
+        "spot": spot,
+        "disk_gb": 100,
+        "labels": labels(f"m-{key}"),
+    }
+    return LaunchRequest(**{**base, **fields})
+
+
 def labels(machine: str) -> dict[str, str]:
     """Our tags, with values that are valid verbatim on every cloud (so what comes back can be
     compared with what was sent)."""

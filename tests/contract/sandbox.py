@@ -14,7 +14,7 @@ from providers.base import Instance, InstanceRef, LaunchRequest
 from providers.sandbox.adapter import SandboxProvider
 from provisioner.clock import ManualClock
 from tests.conftest import TEST_START
-from tests.contract.harness import labels
+from tests.contract.harness import t4_request
 
 OPTIONS = {"latency_seconds": 0, "retry_base_seconds": 0.001, "retry_max_seconds": 0.01}
 
@@ -56,20 +56,7 @@ class SandboxHarness:
     def launch_request(
         self, key: str = "1", *, spot: bool = False, place: int = 0, **fields: Any
     ) -> LaunchRequest:
-        region, zone = self.places[place]
-        base: dict[str, Any] = {
-            "name": f"exp-{key}",
-            "token": f"tok-{key}",
-            "region": region,
-            "zone": zone,
-            "instance_type": "sbx-t4-1",
-            "gpu": "T4",
-            "gpu_count": 1,
-            "spot": spot,
-            "disk_gb": 50,
-            "labels": labels(f"m-{key}"),
-        }
-        return LaunchRequest(**{**base, **fields})
+        return t4_request(key, self.places[place], "sbx-t4-1", spot, **{"disk_gb": 50, **fields})
 
     # --- faults
 

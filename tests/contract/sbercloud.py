@@ -11,7 +11,7 @@ import pytest
 
 from providers.base import Instance, InstanceRef, LaunchRequest
 from providers.sbercloud.adapter import SberCloudProvider
-from tests.contract.harness import labels
+from tests.contract.harness import t4_request
 from tests.emulators.sbercloud import PROJECT_ID, ZONES, EcsEmulator
 
 AK, SK = "AKTESTSBERCLOUD0001", "sk-test-secret-0001"
@@ -82,20 +82,9 @@ class SberCloudHarness:
     def launch_request(
         self, key: str = "1", *, spot: bool = False, place: int = 0, **fields: Any
     ) -> LaunchRequest:
-        region, zone = self.places[place]
-        base: dict[str, Any] = {
-            "name": f"exp-{key}",
-            "token": f"tok-{key}",
-            "region": region,
-            "zone": zone,
-            "instance_type": "pi2.2xlarge.4",
-            "gpu": "T4",
-            "gpu_count": 1,
-            "spot": spot,
-            "disk_gb": 80,
-            "labels": labels(f"m-{key}"),
-        }
-        request = LaunchRequest(**{**base, **fields})
+        request = t4_request(
+            key, self.places[place], "pi2.2xlarge.4", spot, **{"disk_gb": 80, **fields}
+        )
         self._requests[request.name] = request
         return request
 

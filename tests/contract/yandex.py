@@ -16,7 +16,7 @@ import pytest
 
 from providers.base import Instance, InstanceRef, LaunchRequest
 from providers.yandex.adapter import YandexProvider
-from tests.contract.harness import labels
+from tests.contract.harness import t4_request
 from tests.emulators.tls import self_signed_localhost
 from tests.emulators.yandex import FOLDER, IAM_TOKEN, YandexEmulator
 
@@ -103,20 +103,7 @@ class YandexHarness:
     def launch_request(
         self, key: str = "1", *, spot: bool = False, place: int = 0, **fields: Any
     ) -> LaunchRequest:
-        region, zone = self.places[place]
-        base: dict[str, Any] = {
-            "name": f"exp-{key}",
-            "token": f"tok-{key}",
-            "region": region,
-            "zone": zone,
-            "instance_type": "standard-v3-t4/1g-8c-32gb",
-            "gpu": "T4",
-            "gpu_count": 1,
-            "spot": spot,
-            "disk_gb": 100,
-            "labels": labels(f"m-{key}"),
-        }
-        return LaunchRequest(**{**base, **fields})
+        return t4_request(key, self.places[place], "standard-v3-t4/1g-8c-32gb", spot, **fields)
 
     def exhaust_capacity(self, zone: str) -> None:
         self.emu.capacity_exhausted.add(zone)
