@@ -16,6 +16,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from typing import Any
 
 MAX_BACKOFF_SECONDS = 300.0
 
@@ -24,7 +25,7 @@ class GPUReader:
     """Reads every GPU through NVML; returns ([], reason) when it cannot."""
 
     def __init__(self) -> None:
-        self._nvml = None
+        self._nvml: Any = None  # the pynvml module once loaded
 
     def read(self):  # -> tuple[list[dict], str | None]
         try:

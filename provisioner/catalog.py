@@ -12,6 +12,7 @@ from dataclasses import fields, replace
 from decimal import Decimal
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 import providers
 from providers.base import Offer
@@ -37,7 +38,7 @@ def read_csv(path: Path) -> Iterator[Offer]:
             yield Offer(**{k: _convert(k, v) for k, v in row.items() if k in COLUMNS})
 
 
-def _convert(key: str, value: str) -> object:
+def _convert(key: str, value: str) -> Any:
     if key in _INT:
         return int(Decimal(value))
     if key in _DEC:

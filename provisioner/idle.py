@@ -25,6 +25,7 @@ from sqlalchemy import Select, delete, func, select
 
 from providers.userdata import combine
 from provisioner.models import ACTIVE_EXCLUDED, Event, Heartbeat, Machine
+from provisioner.state import machine as machine_row
 
 if TYPE_CHECKING:
     from provisioner.app import App
@@ -49,7 +50,7 @@ def issue_token(app: App, machine_id: str) -> str:
     """A fresh agent token for ``machine_id``; only its hash is kept."""
     token = secrets.token_urlsafe(32)
     with app.db.session() as s:
-        s.get(Machine, machine_id).agent_token_hash = token_hash(token)
+        machine_row(s, machine_id).agent_token_hash = token_hash(token)
     return token
 
 
@@ -66,7 +67,7 @@ def startup_data(user_script: str | None, endpoint: str, token: str, interval: i
     if not user_script:
         return install
     if user_script.lstrip().startswith("#cloud-config") or user_script.startswith("Content-Type:"):
-        return combine(install, user_script)  # cloud-init runs the parts in order
+        return combine(install, user_script) or install  # cloud-init runs the parts in order
     end = "PV_USER_SCRIPT_" + secrets.token_hex(6)
     script = user_script if user_script.startswith("#!") else "#!/bin/bash\n" + user_script
     return (
@@ -104,7 +105,7 @@ def parse_body(raw: bytes) -> list[dict[str, Any]]:
         raise BadHeartbeat("body is not JSON") from None
     if not isinstance(body, dict) or not isinstance(body.get("gpus"), list):
         raise BadHeartbeat('body must be {"gpus": [...]}')
-    gpus = []
+    gpus: list[dict[str, Any]] = []
     for g in body["gpus"]:
         if not isinstance(g, dict):
             raise BadHeartbeat("each GPU is an object")
@@ -147,7 +148,8 @@ def record(app: App, token: str, gpus: list[dict[str, Any]]) -> Machine | None:
 
 def prune(app: App, older_than: datetime) -> int:
     with app.db.session() as s:
-        return s.execute(delete(Heartbeat).where(Heartbeat.at < older_than)).rowcount or 0
+        result = s.execute(delete(Heartbeat).where(Heartbeat.at < older_than))
+        return int(getattr(result, "rowcount", 0) or 0)  # a DML result (CursorResult)
 
 
 # --- the signal ------------------------------------------------------------------------------
@@ -237,7 +239,7 @@ class Endpoint:
     @property
     def url(self) -> str:
         host, port = self.server.server_address[:2]
-        return f"http://{host}:{port}"
+        return f"http://{host!s}:{port}"  # an AF_INET address: host is a str
 
     def start(self) -> Endpoint:
         self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)

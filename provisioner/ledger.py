@@ -231,7 +231,11 @@ class Scope:
 
     def clauses(self) -> list[Any]:
         out = []
-        for value, col in ((self.project, Machine.project), (self.owner, Machine.owner)):
+        pairs: tuple[tuple[str | None, Any], ...] = (
+            (self.project, Machine.project),
+            (self.owner, Machine.owner),
+        )
+        for value, col in pairs:
             if value is not None and not _is_glob(value):
                 out.append(col == value)
         for value, col in (
@@ -537,7 +541,7 @@ def savings(
             continue
         until = min(t for t in (restarted, terminated, to) if t is not None)
         gap = _overlap(at, until, period.start, to)
-        if gap:
+        if gap and reason and currency and rate is not None:
             out.setdefault(reason, Amounts()).add(currency, rate * hours(gap))
     return out
 

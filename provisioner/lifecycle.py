@@ -48,6 +48,7 @@ from provisioner.money import Rates
 from provisioner.planner import Candidate, Plan
 from provisioner.spec import Experiment
 from provisioner.state import live_machine
+from provisioner.state import machine as machine_row
 
 Progress = Callable[[str], None]
 
@@ -185,7 +186,7 @@ def up(
         )
 
     with app.db.session() as s:
-        m = s.get(Machine, machine.id)
+        m = machine_row(s, machine.id)
         ledger.record_transition(s, m, "failed", app.clock.now(), reason="no-candidate-launched")
     tried = [a for a in attempts if a.outcome != "skipped"]
     summary = "; ".join(f"{a.where} {a.instance_type}: {a.outcome}" for a in tried[:8])
@@ -356,7 +357,7 @@ def _record_adoption(
 ) -> Machine:
     now = app.clock.now()
     with app.db.session() as s:
-        m = s.get(Machine, machine_id)
+        m = machine_row(s, machine_id)
         m.cloud, m.region, m.zone = cloud, inst.region, inst.zone or attempt["zone"]
         m.instance_type, m.gpu, m.gpu_count = (
             inst.instance_type,
@@ -492,7 +493,7 @@ def _require_launched(m: Machine) -> None:
 
 def _provider_call(app: App, m: Machine, op: str) -> None:
     try:
-        getattr(app.provider(m.cloud), op)(ref(m))
+        getattr(app.provider(m.cloud or ""), op)(ref(m))
     except NotFound:
         if op != "terminate":
             raise OperationFailed(f"{m.name}: the cloud no longer has {m.instance_id}") from None
@@ -524,7 +525,7 @@ def wait_ready(
     )
     if up:
         with app.db.session() as s:
-            mm = s.get(Machine, m.id)
+            mm = machine_row(s, m.id)
             assert mm is not None  # found above; machines are never deleted
             mm.public_ip = inst.public_ip
             ledger.record_transition(
@@ -548,7 +549,7 @@ def wait_ready(
 
 def _transition(app: App, machine_id: str, status: str, **kw: Any) -> tuple[Machine, bool]:
     with app.db.session() as s:
-        m = s.get(Machine, machine_id)
+        m = machine_row(s, machine_id)
         changed = ledger.record_transition(s, m, status, app.clock.now(), **kw)
         return m, changed
 
@@ -682,7 +683,7 @@ def reconcile(
                 out.append(Observation(m, status, False))
                 continue
             with app.db.session() as s:
-                mm = s.get(Machine, m.id)
+                mm = machine_row(s, m.id)
                 changed = ledger.record_transition(
                     s,
                     mm,

@@ -46,9 +46,11 @@ def compose(
     msg.set_content(text)
     if html is not None:
         msg.add_alternative(html, subtype="html")
-        html_part = msg.get_payload()[-1]
+        html_part = msg.get_payload()[-1]  # type: ignore[index]  # multipart: a list
         for cid, png in (images or {}).items():
-            html_part.add_related(png, "image", "png", cid=f"<{cid}>", filename=f"{cid}.png")
+            html_part.add_related(  # type: ignore[union-attr]  # an EmailMessage part
+                png, "image", "png", cid=f"<{cid}>", filename=f"{cid}.png"
+            )
     for filename, data, mime in attachments:
         maintype, _, subtype = mime.partition("/")
         msg.add_attachment(data, maintype=maintype, subtype=subtype, filename=filename)

@@ -20,6 +20,7 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session, sessionmaker
 
+from provisioner.errors import OperationFailed
 from provisioner.models import ACTIVE_EXCLUDED, Machine
 
 MIGRATIONS = Path(__file__).parent / "migrations"
@@ -128,6 +129,17 @@ def _engine(url: str) -> Engine:
 
 def _dumps(obj: Any) -> str:
     return json.dumps(obj, default=str, sort_keys=True)
+
+
+def machine(s: Session, machine_id: str) -> Machine:
+    """The row of ``machine_id``. Rows are never deleted, so a missing one means the state
+    database was changed under us: a clear error, not an AttributeError."""
+    m = s.get(Machine, machine_id)
+    if m is None:
+        raise OperationFailed(
+            f"machine {machine_id} is missing from the state database (was it edited by hand?)"
+        )
+    return m
 
 
 def live_machine(s: Session, name: str) -> Machine | None:

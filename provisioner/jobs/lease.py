@@ -34,7 +34,7 @@ def acquire(app: App, job: str, now: datetime, holder: str = HOLDER) -> bool:
     with app.db.session() as s:
         current = s.get(Lease, job)
         takeable = [holder] + ([current.holder] if current and _dead_here(current.holder) else [])
-        won = s.execute(
+        won = s.execute(  # type: ignore[attr-defined]  # an UPDATE's result is a CursorResult
             update(Lease)
             .where(Lease.name == job, or_(Lease.expires_at < now, Lease.holder.in_(takeable)))
             .values(holder=holder, expires_at=now + ttl)

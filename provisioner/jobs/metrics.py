@@ -55,7 +55,7 @@ class Metrics:
                 .where(Event.reason.in_(REASONS))
                 .group_by(Event.kind, Event.reason)
             ):
-                actions.add_metric([kind, reason], n)
+                actions.add_metric([kind, reason or ""], n)
             running = list(s.scalars(select(Machine).where(Machine.status == "running")))
         yield by_state
         yield actions
@@ -91,5 +91,5 @@ class Metrics:
 def _strictest(signals: dict[IdleCheck, idle.Signal]) -> idle.Signal:
     for s in ("idle", "unknown", "busy", "starting"):
         if s in signals.values():
-            return s  # type: ignore[return-value]
+            return s
     return "starting"

@@ -18,6 +18,7 @@ from provisioner.jobs.lease import HOLDER, leading, not_leader
 from provisioner.jobs.passes import Action, Pass, act
 from provisioner.models import ACTIVE_EXCLUDED, Event, Machine
 from provisioner.spec import Experiment
+from provisioner.state import machine as machine_row
 
 log = logging.getLogger("provisioner.scheduler")
 
@@ -95,10 +96,12 @@ def _to_recover(app: App) -> list[tuple[Machine, int, datetime | None]]:
             )
         )
         for mid in pending:
-            m = s.get(Machine, mid)
+            m = machine_row(s, mid)
             latest = s.scalars(
                 select(Event).where(Event.machine_id == mid).order_by(Event.id.desc())
             ).first()
+            if latest is None:
+                continue
             interrupted = latest.kind == "terminated" and (latest.detail or {}).get("relaunching")
             live = s.scalars(
                 select(Machine.status).where(

@@ -20,6 +20,7 @@ from provisioner.errors import ProvisionerError, UserError
 from provisioner.jobs.lease import HOLDER, leading, not_leader
 from provisioner.jobs.passes import Action, Pass, act
 from provisioner.models import Event, Machine
+from provisioner.state import machine as machine_row
 
 HEARTBEAT_RETENTION = timedelta(days=1)
 
@@ -277,7 +278,7 @@ def keep(app: App, name: str, until: str) -> Machine:
     if when <= now:
         raise UserError(f"--until {until!r} is in the past")
     with app.db.session() as s:
-        mm = s.get(Machine, m.id)
+        mm = machine_row(s, m.id)
         mm.kept_until = when
         s.add(
             Event(

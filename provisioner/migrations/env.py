@@ -12,9 +12,10 @@ target_metadata = Base.metadata
 def run() -> None:
     conn = config.attributes.get("connection")
     if conn is None:  # plain `alembic` command line use
-        engine = create_engine(
-            config.attributes.get("connection_url") or config.get_main_option("sqlalchemy.url")
-        )
+        url = config.attributes.get("connection_url") or config.get_main_option("sqlalchemy.url")
+        if not url:
+            raise SystemExit("alembic: set sqlalchemy.url (or run through provisioner)")
+        engine = create_engine(url)
         with engine.begin() as conn:
             _configure(conn)
         return
