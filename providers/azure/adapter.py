@@ -529,7 +529,7 @@ class AzureProvider(Provider):
         STOPPED and the reason says why.
         """
         compute, _ = self._clients()
-        now = datetime.now(UTC)
+        now = self.clock()
         since = max(vm.time_created or now, now - timedelta(days=89)) - timedelta(minutes=5)
         query = f"eventTimestamp ge '{since:%Y-%m-%dT%H:%M:%SZ}' and resourceUri eq '{vm.id}'"
         url: str | None = (

@@ -240,7 +240,10 @@ class AzureEmulator:
         self._losses: list[_Throttle] = []
         self._slow_polls = 0
         self._ip = itertools.count(4)
-        self._clock = datetime(2026, 11, 30, 9, 0, tzinfo=UTC)
+        # A server's clock is the time of day, as ARM's is: a fixed date here would fall out
+        # of the adapter's 90-day activity-log window as the calendar moves on (it did, at a
+        # faked 2028-02-29). Strictly increasing from there (see _now).
+        self._clock = datetime.now(UTC).replace(microsecond=0)
         self._lock = threading.RLock()
         self._server: ThreadingHTTPServer | None = None
 
