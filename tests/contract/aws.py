@@ -12,6 +12,7 @@ import socket
 import threading
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -210,6 +211,6 @@ class AwsHarness:
 
 
 @contextmanager
-def aws_harness(monkeypatch: pytest.MonkeyPatch) -> Iterator[AwsHarness]:
+def harness(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[AwsHarness]:
     with clean_emulator(monkeypatch) as emu:
         yield AwsHarness(emu)

@@ -7,7 +7,10 @@ import os
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
+
+import pytest
 
 from providers.azure.adapter import AzureProvider
 from providers.base import Instance, InstanceRef, LaunchRequest
@@ -157,6 +160,6 @@ class AzureHarness:
 
 
 @contextmanager
-def azure_harness() -> Iterator[AzureHarness]:
+def harness(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[AzureHarness]:
     with AzureEmulator() as emulator:
         yield AzureHarness(emulator)

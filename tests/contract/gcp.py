@@ -5,7 +5,10 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
+
+import pytest
 
 from providers.base import Instance, InstanceRef, LaunchRequest
 from providers.gcp.adapter import GCPProvider
@@ -151,6 +154,6 @@ class GCPHarness:
 
 
 @contextmanager
-def gcp_harness() -> Iterator[GCPHarness]:
+def harness(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[GCPHarness]:
     with GCPEmulator() as emulator:
         yield GCPHarness(emulator)

@@ -10,6 +10,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from providers.base import Instance, InstanceRef, LaunchRequest
 from providers.sandbox.adapter import SandboxProvider
 from provisioner.clock import ManualClock
@@ -142,5 +144,5 @@ class SandboxHarness:
 
 
 @contextmanager
-def sandbox_harness(tmp_path: Path) -> Iterator[SandboxHarness]:
+def harness(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[SandboxHarness]:
     yield SandboxHarness(tmp_path / "sandbox.db")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -168,7 +169,7 @@ class SberCloudHarness:
 
 
 @contextmanager
-def sbercloud_harness(monkeypatch: pytest.MonkeyPatch) -> Iterator[SberCloudHarness]:
+def harness(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[SberCloudHarness]:
     sber_env(monkeypatch)
     emulator = EcsEmulator(AK, SK).start()
     try:

@@ -172,7 +172,7 @@ class YandexHarness:
 
 
 @contextmanager
-def yandex_harness(monkeypatch: pytest.MonkeyPatch) -> Iterator[YandexHarness]:
+def harness(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[YandexHarness]:
     yc_env(monkeypatch)
     with running_emulator() as emulator:
         yield YandexHarness(emulator)
