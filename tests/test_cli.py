@@ -7,6 +7,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from tests.conftest import EXAMPLES, ROOT, run_cli, write_settings
 
 SDK_PREFIXES = (
@@ -22,6 +24,8 @@ SDK_PREFIXES = (
 
 PROBE = """
 import sys
+
+import pytest
 sys.argv = ["provisioner", *{args!r}]
 from provisioner.cli.main import main
 try:
@@ -211,6 +215,8 @@ def test_check_without_credentials_is_one_line_per_cloud(home, tmp_path):
 
 MISSING_SDK = """
 import sys
+
+import pytest
 sys.modules["boto3"] = None  # as if `pip install gpu-provisioner` without the [aws] extra
 sys.argv = ["provisioner", *sys.argv[1:]]
 from provisioner.cli.main import main
@@ -240,3 +246,22 @@ def test_a_cloud_whose_sdk_is_missing_names_the_extra(home, tmp_path):
     up = run("up", str(spec))
     assert up.returncode == 2 and "Traceback" not in up.stderr, up.stderr
     assert "pip install 'gpu-provisioner[aws]'" in up.stderr
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["no-such-command"],
+        ["stauts"],
+        ["up"],
+        ["status", "--bogus"],
+        ["status", "-o", "yaml"],
+        ["down", "a", "b"],
+        ["ssh"],
+        ["plan", "--top", "many", "x.yaml"],
+    ],
+)
+def test_a_usage_error_is_one_message_and_exit_2(home, args):
+    r = run_cli(*args)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert "Error:" in r.stderr

@@ -26,10 +26,15 @@ def main() -> None:
         sys.exit(130)
     except SystemExit:
         raise
-    except Exception as e:  # click usage errors arrive here in non-standalone mode
-        import click
+    except Exception as e:  # usage errors arrive here in non-standalone mode
+        if not _is_click_error(e):
+            raise
+        e.show()  # type: ignore[attr-defined]  # a ClickException: its own one-line usage text
+        usage = any(c.__name__ == "UsageError" for c in type(e).__mro__)
+        sys.exit(2 if usage else int(getattr(e, "exit_code", 1)))
 
-        if isinstance(e, click.ClickException):
-            e.show()
-            sys.exit(2 if isinstance(e, click.UsageError) else e.exit_code)
-        raise
+
+def _is_click_error(e: Exception) -> bool:
+    """Click's exceptions, or the copies Typer ≥ 0.29 vendors as ``typer._click``: the same
+    classes under another module, which an ``isinstance`` against ``click`` misses."""
+    return any(c.__name__ == "ClickException" for c in type(e).__mro__)
