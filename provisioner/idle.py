@@ -329,8 +329,8 @@ def _handler(ep: Endpoint) -> type[BaseHTTPRequestHandler]:
     return Handler
 
 
-def iter_latest_gpus(app: App, since: datetime) -> Iterator[tuple[Machine, dict[str, Any]]]:
-    """Each live machine's GPUs from its latest heartbeat after ``since`` (for /metrics)."""
+def latest_heartbeats(app: App, since: datetime) -> list[tuple[Machine, Heartbeat]]:
+    """Each live machine with its latest heartbeat after ``since``: one query."""
     with app.db.session() as s:
         latest = (
             select(Heartbeat.machine_id, func.max(Heartbeat.id).label("hid"))
@@ -344,6 +344,23 @@ def iter_latest_gpus(app: App, since: datetime) -> Iterator[tuple[Machine, dict[
             .join(Heartbeat, Heartbeat.id == latest.c.hid)
             .where(Machine.status.not_in(ACTIVE_EXCLUDED))
         )
-        for m, hb in rows:
-            for g in hb.gpus:
-                yield m, g
+        return [(m, hb) for m, hb in rows]
+
+
+def iter_latest_gpus(app: App, since: datetime) -> Iterator[tuple[Machine, dict[str, Any]]]:
+    """Each live machine's GPUs from its latest heartbeat after ``since`` (for /metrics)."""
+    for m, hb in latest_heartbeats(app, since):
+        for g in hb.gpus:
+            yield m, g
+
+
+def gpus_not_seen(app: App, since: datetime) -> dict[str, str]:
+    """Machines whose agent, in its latest heartbeat, sees fewer GPUs than the machine was
+    launched with — a wrong image or a missing driver shows within a heartbeat, not on the
+    bill: {machine name: what to say}."""
+    out = {}
+    for m, hb in latest_heartbeats(app, since):
+        wanted, seen = m.gpu_count or 0, len(hb.gpus)
+        if seen < wanted:
+            out[m.name] = f"the agent sees {seen} of {wanted} GPUs: driver missing or wrong image?"
+    return out

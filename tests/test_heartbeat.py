@@ -287,3 +287,31 @@ def test_metrics_show_machines_utilisation_and_actions(agent_app):
     assert 'provisioner_gpu_utilization_percent{cloud="sandbox",gpu="0",machine="exp"} 77.0' in text
     assert 'provisioner_gpu_utilization_percent{cloud="sandbox",gpu="1",machine="exp"} 12.0' in text
     assert "provisioner_idle_machines 0.0" in text
+
+
+def test_status_says_when_the_agent_sees_no_gpu(agent_app, clock):
+    """A wrong image or a missing driver shows in `status` within a heartbeat: the agent
+    (here without NVML, as on such a machine) reports no GPU for a T4 machine."""
+    from datetime import timedelta
+
+    from tests.conftest import run_cli, write_settings
+
+    m = launch(agent_app)
+    token = token_in(user_data(agent_app, m))
+    with idle.Endpoint(agent_app, port=0) as ep:
+        gpus, note = agent.GPUReader().read()  # no NVML here: no GPU, and why
+        assert gpus == [] and note
+        assert post(ep.url, token, {"gpus": gpus, "note": note})[0] == 200
+    s = agent_app.settings
+    cfg = write_settings(
+        agent_app.settings.home, state_url=s.state_url, scheduler=s.scheduler.model_dump()
+    )
+    at = clock.now() + timedelta(minutes=1)
+    table = run_cli("--config", str(cfg), "status", "--no-refresh", now=at)
+    assert "exp: the agent sees 0 of 1 GPUs: driver missing or wrong image?" in table.stderr
+    js = run_cli("--config", str(cfg), "status", "--no-refresh", "-o", "json", now=at)
+    assert [x["problem"] for x in json.loads(js.stdout)] == [
+        "the agent sees 0 of 1 GPUs: driver missing or wrong image?"
+    ]
+    later = run_cli("--config", str(cfg), "status", "--no-refresh", now=at + timedelta(hours=1))
+    assert "GPUs" not in later.stderr  # an old heartbeat says nothing about now

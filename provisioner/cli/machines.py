@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 from contextlib import nullcontext
+from datetime import timedelta
 from typing import Any
 
 import typer
@@ -280,7 +281,7 @@ def status(
     cost so far (compute and disk, at its launch-time rate)."""
     from sqlalchemy import select
 
-    from provisioner import ledger, lifecycle  # SQLAlchemy: not for --help
+    from provisioner import idle, ledger, lifecycle  # SQLAlchemy: not for --help
     from provisioner.models import Machine  # as above
 
     application = get_app(ctx)
@@ -294,6 +295,8 @@ def status(
             q = q.where(Machine.status.not_in(("terminated", "failed")))
         machines = list(s.scalars(q))
         spent = {m.id: ledger.machine_spend(s, m, m.created_at, now) for m in machines}
+    grace = timedelta(seconds=application.settings.scheduler.heartbeat_grace_seconds)
+    unseen = idle.gpus_not_seen(application, now - grace) if machines else {}
     if output is Output.json:
         print_json(
             [
@@ -302,6 +305,7 @@ def status(
                     "spent": [
                         {"amount": str(v.amount), "currency": c} for c, v in spent[m.id].items()
                     ],
+                    "problem": unseen.get(m.name),
                 }
                 for m in machines
             ]
@@ -338,6 +342,8 @@ def status(
                 m.public_ip or "—",
             )
         out.print(t)
+    for name, problem in unseen.items():
+        err.print(f"[yellow]warning:[/] {name}: {problem}", highlight=False)
     for o in problems:
         err.print(
             f"[yellow]warning:[/] could not ask {o.machine.cloud} about {o.machine.name}: {o.error}"
