@@ -252,6 +252,12 @@ class Provider(ABC):
     def terminate(self, ref: InstanceRef) -> None:
         """Idempotent: a machine already gone is not an error."""
 
+    def unused_network(self, *, remove: bool = False) -> list[str]:
+        """Network pieces this adapter created (tagged as ours: a security group, a firewall
+        rule, an address) that no machine uses any more, one line each; removed when
+        ``remove``. Clouds whose adapter creates none have nothing to say."""
+        return []
+
     def fetch_offers(self) -> list[Offer]:
         """Rebuild this cloud's offers from its public price source (``catalog refresh``)."""
         raise NotImplementedError(f"{self.name}: no price refresh")

@@ -626,6 +626,26 @@ def orphans(app: App, clouds: Iterable[str] | None = None) -> tuple[list[Orphan]
     return found, errors
 
 
+def unused_network(
+    app: App, clouds: Iterable[str] | None, errors: dict[str, str], *, remove: bool
+) -> dict[str, list[str]]:
+    """Each asked cloud's network pieces of ours that no machine uses (removed when
+    ``remove``); a cloud that could not be asked before is skipped, one that fails now is
+    added to ``errors``."""
+    out: dict[str, list[str]] = {}
+    for cloud in clouds or app.settings.enabled_clouds:
+        if cloud in errors:
+            continue
+        try:
+            pieces = app.provider(cloud).unused_network(remove=remove)
+        except ProviderError as e:
+            errors[cloud] = str(e)
+            continue
+        if pieces:
+            out[cloud] = pieces
+    return out
+
+
 def collect(app: App, found: Iterable[Orphan]) -> list[Orphan]:
     """Terminate orphans (never one an interrupted `up` may still adopt); returns those done."""
     done = []

@@ -477,3 +477,21 @@ def test_machines_join_our_ssh_group_with_imdsv2_only(emu: AwsEmulator) -> None:
     make(emu).launch(req("tok-3"))
     assert len(emu.calls("CreateSecurityGroup")) == 1
     assert emu.run_instances_requests[-1]["SecurityGroupId.1"] == group["GroupId"]
+
+
+def test_gc_removes_our_ssh_group_once_no_machine_uses_it(emu: AwsEmulator) -> None:
+    provider = make(emu)
+    inst = provider.launch(req("tok-1"))
+    [wire] = emu.run_instances_requests
+    group = wire["SecurityGroupId.1"]
+    assert provider.unused_network() == []  # a machine is in it
+    provider.terminate(inst.ref)
+    [line] = provider.unused_network()
+    assert group in line and "us-east-1" in line
+    assert make(emu).unused_network(remove=True) == [line]
+    ec2 = emu.client("ec2", "us-east-1")
+    assert not [
+        g for g in ec2.describe_security_groups()["SecurityGroups"] if g["GroupId"] == group
+    ]
+    provider.launch(req("tok-2"))  # the next launch makes it again
+    assert emu.run_instances_requests[-1]["SecurityGroupId.1"] != group

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Mapping, Sequence
+from functools import partial
 from typing import Any, TypeVar
 
 from providers.aws import SPEC, AWSOptions
@@ -55,6 +56,7 @@ _STATES = {
     "shutting-down": MachineState.TERMINATED,  # cannot come back; billing has ended
     "terminated": MachineState.TERMINATED,
 }
+_IN_USE = ("pending", "running", "stopping", "stopped", "shutting-down")
 _STOPPED_OR_GONE = ("stopping", "stopped", "shutting-down", "terminated")
 _HALTED = (MachineState.STOPPING, MachineState.STOPPED, MachineState.TERMINATED)
 NO_CREDENTIALS = (
@@ -119,7 +121,18 @@ class AWSProvider(Provider):
                 return found
             return ec2.run_instances(**params)["Instances"][0]
 
-        raw = self._call(attempt, f"launch {request.instance_type} in {zone}")
+        what = f"launch {request.instance_type} in {zone}"
+        try:
+            raw = self._call(attempt, what)
+        except InvalidRequest as exc:
+            if exc.code != "InvalidGroup.NotFound" or self.options.security_group_ids:
+                raise
+            with self._lock:  # our group was removed (gc) since we found it: find or make it
+                self._groups.clear()
+            params = self._run_params(
+                request, zone, image, params["BlockDeviceMappings"][0]["DeviceName"]
+            )
+            raw = self._call(attempt, what)
         return self._instance(raw, request.region)
 
     def get(self, ref: InstanceRef) -> Instance:
@@ -166,6 +179,44 @@ class AWSProvider(Provider):
             self._call(lambda: ec2.terminate_instances(InstanceIds=[ref.id]), f"terminate {ref.id}")
         except NotFound:
             return  # already gone
+
+    def unused_network(self, *, remove: bool = False) -> list[str]:
+        """Our SSH security groups that no instance (not terminated) is in; deleted when
+        ``remove``. A group taken into use meanwhile refuses deletion and is kept."""
+        out = []
+        for region in self.regions:
+            out += self._unused_groups(region, remove)
+        if remove:
+            with self._lock:
+                self._groups.clear()
+        return out
+
+    def _unused_groups(self, region: str, remove: bool) -> list[str]:
+        ec2 = self._client("ec2", region)
+        ours = [
+            {"Name": "group-name", "Values": [SSH_GROUP]},
+            {"Name": f"tag:{TAG_MANAGED_BY}", "Values": [TAG_MANAGED_BY_VALUE]},
+        ]
+        groups = self._call(
+            lambda: ec2.describe_security_groups(Filters=ours)["SecurityGroups"],
+            f"list our security groups in {region}",
+        )
+        out = []
+        for group in groups:
+            gid = str(group["GroupId"])
+            users = [
+                {"Name": "instance.group-id", "Values": [gid]},
+                {"Name": "instance-state-name", "Values": list(_IN_USE)},
+            ]
+            if self._call(partial(_describe_instances, ec2, users), f"find instances in {gid}"):
+                continue
+            if remove:
+                try:
+                    self._call(partial(ec2.delete_security_group, GroupId=gid), f"delete {gid}")
+                except InvalidRequest:  # DependencyViolation: in use after all
+                    continue
+            out.append(f"security group {gid} ({SSH_GROUP}, {region}, {group.get('VpcId', '')})")
+        return out
 
     def fetch_offers(self) -> list[Offer]:
         from providers.aws.prices import fetch_offers
@@ -480,6 +531,10 @@ def _shared_loader() -> Any:
 
 def _tag_list(tags: Mapping[str, str]) -> list[dict[str, str]]:
     return [{"Key": key, "Value": str(value)} for key, value in tags.items()]
+
+
+def _describe_instances(ec2: Any, filters: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return _instances(ec2.describe_instances(Filters=filters))
 
 
 def _instances(response: Mapping[str, Any]) -> list[dict[str, Any]]:

@@ -390,8 +390,9 @@ def gc(
     yes: bool = typer.Option(False, "--yes", "-y", help="do not ask before terminating"),
     output: Output = OUTPUT,
 ) -> None:
-    """Machines carrying our tag that the state does not know: they bill, unseen. Lists them;
-    terminates them with --terminate after confirmation."""
+    """Machines carrying our tag that the state does not know (they bill, unseen), and network
+    pieces of ours no machine uses. Lists them; --terminate removes them, after confirmation
+    for machines."""
     from provisioner import lifecycle  # SQLAlchemy: not for --help
 
     application = get_app(ctx)
@@ -402,6 +403,7 @@ def gc(
         if doomed and not yes and not typer.confirm(f"terminate {len(doomed)} machine(s)?"):
             raise typer.Abort()
         done = lifecycle.collect(application, found)
+    network = lifecycle.unused_network(application, cloud or None, errors, remove=terminate)
     if output is Output.json:
         print_json(
             {
@@ -418,6 +420,8 @@ def gc(
                     for o in found
                 ],
                 "terminated": [o.instance.id for o in done],
+                "unused_network": network,
+                "network_removed": terminate,
                 "not_asked": errors,
             }
         )
@@ -426,5 +430,8 @@ def gc(
         out.print(("[red]terminated[/] " if o in done else "") + str(o), highlight=False)
     if not found:
         out.print("no orphans")
+    for cl, pieces in network.items():
+        for piece in pieces:
+            out.print(f"{'[red]removed[/] ' if terminate else 'unused: '}{cl} {piece}")
     for c, why in errors.items():
         err.print(f"[yellow]{c}[/]: not asked: {why.removeprefix(f'{c}: ')}", highlight=False)
