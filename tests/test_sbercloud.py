@@ -137,7 +137,8 @@ def test_launch_puts_the_whole_intent_on_the_wire(emu, sc, flavor, spot):
     cloud_init = base64.b64decode(server["user_data"]).decode()
     assert cloud_init.startswith("#cloud-config\n")
     config = yaml.safe_load(cloud_init)
-    assert config["ssh_authorized_keys"] == [SSH_KEY]
+    assert config["users"][1]["name"] == "provisioner"  # one SSH user everywhere
+    assert config["users"][1]["ssh_authorized_keys"] == [SSH_KEY]
     [script] = config["write_files"]
     assert base64.b64decode(script["content"]).decode() == SCRIPT
     assert config["runcmd"] == [[script["path"]]]
@@ -156,7 +157,8 @@ def test_a_cloud_config_startup_script_is_kept_beside_our_key(emu, sc):
         for p in email.message_from_string(doc).walk()
         if not p.is_multipart()
     ]
-    assert parts == [{"ssh_authorized_keys": [SSH_KEY]}, {"packages": ["htop"]}]
+    assert parts[0]["users"][1]["ssh_authorized_keys"] == [SSH_KEY]
+    assert parts[1:] == [{"packages": ["htop"]}]
 
 
 def test_launch_without_an_image_is_refused_before_any_call(emu, env):

@@ -44,7 +44,7 @@ SPEC = CloudSpec(
     currency="USD",
     options=AWSOptions,
     adapter="providers.aws.adapter:AWSProvider",
-    ssh_user="ubuntu",
+    ssh_user="provisioner",  # made by cloud-init on every cloud: one SSH user everywhere
     extra="aws",
     sdk=("boto3",),
     # Spot is launched as one-time requests, which EC2 cannot stop ("You can only stop Spot

@@ -453,7 +453,8 @@ class AWSProvider(Provider):
                 }
             ],
         }
-        user_data = cloud_init(request.user_data, request.ssh_public_key)
+        # the key for our one SSH user, made by cloud-init, not the image's (ubuntu, ec2-user…)
+        user_data = cloud_init(request.user_data, request.ssh_public_key, user=self.ssh_user)
         if user_data:
             params["UserData"] = user_data  # botocore base64-encodes it
         subnets = self.options.subnet_ids

@@ -40,7 +40,7 @@ SPEC = CloudSpec(
     currency="RUB",
     options=SberCloudOptions,
     adapter="providers.sbercloud.adapter:SberCloudProvider",
-    ssh_user="root",
+    ssh_user="provisioner",  # made by cloud-init on every cloud: one SSH user everywhere
     extra="sbercloud",
     sdk=("huaweicloudsdkecs",),
     # Spot servers can be stopped; extendparam takes a spot_price cap; BatchStopServers,

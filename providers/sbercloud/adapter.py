@@ -340,7 +340,7 @@ class SberCloudProvider(Provider):
                 m.PrePaidServerTag(key=k, value=v)
                 for k, v in tags.server_tags(request.labels).items()
             ],
-            user_data=userdata.build(request.user_data, request.ssh_public_key),
+            user_data=userdata.build(request.user_data, request.ssh_public_key, self.ssh_user),
             extendparam=extend,
             count=1,
         )

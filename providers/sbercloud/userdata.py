@@ -15,9 +15,10 @@ from providers.userdata import cloud_init
 MAX_BYTES = 32 * 1024
 
 
-def build(script: str | None, ssh_public_key: str | None) -> str | None:
-    """Base64 cloud-init user data with the key and the script, or None when there is none."""
-    text = cloud_init(script, ssh_public_key)
+def build(script: str | None, ssh_public_key: str | None, user: str) -> str | None:
+    """Base64 cloud-init user data with the key (for ``user``, made by cloud-init) and the
+    script, or None when there is none."""
+    text = cloud_init(script, ssh_public_key, user=user)
     if text is None:
         return None
     raw = text.encode()
