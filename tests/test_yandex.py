@@ -578,3 +578,46 @@ def test_importing_the_adapter_loads_no_sdk():
     root = Path(__file__).resolve().parents[1]
     done = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True)
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_preemption_recovery_and_down_leave_nothing_on_the_books(emu, tls, env, home, clock):
+    """The first real run, on the emulator's own books: a preemptible T4 is taken back (Yandex
+    stops it), the scheduler relaunches it, the user downs it — nothing of ours is left, and
+    each machine booted the image whose driver serves its GPUs."""
+    from provisioner import lifecycle
+    from provisioner.app import App
+    from provisioner.jobs import recover
+    from provisioner.settings import Settings
+    from provisioner.spec import Experiment
+
+    options = {
+        "folder_id": FOLDER,
+        "endpoint": emu.endpoint,
+        "root_certificates_file": str(tls[2]),
+        "poll_seconds": 0,
+        "retry_base_seconds": 0.001,
+    }
+    app = App(Settings(home=home, clouds={"yandex": options}), clock)
+    experiment = Experiment.model_validate(
+        {
+            "name": "t4-run",
+            "project": "vision",
+            "owner": "ana@example.com",
+            "resources": {"gpu": "T4:1", "market": "spot", "clouds": ["yandex"]},
+        }
+    )
+    try:
+        first = lifecycle.up(app, experiment).machine
+        assert emu.gpu_driver_works(first.instance_id)
+        emu.preempt(first.instance_id)
+        lifecycle.reconcile(app)
+        done = recover.run(app)
+        assert [(a.action, a.done) for a in done.actions] == [("relaunch", True)]
+        second = lifecycle.find(app, "t4-run")
+        assert second.instance_id != first.instance_id
+        assert emu.gpu_driver_works(second.instance_id)
+        assert set(emu.instances) == {second.instance_id}  # the stopped one was deleted
+        lifecycle.down(app, "t4-run")
+    finally:
+        app.close()
+    assert emu.instances == {}
