@@ -698,7 +698,16 @@ def reconcile(
                     out.append(Observation(m, None, False, str(e)))
                     continue
             status = _STATUS[inst.state] if inst else "terminated"
-            reason = "outside-provisioner" if status != "preempted" else "preempted"
+            # A launched machine finishing its boot is no outside change, and its running time
+            # started at launch: "booted" is not a running-since event (idle windows).
+            booted = m.status == "pending" and status == "running"
+            reason = (
+                "preempted"
+                if status == "preempted"
+                else "launched"
+                if booted
+                else "outside-provisioner"
+            )
             if status == m.status:  # nothing to record: no write per unchanged machine
                 out.append(Observation(m, status, False))
                 continue
@@ -709,6 +718,7 @@ def reconcile(
                     mm,
                     status,
                     now,
+                    event="booted" if booted else None,
                     reason=reason,
                     detail={
                         "observed": inst.state.value if inst else "gone",

@@ -109,3 +109,58 @@ def test_sweep_stops_idle_aws_machines_with_list_calls_only(
     }
     assert states[machines["busy-c"].instance_id] == "running"
     assert states[machines["idle-a"].instance_id] in after
+
+
+NIGHTS_UNKNOWN_IDLE = """
+name: nights
+off_hours: {timezone: America/New_York, windows: [{days: mon-fri, start: "20:00", end: "08:00"}]}
+idle: {gpu_util_below: 5, for_minutes: 30, unknown_counts_as_idle: true}
+"""
+
+
+def test_first_real_run_through_the_cli_leaves_nothing_billed(emu, home: Path, tmp_path):
+    """`up`, a preemption, the sweep's recovery, a night's idle stop and `down`, each through
+    the real CLI against the AWS emulator; then the emulator's own books: no open spot
+    request, no billed instance, every machine reachable (our SSH group, IMDSv2 only)."""
+    import json
+
+    from tests.conftest import run_cli, write_settings, write_yaml
+
+    emu.reset()  # the books this test reads are its own
+    (tmp_path / "p.yaml").write_text(NIGHTS_UNKNOWN_IDLE)
+    aws = {"endpoint": emu.endpoint_url, "regions": ["us-east-1"], "retry_base_seconds": 0.001}
+    cfg = write_settings(home, clouds={"aws": aws}, policies=[str(tmp_path / "p.yaml")])
+    spec = write_yaml(
+        tmp_path / "train.yaml", sandbox_experiment("train", gpu="T4:1", clouds=["aws"])
+    )
+    noon = datetime(2026, 11, 6, 17, 0, tzinfo=UTC)  # Friday 12:00 in New York
+
+    def cli(*args: str, at: datetime) -> dict:
+        r = run_cli("--config", str(cfg), *args, "-o", "json", now=at)
+        assert r.returncode == 0, r.stderr
+        return json.loads(r.stdout)
+
+    # machines launched through the CLI must not be waited for: moto's public addresses are
+    # not ours to connect to, and no test reaches past loopback
+    first = cli("up", str(spec), "--no-wait", at=noon)["machine"]
+    emu.preempt(first["instance_id"], action="terminate")
+    swept = cli("sweep", at=noon + timedelta(minutes=5))
+    [relaunch] = [a for p in swept["passes"] for a in p["actions"]]
+    assert (relaunch["action"], relaunch["done"]) == ("relaunch", True)
+    night = datetime(2026, 11, 7, 2, 0, tzinfo=UTC)  # Friday 21:00 in New York, no heartbeat
+    swept = cli("sweep", at=night)
+    [stop] = [a for p in swept["passes"] for a in p["actions"]]
+    assert stop["action"] == "terminate" and "cannot stop a spot machine" in stop["why"]
+    cli("down", "train", at=night + timedelta(minutes=1))
+
+    assert emu.billed_instances("us-east-1") == []
+    assert emu.open_spot_requests() == []
+    launches = emu.run_instances_requests
+    assert len(launches) == 2  # the first machine and its replacement, nothing more
+    for wire in launches:
+        assert wire["InstanceMarketOptions.SpotOptions.SpotInstanceType"] == "one-time"
+        assert wire["MetadataOptions.HttpTokens"] == "required"
+        [group] = emu.client("ec2").describe_security_groups(GroupIds=[wire["SecurityGroupId.1"]])[
+            "SecurityGroups"
+        ]
+        assert any(p.get("FromPort") == 22 for p in group["IpPermissions"])
