@@ -335,6 +335,32 @@ def test_a_rule_another_process_made_first_is_used(emu: GCPEmulator) -> None:
     assert emu.reachable_on_22(ZONE, inst.name)
 
 
+def test_a_lost_answer_to_the_rule_s_insert_is_retried_as_the_same_insert(
+    emu: GCPEmulator,
+) -> None:
+    emu.delete_firewall("default-allow-ssh")
+    emu.lose_responses(1, call="POST /global/firewalls")  # made, then answered 503
+    inst = provider(emu).launch(request())
+    first, retry = firewall_inserts(emu)
+    assert first.query["requestId"] == retry.query["requestId"]  # joined the first operation
+    assert len(emu.global_operations) == 1
+    assert emu.reachable_on_22(ZONE, inst.name)
+
+
+def test_a_rule_of_our_name_on_another_network_is_refused_clearly(emu: GCPEmulator) -> None:
+    emu.networks.add("gpu-vpc")
+    other = {
+        "name": "provisioner-allow-ssh-default",
+        "network": "global/networks/gpu-vpc",
+        "allowed": [{"IPProtocol": "tcp", "ports": ["22"]}],
+    }
+    assert post_firewall(emu, other)[0] == 200
+    with pytest.raises(InvalidRequest) as err:
+        provider(emu).launch(request())
+    assert err.value.code == "firewallNetworkMismatch" and "gpu-vpc" in str(err.value)
+    assert inserts(emu) == []
+
+
 def test_the_rule_name_fits_63_characters_and_names_its_network() -> None:
     assert ssh_rule_name("default") == "provisioner-allow-ssh-default"
     long_a, long_b = "a" * 40 + "-x", "a" * 40 + "-y"
