@@ -4,6 +4,7 @@ Compute Engine emulator (tests/emulators/gcp.py)."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import urllib.error
@@ -28,7 +29,7 @@ from providers.base import (
     NotFound,
     QuotaError,
 )
-from providers.gcp.adapter import GCPProvider, classify, request_id
+from providers.gcp.adapter import GCPProvider, classify, request_id, ssh_rule_name
 from tests.contract.gcp import make_provider as provider
 from tests.contract.gcp import remove_credentials
 from tests.emulators.gcp import GCPEmulator
@@ -242,12 +243,173 @@ def test_a_missing_default_network_is_an_invalid_request_that_says_what_to_set(
     emu.delete_network("default")
     with pytest.raises(InvalidRequest) as err:
         gcp.launch(request())
-    assert err.value.code == "invalid"
-    assert "The referenced network resource cannot be found" in str(err.value)
-    assert "`network`" in str(err.value)
+    # found at the firewall rule, before any instance was asked for: firewalls.insert answers
+    # a network the project lacks with 404 notFound
+    assert err.value.code == "notFound"
+    assert "network global/networks/default was not found" in str(err.value)
+    assert "`network`" in str(err.value) and "\n" not in str(err.value)
+    assert inserts(emu) == [] and emu.instances == {}
+    # an instance insert naming it is refused with the same advice
+    err2 = classify(
+        "invalid",
+        "Invalid value for field 'resource.networkInterfaces[0].network': "
+        "'global/networks/default'. The referenced network resource cannot be found.",
+        400,
+    )
+    assert type(err2) is InvalidRequest and "`network`" in str(err2)
+    # a network of one's own: our SSH rule is made on it, under its name
     emu.networks.add("gpu-vpc")
     named = provider(emu, network="projects/test-project/global/networks/gpu-vpc")
-    assert named.launch(request()).state is MachineState.RUNNING
+    inst = named.launch(request())
+    assert inst.state is MachineState.RUNNING
+    rule = emu.firewalls["provisioner-allow-ssh-gpu-vpc"]
+    assert rule["network"].endswith("/projects/test-project/global/networks/gpu-vpc")
+    assert emu.reachable_on_22(ZONE, inst.name)
+
+
+# --- SSH reachability -----------------------------------------------------------------------
+
+
+def firewall_inserts(emu: GCPEmulator) -> list:
+    return emu.calls("POST", "/global/firewalls")
+
+
+def test_launch_opens_ssh_with_a_firewall_rule_of_ours_made_once(emu: GCPEmulator) -> None:
+    # the default network without its prepopulated default-allow-ssh (deleted, as many do)
+    emu.delete_firewall("default-allow-ssh")
+    gcp = provider(emu, ssh_cidrs=["198.51.100.0/24"])
+    inst = gcp.launch(request("first"))
+
+    (sent,) = inserts(emu)
+    assert sent.body["tags"] == {"items": ["provisioner-ssh"]}
+    assert emu.instance(ZONE, "first")["tags"]["items"] == ["provisioner-ssh"]
+    ours = [r for r in emu.firewalls.values() if r["name"].startswith("provisioner")]
+    assert [r["name"] for r in ours] == ["provisioner-allow-ssh-default"]
+    (rule,) = ours
+    assert rule["sourceRanges"] == ["198.51.100.0/24"]
+    assert rule["targetTags"] == ["provisioner-ssh"]
+    assert rule["allowed"] == [{"IPProtocol": "tcp", "ports": ["22"]}]
+    assert rule["direction"] == "INGRESS" and rule["network"].endswith("/global/networks/default")
+    assert emu.reachable_on_22(ZONE, inst.name, source="198.51.100.7")
+    assert not emu.reachable_on_22(ZONE, inst.name, source="203.0.113.10")  # not in ssh_cidrs
+    # an instance without our tag is not reached by it
+    emu.add_instance(ZONE, "untagged")
+    assert not emu.reachable_on_22(ZONE, "untagged", source="198.51.100.7")
+
+    # the same adapter asks nothing more; a fresh one finds the rule and makes no second
+    gets = len(emu.calls("GET", "/global/firewalls/provisioner-allow-ssh-default"))
+    gcp.launch(request("second"))
+    assert len(emu.calls("GET", "/global/firewalls/provisioner-allow-ssh-default")) == gets
+    again = provider(emu, ssh_cidrs=["198.51.100.0/24"]).launch(request("third"))
+    assert len(firewall_inserts(emu)) == 1
+    assert len(emu.calls("GET", "/global/firewalls/provisioner-allow-ssh-default")) == gets + 1
+    assert emu.reachable_on_22(ZONE, again.name, source="198.51.100.7")
+
+
+def test_the_rule_s_creation_is_awaited_as_a_global_operation(emu: GCPEmulator) -> None:
+    emu.delete_firewall("default-allow-ssh")
+    emu.slow_operations(2)
+    inst = provider(emu).launch(request())
+    (op,) = emu.global_operations.values()
+    assert op["status"] == "DONE" and "zone" not in op
+    assert op["targetLink"].endswith("/global/firewalls/provisioner-allow-ssh-default")
+    assert emu.calls("POST", f"/global/operations/{op['name']}/wait")
+    assert emu.reachable_on_22(ZONE, inst.name)
+
+
+def test_a_rule_another_process_made_first_is_used(emu: GCPEmulator) -> None:
+    emu.delete_firewall("default-allow-ssh")
+    theirs = {
+        "name": "provisioner-allow-ssh-default",
+        "network": "global/networks/default",
+        "allowed": [{"IPProtocol": "tcp", "ports": ["22"]}],
+        "sourceRanges": ["0.0.0.0/0"],
+        "targetTags": ["provisioner-ssh"],
+    }
+    emu.lose_firewall_race(theirs)  # made between our get (404) and our insert
+    inst = provider(emu).launch(request())
+    assert inst.state is MachineState.RUNNING
+    assert len(firewall_inserts(emu)) == 1  # it was tried, and met 409 alreadyExists
+    assert emu.global_operations == {}
+    assert [n for n in emu.firewalls if n.startswith("provisioner")] == [theirs["name"]]
+    assert emu.reachable_on_22(ZONE, inst.name)
+
+
+def test_a_lost_answer_to_the_rule_s_insert_is_retried_as_the_same_insert(
+    emu: GCPEmulator,
+) -> None:
+    emu.delete_firewall("default-allow-ssh")
+    emu.lose_responses(1, call="POST /global/firewalls")  # made, then answered 503
+    inst = provider(emu).launch(request())
+    first, retry = firewall_inserts(emu)
+    assert first.query["requestId"] == retry.query["requestId"]  # joined the first operation
+    assert len(emu.global_operations) == 1
+    assert emu.reachable_on_22(ZONE, inst.name)
+
+
+def test_a_rule_of_our_name_on_another_network_is_refused_clearly(emu: GCPEmulator) -> None:
+    emu.networks.add("gpu-vpc")
+    other = {
+        "name": "provisioner-allow-ssh-default",
+        "network": "global/networks/gpu-vpc",
+        "allowed": [{"IPProtocol": "tcp", "ports": ["22"]}],
+    }
+    assert post_firewall(emu, other)[0] == 200
+    with pytest.raises(InvalidRequest) as err:
+        provider(emu).launch(request())
+    assert err.value.code == "firewallNetworkMismatch" and "gpu-vpc" in str(err.value)
+    assert inserts(emu) == []
+
+
+def test_the_rule_name_fits_63_characters_and_names_its_network() -> None:
+    assert ssh_rule_name("default") == "provisioner-allow-ssh-default"
+    long_a, long_b = "a" * 40 + "-x", "a" * 40 + "-y"
+    assert len(ssh_rule_name(long_a)) <= 63 and ssh_rule_name(long_a) != ssh_rule_name(long_b)
+    assert re.fullmatch(r"[a-z]([-a-z0-9]*[a-z0-9])?", ssh_rule_name(long_a))
+
+
+def post_firewall(emu: GCPEmulator, body: dict) -> tuple[int, dict]:
+    url = f"{emu.endpoint}/compute/v1/projects/{emu.project}/global/firewalls"
+    request_ = urllib.request.Request(url, json.dumps(body).encode(), method="POST")
+    try:
+        with urllib.request.urlopen(request_) as r:
+            return r.status, json.load(r)
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.load(exc)
+
+
+def test_the_emulator_applies_the_firewall_api_s_rules(emu: GCPEmulator) -> None:
+    good = {
+        "name": "allow-ssh-x",
+        "network": "global/networks/default",
+        "allowed": [{"IPProtocol": "tcp", "ports": ["22"]}],
+        "sourceRanges": ["0.0.0.0/0"],
+        "targetTags": ["x"],
+    }
+
+    def refused(body: dict) -> tuple[int, str]:
+        status, answer = post_firewall(emu, body)
+        return status, answer["error"]["errors"][0]["reason"]
+
+    assert refused({**good, "sourceRange": ["0.0.0.0/0"]}) == (400, "invalid")  # unknown field
+    assert refused({**good, "network": "default"}) == (400, "invalid")  # "The URL is malformed"
+    assert refused({**good, "network": "global/networks/nope"}) == (404, "notFound")
+    assert refused({**good, "sourceRanges": ["10.0.0.0/8", "::/0"]}) == (400, "invalid")
+    assert refused({**good, "allowed": [{"IPProtocol": "icmp", "ports": ["22"]}]}) == (
+        400,
+        "invalid",
+    )
+    assert refused({**good, "priority": 70000}) == (400, "invalid")
+    assert post_firewall(emu, good)[0] == 200
+    assert refused(good) == (409, "alreadyExists")  # names are unique per project
+    # the default network's prepopulated default-allow-ssh reaches every instance on it
+    emu.add_instance(ZONE, "plain")
+    assert emu.reachable_on_22(ZONE, "plain")
+    # a DENY of higher priority (a lower number) wins
+    deny = {**good, "name": "deny-ssh", "priority": 100, "targetTags": []}
+    deny["denied"] = deny.pop("allowed")
+    assert post_firewall(emu, deny)[0] == 200
+    assert not emu.reachable_on_22(ZONE, "plain")
 
 
 def test_an_incompatible_combination_is_never_a_capacity_error() -> None:

@@ -16,6 +16,10 @@ class GCPOptions(Options):
     network: Name = "global/networks/default"
     subnetwork: Name | None = None
     external_ip: bool = True
+    # Who may reach port 22, as SkyPilot's and dstack's default: our firewall rule on `network`
+    # (provisioner-allow-ssh-<network>, created once) admits them to machines tagged
+    # provisioner-ssh. The `default` network and its default-allow-ssh rule may not exist.
+    ssh_cidrs: Names = ("0.0.0.0/0",)
     image: Name = DEFAULT_IMAGE
     endpoint: Name | None = None  # the Compute API root (a private endpoint, an emulator)
     pricing_endpoint: Name | None = None  # the Cloud Billing Catalog API root

@@ -10,6 +10,7 @@ set without ``httpErrorStatusCode``). The SDK is imported inside methods only.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import re
 import uuid
@@ -47,6 +48,15 @@ PREEMPTED = "compute.instances.preempted"
 NO_CREDENTIALS = (
     "gcp: no credentials found (run `gcloud auth application-default login` "
     "or set GOOGLE_APPLICATION_CREDENTIALS to a service-account key file)"
+)
+# SSH reachability, as SkyPilot and dstack do it on GCP: a firewall rule of ours admitting
+# tcp:22 from `ssh_cidrs` to instances carrying our network tag. Firewall rule names are unique
+# per project, not per network (cloud.google.com/firewall/docs/using-firewalls), so the rule's
+# name carries its network's (dstack names its rule "dstack-ssh-in-" + the network the same way).
+SSH_TAG = "provisioner-ssh"
+SSH_RULE = "provisioner-allow-ssh"
+_NETWORK_URL = re.compile(
+    r"(?:(?:https://[^/]+/compute/v1/)?projects/([^/]+)/)?global/networks/([a-z0-9-]+)"
 )
 # requestId = uuid5(namespace, token/zone/name): the same intent in the same place is one request.
 _REQUEST_NAMESPACE = uuid.UUID("5d0b7a52-54c4-4a9c-9a55-0c2f5bd6d8a1")
@@ -107,7 +117,8 @@ class GCPProvider(Provider):
     def __init__(self, options: Any = None, **kwargs: Any) -> None:
         super().__init__(options, **kwargs)
         self._auth: tuple[Any, str | None] | None = None
-        self._clients: tuple[Any, Any] | None = None
+        self._clients: dict[str, Any] | None = None
+        self._ssh_rules: set[tuple[str, str]] = set()  # (project, network) with our rule
 
     # --- contract --------------------------------------------------------------------------
 
@@ -134,6 +145,7 @@ class GCPProvider(Provider):
             instance_resource=self._instance_resource(request),
             request_id=request_id(request),
         )
+        self._ensure_ssh_rule()
         try:
             operation = self._call(
                 lambda: self._instances().insert_unary(request=insert, retry=None)
@@ -261,6 +273,7 @@ class GCPProvider(Provider):
             name=request.name,
             machine_type=f"zones/{zone}/machineTypes/{request.instance_type}",
             labels=labels(request.labels),
+            tags=compute_v1.Tags(items=[SSH_TAG]),  # what our SSH firewall rule applies to
             scheduling=scheduling,
             guest_accelerators=accelerators,
             metadata=compute_v1.Metadata(items=items),
@@ -278,6 +291,72 @@ class GCPProvider(Provider):
                 )
             ],
         )
+
+    def _ensure_ssh_rule(self) -> None:
+        """Our firewall rule on the machine's network: found by name, else created (awaited as
+        the global operation it is). A create that loses a race to another process (409
+        alreadyExists) uses the rule that process made."""
+        from google.cloud import compute_v1
+
+        network = self.options.network
+        match = _NETWORK_URL.fullmatch(network)
+        project = (match.group(1) if match else None) or self._project()
+        if (project, network) in self._ssh_rules:
+            return
+        network_name = match.group(2) if match else _last(network)
+        name = ssh_rule_name(network_name)
+        rule = self._find_rule(project, name)
+        if rule is None:
+            firewall = compute_v1.Firewall(
+                name=name,
+                network=network,
+                description="provisioner: SSH to GPU machines",
+                direction="INGRESS",
+                priority=1000,
+                allowed=[compute_v1.Allowed(I_p_protocol="tcp", ports=["22"])],
+                source_ranges=list(self.options.ssh_cidrs),
+                target_tags=[SSH_TAG],
+            )
+            insert = compute_v1.InsertFirewallRequest(
+                project=project, firewall_resource=firewall, request_id=str(uuid.uuid4())
+            )
+            try:
+                operation = self._call(
+                    lambda: self._client("firewalls").insert_unary(request=insert, retry=None)
+                )
+                self._wait_global(operation, project)
+            except InvalidRequest as exc:
+                if exc.code != "alreadyExists":
+                    raise
+            except NotFound as exc:  # the one resource a firewall insert names is its network
+                raise InvalidRequest(
+                    f"gcp: network {network} was not found in project {project} (set "
+                    "`network`/`subnetwork` in the gcp settings to a VPC network of this project)",
+                    code=exc.code,
+                ) from exc
+
+            def made() -> Any:  # another process's create may still be under way
+                found = self._find_rule(project, name)
+                if found is None:
+                    raise Throttled(f"gcp: firewall rule {name} not there yet", code="notFound")
+                return found
+
+            rule = self._call(made)
+        if _last(rule.network) != network_name:
+            raise InvalidRequest(
+                f"gcp: firewall rule {name} belongs to network {_last(rule.network)}, "
+                f"not {network_name}",
+                code="firewallNetworkMismatch",
+            )
+        self._ssh_rules.add((project, network))
+
+    def _find_rule(self, project: str, name: str) -> Any | None:
+        try:
+            return self._call(
+                lambda: self._client("firewalls").get(project=project, firewall=name, retry=None)
+            )
+        except NotFound:
+            return None
 
     def _adopt(self, ref: InstanceRef, request: LaunchRequest, exc: ProviderError) -> Instance:
         """A 409 on our name: ours if it carries the same machine label (a retry whose
@@ -313,12 +392,23 @@ class GCPProvider(Provider):
         self._wait(operation, zone)
 
     def _wait(self, operation: Any, zone: str) -> None:
-        from google.cloud import compute_v1
-
         def wait() -> Any:  # the server holds the call until done or ~2 minutes
             return self._operations().wait(
                 project=self._project(), zone=zone, operation=operation.name, retry=None
             )
+
+        self._await(operation, wait, zone)
+
+    def _wait_global(self, operation: Any, project: str) -> None:
+        def wait() -> Any:
+            return self._client("global_operations").wait(
+                project=project, operation=operation.name, retry=None
+            )
+
+        self._await(operation, wait, "global")
+
+    def _await(self, operation: Any, wait: Callable[[], Any], where: str) -> None:
+        from google.cloud import compute_v1
 
         status_done = compute_v1.Operation.Status.DONE
         operation, finished = wait_until(
@@ -330,7 +420,7 @@ class GCPProvider(Provider):
         )
         if not finished:
             raise Throttled(
-                f"gcp: operation {operation.name} still {operation.status.name} in {zone}",
+                f"gcp: operation {operation.name} still {operation.status.name} in {where}",
                 code="operationTimeout",
             )
         if operation.error.errors:
@@ -409,12 +499,15 @@ class GCPProvider(Provider):
         return str(project)
 
     def _instances(self) -> Any:
-        return self._sdk_clients()[0]
+        return self._client("instances")
 
     def _operations(self) -> Any:
-        return self._sdk_clients()[1]
+        return self._client("zone_operations")
 
-    def _sdk_clients(self) -> tuple[Any, Any]:
+    def _client(self, kind: str) -> Any:
+        return self._sdk_clients()[kind]
+
+    def _sdk_clients(self) -> dict[str, Any]:
         if self._clients is None:
             from google.api_core.client_options import ClientOptions
             from google.cloud import compute_v1
@@ -425,10 +518,12 @@ class GCPProvider(Provider):
                 "transport": "rest",
                 "client_options": ClientOptions(api_endpoint=endpoint) if endpoint else None,
             }
-            self._clients = (
-                compute_v1.InstancesClient(**common),
-                compute_v1.ZoneOperationsClient(**common),
-            )
+            self._clients = {
+                "instances": compute_v1.InstancesClient(**common),
+                "zone_operations": compute_v1.ZoneOperationsClient(**common),
+                "firewalls": compute_v1.FirewallsClient(**common),
+                "global_operations": compute_v1.GlobalOperationsClient(**common),
+            }
         return self._clients
 
     def _regions(self) -> set[str]:
@@ -442,6 +537,16 @@ class GCPProvider(Provider):
 
 def request_id(request: LaunchRequest) -> str:
     return str(uuid.uuid5(_REQUEST_NAMESPACE, f"{request.token}/{request.zone}/{request.name}"))
+
+
+def ssh_rule_name(network: str) -> str:
+    """``provisioner-allow-ssh-<network>``, kept within the 63 characters a name may have (a
+    long network name is cut and a hash of it appended, so two never share a rule)."""
+    name = f"{SSH_RULE}-{network}"
+    if len(name) <= 63:
+        return name
+    digest = hashlib.sha256(network.encode()).hexdigest()[:8]
+    return f"{SSH_RULE}-{network[:31]}-{digest}"
 
 
 def label_value(text: str) -> str:

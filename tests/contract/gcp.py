@@ -89,10 +89,10 @@ class GCPHarness:
         self.emu.deny_auth()
 
     def throttle(self, n: int) -> None:
-        self.emu.throttle(n)  # the insert is the launch's first call
+        self.emu.throttle(n, call="POST /instances")
 
     def lose_next_response(self, call: str = "create") -> None:
-        self.emu.lose_responses(1)  # the next POST/DELETE: the insert, or the stop
+        self.emu.lose_responses(1, call={"create": "POST /instances", "stop": "POST /stop"}[call])
 
     def slow_operations(self, n: int) -> None:
         self.emu.slow_operations(n)

@@ -15,13 +15,20 @@ Control surface for tests: :meth:`GCPEmulator.exhaust`, :meth:`~GCPEmulator.exce
 :meth:`~GCPEmulator.add_instance`, :meth:`~GCPEmulator.deny_auth`,
 :meth:`~GCPEmulator.console_stop`, :meth:`~GCPEmulator.console_delete`,
 :meth:`~GCPEmulator.preempt_on_create`, :meth:`~GCPEmulator.withdraw_accelerator`,
-:meth:`~GCPEmulator.delete_network`; received requests are in
-:attr:`~GCPEmulator.requests`.
+:meth:`~GCPEmulator.delete_network`, :meth:`~GCPEmulator.delete_firewall`,
+:meth:`~GCPEmulator.lose_firewall_race`; received requests are in :attr:`~GCPEmulator.requests`,
+firewall rules in :attr:`~GCPEmulator.firewalls`, and :meth:`~GCPEmulator.reachable_on_22` says
+whether the rules admit SSH to an instance.
+
+Firewall rules (global/firewalls get and insert, awaited as global operations) are parsed into the
+SDK's own ``compute_v1.Firewall`` with unknown fields refused and checked against the rules its
+docstrings and Google's VPC firewall docs state (see ``_parse_firewall``).
 """
 
 from __future__ import annotations
 
 import base64
+import ipaddress
 import json
 import random
 import re
@@ -102,6 +109,31 @@ URL_ROOTS = ("https://www.googleapis.com/compute/v1/", "https://compute.googleap
 # Query parameters the real API accepts on each call we serve (anything else is a 400).
 LIST_PARAMS = {"filter", "maxResults", "pageToken", "orderBy", "returnPartialSuccess"}
 AGGREGATED_PARAMS = LIST_PARAMS | {"includeAllScopes", "serviceProjectNumber"}
+GLOBAL = "global"  # the scope of global operations (firewall rules are global resources)
+NETWORK_RE = re.compile(
+    r"(?:(?:https://[^/]+/compute/v1/)?projects/([^/]+)/)?global/networks/([^/]+)"
+)
+# The rules a new project's auto-mode `default` network comes with ("prepopulated rules",
+# https://cloud.google.com/vpc/docs/firewalls#more_rules_default_vpc; their JSON as the API lists
+# them: gist l4rz/29a04343905bf6329a4e9d619ca70d31). Any of them may be deleted, and a network
+# created by hand has none: only the implied deny-all-ingress applies.
+DEFAULT_NETWORK_RULES = {
+    "default-allow-internal": {
+        "allowed": [
+            {"IPProtocol": "tcp", "ports": ["0-65535"]},
+            {"IPProtocol": "udp", "ports": ["0-65535"]},
+            {"IPProtocol": "icmp"},
+        ],
+        "sourceRanges": ["10.128.0.0/9"],
+    },
+    "default-allow-ssh": {"allowed": [{"IPProtocol": "tcp", "ports": ["22"]}]},
+    "default-allow-rdp": {"allowed": [{"IPProtocol": "tcp", "ports": ["3389"]}]},
+    "default-allow-icmp": {"allowed": [{"IPProtocol": "icmp"}]},
+}
+# Allowed.ports / Denied.ports: "only applicable for the UDP or TCP protocol" (compute_v1.Allowed);
+# IPProtocol is a well-known name "(tcp, udp, icmp, esp, ah, ipip, sctp) or the IP protocol number".
+FIREWALL_PROTOCOLS = {"tcp": 6, "udp": 17, "icmp": 1, "esp": 50, "ah": 51, "ipip": 94, "sctp": 132}
+PORT_PROTOCOLS = {"tcp", "udp", "6", "17"}
 
 
 class ApiError(Exception):
@@ -149,6 +181,8 @@ class GCPEmulator:
         self.project = project
         self.instances: dict[tuple[str, str], dict[str, Any]] = {}
         self.operations: dict[tuple[str, str], dict[str, Any]] = {}
+        self.global_operations: dict[tuple[str, str], dict[str, Any]] = {}
+        self.firewalls: dict[str, dict[str, Any]] = {}
         self.requests: list[Recorded] = []
         self.max_page_size = 500  # the real API may return fewer than maxResults
         self.billing_pages: list[dict[str, Any]] = billing_fixture_pages()
@@ -162,12 +196,19 @@ class GCPEmulator:
         self._quota: tuple[str, str, str | None] | None = None
         self._throttle = 0
         self._throttle_status = 429
+        self._throttle_call: str | None = None
         self._lose = 0
+        self._lose_call: str | None = None
+        self._firewall_race: dict[str, Any] | None = None
+        self._creating_firewalls: set[str] = set()
         self._op_polls = 0
         self._auth_denied = False
         self._clock = datetime(2026, 11, 30, 9, 0, tzinfo=UTC)
         self._lock = threading.RLock()
         self._server: ThreadingHTTPServer | None = None
+        for name, rule in DEFAULT_NETWORK_RULES.items():
+            body = {"sourceRanges": ["0.0.0.0/0"], "priority": 65534, **rule, "name": name}
+            self._store_firewall(_parse_firewall(body, project, self.networks))
 
     # --- lifecycle -------------------------------------------------------------------------
 
@@ -219,8 +260,56 @@ class GCPEmulator:
         self.accelerator_zones[accelerator] = self.accelerator_zones[accelerator] - {zone}
 
     def delete_network(self, name: str = "default") -> None:
-        """The project has no such VPC network (deleted, or never created by policy)."""
+        """The project has no such VPC network (deleted, or never created by policy), so none
+        of its firewall rules either (a network with rules cannot be deleted)."""
         self.networks.discard(name)
+        for rule in [r for r in self.firewalls.values() if _network_name(r["network"]) == name]:
+            del self.firewalls[rule["name"]]
+
+    def delete_firewall(self, name: str) -> None:
+        """Someone deletes a firewall rule (e.g. the `default` network's `default-allow-ssh`)."""
+        del self.firewalls[name]
+
+    def lose_firewall_race(self, body: dict[str, Any]) -> None:
+        """Another process creates this firewall rule just after our next firewalls.get of its
+        name answered 404: our insert then meets 409 alreadyExists."""
+        self._firewall_race = body
+
+    def reachable_on_22(self, zone: str, name: str, source: str = "203.0.113.10") -> bool:
+        """Would a TCP connection from ``source`` to port 22 of the instance be admitted? The
+        VPC firewall of its first interface's network decides (compute_v1.Firewall docstrings):
+        an enabled INGRESS rule applies when it has no targetTags or one of the instance's tags,
+        and matches when ``source`` is in its sourceRanges and its allowed/denied entries cover
+        tcp:22 (an entry without ports covers every port). The matching rule with the lowest
+        priority number decides, a DENY winning over an ALLOW of equal priority; with none, the
+        implied deny-all-ingress rule applies (priority: "VPC networks have implied rules with a
+        priority of 65535")."""
+        with self._lock:
+            instance = self._find(zone, name)
+            network = _network_name(instance["networkInterfaces"][0]["network"])
+            tags = set(instance.get("tags", {}).get("items", []))
+            address = ipaddress.ip_address(source)
+            decisions = []
+            for rule in self.firewalls.values():
+                if _network_name(rule["network"]) != network or rule.get("disabled"):
+                    continue
+                if rule.get("direction", "INGRESS") != "INGRESS":
+                    continue
+                targets = set(rule.get("targetTags", []))
+                if targets and not targets & tags:
+                    continue
+                if not any(
+                    address.version == net.version and address in net
+                    for net in map(_cidr, rule.get("sourceRanges", []))
+                ):
+                    continue
+                for action, entries in (("allow", "allowed"), ("deny", "denied")):
+                    if any(_covers_ssh(entry) for entry in rule.get(entries, [])):
+                        decisions.append((rule.get("priority", 1000), action == "allow"))
+            if not decisions:
+                return False
+            # the lowest priority number wins; at equal priority deny (False) sorts first
+            return sorted(decisions)[0][1]
 
     def preempt_on_create(self, zone: str) -> None:
         """The next Spot insert in ``zone`` is preempted before it finishes booting: its operation
@@ -237,16 +326,18 @@ class GCPEmulator:
         self._preempt_on_create.clear()
         self._quota = None
         self._throttle = self._lose = self._op_polls = 0
+        self._throttle_call = self._lose_call = self._firewall_race = None
         self._auth_denied = False
 
-    def throttle(self, count: int, status: int = 429) -> None:
-        """The next ``count`` requests are refused with ``rateLimitExceeded``."""
-        self._throttle, self._throttle_status = count, status
+    def throttle(self, count: int, status: int = 429, call: str | None = None) -> None:
+        """The next ``count`` requests (only those of ``call``, e.g. "POST /instances": method
+        and path suffix) are refused with ``rateLimitExceeded``."""
+        self._throttle, self._throttle_status, self._throttle_call = count, status, call
 
-    def lose_responses(self, count: int) -> None:
-        """The next ``count`` mutating requests are carried out, then answered 503 (as if the
-        answer got lost on the way back)."""
-        self._lose = count
+    def lose_responses(self, count: int, call: str | None = None) -> None:
+        """The next ``count`` mutating requests (only those of ``call``, as in :meth:`throttle`)
+        are carried out, then answered 503 (as if the answer got lost on the way back)."""
+        self._lose, self._lose_call = count, call
 
     def slow_operations(self, polls: int) -> None:
         """New operations stay PENDING/RUNNING for ``polls`` reads (get or wait)."""
@@ -321,7 +412,7 @@ class GCPEmulator:
         self, method: str, path: str, query: dict[str, str], body: Any, headers: dict[str, str]
     ) -> tuple[int, Any]:
         with self._lock:
-            if self._throttle > 0:
+            if self._throttle > 0 and _is_call(method, path, self._throttle_call):
                 self._throttle -= 1
                 error = ApiError(
                     self._throttle_status, "rateLimitExceeded", "Rate Limit Exceeded", "usageLimits"
@@ -339,7 +430,8 @@ class GCPEmulator:
                 answer = self._route(method, path, query, body)
             except ApiError as error:
                 return error.status, error.body()
-            if self._lose > 0 and method in ("POST", "DELETE"):
+            mutating = method in ("POST", "DELETE") and not path.endswith("/wait")
+            if self._lose > 0 and mutating and _is_call(method, path, self._lose_call):
                 self._lose -= 1
                 lost = ApiError(
                     503,
@@ -357,6 +449,8 @@ class GCPEmulator:
         if rest == "/aggregated/instances" and method == "GET":
             _allow(query, AGGREGATED_PARAMS)
             return self._aggregated(query)
+        if rest.startswith("/global/"):
+            return self._route_global(method, path, rest, query, body)
         match = re.fullmatch(
             r"/zones/([^/]+)/(instances|operations)(?:/([^/]+))?(?:/([^/]+))?", rest
         )
@@ -395,6 +489,80 @@ class GCPEmulator:
             _allow(query, {"requestId"} | extra)
             return self._stop_start(zone, name, verb, query.get("requestId"))
         raise ApiError(404, "notFound", f"The resource '{path}' was not found")
+
+    def _route_global(
+        self, method: str, path: str, rest: str, query: dict[str, str], body: Any
+    ) -> Any:
+        firewall = re.fullmatch(r"/global/firewalls(?:/([^/]+))?", rest)
+        if firewall and firewall.group(1) is None and method == "POST":
+            _allow(query, {"requestId"})
+            return self._insert_firewall(query.get("requestId"), body)
+        if firewall and firewall.group(1) and method == "GET":
+            _allow(query, set())
+            return self._get_firewall(firewall.group(1))
+        operation = re.fullmatch(r"/global/operations/([^/]+)(/wait)?", rest)
+        if operation and (method, bool(operation.group(2))) in (("GET", False), ("POST", True)):
+            _allow(query, set())
+            return self._poll(GLOBAL, operation.group(1))
+        raise ApiError(404, "notFound", f"The resource '{path}' was not found")
+
+    # --- firewall rules --------------------------------------------------------------------
+
+    def _get_firewall(self, name: str) -> dict[str, Any]:
+        rule = self.firewalls.get(name)
+        if rule is None:
+            if self._firewall_race and self._firewall_race.get("name") == name:
+                race, self._firewall_race = self._firewall_race, None
+                # the other process's insert, done by the time ours arrives
+                self._store_firewall(_parse_firewall(race, self.project, self.networks))
+            raise ApiError(
+                404,
+                "notFound",
+                f"The resource 'projects/{self.project}/global/firewalls/{name}' was not found",
+            )
+        return rule
+
+    def _insert_firewall(self, request_id: str | None, body: Any) -> dict[str, Any]:
+        _check_request_id(request_id)
+        if request_id in self._request_ids:
+            return self._poll(*self._request_ids[request_id])
+        resource = _parse_firewall(body, self.project, self.networks)
+        name = resource["name"]
+        # "the name you choose for each of them must be unique to the project"
+        # (https://cloud.google.com/firewall/docs/using-firewalls): one name, one rule, whatever
+        # its network. A second insert is refused at once, as instances.insert refuses a taken
+        # name (409 alreadyExists).
+        if name in self.firewalls or name in self._creating_firewalls:
+            raise ApiError(
+                409,
+                "alreadyExists",
+                f"The resource 'projects/{self.project}/global/firewalls/{name}' already exists",
+            )
+        self._creating_firewalls.add(name)
+        op = self._new_operation(GLOBAL, "insert", {"name": name, "id": _new_id()}, "firewalls")
+        if request_id:
+            op["clientOperationId"] = request_id
+            self._request_ids[request_id] = (GLOBAL, op["name"])
+
+        def created() -> None:
+            self._creating_firewalls.discard(name)
+            self._store_firewall(resource, op["targetId"])
+
+        return self._schedule(GLOBAL, op, created)
+
+    def _store_firewall(self, resource: dict[str, Any], rule_id: str | None = None) -> None:
+        name = resource["name"]
+        self.firewalls[name] = {
+            "kind": "compute#firewall",
+            "id": rule_id or _new_id(),
+            "creationTimestamp": self._now(),
+            "direction": "INGRESS",
+            "priority": 1000,
+            "disabled": False,
+            "logConfig": {"enable": False},
+            **resource,
+            "selfLink": f"{API}/projects/{self.project}/global/firewalls/{name}",
+        }
 
     # --- instances -------------------------------------------------------------------------
 
@@ -537,16 +705,20 @@ class GCPEmulator:
 
     # --- operations ------------------------------------------------------------------------
 
-    def _new_operation(self, zone: str, op_type: str, target: dict[str, Any]) -> dict[str, Any]:
+    def _new_operation(
+        self, zone: str, op_type: str, target: dict[str, Any], collection: str = "instances"
+    ) -> dict[str, Any]:
+        """A zonal operation, or a global one when ``zone`` is GLOBAL (no ``zone`` field)."""
         name = f"operation-{uuid.uuid4().hex[:13]}-{uuid.uuid4().hex[:8]}"
-        zone_url = f"{API}/projects/{self.project}/zones/{zone}"
+        scope = "global" if zone == GLOBAL else f"zones/{zone}"
+        zone_url = f"{API}/projects/{self.project}/{scope}"
         op = {
             "kind": "compute#operation",
             "id": _new_id(),
             "name": name,
-            "zone": zone_url,
+            **({} if zone == GLOBAL else {"zone": zone_url}),
             "operationType": op_type,
-            "targetLink": f"{zone_url}/instances/{target['name']}",
+            "targetLink": f"{zone_url}/{collection}/{target['name']}",
             "targetId": target["id"],
             "status": "PENDING",
             "user": "user@example.com",
@@ -554,8 +726,11 @@ class GCPEmulator:
             "insertTime": self._now(),
             "selfLink": f"{zone_url}/operations/{name}",
         }
-        self.operations[(zone, name)] = op
+        self._operation_store(zone)[(zone, name)] = op
         return op
+
+    def _operation_store(self, zone: str) -> dict[tuple[str, str], dict[str, Any]]:
+        return self.global_operations if zone == GLOBAL else self.operations
 
     def _schedule(
         self, zone: str, op: dict[str, Any], finish: Callable[[], dict[str, Any] | None]
@@ -565,13 +740,13 @@ class GCPEmulator:
         return self._poll(zone, op["name"], count=False)
 
     def _poll(self, zone: str, name: str, *, count: bool = True) -> dict[str, Any]:
-        op = self.operations.get((zone, name))
+        op = self._operation_store(zone).get((zone, name))
         if op is None:
+            scope = "global" if zone == GLOBAL else f"zones/{zone}"
             raise ApiError(
                 404,
                 "notFound",
-                f"The resource 'projects/{self.project}/zones/{zone}/operations/{name}' was not "
-                "found",
+                f"The resource 'projects/{self.project}/{scope}/operations/{name}' was not found",
             )
         pending = self._pending.get((zone, name))
         if pending is not None:
@@ -850,10 +1025,137 @@ def _parse_instance(
                 f"Invalid value for field 'resource.networkInterfaces[{i}].network': '{network}'. "
                 "The referenced network resource cannot be found."
             )
+    # compute_v1.Tags.items: "Each tag must be 1-63 characters long, and comply with RFC1035."
+    for i, tag in enumerate(body.get("tags", {}).get("items", [])):
+        if not NAME_RE.match(tag):
+            raise invalid(f"Invalid value for field 'resource.tags.items[{i}]': '{tag}'.")
     keys = [item["key"] for item in body.get("metadata", {}).get("items", [])]
     if len(keys) != len(set(keys)):
         raise invalid("Invalid value for field 'resource.metadata': duplicate keys.")
     return body
+
+
+def _parse_firewall(body: Any, project: str, networks: set[str]) -> dict[str, Any]:
+    """Parse a firewalls.insert body with the SDK's own ``compute_v1.Firewall`` (unknown fields
+    refused), then apply the rules its docstrings state. Returns the body with ``network`` as
+    a full URL and the defaults filled in."""
+    from google.cloud import compute_v1
+
+    if not isinstance(body, dict):
+        raise invalid("Required field 'resource' not specified")
+    try:
+        compute_v1.Firewall.from_json(json.dumps(body), ignore_unknown_fields=False)
+    except Exception as exc:  # json_format.ParseError and friends
+        raise invalid(f"Invalid JSON payload received. {exc}") from None
+    body = json.loads(json.dumps(body))
+    name = body.get("name", "")
+    if not NAME_RE.match(name):  # Firewall.name: 1-63 characters, [a-z]([-a-z0-9]*[a-z0-9])?
+        raise invalid(f"Invalid value for field 'resource.name': '{name}'.")
+    # Firewall.network: "If not specified when creating a firewall rule, the default network is
+    # used", given as a full or partial URL. A bare name is refused "Invalid value for field
+    # 'resource.network': 'default'. The URL is malformed." (GoogleCloudPlatform/
+    # google-cloud-powershell#458); another project's network "Cross-project references for
+    # this resource type are not allowed." (AppScale/appscale-tools#339); a network the project
+    # lacks is a 404 notFound "The resource 'projects/P/global/networks/N' was not found"
+    # (skyplane-project/skyplane#683, broadinstitute/sparklespray#12).
+    network = body.get("network") or "global/networks/default"
+    match = NETWORK_RE.fullmatch(network)
+    if not match:
+        raise invalid(
+            f"Invalid value for field 'resource.network': '{network}'. The URL is malformed."
+        )
+    if match.group(1) not in (None, project):
+        raise invalid(
+            f"Invalid value for field 'resource.network': '{network}'.  Cross-project references "
+            "for this resource type are not allowed."
+        )
+    if match.group(2) not in networks:
+        raise ApiError(
+            404,
+            "notFound",
+            f"The resource 'projects/{project}/global/networks/{match.group(2)}' was not found",
+        )
+    body["network"] = f"{API}/projects/{project}/global/networks/{match.group(2)}"
+    # Firewall.direction: INGRESS (the default) or EGRESS; "For EGRESS traffic, you cannot
+    # specify the sourceTags fields".
+    direction = body.get("direction", "INGRESS")
+    if direction not in ("INGRESS", "EGRESS") or (direction == "EGRESS" and body.get("sourceTags")):
+        raise invalid(f"Invalid value for field 'resource.direction': '{direction}'.")
+    # Firewall.priority: "an integer between 0 and 65535, both inclusive".
+    priority = body.get("priority", 1000)
+    if not 0 <= int(priority) <= 65535:
+        raise invalid(f"Invalid value for field 'resource.priority': '{priority}'.")
+    # Firewall.targetServiceAccounts "cannot be used at the same time as targetTags or sourceTags".
+    if body.get("targetServiceAccounts") and (body.get("targetTags") or body.get("sourceTags")):
+        raise invalid("Invalid value for field 'resource.targetServiceAccounts'.")
+    for field_name in ("sourceTags", "targetTags"):  # tags are RFC1035 names (compute_v1.Tags)
+        for i, tag in enumerate(body.get(field_name, [])):
+            if not NAME_RE.match(tag):
+                raise invalid(f"Invalid value for field 'resource.{field_name}[{i}]': '{tag}'.")
+    # sourceRanges/destinationRanges "must be expressed in CIDR format"; "A firewall rule can
+    # contain either IPv4 or IPv6 ranges, but not both" (cloud.google.com/firewall/docs/
+    # using-firewalls).
+    for field_name in ("sourceRanges", "destinationRanges"):
+        versions = set()
+        for i, text in enumerate(body.get(field_name, [])):
+            try:
+                versions.add(_cidr(text).version)
+            except ValueError:
+                raise invalid(
+                    f"Invalid value for field 'resource.{field_name}[{i}]': '{text}'."
+                ) from None
+        if len(versions) > 1:
+            raise invalid(f"Invalid value for field 'resource.{field_name}': IPv4 and IPv6 mixed.")
+    for field_name in ("allowed", "denied"):
+        for i, entry in enumerate(body.get(field_name, [])):
+            where = f"resource.{field_name}[{i}]"
+            protocol = str(entry.get("IPProtocol", "")).lower()
+            # "The protocol type is required when creating a firewall rule": a well-known name or
+            # an IP protocol number.
+            if protocol not in FIREWALL_PROTOCOLS and not (
+                protocol.isdigit() and 0 <= int(protocol) <= 255
+            ):
+                raise invalid(f"Invalid value for field '{where}.IPProtocol': '{protocol}'.")
+            ports = entry.get("ports", [])
+            if ports and protocol not in PORT_PROTOCOLS:
+                raise invalid(f"Invalid value for field '{where}.ports': ports need tcp or udp.")
+            for j, port in enumerate(ports):  # "either an integer or a range"
+                low, _, high = str(port).partition("-")
+                bounds = [low, high or low]
+                numeric = all(b.isdigit() and int(b) <= 65535 for b in bounds)
+                if not numeric or int(bounds[0]) > int(bounds[1]):
+                    raise invalid(f"Invalid value for field '{where}.ports[{j}]': '{port}'.")
+    return body
+
+
+def _network_name(url: str) -> str:
+    match = NETWORK_RE.fullmatch(url)
+    return match.group(2) if match else url
+
+
+def _cidr(text: str) -> ipaddress.IPv4Network | ipaddress.IPv6Network:
+    return ipaddress.ip_network(text, strict=False)
+
+
+def _covers_ssh(entry: dict[str, Any]) -> bool:
+    """Does an allowed/denied entry cover tcp:22? ("all" or no ports: every port)."""
+    protocol = str(entry.get("IPProtocol", "")).lower()
+    if protocol not in ("tcp", "6", "all"):
+        return False
+    ports = entry.get("ports") or ["0-65535"]
+    for port in ports:
+        low, _, high = str(port).partition("-")
+        if int(low) <= 22 <= int(high or low):
+            return True
+    return False
+
+
+def _is_call(method: str, path: str, call: str | None) -> bool:
+    """Is this request the ``call`` ("METHOD /path-suffix"; None: any request)?"""
+    if call is None:
+        return True
+    want_method, _, suffix = call.partition(" ")
+    return method == want_method and path.endswith(suffix)
 
 
 def parse_filter(text: str) -> list[Callable[[dict[str, Any]], bool]]:
