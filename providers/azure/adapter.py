@@ -326,12 +326,10 @@ class AzureProvider(Provider):
             ip_id = config.public_ip_address.id if config.public_ip_address else None
             if ip_id:  # the address is held by the public IP resource, not the NIC
                 ip_rg, ip_name = _network_name(ip_id)
-                address = self._call(
-                    lambda: network.public_ip_addresses.get(ip_rg or rg, ip_name)
-                ).ip_address
-                public_ip = address
-        except (NotFound, IndexError, TypeError, AttributeError):
-            pass
+                ip = self._call(lambda: network.public_ip_addresses.get(ip_rg or rg, ip_name))
+                public_ip = ip.ip_address
+        except (NotFound, IndexError, TypeError):
+            pass  # no NIC (or public IP) any more: the VM's own state still answers
         statuses = vm.instance_view.statuses if vm.instance_view else []
         return self._instance(vm, statuses, private_ip, public_ip)
 
