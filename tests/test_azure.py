@@ -177,17 +177,18 @@ def test_a_foreign_vm_with_the_same_name_is_refused_and_left_alone(emulator, pro
     with pytest.raises(InvalidRequest, match="already exists"):
         provider.launch(request())
     assert emulator.vm("exp-a1b2c3")["tags"] == {"team": "other"}
-    assert not emulator.nics
+    assert not emulator.nics and not emulator.public_ips
 
 
 # --- errors -----------------------------------------------------------------------------------
 
 
-def test_a_capacity_failure_leaves_neither_the_vm_nor_its_nic(emulator, provider):
+def test_a_capacity_failure_leaves_no_vm_nic_or_public_ip(emulator, provider):
     emulator.fail_capacity("eastus", "1", code="ZonalAllocationFailed")
     with pytest.raises(CapacityError):
         provider.launch(request(zone="1"))
-    assert not emulator.vms and not emulator.nics  # the failed VM and its NIC were removed
+    # the failed VM, its NIC and its public IP (billed while it exists) were removed
+    assert not emulator.vms and not emulator.nics and not emulator.public_ips
     inst = provider.launch(request(zone="2"))  # same name, next zone
     assert inst.zone == "2" and emulator.vm("exp-a1b2c3")["zones"] == ["2"]
 
@@ -212,7 +213,7 @@ def test_sku_not_available_on_the_put_is_a_capacity_error(emulator, provider):
     with pytest.raises(CapacityError) as err:
         provider.launch(request())
     assert err.value.code == "SkuNotAvailable"
-    assert not emulator.nics
+    assert not emulator.nics and not emulator.public_ips  # refused before any VM existed
 
 
 def test_quota_is_a_region_quota_error(emulator, provider):
@@ -222,7 +223,7 @@ def test_quota_is_a_region_quota_error(emulator, provider):
         provider.launch(request())
     assert err.value.scope == "region"
     assert err.value.code == "OperationNotAllowed" and "LowPriorityCores" in str(err.value)
-    assert not emulator.vms and not emulator.nics
+    assert not emulator.vms and not emulator.nics and not emulator.public_ips
 
 
 @pytest.mark.parametrize(
@@ -240,7 +241,7 @@ def test_arm_error_codes_map_to_the_taxonomy(emulator, provider, code, status, k
     with pytest.raises(kind) as err:
         provider.launch(request())
     assert err.value.code == code
-    assert not emulator.nics  # the NIC made for the refused VM is gone
+    assert not emulator.nics and not emulator.public_ips  # made for the refused VM: gone
 
 
 def test_a_throttling_storm_is_ridden_out_without_a_second_machine(emulator, provider):
@@ -271,6 +272,141 @@ def test_the_emulator_refuses_a_malformed_vm(emulator, provider):
         assert err.value.status_code == 400
 
 
+# --- networking: a public IP and our SSH group ------------------------------------------------
+
+
+def test_launch_gives_a_vm_reachable_over_ssh_with_outbound_internet(emulator, provider):
+    inst = provider.launch(request())
+
+    assert inst.public_ip and inst.public_ip == emulator.public_ip_of("exp-a1b2c3")
+    assert emulator.reachable("exp-a1b2c3", 22)  # from any internet address by default
+    assert not emulator.reachable("exp-a1b2c3", 80)  # nothing else is opened
+    assert emulator.outbound_internet("exp-a1b2c3")
+    [ip_put] = emulator.requests_to("PUT", "/publicIPAddresses/exp-a1b2c3-ip")
+    assert ip_put.body["sku"]["name"] == "Standard"
+    assert ip_put.body["properties"]["publicIPAllocationMethod"] == "Static"
+    assert ip_put.body["tags"] == dict(request().labels)
+    [nic_put] = emulator.requests_to("PUT", "/networkInterfaces/")
+    config = nic_put.body["properties"]["ipConfigurations"][0]["properties"]
+    assert config["publicIPAddress"]["id"].endswith("/publicIPAddresses/exp-a1b2c3-ip")
+    assert config["publicIPAddress"]["properties"] == {"deleteOption": "Delete"}
+    group = nic_put.body["properties"]["networkSecurityGroup"]["id"]
+    assert group.endswith("/networkSecurityGroups/provisioner-ssh-eastus")
+
+
+def test_get_and_list_managed_read_the_public_ip_from_its_resource(emulator, provider):
+    emulator.page_size = 1  # the public IP listing has pages too
+    first = provider.launch(request())
+    second = provider.launch(request("exp-d4e5f6", machine="m-2", zone="2"))
+
+    assert provider.get(first.ref).public_ip == emulator.public_ip_of("exp-a1b2c3")
+    listed = {i.name: i.public_ip for i in provider.list_managed()}
+    assert listed == {"exp-a1b2c3": first.public_ip, "exp-d4e5f6": second.public_ip}
+    assert first.public_ip != second.public_ip
+
+
+def test_ssh_cidrs_decide_who_reaches_port_22(emulator):
+    provider = make_provider(emulator, ssh_cidrs=["198.51.100.0/24", "192.0.2.10/32"])
+    provider.launch(request())
+
+    assert emulator.reachable("exp-a1b2c3", 22, source="198.51.100.9")
+    assert emulator.reachable("exp-a1b2c3", 22, source="192.0.2.10")
+    assert not emulator.reachable("exp-a1b2c3", 22, source="203.0.113.7")
+    [group] = emulator.nsgs.values()
+    [rule] = group["properties"]["securityRules"]
+    assert rule["properties"]["sourceAddressPrefixes"] == ["198.51.100.0/24", "192.0.2.10/32"]
+
+
+def test_the_ssh_group_is_created_once_per_region_and_found_again(emulator, provider):
+    provider.launch(request())
+    provider.launch(request("exp-d4e5f6", machine="m-2"))
+    other = make_provider(emulator)  # another process, its own cache
+    other.launch(request("exp-g7h8i9", machine="m-3"))
+    other.launch(request("exp-j1k2l3", machine="m-4", region="westus2"))
+
+    puts = emulator.requests_to("PUT", "/networkSecurityGroups/")
+    assert [p.path.rsplit("/", 1)[-1] for p in puts] == [
+        "provisioner-ssh-eastus",
+        "provisioner-ssh-westus2",
+    ]
+    assert len(emulator.nsgs) == 2
+    for group in emulator.nsgs.values():
+        assert group["tags"] == {TAG_MANAGED_BY: "provisioner"}
+    assert all(emulator.reachable(n) for n in ("exp-a1b2c3", "exp-g7h8i9", "exp-j1k2l3"))
+
+
+def test_a_user_made_group_of_that_name_is_used_as_it_is(emulator, provider):
+    _, network = provider._clients()
+    body = {"location": "eastus", "properties": {"securityRules": []}}
+    network.network_security_groups.begin_create_or_update(
+        "provisioner", "provisioner-ssh-eastus", body
+    ).result()
+
+    provider.launch(request())
+
+    assert len(emulator.requests_to("PUT", "/networkSecurityGroups/")) == 1  # the user's own
+    assert not emulator.reachable("exp-a1b2c3")  # their rules, not ours
+
+
+def test_the_emulator_enforces_arms_networking_rules(emulator, provider):
+    """Through the SDK: what ARM refuses (Standard + Dynamic, deleting a public IP or NSG in use,
+    an NSG rule priority out of range) and what it keeps billing (a public IP whose deleteOption
+    was set only in its own body outlives its VM)."""
+    from azure.core.exceptions import HttpResponseError
+
+    _, network = provider._clients()
+    rg = "provisioner"
+
+    def refused(code: str, begin, *args) -> None:
+        with pytest.raises(HttpResponseError) as err:
+            begin(rg, *args).result()
+        assert err.value.status_code == 400 and err.value.error.code == code
+
+    dynamic = {"location": "eastus", "sku": {"name": "Standard"}, "properties": {}}
+    refused(
+        "StandardSkuPublicIPAddressesMustBeStatic",
+        network.public_ip_addresses.begin_create_or_update,
+        "dyn-ip",
+        dynamic,
+    )
+    bad_rule = {
+        "name": "r",
+        "properties": {"protocol": "Tcp", "access": "Allow", "direction": "Inbound"},
+    }
+    bad_rule["properties"]["priority"] = 50
+    refused(
+        "SecurityRuleInvalidPriority",
+        network.network_security_groups.begin_create_or_update,
+        "g",
+        {"location": "eastus", "properties": {"securityRules": [bad_rule]}},
+    )
+
+    # deleteOption in the public IP's own body is not kept: the IP outlives its VM and bills.
+    own = {
+        "location": "eastus",
+        "sku": {"name": "Standard"},
+        "properties": {"publicIPAllocationMethod": "Static", "deleteOption": "Delete"},
+    }
+    leak = network.public_ip_addresses.begin_create_or_update(rg, "leak-ip", own).result()
+    assert leak.delete_option is None  # not echoed, as ARM does
+    inst = provider.launch(request())
+    nic = network.network_interfaces.get(rg, "exp-a1b2c3-nic")
+    nic.ip_configurations[0].public_ip_address = {"id": leak.id}  # no deleteOption on the NIC
+    network.network_interfaces.begin_create_or_update(rg, "exp-a1b2c3-nic", nic).result()
+    refused("PublicIPAddressCannotBeDeleted", network.public_ip_addresses.begin_delete, "leak-ip")
+    refused(
+        "InUseNetworkSecurityGroupCannotBeDeleted",
+        network.network_security_groups.begin_delete,
+        "provisioner-ssh-eastus",
+    )
+    emulator.console_delete(inst.name)  # the VM, and its NIC by deleteOption
+
+    assert not emulator.nics
+    left = {p["name"]: p["properties"] for p in emulator.public_ips.values()}
+    assert sorted(left) == ["exp-a1b2c3-ip", "leak-ip"]  # both detached and still billing
+    assert all("ipConfiguration" not in props for props in left.values())
+
+
 # --- state: preempted vs stopped; stop / start / terminate -------------------------------------
 
 
@@ -296,16 +432,20 @@ def test_an_evicted_delete_policy_vm_is_gone(emulator, provider):
     with pytest.raises(NotFound):
         provider.get(inst.ref)
     assert provider.list_managed() == []
-    assert not emulator.nics and not emulator.disks  # deleteOption=Delete took them along
+    # deleteOption=Delete took them along (the public IP's, as set on the NIC's reference)
+    assert not emulator.nics and not emulator.disks and not emulator.public_ips
 
 
-def test_stop_deallocates_and_terminate_takes_the_nic_and_disk(emulator, provider):
+def test_stop_deallocates_and_terminate_takes_the_nic_public_ip_and_disk(emulator, provider):
     inst = provider.launch(request(spot=False))
     provider.stop(inst.ref)
     assert emulator.power_state("exp-a1b2c3") == "deallocated"  # not merely powered off
     assert emulator.requests_to("POST", "/deallocate")
+    assert provider.get(inst.ref).public_ip == inst.public_ip  # static: kept while stopped
     provider.terminate(inst.ref)
     assert not emulator.vms and not emulator.nics and not emulator.disks
+    assert not emulator.public_ips  # nothing of the machine's left billing
+    assert len(emulator.nsgs) == 1  # the shared SSH group stays for the next machine
 
 
 def test_start_without_capacity_is_a_capacity_error(emulator, provider):

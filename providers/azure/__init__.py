@@ -17,6 +17,9 @@ class AzureOptions(Options):
     subnet: Name = "default"
     image: Name = "microsoft-dsvm:ubuntu-hpc:2204:latest"  # publisher:offer:sku:version or an id
     admin_username: Name = "azureuser"
+    # Who may reach port 22: the inbound rule of our NSG (provisioner-ssh-<region> in the resource
+    # group), created once per region, tagged as ours. SkyPilot's and dstack's default.
+    ssh_cidrs: Names = ("0.0.0.0/0",)
     os_disk_type: Name = "Premium_LRS"
     endpoint: Name | None = None  # the ARM root (a sovereign cloud, an emulator)
     pricing_endpoint: Name = "https://prices.azure.com"  # the Retail Prices API

@@ -1,5 +1,6 @@
-"""Azure: virtual machines through azure-mgmt-compute, their NICs through azure-mgmt-network,
-credentials through azure-identity's DefaultAzureCredential. All three are imported lazily."""
+"""Azure: virtual machines through azure-mgmt-compute, their NICs, public IPs and SSH network
+security group through azure-mgmt-network, credentials through azure-identity's
+DefaultAzureCredential. All three are imported lazily."""
 
 from __future__ import annotations
 
@@ -92,6 +93,7 @@ class AzureProvider(Provider):
         self._supplied_credential = credential
         self._sdk: tuple[Any, Any] | None = None
         self._lock = threading.Lock()
+        self._groups: dict[str, str] = {}  # region -> our SSH NSG's id
 
     # --- configuration
 
@@ -249,11 +251,11 @@ class AzureProvider(Provider):
         compute, network = self._clients()
         rg, name = self.resource_group, request.name
         vm_body = self._vm_body(request)  # validates before anything is created
-        create_nic = partial(
-            network.network_interfaces.begin_create_or_update,
+        create_ip = partial(
+            network.public_ip_addresses.begin_create_or_update,
             rg,
-            _nic_name(name),
-            self._nic_body(request),
+            _ip_name(name),
+            self._ip_body(request),
         )
 
         def begin_create(**kwargs: Any) -> Any:
@@ -269,8 +271,21 @@ class AzureProvider(Provider):
 
         foreign = False
         try:
+            group = self._ssh_group(request.region)
             for _ in range(2):
-                nic = self._wait(create_nic)
+                # A public IP (Standard, static) on the NIC: without one nobody can reach the VM,
+                # and on a subnet without default outbound access it cannot reach the internet.
+                # Inside the loop: clearing a failed attempt below deletes it with the NIC.
+                public_ip = self._wait(create_ip)
+                nic_body = self._nic_body(request, public_ip.id, group)
+                nic = self._wait(
+                    partial(
+                        network.network_interfaces.begin_create_or_update,
+                        rg,
+                        _nic_name(name),
+                        nic_body,
+                    )
+                )
                 vm = self._wait(begin_create)
                 if vm is not None:
                     break
@@ -285,37 +300,50 @@ class AzureProvider(Provider):
                 raise InvalidRequest(str(err), code=err.code) from err
             raise
         if foreign:
-            with contextlib.suppress(ProviderError):  # our NIC, unless that VM uses it
-                self._wait(partial(network.network_interfaces.begin_delete, rg, _nic_name(name)))
+            for begin in (  # our NIC and public IP, unless that VM uses them
+                partial(network.network_interfaces.begin_delete, rg, _nic_name(name)),
+                partial(network.public_ip_addresses.begin_delete, rg, _ip_name(name)),
+            ):
+                with contextlib.suppress(ProviderError):
+                    self._wait(begin)
             raise InvalidRequest(
                 f"azure: a VM named {name} already exists in {rg} and is not this machine",
                 code="Conflict",
             )
         view = self._call(lambda: compute.virtual_machines.instance_view(rg, name))
         private_ip = nic.ip_configurations[0].private_ip_address if nic.ip_configurations else None
-        return self._instance(vm, view.statuses, private_ip)
+        return self._instance(vm, view.statuses, private_ip, public_ip.ip_address)
 
     def get(self, ref: InstanceRef) -> Instance:
         compute, network = self._clients()
         rg, name = self._locate(ref)
         vm = self._call(lambda: compute.virtual_machines.get(rg, name, expand="instanceView"))
+        private_ip = public_ip = None
         try:
             nic = self._call(lambda: network.network_interfaces.get(rg, _nic_name(name)))
-            private_ip = nic.ip_configurations[0].private_ip_address
+            config = nic.ip_configurations[0]
+            private_ip = config.private_ip_address
+            ip_id = config.public_ip_address.id if config.public_ip_address else None
+            if ip_id:  # the address is held by the public IP resource, not the NIC
+                ip_rg, ip_name = _network_name(ip_id)
+                ip = self._call(lambda: network.public_ip_addresses.get(ip_rg or rg, ip_name))
+                public_ip = ip.ip_address
         except (NotFound, IndexError, TypeError):
-            private_ip = None
-        return self._instance(vm, vm.instance_view.statuses if vm.instance_view else [], private_ip)
+            pass  # no NIC (or public IP) any more: the VM's own state still answers
+        statuses = vm.instance_view.statuses if vm.instance_view else []
+        return self._instance(vm, statuses, private_ip, public_ip)
 
     def list_managed(
         self, regions: Sequence[str] | None = None, machine_id: str | None = None
     ) -> list[Instance]:
-        compute, _ = self._clients()
+        compute, network = self._clients()
         rg, wanted = self.resource_group, set(regions or self.regions)
         try:
             # ARM cannot filter VMs by tag: list the resource group (all pages), filter here.
             vms = self._call(lambda: list(compute.virtual_machines.list(rg)))
         except NotFound:
             return []
+        addresses: dict[str, str | None] | None = None
         found = []
         for vm in vms:
             tags = vm.tags or {}
@@ -327,7 +355,11 @@ class AzureProvider(Provider):
                 view = self._call(partial(compute.virtual_machines.instance_view, rg, vm.name))
             except NotFound:
                 continue  # deleted while we listed
-            found.append(self._instance(vm, view.statuses))
+            if addresses is None:  # one listing of the group's public IPs serves every VM
+                ips = self._call(lambda: list(network.public_ip_addresses.list(rg)))
+                addresses = {(ip.name or "").lower(): ip.ip_address for ip in ips}
+            public_ip = addresses.get(_ip_name(vm.name).lower())
+            found.append(self._instance(vm, view.statuses, public_ip=public_ip))
         return found
 
     def stop(self, ref: InstanceRef) -> None:
@@ -352,13 +384,17 @@ class AzureProvider(Provider):
         return (m[1], m[2]) if m else (self.resource_group, ref.name or ref.id)
 
     def _remove_vm(self, name: str) -> None:
-        """Delete the VM, then its NIC and OS disk. They carry deleteOption=Delete and normally go
-        with it; deleting them by name catches leftovers. Each step is a no-op when gone."""
+        """Delete the VM, then its NIC, public IP and OS disk. They carry deleteOption=Delete and
+        normally go with it; deleting them by name catches leftovers (a launch refused before the
+        VM existed, or a public IP the cascade left: Azure/azure-rest-api-specs#25475). The NIC
+        goes before the public IP, which cannot be deleted while a NIC holds it. Each step is a
+        no-op when gone."""
         compute, network = self._clients()
         rg = self.resource_group
         for begin in (
             partial(compute.virtual_machines.begin_delete, rg, name),
             partial(network.network_interfaces.begin_delete, rg, _nic_name(name)),
+            partial(network.public_ip_addresses.begin_delete, rg, _ip_name(name)),
             partial(compute.disks.begin_delete, rg, _disk_name(name)),
         ):
             with contextlib.suppress(NotFound):
@@ -378,7 +414,66 @@ class AzureProvider(Provider):
                 pass
             self._remove_vm(name)
 
-    def _nic_body(self, request: LaunchRequest) -> Any:
+    def _ssh_group(self, region: str) -> str:
+        """Our network security group in ``region``: found by name, else created with 22/tcp open
+        to ``ssh_cidrs`` and tagged as ours. A Standard public IP is closed to inbound traffic
+        until an NSG admits it. Outbound stays open (the default AllowInternetOutBound rule)."""
+        with self._lock:
+            if region in self._groups:
+                return self._groups[region]
+        from azure.mgmt.network import models
+
+        _, network = self._clients()
+        rg, name = self.resource_group, _nsg_name(region)
+        try:
+            group = self._call(lambda: network.network_security_groups.get(rg, name))
+        except NotFound:
+            cidrs = list(self.options.ssh_cidrs)
+            source: dict[str, Any] = (
+                {"source_address_prefix": cidrs[0]}
+                if len(cidrs) == 1
+                else {"source_address_prefixes": cidrs}
+            )
+            body = models.NetworkSecurityGroup(  # type: ignore[call-overload]
+                location=region,
+                tags={TAG_MANAGED_BY: TAG_MANAGED_BY_VALUE},
+                security_rules=[
+                    models.SecurityRule(  # type: ignore[call-overload]
+                        name="provisioner-ssh",
+                        description="provisioner: SSH to GPU machines",
+                        protocol="Tcp",
+                        source_port_range="*",
+                        destination_port_range="22",
+                        destination_address_prefix="*",
+                        access="Allow",
+                        direction="Inbound",
+                        priority=1000,
+                        **source,
+                    )
+                ],
+            )
+            # PUT by name: a concurrent creator's PUT lands on the same group, never a second.
+            group = self._wait(
+                partial(network.network_security_groups.begin_create_or_update, rg, name, body)
+            )
+        with self._lock:
+            self._groups[region] = group.id
+        return str(group.id)
+
+    def _ip_body(self, request: LaunchRequest) -> Any:
+        from azure.mgmt.network import models
+
+        # Standard SKU (Basic is retired) is static-only. Zone-redundant by default where the
+        # region has zones, so it serves a VM in any zone.
+        return models.PublicIPAddress(  # type: ignore[call-overload]
+            location=request.region,
+            tags=dict(request.labels),
+            sku=models.PublicIPAddressSku(name="Standard", tier="Regional"),
+            public_ip_allocation_method="Static",
+            public_ip_address_version="IPv4",
+        )
+
+    def _nic_body(self, request: LaunchRequest, public_ip_id: str, group_id: str) -> Any:
         from azure.mgmt.network import models
 
         # The flattened keywords (ip_configurations=…, subnet=…) are what every supported
@@ -392,8 +487,14 @@ class AzureProvider(Provider):
                     name="ipconfig1",
                     subnet=models.Subnet(id=self._subnet_id(request.region)),
                     private_ip_allocation_method="Dynamic",
+                    # deleteOption is honoured as set here, on the NIC's reference, not in the
+                    # public IP's own body (Azure/azure-sdk-for-java#38806).
+                    public_ip_address=models.PublicIPAddress(  # type: ignore[call-overload]
+                        id=public_ip_id, delete_option="Delete"
+                    ),
                 )
             ],
+            network_security_group=models.NetworkSecurityGroup(id=group_id),
         )
 
     def _nic_id(self, vm_name: str) -> str:
@@ -485,7 +586,13 @@ class AzureProvider(Provider):
             **market,
         )
 
-    def _instance(self, vm: Any, statuses: Any, private_ip: str | None = None) -> Instance:
+    def _instance(
+        self,
+        vm: Any,
+        statuses: Any,
+        private_ip: str | None = None,
+        public_ip: str | None = None,
+    ) -> Instance:
         codes = [s.code or "" for s in statuses or []]
         power = next((c.split("/", 1)[1] for c in codes if c.startswith("PowerState/")), None)
         spot = str(getattr(vm.priority, "value", vm.priority) or "").lower() == "spot"
@@ -511,6 +618,7 @@ class AzureProvider(Provider):
             state=state,
             spot=spot,
             labels=dict(vm.tags or {}),
+            public_ip=public_ip,
             private_ip=private_ip,
             launched_at=vm.time_created,
             state_reason=reason,
@@ -581,6 +689,20 @@ def _parse_time(text: str) -> datetime:
 
 def _nic_name(vm_name: str) -> str:
     return f"{vm_name}-nic"
+
+
+def _ip_name(vm_name: str) -> str:
+    return f"{vm_name}-ip"
+
+
+def _nsg_name(region: str) -> str:
+    return f"provisioner-ssh-{region}"
+
+
+def _network_name(resource_id: str) -> tuple[str | None, str]:
+    """(resource group, name) of a Microsoft.Network resource id."""
+    m = re.search(r"/resourceGroups/([^/]+)/providers/[^/]+/[^/]+/([^/]+)$", resource_id, re.I)
+    return (m[1], m[2]) if m else (None, resource_id.rsplit("/", 1)[-1])
 
 
 def _disk_name(vm_name: str) -> str:

@@ -2,7 +2,8 @@
 
 Speaks ARM's wire protocol on 127.0.0.1 (plain http, ephemeral port): virtual machines (PUT with
 ``If-None-Match: *``, GET, DELETE, list with ``nextLink`` paging, instanceView, deallocate, start,
-powerOff, simulateEviction), network interfaces, managed disks, long-running operations through
+powerOff, simulateEviction), network interfaces, public IP addresses, network security groups,
+managed disks, long-running operations through
 ``Azure-AsyncOperation`` + ``Location`` headers (absolute loopback URLs, ``Retry-After: 0``), the
 Activity Log (``Microsoft.Insights/eventtypes/management/values``) and the public Retail Prices API
 (``/api/retail/prices``, served from fixture rows).
@@ -19,6 +20,7 @@ import base64
 import copy
 import enum
 import functools
+import ipaddress
 import itertools
 import json
 import re
@@ -233,6 +235,9 @@ class AzureEmulator:
         self.vms: dict[str, _Vm] = {}  # lower-cased resource id -> VM
         self.nics: dict[str, dict] = {}
         self.disks: dict[str, dict] = {}
+        # Public IPs and NSGs are billed / kept until deleted: whatever a test leaves here leaked.
+        self.public_ips: dict[str, dict] = {}
+        self.nsgs: dict[str, dict] = {}
         self.activity: list[dict] = []
         self._ops: dict[str, _Operation] = {}
         self._faults: list[_Fault] = []
@@ -240,6 +245,7 @@ class AzureEmulator:
         self._losses: list[_Throttle] = []
         self._slow_polls = 0
         self._ip = itertools.count(4)
+        self._address = itertools.count(10)
         # A server's clock is the time of day, as ARM's is: a fixed date here would fall out
         # of the adapter's 90-day activity-log window as the calendar moves on (it did, at a
         # faked 2028-02-29). Strictly increasing from there (see _now).
@@ -428,6 +434,71 @@ class AzureEmulator:
         with self._lock:
             return json.loads(json.dumps(self._get_vm(resource_group, name).body))
 
+    def public_ip_of(self, name: str, resource_group: str = "provisioner") -> str | None:
+        """The public address on the VM's primary NIC, as the public IP resource holds it."""
+        with self._lock:
+            pip = self._vm_public_ip(self._get_vm(resource_group, name))
+            return pip["properties"].get("ipAddress") if pip else None
+
+    def reachable(
+        self,
+        name: str,
+        port: int = 22,
+        *,
+        source: str = "203.0.113.7",
+        resource_group: str = "provisioner",
+    ) -> bool:
+        """Can ``source`` (an internet address) open TCP ``port`` on the running VM?
+
+        Only through a public IP on its NIC. A Standard-SKU public IP is "secure by default and
+        closed to inbound traffic" until an NSG allows it; a Basic one is open without an NSG
+        (learn.microsoft.com/azure/virtual-network/ip-services/public-ip-addresses, SKU table).
+        NSG rules are evaluated by priority, lowest number first, the first match deciding;
+        service tag ``Internet`` is any address outside the VNet (network-security-groups-
+        overview). The subnet's own NSG is not modelled (the adapter does not set one)."""
+        with self._lock:
+            vm = self._get_vm(resource_group, name)
+            if vm.power != "running":
+                return False
+            pip = self._vm_public_ip(vm)
+            if pip is None or not pip["properties"].get("ipAddress"):
+                return False
+            nic = self._primary_nic(vm)
+            nsg_id = ((nic or {}).get("properties", {}).get("networkSecurityGroup") or {}).get(
+                "id", ""
+            )
+            nsg = self.nsgs.get(nsg_id.lower())
+            if nsg is None:
+                return not pip.get("sku", {}).get("name", "Basic").lower().startswith("standard")
+            rules = nsg["properties"]["securityRules"] + nsg["properties"]["defaultSecurityRules"]
+            inbound = [r["properties"] for r in rules if r["properties"]["direction"] == "Inbound"]
+            for rule in sorted(inbound, key=lambda r: r["priority"]):
+                if _rule_matches(rule, source, port):
+                    return rule["access"] == "Allow"
+            return False
+
+    def outbound_internet(self, name: str, resource_group: str = "provisioner") -> bool:
+        """Can the VM reach the internet? Only through a public IP here: subnets created on
+        recent API versions have no default outbound access, and no NAT gateway is modelled
+        (learn.microsoft.com/azure/virtual-network/ip-services/default-outbound-access)."""
+        with self._lock:
+            pip = self._vm_public_ip(self._get_vm(resource_group, name))
+            return bool(pip and pip["properties"].get("ipAddress"))
+
+    def _primary_nic(self, vm: _Vm) -> dict | None:
+        refs = vm.body["properties"].get("networkProfile", {}).get("networkInterfaces", [])
+        ref = next((r for r in refs if r.get("properties", {}).get("primary")), None)
+        ref = ref or (refs[0] if refs else None)
+        return self.nics.get(ref["id"].lower()) if ref else None
+
+    def _vm_public_ip(self, vm: _Vm) -> dict | None:
+        nic = self._primary_nic(vm)
+        for config in (nic or {}).get("properties", {}).get("ipConfigurations", []):
+            pip_id = ((config.get("properties") or {}).get("publicIPAddress") or {}).get("id")
+            if pip_id and pip_id.lower() in self.public_ips:
+                return self.public_ips[pip_id.lower()]
+        return None
+
     def requests_to(self, method: str, path_contains: str) -> list[Recorded]:
         return [
             r
@@ -493,7 +564,7 @@ class AzureEmulator:
                 continue
             nic["properties"].pop("virtualMachine", None)
             if ref.get("properties", {}).get("deleteOption") == "Delete":
-                self.nics.pop(ref["id"].lower())
+                self._remove_nic(nic, vm_deleted=True)
         os_disk = props.get("storageProfile", {}).get("osDisk", {})
         disk_id = os_disk.get("managedDisk", {}).get("id", "").lower()
         if disk_id in self.disks:
@@ -612,6 +683,13 @@ class AzureEmulator:
                 return self._action(rg, name, parts[1].lower())
         if ns == "microsoft.network" and rtype == "networkinterfaces" and len(parts) == 1:
             return self._nic(method, rg, parts[0], body)
+        if ns == "microsoft.network" and rtype == "publicipaddresses":
+            if not parts and method == "GET":
+                return self._list(self.public_ips, rg, "publicIPAddresses", query)
+            if len(parts) == 1:
+                return self._public_ip(method, rg, parts[0], body)
+        if ns == "microsoft.network" and rtype == "networksecuritygroups" and len(parts) == 1:
+            return self._nsg(method, rg, parts[0], body)
         if ns == "microsoft.compute" and rtype == "disks" and len(parts) == 1:
             return self._disk(method, rg, parts[0])
         raise ArmError(404, "InvalidResourceType", f"{method} {rest} is not emulated")
@@ -835,11 +913,33 @@ class AzureEmulator:
 
     # --- network interfaces and disks
 
-    def _nic(self, method: str, rg: str, name: str, body: Any):
-        nic_id = (
+    def _network_id(self, rg: str, rtype: str, name: str) -> str:
+        return (
             f"/subscriptions/{self.subscription_id}/resourceGroups/{rg}/providers/"
-            f"Microsoft.Network/networkInterfaces/{name}"
+            f"Microsoft.Network/{rtype}/{name}"
         )
+
+    @staticmethod
+    def _not_found(rtype: str, rg: str, name: str) -> ArmError:
+        return ArmError(
+            404,
+            "ResourceNotFound",
+            f"The Resource 'Microsoft.Network/{rtype}/{name}' under resource group '{rg}' "
+            "was not found.",
+        )
+
+    @staticmethod
+    def _bad_reference(ref_id: str, by: str) -> ArmError:
+        # The shape ARM answers for a missing or other-region reference from a NIC (quoted in
+        # MicrosoftDocs/azure-docs#114616 for a public IP, Azure/azure-cli#332 for an NSG).
+        return _bad(
+            f"Resource {ref_id} referenced by resource {by} was not found. Please make sure "
+            "that the referenced resource exists, and that both resources are in the same region.",
+            "InvalidResourceReference",
+        )
+
+    def _nic(self, method: str, rg: str, name: str, body: Any):
+        nic_id = self._network_id(rg, "networkInterfaces", name)
         nic = self.nics.get(nic_id.lower())
         if method == "GET":
             if nic is None:
@@ -850,16 +950,25 @@ class AzureEmulator:
                 return 204, {}, None
             if nic["properties"].get("virtualMachine"):
                 raise _bad(f"Network interface {nic_id} is used by a virtual machine.", "NicInUse")
-            self.nics.pop(nic_id.lower())
+            self._remove_nic(nic, vm_deleted=False)
             return 200, {}, None
         if method != "PUT":
             raise ArmError(405, "MethodNotAllowed", method)
         from azure.mgmt.network import models
 
         check_model(models.NetworkInterface, body)
-        configs = (body.get("properties") or {}).get("ipConfigurations") or []
+        props = body.get("properties") or {}
+        configs = props.get("ipConfigurations") or []
         if not configs:
             raise _bad("A network interface needs at least one IP configuration.")
+        location = body["location"]
+        if nic is not None and nic["location"] != location:
+            raise _bad(
+                f"Resource {nic_id} exists in location {nic['location']}; a resource "
+                "cannot change location.",
+                "InvalidResourceLocation",
+            )
+        wanted: dict[str, str] = {}  # public IP key -> the ipConfiguration id that takes it
         for config in configs:
             subnet = ((config.get("properties") or {}).get("subnet") or {}).get("id", "")
             if not config.get("name") or not _SUBNET_ID.match(subnet):
@@ -867,33 +976,295 @@ class AzureEmulator:
                     f"Subnet id {subnet!r} is not a valid subnet reference.",
                     "InvalidResourceReference",
                 )
+            config_id = f"{nic_id}/ipConfigurations/{config['name']}"
+            pip_ref = (config.get("properties") or {}).get("publicIPAddress")
+            if pip_ref:
+                pip = self.public_ips.get(pip_ref.get("id", "").lower())
+                if pip is None or pip["location"] != location:
+                    raise self._bad_reference(pip_ref.get("id", ""), nic_id)
+                holder = (pip["properties"].get("ipConfiguration") or {}).get("id", "")
+                if holder and not holder.lower().startswith(nic_id.lower() + "/"):
+                    # One public IP, one ipConfiguration: recorded ARM answer in
+                    # Azure/azure-sdk-for-node's network test recordings.
+                    raise _bad("Public IP address is in use.", "PublicIPAddressInUse")
+                wanted[pip_ref["id"].lower()] = config_id
+        nsg_ref = props.get("networkSecurityGroup")
+        nsg = None
+        if nsg_ref:
+            nsg = self.nsgs.get(nsg_ref.get("id", "").lower())
+            if nsg is None or nsg["location"] != location:
+                raise self._bad_reference(nsg_ref.get("id", ""), nic_id)
+        status = 200
         if nic is None:
             nic = {
                 "id": nic_id,
                 "name": name,
                 "type": "Microsoft.Network/networkInterfaces",
+                "location": location,
+                "properties": {},
+            }
+            self.nics[nic_id.lower()] = nic
+            status = 201
+        old_configs = {c["name"]: c for c in nic["properties"].get("ipConfigurations", [])}
+        self._release_network(nic)  # the PUT replaces the whole configuration
+        for config in configs:
+            config["id"] = f"{nic_id}/ipConfigurations/{config['name']}"
+            kept = old_configs.get(config["name"], {}).get("properties", {})
+            config["properties"]["privateIPAddress"] = kept.get(
+                "privateIPAddress", f"10.0.0.{next(self._ip)}"
+            )
+            config["properties"]["provisioningState"] = "Succeeded"
+        for key, config_id in wanted.items():
+            pip = self.public_ips[key]
+            pip["properties"]["ipConfiguration"] = {"id": config_id}
+            # deleteOption takes effect only as set through the NIC's ipConfiguration
+            # (Azure/azure-sdk-for-java#38806, maintainers; #39096 sets it there). Per the SDK's
+            # DeleteOptions: "what happens to the public IP address when the VM using it is
+            # deleted".
+            ref = next(
+                c["properties"]["publicIPAddress"]
+                for c in configs
+                if (c["properties"].get("publicIPAddress") or {}).get("id", "").lower() == key
+            )
+            option = (ref.get("properties") or {}).get("deleteOption")
+            if option:
+                pip["properties"]["deleteOption"] = option
+            else:
+                pip["properties"].pop("deleteOption", None)
+        if nsg is not None:
+            nsg["properties"].setdefault("networkInterfaces", []).append({"id": nic_id})
+        nic["properties"]["ipConfigurations"] = configs
+        nic["properties"]["networkSecurityGroup"] = {"id": nsg["id"]} if nsg else None
+        if nsg is None:
+            nic["properties"].pop("networkSecurityGroup")
+        nic["tags"] = body.get("tags", {})
+        nic["properties"]["provisioningState"] = "Succeeded"
+        headers = self._operation("Microsoft.Network", location, lambda: None)
+        return status, headers, nic
+
+    def _release_network(self, nic: dict) -> None:
+        """Detach the NIC from its public IPs and NSG (they stay, and a public IP keeps billing)."""
+        for config in nic["properties"].get("ipConfigurations", []):
+            pip_id = ((config.get("properties") or {}).get("publicIPAddress") or {}).get("id", "")
+            pip = self.public_ips.get(pip_id.lower())
+            if pip is not None:
+                pip["properties"].pop("ipConfiguration", None)
+        nsg_id = (nic["properties"].get("networkSecurityGroup") or {}).get("id", "")
+        nsg = self.nsgs.get(nsg_id.lower())
+        if nsg is not None:
+            nsg["properties"]["networkInterfaces"] = [
+                r
+                for r in nsg["properties"].get("networkInterfaces", [])
+                if r["id"].lower() != nic["id"].lower()
+            ]
+
+    def _remove_nic(self, nic: dict, *, vm_deleted: bool) -> None:
+        """A NIC goes. Its public IPs are detached and stay (and bill), unless the VM is being
+        deleted and the NIC set their deleteOption to Delete (SDK DeleteOptions docstring)."""
+        doomed = []
+        if vm_deleted:
+            for config in nic["properties"].get("ipConfigurations", []):
+                pip_id = ((config.get("properties") or {}).get("publicIPAddress") or {}).get("id")
+                pip = self.public_ips.get((pip_id or "").lower())
+                if pip is not None and pip["properties"].get("deleteOption") == "Delete":
+                    doomed.append(pip_id.lower())
+        self._release_network(nic)
+        self.nics.pop(nic["id"].lower(), None)
+        for key in doomed:
+            self.public_ips.pop(key, None)
+
+    def _list(self, store: dict[str, dict], rg: str, rtype: str, query: dict):
+        prefix = f"/subscriptions/{self.subscription_id}/resourcegroups/{rg.lower()}/"
+        items = [item for key, item in sorted(store.items()) if key.startswith(prefix)]
+        skip = int(query.get("$skiptoken", "0"))
+        result: dict[str, Any] = {"value": items[skip : skip + self.page_size]}
+        if skip + self.page_size < len(items):
+            result["nextLink"] = (
+                f"{self.base_url}/subscriptions/{self.subscription_id}/resourceGroups/{rg}/"
+                f"providers/Microsoft.Network/{rtype}?api-version={query['api-version']}"
+                f"&$skiptoken={skip + self.page_size}"
+            )
+        return 200, {}, result
+
+    def _public_ip(self, method: str, rg: str, name: str, body: Any):
+        pip_id = self._network_id(rg, "publicIPAddresses", name)
+        pip = self.public_ips.get(pip_id.lower())
+        if method == "GET":
+            if pip is None:
+                raise self._not_found("publicIPAddresses", rg, name)
+            return 200, {}, pip
+        if method == "DELETE":
+            if pip is None:
+                return 204, {}, None
+            holder = (pip["properties"].get("ipConfiguration") or {}).get("id")
+            if holder:
+                # Refused while associated (message as ARM sends it, quoted in
+                # hashicorp/terraform-provider-azurerm#2566 and oap-project/cloudtik#158).
+                raise _bad(
+                    f"Public IP address {pip_id} can not be deleted since it is still allocated "
+                    f"to resource {holder}. In order to delete the public IP, "
+                    "disassociate/detach the Public IP address from the resource.  To learn how "
+                    "to do this, see aka.ms/deletepublicip.",
+                    "PublicIPAddressCannotBeDeleted",
+                )
+            self.public_ips.pop(pip_id.lower())
+            return 202, self._operation("Microsoft.Network", pip["location"], lambda: None), None
+        if method != "PUT":
+            raise ArmError(405, "MethodNotAllowed", method)
+        from azure.mgmt.network import models
+
+        check_model(models.PublicIPAddress, body)
+        props = dict(body.get("properties") or {})
+        sku = (body.get("sku") or {}).get("name", "Basic")
+        method_ = props.get("publicIPAllocationMethod", "Dynamic")
+        if sku.lower().startswith("standard") and method_.lower() != "static":
+            # "Standard sku publicIp … must have AllocationMethod set to Static."
+            # (MicrosoftDocs/azure-docs#42889; Standard SKU "always uses static allocation",
+            # learn.microsoft.com/azure/virtual-network/ip-services/public-ip-addresses)
+            raise _bad(
+                f"Standard sku publicIp {pip_id} must have AllocationMethod set to Static.",
+                "StandardSkuPublicIPAddressesMustBeStatic",
+            )
+        # A deleteOption in the public IP's own PUT is not kept: ARM drops it from the stored
+        # resource (Azure/azure-rest-api-specs#25475, Azure/azure-cli#20592). Only the NIC's
+        # ipConfiguration reference sets it (see _nic).
+        props.pop("deleteOption", None)
+        status = 200
+        if pip is None:
+            pip = {
+                "id": pip_id,
+                "name": name,
+                "type": "Microsoft.Network/publicIPAddresses",
                 "location": body["location"],
                 "properties": {},
             }
-            for config in configs:
-                config["id"] = f"{nic_id}/ipConfigurations/{config['name']}"
-                config["properties"]["privateIPAddress"] = f"10.0.0.{next(self._ip)}"
-                config["properties"]["provisioningState"] = "Succeeded"
-            nic["properties"]["ipConfigurations"] = configs
-            self.nics[nic_id.lower()] = nic
+            self.public_ips[pip_id.lower()] = pip
             status = 201
-        elif nic["location"] != body["location"]:
+        elif pip["location"] != body["location"]:
             raise _bad(
-                f"Resource {nic_id} exists in location {nic['location']}; a resource "
+                f"Resource {pip_id} exists in location {pip['location']}; a resource "
                 "cannot change location.",
                 "InvalidResourceLocation",
             )
-        else:
-            status = 200
-        nic["tags"] = body.get("tags", {})
-        nic["properties"]["provisioningState"] = "Succeeded"
+        kept = {
+            k: pip["properties"][k]
+            for k in ("ipAddress", "ipConfiguration", "deleteOption")
+            if k in pip["properties"]
+        }
+        pip["properties"] = {**props, **kept, "provisioningState": "Succeeded"}
+        pip["properties"].setdefault("publicIPAllocationMethod", method_)
+        if method_.lower() == "static" and "ipAddress" not in pip["properties"]:
+            # A static address is assigned when the resource is created (public IP docs).
+            pip["properties"]["ipAddress"] = f"20.0.0.{next(self._address)}"
+        pip["sku"] = {"name": sku, "tier": (body.get("sku") or {}).get("tier", "Regional")}
+        pip["tags"] = body.get("tags", {})
+        if body.get("zones"):
+            pip["zones"] = body["zones"]
         headers = self._operation("Microsoft.Network", body["location"], lambda: None)
-        return status, headers, nic
+        return status, headers, pip
+
+    # The rules every NSG has (learn.microsoft.com/azure/virtual-network/
+    # network-security-groups-overview, "Default security rules").
+    _DEFAULT_RULES = (
+        ("AllowVnetInBound", 65000, "Inbound", "Allow", "VirtualNetwork"),
+        ("AllowAzureLoadBalancerInBound", 65001, "Inbound", "Allow", "AzureLoadBalancer"),
+        ("DenyAllInBound", 65500, "Inbound", "Deny", "*"),
+        ("AllowVnetOutBound", 65000, "Outbound", "Allow", "VirtualNetwork"),
+        ("AllowInternetOutBound", 65001, "Outbound", "Allow", "*"),
+        ("DenyAllOutBound", 65500, "Outbound", "Deny", "*"),
+    )
+
+    def _nsg(self, method: str, rg: str, name: str, body: Any):
+        nsg_id = self._network_id(rg, "networkSecurityGroups", name)
+        nsg = self.nsgs.get(nsg_id.lower())
+        if method == "GET":
+            if nsg is None:
+                raise self._not_found("networkSecurityGroups", rg, name)
+            return 200, {}, nsg
+        if method == "DELETE":
+            if nsg is None:
+                return 204, {}, None
+            users = [r["id"] for r in nsg["properties"].get("networkInterfaces", [])]
+            if users:
+                # pulumi/pulumi-azure-native#3051 quotes ARM's answer. The docs ("Delete a network
+                # security group", quoted in MicrosoftDocs/azure-docs#18895): one associated with
+                # a subnet or NIC cannot be deleted.
+                raise _bad(
+                    f"Network security group {nsg_id} cannot be deleted because it is in use by "
+                    f"the following resources: {', '.join(users)}. In order to delete the "
+                    "Network security group, remove the association with the resource(s).",
+                    "InUseNetworkSecurityGroupCannotBeDeleted",
+                )
+            self.nsgs.pop(nsg_id.lower())
+            return 202, self._operation("Microsoft.Network", nsg["location"], lambda: None), None
+        if method != "PUT":
+            raise ArmError(405, "MethodNotAllowed", method)
+        from azure.mgmt.network import models
+
+        check_model(models.NetworkSecurityGroup, body)
+        rules = (body.get("properties") or {}).get("securityRules") or []
+        seen: set[tuple[str, int]] = set()
+        for rule in rules:
+            props = rule.get("properties") or {}
+            priority = props.get("priority")
+            # Custom rules take priorities 100-4096 (network-security-groups-overview, confirmed
+            # by Microsoft in MicrosoftDocs/azure-docs#115185).
+            if not isinstance(priority, int) or not 100 <= priority <= 4096:
+                raise _bad(
+                    f"Security rule has invalid Priority. Value provided: {priority} "
+                    "Allowed range 100-4096.",
+                    "SecurityRuleInvalidPriority",
+                )
+            key = (props.get("direction", ""), priority)
+            if key in seen:  # "priority … must be unique" per direction (same docs page)
+                raise _bad(
+                    f"Security rule {rule.get('name')} conflicts with another rule: rules cannot "
+                    "have the same Priority and Direction.",
+                    "SecurityRuleConflict",
+                )
+            seen.add(key)
+        status = 200
+        if nsg is None:
+            nsg = {
+                "id": nsg_id,
+                "name": name,
+                "type": "Microsoft.Network/networkSecurityGroups",
+                "location": body["location"],
+                "properties": {"networkInterfaces": []},
+            }
+            self.nsgs[nsg_id.lower()] = nsg
+            status = 201
+        elif nsg["location"] != body["location"]:
+            raise _bad(
+                f"Resource {nsg_id} exists in location {nsg['location']}; a resource "
+                "cannot change location.",
+                "InvalidResourceLocation",
+            )
+        for rule in rules:
+            rule["id"] = f"{nsg_id}/securityRules/{rule.get('name', '')}"
+            rule["properties"]["provisioningState"] = "Succeeded"
+        nsg["properties"]["securityRules"] = rules
+        nsg["properties"]["defaultSecurityRules"] = [
+            {
+                "name": rule_name,
+                "id": f"{nsg_id}/defaultSecurityRules/{rule_name}",
+                "properties": {
+                    "priority": priority,
+                    "direction": direction,
+                    "access": access,
+                    "protocol": "*",
+                    "sourceAddressPrefix": source if direction == "Inbound" else "*",
+                    "destinationAddressPrefix": "*" if direction == "Inbound" else source,
+                    "sourcePortRange": "*",
+                    "destinationPortRange": "*",
+                },
+            }
+            for rule_name, priority, direction, access, source in self._DEFAULT_RULES
+        ]
+        nsg["properties"]["provisioningState"] = "Succeeded"
+        nsg["tags"] = body.get("tags", {})
+        headers = self._operation("Microsoft.Network", body["location"], lambda: None)
+        return status, headers, nsg
 
     def _disk(self, method: str, rg: str, name: str):
         disk_id = (
@@ -988,6 +1359,32 @@ class AzureEmulator:
                 f"&$skip={skip + self.prices_page_size}"
             )
         return 200, {}, result
+
+
+def _rule_matches(rule: dict, source: str, port: int) -> bool:
+    """Does an inbound NSG rule cover TCP ``port`` from internet address ``source``?"""
+    if rule.get("protocol", "*") not in ("*", "Tcp"):
+        return False
+    prefixes = rule.get("sourceAddressPrefixes") or [rule.get("sourceAddressPrefix", "")]
+    address = ipaddress.ip_address(source)
+
+    def covers(prefix: str) -> bool:
+        if prefix in ("*", "Internet"):
+            return True
+        try:
+            return address in ipaddress.ip_network(prefix, strict=False)
+        except ValueError:
+            return False  # other service tags (VirtualNetwork, AzureLoadBalancer): not the internet
+
+    ranges = rule.get("destinationPortRanges") or [rule.get("destinationPortRange", "")]
+
+    def in_range(text: str) -> bool:
+        if text == "*":
+            return True
+        low, _, high = text.partition("-")
+        return low.isdigit() and int(low) <= port <= int(high or low)
+
+    return any(covers(p) for p in prefixes) and any(in_range(r) for r in ranges)
 
 
 def _parse_filter(text: str) -> dict[tuple[str, str], str]:
