@@ -16,7 +16,7 @@ class AzureOptions(Options):
     vnet: Name = "provisioner-{region}"
     subnet: Name = "default"
     image: Name = "microsoft-dsvm:ubuntu-hpc:2204:latest"  # publisher:offer:sku:version or an id
-    admin_username: Name = "azureuser"
+    admin_username: Name = "provisioner"  # the login user: the same name on every cloud
     # Who may reach port 22: the inbound rule of our NSG (provisioner-ssh-<region> in the resource
     # group), created once per region, tagged as ours. SkyPilot's and dstack's default.
     ssh_cidrs: Names = ("0.0.0.0/0",)
@@ -34,7 +34,7 @@ SPEC = CloudSpec(
     currency="USD",
     options=AzureOptions,
     adapter="providers.azure.adapter:AzureProvider",
-    ssh_user="azureuser",
+    ssh_user="provisioner",
     extra="azure",
     sdk=("azure.mgmt.compute", "azure.mgmt.network", "azure.identity"),
     # Spot VMs with evictionPolicy Deallocate can be deallocated and started; billingProfile

@@ -98,6 +98,11 @@ class AzureProvider(Provider):
     # --- configuration
 
     @property
+    def ssh_user(self) -> str:
+        """Azure makes the admin user itself, named by the option (and its key path)."""
+        return self.options.admin_username
+
+    @property
     def regions(self) -> list[str]:
         return list(self.options.regions)
 
