@@ -359,13 +359,8 @@ def test_spot_up_preemption_recovery_and_down_leave_nothing_billed(
     scheduler relaunches it, the user downs it — no open spot request, no billed instance."""
     from provisioner.jobs import recover
 
-    options = {"endpoint": emu.endpoint_url, "retry_base_seconds": 0.001}
-    app = App(make_settings(home, clouds={"aws": options}), clock)
+    app, experiment = aws_app(emu, home, clock)
     try:
-        catalog.refresh(app.settings, "aws", app.provider("aws").fetch_offers())
-        experiment = Experiment.model_validate(
-            sandbox_experiment("train", gpu="T4:1", market="spot", clouds=["aws"])
-        )
         first = lifecycle.up(app, experiment).machine
         emu.preempt(first.instance_id, first.region, action="terminate")
         emu.restore_capacity()  # a persistent request would come back here
@@ -435,16 +430,22 @@ def test_fetch_offers_from_price_list_and_spot_history(emu: AwsEmulator, tmp_pat
     assert list(catalog.read_csv(path)) == offers
 
 
+def aws_app(emu: AwsEmulator, home: Path, clock) -> tuple[App, Experiment]:
+    """An App on the emulator with its prices refreshed, and a T4 spot experiment `train`."""
+    options = {"endpoint": emu.endpoint_url, "retry_base_seconds": 0.001}
+    app = App(make_settings(home, clouds={"aws": options}), clock)
+    catalog.refresh(app.settings, "aws", app.provider("aws").fetch_offers())
+    experiment = Experiment.model_validate(
+        sandbox_experiment("train", gpu="T4:1", market="spot", clouds=["aws"])
+    )
+    return app, experiment
+
+
 def test_up_fails_over_from_a_zone_without_capacity(emu: AwsEmulator, home: Path, clock) -> None:
     """`catalog refresh` from the fixtures, then `up` a T4 spot machine with the cheapest zone
     out of capacity: it lands in the next zone and leaves exactly one machine."""
-    options = {"endpoint": emu.endpoint_url, "retry_base_seconds": 0.001}
-    app = App(make_settings(home, clouds={"aws": options}), clock)
+    app, experiment = aws_app(emu, home, clock)
     try:
-        catalog.refresh(app.settings, "aws", app.provider("aws").fetch_offers())
-        experiment = Experiment.model_validate(
-            sandbox_experiment("train", gpu="T4:1", market="spot", clouds=["aws"])
-        )
         first, second = planning.plan(app, experiment).candidates[:2]
         assert first.offer.zone != second.offer.zone
         emu.faults.no_capacity(first.offer.zone)

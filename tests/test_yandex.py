@@ -525,13 +525,10 @@ def test_fetched_offers_feed_the_planner(emu, yc):
 # --- end to end ------------------------------------------------------------------------------
 
 
-def test_up_fails_over_to_the_next_zone_when_the_first_is_out_of_capacity(
-    emu, tls, env, home, clock
-):
-    from provisioner import lifecycle
+def yandex_app(emu, tls, home, clock):
+    """An App whose yandex cloud is the emulator (TLS with the test's own CA)."""
     from provisioner.app import App
     from provisioner.settings import Settings
-    from provisioner.spec import Experiment
 
     options = {
         "folder_id": FOLDER,
@@ -540,7 +537,16 @@ def test_up_fails_over_to_the_next_zone_when_the_first_is_out_of_capacity(
         "poll_seconds": 0,
         "retry_base_seconds": 0.001,
     }
-    app = App(Settings(home=home, clouds={"yandex": options}), clock)
+    return App(Settings(home=home, clouds={"yandex": options}), clock)
+
+
+def test_up_fails_over_to_the_next_zone_when_the_first_is_out_of_capacity(
+    emu, tls, env, home, clock
+):
+    from provisioner import lifecycle
+    from provisioner.spec import Experiment
+
+    app = yandex_app(emu, tls, home, clock)
     experiment = Experiment.model_validate(
         {
             "name": "t4-run",
@@ -585,19 +591,10 @@ def test_preemption_recovery_and_down_leave_nothing_on_the_books(emu, tls, env, 
     stops it), the scheduler relaunches it, the user downs it — nothing of ours is left, and
     each machine booted the image whose driver serves its GPUs."""
     from provisioner import lifecycle
-    from provisioner.app import App
     from provisioner.jobs import recover
-    from provisioner.settings import Settings
     from provisioner.spec import Experiment
 
-    options = {
-        "folder_id": FOLDER,
-        "endpoint": emu.endpoint,
-        "root_certificates_file": str(tls[2]),
-        "poll_seconds": 0,
-        "retry_base_seconds": 0.001,
-    }
-    app = App(Settings(home=home, clouds={"yandex": options}), clock)
+    app = yandex_app(emu, tls, home, clock)
     experiment = Experiment.model_validate(
         {
             "name": "t4-run",
