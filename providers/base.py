@@ -88,6 +88,17 @@ class NotFound(ProviderError):
     """The machine does not exist (any more)."""
 
 
+def port_open(host: str, port: int, timeout: float) -> bool:
+    """Whether a TCP connection to ``host:port`` is accepted within ``timeout`` seconds."""
+    import socket
+
+    try:
+        socket.create_connection((host, port), timeout=timeout).close()
+    except OSError:
+        return False
+    return True
+
+
 # --- data passed across the seam ------------------------------------------------------------
 
 
@@ -211,15 +222,7 @@ class Provider(ABC):
 
     def accepts_ssh(self, instance: Instance, timeout: float = 3) -> bool:
         """Whether the machine's SSH port answers at its public address (a TCP connect)."""
-        import socket
-
-        if not instance.public_ip:
-            return False
-        try:
-            socket.create_connection((instance.public_ip, 22), timeout=timeout).close()
-        except OSError:
-            return False
-        return True
+        return bool(instance.public_ip) and port_open(instance.public_ip or "", 22, timeout)
 
     @abstractmethod
     def check(self) -> CheckResult:

@@ -526,7 +526,6 @@ def wait_ready(
     if up:
         with app.db.session() as s:
             mm = machine_row(s, m.id)
-            assert mm is not None  # found above; machines are never deleted
             mm.public_ip = inst.public_ip
             ledger.record_transition(
                 s, mm, "running", app.clock.now(), event="booted", reason="launched"

@@ -37,6 +37,7 @@ from providers.base import (
     ProviderError,
     QuotaError,
     Throttled,
+    port_open,
 )
 from providers.retry import call_with_retry
 from providers.sandbox import SPEC, SandboxOptions
@@ -186,15 +187,7 @@ class SandboxProvider(Provider):
         """A simulated machine answers at once; one pointed at a real host is asked."""
         if self.options.public_ip is None:
             return instance.state is MachineState.RUNNING
-        import socket
-
-        try:
-            socket.create_connection(
-                (self.options.public_ip, self.options.ssh_port), timeout
-            ).close()
-        except OSError:
-            return False
-        return True
+        return port_open(self.options.public_ip, self.options.ssh_port, timeout)
 
     def check(self) -> CheckResult:
         """One call, as a real cloud's check makes one: an injected refusal shows here too."""
