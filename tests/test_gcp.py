@@ -361,6 +361,72 @@ def test_a_rule_of_our_name_on_another_network_is_refused_clearly(emu: GCPEmulat
     assert inserts(emu) == []
 
 
+def test_changed_ssh_cidrs_are_patched_into_the_existing_rule(emu: GCPEmulator) -> None:
+    emu.delete_firewall("default-allow-ssh")
+    first = provider(emu, ssh_cidrs=["198.51.100.0/24"]).launch(request("first"))
+    rule_id = emu.firewalls["provisioner-allow-ssh-default"]["id"]
+    # the settings now admit another network: the next launch updates the rule in place
+    second = provider(emu, ssh_cidrs=["192.0.2.0/28"]).launch(request("second"))
+    [patch] = emu.calls("PATCH", "/global/firewalls/provisioner-allow-ssh-default")
+    assert patch.body == {"sourceRanges": ["192.0.2.0/28"]}
+    rule = emu.firewalls["provisioner-allow-ssh-default"]
+    assert rule["id"] == rule_id and rule["allowed"] == [{"IPProtocol": "tcp", "ports": ["22"]}]
+    assert len(firewall_inserts(emu)) == 1
+    for name in (first.name, second.name):
+        assert emu.reachable_on_22(ZONE, name, source="192.0.2.5")
+        assert not emu.reachable_on_22(ZONE, name, source="198.51.100.7")
+    # unchanged settings patch nothing
+    provider(emu, ssh_cidrs=["192.0.2.0/28"]).launch(request("third"))
+    assert len(emu.calls("PATCH")) == 1
+
+
+def test_unused_network_names_and_removes_only_our_rules_nobody_uses(emu: GCPEmulator) -> None:
+    emu.networks.add("gpu-vpc")
+    gcp = provider(emu)
+    inst = gcp.launch(request("on-default"))
+    provider(emu, network="global/networks/gpu-vpc").launch(request("on-gpu-vpc"))
+    assert gcp.unused_network() == []  # a machine is on each network
+    gcp.stop(inst.ref)
+    assert gcp.unused_network() == []  # a stopped machine needs its rule when started again
+    gcp.terminate(inst.ref)
+    [line] = gcp.unused_network()
+    assert "provisioner-allow-ssh-default" in line and "network default" in line
+    assert "provisioner-allow-ssh-default" in emu.firewalls  # listing removes nothing
+    assert gcp.unused_network(remove=True) == [line]
+    assert sorted(n for n in emu.firewalls if n.startswith("provisioner")) == [
+        "provisioner-allow-ssh-gpu-vpc"
+    ]
+    assert "default-allow-ssh" in emu.firewalls  # never a rule that is not ours
+    # a later launch on the network makes the rule again
+    again = gcp.launch(request("back"))
+    assert "provisioner-allow-ssh-default" in emu.firewalls
+    assert emu.reachable_on_22(ZONE, again.name, source="203.0.113.9")
+
+
+def test_the_metadata_key_works_in_a_project_that_turns_os_login_on(emu: GCPEmulator) -> None:
+    emu.project_metadata["enable-oslogin"] = "TRUE"
+    inst = provider(emu).launch(request())
+    items = {i["key"]: i["value"] for i in emu.instance(ZONE, inst.name)["metadata"]["items"]}
+    assert items["enable-oslogin"] == "FALSE"
+    assert emu.metadata_ssh_login(ZONE, inst.name, "provisioner")
+    # without the instance's own value the project's OS Login would turn the key away
+    stored = emu.instance(ZONE, inst.name)["metadata"]
+    stored["items"] = [i for i in stored["items"] if i["key"] != "enable-oslogin"]
+    assert not emu.metadata_ssh_login(ZONE, inst.name, "provisioner")
+
+
+def test_an_organization_enforcing_os_login_is_refused_saying_what_to_do(
+    emu: GCPEmulator,
+) -> None:
+    emu.require_os_login()
+    with pytest.raises(InvalidRequest) as err:
+        provider(emu).launch(request())
+    text = str(err.value)
+    assert err.value.code == "conditionNotMet"
+    assert "constraints/compute.requireOsLogin" in text and "exempt this project" in text
+    assert "\n" not in text and emu.instances == {}
+
+
 def test_the_rule_name_fits_63_characters_and_names_its_network() -> None:
     assert ssh_rule_name("default") == "provisioner-allow-ssh-default"
     long_a, long_b = "a" * 40 + "-x", "a" * 40 + "-y"
@@ -773,3 +839,95 @@ def test_up_moves_to_another_zone_when_the_catalog_s_zone_lacks_the_accelerator(
     assert rest[-1].outcome == "launched"
     [(zone, _)] = emu.instances
     assert zone != lacking
+
+
+# --- the first real run, through the CLI --------------------------------------------------------
+
+NIGHTS_UNKNOWN_IDLE = """
+name: nights
+off_hours: {timezone: America/New_York, windows: [{days: mon-fri, start: "20:00", end: "08:00"}]}
+idle: {gpu_util_below: 5, for_minutes: 30, unknown_counts_as_idle: true}
+"""
+
+
+def test_first_real_run_through_the_cli_leaves_nothing_billed(
+    emu: GCPEmulator, home: Path, tmp_path: Path
+) -> None:
+    """`up`, a preemption, the sweep's recovery, a night's idle stop, `down` and `gc
+    --terminate`, each through the real CLI against the emulator; then the emulator's own
+    books: nothing billing, every machine reachable (external address, our rule admitting
+    ssh_cidrs to our tag, the metadata key honoured in an OS Login project) on the boot disk its
+    series takes, and no rule of ours left behind."""
+    from datetime import UTC, datetime, timedelta
+
+    from tests.conftest import run_cli, sandbox_experiment, write_settings, write_yaml
+
+    emu.delete_firewall("default-allow-ssh")  # only our own rule may open port 22
+    emu.project_metadata["enable-oslogin"] = "TRUE"  # the project turns OS Login on
+    (tmp_path / "p.yaml").write_text(NIGHTS_UNKNOWN_IDLE)
+    gcp = {
+        "project": emu.project,
+        "endpoint": emu.endpoint,
+        "anonymous": True,
+        "regions": ["us-central1"],
+        "ssh_cidrs": ["198.51.100.0/24"],
+        "retry_base_seconds": 0.001,
+        "retry_max_seconds": 0.01,
+    }
+    cfg = write_settings(home, clouds={"gcp": gcp}, policies=[str(tmp_path / "p.yaml")])
+    experiment = sandbox_experiment("train", gpu="T4:1", clouds=["gcp"])
+    experiment["ssh_public_key"] = SSH_KEY
+    spec = write_yaml(tmp_path / "train.yaml", experiment)
+    noon = datetime(2026, 11, 6, 17, 0, tzinfo=UTC)  # Friday 12:00 in New York
+
+    def cli(*args: str, at: datetime) -> dict:
+        r = run_cli("--config", str(cfg), *args, "-o", "json", now=at)
+        assert r.returncode == 0, r.stderr
+        return json.loads(r.stdout)
+
+    def reachable(zone: str, name: str) -> bool:
+        return (
+            emu.reachable_on_22(zone, name, source="198.51.100.20")
+            and not emu.reachable_on_22(zone, name, source="203.0.113.10")
+            and emu.metadata_ssh_login(zone, name, "provisioner")
+        )
+
+    # the emulator's addresses are not ours to connect to: `up` must not wait for SSH
+    first = cli("up", str(spec), "--no-wait", at=noon)["machine"]
+    [(zone, name)] = emu.instances
+    assert reachable(zone, name)
+    emu.preempt(zone, name)
+    swept = cli("sweep", at=noon + timedelta(minutes=5))
+    [relaunch] = [a for p in swept["passes"] for a in p["actions"]]
+    assert (relaunch["action"], relaunch["done"]) == ("relaunch", True)
+    [(zone2, name2)] = emu.instances  # the preempted one is gone, its replacement runs
+    assert emu.instances[(zone2, name2)]["id"] != first["instance_id"]
+    assert reachable(zone2, name2)
+    night = datetime(2026, 11, 7, 2, 0, tzinfo=UTC)  # Friday 21:00 in New York, no heartbeat
+    swept = cli("sweep", at=night)
+    [stop] = [a for p in swept["passes"] for a in p["actions"]]
+    assert (stop["action"], stop["done"]) == ("stop", True)
+    assert emu.instances[(zone2, name2)]["status"] == "TERMINATED"  # GCP's word for stopped
+    cli("down", "train", at=night + timedelta(minutes=1))
+    assert emu.instances == {}  # no instance, running or stopped, bills for its disk
+    gc = cli("gc", "--terminate", "--yes", at=night + timedelta(minutes=2))
+    assert gc["unused_network"] == {
+        "gcp": [
+            "firewall rule provisioner-allow-ssh-default (network default, tcp:22 to "
+            "provisioner-ssh)"
+        ]
+    }
+    assert [n for n in emu.firewalls if n.startswith("provisioner")] == []
+
+    launches = [r.body for r in inserts(emu)]
+    assert len(launches) == 2  # the first machine and its replacement, nothing more
+    for body in launches:
+        [nic] = body["networkInterfaces"]
+        assert [a["type"] for a in nic["accessConfigs"]] == ["ONE_TO_ONE_NAT"]
+        assert body["tags"]["items"] == ["provisioner-ssh"]
+        assert body["scheduling"]["provisioningModel"] == "SPOT"
+        [disk] = body["disks"]
+        assert disk["initializeParams"]["diskType"].endswith("/diskTypes/pd-balanced")
+    [rule_insert] = firewall_inserts(emu)
+    assert rule_insert.body["sourceRanges"] == ["198.51.100.0/24"]
+    assert rule_insert.body["targetTags"] == ["provisioner-ssh"]

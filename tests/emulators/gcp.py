@@ -353,7 +353,9 @@ class GCPEmulator:
         (compute/docs/oslogin)."""
         with self._lock:
             instance = self._find(zone, name)
-            items = {i["key"]: i.get("value", "") for i in instance.get("metadata", {}).get("items", [])}
+            items = {
+                i["key"]: i.get("value", "") for i in instance.get("metadata", {}).get("items", [])
+            }
             oslogin = items.get("enable-oslogin", self.project_metadata.get("enable-oslogin", ""))
             if oslogin.strip().lower() == "true":
                 return False
