@@ -62,6 +62,8 @@ MACHINE_TYPES = {
     **{f"n1-standard-{v}": ("", 0) for v in (1, 2, 4, 8, 16, 32, 64, 96)},
 }
 ACCELERATOR_TYPES = {"nvidia-tesla-t4", "nvidia-tesla-v100"}
+
+
 # Where each attachable accelerator type exists, the emulator's own copy (it must not follow the
 # adapter's assumptions: a wrong zone in providers/gcp/prices.py has to fail a launch here). The
 # zones of `gcloud compute accelerator-types list` as recorded in SkyPilot's GCP catalog, 2026-11;
@@ -70,8 +72,12 @@ ACCELERATOR_TYPES = {"nvidia-tesla-t4", "nvidia-tesla-v100"}
 # refused at once, HTTP 400 badRequest "The resource 'projects/P/zones/Z/acceleratorTypes/A' was
 # not found" (hashicorp/terraform-provider-google#5860; fastai/course-v3#430 and #493 show the
 # same text from `gcloud compute instances create`).
+def _zones(text: str) -> frozenset[str]:
+    return frozenset(text.split())
+
+
 ACCELERATOR_ZONES = {
-    "nvidia-tesla-t4": frozenset(
+    "nvidia-tesla-t4": _zones(
         """asia-east1-a asia-east1-c asia-east2-a asia-east2-c asia-northeast1-a asia-northeast1-c
         asia-northeast3-b asia-northeast3-c asia-south1-a asia-south1-b asia-southeast1-a
         asia-southeast1-b asia-southeast1-c asia-southeast2-a asia-southeast2-b
@@ -81,11 +87,11 @@ ACCELERATOR_ZONES = {
         northamerica-northeast1-c southamerica-east1-a southamerica-east1-b southamerica-east1-c
         us-central1-a us-central1-b us-central1-c us-central1-f us-east1-b us-east1-c us-east1-d
         us-east4-a us-east4-b us-east4-c us-west1-a us-west1-b us-west2-b us-west2-c us-west3-b
-        us-west4-a us-west4-b""".split()
+        us-west4-a us-west4-b"""
     ),
-    "nvidia-tesla-v100": frozenset(
+    "nvidia-tesla-v100": _zones(
         """asia-east1-c europe-west4-a europe-west4-b europe-west4-c us-central1-a us-central1-b
-        us-central1-c us-central1-f us-east1-b us-east1-c us-west1-a us-west1-b""".split()
+        us-central1-c us-central1-f us-east1-b us-east1-c us-west1-a us-west1-b"""
     ),
 }
 # How many of one attachable GPU an N1 instance takes (https://cloud.google.com/compute/docs/gpus,
