@@ -16,6 +16,7 @@ import re
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
+from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -269,9 +270,7 @@ class GCPProvider(Provider):
                 )
                 try:
                     operation = self._call(
-                        lambda d=delete: self._client("firewalls").delete_unary(
-                            request=d, retry=None
-                        )
+                        partial(self._client("firewalls").delete_unary, request=delete, retry=None)
                     )
                     self._wait_global(operation, project)
                 except NotFound:
