@@ -467,18 +467,98 @@ def test_list_managed_filters_by_tag_and_pages_by_page_number(emu, env):
 # -- check --------------------------------------------------------------------------------
 
 
-def test_check_names_the_missing_security_group_that_would_open_ssh(emu, env):
-    result = SberCloudProvider(options(emu, security_group_id=None)).check()
-    assert result.ok
-    assert "security_group_id" in result.message and "22/tcp" in result.message
-    assert "\n" not in result.message
-    assert "security_group_id" not in SberCloudProvider(options(emu)).check().message
+def test_check_names_the_settings_a_launch_still_needs(emu, env):
+    result = SberCloudProvider(options(emu, image=None, subnet_id=None)).check()
+    assert result.ok and "\n" not in result.message
+    assert "clouds.sbercloud.image, subnet_id" in result.message
+    assert "to launch" not in SberCloudProvider(options(emu)).check().message
 
 
-def test_without_a_security_group_the_server_joins_the_default_one(emu, env):
-    inst = SberCloudProvider(options(emu, security_group_id=None)).launch(request())
-    assert "security_groups" not in creates(emu)[0].body["server"]
-    assert emu.servers[inst.id]["security_groups"] == ["default"]
+def ssh_group(emu: EcsEmulator) -> dict:
+    [group] = [g for g in emu.security_groups.values() if g["name"] == "provisioner-ssh"]
+    return group
+
+
+def inbound(group: dict) -> set:
+    return {
+        (r["protocol"], r["port_range_min"], r["remote_ip_prefix"])
+        for r in group["rules"].values()
+        if r["direction"] == "ingress" and not r["remote_group_id"]
+    }
+
+
+def test_without_a_security_group_servers_join_ours_open_to_ssh_cidrs_only(emu, env):
+    sc = SberCloudProvider(options(emu, security_group_id=None, ssh_cidrs=["198.51.100.0/24"]))
+    inst = sc.launch(request())
+    group = ssh_group(emu)
+    assert group["tags"] == {TAG_MANAGED_BY: "provisioner"}
+    # the new group's own 22 and 3389 from anywhere are gone: 22/tcp from ssh_cidrs only
+    assert inbound(group) == {("tcp", 22, "198.51.100.0/24")}
+    assert {r["direction"] for r in group["rules"].values()} == {"ingress", "egress"}  # out: all
+    assert creates(emu)[0].body["server"]["security_groups"] == [{"id": group["id"]}]
+    assert emu.servers[inst.id]["security_groups"] == [group["id"]]
+    assert emu.reachable_on_22(inst.id, "198.51.100.7")
+    assert not emu.reachable_on_22(inst.id, "203.0.113.10")
+    # another process finds it again: no second group, no rule touched
+    again = SberCloudProvider(options(emu, security_group_id=None, ssh_cidrs=["198.51.100.0/24"]))
+    before = len(emu.requests)
+    second = again.launch(request("pv-token-2", machine="m-2"))
+    assert emu.servers[second.id]["security_groups"] == [group["id"]]
+    assert len(emu.received("POST", r"/security-groups$")) == 1
+    assert not [r for r in emu.requests[before:] if "security-group-rules/" in r.path]
+
+
+def test_changed_ssh_cidrs_replace_the_group_s_ssh_rules(emu, env):
+    SberCloudProvider(options(emu, security_group_id=None, ssh_cidrs=["198.51.100.0/24"])).launch(
+        request()
+    )
+    moved = SberCloudProvider(
+        options(emu, security_group_id=None, ssh_cidrs=["192.0.2.0/28", "2001:db8::/32"])
+    )
+    inst = moved.launch(request("pv-token-2", machine="m-2"))
+    assert inbound(ssh_group(emu)) == {("tcp", 22, "192.0.2.0/28"), ("tcp", 22, "2001:db8::/32")}
+    [v6] = [r for r in ssh_group(emu)["rules"].values() if r["remote_ip_prefix"] == "2001:db8::/32"]
+    assert v6["ethertype"] == "IPv6"
+    assert emu.reachable_on_22(inst.id, "192.0.2.3")
+    assert not emu.reachable_on_22(inst.id, "198.51.100.7")
+
+
+def test_a_named_security_group_is_used_as_it_is(emu, env, sc):
+    inst = sc.launch(request())
+    assert emu.servers[inst.id]["security_groups"] == ["sg-0001"]
+    assert not [r for r in emu.requests if "security-group" in r.path]
+
+
+def test_unused_network_names_and_removes_our_group_once_no_server_is_in_it(emu, env):
+    sc = SberCloudProvider(options(emu, security_group_id=None))
+    inst = sc.launch(request())
+    group = ssh_group(emu)["id"]
+    assert sc.unused_network() == []
+    sc.stop(inst.ref)
+    assert sc.unused_network() == []  # a stopped server still needs it
+    sc.terminate(inst.ref)
+    [line] = sc.unused_network()
+    assert group in line and "provisioner-ssh" in line
+    assert sc.unused_network(remove=True) == [line]
+    assert set(emu.security_groups) == {"default"}  # never a group that is not ours
+    assert emu.eips == {}  # the EIP went with its server
+    # the next launch makes the group again
+    again = sc.launch(request("pv-token-2", machine="m-2"))
+    assert emu.reachable_on_22(again.id)
+
+
+def test_a_group_taken_into_use_meanwhile_is_kept(emu, env, monkeypatch):
+    sc = SberCloudProvider(options(emu, security_group_id=None))
+    sc.terminate(sc.launch(request()).ref)
+    group = ssh_group(emu)["id"]
+    foreign = emu.add_server("someone-elses")
+    # ECS does not list it (e.g. another project's server in our group): the delete is refused
+    emu.servers[foreign]["security_groups"] = [group]
+    monkeypatch.setattr(emu, "_list", lambda query: (200, {"count": 0, "servers": []}))
+    assert sc.unused_network(remove=True) == []
+    assert group in emu.security_groups
+    [refused] = emu.received("DELETE", r"/security-groups/")
+    assert refused.status == 409
 
 
 # -- offers -------------------------------------------------------------------------------
