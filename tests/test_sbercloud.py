@@ -679,3 +679,75 @@ def test_importing_the_adapter_loads_no_sdk():
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=root
     ).stdout
     assert out.strip() == "[]"
+
+
+# -- the first real run, through the CLI ------------------------------------------------------
+
+NIGHTS_UNKNOWN_IDLE = """
+name: nights
+off_hours: {timezone: Europe/Moscow, windows: [{days: mon-fri, start: "20:00", end: "08:00"}]}
+idle: {gpu_util_below: 5, for_minutes: 30, unknown_counts_as_idle: true}
+"""
+
+
+def test_first_real_run_through_the_cli_leaves_nothing_billed(emu, env, home, tmp_path):
+    """`up`, a spot preemption (Huawei releases the server), the sweep's recovery, a night's
+    idle stop, `down` and `gc --terminate`, each through the real CLI against the emulator; then
+    its books: no server, no EIP, no group of ours left; every server had an EIP and our group,
+    which admitted SSH from ssh_cidrs only."""
+    import json
+    from datetime import UTC, datetime, timedelta
+
+    from tests.conftest import run_cli, sandbox_experiment, write_settings, write_yaml
+
+    (tmp_path / "p.yaml").write_text(NIGHTS_UNKNOWN_IDLE)
+    sber = options(emu, security_group_id=None, ssh_cidrs=["198.51.100.0/24"])
+    cfg = write_settings(
+        home,
+        clouds={"sbercloud": sber},
+        policies=[str(tmp_path / "p.yaml")],
+        prices={"sbercloud": {"pi2.2xlarge.4": {"price": "95", "spot_price": "30"}}},
+    )
+    experiment = sandbox_experiment("train", gpu="T4:1", clouds=["sbercloud"])
+    experiment["ssh_public_key"] = SSH_KEY
+    spec = write_yaml(tmp_path / "train.yaml", experiment)
+    noon = datetime(2026, 11, 6, 9, 0, tzinfo=UTC)  # Friday 12:00 in Moscow
+
+    def cli(*args: str, at: datetime) -> dict:
+        r = run_cli("--config", str(cfg), *args, "-o", "json", now=at)
+        assert r.returncode == 0, r.stderr
+        return json.loads(r.stdout)
+
+    def reachable(server_id: str) -> bool:
+        return emu.reachable_on_22(server_id, "198.51.100.20") and not emu.reachable_on_22(
+            server_id, "203.0.113.10"
+        )
+
+    # the emulator's addresses are not ours to connect to: `up` must not wait for SSH
+    first = cli("up", str(spec), "--no-wait", at=noon)["machine"]
+    assert reachable(first["instance_id"])
+    emu.preempt(first["instance_id"], how="delete")  # a spot server is released
+    swept = cli("sweep", at=noon + timedelta(minutes=5))
+    [relaunch] = [a for p in swept["passes"] for a in p["actions"]]
+    assert (relaunch["action"], relaunch["done"]) == ("relaunch", True)
+    [second] = alive(emu)
+    assert second["id"] != first["instance_id"] and reachable(second["id"])
+    night = datetime(2026, 11, 6, 18, 0, tzinfo=UTC)  # Friday 21:00 in Moscow, no heartbeat
+    swept = cli("sweep", at=night)
+    [stop] = [a for p in swept["passes"] for a in p["actions"]]
+    assert (stop["action"], stop["done"]) == ("stop", True)
+    assert emu.servers[second["id"]]["status"] == "SHUTOFF"
+    cli("down", "train", at=night + timedelta(minutes=1))
+    assert alive(emu) == [] and emu.eips == {}  # nothing bills: no server, no address
+    gc = cli("gc", "--terminate", "--yes", at=night + timedelta(minutes=2))
+    [line] = gc["unused_network"]["sbercloud"]
+    assert "provisioner-ssh" in line
+    assert set(emu.security_groups) == {"default"}
+
+    launches = [r.body["server"] for r in creates(emu)]
+    assert len(launches) == 2  # the first server and its replacement, nothing more
+    for server in launches:
+        assert server["extendparam"]["marketType"] == "spot"
+        assert server["publicip"]["delete_on_termination"] is True
+        assert server["security_groups"] == launches[0]["security_groups"]
+        assert server["security_groups"][0]["id"] != "default"
