@@ -732,7 +732,18 @@ def test_fetch_offers_from_the_billing_catalog(
     assert t4.price == Decimal("0.54000")  # 0.19 host + 0.35 T4
     # the 8-GPU A100 costs 8 GPUs and 8x the host; Mega/vWS/commitment SKUs are not mixed in
     assert by[("us-central1-a", "a2-highgpu-8g", "A100", 8)].price == Decimal("29.38708")
-    assert {o.gpu for o in offers} == {"A100", "A100-80GB", "H100", "L4", "T4", "V100"}
+    assert {o.gpu for o in offers} == {"A100", "A100-80GB", "H100", "H200", "L4", "T4", "V100"}
+    # A2 Mega: the A2 host and 16 A100; A3 Mega: the A3 host and its own Mega GPU SKU; A3 Ultra:
+    # its own host SKUs and H200s; each only in the zones listing its machine type
+    assert by[("us-central1-a", "a2-megagpu-16g", "A100", 16)].price == Decimal(
+        "55.73950"
+    )  # 96 x 0.031611 + 1360 x 0.004237 + 16 x 2.933908
+    mega = by[("us-central1-a", "a3-megagpu-8g", "H100", 8)]
+    assert mega.price == Decimal("97.94011")  # 208 x 0.0295 + 1872 x 0.0017757 + 8 x 11.06
+    ultra = by[("us-central1-b", "a3-ultragpu-8g", "H200", 8)]
+    assert ultra.price == Decimal("92.48560")  # 224 x 0.0307 + 2952 x 0.0019 + 8 x 10
+    assert (ultra.vcpus, ultra.memory_gb, ultra.gpu_memory_gb) == (224, 2952, 141)
+    assert ("us-central1-a", "a3-ultragpu-8g", "H200", 8) not in by  # not listed there
     h100 = by[("us-central1-a", "a3-highgpu-1g", "H100", 1)]
     assert h100.price is None and h100.spot_price is not None  # Spot-only below 8 GPUs
     assert by[("us-central1-a", "a3-highgpu-8g", "H100", 8)].price is not None

@@ -1369,8 +1369,10 @@ def _sku(
 def billing_fixture_pages() -> list[dict[str, Any]]:
     """Three pages of Compute Engine SKUs in the catalog's shape. The us-central1 ("Americas")
     unit prices reproduce SkyPilot's catalog for a2-highgpu-1g (0.73948 host + 2.93391 A100)
-    and g2-standard-4 (0.14679 + 0.56004 L4); the rest are plausible. Noise SKUs (storage,
-    commitments, custom/sole-tenant, vWS, H100 Mega) must be ignored by the parser."""
+    and g2-standard-4 (0.14679 + 0.56004 L4); the rest are plausible. The A3 Mega and A3 Ultra
+    GPUs have SKUs of their own ("Nvidia H100 80GB Mega GPU", "H200 141GB GPU": newer GPU SKUs
+    drop "Nvidia"), A3 Ultra hosts too ("A3 Ultra Instance Core"). Noise SKUs (storage,
+    commitments, custom/sole-tenant, vWS) must be ignored by the parser."""
     skus = []
     n = 0
 
@@ -1387,6 +1389,7 @@ def billing_fixture_pages() -> list[dict[str, Any]]:
         for series, label, core, ram in (
             ("A2", "A2 Instance", 0.031611, 0.004237),
             ("A3", "A3 Instance", 0.0295, 0.0017757),
+            ("A3 Ultra", "A3 Ultra Instance", 0.0307, 0.0019),
             ("G2", "G2 Instance", 0.02229, 0.0036019),
         ):
             add(f"{label} Core running in {where}", "CPU", "OnDemand", regions, p(core))
@@ -1458,6 +1461,8 @@ def billing_fixture_pages() -> list[dict[str, Any]]:
             ("Nvidia L4 GPU", 0.56004, 0.2231),
             ("Nvidia Tesla T4 GPU", 0.35, 0.175),
             ("Nvidia Tesla V100 GPU", 2.48, 1.0885),
+            ("Nvidia H100 80GB Mega GPU", 11.06, 2.5),
+            ("H200 141GB GPU", 10.0, 2.8),
         ):
             add(f"{gpu} running in {where}", "GPU", "OnDemand", regions, p(od))
             add(
@@ -1467,7 +1472,6 @@ def billing_fixture_pages() -> list[dict[str, Any]]:
                 regions,
                 p(spot),
             )
-        add(f"Nvidia H100 80GB Mega GPU running in {where}", "GPU", "OnDemand", regions, p(11.06))
         add(
             f"Nvidia Tesla T4 Virtual Workstation GPU running in {where}",
             "GPU",
