@@ -415,6 +415,14 @@ def test_the_metadata_key_works_in_a_project_that_turns_os_login_on(emu: GCPEmul
     assert not emu.metadata_ssh_login(ZONE, inst.name, "provisioner")
 
 
+def test_check_says_when_the_project_turns_os_login_on(emu: GCPEmulator) -> None:
+    assert "OS Login" not in provider(emu).check().message
+    emu.project_metadata["enable-oslogin"] = "TRUE"
+    result = provider(emu).check()
+    assert result.ok and "OS Login on" in result.message and "requireOsLogin" in result.message
+    assert "\n" not in result.message
+
+
 def test_an_organization_enforcing_os_login_is_refused_saying_what_to_do(
     emu: GCPEmulator,
 ) -> None:

@@ -143,7 +143,24 @@ class GCPProvider(Provider):
             self._call(lambda: self._instances().aggregated_list(request=request, retry=None))
         except ProviderError as exc:
             return CheckResult(self.name, False, _sentence(exc))
-        return CheckResult(self.name, True, f"gcp: credentials accepted for project {project}")
+        note = ""
+        with contextlib.suppress(ProviderError):  # only a hint: reading it may not be allowed
+            if self._project_os_login(project):
+                note = (
+                    "; the project turns OS Login on: machines turn it off for themselves so "
+                    "provisioner's key works, unless the organization enforces it "
+                    "(constraints/compute.requireOsLogin: then ask for this project's exemption)"
+                )
+        return CheckResult(
+            self.name, True, f"gcp: credentials accepted for project {project}{note}"
+        )
+
+    def _project_os_login(self, project: str) -> bool:
+        """Does the project's metadata set enable-oslogin (as SkyPilot reads it)?"""
+        found = self._call(lambda: self._client("projects").get(project=project, retry=None))
+        items = found.common_instance_metadata.items
+        value = next((i.value for i in items if i.key == "enable-oslogin"), "")
+        return value.strip().lower() == "true"
 
     def launch(self, request: LaunchRequest) -> Instance:
         from google.cloud import compute_v1
@@ -612,6 +629,7 @@ class GCPProvider(Provider):
                 "zone_operations": compute_v1.ZoneOperationsClient(**common),
                 "firewalls": compute_v1.FirewallsClient(**common),
                 "global_operations": compute_v1.GlobalOperationsClient(**common),
+                "projects": compute_v1.ProjectsClient(**common),
             }
         return self._clients
 

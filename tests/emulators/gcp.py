@@ -500,9 +500,19 @@ class GCPEmulator:
 
     def _route(self, method: str, path: str, query: dict[str, str], body: Any) -> Any:
         base = f"/compute/v1/projects/{self.project}"
-        if not path.startswith(base + "/"):
+        if path != base and not path.startswith(base + "/"):
             raise ApiError(404, "notFound", f"The resource '{path}' was not found")
         rest = path[len(base) :]
+        if rest == "" and method == "GET":  # projects.get: the project and its metadata
+            _allow(query, set())
+            items = [{"key": k, "value": v} for k, v in sorted(self.project_metadata.items())]
+            return {
+                "kind": "compute#project",
+                "name": self.project,
+                "id": "1234567890",
+                "commonInstanceMetadata": {"kind": "compute#metadata", "items": items},
+                "selfLink": f"{API}/projects/{self.project}",
+            }
         if rest == "/aggregated/instances" and method == "GET":
             _allow(query, AGGREGATED_PARAMS)
             return self._aggregated(query)
