@@ -869,12 +869,25 @@ idle: {gpu_util_below: 5, for_minutes: 30, unknown_counts_as_idle: true}
 """
 
 
+@pytest.mark.parametrize(
+    ("gpu", "machine", "disk"),
+    [
+        ("T4:1", "n1-standard-4", "pd-balanced"),
+        ("H200:8", "a3-ultragpu-8g", "hyperdisk-balanced"),  # A3 Ultra boots from Hyperdisk
+    ],
+)
 def test_first_real_run_through_the_cli_leaves_nothing_billed(
-    emu: GCPEmulator, home: Path, tmp_path: Path
+    emu: GCPEmulator,
+    home: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    gpu: str,
+    machine: str,
+    disk: str,
 ) -> None:
-    """`up`, a preemption, the sweep's recovery, a night's idle stop, `down` and `gc
-    --terminate`, each through the real CLI against the emulator; then the emulator's own
-    books: nothing billing, every machine reachable (external address, our rule admitting
+    """`catalog refresh`, `up`, a preemption, the sweep's recovery, a night's idle stop, `down`
+    and `gc --terminate`, each through the real CLI against the emulator; then the emulator's
+    own books: nothing billing, every machine reachable (external address, our rule admitting
     ssh_cidrs to our tag, the metadata key honoured in an OS Login project) on the boot disk its
     series takes, and no rule of ours left behind."""
     from datetime import UTC, datetime, timedelta
@@ -884,9 +897,11 @@ def test_first_real_run_through_the_cli_leaves_nothing_billed(
     emu.delete_firewall("default-allow-ssh")  # only our own rule may open port 22
     emu.project_metadata["enable-oslogin"] = "TRUE"  # the project turns OS Login on
     (tmp_path / "p.yaml").write_text(NIGHTS_UNKNOWN_IDLE)
+    monkeypatch.setenv("PROVISIONER_GCP_API_KEY", emu.billing_api_key)
     gcp = {
         "project": emu.project,
         "endpoint": emu.endpoint,
+        "pricing_endpoint": emu.endpoint,
         "anonymous": True,
         "regions": ["us-central1"],
         "ssh_cidrs": ["198.51.100.0/24"],
@@ -894,7 +909,7 @@ def test_first_real_run_through_the_cli_leaves_nothing_billed(
         "retry_max_seconds": 0.01,
     }
     cfg = write_settings(home, clouds={"gcp": gcp}, policies=[str(tmp_path / "p.yaml")])
-    experiment = sandbox_experiment("train", gpu="T4:1", clouds=["gcp"])
+    experiment = sandbox_experiment("train", gpu=gpu, clouds=["gcp"])
     experiment["ssh_public_key"] = SSH_KEY
     spec = write_yaml(tmp_path / "train.yaml", experiment)
     noon = datetime(2026, 11, 6, 17, 0, tzinfo=UTC)  # Friday 12:00 in New York
@@ -911,6 +926,8 @@ def test_first_real_run_through_the_cli_leaves_nothing_billed(
             and emu.metadata_ssh_login(zone, name, "provisioner")
         )
 
+    refreshed = run_cli("--config", str(cfg), "catalog", "refresh", "--cloud", "gcp", now=noon)
+    assert refreshed.returncode == 0, refreshed.stderr
     # the emulator's addresses are not ours to connect to: `up` must not wait for SSH
     first = cli("up", str(spec), "--no-wait", at=noon)["machine"]
     [(zone, name)] = emu.instances
@@ -945,8 +962,9 @@ def test_first_real_run_through_the_cli_leaves_nothing_billed(
         assert [a["type"] for a in nic["accessConfigs"]] == ["ONE_TO_ONE_NAT"]
         assert body["tags"]["items"] == ["provisioner-ssh"]
         assert body["scheduling"]["provisioningModel"] == "SPOT"
-        [disk] = body["disks"]
-        assert disk["initializeParams"]["diskType"].endswith("/diskTypes/pd-balanced")
+        assert body["machineType"].endswith(f"/machineTypes/{machine}")
+        [boot] = body["disks"]
+        assert boot["initializeParams"]["diskType"].endswith(f"/diskTypes/{disk}")
     [rule_insert] = firewall_inserts(emu)
     assert rule_insert.body["sourceRanges"] == ["198.51.100.0/24"]
     assert rule_insert.body["targetTags"] == ["provisioner-ssh"]
