@@ -136,6 +136,10 @@ class AzureProvider(Provider):
             return self._supplied_credential
         from azure.identity import DefaultAzureCredential
 
+        # The SDK's environment decides the rest (AZURE_AUTHORITY_HOST for a sovereign cloud,
+        # AZURE_TOKEN_CREDENTIALS, REQUESTS_CA_BUNDLE…).
+        if self.options.disable_instance_discovery:
+            return DefaultAzureCredential(disable_instance_discovery=True)
         return DefaultAzureCredential()
 
     def _clients(self) -> tuple[Any, Any]:
@@ -761,6 +765,11 @@ def _map_error(err: BaseException) -> ProviderError | None:
     status = err.status_code
     text = f"azure: {code}: {message}" if code else f"azure: {message}"
     if isinstance(err, ClientAuthenticationError) and status in (None, 401):
+        # DefaultAzureCredential's first line is generic; the sign-in's own answer (an AADSTS
+        # code and its text, never the secret) is on the line of the credential that tried.
+        aadsts = [line.strip() for line in str(err).splitlines() if "AADSTS" in line]
+        if aadsts:
+            text = f"azure: {aadsts[0]}"
         return AuthError(text, code=code or "ClientAuthenticationError")
     if status == 429 or code == "TooManyRequests":
         return Throttled(text, code=code or "TooManyRequests")
