@@ -762,23 +762,32 @@ class AzureEmulator:
         if _OPENID.match(path):
             if method != "GET":
                 raise IdentityError(405, "invalid_request", "Method not allowed.")
-            return 200, {}, {
-                "issuer": f"{self.base_url}/{self.tenant_id}/v2.0",
-                "authorization_endpoint": f"{root}/oauth2/v2.0/authorize",
-                "token_endpoint": f"{root}/oauth2/v2.0/token",
-                "device_authorization_endpoint": f"{root}/oauth2/v2.0/devicecode",
-                "jwks_uri": f"{root}/discovery/v2.0/keys",
-                "response_types_supported": ["code", "id_token", "code id_token", "id_token token"],
-                "subject_types_supported": ["pairwise"],
-                "id_token_signing_alg_values_supported": ["RS256"],
-                "scopes_supported": ["openid", "profile", "email", "offline_access"],
-                "token_endpoint_auth_methods_supported": [
-                    "client_secret_post",
-                    "private_key_jwt",
-                    "client_secret_basic",
-                ],
-                "tenant_region_scope": "NA",
-            }
+            return (
+                200,
+                {},
+                {
+                    "issuer": f"{self.base_url}/{self.tenant_id}/v2.0",
+                    "authorization_endpoint": f"{root}/oauth2/v2.0/authorize",
+                    "token_endpoint": f"{root}/oauth2/v2.0/token",
+                    "device_authorization_endpoint": f"{root}/oauth2/v2.0/devicecode",
+                    "jwks_uri": f"{root}/discovery/v2.0/keys",
+                    "response_types_supported": [
+                        "code",
+                        "id_token",
+                        "code id_token",
+                        "id_token token",
+                    ],
+                    "subject_types_supported": ["pairwise"],
+                    "id_token_signing_alg_values_supported": ["RS256"],
+                    "scopes_supported": ["openid", "profile", "email", "offline_access"],
+                    "token_endpoint_auth_methods_supported": [
+                        "client_secret_post",
+                        "private_key_jwt",
+                        "client_secret_basic",
+                    ],
+                    "tenant_region_scope": "NA",
+                },
+            )
         if method != "POST":
             raise IdentityError(405, "invalid_request", "Method not allowed.")
         if form.get("grant_type") != "client_credentials":
@@ -815,12 +824,16 @@ class AzureEmulator:
                 "Client credential flows must have a scope value with /.default suffixed to "
                 "the resource identifier (application ID URI).",
             )
-        return 200, {}, {
-            "token_type": "Bearer",
-            "expires_in": 3599,
-            "ext_expires_in": 3599,
-            "access_token": self.token,
-        }
+        return (
+            200,
+            {},
+            {
+                "token_type": "Bearer",
+                "expires_in": 3599,
+                "ext_expires_in": 3599,
+                "access_token": self.token,
+            },
+        )
 
     # --- virtual machines
 
