@@ -6,14 +6,16 @@ runs unmodified against it.
 Control surface for tests: ``capacity_exhausted`` (zones, with ``capacity_code`` and
 ``capacity_in_call``), ``quota_exceeded`` (a quota id, with ``quota_details``), ``throttle(n)``,
 ``lose_responses(method, n)``, ``slow_polls``, ``preempt(id)``, ``add_instance(...)``,
-``page_size_cap``, ``console_stop(id)``, ``console_delete(id)``; ``calls(method)`` gives what
-went on the wire (request + metadata).
+``page_size_cap``, ``console_stop(id)``, ``console_delete(id)``, ``default_group_ssh_cidrs``;
+``calls(method)`` gives what went on the wire (request + metadata); ``reachable(id)``,
+``billed()`` and ``disks`` are the books a test reads.
 Requests are checked strictly: a malformed one gets INVALID_ARGUMENT and is kept in ``rejected``.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import ipaddress
 import itertools
 import re
 import threading
@@ -163,6 +165,16 @@ class YandexEmulator:
     requests: list[Call] = field(default_factory=list)
     rejected: list[tuple[str, str]] = field(default_factory=list)
     instances: dict[str, instance_pb2.Instance] = field(default_factory=dict)
+    # Boot disks: id → {"instance_id", "auto_delete"}; a disk outlives its instance unless
+    # auto_delete ("Specifies whether the disk will be auto-deleted when the instance is
+    # deleted", AttachedDiskSpec.auto_delete in yandex/cloud/compute/v1/instance_service.proto).
+    disks: dict[str, dict] = field(default_factory=dict)
+    # Who reaches TCP 22 through the network's default security group, which every VM without
+    # a group of its own gets. Yandex creates it admitting SSH (22/TCP) from 0.0.0.0/0, RDP,
+    # ICMP, all traffic from its members, and all outgoing traffic (yandex-cloud/docs
+    # en/vpc/concepts/security-groups.md, "Default security group rules"). A test narrows it
+    # as a user editing that group would.
+    default_group_ssh_cidrs: tuple[str, ...] = ("0.0.0.0/0",)
 
     def __post_init__(self) -> None:
         self._lock = threading.RLock()
@@ -171,6 +183,7 @@ class YandexEmulator:
         self._throttles: list[_Throttle] = []
         self._lose: dict[str, int] = {}
         self._ids = itertools.count(1)
+        self._nat = itertools.count(7)
         self._clock = dt.datetime(2026, 11, 30, 9, 0, tzinfo=dt.UTC)
         self._server: grpc.Server | None = None
         self.port = 0
@@ -226,6 +239,7 @@ class YandexEmulator:
             inst = self.instances[instance_id]
             assert inst.scheduling_policy.preemptible, "only preemptible VMs are preempted"
             inst.status = instance_pb2.Instance.STOPPED
+            self.release_public_address(inst)
             if record_operation:
                 op = self._new_op(
                     "Preempt instance",
@@ -241,6 +255,7 @@ class YandexEmulator:
         with self._lock:
             inst = self.instances[instance_id]
             inst.status = instance_pb2.Instance.STOPPED
+            self.release_public_address(inst)
             op = self._new_op(
                 "Stop instance",
                 isvc.StopInstanceMetadata(instance_id=instance_id),
@@ -252,7 +267,57 @@ class YandexEmulator:
     def console_delete(self, instance_id: str) -> None:
         """Someone deletes the machine outside provisioner: Get answers NOT_FOUND."""
         with self._lock:
-            del self.instances[instance_id]
+            self.remove_instance(instance_id)
+
+    def remove_instance(self, instance_id: str) -> None:
+        """The instance goes, and its auto-delete disks with it; other disks stay (and bill)."""
+        self.instances.pop(instance_id, None)
+        for disk_id, disk in list(self.disks.items()):
+            if disk["instance_id"] == instance_id:
+                if disk["auto_delete"]:
+                    del self.disks[disk_id]
+                else:
+                    disk["instance_id"] = None
+
+    def assign_public_address(self, inst: instance_pb2.Instance) -> None:
+        """A dynamic one-to-one NAT address for an interface that asked for one."""
+        address = inst.network_interfaces[0].primary_v4_address
+        if address.HasField("one_to_one_nat"):
+            address.one_to_one_nat.address = (
+                f"51.250.{next(self._nat) % 250}.{next(self._nat) % 250}"
+            )
+
+    def release_public_address(self, inst: instance_pb2.Instance) -> None:
+        """ "When a VM with a dynamic public IP is stopped, its address is released, and it gets
+        a new public IP address when started next time" (yandex-cloud/docs
+        en/vpc/concepts/address.md, "Public addresses")."""
+        address = inst.network_interfaces[0].primary_v4_address
+        if address.HasField("one_to_one_nat"):
+            address.one_to_one_nat.address = ""
+
+    def reachable(self, instance_id: str, port: int = 22, *, source: str = "203.0.113.7") -> bool:
+        """Can ``source`` (an internet address) open TCP ``port`` on the instance? Only when it
+        runs with a public (one-to-one NAT) address, and its security groups admit it: with
+        none of its own, the network's default group (see ``default_group_ssh_cidrs``; RDP's
+        3389 is open there too)."""
+        with self._lock:
+            inst = self.instances.get(instance_id)
+            if inst is None or inst.status != instance_pb2.Instance.RUNNING:
+                return False
+            nic = inst.network_interfaces[0]
+            if not nic.primary_v4_address.one_to_one_nat.address:
+                return False
+            assert not nic.security_group_ids, "security groups of its own are not modelled"
+            cidrs = {22: self.default_group_ssh_cidrs, 3389: ("0.0.0.0/0",)}.get(port, ())
+            address = ipaddress.ip_address(source)
+            return any(address in ipaddress.ip_network(c) for c in cidrs)
+
+    def billed(self) -> list[str]:
+        """Instances whose compute bills: every one not STOPPED (a stopped VM pays only for
+        its disks, yandex-cloud/docs en/compute/pricing.md), and the disks left over."""
+        with self._lock:
+            running = [i for i, inst in self.instances.items() if inst.status != inst.STOPPED]
+            return running + list(self.disks)
 
     def add_instance(
         self,
@@ -556,17 +621,28 @@ class _Instances(isvc_grpc.InstanceServiceServicer):
                 metadata=dict(request.metadata),
             )
             emu.boot_images[inst.id] = request.boot_disk_spec.disk_spec.image_id
+            disk_id = emu.new_id("fhmdisk")
+            emu.disks[disk_id] = {
+                "instance_id": inst.id,
+                "auto_delete": request.boot_disk_spec.auto_delete,
+            }
+            inst.boot_disk.disk_id = disk_id
+            inst.boot_disk.auto_delete = request.boot_disk_spec.auto_delete
+            nat_spec = spec.primary_v4_address_spec.one_to_one_nat_spec
+            if spec.primary_v4_address_spec.HasField("one_to_one_nat_spec"):
+                nat = inst.network_interfaces[0].primary_v4_address.one_to_one_nat
+                nat.SetInParent()
+                nat.ip_version = nat_spec.ip_version
+            inst.network_interfaces[0].security_group_ids.extend(spec.security_group_ids)
             out_of_stock = request.zone_id in emu.capacity_exhausted
 
             def finish() -> None:
                 if out_of_stock:
-                    del emu.instances[inst.id]
+                    emu.remove_instance(inst.id)
                     op.pb.error.CopyFrom(emu.not_enough_resources())
                     return
                 inst.status = instance_pb2.Instance.RUNNING
-                if spec.primary_v4_address_spec.HasField("one_to_one_nat_spec"):
-                    nat = inst.network_interfaces[0].primary_v4_address.one_to_one_nat
-                    nat.address = f"51.250.0.{int(inst.id[-3:]) % 250}"
+                emu.assign_public_address(inst)
                 op.pb.response.Pack(inst)
 
             op = emu._new_op(
@@ -620,10 +696,14 @@ class _Instances(isvc_grpc.InstanceServiceServicer):
                     op.pb.error.CopyFrom(emu.not_enough_resources())
                     return
                 if after is None:
-                    emu.instances.pop(inst.id, None)
+                    emu.remove_instance(inst.id)
                     op.pb.response.Pack(empty_pb2.Empty())
                     return
                 inst.status = after
+                if after == instance_pb2.Instance.STOPPED:
+                    emu.release_public_address(inst)
+                elif after == instance_pb2.Instance.RUNNING:
+                    emu.assign_public_address(inst)
                 op.pb.response.Pack(inst if response == "instance" else empty_pb2.Empty())
 
             op = emu._new_op(description, meta, inst.id, finish=finish)
