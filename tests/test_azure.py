@@ -348,6 +348,34 @@ def test_a_user_made_group_of_that_name_is_used_as_it_is(emulator, provider):
     assert not emulator.reachable("exp-a1b2c3")  # their rules, not ours
 
 
+def test_changed_ssh_cidrs_rewrite_our_rule_on_the_next_launch(emulator):
+    """ssh_cidrs edited after the first launch: the next process's launch rewrites our rule
+    (that rule alone, by its own PUT) and the machine already in the group follows it; with
+    settings unchanged nothing is sent."""
+    make_provider(emulator, ssh_cidrs=["203.0.113.0/24"]).launch(request())
+    assert emulator.reachable("exp-a1b2c3", source="203.0.113.7")
+
+    make_provider(emulator, ssh_cidrs=["198.51.100.0/24", "192.0.2.10/32"]).launch(
+        request("exp-d4e5f6", machine="m-2")
+    )
+    for vm in ("exp-a1b2c3", "exp-d4e5f6"):
+        assert emulator.reachable(vm, source="198.51.100.9")
+        assert emulator.reachable(vm, source="192.0.2.10")
+        assert not emulator.reachable(vm, source="203.0.113.7")  # revoked
+    [group] = emulator.nsgs.values()
+    assert len(group["properties"]["networkInterfaces"]) == 2  # associations kept
+    rule_puts = emulator.requests_to("PUT", "/securityRules/provisioner-ssh")
+    assert len(rule_puts) == 1
+    make_provider(emulator, ssh_cidrs=["198.51.100.0/24", "192.0.2.10/32"]).launch(
+        request("exp-g7h8i9", machine="m-3")
+    )
+    assert len(emulator.requests_to("PUT", "/securityRules/")) == 1
+    group_puts = emulator.requests_to("PUT", "/networkSecurityGroups/")
+    assert [r.path.rsplit("/", 1)[-1] for r in group_puts if "/securityRules/" not in r.path] == [
+        "provisioner-ssh-eastus"  # made once, never replaced whole
+    ]
+
+
 def test_the_emulator_enforces_arms_networking_rules(emulator, provider):
     """Through the SDK: what ARM refuses (Standard + Dynamic, deleting a public IP or NSG in use,
     an NSG rule priority out of range) and what it keeps billing (a public IP whose deleteOption

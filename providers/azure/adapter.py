@@ -44,6 +44,7 @@ T = TypeVar("T")
 ARM_SCOPE = "https://management.azure.com/.default"
 ACTIVITY_API_VERSION = "2015-04-01"
 _LOOPBACK = {"127.0.0.1", "localhost", "::1"}
+_SSH_RULE = "provisioner-ssh"  # our inbound rule's name in our NSG
 
 _CAPACITY = {
     "SkuNotAvailable",
@@ -426,7 +427,9 @@ class AzureProvider(Provider):
     def _ssh_group(self, region: str) -> str:
         """Our network security group in ``region``: found by name, else created with 22/tcp open
         to ``ssh_cidrs`` and tagged as ours. A Standard public IP is closed to inbound traffic
-        until an NSG admits it. Outbound stays open (the default AllowInternetOutBound rule)."""
+        until an NSG admits it. Outbound stays open (the default AllowInternetOutBound rule).
+        When ``ssh_cidrs`` changed since, our rule is rewritten to the new list; a group of
+        that name not tagged ours is the user's, used as it is."""
         with self._lock:
             if region in self._groups:
                 return self._groups[region]
@@ -437,37 +440,59 @@ class AzureProvider(Provider):
         try:
             group = self._call(lambda: network.network_security_groups.get(rg, name))
         except NotFound:
-            cidrs = list(self.options.ssh_cidrs)
-            source: dict[str, Any] = (
-                {"source_address_prefix": cidrs[0]}
-                if len(cidrs) == 1
-                else {"source_address_prefixes": cidrs}
-            )
             body = models.NetworkSecurityGroup(  # type: ignore[call-overload]
                 location=region,
                 tags={TAG_MANAGED_BY: TAG_MANAGED_BY_VALUE},
-                security_rules=[
-                    models.SecurityRule(  # type: ignore[call-overload]
-                        name="provisioner-ssh",
-                        description="provisioner: SSH to GPU machines",
-                        protocol="Tcp",
-                        source_port_range="*",
-                        destination_port_range="22",
-                        destination_address_prefix="*",
-                        access="Allow",
-                        direction="Inbound",
-                        priority=1000,
-                        **source,
-                    )
-                ],
+                security_rules=[self._ssh_rule()],
             )
             # PUT by name: a concurrent creator's PUT lands on the same group, never a second.
             group = self._wait(
                 partial(network.network_security_groups.begin_create_or_update, rg, name, body)
             )
+        else:
+            ours = (group.tags or {}).get(TAG_MANAGED_BY) == TAG_MANAGED_BY_VALUE
+            rule = next((r for r in group.security_rules or [] if r.name == _SSH_RULE), None)
+            admitted = (
+                (rule.source_address_prefixes or [rule.source_address_prefix]) if rule else []
+            )
+            if ours and admitted != list(self.options.ssh_cidrs):
+                # The rule alone (Security Rules - Create Or Update): the group's other rules
+                # and its NIC associations stay as they are.
+                self._wait(
+                    partial(
+                        network.security_rules.begin_create_or_update,
+                        rg,
+                        name,
+                        _SSH_RULE,
+                        self._ssh_rule(),
+                    )
+                )
         with self._lock:
             self._groups[region] = group.id
         return str(group.id)
+
+    def _ssh_rule(self) -> Any:
+        """Our inbound rule: 22/tcp from ``ssh_cidrs``."""
+        from azure.mgmt.network import models
+
+        cidrs = list(self.options.ssh_cidrs)
+        source: dict[str, Any] = (
+            {"source_address_prefix": cidrs[0]}
+            if len(cidrs) == 1
+            else {"source_address_prefixes": cidrs}
+        )
+        return models.SecurityRule(  # type: ignore[call-overload]
+            name=_SSH_RULE,
+            description="provisioner: SSH to GPU machines",
+            protocol="Tcp",
+            source_port_range="*",
+            destination_port_range="22",
+            destination_address_prefix="*",
+            access="Allow",
+            direction="Inbound",
+            priority=1000,
+            **source,
+        )
 
     def _ip_body(self, request: LaunchRequest) -> Any:
         from azure.mgmt.network import models

@@ -735,6 +735,13 @@ class AzureEmulator:
                 return self._public_ip(method, rg, parts[0], body)
         if ns == "microsoft.network" and rtype == "networksecuritygroups" and len(parts) == 1:
             return self._nsg(method, rg, parts[0], body)
+        if (
+            ns == "microsoft.network"
+            and rtype == "networksecuritygroups"
+            and len(parts) == 3
+            and parts[1].lower() == "securityrules"
+        ):
+            return self._security_rule(method, rg, parts[0], parts[2], body)
         if ns == "microsoft.compute" and rtype == "disks" and len(parts) == 1:
             return self._disk(method, rg, parts[0])
         raise ArmError(404, "InvalidResourceType", f"{method} {rest} is not emulated")
@@ -1344,26 +1351,7 @@ class AzureEmulator:
 
         check_model(models.NetworkSecurityGroup, body)
         rules = (body.get("properties") or {}).get("securityRules") or []
-        seen: set[tuple[str, int]] = set()
-        for rule in rules:
-            props = rule.get("properties") or {}
-            priority = props.get("priority")
-            # Custom rules take priorities 100-4096 (network-security-groups-overview, confirmed
-            # by Microsoft in MicrosoftDocs/azure-docs#115185).
-            if not isinstance(priority, int) or not 100 <= priority <= 4096:
-                raise _bad(
-                    f"Security rule has invalid Priority. Value provided: {priority} "
-                    "Allowed range 100-4096.",
-                    "SecurityRuleInvalidPriority",
-                )
-            key = (props.get("direction", ""), priority)
-            if key in seen:  # "priority … must be unique" per direction (same docs page)
-                raise _bad(
-                    f"Security rule {rule.get('name')} conflicts with another rule: rules cannot "
-                    "have the same Priority and Direction.",
-                    "SecurityRuleConflict",
-                )
-            seen.add(key)
+        _check_rules(rules)
         status = 200
         if nsg is None:
             nsg = {
@@ -1406,6 +1394,35 @@ class AzureEmulator:
         nsg["tags"] = body.get("tags", {})
         headers = self._operation("Microsoft.Network", body["location"], lambda: None)
         return status, headers, nsg
+
+    def _security_rule(self, method: str, rg: str, nsg_name: str, name: str, body: Any):
+        """One rule of a group by itself (REST "Security Rules - Create Or Update", PUT
+        …/networkSecurityGroups/{group}/securityRules/{rule}: learn.microsoft.com/rest/api/
+        virtualnetwork/security-rules/create-or-update): the group's other rules and its NIC
+        associations are untouched; the same priority and direction rules apply."""
+        nsg_id = self._network_id(rg, "networkSecurityGroups", nsg_name)
+        nsg = self.nsgs.get(nsg_id.lower())
+        if nsg is None:
+            raise self._not_found("networkSecurityGroups", rg, nsg_name)
+        rules = nsg["properties"].get("securityRules", [])
+        current = next((r for r in rules if r.get("name", "").lower() == name.lower()), None)
+        if method == "GET":
+            if current is None:
+                raise self._not_found(f"networkSecurityGroups/{nsg_name}/securityRules", rg, name)
+            return 200, {}, current
+        if method != "PUT":
+            raise ArmError(405, "MethodNotAllowed", method)
+        from azure.mgmt.network import models
+
+        check_model(models.SecurityRule, body)
+        rule = {**body, "name": name}
+        others = [r for r in rules if r is not current]
+        _check_rules([*others, rule])
+        rule["id"] = f"{nsg_id}/securityRules/{name}"
+        rule.setdefault("properties", {})["provisioningState"] = "Succeeded"
+        nsg["properties"]["securityRules"] = [*others, rule]
+        headers = self._operation("Microsoft.Network", nsg["location"], lambda: None)
+        return (201 if current is None else 200), headers, rule
 
     def _disk(self, method: str, rg: str, name: str):
         disk_id = (
@@ -1500,6 +1517,29 @@ class AzureEmulator:
                 f"&$skip={skip + self.prices_page_size}"
             )
         return 200, {}, result
+
+
+def _check_rules(rules: list[dict]) -> None:
+    """A group's custom rules: priorities 100-4096 (network-security-groups-overview, confirmed
+    by Microsoft in MicrosoftDocs/azure-docs#115185), unique per direction (same page)."""
+    seen: set[tuple[str, int]] = set()
+    for rule in rules:
+        props = rule.get("properties") or {}
+        priority = props.get("priority")
+        if not isinstance(priority, int) or not 100 <= priority <= 4096:
+            raise _bad(
+                f"Security rule has invalid Priority. Value provided: {priority} "
+                "Allowed range 100-4096.",
+                "SecurityRuleInvalidPriority",
+            )
+        key = (props.get("direction", ""), priority)
+        if key in seen:
+            raise _bad(
+                f"Security rule {rule.get('name')} conflicts with another rule: rules cannot "
+                "have the same Priority and Direction.",
+                "SecurityRuleConflict",
+            )
+        seen.add(key)
 
 
 def _rule_matches(rule: dict, source: str, port: int) -> bool:
