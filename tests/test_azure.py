@@ -376,6 +376,62 @@ def test_changed_ssh_cidrs_rewrite_our_rule_on_the_next_launch(emulator):
     ]
 
 
+def test_gc_lists_and_removes_our_network_pieces_no_vm_uses(emulator, provider):
+    """A crashed `up` left a public IP and a NIC without a VM; a person's own public IP sits in
+    the same resource group. gc names (then removes) ours only; our NSG goes once no VM is in
+    it, and the next launch makes it again."""
+    from functools import partial
+
+    kept = provider.launch(request())
+    crashed = request("exp-crash1", machine="m-9")
+    _, network = provider._clients()
+    ip = provider._wait(
+        partial(
+            network.public_ip_addresses.begin_create_or_update,
+            "provisioner",
+            "exp-crash1-ip",
+            provider._ip_body(crashed),
+        )
+    )
+    provider._wait(
+        partial(
+            network.network_interfaces.begin_create_or_update,
+            "provisioner",
+            "exp-crash1-nic",
+            provider._nic_body(crashed, ip.id, provider._ssh_group("eastus")),
+        )
+    )
+    network.public_ip_addresses.begin_create_or_update(
+        "provisioner",
+        "my-bastion-ip",
+        {
+            "location": "eastus",
+            "sku": {"name": "Standard"},
+            "properties": {"publicIPAllocationMethod": "Static"},
+        },
+    ).result()
+    emulator.page_size = 1  # every listing crosses pages
+
+    lines = provider.unused_network()
+    assert len(lines) == 2
+    assert "network interface exp-crash1-nic (eastus" in lines[0]
+    assert f"public IP exp-crash1-ip (eastus, {ip.ip_address}" in lines[1]
+    assert make_provider(emulator).unused_network(remove=True) == lines
+    assert sorted(p["name"] for p in emulator.public_ips.values()) == [
+        "exp-a1b2c3-ip",
+        "my-bastion-ip",
+    ]
+    assert [n["name"] for n in emulator.nics.values()] == ["exp-a1b2c3-nic"]
+    assert emulator.reachable("exp-a1b2c3")  # the machine in use kept everything
+
+    provider.terminate(kept.ref)
+    [line] = provider.unused_network(remove=True)
+    assert line.startswith("network security group provisioner-ssh-eastus (eastus")
+    assert emulator.nsgs == {}
+    provider.launch(request("exp-d4e5f6", machine="m-2"))  # the group is made again
+    assert emulator.reachable("exp-d4e5f6")
+
+
 def test_the_emulator_enforces_arms_networking_rules(emulator, provider):
     """Through the SDK: what ARM refuses (Standard + Dynamic, deleting a public IP or NSG in use,
     an NSG rule priority out of range) and what it keeps billing (a public IP whose deleteOption
@@ -742,6 +798,14 @@ def test_first_real_run_through_the_cli_leaves_nothing_billed(tls_emulator, home
     [rule] = group["properties"]["securityRules"]
     assert rule["properties"]["sourceAddressPrefix"] == "198.51.100.0/24"
     assert rule["properties"]["destinationPortRange"] == "22"
+    swept = cli("gc", "--terminate", "--yes", at=night + timedelta(minutes=2))
+    assert swept["orphans"] == [] and swept["not_asked"] == {}
+    assert swept["unused_network"] == {
+        "azure": [
+            "network security group provisioner-ssh-eastus (eastus, resource group provisioner)"
+        ]
+    }
+    assert emu.nsgs == {}
 
 
 def test_a_service_principal_signs_in_through_azure_identity_or_is_refused(

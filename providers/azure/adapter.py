@@ -384,6 +384,62 @@ class AzureProvider(Provider):
     def terminate(self, ref: InstanceRef) -> None:
         self._remove_vm(self._locate(ref)[1])
 
+    def unused_network(self, *, remove: bool = False) -> list[str]:
+        """Our pieces in the resource group that no VM uses: NICs attached to no VM, public IPs
+        held by no NIC (or only by such a NIC), NSGs no NIC (but such a NIC) is in. Removed
+        when ``remove``, NICs first (a public IP cannot go while a NIC holds it). ARM refuses
+        to delete one taken into use meanwhile; it is kept."""
+        _, network = self._clients()
+        rg = self.resource_group
+
+        def ours(resources: Any) -> list[Any]:
+            try:
+                listed = self._call(lambda: list(resources.list(rg)))
+            except NotFound:  # no resource group: nothing of ours
+                return []
+            return [
+                r
+                for r in listed
+                if (r.tags or {}).get(TAG_MANAGED_BY) == TAG_MANAGED_BY_VALUE
+                and r.location in self.regions
+            ]
+
+        nics = [n for n in ours(network.network_interfaces) if n.virtual_machine is None]
+        free = {str(n.id).lower() for n in nics}
+
+        def nic_of(config_id: str | None) -> str:
+            return (config_id or "").lower().split("/ipconfigurations/")[0]
+
+        ips = [
+            ip
+            for ip in ours(network.public_ip_addresses)
+            if ip.ip_configuration is None or nic_of(ip.ip_configuration.id) in free
+        ]
+        groups = [
+            g
+            for g in ours(network.network_security_groups)
+            if not g.subnets and all(str(n.id).lower() in free for n in g.network_interfaces or [])
+        ]
+        out = []
+        for kind, items, delete in (
+            ("network interface", nics, network.network_interfaces.begin_delete),
+            ("public IP", ips, network.public_ip_addresses.begin_delete),
+            ("network security group", groups, network.network_security_groups.begin_delete),
+        ):
+            for item in items:
+                if remove:
+                    try:
+                        self._wait(partial(delete, rg, item.name))
+                    except InvalidRequest:  # in use after all (NicInUse, …CannotBeDeleted)
+                        continue
+                address = getattr(item, "ip_address", None)
+                where = f"{item.location}, {address}" if address else item.location
+                out.append(f"{kind} {item.name} ({where}, resource group {rg})")
+        if remove:
+            with self._lock:
+                self._groups.clear()
+        return out
+
     def fetch_offers(self) -> list[Offer]:
         return prices.fetch_offers(self.regions, self.options)
 

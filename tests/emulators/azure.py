@@ -726,15 +726,21 @@ class AzureEmulator:
                 return 200, {}, self._instance_view(self._get_vm(rg, name))
             if len(parts) == 2 and method == "POST":
                 return self._action(rg, name, parts[1].lower())
-        if ns == "microsoft.network" and rtype == "networkinterfaces" and len(parts) == 1:
-            return self._nic(method, rg, parts[0], body)
+        if ns == "microsoft.network" and rtype == "networkinterfaces":
+            if not parts and method == "GET":
+                return self._list(self.nics, rg, "networkInterfaces", query)
+            if len(parts) == 1:
+                return self._nic(method, rg, parts[0], body)
         if ns == "microsoft.network" and rtype == "publicipaddresses":
             if not parts and method == "GET":
                 return self._list(self.public_ips, rg, "publicIPAddresses", query)
             if len(parts) == 1:
                 return self._public_ip(method, rg, parts[0], body)
-        if ns == "microsoft.network" and rtype == "networksecuritygroups" and len(parts) == 1:
-            return self._nsg(method, rg, parts[0], body)
+        if ns == "microsoft.network" and rtype == "networksecuritygroups":
+            if not parts and method == "GET":
+                return self._list(self.nsgs, rg, "networkSecurityGroups", query)
+            if len(parts) == 1:
+                return self._nsg(method, rg, parts[0], body)
         if (
             ns == "microsoft.network"
             and rtype == "networksecuritygroups"
