@@ -677,6 +677,8 @@ def test_first_real_run_through_the_cli_leaves_nothing_billed(emu, tls, env, hom
     cli("down", "train", at=night + timedelta(minutes=1))
 
     assert emu.instances == {} and emu.disks == {} and emu.billed() == []
+    swept = cli("gc", at=night + timedelta(minutes=2))  # nothing of ours left to collect
+    assert (swept["orphans"], swept["unused_network"], swept["not_asked"]) == ([], {}, {})
     creates = [c.request for c in emu.calls("InstanceService.Create")]
     assert len(creates) == 2  # the first machine and its replacement, nothing more
     for create in creates:
