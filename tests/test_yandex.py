@@ -27,6 +27,7 @@ from providers.base import (
     TAG_PROJECT,
     AuthError,
     CapacityError,
+    InstanceRef,
     InvalidRequest,
     LaunchRequest,
     MachineState,
@@ -705,3 +706,47 @@ def test_ssh_through_the_default_security_group_follows_what_it_admits(emu, yc):
     yc.start(inst.ref)
     after = yc.get(inst.ref).public_ip
     assert after and after != before  # a dynamic address is new after a stop
+
+
+def test_narrowed_ssh_cidrs_get_our_group_made_once_kept_in_step_and_collected(emu, tls, env):
+    """ssh_cidrs other than anywhere: the machine joins our labelled group (22/tcp from those,
+    all egress) in its subnet's network, made once and found again by another process; a
+    later change of ssh_cidrs rewrites the rule in one call; gc deletes the group once no
+    instance is in it, and the next launch makes it again."""
+    narrow = provider(emu, tls, ssh_cidrs=["198.51.100.0/24"])
+    first = narrow.launch(request("exp-1"))
+    [group] = emu.security_groups.values()
+    assert (
+        group.name == "provisioner-ssh-enpnet0001" and group.labels[TAG_MANAGED_BY] == "provisioner"
+    )
+    assert emu.reachable(first.id, source="198.51.100.9")
+    assert not emu.reachable(first.id, source="203.0.113.7")
+    assert emu.outbound_internet(first.id)
+    provider(emu, tls, ssh_cidrs=["198.51.100.0/24"]).launch(request("exp-2"))
+    assert len(emu.calls("SecurityGroupService.Create")) == 1
+    assert emu.calls("SecurityGroupService.UpdateRules") == []  # unchanged: nothing sent
+
+    changed = provider(emu, tls, ssh_cidrs=["192.0.2.10/32", "198.51.100.0/24"])
+    third = changed.launch(request("exp-3"))
+    assert len(emu.calls("SecurityGroupService.UpdateRules")) == 1
+    for inst in (first.id, third.id):  # the machines already in the group follow it
+        assert emu.reachable(inst, source="192.0.2.10")
+        assert emu.reachable(inst, source="198.51.100.9")
+
+    assert changed.unused_network() == []  # machines are in it
+    for inst in list(emu.instances):
+        changed.terminate(InstanceRef(id=inst, region="ru-central1"))
+    [line] = changed.unused_network()
+    assert group.id in line and "enpnet0001" in line
+    assert provider(emu, tls).unused_network(remove=True) == [line]
+    assert emu.security_groups == {}
+    again = provider(emu, tls, ssh_cidrs=["198.51.100.0/24"]).launch(request("exp-4"))
+    assert emu.reachable(again.id, source="198.51.100.9")
+    assert len(emu.calls("SecurityGroupService.Create")) == 2
+
+
+def test_anywhere_needs_no_group_of_ours(emu, yc):
+    inst = yc.launch(request())
+    assert emu.calls("SecurityGroupService.Create") == [] and emu.security_groups == {}
+    assert emu.reachable(inst.id) and emu.outbound_internet(inst.id)
+    assert yc.unused_network() == []

@@ -42,9 +42,17 @@ from yandex.cloud.endpoint import (
 from yandex.cloud.iam.v1 import iam_token_service_pb2, iam_token_service_pb2_grpc
 from yandex.cloud.operation import operation_pb2, operation_service_pb2_grpc
 from yandex.cloud.quota import quota_pb2
-from yandex.cloud.vpc.v1 import subnet_pb2, subnet_service_pb2, subnet_service_pb2_grpc
+from yandex.cloud.vpc.v1 import (
+    security_group_pb2,
+    security_group_service_pb2,
+    security_group_service_pb2_grpc,
+    subnet_pb2,
+    subnet_service_pb2,
+    subnet_service_pb2_grpc,
+)
 
 FOLDER = "b1gemulatorfolder001"
+NETWORK = "enpnet0001"
 IAM_TOKEN = "t1.emulator-iam-token"
 ZONES = ("ru-central1-a", "ru-central1-b", "ru-central1-d", "ru-central1-e")
 GIB = 1 << 30
@@ -175,6 +183,7 @@ class YandexEmulator:
     # en/vpc/concepts/security-groups.md, "Default security group rules"). A test narrows it
     # as a user editing that group would.
     default_group_ssh_cidrs: tuple[str, ...] = ("0.0.0.0/0",)
+    security_groups: dict[str, security_group_pb2.SecurityGroup] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self._lock = threading.RLock()
@@ -202,6 +211,9 @@ class YandexEmulator:
         operation_service_pb2_grpc.add_OperationServiceServicer_to_server(_Operations(self), server)
         image_service_pb2_grpc.add_ImageServiceServicer_to_server(_Images(self), server)
         subnet_service_pb2_grpc.add_SubnetServiceServicer_to_server(_Subnets(self), server)
+        security_group_service_pb2_grpc.add_SecurityGroupServiceServicer_to_server(
+            _SecurityGroups(self), server
+        )
         sku_service_pb2_grpc.add_SkuServiceServicer_to_server(_Skus(self), server)
         server.start()
         self._server = server
@@ -307,10 +319,45 @@ class YandexEmulator:
             nic = inst.network_interfaces[0]
             if not nic.primary_v4_address.one_to_one_nat.address:
                 return False
-            assert not nic.security_group_ids, "security groups of its own are not modelled"
-            cidrs = {22: self.default_group_ssh_cidrs, 3389: ("0.0.0.0/0",)}.get(port, ())
             address = ipaddress.ip_address(source)
-            return any(address in ipaddress.ip_network(c) for c in cidrs)
+            if not nic.security_group_ids:
+                cidrs = {22: self.default_group_ssh_cidrs, 3389: ("0.0.0.0/0",)}.get(port, ())
+                return any(address in ipaddress.ip_network(c) for c in cidrs)
+            return self._admitted(nic.security_group_ids, "INGRESS", address, port)
+
+    def outbound_internet(self, instance_id: str) -> bool:
+        """Can the instance open a connection to the internet (the agent reporting home)? A
+        public address, and an egress rule: a group "operates on the principle of 'what is not
+        allowed is forbidden'" (security-groups.md); the default group allows all egress."""
+        with self._lock:
+            nic = self.instances[instance_id].network_interfaces[0]
+            if not nic.primary_v4_address.one_to_one_nat.address:
+                return False
+            if not nic.security_group_ids:
+                return True
+            return self._admitted(nic.security_group_ids, "EGRESS", None, 443)
+
+    def _admitted(self, group_ids: Any, direction: str, address: Any, port: int) -> bool:
+        """Rules of all the interface's groups count; one that matches admits (docs: "a VM
+        may receive traffic that falls under at least one of the rules")."""
+        for group_id in group_ids:
+            for rule in self.security_groups[group_id].rules:
+                if security_group_pb2.SecurityGroupRule.Direction.Name(rule.direction) != direction:
+                    continue
+                if rule.protocol_name not in ("TCP", "ANY"):
+                    continue
+                if (
+                    rule.HasField("ports")
+                    and not rule.ports.from_port <= port <= rule.ports.to_port
+                ):
+                    continue
+                blocks = rule.cidr_blocks.v4_cidr_blocks
+                if address is None:
+                    if "0.0.0.0/0" in blocks:
+                        return True
+                elif any(address in ipaddress.ip_network(c) for c in blocks):
+                    return True
+        return False
 
     def billed(self) -> list[str]:
         """Instances whose compute bills: every one not STOPPED (a stopped VM pays only for
@@ -790,6 +837,14 @@ def _create_problem(emu: YandexEmulator, r: isvc.CreateInstanceRequest) -> str |
             sum(len(k) + len(v) for k, v in r.metadata.items()) <= 256 * 1024,
             "metadata is over 256 KB",
         ),
+        (
+            all(
+                g in emu.security_groups and emu.security_groups[g].network_id == NETWORK
+                for n in nics
+                for g in n.security_group_ids
+            ),
+            "a security group is unknown or in another network than the subnet",
+        ),
     ]
     return next((msg for ok, msg in checks if not ok), None)
 
@@ -836,11 +891,149 @@ class _Subnets(subnet_service_pb2_grpc.SubnetServiceServicer):
         if request.folder_id != FOLDER:
             context.abort(grpc.StatusCode.PERMISSION_DENIED, f"folder {request.folder_id}")
         items = [
-            subnet_pb2.Subnet(id=s, folder_id=FOLDER, zone_id=z, network_id="enpnet0001")
+            subnet_pb2.Subnet(id=s, folder_id=FOLDER, zone_id=z, network_id=NETWORK)
             for z, s in sorted(emu.subnets.items())
         ]
         page, token = _page(items, request.page_size, request.page_token, emu.page_size_cap)
         return subnet_service_pb2.ListSubnetsResponse(subnets=page, next_page_token=token)
+
+    def Get(self, request, context):
+        emu = self.emu
+        emu.begin("SubnetService.Get", request, context)
+        zone = next((z for z, s in emu.subnets.items() if s == request.subnet_id), None)
+        if zone is None:
+            context.abort(grpc.StatusCode.NOT_FOUND, f"Subnet {request.subnet_id} not found")
+        return subnet_pb2.Subnet(
+            id=request.subnet_id, folder_id=FOLDER, zone_id=zone, network_id=NETWORK
+        )
+
+
+class _SecurityGroups(security_group_service_pb2_grpc.SecurityGroupServiceServicer):
+    """VPC security groups (yandex/cloud/vpc/v1/security_group_service.proto): Create, Get,
+    List, UpdateRules, Delete. A rule needs a direction, a protocol, and a CIDR, a group or a
+    predefined target (what the proto's oneof ``target`` allows); ports are 0-65535, from ≤ to
+    (SecurityGroupRuleSpec / PortRange). Refusing to delete a group in use is not modelled:
+    no source says what Yandex answers."""
+
+    def __init__(self, emu: YandexEmulator) -> None:
+        self.emu = emu
+
+    def _rules(self, group_id: str, specs, context) -> list[security_group_pb2.SecurityGroupRule]:
+        out = []
+        for spec in specs:
+            ports = spec.ports
+            problem = (
+                "direction is required"
+                if spec.direction == 0
+                else "protocol is required"
+                if not (spec.protocol_name or spec.protocol_number)
+                else "a rule needs cidr_blocks, security_group_id or predefined_target"
+                if spec.WhichOneof("target") is None
+                else "ports must be 0-65535, from_port ≤ to_port"
+                if spec.HasField("ports") and not 0 <= ports.from_port <= ports.to_port <= 65535
+                else None
+            )
+            if problem:
+                self.emu.invalid("SecurityGroupService", context, problem)
+            rule = security_group_pb2.SecurityGroupRule(
+                id=self.emu.new_id("enprule"),
+                description=spec.description,
+                labels=dict(spec.labels),
+                direction=spec.direction,
+                protocol_name=spec.protocol_name,
+                protocol_number=spec.protocol_number,
+            )
+            if spec.HasField("ports"):
+                rule.ports.CopyFrom(spec.ports)
+            if spec.HasField("cidr_blocks"):
+                rule.cidr_blocks.CopyFrom(spec.cidr_blocks)
+            out.append(rule)
+        return out
+
+    def _find(self, group_id: str, context) -> security_group_pb2.SecurityGroup:
+        group = self.emu.security_groups.get(group_id)
+        if group is None:
+            context.abort(grpc.StatusCode.NOT_FOUND, f"Security group {group_id} not found")
+        return group
+
+    def _done(self, description: str, meta, response) -> operation_pb2.Operation:
+        op = self.emu._new_op(description, meta, "")
+        op.pb.done = True
+        op.pb.response.Pack(response)
+        return _copy(op.pb)
+
+    def Create(self, request, context):
+        emu = self.emu
+        emu.begin("SecurityGroupService.Create", request, context)
+        if request.folder_id != FOLDER:
+            context.abort(grpc.StatusCode.PERMISSION_DENIED, f"folder {request.folder_id}")
+        if request.network_id != NETWORK:
+            emu.invalid("SecurityGroupService.Create", context, "network_id is unknown")
+        if request.name and not _NAME.fullmatch(request.name):
+            emu.invalid("SecurityGroupService.Create", context, f"name {request.name!r}")
+        with emu._lock:
+            group = security_group_pb2.SecurityGroup(
+                id=emu.new_id("enpsg"),
+                folder_id=FOLDER,
+                created_at=emu.now(),
+                name=request.name,
+                description=request.description,
+                labels=dict(request.labels),
+                network_id=request.network_id,
+                status=security_group_pb2.SecurityGroup.ACTIVE,
+            )
+            group.rules.extend(self._rules(group.id, request.rule_specs, context))
+            emu.security_groups[group.id] = group
+            meta = security_group_service_pb2.CreateSecurityGroupMetadata(
+                security_group_id=group.id
+            )
+            return self._done("Create security group", meta, group)
+
+    def Get(self, request, context):
+        self.emu.begin("SecurityGroupService.Get", request, context)
+        with self.emu._lock:
+            return _copy(self._find(request.security_group_id, context))
+
+    def List(self, request, context):
+        emu = self.emu
+        emu.begin("SecurityGroupService.List", request, context)
+        if request.folder_id != FOLDER:
+            context.abort(grpc.StatusCode.PERMISSION_DENIED, f"folder {request.folder_id}")
+        with emu._lock:
+            items = [_copy(g) for g in emu.security_groups.values()]
+        page, token = _page(items, request.page_size, request.page_token, emu.page_size_cap)
+        return security_group_service_pb2.ListSecurityGroupsResponse(
+            security_groups=page, next_page_token=token
+        )
+
+    def UpdateRules(self, request, context):
+        emu = self.emu
+        emu.begin("SecurityGroupService.UpdateRules", request, context)
+        with emu._lock:
+            group = self._find(request.security_group_id, context)
+            ids = {r.id for r in group.rules}
+            unknown = [i for i in request.deletion_rule_ids if i not in ids]
+            if unknown:
+                context.abort(grpc.StatusCode.NOT_FOUND, f"Rules {unknown} not found")
+            added = self._rules(group.id, request.addition_rule_specs, context)
+            kept = [r for r in group.rules if r.id not in set(request.deletion_rule_ids)]
+            del group.rules[:]
+            group.rules.extend(kept + added)
+            meta = security_group_service_pb2.UpdateSecurityGroupMetadata(
+                security_group_id=group.id, added_rule_ids=[r.id for r in added]
+            )
+            return self._done("Update security group rules", meta, group)
+
+    def Delete(self, request, context):
+        emu = self.emu
+        emu.begin("SecurityGroupService.Delete", request, context)
+        with emu._lock:
+            self._find(request.security_group_id, context)
+            del emu.security_groups[request.security_group_id]
+            meta = security_group_service_pb2.DeleteSecurityGroupMetadata(
+                security_group_id=request.security_group_id
+            )
+            return self._done("Delete security group", meta, empty_pb2.Empty())
 
 
 class _Skus(sku_service_pb2_grpc.SkuServiceServicer):
