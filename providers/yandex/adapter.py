@@ -465,7 +465,7 @@ class YandexProvider(Provider):
                 continue
             if remove:
                 try:
-                    self._group_call("Delete", group.id, f"delete security group {group.id}")
+                    self._delete_group(group.id)
                 except InvalidRequest:  # taken into use meanwhile
                     continue
             out.append(f"security group {group.id} ({group.name}, network {group.network_id})")
@@ -678,7 +678,9 @@ class YandexProvider(Provider):
                 rule_specs=[ssh, egress],
             ),
             what,
-            metadata=[("idempotency-key", str(uuid.uuid5(_IDEMPOTENCY_NS, f"{folder_id}/{name}")))],
+            # one key for this call's retries; not derived from the name: Yandex answers a reused
+            # key with its first operation, which after a gc is a deleted group
+            metadata=[("idempotency-key", str(uuid.uuid4()))],
         )
         created = sg.SecurityGroup()
         self._wait(operation, what).response.Unpack(created)
@@ -698,16 +700,16 @@ class YandexProvider(Provider):
             "security_groups",
         )
 
-    def _group_call(self, method: str, group_id: str, what: str) -> None:
-        from yandex.cloud.vpc.v1 import security_group_service_pb2 as svc
+    def _delete_group(self, group_id: str) -> None:
+        from yandex.cloud.vpc.v1.security_group_service_pb2 import DeleteSecurityGroupRequest
         from yandex.cloud.vpc.v1.security_group_service_pb2_grpc import SecurityGroupServiceStub
 
-        request = getattr(svc, f"{method}SecurityGroupRequest")(security_group_id=group_id)
+        what = f"delete security group {group_id}"
         try:
             operation = self._rpc(
                 SecurityGroupServiceStub,
-                method,
-                request,
+                "Delete",
+                DeleteSecurityGroupRequest(security_group_id=group_id),
                 what,
                 metadata=[("idempotency-key", str(uuid.uuid4()))],
             )

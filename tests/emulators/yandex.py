@@ -971,7 +971,10 @@ class _SecurityGroups(security_group_service_pb2_grpc.SecurityGroupServiceServic
             emu.invalid("SecurityGroupService.Create", context, "network_id is unknown")
         if request.name and not _NAME.fullmatch(request.name):
             emu.invalid("SecurityGroupService.Create", context, f"name {request.name!r}")
+        key = dict(context.invocation_metadata()).get("idempotency-key")
         with emu._lock:
+            if key and key in emu._by_key:  # a reused key: the first operation, as for VMs
+                return _copy(emu._ops[emu._by_key[key]].pb)
             group = security_group_pb2.SecurityGroup(
                 id=emu.new_id("enpsg"),
                 folder_id=FOLDER,
@@ -987,7 +990,10 @@ class _SecurityGroups(security_group_service_pb2_grpc.SecurityGroupServiceServic
             meta = security_group_service_pb2.CreateSecurityGroupMetadata(
                 security_group_id=group.id
             )
-            return self._done("Create security group", meta, group)
+            op = self._done("Create security group", meta, group)
+            if key:
+                emu._by_key[key] = op.id
+            return op
 
     def Get(self, request, context):
         self.emu.begin("SecurityGroupService.Get", request, context)
