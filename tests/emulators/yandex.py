@@ -360,8 +360,9 @@ class YandexEmulator:
         return False
 
     def billed(self) -> list[str]:
-        """Instances whose compute bills: every one not STOPPED (a stopped VM pays only for
-        its disks, yandex-cloud/docs en/compute/pricing.md), and the disks left over."""
+        """What bills: every instance not STOPPED ("The time when the VM is stopped is not
+        charged"), and every disk ("You are charged for disks regardless of whether the VM is
+        running"): yandex-cloud/docs en/compute/pricing.md, "VM usage", "Use of storage"."""
         with self._lock:
             running = [i for i, inst in self.instances.items() if inst.status != inst.STOPPED]
             return running + list(self.disks)
