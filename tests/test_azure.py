@@ -779,6 +779,7 @@ def test_first_real_run_through_the_cli_leaves_nothing_billed(tls_emulator, home
     [stop] = [a for p in swept["passes"] for a in p["actions"]]
     assert (stop["action"], stop["done"]) == ("stop", True)
     assert emu.power_state(second) == "deallocated"  # not merely powered off: that bills
+    assert emu.billed_vms() == []
     cli("down", "train", at=night + timedelta(minutes=1))
 
     assert emu.vms == {} and emu.nics == {} and emu.public_ips == {} and emu.disks == {}

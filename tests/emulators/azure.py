@@ -464,6 +464,13 @@ class AzureEmulator:
             else:
                 vm.power = "deallocated"
 
+    def billed_vms(self) -> list[str]:
+        """VMs whose compute bills: all but the deallocated. "Stopped" (powered off from the OS
+        or by powerOff) keeps its hardware allocated and is billed; only "Deallocated" is not
+        (learn.microsoft.com/azure/virtual-machines/states-billing, power states table)."""
+        with self._lock:
+            return [vm.body["name"] for vm in self.vms.values() if vm.power != "deallocated"]
+
     def power_state(self, name: str, resource_group: str = "provisioner") -> str:
         with self._lock:
             return self._get_vm(resource_group, name).power
