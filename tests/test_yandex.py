@@ -750,3 +750,40 @@ def test_anywhere_needs_no_group_of_ours(emu, yc):
     assert emu.calls("SecurityGroupService.Create") == [] and emu.security_groups == {}
     assert emu.reachable(inst.id) and emu.outbound_internet(inst.id)
     assert yc.unused_network() == []
+
+
+def test_a_restarted_machine_s_new_address_is_what_status_and_ssh_use(emu, tls, env, home, clock):
+    """Yandex gives a stopped VM's one-to-one NAT address back and a new one on start: the
+    state follows the cloud, so `provisioner ssh` does not knock on someone else's address."""
+    from provisioner import lifecycle
+    from provisioner.spec import Experiment
+
+    app = yandex_app(emu, tls, home, clock)
+    experiment = Experiment.model_validate(
+        {
+            "name": "t4-run",
+            "project": "vision",
+            "owner": "ana@example.com",
+            "resources": {"gpu": "T4:1", "market": "reserved", "clouds": ["yandex"]},
+        }
+    )
+    try:
+        lifecycle.up(app, experiment)
+        lifecycle.reconcile(app)
+        before = lifecycle.find(app, "t4-run").public_ip
+        clock.advance(dt.timedelta(hours=1))
+        lifecycle.stop(app, "t4-run")
+        clock.advance(dt.timedelta(hours=1))
+        lifecycle.start(app, "t4-run")
+        lifecycle.reconcile(app)
+        after = lifecycle.find(app, "t4-run")
+        cloud = yc_address(app, after.instance_id)
+        assert before and cloud and cloud != before
+        assert after.public_ip == cloud
+        lifecycle.down(app, "t4-run")
+    finally:
+        app.close()
+
+
+def yc_address(app, instance_id: str) -> str | None:
+    return app.provider("yandex").get(InstanceRef(id=instance_id, region="ru-central1")).public_ip
