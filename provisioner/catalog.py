@@ -168,9 +168,7 @@ def _keep(
 
         def skip(reason: str, row: list[str]) -> bool:
             offers.skipped[reason] += 1
-            offers.examples.setdefault(
-                reason, f"{cloud}/{row[zone] or row[region]} {row[itype]}"
-            )
+            offers.examples.setdefault(reason, f"{cloud}/{row[zone] or row[region]} {row[itype]}")
             return False
 
         def keep(row: list[str]) -> bool:
