@@ -381,9 +381,8 @@ class AWSProvider(Provider):
                         TagSpecifications=[{"ResourceType": "security-group", "Tags": tags}],
                     )
                 except Exception as exc:  # another process made it first: use that one
-                    if getattr(exc, "response", {}).get("Error", {}).get("Code") == (
-                        "InvalidGroup.Duplicate"
-                    ):
+                    response = getattr(exc, "response", None) or {}  # none on a lost answer
+                    if response.get("Error", {}).get("Code") == ("InvalidGroup.Duplicate"):
                         return find() or ""
                     raise
                 group_id = str(made["GroupId"])
