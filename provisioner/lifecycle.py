@@ -145,7 +145,7 @@ def up(
     # otherwise six concurrent `up`s each count the same machines and all go ahead.
     with app.db.lock("intents"):
         plan = check(app, experiment)
-        machine, already = _write_intent(app, experiment, spec_path)
+        machine, already = _write_intent(app, experiment, spec_path, plan.candidates[0])
     if already:
         return UpResult(machine, already=True, plan=plan)
     if prefer is not None:
@@ -237,8 +237,12 @@ def _launch(
     )
 
 
-def _write_intent(app: App, experiment: Experiment, spec_path: str | None) -> tuple[Machine, bool]:
-    """The intent is written before anything is launched. Returns (machine, already_running)."""
+def _write_intent(
+    app: App, experiment: Experiment, spec_path: str | None, first: Candidate
+) -> tuple[Machine, bool]:
+    """The intent is written before anything is launched, with the rate of the ``first``
+    candidate (budgets count it until the launch fixes the real one). Returns (machine,
+    already_running)."""
     now = app.clock.now()
     with app.db.session() as s:
         m = live_machine(s, experiment.name)
@@ -257,6 +261,11 @@ def _write_intent(app: App, experiment: Experiment, spec_path: str | None) -> tu
                 spec_path=spec_path,
                 created_at=now,
                 disk_gb=experiment.resources.disk_gb,
+                rate=first.price.amount,
+                currency=first.price.currency,
+                disk_rate=disk_rate(
+                    app, first.offer.cloud, first.price.currency, experiment.resources.disk_gb
+                ),
             )
             s.add(m)
             s.flush()

@@ -244,10 +244,19 @@ def test_down_after_up_died_mid_launch_terminates_what_it_launched(home, tmp_pat
 # --- 3. limits hold under concurrency ----------------------------------------------------------
 
 
-def test_six_concurrent_ups_under_max_machines_3_leave_3(home, tmp_path, db_url) -> None:
+LIMITS = {
+    # at most three machines
+    "max_machines": ({"max_machines": 3}, "max_machines"),
+    # a T4 spot with its disk costs ~111.8 USD from TEST_START to the month's end: three fit
+    "budget": ({"budget": {"amount": "350 USD"}}, "refused by budget"),
+}
+
+
+@pytest.mark.parametrize("limit", sorted(LIMITS))
+def test_six_concurrent_ups_under_a_limit_of_3_leave_3(home, tmp_path, db_url, limit) -> None:
+    rule, refusal = LIMITS[limit]
     policy = write_yaml(
-        tmp_path / "cap.yaml",
-        {"name": "cap", "applies_to": {"projects": ["demo"]}, "max_machines": 3},
+        tmp_path / "cap.yaml", {"name": "cap", "applies_to": {"projects": ["demo"]}, **rule}
     )
     settings = make_settings(home, state_url=db_url, policies=[str(policy)])
     apps = [App(settings, ManualClock(TEST_START)) for _ in range(6)]
@@ -269,7 +278,7 @@ def test_six_concurrent_ups_under_max_machines_3_leave_3(home, tmp_path, db_url)
     try:
         refused = [r for r in results if isinstance(r, UserError)]
         assert len(refused) == 3, results
-        assert all("max_machines" in str(r) for r in refused)
+        assert all(refusal in str(r) for r in refused), refused
         assert len(live_rows(apps[0])) == 3
         running = [
             i for i in apps[0].provider("sandbox").list_managed() if i.state.value != "terminated"
