@@ -443,3 +443,25 @@ def test_reconcile_skips_a_row_deleted_meanwhile(world) -> None:
     provider.list_managed = list_then_delete  # type: ignore[method-assign]
     seen = lifecycle.reconcile(app)
     assert [(o.machine.name, o.observed) for o in seen if o.changed] == [("kept", "stopped")]
+
+
+# --- 11 (verified): the first reconcile after `up` records a boot, not an outside change -------
+
+
+def test_the_first_reconcile_after_up_records_a_boot(emu: AwsEmulator, tmp_path: Path) -> None:
+    aws = {"endpoint": emu.endpoint_url, "retry_base_seconds": 0.001}
+    clock = ManualClock(TEST_START)
+    app = App(make_settings(tmp_path / "home", clouds={"aws": aws}), clock)
+    try:
+        catalog.refresh(app.settings, "aws", make_provider(emu).fetch_offers())
+        m = lifecycle.up(app, experiment("boot", gpu="T4:1", clouds=["aws"])).machine
+        assert m.status == "pending"  # EC2 answers RunInstances with a pending instance
+        clock.advance(timedelta(hours=2))
+        lifecycle.reconcile(app)
+        [boot] = events(app, m.id, "booted")
+        assert boot.reason == "launched"
+        with app.db.session() as s:
+            reasons = set(s.scalars(select(Event.reason).where(Event.machine_id == m.id)))
+        assert "outside-provisioner" not in reasons
+    finally:
+        app.close()
