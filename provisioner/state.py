@@ -112,53 +112,29 @@ class Database:
         under ``intents``, and holds ``intent-<id>`` while it launches one intent."""
         deadline = time.monotonic() + timeout
         if self.engine.dialect.name == "postgresql":
-            key = int.from_bytes(hashlib.sha256(name.encode()).digest()[:4], "big", signed=True)
-            with self.engine.connect() as conn:
-                conn.execution_options(isolation_level="AUTOCOMMIT")
-                try_lock = text("SELECT pg_try_advisory_lock(:c, :k)")
-                while not conn.execute(try_lock, {"c": _LOCK_CLASS, "k": key}).scalar():
-                    _wait_or_give_up(name, deadline)
-                try:
-                    yield
-                finally:
-                    conn.execute(
-                        text("SELECT pg_advisory_unlock(:c, :k)"), {"c": _LOCK_CLASS, "k": key}
-                    )
+            with self._advisory_lock(name, deadline):
+                yield
             return
         path = self.engine.url.database if self.engine.dialect.name == "sqlite" else None
         if not path or path == ":memory:":  # one process owns such a database
             with _local_lock(f"{self.url}|{name}"):
                 yield
             return
-        import fcntl
-
-        lock_path = f"{path}.{name}.lock"
-        while True:
-            fd = os.open(lock_path, os.O_CREAT | os.O_WRONLY, 0o600)
-            try:
-                while True:
-                    try:
-                        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                        break
-                    except BlockingIOError:
-                        _wait_or_give_up(name, deadline)
-                try:  # the holder before us may have removed the file: lock the current one
-                    same = os.fstat(fd).st_ino == os.stat(lock_path).st_ino
-                except FileNotFoundError:
-                    same = False
-                if same:
-                    break
-            except BaseException:
-                os.close(fd)
-                raise
-            os.close(fd)
-        try:
+        with _file_lock(f"{path}.{name}.lock", name, deadline):
             yield
-        finally:
-            if name != "intents":  # one file per intent: removed while still held
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(lock_path)
-            os.close(fd)
+
+    @contextmanager
+    def _advisory_lock(self, name: str, deadline: float) -> Iterator[None]:
+        key = int.from_bytes(hashlib.sha256(name.encode()).digest()[:4], "big", signed=True)
+        args = {"c": _LOCK_CLASS, "k": key}
+        with self.engine.connect() as conn:
+            conn.execution_options(isolation_level="AUTOCOMMIT")
+            while not conn.execute(text("SELECT pg_try_advisory_lock(:c, :k)"), args).scalar():
+                _wait_or_give_up(name, deadline)
+            try:
+                yield
+            finally:
+                conn.execute(text("SELECT pg_advisory_unlock(:c, :k)"), args)
 
     def dispose(self) -> None:
         self.engine.dispose()
@@ -176,6 +152,36 @@ _local_guard = threading.Lock()
 def _local_lock(key: str) -> threading.Lock:
     with _local_guard:
         return _local_locks.setdefault(key, threading.Lock())
+
+
+@contextmanager
+def _file_lock(path: str, name: str, deadline: float) -> Iterator[None]:
+    """``flock`` on ``path``, removed by its holder before release (no file per intent is
+    left behind); a waiter that then holds a removed file tries the new one."""
+    import fcntl
+
+    while True:
+        fd = os.open(path, os.O_CREAT | os.O_WRONLY, 0o600)
+        try:
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    _wait_or_give_up(name, deadline)
+            with contextlib.suppress(FileNotFoundError):
+                if os.fstat(fd).st_ino == os.stat(path).st_ino:
+                    break
+        except BaseException:
+            os.close(fd)
+            raise
+        os.close(fd)
+    try:
+        yield
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+        os.close(fd)
 
 
 def _wait_or_give_up(name: str, deadline: float) -> None:
