@@ -201,11 +201,12 @@ def _launch(
             instance = app.provider(o.cloud).launch(request)
         except ProviderError as err:
             found = _launched_after_all(app, machine, cand, err, progress)
-            if found is not None:
+            if found:
                 attempts.append(Attempt(cand.where, o.instance_type, cand.market, "launched"))
                 adopted = _record_adoption(
-                    app, machine.id, o.cloud, found, _attempt_detail(cand, request.token)
+                    app, machine.id, o.cloud, found[0], _attempt_detail(cand, request.token)
                 )
+                _end_duplicates(app, adopted, found[1:])
                 return UpResult(_unless_cancelled(app, adopted), attempts=attempts, plan=plan)
             outcome = blocked.add(cand, err)
             attempts.append(Attempt(cand.where, o.instance_type, cand.market, outcome, str(err)))
@@ -327,14 +328,14 @@ _DEFINITE = (CapacityError, QuotaError, AuthError, InvalidRequest, NotFound)
 
 def _launched_after_all(
     app: App, machine: Machine, cand: Candidate, err: ProviderError, progress: Progress
-) -> Instance | None:
+) -> list[Instance]:
     """A launch that failed without a definite answer (throttled, timed out, connection dropped,
     5xx) may have happened all the same: ask the cloud for a machine carrying this intent's tag
     in that region before moving on with another token. When even that cannot be answered, stop
     here (the intent stays ``requested``: a rerun of `up` adopts, `down` cleans up) rather than
     risk a second machine."""
     if isinstance(err, _DEFINITE):
-        return None
+        return []
     o = cand.offer
     provider = app.provider(o.cloud)
     try:
@@ -354,7 +355,7 @@ def _launched_after_all(
     live = [i for i in found if i.state is not MachineState.TERMINATED]
     if live:
         progress(f"  {err}; {live[0].id} was launched all the same: adopting it")
-    return live[0] if live else None
+    return live
 
 
 def _adopt(app: App, machine: Machine, progress: Progress) -> Machine | None:

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
 from sqlalchemy import select
 
+from providers.base import Throttled
 from provisioner import catalog, lifecycle
 from provisioner.app import App
 from provisioner.clock import ManualClock
@@ -465,3 +467,24 @@ def test_the_first_reconcile_after_up_records_a_boot(emu: AwsEmulator, tmp_path:
         assert "outside-provisioner" not in reasons
     finally:
         app.close()
+
+
+def test_an_adoption_that_finds_two_machines_keeps_one_and_says_which(world) -> None:
+    """The launch answer is lost and the cloud holds two machines with this intent's tag (an
+    earlier run's duplicate): one is adopted, the other terminated, and the event names both."""
+    app = world()
+    provider = app.provider("sandbox")
+    real_launch = provider.launch
+
+    def launch_twice_then_lose_the_answer(request):
+        real_launch(request)
+        real_launch(replace(request, token=request.token + "-old"))
+        raise Throttled("sandbox: connection dropped", code="ConnectionClosed")
+
+    provider.launch = launch_twice_then_lose_the_answer  # type: ignore[method-assign]
+    m = lifecycle.up(app, experiment("twice")).machine
+    live = [i.id for i in provider.list_managed() if i.state.value != "terminated"]
+    assert live == [m.instance_id]
+    [dup] = events(app, m.id, "duplicate")
+    assert dup.detail["kept"] == m.instance_id and dup.detail["still_running"] is False
+    assert dup.detail["instance_id"] != m.instance_id
