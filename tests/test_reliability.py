@@ -100,15 +100,18 @@ def test_lost_launch_answers_never_make_a_second_machine(
             exp = experiment("train", gpu="T4:1", market="spot", clouds=["aws"])
             emu.faults.unreliable(0.4, seed=seed)
             try:
-                lifecycle.up(app, exp)
+                launched = lifecycle.up(app, exp).machine.instance_id
                 outcomes["launched"] += 1
             except OperationFailed:
+                launched = None
                 outcomes["up failed"] += 1
             fates.update(f for action, f in emu.faults.fates if action == "RunInstances")
             emu.faults.clear()
             emu.wait_idle()
             duplicates += max(len(billed(emu)) - 1, 0)
             assert len(billed(emu)) <= 1, (seed, billed(emu), emu.faults.fates)
+            if launched is not None:  # `up` said so: that machine, in the ledger, bills
+                assert billed(emu) == [launched], seed
             # a healed network: a rerun finishes an intent left unsettled
             m = lifecycle.up(app, exp).machine
             assert billed(emu) == [m.instance_id], seed
