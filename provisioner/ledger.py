@@ -462,7 +462,7 @@ def commitments(s: Session, period: Period, now: datetime, scope: Scope = Scope(
             until = min(until, launched_at + ttl)
         if until > frm:
             out.add(currency, rate * hours(until - frm))
-    # intents still launching, at the rate of the candidate their `up` tries first: `up`s
+    # intents still launching, at the rate of their plan's first candidate: `up`s
     # checked one after another must each see what the ones before them will spend
     admits = scope.admitter()
     launching = s.execute(
