@@ -33,6 +33,7 @@ from tests.conftest import (
     write_yaml,
 )
 from tests.contract.aws import clean_emulator, make_provider
+from tests.contract.harness import t4_request
 from tests.emulators.aws import AwsEmulator
 
 pytestmark = pytest.mark.slow  # many launches on the emulators, threads racing
@@ -129,6 +130,32 @@ def test_lost_launch_answers_never_make_a_second_machine(
         )
     assert duplicates == 0
     assert sum(fates[f] for f in ("dropped", "error-after", "late")) > 0  # the case happened
+
+
+@pytest.mark.parametrize(
+    ("action", "answer"),
+    [("CreateSecurityGroup", "dropped"), ("AuthorizeSecurityGroupIngress", "RequestLimitExceeded")],
+)
+def test_a_failed_call_while_making_our_ssh_group_still_opens_ssh(
+    emu: AwsEmulator, action: str, answer: str
+) -> None:
+    """EC2 made the group but its answer was lost, or the rule's call was throttled: the retry
+    meets the group already made and still adds the rule, so the machine admits SSH."""
+    if answer == "dropped":
+        emu.faults.drop_response(action)
+    else:
+        emu.faults.throttle(1, action=action)
+    inst = make_provider(emu).launch(
+        t4_request("ssh", ("us-east-1", "use1-az6"), "g4dn.xlarge", spot=False)
+    )
+    assert next(c.answer for c in emu.calls(action)) == answer
+    ec2 = emu.client("ec2")
+    [raw] = [i for r in ec2.describe_instances()["Reservations"] for i in r["Instances"]]
+    assert raw["InstanceId"] == inst.id
+    [group] = ec2.describe_security_groups(GroupIds=[raw["SecurityGroups"][0]["GroupId"]])[
+        "SecurityGroups"
+    ]
+    assert [(p["FromPort"], p["ToPort"]) for p in group["IpPermissions"]] == [(22, 22)]
 
 
 # --- 2. `down` during an unfinished `up` wins --------------------------------------------------
