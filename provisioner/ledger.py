@@ -21,7 +21,7 @@ from itertools import pairwise
 from typing import Any
 from zoneinfo import ZoneInfo
 
-from sqlalchemy import BigInteger, case, func, or_, select
+from sqlalchemy import BigInteger, String, and_, case, func, or_, select, type_coerce
 from sqlalchemy.orm import Session
 
 from policies.duration import parse_duration
@@ -332,10 +332,13 @@ def _span(s: Session, start: datetime, end: datetime, scope: Scope, kinds: Seque
         iv.machine_id,
         iv.kind,
         iv.currency,
-        iv.rate.label("rate"),
+        type_coerce(iv.rate, String).label("rate"),  # the exact text: priced once per rate
         most(iv.start_us, lo_us, type_=BigInteger).label("lo"),
         least(func.coalesce(iv.end_us, hi_us), hi_us, type_=BigInteger).label("hi"),
-    ).where(iv.start_us < hi_us, or_(iv.end_us.is_(None), iv.end_us > lo_us))
+    ).where(
+        iv.start_us < hi_us,
+        or_(iv.end_us.is_(None), and_(iv.end_us > lo_us, iv.end_us > iv.start_us)),
+    )
     if kinds is not None:
         q = q.where(iv.kind.in_(kinds))
     if clauses := scope.clauses():

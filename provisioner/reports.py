@@ -313,9 +313,11 @@ def _assemble(
         name, owner, gpu, count, kind = key[:5]  # type: ignore[index]
         group_kind.add((key[at_by] or "—", kind), c, rate, us)  # type: ignore[index]
         per_machine.add(name, c, rate, us)
-        m = machine_info.setdefault(
-            name, MachineLine(name, Amounts(), Money.zero(cur), owner=owner, gpu=gpu)
-        )
+        m = machine_info.setdefault(name, MachineLine(name, Amounts(), Money.zero(cur)))
+        # a name reused by another owner or GPU shows both, in one order whatever the query's
+        m.owner = ", ".join(sorted({*m.owner.split(", "), owner} - {""}))
+        if gpu:
+            m.gpu = ", ".join(sorted({*(m.gpu or "").split(", "), gpu} - {""}))
         if kind == "compute":
             m.gpu_count = max(m.gpu_count, count or (1 if gpu else 0))
             m.hours += Decimal(us) / US_PER_HOUR
