@@ -21,7 +21,7 @@ from itertools import pairwise
 from typing import Any
 from zoneinfo import ZoneInfo
 
-from sqlalchemy import BigInteger, String, and_, case, func, or_, select, type_coerce
+from sqlalchemy import BigInteger, String, and_, case, func, or_, select, tuple_, type_coerce
 from sqlalchemy.orm import Session
 
 from policies.duration import parse_duration
@@ -320,38 +320,58 @@ FIELDS: dict[str, Any] = {
 BY = ("project", "owner", "cloud", "gpu", "machine", "kind", "day")
 
 
+def _machines(s: Session, scope: Scope) -> Any:
+    """The scope as one SQL condition on usage (None: every machine). A test only Python can
+    make (globs, a budget's ``covers``) is made once per distinct (project, owner) and handed
+    to the database as the list of pairs it admits."""
+    clauses = scope.clauses()
+    if scope.in_python:
+        admits = scope.admitter()
+        pairs = s.execute(select(Machine.project, Machine.owner).distinct().where(*clauses))
+        clauses.append(tuple_(Machine.project, Machine.owner).in_([p for p in pairs if admits(*p)]))
+    return UsageInterval.machine_id.in_(select(Machine.id).where(*clauses)) if clauses else None
+
+
+def _usage(
+    s: Session, start: datetime, end: datetime, scope: Scope, kinds: Sequence[str] | None
+) -> list[Any]:
+    """Which intervals have usage inside [start, end), in the scope and of the kinds asked."""
+    lo_us, hi_us = epoch_us(start), epoch_us(end)
+    iv = UsageInterval
+    out = [
+        iv.start_us < hi_us,
+        or_(iv.end_us.is_(None), and_(iv.end_us > lo_us, iv.end_us > iv.start_us)),
+    ]
+    if kinds is not None:
+        out.append(iv.kind.in_(kinds))
+    if (machines := _machines(s, scope)) is not None:
+        out.append(machines)
+    return out
+
+
 def _span(s: Session, start: datetime, end: datetime, scope: Scope, kinds: Sequence[str] | None):
     """The usage inside [start, end) as a subquery: each interval's machine, kind, currency and
     rate (its exact text), and ``lo``/``hi`` — its times clamped to the span, integer
     microseconds — so sums are integers (exact on every backend, no float, no text dates)."""
     lo_us, hi_us = epoch_us(start), epoch_us(end)
-    sqlite = s.get_bind().dialect.name == "sqlite"
-    most, least = (func.max, func.min) if sqlite else (func.greatest, func.least)
+    most, least = (func.max, func.min) if _sqlite(s) else (func.greatest, func.least)
     iv = UsageInterval
-    q = select(
-        iv.machine_id,
-        iv.kind,
-        iv.currency,
-        type_coerce(iv.rate, String).label("rate"),  # the exact text: priced once per rate
-        most(iv.start_us, lo_us, type_=BigInteger).label("lo"),
-        least(func.coalesce(iv.end_us, hi_us), hi_us, type_=BigInteger).label("hi"),
-    ).where(
-        iv.start_us < hi_us,
-        or_(iv.end_us.is_(None), and_(iv.end_us > lo_us, iv.end_us > iv.start_us)),
+    return (
+        select(
+            iv.machine_id,
+            iv.kind,
+            iv.currency,
+            type_coerce(iv.rate, String).label("rate"),  # the exact text: priced once per rate
+            most(iv.start_us, lo_us, type_=BigInteger).label("lo"),
+            least(func.coalesce(iv.end_us, hi_us), hi_us, type_=BigInteger).label("hi"),
+        )
+        .where(*_usage(s, start, end, scope, kinds))
+        .subquery("u")
     )
-    if kinds is not None:
-        q = q.where(iv.kind.in_(kinds))
-    if clauses := scope.clauses():
-        q = q.where(iv.machine_id.in_(select(Machine.id).where(*clauses)))
-    return q.subquery("u")
 
 
-def _grouping(by: Sequence[str], scope: Scope) -> tuple[list[str], Callable[[str, str], bool]]:
-    """The columns to group by: ``by``, plus project and owner when the scope still has a
-    test to make in Python (globs, a budget's ``covers``)."""
-    admits = scope.admitter()
-    extra = [f for f in ("project", "owner") if f not in by] if scope.in_python else []
-    return [*by, *extra], admits
+def _sqlite(s: Session) -> bool:
+    return s.get_bind().dialect.name == "sqlite"
 
 
 def tally(
@@ -364,10 +384,10 @@ def tally(
     kinds: Sequence[str] | None = None,
 ) -> Tally:
     """Microseconds of usage inside [start, end) per (``by`` values, currency, rate), summed by
-    the database: one pass grouping the intervals per machine, then per ``by`` (any of
-    :data:`FIELDS`). Open intervals run to ``end``: pass ``min(period end, now)`` for spend to
-    date. Per machine and kind intervals never overlap, so no sum can overflow 64 bits."""
-    cols, admits = _grouping(by, scope)
+    the database: one pass grouping the intervals per machine (in the order of an index that
+    covers the query, so SQLite needs no sort), then per ``by`` (any of :data:`FIELDS`). Open
+    intervals run to ``end``: pass ``min(period end, now)`` for spend to date. Per machine and
+    kind intervals never overlap, so no sum can overflow 64 bits."""
     u = _span(s, start, end, scope, kinds)
     per_machine = (
         select(
@@ -380,7 +400,7 @@ def tally(
         .group_by(u.c.machine_id, u.c.kind, u.c.currency, u.c.rate)
         .subquery("pm")
     )
-    keys = [per_machine.c.kind if f == "kind" else FIELDS[f] for f in cols]
+    keys = [per_machine.c.kind if f == "kind" else FIELDS[f] for f in by]
     total_us = func.sum(per_machine.c.us)
     q = (
         select(*keys, per_machine.c.currency, per_machine.c.rate, total_us)
@@ -388,15 +408,10 @@ def tally(
         .group_by(*keys, per_machine.c.currency, per_machine.c.rate)
         .having(total_us > 0)
     )
-    out, n, ip, io = Tally(), len(by), _index(cols, "project"), _index(cols, "owner")
+    out, n = Tally(), len(by)
     for r in s.execute(q):
-        if admits(r[ip], r[io]):
-            out.add(tuple(r[:n]), r[-3], r[-2], int(r[-1]))
+        out.add(tuple(r[:n]), r[-3], r[-2], int(r[-1]))
     return out
-
-
-def _index(cols: list[str], name: str) -> int:
-    return cols.index(name) if name in cols else 0
 
 
 def day_tally(
@@ -413,46 +428,25 @@ def day_tally(
     """Microseconds of usage per (``by`` values + local day of ``days`` in ``tz``, currency,
     rate) inside [start, end), which ``days`` (consecutive) cover.
 
-    The database does not cut intervals at midnights. It counts, per (key, day an interval
-    begins, day it ends), the intervals and the sums of their offsets into those days; the
+    The database does not cut intervals at midnights. It counts, per key and day, the intervals
+    that begin (their clamped start) and end in it, and the sums of their offsets into it; the
     usage of day k is then A·len(k) − o(k), A the intervals begun by day k and not ended before
     it, o(k) the offsets begun in k less those ended in k. Integers all the way: exact."""
     bounds = [epoch_us(midnight(d, tz)) for d in days]
     bounds.append(epoch_us(midnight(days[-1] + DAY, tz)))
-    s_us = bounds[0]
     lengths = [b - a for a, b in pairwise(bounds)]
-    cols, admits = _grouping(by, scope)
-    u = _span(s, start, end, scope, kinds)
-
-    def day_and_offset(x: Any) -> tuple[Any, Any]:
-        if len(set(lengths)) == 1:  # every day 24 h (UTC, or no clock change in the span)
-            return (x - s_us) // lengths[0], (x - s_us) % lengths[0]
-        pairs = list(pairwise(bounds))
-        day = case(*((x < b, i) for i, (_, b) in enumerate(pairs)), else_=len(days))
-        floor = case(*((x < b, a) for a, b in pairs), else_=bounds[-1])
-        return day, x - floor
-
-    (dlo, olo), (dhi, ohi) = day_and_offset(u.c.lo), day_and_offset(u.c.hi)
-    keys = [u.c.kind if f == "kind" else FIELDS[f] for f in cols]
-    groups = [*keys, u.c.currency, u.c.rate, dlo, dhi]
-    q = select(*groups, func.count(), func.sum(olo), func.sum(ohi)).group_by(*groups)
-    if any(f != "kind" for f in cols):
-        q = q.select_from(u.join(Machine, Machine.id == u.c.machine_id))
+    if _sqlite(s) and not by and bounds[0] == epoch_us(start):
+        rows = _day_edges_by_range(s, start, end, bounds, scope, kinds)
+    else:
+        rows = _day_edges_grouped(s, start, end, bounds, by, scope, kinds)
     # per (key, currency, rate) and day index: intervals begun less ended; offsets likewise
     net: dict[tuple[Any, str, str], tuple[list[int], list[int]]] = {}
-    n, ip, io = len(by), _index(cols, "project"), _index(cols, "owner")
-    for r in s.execute(q):
-        if not admits(r[ip], r[io]):
-            continue
-        *_, cur, rate, d0, d1, count, off0, off1 = r
-        key = (tuple(r[:n]), cur, rate)
-        if key not in net:
-            net[key] = ([0] * (len(days) + 1), [0] * (len(days) + 1))
-        counts, offsets = net[key]
-        counts[int(d0)] += count
-        counts[int(d1)] -= count
-        offsets[int(d0)] += int(off0)
-        offsets[int(d1)] -= int(off1)
+    for key, cur, rate, day, count, offset in rows:
+        if (key, cur, rate) not in net:
+            net[(key, cur, rate)] = ([0] * (len(days) + 1), [0] * (len(days) + 1))
+        counts, offsets = net[(key, cur, rate)]
+        counts[int(day)] += int(count)
+        offsets[int(day)] += int(offset or 0)
     out = Tally()
     for (key, cur, rate), (counts, offsets) in net.items():
         active = 0
@@ -462,6 +456,90 @@ def day_tally(
             if us:
                 out.add((*key, d), cur, rate, us)
     return out
+
+
+Edge = tuple[tuple[Any, ...], str, str, int, int, int]  # key, currency, rate, day, ±count, ±offset
+
+
+def _day_edges_grouped(
+    s: Session,
+    start: datetime,
+    end: datetime,
+    bounds: list[int],
+    by: Sequence[str],
+    scope: Scope,
+    kinds: Sequence[str] | None,
+) -> Iterator[Edge]:
+    """One GROUP BY (key, currency, rate, day begun, day ended): PostgreSQL hashes it."""
+    u = _span(s, start, end, scope, kinds)
+    lengths = [b - a for a, b in pairwise(bounds)]
+
+    def day_and_offset(x: Any) -> tuple[Any, Any]:
+        if len(set(lengths)) == 1:  # every day 24 h (UTC, or no clock change in the span)
+            return (x - bounds[0]) // lengths[0], (x - bounds[0]) % lengths[0]
+        pairs = list(pairwise(bounds))
+        day = case(*((x < b, i) for i, (_, b) in enumerate(pairs)), else_=len(pairs))
+        floor = case(*((x < b, a) for a, b in pairs), else_=bounds[-1])
+        return day, x - floor
+
+    (dlo, olo), (dhi, ohi) = day_and_offset(u.c.lo), day_and_offset(u.c.hi)
+    keys = [u.c.kind if f == "kind" else FIELDS[f] for f in by]
+    groups = [*keys, u.c.currency, u.c.rate, dlo, dhi]
+    q = select(*groups, func.count(), func.sum(olo), func.sum(ohi)).group_by(*groups)
+    if by and by != ["kind"] and tuple(by) != ("kind",):
+        q = q.select_from(u.join(Machine, Machine.id == u.c.machine_id))
+    n = len(by)
+    for r in s.execute(q):
+        *_, cur, rate, d0, d1, count, off0, off1 = r
+        yield tuple(r[:n]), cur, rate, d0, count, off0
+        yield tuple(r[:n]), cur, rate, d1, -count, -off1
+
+
+def _day_edges_by_range(
+    s: Session,
+    start: datetime,
+    end: datetime,
+    bounds: list[int],
+    scope: Scope,
+    kinds: Sequence[str] | None,
+) -> Iterator[Edge]:
+    """SQLite sorts to GROUP BY, and sorting a million rows is most of a report's time. Here
+    each (currency, rate, day) is instead a range of an index that covers the query
+    (``ix_usage_rate_start`` for the days intervals begin, ``ix_usage_rate_end`` for those they
+    end): counts and sums without a sort."""
+    iv = UsageInterval
+    lo_us, hi_us = epoch_us(start), epoch_us(end)
+    where = _usage(s, start, end, scope, kinds)
+    rates = s.execute(select(iv.currency, type_coerce(iv.rate, String)).distinct().where(*where))
+    n = len(bounds) - 1
+    # the day the span's end falls in: intervals still open there end in it, at its offset
+    last = next((k for k in range(n) if bounds[k] <= hi_us < bounds[k + 1]), n)
+    for cur, rate in list(rates):
+        same = [iv.currency == cur, type_coerce(iv.rate, String) == rate, *where]
+        for k in range(n):
+            if bounds[k] >= hi_us:
+                break
+            begun_from = bounds[k] if k else -(2**62)  # day 0 takes what began before the span
+            begun = and_(iv.start_us >= begun_from, iv.start_us < bounds[k + 1], *same)
+            count, offset = s.execute(
+                select(func.count(), func.sum(func.max(iv.start_us, lo_us) - bounds[k])).where(
+                    begun
+                )
+            ).one()
+            if count:
+                yield (), cur, rate, k, count, offset
+            ended_from = bounds[k] if k else lo_us + 1
+            ended = and_(iv.end_us >= ended_from, iv.end_us < min(bounds[k + 1], hi_us), *same)
+            gone, gone_offset = s.execute(
+                select(func.count(), func.sum(iv.end_us - bounds[k])).where(ended)
+            ).one()
+            if gone:
+                yield (), cur, rate, k, -gone, -gone_offset
+        if last < n:  # still running at the span's end (or ending after it)
+            running = and_(or_(iv.end_us.is_(None), iv.end_us >= hi_us), *same)
+            still = s.execute(select(func.count()).where(running)).scalar_one()
+            if still:
+                yield (), cur, rate, last, -still, -still * (hi_us - bounds[last])
 
 
 def spend_by(

@@ -195,8 +195,8 @@ def test_report_in_sql_is_byte_for_byte_the_row_by_row_one(app, monkeypatch, cas
     monkeypatch.setattr(ledger, "tally", oracle_tally)
     monkeypatch.setattr(ledger, "day_tally", oracle_day_tally)
     old = [outputs(reports.build(app, period, scope, language=lang, **kw)) for lang in ("en", "ru")]
-    for a, b in zip(new, old):
-        for x, y in zip(a, b):
+    for a, b in zip(new, old, strict=True):
+        for x, y in zip(a, b, strict=True):
             assert x.replace(", ", ",\n").splitlines() == y.replace(", ", ",\n").splitlines()
     assert new == old
     assert "$" in new[0][0] and len(new[0][1].splitlines()) > 3  # there was spend to compare
@@ -224,7 +224,9 @@ def test_shared_out_cents_add_up_and_stay_within_a_cent(parts):
     shown = allocate(parts)
     total = sum(parts, Decimal(0)).quantize(CENT, ROUND_HALF_UP)
     assert sum(shown, Decimal(0)) == total
-    assert all(abs(a - p) < CENT and a == a.quantize(CENT) for a, p in zip(shown, parts))
+    assert all(
+        abs(a - p) < CENT and a == a.quantize(CENT) for a, p in zip(shown, parts, strict=True)
+    )
 
 
 @settings(
