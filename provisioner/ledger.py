@@ -534,7 +534,7 @@ def _day_edges_by_range(
                 select(func.count(), func.sum(iv.end_us - bounds[k])).where(ended)
             ).one()
             if gone:
-                yield (), cur, rate, k, -gone, -gone_offset
+                yield (), cur, rate, k, -gone, -(gone_offset or 0)
         if last < n:  # still running at the span's end (or ending after it)
             running = and_(or_(iv.end_us.is_(None), iv.end_us >= hi_us), *same)
             still = s.execute(select(func.count()).where(running)).scalar_one()

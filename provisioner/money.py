@@ -85,9 +85,11 @@ def allocate(
     left = int((total - sum(floors, Decimal(0))) / step)
     if not 0 <= left <= len(parts):
         raise ValueError(f"cannot share {total} over parts adding up to {sum(parts)}")
-    order = sorted(range(len(parts)), key=lambda i: (floors[i] - parts[i], i))
-    for i in order[:left]:
-        floors[i] += step
+    if left:
+        lost = [p - f for p, f in zip(parts, floors, strict=True)]
+        # stable: among equal remainders the earlier part goes first
+        for i in sorted(range(len(parts)), key=lost.__getitem__, reverse=True)[:left]:
+            floors[i] += step
     return floors
 
 

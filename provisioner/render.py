@@ -306,7 +306,7 @@ def chart(r: Report) -> Any:
 
 def _tick(f: Fmt, v: float) -> str:
     """An axis figure in the locale's numbers: whole above 10, else with the decimals it needs."""
-    d = Decimal(repr(v))
+    d = Decimal(repr(float(v)))
     if abs(d) >= 10 or d == d.to_integral():
         return f.num(d.quantize(Decimal(1), ROUND_HALF_UP))
     return f.num(d.quantize(Decimal("0.01"), ROUND_HALF_UP), 2)

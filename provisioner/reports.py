@@ -308,21 +308,22 @@ def _assemble(
     fields = _fields(by)
     at_by = fields.index(by)
     group_kind, per_machine, gpus = Tally(), Tally(), Tally()
-    machine_info: dict[str, MachineLine] = {}
+    # per machine name: owners, GPUs, most cards, compute microseconds, compute rates
+    info: dict[str, tuple[set[str], set[str], list[int], set[tuple[str, str]]]] = {}
     for (key, c, rate), us in sums.usage.items():
         name, owner, gpu, count, kind = key[:5]  # type: ignore[index]
         group_kind.add((key[at_by] or "—", kind), c, rate, us)  # type: ignore[index]
         per_machine.add(name, c, rate, us)
-        m = machine_info.setdefault(name, MachineLine(name, Amounts(), Money.zero(cur)))
-        # a name reused by another owner or GPU shows both, in one order whatever the query's
-        m.owner = ", ".join(sorted({*m.owner.split(", "), owner} - {""}))
+        owners, gpu_names, counts, machine_rates = info.setdefault(
+            name, (set(), set(), [0, 0], set())
+        )
+        owners.add(owner)
         if gpu:
-            m.gpu = ", ".join(sorted({*(m.gpu or "").split(", "), gpu} - {""}))
+            gpu_names.add(gpu)
         if kind == "compute":
-            m.gpu_count = max(m.gpu_count, count or (1 if gpu else 0))
-            m.hours += Decimal(us) / US_PER_HOUR
-            if Money(Decimal(rate), c) not in m.rates:
-                m.rates.append(Money(Decimal(rate), c))
+            counts[0] = max(counts[0], count or (1 if gpu else 0))
+            counts[1] += us
+            machine_rates.add((c, rate))
             if gpu:
                 gpus.add((gpu, count or 1), c, rate, us)
     lines: dict[str, Line] = {}
@@ -336,10 +337,20 @@ def _assemble(
         ln.total = ln.amounts.total(rates, cur)
     machines = []
     for name, amounts in per_machine.amounts().items():
-        m = machine_info[name]
-        m.amounts, m.total = amounts, amounts.total(rates, cur)
-        m.rates.sort()
-        machines.append(m)
+        owners, gpu_names, (cards, us), machine_rates = info[name]
+        # a name reused by another owner or GPU shows both, in one order whatever the query's
+        machines.append(
+            MachineLine(
+                name,
+                amounts,
+                amounts.total(rates, cur),
+                owner=", ".join(sorted(owners)),
+                gpu=", ".join(sorted(gpu_names)) or None,
+                gpu_count=cards,
+                hours=Decimal(us) / US_PER_HOUR,
+                rates=sorted(Money(Decimal(r), c) for c, r in machine_rates),
+            )
+        )
     seen = set(sums.native) | set(sums.forecast.total) | {cur}
     if st is not None:
         seen.add(st.amount.currency)

@@ -226,7 +226,7 @@ def test_one_currency_shows_one_figure_and_the_machines_table(app, clock):
     r = reports.build(app, NOV, by="owner", now=datetime(2026, 12, 1, tzinfo=UTC))
     text = render.text(r)
     assert f"Spent: {render.fmt(r).money(r.total)}\n" in text and "billed as" not in text
-    assert "1. t4 — ana@example.com, 1× T4, 10.0 h × $0.15/h: $1.52" in text
+    assert "1. t4 — ana@example.com, 1× T4, 10.0 h × $0.15/h: $1.57" in text  # disk too
     html = render.html(r, None)
     assert '<td>ana@example.com</td><td>1× T4</td><td class="n">10.0</td>' in html
     assert "$0.15/h" in html and "billed as" not in html
@@ -241,7 +241,8 @@ def test_rent_or_buy_counts_the_cards_of_a_machine(app, clock):
     r = reports.build(app, NOV, now=datetime(2026, 12, 1, tzinfo=UTC))
     [a100] = r.rent_or_buy
     assert a100.gpu_hours == 8 * 72 and a100.cards == 8
-    assert "(7.0 h per card on 8 card(s))" in render.ownership_text(r, a100)  # 576 h × 168/720 / 8
+    # 576 GPU-hours in 720 h: 134.4 a week, 16.8 per card (on 1 card: 134.4, "owning wins")
+    assert "(16.8 h per card on 8 card(s))" in render.ownership_text(r, a100)
     [m] = r.machines
     assert (m.gpu, m.gpu_count, m.hours) == ("A100", 8, Decimal(72))
 
@@ -260,7 +261,7 @@ def test_the_chart_has_one_axis_per_panel_in_the_locales_numbers(rapp, clock, la
     assert max(p.get_height() for p in bottom.patches) == pytest.approx(
         max(float(m.amount) for _, m in r.daily)
     )
-    assert top.patches == [] and len(bottom.lines) == 0
+    assert len(top.patches) == 0 and len(bottom.lines) == 0
     figures = [t.get_text() for ax in fig.axes for t in ax.get_yticklabels()]
     figures += [t.get_text() for t in top.get_legend().get_texts()]
     f = render.fmt(r)
