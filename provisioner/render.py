@@ -285,9 +285,16 @@ def chart(r: Report) -> Any:
             linestyle="--",
             label=f"{f.t('forecast_line')} {f.money(r.forecast)}",
         )
-    top.set_ylim(bottom=0)
+    # room above the highest of spend, budget and forecast: the budget line never on the frame
+    marks = [r.forecast, r.budget.amount if r.budget else None]
+    highest = max(
+        [c for c in cumulative if c is not None]
+        + [float(m.amount) for m in marks if m is not None]
+        + [0.0]
+    )
+    top.set_ylim(0, highest * 1.1 or 1)
     top.set_ylabel(f.t("axis_cumulative", currency=r.currency))
-    top.legend(loc="upper left", fontsize=8)
+    top.legend(loc="lower right", fontsize=8)  # the spend climbs from the lower left
     top.set_title(f"{r.title} — {r.period.label}")
     bottom.bar(x, daily, color="#4c72b0")
     bottom.set_ylabel(f.t("axis_daily", currency=r.currency))

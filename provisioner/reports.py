@@ -98,7 +98,7 @@ class Report:
     by_kind: dict[str, Money]
     daily: list[tuple[date, Money]]
     forecast: Money | None
-    machines: list[MachineLine]  # every machine, the most expensive first
+    top_machines: list[MachineLine]  # the TOP most expensive
     idle_waste: Money
     savings: list[tuple[str, Money]]
     rent_or_buy: list[Ownership]
@@ -107,18 +107,8 @@ class Report:
     language: str = "en"
     daily_shown: list[Money] = field(default_factory=list)
     shown_by_kind: dict[str, Money] = field(default_factory=dict)  # the columns' sums
-
-    @property
-    def top_machines(self) -> list[MachineLine]:
-        return self.machines[:TOP]
-
-    @property
-    def other_machines(self) -> tuple[int, Money] | None:
-        """How many machines the top list leaves out, and their spend as shown."""
-        rest = self.machines[TOP:]
-        if not rest:
-            return None
-        return len(rest), sum((m.shown or m.total for m in rest), Money.zero(self.currency))
+    # how many machines the top list leaves out, and their spend as shown
+    other_machines: tuple[int, Money] | None = None
 
     @property
     def shown_total(self) -> Money:
@@ -335,15 +325,21 @@ def _assemble(
         kinds.setdefault(kind, Amounts()).merge(amounts)
     for ln in lines.values():
         ln.total = ln.amounts.total(rates, cur)
-    machines = []
-    for name, amounts in per_machine.amounts().items():
+    # every machine's total, but lines only for the top ones: a fleet is 20,000 machines
+    per = per_machine.amounts()
+    order = sorted(
+        ((a.total(rates, cur).amount, name) for name, a in per.items()),
+        key=lambda tn: (-tn[0], tn[1]),
+    )
+    top = []
+    for amount, name in order[:TOP]:
         owners, gpu_names, (cards, us), machine_rates = info[name]
         # a name reused by another owner or GPU shows both, in one order whatever the query's
-        machines.append(
+        top.append(
             MachineLine(
                 name,
-                amounts,
-                amounts.total(rates, cur),
+                per[name],
+                Money(amount, cur),
                 owner=", ".join(sorted(owners)),
                 gpu=", ".join(sorted(gpu_names)) or None,
                 gpu_count=cards,
@@ -368,7 +364,7 @@ def _assemble(
         by_kind={k: a.total(rates, cur) for k, a in sorted(kinds.items())},
         daily=[(d, days.get((d,), Amounts()).total(rates, cur)) for d in period.days()],
         forecast=sums.forecast.total.total(rates, cur) if now < period.end else None,
-        machines=sorted(machines, key=lambda ln: (-ln.total.amount, ln.key)),
+        top_machines=top,
         idle_waste=sums.waste.total(rates, cur),
         savings=sorted(
             ((r, a.total(rates, cur)) for r, a in sums.saved.items()),
@@ -382,15 +378,33 @@ def _assemble(
         language=language,
     )
     _round(r)
+    _round_machines(r, [amount for amount, _ in order], [per[name] for _, name in order])
     return r
 
 
+def _round_machines(r: Report, totals: list[Decimal], billed: list[Amounts]) -> None:
+    """The machines share out the rounded total (and each currency billed its own) like the
+    lines; those after the top ones are shown as one sum."""
+    shown = allocate(totals, r.shown_total.amount)
+    for m, amount in zip(r.top_machines, shown, strict=False):
+        m.shown = Money(amount, r.currency)
+    for c, native in sorted(r.native.items()):
+        parts = allocate(
+            [a.get(c, Decimal(0)) for a in billed], native.quantize(CENT, ROUND_HALF_UP)
+        )
+        for m, amount in zip(r.top_machines, parts, strict=False):
+            if c in m.amounts:
+                m.shown_billed.append(Money(amount, c))
+    if len(totals) > TOP:
+        r.other_machines = len(totals) - TOP, Money(sum(shown[TOP:], Decimal(0)), r.currency)
+
+
 def _round(r: Report) -> None:
-    """Shown figures to the cent that add up: the lines (and the machines, and the days) share
-    out the rounded total, each currency billed its rounded total; each line's kinds share out
-    the line, and the kinds' totals are their columns' sums."""
+    """Shown figures to the cent that add up: the lines (and the days) share out the rounded
+    total, each currency billed its rounded total; each line's kinds share out the line, and
+    the kinds' totals are their columns' sums."""
     total = r.shown_total.amount
-    for table in (r.lines, r.machines):
+    for table in (r.lines,):
         for ln, amount in zip(
             table, allocate([ln.total.amount for ln in table], total), strict=True
         ):

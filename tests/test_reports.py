@@ -243,7 +243,7 @@ def test_rent_or_buy_counts_the_cards_of_a_machine(app, clock):
     assert a100.gpu_hours == 8 * 72 and a100.cards == 8
     # 576 GPU-hours in 720 h: 134.4 a week, 16.8 per card (on 1 card: 134.4, "owning wins")
     assert "(16.8 h per card on 8 card(s))" in render.ownership_text(r, a100)
-    [m] = r.machines
+    [m] = r.top_machines
     assert (m.gpu, m.gpu_count, m.hours) == ("A100", 8, Decimal(72))
 
 

@@ -163,7 +163,7 @@ def _table(r: Any) -> None:
             f.money(ln.shown),
         )
     out.print(t)
-    if r.machines:
+    if r.top_machines:
         top = Table(title=f.t("top"), show_footer=True)
         top.add_column("#", justify="right")
         top.add_column(f.t("machine"), footer=f.t("total"))
