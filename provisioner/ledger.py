@@ -30,6 +30,7 @@ from sqlalchemy import (
     literal,
     or_,
     select,
+    true,
     tuple_,
     type_coerce,
     union_all,
@@ -555,7 +556,7 @@ def _day_edges_by_range(
         select(func.sum(func.max(iv.start_us, lo_us) - d.c.base)).where(begun).scalar_subquery(),
         select(func.count()).where(ended).scalar_subquery(),
         select(func.sum(iv.end_us - d.c.base)).where(ended).scalar_subquery(),
-    )
+    ).select_from(cr.join(d, true()))  # every (currency, rate) with every day
     for cur, rt, k, count, offset, gone, gone_offset in s.execute(q):
         if count:
             yield (), cur, rt, k, count, offset
