@@ -1,5 +1,6 @@
-"""Spend reports: one model (:class:`Report`) built in one streaming pass over the ledger — spend
-by group and day, forecast, budget standing, top machines, idle waste, savings, rent or buy.
+"""Spend reports: one model (:class:`Report`, made by :func:`build`) from sums the database
+makes — spend by group and day, forecast, budget standing, top machines, idle waste, savings,
+rent or buy — with every shown figure rounded so that tables add up.
 :mod:`provisioner.render` writes it for people (text, HTML, chart, CSV, email).
 """
 
@@ -404,26 +405,22 @@ def _round(r: Report) -> None:
     total, each currency billed its rounded total; each line's kinds share out the line, and
     the kinds' totals are their columns' sums."""
     total = r.shown_total.amount
-    for table in (r.lines,):
-        for ln, amount in zip(
-            table, allocate([ln.total.amount for ln in table], total), strict=True
+    for ln, amount in zip(
+        r.lines, allocate([ln.total.amount for ln in r.lines], total), strict=True
+    ):
+        ln.shown = Money(amount, r.currency)
+        kinds = sorted(ln.by_kind)
+        converted = [ln.by_kind[k].total(r.conversion, r.currency).amount for k in kinds]
+        ln.shown_by_kind = {
+            k: Money(a, r.currency) for k, a in zip(kinds, allocate(converted, amount), strict=True)
+        }
+    for c, billed in sorted(r.native.items()):
+        parts = [ln.amounts.get(c, Decimal(0)) for ln in r.lines]
+        for ln, a in zip(
+            r.lines, allocate(parts, billed.quantize(CENT, ROUND_HALF_UP)), strict=True
         ):
-            ln.shown = Money(amount, r.currency)
-            kinds = sorted(ln.by_kind)
-            if not kinds:
-                continue
-            converted = [ln.by_kind[k].total(r.conversion, r.currency).amount for k in kinds]
-            ln.shown_by_kind = {
-                k: Money(a, r.currency)
-                for k, a in zip(kinds, allocate(converted, amount), strict=True)
-            }
-        for c, billed in sorted(r.native.items()):
-            parts = [ln.amounts.get(c, Decimal(0)) for ln in table]
-            for ln, a in zip(
-                table, allocate(parts, billed.quantize(CENT, ROUND_HALF_UP)), strict=True
-            ):
-                if c in ln.amounts:
-                    ln.shown_billed.append(Money(a, c))
+            if c in ln.amounts:
+                ln.shown_billed.append(Money(a, c))
     r.shown_by_kind = {
         k: sum(
             (ln.shown_by_kind.get(k, Money.zero(r.currency)) for ln in r.lines),
