@@ -18,9 +18,11 @@ from hypothesis import strategies as st
 from sqlalchemy import String, delete, insert, or_, select, type_coerce
 
 from provisioner import ledger, render, reports
+from provisioner.app import App
 from provisioner.ledger import Period, Scope, Tally, midnight
 from provisioner.models import Machine, UsageInterval, epoch_us
 from provisioner.money import CENT, allocate
+from tests.conftest import make_settings
 
 # --- the row-by-row algorithm the report used before (the oracle) ---------------------------
 
@@ -234,9 +236,6 @@ def test_shared_out_cents_add_up_and_stay_within_a_cent(parts):
 )
 @given(seed=st.integers(0, 10**6), by=st.sampled_from(["project", "owner", "machine", "gpu"]))
 def test_every_rounded_table_adds_up_to_its_rounded_total(home, clock, seed, by):
-    from provisioner.app import App
-    from tests.conftest import make_settings
-
     app = App(make_settings(home), clock)
     try:
         nov = Period.parse("2026-11")
@@ -267,7 +266,6 @@ def test_migration_0004_keeps_the_ledger(settings, clock):
     timestamps, on SQLite and PostgreSQL, and reports the same bill after the upgrade."""
     from alembic import command
 
-    from provisioner.app import App
     from provisioner.state import Database
     from tests.test_state import config
 
