@@ -133,6 +133,7 @@ def populate(app, seed: int, around: Period, n: int = 400) -> None:
                 "created_at": around.start,
             }
         )
+    still_open: set[tuple[str, str]] = set()
     for k in range(n):
         m = rnd.choice(machines)
         kind = rnd.choice(["compute", "disk"])
@@ -140,6 +141,10 @@ def populate(app, seed: int, around: Period, n: int = 400) -> None:
         start = start.replace(microsecond=rnd.randrange(0, 10**6))
         length = rnd.choice([timedelta(0), timedelta(minutes=rnd.randrange(1, 60 * 80))])
         end = None if rnd.random() < 0.05 else start + length
+        if end is None and (m["id"], kind) in still_open:  # the ledger keeps one open a kind
+            end = start + length
+        if end is None:
+            still_open.add((m["id"], kind))
         rate = m["rate"] if kind == "compute" else Decimal(rnd.choice(["0.0068", "0.011"]))
         intervals.append(
             {
