@@ -50,22 +50,29 @@ class Lines:
         self.lines: dict[Loc, int] = {}
         self.problems: list[Problem] = []
 
-    def walk(self, node: yaml.Node, loc: Loc, problems: list[Problem], file: str) -> None:
-        self.lines[loc] = node.start_mark.line + 1
-        if isinstance(node, yaml.MappingNode):
-            seen: set[Any] = set()
-            for key, value in node.value:
-                k = key.value
-                if k in seen:
-                    field = ".".join(str(x) for x in (*loc, k))
-                    problems.append(Problem(file, key.start_mark.line + 1, field, "duplicate key"))
-                seen.add(k)
-                self.lines[(*loc, k)] = key.start_mark.line + 1
-                self.walk(value, (*loc, k), problems, file)
-                self.lines[(*loc, k)] = key.start_mark.line + 1
-        elif isinstance(node, yaml.SequenceNode):
-            for i, item in enumerate(node.value):
-                self.walk(item, (*loc, i), problems, file)
+    def walk(self, root: yaml.Node, file: str) -> None:
+        """Record every key's line; iterative (a deep document is refused before this, but the
+        walk must not depend on that) and linear, since aliases are refused."""
+        stack: list[tuple[yaml.Node, Loc]] = [(root, ())]
+        while stack:
+            node, loc = stack.pop()
+            self.lines.setdefault(loc, node.start_mark.line + 1)
+            if isinstance(node, yaml.MappingNode):
+                seen: set[Any] = set()
+                for key, value in node.value:
+                    k = key.value if isinstance(key, yaml.ScalarNode) else None
+                    if k is None:
+                        continue  # a complex key: the constructor reports it
+                    if k in seen:
+                        field = ".".join(str(x) for x in (*loc, k))
+                        self.problems.append(
+                            Problem(file, key.start_mark.line + 1, field, "duplicate key")
+                        )
+                    seen.add(k)
+                    self.lines[(*loc, k)] = key.start_mark.line + 1
+                    stack.append((value, (*loc, k)))
+            elif isinstance(node, yaml.SequenceNode):
+                stack.extend((item, (*loc, i)) for i, item in enumerate(node.value))
 
     def line_for(self, loc: Loc) -> int | None:
         loc = tuple(loc)
@@ -76,20 +83,109 @@ class Lines:
         return self.lines.get(())
 
 
+MAX_BYTES = 1024 * 1024  # an experiment, policy or settings file is a few kilobytes
+MAX_DEPTH = 64  # levels of nesting; real files use five or six
+
+
+def _parser() -> tuple[Any, ...]:
+    """libyaml's parser (~5x faster) when PyYAML has it, else PyYAML's own."""
+    if yaml.__with_libyaml__:
+        from yaml._yaml import CParser
+
+        return (CParser,)
+    return (yaml.reader.Reader, yaml.scanner.Scanner, yaml.parser.Parser)  # pragma: no cover
+
+
+_Base: Any = type(
+    "_Base",
+    (yaml.composer.Composer, *_parser(), yaml.constructor.SafeConstructor, yaml.resolver.Resolver),
+    {},
+)
+
+
+class _Loader(_Base):
+    """A safe loader (our composer and constructor on the parser's events) that refuses what
+    only an attack needs: aliases (``*a``, whose expansion is exponential: "billion laughs")
+    and nesting deeper than :data:`MAX_DEPTH` (which would exhaust the stack)."""
+
+    def __init__(self, text: str) -> None:
+        for base in _parser():
+            if base is yaml.scanner.Scanner or base is yaml.parser.Parser:
+                base.__init__(self)  # pragma: no cover
+            else:
+                base.__init__(self, text)
+        yaml.constructor.SafeConstructor.__init__(self)
+        yaml.resolver.Resolver.__init__(self)
+        yaml.composer.Composer.__init__(self)
+        self._depth = 0
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        if self.check_event(yaml.AliasEvent):
+            event = self.get_event()
+            raise yaml.composer.ComposerError(
+                None,
+                None,
+                f"aliases (*{event.anchor}) are not allowed here; write the value out",
+                event.start_mark,
+            )
+        self._depth += 1
+        try:
+            if self._depth > MAX_DEPTH:
+                raise yaml.composer.ComposerError(
+                    None,
+                    None,
+                    f"nested more than {MAX_DEPTH} levels deep",
+                    self.peek_event().start_mark,
+                )
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+
+def read_text(path: str | Path, what: str = "file") -> str:
+    """The text of a YAML input file, at most :data:`MAX_BYTES`; DocumentError otherwise."""
+    file = str(path)
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(MAX_BYTES + 1)
+    except FileNotFoundError:
+        raise DocumentError([Problem(file, None, None, "file not found")]) from None
+    except IsADirectoryError:
+        raise DocumentError([Problem(file, None, None, f"is a directory, not a {what}")]) from None
+    except OSError as e:
+        raise DocumentError([Problem(file, None, None, f"cannot read: {e.strerror}")]) from None
+    if len(raw) > MAX_BYTES:
+        raise DocumentError(
+            [
+                Problem(
+                    file, None, None, f"larger than {MAX_BYTES >> 20} MiB, the limit for a {what}"
+                )
+            ]
+        )
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise DocumentError(
+            [Problem(file, None, None, f"not UTF-8 text (byte {e.start})")]
+        ) from None
+
+
 def load_document(path: str | Path, text: str | None = None) -> tuple[Any, Lines]:
-    """Parse ``path`` (or ``text`` named as ``path``); syntax errors become DocumentError."""
+    """Parse ``path`` (or ``text`` named as ``path``) once: the node tree gives the lines, the
+    same tree the data. Syntax errors, aliases, deep nesting and oversized files become
+    DocumentError."""
     file = str(path)
     if text is None:
-        try:
-            text = Path(path).read_text(encoding="utf-8")
-        except FileNotFoundError:
-            raise DocumentError([Problem(file, None, None, "file not found")]) from None
-        except (OSError, UnicodeDecodeError) as e:
-            raise DocumentError([Problem(file, None, None, f"cannot read: {e}")]) from None
+        text = read_text(path)
+    elif len(text) > MAX_BYTES:
+        raise DocumentError(
+            [Problem(file, None, None, f"larger than {MAX_BYTES >> 20} MiB, the limit for a file")]
+        )
     lines = Lines()
+    loader = _Loader(text)
     try:
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
-        data = yaml.safe_load(text)
+        node = loader.get_single_node()
+        data = None if node is None else loader.construct_document(node)
     except yaml.MarkedYAMLError as e:
         mark = e.problem_mark or e.context_mark
         line = mark.line + 1 if mark else None
@@ -98,8 +194,10 @@ def load_document(path: str | Path, text: str | None = None) -> tuple[Any, Lines
         ) from None
     except yaml.YAMLError as e:
         raise DocumentError([Problem(file, None, None, f"invalid YAML: {e}")]) from None
+    finally:
+        loader.dispose()
     if node is not None:
-        lines.walk(node, (), lines.problems, file)
+        lines.walk(node, file)
     return data, lines
 
 
