@@ -201,7 +201,15 @@ def load_document(path: str | Path, text: str | None = None) -> tuple[Any, Lines
     return data, lines
 
 
-def validate(model: type[M], data: Any, lines: Lines, file: str, *, what: str = "file") -> M:
+def validate(
+    model: type[M],
+    data: Any,
+    lines: Lines,
+    file: str,
+    *,
+    what: str = "file",
+    context: dict[str, Any] | None = None,
+) -> M:
     """Validate ``data`` against ``model``; every pydantic error becomes a Problem with a line,
     reported together with the document's own problems."""
     if data is None:
@@ -213,7 +221,7 @@ def validate(model: type[M], data: Any, lines: Lines, file: str, *, what: str = 
     from pydantic import ValidationError
 
     try:
-        result = model.model_validate(data)
+        result = model.model_validate(data, context=context)
     except ValidationError as e:
         raise DocumentError(lines.problems + problems_from(e, lines, file, data)) from None
     if lines.problems:

@@ -18,6 +18,7 @@ Name = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max
 Names = tuple[Name, ...]  # a YAML list; a bare string is an error, not a list of characters
 Seconds = Annotated[float, Field(gt=0, le=86_400)]  # a timeout
 Wait = Annotated[float, Field(ge=0, le=3_600)]  # a pause between tries or polls; 0: none
+Count = Annotated[int, Field(ge=0, le=1_000_000)]  # machines, GPUs, calls: never beyond this
 
 
 class Options(BaseModel):

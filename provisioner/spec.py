@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Collection
 from datetime import timedelta
 from decimal import Decimal
 from pathlib import Path
@@ -12,12 +13,14 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
 
 from policies import yamlfile
 from policies.duration import parse_duration
+from policies.schema import MINUTES_MAX
 from providers import gpus
 from providers.gpus import GPUS
 from provisioner.money import Money
@@ -34,7 +37,7 @@ class _Strict(BaseModel):
 class GPU(_Strict):
     type: str
     count: int = Field(1, ge=1, le=16)
-    memory_gb: int | None = Field(None, ge=1, description="minimum memory per GPU")
+    memory_gb: int | None = Field(None, ge=1, le=10_000, description="minimum memory per GPU")
 
     @model_validator(mode="before")
     @classmethod
@@ -85,19 +88,25 @@ class Resources(_Strict):
     regions: list[str] = Field(default_factory=list)
     zones: list[str] = Field(default_factory=list)
     max_price_per_hour: Money | None = None
-    min_vcpus: int = Field(0, ge=0)
-    min_memory_gb: Decimal = Field(Decimal(0), ge=0)
+    min_vcpus: int = Field(0, ge=0, le=100_000)
+    min_memory_gb: Decimal = Field(Decimal(0), ge=0, le=1_000_000, allow_inf_nan=False)
     disk_gb: int = Field(100, ge=10, le=65536)
     image: dict[str, str] = Field(default_factory=dict)  # cloud → image
 
     @field_validator("max_price_per_hour", mode="before")
     @classmethod
-    def _money(cls, v: Any) -> Any:
+    def _money(cls, v: Any, info: ValidationInfo) -> Any:
         if v is None:
             return v
         m = Money.parse(v)
         if m.amount <= 0:
             raise ValueError("must be more than zero")
+        known = info.context and info.context.get("currencies")
+        if known and m.currency not in known:
+            raise ValueError(
+                f"no exchange rate for {m.currency}: write it in {', '.join(sorted(known))}, "
+                f"or set rates.{m.currency} in settings"
+            )
         return m
 
     @field_validator("clouds")
@@ -116,7 +125,7 @@ class Resources(_Strict):
 
 class IdleRule(_Strict):
     gpu_util_below: float = Field(5.0, ge=0, le=100, description="percent, every GPU")
-    for_minutes: int = Field(30, ge=1)
+    for_minutes: int = Field(30, ge=1, le=MINUTES_MAX)
 
 
 class Lifecycle(_Strict):
@@ -127,7 +136,12 @@ class Lifecycle(_Strict):
     @field_validator("max_lifetime", mode="before")
     @classmethod
     def _duration(cls, v: Any) -> Any:
-        return None if v is None else parse_duration(v)
+        if v is None:
+            return None
+        d = parse_duration(v)
+        if d <= timedelta(0):
+            raise ValueError("must be longer than zero (leave it out for no limit)")
+        return d
 
 
 class Experiment(_Strict):
@@ -163,6 +177,11 @@ class Experiment(_Strict):
         return self.model_dump(mode="json")
 
 
-def load_experiment(path: str | Path) -> Experiment:
+def load_experiment(path: str | Path, currencies: Collection[str] | None = None) -> Experiment:
+    """``currencies``: those settings have rates for; an amount in another is an error here,
+    with its line, rather than when the plan converts it."""
     data, lines = yamlfile.load_document(path)
-    return yamlfile.validate(Experiment, data, lines, str(path), what="experiment file")
+    context = {"currencies": set(currencies)} if currencies else None
+    return yamlfile.validate(
+        Experiment, data, lines, str(path), what="experiment file", context=context
+    )
