@@ -4,6 +4,9 @@ files (``provisioner`` imports it; this layer imports nothing from there)."""
 
 from __future__ import annotations
 
+import re
+import types as types_module
+import typing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -223,40 +226,141 @@ def validate(
     try:
         result = model.model_validate(data, context=context)
     except ValidationError as e:
-        raise DocumentError(lines.problems + problems_from(e, lines, file, data)) from None
+        raise DocumentError(
+            lines.problems + problems_from(e, lines, file, data, model=model)
+        ) from None
     if lines.problems:
         raise DocumentError(lines.problems)
     return result
 
 
 def problems_from(
-    e: ValidationError, lines: Lines, file: str, data: Any = None, prefix: Loc = ()
+    e: ValidationError,
+    lines: Lines,
+    file: str,
+    data: Any = None,
+    prefix: Loc = (),
+    model: type[BaseModel] | None = None,
 ) -> list[Problem]:
-    """``prefix``: where the validated part sits in the document (a list item, say)."""
-    problems = []
-    for err in e.errors(include_url=False):
-        loc = (*prefix, *_user_loc(err["loc"], _at(data, prefix)))
-        field = ".".join(str(x) for x in loc) or None
-        msg = err["msg"].removeprefix("Value error, ").removeprefix("Assertion failed, ")
-        if err["type"] == "extra_forbidden":
-            msg = "unknown field (check the spelling)"
-        problems.append(Problem(file, lines.line_for(loc), field, msg))
+    """One problem per mistake, in the user's words: the path as written (no pydantic
+    internals such as ``function-after[_order(), CustomPeriod]``), one message per field where
+    a union tried several shapes, and "did you mean" for a misspelt key or choice.
+    ``prefix``: where the validated part sits in the document (a list item, say); ``model``:
+    what was validated there (for the keys a misspelt one may have meant)."""
+    part = _at(data, prefix)
+    errors = [(_user_loc(err["loc"], part), err) for err in e.errors(include_url=False)]
+    union_locs = {loc for loc, err in errors if len(loc) < len(err["loc"])}
+    problems: list[Problem] = []
+    seen: set[tuple[Loc, str]] = set()
+    for loc, err in errors:
+        if _other_branch(loc, err, union_locs, part):
+            continue
+        msg = _message(err, model, loc)
+        full = (*prefix, *loc)
+        if (full, msg) in seen:
+            continue
+        seen.add((full, msg))
+        field = ".".join(str(x) for x in full) or None
+        problems.append(Problem(file, lines.line_for(full), field, msg))
     return problems
+
+
+_SHAPE_ERRORS = {"model_type", "model_attributes_type", "dict_type", "literal_error"}
+
+
+def _other_branch(loc: Loc, err: Any, union_locs: set[Loc], data: Any) -> bool:
+    """Whether ``err`` is about a union member the value was plainly not meant as: a
+    mapping's errors are those of the mapping member, a word's those of the words."""
+    at = next((u for u in union_locs if loc[: len(u)] == u), None)
+    if at is None:
+        return False
+    try:
+        value = _at(data, at)
+    except (KeyError, IndexError, TypeError):
+        return False
+    if isinstance(value, dict):
+        return err["type"] in _SHAPE_ERRORS and loc == at
+    return err["type"] in {"model_type", "model_attributes_type", "dict_type"}
+
+
+def _message(err: Any, model: type[BaseModel] | None, loc: Loc) -> str:
+    import difflib
+
+    kind = err["type"]
+    if kind == "extra_forbidden":
+        known = _fields_at(model, loc[:-1]) if model else []
+        near = difflib.get_close_matches(str(loc[-1]), known, n=1, cutoff=0.6)
+        if near:
+            return f"unknown field; did you mean {near[0]!r}?"
+        return f"unknown field (known: {', '.join(known)})" if known else "unknown field"
+    if kind == "literal_error":
+        choices = re.findall(r"'([^']*)'", str(err.get("ctx", {}).get("expected", "")))
+        near = difflib.get_close_matches(str(err.get("input")), choices, n=1, cutoff=0.6)
+        said = f"{err.get('input')!r} is not one of {', '.join(choices)}"
+        return f"{said}; did you mean {near[0]!r}?" if near else said
+    if kind in ("model_type", "model_attributes_type", "dict_type"):
+        return "should be a mapping of keys (key: value)"
+    if kind in ("list_type", "tuple_type", "set_type", "frozen_set_type"):
+        value = err.get("input")
+        if isinstance(value, str | int | float):
+            return f"should be a list, e.g. [{value}], not a single value"
+        return "should be a list"
+    msg: str = err["msg"]
+    return msg.removeprefix("Value error, ").removeprefix("Assertion failed, ")
+
+
+def _fields_at(model: type[BaseModel], loc: Loc) -> list[str]:
+    """The keys a mapping at ``loc`` in ``model`` may have (models of every union member)."""
+    from pydantic import BaseModel
+
+    types: list[Any] = [model]
+    for x in loc:
+        nxt: list[Any] = []
+        for t in _members(types):
+            if isinstance(t, type) and issubclass(t, BaseModel):
+                f = t.model_fields.get(str(x))
+                if f is not None:
+                    nxt.append(f.annotation)
+            elif typing.get_origin(t) in (list, tuple, dict, set, frozenset):
+                nxt.extend(typing.get_args(t)[-1:])
+        types = nxt
+    out: list[str] = []
+    for t in _members(types):
+        if isinstance(t, type) and issubclass(t, BaseModel):
+            out.extend(k for k in t.model_fields if k not in out)
+    return out
+
+
+def _members(types: list[Any]) -> list[Any]:
+    """Unions and ``Annotated`` unwrapped: the types a value may be."""
+    out: list[Any] = []
+    stack = list(types)
+    while stack:
+        t = stack.pop()
+        origin = typing.get_origin(t)
+        if origin is typing.Annotated:
+            stack.append(typing.get_args(t)[0])
+        elif origin is typing.Union or isinstance(t, types_module.UnionType):
+            stack.extend(typing.get_args(t))
+        else:
+            out.append(t)
+    return out
 
 
 def _user_loc(loc: tuple[Any, ...], data: Any) -> tuple[Any, ...]:
     """The path as the user wrote it: drop what pydantic inserts for union members and
-    validators (``function-after[...]``, ``str``), which are not keys of the document."""
+    validators (``function-after[...]``, ``literal[...]``, ``str``), which are not keys of the
+    document."""
     out: list[Any] = []
     cur = data
-    for i, x in enumerate(loc):
+    for x in loc:
         present = (isinstance(cur, dict) and x in cur) or (
             isinstance(cur, list) and isinstance(x, int) and 0 <= x < len(cur)
         )
         if present:
             out.append(x)
             cur = cur[x]
-        elif i == len(loc) - 1 or not _looks_internal(x):
+        elif not _looks_internal(x):
             out.append(x)  # a missing or unknown field: the user's name, kept as written
             cur = None
     return tuple(out)
@@ -269,4 +373,6 @@ def _at(data: Any, loc: Loc) -> Any:
 
 
 def _looks_internal(x: Any) -> bool:
-    return isinstance(x, str) and ("[" in x or x in {"str", "int", "float", "dict", "list", "bool"})
+    return isinstance(x, str) and (
+        "[" in x or x in {"str", "int", "float", "dict", "list", "bool", "date", "decimal"}
+    )

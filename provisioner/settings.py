@@ -13,7 +13,7 @@ import os
 import re
 from decimal import Decimal
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import platformdirs
 from pydantic import (
@@ -74,7 +74,7 @@ class SmtpSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
     host: str = "localhost"
     port: int = Field(587, ge=1, le=65535)
-    security: str = Field("starttls", pattern="^(starttls|ssl|none)$")
+    security: Literal["starttls", "ssl", "none"] = "starttls"
     sender: str = "provisioner@localhost"
     user: str | None = None  # the password comes from $PROVISIONER_SMTP_PASSWORD
     ca_file: str | None = None  # trust this CA bundle for the server (e.g. an internal CA)
@@ -310,7 +310,7 @@ def load_settings(path: str | Path | None = None) -> Settings:
                 ]
             ) from None
         raise ConfigError(
-            lines.problems + yamlfile.problems_from(e, lines, str(file), data)
+            lines.problems + yamlfile.problems_from(e, lines, str(file), data, model=Settings)
         ) from None
     if lines is not None and lines.problems:
         raise ConfigError(lines.problems)

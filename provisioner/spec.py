@@ -64,7 +64,7 @@ class GPU(_Strict):
     def _known(cls, v: str) -> str:
         up = v.upper()
         if up not in GPU_TYPES:
-            raise ValueError(f"unknown GPU type {v!r}; known: {', '.join(GPU_TYPES)}")
+            raise ValueError(f"unknown GPU type {v!r}; {did_you_mean(up, GPU_TYPES)}")
         return up
 
     @property
@@ -117,7 +117,7 @@ class Resources(_Strict):
         if v is not None:
             bad = [c for c in v if c not in ALL]
             if bad:
-                raise ValueError(f"unknown cloud {bad[0]!r}; known: {', '.join(ALL)}")
+                raise ValueError(f"unknown cloud {bad[0]!r}; {did_you_mean(bad[0], ALL)}")
             if not v:
                 raise ValueError("list at least one cloud, or leave the field out for all")
         return v
@@ -175,6 +175,14 @@ class Experiment(_Strict):
 
     def to_json(self) -> dict[str, Any]:
         return self.model_dump(mode="json")
+
+
+def did_you_mean(word: str, known: Collection[str]) -> str:
+    """``did you mean 'A100'?`` for a near miss, else the list of what is known."""
+    import difflib
+
+    near = difflib.get_close_matches(word, known, n=1, cutoff=0.5)
+    return f"did you mean {near[0]!r}?" if near else f"known: {', '.join(known)}"
 
 
 def load_experiment(path: str | Path, currencies: Collection[str] | None = None) -> Experiment:
