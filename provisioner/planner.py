@@ -77,6 +77,13 @@ def plan(
     out: list[Candidate] = []
     unpriced: list[Offer] = []
 
+    real = sorted(enabled & set(CLOUDS))
+    unlisted = (
+        "cloud not requested: without clouds: an experiment uses the real clouds enabled in "
+        f"settings ({', '.join(real) or 'none is enabled'}); list clouds: [CLOUD] in the "
+        "experiment, or enable a cloud under clouds: in settings"
+    )
+
     def reject(reason: str, o: Offer) -> None:
         rejected[reason] += 1
         examples.setdefault(reason, f"{o.cloud}/{o.zone or o.region} {o.instance_type}")
@@ -84,7 +91,7 @@ def plan(
     for o in offers:
         fam, implied = _gpu_family(o.gpu)
         if o.cloud not in wanted:
-            reject("cloud not requested", o)
+            reject("cloud not requested" if res.clouds is not None else unlisted, o)
         elif o.cloud not in enabled:
             reject("cloud not enabled in settings", o)
         elif fam != family:

@@ -194,7 +194,7 @@ class SandboxProvider(Provider):
         try:
             self._call(lambda db: None)
         except ProviderError as e:
-            return CheckResult("sandbox", False, f"sandbox: {e}")
+            return CheckResult("sandbox", False, f"sandbox: {str(e).removeprefix('sandbox: ')}")
         return CheckResult("sandbox", True, "simulated cloud, no credentials needed")
 
     def launch(self, request: LaunchRequest) -> Instance:
