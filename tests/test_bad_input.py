@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from provisioner.errors import ConfigError
 from provisioner.settings import load_settings
 from provisioner.spec import load_experiment
+from tests.conftest import ROOT
 
 VALID = {
     "name": "llama",
@@ -272,3 +273,244 @@ def test_absurd_durations_are_errors_not_overflows(tmp_path, value):
     with pytest.raises(ConfigError) as e:
         load_experiment(g)
     assert e.value.problems[0].field == "lifecycle.max_lifetime"
+
+
+# ---- hostile and broken input through the real CLI (issue 14, item 5) -------------------------
+
+QUICKSTART = (ROOT / "configs" / "examples" / "quickstart.yaml").read_text()
+SANDBOX = "clouds:\n  sandbox: {latency_seconds: 0, retry_base_seconds: 0.001}\n"
+LAUGHS = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
+    f"{c}: &{c} [{', '.join([f'*{p}'] * 9)}]\n" for p, c in zip("abcdefgh", "bcdefghi", strict=True)
+)
+
+
+def _exp(old: str, new: str) -> str:
+    assert old in QUICKSTART
+    return QUICKSTART.replace(old, new)
+
+
+def _future_schema(home: Path) -> None:
+    import sqlite3
+
+    home.mkdir(parents=True)
+    db = sqlite3.connect(home / "state.db")
+    db.execute("PRAGMA journal_mode=WAL")  # as every provisioner leaves it
+    db.execute("CREATE TABLE alembic_version (version_num VARCHAR(32) NOT NULL)")
+    db.execute("INSERT INTO alembic_version VALUES ('9999_from_the_future')")
+    db.commit()
+    db.close()
+
+
+def _corrupt(home: Path) -> None:
+    home.mkdir(parents=True)
+    (home / "state.db").write_bytes(b"this is not SQLite\n" * 200)
+
+
+def _policy_file(home: Path, text: str) -> str:
+    home.mkdir(parents=True, exist_ok=True)
+    (home.parent / "policy.yaml").write_text(text)
+    return f"policies: [{home.parent / 'policy.yaml'}]\n"
+
+
+# (id, settings text (None: the sandbox only), experiment text, extra CLI args, environment,
+#  what the one line must say)
+HOSTILE = [
+    ("billion-laughs", None, LAUGHS, [], {}, "aliases (*a) are not allowed"),
+    ("alias-in-valid-file", None, QUICKSTART + "labels: &l {a: b}\nx: *l\n", [], {}, "alias"),
+    ("merge-key", None, QUICKSTART + "base: &b {a: 1}\nother: {<<: *b}\n", [], {}, "alias"),
+    (
+        "over-1-MiB",
+        None,
+        QUICKSTART + "labels:\n" + "".join(f"  k{i}: v\n" for i in range(120_000)),
+        [],
+        {},
+        "larger than 1 MiB",
+    ),
+    ("5000-deep-list", None, "a: " + "[" * 5000 + "]" * 5000 + "\n", [], {}, "nest"),
+    ("5000-deep-map", None, "a: " + "{a: " * 5000 + "1" + "}" * 5000 + "\n", [], {}, "nested"),
+    ("rate-zero", SANDBOX + "rates: {RUB: 0}\n", QUICKSTART, [], {}, "rates.RUB"),
+    ("rate-negative", SANDBOX + "rates: {RUB: -80}\n", QUICKSTART, [], {}, "rates.RUB"),
+    ("rate-huge", SANDBOX + "rates: {RUB: 1e999999}\n", QUICKSTART, [], {}, "rates.RUB"),
+    (
+        "price-in-unknown-currency",
+        None,
+        _exp("disk_gb: 50", "disk_gb: 50\n  max_price_per_hour: 1 XYZ"),
+        [],
+        {},
+        "resources.max_price_per_hour: no exchange rate for XYZ",
+    ),
+    (
+        "price-1e999999",
+        None,
+        _exp("disk_gb: 50", "disk_gb: 50\n  max_price_per_hour: 1e999999 USD"),
+        [],
+        {},
+        "too large",
+    ),
+    ("state-url-scheme", SANDBOX + "state_url: nonsense://x\n", QUICKSTART, [], {}, "state_url"),
+    (
+        "state-url-unreachable",
+        SANDBOX + "state_url: postgresql://nobody@127.0.0.1:1/x\n",
+        QUICKSTART,
+        [],
+        {},
+        "check state_url",
+    ),
+    ("home-in-proc", SANDBOX + "home: /proc/nope\n", QUICKSTART, [], {}, "home: cannot create"),
+    ("clouds-env-not-json", None, QUICKSTART, [], {"PROVISIONER_CLOUDS": "{bad"}, "CLOUDS"),
+    (
+        "cloud-option-wrong-type",
+        "clouds:\n  sandbox: {latency_seconds: soon}\n",
+        QUICKSTART,
+        [],
+        {},
+        "clouds.sandbox.latency_seconds",
+    ),
+    ("cloud-options-not-a-mapping", "clouds:\n  sandbox: 5\n", QUICKSTART, [], {}, "mapping"),
+    (
+        "cloud-capacity-negative",
+        "clouds:\n  sandbox: {capacity: {sandbox-us-1a: -1}}\n",
+        QUICKSTART,
+        [],
+        {},
+        "clouds.sandbox.capacity",
+    ),
+    (
+        "cloud-regions-a-string",
+        SANDBOX + "  aws: {regions: us-east-1}\n",
+        QUICKSTART,
+        [],
+        {},
+        "should be a list, e.g. [us-east-1]",
+    ),
+    (
+        "listen-without-port",
+        SANDBOX + "scheduler: {listen: localhost}\n",
+        None,
+        ["scheduler", "run"],
+        {},
+        "scheduler.listen",
+    ),
+    (
+        "listen-port-99999",
+        SANDBOX + "scheduler: {listen: '127.0.0.1:99999'}\n",
+        None,
+        ["scheduler", "run"],
+        {},
+        "scheduler.listen",
+    ),
+    (
+        "sweep-interval-huge",
+        SANDBOX + "scheduler: {sweep_interval_seconds: 99999999999999999999}\n",
+        None,
+        ["status"],
+        {},
+        "scheduler.sweep_interval_seconds",
+    ),
+    ("period-9999-12", None, None, ["report", "--period", "9999-12"], {}, "9999-12"),
+    ("state-db-corrupt", None, QUICKSTART, [], {}, "move it aside"),
+    ("state-db-a-directory", None, QUICKSTART, [], {}, "is a directory"),
+    ("state-db-newer-schema", None, QUICKSTART, [], {}, "upgrade provisioner"),
+    (
+        "regions-a-string",
+        None,
+        _exp("disk_gb: 50", "disk_gb: 50\n  regions: us-east-1"),
+        [],
+        {},
+        "resources.regions: should be a list",
+    ),
+    (
+        "max-lifetime-zero",
+        None,
+        _exp("max_lifetime: 12h", "max_lifetime: 0"),
+        [],
+        {},
+        "lifecycle.max_lifetime: must be longer than zero",
+    ),
+    (
+        "idle-minutes-huge",
+        None,
+        _exp("for_minutes: 30", "for_minutes: 99999999999999999999"),
+        [],
+        {},
+        "lifecycle.idle.for_minutes",
+    ),
+    (
+        "policy-idle-minutes-huge",
+        "POLICY:name: p\nidle: {for_minutes: 99999999999999999999}\n",
+        QUICKSTART,
+        [],
+        {},
+        "idle.for_minutes",
+    ),
+    (
+        "policy-aliases",
+        "POLICY:name: p\nallow: &a {clouds: [sandbox]}\nx: *a\n",
+        QUICKSTART,
+        [],
+        {},
+        "aliases",
+    ),
+    (
+        "policy-regions-a-string",
+        "POLICY:name: p\nallow: {regions: us-east-1}\n",
+        QUICKSTART,
+        [],
+        {},
+        "allow.regions: should be a list",
+    ),
+    ("settings-aliases", SANDBOX + "x: &x 1\ncurrency: *x\n", QUICKSTART, [], {}, "aliases"),
+    (
+        "currency-without-rates",
+        SANDBOX + "currency: EUR\n",
+        QUICKSTART,
+        [],
+        {},
+        "rates: no rate for USD",
+    ),
+]
+PREPARE = {
+    "state-db-corrupt": _corrupt,
+    "state-db-a-directory": lambda home: (home / "state.db").mkdir(parents=True),
+    "state-db-newer-schema": _future_schema,
+}
+
+
+def _snapshot(root: Path) -> dict[str, tuple[int, int]]:
+    return {
+        str(p): (p.stat().st_size, p.stat().st_mtime_ns) for p in root.rglob("*") if p.is_file()
+    }
+
+
+@pytest.mark.parametrize(
+    ("settings_text", "experiment", "args", "env", "says"),
+    [pytest.param(*case[1:], id=case[0]) for case in HOSTILE],
+)
+def test_hostile_input_is_one_line_exit_2_and_writes_nothing(
+    tmp_path, monkeypatch, request, settings_text, experiment, args, env, says
+):
+    from tests.conftest import run_cli
+
+    home = tmp_path / "home"
+    monkeypatch.delenv("PROVISIONER_HOME", raising=False)  # settings name the home
+    monkeypatch.delenv("PROVISIONER_CONFIG", raising=False)
+    monkeypatch.delenv("PROVISIONER_STATE_URL", raising=False)
+    text = settings_text or SANDBOX
+    if text.startswith("POLICY:"):
+        text = SANDBOX + _policy_file(home, text.removeprefix("POLICY:"))
+    if "home:" not in text:
+        text += f"home: {home}\n"
+    cfg = tmp_path / "settings.yaml"
+    cfg.write_text(text)
+    spec = tmp_path / "exp.yaml"
+    if experiment is not None:
+        spec.write_text(experiment)
+    PREPARE.get(request.node.callspec.id, lambda home: None)(home)
+    before = _snapshot(tmp_path)
+    r = run_cli("--config", str(cfg), *(args or ["up", str(spec)]), env=env, timeout=60)
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert "Traceback" not in r.stderr + r.stdout
+    assert len(lines) == 1, lines
+    assert says in lines[0], lines[0]
+    assert _snapshot(tmp_path) == before  # no state row, no database, no file
