@@ -514,3 +514,108 @@ def test_hostile_input_is_one_line_exit_2_and_writes_nothing(
     assert len(lines) == 1, lines
     assert says in lines[0], lines[0]
     assert _snapshot(tmp_path) == before  # no state row, no database, no file
+
+
+# ---- messages in the user's words (issue 12, item 10) -----------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("policy", "expected"),
+    [
+        (
+            {"budget": {"amount": "5 USD", "period": "monht"}},
+            "budget.period: 'monht' is not one of month, week; did you mean 'month'?",
+        ),
+        (
+            {"budget": {"amount": "5 USD", "period": {"start": "2026-02-01", "end": "2026-01-01"}}},
+            "budget.period: end is before start",
+        ),
+        ({"budgte": {"amount": "5 USD"}}, "budgte: unknown field; did you mean 'budget'?"),
+        (
+            {"idle": {"action": "terminat"}},
+            "idle.action: 'terminat' is not one of stop, terminate; did you mean 'terminate'?",
+        ),
+        ({"max_lifetime": {"after": "1h", "acton": "stop"}}, "did you mean 'action'?"),
+        ({"allow": {"markets": ["spto"]}}, "allow.markets.0: 'spto' is not one of spot, reserved"),
+    ],
+)
+def test_policy_messages_name_no_pydantic_internals_and_suggest(tmp_path, policy, expected):
+    from policies.loader import PolicyError, load
+
+    f = tmp_path / "p.yaml"
+    f.write_text(yaml.safe_dump({"name": "p", **policy}))
+    with pytest.raises(PolicyError) as e:
+        load([f])
+    [problem] = e.value.problems
+    assert expected in str(problem)
+    for internal in ("function-after", "literal[", "CustomPeriod", "Input should be a valid dict"):
+        assert internal not in str(problem)
+
+
+def test_misspelt_experiment_and_settings_keys_get_a_suggestion(tmp_path, monkeypatch):
+    monkeypatch.setenv("PROVISIONER_HOME", str(tmp_path))
+    e = tmp_path / "e.yaml"
+    e.write_text(
+        yaml.safe_dump(
+            {
+                **VALID,
+                "lifecycel": {},
+                "resources": {"gpu": "A100:8", "markt": "spot", "clouds": ["awz"]},
+            }
+        )
+    )
+    with pytest.raises(ConfigError) as err:
+        load_experiment(e)
+    text = str(err.value)
+    assert "lifecycel: unknown field; did you mean 'lifecycle'?" in text
+    assert "resources.markt: unknown field; did you mean 'market'?" in text
+    assert "unknown cloud 'awz'; did you mean 'aws'?" in text
+    s = tmp_path / "s.yaml"
+    s.write_text("clouds:\n  aws: {regoins: [us-east-1]}\nsmtp: {security: tsl}\ncurrncy: EUR\n")
+    with pytest.raises(ConfigError) as err:
+        load_settings(s)
+    text = str(err.value)
+    assert "clouds.aws.regoins: unknown field; did you mean 'regions'?" in text
+    assert "smtp.security: 'tsl' is not one of starttls, ssl, none" in text
+    assert "currncy: unknown field; did you mean 'currency'?" in text
+
+
+# ---- settings that silently did the wrong thing (issue 12, item 8) ----------------------------
+
+
+def test_a_currency_without_its_rates_is_an_error_not_the_rub_per_usd_rate(tmp_path, monkeypatch):
+    monkeypatch.setenv("PROVISIONER_HOME", str(tmp_path))
+    s = tmp_path / "s.yaml"
+    s.write_text("currency: EUR\nclouds:\n  yandex: {}\n")
+    with pytest.raises(ConfigError) as err:
+        load_settings(s)
+    assert "rates: no rate for RUB (the currency of yandex): set rates.RUB" in str(err.value)
+    s.write_text("currency: EUR\nclouds:\n  yandex: {}\nrates: {RUB: 98}\n")
+    assert load_settings(s).money_rates.per_base == {"EUR": 1, "RUB": 98}
+    s.write_text("clouds:\n  yandex: {}\n")  # USD: the built-in RUB-per-USD rate holds
+    assert load_settings(s).money_rates.per_base["RUB"] == 80
+
+
+def test_check_fails_when_no_cloud_can_be_used_and_says_why_once(home):
+    from tests.conftest import run_cli, write_settings
+
+    cfg = write_settings(home, sandbox={"auth_fail": True})
+    r = run_cli("--config", str(cfg), "check")
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert r.stdout.split()[:2] == ["no", "sandbox"]
+    assert r.stdout.count("sandbox:") == 0 and "credentials refused" in r.stdout
+    assert "no cloud can be used" in r.stderr and "Traceback" not in r.stderr
+    ok = run_cli("--config", str(write_settings(home)), "check")
+    assert ok.returncode == 0 and ok.stdout.startswith("ok")
+
+
+def test_an_experiment_without_clouds_hears_which_are_enabled(home):
+    from tests.conftest import run_cli, write_settings
+
+    cfg = write_settings(home)
+    spec = home.parent / "e.yaml"
+    spec.write_text(QUICKSTART.replace("  clouds: [sandbox]\n", ""))
+    r = run_cli("--config", str(cfg), "up", str(spec))
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert "real clouds enabled in settings (none is enabled)" in r.stderr
+    assert "list clouds: [CLOUD] in the experiment" in r.stderr
