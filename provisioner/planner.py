@@ -77,12 +77,14 @@ def plan(
     out: list[Candidate] = []
     unpriced: list[Offer] = []
 
-    real = sorted(enabled & set(CLOUDS))
-    unlisted = (
-        "cloud not requested: without clouds: an experiment uses the real clouds enabled in "
-        f"settings ({', '.join(real) or 'none is enabled'}); list clouds: [CLOUD] in the "
-        "experiment, or enable a cloud under clouds: in settings"
-    )
+    # Only the sandbox enabled, and an experiment naming no cloud: say what to change.
+    unlisted = "cloud not requested"
+    if res.clouds is None and not enabled & set(CLOUDS):
+        unlisted += (
+            ": without clouds: an experiment uses the real clouds enabled in settings, and "
+            f"only {', '.join(sorted(enabled)) or 'none'} is; list clouds: [CLOUD] in the "
+            "experiment, or enable a cloud under clouds: in settings"
+        )
 
     def reject(reason: str, o: Offer) -> None:
         rejected[reason] += 1
@@ -91,7 +93,7 @@ def plan(
     for o in offers:
         fam, implied = _gpu_family(o.gpu)
         if o.cloud not in wanted:
-            reject("cloud not requested" if res.clouds is not None else unlisted, o)
+            reject(unlisted, o)
         elif o.cloud not in enabled:
             reject("cloud not enabled in settings", o)
         elif fam != family:

@@ -617,5 +617,5 @@ def test_an_experiment_without_clouds_hears_which_are_enabled(home):
     spec.write_text(QUICKSTART.replace("  clouds: [sandbox]\n", ""))
     r = run_cli("--config", str(cfg), "up", str(spec))
     assert r.returncode == 2 and "Traceback" not in r.stderr
-    assert "real clouds enabled in settings (none is enabled)" in r.stderr
+    assert "real clouds enabled in settings, and only sandbox is" in r.stderr
     assert "list clouds: [CLOUD] in the experiment" in r.stderr
