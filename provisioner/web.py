@@ -98,6 +98,7 @@ class Server:
             expose_tracebacks=False,
         )
         self._thread: threading.Thread | None = None
+        self._stopping = threading.Event()
 
     @property
     def address(self) -> tuple[str, int]:
@@ -109,17 +110,29 @@ class Server:
         return f"http://{host}:{port}"
 
     def start(self) -> Server:
-        self._thread = threading.Thread(target=self.server.run, name="endpoint", daemon=True)
+        self._thread = threading.Thread(target=self._run, name="endpoint", daemon=True)
         self._thread.start()
         return self
+
+    def _run(self) -> None:
+        """waitress's loop, one poll at a time, so :meth:`stop` ends it between polls rather
+        than closing sockets under a ``select``."""
+        from waitress import wasyncore
+
+        while not self._stopping.is_set():
+            wasyncore.loop(
+                timeout=self.server.adj.asyncore_loop_timeout, map=self.server._map, count=1
+            )
 
     def stop(self) -> None:
         from waitress import wasyncore
 
-        self.server.task_dispatcher.shutdown()
-        wasyncore.close_all(self.server._map)  # every socket: the loop then ends
+        self._stopping.set()
+        self.server.pull_trigger()  # wakes the poll at once
         if self._thread:
             self._thread.join()
+        self.server.task_dispatcher.shutdown()
+        wasyncore.close_all(self.server._map)
 
     def __enter__(self) -> Server:
         return self.start()
