@@ -195,8 +195,9 @@ def load_document(path: str | Path, text: str | None = None) -> tuple[Any, Lines
         raise DocumentError(
             [Problem(file, line, None, f"invalid YAML: {e.problem or e}")]
         ) from None
-    except yaml.YAMLError as e:
-        raise DocumentError([Problem(file, None, None, f"invalid YAML: {e}")]) from None
+    except yaml.YAMLError as e:  # a ReaderError (a control character): its first line
+        reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise DocumentError([Problem(file, None, None, f"invalid YAML: {reason}")]) from None
     finally:
         loader.dispose()
     if node is not None:

@@ -294,8 +294,18 @@ def load_settings(path: str | Path | None = None) -> Settings:
         settings = Settings(**data)
     except SettingsError as e:  # an environment variable pydantic-settings cannot decode
         m = re.search(r'field "([^"]+)"', str(e))
-        name = "PROVISIONER_" + (m.group(1).upper() if m else "*")
-        raise ConfigError([Problem("environment", None, name, "not valid JSON")]) from None
+        prefix = "PROVISIONER_" + (m.group(1).upper() if m else "")
+        names = sorted(k for k in os.environ if k.upper().startswith(prefix)) or [prefix]
+        raise ConfigError(
+            [
+                Problem(
+                    "environment",
+                    None,
+                    ", ".join(names),
+                    'not valid JSON (a list is written ["us-east-1"], a mapping {"a": 1})',
+                )
+            ]
+        ) from None
     except ValidationError as e:
         if lines is None:  # only the environment was read
             raise ConfigError(

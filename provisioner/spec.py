@@ -7,12 +7,13 @@ from collections.abc import Collection
 from datetime import timedelta
 from decimal import Decimal
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    StringConstraints,
     ValidationInfo,
     field_validator,
     model_validator,
@@ -28,6 +29,10 @@ from provisioner.money import Money
 GPU_TYPES = tuple(GPUS)
 _GPU_RE = re.compile(r"^(?P<type>[A-Za-z0-9-]+?)(?::(?P<mem>\d+)GB)?(?::(?P<count>\d+))?$", re.I)
 _NAME_RE = re.compile(r"^[a-z][a-z0-9-]{0,38}[a-z0-9]$")
+
+
+LabelKey = Annotated[str, StringConstraints(min_length=1, max_length=128)]
+LabelValue = Annotated[str, StringConstraints(max_length=256)]
 
 
 class _Strict(BaseModel):
@@ -151,7 +156,9 @@ class Experiment(_Strict):
     resources: Resources
     startup_script: str | None = None
     ssh_public_key: str | None = None
-    labels: dict[str, str] = Field(default_factory=dict)
+    # AWS allows 50 tags of 128/256 characters (we add four):
+    # https://docs.aws.amazon.com/tag-editor/latest/userguide/tagging.html
+    labels: dict[LabelKey, LabelValue] = Field(default_factory=dict, max_length=40)
     lifecycle: Lifecycle = Field(default_factory=Lifecycle)
 
     @field_validator("name")

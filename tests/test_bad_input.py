@@ -459,6 +459,17 @@ HOSTILE = [
         {},
         "allow.regions: should be a list",
     ),
+    (
+        "regions-env-not-json",
+        None,
+        QUICKSTART,
+        [],
+        {"PROVISIONER_CLOUDS__AWS__REGIONS": "us-east-1"},
+        "PROVISIONER_CLOUDS__AWS__REGIONS: not valid JSON",
+    ),
+    ("label-900-kB", None, QUICKSTART + "labels: {a: " + "x" * 900_000 + "}\n", [], {}, "labels.a"),
+    ("settings-control-characters", "\x00\x01", QUICKSTART, [], {}, "invalid YAML"),
+    ("policies-a-string", SANDBOX + "policies: /etc/p.yaml\n", QUICKSTART, [], {}, "policies"),
     ("settings-aliases", SANDBOX + "x: &x 1\ncurrency: *x\n", QUICKSTART, [], {}, "aliases"),
     (
         "currency-without-rates",
