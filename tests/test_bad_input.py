@@ -470,6 +470,22 @@ HOSTILE = [
     ("label-900-kB", None, QUICKSTART + "labels: {a: " + "x" * 900_000 + "}\n", [], {}, "labels.a"),
     ("settings-control-characters", "\x00\x01", QUICKSTART, [], {}, "invalid YAML"),
     ("policies-a-string", SANDBOX + "policies: /etc/p.yaml\n", QUICKSTART, [], {}, "policies"),
+    (
+        "cloud-endpoint-not-a-url",  # was a traceback after the intent was written
+        SANDBOX + "  aws: {endpoint: 'not a url'}\n",
+        QUICKSTART,
+        [],
+        {},
+        "clouds.aws.endpoint: write an http:// or https:// URL",
+    ),
+    (
+        "ca-file-missing",
+        SANDBOX + "  yandex: {root_certificates_file: /nonexistent.pem}\n",
+        QUICKSTART,
+        [],
+        {},
+        "no such file",
+    ),
     ("settings-aliases", SANDBOX + "x: &x 1\ncurrency: *x\n", QUICKSTART, [], {}, "aliases"),
     (
         "currency-without-rates",

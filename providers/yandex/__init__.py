@@ -62,7 +62,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from providers.spec import Capabilities, CloudSpec, Name, Names, Options, Seconds, Wait
+from providers.spec import Capabilities, CloudSpec, File, Name, Names, Options, Seconds, Wait
 
 
 class YandexOptions(Options):
@@ -76,7 +76,7 @@ class YandexOptions(Options):
     image_folder_id: Name = "standard-images"
     disk_type: Name = "network-ssd"
     endpoint: Name = "api.cloud.yandex.net:443"
-    root_certificates_file: Name | None = None  # PEM, for a private endpoint
+    root_certificates_file: File | None = None  # PEM, for a private endpoint
     use_metadata_service: bool = False
     timeout_seconds: Seconds = 30  # one call
     poll_seconds: Wait = 2
