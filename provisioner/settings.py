@@ -280,11 +280,12 @@ class Settings(BaseSettings):
 
 
 def load_settings(path: str | Path | None = None) -> Settings:
-    """Load settings; a missing default file is fine, a named missing file is an error."""
+    """Load settings; a missing default file is fine, a named missing file is an error. A
+    mistake is reported where it was made: the file and line, or the environment variable."""
     path = path or os.environ.get("PROVISIONER_CONFIG")
     file = Path(path) if path else default_config_path()
     data: dict[str, Any] = {}
-    lines = None
+    lines = yamlfile.Lines()
     if path or file.exists():
         raw, lines = yamlfile.load_document(file)
         if raw is not None and not isinstance(raw, dict):
@@ -292,10 +293,9 @@ def load_settings(path: str | Path | None = None) -> Settings:
         data = raw or {}
     try:
         settings = Settings(**data)
-    except SettingsError as e:  # an environment variable pydantic-settings cannot decode
+    except (SettingsError, RecursionError) as e:  # a variable pydantic-settings cannot decode
         m = re.search(r'field "([^"]+)"', str(e))
-        prefix = "PROVISIONER_" + (m.group(1).upper() if m else "")
-        names = sorted(k for k in os.environ if k.upper().startswith(prefix)) or [prefix]
+        names = _json_variables(m.group(1) if m else None)
         raise ConfigError(
             [
                 Problem(
@@ -307,21 +307,33 @@ def load_settings(path: str | Path | None = None) -> Settings:
             ]
         ) from None
     except ValidationError as e:
-        if lines is None:  # only the environment was read
-            raise ConfigError(
-                [
-                    Problem(
-                        "environment",
-                        None,
-                        "PROVISIONER_" + "__".join(str(x) for x in err["loc"]).upper(),
-                        err["msg"],
-                    )
-                    for err in e.errors(include_url=False)
-                ]
-            ) from None
-        raise ConfigError(
-            lines.problems + yamlfile.problems_from(e, lines, str(file), data, model=Settings)
-        ) from None
-    if lines is not None and lines.problems:
+        problems = yamlfile.problems_from(e, lines, str(file), data, model=Settings)
+        raise ConfigError(lines.problems + [_from_environment(p) for p in problems]) from None
+    if lines.problems:
         raise ConfigError(lines.problems)
     return settings
+
+
+def _json_variables(field: str | None) -> list[str]:
+    """The variables that set ``field`` (or, unknown, every one holding JSON)."""
+    if field:
+        name = "PROVISIONER_" + field.upper()
+        found = [k for k in os.environ if k.upper() == name or k.upper().startswith(name + "__")]
+        return sorted(found) or [name]
+    found = [
+        k
+        for k, v in os.environ.items()
+        if k.upper().startswith("PROVISIONER_") and v.lstrip()[:1] in ("[", "{")
+    ]
+    return sorted(found) or ["PROVISIONER_*"]
+
+
+def _from_environment(p: Problem) -> Problem:
+    """``p`` as the environment variable that set its field, when one did (it wins)."""
+    parts = (p.field or "").split(".")
+    env = {k.upper() for k in os.environ}
+    for n in range(len(parts), 0, -1):
+        name = "PROVISIONER_" + "__".join(parts[:n]).upper()
+        if name in env:
+            return Problem("environment", None, name, p.message)
+    return p
