@@ -23,8 +23,7 @@ class SberCloudOptions(Options):
     # A public address is an EIP made with the server and released with it
     # (publicip.delete_on_termination), so nothing of it bills after `down`.
     public_ip: bool = True
-    # the EIP's own (PER) bandwidth; the API takes 1..2000
-    bandwidth_mbit: int = Field(100, ge=1, le=2000)
+    bandwidth_mbit: int = Field(100, ge=1)  # the EIP's own (PER) bandwidth; the API takes 1..2000
     # "traffic": pay per GB sent out, the bandwidth a cap; "bandwidth": pay for the size by the hour
     bandwidth_charge: Literal["traffic", "bandwidth"] = "traffic"
     eip_type: Name = "5_bgp"  # dynamic BGP, the type cloud.ru Advanced sells
