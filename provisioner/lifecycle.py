@@ -711,11 +711,18 @@ def reconcile(
                 if booted
                 else "outside-provisioner"
             )
-            if status == m.status:  # nothing to record: no write per unchanged machine
-                out.append(Observation(m, status, False))
+            # a restarted machine may have a new address (AWS, GCP, Yandex give dynamic ones):
+            # `ssh` must not connect to the old one
+            address = inst.public_ip if inst and inst.public_ip else m.public_ip
+            if status == m.status and address == m.public_ip:
+                out.append(Observation(m, status, False))  # no write per unchanged machine
                 continue
             with app.db.session() as s:
                 mm = machine_row(s, m.id)
+                mm.public_ip = address
+                if status == m.status:
+                    out.append(Observation(mm, status, False))
+                    continue
                 changed = ledger.record_transition(
                     s,
                     mm,

@@ -23,7 +23,7 @@ def plan(app: App, experiment: Experiment) -> planner.Plan:
     decision, policy_check = _policy(app, experiment)
     p = planner.plan(
         experiment,
-        app.offers(clouds),
+        app.offers(clouds, gpu_family=res.gpu.family, gpu_count=res.gpu.count),
         app.settings.money_rates,
         enabled_clouds=app.settings.enabled_clouds,
         policy_check=policy_check,
