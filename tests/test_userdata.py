@@ -66,7 +66,7 @@ def test_agent_install_keeps_the_token_to_the_agents_own_user(tmp_path):
     assert "umask 077" in boot and "chmod 0600 /etc/provisioner/agent-token" in boot
     assert "chmod 0700 /etc/provisioner" in boot
     assert "useradd --system" in boot and "chown -R provisioner-agent:" in boot
-    assert 's/^User=root$/User=$run_as/' in boot
+    assert "s/^User=root$/User=$run_as/" in boot
     assert "--machine 'm-1'" in boot
     assert boot.count("tok-secret") == 1  # in the heredoc only: not in the unit or a command
     script = tmp_path / "boot.sh"
