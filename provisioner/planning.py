@@ -39,6 +39,22 @@ def plan(app: App, experiment: Experiment) -> planner.Plan:
     return p
 
 
+def check_known(app: App, experiment: Experiment, candidate: planner.Candidate) -> planner.Plan:
+    """The checks of :func:`plan` for one known candidate (a stopped machine started again,
+    at its launch-time rate): the policy decision and each budget's projection."""
+    decision, policy_check = _policy(app, experiment)
+    p = planner.Plan(experiment, [candidate], currency=app.settings.currency)
+    if policy_check(candidate) is not None:
+        p.candidates = []
+    decision.candidates_allowed = len(p.candidates)
+    p.checks.append(decision)
+    if any(policy.budget is not None for policy in app.policies):
+        from provisioner import budget
+
+        p.checks.extend(budget.projections(app, p, disk_gb=0))
+    return p
+
+
 def _policy(app: App, experiment: Experiment) -> tuple[pe.Decision, planner.PolicyCheck]:
     """The request-level decision, and the per-candidate check for the planner (each offer
     it turns down counted on the decision under the rule it broke)."""

@@ -379,6 +379,9 @@ class AWSProvider(Provider):
             tags = _tag_list({TAG_MANAGED_BY: TAG_MANAGED_BY_VALUE, "Name": SSH_GROUP})
 
             def create() -> str:
+                # Either call may act and lose its answer, and the retry then meets what it
+                # did: the group (InvalidGroup.Duplicate) or the rule (InvalidPermission.
+                # Duplicate, "the specified rule already exists" — EC2 API error codes).
                 try:
                     made = ec2.create_security_group(
                         GroupName=SSH_GROUP,
@@ -386,27 +389,29 @@ class AWSProvider(Provider):
                         VpcId=vpc,
                         TagSpecifications=[{"ResourceType": "security-group", "Tags": tags}],
                     )
-                except Exception as exc:  # another process made it first: use that one
-                    if getattr(exc, "response", {}).get("Error", {}).get("Code") == (
-                        "InvalidGroup.Duplicate"
-                    ):
-                        return find() or ""
-                    raise
-                group_id = str(made["GroupId"])
-                ec2.authorize_security_group_ingress(
-                    GroupId=group_id,
-                    IpPermissions=[
-                        {
-                            "IpProtocol": "tcp",
-                            "FromPort": 22,
-                            "ToPort": 22,
-                            "IpRanges": [
-                                {"CidrIp": c, "Description": "provisioner SSH"}
-                                for c in self.options.ssh_cidrs
-                            ],
-                        }
-                    ],
-                )
+                    group_id = str(made["GroupId"])
+                except Exception as exc:  # made before: by another process, or by us
+                    if _code(exc) != "InvalidGroup.Duplicate":
+                        raise
+                    group_id = find() or ""
+                try:
+                    ec2.authorize_security_group_ingress(
+                        GroupId=group_id,
+                        IpPermissions=[
+                            {
+                                "IpProtocol": "tcp",
+                                "FromPort": 22,
+                                "ToPort": 22,
+                                "IpRanges": [
+                                    {"CidrIp": c, "Description": "provisioner SSH"}
+                                    for c in self.options.ssh_cidrs
+                                ],
+                            }
+                        ],
+                    )
+                except Exception as exc:
+                    if _code(exc) != "InvalidPermission.Duplicate":
+                        raise
                 return group_id
 
             group = self._call(create, f"create security group {SSH_GROUP} in {vpc}")
@@ -577,6 +582,12 @@ def _shared_loader() -> Any:
 
             _loader = create_loader()
         return _loader
+
+
+def _code(exc: Exception) -> str | None:
+    """The AWS error code of a botocore ClientError; None for anything else (a lost answer)."""
+    response = getattr(exc, "response", None) or {}
+    return response.get("Error", {}).get("Code")
 
 
 def _tag_list(tags: Mapping[str, str]) -> list[dict[str, str]]:
