@@ -82,6 +82,7 @@ def plan(
 
     application = get_app(ctx)
     experiment = load_experiment(spec, application.settings.money_rates.per_base)
+    application.policies  # noqa: B018  (a bad policy file is reported before the state is opened)
     p = planning.plan(application, experiment)
     if output is Output.json:
         print_json(
@@ -189,6 +190,7 @@ def up(
 
     application = get_app(ctx)
     experiment = load_experiment(spec, application.settings.money_rates.per_base)
+    application.policies  # noqa: B018  (a bad policy file is reported before the state is opened)
     quiet = output is Output.json
     with err.status(f"launching {experiment.name}…") if not quiet else nullcontext():
         result = lifecycle.up(
