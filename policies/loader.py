@@ -94,5 +94,5 @@ def _load_file(path: Path, problems: list[Problem]) -> list[tuple[Policy, int | 
         try:
             out.append((Policy.model_validate(item), lines.line_for(loc)))
         except ValidationError as e:
-            problems.extend(problems_from(e, lines, file, data, loc))
+            problems.extend(problems_from(e, lines, file, data, loc, Policy))
     return out

@@ -21,6 +21,8 @@ from policies.duration import parse_duration
 Action = Literal["stop", "terminate"]
 Market = Literal["spot", "reserved"]
 DAYS = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")
+LIMIT = Decimal(10) ** 12  # the largest amount (provisioner.money.LIMIT)
+MINUTES_MAX = 10 * 366 * 24 * 60  # ten years, as a duration's bound (policies.duration)
 
 
 class _Strict(BaseModel):
@@ -55,6 +57,8 @@ class Amount(_Strict):
             raise ValueError(f"not an amount: {v!r}") from None
         if not d.is_finite():
             raise ValueError(f"not an amount: {v!r}")
+        if abs(d) >= LIMIT:
+            raise ValueError(f"{v} is too large for an amount (at most {LIMIT:,})")
         return d
 
     @field_validator("currency")
@@ -143,8 +147,8 @@ class Alerts(_Strict):
     @classmethod
     def _percent(cls, v: list[Decimal]) -> list[Decimal]:
         for p in v:
-            if p <= 0:
-                raise ValueError(f"threshold {p} must be a percent above zero")
+            if not (p.is_finite() and 0 < p <= 1000):
+                raise ValueError(f"threshold {p} must be a percent above zero, at most 1000")
         return sorted(set(v))
 
 
@@ -264,7 +268,7 @@ class IdleRule(_Strict):
     calendar in the same policy the rule acts only out of hours; without one, at any time."""
 
     gpu_util_below: float = Field(5.0, ge=0, le=100)
-    for_minutes: int = Field(30, ge=1)
+    for_minutes: int = Field(30, ge=1, le=MINUTES_MAX)
     unknown_counts_as_idle: bool = False  # no heartbeat for longer than the grace period
     action: Action = "stop"
     warn_minutes: int = Field(0, ge=0, le=240)  # mail the owner this long before acting; 0: no
@@ -295,8 +299,8 @@ class Policy(_Strict):
     name: str = Field(min_length=1)
     applies_to: AppliesTo = Field(default_factory=AppliesTo)
     allow: Allow = Field(default_factory=Allow)
-    max_gpus_per_machine: int | None = Field(None, ge=1)
-    max_machines: int | None = Field(None, ge=0)
+    max_gpus_per_machine: int | None = Field(None, ge=1, le=1024)
+    max_machines: int | None = Field(None, ge=0, le=1_000_000)
     max_price_per_hour: Amount | None = None
     budget: Budget | None = None
     off_hours: OffHours | None = None

@@ -9,15 +9,34 @@ never a default quietly used.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints
 
 Name = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=256)]
 Names = tuple[Name, ...]  # a YAML list; a bare string is an error, not a list of characters
 Seconds = Annotated[float, Field(gt=0, le=86_400)]  # a timeout
 Wait = Annotated[float, Field(ge=0, le=3_600)]  # a pause between tries or polls; 0: none
+
+
+def _url(v: str) -> str:
+    if not re.match(r"^https?://[^\s/:]+(:\d{1,5})?(/\S*)?$", v):
+        raise ValueError(f"write an http:// or https:// URL (got {v!r})")
+    return v
+
+
+def _file(v: str) -> str:
+    if not Path(v).expanduser().is_file():
+        raise ValueError(f"no such file: {v!r}")
+    return v
+
+
+Url = Annotated[Name, AfterValidator(_url)]  # an API endpoint
+File = Annotated[Name, AfterValidator(_file)]  # a file that must exist (a CA bundle, say)
+Count = Annotated[int, Field(ge=0, le=1_000_000)]  # machines, GPUs, calls: never beyond this
 
 
 class Options(BaseModel):

@@ -4,12 +4,19 @@ Standalone on purpose: it imports only the standard library (and NVML through nv
 lazily), so the startup script can copy this one file onto a fresh machine and run it with any
 python3 >= 3.8. It must never hurt the workload: every error is caught, logged and retried with
 backoff; without NVML (no driver, no GPU) it reports "no gpu" instead of failing.
+
+Each heartbeat is signed, so neither a listener on the network nor a replay can pass for the
+machine: the key is the SHA-256 of the machine's token (what the scheduler stores), the
+signature covers the machine id, the time in milliseconds (the scheduler refuses one older than
+its window, or not newer than the last) and the body.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import hashlib
+import hmac
 import json
 import random
 import sys
@@ -54,11 +61,66 @@ class GPUReader:
             return [], f"no gpu: {type(e).__name__}: {e}"[:200]
 
 
-def post(endpoint: str, token: str, body: dict, timeout: float = 10.0) -> int:
+SCHEME = "PV1-HMAC-SHA256"
+
+
+def signing_key(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def signature(key: str, machine: str, at_ms: int, body: bytes) -> str:
+    digest = hashlib.sha256(body).hexdigest()
+    message = f"POST /v1/heartbeat\n{machine}\n{at_ms}\n{digest}".encode()
+    return hmac.new(key.encode(), message, hashlib.sha256).hexdigest()
+
+
+def authorization(key: str, machine: str, at_ms: int, body: bytes) -> str:
+    sig = signature(key, machine, at_ms, body)
+    return f"{SCHEME} machine={machine}, time={at_ms}, signature={sig}"
+
+
+def parse_authorization(header: str):  # -> tuple[str, int, str] | None
+    """(machine, time, signature) of a well-formed header, else None."""
+    scheme, _, rest = header.strip().partition(" ")
+    if scheme != SCHEME or len(rest) > 512:
+        return None
+    fields = {}
+    for part in rest.split(","):
+        k, _, v = part.strip().partition("=")
+        fields[k] = v
+    machine, at, sig = (
+        fields.get("machine", ""),
+        fields.get("time", ""),
+        fields.get("signature", ""),
+    )
+    if not (0 < len(machine) <= 64 and at.isdigit() and len(at) <= 15 and len(sig) == 64):
+        return None
+    return machine, int(at), sig
+
+
+class Clock:
+    """Milliseconds that always grow, so no two heartbeats carry the same time."""
+
+    def __init__(self, now=time.time) -> None:
+        self.now = now
+        self.last = 0
+
+    def ms(self) -> int:
+        self.last = max(self.last + 1, int(self.now() * 1000))
+        return self.last
+
+
+def post(
+    endpoint: str, machine: str, token: str, body: dict, at_ms: int, timeout: float = 10.0
+) -> int:
+    data = json.dumps(body).encode()
     req = urllib.request.Request(
         endpoint.rstrip("/") + "/v1/heartbeat",
-        data=json.dumps(body).encode(),
-        headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
+        data=data,
+        headers={
+            "Authorization": authorization(signing_key(token), machine, at_ms, data),
+            "Content-Type": "application/json",
+        },
         method="POST",
     )
     try:
@@ -70,6 +132,7 @@ def post(endpoint: str, token: str, body: dict, timeout: float = 10.0) -> int:
 
 def run(
     endpoint: str,
+    machine: str,
     token_file: str,
     interval: float = 30.0,
     *,
@@ -77,9 +140,11 @@ def run(
     sleep=time.sleep,
     stop=lambda: False,
     log=lambda msg: print(msg, file=sys.stderr, flush=True),
+    now=time.time,
 ) -> None:
     """Post a heartbeat every ``interval`` seconds until ``stop()``; never raises."""
     reader = reader or GPUReader()
+    clock = Clock(now)
     failures = 0
     while not stop():
         try:
@@ -89,7 +154,7 @@ def run(
             body = {"gpus": gpus}
             if note:
                 body["note"] = note
-            status = post(endpoint, token, body)
+            status = post(endpoint, machine, token, body, clock.ms())
             if status != 200:
                 raise RuntimeError(f"endpoint answered HTTP {status}")
             failures = 0
@@ -106,11 +171,12 @@ def run(
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description="GPU heartbeats for the provisioner scheduler")
     p.add_argument("--endpoint", required=True, help="scheduler URL, e.g. http://10.0.0.5:8787")
+    p.add_argument("--machine", required=True, help="this machine's id in the scheduler")
     p.add_argument("--token-file", required=True)
     p.add_argument("--interval", type=float, default=30.0)
     a = p.parse_args(argv)
     with contextlib.suppress(KeyboardInterrupt):
-        run(a.endpoint, a.token_file, a.interval)
+        run(a.endpoint, a.machine, a.token_file, a.interval)
 
 
 if __name__ == "__main__":

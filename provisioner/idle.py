@@ -1,14 +1,15 @@
 """The idle signal: heartbeats from the on-machine agent, the endpoint that receives them, and
 whether a machine has been idle for a rule's window.
 
-Agents authenticate with a per-machine token issued at launch; only its SHA-256 is stored. The
-endpoint (stdlib ThreadingHTTPServer) serves ``POST /v1/heartbeat``, ``GET /metrics``
-(Prometheus) and ``GET /healthz``.
+Agents hold a per-machine token issued at launch; only its SHA-256 is stored, and it is the key
+with which the agent signs each heartbeat (the token itself never travels again). The
+endpoint (:class:`HeartbeatApp`, a WSGI application served by :mod:`provisioner.web`) serves
+``POST /v1/heartbeat``, ``GET /metrics`` (Prometheus) and ``GET /healthz``.
 """
 
 from __future__ import annotations
 
-import hashlib
+import hmac
 import itertools
 import json
 import logging
@@ -17,15 +18,16 @@ import threading
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from importlib import resources
 from typing import TYPE_CHECKING, Any, Literal
 
-from sqlalchemy import Select, delete, func, select
+from sqlalchemy import delete, func, select
 
 from providers.userdata import combine
+from provisioner import agent
 from provisioner.models import ACTIVE_EXCLUDED, Event, Heartbeat, Machine
 from provisioner.state import machine as machine_row
+from provisioner.web import MAX_BODY, Server, WSGIApp, respond
 
 if TYPE_CHECKING:
     from provisioner.app import App
@@ -33,9 +35,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("provisioner.idle")
 
 Signal = Literal["idle", "busy", "unknown", "starting"]
-MAX_BODY = 64 * 1024
-SOCKET_TIMEOUT = 10  # seconds a heartbeat connection may sit silent
 AGENT_DIR = "/etc/provisioner"
+AGENT_USER = "provisioner-agent"  # a system user: the token file is its own, mode 0600
 RUNNING_SINCE_EVENTS = ("launched", "adopted", "started", "running")
 
 
@@ -43,7 +44,8 @@ RUNNING_SINCE_EVENTS = ("launched", "adopted", "started", "running")
 
 
 def token_hash(token: str) -> str:
-    return hashlib.sha256(token.encode()).hexdigest()
+    """What is stored of a token, and the key its heartbeats are signed with."""
+    return agent.signing_key(token)
 
 
 def issue_token(app: App, machine_id: str) -> str:
@@ -54,16 +56,21 @@ def issue_token(app: App, machine_id: str) -> str:
     return token
 
 
-def startup_data(user_script: str | None, endpoint: str, token: str, interval: int) -> str:
+def startup_data(
+    user_script: str | None, endpoint: str, token: str, interval: int, machine_id: str
+) -> str:
     """The machine's startup script: install the agent as a service (it never blocks or fails
     the boot), then run the user's own script unchanged. A ``#cloud-config`` user script is
     combined as a MIME multipart document, which cloud-init reads."""
     agent_py = resources.files("provisioner").joinpath("agent.py").read_text(encoding="utf-8")
     cmd = (
         f"/usr/bin/env python3 {AGENT_DIR}/agent.py --endpoint {_sh(endpoint)} "
-        f"--token-file {AGENT_DIR}/agent-token --interval {int(interval)}"
+        f"--machine {_sh(machine_id)} --token-file {AGENT_DIR}/agent-token "
+        f"--interval {int(interval)}"
     )
-    install = _render_install(agent_dir=AGENT_DIR, token=token, agent_py=agent_py, cmd=cmd)
+    install = _render_install(
+        agent_dir=AGENT_DIR, token=token, agent_py=agent_py, cmd=cmd, user=AGENT_USER
+    )
     if not user_script:
         return install
     if user_script.lstrip().startswith("#cloud-config") or user_script.startswith("Content-Type:"):
@@ -101,10 +108,12 @@ def parse_body(raw: bytes) -> list[dict[str, Any]]:
     "mem_total_mb"}], "note": "..."}``; anything else is refused."""
     try:
         body = json.loads(raw or b"null")
-    except (ValueError, UnicodeDecodeError):
-        raise BadHeartbeat("body is not JSON") from None
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        raise BadHeartbeat("body is not JSON (or nested too deep)") from None
     if not isinstance(body, dict) or not isinstance(body.get("gpus"), list):
         raise BadHeartbeat('body must be {"gpus": [...]}')
+    if len(body["gpus"]) > 64:
+        raise BadHeartbeat("more GPUs than a machine has")
     gpus: list[dict[str, Any]] = []
     for g in body["gpus"]:
         if not isinstance(g, dict):
@@ -112,9 +121,12 @@ def parse_body(raw: bytes) -> list[dict[str, Any]]:
         util = g.get("util")
         if isinstance(util, bool) or not isinstance(util, int | float) or not 0 <= util <= 100:
             raise BadHeartbeat("util must be a percent")
+        index = g.get("index", len(gpus))
+        if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < 64:
+            raise BadHeartbeat("index must be a GPU number")
         gpus.append(
             {
-                "index": int(g.get("index", len(gpus))),
+                "index": index,
                 "util": float(util),
                 "mem_used_mb": _num(g.get("mem_used_mb")),
                 "mem_total_mb": _num(g.get("mem_total_mb")),
@@ -127,18 +139,12 @@ def _num(v: Any) -> float | None:
     return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
 
 
-def _live_holding(token: str) -> Select[Any]:
-    return select(Machine).where(
-        Machine.agent_token_hash == token_hash(token), Machine.status.not_in(ACTIVE_EXCLUDED)
-    )
-
-
-def record(app: App, token: str, gpus: list[dict[str, Any]]) -> Machine | None:
-    """Store one heartbeat for the live machine holding ``token``; None when no machine does."""
-    if not token:
-        return None
+def record(app: App, machine_id: str, gpus: list[dict[str, Any]]) -> Machine | None:
+    """Store one heartbeat of ``machine_id``; None when it is no longer live."""
     with app.db.session() as s:
-        m = s.scalars(_live_holding(token)).first()
+        m = s.scalars(
+            select(Machine).where(Machine.id == machine_id, Machine.status.not_in(ACTIVE_EXCLUDED))
+        ).first()
         if m is None:
             return None
         top = max((g["util"] for g in gpus), default=None)
@@ -220,113 +226,131 @@ def running_since(app: App, machine_ids: Iterable[str]) -> dict[str, datetime]:
 
 # --- the endpoint ----------------------------------------------------------------------------
 
+REPLAY_WINDOW = timedelta(minutes=5)  # a heartbeat signed longer ago (or ahead) is refused
 
-class Endpoint:
-    """Heartbeats in, metrics out, on one port. ``port=0`` picks a free one."""
 
-    def __init__(self, app: App, host: str = "127.0.0.1", port: int = 8787, metrics=None) -> None:
+class HeartbeatApp:
+    """The WSGI application of ``POST /v1/heartbeat``, ``GET /metrics`` and ``GET /healthz``
+    (mount it at each of those paths, or at ``/``).
+
+    A heartbeat is signed, not carrying its token: ``Authorization: PV1-HMAC-SHA256
+    machine=ID, time=MS, signature=HEX`` (see :func:`provisioner.agent.signature`). It is
+    refused (401) unless the machine is live and ``time`` is within :data:`REPLAY_WINDOW` of
+    now — all before the body is read — and then unless the signature over the body matches;
+    ``time`` must also grow from one heartbeat of a machine to the next (409: a replay).
+    ``/metrics`` needs ``Authorization: Bearer <metrics_token>`` when one is set; without one
+    it is public and names no machine."""
+
+    def __init__(self, app: App, metrics: Any = None, metrics_token: str | None = None) -> None:
         self.app = app
         self.metrics = metrics
-        self.server = ThreadingHTTPServer((host, port), _handler(self))
-        self.server.daemon_threads = True
-        self._thread: threading.Thread | None = None
+        self.metrics_token = metrics_token
+        self._last: dict[str, int] = {}  # machine id → the latest accepted time
+        self._lock = threading.Lock()
 
-    def knows(self, token: str) -> bool:
-        """Whether a live machine holds ``token`` (a heartbeat is parsed only then)."""
+    def __call__(self, environ: dict[str, Any], start_response: Any) -> Iterable[bytes]:
+        path = environ.get("SCRIPT_NAME", "") + (environ.get("PATH_INFO") or "")
+        method = environ.get("REQUEST_METHOD", "GET")
+        try:
+            if path == "/v1/heartbeat":
+                if method != "POST":
+                    return respond(start_response, 405, {"error": "POST a heartbeat"})
+                code, data = self._heartbeat(environ)
+                return respond(start_response, code, data)
+            if path == "/healthz":
+                return respond(start_response, 200, {"ok": True})
+            if path == "/metrics" and self.metrics is not None:
+                return self._metrics(environ, start_response)
+        except Exception:  # the state database is down, say: logged, answered, never fatal
+            log.exception("%s %s failed", method, path)
+            return respond(start_response, 500, {"error": "not recorded"})
+        return respond(start_response, 404, {"error": "not found"})
+
+    def _heartbeat(self, environ: dict[str, Any]) -> tuple[int, Any]:
+        auth = agent.parse_authorization(environ.get("HTTP_AUTHORIZATION", ""))
+        if auth is None:
+            return 401, {"error": "unsigned or malformed Authorization"}
+        machine_id, at_ms, sig = auth
+        now_ms = int(self.app.clock.now().timestamp() * 1000)
+        if abs(now_ms - at_ms) > REPLAY_WINDOW.total_seconds() * 1000:
+            return 401, {"error": "stale or future time: check the machine's clock"}
+        key = self._key(machine_id)
+        if key is None:
+            return 401, {"error": "unknown machine or token"}
+        length = environ.get("CONTENT_LENGTH") or ""
+        if not length.isdigit():
+            return 411, {"error": "a Content-Length is required"}
+        if int(length) > MAX_BODY:  # waitress refuses these first; kept for any other server
+            return 413, {"error": f"the body must be at most {MAX_BODY} bytes"}
+        raw = environ["wsgi.input"].read(int(length))
+        if not hmac.compare_digest(sig, agent.signature(key, machine_id, at_ms, raw)):
+            return 401, {"error": "unknown machine or token"}
+        with self._lock:  # the check and the update as one: two copies cannot both pass
+            if at_ms <= self._last.get(machine_id, 0):
+                return 409, {"error": "replayed or out-of-order heartbeat"}
+            self._last[machine_id] = at_ms
+        try:
+            gpus = parse_body(raw)
+        except BadHeartbeat as e:
+            return 400, {"error": str(e)}
+        m = record(self.app, machine_id, gpus)
+        if m is None:
+            return 401, {"error": "unknown machine or token"}
+        return 200, {"ok": True, "machine": m.name}
+
+    def _key(self, machine_id: str) -> str | None:
+        """The signing key of a live machine: the stored hash of its token."""
         with self.app.db.session() as s:
-            return s.execute(_live_holding(token).with_only_columns(Machine.id)).first() is not None
+            return s.scalar(
+                select(Machine.agent_token_hash).where(
+                    Machine.id == machine_id, Machine.status.not_in(ACTIVE_EXCLUDED)
+                )
+            )
 
-    @property
-    def url(self) -> str:
-        host, port = self.server.server_address[:2]
-        return f"http://{host!s}:{port}"  # an AF_INET address: host is a str
+    def _metrics(self, environ: dict[str, Any], start_response: Any) -> Iterable[bytes]:
+        named = False
+        if self.metrics_token:
+            auth = environ.get("HTTP_AUTHORIZATION", "")
+            given = auth[7:].strip() if auth[:7].lower() == "bearer " else ""
+            if not hmac.compare_digest(given.encode(), self.metrics_token.encode()):
+                return respond(start_response, 401, {"error": "a metrics token is required"})
+            named = True
+        body, ctype = self.metrics.render(names=named)
+        start_response("200 OK", [("Content-Type", ctype), ("Content-Length", str(len(body)))])
+        return [body]
 
-    def start(self) -> Endpoint:
-        self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self._thread.start()
-        return self
 
-    def stop(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-        if self._thread:
-            self._thread.join()
+def endpoint_apps(
+    app: App, metrics: Any = None, metrics_token: str | None = None
+) -> dict[str, WSGIApp]:
+    """The scheduler's own paths, for :func:`provisioner.web.serve` (other apps mount beside)."""
+    hb = HeartbeatApp(app, metrics, metrics_token)
+    return {"/v1/heartbeat": hb, "/metrics": hb, "/healthz": hb}
+
+
+class Endpoint(Server):
+    """Heartbeats, metrics and health on one port (``port=0``: a free one), and any other
+    WSGI ``apps`` under their path prefixes."""
+
+    def __init__(
+        self,
+        app: App,
+        host: str = "127.0.0.1",
+        port: int = 8787,
+        metrics: Any = None,
+        *,
+        metrics_token: str | None = None,
+        apps: dict[str, WSGIApp] | None = None,
+        **options: Any,
+    ) -> None:
+        super().__init__(
+            {**(apps or {}), **endpoint_apps(app, metrics, metrics_token)}, host, port, **options
+        )
+        self.app = app
 
     def __enter__(self) -> Endpoint:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
-
-def _handler(ep: Endpoint) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        server_version = "provisioner"
-        timeout = SOCKET_TIMEOUT  # a client that stalls gives its thread back
-
-        def log_message(self, fmt: str, *args: Any) -> None:  # never log headers (the token)
-            log.debug("%s %s", self.address_string(), fmt % args)
-
-        def _send(self, code: int, body: bytes, ctype: str = "application/json") -> None:
-            self.send_response(code)
-            self.send_header("Content-Type", ctype)
-            self.send_header("Content-Length", str(len(body)))
-            if code == 401:
-                self.send_header("WWW-Authenticate", "Bearer")
-            self.end_headers()
-            self.wfile.write(body)
-
-        def _json(self, code: int, data: Any) -> None:
-            self._send(code, json.dumps(data).encode())
-
-        def do_GET(self) -> None:
-            if self.path == "/healthz":
-                self._json(200, {"ok": True})
-            elif self.path == "/metrics" and ep.metrics is not None:
-                body, ctype = ep.metrics.render()
-                self._send(200, body, ctype)
-            else:
-                self._json(404, {"error": "not found"})
-
-        def do_POST(self) -> None:
-            if self.path != "/v1/heartbeat":
-                self._json(404, {"error": "not found"})
-                return
-            auth = self.headers.get("Authorization", "")
-            token = auth[7:].strip() if auth[:7].lower() == "bearer " else ""
-            if not token or not ep.knows(token):  # before reading a byte of the body
-                self._json(401, {"error": "unknown or missing token"})
-                return
-            try:
-                length = int(self.headers.get("Content-Length") or "")
-            except ValueError:
-                self._json(411, {"error": "a Content-Length is required"})
-                return
-            if not 0 <= length <= MAX_BODY:
-                self._json(413, {"error": f"the body must be 0 to {MAX_BODY} bytes"})
-                return
-            try:
-                raw = self.rfile.read(length)
-            except TimeoutError:
-                self.close_connection = True  # stalled: its thread is given back, quietly
-                return
-            try:
-                gpus = parse_body(raw)
-            except BadHeartbeat as e:
-                self._json(400, {"error": str(e)})
-                return
-            try:
-                m = record(ep.app, token, gpus)
-            except Exception:
-                log.exception("heartbeat not recorded")
-                self._json(500, {"error": "not recorded"})
-                return
-            if m is None:
-                self._json(401, {"error": "unknown or missing token"})
-            else:
-                self._json(200, {"ok": True, "machine": m.name})
-
-    return Handler
+        self.start()
+        return self
 
 
 def latest_heartbeats(app: App, since: datetime) -> list[tuple[Machine, Heartbeat]]:

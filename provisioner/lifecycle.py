@@ -430,7 +430,11 @@ def _startup_data(app: App, machine_id: str, experiment: Experiment) -> str | No
         return experiment.startup_script
     token = idle.issue_token(app, machine_id)
     return idle.startup_data(
-        experiment.startup_script, sched.endpoint_url, token, sched.agent_interval_seconds
+        experiment.startup_script,
+        sched.endpoint_url,
+        token,
+        sched.agent_interval_seconds,
+        machine_id,
     )
 
 

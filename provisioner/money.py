@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from decimal import ROUND_FLOOR, ROUND_HALF_UP, Decimal, InvalidOperation
 
 CENT = Decimal("0.01")
+LIMIT = Decimal(10) ** 12  # no price, budget or cap reaches it; 1e999999 would overflow sums
 
 
 @dataclass(frozen=True, order=True)
@@ -64,6 +65,8 @@ class Money:
             raise ValueError(f"not an amount: {amount!r} (write e.g. '30 USD')") from None
         if not dec.is_finite():
             raise ValueError(f"not an amount: {amount!r}")
+        if abs(dec) >= LIMIT:
+            raise ValueError(f"{amount} is too large for an amount (at most {LIMIT:,})")
         if not currency:
             raise ValueError("an amount needs a currency (e.g. '30 USD')")
         currency = str(currency).upper()
@@ -100,6 +103,9 @@ class Rates:
     def __init__(self, base: str, per_base: Mapping[str, Decimal]) -> None:
         self.base = base
         self.per_base = {base: Decimal(1), **{k.upper(): Decimal(v) for k, v in per_base.items()}}
+        for code, rate in self.per_base.items():
+            if not (rate.is_finite() and 0 < rate < LIMIT):
+                raise ValueError(f"rates.{code}: {rate} is not a rate (a positive number)")
 
     def can_convert(self, currency: str) -> bool:
         return currency in self.per_base

@@ -79,6 +79,15 @@ def plan(
     out: list[Candidate] = []
     unpriced: list[Offer] = []
 
+    # Only the sandbox enabled, and an experiment naming no cloud: say what to change.
+    unlisted = "cloud not requested"
+    if res.clouds is None and not enabled & set(CLOUDS):
+        unlisted += (
+            ": without clouds: an experiment uses the real clouds enabled in settings, and "
+            f"only {', '.join(sorted(enabled)) or 'none'} is; list clouds: [CLOUD] in the "
+            "experiment, or enable a cloud under clouds: in settings"
+        )
+
     def reject(reason: str, o: Offer) -> None:
         rejected[reason] += 1
         examples.setdefault(reason, f"{o.cloud}/{o.zone or o.region} {o.instance_type}")
@@ -86,7 +95,7 @@ def plan(
     for o in offers:
         fam, implied = _gpu_family(o.gpu)
         if o.cloud not in wanted:
-            reject("cloud not requested", o)
+            reject(unlisted, o)
         elif o.cloud not in enabled:
             reject("cloud not enabled in settings", o)
         elif fam != family:

@@ -10,14 +10,29 @@ its own credentials, and the SMTP password comes from ``$PROVISIONER_SMTP_PASSWO
 from __future__ import annotations
 
 import os
+import re
 from decimal import Decimal
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import platformdirs
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator
-from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    ValidationInfo,
+    create_model,
+    field_validator,
+)
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    SettingsError,
+)
 
 import providers
 from policies import yamlfile
@@ -29,6 +44,11 @@ from provisioner.money import Rates
 APP = "provisioner"
 
 
+def _virtual(path: Path) -> bool:
+    """/proc and /sys: writable to root on paper, never a place for files."""
+    return path.resolve().parts[1:2] in (("proc",), ("sys",))
+
+
 def data_dir() -> Path:
     return Path(os.environ.get("PROVISIONER_HOME") or platformdirs.user_data_dir(APP))
 
@@ -37,33 +57,38 @@ def default_config_path() -> Path:
     return Path(platformdirs.user_config_dir(APP)) / "settings.yaml"
 
 
+#: A price, rate or tariff: finite, not negative, and below a trillion (anything larger is a typo,
+#: and Decimal arithmetic on 1e999999 overflows).
+Amount = Annotated[Decimal, Field(ge=0, lt=Decimal(10) ** 12, allow_inf_nan=False)]
+
+
 class PriceOverride(BaseModel):
     """A price the catalog lacks (e.g. cloud.ru Advanced publishes none), per hour, in the
     cloud's currency."""
 
     model_config = ConfigDict(extra="forbid")
-    price: Decimal | None = None
-    spot_price: Decimal | None = None
+    price: Amount | None = None
+    spot_price: Amount | None = None
 
 
 class SmtpSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
     host: str = "localhost"
-    port: int = 587
-    security: str = Field("starttls", pattern="^(starttls|ssl|none)$")
+    port: int = Field(587, ge=1, le=65535)
+    security: Literal["starttls", "ssl", "none"] = "starttls"
     sender: str = "provisioner@localhost"
     user: str | None = None  # the password comes from $PROVISIONER_SMTP_PASSWORD
     ca_file: str | None = None  # trust this CA bundle for the server (e.g. an internal CA)
-    timeout_seconds: float = Field(30, gt=0)
+    timeout_seconds: float = Field(30, gt=0, le=600)
 
 
 class GpuOwnership(BaseModel):
     """Owning one card: its purchase price range and its power draw."""
 
     model_config = ConfigDict(extra="forbid")
-    price_low: Decimal = Field(gt=0)
-    price_high: Decimal = Field(gt=0)
-    power_watts: int = Field(gt=0)
+    price_low: Amount = Field(gt=0)
+    price_high: Amount = Field(gt=0)
+    power_watts: int = Field(gt=0, le=100_000)
 
 
 def _default_gpus() -> dict[str, GpuOwnership]:
@@ -82,22 +107,53 @@ class OwnershipSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     currency: str = "USD"  # of prices and electricity
-    electricity_per_kwh: Decimal = Field(Decimal("0.15"), ge=0)  # a typical commercial tariff
-    amortisation_months: int = Field(36, ge=1)  # a common depreciation horizon for GPUs
+    electricity_per_kwh: Amount = Decimal("0.15")  # a typical commercial tariff
+    amortisation_months: int = Field(36, ge=1, le=600)  # a common depreciation horizon for GPUs
     gpus: dict[str, GpuOwnership] = Field(default_factory=_default_gpus)
 
 
+DAY = 86_400
+
+
 class SchedulerSettings(BaseModel):
-    model_config = ConfigDict(extra="allow")
-    sweep_interval_seconds: int = Field(300, ge=10)
-    recover_interval_seconds: int = Field(120, ge=10)
-    reconcile_interval_seconds: int = Field(600, ge=10)
-    listen: str = "127.0.0.1:8787"  # heartbeat + /metrics endpoint
+    model_config = ConfigDict(extra="forbid")
+    sweep_interval_seconds: int = Field(300, ge=10, le=DAY)
+    recover_interval_seconds: int = Field(120, ge=10, le=DAY)
+    reconcile_interval_seconds: int = Field(600, ge=10, le=DAY)
+    listen: str = "127.0.0.1:8787"  # heartbeat + /metrics endpoint: HOST:PORT
     endpoint_url: str | None = None  # how agents on machines reach the endpoint
     # idle signal and leader lease (scheduler helper)
-    agent_interval_seconds: int = Field(30, ge=5)  # heartbeat period of the on-machine agent
-    heartbeat_grace_seconds: int = Field(300, ge=30)  # silent longer: the idle signal is unknown
-    lease_seconds: int = Field(900, ge=30)  # a pass must finish within it; a dead leader's expires
+    agent_interval_seconds: int = Field(30, ge=5, le=3600)  # the on-machine agent's period
+    heartbeat_grace_seconds: int = Field(300, ge=30, le=DAY)  # silent longer: idle unknown
+    lease_seconds: int = Field(900, ge=30, le=DAY)  # a pass must finish within it
+    # /metrics names machines and owners: with a token set, only `Authorization: Bearer <it>`
+    # sees them (prefer $PROVISIONER_SCHEDULER__METRICS_TOKEN to writing it in the file)
+    metrics_token: SecretStr | None = None
+    max_connections: int = Field(100, ge=1, le=10_000)  # open connections to the endpoint
+
+    @field_validator("listen")
+    @classmethod
+    def _host_port(cls, v: str) -> str:
+        host, sep, port = v.strip().rpartition(":")
+        if not sep or not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+            raise ValueError(
+                f"write HOST:PORT with a port from 1 to 65535, e.g. 127.0.0.1:8787 (got {v!r})"
+            )
+        return v.strip()
+
+    @field_validator("endpoint_url")
+    @classmethod
+    def _url(cls, v: str | None) -> str | None:
+        if v is not None and not re.match(r"^https?://[^/\s:]+(:\d{1,5})?(/\S*)?$", v):
+            raise ValueError(
+                f"write an http:// or https:// URL, e.g. http://10.0.0.5:8787 (got {v!r})"
+            )
+        return v
+
+    @property
+    def host_port(self) -> tuple[str, int]:
+        host, _, port = self.listen.rpartition(":")
+        return host.strip("[]"), int(port)
 
 
 def _clouds_model() -> type[BaseModel]:
@@ -123,9 +179,10 @@ class Settings(BaseSettings):
     state_url: str | None = None  # None → SQLite file in the user data directory
     clouds: Clouds = Field(default_factory=_every_cloud)  # type: ignore[valid-type]
     currency: str = "USD"  # the one currency candidates are ranked in
-    rates: dict[str, Decimal] = Field(default_factory=lambda: {"RUB": Decimal("80")})
+    # units of each currency per 1 of `currency`; default (for USD only): 80 RUB
+    rates: dict[str, Annotated[Amount, Field(gt=0)]] = Field(None, validate_default=True)
     prices: dict[str, dict[str, PriceOverride]] = Field(default_factory=dict)
-    disk_prices: dict[str, Decimal] = Field(default_factory=dict)  # cloud → per GB-month
+    disk_prices: dict[str, Amount] = Field(default_factory=dict)  # cloud → per GB-month
     policies: list[str] = Field(default_factory=list)  # policy files or directories
     smtp: SmtpSettings = Field(default_factory=SmtpSettings)
     scheduler: SchedulerSettings = Field(default_factory=SchedulerSettings)
@@ -150,6 +207,63 @@ class Settings(BaseSettings):
         if len(v) != 3 or not v.isalpha():
             raise ValueError("use an ISO currency code (USD, RUB, EUR)")
         return v.upper()
+
+    @field_validator("rates", mode="before")
+    @classmethod
+    def _default_rates(cls, v: Any, info: ValidationInfo) -> Any:
+        if v is None:  # the built-in rate is RUB per USD: no use for another currency
+            return {"RUB": Decimal(80)} if info.data.get("currency", "USD") == "USD" else {}
+        return v
+
+    @field_validator("rates")
+    @classmethod
+    def _every_rate(cls, v: dict[str, Decimal], info: ValidationInfo) -> dict[str, Decimal]:
+        """Each enabled cloud's currency has a rate: never a rate of another currency reused."""
+        base = info.data.get("currency")
+        clouds = info.data.get("clouds")
+        for code in v:
+            if len(code) != 3 or not code.isalpha():
+                raise ValueError(f"{code!r} is not an ISO currency code (USD, RUB, EUR)")
+        rates = {k.upper(): x for k, x in v.items()}
+        if base is None or clouds is None:
+            return rates
+        missing: dict[str, list[str]] = {}
+        for spec in providers.specs():
+            options = getattr(clouds, spec.name, None)
+            if options is not None and options.enabled and spec.currency not in (base, *rates):
+                missing.setdefault(spec.currency, []).append(spec.name)
+        if missing:
+            cur, names = next(iter(missing.items()))
+            raise ValueError(
+                f"no rate for {cur} (the currency of {', '.join(names)}): set rates.{cur}, "
+                f"how many {cur} one {base} buys"
+            )
+        return rates
+
+    @field_validator("state_url")
+    @classmethod
+    def _db_url(cls, v: str | None) -> str | None:
+        if v is not None and not re.match(r"^(sqlite|postgresql(\+psycopg)?)://", v):
+            raise ValueError(
+                "write sqlite:///PATH or postgresql://USER@HOST:PORT/DB "
+                f"(got {v.split(':', 1)[0]!r}…)"
+            )
+        return v
+
+    @field_validator("home")
+    @classmethod
+    def _home(cls, v: Path) -> Path:
+        v = v.expanduser()
+        parent = v
+        while not parent.exists() and parent != parent.parent:
+            parent = parent.parent
+        if v.exists() and not v.is_dir():
+            raise ValueError(f"{str(v)!r} is not a directory")
+        if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK) or _virtual(parent):
+            raise ValueError(
+                f"cannot create a directory in {str(parent)!r}: choose a writable place"
+            )
+        return v
 
     @classmethod
     def settings_customise_sources(
@@ -179,11 +293,12 @@ class Settings(BaseSettings):
 
 
 def load_settings(path: str | Path | None = None) -> Settings:
-    """Load settings; a missing default file is fine, a named missing file is an error."""
+    """Load settings; a missing default file is fine, a named missing file is an error. A
+    mistake is reported where it was made: the file and line, or the environment variable."""
     path = path or os.environ.get("PROVISIONER_CONFIG")
     file = Path(path) if path else default_config_path()
     data: dict[str, Any] = {}
-    lines = None
+    lines = yamlfile.Lines()
     if path or file.exists():
         raw, lines = yamlfile.load_document(file)
         if raw is not None and not isinstance(raw, dict):
@@ -191,22 +306,47 @@ def load_settings(path: str | Path | None = None) -> Settings:
         data = raw or {}
     try:
         settings = Settings(**data)
-    except ValidationError as e:
-        if lines is None:  # only the environment was read
-            raise ConfigError(
-                [
-                    Problem(
-                        "environment",
-                        None,
-                        "PROVISIONER_" + "__".join(str(x) for x in err["loc"]).upper(),
-                        err["msg"],
-                    )
-                    for err in e.errors(include_url=False)
-                ]
-            ) from None
+    except (SettingsError, RecursionError) as e:  # a variable pydantic-settings cannot decode
+        m = re.search(r'field "([^"]+)"', str(e))
+        names = _json_variables(m.group(1) if m else None)
         raise ConfigError(
-            lines.problems + yamlfile.problems_from(e, lines, str(file), data)
+            [
+                Problem(
+                    "environment",
+                    None,
+                    ", ".join(names),
+                    'not valid JSON (a list is written ["us-east-1"], a mapping {"a": 1})',
+                )
+            ]
         ) from None
-    if lines is not None and lines.problems:
+    except ValidationError as e:
+        problems = yamlfile.problems_from(e, lines, str(file), data, model=Settings)
+        raise ConfigError(lines.problems + [_from_environment(p) for p in problems]) from None
+    if lines.problems:
         raise ConfigError(lines.problems)
     return settings
+
+
+def _json_variables(field: str | None) -> list[str]:
+    """The variables that set ``field`` (or, unknown, every one holding JSON)."""
+    if field:
+        name = "PROVISIONER_" + field.upper()
+        found = [k for k in os.environ if k.upper() == name or k.upper().startswith(name + "__")]
+        return sorted(found) or [name]
+    found = [
+        k
+        for k, v in os.environ.items()
+        if k.upper().startswith("PROVISIONER_") and v.lstrip()[:1] in ("[", "{")
+    ]
+    return sorted(found) or ["PROVISIONER_*"]
+
+
+def _from_environment(p: Problem) -> Problem:
+    """``p`` as the environment variable that set its field, when one did (it wins)."""
+    parts = (p.field or "").split(".")
+    env = {k.upper() for k in os.environ}
+    for n in range(len(parts), 0, -1):
+        name = "PROVISIONER_" + "__".join(parts[:n]).upper()
+        if name in env:
+            return Problem("environment", None, name, p.message)
+    return p

@@ -3,21 +3,25 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Collection
 from datetime import timedelta
 from decimal import Decimal
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    StringConstraints,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
 
 from policies import yamlfile
 from policies.duration import parse_duration
+from policies.schema import MINUTES_MAX
 from providers import gpus
 from providers.gpus import GPUS
 from provisioner.money import Money
@@ -27,6 +31,10 @@ _GPU_RE = re.compile(r"^(?P<type>[A-Za-z0-9-]+?)(?::(?P<mem>\d+)GB)?(?::(?P<coun
 _NAME_RE = re.compile(r"^[a-z][a-z0-9-]{0,38}[a-z0-9]$")
 
 
+LabelKey = Annotated[str, StringConstraints(min_length=1, max_length=128)]
+LabelValue = Annotated[str, StringConstraints(max_length=256)]
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -34,7 +42,7 @@ class _Strict(BaseModel):
 class GPU(_Strict):
     type: str
     count: int = Field(1, ge=1, le=16)
-    memory_gb: int | None = Field(None, ge=1, description="minimum memory per GPU")
+    memory_gb: int | None = Field(None, ge=1, le=10_000, description="minimum memory per GPU")
 
     @model_validator(mode="before")
     @classmethod
@@ -61,7 +69,7 @@ class GPU(_Strict):
     def _known(cls, v: str) -> str:
         up = v.upper()
         if up not in GPU_TYPES:
-            raise ValueError(f"unknown GPU type {v!r}; known: {', '.join(GPU_TYPES)}")
+            raise ValueError(f"unknown GPU type {v!r}; {did_you_mean(up, GPU_TYPES)}")
         return up
 
     @property
@@ -85,19 +93,25 @@ class Resources(_Strict):
     regions: list[str] = Field(default_factory=list)
     zones: list[str] = Field(default_factory=list)
     max_price_per_hour: Money | None = None
-    min_vcpus: int = Field(0, ge=0)
-    min_memory_gb: Decimal = Field(Decimal(0), ge=0)
+    min_vcpus: int = Field(0, ge=0, le=100_000)
+    min_memory_gb: Decimal = Field(Decimal(0), ge=0, le=1_000_000, allow_inf_nan=False)
     disk_gb: int = Field(100, ge=10, le=65536)
     image: dict[str, str] = Field(default_factory=dict)  # cloud → image
 
     @field_validator("max_price_per_hour", mode="before")
     @classmethod
-    def _money(cls, v: Any) -> Any:
+    def _money(cls, v: Any, info: ValidationInfo) -> Any:
         if v is None:
             return v
         m = Money.parse(v)
         if m.amount <= 0:
             raise ValueError("must be more than zero")
+        known = info.context and info.context.get("currencies")
+        if known and m.currency not in known:
+            raise ValueError(
+                f"no exchange rate for {m.currency}: write it in {', '.join(sorted(known))}, "
+                f"or set rates.{m.currency} in settings"
+            )
         return m
 
     @field_validator("clouds")
@@ -108,7 +122,7 @@ class Resources(_Strict):
         if v is not None:
             bad = [c for c in v if c not in ALL]
             if bad:
-                raise ValueError(f"unknown cloud {bad[0]!r}; known: {', '.join(ALL)}")
+                raise ValueError(f"unknown cloud {bad[0]!r}; {did_you_mean(bad[0], ALL)}")
             if not v:
                 raise ValueError("list at least one cloud, or leave the field out for all")
         return v
@@ -116,7 +130,7 @@ class Resources(_Strict):
 
 class IdleRule(_Strict):
     gpu_util_below: float = Field(5.0, ge=0, le=100, description="percent, every GPU")
-    for_minutes: int = Field(30, ge=1)
+    for_minutes: int = Field(30, ge=1, le=MINUTES_MAX)
 
 
 class Lifecycle(_Strict):
@@ -127,7 +141,12 @@ class Lifecycle(_Strict):
     @field_validator("max_lifetime", mode="before")
     @classmethod
     def _duration(cls, v: Any) -> Any:
-        return None if v is None else parse_duration(v)
+        if v is None:
+            return None
+        d = parse_duration(v)
+        if d <= timedelta(0):
+            raise ValueError("must be longer than zero (leave it out for no limit)")
+        return d
 
 
 class Experiment(_Strict):
@@ -137,7 +156,9 @@ class Experiment(_Strict):
     resources: Resources
     startup_script: str | None = None
     ssh_public_key: str | None = None
-    labels: dict[str, str] = Field(default_factory=dict)
+    # AWS allows 50 tags of 128/256 characters (we add four):
+    # https://docs.aws.amazon.com/tag-editor/latest/userguide/tagging.html
+    labels: dict[LabelKey, LabelValue] = Field(default_factory=dict, max_length=40)
     lifecycle: Lifecycle = Field(default_factory=Lifecycle)
 
     @field_validator("name")
@@ -163,6 +184,19 @@ class Experiment(_Strict):
         return self.model_dump(mode="json")
 
 
-def load_experiment(path: str | Path) -> Experiment:
+def did_you_mean(word: str, known: Collection[str]) -> str:
+    """``did you mean 'A100'?`` for a near miss, else the list of what is known."""
+    import difflib
+
+    near = difflib.get_close_matches(word, known, n=1, cutoff=0.5)
+    return f"did you mean {near[0]!r}?" if near else f"known: {', '.join(known)}"
+
+
+def load_experiment(path: str | Path, currencies: Collection[str] | None = None) -> Experiment:
+    """``currencies``: those settings have rates for; an amount in another is an error here,
+    with its line, rather than when the plan converts it."""
     data, lines = yamlfile.load_document(path)
-    return yamlfile.validate(Experiment, data, lines, str(path), what="experiment file")
+    context = {"currencies": set(currencies)} if currencies else None
+    return yamlfile.validate(
+        Experiment, data, lines, str(path), what="experiment file", context=context
+    )

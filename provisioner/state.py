@@ -19,29 +19,37 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import create_engine, event, select, text
+from sqlalchemy import create_engine, event, inspect, select, text
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session, sessionmaker
 
-from provisioner.errors import OperationFailed
+from provisioner.errors import OperationFailed, UserError
 from provisioner.models import ACTIVE_EXCLUDED, Machine
 
 MIGRATIONS = Path(__file__).parent / "migrations"
 
 
 @cache
-def schema_head() -> str:
-    """The newest migration: the one revision no other revises, read from the version files'
-    ``revision`` and ``down_revision`` lines (not Alembic's start-up, ~90 ms; tests/test_state.py
-    checks it is Alembic's head)."""
+def _revisions() -> tuple[frozenset[str], str]:
+    """Every migration's revision, and the newest: the one no other revises, read from the
+    version files' ``revision`` and ``down_revision`` lines (not Alembic's start-up, ~90 ms;
+    tests/test_state.py checks it is Alembic's head)."""
     revisions, revised = set(), set()
     for f in (MIGRATIONS / "versions").glob("*.py"):
         src = f.read_text(encoding="utf-8")
         revisions.update(re.findall(r'^revision = "([^"]+)"', src, re.M))
         revised.update(re.findall(r'^down_revision = "([^"]+)"', src, re.M))
     (head,) = revisions - revised
-    return head
+    return frozenset(revisions), head
+
+
+def schema_head() -> str:
+    return _revisions()[1]
+
+
+class DatabaseUnusable(UserError):
+    """The state database cannot be opened or is not ours to migrate: what it is, what to do."""
 
 
 class Database:
@@ -54,9 +62,18 @@ class Database:
         """Bring the schema to the newest Alembic revision. Idempotent, and safe when several
         processes start at once on a new database: one migrates, the others wait and find it
         done (a file lock beside a SQLite file; an advisory lock on PostgreSQL). A database
-        already at :func:`schema_head` costs one query, not Alembic's start-up (~90 ms)."""
-        if self._revision() == schema_head():
+        already at :func:`schema_head` costs one query, not Alembic's start-up (~90 ms).
+        A database that cannot be read, or one a newer provisioner migrated, is left as it is:
+        :class:`DatabaseUnusable`."""
+        revision = self._revision()
+        if revision == schema_head():
             return
+        if revision is not None and revision not in _revisions()[0]:
+            raise DatabaseUnusable(
+                f"the state database ({self.where}) is at schema revision {revision}, which "
+                f"this provisioner does not know (its newest is {schema_head()}): a newer "
+                "version wrote it; upgrade provisioner"
+            )
         from alembic import command
         from alembic.config import Config
 
@@ -70,11 +87,31 @@ class Database:
             command.upgrade(cfg, "head")
 
     def _revision(self) -> str | None:
+        """The schema's revision; None for a new database (no version table yet)."""
         try:
             with self.engine.connect() as conn:
+                if not inspect(conn).has_table("alembic_version"):
+                    return None
                 return conn.execute(text("SELECT version_num FROM alembic_version")).scalar()
-        except DBAPIError:  # a new database: no version table yet
-            return None
+        except DBAPIError as e:
+            raise self._unusable(e) from None
+
+    @property
+    def where(self) -> str:
+        """The database, for a message: never its password."""
+        return self.engine.url.render_as_string(hide_password=True)
+
+    def _unusable(self, e: DBAPIError) -> DatabaseUnusable:
+        reason = str(e.orig).strip().splitlines()[0] if e.orig else type(e).__name__
+        if self.engine.dialect.name == "sqlite":
+            todo = (
+                "move it aside (a new one is created) or restore a backup"
+                if "not a database" in reason or "malformed" in reason
+                else "check that the file and its directory are readable and writable"
+            )
+        else:
+            todo = "check state_url in settings and that the server runs and lets you in"
+        return DatabaseUnusable(f"cannot use the state database ({self.where}): {reason}; {todo}")
 
     @contextmanager
     def _migration_lock(self) -> Iterator[None]:
@@ -195,10 +232,20 @@ def _engine(url: str) -> Engine:
         path = url.split("///", 1)[1] if "///" in url else ""
         if path and path != ":memory:":
             p = Path(path)
-            p.parent.mkdir(parents=True, exist_ok=True)
-            if not p.exists():  # state holds project names and addresses: private to its owner
-                fd = os.open(p, os.O_CREAT | os.O_WRONLY, 0o600)
-                os.close(fd)
+            if p.is_dir():
+                raise DatabaseUnusable(
+                    f"the state database {p} is a directory: move it aside or set state_url"
+                )
+            try:
+                p.parent.mkdir(parents=True, exist_ok=True)
+                if not p.exists():  # state holds project names and addresses: its owner's
+                    fd = os.open(p, os.O_CREAT | os.O_WRONLY, 0o600)
+                    os.close(fd)
+            except OSError as e:
+                raise DatabaseUnusable(
+                    f"cannot create the state database {p}: {e.strerror}; set home or "
+                    "state_url in settings to a writable place"
+                ) from None
         engine = create_engine(url, connect_args={"timeout": 30}, json_serializer=_dumps)
 
         @event.listens_for(engine, "connect")

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from provisioner.errors import ConfigError
 from provisioner.settings import load_settings
 from provisioner.spec import load_experiment
+from tests.conftest import ROOT
 
 VALID = {
     "name": "llama",
@@ -272,3 +273,392 @@ def test_absurd_durations_are_errors_not_overflows(tmp_path, value):
     with pytest.raises(ConfigError) as e:
         load_experiment(g)
     assert e.value.problems[0].field == "lifecycle.max_lifetime"
+
+
+# ---- hostile and broken input through the real CLI (issue 14, item 5) -------------------------
+
+QUICKSTART = (ROOT / "configs" / "examples" / "quickstart.yaml").read_text()
+SANDBOX = "clouds:\n  sandbox: {latency_seconds: 0, retry_base_seconds: 0.001}\n"
+LAUGHS = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
+    f"{c}: &{c} [{', '.join([f'*{p}'] * 9)}]\n" for p, c in zip("abcdefgh", "bcdefghi", strict=True)
+)
+
+
+def _exp(old: str, new: str) -> str:
+    assert old in QUICKSTART
+    return QUICKSTART.replace(old, new)
+
+
+def _future_schema(home: Path) -> None:
+    import sqlite3
+
+    home.mkdir(parents=True)
+    db = sqlite3.connect(home / "state.db")
+    db.execute("PRAGMA journal_mode=WAL")  # as every provisioner leaves it
+    db.execute("CREATE TABLE alembic_version (version_num VARCHAR(32) NOT NULL)")
+    db.execute("INSERT INTO alembic_version VALUES ('9999_from_the_future')")
+    db.commit()
+    db.close()
+
+
+def _corrupt(home: Path) -> None:
+    home.mkdir(parents=True)
+    (home / "state.db").write_bytes(b"this is not SQLite\n" * 200)
+
+
+def _policy_file(home: Path, text: str) -> str:
+    home.mkdir(parents=True, exist_ok=True)
+    (home.parent / "policy.yaml").write_text(text)
+    return f"policies: [{home.parent / 'policy.yaml'}]\n"
+
+
+# (id, settings text (None: the sandbox only), experiment text, extra CLI args, environment,
+#  what the one line must say)
+HOSTILE = [
+    ("billion-laughs", None, LAUGHS, [], {}, "aliases (*a) are not allowed"),
+    ("alias-in-valid-file", None, QUICKSTART + "labels: &l {a: b}\nx: *l\n", [], {}, "alias"),
+    ("merge-key", None, QUICKSTART + "base: &b {a: 1}\nother: {<<: *b}\n", [], {}, "alias"),
+    (
+        "over-1-MiB",
+        None,
+        QUICKSTART + "labels:\n" + "".join(f"  k{i}: v\n" for i in range(120_000)),
+        [],
+        {},
+        "larger than 1 MiB",
+    ),
+    ("5000-deep-list", None, "a: " + "[" * 5000 + "]" * 5000 + "\n", [], {}, "nest"),
+    ("5000-deep-map", None, "a: " + "{a: " * 5000 + "1" + "}" * 5000 + "\n", [], {}, "nested"),
+    ("rate-zero", SANDBOX + "rates: {RUB: 0}\n", QUICKSTART, [], {}, "rates.RUB"),
+    ("rate-negative", SANDBOX + "rates: {RUB: -80}\n", QUICKSTART, [], {}, "rates.RUB"),
+    ("rate-huge", SANDBOX + "rates: {RUB: 1e999999}\n", QUICKSTART, [], {}, "rates.RUB"),
+    (
+        "price-in-unknown-currency",
+        None,
+        _exp("disk_gb: 50", "disk_gb: 50\n  max_price_per_hour: 1 XYZ"),
+        [],
+        {},
+        "resources.max_price_per_hour: no exchange rate for XYZ",
+    ),
+    (
+        "price-1e999999",
+        None,
+        _exp("disk_gb: 50", "disk_gb: 50\n  max_price_per_hour: 1e999999 USD"),
+        [],
+        {},
+        "too large",
+    ),
+    ("state-url-scheme", SANDBOX + "state_url: nonsense://x\n", QUICKSTART, [], {}, "state_url"),
+    (
+        "state-url-unreachable",
+        SANDBOX + "state_url: postgresql://nobody@127.0.0.1:1/x\n",
+        QUICKSTART,
+        [],
+        {},
+        "check state_url",
+    ),
+    ("home-in-proc", SANDBOX + "home: /proc/nope\n", QUICKSTART, [], {}, "home: cannot create"),
+    ("clouds-env-not-json", None, QUICKSTART, [], {"PROVISIONER_CLOUDS": "{bad"}, "CLOUDS"),
+    (
+        "cloud-option-wrong-type",
+        "clouds:\n  sandbox: {latency_seconds: soon}\n",
+        QUICKSTART,
+        [],
+        {},
+        "clouds.sandbox.latency_seconds",
+    ),
+    ("cloud-options-not-a-mapping", "clouds:\n  sandbox: 5\n", QUICKSTART, [], {}, "mapping"),
+    (
+        "cloud-capacity-negative",
+        "clouds:\n  sandbox: {capacity: {sandbox-us-1a: -1}}\n",
+        QUICKSTART,
+        [],
+        {},
+        "clouds.sandbox.capacity",
+    ),
+    (
+        "cloud-regions-a-string",
+        SANDBOX + "  aws: {regions: us-east-1}\n",
+        QUICKSTART,
+        [],
+        {},
+        "should be a list, e.g. [us-east-1]",
+    ),
+    (
+        "listen-without-port",
+        SANDBOX + "scheduler: {listen: localhost}\n",
+        None,
+        ["scheduler", "run"],
+        {},
+        "scheduler.listen",
+    ),
+    (
+        "listen-port-99999",
+        SANDBOX + "scheduler: {listen: '127.0.0.1:99999'}\n",
+        None,
+        ["scheduler", "run"],
+        {},
+        "scheduler.listen",
+    ),
+    (
+        "sweep-interval-huge",
+        SANDBOX + "scheduler: {sweep_interval_seconds: 99999999999999999999}\n",
+        None,
+        ["status"],
+        {},
+        "scheduler.sweep_interval_seconds",
+    ),
+    ("period-9999-12", None, None, ["report", "--period", "9999-12"], {}, "9999-12"),
+    ("state-db-corrupt", None, QUICKSTART, [], {}, "move it aside"),
+    ("state-db-a-directory", None, QUICKSTART, [], {}, "is a directory"),
+    ("state-db-newer-schema", None, QUICKSTART, [], {}, "upgrade provisioner"),
+    (
+        "regions-a-string",
+        None,
+        _exp("disk_gb: 50", "disk_gb: 50\n  regions: us-east-1"),
+        [],
+        {},
+        "resources.regions: should be a list",
+    ),
+    (
+        "max-lifetime-zero",
+        None,
+        _exp("max_lifetime: 12h", "max_lifetime: 0"),
+        [],
+        {},
+        "lifecycle.max_lifetime: must be longer than zero",
+    ),
+    (
+        "idle-minutes-huge",
+        None,
+        _exp("for_minutes: 30", "for_minutes: 99999999999999999999"),
+        [],
+        {},
+        "lifecycle.idle.for_minutes",
+    ),
+    (
+        "policy-idle-minutes-huge",
+        "POLICY:name: p\nidle: {for_minutes: 99999999999999999999}\n",
+        QUICKSTART,
+        [],
+        {},
+        "idle.for_minutes",
+    ),
+    (
+        "policy-aliases",
+        "POLICY:name: p\nallow: &a {clouds: [sandbox]}\nx: *a\n",
+        QUICKSTART,
+        [],
+        {},
+        "aliases",
+    ),
+    (
+        "policy-regions-a-string",
+        "POLICY:name: p\nallow: {regions: us-east-1}\n",
+        QUICKSTART,
+        [],
+        {},
+        "allow.regions: should be a list",
+    ),
+    (
+        "regions-env-not-json",
+        None,
+        QUICKSTART,
+        [],
+        {"PROVISIONER_CLOUDS__AWS__REGIONS": "us-east-1"},
+        "PROVISIONER_CLOUDS__AWS__REGIONS: not valid JSON",
+    ),
+    (
+        "env-json-50000-deep",
+        None,
+        QUICKSTART,
+        [],
+        {"PROVISIONER_CLOUDS": "[" * 50_000},
+        "environment: PROVISIONER_CLOUDS: not valid JSON",
+    ),
+    (
+        "env-state-url",
+        None,
+        QUICKSTART,
+        [],
+        {"PROVISIONER_STATE_URL": "mysql://x"},
+        "environment: PROVISIONER_STATE_URL: write sqlite",
+    ),
+    ("label-900-kB", None, QUICKSTART + "labels: {a: " + "x" * 900_000 + "}\n", [], {}, "labels.a"),
+    ("settings-control-characters", "\x00\x01", QUICKSTART, [], {}, "invalid YAML"),
+    ("policies-a-string", SANDBOX + "policies: /etc/p.yaml\n", QUICKSTART, [], {}, "policies"),
+    (
+        "cloud-endpoint-not-a-url",  # was a traceback after the intent was written
+        SANDBOX + "  aws: {endpoint: 'not a url'}\n",
+        QUICKSTART,
+        [],
+        {},
+        "clouds.aws.endpoint: write an http:// or https:// URL",
+    ),
+    (
+        "ca-file-missing",
+        SANDBOX + "  yandex: {root_certificates_file: /nonexistent.pem}\n",
+        QUICKSTART,
+        [],
+        {},
+        "no such file",
+    ),
+    ("settings-aliases", SANDBOX + "x: &x 1\ncurrency: *x\n", QUICKSTART, [], {}, "aliases"),
+    (
+        "currency-without-rates",
+        SANDBOX + "currency: EUR\n",
+        QUICKSTART,
+        [],
+        {},
+        "rates: no rate for USD",
+    ),
+]
+PREPARE = {
+    "state-db-corrupt": _corrupt,
+    "state-db-a-directory": lambda home: (home / "state.db").mkdir(parents=True),
+    "state-db-newer-schema": _future_schema,
+}
+
+
+def _snapshot(root: Path) -> dict[str, tuple[int, int]]:
+    return {
+        str(p): (p.stat().st_size, p.stat().st_mtime_ns) for p in root.rglob("*") if p.is_file()
+    }
+
+
+@pytest.mark.parametrize(
+    ("settings_text", "experiment", "args", "env", "says"),
+    [pytest.param(*case[1:], id=case[0]) for case in HOSTILE],
+)
+def test_hostile_input_is_one_line_exit_2_and_writes_nothing(
+    tmp_path, monkeypatch, request, settings_text, experiment, args, env, says
+):
+    from tests.conftest import run_cli
+
+    home = tmp_path / "home"
+    monkeypatch.delenv("PROVISIONER_HOME", raising=False)  # settings name the home
+    monkeypatch.delenv("PROVISIONER_CONFIG", raising=False)
+    monkeypatch.delenv("PROVISIONER_STATE_URL", raising=False)
+    text = settings_text or SANDBOX
+    if text.startswith("POLICY:"):
+        text = SANDBOX + _policy_file(home, text.removeprefix("POLICY:"))
+    if "home:" not in text:
+        text += f"home: {home}\n"
+    cfg = tmp_path / "settings.yaml"
+    cfg.write_text(text)
+    spec = tmp_path / "exp.yaml"
+    if experiment is not None:
+        spec.write_text(experiment)
+    PREPARE.get(request.node.callspec.id, lambda home: None)(home)
+    before = _snapshot(tmp_path)
+    r = run_cli("--config", str(cfg), *(args or ["up", str(spec)]), env=env, timeout=60)
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert "Traceback" not in r.stderr + r.stdout
+    assert len(lines) == 1, lines
+    assert says in lines[0], lines[0]
+    assert _snapshot(tmp_path) == before  # no state row, no database, no file
+
+
+# ---- messages in the user's words (issue 12, item 10) -----------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("policy", "expected"),
+    [
+        (
+            {"budget": {"amount": "5 USD", "period": "monht"}},
+            "budget.period: 'monht' is not one of month, week; did you mean 'month'?",
+        ),
+        (
+            {"budget": {"amount": "5 USD", "period": {"start": "2026-02-01", "end": "2026-01-01"}}},
+            "budget.period: end is before start",
+        ),
+        ({"budgte": {"amount": "5 USD"}}, "budgte: unknown field; did you mean 'budget'?"),
+        (
+            {"idle": {"action": "terminat"}},
+            "idle.action: 'terminat' is not one of stop, terminate; did you mean 'terminate'?",
+        ),
+        ({"max_lifetime": {"after": "1h", "acton": "stop"}}, "did you mean 'action'?"),
+        ({"allow": {"markets": ["spto"]}}, "allow.markets.0: 'spto' is not one of spot, reserved"),
+    ],
+)
+def test_policy_messages_name_no_pydantic_internals_and_suggest(tmp_path, policy, expected):
+    from policies.loader import PolicyError, load
+
+    f = tmp_path / "p.yaml"
+    f.write_text(yaml.safe_dump({"name": "p", **policy}))
+    with pytest.raises(PolicyError) as e:
+        load([f])
+    [problem] = e.value.problems
+    assert expected in str(problem)
+    for internal in ("function-after", "literal[", "CustomPeriod", "Input should be a valid dict"):
+        assert internal not in str(problem)
+
+
+def test_misspelt_experiment_and_settings_keys_get_a_suggestion(tmp_path, monkeypatch):
+    monkeypatch.setenv("PROVISIONER_HOME", str(tmp_path))
+    e = tmp_path / "e.yaml"
+    e.write_text(
+        yaml.safe_dump(
+            {
+                **VALID,
+                "lifecycel": {},
+                "resources": {"gpu": "A100:8", "markt": "spot", "clouds": ["awz"]},
+            }
+        )
+    )
+    with pytest.raises(ConfigError) as err:
+        load_experiment(e)
+    text = str(err.value)
+    assert "lifecycel: unknown field; did you mean 'lifecycle'?" in text
+    assert "resources.markt: unknown field; did you mean 'market'?" in text
+    assert "unknown cloud 'awz'; did you mean 'aws'?" in text
+    s = tmp_path / "s.yaml"
+    s.write_text("clouds:\n  aws: {regoins: [us-east-1]}\nsmtp: {security: tsl}\ncurrncy: EUR\n")
+    with pytest.raises(ConfigError) as err:
+        load_settings(s)
+    text = str(err.value)
+    assert "clouds.aws.regoins: unknown field; did you mean 'regions'?" in text
+    assert "smtp.security: 'tsl' is not one of starttls, ssl, none" in text
+    assert "currncy: unknown field; did you mean 'currency'?" in text
+
+
+# ---- settings that silently did the wrong thing (issue 12, item 8) ----------------------------
+
+
+def test_a_currency_without_its_rates_is_an_error_not_the_rub_per_usd_rate(tmp_path, monkeypatch):
+    monkeypatch.setenv("PROVISIONER_HOME", str(tmp_path))
+    s = tmp_path / "s.yaml"
+    s.write_text("currency: EUR\nclouds:\n  yandex: {}\n")
+    with pytest.raises(ConfigError) as err:
+        load_settings(s)
+    assert "rates: no rate for RUB (the currency of yandex): set rates.RUB" in str(err.value)
+    s.write_text("currency: EUR\nclouds:\n  yandex: {}\nrates: {RUB: 98}\n")
+    assert load_settings(s).money_rates.per_base == {"EUR": 1, "RUB": 98}
+    s.write_text("clouds:\n  yandex: {}\n")  # USD: the built-in RUB-per-USD rate holds
+    assert load_settings(s).money_rates.per_base["RUB"] == 80
+
+
+def test_check_fails_when_no_cloud_can_be_used_and_says_why_once(home):
+    from tests.conftest import run_cli, write_settings
+
+    cfg = write_settings(home, sandbox={"auth_fail": True})
+    r = run_cli("--config", str(cfg), "check")
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert r.stdout.split()[:2] == ["no", "sandbox"]
+    assert r.stdout.count("sandbox:") == 0 and "credentials refused" in r.stdout
+    assert "no cloud can be used" in r.stderr and "Traceback" not in r.stderr
+    ok = run_cli("--config", str(write_settings(home)), "check")
+    assert ok.returncode == 0 and ok.stdout.startswith("ok")
+
+
+def test_an_experiment_without_clouds_hears_which_are_enabled(home):
+    from tests.conftest import run_cli, write_settings
+
+    cfg = write_settings(home)
+    spec = home.parent / "e.yaml"
+    spec.write_text(QUICKSTART.replace("  clouds: [sandbox]\n", ""))
+    r = run_cli("--config", str(cfg), "up", str(spec))
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert "real clouds enabled in settings, and only sandbox is" in r.stderr
+    assert "list clouds: [CLOUD] in the experiment" in r.stderr

@@ -4,9 +4,12 @@ recorded; the agent survives every error; idle is computed from what was recorde
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import re
 import sqlite3
+import threading
 import urllib.error
 import urllib.request
 from datetime import UTC, datetime, timedelta
@@ -19,7 +22,7 @@ from provisioner.app import App
 from provisioner.jobs.metrics import Metrics
 from provisioner.models import Event, Heartbeat, Machine
 from provisioner.spec import Experiment
-from tests.conftest import make_settings, sandbox_experiment
+from tests.conftest import TEST_START, make_settings, sandbox_experiment
 
 
 @pytest.fixture
@@ -52,14 +55,25 @@ def token_in(data: str) -> str:
     return re.search(r"<<'PV_TOKEN_EOF'\n(\S+)\nPV_TOKEN_EOF", data).group(1)
 
 
-def post(url: str, token: str | None, body: object) -> tuple[int, dict]:
-    headers = {"Content-Type": "application/json"}
-    if token is not None:
-        headers["Authorization"] = f"Bearer {token}"
+def post(
+    url: str,
+    machine: Machine | str,
+    token: str | None,
+    body: object,
+    at: datetime | int | None = None,
+    headers: dict[str, str] | None = None,
+) -> tuple[int, dict]:
+    """A heartbeat as the agent signs it: ``at`` (default: the test clock's start) is the time
+    it carries; ``token=None`` sends it unsigned."""
+    mid = machine if isinstance(machine, str) else machine.id
     raw = body if isinstance(body, bytes) else json.dumps(body).encode()
-    req = urllib.request.Request(url + "/v1/heartbeat", data=raw, headers=headers, method="POST")
+    hdrs = {"Content-Type": "application/json", **(headers or {})}
+    ms = at if isinstance(at, int) else int((at or TEST_START).timestamp() * 1000)
+    if token is not None:
+        hdrs["Authorization"] = agent.authorization(agent.signing_key(token), mid, ms, raw)
+    req = urllib.request.Request(url + "/v1/heartbeat", data=raw, headers=hdrs, method="POST")
     try:
-        with urllib.request.urlopen(req, timeout=10) as r:
+        with urllib.request.urlopen(req, timeout=30) as r:
             return r.status, json.loads(r.read())
     except urllib.error.HTTPError as e:
         return e.code, json.loads(e.read())
@@ -106,18 +120,21 @@ def test_endpoint_records_good_tokens_and_refuses_others(agent_app):
     m = launch(agent_app)
     other = launch(agent_app, "other")
     token = token_in(user_data(agent_app, m))
+    ms = int(TEST_START.timestamp() * 1000)
     with idle.Endpoint(agent_app, port=0) as ep:
         gpus = [{"index": 0, "util": 42.5, "mem_used_mb": 1000, "mem_total_mb": 16000}]
-        assert post(ep.url, token, {"gpus": gpus}) == (200, {"ok": True, "machine": "exp"})
-        assert post(ep.url, "not-a-token", {"gpus": gpus})[0] == 401
-        assert post(ep.url, None, {"gpus": gpus})[0] == 401
-        assert post(ep.url, idle.token_hash(token), {"gpus": gpus})[0] == 401  # the hash is no key
-        assert post(ep.url, token, b"{nope")[0] == 400
-        assert post(ep.url, token, {"gpus": [{"util": 250}]})[0] == 400
+        assert post(ep.url, m, token, {"gpus": gpus}, ms) == (200, {"ok": True, "machine": "exp"})
+        assert post(ep.url, m, "not-a-token", {"gpus": gpus}, ms + 1)[0] == 401
+        assert post(ep.url, other, token, {"gpus": gpus}, ms + 2)[0] == 401  # not its machine
+        assert post(ep.url, m, None, {"gpus": gpus}, ms + 3)[0] == 401
+        bearer = {"Authorization": f"Bearer {token}"}  # the token itself is no longer accepted
+        assert post(ep.url, m, None, {"gpus": gpus}, ms + 4, bearer)[0] == 401
+        assert post(ep.url, m, token, b"{nope", ms + 5)[0] == 400
+        assert post(ep.url, m, token, {"gpus": [{"util": 250}]}, ms + 6)[0] == 400
         with urllib.request.urlopen(ep.url + "/healthz", timeout=10) as r:
             assert json.loads(r.read()) == {"ok": True}
         lifecycle.down(agent_app, "exp")
-        assert post(ep.url, token, {"gpus": gpus})[0] == 401  # a terminated machine's token
+        assert post(ep.url, m, token, {"gpus": gpus}, ms + 7)[0] == 401  # a terminated machine
     assert count_beats(agent_app) == 1
     with agent_app.db.session() as s:
         hb = s.scalars(select(Heartbeat)).one()
@@ -125,42 +142,106 @@ def test_endpoint_records_good_tokens_and_refuses_others(agent_app):
     assert other.id != hb.machine_id
 
 
+def test_replayed_stale_and_future_heartbeats_are_refused(agent_app):
+    m = launch(agent_app)
+    token = token_in(user_data(agent_app, m))
+    ms = int(TEST_START.timestamp() * 1000)
+    window = int(idle.REPLAY_WINDOW.total_seconds() * 1000)
+    body = {"gpus": [{"index": 0, "util": 3.0}]}
+    with idle.Endpoint(agent_app, port=0) as ep:
+        assert post(ep.url, m, token, body, ms)[0] == 200
+        assert post(ep.url, m, token, body, ms)[0] == 409  # the same request again
+        assert post(ep.url, m, token, body, ms - 1)[0] == 409  # an older one, captured earlier
+        assert post(ep.url, m, token, body, ms - window - 1)[0] == 401  # stale
+        assert post(ep.url, m, token, body, ms + window + 1)[0] == 401  # from the future
+        assert post(ep.url, m, token, body, ms + 1)[0] == 200  # the next one
+    assert count_beats(agent_app) == 2
+
+
 def raw_request(ep: idle.Endpoint, head: bytes, wait: float = 30) -> bytes:
     """Send ``head`` as it is and read until the server closes (bounded by ``wait``)."""
     import socket
 
-    host, port = ep.server.server_address[:2]
-    with socket.create_connection((host, port), timeout=wait) as c:
+    with socket.create_connection(ep.address, timeout=wait) as c:
         c.sendall(head)
         chunks = []
-        while chunk := c.recv(65536):
-            chunks.append(chunk)
+        with contextlib.suppress(ConnectionResetError):
+            while chunk := c.recv(65536):
+                chunks.append(chunk)
     return b"".join(chunks)
 
 
-def test_endpoint_refuses_before_reading_and_never_waits_forever(agent_app, monkeypatch):
+def status_of(reply: bytes) -> bytes:
+    return reply.split(b"\r\n")[0].split(b" ")[1] if reply else b"closed"
+
+
+def test_endpoint_refuses_bad_lengths_and_never_waits_forever(agent_app, caplog):
     m = launch(agent_app)
     token = token_in(user_data(agent_app, m))
-    monkeypatch.setattr(idle, "SOCKET_TIMEOUT", 0.5)
-    with idle.Endpoint(agent_app, port=0) as ep:
-        monkeypatch.setattr(ep.server.RequestHandlerClass, "timeout", 0.5)
-        # No token: 401 at once, although the promised body never comes.
-        head = b"POST /v1/heartbeat HTTP/1.1\r\nHost: x\r\nContent-Length: 50000\r\n\r\n"
-        assert raw_request(ep, head).startswith(b"HTTP/1.0 401")
-        auth = f"Authorization: Bearer {token}\r\n".encode()
-        for length, status in ((b"abc", b"411"), (b"-1", b"413"), (b"99999999", b"413")):
-            head = b"POST /v1/heartbeat HTTP/1.1\r\nHost: x\r\n" + auth
-            reply = raw_request(ep, head + b"Content-Length: " + length + b"\r\n\r\n")
-            assert reply.split(b"\r\n")[0].split(b" ")[1] == status, (length, reply)
-        # A client that promises a body and stalls is cut off by the socket timeout, and the
-        # endpoint keeps answering others.
-        stalled = (
-            b"POST /v1/heartbeat HTTP/1.1\r\nHost: x\r\n" + auth + b"Content-Length: 10\r\n\r\n"
-        )
+    ms = int(TEST_START.timestamp() * 1000)
+    auth = agent.authorization(agent.signing_key(token), m.id, ms, b"{}")
+    with idle.Endpoint(agent_app, port=0, channel_timeout=1) as ep:
+        head = b"POST /v1/heartbeat HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+        signed = head + f"Authorization: {auth}\r\n".encode()
+        # Unsigned, with a body that never comes or is garbage: 401 once the request is in,
+        # never a parse of the body.
+        for body in (b"{nope", b"[" * 60000, b'{"gpus": 7}'):
+            length = f"Content-Length: {len(body)}\r\n\r\n".encode()
+            assert status_of(raw_request(ep, head + length + body)) == b"401"
+        # RFC 9112 §6.3: an invalid Content-Length is a 400; too large a 413, unread; none 411
+        for length, status in ((b"abc", b"400"), (b"-1", b"400"), (b"99999999", b"413")):
+            reply = raw_request(ep, signed + b"Content-Length: " + length + b"\r\n\r\n")
+            assert status_of(reply) == status, (length, reply)
+        assert status_of(raw_request(ep, signed + b"\r\n")) == b"411"
+        # Signed, deep JSON: refused as a bad body, not a RecursionError.
+        deep = b"[" * 60000
+        assert post(ep.url, m, token, deep, ms)[0] == 400
+        # A client that promises a body and stalls is cut off; the endpoint answers others.
+        stalled = signed + b"Content-Length: 10\r\n\r\n"
         assert b" 200 " not in raw_request(ep, stalled)
-        gpus = [{"index": 0, "util": 1.0}]
-        assert post(ep.url, token, {"gpus": gpus})[0] == 200
+        assert post(ep.url, m, token, {"gpus": [{"index": 0, "util": 1.0}]}, ms + 1)[0] == 200
     assert count_beats(agent_app) == 1
+    assert "Traceback" not in caplog.text and not [
+        r for r in caplog.records if r.levelno >= logging.ERROR
+    ]
+
+
+def test_slow_clients_hold_sockets_not_threads(agent_app):
+    """300 connections that send part of a request and stall: the endpoint's threads stay
+    what they were (waitress reads on one I/O thread), the stalled sockets are closed after
+    the channel timeout, and a real heartbeat queued behind all of them is recorded."""
+    import socket
+
+    m = launch(agent_app)
+    token = token_in(user_data(agent_app, m))
+    body = {"gpus": [{"index": 0, "util": 50.0}]}
+    with idle.Endpoint(agent_app, port=0, channel_timeout=1, connection_limit=50) as ep:
+        before = threading.active_count()
+        slow = []
+        try:
+            for i in range(300):
+                c = socket.create_connection(ep.address, timeout=30)
+                c.sendall(b"POST /v1/heartbeat HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n")
+                slow.append(c)
+                if i % 50 == 0:
+                    assert threading.active_count() <= before, i
+            peak = threading.active_count()
+            assert post(ep.url, m, token, body)[0] == 200
+            closed = sum(1 for c in slow if _closed_by_server(c))
+        finally:
+            for c in slow:
+                c.close()
+    assert peak <= before
+    assert closed >= 250  # the stalled ones were cut off, not served by a thread each
+    assert count_beats(agent_app) == 1
+
+
+def _closed_by_server(c) -> bool:
+    c.settimeout(30)
+    try:
+        return c.recv(1) == b""
+    except OSError:
+        return True
 
 
 def test_agent_without_nvml_reports_no_gpu(agent_app, tmp_path):
@@ -173,7 +254,15 @@ def test_agent_without_nvml_reports_no_gpu(agent_app, tmp_path):
     assert gpus == [] and note.startswith("no gpu:")
     sleeps: list[float] = []
     with idle.Endpoint(agent_app, port=0) as ep:
-        agent.run(ep.url, str(token_file), 30, sleep=sleeps.append, stop=lambda: len(sleeps) >= 2)
+        agent.run(
+            ep.url,
+            m.id,
+            str(token_file),
+            30,
+            sleep=sleeps.append,
+            stop=lambda: len(sleeps) >= 2,
+            now=lambda: TEST_START.timestamp(),  # the endpoint's clock: within its window
+        )
     assert sleeps == [30, 30]  # both heartbeats accepted: no backoff
     with agent_app.db.session() as s:
         beats = list(s.scalars(select(Heartbeat)))
@@ -186,6 +275,7 @@ def test_agent_never_raises_and_backs_off(tmp_path):
     # nothing listens on port 9 of loopback, and the token file does not exist yet
     agent.run(
         "http://127.0.0.1:9",
+        "m-1",
         str(tmp_path / "missing"),
         10,
         sleep=sleeps.append,
@@ -195,6 +285,7 @@ def test_agent_never_raises_and_backs_off(tmp_path):
     (tmp_path / "token").write_text("t")
     agent.run(
         "http://127.0.0.1:9",
+        "m-1",
         str(tmp_path / "token"),
         10,
         sleep=sleeps.append,
@@ -274,19 +365,61 @@ def test_idle_needs_every_gpu_below_the_threshold_for_the_whole_window(points, s
     assert got == expected
 
 
+def scrape(url: str, token: str | None = None) -> tuple[int, str]:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    req = urllib.request.Request(url + "/metrics", headers=headers)
+    try:
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
 def test_metrics_show_machines_utilisation_and_actions(agent_app):
     m = launch(agent_app)
     token = token_in(user_data(agent_app, m))
     metrics = Metrics(agent_app)
-    with idle.Endpoint(agent_app, port=0, metrics=metrics) as ep:
+    with idle.Endpoint(agent_app, port=0, metrics=metrics, metrics_token="scrape-me") as ep:
         gpus = [{"index": 0, "util": 77.0}, {"index": 1, "util": 12.0}]
-        assert post(ep.url, token, {"gpus": gpus})[0] == 200
-        with urllib.request.urlopen(ep.url + "/metrics", timeout=10) as r:
-            text = r.read().decode()
+        assert post(ep.url, m, token, {"gpus": gpus})[0] == 200
+        assert scrape(ep.url)[0] == 401
+        assert scrape(ep.url, "wrong")[0] == 401
+        code, text = scrape(ep.url, "scrape-me")
+    assert code == 200
     assert 'provisioner_machines{cloud="sandbox",state="running"} 1.0' in text
     assert 'provisioner_gpu_utilization_percent{cloud="sandbox",gpu="0",machine="exp"} 77.0' in text
     assert 'provisioner_gpu_utilization_percent{cloud="sandbox",gpu="1",machine="exp"} 12.0' in text
     assert "provisioner_idle_machines 0.0" in text
+
+
+def test_metrics_without_a_token_name_no_machine(agent_app):
+    m = launch(agent_app)
+    token = token_in(user_data(agent_app, m))
+    with idle.Endpoint(agent_app, port=0, metrics=Metrics(agent_app)) as ep:
+        assert post(ep.url, m, token, {"gpus": [{"index": 0, "util": 77.0}]})[0] == 200
+        code, text = scrape(ep.url)
+    assert code == 200
+    assert 'provisioner_machines{cloud="sandbox",state="running"} 1.0' in text
+    assert "exp" not in text and "machine=" not in text
+
+
+def test_other_wsgi_apps_mount_beside_the_endpoint(agent_app):
+    """The dashboard's way in: a WSGI app under ``/`` gets every other path, with SCRIPT_NAME
+    and PATH_INFO as PEP 3333 has them; the endpoint's own paths stay the endpoint's."""
+    seen = []
+
+    def hello(environ, start_response):
+        seen.append((environ["SCRIPT_NAME"], environ["PATH_INFO"]))
+        start_response("200 OK", [("Content-Type", "text/plain")])
+        return [b"hello"]
+
+    with idle.Endpoint(agent_app, port=0, apps={"/": hello, "/dash": hello}) as ep:
+        for path in ("/", "/dash/x", "/v1/other"):
+            with urllib.request.urlopen(ep.url + path, timeout=10) as r:
+                assert r.read() == b"hello"
+        with urllib.request.urlopen(ep.url + "/healthz", timeout=10) as r:
+            assert json.loads(r.read()) == {"ok": True}
+    assert seen == [("", "/"), ("/dash", "/x"), ("", "/v1/other")]
 
 
 def test_status_says_when_the_agent_sees_no_gpu(agent_app, clock):
@@ -301,7 +434,7 @@ def test_status_says_when_the_agent_sees_no_gpu(agent_app, clock):
     with idle.Endpoint(agent_app, port=0) as ep:
         gpus, note = agent.GPUReader().read()  # no NVML here: no GPU, and why
         assert gpus == [] and note
-        assert post(ep.url, token, {"gpus": gpus, "note": note})[0] == 200
+        assert post(ep.url, m, token, {"gpus": gpus, "note": note})[0] == 200
     s = agent_app.settings
     cfg = write_settings(
         agent_app.settings.home, state_url=s.state_url, scheduler=s.scheduler.model_dump()

@@ -33,6 +33,7 @@ ORDER = [
     "provisioner.ledger",
     "provisioner.budget",  # budget rules and standing; no enforcement
     "provisioner.planning",  # an experiment's plan: offers, policy decision, budget projection
+    "provisioner.web",  # the HTTP server: WSGI apps under path prefixes (waitress)
     "provisioner.idle",
     "provisioner.lifecycle",
     "provisioner.reports",  # the report model: numbers

@@ -55,10 +55,11 @@ def test_canary_credentials_never_leak(home):
         assert CANARY not in dump and "quickstart" in dump
 
 
-def test_state_file_is_private(home):
+def test_state_and_sandbox_files_are_private(home):
     cfg = write_settings(home)
     assert run_cli("--config", str(cfg), "status").returncode == 0
-    files = sorted(home.glob("state.db*"))
-    assert home / "state.db" in files
+    assert run_cli("--config", str(cfg), "check").returncode == 0  # opens the sandbox cloud
+    files = sorted(home.glob("state.db*")) + sorted(home.glob("sandbox.db*"))
+    assert home / "state.db" in files and home / "sandbox.db" in files
     for f in files:  # the WAL and shared-memory files hold the same data
         assert stat.S_IMODE(f.stat().st_mode) == 0o600, (f, oct(f.stat().st_mode))

@@ -38,7 +38,7 @@ def test_nothing_to_say_is_none_and_a_lone_script_is_untouched():
 
 def test_agent_install_and_user_cloud_config_and_key_keep_their_kinds_and_order():
     user = "#cloud-config\npackages: [htop]\n"
-    boot = startup_data(user, "http://10.0.0.1:8787", "tok-secret", 30)
+    boot = startup_data(user, "http://10.0.0.1:8787", "tok-secret", 30, "m-1")
     doc = cloud_init(boot, KEY)
     kinds = [k for k, _ in parts(doc)]
     assert kinds == ["cloud-config", "x-shellscript", "cloud-config"]
@@ -55,3 +55,20 @@ def test_combine_flattens_nested_multiparts():
         "cloud-config",
         "x-shellscript",
     ]
+
+
+def test_agent_install_keeps_the_token_to_the_agents_own_user(tmp_path):
+    """The token file is 0600 in a 0700 directory owned by a system user the agent runs as
+    (root only where that user cannot be made); the script is valid bash."""
+    import subprocess
+
+    boot = startup_data(None, "http://10.0.0.1:8787", "tok-secret", 30, "m-1")
+    assert "umask 077" in boot and "chmod 0600 /etc/provisioner/agent-token" in boot
+    assert "chmod 0700 /etc/provisioner" in boot
+    assert "useradd --system" in boot and "chown -R provisioner-agent:" in boot
+    assert "s/^User=root$/User=$run_as/" in boot
+    assert "--machine 'm-1'" in boot
+    assert boot.count("tok-secret") == 1  # in the heredoc only: not in the unit or a command
+    script = tmp_path / "boot.sh"
+    script.write_text(boot)
+    assert subprocess.run(["bash", "-n", str(script)], capture_output=True).returncode == 0

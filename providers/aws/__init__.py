@@ -6,14 +6,14 @@ import re
 
 from pydantic import Field
 
-from providers.spec import Capabilities, CloudSpec, Name, Names, Options, Seconds
+from providers.spec import Capabilities, CloudSpec, Name, Names, Options, Seconds, Url
 
 
 class AWSOptions(Options):
     regions: Names = ("us-east-1", "us-west-2")  # where machines are listed and launched
     zones: Names | None = None  # AZ ids (use1-az1) to launch in; None: every zone of `regions`
-    endpoint: Name | None = None  # one URL for every AWS API used (a private endpoint, moto)
-    pricing_endpoint: Name | None = None  # the Price List API; default `endpoint`
+    endpoint: Url | None = None  # one URL for every AWS API used (a private endpoint, moto)
+    pricing_endpoint: Url | None = None  # the Price List API; default `endpoint`
     image: Name | None = None  # one AMI everywhere; default the DLAMI with NVIDIA driver
     images: dict[Name, Name] = Field(default_factory=dict)  # {region: AMI}
     subnet_id: Name | None = None

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from providers.spec import Capabilities, CloudSpec, Name, Names, Options, Seconds, Wait
+from providers.spec import Capabilities, CloudSpec, Name, Names, Options, Seconds, Url, Wait
 
 
 class AzureOptions(Options):
@@ -21,8 +21,8 @@ class AzureOptions(Options):
     # group), created once per region, tagged as ours. SkyPilot's and dstack's default.
     ssh_cidrs: Names = ("0.0.0.0/0",)
     os_disk_type: Name = "Premium_LRS"
-    endpoint: Name | None = None  # the ARM root (a sovereign cloud, an emulator)
-    pricing_endpoint: Name = "https://prices.azure.com"  # the Retail Prices API
+    endpoint: Url | None = None  # the ARM root (a sovereign cloud, an emulator)
+    pricing_endpoint: Url = "https://prices.azure.com"  # the Retail Prices API
     managed_identity: bool = False  # true on an Azure VM whose identity should be used
     # azure-identity's own switch: true when AZURE_AUTHORITY_HOST names a private Microsoft
     # Entra authority (Azure Stack Hub…) that login.microsoftonline.com's instance discovery

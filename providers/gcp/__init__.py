@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from providers.spec import Capabilities, CloudSpec, Name, Names, Options, Seconds
+from providers.spec import Capabilities, CloudSpec, Name, Names, Options, Seconds, Url
 
 DEFAULT_IMAGE = "projects/deeplearning-platform-release/global/images/family/common-cu124-debian-11"
 
@@ -21,8 +21,8 @@ class GCPOptions(Options):
     # provisioner-ssh. The `default` network and its default-allow-ssh rule may not exist.
     ssh_cidrs: Names = ("0.0.0.0/0",)
     image: Name = DEFAULT_IMAGE
-    endpoint: Name | None = None  # the Compute API root (a private endpoint, an emulator)
-    pricing_endpoint: Name | None = None  # the Cloud Billing Catalog API root
+    endpoint: Url | None = None  # the Compute API root (a private endpoint, an emulator)
+    pricing_endpoint: Url | None = None  # the Cloud Billing Catalog API root
     anonymous: bool = False  # no credentials at all: only for a local emulator
     operation_timeout_seconds: Seconds = 900
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from providers.spec import Capabilities, CloudSpec, Name, Options, Seconds, Wait
+from providers.spec import Capabilities, CloudSpec, Count, Name, Options, Seconds, Wait
 
 
 class SandboxOptions(Options):
@@ -15,9 +15,9 @@ class SandboxOptions(Options):
 
     db_path: Name | None = None  # its own SQLite file; the app puts it in the provisioner home
     latency_seconds: float = Field(0.3, ge=0, le=60)  # per call
-    capacity: dict[Name, int] = Field(default_factory=dict)  # {zone: machines it can hold}
-    quota_gpus: dict[Name, int] = Field(default_factory=dict)  # {region: GPUs}
-    throttle: int = Field(0, ge=0)  # the next N calls are throttled
+    capacity: dict[Name, Count] = Field(default_factory=dict)  # {zone: machines it can hold}
+    quota_gpus: dict[Name, Count] = Field(default_factory=dict)  # {region: GPUs}
+    throttle: Count = 0  # the next N calls are throttled
     auth_fail: bool = False
     preempt_after_seconds: Seconds | None = None  # spot machines older than this are preempted
     # Where its machines answer SSH, and as whom: by default a TEST-NET-2 address that never

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import secrets
 import sqlite3
 import time
@@ -67,6 +68,8 @@ class SandboxProvider(Provider):
         super().__init__(options, **kwargs)
         self.db_path = Path(self.options.db_path or "sandbox.db")
         self.db_path.parent.mkdir(parents=True, exist_ok=True)
+        if not self.db_path.exists():  # its user data holds agent tokens: private, as the state
+            os.close(os.open(self.db_path, os.O_CREAT | os.O_WRONLY, 0o600))
         conn = sqlite3.connect(self.db_path, timeout=30)
         try:
             conn.execute("PRAGMA journal_mode=WAL")
@@ -194,7 +197,7 @@ class SandboxProvider(Provider):
         try:
             self._call(lambda db: None)
         except ProviderError as e:
-            return CheckResult("sandbox", False, f"sandbox: {e}")
+            return CheckResult("sandbox", False, f"sandbox: {str(e).removeprefix('sandbox: ')}")
         return CheckResult("sandbox", True, "simulated cloud, no credentials needed")
 
     def launch(self, request: LaunchRequest) -> Instance:

@@ -7,15 +7,15 @@ from typing import Literal
 
 from pydantic import Field
 
-from providers.spec import Capabilities, CloudSpec, Name, Names, Options, Seconds, Wait
+from providers.spec import Capabilities, CloudSpec, Name, Names, Options, Seconds, Url, Wait
 
 
 class SberCloudOptions(Options):
     # The ECS endpoint is regional: one region per settings.
     regions: Names = Field(("ru-moscow-1",), min_length=1, max_length=1)
     zones: Names | None = None  # default <region>a, b, c
-    endpoint: Name | None = None  # ECS; default https://ecs.<region>.hc.sbercloud.ru
-    iam_endpoint: Name | None = None  # default https://iam.<region>.hc.sbercloud.ru/v3
+    endpoint: Url | None = None  # ECS; default https://ecs.<region>.hc.sbercloud.ru
+    iam_endpoint: Url | None = None  # default https://iam.<region>.hc.sbercloud.ru/v3
     project_id: Name | None = None  # default $SBERCLOUD_PROJECT_ID, else looked up in IAM
     vpc_id: Name | None = None  # required to launch
     subnet_id: Name | None = None  # required to launch

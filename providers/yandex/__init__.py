@@ -62,7 +62,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from providers.spec import Capabilities, CloudSpec, Name, Names, Options, Seconds, Wait
+from providers.spec import Capabilities, CloudSpec, File, Name, Names, Options, Seconds, Wait
 
 
 class YandexOptions(Options):
@@ -81,7 +81,7 @@ class YandexOptions(Options):
     # provisioner-ssh-<network> (22/tcp from these, all egress), created once, labelled ours.
     ssh_cidrs: Names = ("0.0.0.0/0",)
     endpoint: Name = "api.cloud.yandex.net:443"
-    root_certificates_file: Name | None = None  # PEM, for a private endpoint
+    root_certificates_file: File | None = None  # PEM, for a private endpoint
     use_metadata_service: bool = False
     timeout_seconds: Seconds = 30  # one call
     poll_seconds: Wait = 2

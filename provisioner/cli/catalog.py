@@ -119,7 +119,7 @@ def check(ctx: typer.Context, output: Output = OUTPUT) -> None:
     from rich.markup import escape
 
     from providers.base import CheckResult
-    from provisioner.errors import ProvisionerError
+    from provisioner.errors import OperationFailed, ProvisionerError
 
     application = get_app(ctx)
     results = []
@@ -132,8 +132,14 @@ def check(ctx: typer.Context, output: Output = OUTPUT) -> None:
             results.append(CheckResult(cloud, False, f"cannot check: {type(e).__name__}: {e}"))
     if output is Output.json:
         print_json([r.__dict__ for r in results])
-        return
-    for r in results:
-        mark = "[green]ok[/]  " if r.ok else "[red]no[/]  "
-        message = r.message.removeprefix(f"{r.cloud}: ")
-        out.print(f"{mark}{r.cloud:<10} {escape(message)}", highlight=False, soft_wrap=True)
+    else:
+        for r in results:
+            mark = "[green]ok[/]  " if r.ok else "[red]no[/]  "
+            message = r.message.removeprefix(f"{r.cloud}: ")
+            out.print(f"{mark}{r.cloud:<10} {escape(message)}", highlight=False, soft_wrap=True)
+    if not any(r.ok for r in results):  # nothing can be launched: a script must notice
+        raise OperationFailed(
+            f"no cloud can be used: all {len(results)} failed the check"
+            if results
+            else "no cloud is enabled in settings (clouds:)"
+        )

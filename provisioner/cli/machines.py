@@ -80,8 +80,10 @@ def plan(
     from provisioner import planning  # policies and the catalog: not for --help
     from provisioner.spec import load_experiment  # pydantic: not for --help
 
-    experiment = load_experiment(spec)
-    p = planning.plan(get_app(ctx), experiment)
+    application = get_app(ctx)
+    experiment = load_experiment(spec, application.settings.money_rates.per_base)
+    application.policies  # noqa: B018  (a bad policy file is reported before the state is opened)
+    p = planning.plan(application, experiment)
     if output is Output.json:
         print_json(
             {
@@ -186,8 +188,9 @@ def up(
     from provisioner import lifecycle  # SQLAlchemy: not for --help
     from provisioner.spec import load_experiment  # pydantic: not for --help
 
-    experiment = load_experiment(spec)
     application = get_app(ctx)
+    experiment = load_experiment(spec, application.settings.money_rates.per_base)
+    application.policies  # noqa: B018  (a bad policy file is reported before the state is opened)
     quiet = output is Output.json
     with err.status(f"launching {experiment.name}…") if not quiet else nullcontext():
         result = lifecycle.up(

@@ -89,10 +89,11 @@ def run(ctx: typer.Context) -> None:
 @app.command()
 def agent(
     endpoint: str = typer.Option(..., "--endpoint", help="the scheduler's URL"),
+    machine: str = typer.Option(..., "--machine", help="this machine's id in the scheduler"),
     token_file: str = typer.Option(..., "--token-file", help="file holding this machine's token"),
     interval: float = typer.Option(30.0, "--interval", help="seconds between heartbeats"),
 ) -> None:
     """On a machine: post GPU utilisation heartbeats to the scheduler (never stops on errors)."""
     from provisioner import agent as agent_mod  # urllib: only for this command
 
-    agent_mod.run(endpoint, token_file, interval)
+    agent_mod.run(endpoint, machine, token_file, interval)

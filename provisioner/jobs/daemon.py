@@ -11,6 +11,7 @@ from typing import Any
 
 from provisioner import idle
 from provisioner.app import App
+from provisioner.errors import UserError
 from provisioner.jobs import enforce, reconcile, recover, scheduled_reports, sweep
 from provisioner.jobs.metrics import Metrics
 from provisioner.jobs.passes import describe
@@ -47,9 +48,22 @@ def run(app: App) -> None:
     from apscheduler.schedulers.blocking import BlockingScheduler
 
     app.policies  # noqa: B018  (refuse to start with a bad policy rather than act on half)
-    host, _, port = app.settings.scheduler.listen.rpartition(":")
-    metrics = Metrics(app)
-    endpoint = idle.Endpoint(app, host or "127.0.0.1", int(port), metrics).start()
+    cfg = app.settings.scheduler
+    host, port = cfg.host_port
+    token = cfg.metrics_token.get_secret_value() if cfg.metrics_token else None
+    try:
+        endpoint = idle.Endpoint(
+            app,
+            host,
+            port,
+            Metrics(app),
+            metrics_token=token,
+            connection_limit=cfg.max_connections,
+        ).start()
+    except OSError as e:  # the port is taken, the address is not this machine's…
+        raise UserError(
+            f"scheduler.listen: cannot listen on {cfg.listen}: {e.strerror or e}"
+        ) from None
     log.info("heartbeats and /metrics on %s", endpoint.url)
     sched = BlockingScheduler(timezone=UTC)
     for name, call, every in schedule(app):

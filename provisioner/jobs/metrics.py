@@ -19,16 +19,23 @@ class Metrics:
     """Prometheus metrics, read from the state at each scrape, so every scheduler sharing the
     database reports the same numbers (actions come from the machines' events)."""
 
-    def __init__(self, app: App) -> None:
+    def __init__(self, app: App, *, names: bool = True) -> None:
         from prometheus_client import CollectorRegistry
 
         self.app = app
+        self.names = names
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(self)
+        self._anonymous: Metrics | None = None
 
-    def render(self) -> tuple[bytes, str]:
+    def render(self, names: bool = True) -> tuple[bytes, str]:
+        """The exposition; ``names=False``: without the per-machine series (machine names are
+        for those holding the metrics token)."""
         from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+        if not names and self.names:
+            self._anonymous = self._anonymous or Metrics(self.app, names=False)
+            return self._anonymous.render()
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
 
     def collect(self) -> Iterator[Any]:
@@ -65,9 +72,10 @@ class Metrics:
             "GPU utilisation from each machine's latest heartbeat",
             labels=["machine", "cloud", "gpu"],
         )
-        for m, g in idle.iter_latest_gpus(app, now - grace):
-            util.add_metric([m.name, m.cloud or "", str(g["index"])], g["util"])
-        yield util
+        if self.names:
+            for m, g in idle.iter_latest_gpus(app, now - grace):
+                util.add_metric([m.name, m.cloud or "", str(g["index"])], g["util"])
+            yield util
         signals = GaugeMetricFamily(
             "provisioner_machine_activity",
             "Running machines by their strictest idle rule's signal (idle, busy, unknown, "

@@ -1,14 +1,24 @@
 #!/bin/bash
 # provisioner agent: GPU utilisation heartbeats for the idle scheduler.
 # Rendered by provisioner.idle.startup_data (Jinja2); every value is shell-quoted there.
+# The token is readable by the agent's own system user only (0600 in a 0700 directory); the
+# agent signs heartbeats with it and never sends it.
 (
 umask 077
+id -u {{ user }} >/dev/null 2>&1 || useradd --system --no-create-home --shell /usr/sbin/nologin {{ user }} || true
 mkdir -p {{ agent_dir }}
 cat > {{ agent_dir }}/agent-token <<'PV_TOKEN_EOF'
 {{ token }}
 PV_TOKEN_EOF
 cat > {{ agent_dir }}/agent.py <<'PV_AGENT_EOF'
 {{ agent_py }}PV_AGENT_EOF
+chmod 0700 {{ agent_dir }}
+chmod 0600 {{ agent_dir }}/agent-token
+chmod 0644 {{ agent_dir }}/agent.py
+run_as=root
+if id -u {{ user }} >/dev/null 2>&1; then
+  chown -R {{ user }}: {{ agent_dir }} && run_as={{ user }}
+fi
 python3 -c 'import pynvml' 2>/dev/null || pip3 install -q nvidia-ml-py || true
 if command -v systemctl >/dev/null 2>&1; then
   cat > /etc/systemd/system/provisioner-agent.service <<'PV_UNIT_EOF'
@@ -16,14 +26,20 @@ if command -v systemctl >/dev/null 2>&1; then
 Description=provisioner GPU heartbeat agent
 After=network-online.target
 [Service]
+User=root
 ExecStart={{ cmd }}
 Restart=always
 RestartSec=30
 Nice=10
+NoNewPrivileges=yes
 [Install]
 WantedBy=multi-user.target
 PV_UNIT_EOF
+  sed -i "s/^User=root$/User=$run_as/" /etc/systemd/system/provisioner-agent.service
+  chmod 0644 /etc/systemd/system/provisioner-agent.service
   systemctl daemon-reload && systemctl enable --now provisioner-agent.service
+elif [ "$run_as" != root ] && command -v runuser >/dev/null 2>&1; then
+  nohup runuser -u "$run_as" -- {{ cmd }} >/var/log/provisioner-agent.log 2>&1 &
 else
   nohup {{ cmd }} >/var/log/provisioner-agent.log 2>&1 &
 fi
