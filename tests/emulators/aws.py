@@ -382,6 +382,18 @@ class AwsEmulator:
             if i["State"]["Name"] in ("pending", "running", "stopping", "stopped")
         ]
 
+    def _states(self, region: str, ids: list[str]) -> dict[str, str]:
+        """The state of each of ``ids`` that moto knows (no error for unknown ones)."""
+        if not ids:
+            return {}
+        pages = self.client("ec2", region).get_paginator("describe_instances")
+        return {
+            i["InstanceId"]: i["State"]["Name"]
+            for page in pages.paginate(Filters=[{"Name": "instance-id", "Values": ids}])
+            for r in page["Reservations"]
+            for i in r["Instances"]
+        }
+
     def _state(self, instance_id: str, region: str) -> str:
         raw = self.client("ec2", region).describe_instances(InstanceIds=[instance_id])
         return str(raw["Reservations"][0]["Instances"][0]["State"]["Name"])
@@ -483,7 +495,19 @@ class AwsEmulator:
             return self._cancel_spot_requests(params, rec)
         ids = [v for k, v in sorted(params.items()) if k.startswith("InstanceId.")]
         if action == "StopInstances":
+            states = self._states(region, ids)
             for iid in ids:
+                if states.get(iid) in ("shutting-down", "terminated"):
+                    # moto stops a terminated instance; EC2 refuses the whole call, naming it
+                    # (the AWS CLI's answer quoted on reddit.com/r/aws, "stop-instance command
+                    # fails ... This instance 'i-…' is not in a state from which it can be
+                    # stopped."; Eucalyptus's EC2 API answers the same)
+                    rec.answer = "IncorrectInstanceState"
+                    raise ec2_error(
+                        "IncorrectInstanceState",
+                        f"This instance '{iid}' is not in a state from which it can be stopped.",
+                        400,
+                    )
                 request = self._spot_request_of(iid)
                 if request is not None and request.kind == "one-time":
                     # The real answer, as EC2 gives it (seen in gitlab-runner#28865, and the
