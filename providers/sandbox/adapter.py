@@ -345,7 +345,7 @@ class SandboxProvider(Provider):
             return out
 
         try:
-            return self._call(update)  # type: ignore[no-any-return]
+            return self._call(update)
         except ProviderError as e:  # the call itself refused: every machine's error
             return dict.fromkeys(dict.fromkeys(refs), e)
 

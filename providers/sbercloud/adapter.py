@@ -19,6 +19,7 @@ import os
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from decimal import Decimal
+from functools import partial
 from typing import Any, TypeVar
 
 from providers.base import (
@@ -522,7 +523,7 @@ class SberCloudProvider(Provider):
         while left:
             where = f"{verb} {len(left)} servers" if len(left) > 1 else f"{verb} server {left[0]}"
             try:
-                job = self._call(where, lambda c, batch=list(left): call(c, batch))
+                job = self._call(where, partial(_swap, call, list(left)))
             except ProviderError as e:
                 named = [i for i in left if i in str(e)]
                 for iid in named or list(left):
@@ -577,3 +578,7 @@ class SberCloudProvider(Provider):
             listed = self._call(f"list flavors in {zone}", list_flavors)
             out.extend(flavors.offers(listed.flavors or [], self.region, zone))
         return out
+
+
+def _with_ids(call: Callable[[Any, list[str]], Any], ids: list[str], client: Any) -> Any:
+    return call(client, ids)
