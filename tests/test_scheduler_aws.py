@@ -4,6 +4,7 @@ reads the cloud with DescribeInstances list calls — never one call per machine
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -161,3 +162,122 @@ def test_first_real_run_through_the_cli_leaves_nothing_billed(emu, home: Path, t
             "SecurityGroups"
         ]
         assert any(p.get("FromPort") == 22 for p in group["IpPermissions"])
+
+
+def _fleet(app: App, emu: AwsEmulator, region: str, reservations: int, size: int) -> list[str]:
+    """``reservations`` × ``size`` running g4dn machines of ours in moto, recorded in the state
+    as `up` would have (rows written in bulk: `up` 1,200 times would test `up`)."""
+    from decimal import Decimal
+
+    from providers.base import TAG_MANAGED_BY, TAG_MANAGED_BY_VALUE
+    from provisioner.models import Event, Machine, new_id
+
+    ec2 = emu.client("ec2", region)
+    tags = [{"Key": TAG_MANAGED_BY, "Value": TAG_MANAGED_BY_VALUE}]
+    now = app.clock.now()
+    rows = []
+    for _ in range(reservations):
+        made = ec2.run_instances(
+            ImageId=emu.ubuntu_ami(region),
+            InstanceType="g4dn.xlarge",
+            MinCount=size,
+            MaxCount=size,
+            TagSpecifications=[{"ResourceType": "instance", "Tags": tags}],
+        )["Instances"]
+        for inst in made:
+            iid = inst["InstanceId"]
+            rows.append(
+                Machine(
+                    id=new_id(),
+                    name=f"m-{iid}",
+                    project="fleet",
+                    owner="ana@example.com",
+                    status="running",
+                    spec={},
+                    cloud="aws",
+                    region=region,
+                    zone=emu.zone_id(region, inst["Placement"]["AvailabilityZone"]),
+                    instance_type="g4dn.xlarge",
+                    gpu="T4",
+                    gpu_count=1,
+                    market="reserved",
+                    instance_id=iid,
+                    resource_name=iid,
+                    rate=Decimal("0.526"),
+                    currency="USD",
+                    created_at=now,
+                    launched_at=now,
+                )
+            )
+    with app.db.session() as s:
+        s.add_all(rows)
+        s.flush()
+        s.add_all(Event(machine_id=m.id, at=now, kind="launched", detail={}) for m in rows)
+    return [m.instance_id or "" for m in rows]
+
+
+def _fleet_app(emu: AwsEmulator, home: Path, tmp_path: Path, regions: list[str], **aws) -> App:
+    (tmp_path / "p.yaml").write_text(NIGHTS_UNKNOWN_IDLE)
+    options = {"endpoint": emu.endpoint_url, "regions": regions, "retry_base_seconds": 0.001}
+    settings = make_settings(
+        home, clouds={"aws": {**options, **aws}}, policies=[str(tmp_path / "p.yaml")]
+    )
+    return App(settings, ManualClock(datetime(2026, 11, 6, 13, 0, tzinfo=UTC)))  # 08:00 NY
+
+
+def test_a_night_sweep_over_1200_machines_makes_pages_plus_one_stop_per_1000(
+    emu, home: Path, tmp_path
+):
+    """1,200 idle machines in one region: the pass lists them in pages and stops them with
+    two StopInstances calls (1,000 ids, then 200) — O(pages + N/1000) requests, no describe
+    or stop per machine."""
+    emu.reset()
+    app = _fleet_app(emu, home, tmp_path, ["us-east-1"])
+    try:
+        ids = _fleet(app, emu, "us-east-1", reservations=12, size=100)
+        emu.faults.cap_page_size(5)  # 12 reservations: pages of 5, 5 and 2
+        app.clock.set(datetime(2026, 11, 7, 2, 0, tzinfo=UTC))  # Friday 21:00 in New York
+        emu.wait_idle()
+        before = len(emu.requests)
+        p = sweep.run(app)
+        emu.wait_idle()
+        sent = emu.requests[before:]
+    finally:
+        app.close()
+    assert sum(a.done for a in p.actions) == len(ids) == 1200
+    counts = Counter(r.action for r in sent)
+    # the zone names → ids map is read once per adapter
+    assert counts == {"DescribeInstances": 3, "DescribeAvailabilityZones": 1, "StopInstances": 2}
+    stops = [sorted(v for k, v in r.params.items() if k.startswith("InstanceId.")) for r in sent]
+    stops = [s for s, r in zip(stops, sent, strict=True) if r.action == "StopInstances"]
+    assert sorted(len(s) for s in stops) == [200, 1000]
+    assert sorted(stops[0] + stops[1]) == sorted(ids)
+    assert set(emu.billed_instances("us-east-1")) == set(ids)  # stopped: disks still billed
+    assert {emu._state(i, "us-east-1") for i in ids} == {"stopped"}
+
+
+def test_a_failed_batch_is_recorded_per_machine_and_retried_next_pass(emu, home: Path, tmp_path):
+    """Two regions; one region's StopInstances is refused past the retry bound: its machines
+    carry the error, the other region's are stopped in the same pass, and the next pass stops
+    the rest."""
+    emu.reset()
+    app = _fleet_app(emu, home, tmp_path, ["us-east-1", "us-west-2"], retry_attempts=2)
+    try:
+        east = _fleet(app, emu, "us-east-1", reservations=1, size=3)
+        west = _fleet(app, emu, "us-west-2", reservations=1, size=2)
+        app.clock.set(datetime(2026, 11, 7, 2, 0, tzinfo=UTC))
+        emu.faults.throttle(2, action="StopInstances")  # the first batch call, both attempts
+        first = sweep.run(app)
+        app.clock.advance(timedelta(minutes=5))
+        second = sweep.run(app)
+    finally:
+        app.close()
+    failed = {a.machine for a in first.actions if a.error}
+    stopped = {a.machine for a in first.actions if a.done}
+    by_region = {frozenset(f"m-{i}" for i in east), frozenset(f"m-{i}" for i in west)}
+    assert {frozenset(failed), frozenset(stopped)} == by_region  # one region each
+    assert all("RequestLimitExceeded" in (a.error or "") for a in first.actions if a.error)
+    assert {a.machine for a in second.actions if a.done} == failed
+    assert not any(a.error for a in second.actions)
+    assert {emu._state(i, "us-east-1") for i in east} == {"stopped"}
+    assert {emu._state(i, "us-west-2") for i in west} == {"stopped"}
