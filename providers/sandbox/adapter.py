@@ -143,7 +143,12 @@ class SandboxProvider(Provider):
                         "sandbox: request rate exceeded (injected)", code="SandboxThrottled"
                     )
                 else:
-                    return fn(db)
+                    db.execute("SAVEPOINT act")
+                    try:
+                        return fn(db)
+                    except ProviderError as e:  # refused by the cloud: counted all the same
+                        db.execute("ROLLBACK TO act")
+                        refused = e
             raise refused
 
         return call_with_retry(attempt, self.options)

@@ -523,7 +523,7 @@ class SberCloudProvider(Provider):
         while left:
             where = f"{verb} {len(left)} servers" if len(left) > 1 else f"{verb} server {left[0]}"
             try:
-                job = self._call(where, partial(_swap, call, list(left)))
+                job = self._call(where, partial(_with_ids, call, list(left)))
             except ProviderError as e:
                 named = [i for i in left if i in str(e)]
                 for iid in named or list(left):
