@@ -588,19 +588,13 @@ def act_many(
             continue
         now = app.clock.now()
         with app.db.session() as s:  # one transaction for the batch
-            rows = {r.id: r for r in s.scalars(select(Machine).where(Machine.id.in_(refs)))}
-            for m in done:
-                row = rows[m.id]
-                changed = ledger.record_transition(
-                    s,
-                    row,
-                    status,
-                    now,
-                    event=event,
-                    reason=reason,
-                    detail=(details or {}).get(m.id),
-                )
-                out[m.id] = Outcome(row, changed)
+            ids = [m.id for m in done]
+            rows = list(s.scalars(select(Machine).where(Machine.id.in_(ids))))
+            changed = ledger.record_transitions(
+                s, rows, status, now, event=event, reason=reason, details=details
+            )
+            for row in rows:
+                out[row.id] = Outcome(row, changed[row.id])
     return out
 
 

@@ -610,3 +610,11 @@ def test_sweep_commits_once_per_batch(sched):
     # the lease row made, taken, renewed before the batch and released; the batch of six
     # stops; heartbeats pruned — none of it per machine
     assert len(writes) == 6
+    with app.db.session() as s:  # the batch closed each compute interval, kept the disks'
+        ivs = list(
+            s.scalars(select(UsageInterval).where(UsageInterval.machine_id.in_([m.id for m in ms])))
+        )
+    compute = [iv.ended_at for iv in ivs if iv.kind == "compute"]
+    assert compute == [app.clock.now()] * 6
+    disks = [iv.ended_at for iv in ivs if iv.kind == "disk"]
+    assert disks == [None] * len(disks)

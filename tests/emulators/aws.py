@@ -65,6 +65,7 @@ class Recorded:
     action: str
     params: dict[str, Any]
     answer: str = "forwarded"  # or the error code / "replayed" / "dropped" / "fixture"
+    seconds: float = 0.0  # how long the emulator took to answer it (benchmarks subtract it)
 
 
 @dataclass
@@ -239,6 +240,7 @@ class AwsEmulator:
         self._clients: dict[tuple[str, str], Any] = {}
         self._zone_ids: dict[str, dict[str, str]] = {}
         self._amis: dict[str, str] = {}
+        self._current = threading.local()  # the request this handler thread is answering
         self._load_defaults()
 
         emulator = self
@@ -431,6 +433,16 @@ class AwsEmulator:
                 self._idle.notify_all()
 
     def handle(self, h: _ProxyHandler) -> None:
+        started = time.perf_counter()
+        self._current.rec = None
+        try:
+            self._handle(h)
+        finally:
+            rec = self._current.rec
+            if rec is not None:
+                rec.seconds = time.perf_counter() - started
+
+    def _handle(self, h: _ProxyHandler) -> None:
         with self._busy():
             body = h.rfile.read(int(h.headers.get("Content-Length") or 0))
             if h.path.startswith("/moto-api"):
@@ -824,6 +836,7 @@ class AwsEmulator:
     def _record(self, rec: Recorded) -> Recorded:
         with self._lock:
             self.requests.append(rec)
+        self._current.rec = rec
         return rec
 
     def _forward(self, h: _ProxyHandler, body: bytes) -> tuple[int, str, bytes]:
