@@ -1,5 +1,6 @@
 """Two schedulers on one database never act twice: each pass first takes a lease (a table row,
 ``UPDATE … WHERE expired OR mine``, the same on SQLite and PostgreSQL); the other skips the pass.
+A pass renews it before each batch it acts on (:meth:`Held.renew`), so it cannot outlive it.
 """
 
 from __future__ import annotations
