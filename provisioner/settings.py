@@ -96,7 +96,7 @@ class SchedulerSettings(BaseModel):
     # idle signal and leader lease (scheduler helper)
     agent_interval_seconds: int = Field(30, ge=5)  # heartbeat period of the on-machine agent
     heartbeat_grace_seconds: int = Field(300, ge=30)  # silent longer: the idle signal is unknown
-    lease_seconds: int = Field(900, ge=30)  # renewed by a pass between batches; a dead leader's expires
+    lease_seconds: int = Field(900, ge=30)  # renewed between batches; a dead leader's expires
 
 
 def _clouds_model() -> type[BaseModel]:
