@@ -385,15 +385,18 @@ class AwsEmulator:
         ]
 
     def _states(self, region: str, ids: list[str]) -> dict[str, str]:
-        """The state of each of ``ids`` that moto knows (no error for unknown ones)."""
-        if not ids:
-            return {}
-        pages = self.client("ec2", region).get_paginator("describe_instances")
+        """The state of each of ``ids`` that moto knows (no error for unknown ones), read from
+        moto's books directly (a filtered DescribeInstances of 1,000 ids takes seconds)."""
+        from moto.core import DEFAULT_ACCOUNT_ID
+        from moto.ec2.models import ec2_backends
+
+        wanted = set(ids)
+        backend = ec2_backends[DEFAULT_ACCOUNT_ID][region]
         return {
-            i["InstanceId"]: i["State"]["Name"]
-            for page in pages.paginate(Filters=[{"Name": "instance-id", "Values": ids}])
-            for r in page["Reservations"]
-            for i in r["Instances"]
+            i.id: str(i.state)
+            for r in list(backend.reservations.values())
+            for i in r.instances
+            if i.id in wanted
         }
 
     def _state(self, instance_id: str, region: str) -> str:
