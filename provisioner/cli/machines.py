@@ -297,6 +297,7 @@ def status(
         spent = {m.id: ledger.machine_spend(s, m, m.created_at, now) for m in machines}
     grace = timedelta(seconds=application.settings.scheduler.heartbeat_grace_seconds)
     unseen = idle.gpus_not_seen(application, now - grace) if machines else {}
+    unseen.update(lifecycle.notes(application, machines))  # e.g. a relaunch refused
     if output is Output.json:
         print_json(
             [

@@ -9,6 +9,7 @@ import logging
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, time, timedelta
 from typing import Any
+from zoneinfo import ZoneInfo
 
 from sqlalchemy import select
 
@@ -341,11 +342,11 @@ def calendar_for(app: App, m: Machine) -> Calendar | None:
 
 def keep(app: App, name: str, until: str) -> Machine:
     """Leave ``name`` alone until ``until``: ``HH:MM`` (next such time in the machine's policy
-    calendar, else this computer's timezone) or an ISO date-time."""
+    calendar, else settings' ``timezone``, UTC by default) or an ISO date-time."""
     now = app.clock.now()
     m = lifecycle.find(app, name)
     cal = calendar_for(app, m)
-    tz = cal.tz if cal else datetime.now().astimezone().tzinfo
+    tz = cal.tz if cal else ZoneInfo(app.settings.timezone)
     try:
         if len(until) <= 5 and ":" in until:
             t = time.fromisoformat(until.zfill(5))
