@@ -1,52 +1,70 @@
-"""Sweep over many sandbox machines: time per pass and provider API calls per pass.
+"""The off-hours sweep at fleet size, and side by side with Cloud Custodian on one moto fleet.
 
-The sweep reads the state with one query per table, refreshes it with one list call per cloud
-(not one get per machine), and then calls the cloud once per machine it acts on. Run:
+    .venv/bin/python bench/bench_sweep.py                       # both parts, default sizes
+    .venv/bin/python bench/bench_sweep.py --sandbox 500 5000    # sandbox cloud only
+    .venv/bin/python bench/bench_sweep.py --aws 100 1000        # moto, with Cloud Custodian
 
-    .venv/bin/python bench/bench_sweep.py [--machines 10000]
-    .venv/bin/python bench/bench_sweep.py --aws [--machines 1000]   # against moto server
+Sandbox: every machine idle at night (no heartbeat, counted as idle); one pass stops them all.
+Printed: the pass's time, the sandbox API calls and the state database's write transactions.
 
-With ``--aws`` the machines live in moto (behind the test suite's fault-injecting proxy) and the
-pass is counted in EC2 requests by action, at two page sizes: list calls grow with pages.
+AWS: a fleet of idle g4dn machines in moto server, behind the test suite's request-recording
+proxy (tests/emulators/aws.py), one reservation per machine as `up` makes them. Each tool gets a
+fresh fleet and acts once:
 
-Seeding launches every machine through the sandbox adapter and writes state rows in bulk
-(through ``up`` it would take minutes and measure ``up``, not the sweep).
+- provisioner: ``sweep.run`` with a fresh App (clients built inside the timing) at 21:00 in New
+  York, under a nights policy that counts a silent machine as idle;
+- Cloud Custodian 0.9.53 (installed into its own venv on first use, /tmp/c7n-venv):
+  ``custodian run`` of an ``offhour`` (opt-out, this UTC hour) + ``stop`` policy, with
+  AWS_ENDPOINT_URL at the same proxy; it lists with the same tag filter (``tag:managed-by``).
+
+Printed for each: EC2 requests by action, wall time, and own time outside moto (wall minus the
+time the proxy spent answering). Custodian's wall includes its interpreter start-up, printed
+separately (``custodian version``).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import platform
+import subprocess
 import sys
 import tempfile
 import time
-from datetime import UTC, datetime, timedelta
+from collections import Counter
+from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from sqlalchemy import event as sa_event
 
 from providers.base import TAG_MACHINE, TAG_MANAGED_BY, TAG_MANAGED_BY_VALUE, LaunchRequest
 from provisioner.app import App
 from provisioner.clock import ManualClock
 from provisioner.jobs import sweep
-from provisioner.jobs.passes import Pass
-from provisioner.models import Event, Heartbeat, Machine, new_id
+from provisioner.models import Event, Machine, new_id
 from provisioner.settings import Settings
 
-POLICY = """
+C7N_VENV = Path("/tmp/c7n-venv")
+C7N_VERSION = "0.9.53"
+BERLIN_NIGHTS = """
 name: nights
 off_hours:
   timezone: Europe/Berlin
   windows: [{days: mon-fri, start: "20:00", end: "08:00"}]
-idle: {gpu_util_below: 5, for_minutes: 30}
+idle: {gpu_util_below: 5, for_minutes: 30, unknown_counts_as_idle: true}
 """
-LAUNCH = datetime(2026, 11, 6, 8, 0, tzinfo=UTC)  # Friday morning
-NOON = datetime(2026, 11, 6, 11, 0, tzinfo=UTC)  # 12:00 Berlin: within hours
-NIGHT = datetime(2026, 11, 6, 21, 0, tzinfo=UTC)  # 22:00 Berlin: out of hours
+NY_NIGHTS = BERLIN_NIGHTS.replace("Europe/Berlin", "America/New_York")
+LAUNCH = datetime(2026, 11, 6, 7, 0, tzinfo=UTC)  # Friday morning
+NOON_BERLIN = datetime(2026, 11, 6, 11, 0, tzinfo=UTC)
+NIGHT_BERLIN = datetime(2026, 11, 6, 21, 0, tzinfo=UTC)
+NIGHT_NY = datetime(2026, 11, 7, 2, 0, tzinfo=UTC)  # Friday 21:00 in New York
 
 
-def record(app: App, rows: list[dict]) -> None:
+def record(app: App, rows: list[dict[str, Any]]) -> None:
     """State rows for launched machines, written in bulk (``up`` would measure ``up``)."""
     machines = [
         Machine(
@@ -54,7 +72,6 @@ def record(app: App, rows: list[dict]) -> None:
             owner="bench@example.com",
             status="running",
             spec={},
-            gpu="T4",
             gpu_count=1,
             currency="USD",
             created_at=LAUNCH,
@@ -69,166 +86,95 @@ def record(app: App, rows: list[dict]) -> None:
         s.add_all(Event(machine_id=m.id, at=LAUNCH, kind="launched", detail={}) for m in machines)
 
 
-def seed(app: App, n: int) -> None:
-    sandbox = app.provider("sandbox")
-    rows = []
-    for i in range(n):
-        mid = new_id()
-        inst = sandbox.launch(
-            LaunchRequest(
-                name=f"m{i:05d}",
-                token=f"bench-{mid}",
-                region="sandbox-us",
-                zone="sandbox-us-1a",
-                instance_type="sbx-t4-1",
-                gpu="T4",
-                gpu_count=1,
-                spot=True,
-                labels={TAG_MANAGED_BY: TAG_MANAGED_BY_VALUE, TAG_MACHINE: mid},
-            )
-        )
-        rows.append(
-            dict(
-                id=mid,
-                name=f"m{i:05d}",
-                cloud="sandbox",
-                region="sandbox-us",
-                zone="sandbox-us-1a",
-                instance_type="sbx-t4-1",
-                market="spot",
-                instance_id=inst.id,
-                resource_name=inst.name,
-                rate=Decimal("0.15"),
-            )
-        )
-    record(app, rows)
+def write_transactions(app: App) -> list[int]:
+    """A counter of the state database's transactions that wrote something."""
+    count, dirty = [0], set()
+
+    def wrote(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        if statement.lstrip()[:6].upper() in ("INSERT", "UPDATE", "DELETE"):
+            dirty.add(id(conn))
+
+    def committed(conn: Any) -> None:
+        if id(conn) in dirty:
+            dirty.discard(id(conn))
+            count[0] += 1
+
+    sa_event.listen(app.db.engine, "before_cursor_execute", wrote)
+    sa_event.listen(app.db.engine, "commit", committed)
+    return count
 
 
-def beats(app: App, now: datetime, n_idle: int) -> None:
-    """Every machine reports every 5 minutes for the last 40; the first ``n_idle`` at 1%."""
-    with app.db.session() as s:
-        ids = list(
-            s.scalars(
-                Machine.__table__.select().with_only_columns(Machine.id).order_by(Machine.name)
-            )
-        )
-        rows = []
-        for k, mid in enumerate(ids):
-            util = 1.0 if k < n_idle else 80.0
-            for m in range(0, 45, 5):
-                rows.append(
-                    {
-                        "machine_id": mid,
-                        "at": now - timedelta(minutes=m),
-                        "gpus": [{"index": 0, "util": util}],
-                        "max_util": util,
-                    }
-                )
-        s.execute(Heartbeat.__table__.insert(), rows)
+# --- sandbox -------------------------------------------------------------------------------
 
 
-def timed_pass(app: App, label: str, **kw) -> Pass:
-    sandbox = app.provider("sandbox")
-    calls = sandbox.api_calls
-    t = time.perf_counter()
-    p = sweep.run(app, **kw)
-    dt = time.perf_counter() - t
-    acted = sum(1 for a in p.actions if a.done or p.dry_run)
-    print(
-        f"  {label:<34} {dt:7.2f} s   API calls {sandbox.api_calls - calls:6d}"
-        f"   checked {p.checked}, {'would act' if p.dry_run else 'acted'} on {acted}"
-    )
-    return p
-
-
-def run(n: int) -> None:
+def run_sandbox(n: int) -> None:
     with tempfile.TemporaryDirectory() as d:
         home = Path(d)
-        (home / "policy.yaml").write_text(POLICY)
+        (home / "policy.yaml").write_text(BERLIN_NIGHTS)
         settings = Settings(
             home=home,
             clouds={"sandbox": {"latency_seconds": 0, "retry_base_seconds": 0.001}},
             policies=[str(home / "policy.yaml")],
         )
-        clock = ManualClock(LAUNCH)
-        app = App(settings, clock)
+        app = App(settings, ManualClock(LAUNCH))
+        sandbox = app.provider("sandbox")
         t = time.perf_counter()
-        seed(app, n)
-        print(f"{n} machines seeded in {time.perf_counter() - t:.1f} s")
-        clock.set(NOON)
-        beats(app, NOON, n // 2)
-        timed_pass(app, "noon, half idle: nothing to do")
-        clock.set(NIGHT)
-        beats(app, NIGHT, n // 2)
-        timed_pass(app, "night, dry run (no cloud calls)", dry_run=True)
-        timed_pass(app, f"night: stop the {n // 2} idle")
-        clock.advance(timedelta(minutes=5))
-        timed_pass(app, "next pass: nothing left to do")
-        app.close()
-
-
-def run_aws(n: int) -> None:
-    import os
-
-    from tests.emulators.aws import start_aws_emulator
-
-    os.environ.update(
-        AWS_ACCESS_KEY_ID="bench", AWS_SECRET_ACCESS_KEY="bench", AWS_DEFAULT_REGION="us-east-1"
-    )
-    emu = start_aws_emulator()
-    try:
-        with tempfile.TemporaryDirectory() as d:
-            home = Path(d)
-            (home / "policy.yaml").write_text(POLICY)
-            ec2 = emu.client("ec2")
-            settings = Settings(
-                home=home,
-                policies=[str(home / "policy.yaml")],
-                clouds={
-                    "aws": {
-                        "endpoint": emu.endpoint_url,
-                        "regions": ["us-east-1"],
-                        "images": {"us-east-1": emu.ubuntu_ami("us-east-1")},
-                        "retry_base_seconds": 0.001,
-                    }
-                },
+        rows = []
+        for i in range(n):
+            mid = new_id()
+            inst = sandbox.launch(
+                LaunchRequest(
+                    name=f"m{i:05d}",
+                    token=f"bench-{mid}",
+                    region="sandbox-us",
+                    zone="sandbox-us-1a",
+                    instance_type="sbx-t4-1",
+                    gpu="T4",
+                    gpu_count=1,
+                    spot=False,
+                    labels={TAG_MANAGED_BY: TAG_MANAGED_BY_VALUE, TAG_MACHINE: mid},
+                )
             )
-            clock = ManualClock(LAUNCH)
-            app = App(settings, clock)
-            t = time.perf_counter()
-            seed_aws(app, ec2, emu.ubuntu_ami("us-east-1"), n)
-            print(f"{n} machines seeded in moto in {time.perf_counter() - t:.1f} s")
-            for page, label in ((None, "default page size"), (100, "pages of 100")):
-                if page:
-                    emu.faults.cap_page_size(page)
-                clock.set(NOON + timedelta(minutes=1 if page else 0))
-                beats(app, clock.now(), 0)
-                before = len(emu.requests)
-                t = time.perf_counter()
-                sweep.run(app)
-                dt = time.perf_counter() - t
-                counts: dict[str, int] = {}
-                for r in emu.requests[before:]:
-                    counts[r.action] = counts.get(r.action, 0) + 1
-                print(f"  noon pass, {label:<18} {dt:6.2f} s   EC2 requests {counts}")
-            clock.set(NIGHT)
-            beats(app, NIGHT, n // 2)
-            before = len(emu.requests)
+            rows.append(
+                dict(
+                    id=mid,
+                    name=f"m{i:05d}",
+                    cloud="sandbox",
+                    region="sandbox-us",
+                    zone="sandbox-us-1a",
+                    instance_type="sbx-t4-1",
+                    gpu="T4",
+                    market="reserved",
+                    instance_id=inst.id,
+                    resource_name=inst.name,
+                    rate=Decimal("0.15"),
+                )
+            )
+        record(app, rows)
+        print(f"sandbox: {n} machines seeded in {time.perf_counter() - t:.1f} s")
+        writes = write_transactions(app)
+        for at, label in ((NOON_BERLIN, "noon: nothing to do"), (NIGHT_BERLIN, "night: stop all")):
+            app.clock.set(at)
+            calls, before = sandbox.api_calls, writes[0]
             t = time.perf_counter()
             p = sweep.run(app)
             dt = time.perf_counter() - t
-            counts = {}
-            for r in emu.requests[before:]:
-                counts[r.action] = counts.get(r.action, 0) + 1
             done = sum(a.done for a in p.actions)
-            print(f"  night pass: stop {done} idle    {dt:6.2f} s   EC2 requests {counts}")
-            app.close()
-    finally:
-        emu.stop()
+            print(
+                f"  {n:6d} machines  {label:<22} {dt:7.2f} s   API calls "
+                f"{sandbox.api_calls - calls:4d}   state write transactions "
+                f"{writes[0] - before:4d}   stopped {done}"
+            )
+        app.close()
 
 
-def seed_aws(app: App, ec2, ami: str, n: int) -> None:
-    """One reservation per machine, as `up` makes them (moto pages by reservation)."""
+# --- AWS, side by side -----------------------------------------------------------------------
+
+
+def seed_moto(emu: Any, n: int) -> list[dict[str, Any]]:
+    """n running g4dn machines tagged as ours, one reservation each (as `up` makes them)."""
+    ec2 = emu.client("ec2")
+    ami = emu.ubuntu_ami("us-east-1")
     rows = []
     for i in range(n):
         mid = new_id()
@@ -249,32 +195,165 @@ def seed_aws(app: App, ec2, ami: str, n: int) -> None:
                 name=f"m{i:05d}",
                 cloud="aws",
                 region="us-east-1",
-                zone=inst["Placement"]["AvailabilityZone"],
+                zone=emu.zone_id("us-east-1", inst["Placement"]["AvailabilityZone"]),
                 instance_type="g4dn.xlarge",
+                gpu="T4",
                 market="reserved",
                 instance_id=inst["InstanceId"],
                 resource_name=f"m{i:05d}",
                 rate=Decimal("0.526"),
             )
         )
+    return rows
+
+
+def stopped(emu: Any, rows: list[dict[str, Any]]) -> int:
+    ids = {r["instance_id"] for r in rows}
+    pages = emu.client("ec2").get_paginator("describe_instances").paginate()
+    return sum(
+        1
+        for page in pages
+        for r in page["Reservations"]
+        for i in r["Instances"]
+        if i["InstanceId"] in ids and i["State"]["Name"] in ("stopping", "stopped")
+    )
+
+
+def measure(emu: Any, act: Any) -> tuple[float, float, Counter[str]]:
+    emu.wait_idle()
+    before = len(emu.requests)
+    t = time.perf_counter()
+    act()
+    wall = time.perf_counter() - t
+    emu.wait_idle()
+    sent = emu.requests[before:]
+    in_moto = sum(r.seconds for r in sent)
+    return wall, wall - in_moto, Counter(r.action for r in sent if r.service == "ec2")
+
+
+def provisioner_pass(emu: Any, home: Path, rows: list[dict[str, Any]]) -> None:
+    (home / "policy.yaml").write_text(NY_NIGHTS)
+    settings = Settings(
+        home=home,
+        policies=[str(home / "policy.yaml")],
+        clouds={"aws": {"endpoint": emu.endpoint_url, "regions": ["us-east-1"]}},
+    )
+    app = App(settings, ManualClock(LAUNCH))
     record(app, rows)
+    app.close()
+
+    def act() -> None:
+        app = App(settings, ManualClock(NIGHT_NY))
+        sweep.run(app)
+        app.close()
+
+    report(emu, "provisioner", rows, *measure(emu, act))
+
+
+def ensure_custodian() -> Path:
+    custodian = C7N_VENV / "bin" / "custodian"
+    if not custodian.exists():
+        print(f"installing c7n {C7N_VERSION} into {C7N_VENV} …")
+        subprocess.run([sys.executable, "-m", "venv", str(C7N_VENV)], check=True)
+        pip = [str(C7N_VENV / "bin" / "pip"), "install", "-q", f"c7n=={C7N_VERSION}"]
+        subprocess.run(pip, check=True)
+    return custodian
+
+
+def custodian_env(emu: Any) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    env.update(
+        AWS_ENDPOINT_URL=emu.endpoint_url,
+        AWS_ACCESS_KEY_ID="bench",
+        AWS_SECRET_ACCESS_KEY="bench",
+        AWS_DEFAULT_REGION="us-east-1",
+        AWS_CONFIG_FILE="/nonexistent/aws-config",
+        AWS_SHARED_CREDENTIALS_FILE="/nonexistent/aws-credentials",
+    )
+    return env
+
+
+def custodian_pass(emu: Any, home: Path, rows: list[dict[str, Any]]) -> None:
+    custodian = ensure_custodian()
+    policy = home / "custodian.yml"
+    policy.write_text(
+        f"""
+policies:
+  - name: offhours-stop
+    resource: ec2
+    query:
+      - instance-state-name: running
+      - "tag:{TAG_MANAGED_BY}": {TAG_MANAGED_BY_VALUE}
+    filters:
+      - type: offhour
+        offhour: {datetime.now(UTC).hour}
+        default_tz: utc
+        opt-out: true
+        weekends: false
+    actions:
+      - stop
+"""
+    )
+    cmd = [str(custodian), "run", "-s", str(home / "out"), "--region", "us-east-1"]
+    cmd += ["--cache-period", "0", str(policy)]  # its resource cache would outlive the fleet
+
+    def act() -> None:
+        done = subprocess.run(cmd, env=custodian_env(emu), capture_output=True, text=True)
+        if done.returncode:
+            raise SystemExit(f"custodian failed:\n{done.stderr[-2000:]}")
+
+    report(emu, "Cloud Custodian", rows, *measure(emu, act))
+
+
+def report(
+    emu: Any, tool: str, rows: list[dict[str, Any]], wall: float, own: float, n: Counter[str]
+) -> None:
+    acted = stopped(emu, rows)
+    requests = ", ".join(f"{k} {v}" for k, v in sorted(n.items()))
+    print(
+        f"  {len(rows):5d} machines  {tool:<16} wall {wall:7.2f} s   own {own:6.2f} s   "
+        f"EC2 requests {sum(n.values()):5d} ({requests})   stopped {acted}"
+    )
+
+
+def run_aws(sizes: list[int]) -> None:
+    from tests.emulators.aws import start_aws_emulator
+
+    os.environ.update(
+        AWS_ACCESS_KEY_ID="bench", AWS_SECRET_ACCESS_KEY="bench", AWS_DEFAULT_REGION="us-east-1"
+    )
+    custodian = ensure_custodian()
+    emu = start_aws_emulator()
+    try:
+        t = time.perf_counter()
+        subprocess.run([str(custodian), "version"], env=custodian_env(emu), capture_output=True)
+        print(f"aws (moto): `custodian version` takes {time.perf_counter() - t:.2f} s (start-up)")
+        for n in sizes:
+            for tool in (provisioner_pass, custodian_pass):
+                emu.reset()
+                rows = seed_moto(emu, n)
+                with tempfile.TemporaryDirectory() as d:
+                    tool(emu, Path(d), rows)
+    finally:
+        emu.stop()
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--machines", type=int, nargs="*", default=[1000, 10000])
-    ap.add_argument("--aws", action="store_true", help="machines in moto server, not the sandbox")
+    ap.add_argument("--sandbox", type=int, nargs="*", help="machines (default 500 5000)")
+    ap.add_argument("--aws", type=int, nargs="*", help="machines (default 100 1000)")
     args = ap.parse_args()
-    if args.aws:
-        for n in args.machines:
-            run_aws(n)
-        return
+    both = args.sandbox is None and args.aws is None
     print(
         f"python {platform.python_version()} on {platform.machine()}, "
-        f"{platform.system()} {platform.release()}; state: SQLite file (WAL)"
+        f"{platform.system()} {platform.release()}; load {os.getloadavg()[0]:.2f}; "
+        "state: SQLite file (WAL)"
     )
-    for n in args.machines:
-        run(n)
+    if args.sandbox is not None or both:
+        for n in args.sandbox or [500, 5000]:
+            run_sandbox(n)
+    if args.aws is not None or both:
+        run_aws(args.aws or [100, 1000])
 
 
 if __name__ == "__main__":

@@ -186,6 +186,10 @@ class CheckResult:
     message: str  # one sentence: what works, or what is missing
 
 
+#: Long-running operations a batch form runs at once (GCP, Azure, Yandex stop/delete).
+PARALLEL_OPERATIONS = 16
+
+
 class Provider(ABC):
     """One cloud. Constructed with the cloud's non-secret options from settings (its
     :class:`~providers.spec.Options` model, or a mapping validated against it); secrets come from
@@ -255,6 +259,20 @@ class Provider(ABC):
     def terminate(self, ref: InstanceRef) -> None:
         """Idempotent: a machine already gone is not an error."""
 
+    # --- batch forms: the sweep and `stop`/`down` of many names act through these ---------
+
+    def stop_many(self, refs: Sequence[InstanceRef]) -> dict[InstanceRef, ProviderError | None]:
+        """Stop every ref: ``{ref: None}`` when it is stopped (or already was), else its error.
+        One machine's failure never fails the others. The default loops over :meth:`stop`;
+        clouds with a batch call or long-running operations do better."""
+        return each(refs, self.stop)
+
+    def terminate_many(
+        self, refs: Sequence[InstanceRef]
+    ) -> dict[InstanceRef, ProviderError | None]:
+        """Terminate every ref (gone already is no error), per ref as :meth:`stop_many`."""
+        return each(refs, self.terminate)
+
     def unused_network(self, *, remove: bool = False) -> list[str]:
         """Network pieces this adapter created (tagged as ours: a security group, a firewall
         rule, an address) that no machine uses any more, one line each; removed when
@@ -264,3 +282,35 @@ class Provider(ABC):
     def fetch_offers(self) -> list[Offer]:
         """Rebuild this cloud's offers from its public price source (``catalog refresh``)."""
         raise NotImplementedError(f"{self.name}: no price refresh")
+
+
+def each(
+    refs: Sequence[InstanceRef],
+    op: Callable[[InstanceRef], None],
+    *,
+    workers: int = 1,
+) -> dict[InstanceRef, ProviderError | None]:
+    """``op`` on every ref, each failure kept with its ref. With ``workers`` > 1 the first ref
+    runs alone (it builds the adapter's lazily made clients), then the rest run at most
+    ``workers`` at a time: clouds whose stop/delete is a long-running operation start them all
+    and wait on them together instead of one after another."""
+    out: dict[InstanceRef, ProviderError | None] = {}
+
+    def one(ref: InstanceRef) -> None:
+        try:
+            op(ref)
+            out[ref] = None
+        except ProviderError as e:
+            out[ref] = e
+
+    todo = list(dict.fromkeys(refs))
+    if workers <= 1 or len(todo) <= 1:
+        for ref in todo:
+            one(ref)
+        return out
+    one(todo[0])
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=min(workers, len(todo) - 1)) as pool:
+        list(pool.map(one, todo[1:]))
+    return {ref: out[ref] for ref in todo}

@@ -723,6 +723,120 @@ def down(
     return _transition(app, m.id, "terminated", event="terminated", reason=reason, detail=detail)
 
 
+@dataclass
+class Outcome:
+    """What a batch stop or terminate did to one machine."""
+
+    machine: Machine
+    changed: bool = False  # False: it already was stopped / gone
+    error: str | None = None
+
+
+def stop_many(
+    app: App, names: Iterable[str], *, reason: str = "user"
+) -> dict[str, Outcome | UserError]:
+    """`stop` of many names, one batch call per cloud and region and one transaction per
+    batch: name → its outcome, or why the name does not say which machine."""
+    return _by_name(app, names, lambda ms: act_many(app, ms, "stop", reason=reason))
+
+
+def down_many(
+    app: App, names: Iterable[str], *, reason: str = "user"
+) -> dict[str, Outcome | UserError]:
+    """`down` of many names, batched as :func:`stop_many`. An intent that never launched is
+    settled one by one, as :func:`down` does."""
+
+    def terminate(ms: list[Machine]) -> dict[str, Outcome]:
+        out = {}
+        for m in [m for m in ms if m.status == "requested"]:
+            try:
+                done, changed = down(app, m.name, reason=reason)
+                out[m.id] = Outcome(done, changed)
+            except (UserError, OperationFailed) as e:
+                out[m.id] = Outcome(m, error=str(e))
+        rest = [m for m in ms if m.status != "requested"]
+        return {**out, **act_many(app, rest, "terminate", reason=reason)}
+
+    return _by_name(app, names, terminate)
+
+
+def _by_name(
+    app: App, names: Iterable[str], act: Callable[[list[Machine]], dict[str, Outcome]]
+) -> dict[str, Outcome | UserError]:
+    wanted = list(dict.fromkeys(names))
+    with app.db.session() as s:
+        rows = s.scalars(
+            select(Machine).where(Machine.name.in_(wanted), Machine.status.not_in(ACTIVE_EXCLUDED))
+        )
+        found = {m.name: m for m in rows}
+    done = act(list(found.values()))
+    return {
+        n: done[found[n].id]
+        if n in found
+        else UserError(f"no machine named {n!r} (see `provisioner status`)")
+        for n in wanted
+    }
+
+
+def act_many(
+    app: App,
+    machines: Iterable[Machine],
+    op: str,
+    *,
+    reason: str = "user",
+    details: dict[str, dict[str, Any]] | None = None,
+) -> dict[str, Outcome]:
+    """Stop (``op="stop"``) or terminate ``machines``: one batch call per cloud (the adapter
+    groups by region and splits at its cloud's limit), then every change recorded in one
+    transaction. One machine's failure is its own: machine id → outcome."""
+    out: dict[str, Outcome] = {}
+    by_cloud: dict[str, list[Machine]] = {}
+    for m in machines:
+        if (op == "stop" and m.status in ("stopped", "preempted")) or not m.is_live:
+            out[m.id] = Outcome(m)
+        elif m.status == "requested" or not m.instance_id:
+            out[m.id] = Outcome(m, error=f"{m.name} is still being launched")
+        elif op == "stop" and not can_stop(m):
+            out[m.id] = Outcome(
+                m,
+                error=f"{m.name} is a spot machine on {m.cloud}, which "
+                "cannot stop one: `provisioner down` ends its billing",
+            )
+        else:
+            by_cloud.setdefault(m.cloud or "", []).append(m)
+    status, event = ("stopped", "stopped") if op == "stop" else ("terminated", "terminated")
+    for cloud, ms in by_cloud.items():
+        refs = {m.id: ref(m) for m in ms}
+        try:
+            provider = app.provider(cloud)
+            batch = provider.stop_many if op == "stop" else provider.terminate_many
+            results: dict[InstanceRef, ProviderError | None] = batch(list(refs.values()))
+        except (ProviderError, UserError) as e:
+            results = dict.fromkeys(refs.values(), ProviderError(str(e)))
+        done = []
+        for m in ms:
+            err = results.get(refs[m.id], ProviderError("no answer for it"))
+            if err is None or (op == "terminate" and isinstance(err, NotFound)):
+                done.append(m)
+            elif isinstance(err, NotFound):
+                out[m.id] = Outcome(m, error=f"{m.name}: the cloud no longer has {m.instance_id}")
+            else:
+                out[m.id] = Outcome(m, error=f"{m.name}: {op} failed: {err}")
+        crashpoint(f"after-{op}")  # the cloud acted, the state does not know yet
+        if not done:
+            continue
+        now = app.clock.now()
+        with app.db.session() as s:  # one transaction for the batch
+            ids = [m.id for m in done]
+            rows = list(s.scalars(select(Machine).where(Machine.id.in_(ids))))
+            changed = ledger.record_transitions(
+                s, rows, status, now, event=event, reason=reason, details=details
+            )
+            for row in rows:
+                out[row.id] = Outcome(row, changed[row.id])
+    return out
+
+
 def _require_launched(m: Machine) -> None:
     if m.status == "requested" or not m.instance_id:
         raise UserError(

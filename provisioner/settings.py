@@ -125,7 +125,7 @@ class SchedulerSettings(BaseModel):
     # idle signal and leader lease (scheduler helper)
     agent_interval_seconds: int = Field(30, ge=5, le=3600)  # the on-machine agent's period
     heartbeat_grace_seconds: int = Field(300, ge=30, le=DAY)  # silent longer: idle unknown
-    lease_seconds: int = Field(900, ge=30, le=DAY)  # a pass must finish within it
+    lease_seconds: int = Field(900, ge=30, le=DAY)  # renewed between batches
     # /metrics names machines and owners: with a token set, only `Authorization: Bearer <it>`
     # sees them (prefer $PROVISIONER_SCHEDULER__METRICS_TOKEN to writing it in the file)
     metrics_token: SecretStr | None = None

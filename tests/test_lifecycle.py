@@ -235,3 +235,32 @@ def test_a_spot_cap_in_another_currency_reaches_the_cloud_converted():
     assert request.max_price == Decimal("80.1234")
     reserved = Candidate(offer, "reserved", Money(Decimal("47.5"), "RUB"), c.price_base)
     assert lifecycle._launch_request(m, exp, reserved, None, rates).max_price is None
+
+
+def test_stop_many_and_down_many_act_in_one_call_per_cloud(app):
+    """`stop`/`down` of many names: one batch call to the cloud, each name's own outcome (a
+    name that matches no machine says so; the others are acted on all the same)."""
+    a, b, c = (lifecycle.up(app, experiment(n)).machine for n in ("m-a", "m-b", "m-c"))
+    sandbox = app.provider("sandbox")
+    app.clock.advance(timedelta(hours=1))
+    calls = sandbox.api_calls
+    stopped = lifecycle.stop_many(app, ["m-a", "m-b", "nope"])
+    assert sandbox.api_calls - calls == 1
+    assert isinstance(stopped["nope"], UserError) and "nope" in str(stopped["nope"])
+    assert [(o.machine.status, o.changed, o.error) for o in (stopped["m-a"], stopped["m-b"])] == [
+        ("stopped", True, None),
+        ("stopped", True, None),
+    ]
+    assert intervals(app, a)[0][2] == app.clock.now()  # compute billed until the stop
+    again = lifecycle.stop_many(app, ["m-a"])["m-a"]
+    assert (again.changed, again.error) == (False, None)  # already stopped: nothing sent
+    assert sandbox.api_calls - calls == 1
+
+    downed = lifecycle.down_many(app, ["m-a", "m-b", "m-c"])
+    assert sandbox.api_calls - calls == 2
+    assert {n: (o.machine.status, o.error) for n, o in downed.items()} == {
+        n: ("terminated", None) for n in ("m-a", "m-b", "m-c")
+    }
+    assert events(app, c)[-1][:2] == ("terminated", "user")
+    assert sandbox.list_managed() == []
+    assert len({a.id, b.id, c.id}) == 3

@@ -511,3 +511,110 @@ def test_owner_is_warned_before_an_idle_stop(home, tmp_path, smtp_server, db_url
     kinds = [k for k, _ in events(app, "quiet")]
     assert kinds.index("stop-warning") < kinds.index("stopped")
     app.close()
+
+
+def test_one_machine_whose_rule_cannot_be_evaluated_does_not_stop_the_sweep(sched, caplog):
+    """An experiment's idle window too long for a date (accepted before numbers were bounded)
+    makes that machine's assessment raise OverflowError: it is logged and shown, and every
+    other machine is still acted on, by the same pass."""
+    app = sched("name: none\napplies_to: {projects: [nobody]}\n")
+    broken = up(app, "broken", lifecycle={"idle": {"for_minutes": 99999999999999999999}})
+    up(app, "old", lifecycle={"max_lifetime": "2h"})
+    quiet = up(app, "quiet", lifecycle={"idle": {"gpu_util_below": 10, "for_minutes": 20}})
+    app.clock.advance(timedelta(hours=2))
+    heartbeats(app, quiet, 1.0, 30)
+    heartbeats(app, broken, 1.0, 30)
+
+    p = sweep.run(app)
+
+    got = {a.machine: (a.action, a.reason, a.done) for a in p.actions}
+    assert got == {
+        "broken": ("skip", "error", False),
+        "old": ("stop", "max-lifetime", True),
+        "quiet": ("stop", "idle", True),
+    }
+    [skipped] = [a for a in p.actions if a.machine == "broken"]
+    assert "OverflowError" in (skipped.error or "") and "broken" in caplog.text
+    assert (status(app, "broken"), status(app, "old"), status(app, "quiet")) == (
+        "running",
+        "stopped",
+        "stopped",
+    )
+
+
+def test_a_pass_longer_than_the_lease_keeps_it(sched, monkeypatch):
+    """Acting takes longer than the lease (900 s): the pass renews it before each batch, so a
+    second scheduler arriving after the first lease would have run out still does not act."""
+    app = sched()
+    for n in range(4):
+        up(app, f"idle-{n}")
+    app.clock.set(datetime(2026, 11, 6, 20, 0, tzinfo=UTC))  # 21:00 Berlin, no heartbeats
+    for n in range(4):
+        with app.db.session() as s:
+            m = s.scalars(select(Machine).where(Machine.name == f"idle-{n}")).one()
+        heartbeats(app, m, 1.0, 60)
+    ttl = timedelta(seconds=app.settings.scheduler.lease_seconds)
+    started = app.clock.now()
+    monkeypatch.setattr(sweep, "BATCH", 2)
+    sandbox = app.provider("sandbox")
+    real_stop_many = sandbox.stop_many
+    others = []
+
+    def slow_stop_many(refs):
+        app.clock.advance(ttl * 2 / 3)  # each batch takes two thirds of the lease
+        if app.clock.now() > started + ttl:  # the first lease would have run out by now
+            others.append(sweep.run(app, holder="second-scheduler"))
+        return real_stop_many(refs)
+
+    monkeypatch.setattr(sandbox, "stop_many", slow_stop_many)
+    p = sweep.run(app, holder="first-scheduler")
+
+    assert app.clock.now() - started > ttl
+    assert sorted((a.machine, a.done) for a in p.actions) == [(f"idle-{n}", True) for n in range(4)]
+    assert [(o.leader, o.actions) for o in others] == [(False, [])]
+    assert "first-scheduler" in others[0].note
+    assert all(status(app, f"idle-{n}") == "stopped" for n in range(4))
+    for n in range(4):  # each stopped once: one event each
+        assert events(app, f"idle-{n}").count(("stopped", "off-hours-idle")) == 1
+
+
+def test_sweep_commits_once_per_batch(sched):
+    """Stopping machines costs one batch call to the cloud and one transaction, not a few per
+    machine: counted as sandbox API calls and as COMMITs on the state database."""
+    from sqlalchemy import event as sa_event
+
+    app = sched()
+    ms = [up(app, f"idle-{n}") for n in range(6)]
+    app.clock.set(datetime(2026, 11, 6, 20, 0, tzinfo=UTC))
+    for m in ms:
+        heartbeats(app, m, 1.0, 60)
+    sandbox = app.provider("sandbox")
+    calls = sandbox.api_calls
+    writes: list[str] = []  # per durable commit: the first statement that wrote
+    pending: dict[int, str] = {}
+
+    def wrote(conn, cursor, statement, *args):
+        if statement.lstrip().split()[0].upper() in ("INSERT", "UPDATE", "DELETE"):
+            pending.setdefault(id(conn), statement.split()[0])
+
+    sa_event.listen(app.db.engine, "before_cursor_execute", wrote)
+
+    def committed(conn):
+        if id(conn) in pending:
+            writes.append(pending.pop(id(conn)))
+
+    sa_event.listen(app.db.engine, "commit", committed)
+    p = sweep.run(app)
+    assert sum(a.done for a in p.actions) == 6
+    assert sandbox.api_calls - calls == 2  # the list call, and one stop call for all six
+    # the lease row made, taken, renewed before the batch and released; the batch of six
+    # stops; heartbeats pruned — none of it per machine
+    assert len(writes) == 6
+    with app.db.session() as s:  # the batch closed each compute interval, kept the disks'
+        ivs = list(
+            s.scalars(select(UsageInterval).where(UsageInterval.machine_id.in_([m.id for m in ms])))
+        )
+    compute = [iv.ended_at for iv in ivs if iv.kind == "compute"]
+    assert compute == [app.clock.now()] * 6
+    disks = [iv.ended_at for iv in ivs if iv.kind == "disk"]
+    assert disks == [None] * len(disks)

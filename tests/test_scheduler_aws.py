@@ -1,9 +1,10 @@
 """The sweep against the AWS adapter and its wire-level emulator (moto + fault layer): idle
-machines out of hours are stopped with StopInstances, busy ones kept, and the pass reads the
-cloud with one DescribeInstances list call — never one call per machine it leaves alone."""
+machines out of hours are stopped with one StopInstances per 1,000, busy ones kept, and the pass
+reads the cloud with DescribeInstances list calls — never one call per machine."""
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -83,7 +84,7 @@ def test_sweep_stops_idle_aws_machines_with_list_calls_only(
         p = sweep.run(app)
         emu.wait_idle()
         sent = [
-            (r.action, r.params.get("InstanceId.1") or r.params.get("InstanceIds.1"))
+            (r.action, sorted(v for k, v in r.params.items() if k.startswith("InstanceId.")))
             for r in emu.requests[before:]
         ]
     finally:
@@ -95,12 +96,9 @@ def test_sweep_stops_idle_aws_machines_with_list_calls_only(
     ]
     assert all(("cannot stop a spot machine" in a.why) == (market == "spot") for a in p.actions)
     idle_ids = {machines["idle-a"].instance_id, machines["idle-b"].instance_id}
-    # reading the cloud: one list call for the region, by our tag — no lookup per machine
-    assert [a for a, iid in sent if iid is None] == ["DescribeInstances"]
-    # acting on each idle machine — and only those (a stop is checked first)
-    checks = ["DescribeInstances"] * 2 if verb == "Stop" else []
-    assert sorted(a for a, iid in sent if iid) == checks + [f"{verb}Instances"] * 2
-    assert {iid for _, iid in sent if iid} == idle_ids
+    # one list call for the region, by our tag, then one call acting on the idle machines
+    # together — no lookup per machine, and nothing sent about the busy one
+    assert sent == [("DescribeInstances", []), (f"{verb}Instances", sorted(idle_ids))]
     states = {
         i["InstanceId"]: i["State"]["Name"]
         for region in {m.region for m in machines.values()}
@@ -164,3 +162,135 @@ def test_first_real_run_through_the_cli_leaves_nothing_billed(emu, home: Path, t
             "SecurityGroups"
         ]
         assert any(p.get("FromPort") == 22 for p in group["IpPermissions"])
+
+
+def _fleet(app: App, emu: AwsEmulator, region: str, reservations: int, size: int) -> list[str]:
+    """``reservations`` × ``size`` running g4dn machines of ours in moto, recorded in the state
+    as `up` would have (rows written in bulk: `up` 1,200 times would test `up`)."""
+    from decimal import Decimal
+
+    from providers.base import TAG_MANAGED_BY, TAG_MANAGED_BY_VALUE
+    from provisioner.models import Event, Machine, new_id
+
+    ec2 = emu.client("ec2", region)
+    tags = [{"Key": TAG_MANAGED_BY, "Value": TAG_MANAGED_BY_VALUE}]
+    now = app.clock.now()
+    rows = []
+    for _ in range(reservations):
+        made = ec2.run_instances(
+            ImageId=emu.ubuntu_ami(region),
+            InstanceType="g4dn.xlarge",
+            MinCount=size,
+            MaxCount=size,
+            TagSpecifications=[{"ResourceType": "instance", "Tags": tags}],
+        )["Instances"]
+        for inst in made:
+            iid = inst["InstanceId"]
+            rows.append(
+                Machine(
+                    id=new_id(),
+                    name=f"m-{iid}",
+                    project="fleet",
+                    owner="ana@example.com",
+                    status="running",
+                    spec={},
+                    cloud="aws",
+                    region=region,
+                    zone=emu.zone_id(region, inst["Placement"]["AvailabilityZone"]),
+                    instance_type="g4dn.xlarge",
+                    gpu="T4",
+                    gpu_count=1,
+                    market="reserved",
+                    instance_id=iid,
+                    resource_name=iid,
+                    rate=Decimal("0.526"),
+                    currency="USD",
+                    created_at=now,
+                    launched_at=now,
+                )
+            )
+    with app.db.session() as s:
+        s.add_all(rows)
+        s.flush()
+        s.add_all(Event(machine_id=m.id, at=now, kind="launched", detail={}) for m in rows)
+    return [m.instance_id or "" for m in rows]
+
+
+def states(emu: AwsEmulator, region: str) -> dict[str, str]:
+    """Every instance's state in moto's own books (one paginated read)."""
+    pages = emu.client("ec2", region).get_paginator("describe_instances").paginate()
+    return {
+        i["InstanceId"]: i["State"]["Name"]
+        for page in pages
+        for r in page["Reservations"]
+        for i in r["Instances"]
+    }
+
+
+def _fleet_app(emu: AwsEmulator, home: Path, tmp_path: Path, regions: list[str], **aws) -> App:
+    (tmp_path / "p.yaml").write_text(NIGHTS_UNKNOWN_IDLE)
+    options = {"endpoint": emu.endpoint_url, "regions": regions, "retry_base_seconds": 0.001}
+    settings = make_settings(
+        home, clouds={"aws": {**options, **aws}}, policies=[str(tmp_path / "p.yaml")]
+    )
+    return App(settings, ManualClock(datetime(2026, 11, 6, 13, 0, tzinfo=UTC)))  # 08:00 NY
+
+
+def test_a_night_sweep_over_1200_machines_makes_pages_plus_one_stop_per_1000(
+    emu, home: Path, tmp_path
+):
+    """1,200 idle machines in one region: the pass lists them in pages and stops them with
+    two StopInstances calls (1,000 ids, then 200) — O(pages + N/1000) requests, no describe
+    or stop per machine."""
+    emu.reset()
+    app = _fleet_app(emu, home, tmp_path, ["us-east-1"])
+    try:
+        ids = _fleet(app, emu, "us-east-1", reservations=12, size=100)
+        emu.faults.cap_page_size(5)  # 12 reservations: pages of 5, 5 and 2
+        app.clock.set(datetime(2026, 11, 7, 2, 0, tzinfo=UTC))  # Friday 21:00 in New York
+        emu.wait_idle()
+        before = len(emu.requests)
+        p = sweep.run(app)
+        emu.wait_idle()
+        sent = emu.requests[before:]
+    finally:
+        app.close()
+    assert sum(a.done for a in p.actions) == len(ids) == 1200
+    counts = Counter(r.action for r in sent)
+    # the zone names → ids map is read once per adapter
+    assert counts == {"DescribeInstances": 3, "DescribeAvailabilityZones": 1, "StopInstances": 2}
+    stops = [sorted(v for k, v in r.params.items() if k.startswith("InstanceId.")) for r in sent]
+    stops = [s for s, r in zip(stops, sent, strict=True) if r.action == "StopInstances"]
+    assert sorted(len(s) for s in stops) == [200, 1000]
+    assert sorted(stops[0] + stops[1]) == sorted(ids)
+    assert {r.answer for r in sent} == {"forwarded"}  # moto carried out every call
+    sample = ids[:3] + ids[997:1003] + ids[-3:]  # both calls' machines, read back from moto
+    described = emu.client("ec2").describe_instances(InstanceIds=sample)["Reservations"]
+    assert {i["State"]["Name"] for r in described for i in r["Instances"]} == {"stopped"}
+
+
+def test_a_failed_batch_is_recorded_per_machine_and_retried_next_pass(emu, home: Path, tmp_path):
+    """Two regions; one region's StopInstances is refused past the retry bound: its machines
+    carry the error, the other region's are stopped in the same pass, and the next pass stops
+    the rest."""
+    emu.reset()
+    app = _fleet_app(emu, home, tmp_path, ["us-east-1", "us-west-2"], retry_attempts=2)
+    try:
+        east = _fleet(app, emu, "us-east-1", reservations=1, size=3)
+        west = _fleet(app, emu, "us-west-2", reservations=1, size=2)
+        app.clock.set(datetime(2026, 11, 7, 2, 0, tzinfo=UTC))
+        emu.faults.throttle(2, action="StopInstances")  # the first batch call, both attempts
+        first = sweep.run(app)
+        app.clock.advance(timedelta(minutes=5))
+        second = sweep.run(app)
+    finally:
+        app.close()
+    failed = {a.machine for a in first.actions if a.error}
+    stopped = {a.machine for a in first.actions if a.done}
+    by_region = {frozenset(f"m-{i}" for i in east), frozenset(f"m-{i}" for i in west)}
+    assert {frozenset(failed), frozenset(stopped)} == by_region  # one region each
+    assert all("RequestLimitExceeded" in (a.error or "") for a in first.actions if a.error)
+    assert {a.machine for a in second.actions if a.done} == failed
+    assert not any(a.error for a in second.actions)
+    assert states(emu, "us-east-1") == dict.fromkeys(east, "stopped")
+    assert states(emu, "us-west-2") == dict.fromkeys(west, "stopped")

@@ -18,6 +18,7 @@ from urllib.parse import quote, urlsplit
 
 from providers.azure import SPEC, AzureOptions, prices
 from providers.base import (
+    PARALLEL_OPERATIONS,
     TAG_MACHINE,
     TAG_MANAGED_BY,
     TAG_MANAGED_BY_VALUE,
@@ -35,6 +36,7 @@ from providers.base import (
     ProviderError,
     QuotaError,
     Throttled,
+    each,
 )
 from providers.retry import call_with_retry
 
@@ -383,6 +385,15 @@ class AzureProvider(Provider):
 
     def terminate(self, ref: InstanceRef) -> None:
         self._remove_vm(self._locate(ref)[1])
+
+    def stop_many(self, refs: Sequence[InstanceRef]) -> dict[InstanceRef, ProviderError | None]:
+        """Every stop started and waited on together, at most PARALLEL_OPERATIONS at a time."""
+        return each(refs, self.stop, workers=PARALLEL_OPERATIONS)
+
+    def terminate_many(
+        self, refs: Sequence[InstanceRef]
+    ) -> dict[InstanceRef, ProviderError | None]:
+        return each(refs, self.terminate, workers=PARALLEL_OPERATIONS)
 
     def unused_network(self, *, remove: bool = False) -> list[str]:
         """Our pieces in the resource group that no VM uses: NICs attached to no VM, public IPs

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from providers.base import (
+    PARALLEL_OPERATIONS,
     TAG_MACHINE,
     TAG_MANAGED_BY,
     TAG_MANAGED_BY_VALUE,
@@ -38,6 +39,7 @@ from providers.base import (
     ProviderError,
     QuotaError,
     Throttled,
+    each,
 )
 from providers.gcp import SPEC, GCPOptions, prices
 from providers.retry import call_with_retry, wait_until
@@ -240,6 +242,15 @@ class GCPProvider(Provider):
             self._mutate(ref, "delete_unary")
         except NotFound:
             return
+
+    def stop_many(self, refs: Sequence[InstanceRef]) -> dict[InstanceRef, ProviderError | None]:
+        """Every stop started and waited on together, at most PARALLEL_OPERATIONS at a time."""
+        return each(refs, self.stop, workers=PARALLEL_OPERATIONS)
+
+    def terminate_many(
+        self, refs: Sequence[InstanceRef]
+    ) -> dict[InstanceRef, ProviderError | None]:
+        return each(refs, self.terminate, workers=PARALLEL_OPERATIONS)
 
     def unused_network(self, *, remove: bool = False) -> list[str]:
         """Our SSH firewall rules (``provisioner-allow-ssh-*`` admitting our tag) on a network

@@ -15,6 +15,7 @@ import json
 import os
 import secrets
 import sqlite3
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -68,33 +69,43 @@ class SandboxProvider(Provider):
         super().__init__(options, **kwargs)
         self.db_path = Path(self.options.db_path or "sandbox.db")
         self.db_path.parent.mkdir(parents=True, exist_ok=True)
-        if not self.db_path.exists():  # its user data holds agent tokens: private, as the state
-            os.close(os.open(self.db_path, os.O_CREAT | os.O_WRONLY, 0o600))
-        conn = sqlite3.connect(self.db_path, timeout=30)
-        try:
-            conn.execute("PRAGMA journal_mode=WAL")
-            conn.executescript(_SCHEMA)
-            with conn:
-                if not conn.execute("SELECT 1 FROM calls").fetchone():
-                    conn.execute("INSERT INTO calls VALUES (0)")
-        finally:
-            conn.close()
+        self._lock = threading.RLock()
+        self._conn: sqlite3.Connection | None = None
+        with self._db() as db:
+            if not db.execute("SELECT 1 FROM calls").fetchone():
+                db.execute("INSERT INTO calls VALUES (0)")
 
     # -- plumbing --------------------------------------------------------------------------
 
     @contextmanager
     def _db(self) -> Iterator[sqlite3.Connection]:
-        conn = sqlite3.connect(self.db_path, timeout=30, isolation_level=None)
-        conn.row_factory = sqlite3.Row
-        try:
+        """One transaction on the adapter's one connection (opened on first use, 0600 like the
+        state: a new connection per call cost more than the call)."""
+        with self._lock:
+            if self._conn is None:
+                if not self.db_path.exists():
+                    os.close(os.open(self.db_path, os.O_CREAT | os.O_WRONLY, 0o600))
+                conn = sqlite3.connect(
+                    self.db_path, timeout=30, isolation_level=None, check_same_thread=False
+                )
+                conn.row_factory = sqlite3.Row
+                conn.execute("PRAGMA journal_mode=WAL")
+                conn.executescript(_SCHEMA)
+                self._conn = conn
+            conn = self._conn
             conn.execute("BEGIN IMMEDIATE")
-            yield conn
-            conn.execute("COMMIT")
-        except BaseException:
-            conn.execute("ROLLBACK")
-            raise
-        finally:
-            conn.close()
+            try:
+                yield conn
+                conn.execute("COMMIT")
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+
+    def close(self) -> None:
+        with self._lock:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
 
     def _fault(self, db: sqlite3.Connection, key: str) -> Any:
         row = db.execute("SELECT value FROM faults WHERE key = ?", (key,)).fetchone()
@@ -118,20 +129,27 @@ class SandboxProvider(Provider):
 
     def _call(self, fn: Callable[[sqlite3.Connection], Any]) -> Any:
         def attempt() -> Any:
-            with self._db() as db:  # counted and committed even when the call is refused
+            refused: ProviderError | None = None
+            with self._db() as db:  # one transaction: counted, and committed when refused
                 db.execute("UPDATE calls SET n = n + 1")
-                auth_fail = self._fault(db, "auth_fail")
                 left = int(self._fault(db, "throttle") or 0)
-                if left > 0:
+                if self._fault(db, "auth_fail"):
+                    refused = AuthError(
+                        "sandbox: credentials refused (injected)", code="SandboxAuth"
+                    )
+                elif left > 0:
                     db.execute(_UPSERT_FAULT, ("throttle", json.dumps(left - 1)))
-            if auth_fail:
-                raise AuthError("sandbox: credentials refused (injected)", code="SandboxAuth")
-            if left > 0:
-                raise Throttled(
-                    "sandbox: request rate exceeded (injected)", code="SandboxThrottled"
-                )
-            with self._db() as db:
-                return fn(db)
+                    refused = Throttled(
+                        "sandbox: request rate exceeded (injected)", code="SandboxThrottled"
+                    )
+                else:
+                    db.execute("SAVEPOINT act")
+                    try:
+                        return fn(db)
+                    except ProviderError as e:  # refused by the cloud: counted all the same
+                        db.execute("ROLLBACK TO act")
+                        refused = e
+            raise refused
 
         return call_with_retry(attempt, self.options)
 
@@ -299,6 +317,42 @@ class SandboxProvider(Provider):
 
     def stop(self, ref: InstanceRef) -> None:
         self._set_state(ref, "stopped", allowed_from=("pending", "running", "stopping"))
+
+    def stop_many(self, refs: Sequence[InstanceRef]) -> dict[InstanceRef, ProviderError | None]:
+        """One call for all of them, as a cloud's batch call."""
+        return self._set_states(refs, "stopped", ("pending", "running", "stopping"))
+
+    def terminate_many(
+        self, refs: Sequence[InstanceRef]
+    ) -> dict[InstanceRef, ProviderError | None]:
+        return self._set_states(refs, "terminated", (*_OCCUPYING, "stopped"))
+
+    def _set_states(
+        self, refs: Sequence[InstanceRef], state: str, allowed_from: tuple[str, ...]
+    ) -> dict[InstanceRef, ProviderError | None]:
+        def update(db: sqlite3.Connection) -> dict[InstanceRef, ProviderError | None]:
+            out: dict[InstanceRef, ProviderError | None] = {}
+            for ref in dict.fromkeys(refs):
+                row = db.execute("SELECT state FROM machines WHERE id = ?", (ref.id,)).fetchone()
+                if row is None or (row["state"] == "terminated" and state != "terminated"):
+                    out[ref] = (
+                        None
+                        if state == "terminated"
+                        else NotFound(f"sandbox: no machine {ref.id}", code="SandboxNotFound")
+                    )
+                    continue
+                if row["state"] in allowed_from:
+                    db.execute(
+                        "UPDATE machines SET state = ?, reason = 'user' WHERE id = ?",
+                        (state, ref.id),
+                    )
+                out[ref] = None
+            return out
+
+        try:
+            return self._call(update)
+        except ProviderError as e:  # the call itself refused: every machine's error
+            return dict.fromkeys(dict.fromkeys(refs), e)
 
     def start(self, ref: InstanceRef) -> None:
         self._set_state(ref, "running", allowed_from=("stopped",))

@@ -19,6 +19,7 @@ import os
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from decimal import Decimal
+from functools import partial
 from typing import Any, TypeVar
 
 from providers.base import (
@@ -47,6 +48,10 @@ ENV_AK = ("SBERCLOUD_ACCESS_KEY", "HUAWEICLOUD_SDK_AK")
 ENV_SK = ("SBERCLOUD_SECRET_KEY", "HUAWEICLOUD_SDK_SK")
 ENV_PROJECT = ("SBERCLOUD_PROJECT_ID", "HUAWEICLOUD_SDK_PROJECT_ID")
 STOP_MARKER = "provisioner_stopped_by"
+# BatchStopServers: "A maximum of 1,000 ECSs can be stopped" a call; DeleteServers: "A maximum
+# of 1,000 ECSs can be deleted in a batch" (Huawei Cloud ECS API Reference, ecs_02_0303 and
+# ecs_02_0103, support.huaweicloud.com/intl/en-us/api-ecs/). The SDK's models state no limit.
+BATCH_SERVERS = 1000
 # Our SSH security group, as on AWS: one per project (a Huawei security group is not bound to a
 # VPC: "vpc_id ... does not restrict that the security group must be associated with the VPC",
 # VPC API "Creating a Security Group"), tagged managed-by=provisioner.
@@ -480,6 +485,109 @@ class SberCloudProvider(Provider):
             return
         self._finish(job.job_id, where)
 
+    # -- batch forms ------------------------------------------------------------------------
+
+    def stop_many(self, refs: Sequence[InstanceRef]) -> dict[InstanceRef, ProviderError | None]:
+        """Each server marked as stopped by us (one metadata call each: the marker is what
+        tells our stops from preemptions), then one BatchStopServers job per 1,000 servers."""
+        from huaweicloudsdkecs.v2 import model as m
+
+        def call(c: Any, ids: list[str]) -> Any:
+            option = m.BatchStopServersOption(servers=[m.ServerId(id=i) for i in ids], type="SOFT")
+            body = m.BatchStopServersRequestBody(os_stop=option)
+            return c.batch_stop_servers(m.BatchStopServersRequest(body=body))
+
+        return self._batch(refs, "stop", call)
+
+    def terminate_many(
+        self, refs: Sequence[InstanceRef]
+    ) -> dict[InstanceRef, ProviderError | None]:
+        """As :meth:`stop_many`, with DeleteServers (volumes deleted too)."""
+        from huaweicloudsdkecs.v2 import model as m
+
+        def call(c: Any, ids: list[str]) -> Any:
+            servers = [m.ServerId(id=i) for i in ids]
+            body = m.DeleteServersRequestBody(servers=servers, delete_volume=True)
+            return c.delete_servers(m.DeleteServersRequest(body=body))
+
+        return self._batch(refs, "delete", call)
+
+    def _batch(
+        self, refs: Sequence[InstanceRef], verb: str, call: Callable[[Any, list[str]], Any]
+    ) -> dict[InstanceRef, ProviderError | None]:
+        out: dict[InstanceRef, ProviderError | None] = {}
+        marked: dict[str, InstanceRef] = {}
+        for ref in dict.fromkeys(refs):
+            try:
+                if self._mark_stopped(ref.id):
+                    marked[ref.id] = ref
+                else:  # gone: a delete has nothing left to do, a stop has nothing to stop
+                    out[ref] = None if verb == "delete" else self._gone(ref)
+            except ProviderError as e:
+                out[ref] = e
+        ids = list(marked)
+        for k in range(0, len(ids), BATCH_SERVERS):
+            for iid, err in self._batch_job(verb, call, ids[k : k + BATCH_SERVERS]).items():
+                gone = verb == "delete" and isinstance(err, NotFound)
+                out[marked[iid]] = None if gone else err
+        return {ref: out[ref] for ref in dict.fromkeys(refs)}
+
+    def _gone(self, ref: InstanceRef) -> NotFound:
+        return NotFound(f"sbercloud: server {ref.id} could not be found", code="Ecs.0114")
+
+    def _batch_job(
+        self, verb: str, call: Callable[[Any, list[str]], Any], ids: list[str]
+    ) -> dict[str, ProviderError | None]:
+        """One job for ``ids``. A server the API names in a refusal (``Instance[id] could not
+        be found``) gets that error and the call is made again without it; a failed job's
+        sub-jobs say which servers failed."""
+        out: dict[str, ProviderError | None] = {}
+        left = list(ids)
+        while left:
+            where = f"{verb} {len(left)} servers" if len(left) > 1 else f"{verb} server {left[0]}"
+            try:
+                job = self._call(where, partial(_with_ids, call, list(left)))
+            except ProviderError as e:
+                named = [i for i in left if i in str(e)]
+                for iid in named or list(left):
+                    out[iid] = e
+                left = [i for i in left if i not in out]
+                continue
+            out.update(self._job_outcome(job.job_id, where, left))
+            break
+        return out
+
+    def _job_outcome(
+        self, job_id: str, where: str, ids: list[str]
+    ) -> dict[str, ProviderError | None]:
+        try:
+            if self._wait(job_id, where, self.options.operation_timeout_seconds):
+                return dict.fromkeys(ids)
+            err: ProviderError = Throttled(
+                f"sbercloud: {where}: job {job_id} still running", code="JobTimeout"
+            )
+        except ProviderError as e:
+            err = e
+            failed = self._failed_sub_jobs(job_id, where)
+            if failed:
+                return {i: failed.get(i) for i in ids}
+        return dict.fromkeys(ids, err)
+
+    def _failed_sub_jobs(self, job_id: str, where: str) -> dict[str, ProviderError]:
+        from huaweicloudsdkecs.v2 import model as m
+
+        try:
+            job = self._call(where, lambda c: c.show_job(m.ShowJobRequest(job_id=job_id)))
+        except ProviderError:
+            return {}
+        out = {}
+        for sub in (job.entities.sub_jobs if job.entities else None) or []:
+            sid = (sub.entities.server_id if sub.entities else None) or ""
+            if sub.status == "FAIL" and sid:
+                reason = sub.fail_reason or "no reason given"
+                out[sid] = errors.classify(None, sub.error_code, reason, where=where)
+        return out
+
     # -- our SSH security group ----------------------------------------------------------------
 
     def _ssh_group(self) -> str:
@@ -670,3 +778,7 @@ class SberCloudProvider(Provider):
             listed = self._call(f"list flavors in {zone}", list_flavors)
             out.extend(flavors.offers(listed.flavors or [], self.region, zone))
         return out
+
+
+def _with_ids(call: Callable[[Any, list[str]], Any], ids: list[str], client: Any) -> Any:
+    return call(client, ids)

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from providers.base import (
+    PARALLEL_OPERATIONS,
     TAG_MACHINE,
     TAG_MANAGED_BY,
     TAG_MANAGED_BY_VALUE,
@@ -31,6 +32,7 @@ from providers.base import (
     ProviderError,
     QuotaError,
     Throttled,
+    each,
 )
 from providers.retry import call_with_retry, wait_until
 from providers.userdata import cloud_init
@@ -504,6 +506,15 @@ class YandexProvider(Provider):
                 return
             if state is not MachineState.TERMINATED:
                 raise
+
+    def stop_many(self, refs: Sequence[InstanceRef]) -> dict[InstanceRef, ProviderError | None]:
+        """Every stop started and waited on together, at most PARALLEL_OPERATIONS at a time."""
+        return each(refs, self.stop, workers=PARALLEL_OPERATIONS)
+
+    def terminate_many(
+        self, refs: Sequence[InstanceRef]
+    ) -> dict[InstanceRef, ProviderError | None]:
+        return each(refs, self.terminate, workers=PARALLEL_OPERATIONS)
 
     def fetch_offers(self) -> list[Offer]:
         """Billing SkuService.List (all pages, RUB incl. VAT) → the street price in force now

@@ -124,17 +124,11 @@ def _stop_in_scope(app: App, policy: Policy, how: str, st: Status) -> list[Actio
         ("pending", "running") if how == "stop" else ("pending", "running", "stopped", "preempted")
     )
     with app.db.session() as s:
-        names = [
-            m.name
+        machines = [
+            m
             for m in s.scalars(select(Machine).where(Machine.status.in_(statuses)))
             if policy.applies_to.matches(m.project, m.owner)
         ]
-    out = []
-    for name in names:
-        a = Action(how, policy.name, f"budget exhausted: {st.spent} of {st.amount}", name)
-        try:
-            (lifecycle.stop if how == "stop" else lifecycle.down)(app, name, reason=REASON)
-        except OperationFailed as e:
-            a.error = str(e)
-        out.append(a)
-    return out
+    done = lifecycle.act_many(app, machines, how, reason=REASON)  # in batches, as the sweep
+    why = f"budget exhausted: {st.spent} of {st.amount}"
+    return [Action(how, policy.name, why, m.name, error=done[m.id].error) for m in machines]

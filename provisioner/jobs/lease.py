@@ -1,5 +1,6 @@
 """Two schedulers on one database never act twice: each pass first takes a lease (a table row,
 ``UPDATE … WHERE expired OR mine``, the same on SQLite and PostgreSQL); the other skips the pass.
+A pass renews it before each batch it acts on (:meth:`Held.renew`), so it cannot outlive it.
 """
 
 from __future__ import annotations
@@ -65,19 +66,39 @@ def release(app: App, job: str, holder: str = HOLDER) -> None:
         )
 
 
+class Held:
+    """The lease of one pass; false when another scheduler holds it."""
+
+    def __init__(self, app: App, job: str, holder: str, held: bool, dry_run: bool) -> None:
+        self.app, self.job, self.holder, self.held, self.dry_run = app, job, holder, held, dry_run
+
+    def __bool__(self) -> bool:
+        return self.held
+
+    def renew(self) -> bool:
+        """Extend the lease from now before acting again: a pass longer than the lease keeps
+        it. False when it was lost (it expired and another scheduler took it): act no more."""
+        if self.dry_run or not self.held:
+            return self.held
+        self.held = acquire(self.app, self.job, self.app.clock.now(), self.holder)
+        return self.held
+
+
 @contextmanager
-def leading(app: App, job: str, now: datetime, holder: str, dry_run: bool) -> Iterator[bool]:
+def leading(app: App, job: str, now: datetime, holder: str, dry_run: bool) -> Iterator[Held]:
     """Hold the lease for one pass. A dry run changes nothing, so it needs none."""
     if dry_run:
-        yield True
+        yield Held(app, job, holder, True, True)
         return
-    if not acquire(app, job, now, holder):
-        yield False
+    lease = Held(app, job, holder, acquire(app, job, now, holder), False)
+    if not lease:
+        yield lease
         return
     try:
-        yield True
+        yield lease
     finally:
-        release(app, job, holder)
+        if lease.held:
+            release(app, job, holder)
 
 
 def not_leader(job: str, app: App, dry_run: bool) -> Pass:

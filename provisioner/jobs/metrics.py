@@ -83,7 +83,7 @@ class Metrics:
             labels=["signal"],
         )
         counts = dict.fromkeys(("idle", "busy", "unknown", "starting"), 0)
-        for a in assess(app, now, running):
+        for a in assess(app, now, running)[0]:
             if a.signals:
                 counts[_strictest(a.signals)] += 1
         for k, n in counts.items():

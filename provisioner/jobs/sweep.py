@@ -5,6 +5,7 @@ whose rule asks for it is mailed before the machine is acted on.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, time, timedelta
 from typing import Any
@@ -18,12 +19,13 @@ from policies.schema import IdleRule, Policy, matching
 from provisioner import idle, lifecycle, mail
 from provisioner.app import App
 from provisioner.errors import ProvisionerError, UserError
-from provisioner.jobs.lease import HOLDER, leading, not_leader
-from provisioner.jobs.passes import Action, Pass, act
+from provisioner.jobs.lease import HOLDER, Held, leading, not_leader
+from provisioner.jobs.passes import Action, Pass
 from provisioner.models import Event, Machine
 from provisioner.state import machine as machine_row
 
 HEARTBEAT_RETENTION = timedelta(days=1)
+log = logging.getLogger("provisioner.scheduler")
 
 
 # --- rules per machine -----------------------------------------------------------------------
@@ -80,34 +82,52 @@ class Assessment:
     signals: dict[IdleCheck, idle.Signal]
 
 
-def assess(app: App, now: datetime, machines: list[Machine]) -> list[Assessment]:
-    """Each machine's rules and, for each idle rule, its signal (two queries in all)."""
+def assess(
+    app: App, now: datetime, machines: list[Machine]
+) -> tuple[list[Assessment], dict[str, Exception]]:
+    """Each machine's rules and, for each idle rule, its signal (two queries in all). A machine
+    whose rules or data cannot be evaluated (a duration past what a date can hold…) is left out
+    with its error, and the others are assessed."""
     book = RuleBook(app.policies)
-    rules = {m.id: book.for_machine(m) for m in machines}
     grace = timedelta(seconds=app.settings.scheduler.heartbeat_grace_seconds)
-    windows = [c.rule.for_minutes for r in rules.values() for c in r.idle]
-    running = [m.id for m in machines if m.status == "running" and rules[m.id].idle]
+    failed: dict[str, Exception] = {}
+    rules: dict[str, Rules] = {}
+    lookback: dict[str, datetime] = {}  # running machines with idle rules: beats since when
+    for m in machines:
+        try:
+            r = rules[m.id] = book.for_machine(m)
+            if m.status == "running" and r.idle:
+                window = max(timedelta(minutes=c.rule.for_minutes) for c in r.idle)
+                lookback[m.id] = now - window - grace
+        except Exception as e:  # one machine's failure is its own
+            failed[m.id] = e
     beats: dict[str, list[idle.Beat]] = {}
     since: dict[str, datetime] = {}
-    if running:
-        beats = idle.beats_since(app, running, now - timedelta(minutes=max(windows)) - grace)
-        since = idle.running_since(app, running)
+    if lookback:
+        beats = idle.beats_since(app, list(lookback), min(lookback.values()))
+        since = idle.running_since(app, list(lookback))
     out = []
     for m in machines:
+        if m.id in failed:
+            continue
         r = rules[m.id]
         signals: dict[IdleCheck, idle.Signal] = {}
-        if m.status == "running":
-            for c in r.idle:
-                signals[c] = idle.classify(
-                    beats.get(m.id, []),
-                    now=now,
-                    running_since=since.get(m.id, m.launched_at),
-                    below=c.rule.gpu_util_below,
-                    window=timedelta(minutes=c.rule.for_minutes),
-                    grace=grace,
-                )
+        try:
+            if m.id in lookback:
+                for c in r.idle:
+                    signals[c] = idle.classify(
+                        beats.get(m.id, []),
+                        now=now,
+                        running_since=since.get(m.id, m.launched_at),
+                        below=c.rule.gpu_util_below,
+                        window=timedelta(minutes=c.rule.for_minutes),
+                        grace=grace,
+                    )
+        except Exception as e:
+            failed[m.id] = e
+            continue
         out.append(Assessment(m, r, signals))
-    return out
+    return out, failed
 
 
 def _stoppable(m: Machine, how: str, why: str) -> tuple[str, str]:
@@ -155,38 +175,98 @@ def decide(a: Assessment, now: datetime) -> Action | None:
     )
 
 
+#: Machines acted on per batch call and per transaction; the lease is renewed before each.
+BATCH = 1000
+
+
 def run(
     app: App, now: datetime | None = None, *, dry_run: bool = False, holder: str = HOLDER
 ) -> Pass:
     now = now or app.clock.now()
     app.policies  # noqa: B018  (a bad policy file stops the pass before anything is done)
-    with leading(app, "sweep", now, holder, dry_run) as leader:
-        if not leader:
+    with leading(app, "sweep", now, holder, dry_run) as lease:
+        if not lease:
             return not_leader("sweep", app, dry_run)
-        if not dry_run:  # one list call per cloud brings the state up to date
-            lifecycle.reconcile(app, now=now)
-        with app.db.session() as s:
-            machines = list(
-                s.scalars(
-                    select(Machine).where(
-                        Machine.status.in_(("running", "stopped")),
-                        Machine.instance_id.is_not(None),
-                    )
-                )
-            )
+        machines = _machines(app, now, dry_run)
         result = Pass("sweep", dry_run=dry_run, checked=len(machines))
-        for a in assess(app, now, machines):
-            action = decide(a, now)
-            if action is None:
-                continue
-            if action.warn_minutes and action.action in ("stop", "terminate"):
-                action = _warned_first(app, a.machine, action, now, dry_run)
-            if not dry_run and action.action in ("stop", "terminate"):
-                act(app, action)
+        assessed, failed = assess(app, now, machines)
+        by_id = {a.machine.id: a for a in assessed}
+        todo: list[tuple[Action, Machine]] = []
+        for m in machines:
+            try:
+                if m.id in failed:
+                    raise failed[m.id]
+                action = decide(by_id[m.id], now)
+                if action is None:
+                    continue
+                if action.warn_minutes and action.action in ("stop", "terminate"):
+                    action = _warned_first(app, m, action, now, dry_run)
+            except Exception as e:  # logged and shown; the others are acted on
+                log.warning("sweep: %s could not be assessed: %s: %s", m.name, type(e).__name__, e)
+                why = f"could not be assessed ({type(e).__name__}: {e}); left as it is"
+                action = Action(m.name, "skip", "error", why, error=f"{type(e).__name__}: {e}")
             result.actions.append(action)
+            if not dry_run and action.action in ("stop", "terminate"):
+                todo.append((action, m))
+        _act(app, lease, todo)
         if not dry_run:
             idle.prune(app, now - HEARTBEAT_RETENTION)
         return result
+
+
+def _machines(app: App, now: datetime, dry_run: bool) -> list[Machine]:
+    """The machines the sweep may act on, read once: from the pass's reconcile (one list call
+    per cloud brings the state up to date), or from the state in a dry run."""
+    if not dry_run:
+        return [
+            o.machine
+            for o in lifecycle.reconcile(app, now=now)
+            if o.machine.status in ("running", "stopped") and o.machine.instance_id
+        ]
+    with app.db.session() as s:
+        return list(
+            s.scalars(
+                select(Machine).where(
+                    Machine.status.in_(("running", "stopped")), Machine.instance_id.is_not(None)
+                )
+            )
+        )
+
+
+def _act(app: App, lease: Held, todo: list[tuple[Action, Machine]]) -> None:
+    """The stops and terminates, in batches per cloud, region, action and reason: one batch
+    call and one transaction each, the lease renewed before each. A machine that fails is
+    recorded on its action (and tried again by the next pass)."""
+    groups: dict[tuple[str, str, str, str], list[tuple[Action, Machine]]] = {}
+    for action, m in todo:
+        key = (m.cloud or "", m.region or "", action.action, action.reason)
+        groups.setdefault(key, []).append((action, m))
+    for (_, _, how, reason), items in groups.items():
+        for k in range(0, len(items), BATCH):
+            batch = items[k : k + BATCH]
+            if not lease.renew():
+                for action, _ in batch:
+                    action.error = "the scheduler's lease was lost; the next pass acts"
+                continue
+            details = {m.id: _detail(action) for action, m in batch}
+            machines = [m for _, m in batch]
+            done = lifecycle.act_many(app, machines, how, reason=reason, details=details)
+            for action, m in batch:
+                outcome = done[m.id]
+                if outcome.error:
+                    action.error = outcome.error
+                    log.warning("sweep: %s %s failed: %s", how, m.name, outcome.error)
+                    continue
+                action.done = True
+                if not outcome.changed:
+                    action.why += " (it already was)"
+
+
+def _detail(action: Action) -> dict[str, Any]:
+    detail = {"why": action.why}
+    if action.idle_since is not None:
+        detail["idle_since"] = action.idle_since.isoformat()
+    return detail
 
 
 def _warned_first(app: App, m: Machine, action: Action, now: datetime, dry_run: bool) -> Action:

@@ -380,3 +380,49 @@ def test_check_with_credentials_says_ok(cloud: Harness) -> None:
     assert result.ok and result.cloud == cloud.name
     assert cloud.ok_hint in result.message
     one_line_without_secrets(cloud, result.message)
+
+
+# --- batch forms --------------------------------------------------------------------------
+
+
+def test_stop_many_and_terminate_many_act_on_every_machine(cloud: Harness) -> None:
+    provider = cloud.provider()
+    machines = [
+        provider.launch(cloud.launch_request(str(n), place=n % len(cloud.places)))
+        for n in range(len(cloud.places) + 1)
+    ]
+    refs = [m.ref for m in machines]
+    assert provider.stop_many(refs) == dict.fromkeys(refs)
+    assert all(provider.get(r).state is MachineState.STOPPED for r in refs)
+    assert provider.stop_many(refs) == dict.fromkeys(refs)  # idempotent, like stop
+    assert provider.terminate_many(refs) == dict.fromkeys(refs)
+    assert all(state_or_gone(provider, r) in (MachineState.TERMINATED, None) for r in refs)
+    assert provider.terminate_many(refs) == dict.fromkeys(refs)
+    assert cloud.machines() == []
+
+
+def test_one_missing_machine_does_not_fail_the_batch(cloud: Harness) -> None:
+    provider = cloud.provider()
+    gone, kept, other = (provider.launch(cloud.launch_request(str(n))) for n in range(3))
+    cloud.delete_from_outside(gone)
+    refs = [gone.ref, kept.ref, other.ref]
+
+    stopped = provider.stop_many(refs)
+    assert isinstance(stopped[gone.ref], NotFound)
+    assert_code(cloud, "not_found", stopped[gone.ref])  # type: ignore[arg-type]
+    assert (stopped[kept.ref], stopped[other.ref]) == (None, None)
+    assert provider.get(kept.ref).state is provider.get(other.ref).state is MachineState.STOPPED
+
+    never = cloud.unknown_ref()
+    assert provider.terminate_many([never, *refs]) == dict.fromkeys([never, *refs])
+    assert cloud.machines() == []
+
+
+def test_a_machine_that_cannot_be_stopped_does_not_fail_the_batch(cloud: Harness) -> None:
+    provider = cloud.provider()
+    ended, kept = (provider.launch(cloud.launch_request(str(n))) for n in range(2))
+    provider.terminate(ended.ref)
+    result = provider.stop_many([ended.ref, kept.ref])
+    assert set(result) == {ended.ref, kept.ref}
+    assert result[kept.ref] is None
+    assert provider.get(kept.ref).state is MachineState.STOPPED

@@ -976,6 +976,9 @@ def _server_ids(opts: dict[str, Any]) -> list[str]:
     servers = _required(opts, "servers", list)
     if not servers or any(not isinstance(s, dict) or set(s) != {"id"} for s in servers):
         raise _invalid("servers must be [{id}]")
+    if len(servers) > 1000:  # "A maximum of 1,000 ECSs" per batch stop/start/delete (ECS API
+        # Reference, ecs_02_0303 BatchStopServers, ecs_02_0103 DeleteServers)
+        raise _invalid("servers: at most 1000 a request")
     return [s["id"] for s in servers]
 
 
