@@ -306,7 +306,7 @@ def test_six_concurrent_ups_under_a_limit_of_3_leave_3(home, tmp_path, db_url, l
     for t in threads:
         t.start()
     for t in threads:
-        t.join(120)
+        t.join(600)
     try:
         refused = [r for r in results if isinstance(r, UserError)]
         assert len(refused) == 3, results
