@@ -42,6 +42,7 @@ ORDER = [
     "provisioner.jobs.lease",
     "provisioner.jobs.notices",
     "provisioner.jobs.sweep",
+    "provisioner.jobs.outlook",  # what the sweep will do next, and why not yet
     "provisioner.jobs.recover",
     "provisioner.jobs.reconcile",
     "provisioner.jobs.enforce",
