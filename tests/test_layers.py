@@ -52,6 +52,7 @@ ORDER = [
     "provisioner.cli",  # the Typer app and what every command shares
     "provisioner.cli.catalog",
     "provisioner.cli.machines",
+    "provisioner.cli.status",  # status (fleet and detail), events
     "provisioner.cli.report",
     "provisioner.cli.scheduler",
     "provisioner.cli.main",  # the entry point: registers the commands and runs one

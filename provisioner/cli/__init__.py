@@ -84,10 +84,10 @@ def get_app(ctx: typer.Context, clock: Any = None) -> Any:
 
 
 def amount(d: Decimal) -> str:
-    """An amount for JSON: plain decimal text, to the millionth at most (a computed spend has
-    28 digits of which no invoice shows more than 6), trailing zeros dropped, never ``1E+2``."""
-    if d.as_tuple().exponent < -6:  # type: ignore[operator]
-        d = d.quantize(Decimal("0.000001"), ROUND_HALF_EVEN)
+    """An amount for JSON: plain decimal text, to 9 places at most (a computed spend carries
+    28 digits, no invoice more than 6), trailing zeros dropped, never ``1E+2``."""
+    if d.as_tuple().exponent < -9:  # type: ignore[operator]
+        d = d.quantize(Decimal("1E-9"), ROUND_HALF_EVEN)
     text = f"{d.normalize():f}"
     return "0" if text in ("-0", "0") else text
 
@@ -138,9 +138,7 @@ def text_table(
     Plain text, so 10,000 rows draw in milliseconds."""
     max_width = max_width or width()
     keep = list(range(len(columns)))
-    widths = [
-        max([len(columns[i][0]), *(len(r[i]) for r in rows)]) for i in range(len(columns))
-    ]
+    widths = [max([len(columns[i][0]), *(len(r[i]) for r in rows)]) for i in range(len(columns))]
     for prio in sorted({c[2] for c in columns if c[2] > 0}, reverse=True):
         if sum(widths[i] for i in keep) + 2 * (len(keep) - 1) <= max_width:
             break

@@ -20,6 +20,7 @@ from provisioner.cli import (  # noqa: F401  (commands)
     machines,
     report,
     scheduler,
+    status,
 )
 from provisioner.errors import ConfigError, ProvisionerError
 

@@ -52,7 +52,8 @@ def why_not(a: sweep.Assessment, now: datetime) -> str:
         rule = check.rule
         parts.append(
             {
-                "busy": f"GPUs busy (not below {rule.gpu_util_below:g}% for {rule.for_minutes} min)",
+                "busy": f"GPUs busy (not below {rule.gpu_util_below:g}%"
+                f" for {rule.for_minutes} min)",
                 "starting": f"started less than {rule.for_minutes} min ago",
                 "unknown": "no recent heartbeat (not counted as idle)",
             }.get(signal or "", f"signal {signal}")
