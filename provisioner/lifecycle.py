@@ -29,6 +29,7 @@ from providers.base import (
     TAG_PROJECT,
     AuthError,
     CapacityError,
+    ConfigurationError,
     Instance,
     InstanceRef,
     InvalidRequest,
@@ -58,7 +59,7 @@ class Attempt:
     where: str
     instance_type: str
     market: str
-    outcome: str  # launched | capacity | quota | auth | invalid | error | skipped
+    outcome: str  # launched | capacity | quota | auth | settings | invalid | error | skipped
     message: str = ""
 
 
@@ -92,6 +93,9 @@ class Blocklist:
         if isinstance(err, AuthError):
             self.clouds[o.cloud] = f"{o.cloud} blocked: credentials"
             return "auth"
+        if isinstance(err, ConfigurationError):
+            self.clouds[o.cloud] = f"{o.cloud} blocked: settings"
+            return "settings"
         if isinstance(err, QuotaError):
             if err.scope == "cloud":
                 self.clouds[o.cloud] = f"{o.cloud} blocked: quota"

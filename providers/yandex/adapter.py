@@ -20,6 +20,7 @@ from providers.base import (
     AuthError,
     CapacityError,
     CheckResult,
+    ConfigurationError,
     Instance,
     InstanceRef,
     InvalidRequest,
@@ -486,7 +487,7 @@ class YandexProvider(Provider):
 
     def _require_folder(self) -> str:
         if not self.folder_id:
-            raise InvalidRequest(
+            raise ConfigurationError(
                 "yandex: no folder set (folder_id in settings or YC_FOLDER_ID)", code="NO_FOLDER"
             )
         return self.folder_id
