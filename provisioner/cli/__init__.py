@@ -30,9 +30,15 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     rich_markup_mode=None,
 )
-# Wide when piped: a table cut to 80 columns is useless in a log or a CI artifact.
-out = Console(width=None if sys.stdout.isatty() else 160)
-err = Console(stderr=True, width=None if sys.stderr.isatty() else 160)
+
+
+def width() -> int:
+    """Columns to draw in: $COLUMNS, else the terminal's; wide when piped (a log keeps all)."""
+    return shutil.get_terminal_size((200, 24)).columns
+
+
+out = Console(width=width())
+err = Console(stderr=True, width=width())
 
 
 class Output(StrEnum):
@@ -120,11 +126,6 @@ def print_json(data: Any) -> None:
 def plural(n: int, word: str, many: str | None = None) -> str:
     """``1 candidate``, ``3 candidates``."""
     return f"{n:,} {word if n == 1 else many or word + 's'}"
-
-
-def width() -> int:
-    """Columns to draw in: $COLUMNS, else the terminal's; wide when piped (a log keeps all)."""
-    return shutil.get_terminal_size((200, 24)).columns
 
 
 def text_table(
