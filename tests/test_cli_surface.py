@@ -9,8 +9,6 @@ codes and error handling are the ones a user gets; the few things only a process
 from __future__ import annotations
 
 import json
-import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -18,10 +16,11 @@ import typer
 
 from provisioner.app import App
 from provisioner.cli import app as cli_app
-from provisioner.cli.main import main
-from provisioner.clock import CLOCK_ENV, ManualClock
+from provisioner.clock import ManualClock
 from provisioner.settings import load_settings
 from tests.conftest import TEST_START, sandbox_experiment, write_settings, write_yaml
+
+pytest_plugins = ["tests.cli_runner"]  # the `cli` fixture
 
 
 def commands() -> list[tuple[str, ...]]:
@@ -49,36 +48,6 @@ def params(path: tuple[str, ...]):
 
 def has_output(path: tuple[str, ...]) -> bool:
     return any("--output" in p.opts for p in params(path))
-
-
-@dataclass
-class Run:
-    code: int
-    out: str
-    err: str
-
-
-@pytest.fixture
-def cli(home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys):
-    """run(*argv) -> Run, through the console entry point in this process (clock at
-    TEST_START, 80 columns, stdin not a terminal)."""
-    monkeypatch.setenv(CLOCK_ENV, TEST_START.isoformat())
-    monkeypatch.setenv("COLUMNS", "80")
-    monkeypatch.setattr(sys.stdin, "isatty", lambda: False)
-
-    def run(*argv: str) -> Run:
-        monkeypatch.setattr(sys, "argv", ["provisioner", *argv])
-        capsys.readouterr()
-        try:
-            main()
-        except SystemExit as e:
-            code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-        else:
-            pytest.fail(f"{argv}: main() returned without an exit code")
-        cap = capsys.readouterr()
-        return Run(code, cap.out, cap.err)
-
-    return run
 
 
 @pytest.fixture

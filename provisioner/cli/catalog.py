@@ -69,7 +69,9 @@ def catalog(
             ]
         )
         return
-    out.print(f"GPU offers, cheapest per cloud (prices per hour; ranked in {rates.base})")
+    out.print(
+        f"GPU offers, cheapest per cloud (prices per hour; ranked in {rates.base})", soft_wrap=True
+    )
     rows = []
     for key in keys:
         row = best[key]
@@ -93,7 +95,8 @@ def catalog(
     out.print(text_table(columns, rows), highlight=False, markup=False, soft_wrap=True)
     sources = {cl: cat.source_of(application.settings, cl).name for cl in clouds}
     out.print(
-        f"[dim]{rates.describe()}; data: {', '.join(f'{k}={v}' for k, v in sources.items())}[/]"
+        f"[dim]{rates.describe()}; data: {', '.join(f'{k}={v}' for k, v in sources.items())}[/]",
+        soft_wrap=True,
     )
 
 
@@ -130,7 +133,7 @@ def refresh(
             f"--cloud {cloud!r}: no such cloud (one of {', '.join(providers.REGISTRY)})"
         )
     source = providers.spec(cloud).prices_from
-    err.print(f"{cloud}: reading {source}", highlight=False)
+    err.print(f"{cloud}: reading {source}", highlight=False, soft_wrap=True)
     try:
         offers = application.provider(cloud).fetch_offers()
         path = cat.refresh(application.settings, cloud, offers)
@@ -144,7 +147,7 @@ def refresh(
         raise OperationFailed(
             f"{cloud}: price refresh failed, keeping the old catalog: {e}"
         ) from None
-    out.print(f"{cloud}: {len(offers):,} offers written to {path}")
+    out.print(f"{cloud}: {len(offers):,} offers written to {path}", soft_wrap=True)
 
 
 @app.command()

@@ -124,6 +124,7 @@ def plan(
         f"{plural(len(p.candidates), 'candidate')}, cheapest first"
         + (f" (top {len(shown)})" if len(shown) < len(p.candidates) else ""),
         highlight=False,
+        soft_wrap=True,
     )
     if shown:
         columns = [
@@ -162,24 +163,27 @@ def plan(
             + ", ".join(
                 f"{cl} {b.price_base.amount:,.2f} {p.currency}"
                 for cl, b in sorted(best.items(), key=lambda kv: kv[1].price_base.amount)
-            )
+            ),
+            soft_wrap=True,
         )
     if p.rates:
-        out.print(f"[dim]ranked in {p.currency}; {p.rates}[/]")
+        out.print(f"[dim]ranked in {p.currency}; {p.rates}[/]", soft_wrap=True)
     for cloud in sorted({o.cloud for o in p.unpriced}):
         types = sorted({o.instance_type for o in p.unpriced if o.cloud == cloud})
         out.print(
             f"[yellow]{cloud}[/]: {', '.join(types)} fit but have no public price, so they are not "
-            f"ranked; set prices.{cloud}.<type> in settings to include them"
+            f"ranked; set prices.{cloud}.<type> in settings to include them",
+            soft_wrap=True,
         )
     for check in p.checks:
-        out.print(str(check))
+        out.print(str(check), soft_wrap=True)
     if p.rejected:
         out.print(
             "[bold]turned down[/]: "
             + "; ".join(
                 f"{reason}: {n} (e.g. {p.examples[reason]})" for reason, n in p.summary_reasons()
-            )
+            ),
+            soft_wrap=True,
         )
 
 
@@ -203,7 +207,11 @@ def up(
     if existing is not None and existing.status != "requested":  # "requested": resume it
         _already(existing, experiment.to_json(), spec, output)
         return
-    say = (lambda msg: None) if quiet else (lambda msg: err.print(msg, highlight=False))
+    say = (
+        (lambda msg: None)
+        if quiet
+        else (lambda msg: err.print(msg, highlight=False, soft_wrap=True))
+    )
     try:
         with err.status(f"launching {experiment.name}…") if not quiet else nullcontext():
             result = lifecycle.up(application, experiment, spec_path=spec, progress=say)
@@ -228,14 +236,22 @@ def up(
         return
     out.print(
         f"[green]launched[/] {m.name} on {m.cloud} {m.zone or m.region}: {m.instance_type} "
-        f"({m.gpu_count}×{m.gpu}, {m.market}) at {_money(m.rate, m.currency)}/h"
+        f"({m.gpu_count}×{m.gpu}, {m.market}) at {_money(m.rate, m.currency)}/h",
+        soft_wrap=True,
     )
     if m.disk_rate is not None:
-        out.print(f"  disk {m.disk_gb} GB: {_money(m.disk_rate, m.currency)}/h while it exists")
-    out.print(f"  instance {m.instance_id}" + (f", address {m.public_ip}" if m.public_ip else ""))
-    out.print(f"  connect with `provisioner ssh {m.name}`")
+        out.print(
+            f"  disk {m.disk_gb} GB: {_money(m.disk_rate, m.currency)}/h while it exists",
+            soft_wrap=True,
+        )
     out.print(
-        f"  stop it with `provisioner stop {m.name}`, remove it with `provisioner down {m.name}`"
+        f"  instance {m.instance_id}" + (f", address {m.public_ip}" if m.public_ip else ""),
+        soft_wrap=True,
+    )
+    out.print(f"  connect with `provisioner ssh {m.name}`", soft_wrap=True)
+    out.print(
+        f"  stop it with `provisioner stop {m.name}`, remove it with `provisioner down {m.name}`",
+        soft_wrap=True,
     )
 
 
@@ -275,9 +291,10 @@ def _already(m: Any, new_spec: dict[str, Any], path: str, output: Output) -> Non
             f"[red]error:[/] {m.name} already exists ({where}) from a different spec; "
             f"nothing launched. What differs (recorded → {path}):",
             highlight=False,
+            soft_wrap=True,
         )
         for d in diffs:
-            err.print(f"  {d}", highlight=False, markup=False)
+            err.print(f"  {d}", highlight=False, markup=False, soft_wrap=True)
         err.print(
             f"To launch the new spec: `provisioner down {m.name}` then `provisioner up {path}`"
             + (
@@ -287,6 +304,7 @@ def _already(m: Any, new_spec: dict[str, Any], path: str, output: Output) -> Non
             ),
             highlight=False,
             markup=False,
+            soft_wrap=True,
         )
     else:
         hint = (
@@ -294,7 +312,11 @@ def _already(m: Any, new_spec: dict[str, Any], path: str, output: Output) -> Non
             if m.status == "stopped"
             else f"see `provisioner status {m.name}`"
         )
-        out.print(f"{m.name} already exists ({where}); nothing launched — {hint}", highlight=False)
+        out.print(
+            f"{m.name} already exists ({where}); nothing launched — {hint}",
+            highlight=False,
+            soft_wrap=True,
+        )
     if diffs:
         raise typer.Exit(2)
 
@@ -306,13 +328,17 @@ def _interrupted_up(application: Any, name: str, path: str) -> None:
     except Exception:  # the state itself was mid-write: say what we can
         m = None
     if m is None:
-        err.print(f"interrupted: nothing of {name} was written; run `provisioner up {path}`")
+        err.print(
+            f"interrupted: nothing of {name} was written; run `provisioner up {path}`",
+            soft_wrap=True,
+        )
     elif m.status == "requested":
         err.print(
             f"interrupted: {name} is requested (recorded, launch not finished; a machine may "
             f"be starting). Resume with `provisioner up {path}`, or undo with "
             f"`provisioner down {name}`",
             highlight=False,
+            soft_wrap=True,
         )
     else:
         err.print(
@@ -321,6 +347,7 @@ def _interrupted_up(application: Any, name: str, path: str) -> None:
             f"`provisioner ssh {name}` once it answers, or remove it with "
             f"`provisioner down {name}`",
             highlight=False,
+            soft_wrap=True,
         )
 
 
@@ -380,7 +407,7 @@ def _fleet(verb: str, fn_name: str, done: str, same: str, applies: tuple[str, ..
         chosen = list(dict.fromkeys(names or [])) or _select(application, project, applies)
         if not chosen:
             scope = f"in project {project!r}" if project else "at all"
-            out.print(f"no machine to {fn_name} {scope}", highlight=False)
+            out.print(f"no machine to {fn_name} {scope}", highlight=False, soft_wrap=True)
             return
         if (all_ or project or len(chosen) > 1) and not yes:
             _confirm(f"{fn_name} {plural(len(chosen), 'machine')}: {', '.join(chosen)}?")
@@ -392,7 +419,9 @@ def _fleet(verb: str, fn_name: str, done: str, same: str, applies: tuple[str, ..
             except ProvisionerError as e:
                 results.append({"name": name, "error": str(e), "exit_code": e.exit_code})
                 if output is not Output.json:
-                    err.print(f"[red]error:[/] {name}: {e}", highlight=False, markup=True)
+                    err.print(
+                        f"[red]error:[/] {name}: {e}", highlight=False, markup=True, soft_wrap=True
+                    )
                 continue
             results.append({"name": name, "changed": changed, "machine": machine_json(m)})
             if output is Output.json:
@@ -402,9 +431,10 @@ def _fleet(verb: str, fn_name: str, done: str, same: str, applies: tuple[str, ..
                     f"{m.name} was never launched (an unfinished `up`): its request is "
                     "cancelled and marked failed; nothing of it bills",
                     highlight=False,
+                    soft_wrap=True,
                 )
             else:
-                out.print(f"{m.name} {done if changed else same}", highlight=False)
+                out.print(f"{m.name} {done if changed else same}", highlight=False, soft_wrap=True)
         if output is Output.json:
             one = len(results) == 1 and names
             print_json(results[0] if one else results)
@@ -424,7 +454,11 @@ def _select(application: Any, project: str | None, applies: tuple[str, ...]) -> 
 
     from provisioner.models import Machine  # as above
 
-    q = select(Machine.name).where(Machine.status.in_(applies)).order_by(Machine.created_at)
+    q = (
+        select(Machine.name)
+        .where(Machine.status.in_(applies))
+        .order_by(Machine.created_at, Machine.name)
+    )
     if project:
         q = q.where(Machine.project == project)
     with application.db.session() as s:
@@ -511,11 +545,19 @@ def gc(
         )
         return
     for o in found:
-        out.print(("[red]terminated[/] " if o in done else "") + str(o), highlight=False)
+        out.print(
+            ("[red]terminated[/] " if o in done else "") + str(o), highlight=False, soft_wrap=True
+        )
     if not found:
-        out.print("no orphans")
+        out.print("no orphans", soft_wrap=True)
     for cl, pieces in network.items():
         for piece in pieces:
-            out.print(f"{'[red]removed[/] ' if terminate else 'unused: '}{cl} {piece}")
+            out.print(
+                f"{'[red]removed[/] ' if terminate else 'unused: '}{cl} {piece}", soft_wrap=True
+            )
     for c, why in errors.items():
-        err.print(f"[yellow]{c}[/]: not asked: {why.removeprefix(f'{c}: ')}", highlight=False)
+        err.print(
+            f"[yellow]{c}[/]: not asked: {why.removeprefix(f'{c}: ')}",
+            highlight=False,
+            soft_wrap=True,
+        )

@@ -42,6 +42,7 @@ def keep(
                 if was
                 else f"{m.name} was not kept; nothing changed",
                 highlight=False,
+                soft_wrap=True,
             )
         return
     m = sweep.keep(application, name, until)
@@ -58,6 +59,7 @@ def keep(
             f"{m.name} is kept until {local:%Y-%m-%d %H:%M} {tz} ({m.kept_until:%H:%M} UTC, in "
             f"{left}); undo with `provisioner keep {m.name} --cancel`",
             highlight=False,
+            soft_wrap=True,
         )
 
 
@@ -98,12 +100,14 @@ def sweep(
         if p.job == "sweep":
             lines += [f"{n}: {why}" for n, why in waiting.items()]
         head = f"{p.job}: {plural(p.checked, 'machine')} checked" if p.leader else p.job
-        out.print(f"[bold]{head}[/]" + (" (dry run)" if dry_run else ""), highlight=False)
+        out.print(
+            f"[bold]{head}[/]" + (" (dry run)" if dry_run else ""), highlight=False, soft_wrap=True
+        )
         for line in lines or ["nothing to do"]:
-            out.print(f"  {line}", highlight=False, markup=False)
+            out.print(f"  {line}", highlight=False, markup=False, soft_wrap=True)
     for name, r in extra:
         for line in describe(r):
-            out.print(f"{name}: {line}", highlight=False, markup=False)
+            out.print(f"{name}: {line}", highlight=False, markup=False, soft_wrap=True)
     if any(a.error for p in passes for a in p.actions):
         raise typer.Exit(1)
 
@@ -141,7 +145,9 @@ def run(ctx: typer.Context) -> None:
     # warnings (a missed or overlapping run) are news; the jobs log their own actions
     logging.getLogger("apscheduler").setLevel(logging.WARNING)
     application = get_app(ctx)
-    err.print(f"scheduler {HOLDER} listening on {application.settings.scheduler.listen}")
+    err.print(
+        f"scheduler {HOLDER} listening on {application.settings.scheduler.listen}", soft_wrap=True
+    )
     daemon.run(application)
 
 

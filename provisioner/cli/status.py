@@ -64,7 +64,10 @@ def status(
             ]
         )
     elif not rows:
-        out.print("no machines" + ("" if all_ else " (use --all to include terminated ones)"))
+        out.print(
+            "no machines" + ("" if all_ else " (use --all to include terminated ones)"),
+            soft_wrap=True,
+        )
     else:
         columns = [
             ("name", "<", 0),
@@ -98,10 +101,12 @@ def status(
             if why and m.status == "failed":
                 out.print(f"{m.name} failed: {why}", highlight=False, markup=False, soft_wrap=True)
     for n, problem in unseen.items():
-        err.print(f"[yellow]warning:[/] {n}: {problem}", highlight=False)
+        err.print(f"[yellow]warning:[/] {n}: {problem}", highlight=False, soft_wrap=True)
     for o in problems:
         err.print(
-            f"[yellow]warning:[/] could not ask {o.machine.cloud} about {o.machine.name}: {o.error}"
+            f"[yellow]warning:[/] could not ask {o.machine.cloud} about {o.machine.name}: "
+            f"{o.error}",
+            soft_wrap=True,
         )
 
 
@@ -129,7 +134,7 @@ def _fleet_rows(application: Any, all_: bool) -> list[tuple[Any, dict[str, Any],
                 select(Machine)
                 .options(defer(Machine.spec), defer(Machine.agent_token_hash))
                 .where(shown)
-                .order_by(Machine.created_at)
+                .order_by(Machine.created_at, Machine.name)
             )
         )
         if not machines:
@@ -312,7 +317,7 @@ def _detail(application: Any, name: str, output: Output) -> None:
     w = max(len(k) for k, _ in lines)
     for k, v in lines:
         out.print(f"{k.ljust(w)}  {v}", highlight=False, markup=False, soft_wrap=True)
-    out.print("events:", highlight=False)
+    out.print("events:", highlight=False, soft_wrap=True)
     out.print(
         _events_table([(e, m.name) for e in events], with_machine=False),
         highlight=False,
@@ -423,7 +428,7 @@ def events(
     if output is Output.json:
         print_json([_event_json(e, n) for e, n in rows])
     elif not rows:
-        out.print("no events")
+        out.print("no events", soft_wrap=True)
     else:
         out.print(
             _events_table([(e, n) for e, n in rows]), highlight=False, markup=False, soft_wrap=True
