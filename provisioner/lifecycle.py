@@ -195,7 +195,8 @@ def up(
     tried = [a for a in attempts if a.outcome != "skipped"]
     summary = "; ".join(f"{a.where} {a.instance_type}: {a.outcome}" for a in tried[:8])
     raise OperationFailed(
-        f"could not launch {experiment.name} on any of {len(tried)} candidates tried: {summary}"
+        f"could not launch {experiment.name} on any of {len(tried)} "
+        f"{'candidate' if len(tried) == 1 else 'candidates'} tried: {summary}"
     )
 
 

@@ -16,6 +16,8 @@ from datetime import timedelta
 from decimal import Decimal
 from pathlib import Path
 
+import pytest
+
 from policies.duration import format_duration
 from provisioner import lifecycle
 from provisioner.app import App
@@ -363,3 +365,20 @@ def test_readme_documents_the_scheduler_settings_and_refresh_sources():
         "provisioner events",
     ):
         assert key in readme, key
+
+
+def test_a_settings_error_is_said_once_not_once_per_zone(home, monkeypatch):
+    """Yandex without a folder: the first candidate says so and blocks the cloud; the other
+    zones and shapes are skipped, not tried and refused one by one."""
+    from provisioner.errors import OperationFailed
+    from tests.conftest import make_settings
+
+    monkeypatch.delenv("YC_FOLDER_ID", raising=False)
+    a = App(make_settings(home, clouds={"yandex": {}}), ManualClock(TEST_START))
+    data = sandbox_experiment("v100", gpu="V100:1", market="reserved", clouds=["yandex"])
+    said: list[str] = []
+    with pytest.raises(OperationFailed) as e:
+        lifecycle.up(a, Experiment.model_validate(data), progress=said.append)
+    a.close()
+    assert sum("no folder set" in s for s in said) == 1, said
+    assert "on any of 1 candidate tried" in str(e.value) and "settings" in str(e.value)
