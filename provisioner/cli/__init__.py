@@ -155,6 +155,11 @@ def text_table(
     return "\n".join([line([c[0].upper() for c in columns]), *(line(r) for r in rows)])
 
 
+def write(text: str) -> None:
+    """Plain text as it is (a table of 10,000 rows: no markup to parse, no wrapping)."""
+    out.file.write(text + "\n")
+
+
 def json_requested(argv: Sequence[str]) -> bool:
     """Whether the command line asks for ``-o json`` (so an error comes as JSON too)."""
     for i, a in enumerate(argv):

@@ -6,7 +6,7 @@ from typing import Any
 
 import typer
 
-from provisioner.cli import OUTPUT, Output, app, err, get_app, out, print_json, text_table
+from provisioner.cli import OUTPUT, Output, app, err, get_app, out, print_json, text_table, write
 
 catalog_app = typer.Typer(
     help="GPUs and their cheapest offer per cloud; refresh prices.",
@@ -92,7 +92,7 @@ def catalog(
         ("spot", ">", 0),
         ("where", "<", 1),
     ]
-    out.print(text_table(columns, rows), highlight=False, markup=False, soft_wrap=True)
+    write(text_table(columns, rows))
     sources = {cl: cat.source_of(application.settings, cl).name for cl in clouds}
     out.print(
         f"[dim]{rates.describe()}; data: {', '.join(f'{k}={v}' for k, v in sources.items())}[/]",

@@ -20,6 +20,7 @@ from provisioner.cli import (
     plural,
     print_json,
     text_table,
+    write,
 )
 from provisioner.money import Money
 
@@ -154,7 +155,7 @@ def plan(
             ]
             for i, c in enumerate(shown, 1)
         ]
-        out.print(text_table(columns, rows), highlight=False, markup=False, soft_wrap=True)
+        write(text_table(columns, rows))
     if p.candidates:
         clouds = sorted({c.offer.cloud for c in p.candidates})
         best = {cl: next(c for c in p.candidates if c.offer.cloud == cl) for cl in clouds}

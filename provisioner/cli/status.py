@@ -19,8 +19,11 @@ from provisioner.cli import (
     plural,
     print_json,
     text_table,
+    write,
 )
 from provisioner.cli.machines import _money, machine_json
+
+ACTIVE_EXCLUDED = ("terminated", "failed")  # as provisioner.models says (SQLAlchemy: not here)
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
@@ -36,18 +39,16 @@ def status(
     """Machines and their state, reconciled with what the clouds report, with what each has
     cost so far (compute and disk, at its launch-time rate, across relaunches). With a NAME:
     that machine in detail, with its next scheduled action and its events."""
-    from provisioner import lifecycle  # SQLAlchemy: not for --help
-
     application = get_app(ctx)
     if name:
         if refresh:
-            lifecycle.reconcile(application)
+            _reconcile(application)
         _detail(application, name, output)
         return
     rows = _fleet_rows(application, all_)
     problems = []
-    if refresh and any(m.status != "requested" for m, *_ in rows if m.is_live):
-        problems = [o for o in lifecycle.reconcile(application) if o.error]
+    if refresh and any(m.status not in ("requested", *ACTIVE_EXCLUDED) for m, *_ in rows):
+        problems = [o for o in _reconcile(application) if o.error]
         rows = _fleet_rows(application, all_)
     unseen = _unseen(application) if rows else {}
     if output is Output.json:
@@ -96,7 +97,7 @@ def status(
             ]
             for m, sp, _, _ in rows
         ]
-        out.print(text_table(columns, table), highlight=False, markup=False, soft_wrap=True)
+        write(text_table(columns, table))
         for m, _, _, why in rows:
             if why and m.status == "failed":
                 out.print(f"{m.name} failed: {why}", highlight=False, markup=False, soft_wrap=True)
@@ -108,6 +109,12 @@ def status(
             f"{o.error}",
             soft_wrap=True,
         )
+
+
+def _reconcile(application: Any) -> list[Any]:
+    from provisioner import lifecycle  # the providers and planning: only when asking the clouds
+
+    return lifecycle.reconcile(application)
 
 
 def _unseen(application: Any) -> dict[str, str]:
@@ -122,20 +129,16 @@ def _fleet_rows(application: Any, all_: bool) -> list[tuple[Any, dict[str, Any],
     machine shown: three queries whatever the number of machines (machines, their usage, the
     recoveries), a fourth for the events of failed ones."""
     from sqlalchemy import select
-    from sqlalchemy.orm import defer
 
-    from provisioner.models import ACTIVE_EXCLUDED, Event, Machine, UsageInterval
+    from provisioner.models import Event, Machine, UsageInterval
 
     now = application.clock.now()
     with application.db.session() as s:
         shown = Machine.status.not_in(ACTIVE_EXCLUDED) if not all_ else Machine.id.is_not(None)
+        # rows of the columns shown, not ORM objects: 10,000 machines load in a fraction
+        columns = [c for c in Machine.__table__.c if c.name not in ("spec", "agent_token_hash")]
         machines = list(
-            s.scalars(
-                select(Machine)
-                .options(defer(Machine.spec), defer(Machine.agent_token_hash))
-                .where(shown)
-                .order_by(Machine.created_at, Machine.name)
-            )
+            s.execute(select(*columns).where(shown).order_by(Machine.created_at, Machine.name))
         )
         if not machines:
             return []
@@ -318,12 +321,7 @@ def _detail(application: Any, name: str, output: Output) -> None:
     for k, v in lines:
         out.print(f"{k.ljust(w)}  {v}", highlight=False, markup=False, soft_wrap=True)
     out.print("events:", highlight=False, soft_wrap=True)
-    out.print(
-        _events_table([(e, m.name) for e in events], with_machine=False),
-        highlight=False,
-        markup=False,
-        soft_wrap=True,
-    )
+    write(_events_table([(e, m.name) for e in events], with_machine=False))
 
 
 def _gpu(g: Any) -> str:
@@ -430,6 +428,4 @@ def events(
     elif not rows:
         out.print("no events", soft_wrap=True)
     else:
-        out.print(
-            _events_table([(e, n) for e, n in rows]), highlight=False, markup=False, soft_wrap=True
-        )
+        write(_events_table([(e, n) for e, n in rows]))
