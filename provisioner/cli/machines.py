@@ -224,7 +224,10 @@ def up(
             with err.status(f"waiting for {m.name}…") if not quiet else nullcontext():
                 m = lifecycle.wait_ready(application, m.name, timeout=wait_timeout, progress=say)
     except KeyboardInterrupt:
-        _interrupted_up(application, experiment.name, spec)
+        said = _interrupted_up(application, experiment.name, spec)
+        err.print(said, highlight=False, markup=False, soft_wrap=True)
+        if quiet:
+            print_json({"error": said, "exit_code": 130})
         raise typer.Exit(130) from None
     if quiet:
         print_json(
@@ -322,34 +325,25 @@ def _already(m: Any, new_spec: dict[str, Any], path: str, output: Output) -> Non
         raise typer.Exit(2)
 
 
-def _interrupted_up(application: Any, name: str, path: str) -> None:
+def _interrupted_up(application: Any, name: str, path: str) -> str:
     """After Ctrl-C: the state ``up`` left, and the commands that resume or undo it."""
     try:
         m = _existing(application, name)
     except Exception:  # the state itself was mid-write: say what we can
         m = None
     if m is None:
-        err.print(
-            f"interrupted: nothing of {name} was written; run `provisioner up {path}`",
-            soft_wrap=True,
-        )
-    elif m.status == "requested":
-        err.print(
+        return f"interrupted: nothing of {name} was written; run `provisioner up {path}`"
+    if m.status == "requested":
+        return (
             f"interrupted: {name} is requested (recorded, launch not finished; a machine may "
             f"be starting). Resume with `provisioner up {path}`, or undo with "
-            f"`provisioner down {name}`",
-            highlight=False,
-            soft_wrap=True,
+            f"`provisioner down {name}`"
         )
-    else:
-        err.print(
-            f"interrupted: {name} is {m.status} on {m.cloud} {m.zone or m.region} "
-            f"({m.instance_id}) and bills. See `provisioner status {name}`, connect with "
-            f"`provisioner ssh {name}` once it answers, or remove it with "
-            f"`provisioner down {name}`",
-            highlight=False,
-            soft_wrap=True,
-        )
+    return (
+        f"interrupted: {name} is {m.status} on {m.cloud} {m.zone or m.region} "
+        f"({m.instance_id}) and bills. See `provisioner status {name}`, connect with "
+        f"`provisioner ssh {name}` once it answers, or remove it with `provisioner down {name}`"
+    )
 
 
 @app.command()
@@ -519,8 +513,8 @@ def gc(
     done: list[Any] = []
     if terminate and found:
         doomed = [o for o in found if not o.adoptable_by]
-        if doomed and not yes and not typer.confirm(f"terminate {len(doomed)} machine(s)?"):
-            raise typer.Abort()
+        if doomed and not yes:
+            _confirm(f"terminate {plural(len(doomed), 'orphaned machine')}?")
         done = lifecycle.collect(application, found)
     network = lifecycle.unused_network(application, cloud or None, errors, remove=terminate)
     if output is Output.json:
