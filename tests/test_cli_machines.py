@@ -382,3 +382,47 @@ def test_a_settings_error_is_said_once_not_once_per_zone(home, monkeypatch):
     a.close()
     assert sum("no folder set" in s for s in said) == 1, said
     assert "on any of 1 candidate tried" in str(e.value) and "settings" in str(e.value)
+
+
+def test_status_asks_the_database_the_same_few_queries_for_any_number_of_machines(cli, home):
+    """Costs for every machine in one query, not one per machine; an empty state costs the
+    schema check and one query."""
+    from sqlalchemy import event
+    from sqlalchemy.engine import Engine
+
+    cfg = write_settings(home)
+    statements: list[str] = []
+
+    def count(conn, cursor, statement, *args) -> None:
+        statements.append(statement)
+
+    event.listen(Engine, "before_cursor_execute", count)
+    try:
+        assert cli("--config", str(cfg), "status").code == 0  # creates the schema
+        statements.clear()
+        assert cli("--config", str(cfg), "status").code == 0
+        empty = len(statements)
+        for n in (2, 20):
+            a = App(load_settings(cfg), ManualClock(TEST_START))
+            for i in range(n - len(names_in_state(a))):
+                data = sandbox_experiment(f"m{n}-{i}")
+                lifecycle.up(a, Experiment.model_validate(data))
+            a.close()
+            statements.clear()
+            r = cli("--config", str(cfg), "status", "--no-refresh", "-o", "json")
+            assert len(json.loads(r.out)) == n
+            if n == 2:
+                few = len(statements)
+    finally:
+        event.remove(Engine, "before_cursor_execute", count)
+    assert empty <= 2, statements  # the schema's revision, the machines
+    assert len(statements) == few <= 5, statements  # + recoveries, usage, latest heartbeats
+
+
+def names_in_state(a: App) -> list[str]:
+    from sqlalchemy import select
+
+    from provisioner.models import Machine
+
+    with a.db.session() as s:
+        return list(s.scalars(select(Machine.name)))
