@@ -160,31 +160,28 @@ def plan(
         clouds = sorted({c.offer.cloud for c in p.candidates})
         best = {cl: next(c for c in p.candidates if c.offer.cloud == cl) for cl in clouds}
         out.print(
-            "cheapest per cloud: "
+            f"cheapest per cloud ({p.currency}/h): "
             + ", ".join(
-                f"{cl} {b.price_base.amount:,.2f} {p.currency}"
+                f"{cl} {b.price_base.amount:,.2f}"
                 for cl, b in sorted(best.items(), key=lambda kv: kv[1].price_base.amount)
             ),
-            soft_wrap=True,
         )
     if p.rates:
-        out.print(f"[dim]ranked in {p.currency}; {p.rates}[/]", soft_wrap=True)
+        out.print(f"[dim]ranked in {p.currency}; {p.rates}[/]")
     for cloud in sorted({o.cloud for o in p.unpriced}):
         types = sorted({o.instance_type for o in p.unpriced if o.cloud == cloud})
         out.print(
             f"[yellow]{cloud}[/]: {', '.join(types)} fit but have no public price, so they are not "
             f"ranked; set prices.{cloud}.<type> in settings to include them",
-            soft_wrap=True,
         )
     for check in p.checks:
-        out.print(str(check), soft_wrap=True)
+        out.print(str(check))
     if p.rejected:
         out.print(
             "[bold]turned down[/]: "
             + "; ".join(
                 f"{reason}: {n} (e.g. {p.examples[reason]})" for reason, n in p.summary_reasons()
             ),
-            soft_wrap=True,
         )
 
 
