@@ -6,7 +6,18 @@ from typing import Any
 
 import typer
 
-from provisioner.cli import OUTPUT, Output, app, err, get_app, out, print_json, text_table, write
+from provisioner.cli import (
+    OUTPUT,
+    Output,
+    amount,
+    app,
+    err,
+    get_app,
+    out,
+    print_json,
+    text_table,
+    write,
+)
 
 catalog_app = typer.Typer(
     help="GPUs and their cheapest offer per cloud; refresh prices.",
@@ -40,10 +51,10 @@ def catalog(
         key = (o.gpu, o.gpu_count, o.cloud)
         seen.setdefault(key, o)
         row = best.setdefault(key, {})
-        for market, amount in (("reserved", o.price), ("spot", o.spot_price)):
-            if amount is None or not rates.can_convert(o.currency):
+        for market, value in (("reserved", o.price), ("spot", o.spot_price)):
+            if value is None or not rates.can_convert(o.currency):
                 continue
-            price = Money(amount, o.currency)
+            price = Money(value, o.currency)
             base = rates.convert(price)
             if market not in row or base.amount < row[market][0].amount:
                 row[market] = (base, price, o)
@@ -57,7 +68,7 @@ def catalog(
                     "cloud": cl,
                     **{
                         m: {
-                            "price": str(price.amount),
+                            "price": amount(price.amount),
                             "currency": price.currency,
                             "instance_type": o.instance_type,
                             "where": o.zone or o.region,
