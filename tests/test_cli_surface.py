@@ -78,6 +78,8 @@ def test_help_of_every_command_fits_80_columns_without_bool(cli):
         assert "<bool>" not in r.out, path
         long = [ln for ln in r.out.splitlines() if len(ln) > 80]
         assert long == [], (path, long)
+        cut = [ln for ln in r.out.splitlines() if ln.endswith("...") and "Usage:" not in ln]
+        assert cut == [], (path, cut)  # each command's sentence whole, not "the others..."
         assert "Usage:" in r.out
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import sys
+from typing import Any
 
 import typer
 from rich.markup import escape
@@ -23,6 +24,23 @@ from provisioner.cli import (  # noqa: F401  (commands)
     status,
 )
 from provisioner.errors import ConfigError, ProvisionerError
+
+
+def _short_helps(typer_app: typer.Typer) -> None:
+    """Each command's first sentence as its line in the command list (Click otherwise cuts
+    the docstring at ~45 characters with "...")."""
+    infos: list[Any] = [*typer_app.registered_commands, *typer_app.registered_groups]
+    for info in infos:
+        doc = info.help or (info.callback.__doc__ if info.callback else None)
+        if group := getattr(info, "typer_instance", None):
+            doc = doc or group.info.help
+            _short_helps(group)
+        if doc and not info.short_help:
+            text = " ".join(doc.split())
+            info.short_help = text.split(". ")[0].rstrip(".") + "."
+
+
+_short_helps(app)
 
 
 def main() -> None:
