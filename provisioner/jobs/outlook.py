@@ -5,6 +5,7 @@ nothing is due) and ``status NAME`` (next scheduled action). Read-only: the swee
 from __future__ import annotations
 
 from datetime import datetime, time, timedelta
+from functools import lru_cache
 
 from policies.calendar import Calendar
 from policies.duration import format_duration
@@ -13,6 +14,7 @@ from provisioner.jobs import sweep
 from provisioner.models import Machine
 
 
+@lru_cache(maxsize=64)  # one answer per policy calendar per pass, not one per machine
 def next_off(cal: Calendar, now: datetime) -> datetime | None:
     """The first instant after ``now`` that is out of hours (a window's start or a day off's
     midnight), within two weeks; None when the calendar has none."""
