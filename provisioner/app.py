@@ -9,7 +9,7 @@ from functools import cached_property
 from typing import TYPE_CHECKING
 
 import providers
-from providers.base import Offer, Provider
+from providers.base import Provider
 from provisioner import catalog
 from provisioner.clock import Clock
 from provisioner.errors import UserError
@@ -54,9 +54,21 @@ class App:
         """Use this adapter instance for ``cloud`` (e.g. one built with an explicit credential)."""
         self._providers[cloud] = provider
 
-    def offers(self, clouds: Iterable[str] | None = None) -> list[Offer]:
-        """The catalog's offers of ``clouds`` (default: the enabled ones)."""
-        return catalog.load(self.settings, clouds or self.settings.enabled_clouds)
+    def offers(
+        self,
+        clouds: Iterable[str] | None = None,
+        *,
+        gpu_family: str | None = None,
+        gpu_count: int | None = None,
+    ) -> catalog.Offers:
+        """The catalog's offers of ``clouds`` (default: the enabled ones); of one GPU when
+        given (the others only counted)."""
+        return catalog.load(
+            self.settings,
+            clouds or self.settings.enabled_clouds,
+            gpu_family=gpu_family,
+            gpu_count=gpu_count,
+        )
 
     @cached_property
     def policies(self) -> list[Policy]:

@@ -211,8 +211,11 @@ def candidate_cost(app: App, c: Candidate, disk_gb: int, hours: Decimal, currenc
     return app.settings.money_rates.convert(Money(rate * hours, c.price.currency), currency)
 
 
-def projections(app: App, plan: Plan, now: datetime | None = None) -> list[Projection]:
-    """One per budget that applies to the plan's experiment (none without budget policies)."""
+def projections(
+    app: App, plan: Plan, now: datetime | None = None, *, disk_gb: int | None = None
+) -> list[Projection]:
+    """One per budget that applies to the plan's experiment (none without budget policies).
+    ``disk_gb`` overrides the experiment's disk (0: a machine whose disk already bills)."""
     now = now or app.clock.now()
     e = plan.experiment
     out = []
@@ -227,9 +230,9 @@ def projections(app: App, plan: Plan, now: datetime | None = None) -> list[Proje
         if life is not None:
             until = min(until, now + life)
         hours = ledger.hours(max(until - now, timedelta(0)))
+        disk = e.resources.disk_gb if disk_gb is None else disk_gb
         costs = [
-            (c, candidate_cost(app, c, e.resources.disk_gb, hours, st.amount.currency))
-            for c in plan.candidates
+            (c, candidate_cost(app, c, disk, hours, st.amount.currency)) for c in plan.candidates
         ]
         out.append(Projection(st, hours, costs))
     return out

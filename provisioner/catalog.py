@@ -7,7 +7,8 @@ from __future__ import annotations
 import csv
 import os
 import tempfile
-from collections.abc import Iterable, Iterator
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import fields, replace
 from decimal import Decimal
 from importlib import resources
@@ -15,13 +16,11 @@ from pathlib import Path
 from typing import Any
 
 import providers
+from providers import gpus
 from providers.base import Offer
 from provisioner.settings import Settings
 
 COLUMNS = [f.name for f in fields(Offer)]
-_INT = {"gpu_count", "gpu_memory_gb", "vcpus"}
-_DEC = {"memory_gb"}
-_PRICE = {"price", "spot_price"}
 
 
 def _shipped(cloud: str) -> Path:
@@ -33,19 +32,52 @@ def refreshed_path(settings: Settings, cloud: str) -> Path:
 
 
 def read_csv(path: Path) -> Iterator[Offer]:
+    return _read(path)
+
+
+Keep = Callable[[dict[str, int]], Callable[[list[str]], bool]]
+
+
+def _read(path: Path, keep: Keep | None = None) -> Iterator[Offer]:
+    """The offers of one catalog file; with ``keep`` (given the header's column positions, a
+    test of a raw row), only the rows it accepts. Only those are converted (Decimal, int): a
+    plan reads a 100,000-row catalog for one GPU type, and converting is what costs."""
     with path.open(newline="", encoding="utf-8") as f:
-        for row in csv.DictReader(f):
-            yield Offer(**{k: _convert(k, v) for k, v in row.items() if k in COLUMNS})
+        rows = csv.reader(f)
+        header = next(rows, None)
+        if header is None:
+            return
+        index = {name: i for i, name in enumerate(header)}
+        missing = [c for c in COLUMNS if c not in index and c not in _OPTIONAL]
+        if missing:
+            raise ValueError(f"{path}: catalog without column(s) {', '.join(missing)}")
+        get = [(c, index.get(c), _CONVERT.get(c, str)) for c in COLUMNS]
+        test = keep(index) if keep else None
+        for row in rows:
+            if test is None or test(row):
+                values: dict[str, Any] = {
+                    c: conv(row[i]) if i is not None else "" for c, i, conv in get
+                }
+                yield Offer(**values)
 
 
-def _convert(key: str, value: str) -> Any:
-    if key in _INT:
-        return int(Decimal(value))
-    if key in _DEC:
-        return Decimal(value)
-    if key in _PRICE:
-        return Decimal(value) if value else None
-    return value
+def _price(value: str) -> Decimal | None:
+    return Decimal(value) if value else None
+
+
+def _int(value: str) -> int:
+    return int(value) if value.isdigit() else int(Decimal(value))
+
+
+_CONVERT: dict[str, Callable[[str], Any]] = {
+    "gpu_count": _int,
+    "gpu_memory_gb": _int,
+    "vcpus": _int,
+    "memory_gb": Decimal,
+    "price": _price,
+    "spot_price": _price,
+}
+_OPTIONAL = {"accelerator", "source"}
 
 
 def write_csv(path: Path, offers: Iterable[Offer]) -> int:
@@ -72,19 +104,39 @@ def source_of(settings: Settings, cloud: str) -> Path:
     return refreshed if refreshed.exists() else _shipped(cloud)
 
 
-def load(settings: Settings, clouds: Iterable[str]) -> list[Offer]:
+class Offers(list[Offer]):
+    """Offers loaded for a plan, with the rows left unconverted because their GPU family was
+    not the one asked for: counted per reason with one example, as the planner counts the
+    offers it turns down."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.skipped: Counter[str] = Counter()
+        self.examples: dict[str, str] = {}
+
+
+OTHER_GPU = "other GPU type"  # the planner's reasons
+OTHER_COUNT = "other GPU count"
+
+
+def load(
+    settings: Settings,
+    clouds: Iterable[str],
+    *,
+    gpu_family: str | None = None,
+    gpu_count: int | None = None,
+) -> Offers:
     """The offers of ``clouds`` inside the regions and zones settings enable for each, priced
-    from a refreshed catalog where there is one, else the shipped one, then settings."""
-    offers: list[Offer] = []
+    from a refreshed catalog where there is one, else the shipped one, then settings. With
+    ``gpu_family`` (and ``gpu_count``), rows of other GPUs are only counted, under the
+    planner's reasons (``Offers.skipped``)."""
+    offers = Offers()
     for cloud in clouds:
         path = source_of(settings, cloud)
-        options = settings.cloud(cloud) or providers.spec(cloud).options()
         if not path.exists():
             continue
         overrides = settings.prices.get(cloud, {})
-        for o in read_csv(path):
-            if not options.allows(o.region, o.zone):
-                continue
+        for o in _read(path, _keep(settings, cloud, gpu_family, gpu_count, offers)):
             p = overrides.get(o.instance_type)
             if p is not None:
                 o = replace(
@@ -95,6 +147,51 @@ def load(settings: Settings, clouds: Iterable[str]) -> list[Offer]:
                 )
             offers.append(o)
     return offers
+
+
+def _keep(
+    settings: Settings,
+    cloud: str,
+    gpu_family: str | None,
+    gpu_count: int | None,
+    offers: Offers,
+) -> Keep:
+    """The raw-row test for one cloud's file: inside the places settings enable (one answer
+    per place), of ``gpu_family`` and ``gpu_count`` (other rows counted on ``offers``)."""
+    options = settings.cloud(cloud) or providers.spec(cloud).options()
+    places: dict[tuple[str, str], bool] = {}
+    families: dict[str, str] = {}
+
+    def factory(at: dict[str, int]) -> Callable[[list[str]], bool]:
+        region, zone, gpu, itype = at["region"], at["zone"], at["gpu"], at["instance_type"]
+        count = at["gpu_count"]
+
+        def skip(reason: str, row: list[str]) -> bool:
+            offers.skipped[reason] += 1
+            offers.examples.setdefault(reason, f"{cloud}/{row[zone] or row[region]} {row[itype]}")
+            return False
+
+        def keep(row: list[str]) -> bool:
+            place = (row[region], row[zone])
+            allowed = places.get(place)
+            if allowed is None:
+                allowed = places[place] = options.allows(*place)
+            if not allowed:
+                return False
+            if gpu_family is None:
+                return True
+            fam = families.get(row[gpu])
+            if fam is None:
+                fam = families[row[gpu]] = gpus.family(row[gpu])
+            if fam != gpu_family:
+                return skip(OTHER_GPU, row)
+            if gpu_count is not None and _int(row[count]) != gpu_count:
+                return skip(OTHER_COUNT, row)
+            return True
+
+        return keep
+
+    return factory
 
 
 def refresh(settings: Settings, cloud: str, fetched: list[Offer]) -> Path:

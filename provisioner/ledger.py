@@ -462,6 +462,29 @@ def commitments(s: Session, period: Period, now: datetime, scope: Scope = Scope(
             until = min(until, launched_at + ttl)
         if until > frm:
             out.add(currency, rate * hours(until - frm))
+    # intents still launching, at the rate of their plan's first candidate: `up`s
+    # checked one after another must each see what the ones before them will spend
+    admits = scope.admitter()
+    launching = s.execute(
+        select(
+            Machine.rate,
+            Machine.disk_rate,
+            Machine.currency,
+            Machine.project,
+            Machine.owner,
+            Machine.created_at,
+            Machine.spec,
+        ).where(Machine.status == "requested", Machine.rate.is_not(None), *scope.clauses())
+    )
+    for rate, disk_rate, currency, project, owner, created_at, spec in launching:
+        if not admits(project, owner):
+            continue
+        until = period.end
+        ttl = max_lifetime(spec)
+        if ttl is not None:
+            until = min(until, created_at + ttl)
+        if until > frm:
+            out.add(currency, (rate + (disk_rate or 0)) * hours(until - frm))
     return out
 
 

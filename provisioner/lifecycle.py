@@ -1,14 +1,22 @@
 """up / stop / start / down / reconcile.
 
-``up`` reads top to bottom: plan → write the intent → adopt a machine an interrupted run already
-launched → walk the candidates, launching each with a token derived from the intent and
-blocking a zone, region or cloud by the kind of failure → record the machine and open its
-usage intervals at the launch-time rate.
+``up`` reads top to bottom: plan, check the limits and write the intent (one at a time, under the
+``intents`` lock, so concurrent ``up``s cannot overrun ``max_machines`` or a budget) → holding
+the intent's own lock, adopt a machine an interrupted run already launched → walk the
+candidates, launching each with a token derived from the intent and blocking a zone, region or
+cloud by the kind of failure; a launch whose answer was lost (throttled, timed out, dropped,
+5xx) is looked up by our machine tag before moving on → record the machine and open its usage
+intervals at the launch-time rate.
+
+``down`` of an intent still launching wins: it records ``cancel-requested`` (a second ``up`` of
+the name is refused meanwhile), the launching ``up`` sees it and terminates what it launched,
+and ``down`` waits for that on the intent's lock.
 """
 
 from __future__ import annotations
 
 import hashlib
+import logging
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -36,20 +44,24 @@ from providers.base import (
     LaunchRequest,
     MachineState,
     NotFound,
+    Offer,
     ProviderError,
     QuotaError,
 )
-from providers.retry import wait_until
+from providers.retry import call_with_retry, wait_until
 from provisioner import budget, catalog, idle, ledger, planning
 from provisioner.app import App
 from provisioner.crashpoints import crashpoint
 from provisioner.errors import OperationFailed, UserError
 from provisioner.models import ACTIVE_EXCLUDED, Event, Machine, new_id
-from provisioner.money import Rates
+from provisioner.money import Money, Rates
 from provisioner.planner import Candidate, Plan
 from provisioner.spec import Experiment
-from provisioner.state import live_machine
+from provisioner.state import LockBusy, live_machine
 from provisioner.state import machine as machine_row
+
+log = logging.getLogger("provisioner")
+DOWN_WAIT_SECONDS = 600  # how long `down` waits for an `up` still launching the same intent
 
 Progress = Callable[[str], None]
 
@@ -133,31 +145,55 @@ def up(
 ) -> UpResult:
     """``prefer`` reorders the candidates (stable): recovery tries the lost machine's zone and
     region first."""
+    # The limits (max_machines, budgets) are read and the intent written under one lock:
+    # otherwise six concurrent `up`s each count the same machines and all go ahead.
+    with app.db.lock("intents"):
+        plan = check(app, experiment)
+        machine, already = _write_intent(app, experiment, spec_path, plan.candidates[0])
+    if already:
+        return UpResult(machine, already=True, plan=plan)
+    if prefer is not None:
+        plan.candidates.sort(key=prefer)
+    # one launching process per intent; a second `up` of it waits here, then finds it done
+    with app.db.lock(f"intent-{machine.id}"):
+        with app.db.session() as s:
+            current = machine_row(s, machine.id)
+        if current.status != "requested":
+            if not current.is_live:
+                raise OperationFailed(f"{experiment.name}: taken down while it was launched")
+            return UpResult(current, already=True, plan=plan)
+        return _launch(app, machine, experiment, plan, progress)
+
+
+def check(app: App, experiment: Experiment) -> Plan:
+    """The plan, refused (exit 2) as ``up`` refuses it: by policy, by budget (with the numbers;
+    failover keeps only candidates every budget can afford), or for want of an offer."""
     plan = planning.plan(app, experiment)
     _refuse_by_policy(plan)
-    # budget: refuse (exit 2) when the cheapest candidate would overspend a budget, with the
-    # numbers; failover keeps only candidates every budget can afford
     budget.guard(plan)
     if not plan.candidates:
         reasons = "; ".join(f"{r} ({n})" for r, n in plan.summary_reasons()[:6])
         raise UserError(f"no offer fits {experiment.name}: {reasons or 'the catalog is empty'}")
-    if prefer is not None:
-        plan.candidates.sort(key=prefer)
+    return plan
 
-    machine, already = _write_intent(app, experiment, spec_path)
-    if already:
-        return UpResult(machine, already=True, plan=plan)
+
+def _launch(
+    app: App, machine: Machine, experiment: Experiment, plan: Plan, progress: Progress
+) -> UpResult:
+    """Launch the intent ``machine`` (its lock held): adopt, else walk the candidates."""
     crashpoint("after-intent")
+    _unless_cancelled_before(app, machine)
 
     adopted = _adopt(app, machine, progress)
     if adopted is not None:
-        return UpResult(adopted, plan=plan)
+        return UpResult(_unless_cancelled(app, adopted), plan=plan)
 
     user_data = _startup_data(app, machine.id, experiment)
     attempts: list[Attempt] = []
     blocked = Blocklist()
     for cand in plan.candidates:
         o = cand.offer
+        _unless_cancelled_before(app, machine)
         if why := blocked.reason(cand):
             attempts.append(Attempt(cand.where, o.instance_type, cand.market, "skipped", why))
             continue
@@ -168,6 +204,14 @@ def up(
         try:
             instance = app.provider(o.cloud).launch(request)
         except ProviderError as err:
+            found = _launched_after_all(app, machine, cand, err, progress)
+            if found:
+                attempts.append(Attempt(cand.where, o.instance_type, cand.market, "launched"))
+                adopted = _record_adoption(
+                    app, machine.id, o.cloud, found[0], _attempt_detail(cand, request.token)
+                )
+                _end_duplicates(app, adopted, found[1:])
+                return UpResult(_unless_cancelled(app, adopted), attempts=attempts, plan=plan)
             outcome = blocked.add(cand, err)
             attempts.append(Attempt(cand.where, o.instance_type, cand.market, outcome, str(err)))
             record_event(
@@ -185,9 +229,8 @@ def up(
             continue
         crashpoint("after-launch")
         attempts.append(Attempt(cand.where, o.instance_type, cand.market, "launched"))
-        return UpResult(
-            _record_launch(app, machine.id, cand, instance, request), attempts=attempts, plan=plan
-        )
+        launched = _record_launch(app, machine.id, cand, instance, request)
+        return UpResult(_unless_cancelled(app, launched), attempts=attempts, plan=plan)
 
     with app.db.session() as s:
         m = machine_row(s, machine.id)
@@ -200,13 +243,18 @@ def up(
     )
 
 
-def _write_intent(app: App, experiment: Experiment, spec_path: str | None) -> tuple[Machine, bool]:
-    """The intent is written before anything is launched. Returns (machine, already_running)."""
+def _write_intent(
+    app: App, experiment: Experiment, spec_path: str | None, first: Candidate
+) -> tuple[Machine, bool]:
+    """The intent is written before anything is launched, with the rate of the ``first``
+    candidate (budgets count it until the launch fixes the real one). Returns (machine,
+    already_running)."""
     now = app.clock.now()
     with app.db.session() as s:
         m = live_machine(s, experiment.name)
-        if m is not None:
-            return m, m.status != "requested"  # "requested": an interrupted up, resume it
+    if m is not None:
+        _refuse_cancelled(app, m)
+        return m, m.status != "requested"  # "requested": an interrupted up, resume it
     try:
         with app.db.session() as s:
             m = Machine(
@@ -219,6 +267,11 @@ def _write_intent(app: App, experiment: Experiment, spec_path: str | None) -> tu
                 spec_path=spec_path,
                 created_at=now,
                 disk_gb=experiment.resources.disk_gb,
+                rate=first.price.amount,
+                currency=first.price.currency,
+                disk_rate=disk_rate(
+                    app, first.offer.cloud, first.price.currency, experiment.resources.disk_gb
+                ),
             )
             s.add(m)
             s.flush()
@@ -228,8 +281,86 @@ def _write_intent(app: App, experiment: Experiment, spec_path: str | None) -> tu
         with app.db.session() as s:
             m = live_machine(s, experiment.name)
         if m is None:
-            raise
+            raise UserError(
+                f"{experiment.name} changed while this `up` wrote it; run `provisioner up` again"
+            ) from None
         return m, True
+
+
+def _refuse_cancelled(app: App, m: Machine) -> None:
+    if m.status == "requested" and _cancel_requested(app, m.id):
+        raise UserError(
+            f"{m.name} is being taken down while an earlier `up` launches it; run `provisioner "
+            f"up` again once `provisioner status --all` shows it terminated or failed"
+        )
+
+
+def _cancel_requested(app: App, machine_id: str) -> bool:
+    """Whether `down` was asked of this intent (re-read from the state, never cached)."""
+    with app.db.session() as s:
+        return (
+            s.scalars(
+                select(Event.id).where(
+                    Event.machine_id == machine_id, Event.kind == "cancel-requested"
+                )
+            ).first()
+            is not None
+        )
+
+
+def _unless_cancelled_before(app: App, m: Machine) -> None:
+    if _cancel_requested(app, m.id):
+        _transition(app, m.id, "failed", event="cancelled", reason="down")
+        raise OperationFailed(f"{m.name}: taken down before it was launched")
+
+
+def _unless_cancelled(app: App, m: Machine) -> Machine:
+    """After recording a launch: if `down` was asked meanwhile, terminate what was launched
+    (the `down` waiting on the intent's lock then finds it done)."""
+    if not _cancel_requested(app, m.id):
+        return m
+    _provider_call(app, m, "terminate")
+    _transition(
+        app, m.id, "terminated", event="terminated", reason="down", detail={"while": "launching"}
+    )
+    raise OperationFailed(
+        f"{m.name}: taken down while it was launched; {m.instance_id} is terminated"
+    )
+
+
+_DEFINITE = (CapacityError, QuotaError, AuthError, InvalidRequest, NotFound)
+
+
+def _launched_after_all(
+    app: App, machine: Machine, cand: Candidate, err: ProviderError, progress: Progress
+) -> list[Instance]:
+    """A launch that failed without a definite answer (throttled, timed out, connection dropped,
+    5xx) may have happened all the same: ask the cloud for a machine carrying this intent's tag
+    in that region before moving on with another token. When even that cannot be answered, stop
+    here (the intent stays ``requested``: a rerun of `up` adopts, `down` cleans up) rather than
+    risk a second machine."""
+    if isinstance(err, _DEFINITE):
+        return []
+    o = cand.offer
+    provider = app.provider(o.cloud)
+    try:
+        found = call_with_retry(
+            lambda: provider.list_managed([o.region], machine_id=machine.id), provider.options
+        )
+    except ProviderError as e:
+        record_event(
+            app, machine.id, "launch-unknown", detail={"where": cand.where, "error": str(e)}
+        )
+        raise OperationFailed(
+            f"{machine.name}: the launch in {cand.where} got no clear answer ({err}) and the "
+            f"cloud could not say whether it happened ({e}); nothing else was launched: run "
+            f"`provisioner up` again to finish (it adopts the machine if there is one), or "
+            f"`provisioner down {machine.name}`"
+        ) from None
+    live = [i for i in found if i.state is not MachineState.TERMINATED]
+    if live:
+        progress(f"  {err}; {live[0].id} was launched all the same: adopting it")
+    return live
 
 
 def _adopt(app: App, machine: Machine, progress: Progress) -> Machine | None:
@@ -264,8 +395,28 @@ def _adopt(app: App, machine: Machine, progress: Progress) -> Machine | None:
             if attempt is None:
                 continue
             progress(f"found {inst.id} launched by an interrupted run; adopting it")
-            return _record_adoption(app, machine.id, cloud, inst, attempt)
+            adopted = _record_adoption(app, machine.id, cloud, inst, attempt)
+            _end_duplicates(app, adopted, [i for i in live if i.id != inst.id])
+            return adopted
     return None
+
+
+def _end_duplicates(app: App, m: Machine, extra: list[Instance]) -> None:
+    """More than one machine carries this intent's tag: the adopted one is kept, the others
+    are terminated; the event names each and whether it still runs (the terminate failed)."""
+    for inst in extra:
+        try:
+            app.provider(m.cloud or "").terminate(inst.ref)
+            running = False
+        except ProviderError:
+            running = True
+        record_event(
+            app,
+            m.id,
+            "duplicate",
+            reason="adopted",
+            detail={"instance_id": inst.id, "kept": m.instance_id, "still_running": running},
+        )
 
 
 def _refuse_by_policy(plan: Plan) -> None:
@@ -457,12 +608,77 @@ def stop(
 
 
 def start(app: App, name: str, *, reason: str = "user") -> tuple[Machine, bool]:
+    """Start a stopped machine, within policy and budget as ``up`` (same refusal, exit 2).
+    Concurrent starts of one machine start it once (the intent's lock); the check and the
+    start are serialised with other ``up``s and ``start``s (the ``intents`` lock)."""
     m = find(app, name)
     if m.status in ("running", "pending"):
         return m, False
     _require_launched(m)
-    _provider_call(app, m, "start")
-    return _transition(app, m.id, "running", event="started", reason=reason)
+    with app.db.lock(f"intent-{m.id}"), app.db.lock("intents"):
+        with app.db.session() as s:
+            m = machine_row(s, m.id)
+        if m.status in ("running", "pending"):  # a concurrent start did it
+            return m, False
+        _check_start(app, m)
+        _provider_call(app, m, "start")
+        return _transition(app, m.id, "running", event="started", reason=reason)
+
+
+def _check_start(app: App, m: Machine) -> None:
+    """The machine's stored experiment checked as ``up`` checks it, for the machine's own
+    offer at its launch-time rate (its disk is already counted: it bills while stopped)."""
+    experiment = Experiment.model_validate(m.spec)
+    rate = Money(m.rate or Decimal(0), m.currency or app.settings.currency)
+    spot = m.market == "spot"
+    offer = Offer(
+        cloud=m.cloud or "",
+        region=m.region or "",
+        zone=m.zone or "",
+        instance_type=m.instance_type or "",
+        gpu=m.gpu or "",
+        gpu_count=m.gpu_count or 0,
+        gpu_memory_gb=0,
+        vcpus=0,
+        memory_gb=Decimal(0),
+        price=None if spot else rate.amount,
+        spot_price=rate.amount if spot else None,
+        currency=rate.currency,
+    )
+    base = app.settings.money_rates.convert(rate, app.settings.currency)
+    cand = Candidate(offer, "spot" if spot else "reserved", rate, base)
+    plan = planning.check_known(app, experiment, cand)
+    _refuse_by_policy(plan)
+    budget.guard(plan)
+
+
+def hold(app: App, m: Machine, why: str) -> Machine:
+    """A preempted machine whose relaunch policy or budget refuses is kept: stopped, with its
+    disk (a cloud that cannot stop it has nothing left to keep, and it is terminated); the
+    refusal is recorded as ``relaunch-refused`` and shown by `status`."""
+    detail = {"refused": why}
+    if not can_stop(m):
+        return down(app, m.name, reason="relaunch-refused", detail=detail)[0]
+    _provider_call(app, m, "stop")
+    return _transition(
+        app, m.id, "stopped", event="relaunch-refused", reason="preempted", detail=detail
+    )[0]
+
+
+def notes(app: App, machines: Iterable[Machine]) -> dict[str, str]:
+    """What `status` says beside a machine: why a preempted machine was kept, not relaunched."""
+    out = {}
+    with app.db.session() as s:
+        for m in machines:
+            if m.status != "stopped":
+                continue
+            last = s.scalars(
+                select(Event).where(Event.machine_id == m.id).order_by(Event.id.desc())
+            ).first()
+            if last is not None and last.kind == "relaunch-refused":
+                why = (last.detail or {}).get("refused", "")
+                out[m.name] = f"preempted and not relaunched, kept stopped with its disk: {why}"
+    return out
 
 
 def down(
@@ -481,10 +697,29 @@ def down(
     if not m.is_live:
         return m, False
     if m.status == "requested":
-        adopted = _adopt(app, m, lambda _: None)
-        if adopted is None:
-            return _transition(app, m.id, "failed", event="cancelled", reason=reason)
-        m = adopted
+        # an `up` may be launching it right now: it will see this and terminate what it
+        # launches; we wait for it on the intent's lock (at once if no `up` runs)
+        record_event(app, m.id, "cancel-requested", reason=reason)
+        try:
+            with app.db.lock(f"intent-{m.id}", timeout=DOWN_WAIT_SECONDS):
+                with app.db.session() as s:
+                    m = machine_row(s, m.id)
+                if not m.is_live:  # the launching `up` settled it
+                    return m, True
+                if m.status == "requested":
+                    adopted = _adopt(app, m, lambda _: None)
+                    if adopted is None:
+                        return _transition(app, m.id, "failed", event="cancelled", reason=reason)
+                    m = adopted
+                _provider_call(app, m, "terminate")
+                return _transition(
+                    app, m.id, "terminated", event="terminated", reason=reason, detail=detail
+                )
+        except LockBusy:
+            raise OperationFailed(
+                f"{name}: an `up` is still launching it after {DOWN_WAIT_SECONDS} s; it will "
+                f"terminate what it launches (see `provisioner status --all`)"
+            ) from None
     _provider_call(app, m, "terminate")
     return _transition(app, m.id, "terminated", event="terminated", reason=reason, detail=detail)
 
@@ -712,11 +947,24 @@ def reconcile(
                 if booted
                 else "outside-provisioner"
             )
-            if status == m.status:  # nothing to record: no write per unchanged machine
-                out.append(Observation(m, status, False))
+            # a restarted machine may have a new address (AWS, GCP, Yandex give dynamic ones):
+            # `ssh` must not connect to the old one
+            address = inst.public_ip if inst and inst.public_ip else m.public_ip
+            if status == m.status and address == m.public_ip:
+                out.append(Observation(m, status, False))  # no write per unchanged machine
                 continue
             with app.db.session() as s:
-                mm = machine_row(s, m.id)
+                row = s.get(Machine, m.id)
+                if row is None or row.status != m.status:
+                    # deleted by hand, or changed by another process since we read it: what the
+                    # cloud said is about the old row — skip it, the next reconcile sees anew
+                    log.warning("reconcile: %s (%s) changed meanwhile; skipped", m.name, m.id)
+                    continue
+                mm = row
+                mm.public_ip = address
+                if status == m.status:
+                    out.append(Observation(mm, status, False))
+                    continue
                 changed = ledger.record_transition(
                     s,
                     mm,

@@ -157,6 +157,15 @@ class UsageInterval(Base):
     __table_args__ = (
         UniqueConstraint("machine_id", "kind", "started_at", name="uq_usage_machine_kind_start"),
         Index("ix_usage_period", "started_at", "ended_at"),
+        # (0004) never two open intervals of one kind: a second concurrent start fails to insert
+        Index(
+            "uq_usage_one_open",
+            "machine_id",
+            "kind",
+            unique=True,
+            sqlite_where=text("ended_at IS NULL"),
+            postgresql_where=text("ended_at IS NULL"),
+        ),
     )
 
 

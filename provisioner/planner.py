@@ -13,6 +13,7 @@ from typing import Any, Literal
 
 from providers import CLOUDS, gpus
 from providers.base import Offer
+from provisioner import catalog
 from provisioner.money import Money, Rates
 from provisioner.spec import Experiment
 
@@ -72,8 +73,9 @@ def plan(
     markets: tuple[Market, ...] = ("spot", "reserved") if res.market == "any" else (res.market,)
     cap = res.max_price_per_hour
 
-    rejected: Counter[str] = Counter()
-    examples: dict[str, str] = {}
+    # rows the catalog left unconverted (another GPU family) count as turned down here too
+    rejected: Counter[str] = Counter(getattr(offers, "skipped", {}))
+    examples: dict[str, str] = dict(getattr(offers, "examples", {}))
     out: list[Candidate] = []
     unpriced: list[Offer] = []
 
@@ -88,9 +90,9 @@ def plan(
         elif o.cloud not in enabled:
             reject("cloud not enabled in settings", o)
         elif fam != family:
-            reject("other GPU type", o)
+            reject(catalog.OTHER_GPU, o)
         elif o.gpu_count != res.gpu.count:
-            reject("other GPU count", o)
+            reject(catalog.OTHER_COUNT, o)
         elif max(o.gpu_memory_gb, implied) < min_mem:
             reject(f"GPU memory below {min_mem} GB", o)
         elif regions and o.region not in regions:

@@ -23,7 +23,7 @@ def plan(app: App, experiment: Experiment) -> planner.Plan:
     decision, policy_check = _policy(app, experiment)
     p = planner.plan(
         experiment,
-        app.offers(clouds),
+        app.offers(clouds, gpu_family=res.gpu.family, gpu_count=res.gpu.count),
         app.settings.money_rates,
         enabled_clouds=app.settings.enabled_clouds,
         policy_check=policy_check,
@@ -36,6 +36,22 @@ def plan(app: App, experiment: Experiment) -> planner.Plan:
 
         # what the new machine would add to each budget that applies
         p.checks.extend(budget.projections(app, p))
+    return p
+
+
+def check_known(app: App, experiment: Experiment, candidate: planner.Candidate) -> planner.Plan:
+    """The checks of :func:`plan` for one known candidate (a stopped machine started again,
+    at its launch-time rate): the policy decision and each budget's projection."""
+    decision, policy_check = _policy(app, experiment)
+    p = planner.Plan(experiment, [candidate], currency=app.settings.currency)
+    if policy_check(candidate) is not None:
+        p.candidates = []
+    decision.candidates_allowed = len(p.candidates)
+    p.checks.append(decision)
+    if any(policy.budget is not None for policy in app.policies):
+        from provisioner import budget
+
+        p.checks.extend(budget.projections(app, p, disk_gb=0))
     return p
 
 

@@ -13,6 +13,7 @@ import os
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import platformdirs
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator
@@ -130,6 +131,18 @@ class Settings(BaseSettings):
     scheduler: SchedulerSettings = Field(default_factory=SchedulerSettings)
     ownership: OwnershipSettings = Field(default_factory=OwnershipSettings)  # rent or buy
     home: Path = Field(default_factory=data_dir)  # state, sandbox cloud, refreshed catalog
+    # IANA zone of times given without one where no policy calendar applies
+    # (`keep --until HH:MM`); never this computer's offset, which DST changes under us
+    timezone: str = "UTC"
+
+    @field_validator("timezone")
+    @classmethod
+    def _zone(cls, v: str) -> str:
+        try:
+            ZoneInfo(v)
+        except (ZoneInfoNotFoundError, ValueError):
+            raise ValueError(f"unknown IANA timezone {v!r} (e.g. Europe/Berlin)") from None
+        return v
 
     @field_validator("currency")
     @classmethod

@@ -6,9 +6,13 @@ SQLite in WAL mode by default (file created 0600); any SQLAlchemy URL works, Pos
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import json
 import os
 import re
+import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from functools import cache
@@ -98,8 +102,92 @@ class Database:
                 s.rollback()
                 raise
 
+    @contextmanager
+    def lock(self, name: str, *, timeout: float = 600) -> Iterator[None]:
+        """Hold the named lock (one holder across threads, processes and, on PostgreSQL,
+        hosts) for the block; waits up to ``timeout`` seconds, then raises :class:`LockBusy`.
+        Released when the holder dies, however it dies: a ``flock`` on a file beside a SQLite
+        file (held by the open file, which the kernel closes), a session-level advisory lock on
+        PostgreSQL (held by the connection). ``up`` serialises its limit checks and intent write
+        under ``intents``, and holds ``intent-<id>`` while it launches one intent."""
+        deadline = time.monotonic() + timeout
+        if self.engine.dialect.name == "postgresql":
+            with self._advisory_lock(name, deadline):
+                yield
+            return
+        path = self.engine.url.database if self.engine.dialect.name == "sqlite" else None
+        if not path or path == ":memory:":  # one process owns such a database
+            with _local_lock(f"{self.url}|{name}"):
+                yield
+            return
+        with _file_lock(f"{path}.{name}.lock", name, deadline):
+            yield
+
+    @contextmanager
+    def _advisory_lock(self, name: str, deadline: float) -> Iterator[None]:
+        key = int.from_bytes(hashlib.sha256(name.encode()).digest()[:4], "big", signed=True)
+        args = {"c": _LOCK_CLASS, "k": key}
+        with self.engine.connect() as conn:
+            conn.execution_options(isolation_level="AUTOCOMMIT")
+            while not conn.execute(text("SELECT pg_try_advisory_lock(:c, :k)"), args).scalar():
+                _wait_or_give_up(name, deadline)
+            try:
+                yield
+            finally:
+                conn.execute(text("SELECT pg_advisory_unlock(:c, :k)"), args)
+
     def dispose(self) -> None:
         self.engine.dispose()
+
+
+class LockBusy(OperationFailed):
+    """Another process held a lock for longer than the wait allowed."""
+
+
+_LOCK_CLASS = 7270014  # advisory lock key space of provisioner's named locks
+_local_locks: dict[str, threading.Lock] = {}
+_local_guard = threading.Lock()
+
+
+def _local_lock(key: str) -> threading.Lock:
+    with _local_guard:
+        return _local_locks.setdefault(key, threading.Lock())
+
+
+@contextmanager
+def _file_lock(path: str, name: str, deadline: float) -> Iterator[None]:
+    """``flock`` on ``path``, removed by its holder before release (no file per intent is
+    left behind); a waiter that then holds a removed file tries the new one."""
+    import fcntl
+
+    while True:
+        fd = os.open(path, os.O_CREAT | os.O_WRONLY, 0o600)
+        try:
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    _wait_or_give_up(name, deadline)
+            with contextlib.suppress(FileNotFoundError):
+                if os.fstat(fd).st_ino == os.stat(path).st_ino:
+                    break
+        except BaseException:
+            os.close(fd)
+            raise
+        os.close(fd)
+    try:
+        yield
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+        os.close(fd)
+
+
+def _wait_or_give_up(name: str, deadline: float) -> None:
+    if time.monotonic() >= deadline:
+        raise LockBusy(f"another provisioner process still holds {name}; try again later")
+    time.sleep(0.05)
 
 
 def _engine(url: str) -> Engine:

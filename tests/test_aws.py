@@ -486,6 +486,50 @@ def test_machines_join_our_ssh_group_with_imdsv2_only(emu: AwsEmulator) -> None:
     assert emu.run_instances_requests[-1]["SecurityGroupId.1"] == group["GroupId"]
 
 
+def test_changed_ssh_cidrs_update_our_group_on_the_next_launch(emu: AwsEmulator) -> None:
+    """ssh_cidrs edited after the first launch: the next launch (another process) admits the
+    new CIDRs and revokes the ones no longer listed; a launch with unchanged settings sends
+    nothing; a user's own group of that name is left as it is."""
+    make(emu, ssh_cidrs=["203.0.113.0/24", "198.51.100.0/24"]).launch(req("tok-1"))
+    [wire] = emu.run_instances_requests
+    ec2 = emu.client("ec2", "us-east-1")
+
+    def cidrs() -> list[str]:
+        [group] = ec2.describe_security_groups(GroupIds=[wire["SecurityGroupId.1"]])[
+            "SecurityGroups"
+        ]
+        return sorted(r["CidrIp"] for p in group["IpPermissions"] for r in p["IpRanges"])
+
+    make(emu, ssh_cidrs=["198.51.100.0/24", "192.0.2.10/32"]).launch(req("tok-2"))
+    assert cidrs() == ["192.0.2.10/32", "198.51.100.0/24"]
+    assert emu.run_instances_requests[-1]["SecurityGroupId.1"] == wire["SecurityGroupId.1"]
+    sent = (
+        len(emu.calls("AuthorizeSecurityGroupIngress")),
+        len(emu.calls("RevokeSecurityGroupIngress")),
+    )
+    assert sent == (2, 1)  # the first group's rule, then one each
+    make(emu, ssh_cidrs=["198.51.100.0/24", "192.0.2.10/32"]).launch(req("tok-3"))
+    assert (
+        len(emu.calls("AuthorizeSecurityGroupIngress")),
+        len(emu.calls("RevokeSecurityGroupIngress")),
+    ) == sent
+
+
+def test_a_user_made_ssh_group_keeps_its_rules(emu: AwsEmulator) -> None:
+    ec2 = emu.client("ec2", "us-east-1")
+    [vpc] = ec2.describe_vpcs(Filters=[{"Name": "isDefault", "Values": ["true"]}])["Vpcs"]
+    gid = ec2.create_security_group(
+        GroupName="provisioner-ssh", Description="mine", VpcId=vpc["VpcId"]
+    )["GroupId"]
+    ec2.authorize_security_group_ingress(
+        GroupId=gid, IpProtocol="tcp", FromPort=22, ToPort=22, CidrIp="10.1.0.0/16"
+    )
+    make(emu, ssh_cidrs=["203.0.113.0/24"]).launch(req("tok-1"))
+    [group] = ec2.describe_security_groups(GroupIds=[gid])["SecurityGroups"]
+    assert [r["CidrIp"] for p in group["IpPermissions"] for r in p["IpRanges"]] == ["10.1.0.0/16"]
+    assert emu.run_instances_requests[-1]["SecurityGroupId.1"] == gid
+
+
 def test_gc_removes_our_ssh_group_once_no_machine_uses_it(emu: AwsEmulator) -> None:
     provider = make(emu)
     inst = provider.launch(req("tok-1"))

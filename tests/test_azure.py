@@ -348,6 +348,90 @@ def test_a_user_made_group_of_that_name_is_used_as_it_is(emulator, provider):
     assert not emulator.reachable("exp-a1b2c3")  # their rules, not ours
 
 
+def test_changed_ssh_cidrs_rewrite_our_rule_on_the_next_launch(emulator):
+    """ssh_cidrs edited after the first launch: the next process's launch rewrites our rule
+    (that rule alone, by its own PUT) and the machine already in the group follows it; with
+    settings unchanged nothing is sent."""
+    make_provider(emulator, ssh_cidrs=["203.0.113.0/24"]).launch(request())
+    assert emulator.reachable("exp-a1b2c3", source="203.0.113.7")
+
+    make_provider(emulator, ssh_cidrs=["198.51.100.0/24", "192.0.2.10/32"]).launch(
+        request("exp-d4e5f6", machine="m-2")
+    )
+    for vm in ("exp-a1b2c3", "exp-d4e5f6"):
+        assert emulator.reachable(vm, source="198.51.100.9")
+        assert emulator.reachable(vm, source="192.0.2.10")
+        assert not emulator.reachable(vm, source="203.0.113.7")  # revoked
+    [group] = emulator.nsgs.values()
+    assert len(group["properties"]["networkInterfaces"]) == 2  # associations kept
+    rule_puts = emulator.requests_to("PUT", "/securityRules/provisioner-ssh")
+    assert len(rule_puts) == 1
+    make_provider(emulator, ssh_cidrs=["198.51.100.0/24", "192.0.2.10/32"]).launch(
+        request("exp-g7h8i9", machine="m-3")
+    )
+    assert len(emulator.requests_to("PUT", "/securityRules/")) == 1
+    group_puts = emulator.requests_to("PUT", "/networkSecurityGroups/")
+    assert [r.path.rsplit("/", 1)[-1] for r in group_puts if "/securityRules/" not in r.path] == [
+        "provisioner-ssh-eastus"  # made once, never replaced whole
+    ]
+
+
+def test_gc_lists_and_removes_our_network_pieces_no_vm_uses(emulator, provider):
+    """A crashed `up` left a public IP and a NIC without a VM; a person's own public IP sits in
+    the same resource group. gc names (then removes) ours only; our NSG goes once no VM is in
+    it, and the next launch makes it again."""
+    from functools import partial
+
+    kept = provider.launch(request())
+    crashed = request("exp-crash1", machine="m-9")
+    _, network = provider._clients()
+    ip = provider._wait(
+        partial(
+            network.public_ip_addresses.begin_create_or_update,
+            "provisioner",
+            "exp-crash1-ip",
+            provider._ip_body(crashed),
+        )
+    )
+    provider._wait(
+        partial(
+            network.network_interfaces.begin_create_or_update,
+            "provisioner",
+            "exp-crash1-nic",
+            provider._nic_body(crashed, ip.id, provider._ssh_group("eastus")),
+        )
+    )
+    network.public_ip_addresses.begin_create_or_update(
+        "provisioner",
+        "my-bastion-ip",
+        {
+            "location": "eastus",
+            "sku": {"name": "Standard"},
+            "properties": {"publicIPAllocationMethod": "Static"},
+        },
+    ).result()
+    emulator.page_size = 1  # every listing crosses pages
+
+    lines = provider.unused_network()
+    assert len(lines) == 2
+    assert "network interface exp-crash1-nic (eastus" in lines[0]
+    assert f"public IP exp-crash1-ip (eastus, {ip.ip_address}" in lines[1]
+    assert make_provider(emulator).unused_network(remove=True) == lines
+    assert sorted(p["name"] for p in emulator.public_ips.values()) == [
+        "exp-a1b2c3-ip",
+        "my-bastion-ip",
+    ]
+    assert [n["name"] for n in emulator.nics.values()] == ["exp-a1b2c3-nic"]
+    assert emulator.reachable("exp-a1b2c3")  # the machine in use kept everything
+
+    provider.terminate(kept.ref)
+    [line] = provider.unused_network(remove=True)
+    assert line.startswith("network security group provisioner-ssh-eastus (eastus")
+    assert emulator.nsgs == {}
+    provider.launch(request("exp-d4e5f6", machine="m-2"))  # the group is made again
+    assert emulator.reachable("exp-d4e5f6")
+
+
 def test_the_emulator_enforces_arms_networking_rules(emulator, provider):
     """Through the SDK: what ARM refuses (Standard + Dynamic, deleting a public IP or NSG in use,
     an NSG rule priority out of range) and what it keeps billing (a public IP whose deleteOption
@@ -603,3 +687,148 @@ def test_up_lands_in_the_next_region_when_the_first_has_no_capacity(emulator, ho
     [vm] = emulator.vms.values()
     assert vm.body["location"] == "westus2"
     assert vm.body["tags"][TAG_MACHINE] == result.machine.id
+
+
+# --- the first real run, through the CLI -------------------------------------------------------
+
+NIGHTS_UNKNOWN_IDLE = """
+name: nights
+off_hours: {timezone: America/New_York, windows: [{days: mon-fri, start: "20:00", end: "08:00"}]}
+idle: {gpu_util_below: 5, for_minutes: 30, unknown_counts_as_idle: true}
+"""
+
+
+@pytest.fixture
+def tls_emulator(tmp_path, monkeypatch):
+    """The ARM emulator over TLS, also the Microsoft identity platform a service principal
+    signs in to: the CLI in a subprocess gets its credential the way a user's does, through
+    azure-identity's EnvironmentCredential (AZURE_AUTHORITY_HOST, REQUESTS_CA_BUNDLE)."""
+    from tests.contract.azure import scrub_credentials
+    from tests.emulators.azure import CLIENT_ID, CLIENT_SECRET, TENANT
+    from tests.emulators.tls import self_signed_localhost
+
+    cert, key = self_signed_localhost()
+    ca = tmp_path / "emulator-ca.pem"
+    ca.write_bytes(cert)
+    bin_dir = tmp_path / "bin"  # no az / azd on the PATH
+    bin_dir.mkdir()
+    scrub_credentials(monkeypatch, bin_dir)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{Path(sys.executable).parent}")
+    with AzureEmulator(tls=(cert, key)) as emu:
+        emu.cli_env = {
+            "AZURE_CLIENT_ID": CLIENT_ID,
+            "AZURE_CLIENT_SECRET": CLIENT_SECRET,
+            "AZURE_TENANT_ID": TENANT,
+            "AZURE_AUTHORITY_HOST": emu.base_url,
+            "REQUESTS_CA_BUNDLE": str(ca),
+        }
+        yield emu
+
+
+def test_first_real_run_through_the_cli_leaves_nothing_billed(tls_emulator, home, tmp_path):
+    """`up`, a Spot eviction, the sweep's recovery, a night's idle stop and `down`, each through
+    the real CLI signed in as a service principal; then the emulator's own books: no VM left
+    running or stopped-but-allocated, no NIC, public IP or disk after `down`, and every VM had
+    a Standard static public IP, our NSG admitting 22 from ssh_cidrs, admin user provisioner."""
+    import json
+    from datetime import UTC, datetime, timedelta
+
+    from tests.conftest import run_cli, sandbox_experiment, write_settings, write_yaml
+    from tests.emulators.azure import TENANT
+
+    emu = tls_emulator
+    (tmp_path / "p.yaml").write_text(NIGHTS_UNKNOWN_IDLE)
+    azure = {
+        "subscription_id": emu.subscription_id,
+        "endpoint": emu.base_url,
+        "regions": ["eastus"],
+        "ssh_cidrs": ["198.51.100.0/24"],
+        "disable_instance_discovery": True,  # the emulator is an authority Microsoft never saw
+        "retry_base_seconds": 0.001,
+        "retry_max_seconds": 0.002,
+        "poll_seconds": 0.001,
+    }
+    cfg = write_settings(home, clouds={"azure": azure}, policies=[str(tmp_path / "p.yaml")])
+    spec = write_yaml(
+        tmp_path / "train.yaml",
+        {**sandbox_experiment("train", gpu="T4:1", clouds=["azure"]), "ssh_public_key": SSH_KEY},
+    )
+    noon = datetime(2026, 11, 6, 17, 0, tzinfo=UTC)  # Friday 12:00 in New York
+
+    def cli(*args: str, at: datetime) -> dict:
+        r = run_cli("--config", str(cfg), *args, "-o", "json", now=at, env=emu.cli_env)
+        assert r.returncode == 0, r.stderr
+        return json.loads(r.stdout)
+
+    def vm_name(machine: dict) -> str:
+        return machine["instance_id"].rsplit("/", 1)[-1]
+
+    first = cli("up", str(spec), "--no-wait", at=noon)["machine"]
+    assert emu.reachable(vm_name(first), source="198.51.100.9")
+    assert not emu.reachable(vm_name(first), source="203.0.113.7")  # not in ssh_cidrs
+    emu.evict(vm_name(first))  # Azure takes the Spot VM back
+    swept = cli("sweep", at=noon + timedelta(minutes=5))
+    [relaunch] = [a for p in swept["passes"] for a in p["actions"]]
+    assert (relaunch["action"], relaunch["done"]) == ("relaunch", True)
+    [replacement] = emu.vms.values()  # the evicted VM is deleted, not kept (its disk bills)
+    assert replacement.power == "running"
+    second = replacement.body["name"]
+    assert second != vm_name(first) and emu.reachable(second, source="198.51.100.9")
+    night = datetime(2026, 11, 7, 2, 0, tzinfo=UTC)  # Friday 21:00 in New York, no heartbeat
+    swept = cli("sweep", at=night)
+    [stop] = [a for p in swept["passes"] for a in p["actions"]]
+    assert (stop["action"], stop["done"]) == ("stop", True)
+    assert emu.power_state(second) == "deallocated"  # not merely powered off: that bills
+    assert emu.billed_vms() == []
+    cli("down", "train", at=night + timedelta(minutes=1))
+
+    assert emu.vms == {} and emu.nics == {} and emu.public_ips == {} and emu.disks == {}
+    signed_in = emu.requests_to("POST", f"/{TENANT}/oauth2/v2.0/token")
+    assert signed_in and all(r.body["grant_type"] == "client_credentials" for r in signed_in)
+    vm_puts = [r.body for r in emu.requests_to("PUT", "/virtualMachines/")]
+    assert len(vm_puts) == 2  # the first VM and its replacement, nothing more
+    for body in vm_puts:
+        assert body["properties"]["osProfile"]["adminUsername"] == "provisioner"
+        assert body["properties"]["priority"] == "Spot"
+    for body in [r.body for r in emu.requests_to("PUT", "/publicIPAddresses/")]:
+        assert body["sku"]["name"] == "Standard"
+        assert body["properties"]["publicIPAllocationMethod"] == "Static"
+    nics = [r.body for r in emu.requests_to("PUT", "/networkInterfaces/")]
+    assert len(nics) == 2 and all(n["properties"]["networkSecurityGroup"] for n in nics)
+    [group] = emu.nsgs.values()  # kept for the next machine; `gc` removes it when unused
+    [rule] = group["properties"]["securityRules"]
+    assert rule["properties"]["sourceAddressPrefix"] == "198.51.100.0/24"
+    assert rule["properties"]["destinationPortRange"] == "22"
+    swept = cli("gc", "--terminate", "--yes", at=night + timedelta(minutes=2))
+    assert swept["orphans"] == [] and swept["not_asked"] == {}
+    assert swept["unused_network"] == {
+        "azure": [
+            "network security group provisioner-ssh-eastus (eastus, resource group provisioner)"
+        ]
+    }
+    assert emu.nsgs == {}
+
+
+def test_a_service_principal_signs_in_through_azure_identity_or_is_refused(
+    tls_emulator, monkeypatch
+):
+    """No credential object handed in: DefaultAzureCredential finds the service principal in
+    the environment and signs in at AZURE_AUTHORITY_HOST; a wrong secret is refused there, in
+    one line that does not repeat the secret."""
+    emu = tls_emulator
+    for name, value in emu.cli_env.items():
+        monkeypatch.setenv(name, value)
+    options = {
+        "subscription_id": emu.subscription_id,
+        "endpoint": emu.base_url,
+        "disable_instance_discovery": True,
+    }
+    ok = AzureProvider(options).check()
+    assert ok.ok and "service principal (environment)" in ok.message
+    assert emu.requests_to("GET", "/v2.0/.well-known/openid-configuration")
+
+    monkeypatch.setenv("AZURE_CLIENT_SECRET", "a-secret-since-rotated")
+    refused = AzureProvider(options).check()
+    assert not refused.ok and "AADSTS7000215" in refused.message
+    assert "a-secret-since-rotated" not in refused.message and "\n" not in refused.message
+    assert all("client_secret" not in (r.body or {}) for r in emu.requests)  # never recorded

@@ -120,3 +120,31 @@ def test_offers_stay_inside_the_regions_and_zones_settings_enable(home):
         home, clouds={"aws": {"regions": ["us-west-2"], "zones": ["usw2-lax1-az1"]}}
     )
     assert {o.zone for o in catalog.load(lax, ["aws"])} == {"usw2-lax1-az1"}
+
+
+@pytest.mark.parametrize("gpu", ["T4:1", "A100-80GB:8", "H100:8", "A100:40GB:1"])
+def test_a_plan_that_reads_only_its_gpu_ranks_and_counts_as_one_reading_everything(settings, gpu):
+    """``plan`` converts only the rows of the asked GPU; the rows it skips are still counted
+    under the planner's own reasons, so the candidates, their order and every count are those
+    of a plan over the whole catalog."""
+    from provisioner import planner
+    from provisioner.spec import Experiment
+
+    experiment = Experiment.model_validate(
+        {"name": "exp", "project": "p", "owner": "o@example.com", "resources": {"gpu": gpu}}
+    )
+    clouds = ["aws", "gcp", "azure", "yandex", "sbercloud"]
+    res = experiment.resources
+
+    def ranked(offers):
+        return planner.plan(experiment, offers, settings.money_rates, enabled_clouds=clouds)
+
+    whole = ranked(catalog.load(settings, clouds))
+    narrow_offers = catalog.load(
+        settings, clouds, gpu_family=res.gpu.family, gpu_count=res.gpu.count
+    )
+    narrow = ranked(narrow_offers)
+    assert len(narrow_offers) < len(catalog.load(settings, clouds)) / 2
+    assert narrow.candidates == whole.candidates and whole.candidates
+    assert narrow.rejected == whole.rejected
+    assert narrow.examples == whole.examples

@@ -361,6 +361,80 @@ def test_a_rule_of_our_name_on_another_network_is_refused_clearly(emu: GCPEmulat
     assert inserts(emu) == []
 
 
+def test_changed_ssh_cidrs_are_patched_into_the_existing_rule(emu: GCPEmulator) -> None:
+    emu.delete_firewall("default-allow-ssh")
+    first = provider(emu, ssh_cidrs=["198.51.100.0/24"]).launch(request("first"))
+    rule_id = emu.firewalls["provisioner-allow-ssh-default"]["id"]
+    # the settings now admit another network: the next launch updates the rule in place
+    second = provider(emu, ssh_cidrs=["192.0.2.0/28"]).launch(request("second"))
+    [patch] = emu.calls("PATCH", "/global/firewalls/provisioner-allow-ssh-default")
+    assert patch.body == {"sourceRanges": ["192.0.2.0/28"]}
+    rule = emu.firewalls["provisioner-allow-ssh-default"]
+    assert rule["id"] == rule_id and rule["allowed"] == [{"IPProtocol": "tcp", "ports": ["22"]}]
+    assert len(firewall_inserts(emu)) == 1
+    for name in (first.name, second.name):
+        assert emu.reachable_on_22(ZONE, name, source="192.0.2.5")
+        assert not emu.reachable_on_22(ZONE, name, source="198.51.100.7")
+    # unchanged settings patch nothing
+    provider(emu, ssh_cidrs=["192.0.2.0/28"]).launch(request("third"))
+    assert len(emu.calls("PATCH")) == 1
+
+
+def test_unused_network_names_and_removes_only_our_rules_nobody_uses(emu: GCPEmulator) -> None:
+    emu.networks.add("gpu-vpc")
+    gcp = provider(emu)
+    inst = gcp.launch(request("on-default"))
+    provider(emu, network="global/networks/gpu-vpc").launch(request("on-gpu-vpc"))
+    assert gcp.unused_network() == []  # a machine is on each network
+    gcp.stop(inst.ref)
+    assert gcp.unused_network() == []  # a stopped machine needs its rule when started again
+    gcp.terminate(inst.ref)
+    [line] = gcp.unused_network()
+    assert "provisioner-allow-ssh-default" in line and "network default" in line
+    assert "provisioner-allow-ssh-default" in emu.firewalls  # listing removes nothing
+    assert gcp.unused_network(remove=True) == [line]
+    assert sorted(n for n in emu.firewalls if n.startswith("provisioner")) == [
+        "provisioner-allow-ssh-gpu-vpc"
+    ]
+    assert "default-allow-ssh" in emu.firewalls  # never a rule that is not ours
+    # a later launch on the network makes the rule again
+    again = gcp.launch(request("back"))
+    assert "provisioner-allow-ssh-default" in emu.firewalls
+    assert emu.reachable_on_22(ZONE, again.name, source="203.0.113.9")
+
+
+def test_the_metadata_key_works_in_a_project_that_turns_os_login_on(emu: GCPEmulator) -> None:
+    emu.project_metadata["enable-oslogin"] = "TRUE"
+    inst = provider(emu).launch(request())
+    items = {i["key"]: i["value"] for i in emu.instance(ZONE, inst.name)["metadata"]["items"]}
+    assert items["enable-oslogin"] == "FALSE"
+    assert emu.metadata_ssh_login(ZONE, inst.name, "provisioner")
+    # without the instance's own value the project's OS Login would turn the key away
+    stored = emu.instance(ZONE, inst.name)["metadata"]
+    stored["items"] = [i for i in stored["items"] if i["key"] != "enable-oslogin"]
+    assert not emu.metadata_ssh_login(ZONE, inst.name, "provisioner")
+
+
+def test_check_says_when_the_project_turns_os_login_on(emu: GCPEmulator) -> None:
+    assert "OS Login" not in provider(emu).check().message
+    emu.project_metadata["enable-oslogin"] = "TRUE"
+    result = provider(emu).check()
+    assert result.ok and "OS Login on" in result.message and "requireOsLogin" in result.message
+    assert "\n" not in result.message
+
+
+def test_an_organization_enforcing_os_login_is_refused_saying_what_to_do(
+    emu: GCPEmulator,
+) -> None:
+    emu.require_os_login()
+    with pytest.raises(InvalidRequest) as err:
+        provider(emu).launch(request())
+    text = str(err.value)
+    assert err.value.code == "conditionNotMet"
+    assert "constraints/compute.requireOsLogin" in text and "exempt this project" in text
+    assert "\n" not in text and emu.instances == {}
+
+
 def test_the_rule_name_fits_63_characters_and_names_its_network() -> None:
     assert ssh_rule_name("default") == "provisioner-allow-ssh-default"
     long_a, long_b = "a" * 40 + "-x", "a" * 40 + "-y"
@@ -666,7 +740,18 @@ def test_fetch_offers_from_the_billing_catalog(
     assert t4.price == Decimal("0.54000")  # 0.19 host + 0.35 T4
     # the 8-GPU A100 costs 8 GPUs and 8x the host; Mega/vWS/commitment SKUs are not mixed in
     assert by[("us-central1-a", "a2-highgpu-8g", "A100", 8)].price == Decimal("29.38708")
-    assert {o.gpu for o in offers} == {"A100", "A100-80GB", "H100", "L4", "T4", "V100"}
+    assert {o.gpu for o in offers} == {"A100", "A100-80GB", "H100", "H200", "L4", "T4", "V100"}
+    # A2 Mega: the A2 host and 16 A100; A3 Mega: the A3 host and its own Mega GPU SKU; A3 Ultra:
+    # its own host SKUs and H200s; each only in the zones listing its machine type
+    assert by[("us-central1-a", "a2-megagpu-16g", "A100", 16)].price == Decimal(
+        "55.73950"
+    )  # 96 x 0.031611 + 1360 x 0.004237 + 16 x 2.933908
+    mega = by[("us-central1-a", "a3-megagpu-8g", "H100", 8)]
+    assert mega.price == Decimal("97.94011")  # 208 x 0.0295 + 1872 x 0.0017757 + 8 x 11.06
+    ultra = by[("us-central1-b", "a3-ultragpu-8g", "H200", 8)]
+    assert ultra.price == Decimal("92.48560")  # 224 x 0.0307 + 2952 x 0.0019 + 8 x 10
+    assert (ultra.vcpus, ultra.memory_gb, ultra.gpu_memory_gb) == (224, 2952, 141)
+    assert ("us-central1-a", "a3-ultragpu-8g", "H200", 8) not in by  # not listed there
     h100 = by[("us-central1-a", "a3-highgpu-1g", "H100", 1)]
     assert h100.price is None and h100.spot_price is not None  # Spot-only below 8 GPUs
     assert by[("us-central1-a", "a3-highgpu-8g", "H100", 8)].price is not None
@@ -773,3 +858,113 @@ def test_up_moves_to_another_zone_when_the_catalog_s_zone_lacks_the_accelerator(
     assert rest[-1].outcome == "launched"
     [(zone, _)] = emu.instances
     assert zone != lacking
+
+
+# --- the first real run, through the CLI --------------------------------------------------------
+
+NIGHTS_UNKNOWN_IDLE = """
+name: nights
+off_hours: {timezone: America/New_York, windows: [{days: mon-fri, start: "20:00", end: "08:00"}]}
+idle: {gpu_util_below: 5, for_minutes: 30, unknown_counts_as_idle: true}
+"""
+
+
+@pytest.mark.parametrize(
+    ("gpu", "machine", "disk"),
+    [
+        ("T4:1", "n1-standard-4", "pd-balanced"),
+        ("H200:8", "a3-ultragpu-8g", "hyperdisk-balanced"),  # A3 Ultra boots from Hyperdisk
+    ],
+)
+def test_first_real_run_through_the_cli_leaves_nothing_billed(
+    emu: GCPEmulator,
+    home: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    gpu: str,
+    machine: str,
+    disk: str,
+) -> None:
+    """`catalog refresh`, `up`, a preemption, the sweep's recovery, a night's idle stop, `down`
+    and `gc --terminate`, each through the real CLI against the emulator; then the emulator's
+    own books: nothing billing, every machine reachable (external address, our rule admitting
+    ssh_cidrs to our tag, the metadata key honoured in an OS Login project) on the boot disk its
+    series takes, and no rule of ours left behind."""
+    from datetime import UTC, datetime, timedelta
+
+    from tests.conftest import run_cli, sandbox_experiment, write_settings, write_yaml
+
+    emu.delete_firewall("default-allow-ssh")  # only our own rule may open port 22
+    emu.project_metadata["enable-oslogin"] = "TRUE"  # the project turns OS Login on
+    (tmp_path / "p.yaml").write_text(NIGHTS_UNKNOWN_IDLE)
+    monkeypatch.setenv("PROVISIONER_GCP_API_KEY", emu.billing_api_key)
+    gcp = {
+        "project": emu.project,
+        "endpoint": emu.endpoint,
+        "pricing_endpoint": emu.endpoint,
+        "anonymous": True,
+        "regions": ["us-central1"],
+        "ssh_cidrs": ["198.51.100.0/24"],
+        "retry_base_seconds": 0.001,
+        "retry_max_seconds": 0.01,
+    }
+    cfg = write_settings(home, clouds={"gcp": gcp}, policies=[str(tmp_path / "p.yaml")])
+    experiment = sandbox_experiment("train", gpu=gpu, clouds=["gcp"])
+    experiment["ssh_public_key"] = SSH_KEY
+    spec = write_yaml(tmp_path / "train.yaml", experiment)
+    noon = datetime(2026, 11, 6, 17, 0, tzinfo=UTC)  # Friday 12:00 in New York
+
+    def cli(*args: str, at: datetime) -> dict:
+        r = run_cli("--config", str(cfg), *args, "-o", "json", now=at)
+        assert r.returncode == 0, r.stderr
+        return json.loads(r.stdout)
+
+    def reachable(zone: str, name: str) -> bool:
+        return (
+            emu.reachable_on_22(zone, name, source="198.51.100.20")
+            and not emu.reachable_on_22(zone, name, source="203.0.113.10")
+            and emu.metadata_ssh_login(zone, name, "provisioner")
+        )
+
+    refreshed = run_cli("--config", str(cfg), "catalog", "refresh", "--cloud", "gcp", now=noon)
+    assert refreshed.returncode == 0, refreshed.stderr
+    # the emulator's addresses are not ours to connect to: `up` must not wait for SSH
+    first = cli("up", str(spec), "--no-wait", at=noon)["machine"]
+    [(zone, name)] = emu.instances
+    assert reachable(zone, name)
+    emu.preempt(zone, name)
+    swept = cli("sweep", at=noon + timedelta(minutes=5))
+    [relaunch] = [a for p in swept["passes"] for a in p["actions"]]
+    assert (relaunch["action"], relaunch["done"]) == ("relaunch", True)
+    [(zone2, name2)] = emu.instances  # the preempted one is gone, its replacement runs
+    assert emu.instances[(zone2, name2)]["id"] != first["instance_id"]
+    assert reachable(zone2, name2)
+    night = datetime(2026, 11, 7, 2, 0, tzinfo=UTC)  # Friday 21:00 in New York, no heartbeat
+    swept = cli("sweep", at=night)
+    [stop] = [a for p in swept["passes"] for a in p["actions"]]
+    assert (stop["action"], stop["done"]) == ("stop", True)
+    assert emu.instances[(zone2, name2)]["status"] == "TERMINATED"  # GCP's word for stopped
+    cli("down", "train", at=night + timedelta(minutes=1))
+    assert emu.instances == {}  # no instance, running or stopped, bills for its disk
+    gc = cli("gc", "--terminate", "--yes", at=night + timedelta(minutes=2))
+    assert gc["unused_network"] == {
+        "gcp": [
+            "firewall rule provisioner-allow-ssh-default (network default, tcp:22 to "
+            "provisioner-ssh)"
+        ]
+    }
+    assert [n for n in emu.firewalls if n.startswith("provisioner")] == []
+
+    launches = [r.body for r in inserts(emu)]
+    assert len(launches) == 2  # the first machine and its replacement, nothing more
+    for body in launches:
+        [nic] = body["networkInterfaces"]
+        assert [a["type"] for a in nic["accessConfigs"]] == ["ONE_TO_ONE_NAT"]
+        assert body["tags"]["items"] == ["provisioner-ssh"]
+        assert body["scheduling"]["provisioningModel"] == "SPOT"
+        assert body["machineType"].endswith(f"/machineTypes/{machine}")
+        [boot] = body["disks"]
+        assert boot["initializeParams"]["diskType"].endswith(f"/diskTypes/{disk}")
+    [rule_insert] = firewall_inserts(emu)
+    assert rule_insert.body["sourceRanges"] == ["198.51.100.0/24"]
+    assert rule_insert.body["targetTags"] == ["provisioner-ssh"]

@@ -467,18 +467,98 @@ def test_list_managed_filters_by_tag_and_pages_by_page_number(emu, env):
 # -- check --------------------------------------------------------------------------------
 
 
-def test_check_names_the_missing_security_group_that_would_open_ssh(emu, env):
-    result = SberCloudProvider(options(emu, security_group_id=None)).check()
-    assert result.ok
-    assert "security_group_id" in result.message and "22/tcp" in result.message
-    assert "\n" not in result.message
-    assert "security_group_id" not in SberCloudProvider(options(emu)).check().message
+def test_check_names_the_settings_a_launch_still_needs(emu, env):
+    result = SberCloudProvider(options(emu, image=None, subnet_id=None)).check()
+    assert result.ok and "\n" not in result.message
+    assert "clouds.sbercloud.image, subnet_id" in result.message
+    assert "to launch" not in SberCloudProvider(options(emu)).check().message
 
 
-def test_without_a_security_group_the_server_joins_the_default_one(emu, env):
-    inst = SberCloudProvider(options(emu, security_group_id=None)).launch(request())
-    assert "security_groups" not in creates(emu)[0].body["server"]
-    assert emu.servers[inst.id]["security_groups"] == ["default"]
+def ssh_group(emu: EcsEmulator) -> dict:
+    [group] = [g for g in emu.security_groups.values() if g["name"] == "provisioner-ssh"]
+    return group
+
+
+def inbound(group: dict) -> set:
+    return {
+        (r["protocol"], r["port_range_min"], r["remote_ip_prefix"])
+        for r in group["rules"].values()
+        if r["direction"] == "ingress" and not r["remote_group_id"]
+    }
+
+
+def test_without_a_security_group_servers_join_ours_open_to_ssh_cidrs_only(emu, env):
+    sc = SberCloudProvider(options(emu, security_group_id=None, ssh_cidrs=["198.51.100.0/24"]))
+    inst = sc.launch(request())
+    group = ssh_group(emu)
+    assert group["tags"] == {TAG_MANAGED_BY: "provisioner"}
+    # the new group's own 22 and 3389 from anywhere are gone: 22/tcp from ssh_cidrs only
+    assert inbound(group) == {("tcp", 22, "198.51.100.0/24")}
+    assert {r["direction"] for r in group["rules"].values()} == {"ingress", "egress"}  # out: all
+    assert creates(emu)[0].body["server"]["security_groups"] == [{"id": group["id"]}]
+    assert emu.servers[inst.id]["security_groups"] == [group["id"]]
+    assert emu.reachable_on_22(inst.id, "198.51.100.7")
+    assert not emu.reachable_on_22(inst.id, "203.0.113.10")
+    # another process finds it again: no second group, no rule touched
+    again = SberCloudProvider(options(emu, security_group_id=None, ssh_cidrs=["198.51.100.0/24"]))
+    before = len(emu.requests)
+    second = again.launch(request("pv-token-2", machine="m-2"))
+    assert emu.servers[second.id]["security_groups"] == [group["id"]]
+    assert len(emu.received("POST", r"/security-groups$")) == 1
+    assert not [r for r in emu.requests[before:] if "security-group-rules/" in r.path]
+
+
+def test_changed_ssh_cidrs_replace_the_group_s_ssh_rules(emu, env):
+    SberCloudProvider(options(emu, security_group_id=None, ssh_cidrs=["198.51.100.0/24"])).launch(
+        request()
+    )
+    moved = SberCloudProvider(
+        options(emu, security_group_id=None, ssh_cidrs=["192.0.2.0/28", "2001:db8::/32"])
+    )
+    inst = moved.launch(request("pv-token-2", machine="m-2"))
+    assert inbound(ssh_group(emu)) == {("tcp", 22, "192.0.2.0/28"), ("tcp", 22, "2001:db8::/32")}
+    [v6] = [r for r in ssh_group(emu)["rules"].values() if r["remote_ip_prefix"] == "2001:db8::/32"]
+    assert v6["ethertype"] == "IPv6"
+    assert emu.reachable_on_22(inst.id, "192.0.2.3")
+    assert not emu.reachable_on_22(inst.id, "198.51.100.7")
+
+
+def test_a_named_security_group_is_used_as_it_is(emu, env, sc):
+    inst = sc.launch(request())
+    assert emu.servers[inst.id]["security_groups"] == ["sg-0001"]
+    assert not [r for r in emu.requests if "security-group" in r.path]
+
+
+def test_unused_network_names_and_removes_our_group_once_no_server_is_in_it(emu, env):
+    sc = SberCloudProvider(options(emu, security_group_id=None))
+    inst = sc.launch(request())
+    group = ssh_group(emu)["id"]
+    assert sc.unused_network() == []
+    sc.stop(inst.ref)
+    assert sc.unused_network() == []  # a stopped server still needs it
+    sc.terminate(inst.ref)
+    [line] = sc.unused_network()
+    assert group in line and "provisioner-ssh" in line
+    assert sc.unused_network(remove=True) == [line]
+    assert set(emu.security_groups) == {"default"}  # never a group that is not ours
+    assert emu.eips == {}  # the EIP went with its server
+    # the next launch makes the group again
+    again = sc.launch(request("pv-token-2", machine="m-2"))
+    assert emu.reachable_on_22(again.id)
+
+
+def test_a_group_taken_into_use_meanwhile_is_kept(emu, env, monkeypatch):
+    sc = SberCloudProvider(options(emu, security_group_id=None))
+    sc.terminate(sc.launch(request()).ref)
+    group = ssh_group(emu)["id"]
+    foreign = emu.add_server("someone-elses")
+    # ECS does not list it (e.g. another project's server in our group): the delete is refused
+    emu.servers[foreign]["security_groups"] = [group]
+    monkeypatch.setattr(emu, "_list", lambda query: (200, {"count": 0, "servers": []}))
+    assert sc.unused_network(remove=True) == []
+    assert group in emu.security_groups
+    [refused] = emu.received("DELETE", r"/security-groups/")
+    assert refused.status == 409
 
 
 # -- offers -------------------------------------------------------------------------------
@@ -599,3 +679,75 @@ def test_importing_the_adapter_loads_no_sdk():
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=root
     ).stdout
     assert out.strip() == "[]"
+
+
+# -- the first real run, through the CLI ------------------------------------------------------
+
+NIGHTS_UNKNOWN_IDLE = """
+name: nights
+off_hours: {timezone: Europe/Moscow, windows: [{days: mon-fri, start: "20:00", end: "08:00"}]}
+idle: {gpu_util_below: 5, for_minutes: 30, unknown_counts_as_idle: true}
+"""
+
+
+def test_first_real_run_through_the_cli_leaves_nothing_billed(emu, env, home, tmp_path):
+    """`up`, a spot preemption (Huawei releases the server), the sweep's recovery, a night's
+    idle stop, `down` and `gc --terminate`, each through the real CLI against the emulator; then
+    its books: no server, no EIP, no group of ours left; every server had an EIP and our group,
+    which admitted SSH from ssh_cidrs only."""
+    import json
+    from datetime import UTC, datetime, timedelta
+
+    from tests.conftest import run_cli, sandbox_experiment, write_settings, write_yaml
+
+    (tmp_path / "p.yaml").write_text(NIGHTS_UNKNOWN_IDLE)
+    sber = options(emu, security_group_id=None, ssh_cidrs=["198.51.100.0/24"])
+    cfg = write_settings(
+        home,
+        clouds={"sbercloud": sber},
+        policies=[str(tmp_path / "p.yaml")],
+        prices={"sbercloud": {"pi2.2xlarge.4": {"price": "95", "spot_price": "30"}}},
+    )
+    experiment = sandbox_experiment("train", gpu="T4:1", clouds=["sbercloud"])
+    experiment["ssh_public_key"] = SSH_KEY
+    spec = write_yaml(tmp_path / "train.yaml", experiment)
+    noon = datetime(2026, 11, 6, 9, 0, tzinfo=UTC)  # Friday 12:00 in Moscow
+
+    def cli(*args: str, at: datetime) -> dict:
+        r = run_cli("--config", str(cfg), *args, "-o", "json", now=at)
+        assert r.returncode == 0, r.stderr
+        return json.loads(r.stdout)
+
+    def reachable(server_id: str) -> bool:
+        return emu.reachable_on_22(server_id, "198.51.100.20") and not emu.reachable_on_22(
+            server_id, "203.0.113.10"
+        )
+
+    # the emulator's addresses are not ours to connect to: `up` must not wait for SSH
+    first = cli("up", str(spec), "--no-wait", at=noon)["machine"]
+    assert reachable(first["instance_id"])
+    emu.preempt(first["instance_id"], how="delete")  # a spot server is released
+    swept = cli("sweep", at=noon + timedelta(minutes=5))
+    [relaunch] = [a for p in swept["passes"] for a in p["actions"]]
+    assert (relaunch["action"], relaunch["done"]) == ("relaunch", True)
+    [second] = alive(emu)
+    assert second["id"] != first["instance_id"] and reachable(second["id"])
+    night = datetime(2026, 11, 6, 18, 0, tzinfo=UTC)  # Friday 21:00 in Moscow, no heartbeat
+    swept = cli("sweep", at=night)
+    [stop] = [a for p in swept["passes"] for a in p["actions"]]
+    assert (stop["action"], stop["done"]) == ("stop", True)
+    assert emu.servers[second["id"]]["status"] == "SHUTOFF"
+    cli("down", "train", at=night + timedelta(minutes=1))
+    assert alive(emu) == [] and emu.eips == {}  # nothing bills: no server, no address
+    gc = cli("gc", "--terminate", "--yes", at=night + timedelta(minutes=2))
+    [line] = gc["unused_network"]["sbercloud"]
+    assert "provisioner-ssh" in line
+    assert set(emu.security_groups) == {"default"}
+
+    launches = [r.body["server"] for r in creates(emu)]
+    assert len(launches) == 2  # the first server and its replacement, nothing more
+    for server in launches:
+        assert server["extendparam"]["marketType"] == "spot"
+        assert server["publicip"]["delete_on_termination"] is True
+        assert server["security_groups"] == launches[0]["security_groups"]
+        assert server["security_groups"][0]["id"] != "default"

@@ -27,6 +27,7 @@ from providers.base import (
     TAG_PROJECT,
     AuthError,
     CapacityError,
+    InstanceRef,
     InvalidRequest,
     LaunchRequest,
     MachineState,
@@ -618,3 +619,171 @@ def test_preemption_recovery_and_down_leave_nothing_on_the_books(emu, tls, env, 
     finally:
         app.close()
     assert emu.instances == {}
+
+
+NIGHTS_UNKNOWN_IDLE = """
+name: nights
+off_hours: {timezone: Europe/Moscow, windows: [{days: mon-fri, start: "20:00", end: "08:00"}]}
+idle: {gpu_util_below: 5, for_minutes: 30, unknown_counts_as_idle: true}
+"""
+
+
+def test_first_real_run_through_the_cli_leaves_nothing_billed(emu, tls, env, home, tmp_path):
+    """`up`, a preemption (Yandex stops the VM), the sweep's recovery, a night's idle stop and
+    `down`, each through the real CLI; then the emulator's own books. `down` deletes: no
+    instance is left, stopped or not, and no disk. Every machine had a public (one-to-one NAT)
+    address, SSH open through the network's default security group, and booted the image
+    family Yandex documents for its platform."""
+    import json
+    from datetime import UTC, datetime, timedelta
+
+    from tests.conftest import run_cli, sandbox_experiment, write_settings, write_yaml
+
+    (tmp_path / "p.yaml").write_text(NIGHTS_UNKNOWN_IDLE)
+    yandex = {
+        "folder_id": FOLDER,
+        "endpoint": emu.endpoint,
+        "root_certificates_file": str(tls[2]),
+        "zones": ["ru-central1-a"],
+        "poll_seconds": 0,
+        "retry_base_seconds": 0.001,
+    }
+    cfg = write_settings(home, clouds={"yandex": yandex}, policies=[str(tmp_path / "p.yaml")])
+    spec = write_yaml(
+        tmp_path / "train.yaml",
+        {**sandbox_experiment("train", gpu="T4:1", clouds=["yandex"]), "ssh_public_key": SSH_KEY},
+    )
+    noon = datetime(2026, 11, 6, 9, 0, tzinfo=UTC)  # Friday 12:00 in Moscow
+
+    def cli(*args: str, at: datetime) -> dict:
+        r = run_cli("--config", str(cfg), *args, "-o", "json", now=at)
+        assert r.returncode == 0, r.stderr
+        return json.loads(r.stdout)
+
+    first = cli("up", str(spec), "--no-wait", at=noon)["machine"]["instance_id"]
+    assert emu.reachable(first) and emu.gpu_driver_works(first)
+    emu.preempt(first)  # Yandex takes the preemptible VM back: STOPPED, its address released
+    assert not emu.reachable(first)
+    swept = cli("sweep", at=noon + timedelta(minutes=5))
+    [relaunch] = [a for p in swept["passes"] for a in p["actions"]]
+    assert (relaunch["action"], relaunch["done"]) == ("relaunch", True)
+    [second] = emu.instances  # the preempted one was deleted, with its disk
+    assert second != first and emu.reachable(second) and emu.gpu_driver_works(second)
+    assert len(emu.disks) == 1
+    night = datetime(2026, 11, 6, 18, 0, tzinfo=UTC)  # Friday 21:00 in Moscow, no heartbeat
+    swept = cli("sweep", at=night)
+    [stop] = [a for p in swept["passes"] for a in p["actions"]]
+    assert (stop["action"], stop["done"]) == ("stop", True)
+    assert emu.billed() == list(emu.disks)  # stopped: only its disk bills
+    cli("down", "train", at=night + timedelta(minutes=1))
+
+    assert emu.instances == {} and emu.disks == {} and emu.billed() == []
+    swept = cli("gc", at=night + timedelta(minutes=2))  # nothing of ours left to collect
+    assert (swept["orphans"], swept["unused_network"], swept["not_asked"]) == ([], {}, {})
+    creates = [c.request for c in emu.calls("InstanceService.Create")]
+    assert len(creates) == 2  # the first machine and its replacement, nothing more
+    for create in creates:
+        assert create.scheduling_policy.preemptible
+        assert create.boot_disk_spec.auto_delete
+        nic = create.network_interface_specs[0]
+        assert nic.primary_v4_address_spec.HasField("one_to_one_nat_spec")
+        assert not nic.security_group_ids  # the network's default group: SSH from anywhere
+        image = create.boot_disk_spec.disk_spec.image_id
+        assert emu.images[("standard-images", DOCUMENTED_GPU_IMAGE[create.platform_id])] == image
+
+
+def test_ssh_through_the_default_security_group_follows_what_it_admits(emu, yc):
+    """The emulator's default security group (documented: 22/TCP from 0.0.0.0/0) decides, and
+    an edited one is honoured; a stopped VM has no public address until it starts again."""
+    inst = yc.launch(request())
+    assert emu.reachable(inst.id, source="203.0.113.7")
+    emu.default_group_ssh_cidrs = ("198.51.100.0/24",)  # the user narrowed the default group
+    assert not emu.reachable(inst.id, source="203.0.113.7")
+    assert emu.reachable(inst.id, source="198.51.100.20")
+    before = yc.get(inst.ref).public_ip
+    yc.stop(inst.ref)
+    assert yc.get(inst.ref).public_ip is None
+    yc.start(inst.ref)
+    after = yc.get(inst.ref).public_ip
+    assert after and after != before  # a dynamic address is new after a stop
+
+
+def test_narrowed_ssh_cidrs_get_our_group_made_once_kept_in_step_and_collected(emu, tls, env):
+    """ssh_cidrs other than anywhere: the machine joins our labelled group (22/tcp from those,
+    all egress) in its subnet's network, made once and found again by another process; a
+    later change of ssh_cidrs rewrites the rule in one call; gc deletes the group once no
+    instance is in it, and the next launch makes it again."""
+    narrow = provider(emu, tls, ssh_cidrs=["198.51.100.0/24"])
+    first = narrow.launch(request("exp-1"))
+    [group] = emu.security_groups.values()
+    assert (
+        group.name == "provisioner-ssh-enpnet0001" and group.labels[TAG_MANAGED_BY] == "provisioner"
+    )
+    assert emu.reachable(first.id, source="198.51.100.9")
+    assert not emu.reachable(first.id, source="203.0.113.7")
+    assert emu.outbound_internet(first.id)
+    provider(emu, tls, ssh_cidrs=["198.51.100.0/24"]).launch(request("exp-2"))
+    assert len(emu.calls("SecurityGroupService.Create")) == 1
+    assert emu.calls("SecurityGroupService.UpdateRules") == []  # unchanged: nothing sent
+
+    changed = provider(emu, tls, ssh_cidrs=["192.0.2.10/32", "198.51.100.0/24"])
+    third = changed.launch(request("exp-3"))
+    assert len(emu.calls("SecurityGroupService.UpdateRules")) == 1
+    for inst in (first.id, third.id):  # the machines already in the group follow it
+        assert emu.reachable(inst, source="192.0.2.10")
+        assert emu.reachable(inst, source="198.51.100.9")
+
+    assert changed.unused_network() == []  # machines are in it
+    for inst in list(emu.instances):
+        changed.terminate(InstanceRef(id=inst, region="ru-central1"))
+    [line] = changed.unused_network()
+    assert group.id in line and "enpnet0001" in line
+    assert provider(emu, tls).unused_network(remove=True) == [line]
+    assert emu.security_groups == {}
+    again = provider(emu, tls, ssh_cidrs=["198.51.100.0/24"]).launch(request("exp-4"))
+    assert emu.reachable(again.id, source="198.51.100.9")
+    assert len(emu.calls("SecurityGroupService.Create")) == 2
+
+
+def test_anywhere_needs_no_group_of_ours(emu, yc):
+    inst = yc.launch(request())
+    assert emu.calls("SecurityGroupService.Create") == [] and emu.security_groups == {}
+    assert emu.reachable(inst.id) and emu.outbound_internet(inst.id)
+    assert yc.unused_network() == []
+
+
+def test_a_restarted_machine_s_new_address_is_what_status_and_ssh_use(emu, tls, env, home, clock):
+    """Yandex gives a stopped VM's one-to-one NAT address back and a new one on start: the
+    state follows the cloud, so `provisioner ssh` does not knock on someone else's address."""
+    from provisioner import lifecycle
+    from provisioner.spec import Experiment
+
+    app = yandex_app(emu, tls, home, clock)
+    experiment = Experiment.model_validate(
+        {
+            "name": "t4-run",
+            "project": "vision",
+            "owner": "ana@example.com",
+            "resources": {"gpu": "T4:1", "market": "reserved", "clouds": ["yandex"]},
+        }
+    )
+    try:
+        lifecycle.up(app, experiment)
+        lifecycle.reconcile(app)
+        before = lifecycle.find(app, "t4-run").public_ip
+        clock.advance(dt.timedelta(hours=1))
+        lifecycle.stop(app, "t4-run")
+        clock.advance(dt.timedelta(hours=1))
+        lifecycle.start(app, "t4-run")
+        lifecycle.reconcile(app)
+        after = lifecycle.find(app, "t4-run")
+        cloud = yc_address(app, after.instance_id)
+        assert before and cloud and cloud != before
+        assert after.public_ip == cloud
+        lifecycle.down(app, "t4-run")
+    finally:
+        app.close()
+
+
+def yc_address(app, instance_id: str) -> str | None:
+    return app.provider("yandex").get(InstanceRef(id=instance_id, region="ru-central1")).public_ip

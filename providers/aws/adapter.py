@@ -368,11 +368,20 @@ class AWSProvider(Provider):
             groups = ec2.describe_security_groups(Filters=filters)["SecurityGroups"]
             return str(groups[0]["GroupId"]) if groups else None
 
-        group = self._call(find, f"find security group {SSH_GROUP} in {vpc}")
+        found = self._call(
+            lambda: ec2.describe_security_groups(Filters=filters)["SecurityGroups"],
+            f"find security group {SSH_GROUP} in {vpc}",
+        )
+        group = str(found[0]["GroupId"]) if found else None
+        if found:
+            self._sync_ssh_cidrs(ec2, found[0])
         if group is None:
             tags = _tag_list({TAG_MANAGED_BY: TAG_MANAGED_BY_VALUE, "Name": SSH_GROUP})
 
             def create() -> str:
+                # Either call may act and lose its answer, and the retry then meets what it
+                # did: the group (InvalidGroup.Duplicate) or the rule (InvalidPermission.
+                # Duplicate, "the specified rule already exists" — EC2 API error codes).
                 try:
                     made = ec2.create_security_group(
                         GroupName=SSH_GROUP,
@@ -380,33 +389,78 @@ class AWSProvider(Provider):
                         VpcId=vpc,
                         TagSpecifications=[{"ResourceType": "security-group", "Tags": tags}],
                     )
-                except Exception as exc:  # another process made it first: use that one
-                    if getattr(exc, "response", {}).get("Error", {}).get("Code") == (
-                        "InvalidGroup.Duplicate"
-                    ):
-                        return find() or ""
-                    raise
-                group_id = str(made["GroupId"])
-                ec2.authorize_security_group_ingress(
-                    GroupId=group_id,
-                    IpPermissions=[
-                        {
-                            "IpProtocol": "tcp",
-                            "FromPort": 22,
-                            "ToPort": 22,
-                            "IpRanges": [
-                                {"CidrIp": c, "Description": "provisioner SSH"}
-                                for c in self.options.ssh_cidrs
-                            ],
-                        }
-                    ],
-                )
+                    group_id = str(made["GroupId"])
+                except Exception as exc:  # made before: by another process, or by us
+                    if _code(exc) != "InvalidGroup.Duplicate":
+                        raise
+                    group_id = find() or ""
+                try:
+                    ec2.authorize_security_group_ingress(
+                        GroupId=group_id,
+                        IpPermissions=[
+                            {
+                                "IpProtocol": "tcp",
+                                "FromPort": 22,
+                                "ToPort": 22,
+                                "IpRanges": [
+                                    {"CidrIp": c, "Description": "provisioner SSH"}
+                                    for c in self.options.ssh_cidrs
+                                ],
+                            }
+                        ],
+                    )
+                except Exception as exc:
+                    if _code(exc) != "InvalidPermission.Duplicate":
+                        raise
                 return group_id
 
             group = self._call(create, f"create security group {SSH_GROUP} in {vpc}")
         with self._lock:
             self._groups[key] = group
         return group
+
+    def _sync_ssh_cidrs(self, ec2: Any, group: Mapping[str, Any]) -> None:
+        """``ssh_cidrs`` changed since our group was made: admit the CIDRs now listed, revoke
+        the ones no longer listed (22/tcp only). A group of that name not tagged ours is the
+        user's, used as it is. Another process doing the same at once is no error."""
+        tags = {t.get("Key"): t.get("Value") for t in group.get("Tags") or []}
+        if tags.get(TAG_MANAGED_BY) != TAG_MANAGED_BY_VALUE:
+            return
+        have = {
+            r["CidrIp"]
+            for p in group.get("IpPermissions") or []
+            if (p.get("IpProtocol"), p.get("FromPort"), p.get("ToPort")) == ("tcp", 22, 22)
+            for r in p.get("IpRanges") or []
+        }
+        want = list(dict.fromkeys(self.options.ssh_cidrs))
+        gid = str(group["GroupId"])
+        for verb, cidrs, benign in (
+            ("authorize", [c for c in want if c not in have], "InvalidPermission.Duplicate"),
+            ("revoke", sorted(have - set(want)), "InvalidPermission.NotFound"),
+        ):
+            if not cidrs:
+                continue
+            call = getattr(ec2, f"{verb}_security_group_ingress")
+            permission = {
+                "IpProtocol": "tcp",
+                "FromPort": 22,
+                "ToPort": 22,
+                "IpRanges": [
+                    {
+                        "CidrIp": c,
+                        **({"Description": "provisioner SSH"} if verb == "authorize" else {}),
+                    }
+                    for c in cidrs
+                ],
+            }
+            try:
+                self._call(
+                    partial(call, GroupId=gid, IpPermissions=[permission]),
+                    f"{verb} SSH from {', '.join(cidrs)} in {gid}",
+                )
+            except InvalidRequest as exc:
+                if exc.code != benign:
+                    raise
 
     def _vpc(self, ec2: Any, region: str, subnet: str | None) -> str:
         if subnet:
@@ -528,6 +582,12 @@ def _shared_loader() -> Any:
 
             _loader = create_loader()
         return _loader
+
+
+def _code(exc: Exception) -> str | None:
+    """The AWS error code of a botocore ClientError; None for anything else (a lost answer)."""
+    response = getattr(exc, "response", None) or {}
+    return response.get("Error", {}).get("Code")
 
 
 def _tag_list(tags: Mapping[str, str]) -> list[dict[str, str]]:

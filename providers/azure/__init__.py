@@ -24,6 +24,10 @@ class AzureOptions(Options):
     endpoint: Name | None = None  # the ARM root (a sovereign cloud, an emulator)
     pricing_endpoint: Name = "https://prices.azure.com"  # the Retail Prices API
     managed_identity: bool = False  # true on an Azure VM whose identity should be used
+    # azure-identity's own switch: true when AZURE_AUTHORITY_HOST names a private Microsoft
+    # Entra authority (Azure Stack Hub…) that login.microsoftonline.com's instance discovery
+    # does not know. The national clouds' authorities are known: they need nothing.
+    disable_instance_discovery: bool = False
     poll_seconds: Wait | None = None  # between polls when ARM sends no Retry-After (SDK: 30)
     timeout_seconds: Seconds = 30  # `check`'s probe and one price page
 

@@ -44,6 +44,7 @@ T = TypeVar("T")
 ARM_SCOPE = "https://management.azure.com/.default"
 ACTIVITY_API_VERSION = "2015-04-01"
 _LOOPBACK = {"127.0.0.1", "localhost", "::1"}
+_SSH_RULE = "provisioner-ssh"  # our inbound rule's name in our NSG
 
 _CAPACITY = {
     "SkuNotAvailable",
@@ -136,6 +137,10 @@ class AzureProvider(Provider):
             return self._supplied_credential
         from azure.identity import DefaultAzureCredential
 
+        # The SDK's environment decides the rest (AZURE_AUTHORITY_HOST for a sovereign cloud,
+        # AZURE_TOKEN_CREDENTIALS, REQUESTS_CA_BUNDLE…).
+        if self.options.disable_instance_discovery:
+            return DefaultAzureCredential(disable_instance_discovery=True)
         return DefaultAzureCredential()
 
     def _clients(self) -> tuple[Any, Any]:
@@ -379,6 +384,62 @@ class AzureProvider(Provider):
     def terminate(self, ref: InstanceRef) -> None:
         self._remove_vm(self._locate(ref)[1])
 
+    def unused_network(self, *, remove: bool = False) -> list[str]:
+        """Our pieces in the resource group that no VM uses: NICs attached to no VM, public IPs
+        held by no NIC (or only by such a NIC), NSGs no NIC (but such a NIC) is in. Removed
+        when ``remove``, NICs first (a public IP cannot go while a NIC holds it). ARM refuses
+        to delete one taken into use meanwhile; it is kept."""
+        _, network = self._clients()
+        rg = self.resource_group
+
+        def ours(resources: Any) -> list[Any]:
+            try:
+                listed = self._call(lambda: list(resources.list(rg)))
+            except NotFound:  # no resource group: nothing of ours
+                return []
+            return [
+                r
+                for r in listed
+                if (r.tags or {}).get(TAG_MANAGED_BY) == TAG_MANAGED_BY_VALUE
+                and r.location in self.regions
+            ]
+
+        nics = [n for n in ours(network.network_interfaces) if n.virtual_machine is None]
+        free = {str(n.id).lower() for n in nics}
+
+        def nic_of(config_id: str | None) -> str:
+            return (config_id or "").lower().split("/ipconfigurations/")[0]
+
+        ips = [
+            ip
+            for ip in ours(network.public_ip_addresses)
+            if ip.ip_configuration is None or nic_of(ip.ip_configuration.id) in free
+        ]
+        groups = [
+            g
+            for g in ours(network.network_security_groups)
+            if not g.subnets and all(str(n.id).lower() in free for n in g.network_interfaces or [])
+        ]
+        out = []
+        for kind, items, delete in (
+            ("network interface", nics, network.network_interfaces.begin_delete),
+            ("public IP", ips, network.public_ip_addresses.begin_delete),
+            ("network security group", groups, network.network_security_groups.begin_delete),
+        ):
+            for item in items:
+                if remove:
+                    try:
+                        self._wait(partial(delete, rg, item.name))
+                    except InvalidRequest:  # in use after all (NicInUse, …CannotBeDeleted)
+                        continue
+                address = getattr(item, "ip_address", None)
+                where = f"{item.location}, {address}" if address else item.location
+                out.append(f"{kind} {item.name} ({where}, resource group {rg})")
+        if remove:
+            with self._lock:
+                self._groups.clear()
+        return out
+
     def fetch_offers(self) -> list[Offer]:
         return prices.fetch_offers(self.regions, self.options)
 
@@ -422,7 +483,9 @@ class AzureProvider(Provider):
     def _ssh_group(self, region: str) -> str:
         """Our network security group in ``region``: found by name, else created with 22/tcp open
         to ``ssh_cidrs`` and tagged as ours. A Standard public IP is closed to inbound traffic
-        until an NSG admits it. Outbound stays open (the default AllowInternetOutBound rule)."""
+        until an NSG admits it. Outbound stays open (the default AllowInternetOutBound rule).
+        When ``ssh_cidrs`` changed since, our rule is rewritten to the new list; a group of
+        that name not tagged ours is the user's, used as it is."""
         with self._lock:
             if region in self._groups:
                 return self._groups[region]
@@ -433,37 +496,59 @@ class AzureProvider(Provider):
         try:
             group = self._call(lambda: network.network_security_groups.get(rg, name))
         except NotFound:
-            cidrs = list(self.options.ssh_cidrs)
-            source: dict[str, Any] = (
-                {"source_address_prefix": cidrs[0]}
-                if len(cidrs) == 1
-                else {"source_address_prefixes": cidrs}
-            )
             body = models.NetworkSecurityGroup(  # type: ignore[call-overload]
                 location=region,
                 tags={TAG_MANAGED_BY: TAG_MANAGED_BY_VALUE},
-                security_rules=[
-                    models.SecurityRule(  # type: ignore[call-overload]
-                        name="provisioner-ssh",
-                        description="provisioner: SSH to GPU machines",
-                        protocol="Tcp",
-                        source_port_range="*",
-                        destination_port_range="22",
-                        destination_address_prefix="*",
-                        access="Allow",
-                        direction="Inbound",
-                        priority=1000,
-                        **source,
-                    )
-                ],
+                security_rules=[self._ssh_rule()],
             )
             # PUT by name: a concurrent creator's PUT lands on the same group, never a second.
             group = self._wait(
                 partial(network.network_security_groups.begin_create_or_update, rg, name, body)
             )
+        else:
+            ours = (group.tags or {}).get(TAG_MANAGED_BY) == TAG_MANAGED_BY_VALUE
+            rule = next((r for r in group.security_rules or [] if r.name == _SSH_RULE), None)
+            admitted = (
+                (rule.source_address_prefixes or [rule.source_address_prefix]) if rule else []
+            )
+            if ours and admitted != list(self.options.ssh_cidrs):
+                # The rule alone (Security Rules - Create Or Update): the group's other rules
+                # and its NIC associations stay as they are.
+                self._wait(
+                    partial(
+                        network.security_rules.begin_create_or_update,
+                        rg,
+                        name,
+                        _SSH_RULE,
+                        self._ssh_rule(),
+                    )
+                )
         with self._lock:
             self._groups[region] = group.id
         return str(group.id)
+
+    def _ssh_rule(self) -> Any:
+        """Our inbound rule: 22/tcp from ``ssh_cidrs``."""
+        from azure.mgmt.network import models
+
+        cidrs = list(self.options.ssh_cidrs)
+        source: dict[str, Any] = (
+            {"source_address_prefix": cidrs[0]}
+            if len(cidrs) == 1
+            else {"source_address_prefixes": cidrs}
+        )
+        return models.SecurityRule(  # type: ignore[call-overload]
+            name=_SSH_RULE,
+            description="provisioner: SSH to GPU machines",
+            protocol="Tcp",
+            source_port_range="*",
+            destination_port_range="22",
+            destination_address_prefix="*",
+            access="Allow",
+            direction="Inbound",
+            priority=1000,
+            **source,
+        )
 
     def _ip_body(self, request: LaunchRequest) -> Any:
         from azure.mgmt.network import models
@@ -761,6 +846,11 @@ def _map_error(err: BaseException) -> ProviderError | None:
     status = err.status_code
     text = f"azure: {code}: {message}" if code else f"azure: {message}"
     if isinstance(err, ClientAuthenticationError) and status in (None, 401):
+        # DefaultAzureCredential's first line is generic; the sign-in's own answer (an AADSTS
+        # code and its text, never the secret) is on the line of the credential that tried.
+        aadsts = [line.strip() for line in str(err).splitlines() if "AADSTS" in line]
+        if aadsts:
+            text = f"azure: {aadsts[0]}"
         return AuthError(text, code=code or "ClientAuthenticationError")
     if status == 429 or code == "TooManyRequests":
         return Throttled(text, code=code or "TooManyRequests")

@@ -16,6 +16,7 @@ import re
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
+from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -91,6 +92,17 @@ _ACCELERATOR_MISSING = re.compile(r"/zones/[^/']+/acceleratorTypes/[^/']+' was n
 # other zone can fix it, so it is never a CapacityError.
 _INCOMPATIBLE = "features are not compatible for creating instance"
 _NO_NETWORK = "referenced network resource cannot be found"
+# An organization policy refusing a request names its constraint ("Constraint constraints/
+# compute.<name> violated for project ...", HTTP 412 conditionNotMet, as GCE answers for
+# requireShieldedVm and vmExternalIpAccess). With compute.requireOsLogin enforced, "requests that
+# set enable-oslogin to false in VM or project metadata are rejected" (compute/docs/oslogin/
+# manage-oslogin-in-an-org): our metadata SSH key cannot be used in that project.
+_OS_LOGIN_ENFORCED = "constraints/compute.requireOsLogin"
+OS_LOGIN_HINT = (
+    " (your organization enforces OS Login, so the metadata SSH key provisioner logs in with is "
+    "refused: ask an organization policy admin to exempt this project from "
+    "constraints/compute.requireOsLogin, or set `project` in the gcp settings to one without it)"
+)
 # Boot disk type per machine series. A3 Ultra (H200) boots from Hyperdisk only; N1 and A2 take
 # no Hyperdisk Balanced; pd-balanced suits every other series we launch (A2, A3 High/Mega, G2,
 # N1). Sources: compute/docs/accelerator-optimized-machines and compute/docs/disks/hyperdisks.
@@ -131,7 +143,24 @@ class GCPProvider(Provider):
             self._call(lambda: self._instances().aggregated_list(request=request, retry=None))
         except ProviderError as exc:
             return CheckResult(self.name, False, _sentence(exc))
-        return CheckResult(self.name, True, f"gcp: credentials accepted for project {project}")
+        note = ""
+        with contextlib.suppress(ProviderError):  # only a hint: reading it may not be allowed
+            if self._project_os_login(project):
+                note = (
+                    "; the project turns OS Login on: machines turn it off for themselves so "
+                    "provisioner's key works, unless the organization enforces it "
+                    "(constraints/compute.requireOsLogin: then ask for this project's exemption)"
+                )
+        return CheckResult(
+            self.name, True, f"gcp: credentials accepted for project {project}{note}"
+        )
+
+    def _project_os_login(self, project: str) -> bool:
+        """Does the project's metadata set enable-oslogin (as SkyPilot reads it)?"""
+        found = self._call(lambda: self._client("projects").get(project=project, retry=None))
+        items = found.common_instance_metadata.items
+        value = next((i.value for i in items if i.key == "enable-oslogin"), "")
+        return value.strip().lower() == "true"
 
     def launch(self, request: LaunchRequest) -> Instance:
         from google.cloud import compute_v1
@@ -212,6 +241,62 @@ class GCPProvider(Provider):
         except NotFound:
             return
 
+    def unused_network(self, *, remove: bool = False) -> list[str]:
+        """Our SSH firewall rules (``provisioner-allow-ssh-*`` admitting our tag) on a network
+        where no instance of ours is, in any zone and any state but deleted (a stopped one needs
+        its rule again when started); deleted when ``remove``. Firewall rules are global, so
+        every zone of the project is asked, not only the configured regions."""
+        from google.cloud import compute_v1
+
+        project = self._project()
+        listing = compute_v1.ListFirewallsRequest(project=project, max_results=500)
+        rules = self._call(
+            lambda: list(self._client("firewalls").list(request=listing, retry=None))
+        )
+        ours = [
+            r
+            for r in rules
+            if r.name.startswith(f"{SSH_RULE}-") and list(r.target_tags) == [SSH_TAG]
+        ]
+        if not ours:
+            return []
+        instances = compute_v1.AggregatedListInstancesRequest(
+            project=project,
+            filter=f'(labels.{TAG_MANAGED_BY} = "{TAG_MANAGED_BY_VALUE}")',
+            max_results=500,
+        )
+
+        def every_page() -> list[Any]:
+            pager = self._instances().aggregated_list(request=instances, retry=None)
+            return [item for _, scoped in pager for item in scoped.instances]
+
+        in_use = {
+            _last(nic.network)
+            for item in self._call(every_page)
+            if SSH_TAG in item.tags.items
+            for nic in item.network_interfaces
+        }
+        out = []
+        for rule in ours:
+            network = _last(rule.network)
+            if network in in_use:
+                continue
+            if remove:
+                delete = compute_v1.DeleteFirewallRequest(
+                    project=project, firewall=rule.name, request_id=str(uuid.uuid4())
+                )
+                try:
+                    operation = self._call(
+                        partial(self._client("firewalls").delete_unary, request=delete, retry=None)
+                    )
+                    self._wait_global(operation, project)
+                except NotFound:
+                    pass  # someone else removed it meanwhile
+            out.append(f"firewall rule {rule.name} (network {network}, tcp:22 to {SSH_TAG})")
+        if remove:
+            self._ssh_rules.clear()
+        return out
+
     def fetch_offers(self) -> list[Offer]:
         return prices.fetch_offers(self.options)
 
@@ -250,8 +335,16 @@ class GCPProvider(Provider):
             if accelerator
             else []
         )
-        # DLVM images install the NVIDIA driver on first boot only when asked to.
-        items = [compute_v1.Items(key="install-nvidia-driver", value="True")]
+        # DLVM images install the NVIDIA driver on first boot only when asked to. OS Login, when
+        # a project turns it on, makes the guest ignore metadata ssh-keys (compute/docs/instances/
+        # managing-instance-access); the instance's own value overrides the project's (compute/
+        # docs/oslogin), so our key works in such projects too, as Datalab and Packer do it
+        # (googledatalab/datalab#1930, hashicorp/packer-plugin-googlecompute#241). An organization
+        # enforcing compute.requireOsLogin refuses this: see _OS_LOGIN_ENFORCED.
+        items = [
+            compute_v1.Items(key="install-nvidia-driver", value="True"),
+            compute_v1.Items(key="enable-oslogin", value="FALSE"),
+        ]
         if request.user_data:
             items.append(compute_v1.Items(key="startup-script", value=request.user_data))
         if request.ssh_public_key:
@@ -348,6 +441,19 @@ class GCPProvider(Provider):
                 f"not {network_name}",
                 code="firewallNetworkMismatch",
             )
+        if sorted(rule.source_ranges) != sorted(self.options.ssh_cidrs):
+            # ssh_cidrs changed in the settings: the rule follows (firewalls.patch replaces the
+            # list fields it is given, and only those)
+            patch = compute_v1.PatchFirewallRequest(
+                project=project,
+                firewall=name,
+                firewall_resource=compute_v1.Firewall(source_ranges=list(self.options.ssh_cidrs)),
+                request_id=str(uuid.uuid4()),
+            )
+            operation = self._call(
+                lambda: self._client("firewalls").patch_unary(request=patch, retry=None)
+            )
+            self._wait_global(operation, project)
         self._ssh_rules.add((project, network))
 
     def _find_rule(self, project: str, name: str) -> Any | None:
@@ -523,6 +629,7 @@ class GCPProvider(Provider):
                 "zone_operations": compute_v1.ZoneOperationsClient(**common),
                 "firewalls": compute_v1.FirewallsClient(**common),
                 "global_operations": compute_v1.GlobalOperationsClient(**common),
+                "projects": compute_v1.ProjectsClient(**common),
             }
         return self._clients
 
@@ -595,6 +702,8 @@ def classify(code: str, message: str, status: int | None = None) -> ProviderErro
     text = message if message.startswith("gcp:") else f"gcp: {message}"
     if _INCOMPATIBLE in message:
         return InvalidRequest(text, code=code)
+    if _OS_LOGIN_ENFORCED in message:
+        return InvalidRequest(text + OS_LOGIN_HINT, code=code)
     if _NO_NETWORK in message:
         hint = " (set `network`/`subnetwork` in the gcp settings to a VPC network of this project)"
         return InvalidRequest(text + hint, code=code)

@@ -8,8 +8,9 @@ usage type. A machine's hourly price is built the simple way:
     host  = vCPUs × <series> Core SKU + GiB × <series> Ram SKU
     price = host + GPU SKU × GPU count
 
-which holds for every shape listed in :data:`SHAPES`: a2-highgpu (A100), a2-ultragpu (A100-80GB),
-a3-highgpu (H100), g2-standard (L4), and n1-standard-4/8/16 hosts with attachable T4/V100 GPUs.
+which holds for every shape listed in :data:`SHAPES`: a2-highgpu and a2-megagpu (A100),
+a2-ultragpu (A100-80GB), a3-highgpu and a3-megagpu (H100), a3-ultragpu (H200), g2-standard (L4),
+and n1-standard-4/8/16 hosts with attachable T4/V100 GPUs.
 a3-highgpu-1g/2g/4g are sold as Spot (or flex-start) only, so they get no on-demand price.
 The SKUs name regions, not zones: offers go to the zones of those regions known to have the GPU
 (:data:`GPU_ZONES`, from the acceleratorTypes lists behind SkyPilot's GCP catalog, 2026-11).
@@ -45,7 +46,8 @@ API_KEY_ENV = "PROVISIONER_GCP_API_KEY"
 # Words of the SKU description that name a machine series' vCPU/RAM SKUs.
 SERIES_SKU = {
     "a2": "A2 Instance",
-    "a3": "A3 Instance",
+    "a3": "A3 Instance",  # A3 High and A3 Mega hosts
+    "a3-ultra": "A3 Ultra Instance",
     "g2": "G2 Instance",
     "n1": "N1 Predefined Instance",
 }
@@ -54,6 +56,10 @@ GPU_SKU = {
     "A100": "A100 GPU",
     "A100-80GB": "A100 80GB GPU",
     "H100": "H100 80GB GPU",
+    # the GPUs of A3 Mega and A3 Ultra have SKUs of their own: "Nvidia H100 80GB Mega GPU
+    # running in <place>", "H200 141GB GPU running in <place>" (newer SKUs drop "Nvidia")
+    "H100-MEGA": "H100 80GB Mega GPU",
+    "H200": "H200 141GB GPU",
     "L4": "L4 GPU",
     "T4": "T4 GPU",
     "V100": "V100 GPU",
@@ -73,14 +79,44 @@ class Shape:
     vcpus: int
     memory_gb: int
     spot_only: bool = False  # a3-highgpu with fewer than 8 GPUs: Spot (or flex-start) only
+    sku_series: str = ""  # the SERIES_SKU key of its host SKUs, when not its family
+    sku_gpu: str = ""  # the GPU_SKU key of its GPU SKU, when not its GPU
+    zones: tuple[str, ...] = ()  # where the machine type exists, when not every zone of its GPU
 
     @property
     def series(self) -> str:
-        return self.instance_type.split("-", 1)[0]
+        return self.sku_series or self.instance_type.split("-", 1)[0]
+
+    @property
+    def gpu_sku(self) -> str:
+        return self.sku_gpu or self.gpu
+
+    @property
+    def where(self) -> list[str]:
+        return list(self.zones) or GPU_ZONES[self.gpu]
 
     @property
     def accelerator(self) -> str:
         return ACCELERATOR.get(self.gpu, "")
+
+
+_MACHINE_ZONES_TEXT = {
+    "a2-megagpu-16g": (
+        "asia-southeast1-a asia-southeast1-c europe-west4-a europe-west4-b us-central1-a "
+        "us-central1-b us-central1-c us-central1-f"
+    ),
+    "a3-megagpu-8g": (
+        "asia-east1-c asia-northeast1-b asia-southeast1-b asia-southeast1-c "
+        "australia-southeast1-c europe-north1-c europe-west1-b europe-west1-c europe-west3-c "
+        "europe-west4-b europe-west4-c us-central1-a us-central1-b us-central1-c us-east4-a "
+        "us-east4-b us-east4-c us-east5-a us-west1-a us-west1-b us-west4-a"
+    ),
+    "a3-ultragpu-8g": (
+        "asia-south1-b asia-south2-c europe-west1-b europe-west4-a us-central1-b us-east4-b "
+        "us-east5-a us-south1-b us-west1-c"
+    ),
+}
+_MACHINE_ZONES = {name: tuple(text.split()) for name, text in _MACHINE_ZONES_TEXT.items()}
 
 
 def _shapes() -> list[Shape]:
@@ -89,6 +125,35 @@ def _shapes() -> list[Shape]:
         shapes.append(Shape(f"a2-highgpu-{n}g", "A100", n, 12 * n, 85 * n))
         shapes.append(Shape(f"a2-ultragpu-{n}g", "A100-80GB", n, 12 * n, 170 * n))
         shapes.append(Shape(f"a3-highgpu-{n}g", "H100", n, 26 * n, 234 * n, spot_only=n < 8))
+    # The one shape each of A2 Mega, A3 Mega and A3 Ultra: vCPUs, GiB and the zones listing the
+    # machine type (fewer than its GPU's) as `gcloud compute machine-types list` is recorded in
+    # SkyPilot's catalog v8 (gcp/vms.csv @ 006059e0). A3 Ultra hosts bill as "A3 Ultra Instance
+    # Core/Ram" (so named in GCP billing exports), not as A3 High/Mega's "A3 Instance".
+    shapes.append(
+        Shape("a2-megagpu-16g", "A100", 16, 96, 1360, zones=_MACHINE_ZONES["a2-megagpu-16g"])
+    )
+    shapes.append(
+        Shape(
+            "a3-megagpu-8g",
+            "H100",
+            8,
+            208,
+            1872,
+            sku_gpu="H100-MEGA",
+            zones=_MACHINE_ZONES["a3-megagpu-8g"],
+        )
+    )
+    shapes.append(
+        Shape(
+            "a3-ultragpu-8g",
+            "H200",
+            8,
+            224,
+            2952,
+            sku_series="a3-ultra",
+            zones=_MACHINE_ZONES["a3-ultragpu-8g"],
+        )
+    )
     for vcpus, gpus in ((4, 1), (8, 1), (12, 1), (16, 1), (32, 1), (24, 2), (48, 4), (96, 8)):
         shapes.append(Shape(f"g2-standard-{vcpus}", "L4", gpus, vcpus, 4 * vcpus))
     # n1 hosts for attachable GPUs, paired as in the shipped catalog (SkyPilot's pairing).
@@ -193,7 +258,7 @@ def build_offers(
     rates = _unit_rates(skus)
     offers = []
     for shape in SHAPES:
-        for zone in GPU_ZONES[shape.gpu]:
+        for zone in shape.where:
             if zones is not None and zone not in zones:
                 continue
             region = region_of(zone)
@@ -231,7 +296,7 @@ def _zone_filter(options: GCPOptions) -> set[str] | None:
         return set(options.zones)
     if options.regions:
         regions = set(options.regions)
-        return {z for zones in GPU_ZONES.values() for z in zones if region_of(z) in regions}
+        return {z for shape in SHAPES for z in shape.where if region_of(z) in regions}
     return None
 
 
@@ -295,7 +360,7 @@ def _unit_price(sku: Mapping[str, Any]) -> Decimal | None:
 def _price(rates: _Rates, shape: Shape, region: str, usage: str) -> Decimal | None:
     core = rates.get(("core", shape.series, usage, region))
     ram = rates.get(("ram", shape.series, usage, region))
-    gpu = rates.get(("gpu", shape.gpu, usage, region))
+    gpu = rates.get(("gpu", shape.gpu_sku, usage, region))
     if core is None or ram is None or gpu is None:
         return None
     total = core * shape.vcpus + ram * shape.memory_gb + gpu * shape.gpu_count

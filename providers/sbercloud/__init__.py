@@ -19,7 +19,13 @@ class SberCloudOptions(Options):
     project_id: Name | None = None  # default $SBERCLOUD_PROJECT_ID, else looked up in IAM
     vpc_id: Name | None = None  # required to launch
     subnet_id: Name | None = None  # required to launch
+    vpc_endpoint: Name | None = (
+        None  # security groups; default https://vpc.<region>.hc.sbercloud.ru
+    )
+    # The security group servers join. Unset: our own, provisioner-ssh (tagged managed-by, found
+    # again or created once), admitting 22/tcp from `ssh_cidrs` only, as AWS's SSH group does.
     security_group_id: Name | None = None
+    ssh_cidrs: Names = ("0.0.0.0/0",)  # who may reach port 22, as SkyPilot's and dstack's default
     # A public address is an EIP made with the server and released with it
     # (publicip.delete_on_termination), so nothing of it bills after `down`.
     public_ip: bool = True
@@ -42,7 +48,7 @@ SPEC = CloudSpec(
     adapter="providers.sbercloud.adapter:SberCloudProvider",
     ssh_user="provisioner",  # made by cloud-init on every cloud: one SSH user everywhere
     extra="sbercloud",
-    sdk=("huaweicloudsdkecs",),
+    sdk=("huaweicloudsdkecs", "huaweicloudsdkvpc"),
     # Spot servers can be stopped; extendparam takes a spot_price cap; BatchStopServers,
     # BatchStartServers and DeleteServers take many servers.
     capabilities=Capabilities(stop_spot=True, cap_spot_price=True, zones=True, batch=True),

@@ -47,6 +47,11 @@ ENV_AK = ("SBERCLOUD_ACCESS_KEY", "HUAWEICLOUD_SDK_AK")
 ENV_SK = ("SBERCLOUD_SECRET_KEY", "HUAWEICLOUD_SDK_SK")
 ENV_PROJECT = ("SBERCLOUD_PROJECT_ID", "HUAWEICLOUD_SDK_PROJECT_ID")
 STOP_MARKER = "provisioner_stopped_by"
+# Our SSH security group, as on AWS: one per project (a Huawei security group is not bound to a
+# VPC: "vpc_id ... does not restrict that the security group must be associated with the VPC",
+# VPC API "Creating a Security Group"), tagged managed-by=provisioner.
+SSH_GROUP = "provisioner-ssh"
+SSH_GROUP_IN_USE = "VPC.0602"  # "Security Group <id> in use." (409), deleting a group in use
 SPOT_CHARGING_MODE = "2"
 _GONE = ("DELETED", "SOFT_DELETED")
 _STATES = {
@@ -105,14 +110,29 @@ class SberCloudProvider(Provider):
         self.region: str = o.regions[0]
         self.ecs_endpoint: str = o.endpoint or f"https://ecs.{self.region}.hc.sbercloud.ru"
         self.iam_endpoint: str = o.iam_endpoint or f"https://iam.{self.region}.hc.sbercloud.ru/v3"
+        self.vpc_endpoint: str = o.vpc_endpoint or f"https://vpc.{self.region}.hc.sbercloud.ru"
         self.zones: list[str] = list(o.zones or [f"{self.region}{z}" for z in "abc"])
         self._ecs: Any = None
+        self._vpc_client: Any = None
+        self._group: str | None = None  # our SSH group's id, once found or made and checked
 
     # -- plumbing -------------------------------------------------------------------------
 
     def _client(self) -> Any:
-        if self._ecs is not None:
-            return self._ecs
+        if self._ecs is None:
+            from huaweicloudsdkecs.v2 import EcsClient
+
+            self._ecs = self._build(EcsClient, self.ecs_endpoint)
+        return self._ecs
+
+    def _vpc(self) -> Any:
+        if self._vpc_client is None:
+            from huaweicloudsdkvpc.v2 import VpcClient
+
+            self._vpc_client = self._build(VpcClient, self.vpc_endpoint)
+        return self._vpc_client
+
+    def _build(self, client_class: Any, endpoint: str) -> Any:
         ak, sk = _env(ENV_AK), _env(ENV_SK)
         if not ak or not sk:
             raise AuthError(
@@ -123,31 +143,36 @@ class SberCloudProvider(Provider):
         from huaweicloudsdkcore.exceptions.exceptions import SdkException
         from huaweicloudsdkcore.http.http_config import HttpConfig
         from huaweicloudsdkcore.region.region import Region
-        from huaweicloudsdkecs.v2 import EcsClient
 
         config = HttpConfig.get_default_config()
         config.retry_times = 0  # Throttled is retried by call_with_retry, with a bound
         config.timeout = (10, 60)
         project = self.options.project_id or _env(ENV_PROJECT)
         credentials = BasicCredentials(ak, sk, project)
-        builder = EcsClient.new_builder().with_http_config(config).with_credentials(credentials)
+        builder = client_class.new_builder().with_http_config(config).with_credentials(credentials)
         if project:
-            builder.with_endpoints([self.ecs_endpoint])
+            builder.with_endpoints([endpoint])
         else:  # the SDK asks IAM for the project of this region while building
             credentials.with_iam_endpoint(self.iam_endpoint)
-            builder.with_region(Region(self.region, self.ecs_endpoint))
+            builder.with_region(Region(self.region, endpoint))
         try:
-            self._ecs = builder.build()
+            return builder.build()
         except SdkException as e:
             err = errors.from_sdk(e, where=f"find the project of {self.region} via IAM")
             raise (err if isinstance(err, Throttled) else AuthError(str(err), code=err.code)) from e
-        return self._ecs
 
-    def _call(self, where: str, fn: Callable[[Any], T], *, attempts: int | None = None) -> T:
+    def _call(
+        self,
+        where: str,
+        fn: Callable[[Any], T],
+        *,
+        attempts: int | None = None,
+        service: str = "ecs",
+    ) -> T:
         from huaweicloudsdkcore.exceptions.exceptions import SdkException
 
         def attempt() -> T:
-            client = self._client()
+            client = self._vpc() if service == "vpc" else self._client()
             try:
                 return fn(client)
             except SdkException as e:
@@ -265,22 +290,20 @@ class SberCloudProvider(Provider):
             return CheckResult(self.name, False, f"sbercloud: {self.ecs_endpoint} refused: {e}")
         except ProviderError as e:
             return CheckResult(self.name, False, f"sbercloud: {self.ecs_endpoint} failed: {e}")
-        # Without security_groups a server joins the project's "default" group
-        # (huaweicloudsdkecs PrePaidServer.security_groups), whose rules admit no inbound traffic
-        # from outside the group (Huawei/OTC ECS user guide, "Default Security Group and Rules"):
-        # SSH would stay closed.
-        ssh = (
-            ""
-            if self.options.security_group_id
-            else "; no clouds.sbercloud.security_group_id: servers join the default security "
-            "group, which admits no inbound traffic from outside it, so SSH (22/tcp) stays "
-            "closed unless that group opens it - name a group that allows 22/tcp from your CIDR"
+        # No public image with an NVIDIA driver is documented for cloud.ru Advanced GPU flavors,
+        # so an image is the user's to name, as are the network new servers join.
+        unset = [k for k in ("image", "vpc_id", "subnet_id") if not getattr(self.options, k)]
+        todo = (
+            f"; to launch, set clouds.sbercloud.{', '.join(unset)} (image: a GPU-ready image of "
+            "your project with the NVIDIA driver; no public one is documented per flavor)"
+            if unset
+            else ""
         )
         return CheckResult(
             self.name,
             True,
             f"sbercloud: credentials accepted by {self.ecs_endpoint} "
-            f"(region {self.region}, {listed.count or 0} servers in the project){ssh}",
+            f"(region {self.region}, {listed.count or 0} servers in the project){todo}",
         )
 
     def launch(self, request: LaunchRequest) -> Instance:
@@ -309,7 +332,7 @@ class SberCloudProvider(Provider):
             extend.market_type = "spot"
             if request.max_price is not None:
                 extend.spot_price = format(Decimal(request.max_price), "f")
-        group = self.options.security_group_id
+        group = self.options.security_group_id or self._ssh_group()
         publicip = None
         if self.options.public_ip:
             # chargemode: absent means by bandwidth; "traffic" by traffic; anything else fails
@@ -331,7 +354,7 @@ class SberCloudProvider(Provider):
             vpcid=self.options.vpc_id,
             nics=[m.PrePaidServerNic(subnet_id=self.options.subnet_id)],
             publicip=publicip,
-            security_groups=[m.PrePaidServerSecurityGroup(id=group)] if group else None,
+            security_groups=[m.PrePaidServerSecurityGroup(id=group)],
             root_volume=m.PrePaidServerRootVolume(
                 volumetype=self.options.root_volume_type, size=request.disk_gb
             ),
@@ -456,6 +479,183 @@ class SberCloudProvider(Provider):
         except NotFound:
             return
         self._finish(job.job_id, where)
+
+    # -- our SSH security group ----------------------------------------------------------------
+
+    def _ssh_group(self) -> str:
+        """Without ``security_group_id`` a server would join the project's "default" group,
+        whose rules admit no inbound traffic from outside it (huaweicloudsdkecs
+        PrePaidServer.security_groups; Huawei ECS user guide, "Default Security Group and
+        Rules"): SSH would stay closed. So servers join our group instead, found by name and
+        tag or created once (and tagged), its inbound rules made exactly 22/tcp from
+        ``ssh_cidrs``: a new group's own rules (it may open 22 and 3389 to any address: VPC API
+        "Creating a Security Group") and rules for CIDRs no longer in the settings are deleted.
+        Outbound rules are left as made (all allowed), so the agent can report."""
+        if self._group is None:
+            group = self._find_group()
+            if group is None:
+                group = self._create_group()
+            self._fit_rules(group)
+            self._group = group.id
+        return self._group
+
+    def _our_groups(self) -> list[Any]:
+        from huaweicloudsdkvpc.v2 import model as v
+
+        groups: list[Any] = []
+        marker = None
+        while True:
+
+            def page(c: Any, after: str | None = marker) -> Any:
+                return c.list_security_groups(v.ListSecurityGroupsRequest(limit=100, marker=after))
+
+            listed = self._call("list security groups", page, service="vpc")
+            batch = listed.security_groups or []
+            groups += [g for g in batch if g.name == SSH_GROUP]
+            if len(batch) < 100:
+                break
+            marker = batch[-1].id
+        return [g for g in groups if self._tagged_ours(g.id)]
+
+    def _tagged_ours(self, group_id: str) -> bool:
+        from huaweicloudsdkvpc.v2 import model as v
+
+        tags = self._call(
+            f"read the tags of security group {group_id}",
+            lambda c: c.show_security_group_tags(
+                v.ShowSecurityGroupTagsRequest(security_group_id=group_id)
+            ),
+            service="vpc",
+        ).tags
+        return any(t.key == TAG_MANAGED_BY and t.value == TAG_MANAGED_BY_VALUE for t in tags or [])
+
+    def _find_group(self) -> Any | None:
+        groups = sorted(self._our_groups(), key=lambda g: g.id)
+        return groups[0] if groups else None
+
+    def _create_group(self) -> Any:
+        from huaweicloudsdkvpc.v2 import model as v
+
+        option = v.CreateSecurityGroupOption(name=SSH_GROUP, vpc_id=self.options.vpc_id)
+        created = self._call(
+            f"create security group {SSH_GROUP}",
+            lambda c: c.create_security_group(
+                v.CreateSecurityGroupRequest(
+                    body=v.CreateSecurityGroupRequestBody(security_group=option)
+                )
+            ),
+            service="vpc",
+        ).security_group
+        tag = v.ResourceTag(key=TAG_MANAGED_BY, value=TAG_MANAGED_BY_VALUE)
+        self._call(
+            f"tag security group {created.id}",
+            lambda c: c.create_security_group_tag(
+                v.CreateSecurityGroupTagRequest(
+                    security_group_id=created.id,
+                    body=v.CreateSecurityGroupTagRequestBody(tag=tag),
+                )
+            ),
+            service="vpc",
+        )
+        return created
+
+    def _fit_rules(self, group: Any) -> None:
+        from huaweicloudsdkvpc.v2 import model as v
+
+        wanted = set(self.options.ssh_cidrs)
+        rules = self._call(
+            f"list the rules of security group {group.id}",
+            lambda c: c.list_security_group_rules(
+                v.ListSecurityGroupRulesRequest(security_group_id=group.id, limit=1000)
+            ),
+            service="vpc",
+        ).security_group_rules
+        have = set()
+        for rule in rules or []:
+            if rule.direction != "ingress" or rule.remote_group_id:
+                continue  # outbound rules, and members reaching each other, stay
+            ssh = (rule.protocol, rule.port_range_min, rule.port_range_max) == ("tcp", 22, 22)
+            if ssh and rule.remote_ip_prefix in wanted:
+                have.add(rule.remote_ip_prefix)
+                continue
+
+            def delete(c: Any, rule_id: str = rule.id) -> Any:
+                return c.delete_security_group_rule(
+                    v.DeleteSecurityGroupRuleRequest(security_group_rule_id=rule_id)
+                )
+
+            self._call(f"delete rule {rule.id} of group {group.id}", delete, service="vpc")
+        for cidr in sorted(wanted - have):
+            option = v.CreateSecurityGroupRuleOption(
+                security_group_id=group.id,
+                description="provisioner: SSH to GPU machines",
+                direction="ingress",
+                ethertype="IPv6" if ":" in cidr else "IPv4",
+                protocol="tcp",
+                port_range_min=22,
+                port_range_max=22,
+                remote_ip_prefix=cidr,
+            )
+
+            def create(c: Any, rule: Any = option) -> Any:
+                return c.create_security_group_rule(
+                    v.CreateSecurityGroupRuleRequest(
+                        body=v.CreateSecurityGroupRuleRequestBody(security_group_rule=rule)
+                    )
+                )
+
+            self._call(f"open 22/tcp from {cidr} in group {group.id}", create, service="vpc")
+
+    def unused_network(self, *, remove: bool = False) -> list[str]:
+        """Our SSH security groups no server is in (any server of the project, ours or not);
+        deleted when ``remove``. A group taken into use meanwhile refuses deletion (409
+        VPC.0602) and is kept. Our EIPs need no collecting: each is made with its server and
+        released with it (``delete_on_termination``)."""
+        from huaweicloudsdkecs.v2 import model as m
+        from huaweicloudsdkvpc.v2 import model as v
+
+        groups = self._our_groups()
+        if not groups:
+            return []
+        in_use: set[str] = set()
+        limit, page = self.options.page_size, 1
+        while True:
+
+            def list_page(c: Any, offset: int = page) -> Any:
+                return c.list_servers_details(
+                    m.ListServersDetailsRequest(limit=limit, offset=offset)
+                )
+
+            listed = self._call("list servers", list_page)
+            for server in listed.servers or []:
+                if (server.status or "").upper() not in _GONE:
+                    in_use |= {g.id for g in server.security_groups or []}
+            if not listed.servers or page * limit >= (listed.count or 0):
+                break
+            page += 1
+        out = []
+        for group in groups:
+            if group.id in in_use:
+                continue
+            if remove:
+
+                def delete(c: Any, group_id: str = group.id) -> Any:
+                    return c.delete_security_group(
+                        v.DeleteSecurityGroupRequest(security_group_id=group_id)
+                    )
+
+                try:
+                    self._call(f"delete security group {group.id}", delete, service="vpc")
+                except InvalidRequest as e:
+                    if e.code != SSH_GROUP_IN_USE:
+                        raise
+                    continue
+                except NotFound:
+                    pass
+            out.append(f"security group {group.id} ({SSH_GROUP}, {self.region})")
+        if remove:
+            self._group = None
+        return out
 
     def fetch_offers(self) -> list[Offer]:
         """GPU flavors sold in each configured zone, unpriced (see :mod:`.flavors`)."""

@@ -75,6 +75,11 @@ class YandexOptions(Options):
     image: Name | None = None
     image_folder_id: Name = "standard-images"
     disk_type: Name = "network-ssd"
+    # Who may reach port 22. As it is by default (anywhere, as SkyPilot's and dstack's), a
+    # machine joins no group of its own: the network's default security group, which Yandex
+    # creates admitting 22/tcp from 0.0.0.0/0, applies. Anything else: our group
+    # provisioner-ssh-<network> (22/tcp from these, all egress), created once, labelled ours.
+    ssh_cidrs: Names = ("0.0.0.0/0",)
     endpoint: Name = "api.cloud.yandex.net:443"
     root_certificates_file: Name | None = None  # PEM, for a private endpoint
     use_metadata_service: bool = False

@@ -28,6 +28,8 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    # plain help: Typer's rich help imports rich's markdown and pretty-printer (~60 ms), shows
+    # `<bool>` on flags and keeps the docstrings' line breaks mid-sentence
     rich_markup_mode=None,
 )
 

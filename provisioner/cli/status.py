@@ -51,6 +51,7 @@ def status(
         problems = [o for o in _reconcile(application) if o.error]
         rows = _fleet_rows(application, all_)
     unseen = _unseen(application) if rows else {}
+    unseen.update({m.name: why for m, _, _, why in rows if why and m.status == "stopped"})
     if output is Output.json:
         print_json(
             [
@@ -167,6 +168,7 @@ def _fleet_rows(application: Any, all_: bool) -> list[tuple[Any, dict[str, Any],
         earlier = {mid for c in chains.values() for mid in c[1:]} - shown_ids
         if earlier:
             usage += s.execute(select(*usage_cols).where(UsageInterval.machine_id.in_(earlier)))
+        notes = _stopped_notes(s) if any(m.status == "stopped" for m in machines) else {}
         failed = [m.id for m in machines if m.status == "failed"]
         events: dict[str, list[Any]] = {}
         if failed:
@@ -185,8 +187,34 @@ def _fleet_rows(application: Any, all_: bool) -> list[tuple[Any, dict[str, Any],
             for c, v in cost.get(mid, {}).items():
                 spent[c] = spent.get(c, 0) + v
         why = failure(events.get(m.id, [])) if m.status == "failed" else None
-        rows.append((m, spent, len(chains[m.id]), why))
+        rows.append((m, spent, len(chains[m.id]), why or notes.get(m.id)))
     return rows
+
+
+def _stopped_notes(s: Any) -> dict[str, str]:
+    """Why a stopped machine is stopped when it is news (as lifecycle.notes says it): a
+    preempted machine whose relaunch was refused. One query for every stopped machine."""
+    from sqlalchemy import func, select
+
+    from provisioner.models import Event, Machine
+
+    latest = (
+        select(func.max(Event.id).label("eid"))
+        .join(Machine, Machine.id == Event.machine_id)
+        .where(Machine.status == "stopped")
+        .group_by(Event.machine_id)
+        .subquery()
+    )
+    rows = s.execute(
+        select(Event.machine_id, Event.detail)
+        .join(latest, latest.c.eid == Event.id)
+        .where(Event.kind == "relaunch-refused")
+    )
+    return {
+        mid: "preempted and not relaunched, kept stopped with its disk: "
+        + (detail or {}).get("refused", "")
+        for mid, detail in rows
+    }
 
 
 def _chain(mid: str, replaces: dict[str, str | None]) -> list[str]:

@@ -13,7 +13,7 @@ from sqlalchemy import func, select
 from provisioner import lifecycle
 from provisioner.app import App
 from provisioner.crashpoints import crashpoint
-from provisioner.errors import ProvisionerError
+from provisioner.errors import ProvisionerError, UserError
 from provisioner.jobs.lease import HOLDER, leading, not_leader
 from provisioner.jobs.passes import Action, Pass, act
 from provisioner.models import ACTIVE_EXCLUDED, Event, Machine
@@ -127,8 +127,17 @@ def _near(m: Machine) -> Callable[[Any], int]:
 def _relaunch(
     app: App, m: Machine, exp: Experiment, action: Action, attempts: int, now: datetime
 ) -> None:
-    """Free the name (the lost machine is terminated: its disk still bills), then ``up`` with
-    the lost zone and region first. ``up`` applies every policy and budget."""
+    """Check the relaunch against policy and budget first (refused: the lost machine is kept,
+    stopped, see :func:`lifecycle.hold`); then free the name (the lost machine is terminated:
+    its disk still bills) and ``up`` with the lost zone and region first."""
+    if m.status == "preempted":
+        try:  # before anything is terminated: a refused relaunch keeps the machine and disk
+            lifecycle.check(app, exp)
+        except UserError as e:
+            action.error = str(e)
+            lifecycle.hold(app, m, str(e))
+            log.warning("recover: %s not relaunched, kept stopped: %s", m.name, e)
+            return
     try:
         if m.status == "preempted":
             lifecycle.down(app, m.name, reason="preempted", detail={"relaunching": True})

@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, time, timedelta
 from typing import Any
+from zoneinfo import ZoneInfo
 
 from sqlalchemy import select
 
@@ -256,15 +257,15 @@ def calendar_for(app: App, m: Machine) -> Calendar | None:
 
 def keep_timezone(app: App, m: Machine) -> Any:
     """The zone ``keep`` reads and answers times in: the machine's policy calendar's, else
-    this computer's."""
+    settings' ``timezone``."""
     cal = calendar_for(app, m)
-    return cal.tz if cal else datetime.now().astimezone().tzinfo
+    return cal.tz if cal else ZoneInfo(app.settings.timezone)
 
 
 def keep(app: App, name: str, until: str) -> Machine:
     """Leave ``name`` alone until ``until``: ``HH:MM`` (next such time in the machine's policy
-    calendar, else this computer's timezone) or an ISO date-time. Only a running machine can
-    be kept running."""
+    calendar, else settings' ``timezone``, UTC by default) or an ISO date-time. Only a
+    running machine can be kept running."""
     now = app.clock.now()
     m = lifecycle.find(app, name)
     if m.status not in ("running", "pending"):

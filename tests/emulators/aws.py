@@ -6,7 +6,9 @@ strictly, records it, and forwards it to moto unchanged except where it adds wha
 - ``ClientToken`` idempotency for RunInstances (same token → the original reservation, no new
   machine; same token with other parameters → IdempotentParameterMismatch);
 - faults (:class:`Faults`): capacity exhaustion per AZ, quota errors per region, throttling,
-  slow requests, lost responses, refused credentials, a small page size for DescribeInstances;
+  slow requests, lost responses, refused credentials, a small page size for DescribeInstances,
+  and an unreliable network (:meth:`Faults.unreliable`) where a share of the EC2 calls fail,
+  half of them after EC2 acted (the answer dropped, a 500, or too late);
 - spot requests, which moto does not model for RunInstances market options (:class:`SpotRequest`):
   a one-time spot instance cannot be stopped; terminating an instance of a persistent request
   that is not cancelled makes EC2 launch a new, billed one; an instance a persistent request
@@ -28,6 +30,7 @@ import binascii
 import http.client
 import json
 import logging
+import random
 import re
 import threading
 import time
@@ -96,6 +99,10 @@ class Faults:
             self._throttles: list[_Throttle] = []
             self._slow: list[_Slow] = []
             self._drops: dict[str, int] = {}
+            self._chaos: random.Random | None = None
+            self._chaos_rate = 0.0
+            self.late_seconds = 0.0
+            self.fates: list[tuple[str, str]] = []  # (action, fate) of each unreliable call
 
     def no_capacity(
         self,
@@ -126,6 +133,34 @@ class Faults:
         """Handle the next ``count`` ``action`` requests, then close the connection unanswered."""
         with self._lock:
             self._drops[action] = self._drops.get(action, 0) + count
+
+    def unreliable(self, rate: float, seed: int, late_seconds: float = 0.5) -> None:
+        """From now on each EC2 call fails with probability ``rate`` (a seeded draw): half of
+        the failures before EC2 acts (RequestLimitExceeded 503 or InternalError 500), half after
+        it acted — the connection dropped unanswered, an InternalError 500 in place of the
+        answer, or the answer sent ``late_seconds`` later (after the client's read timeout).
+        EC2 documents the second kind: "Operations might also time out or encounter other
+        server issues before they complete, even though the request has already returned a
+        result" (https://docs.aws.amazon.com/ec2/latest/devguide/ec2-api-idempotency.html)."""
+        with self._lock:
+            self._chaos = random.Random(seed)
+            self._chaos_rate = rate
+            self.late_seconds = late_seconds
+
+    def take_fate(self, action: str) -> str | None:
+        """None (served), ``refused``/``error-before`` (failed before acting), or
+        ``dropped``/``error-after``/``late`` (failed after acting)."""
+        with self._lock:
+            if self._chaos is None:
+                return None
+            draw = self._chaos.random()
+            if draw >= self._chaos_rate:
+                return None
+            before = draw < self._chaos_rate / 2
+            kinds = ("refused", "error-before") if before else ("dropped", "error-after", "late")
+            fate = self._chaos.choice(kinds)
+            self.fates.append((action, fate))
+            return fate
 
     def reject_credentials(self, code: str = "AuthFailure") -> None:
         with self._lock:
@@ -474,6 +509,37 @@ class AwsEmulator:
         if self.faults.take_throttle(action):
             rec.answer = "RequestLimitExceeded"
             raise ec2_error("RequestLimitExceeded", "Request limit exceeded.", 503)
+        fate = self.faults.take_fate(action)
+        if fate == "refused":
+            rec.answer = "RequestLimitExceeded"
+            raise ec2_error("RequestLimitExceeded", "Request limit exceeded.", 503)
+        if fate == "error-before":
+            rec.answer = "InternalError"
+            raise ec2_error("InternalError", "An internal error has occurred.", 500)
+        try:
+            reply = self._ec2(h, region, action, params, body, rec)
+        except _Reply as answered:
+            reply = answered
+        if reply.status != 200 or fate is None:
+            return reply
+        rec.answer = fate  # EC2 acted; the answer is lost
+        if fate == "dropped":
+            raise _Dropped
+        if fate == "error-after":
+            return ec2_error("InternalError", "An internal error has occurred.", 500)
+        time.sleep(self.faults.late_seconds)
+        return reply
+
+    def _ec2(
+        self,
+        h: _ProxyHandler,
+        region: str,
+        action: str,
+        params: dict[str, str],
+        body: bytes,
+        rec: Recorded,
+    ) -> _Reply:
+        """One EC2 action, forwarded to moto (or answered here where moto falls short)."""
         delay = self.faults.take_slow(action)
         if delay:
             time.sleep(delay)
@@ -831,7 +897,7 @@ class _ProxyHandler(BaseHTTPRequestHandler):
     def _serve(self) -> None:
         try:
             self.owner.handle(self)
-        except _Dropped:
+        except (_Dropped, BrokenPipeError, ConnectionResetError):  # or the client gave up
             self.close_connection = True
 
     do_POST = do_GET = do_PUT = do_DELETE = _serve

@@ -1,12 +1,15 @@
 """A local Azure Resource Manager for the unmodified azure-mgmt-compute / azure-mgmt-network SDKs.
 
-Speaks ARM's wire protocol on 127.0.0.1 (plain http, ephemeral port): virtual machines (PUT with
+Speaks ARM's wire protocol on 127.0.0.1 (plain http, or TLS with a test certificate; ephemeral
+port): virtual machines (PUT with
 ``If-None-Match: *``, GET, DELETE, list with ``nextLink`` paging, instanceView, deallocate, start,
 powerOff, simulateEviction), network interfaces, public IP addresses, network security groups,
 managed disks, long-running operations through
 ``Azure-AsyncOperation`` + ``Location`` headers (absolute loopback URLs, ``Retry-After: 0``), the
 Activity Log (``Microsoft.Insights/eventtypes/management/values``) and the public Retail Prices API
-(``/api/retail/prices``, served from fixture rows).
+(``/api/retail/prices``, served from fixture rows), and the two Microsoft identity platform
+endpoints a service principal's sign-in uses (OpenID configuration, client-credentials token), so
+azure-identity's own EnvironmentCredential can sign in with ``AZURE_AUTHORITY_HOST`` set to it.
 
 Request bodies are checked against the SDK's own models (unknown or read-only properties, wrong
 types, missing required fields, unknown enum values) plus the ARM rules the adapter relies on, so a
@@ -24,6 +27,8 @@ import ipaddress
 import itertools
 import json
 import re
+import ssl
+import tempfile
 import threading
 import types
 import typing
@@ -32,11 +37,16 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, quote, urlsplit
 
 SUBSCRIPTION = "00000000-0000-0000-0000-00000000a2e0"
 TOKEN = "emulator-token"
+TENANT = "00000000-0000-0000-0000-0000000e7a17"
+CLIENT_ID = "00000000-0000-0000-0000-0000000c11e7"
+CLIENT_SECRET = "emulator-client-secret"  # a test fixture, never a real secret
+ARM_DEFAULT_SCOPE = "https://management.azure.com/.default"
 API_VERSION_ACTIVITY = "2015-04-01"
 
 _ARM = re.compile(r"^/subscriptions/(?P<sub>[^/]+)(?P<rest>/.*)?$", re.I)
@@ -55,6 +65,16 @@ _SUBNET_ID = re.compile(
 # Enums whose SDK list is frozen while ARM keeps adding values (new VM sizes).
 _OPEN_ENUMS = {"VirtualMachineSizeTypes"}
 _FILTER_CLAUSE = re.compile(r"^\s*(\w+)\s+(eq|ge|le)\s+'([^']*)'\s*$")
+_OPENID = re.compile(r"^/(?P<tenant>[^/]+)/v2\.0/\.well-known/openid-configuration$")
+_TOKEN = re.compile(r"^/(?P<tenant>[^/]+)/oauth2/v2\.0/token$")
+
+
+class IdentityError(Exception):
+    """Becomes a Microsoft identity platform error ``{"error", "error_description"}``."""
+
+    def __init__(self, status: int, error: str, description: str) -> None:
+        super().__init__(description)
+        self.status, self.error, self.description = status, error, description
 
 
 class ArmError(Exception):
@@ -224,8 +244,14 @@ class AzureEmulator:
         page_size: int = 2,
         prices: Iterable[dict] = (),
         prices_page_size: int = 3,
+        tls: tuple[bytes, bytes] | None = None,
     ) -> None:
+        """``tls``: (certificate PEM, key PEM) to serve https, as ARM and the identity platform
+        do (azure-identity accepts only an https authority)."""
         self.subscription_id = SUBSCRIPTION
+        self.tenant_id = TENANT
+        self.service_principals = {CLIENT_ID: CLIENT_SECRET}  # client id -> its secret
+        self._tls = tls
         self.token = TOKEN
         self.page_size = page_size
         self.prices_page_size = prices_page_size
@@ -258,6 +284,17 @@ class AzureEmulator:
     def start(self) -> AzureEmulator:
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
         self._server.daemon_threads = True
+        if self._tls:
+            context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            with tempfile.TemporaryDirectory() as folder:  # load_cert_chain reads files only
+                cert, key = Path(folder, "cert.pem"), Path(folder, "key.pem")
+                cert.write_bytes(self._tls[0])
+                key.write_bytes(self._tls[1])
+                context.load_cert_chain(cert, key)
+            # the handshake happens in the request's own thread, not in the accept loop
+            self._server.socket = context.wrap_socket(
+                self._server.socket, server_side=True, do_handshake_on_connect=False
+            )
         threading.Thread(target=self._server.serve_forever, args=(0.05,), daemon=True).start()
         return self
 
@@ -275,7 +312,8 @@ class AzureEmulator:
     @property
     def base_url(self) -> str:
         assert self._server, "start() first"
-        return f"http://127.0.0.1:{self._server.server_address[1]}"
+        scheme = "https" if self._tls else "http"
+        return f"{scheme}://127.0.0.1:{self._server.server_address[1]}"
 
     # --- control surface for tests
 
@@ -425,6 +463,13 @@ class AzureEmulator:
                 self._delete_vm(vm)
             else:
                 vm.power = "deallocated"
+
+    def billed_vms(self) -> list[str]:
+        """VMs whose compute bills: all but the deallocated. "Stopped" (powered off from the OS
+        or by powerOff) keeps its hardware allocated and is billed; only "Deallocated" is not
+        (learn.microsoft.com/azure/virtual-machines/states-billing, power states table)."""
+        with self._lock:
+            return [vm.body["name"] for vm in self.vms.values() if vm.power != "deallocated"]
 
     def power_state(self, name: str, resource_group: str = "provisioner") -> str:
         with self._lock:
@@ -591,6 +636,13 @@ class AzureEmulator:
     ) -> tuple[int, dict[str, str], Any]:
         split = urlsplit(raw_path)
         path, query = split.path, dict(parse_qsl(split.query, keep_blank_values=True))
+        if _OPENID.match(path) or _TOKEN.match(path):
+            form = dict(parse_qsl(raw.decode(), keep_blank_values=True))
+            with self._lock:
+                # the form carries the client secret: it is recorded without it
+                kept = {k: v for k, v in form.items() if k != "client_secret"}
+                self.requests.append(Recorded(method, path, query, headers, kept))
+                return self._identity(method, path, form)
         body = None
         if raw:
             try:
@@ -681,18 +733,127 @@ class AzureEmulator:
                 return 200, {}, self._instance_view(self._get_vm(rg, name))
             if len(parts) == 2 and method == "POST":
                 return self._action(rg, name, parts[1].lower())
-        if ns == "microsoft.network" and rtype == "networkinterfaces" and len(parts) == 1:
-            return self._nic(method, rg, parts[0], body)
+        if ns == "microsoft.network" and rtype == "networkinterfaces":
+            if not parts and method == "GET":
+                return self._list(self.nics, rg, "networkInterfaces", query)
+            if len(parts) == 1:
+                return self._nic(method, rg, parts[0], body)
         if ns == "microsoft.network" and rtype == "publicipaddresses":
             if not parts and method == "GET":
                 return self._list(self.public_ips, rg, "publicIPAddresses", query)
             if len(parts) == 1:
                 return self._public_ip(method, rg, parts[0], body)
-        if ns == "microsoft.network" and rtype == "networksecuritygroups" and len(parts) == 1:
-            return self._nsg(method, rg, parts[0], body)
+        if ns == "microsoft.network" and rtype == "networksecuritygroups":
+            if not parts and method == "GET":
+                return self._list(self.nsgs, rg, "networkSecurityGroups", query)
+            if len(parts) == 1:
+                return self._nsg(method, rg, parts[0], body)
+        if (
+            ns == "microsoft.network"
+            and rtype == "networksecuritygroups"
+            and len(parts) == 3
+            and parts[1].lower() == "securityrules"
+        ):
+            return self._security_rule(method, rg, parts[0], parts[2], body)
         if ns == "microsoft.compute" and rtype == "disks" and len(parts) == 1:
             return self._disk(method, rg, parts[0])
         raise ArmError(404, "InvalidResourceType", f"{method} {rest} is not emulated")
+
+    # --- the Microsoft identity platform (a service principal's sign-in)
+
+    def _identity(self, method: str, path: str, form: dict[str, str]):
+        """The OpenID Connect metadata document and the OAuth 2.0 client-credentials grant, as
+        learn.microsoft.com/entra/identity-platform/v2-protocols-oidc ("Find your app's OpenID
+        configuration document URI": ``{authority}/{tenant}/v2.0/.well-known/openid-configuration``)
+        and …/v2-oauth2-client-creds-grant-flow ("First case: Access token request with a shared
+        secret": POST ``/{tenant}/oauth2/v2.0/token`` with ``client_id``, ``scope`` (the resource's
+        ``/.default``), ``client_secret``, ``grant_type=client_credentials``; the answer
+        ``token_type``, ``expires_in``, ``access_token``) describe them. Errors are the ones
+        that page and the AADSTS error-code reference
+        (learn.microsoft.com/entra/identity-platform/reference-error-codes) give."""
+        m = _OPENID.match(path) or _TOKEN.match(path)
+        assert m
+        tenant = m["tenant"]
+        if tenant.lower() != self.tenant_id:
+            raise IdentityError(
+                400, "invalid_request", f"AADSTS90002: Tenant '{tenant}' not found."
+            )
+        root = f"{self.base_url}/{self.tenant_id}"
+        if _OPENID.match(path):
+            if method != "GET":
+                raise IdentityError(405, "invalid_request", "Method not allowed.")
+            return (
+                200,
+                {},
+                {
+                    "issuer": f"{self.base_url}/{self.tenant_id}/v2.0",
+                    "authorization_endpoint": f"{root}/oauth2/v2.0/authorize",
+                    "token_endpoint": f"{root}/oauth2/v2.0/token",
+                    "device_authorization_endpoint": f"{root}/oauth2/v2.0/devicecode",
+                    "jwks_uri": f"{root}/discovery/v2.0/keys",
+                    "response_types_supported": [
+                        "code",
+                        "id_token",
+                        "code id_token",
+                        "id_token token",
+                    ],
+                    "subject_types_supported": ["pairwise"],
+                    "id_token_signing_alg_values_supported": ["RS256"],
+                    "scopes_supported": ["openid", "profile", "email", "offline_access"],
+                    "token_endpoint_auth_methods_supported": [
+                        "client_secret_post",
+                        "private_key_jwt",
+                        "client_secret_basic",
+                    ],
+                    "tenant_region_scope": "NA",
+                },
+            )
+        if method != "POST":
+            raise IdentityError(405, "invalid_request", "Method not allowed.")
+        if form.get("grant_type") != "client_credentials":
+            raise IdentityError(
+                400,
+                "unsupported_grant_type",
+                "AADSTS70003: The app requested an unsupported grant type.",
+            )
+        client = form.get("client_id", "")
+        if client not in self.service_principals:
+            raise IdentityError(
+                400,
+                "unauthorized_client",
+                f"AADSTS700016: Application with identifier '{client}' was not found in the "
+                f"directory '{self.tenant_id}'.",
+            )
+        if form.get("client_secret") != self.service_principals[client]:
+            raise IdentityError(
+                401,
+                "invalid_client",
+                "AADSTS7000215: Invalid client secret provided. Ensure the secret being sent in "
+                "the request is the client secret value, not the client secret ID, for a secret "
+                f"added to app '{client}'.",
+            )
+        scopes = form.get("scope", "").split()
+        # "The value passed for the scope parameter in this request should be the resource
+        # identifier (application ID URI) of the resource you want, affixed with the .default
+        # suffix" (client-credentials page): one resource, ARM here.
+        if scopes != [ARM_DEFAULT_SCOPE]:
+            raise IdentityError(
+                400,
+                "invalid_scope",
+                f"AADSTS1002012: The provided value for scope {' '.join(scopes)} is not valid. "
+                "Client credential flows must have a scope value with /.default suffixed to "
+                "the resource identifier (application ID URI).",
+            )
+        return (
+            200,
+            {},
+            {
+                "token_type": "Bearer",
+                "expires_in": 3599,
+                "ext_expires_in": 3599,
+                "access_token": self.token,
+            },
+        )
 
     # --- virtual machines
 
@@ -1203,26 +1364,7 @@ class AzureEmulator:
 
         check_model(models.NetworkSecurityGroup, body)
         rules = (body.get("properties") or {}).get("securityRules") or []
-        seen: set[tuple[str, int]] = set()
-        for rule in rules:
-            props = rule.get("properties") or {}
-            priority = props.get("priority")
-            # Custom rules take priorities 100-4096 (network-security-groups-overview, confirmed
-            # by Microsoft in MicrosoftDocs/azure-docs#115185).
-            if not isinstance(priority, int) or not 100 <= priority <= 4096:
-                raise _bad(
-                    f"Security rule has invalid Priority. Value provided: {priority} "
-                    "Allowed range 100-4096.",
-                    "SecurityRuleInvalidPriority",
-                )
-            key = (props.get("direction", ""), priority)
-            if key in seen:  # "priority … must be unique" per direction (same docs page)
-                raise _bad(
-                    f"Security rule {rule.get('name')} conflicts with another rule: rules cannot "
-                    "have the same Priority and Direction.",
-                    "SecurityRuleConflict",
-                )
-            seen.add(key)
+        _check_rules(rules)
         status = 200
         if nsg is None:
             nsg = {
@@ -1265,6 +1407,35 @@ class AzureEmulator:
         nsg["tags"] = body.get("tags", {})
         headers = self._operation("Microsoft.Network", body["location"], lambda: None)
         return status, headers, nsg
+
+    def _security_rule(self, method: str, rg: str, nsg_name: str, name: str, body: Any):
+        """One rule of a group by itself (REST "Security Rules - Create Or Update", PUT
+        …/networkSecurityGroups/{group}/securityRules/{rule}: learn.microsoft.com/rest/api/
+        virtualnetwork/security-rules/create-or-update): the group's other rules and its NIC
+        associations are untouched; the same priority and direction rules apply."""
+        nsg_id = self._network_id(rg, "networkSecurityGroups", nsg_name)
+        nsg = self.nsgs.get(nsg_id.lower())
+        if nsg is None:
+            raise self._not_found("networkSecurityGroups", rg, nsg_name)
+        rules = nsg["properties"].get("securityRules", [])
+        current = next((r for r in rules if r.get("name", "").lower() == name.lower()), None)
+        if method == "GET":
+            if current is None:
+                raise self._not_found(f"networkSecurityGroups/{nsg_name}/securityRules", rg, name)
+            return 200, {}, current
+        if method != "PUT":
+            raise ArmError(405, "MethodNotAllowed", method)
+        from azure.mgmt.network import models
+
+        check_model(models.SecurityRule, body)
+        rule = {**body, "name": name}
+        others = [r for r in rules if r is not current]
+        _check_rules([*others, rule])
+        rule["id"] = f"{nsg_id}/securityRules/{name}"
+        rule.setdefault("properties", {})["provisioningState"] = "Succeeded"
+        nsg["properties"]["securityRules"] = [*others, rule]
+        headers = self._operation("Microsoft.Network", nsg["location"], lambda: None)
+        return (201 if current is None else 200), headers, rule
 
     def _disk(self, method: str, rg: str, name: str):
         disk_id = (
@@ -1361,6 +1532,29 @@ class AzureEmulator:
         return 200, {}, result
 
 
+def _check_rules(rules: list[dict]) -> None:
+    """A group's custom rules: priorities 100-4096 (network-security-groups-overview, confirmed
+    by Microsoft in MicrosoftDocs/azure-docs#115185), unique per direction (same page)."""
+    seen: set[tuple[str, int]] = set()
+    for rule in rules:
+        props = rule.get("properties") or {}
+        priority = props.get("priority")
+        if not isinstance(priority, int) or not 100 <= priority <= 4096:
+            raise _bad(
+                f"Security rule has invalid Priority. Value provided: {priority} "
+                "Allowed range 100-4096.",
+                "SecurityRuleInvalidPriority",
+            )
+        key = (props.get("direction", ""), priority)
+        if key in seen:
+            raise _bad(
+                f"Security rule {rule.get('name')} conflicts with another rule: rules cannot "
+                "have the same Priority and Direction.",
+                "SecurityRuleConflict",
+            )
+        seen.add(key)
+
+
 def _rule_matches(rule: dict, source: str, port: int) -> bool:
     """Does an inbound NSG rule cover TCP ``port`` from internet address ``source``?"""
     if rule.get("protocol", "*") not in ("*", "Tcp"):
@@ -1412,6 +1606,9 @@ def _handler(emulator: AzureEmulator) -> type[BaseHTTPRequestHandler]:
             except ArmError as err:
                 status, extra = err.status, err.headers
                 body = {"error": {"code": err.code, "message": err.message}}
+            except IdentityError as err:
+                status, extra = err.status, {}
+                body = {"error": err.error, "error_description": err.description}
             if status < 400 and emulator.take_loss(self.command, urlsplit(self.path).path):
                 self.close_connection = True  # carried out; the answer never arrives
                 return

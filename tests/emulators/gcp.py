@@ -41,9 +41,6 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from providers.gcp.prices import ACCELERATOR as _ACCELERATOR
-from providers.gcp.prices import GPU_ZONES as _GPU_ZONES
-
 API = "https://www.googleapis.com/compute/v1"
 BILLING_SERVICE = "6F81-5844-456A"
 PREEMPTED_TYPE = "compute.instances.preempted"
@@ -65,13 +62,37 @@ MACHINE_TYPES = {
     **{f"n1-standard-{v}": ("", 0) for v in (1, 2, 4, 8, 16, 32, 64, 96)},
 }
 ACCELERATOR_TYPES = {"nvidia-tesla-t4", "nvidia-tesla-v100"}
-# Where each attachable accelerator type exists: the zones of `gcloud compute accelerator-types
-# list` behind SkyPilot's GCP catalog (the same listing providers/gcp/prices.py ships). An insert
-# naming it elsewhere is refused at once, HTTP 400 badRequest "The resource
-# 'projects/P/zones/Z/acceleratorTypes/A' was not found" (hashicorp/terraform-provider-google#5860;
-# fastai/course-v3#430 and #493 show the same text from `gcloud compute instances create`).
+
+
+# Where each attachable accelerator type exists, the emulator's own copy (it must not follow the
+# adapter's assumptions: a wrong zone in providers/gcp/prices.py has to fail a launch here). The
+# zones of `gcloud compute accelerator-types list` as recorded in SkyPilot's GCP catalog, 2026-11;
+# Google's "GPU regions and zones" page (cloud.google.com/compute/docs/gpus/gpu-regions-zones)
+# was not among the stored sources to check it against. An insert naming the type elsewhere is
+# refused at once, HTTP 400 badRequest "The resource 'projects/P/zones/Z/acceleratorTypes/A' was
+# not found" (hashicorp/terraform-provider-google#5860; fastai/course-v3#430 and #493 show the
+# same text from `gcloud compute instances create`).
+def _zones(text: str) -> frozenset[str]:
+    return frozenset(text.split())
+
+
 ACCELERATOR_ZONES = {
-    _ACCELERATOR[gpu]: frozenset(zones) for gpu, zones in _GPU_ZONES.items() if gpu in _ACCELERATOR
+    "nvidia-tesla-t4": _zones(
+        """asia-east1-a asia-east1-c asia-east2-a asia-east2-c asia-northeast1-a asia-northeast1-c
+        asia-northeast3-b asia-northeast3-c asia-south1-a asia-south1-b asia-southeast1-a
+        asia-southeast1-b asia-southeast1-c asia-southeast2-a asia-southeast2-b
+        australia-southeast1-a australia-southeast1-c europe-central2-b europe-central2-c
+        europe-west1-b europe-west1-c europe-west1-d europe-west2-a europe-west2-b europe-west3-b
+        europe-west4-a europe-west4-b europe-west4-c me-west1-b me-west1-c
+        northamerica-northeast1-c southamerica-east1-a southamerica-east1-b southamerica-east1-c
+        us-central1-a us-central1-b us-central1-c us-central1-f us-east1-b us-east1-c us-east1-d
+        us-east4-a us-east4-b us-east4-c us-west1-a us-west1-b us-west2-b us-west2-c us-west3-b
+        us-west4-a us-west4-b"""
+    ),
+    "nvidia-tesla-v100": _zones(
+        """asia-east1-c europe-west4-a europe-west4-b europe-west4-c us-central1-a us-central1-b
+        us-central1-c us-central1-f us-east1-b us-east1-c us-west1-a us-west1-b"""
+    ),
 }
 # How many of one attachable GPU an N1 instance takes (https://cloud.google.com/compute/docs/gpus,
 # "NVIDIA T4": 1, 2 or 4 GPUs; "NVIDIA V100": 1, 2, 4 or 8). Any other count is refused with
@@ -130,6 +151,9 @@ DEFAULT_NETWORK_RULES = {
     "default-allow-rdp": {"allowed": [{"IPProtocol": "tcp", "ports": ["3389"]}]},
     "default-allow-icmp": {"allowed": [{"IPProtocol": "icmp"}]},
 }
+# Output-only fields of a stored rule (compute_v1.Firewall: "[Output Only]"), not sent back in a
+# body the API parses.
+_FIREWALL_OUTPUT_FIELDS = {"kind", "id", "creationTimestamp", "selfLink"}
 # Allowed.ports / Denied.ports: "only applicable for the UDP or TCP protocol" (compute_v1.Allowed);
 # IPProtocol is a well-known name "(tcp, udp, icmp, esp, ah, ipip, sctp) or the IP protocol number".
 FIREWALL_PROTOCOLS = {"tcp": 6, "udp": 17, "icmp": 1, "esp": 50, "ah": 51, "ipip": 94, "sctp": 132}
@@ -188,6 +212,10 @@ class GCPEmulator:
         self.billing_pages: list[dict[str, Any]] = billing_fixture_pages()
         self.billing_api_key = "test-billing-key"
         self.networks: set[str] = {"default"}  # the auto-mode network a new project gets
+        # the project's commonInstanceMetadata (e.g. enable-oslogin=TRUE) and the organization
+        # policy constraints enforced on it (see require_os_login)
+        self.project_metadata: dict[str, str] = {}
+        self.constraints: set[str] = set()
         self.accelerator_zones = {k: frozenset(v) for k, v in ACCELERATOR_ZONES.items()}
         self._preempt_on_create: set[str] = set()
         self._pending: dict[tuple[str, str], _Pending] = {}
@@ -311,6 +339,35 @@ class GCPEmulator:
             # the lowest priority number wins; at equal priority deny (False) sorts first
             return sorted(decisions)[0][1]
 
+    def require_os_login(self) -> None:
+        """The organization enforces ``constraints/compute.requireOsLogin`` on this project:
+        "enable-oslogin=true is included in the project metadata" and "requests that set
+        enable-oslogin to false in VM or project metadata are rejected"
+        (https://cloud.google.com/compute/docs/oslogin/manage-oslogin-in-an-org). GCE refuses a
+        request an organization policy forbids with HTTP 412 conditionNotMet "Constraint
+        constraints/compute.<name> violated for project projects/<P>. ..." (the shape recorded
+        for requireShieldedVm in a Terraform run and for vmExternalIpAccess in GKE guides)."""
+        self.constraints.add("compute.requireOsLogin")
+        self.project_metadata["enable-oslogin"] = "TRUE"
+
+    def metadata_ssh_login(self, zone: str, name: str, user: str) -> bool:
+        """Would the guest let ``user`` in with the key in the instance's ``ssh-keys``
+        metadata? Not when OS Login is on for it: "When you set OS Login metadata, Compute
+        Engine deletes the VM's authorized_keys files and no longer accepts connections from SSH
+        keys that are stored in project or instance metadata" (compute/docs/instances/
+        managing-instance-access); "Instance-level values override the project-level value"
+        (compute/docs/oslogin)."""
+        with self._lock:
+            instance = self._find(zone, name)
+            items = {
+                i["key"]: i.get("value", "") for i in instance.get("metadata", {}).get("items", [])
+            }
+            oslogin = items.get("enable-oslogin", self.project_metadata.get("enable-oslogin", ""))
+            if oslogin.strip().lower() == "true":
+                return False
+            keys = items.get("ssh-keys", "").splitlines()
+            return any(k.partition(":")[0] == user and k.partition(":")[2].strip() for k in keys)
+
     def preempt_on_create(self, zone: str) -> None:
         """The next Spot insert in ``zone`` is preempted before it finishes booting: its operation
         ends DONE with error UNSUPPORTED_OPERATION "Instance failed to start due to preemption."
@@ -430,7 +487,7 @@ class GCPEmulator:
                 answer = self._route(method, path, query, body)
             except ApiError as error:
                 return error.status, error.body()
-            mutating = method in ("POST", "DELETE") and not path.endswith("/wait")
+            mutating = method in ("POST", "DELETE", "PATCH") and not path.endswith("/wait")
             if self._lose > 0 and mutating and _is_call(method, path, self._lose_call):
                 self._lose -= 1
                 lost = ApiError(
@@ -443,9 +500,19 @@ class GCPEmulator:
 
     def _route(self, method: str, path: str, query: dict[str, str], body: Any) -> Any:
         base = f"/compute/v1/projects/{self.project}"
-        if not path.startswith(base + "/"):
+        if path != base and not path.startswith(base + "/"):
             raise ApiError(404, "notFound", f"The resource '{path}' was not found")
         rest = path[len(base) :]
+        if rest == "" and method == "GET":  # projects.get: the project and its metadata
+            _allow(query, set())
+            items = [{"key": k, "value": v} for k, v in sorted(self.project_metadata.items())]
+            return {
+                "kind": "compute#project",
+                "name": self.project,
+                "id": "1234567890",
+                "commonInstanceMetadata": {"kind": "compute#metadata", "items": items},
+                "selfLink": f"{API}/projects/{self.project}",
+            }
         if rest == "/aggregated/instances" and method == "GET":
             _allow(query, AGGREGATED_PARAMS)
             return self._aggregated(query)
@@ -497,9 +564,19 @@ class GCPEmulator:
         if firewall and firewall.group(1) is None and method == "POST":
             _allow(query, {"requestId"})
             return self._insert_firewall(query.get("requestId"), body)
+        if firewall and firewall.group(1) is None and method == "GET":
+            _allow(query, LIST_PARAMS)
+            rules = [r for _, r in sorted(self.firewalls.items())]
+            return self._list("compute#firewallList", rules, query, "items")
         if firewall and firewall.group(1) and method == "GET":
             _allow(query, set())
             return self._get_firewall(firewall.group(1))
+        if firewall and firewall.group(1) and method == "DELETE":
+            _allow(query, {"requestId"})
+            return self._delete_firewall(firewall.group(1), query.get("requestId"))
+        if firewall and firewall.group(1) and method == "PATCH":
+            _allow(query, {"requestId"})
+            return self._patch_firewall(firewall.group(1), query.get("requestId"), body)
         operation = re.fullmatch(r"/global/operations/([^/]+)(/wait)?", rest)
         if operation and (method, bool(operation.group(2))) in (("GET", False), ("POST", True)):
             _allow(query, set())
@@ -550,6 +627,40 @@ class GCPEmulator:
 
         return self._schedule(GLOBAL, op, created)
 
+    def _delete_firewall(self, name: str, request_id: str | None) -> dict[str, Any]:
+        """firewalls.delete: a global operation; nothing checks whether instances rely on the
+        rule (a VPC firewall rule is not attached to instances, it only applies to them)."""
+        _check_request_id(request_id)
+        if request_id in self._request_ids:
+            return self._poll(*self._request_ids[request_id])
+        rule = self._get_firewall(name)
+        op = self._new_operation(GLOBAL, "delete", rule, "firewalls")
+        if request_id:
+            self._request_ids[request_id] = (GLOBAL, op["name"])
+        return self._schedule(GLOBAL, op, lambda: self.firewalls.pop(name, None) and None)
+
+    def _patch_firewall(self, name: str, request_id: str | None, body: Any) -> dict[str, Any]:
+        """firewalls.patch: "PATCH semantics and ... the JSON merge patch format and processing
+        rules" (compute_v1.FirewallsClient.patch): the fields given replace the stored ones (a
+        list is replaced whole, RFC 7396), the rest stay; the result must still be a valid rule
+        and keep its name and network."""
+        _check_request_id(request_id)
+        if request_id in self._request_ids:
+            return self._poll(*self._request_ids[request_id])
+        rule = self._get_firewall(name)
+        if not isinstance(body, dict):
+            raise invalid("Required field 'resource' not specified")
+        if body.get("name", name) != name:
+            raise invalid(f"Invalid value for field 'resource.name': '{body['name']}'.")
+        stored = {k: v for k, v in rule.items() if k not in _FIREWALL_OUTPUT_FIELDS}
+        merged = _parse_firewall({**stored, **body}, self.project, self.networks)
+        if _network_name(merged["network"]) != _network_name(rule["network"]):
+            raise invalid("Invalid value for field 'resource.network': it cannot be changed.")
+        op = self._new_operation(GLOBAL, "patch", rule, "firewalls")
+        if request_id:
+            self._request_ids[request_id] = (GLOBAL, op["name"])
+        return self._schedule(GLOBAL, op, lambda: rule.update(merged) and None)
+
     def _store_firewall(self, resource: dict[str, Any], rule_id: str | None = None) -> None:
         name = resource["name"]
         self.firewalls[name] = {
@@ -571,6 +682,7 @@ class GCPEmulator:
         if request_id in self._request_ids:
             return self._poll(*self._request_ids[request_id])
         resource = _parse_instance(body, zone, self.project, self.networks, self.accelerator_zones)
+        self._enforce_os_login(resource)
         name = resource["name"]
         if (zone, name) in self.instances:
             raise ApiError(
@@ -622,6 +734,19 @@ class GCPEmulator:
             instance.update(status="RUNNING", lastStartTimestamp=self._now())
 
         return self._schedule(zone, op, boot)
+
+    def _enforce_os_login(self, resource: dict[str, Any]) -> None:
+        if "compute.requireOsLogin" not in self.constraints:
+            return
+        for item in resource.get("metadata", {}).get("items", []):
+            if item["key"] == "enable-oslogin" and item.get("value", "").lower() != "true":
+                raise ApiError(
+                    412,
+                    "conditionNotMet",
+                    # what follows the constraint's sentence is not documented: left out
+                    "Constraint constraints/compute.requireOsLogin violated for project "
+                    f"projects/{self.project}.",
+                )
 
     def _materialise(
         self, zone: str, body: dict[str, Any], instance_id: str | None = None
@@ -859,7 +984,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(payload)
 
-    do_GET = do_POST = do_DELETE = _serve
+    do_GET = do_POST = do_DELETE = do_PATCH = _serve
 
     def log_message(self, format: str, *args: Any) -> None:
         pass
@@ -1254,8 +1379,10 @@ def _sku(
 def billing_fixture_pages() -> list[dict[str, Any]]:
     """Three pages of Compute Engine SKUs in the catalog's shape. The us-central1 ("Americas")
     unit prices reproduce SkyPilot's catalog for a2-highgpu-1g (0.73948 host + 2.93391 A100)
-    and g2-standard-4 (0.14679 + 0.56004 L4); the rest are plausible. Noise SKUs (storage,
-    commitments, custom/sole-tenant, vWS, H100 Mega) must be ignored by the parser."""
+    and g2-standard-4 (0.14679 + 0.56004 L4); the rest are plausible. The A3 Mega and A3 Ultra
+    GPUs have SKUs of their own ("Nvidia H100 80GB Mega GPU", "H200 141GB GPU": newer GPU SKUs
+    drop "Nvidia"), A3 Ultra hosts too ("A3 Ultra Instance Core"). Noise SKUs (storage,
+    commitments, custom/sole-tenant, vWS) must be ignored by the parser."""
     skus = []
     n = 0
 
@@ -1272,6 +1399,7 @@ def billing_fixture_pages() -> list[dict[str, Any]]:
         for series, label, core, ram in (
             ("A2", "A2 Instance", 0.031611, 0.004237),
             ("A3", "A3 Instance", 0.0295, 0.0017757),
+            ("A3 Ultra", "A3 Ultra Instance", 0.0307, 0.0019),
             ("G2", "G2 Instance", 0.02229, 0.0036019),
         ):
             add(f"{label} Core running in {where}", "CPU", "OnDemand", regions, p(core))
@@ -1343,6 +1471,8 @@ def billing_fixture_pages() -> list[dict[str, Any]]:
             ("Nvidia L4 GPU", 0.56004, 0.2231),
             ("Nvidia Tesla T4 GPU", 0.35, 0.175),
             ("Nvidia Tesla V100 GPU", 2.48, 1.0885),
+            ("Nvidia H100 80GB Mega GPU", 11.06, 2.5),
+            ("H200 141GB GPU", 10.0, 2.8),
         ):
             add(f"{gpu} running in {where}", "GPU", "OnDemand", regions, p(od))
             add(
@@ -1352,7 +1482,6 @@ def billing_fixture_pages() -> list[dict[str, Any]]:
                 regions,
                 p(spot),
             )
-        add(f"Nvidia H100 80GB Mega GPU running in {where}", "GPU", "OnDemand", regions, p(11.06))
         add(
             f"Nvidia Tesla T4 Virtual Workstation GPU running in {where}",
             "GPU",

@@ -20,6 +20,10 @@ gateway ``{"error_code", "error_msg", "request_id"}``. Codes from the ECS API re
 Ecs.0319 insufficient flavor capacity, Ecs.0114 server not found, Ecs.0005 invalid body; gateway
 APIGW.0301 (bad signature) and APIGW.0308 (throttled).
 
+Security groups (VPC API v1/v2.0 paths of huaweicloudsdkvpc.v2, the same endpoint here): list,
+create, delete, rules list/create/delete, tags show/create; see ``_vpc``. The project starts with
+its ``default`` group; ``reachable_on_22`` says whether a server's groups admit SSH from an address.
+
 Elastic IPs are kept in their own books (``eips``): one made with a server (``publicip.eip``)
 exists, and bills, until it is deleted; deleting the server deletes it only when it was made with
 ``delete_on_termination`` (or the delete asks ``delete_publicip``), else it is only unbound.
@@ -31,6 +35,7 @@ import base64
 import binascii
 import hashlib
 import hmac
+import ipaddress
 import json
 import re
 import threading
@@ -156,6 +161,69 @@ class Faults:
     max_eips: int | None = None  # EIP quota of the project
 
 
+def _vpc_error(status: int, code: str, message: str) -> _Reject:
+    """The VPC v1 API's error body, ``{"code", "message"}``: 400 VPC.0601 for a bad parameter
+    ("Securitygroup id is invalid.", "Query security groups error vpcId is invalid." as
+    recorded in yunionio/cloudpods' Huawei driver), 409 VPC.0602 for a group in use (OTC CCE
+    troubleshooting: 409 {"code":"VPC.0602", ... "Security Group <id> in use." ...})."""
+    return _Reject(status, {"code": code, "message": message})
+
+
+def _rule(group_id: str, **fields: Any) -> dict[str, Any]:
+    rule = {
+        "id": str(uuid.uuid4()),
+        "description": "",
+        "security_group_id": group_id,
+        "direction": "ingress",
+        "ethertype": "IPv4",
+        "protocol": None,
+        "port_range_min": None,
+        "port_range_max": None,
+        "remote_ip_prefix": None,
+        "remote_group_id": None,
+        "remote_address_group_id": None,
+        "tenant_id": PROJECT_ID,
+    }
+    rule.update(fields)
+    return rule
+
+
+def _new_group(group_id: str, name: str, *, vpc_id: str = "") -> dict[str, Any]:
+    """A group as the VPC API makes it. Its rules: members reach each other (ingress from the
+    group itself, IPv4 and IPv6), everything may go out (egress, IPv4 and IPv6), as in the
+    "Creating a Security Group" response example; and, per the same page (2025-12): "after a
+    security group is created, the default configuration allows any IP address to access TCP
+    ports 22 and 3389" (support.huaweicloud.com/api-vpc/vpc_sg01_0001.html)."""
+    rules = [_rule(group_id, ethertype=e, remote_group_id=group_id) for e in ("IPv4", "IPv6")] + [
+        _rule(group_id, direction="egress", ethertype=e) for e in ("IPv4", "IPv6")
+    ]
+    if name != "default":
+        rules += [
+            _rule(
+                group_id,
+                protocol="tcp",
+                port_range_min=port,
+                port_range_max=port,
+                remote_ip_prefix="0.0.0.0/0",
+            )
+            for port in (22, 3389)
+        ]
+    return {
+        "id": group_id,
+        "name": name,
+        "description": "",
+        "vpc_id": vpc_id,
+        "enterprise_project_id": "0",
+        "rules": {r["id"]: r for r in rules},
+        "tags": {},
+    }
+
+
+# huaweicloudsdkvpc v2 CreateSecurityGroupOption.name: "1-64 characters: digits, letters,
+# Chinese characters, _ - ." (安全组名称 取值范围：1-64个字符，支持数字、字母、中文、_、-、.)
+_GROUP_NAME = re.compile(r"^[\w.\-\u4e00-\u9fff]{1,64}$")
+
+
 class EcsEmulator:
     def __init__(self, ak: str, sk: str, *, project_id: str = PROJECT_ID) -> None:
         self.ak = ak
@@ -164,6 +232,9 @@ class EcsEmulator:
         self.faults = Faults()
         self.servers: dict[str, dict[str, Any]] = {}
         self.eips: dict[str, dict[str, Any]] = {}  # every EIP here exists and bills
+        self.security_groups: dict[str, dict[str, Any]] = {
+            "default": _new_group("default", "default")
+        }
         self.requests: list[Recorded] = []
         self._jobs: dict[str, _Job] = {}
         self._tokens: dict[str, tuple[str, list[str]]] = {}
@@ -236,6 +307,31 @@ class EcsEmulator:
             server["status"] = "ACTIVE"
             return server["id"]
 
+    def reachable_on_22(self, server_id: str, source: str = "203.0.113.10") -> bool:
+        """Could ``source`` open a TCP connection to port 22 at the server's EIP? It needs an
+        EIP and an ingress rule of one of its groups admitting tcp/22 (no protocol: any; no
+        ports: all) from a CIDR holding ``source``. Security groups only allow: "a security
+        group denies all inbound traffic unless a rule allows it" (Huawei VPC user guide,
+        "Security Group Rules")."""
+        address = ipaddress.ip_address(source)
+        with self._lock:
+            server = self.servers[server_id]
+            if not any(e["server_id"] == server_id for e in self.eips.values()):
+                return False
+            for gid in server["security_groups"]:
+                group = self.security_groups.get(gid)
+                for rule in (group or {}).get("rules", {}).values():
+                    if rule["direction"] != "ingress" or not rule["remote_ip_prefix"]:
+                        continue
+                    if rule["protocol"] not in (None, "tcp", "6"):
+                        continue
+                    low = rule["port_range_min"] or 1
+                    high = rule["port_range_max"] or 65535
+                    net = ipaddress.ip_network(rule["remote_ip_prefix"], strict=False)
+                    if low <= 22 <= high and address.version == net.version and address in net:
+                        return True
+            return False
+
     def received(self, method: str, pattern: str) -> list[Recorded]:
         rx = re.compile(pattern)
         return [r for r in self.requests if r.method == method and rx.search(r.path)]
@@ -301,13 +397,15 @@ class EcsEmulator:
             if rec.method == "GET" and path == "/v3/projects":
                 _only(rec.query, {"name"})
                 return 200, {"projects": [{"id": self.project_id, "name": rec.query["name"]}]}
-            m = re.fullmatch(r"/(v1|v1\.1)/([^/]+)/(.+)", path)
+            m = re.fullmatch(r"/(v1|v1\.1|v2\.0)/([^/]+)/(.+)", path)
             if not m:
                 raise _gateway_error(404, "APIGW.0101", "The API does not exist")
             version, project, rest = m.groups()
             if project != self.project_id or rec.headers.get("X-Project-Id") != project:
                 raise _ecs_error(400, "Ecs.0023", "The project ID in token does not match URL")
             route = (rec.method, version, rest)
+            if rest.startswith(("security-groups", "security-group-rules")):
+                return self._vpc(rec, version, rest)
             if route == ("POST", "v1.1", "cloudservers"):
                 return self._create(rec)
             if route == ("GET", "v1", "cloudservers/detail"):
@@ -337,6 +435,142 @@ class EcsEmulator:
                     del server["metadata"][key]
                     return 204, None
             raise _gateway_error(404, "APIGW.0101", "The API does not exist")
+
+    # -- VPC security groups --------------------------------------------------------------
+
+    def _vpc(self, rec: Recorded, version: str, rest: str) -> tuple[int, dict[str, Any] | None]:
+        """The security-group calls of huaweicloudsdkvpc.v2 (paths from its VpcClient;
+        fields and value ranges from its model docstrings)."""
+        method, body = rec.method, rec.body
+        groups = self.security_groups
+        if version == "v1" and rest == "security-groups":
+            if method == "GET":
+                _only(rec.query, {"limit", "marker", "vpc_id", "enterprise_project_id"})
+                found = sorted(groups.values(), key=lambda g: g["id"])
+                if "marker" in rec.query:
+                    found = [g for g in found if g["id"] > rec.query["marker"]]
+                found = found[: int(rec.query.get("limit", 2000))]
+                return 200, {"security_groups": [self._group_view(g) for g in found]}
+            if method == "POST":
+                _only(body, {"security_group"})
+                option = _required(body, "security_group", dict)
+                _only(option, {"name", "vpc_id", "enterprise_project_id"})
+                name = option.get("name")
+                if not isinstance(name, str) or not _GROUP_NAME.match(name):
+                    raise _vpc_error(400, "VPC.0601", f"Security group name {name!r} is invalid.")
+                group = _new_group(str(uuid.uuid4()), name, vpc_id=option.get("vpc_id", ""))
+                groups[group["id"]] = group
+                return 200, {"security_group": self._group_view(group)}
+        if version == "v1" and (g := re.fullmatch(r"security-groups/([^/]+)", rest)):
+            group = self._group(g.group(1))
+            if method == "GET":
+                return 200, {"security_group": self._group_view(group)}
+            if method == "DELETE":
+                # "Before deleting a security group, ensure that the security group is not
+                # associated with any instance" (VPC API "Deleting a Security Group")
+                users = [
+                    s
+                    for s in self.servers.values()
+                    if s["status"] != "DELETED" and group["id"] in s["security_groups"]
+                ]
+                if users or group["name"] == "default":
+                    raise _vpc_error(409, "VPC.0602", f"Security Group {group['id']} in use.")
+                del groups[group["id"]]
+                return 204, None
+        if version == "v1" and rest == "security-group-rules":
+            if method == "GET":
+                _only(rec.query, {"marker", "limit", "security_group_id", "remote_ip_prefix"})
+                rules = [
+                    r
+                    for grp in groups.values()
+                    for r in grp["rules"].values()
+                    if rec.query.get("security_group_id") in (None, grp["id"])
+                ]
+                return 200, {"security_group_rules": rules}
+            if method == "POST":
+                _only(body, {"security_group_rule"})
+                rule = self._parse_rule(_required(body, "security_group_rule", dict))
+                self._group(rule["security_group_id"])["rules"][rule["id"]] = rule
+                return 200, {"security_group_rule": rule}
+        if version == "v1" and (r := re.fullmatch(r"security-group-rules/([^/]+)", rest)):
+            for grp in groups.values():
+                if r.group(1) in grp["rules"] and method == "DELETE":
+                    del grp["rules"][r.group(1)]
+                    return 204, None
+            raise _vpc_error(400, "VPC.0601", "Security group rule id is invalid.")
+        if version == "v2.0" and (t := re.fullmatch(r"security-groups/([^/]+)/tags", rest)):
+            group = self._group(t.group(1))
+            if method == "GET":
+                return 200, {"tags": [{"key": k, "value": v} for k, v in group["tags"].items()]}
+            if method == "POST":
+                _only(body, {"tag"})
+                tag = _required(body, "tag", dict)
+                _only(tag, {"key", "value"})
+                group["tags"][_required(tag, "key", str)] = tag.get("value", "")
+                return 204, None
+        raise _gateway_error(404, "APIGW.0101", "The API does not exist")
+
+    def _group(self, group_id: str) -> dict[str, Any]:
+        group = self.security_groups.get(group_id)
+        if group is None:
+            raise _vpc_error(400, "VPC.0601", "Securitygroup id is invalid.")
+        return group
+
+    def _group_view(self, group: dict[str, Any]) -> dict[str, Any]:
+        view = {k: v for k, v in group.items() if k not in ("rules", "tags")}
+        return {**view, "security_group_rules": list(group["rules"].values())}
+
+    def _parse_rule(self, option: dict[str, Any]) -> dict[str, Any]:
+        """huaweicloudsdkvpc v2 CreateSecurityGroupRuleOption: direction egress|ingress;
+        ethertype IPv4|IPv6 (default IPv4); protocol tcp, udp, icmp or a number 0-255 (empty:
+        all); ports 1-65535, min not above max; remote_ip_prefix (an address or CIDR),
+        remote_group_id and remote_address_group_id exclude each other; description 0-255."""
+        fields = {
+            "security_group_id",
+            "description",
+            "direction",
+            "ethertype",
+            "protocol",
+            "port_range_min",
+            "port_range_max",
+            "remote_ip_prefix",
+            "remote_group_id",
+            "remote_address_group_id",
+        }
+        _only(option, fields)
+
+        def bad(what: str) -> _Reject:
+            return _vpc_error(400, "VPC.0601", f"Security group rule {what} is invalid.")
+
+        group_id = _required(option, "security_group_id", str)
+        self._group(group_id)
+        if option.get("direction") not in ("ingress", "egress"):
+            raise bad("direction")
+        ethertype = option.get("ethertype", "IPv4")
+        if ethertype not in ("IPv4", "IPv6"):
+            raise bad("ethertype")
+        protocol = option.get("protocol")
+        if protocol not in (None, "", "tcp", "udp", "icmp") and not (
+            isinstance(protocol, str) and protocol.isdigit() and int(protocol) <= 255
+        ):
+            raise bad("protocol")
+        low, high = option.get("port_range_min"), option.get("port_range_max")
+        for port in (low, high):
+            if port is not None and not (isinstance(port, int) and 1 <= port <= 65535):
+                raise bad("port")
+        if low is not None and high is not None and low > high:
+            raise bad("port range")
+        remotes = [option.get(k) for k in ("remote_ip_prefix", "remote_group_id")]
+        if sum(bool(x) for x in [*remotes, option.get("remote_address_group_id")]) > 1:
+            raise bad("remote")
+        if option.get("remote_ip_prefix"):
+            try:
+                ipaddress.ip_network(option["remote_ip_prefix"], strict=False)
+            except ValueError:
+                raise bad("remote_ip_prefix") from None
+        if len(option.get("description", "")) > 255:
+            raise bad("description")
+        return _rule(group_id, **{k: v for k, v in option.items() if k != "security_group_id"})
 
     # -- ECS operations -------------------------------------------------------------------
 

@@ -6,14 +6,16 @@ runs unmodified against it.
 Control surface for tests: ``capacity_exhausted`` (zones, with ``capacity_code`` and
 ``capacity_in_call``), ``quota_exceeded`` (a quota id, with ``quota_details``), ``throttle(n)``,
 ``lose_responses(method, n)``, ``slow_polls``, ``preempt(id)``, ``add_instance(...)``,
-``page_size_cap``, ``console_stop(id)``, ``console_delete(id)``; ``calls(method)`` gives what
-went on the wire (request + metadata).
+``page_size_cap``, ``console_stop(id)``, ``console_delete(id)``, ``default_group_ssh_cidrs``;
+``calls(method)`` gives what went on the wire (request + metadata); ``reachable(id)``,
+``billed()`` and ``disks`` are the books a test reads.
 Requests are checked strictly: a malformed one gets INVALID_ARGUMENT and is kept in ``rejected``.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import ipaddress
 import itertools
 import re
 import threading
@@ -40,9 +42,17 @@ from yandex.cloud.endpoint import (
 from yandex.cloud.iam.v1 import iam_token_service_pb2, iam_token_service_pb2_grpc
 from yandex.cloud.operation import operation_pb2, operation_service_pb2_grpc
 from yandex.cloud.quota import quota_pb2
-from yandex.cloud.vpc.v1 import subnet_pb2, subnet_service_pb2, subnet_service_pb2_grpc
+from yandex.cloud.vpc.v1 import (
+    security_group_pb2,
+    security_group_service_pb2,
+    security_group_service_pb2_grpc,
+    subnet_pb2,
+    subnet_service_pb2,
+    subnet_service_pb2_grpc,
+)
 
 FOLDER = "b1gemulatorfolder001"
+NETWORK = "enpnet0001"
 IAM_TOKEN = "t1.emulator-iam-token"
 ZONES = ("ru-central1-a", "ru-central1-b", "ru-central1-d", "ru-central1-e")
 GIB = 1 << 30
@@ -163,6 +173,17 @@ class YandexEmulator:
     requests: list[Call] = field(default_factory=list)
     rejected: list[tuple[str, str]] = field(default_factory=list)
     instances: dict[str, instance_pb2.Instance] = field(default_factory=dict)
+    # Boot disks: id → {"instance_id", "auto_delete"}; a disk outlives its instance unless
+    # auto_delete ("Specifies whether the disk will be auto-deleted when the instance is
+    # deleted", AttachedDiskSpec.auto_delete in yandex/cloud/compute/v1/instance_service.proto).
+    disks: dict[str, dict] = field(default_factory=dict)
+    # Who reaches TCP 22 through the network's default security group, which every VM without
+    # a group of its own gets. Yandex creates it admitting SSH (22/TCP) from 0.0.0.0/0, RDP,
+    # ICMP, all traffic from its members, and all outgoing traffic (yandex-cloud/docs
+    # en/vpc/concepts/security-groups.md, "Default security group rules"). A test narrows it
+    # as a user editing that group would.
+    default_group_ssh_cidrs: tuple[str, ...] = ("0.0.0.0/0",)
+    security_groups: dict[str, security_group_pb2.SecurityGroup] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self._lock = threading.RLock()
@@ -171,6 +192,7 @@ class YandexEmulator:
         self._throttles: list[_Throttle] = []
         self._lose: dict[str, int] = {}
         self._ids = itertools.count(1)
+        self._nat = itertools.count(7)
         self._clock = dt.datetime(2026, 11, 30, 9, 0, tzinfo=dt.UTC)
         self._server: grpc.Server | None = None
         self.port = 0
@@ -189,6 +211,9 @@ class YandexEmulator:
         operation_service_pb2_grpc.add_OperationServiceServicer_to_server(_Operations(self), server)
         image_service_pb2_grpc.add_ImageServiceServicer_to_server(_Images(self), server)
         subnet_service_pb2_grpc.add_SubnetServiceServicer_to_server(_Subnets(self), server)
+        security_group_service_pb2_grpc.add_SecurityGroupServiceServicer_to_server(
+            _SecurityGroups(self), server
+        )
         sku_service_pb2_grpc.add_SkuServiceServicer_to_server(_Skus(self), server)
         server.start()
         self._server = server
@@ -226,6 +251,7 @@ class YandexEmulator:
             inst = self.instances[instance_id]
             assert inst.scheduling_policy.preemptible, "only preemptible VMs are preempted"
             inst.status = instance_pb2.Instance.STOPPED
+            self.release_public_address(inst)
             if record_operation:
                 op = self._new_op(
                     "Preempt instance",
@@ -241,6 +267,7 @@ class YandexEmulator:
         with self._lock:
             inst = self.instances[instance_id]
             inst.status = instance_pb2.Instance.STOPPED
+            self.release_public_address(inst)
             op = self._new_op(
                 "Stop instance",
                 isvc.StopInstanceMetadata(instance_id=instance_id),
@@ -252,7 +279,93 @@ class YandexEmulator:
     def console_delete(self, instance_id: str) -> None:
         """Someone deletes the machine outside provisioner: Get answers NOT_FOUND."""
         with self._lock:
-            del self.instances[instance_id]
+            self.remove_instance(instance_id)
+
+    def remove_instance(self, instance_id: str) -> None:
+        """The instance goes, and its auto-delete disks with it; other disks stay (and bill)."""
+        self.instances.pop(instance_id, None)
+        for disk_id, disk in list(self.disks.items()):
+            if disk["instance_id"] == instance_id:
+                if disk["auto_delete"]:
+                    del self.disks[disk_id]
+                else:
+                    disk["instance_id"] = None
+
+    def assign_public_address(self, inst: instance_pb2.Instance) -> None:
+        """A dynamic one-to-one NAT address for an interface that asked for one."""
+        address = inst.network_interfaces[0].primary_v4_address
+        if address.HasField("one_to_one_nat"):
+            address.one_to_one_nat.address = (
+                f"51.250.{next(self._nat) % 250}.{next(self._nat) % 250}"
+            )
+
+    def release_public_address(self, inst: instance_pb2.Instance) -> None:
+        """ "When a VM with a dynamic public IP is stopped, its address is released, and it gets
+        a new public IP address when started next time" (yandex-cloud/docs
+        en/vpc/concepts/address.md, "Public addresses")."""
+        address = inst.network_interfaces[0].primary_v4_address
+        if address.HasField("one_to_one_nat"):
+            address.one_to_one_nat.address = ""
+
+    def reachable(self, instance_id: str, port: int = 22, *, source: str = "203.0.113.7") -> bool:
+        """Can ``source`` (an internet address) open TCP ``port`` on the instance? Only when it
+        runs with a public (one-to-one NAT) address, and its security groups admit it: with
+        none of its own, the network's default group (see ``default_group_ssh_cidrs``; RDP's
+        3389 is open there too)."""
+        with self._lock:
+            inst = self.instances.get(instance_id)
+            if inst is None or inst.status != instance_pb2.Instance.RUNNING:
+                return False
+            nic = inst.network_interfaces[0]
+            if not nic.primary_v4_address.one_to_one_nat.address:
+                return False
+            address = ipaddress.ip_address(source)
+            if not nic.security_group_ids:
+                cidrs = {22: self.default_group_ssh_cidrs, 3389: ("0.0.0.0/0",)}.get(port, ())
+                return any(address in ipaddress.ip_network(c) for c in cidrs)
+            return self._admitted(nic.security_group_ids, "INGRESS", address, port)
+
+    def outbound_internet(self, instance_id: str) -> bool:
+        """Can the instance open a connection to the internet (the agent reporting home)? A
+        public address, and an egress rule: a group "operates on the principle of 'what is not
+        allowed is forbidden'" (security-groups.md); the default group allows all egress."""
+        with self._lock:
+            nic = self.instances[instance_id].network_interfaces[0]
+            if not nic.primary_v4_address.one_to_one_nat.address:
+                return False
+            if not nic.security_group_ids:
+                return True
+            return self._admitted(nic.security_group_ids, "EGRESS", None, 443)
+
+    def _admitted(self, group_ids: Any, direction: str, address: Any, port: int) -> bool:
+        """Rules of all the interface's groups count; one that matches admits (docs: "a VM
+        may receive traffic that falls under at least one of the rules")."""
+        for group_id in group_ids:
+            for rule in self.security_groups[group_id].rules:
+                if security_group_pb2.SecurityGroupRule.Direction.Name(rule.direction) != direction:
+                    continue
+                if rule.protocol_name not in ("TCP", "ANY"):
+                    continue
+                if (
+                    rule.HasField("ports")
+                    and not rule.ports.from_port <= port <= rule.ports.to_port
+                ):
+                    continue
+                blocks = rule.cidr_blocks.v4_cidr_blocks
+                if address is None:
+                    if "0.0.0.0/0" in blocks:
+                        return True
+                elif any(address in ipaddress.ip_network(c) for c in blocks):
+                    return True
+        return False
+
+    def billed(self) -> list[str]:
+        """What bills: every instance not STOPPED ("The time when the VM is stopped is not
+        charged"), and every disk ("You are charged for disks regardless of whether the VM is
+        running"): yandex-cloud/docs en/compute/pricing.md, "VM usage", "Use of storage"."""
+        with self._lock:
+            running = [i for i, inst in self.instances.items() if inst.status != inst.STOPPED]
+            return running + list(self.disks)
 
     def add_instance(
         self,
@@ -556,17 +669,28 @@ class _Instances(isvc_grpc.InstanceServiceServicer):
                 metadata=dict(request.metadata),
             )
             emu.boot_images[inst.id] = request.boot_disk_spec.disk_spec.image_id
+            disk_id = emu.new_id("fhmdisk")
+            emu.disks[disk_id] = {
+                "instance_id": inst.id,
+                "auto_delete": request.boot_disk_spec.auto_delete,
+            }
+            inst.boot_disk.disk_id = disk_id
+            inst.boot_disk.auto_delete = request.boot_disk_spec.auto_delete
+            nat_spec = spec.primary_v4_address_spec.one_to_one_nat_spec
+            if spec.primary_v4_address_spec.HasField("one_to_one_nat_spec"):
+                nat = inst.network_interfaces[0].primary_v4_address.one_to_one_nat
+                nat.SetInParent()
+                nat.ip_version = nat_spec.ip_version
+            inst.network_interfaces[0].security_group_ids.extend(spec.security_group_ids)
             out_of_stock = request.zone_id in emu.capacity_exhausted
 
             def finish() -> None:
                 if out_of_stock:
-                    del emu.instances[inst.id]
+                    emu.remove_instance(inst.id)
                     op.pb.error.CopyFrom(emu.not_enough_resources())
                     return
                 inst.status = instance_pb2.Instance.RUNNING
-                if spec.primary_v4_address_spec.HasField("one_to_one_nat_spec"):
-                    nat = inst.network_interfaces[0].primary_v4_address.one_to_one_nat
-                    nat.address = f"51.250.0.{int(inst.id[-3:]) % 250}"
+                emu.assign_public_address(inst)
                 op.pb.response.Pack(inst)
 
             op = emu._new_op(
@@ -620,10 +744,14 @@ class _Instances(isvc_grpc.InstanceServiceServicer):
                     op.pb.error.CopyFrom(emu.not_enough_resources())
                     return
                 if after is None:
-                    emu.instances.pop(inst.id, None)
+                    emu.remove_instance(inst.id)
                     op.pb.response.Pack(empty_pb2.Empty())
                     return
                 inst.status = after
+                if after == instance_pb2.Instance.STOPPED:
+                    emu.release_public_address(inst)
+                elif after == instance_pb2.Instance.RUNNING:
+                    emu.assign_public_address(inst)
                 op.pb.response.Pack(inst if response == "instance" else empty_pb2.Empty())
 
             op = emu._new_op(description, meta, inst.id, finish=finish)
@@ -710,6 +838,14 @@ def _create_problem(emu: YandexEmulator, r: isvc.CreateInstanceRequest) -> str |
             sum(len(k) + len(v) for k, v in r.metadata.items()) <= 256 * 1024,
             "metadata is over 256 KB",
         ),
+        (
+            all(
+                g in emu.security_groups and emu.security_groups[g].network_id == NETWORK
+                for n in nics
+                for g in n.security_group_ids
+            ),
+            "a security group is unknown or in another network than the subnet",
+        ),
     ]
     return next((msg for ok, msg in checks if not ok), None)
 
@@ -756,11 +892,155 @@ class _Subnets(subnet_service_pb2_grpc.SubnetServiceServicer):
         if request.folder_id != FOLDER:
             context.abort(grpc.StatusCode.PERMISSION_DENIED, f"folder {request.folder_id}")
         items = [
-            subnet_pb2.Subnet(id=s, folder_id=FOLDER, zone_id=z, network_id="enpnet0001")
+            subnet_pb2.Subnet(id=s, folder_id=FOLDER, zone_id=z, network_id=NETWORK)
             for z, s in sorted(emu.subnets.items())
         ]
         page, token = _page(items, request.page_size, request.page_token, emu.page_size_cap)
         return subnet_service_pb2.ListSubnetsResponse(subnets=page, next_page_token=token)
+
+    def Get(self, request, context):
+        emu = self.emu
+        emu.begin("SubnetService.Get", request, context)
+        zone = next((z for z, s in emu.subnets.items() if s == request.subnet_id), None)
+        if zone is None:
+            context.abort(grpc.StatusCode.NOT_FOUND, f"Subnet {request.subnet_id} not found")
+        return subnet_pb2.Subnet(
+            id=request.subnet_id, folder_id=FOLDER, zone_id=zone, network_id=NETWORK
+        )
+
+
+class _SecurityGroups(security_group_service_pb2_grpc.SecurityGroupServiceServicer):
+    """VPC security groups (yandex/cloud/vpc/v1/security_group_service.proto): Create, Get,
+    List, UpdateRules, Delete. A rule needs a direction, a protocol, and a CIDR, a group or a
+    predefined target (what the proto's oneof ``target`` allows); ports are 0-65535, from ≤ to
+    (SecurityGroupRuleSpec / PortRange). Refusing to delete a group in use is not modelled:
+    no source says what Yandex answers."""
+
+    def __init__(self, emu: YandexEmulator) -> None:
+        self.emu = emu
+
+    def _rules(self, group_id: str, specs, context) -> list[security_group_pb2.SecurityGroupRule]:
+        out = []
+        for spec in specs:
+            ports = spec.ports
+            problem = (
+                "direction is required"
+                if spec.direction == 0
+                else "protocol is required"
+                if not (spec.protocol_name or spec.protocol_number)
+                else "a rule needs cidr_blocks, security_group_id or predefined_target"
+                if spec.WhichOneof("target") is None
+                else "ports must be 0-65535, from_port ≤ to_port"
+                if spec.HasField("ports") and not 0 <= ports.from_port <= ports.to_port <= 65535
+                else None
+            )
+            if problem:
+                self.emu.invalid("SecurityGroupService", context, problem)
+            rule = security_group_pb2.SecurityGroupRule(
+                id=self.emu.new_id("enprule"),
+                description=spec.description,
+                labels=dict(spec.labels),
+                direction=spec.direction,
+                protocol_name=spec.protocol_name,
+                protocol_number=spec.protocol_number,
+            )
+            if spec.HasField("ports"):
+                rule.ports.CopyFrom(spec.ports)
+            if spec.HasField("cidr_blocks"):
+                rule.cidr_blocks.CopyFrom(spec.cidr_blocks)
+            out.append(rule)
+        return out
+
+    def _find(self, group_id: str, context) -> security_group_pb2.SecurityGroup:
+        group = self.emu.security_groups.get(group_id)
+        if group is None:
+            context.abort(grpc.StatusCode.NOT_FOUND, f"Security group {group_id} not found")
+        return group
+
+    def _done(self, description: str, meta, response) -> operation_pb2.Operation:
+        op = self.emu._new_op(description, meta, "")
+        op.pb.done = True
+        op.pb.response.Pack(response)
+        return _copy(op.pb)
+
+    def Create(self, request, context):
+        emu = self.emu
+        emu.begin("SecurityGroupService.Create", request, context)
+        if request.folder_id != FOLDER:
+            context.abort(grpc.StatusCode.PERMISSION_DENIED, f"folder {request.folder_id}")
+        if request.network_id != NETWORK:
+            emu.invalid("SecurityGroupService.Create", context, "network_id is unknown")
+        if request.name and not _NAME.fullmatch(request.name):
+            emu.invalid("SecurityGroupService.Create", context, f"name {request.name!r}")
+        key = dict(context.invocation_metadata()).get("idempotency-key")
+        with emu._lock:
+            if key and key in emu._by_key:  # a reused key: the first operation, as for VMs
+                return _copy(emu._ops[emu._by_key[key]].pb)
+            group = security_group_pb2.SecurityGroup(
+                id=emu.new_id("enpsg"),
+                folder_id=FOLDER,
+                created_at=emu.now(),
+                name=request.name,
+                description=request.description,
+                labels=dict(request.labels),
+                network_id=request.network_id,
+                status=security_group_pb2.SecurityGroup.ACTIVE,
+            )
+            group.rules.extend(self._rules(group.id, request.rule_specs, context))
+            emu.security_groups[group.id] = group
+            meta = security_group_service_pb2.CreateSecurityGroupMetadata(
+                security_group_id=group.id
+            )
+            op = self._done("Create security group", meta, group)
+            if key:
+                emu._by_key[key] = op.id
+            return op
+
+    def Get(self, request, context):
+        self.emu.begin("SecurityGroupService.Get", request, context)
+        with self.emu._lock:
+            return _copy(self._find(request.security_group_id, context))
+
+    def List(self, request, context):
+        emu = self.emu
+        emu.begin("SecurityGroupService.List", request, context)
+        if request.folder_id != FOLDER:
+            context.abort(grpc.StatusCode.PERMISSION_DENIED, f"folder {request.folder_id}")
+        with emu._lock:
+            items = [_copy(g) for g in emu.security_groups.values()]
+        page, token = _page(items, request.page_size, request.page_token, emu.page_size_cap)
+        return security_group_service_pb2.ListSecurityGroupsResponse(
+            security_groups=page, next_page_token=token
+        )
+
+    def UpdateRules(self, request, context):
+        emu = self.emu
+        emu.begin("SecurityGroupService.UpdateRules", request, context)
+        with emu._lock:
+            group = self._find(request.security_group_id, context)
+            ids = {r.id for r in group.rules}
+            unknown = [i for i in request.deletion_rule_ids if i not in ids]
+            if unknown:
+                context.abort(grpc.StatusCode.NOT_FOUND, f"Rules {unknown} not found")
+            added = self._rules(group.id, request.addition_rule_specs, context)
+            kept = [r for r in group.rules if r.id not in set(request.deletion_rule_ids)]
+            del group.rules[:]
+            group.rules.extend(kept + added)
+            meta = security_group_service_pb2.UpdateSecurityGroupMetadata(
+                security_group_id=group.id, added_rule_ids=[r.id for r in added]
+            )
+            return self._done("Update security group rules", meta, group)
+
+    def Delete(self, request, context):
+        emu = self.emu
+        emu.begin("SecurityGroupService.Delete", request, context)
+        with emu._lock:
+            self._find(request.security_group_id, context)
+            del emu.security_groups[request.security_group_id]
+            meta = security_group_service_pb2.DeleteSecurityGroupMetadata(
+                security_group_id=request.security_group_id
+            )
+            return self._done("Delete security group", meta, empty_pb2.Empty())
 
 
 class _Skus(sku_service_pb2_grpc.SkuServiceServicer):
