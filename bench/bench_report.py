@@ -1,13 +1,14 @@
 """A month's report over many usage intervals: time and peak memory.
 
-    .venv/bin/python bench/bench_report.py [--intervals 1000000] [--state-url URL]
+    .venv/bin/python bench/bench_report.py [--intervals 100000 1000000] [--postgres URL]
 
-Builds a state database (SQLite in a temporary directory unless ``--state-url``) with
-``--intervals`` usage intervals over November 2026 — 50 per machine, compute and disk, in USD
-and RUB at a dozen rates — then, in a fresh interpreter each, builds the report (one streaming
-pass: by project, by day, top machines, GPU-hours; plus forecast, savings, idle waste) and
-renders it as CSV and JSON. Prints the wall time, the peak RSS of that process, and Python's own
-peak allocation (tracemalloc, a separate run since tracing slows it down).
+For each size, builds a state database (SQLite in a temporary directory; with ``--postgres``, a
+fresh schema on that server, dropped afterwards) with that many usage intervals over November
+2026 — 50 per machine, compute and disk, in USD and RUB at a dozen rates — then, in a fresh
+interpreter each, builds the report (the database clamps and groups the intervals: by project
+and kind, per machine, per day; plus forecast, savings, idle waste) and renders it as CSV and
+JSON. Prints the wall time, the peak RSS of that process, and Python's own peak allocation
+(tracemalloc, a separate run since tracing slows it down).
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ def populate(home: Path, state_url: str | None, n: int) -> None:
     from sqlalchemy import insert
 
     from provisioner.app import App
-    from provisioner.models import Machine, UsageInterval
+    from provisioner.models import Machine, UsageInterval, epoch_us
 
     app = App(settings(home, state_url))
     rnd = random.Random(6)
@@ -93,6 +94,8 @@ def populate(home: Path, state_url: str | None, n: int) -> None:
                             "kind": kind,
                             "started_at": t,
                             "ended_at": t + run,
+                            "start_us": epoch_us(t),
+                            "end_us": epoch_us(t + run),
                             "rate": Decimal(r),
                             "currency": cur,
                         }
@@ -140,32 +143,69 @@ def run(home: Path, state_url: str | None, trace: bool) -> None:
     print(json.dumps(out))
 
 
+def measure(n: int, state_url: str | None) -> dict:
+    home = Path(tempfile.mkdtemp()) / "home"
+    populate(home, state_url, n)
+    child = [sys.executable, __file__, "--run", str(home)]
+    if state_url:
+        child += ["--state-url", state_url]
+    plain = json.loads(subprocess.run(child, capture_output=True, text=True, check=True).stdout)
+    traced = json.loads(
+        subprocess.run([*child, "--trace"], capture_output=True, text=True, check=True).stdout
+    )
+    print(
+        f"report over {n:,} intervals: built in {plain['build_s']:.2f} s, "
+        f"with CSV+JSON {plain['build_and_render_s']:.2f} s; peak RSS "
+        f"{plain['peak_rss_mb']:.0f} MB; Python peak allocation "
+        f"{traced['python_peak_mb']:.1f} MB (traced run: {traced['build_s']:.2f} s); "
+        f"total {plain['total']}",
+        flush=True,
+    )
+    return plain
+
+
+def postgres_schema(url: str) -> tuple[str, str]:
+    """A fresh schema on the server at ``url``, and the URL that uses it."""
+    import uuid
+
+    import psycopg
+
+    schema = f"bench_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(f'CREATE SCHEMA "{schema}"')
+    return schema, f"{url}?options=-csearch_path%3D{schema}"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--intervals", type=int, default=1_000_000)
-    ap.add_argument("--state-url")
+    ap.add_argument("--intervals", type=int, nargs="+", default=[100_000, 1_000_000])
+    ap.add_argument("--postgres", help="a PostgreSQL server URL (a schema of its own is made)")
+    ap.add_argument("--state-url", help=argparse.SUPPRESS)  # child: the database to report on
     ap.add_argument("--run", help=argparse.SUPPRESS)  # child: the home to report on
     ap.add_argument("--trace", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.run:
         run(Path(args.run), args.state_url, args.trace)
         return
-    home = Path(tempfile.mkdtemp()) / "home"
-    populate(home, args.state_url, args.intervals)
-    child = [sys.executable, __file__, "--run", str(home)]
-    if args.state_url:
-        child += ["--state-url", args.state_url]
-    plain = json.loads(subprocess.run(child, capture_output=True, text=True, check=True).stdout)
-    traced = json.loads(
-        subprocess.run([*child, "--trace"], capture_output=True, text=True, check=True).stdout
-    )
-    print(
-        f"report over {args.intervals:,} intervals: built in {plain['build_s']:.2f} s, "
-        f"with CSV+JSON {plain['build_and_render_s']:.2f} s; peak RSS "
-        f"{plain['peak_rss_mb']:.0f} MB; Python peak allocation "
-        f"{traced['python_peak_mb']:.1f} MB (traced run: {traced['build_s']:.2f} s)"
-    )
-    print(f"total {plain['total']}")
+    times = []
+    for n in args.intervals:
+        if args.postgres is None:
+            times.append(measure(n, None)["build_s"])
+            continue
+        import psycopg
+
+        schema, url = postgres_schema(args.postgres)
+        try:
+            times.append(measure(n, url)["build_s"])
+        finally:
+            with psycopg.connect(args.postgres, autocommit=True) as conn:
+                conn.execute(f'DROP SCHEMA "{schema}" CASCADE')
+    for (n0, t0), (n1, t1) in zip(
+        zip(args.intervals, times, strict=True),
+        zip(args.intervals[1:], times[1:], strict=False),
+        strict=False,
+    ):
+        print(f"{n1 / n0:.0f}x the intervals: {t1 / t0:.1f}x the time")
 
 
 if __name__ == "__main__":

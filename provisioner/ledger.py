@@ -17,21 +17,35 @@ from datetime import UTC, date, datetime, time, timedelta
 from decimal import Decimal
 from fnmatch import fnmatchcase
 from functools import lru_cache
-from typing import Any, NamedTuple
+from itertools import pairwise
+from typing import Any
 from zoneinfo import ZoneInfo
 
-from sqlalchemy import String, func, or_, select, type_coerce
+from sqlalchemy import (
+    BigInteger,
+    String,
+    and_,
+    case,
+    func,
+    literal,
+    or_,
+    select,
+    true,
+    tuple_,
+    type_coerce,
+    union_all,
+)
 from sqlalchemy.orm import Session
 
 from policies.duration import parse_duration
-from provisioner.models import Event, Machine, UsageInterval
+from provisioner.models import Event, Machine, UsageInterval, epoch_us
 from provisioner.money import Money, Rates
 
 COMPUTE_BILLED = frozenset({"pending", "running", "stopping"})
 DISK_BILLED = frozenset({"pending", "running", "stopping", "stopped", "preempted"})
 SECONDS_PER_HOUR = Decimal(3600)
 _US = timedelta(microseconds=1)
-_US_PER_HOUR = Decimal(3_600_000_000)
+US_PER_HOUR = Decimal(3_600_000_000)
 DAY = timedelta(days=1)
 
 # Stops that were not the scheduler's doing, so they count for no savings.
@@ -210,7 +224,7 @@ class Period:
 
 
 def hours(delta: timedelta) -> Decimal:
-    return Decimal(delta // _US) / _US_PER_HOUR
+    return Decimal(delta // _US) / US_PER_HOUR
 
 
 # --- what a query covers -------------------------------------------------------------------
@@ -247,6 +261,11 @@ class Scope:
                 out.append(col == value)
         return out
 
+    @property
+    def in_python(self) -> bool:
+        """Whether part of the scope is tested in Python (see :meth:`admitter`)."""
+        return self.covers is not None or any(v and _is_glob(v) for v in (self.project, self.owner))
+
     def admitter(self) -> Callable[[str, str], bool]:
         """The part of the scope tested in Python, cached per (project, owner) pair."""
         globs = [(i, v) for i, v in enumerate((self.project, self.owner)) if v and _is_glob(v)]
@@ -269,83 +288,7 @@ def _is_glob(value: str) -> bool:
     return any(ch in value for ch in "*?[")
 
 
-# --- streaming the intervals of a period ---------------------------------------------------
-
-
-class Usage(NamedTuple):
-    """The part of one usage interval inside the period asked for."""
-
-    machine_id: str
-    machine: str
-    project: str
-    owner: str
-    cloud: str | None
-    gpu: str | None
-    gpu_count: int | None
-    kind: str
-    currency: str
-    rate: str  # exact decimal text: priced once per distinct rate, not once per row
-    lo: datetime
-    hi: datetime
-
-    @property
-    def us(self) -> int:
-        return (self.hi - self.lo) // _US
-
-    def days(self, tz: str = "UTC") -> Iterator[tuple[date, int]]:
-        """(local day, microseconds) pieces of this usage."""
-        zone, lo = ZoneInfo(tz), self.lo
-        while lo < self.hi:
-            day = lo.date() if tz == "UTC" else lo.astimezone(zone).date()
-            nxt = min(midnight(day + DAY, tz), self.hi)
-            yield day, (nxt - lo) // _US
-            lo = nxt
-
-
-def scan(
-    s: Session,
-    start: datetime,
-    end: datetime,
-    scope: Scope = Scope(),
-    *,
-    kinds: Sequence[str] | None = None,
-    batch: int = 20_000,
-) -> Iterator[Usage]:
-    """Every usage inside [start, end), streamed in batches (flat memory over millions of rows).
-    Open intervals run to ``end``: pass ``min(period end, now)`` for spend to date."""
-    q = (
-        select(
-            UsageInterval.machine_id,
-            Machine.name,
-            Machine.project,
-            Machine.owner,
-            Machine.cloud,
-            Machine.gpu,
-            Machine.gpu_count,
-            UsageInterval.kind,
-            UsageInterval.currency,
-            type_coerce(UsageInterval.rate, String),
-            UsageInterval.started_at,
-            UsageInterval.ended_at,
-        )
-        .join(Machine, Machine.id == UsageInterval.machine_id)
-        .where(
-            UsageInterval.started_at < end,
-            or_(UsageInterval.ended_at.is_(None), UsageInterval.ended_at > start),
-            *scope.clauses(),
-        )
-        .execution_options(yield_per=batch)
-    )
-    if kinds is not None:
-        q = q.where(UsageInterval.kind.in_(kinds))
-    admits = scope.admitter()
-    for r in s.connection().execute(q):  # Core rows: no ORM bookkeeping per row
-        if not admits(r[2], r[3]):
-            continue
-        lo = max(r[10], start)
-        hi = end if r[11] is None else min(r[11], end)
-        if hi > lo:
-            yield Usage(*r[:10], lo, hi)
+# --- sums in the database ------------------------------------------------------------------
 
 
 class Tally:
@@ -354,8 +297,11 @@ class Tally:
     def __init__(self) -> None:
         self._us: defaultdict[tuple[Hashable, str, str], int] = defaultdict(int)
 
-    def add(self, key: Hashable, u: Usage, us: int | None = None) -> None:
-        self._us[(key, u.currency, u.rate)] += u.us if us is None else us
+    def add(self, key: Hashable, currency: str, rate: str, us: int) -> None:
+        self._us[(key, currency, rate)] += us
+
+    def items(self) -> Iterator[tuple[tuple[Hashable, str, str], int]]:
+        return iter(self._us.items())
 
     def amounts(self) -> dict[Any, Amounts]:
         out: dict[Any, Amounts] = {}
@@ -364,17 +310,273 @@ class Tally:
             price = prices.get(rate)
             if price is None:
                 price = prices[rate] = Decimal(rate)
-            out.setdefault(key, Amounts()).add(currency, price * us / _US_PER_HOUR)
+            out.setdefault(key, Amounts()).add(currency, price * us / US_PER_HOUR)
         return out
 
     def hours(self) -> dict[Any, Decimal]:
         out: dict[Any, int] = defaultdict(int)
         for (key, _, _), us in self._us.items():
             out[key] += us
-        return {k: Decimal(us) / _US_PER_HOUR for k, us in out.items()}
+        return {k: Decimal(us) / US_PER_HOUR for k, us in out.items()}
 
 
+#: What usage can be grouped by: a machine's columns, the interval's kind, and ``day``.
+FIELDS: dict[str, Any] = {
+    "project": Machine.project,
+    "owner": Machine.owner,
+    "cloud": Machine.cloud,
+    "gpu": Machine.gpu,
+    "gpu_count": Machine.gpu_count,
+    "machine": Machine.name,
+    "kind": UsageInterval.kind,
+}
 BY = ("project", "owner", "cloud", "gpu", "machine", "kind", "day")
+
+
+def _machines(s: Session, scope: Scope) -> Any:
+    """The scope as one SQL condition on usage (None: every machine). A test only Python can
+    make (globs, a budget's ``covers``) is made once per distinct (project, owner) and handed
+    to the database as the list of pairs it admits."""
+    clauses = scope.clauses()
+    if scope.in_python:
+        admits = scope.admitter()
+        pairs = s.execute(select(Machine.project, Machine.owner).distinct().where(*clauses))
+        clauses.append(tuple_(Machine.project, Machine.owner).in_([p for p in pairs if admits(*p)]))
+    return UsageInterval.machine_id.in_(select(Machine.id).where(*clauses)) if clauses else None
+
+
+def _usage(
+    s: Session, start: datetime, end: datetime, scope: Scope, kinds: Sequence[str] | None
+) -> list[Any]:
+    """Which intervals have usage inside [start, end), in the scope and of the kinds asked."""
+    lo_us, hi_us = epoch_us(start), epoch_us(end)
+    iv = UsageInterval
+    out = [
+        iv.start_us < hi_us,
+        or_(iv.end_us.is_(None), and_(iv.end_us > lo_us, iv.end_us > iv.start_us)),
+    ]
+    if kinds is not None:
+        out.append(iv.kind.in_(kinds))
+    if (machines := _machines(s, scope)) is not None:
+        out.append(machines)
+    return out
+
+
+def _span(s: Session, start: datetime, end: datetime, scope: Scope, kinds: Sequence[str] | None):
+    """The usage inside [start, end) as a subquery: each interval's machine, kind, currency and
+    rate (its exact text), and ``lo``/``hi`` — its times clamped to the span, integer
+    microseconds — so sums are integers (exact on every backend, no float, no text dates)."""
+    lo_us, hi_us = epoch_us(start), epoch_us(end)
+    most, least = (func.max, func.min) if _sqlite(s) else (func.greatest, func.least)
+    iv = UsageInterval
+    return (
+        select(
+            iv.machine_id,
+            iv.kind,
+            iv.currency,
+            type_coerce(iv.rate, String).label("rate"),  # the exact text: priced once per rate
+            most(iv.start_us, lo_us, type_=BigInteger).label("lo"),
+            least(func.coalesce(iv.end_us, hi_us), hi_us, type_=BigInteger).label("hi"),
+        )
+        .where(*_usage(s, start, end, scope, kinds))
+        .subquery("u")
+    )
+
+
+def _sqlite(s: Session) -> bool:
+    return s.get_bind().dialect.name == "sqlite"
+
+
+def tally(
+    s: Session,
+    start: datetime,
+    end: datetime,
+    by: Sequence[str],
+    scope: Scope = Scope(),
+    *,
+    kinds: Sequence[str] | None = None,
+) -> Tally:
+    """Microseconds of usage inside [start, end) per (``by`` values, currency, rate), summed by
+    the database: one pass grouping the intervals per machine (in the order of an index that
+    covers the query, so SQLite needs no sort), then per ``by`` (any of :data:`FIELDS`). Open
+    intervals run to ``end``: pass ``min(period end, now)`` for spend to date. Per machine and
+    kind intervals never overlap, so no sum can overflow 64 bits."""
+    u = _span(s, start, end, scope, kinds)
+    per_machine = (
+        select(
+            u.c.machine_id,
+            u.c.kind,
+            u.c.currency,
+            u.c.rate,
+            func.sum(u.c.hi - u.c.lo).label("us"),
+        )
+        .group_by(u.c.machine_id, u.c.kind, u.c.currency, u.c.rate)
+        .subquery("pm")
+    )
+    keys = [per_machine.c.kind if f == "kind" else FIELDS[f] for f in by]
+    total_us = func.sum(per_machine.c.us)
+    q = (
+        select(*keys, per_machine.c.currency, per_machine.c.rate, total_us)
+        .select_from(per_machine.join(Machine, Machine.id == per_machine.c.machine_id))
+        .group_by(*keys, per_machine.c.currency, per_machine.c.rate)
+        .having(total_us > 0)
+    )
+    out, n = Tally(), len(by)
+    for r in s.execute(q):
+        out.add(tuple(r[:n]), r[-3], r[-2], int(r[-1]))
+    return out
+
+
+def day_tally(
+    s: Session,
+    start: datetime,
+    end: datetime,
+    days: Sequence[date],
+    by: Sequence[str] = (),
+    scope: Scope = Scope(),
+    *,
+    tz: str = "UTC",
+    kinds: Sequence[str] | None = None,
+) -> Tally:
+    """Microseconds of usage per (``by`` values + local day of ``days`` in ``tz``, currency,
+    rate) inside [start, end), which ``days`` (consecutive) cover.
+
+    The database does not cut intervals at midnights. It counts, per key and day, the intervals
+    that begin (their clamped start) and end in it, and the sums of their offsets into it; the
+    usage of day k is then A·len(k) − o(k), A the intervals begun by day k and not ended before
+    it, o(k) the offsets begun in k less those ended in k. Integers all the way: exact."""
+    bounds = [epoch_us(midnight(d, tz)) for d in days]
+    bounds.append(epoch_us(midnight(days[-1] + DAY, tz)))
+    lengths = [b - a for a, b in pairwise(bounds)]
+    if _sqlite(s) and not by and bounds[0] == epoch_us(start):
+        rows = _day_edges_by_range(s, start, end, bounds, scope, kinds)
+    else:
+        rows = _day_edges_grouped(s, start, end, bounds, by, scope, kinds)
+    # per (key, currency, rate) and day index: intervals begun less ended; offsets likewise
+    net: dict[tuple[Any, str, str], tuple[list[int], list[int]]] = {}
+    for key, cur, rate, day, count, offset in rows:
+        if (key, cur, rate) not in net:
+            net[(key, cur, rate)] = ([0] * (len(days) + 1), [0] * (len(days) + 1))
+        counts, offsets = net[(key, cur, rate)]
+        counts[int(day)] += int(count)
+        offsets[int(day)] += int(offset or 0)
+    out = Tally()
+    for (key, cur, rate), (counts, offsets) in net.items():
+        active = 0
+        for k, d in enumerate(days):
+            active += counts[k]
+            us = active * lengths[k] - offsets[k]
+            if us:
+                out.add((*key, d), cur, rate, us)
+    return out
+
+
+Edge = tuple[tuple[Any, ...], str, str, int, int, int]  # key, currency, rate, day, ±count, ±offset
+
+
+def _day_edges_grouped(
+    s: Session,
+    start: datetime,
+    end: datetime,
+    bounds: list[int],
+    by: Sequence[str],
+    scope: Scope,
+    kinds: Sequence[str] | None,
+) -> Iterator[Edge]:
+    """One GROUP BY (key, currency, rate, day begun, day ended): PostgreSQL hashes it."""
+    u = _span(s, start, end, scope, kinds)
+    lengths = [b - a for a, b in pairwise(bounds)]
+
+    def day_and_offset(x: Any) -> tuple[Any, Any]:
+        if len(set(lengths)) == 1:  # every day 24 h (UTC, or no clock change in the span)
+            return (x - bounds[0]) // lengths[0], (x - bounds[0]) % lengths[0]
+        pairs = list(pairwise(bounds))
+        day = case(*((x < b, i) for i, (_, b) in enumerate(pairs)), else_=len(pairs))
+        floor = case(*((x < b, a) for a, b in pairs), else_=bounds[-1])
+        return day, x - floor
+
+    (dlo, olo), (dhi, ohi) = day_and_offset(u.c.lo), day_and_offset(u.c.hi)
+    keys = [u.c.kind if f == "kind" else FIELDS[f] for f in by]
+    groups = [*keys, u.c.currency, u.c.rate, dlo, dhi]
+    q = select(*groups, func.count(), func.sum(olo), func.sum(ohi)).group_by(*groups)
+    if by and by != ["kind"] and tuple(by) != ("kind",):
+        q = q.select_from(u.join(Machine, Machine.id == u.c.machine_id))
+    n = len(by)
+    for r in s.execute(q):
+        *_, cur, rate, d0, d1, count, off0, off1 = r
+        yield tuple(r[:n]), cur, rate, d0, count, off0
+        yield tuple(r[:n]), cur, rate, d1, -count, -off1
+
+
+def _day_edges_by_range(
+    s: Session,
+    start: datetime,
+    end: datetime,
+    bounds: list[int],
+    scope: Scope,
+    kinds: Sequence[str] | None,
+) -> Iterator[Edge]:
+    """SQLite sorts to GROUP BY, and sorting a million rows is most of a report's time. Here
+    each (currency, rate, day) is instead a range of an index that covers the query
+    (``ix_usage_rate_start`` for the days intervals begin, ``ix_usage_rate_end`` for those they
+    end): counts and sums without a sort, in one statement."""
+    iv = UsageInterval
+    lo_us, hi_us = epoch_us(start), epoch_us(end)
+    where = _usage(s, start, end, scope, kinds)
+    rate = type_coerce(iv.rate, String)
+    pairs = list(s.execute(select(iv.currency, rate).distinct().where(*where)))
+    n = len(bounds) - 1
+    days = [k for k in range(n) if bounds[k] < hi_us]
+    if not pairs or not days:
+        return
+    # day 0 takes what began before the span; what ends at the span's start has no usage
+    d = _rows(
+        ("k", "base", "begun_from", "ended_from", "upto"),
+        [
+            (
+                k,
+                bounds[k],
+                bounds[k] if k else -(2**62),
+                bounds[k] if k else lo_us + 1,
+                min(bounds[k + 1], hi_us),
+            )
+            for k in days
+        ],
+        "d",
+    )
+    cr = _rows(("cur", "rate"), pairs, "cr")
+    same = [iv.currency == cr.c.cur, rate == cr.c.rate, *where]
+    begun = and_(iv.start_us >= d.c.begun_from, iv.start_us < d.c.upto, *same)
+    ended = and_(iv.end_us >= d.c.ended_from, iv.end_us < d.c.upto, *same)
+    q = select(
+        cr.c.cur,
+        cr.c.rate,
+        d.c.k,
+        select(func.count()).where(begun).scalar_subquery(),
+        select(func.sum(func.max(iv.start_us, lo_us) - d.c.base)).where(begun).scalar_subquery(),
+        select(func.count()).where(ended).scalar_subquery(),
+        select(func.sum(iv.end_us - d.c.base)).where(ended).scalar_subquery(),
+    ).select_from(cr.join(d, true()))  # every (currency, rate) with every day
+    for cur, rt, k, count, offset, gone, gone_offset in s.execute(q):
+        if count:
+            yield (), cur, rt, k, count, offset
+        if gone:
+            yield (), cur, rt, k, -gone, -gone_offset
+    last = next((k for k in range(n) if bounds[k] <= hi_us < bounds[k + 1]), n)
+    if last < n:  # still running at the span's end (or ending after it): they end there
+        running = and_(or_(iv.end_us.is_(None), iv.end_us >= hi_us), *same)
+        for cur, rt, still in s.execute(
+            select(cr.c.cur, cr.c.rate, select(func.count()).where(running).scalar_subquery())
+        ):
+            if still:
+                yield (), cur, rt, last, -still, -still * (hi_us - bounds[last])
+
+
+def _rows(names: Sequence[str], rows: Sequence[Sequence[Any]], name: str) -> Any:
+    """Constant rows as a subquery (SQLite cannot name the columns of a VALUES list)."""
+    return union_all(
+        *(select(*(literal(v).label(c) for c, v in zip(names, row, strict=True))) for row in rows)
+    ).subquery(name)
 
 
 def spend_by(
@@ -393,15 +595,13 @@ def spend_by(
     if unknown:
         raise ValueError(f"cannot group by {', '.join(sorted(unknown))}; use {', '.join(BY)}")
     fields = [f for f in by if f != "day"]
-    tally = Tally()
-    for u in scan(s, start, end, scope, kinds=kinds):
-        key = tuple(getattr(u, f) for f in fields)
-        if "day" in by:
-            for d, us in u.days(tz):
-                tally.add((*key, d), u, us)
-        else:
-            tally.add(key, u)
-    return tally.amounts()
+    if "day" not in by:
+        return tally(s, start, end, fields, scope, kinds=kinds).amounts()
+    first = start.astimezone(ZoneInfo(tz)).date()
+    days = [first]
+    while midnight(days[-1] + DAY, tz) < end:
+        days.append(days[-1] + DAY)
+    return day_tally(s, start, end, days, fields, scope, tz=tz, kinds=kinds).amounts()
 
 
 def total(s: Session, start: datetime, end: datetime, scope: Scope = Scope()) -> Amounts:

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from decimal import ROUND_HALF_UP, Decimal, InvalidOperation
+from decimal import ROUND_FLOOR, ROUND_HALF_UP, Decimal, InvalidOperation
 
 CENT = Decimal("0.01")
 
@@ -70,6 +70,27 @@ class Money:
         if len(currency) != 3 or not currency.isalpha():
             raise ValueError(f"unknown currency {currency!r} (use an ISO code: USD, RUB, EUR)")
         return cls(dec, currency)
+
+
+def allocate(
+    parts: Sequence[Decimal], total: Decimal | None = None, step: Decimal = CENT
+) -> list[Decimal]:
+    """``parts`` rounded to ``step`` so that they add up to ``total`` (their sum rounded half up
+    to ``step``, unless given otherwise), by largest remainder: each part is rounded down, and
+    the steps left over go, one each, to the parts that lost most (ties: the earlier part).
+    Every result is its part rounded down or up — never further off than one step."""
+    if total is None:
+        total = sum(parts, Decimal(0)).quantize(step, ROUND_HALF_UP)
+    floors = [p.quantize(step, ROUND_FLOOR) for p in parts]
+    left = int((total - sum(floors, Decimal(0))) / step)
+    if not 0 <= left <= len(parts):
+        raise ValueError(f"cannot share {total} over parts adding up to {sum(parts)}")
+    if left:
+        lost = [p - f for p, f in zip(parts, floors, strict=True)]
+        # stable: among equal remainders the earlier part goes first
+        for i in sorted(range(len(parts)), key=lost.__getitem__, reverse=True)[:left]:
+            floors[i] += step
+    return floors
 
 
 class Rates:

@@ -23,7 +23,7 @@ from provisioner import mail
 from provisioner.errors import UserError
 from provisioner.ledger import Period
 from provisioner.money import CENT, Money
-from provisioner.reports import Ownership, Report
+from provisioner.reports import MachineLine, Ownership, Report
 
 if TYPE_CHECKING:
     from email.message import EmailMessage
@@ -72,6 +72,18 @@ class Fmt:
         return format_currency(
             m.amount.quantize(CENT, ROUND_HALF_UP), m.currency, locale=self.locale
         )
+
+    def rate(self, m: Money) -> str:
+        """A rate per hour with every digit it has (0.0068, not 0.01), at least the cents."""
+        from babel.numbers import format_currency
+
+        amount = format_currency(
+            m.amount, m.currency, locale=self.locale, decimal_quantization=False
+        )
+        return self.t("per_hour", amount=amount)
+
+    def machine_gpu(self, m: MachineLine) -> str:
+        return f"{m.gpu_count}× {m.gpu}" if m.gpu else "—"
 
     def num(self, d: Decimal | int, places: int = 0) -> str:
         from babel.numbers import format_decimal
@@ -218,10 +230,23 @@ def _env() -> Any:
 
 
 def chart_png(r: Report) -> bytes | None:
-    """Daily spend (bars), cumulative spend, the budget line and the forecast to period end;
-    None without matplotlib (the ``charts`` extra): the report is whole without its picture."""
+    """The chart (:func:`chart`) as PNG; None without matplotlib (the ``charts`` extra): the
+    report is whole without its picture."""
+    fig = chart(r)
+    if fig is None:
+        return None
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    return buf.getvalue()
+
+
+def chart(r: Report) -> Any:
+    """Two panels over the period's days: above, cumulative spend against the budget line and
+    the forecast to the period's end (one axis, one currency); below, each day's spend. Every
+    figure in the locale's numbers (ru: a decimal comma). A matplotlib Figure, or None."""
     try:
         from matplotlib.figure import Figure
+        from matplotlib.ticker import FuncFormatter, MaxNLocator
     except ImportError:
         return None
 
@@ -233,44 +258,65 @@ def chart_png(r: Report) -> bytes | None:
     for d, v in zip(days, daily, strict=True):
         run += v
         cumulative.append(run if d <= today else None)
-    fig = Figure(figsize=(8, 3.6), dpi=100)
-    ax = fig.add_subplot()
+    fig = Figure(figsize=(8, 4.8), dpi=100)
+    top, bottom = fig.subplots(
+        2, 1, sharex=True, gridspec_kw={"height_ratios": [2, 1], "hspace": 0.08}
+    )
     x = list(range(1, len(days) + 1))
-    ax.bar(x, daily, color="#4c72b0", label=f.t("daily"))
-    ax.set_xlabel(f.t("axis_day"))
-    ax.set_ylabel(r.currency)
-    ax2 = ax.twinx()
-    ax2.plot(
+    top.plot(
         [i for i, c in zip(x, cumulative, strict=True) if c is not None],
         [c for c in cumulative if c is not None],
         color="#222222",
-        label=f.t("cumulative"),
+        marker=".",
+        label=f"{f.t('cumulative')} {f.money(r.total)}",
     )
     if r.budget is not None:
-        ax2.axhline(
+        top.axhline(
             float(r.budget.amount.amount),
             color="#c44e52",
-            linestyle="-",
             label=f"{f.t('budget_line')} {f.money(r.budget.amount)}",
         )
     if r.forecast is not None and today in days:
         i = days.index(today)
-        ax2.plot(
+        top.plot(
             [x[i], x[-1]],
             [cumulative[i] or 0.0, float(r.forecast.amount)],
             color="#dd8452",
             linestyle="--",
             label=f"{f.t('forecast_line')} {f.money(r.forecast)}",
         )
-    ax2.set_ylim(bottom=0)
-    ax2.set_ylabel(f.t("cumulative"))
-    handles = ax.get_legend_handles_labels()[0] + ax2.get_legend_handles_labels()[0]
-    ax2.legend(handles=handles, loc="upper left", fontsize=8)
-    ax.set_title(f"{r.title} — {r.period.label}")
-    fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png")
-    return buf.getvalue()
+    # room above the highest of spend, budget and forecast: the budget line never on the frame
+    marks = [r.forecast, r.budget.amount if r.budget else None]
+    highest = max(
+        [c for c in cumulative if c is not None]
+        + [float(m.amount) for m in marks if m is not None]
+        + [0.0]
+    )
+    top.set_ylim(0, highest * 1.1 or 1)
+    top.set_ylabel(f.t("axis_cumulative", currency=r.currency))
+    top.legend(loc="lower right", fontsize=8)  # the spend climbs from the lower left
+    top.set_title(f"{r.title} — {r.period.label}")
+    bottom.bar(x, daily, color="#4c72b0")
+    bottom.set_ylabel(f.t("axis_daily", currency=r.currency))
+    bottom.set_xlabel(f.t("axis_day"))
+    bottom.set_xlim(0.3, len(days) + 0.7)
+    bottom.xaxis.set_major_locator(MaxNLocator(integer=True))
+    for ax in (top, bottom):
+        ax.yaxis.set_major_locator(MaxNLocator(nbins=5 if ax is top else 3))
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: _tick(f, v)))
+        ax.grid(axis="y", color="#e4e4e4")
+        ax.set_axisbelow(True)
+    fig.align_ylabels()
+    fig.subplots_adjust(left=0.12, right=0.98, top=0.93, bottom=0.1)
+    return fig
+
+
+def _tick(f: Fmt, v: float) -> str:
+    """An axis figure in the locale's numbers: whole above 10, else with the decimals it needs."""
+    d = Decimal(repr(float(v)))
+    if abs(d) >= 10 or d == d.to_integral():
+        return f.num(d.quantize(Decimal(1), ROUND_HALF_UP))
+    return f.num(d.quantize(Decimal("0.01"), ROUND_HALF_UP), 2)
 
 
 def html_page(r: Report) -> str:

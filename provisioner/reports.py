@@ -1,5 +1,6 @@
-"""Spend reports: one model (:class:`Report`) built in one streaming pass over the ledger — spend
-by group and day, forecast, budget standing, top machines, idle waste, savings, rent or buy.
+"""Spend reports: one model (:class:`Report`, made by :func:`build`) from sums the database
+makes — spend by group and day, forecast, budget standing, top machines, idle waste, savings,
+rent or buy — with every shown figure rounded so that tables add up.
 :mod:`provisioner.render` writes it for people (text, HTML, chart, CSV, email).
 """
 
@@ -8,15 +9,21 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from datetime import date, datetime
-from decimal import Decimal
+from decimal import ROUND_HALF_UP, Decimal
+from fnmatch import fnmatchcase
 from typing import TYPE_CHECKING, Any
+
+from sqlalchemy import select
 
 from provisioner import budget, ledger
 from provisioner.errors import UserError
-from provisioner.ledger import Amounts, Period, Scope, Tally
-from provisioner.money import Money, Rates
+from provisioner.ledger import US_PER_HOUR, Amounts, Period, Scope, Tally
+from provisioner.models import Machine
+from provisioner.money import CENT, Money, Rates, allocate
 
 if TYPE_CHECKING:
+    from sqlalchemy.orm import Session
+
     from policies.schema import Policy
     from provisioner.app import App
 
@@ -33,6 +40,21 @@ class Line:
     amounts: Amounts  # in the currencies billed
     total: Money  # converted to the report's currency
     by_kind: dict[str, Amounts] = field(default_factory=dict)
+    # to the cent, shared out so that a table's lines add up to its total (see money.allocate)
+    shown: Money | None = None
+    shown_by_kind: dict[str, Money] = field(default_factory=dict)
+    shown_billed: list[Money] = field(default_factory=list)
+
+
+@dataclass
+class MachineLine(Line):
+    """A machine (by name: a relaunch under the same name is the same line) and its usage."""
+
+    owner: str = ""
+    gpu: str | None = None
+    gpu_count: int = 0
+    hours: Decimal = Decimal(0)  # compute hours in the period
+    rates: list[Money] = field(default_factory=list)  # compute rates per hour, lowest first
 
 
 @dataclass
@@ -77,13 +99,27 @@ class Report:
     by_kind: dict[str, Money]
     daily: list[tuple[date, Money]]
     forecast: Money | None
-    top_machines: list[Line]
+    top_machines: list[MachineLine]  # the TOP most expensive
     idle_waste: Money
     savings: list[tuple[str, Money]]
     rent_or_buy: list[Ownership]
     conversion: Rates
     budget: budget.Status | None = None
     language: str = "en"
+    daily_shown: list[Money] = field(default_factory=list)
+    shown_by_kind: dict[str, Money] = field(default_factory=dict)  # the columns' sums
+    # how many machines the top list leaves out, and their spend as shown
+    other_machines: tuple[int, Money] | None = None
+
+    @property
+    def shown_total(self) -> Money:
+        return self.total.rounded()
+
+    @property
+    def billed_differs(self) -> bool:
+        """Whether the amounts as billed say more than the total: another currency, or several."""
+        monies = self.native.monies()
+        return len(monies) > 1 or (len(monies) == 1 and monies[0].currency != self.currency)
 
     def as_json(self) -> dict[str, Any]:
         def money(m: Money | None) -> dict[str, str] | None:
@@ -94,8 +130,18 @@ class Report:
         def line(ln: Line) -> dict[str, Any]:
             return {
                 "key": ln.key,
-                "total": money(ln.total),
-                "billed": [money(m.rounded()) for m in ln.amounts.monies()],
+                "total": money(ln.shown or ln.total),
+                "billed": [money(m) for m in ln.shown_billed],
+            }
+
+        def machine(ln: MachineLine) -> dict[str, Any]:
+            return {
+                **line(ln),
+                "owner": ln.owner,
+                "gpu": ln.gpu,
+                "gpu_count": ln.gpu_count,
+                "hours": str(ln.hours.quantize(Decimal("0.01"))),
+                "rates": [money(m) for m in ln.rates],
             }
 
         return {
@@ -112,12 +158,15 @@ class Report:
             "by": self.by,
             "total": money(self.total),
             "billed": [money(m.rounded()) for m in self.native.monies()],
-            "by_kind": {k: money(v) for k, v in self.by_kind.items()},
+            "by_kind": {k: money(v) for k, v in self.shown_by_kind.items()},
             "forecast": money(self.forecast),
             "budget": self.budget.as_json() if self.budget else None,
             "lines": [line(ln) for ln in self.lines],
-            "top_machines": [line(ln) for ln in self.top_machines],
-            "daily": [{"day": d.isoformat(), **(money(m) or {})} for d, m in self.daily],
+            "top_machines": [machine(ln) for ln in self.top_machines],
+            "daily": [
+                {"day": d.isoformat(), **(money(m) or {})}
+                for (d, _), m in zip(self.daily, self.daily_shown, strict=True)
+            ],
             "idle_waste": money(self.idle_waste),
             "savings": {r: money(m) for r, m in self.savings},
             "rent_or_buy": [
@@ -143,14 +192,21 @@ def _q(d: Decimal | None) -> str | None:
     return None if d is None else str(d.quantize(Decimal("0.1")))
 
 
+#: What the report asks the database to group usage by (plus the ``by`` of the report).
+USAGE = ("machine", "owner", "gpu", "gpu_count", "kind")
+
+
+def _fields(by: str) -> tuple[str, ...]:
+    return USAGE if by in USAGE else (*USAGE, by)
+
+
 @dataclass
 class _Sums:
-    """What one pass over the intervals and the event queries add up, in billed currencies."""
+    """What the database adds up (usage per machine and kind, per day) and the event queries
+    find, in billed currencies."""
 
-    by_group_kind: dict[tuple[str, str], Amounts]
-    days: dict[date, Amounts]
-    machines: dict[str, Amounts]
-    gpus: Tally
+    usage: Tally  # keyed by _fields(by)
+    days: Tally  # keyed by (day,)
     native: Amounts
     forecast: ledger.Forecast
     saved: dict[str, Amounts]
@@ -169,7 +225,9 @@ def build(
     language: str = "en",
     now: datetime | None = None,
 ) -> Report:
-    """The report of ``scope`` over ``period`` up to ``now``, in one pass over the intervals.
+    """The report of ``scope`` over ``period`` up to ``now``: the public entry point (the CLI,
+    mail and the dashboard build theirs here). The database clamps the intervals to the period
+    and groups them (:func:`ledger.tally`, :func:`ledger.day_tally`); Python prices the groups.
     With ``budget_policy``, the budget's own status (over the budget's whole scope) is shown."""
     if by not in ("project", "owner", "cloud", "gpu", "machine"):
         raise UserError(f"cannot report by {by!r}; use project, owner, cloud, gpu or machine")
@@ -179,24 +237,18 @@ def build(
     if budget_policy is not None and budget_policy.budget is not None:
         currency = currency or budget_policy.budget.amount.currency
     currency = (currency or app.settings.currency).upper()
-    groups, days, machines, gpus = Tally(), Tally(), Tally(), Tally()
+    to = period.clip(now)
     with app.db.session() as s:
-        for u in ledger.scan(s, period.start, period.clip(now), scope):
-            groups.add((getattr(u, by) or "—", u.kind), u)
-            machines.add(u.machine, u)
-            for d, us in u.days(period.tz):
-                days.add(d, u, us)
-            if u.kind == "compute" and u.gpu:
-                gpus.add((u.gpu, u.gpu_count or 1), u)
-        by_group_kind = groups.amounts()
+        if scope.project is not None:
+            _known_project(s, app, scope.project)
+        usage = ledger.tally(s, period.start, to, _fields(by), scope)
+        days = ledger.day_tally(s, period.start, to, period.days(), (), scope, tz=period.tz)
         native = Amounts()
-        for a in by_group_kind.values():
+        for a in usage.amounts().values():
             native.merge(a)
         sums = _Sums(
-            by_group_kind,
-            days.amounts(),
-            machines.amounts(),
-            gpus,
+            usage,
+            days,
             native,
             ledger.forecast(s, period, now, scope, actual=native),
             ledger.savings(s, period, now, scope),
@@ -221,6 +273,16 @@ def build(
         raise UserError(str(e)) from None
 
 
+def _known_project(s: Session, app: App, project: str) -> None:
+    """A project (or glob) that no machine and no policy names is a typo, not a zero."""
+    projects = set(s.scalars(select(Machine.project).distinct()))
+    for p in app.policies:
+        projects.update(x for x in p.applies_to.projects if x != "*")
+    if not any(fnmatchcase(x, project) for x in projects):
+        known = ", ".join(sorted(projects)[:10]) or "none yet"
+        raise UserError(f"no project {project!r} (projects: {known})")
+
+
 def _assemble(
     app: App,
     period: Period,
@@ -234,20 +296,63 @@ def _assemble(
     language: str,
 ) -> Report:
     rates, cur = app.settings.money_rates, currency
+    fields = _fields(by)
+    at_by = fields.index(by)
+    group_kind, per_machine, gpus = Tally(), Tally(), Tally()
+    # per machine name: owners, GPUs, most cards, compute microseconds, compute rates
+    info: dict[str, tuple[set[str], set[str], list[int], set[tuple[str, str]]]] = {}
+    for (key, c, rate), us in sums.usage.items():
+        name, owner, gpu, count, kind = key[:5]  # type: ignore[index]
+        group_kind.add((key[at_by] or "—", kind), c, rate, us)  # type: ignore[index]
+        per_machine.add(name, c, rate, us)
+        owners, gpu_names, counts, machine_rates = info.setdefault(
+            name, (set(), set(), [0, 0], set())
+        )
+        owners.add(owner)
+        if gpu:
+            gpu_names.add(gpu)
+        if kind == "compute":
+            counts[0] = max(counts[0], count or (1 if gpu else 0))
+            counts[1] += us
+            machine_rates.add((c, rate))
+            if gpu:
+                gpus.add((gpu, count or 1), c, rate, us)
     lines: dict[str, Line] = {}
     kinds: dict[str, Amounts] = {}
-    for (key, kind), amounts in sums.by_group_kind.items():
+    for (key, kind), amounts in group_kind.amounts().items():
         ln = lines.setdefault(key, Line(key, Amounts(), Money.zero(cur)))
         ln.by_kind[kind] = amounts
         ln.amounts.merge(amounts)
         kinds.setdefault(kind, Amounts()).merge(amounts)
     for ln in lines.values():
         ln.total = ln.amounts.total(rates, cur)
-    per_machine = [Line(k, a, a.total(rates, cur)) for k, a in sums.machines.items()]
+    # every machine's total, but lines only for the top ones: a fleet is 20,000 machines
+    per = per_machine.amounts()
+    order = sorted(
+        ((a.total(rates, cur).amount, name) for name, a in per.items()),
+        key=lambda tn: (-tn[0], tn[1]),
+    )
+    top = []
+    for amount, name in order[:TOP]:
+        owners, gpu_names, (cards, us), machine_rates = info[name]
+        # a name reused by another owner or GPU shows both, in one order whatever the query's
+        top.append(
+            MachineLine(
+                name,
+                per[name],
+                Money(amount, cur),
+                owner=", ".join(sorted(owners)),
+                gpu=", ".join(sorted(gpu_names)) or None,
+                gpu_count=cards,
+                hours=Decimal(us) / US_PER_HOUR,
+                rates=sorted(Money(Decimal(r), c) for c, r in machine_rates),
+            )
+        )
     seen = set(sums.native) | set(sums.forecast.total) | {cur}
     if st is not None:
         seen.add(st.amount.currency)
-    return Report(
+    days = sums.days.amounts()
+    r = Report(
         title=title,
         period=period,
         now=now,
@@ -258,21 +363,72 @@ def _assemble(
         native=sums.native,
         total=sums.native.total(rates, cur),
         by_kind={k: a.total(rates, cur) for k, a in sorted(kinds.items())},
-        daily=[(d, sums.days.get(d, Amounts()).total(rates, cur)) for d in period.days()],
+        daily=[(d, days.get((d,), Amounts()).total(rates, cur)) for d in period.days()],
         forecast=sums.forecast.total.total(rates, cur) if now < period.end else None,
-        top_machines=sorted(per_machine, key=lambda ln: (-ln.total.amount, ln.key))[:TOP],
+        top_machines=top,
         idle_waste=sums.waste.total(rates, cur),
         savings=sorted(
             ((r, a.total(rates, cur)) for r, a in sums.saved.items()),
             key=lambda rm: -rm[1].amount,
         ),
         rent_or_buy=_rent_or_buy(
-            app, sums.gpus, ledger.hours(period.clip(now) - period.start), rates, cur
+            app, gpus, ledger.hours(period.clip(now) - period.start), rates, cur
         ),
         conversion=rates,
         budget=st,
         language=language,
     )
+    _round(r)
+    _round_machines(r, [amount for amount, _ in order], [per[name] for _, name in order])
+    return r
+
+
+def _round_machines(r: Report, totals: list[Decimal], billed: list[Amounts]) -> None:
+    """The machines share out the rounded total (and each currency billed its own) like the
+    lines; those after the top ones are shown as one sum."""
+    shown = allocate(totals, r.shown_total.amount)
+    for m, amount in zip(r.top_machines, shown, strict=False):
+        m.shown = Money(amount, r.currency)
+    for c, native in sorted(r.native.items()):
+        parts = allocate(
+            [a.get(c, Decimal(0)) for a in billed], native.quantize(CENT, ROUND_HALF_UP)
+        )
+        for m, amount in zip(r.top_machines, parts, strict=False):
+            if c in m.amounts:
+                m.shown_billed.append(Money(amount, c))
+    if len(totals) > TOP:
+        r.other_machines = len(totals) - TOP, Money(sum(shown[TOP:], Decimal(0)), r.currency)
+
+
+def _round(r: Report) -> None:
+    """Shown figures to the cent that add up: the lines (and the days) share out the rounded
+    total, each currency billed its rounded total; each line's kinds share out the line, and
+    the kinds' totals are their columns' sums."""
+    total = r.shown_total.amount
+    for ln, amount in zip(
+        r.lines, allocate([ln.total.amount for ln in r.lines], total), strict=True
+    ):
+        ln.shown = Money(amount, r.currency)
+        kinds = sorted(ln.by_kind)
+        converted = [ln.by_kind[k].total(r.conversion, r.currency).amount for k in kinds]
+        ln.shown_by_kind = {
+            k: Money(a, r.currency) for k, a in zip(kinds, allocate(converted, amount), strict=True)
+        }
+    for c, billed in sorted(r.native.items()):
+        parts = [ln.amounts.get(c, Decimal(0)) for ln in r.lines]
+        for ln, a in zip(
+            r.lines, allocate(parts, billed.quantize(CENT, ROUND_HALF_UP)), strict=True
+        ):
+            if c in ln.amounts:
+                ln.shown_billed.append(Money(a, c))
+    r.shown_by_kind = {
+        k: sum(
+            (ln.shown_by_kind.get(k, Money.zero(r.currency)) for ln in r.lines),
+            Money.zero(r.currency),
+        )
+        for k in r.by_kind
+    }
+    r.daily_shown = [Money(a, r.currency) for a in allocate([m.amount for _, m in r.daily], total)]
 
 
 def _rent_or_buy(
@@ -283,10 +439,12 @@ def _rent_or_buy(
     own = app.settings.ownership
     hours: dict[str, Decimal] = {}
     cost: dict[str, Money] = {}
+    largest: dict[str, int] = {}  # the most cards one machine had
     amounts = gpus.amounts()
     for (gpu, count), h in gpus.hours().items():
         hours[gpu] = hours.get(gpu, Decimal(0)) + h * count
         cost[gpu] = cost.get(gpu, Money.zero(cur)) + amounts[(gpu, count)].total(rates, cur)
+        largest[gpu] = max(largest.get(gpu, 0), count)
     out = []
     for gpu in sorted(hours):
         gh = hours[gpu]
@@ -296,7 +454,8 @@ def _rent_or_buy(
             gpu=gpu,
             gpu_hours=gh,
             hours_per_week=gh / elapsed_h * 168,
-            cards=max(1, math.ceil(gh / elapsed_h)),
+            # owning means owning the biggest machine's cards, at least: 8×H100 is 8 cards
+            cards=max(largest[gpu], math.ceil(gh / elapsed_h)),
             rental_month=cost[gpu] * (HOURS_PER_MONTH / elapsed_h),
         )
         spec = own.gpus.get(gpu)

@@ -156,6 +156,7 @@ def test_alerts_once_each_then_exhaustion_blocks_and_stops(
     assert enforced() == []
     clock.advance(timedelta(hours=50))  # 150 h
     assert enforced() == ["alert:actual 83 %"]
+    assert seen[-1].endswith("(threshold 80 %)")  # a threshold as people write it, not 8E+1
     clock.advance(timedelta(hours=32))  # 182 h: 2,003.25 USD
     acts = enforced()
     assert acts[:2] == [

@@ -13,12 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from provisioner import ledger, render, reports
+from provisioner import ledger, lifecycle, render, reports
 from provisioner.app import App
 from provisioner.errors import UserError
 from provisioner.jobs import scheduled_reports
 from tests.conftest import make_settings, run_cli, write_settings, write_yaml
-from tests.test_ledger import HAND_RUB, HAND_USD, NOV, cents, month
+from tests.test_ledger import HAND_RUB, HAND_USD, NOV, cents, month, up
 from tests.test_mail import smtp_server  # noqa: F401  (fixture)
 
 POLICY = {
@@ -68,7 +68,7 @@ def test_budget_report_by_mail(rapp, clock, smtp_server):  # noqa: F811
     # 485.39 USD of 500: the month is over, so the forecast is what was spent
     assert msg["Subject"] == "demo-budget: 97 % of budget, forecast 97 %"
     text = msg.get_body(("plain",)).get_content()
-    assert "Spent: $485.39 (RUB30,158.94 + $108.41)" in text
+    assert "Spent: $485.39 (billed as RUB30,158.94 + $108.41)" in text
     assert "Rates used: 1 USD = 80 RUB" in text
     assert "off-hours $41.03" in text  # 36 h × 0.15 + 60 h × 47.50 / 80
     html = msg.get_body(("html",)).get_content()
@@ -92,7 +92,7 @@ def test_russian_report(rapp, clock):
     r = reports.for_budget(rapp, the_policy(rapp), clock.now(), period=NOV, language="ru")
     assert render.subject(r) == "demo-budget: 97 % бюджета, прогноз 97 %"
     text = render.text(r)
-    assert "Потрачено: 485,39\xa0$ (30\xa0158,94\xa0₽ + 108,41\xa0$)" in text
+    assert "Потрачено: 485,39\xa0$ (в валюте счёта 30\xa0158,94\xa0₽ + 108,41\xa0$)" in text
     assert "Период: 2026-11 (1 нояб. 2026\u202fг. – 30 нояб. 2026\u202fг.)" in text
     assert "Аренда или покупка" in text and "Курсы: 1 USD = 80 RUB" in text
     assert '<html lang="ru">' in render.html(r, None)
@@ -214,3 +214,105 @@ def test_without_matplotlib_the_mail_is_whole_but_for_the_picture(rapp, clock, m
     assert "image/png" not in kinds and "text/csv" in kinds and "text/plain" in kinds
     html = next(p for p in msg.walk() if p.get_content_type() == "text/html").get_content()
     assert "<img" not in html and render.fmt(r).money(r.total) in html
+
+
+def test_one_currency_shows_one_figure_and_the_machines_table(app, clock):
+    """No unexplained second figure ("Spent: $18.41 ($18.41)"); the machines table says whose
+    machine, which GPUs, how long and at what rate; its rows add up to the total."""
+    clock.set(datetime(2026, 11, 2, 9, tzinfo=UTC))
+    up(app, "t4", gpu="T4:1")
+    clock.advance(timedelta(hours=10))
+    lifecycle.down(app, "t4")
+    r = reports.build(app, NOV, by="owner", now=datetime(2026, 12, 1, tzinfo=UTC))
+    text = render.text(r)
+    assert f"Spent: {render.fmt(r).money(r.total)}\n" in text and "billed as" not in text
+    assert "1. t4 — ana@example.com, 1× T4, 10.0 h × $0.15/h: $1.57" in text  # disk too
+    html = render.html(r, None)
+    assert '<td>ana@example.com</td><td>1× T4</td><td class="n">10.0</td>' in html
+    assert "$0.15/h" in html and "billed as" not in html
+
+
+def test_rent_or_buy_counts_the_cards_of_a_machine(app, clock):
+    """An 8×A100 machine busy 10 % of the month is 8 cards to own, not 1."""
+    clock.set(datetime(2026, 11, 2, 9, tzinfo=UTC))
+    up(app, "big", gpu="A100:8", market="reserved")
+    clock.advance(timedelta(hours=72))
+    lifecycle.down(app, "big")
+    r = reports.build(app, NOV, now=datetime(2026, 12, 1, tzinfo=UTC))
+    [a100] = r.rent_or_buy
+    assert a100.gpu_hours == 8 * 72 and a100.cards == 8
+    # 576 GPU-hours in 720 h: 134.4 a week, 16.8 per card (on 1 card: 134.4, "owning wins")
+    assert "(16.8 h per card on 8 card(s))" in render.ownership_text(r, a100)
+    [m] = r.top_machines
+    assert (m.gpu, m.gpu_count, m.hours) == ("A100", 8, Decimal(72))
+
+
+@pytest.mark.parametrize("language", ["en", "ru"])
+def test_the_chart_has_one_axis_per_panel_in_the_locales_numbers(rapp, clock, language):
+    """Cumulative spend against the budget line on one axis above, the days' bars on their own
+    panel below; every tick and legend figure in the language's numbers (ru: decimal comma)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    month(rapp, clock)
+    r = reports.for_budget(rapp, the_policy(rapp), clock.now(), period=NOV, language=language)
+    fig = render.chart(r)
+    FigureCanvasAgg(fig).draw()
+    top, bottom = fig.axes  # two panels, no twin axis
+    assert max(p.get_height() for p in bottom.patches) == pytest.approx(
+        max(float(m.amount) for _, m in r.daily)
+    )
+    assert len(top.patches) == 0 and len(bottom.lines) == 0
+    figures = [t.get_text() for ax in fig.axes for t in ax.get_yticklabels()]
+    figures += [t.get_text() for t in top.get_legend().get_texts()]
+    f = render.fmt(r)
+    assert f"{f.t('budget_line')} {f.money(r.budget.amount)}" in figures
+    decimals = [x for x in figures if any(ch.isdigit() for ch in x)]
+    sep, other = (",", ".") if language == "ru" else (".", ",")
+    assert any(sep in x for x in decimals)
+    if language == "ru":
+        assert not any(other in x for x in decimals), decimals
+    assert top.get_ylabel().endswith("USD") and bottom.get_ylabel().endswith("USD")
+
+
+def test_report_cli_refuses_an_unknown_project_and_bad_addresses(home, clock, smtp_server):  # noqa: F811
+    app = App(make_settings(home, smtp=smtp_server.smtp.model_dump()), clock)
+    month(app, clock)
+    app.close()
+    cfg = write_settings(home, smtp=smtp_server.smtp.model_dump())
+    base = ("--config", str(cfg), "report", "--period", "2026-11")
+    nosuch = run_cli(*base, "--project", "nosuch", now=clock.now())
+    assert nosuch.returncode == 2 and "no project 'nosuch' (projects: demo)" in nosuch.stderr
+    assert "Traceback" not in nosuch.stderr
+    assert run_cli(*base, "--project", "de*", now=clock.now()).returncode == 0  # a glob that fits
+    bad = run_cli(*base, "--to", "cfo-at-example.com", now=clock.now())
+    assert (
+        bad.returncode == 2 and "--to: 'cfo-at-example.com' is not an email address" in bad.stderr
+    )
+    assert smtp_server.inbox.messages == []
+    # --to implies --email
+    sent = run_cli(*base, "--to", "cfo@example.com", now=clock.now())
+    assert sent.returncode == 0, sent.stderr
+    [(rcpt, _)] = smtp_server.inbox.messages
+    assert rcpt == ["cfo@example.com"] and "sent" in sent.stderr
+
+
+def test_report_cli_table_adds_up(home, clock):
+    app = App(make_settings(home), clock)
+    month(app, clock)
+    app.close()
+    cfg = write_settings(home)
+    out = run_cli(
+        "--config",
+        str(cfg),
+        "report",
+        "--period",
+        "2026-11",
+        "--by",
+        "machine",
+        now=clock.now(),
+        env={"COLUMNS": "160"},
+    )
+    assert out.returncode == 0, out.stderr
+    assert "Spent: $485.39  (billed as RUB30,158.94 + $108.41)" in out.stdout
+    assert "ana@example.com" in out.stdout and "1× A100" in out.stdout and "$3.60/h" in out.stdout
+    assert "RUB47.50/h" in out.stdout

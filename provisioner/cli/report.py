@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import sys
 from enum import StrEnum
 from typing import Any
@@ -46,14 +47,19 @@ def report(
     ),
     currency: str = typer.Option(None, help="report in this currency (default: the budget's)"),
     language: str = typer.Option(None, help="en or ru (default: the budget's, else en)"),
-    email: bool = typer.Option(False, "--email", help="mail it (to --to, else the recipients)"),
-    to: list[str] = typer.Option(None, "--to", help="recipient (repeat for several)"),
+    email: bool = typer.Option(
+        False, "--email", help="mail it to the budget's recipients (or to --to)"
+    ),
+    to: list[str] = typer.Option(
+        None, "--to", help="mail it to this address (repeat for several); implies --email"
+    ),
     output: ReportOutput = typer.Option(ReportOutput.table, "--output", "-o"),
 ) -> None:
     """Spend for a period: by project/owner/cloud/GPU/machine, against the budget, with the
     forecast to the period's end. Exact to the cent; amounts keep their currency until shown."""
     from provisioner import budget, ledger, render, reports  # SQLAlchemy: not for --help
 
+    recipients = [_address(a) for a in to or []]
     application = get_app(ctx)
     now = application.clock.now()
     chosen = _budget_policy(application.policies, policy, project, owner)
@@ -77,8 +83,8 @@ def report(
         language=lang,
         now=now,
     )
-    if email:
-        recipients = to or (chosen.budget.recipients if chosen and chosen.budget else [])
+    if email or recipients:
+        recipients = recipients or (chosen.budget.recipients if chosen and chosen.budget else [])
         render.email(application, r, recipients)
         err.print(f"sent “{render.subject(r)}” to {', '.join(recipients)}", highlight=False)
     if output is ReportOutput.json:
@@ -87,8 +93,18 @@ def report(
         sys.stdout.write(render.csv(r))
     elif output is ReportOutput.html:
         sys.stdout.write(render.html_page(r))
-    elif not email:
+    elif not (email or recipients):
         _table(r)
+
+
+_ADDRESS = re.compile(r"[^@\s<>,;\"]+@[^@\s<>,;\"]+\.[^@\s<>,;\".]+")
+
+
+def _address(text: str) -> str:
+    """One email address (``ana@example.com``), else a usage error naming it."""
+    if not _ADDRESS.fullmatch(text.strip()):
+        raise UserError(f"--to: {text!r} is not an email address (write e.g. ana@example.com)")
+    return text.strip()
 
 
 def _budget_policy(
@@ -120,8 +136,10 @@ def _table(r: Any) -> None:
 
     f = render.fmt(r)
     out.print(f"[bold]{f.t('report')}: {r.title}[/] — {f.period(r.period)}", highlight=False)
-    billed = " + ".join(f.money(m) for m in r.native.monies())
-    out.print(f"{f.t('spent')}: [bold]{f.money(r.total)}[/]  ({billed or '0'})", highlight=False)
+    billed = ""
+    if r.billed_differs:  # only when it says more than the total: another currency, or several
+        billed = f"  ({f.t('billed')} {' + '.join(f.money(m) for m in r.native.monies())})"
+    out.print(f"{f.t('spent')}: [bold]{f.money(r.shown_total)}[/]{billed}", highlight=False)
     b = r.budget
     if b is not None:
         style = "red" if b.pct >= 100 else "yellow" if b.forecast_pct >= 100 else "green"
@@ -133,28 +151,40 @@ def _table(r: Any) -> None:
         )
     elif r.forecast is not None:
         out.print(f"{f.t('forecast')}: {f.money(r.forecast)}", highlight=False)
-    t = Table(title=f.t(r.by))
-    t.add_column(f.t(r.by))
-    for kind in r.by_kind:
-        t.add_column(f.t(kind), justify="right")
-    t.add_column(f.t("total"), justify="right")
+    t = Table(title=f.t(r.by), show_footer=True)
+    t.add_column(f.t(r.by), footer=f.t("total"))
+    for kind, m in r.shown_by_kind.items():
+        t.add_column(f.t(kind), justify="right", footer=f.money(m))
+    t.add_column(f.t("total"), justify="right", footer=f.money(r.shown_total))
     for ln in r.lines:
         t.add_row(
             ln.key,
-            *(
-                f.money(ln.by_kind[k].total(r.conversion, r.currency)) if k in ln.by_kind else "—"
-                for k in r.by_kind
-            ),
-            f.money(ln.total),
+            *(f.money(ln.shown_by_kind[k]) if k in ln.shown_by_kind else "—" for k in r.by_kind),
+            f.money(ln.shown),
         )
     out.print(t)
     if r.top_machines:
-        top = Table(title=f.t("top"))
+        top = Table(title=f.t("top"), show_footer=True)
         top.add_column("#", justify="right")
-        top.add_column(f.t("machine"))
-        top.add_column(f.t("total"), justify="right")
-        for i, ln in enumerate(r.top_machines, 1):
-            top.add_row(str(i), ln.key, f.money(ln.total))
+        top.add_column(f.t("machine"), footer=f.t("total"))
+        top.add_column(f.t("owner"))
+        top.add_column(f.t("gpu"))
+        top.add_column(f.t("hours"), justify="right")
+        top.add_column(f.t("rate"), justify="right")
+        top.add_column(f.t("total"), justify="right", footer=f.money(r.shown_total))
+        for i, m in enumerate(r.top_machines, 1):
+            top.add_row(
+                str(i),
+                m.key,
+                m.owner,
+                f.machine_gpu(m),
+                f.num(m.hours, 1),
+                ", ".join(f.rate(x) for x in m.rates) or "—",
+                f.money(m.shown),
+            )
+        if r.other_machines:
+            n, rest = r.other_machines
+            top.add_row("", f.t("others", n=n), "", "", "", "", f.money(rest))
         out.print(top)
     saved = ", ".join(f"{reason} {f.money(m)}" for reason, m in r.savings) or f.t("none")
     out.print(f"{f.t('idle')}: {f.money(r.idle_waste)}", highlight=False)

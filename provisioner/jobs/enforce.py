@@ -38,7 +38,13 @@ class Action:
 
 
 def _mark(t: Decimal) -> str:
+    """The threshold as recorded in its notice (kept as it always was: ``8E+1`` for 80)."""
     return str(t.normalize()) if t == t.to_integral() else str(t)
+
+
+def _shown(t: Decimal) -> str:
+    """The threshold as a person reads it: 80, 92.5 — never 8E+1."""
+    return format(t.normalize(), "f")
 
 
 def run(app: App, now: datetime | None = None) -> list[Action]:
@@ -64,7 +70,7 @@ def run(app: App, now: datetime | None = None) -> list[Action]:
                 "alert",
                 policy.name,
                 f"{kind} {st.pct if kind == 'actual' else st.forecast_pct:.0f} % "
-                f"(threshold {_mark(top)} %)",
+                f"(threshold {_shown(top)} %)",
             )
             send = None
             if b.recipients:
