@@ -45,3 +45,21 @@ def _bounded(seconds: float, value: Any) -> timedelta:
     if not seconds < _LONGEST.total_seconds() * 2:  # also catches inf and nan
         raise ValueError(f"{value!r} is longer than ten years")
     return timedelta(seconds=seconds)
+
+
+def format_duration(d: timedelta) -> str:
+    """A duration as people read it: ``45 s``, ``12 min``, ``3 h 20 min``, ``2 d 4 h``
+    (never ``0.2 h``), to the nearest unit shown."""
+    s = round(d.total_seconds())
+    if s < 0:
+        return "-" + format_duration(-d)
+    if s < 60:
+        return f"{s} s"
+    minutes = round(s / 60)
+    if minutes < 60:
+        return f"{minutes} min"
+    h, m = divmod(minutes, 60)
+    if h < 48:
+        return f"{h} h {m} min" if m else f"{h} h"
+    days, h = divmod(round(minutes / 60), 24)
+    return f"{days} d {h} h" if h else f"{days} d"

@@ -78,6 +78,11 @@ class InvalidRequest(ProviderError):
     """The cloud rejected the request itself (bad image, type not offered here…)."""
 
 
+class ConfigurationError(InvalidRequest):
+    """The cloud's settings lack something every request needs (a folder, a project): the
+    whole cloud is out until they are set, so it is said once, not once per zone."""
+
+
 class Throttled(ProviderError):
     """Rate limited or a transient server error: retried with backoff by the adapter."""
 

@@ -86,3 +86,5 @@ class CloudSpec:
     sdk: tuple[str, ...]  # top-level modules of its SDK: a missing one names the extra
     capabilities: Capabilities
     simulated: bool = False  # the sandbox: never pretends to be a real cloud
+    # where `catalog refresh` reads prices, and what credentials that needs (said before asking)
+    prices_from: str = "no price refresh"

@@ -37,6 +37,7 @@ from providers.base import (
     TAG_PROJECT,
     AuthError,
     CapacityError,
+    ConfigurationError,
     Instance,
     InstanceRef,
     InvalidRequest,
@@ -70,7 +71,7 @@ class Attempt:
     where: str
     instance_type: str
     market: str
-    outcome: str  # launched | capacity | quota | auth | invalid | error | skipped
+    outcome: str  # launched | capacity | quota | auth | settings | invalid | error | skipped
     message: str = ""
 
 
@@ -104,6 +105,9 @@ class Blocklist:
         if isinstance(err, AuthError):
             self.clouds[o.cloud] = f"{o.cloud} blocked: credentials"
             return "auth"
+        if isinstance(err, ConfigurationError):
+            self.clouds[o.cloud] = f"{o.cloud} blocked: settings"
+            return "settings"
         if isinstance(err, QuotaError):
             if err.scope == "cloud":
                 self.clouds[o.cloud] = f"{o.cloud} blocked: quota"
@@ -234,7 +238,8 @@ def _launch(
     tried = [a for a in attempts if a.outcome != "skipped"]
     summary = "; ".join(f"{a.where} {a.instance_type}: {a.outcome}" for a in tried[:8])
     raise OperationFailed(
-        f"could not launch {experiment.name} on any of {len(tried)} candidates tried: {summary}"
+        f"could not launch {experiment.name} on any of {len(tried)} "
+        f"{'candidate' if len(tried) == 1 else 'candidates'} tried: {summary}"
     )
 
 

@@ -256,7 +256,7 @@ def test_a_cloud_whose_sdk_is_missing_names_the_extra(home, tmp_path):
         ["up"],
         ["status", "--bogus"],
         ["status", "-o", "yaml"],
-        ["down", "a", "b"],
+        ["down", "--project"],
         ["ssh"],
         ["plan", "--top", "many", "x.yaml"],
     ],

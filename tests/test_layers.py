@@ -43,6 +43,7 @@ ORDER = [
     "provisioner.jobs.lease",
     "provisioner.jobs.notices",
     "provisioner.jobs.sweep",
+    "provisioner.jobs.outlook",  # what the sweep will do next, and why not yet
     "provisioner.jobs.recover",
     "provisioner.jobs.reconcile",
     "provisioner.jobs.enforce",
@@ -52,6 +53,7 @@ ORDER = [
     "provisioner.cli",  # the Typer app and what every command shares
     "provisioner.cli.catalog",
     "provisioner.cli.machines",
+    "provisioner.cli.status",  # status (fleet and detail), events
     "provisioner.cli.report",
     "provisioner.cli.scheduler",
     "provisioner.cli.main",  # the entry point: registers the commands and runs one

@@ -51,4 +51,6 @@ SPEC = CloudSpec(
     # Instances associated with persistent Spot Instance requests", UnsupportedOperation);
     # EC2 takes a MaxPrice; Stop/Start/TerminateInstances take up to 1,000 ids.
     capabilities=Capabilities(stop_spot=False, cap_spot_price=True, zones=True, batch=True),
+    prices_from="the Price List API (pricing:GetProducts) and EC2 spot price history; "
+    "needs AWS credentials",
 )

@@ -44,4 +44,5 @@ SPEC = CloudSpec(
     # Spot VMs with evictionPolicy Deallocate can be deallocated and started; billingProfile
     # takes a maxPrice; Azure prices per region (zones are placement only).
     capabilities=Capabilities(stop_spot=True, cap_spot_price=True, zones=False, batch=False),
+    prices_from="the Retail Prices API; public, no credentials",
 )

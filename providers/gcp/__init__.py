@@ -39,4 +39,5 @@ SPEC = CloudSpec(
     # Spot VMs with instanceTerminationAction=STOP stop and start again; Spot has no price cap;
     # every instance call names one instance.
     capabilities=Capabilities(stop_spot=True, cap_spot_price=False, zones=True, batch=False),
+    prices_from="the Cloud Billing Catalog API; needs an API key in PROVISIONER_GCP_API_KEY",
 )

@@ -40,4 +40,5 @@ SPEC = CloudSpec(
     sdk=(),
     capabilities=Capabilities(stop_spot=True, cap_spot_price=True, zones=True, batch=False),
     simulated=True,
+    prices_from="its own fixed price list",
 )

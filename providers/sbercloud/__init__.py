@@ -52,4 +52,5 @@ SPEC = CloudSpec(
     # Spot servers can be stopped; extendparam takes a spot_price cap; BatchStopServers,
     # BatchStartServers and DeleteServers take many servers.
     capabilities=Capabilities(stop_spot=True, cap_spot_price=True, zones=True, batch=True),
+    prices_from="its GPU flavors (ECS ListFlavors), unpriced; needs SberCloud AK/SK",
 )

@@ -100,4 +100,5 @@ SPEC = CloudSpec(
     # Preemptible VMs are stopped, never deleted, and can be started again; they have a fixed
     # price (no cap); every call names one instance.
     capabilities=Capabilities(stop_spot=True, cap_spot_price=False, zones=True, batch=False),
+    prices_from="the billing API (SkuService.List); needs Yandex Cloud credentials",
 )

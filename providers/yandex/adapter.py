@@ -21,6 +21,7 @@ from providers.base import (
     AuthError,
     CapacityError,
     CheckResult,
+    ConfigurationError,
     Instance,
     InstanceRef,
     InvalidRequest,
@@ -540,7 +541,7 @@ class YandexProvider(Provider):
 
     def _require_folder(self) -> str:
         if not self.folder_id:
-            raise InvalidRequest(
+            raise ConfigurationError(
                 "yandex: no folder set (folder_id in settings or YC_FOLDER_ID)", code="NO_FOLDER"
             )
         return self.folder_id

@@ -5,9 +5,19 @@ from __future__ import annotations
 from typing import Any
 
 import typer
-from rich.table import Table
 
-from provisioner.cli import OUTPUT, Output, app, get_app, out, print_json
+from provisioner.cli import (
+    OUTPUT,
+    Output,
+    amount,
+    app,
+    err,
+    get_app,
+    out,
+    print_json,
+    text_table,
+    write,
+)
 
 catalog_app = typer.Typer(
     help="GPUs and their cheapest offer per cloud; refresh prices.",
@@ -31,19 +41,20 @@ def catalog(
 
     application = get_app(ctx)
     rates = application.settings.money_rates
+    clouds = shown_clouds(application.settings)
     # (gpu, count, cloud) → market → (price in the base currency, price, offer); plus any offer
     best: dict[tuple[str, int, str], dict[str, tuple]] = {}
     seen: dict[tuple[str, int, str], Any] = {}
-    for o in application.offers():
+    for o in application.offers(clouds):
         if gpu and o.gpu.upper() != gpu.upper() and not o.gpu.upper().startswith(gpu.upper() + "-"):
             continue
         key = (o.gpu, o.gpu_count, o.cloud)
         seen.setdefault(key, o)
         row = best.setdefault(key, {})
-        for market, amount in (("reserved", o.price), ("spot", o.spot_price)):
-            if amount is None or not rates.can_convert(o.currency):
+        for market, value in (("reserved", o.price), ("spot", o.spot_price)):
+            if value is None or not rates.can_convert(o.currency):
                 continue
-            price = Money(amount, o.currency)
+            price = Money(value, o.currency)
             base = rates.convert(price)
             if market not in row or base.amount < row[market][0].amount:
                 row[market] = (base, price, o)
@@ -57,7 +68,7 @@ def catalog(
                     "cloud": cl,
                     **{
                         m: {
-                            "price": str(price.amount),
+                            "price": amount(price.amount),
                             "currency": price.currency,
                             "instance_type": o.instance_type,
                             "where": o.zone or o.region,
@@ -69,9 +80,10 @@ def catalog(
             ]
         )
         return
-    t = Table(title=f"GPU offers, cheapest per cloud (prices per hour; ranked in {rates.base})")
-    for col in ("GPU", "count", "cloud", "on-demand", "where", "spot", "where"):
-        t.add_column(col)
+    out.print(
+        f"GPU offers, cheapest per cloud (prices per hour; ranked in {rates.base})", soft_wrap=True
+    )
+    rows = []
     for key in keys:
         row = best[key]
         cells = []
@@ -81,15 +93,35 @@ def catalog(
                 cells += [str(price), f"{o.zone or o.region} {o.instance_type}"]
             else:
                 cells += [missing, seen[key].instance_type if market == "reserved" else ""]
-        t.add_row(key[0], str(key[1]), key[2], *cells)
-    out.print(t)
-    sources = {
-        cl: cat.source_of(application.settings, cl).name
-        for cl in application.settings.enabled_clouds
-    }
+        rows.append([key[0], str(key[1]), key[2], *cells])
+    columns = [
+        ("GPU", "<", 0),
+        ("count", ">", 0),
+        ("cloud", "<", 0),
+        ("on-demand", ">", 0),
+        ("where", "<", 2),
+        ("spot", ">", 0),
+        ("where", "<", 1),
+    ]
+    write(text_table(columns, rows))
+    sources = {cl: cat.source_of(application.settings, cl).name for cl in clouds}
     out.print(
-        f"[dim]{rates.describe()}; data: {', '.join(f'{k}={v}' for k, v in sources.items())}[/]"
+        f"[dim]{rates.describe()}; data: {', '.join(f'{k}={v}' for k, v in sources.items())}[/]",
+        soft_wrap=True,
     )
+
+
+def shown_clouds(settings: Any) -> list[str]:
+    """The enabled clouds; the simulated sandbox only when settings name it (it is on by
+    default for the quickstart, but its prices are no market's)."""
+    import providers
+
+    explicit = "clouds" in settings.model_fields_set
+    return [
+        c
+        for c in settings.enabled_clouds
+        if explicit or not (c in providers.REGISTRY and providers.spec(c).simulated)
+    ]
 
 
 @catalog_app.command("refresh")
@@ -97,20 +129,36 @@ def refresh(
     ctx: typer.Context,
     cloud: str = typer.Option(..., "--cloud", help="the cloud, as named in settings"),
 ) -> None:
-    """Rebuild one cloud's offers from its public price source; the old data stays if it fails."""
-    from providers.base import ProviderError
+    """Rebuild one cloud's offers from its price source; the old data stays if it fails.
+    AWS (Price List API) and Yandex (billing API) need the cloud's credentials, GCP an API key
+    in PROVISIONER_GCP_API_KEY, SberCloud its AK/SK (flavors only, no prices); Azure's Retail
+    Prices API is public."""
+    import providers
+    from providers.base import AuthError, ProviderError
     from provisioner import catalog as cat
-    from provisioner.errors import OperationFailed
+    from provisioner.errors import OperationFailed, UserError
 
     application = get_app(ctx)
+    if cloud not in providers.REGISTRY:
+        raise UserError(
+            f"--cloud {cloud!r}: no such cloud (one of {', '.join(providers.REGISTRY)})"
+        )
+    source = providers.spec(cloud).prices_from
+    err.print(f"{cloud}: reading {source}", highlight=False, soft_wrap=True)
     try:
         offers = application.provider(cloud).fetch_offers()
         path = cat.refresh(application.settings, cloud, offers)
-    except (ProviderError, NotImplementedError, ValueError, OSError) as e:
+    except NotImplementedError:
+        raise UserError(f"{cloud} has no price source to refresh: {source}") from None
+    except AuthError as e:
+        raise OperationFailed(
+            f"{cloud}: price refresh needs credentials ({source}): {e}; the old catalog stays"
+        ) from None
+    except (ProviderError, ValueError, OSError) as e:
         raise OperationFailed(
             f"{cloud}: price refresh failed, keeping the old catalog: {e}"
         ) from None
-    out.print(f"{cloud}: {len(offers)} offers written to {path}")
+    out.print(f"{cloud}: {len(offers):,} offers written to {path}", soft_wrap=True)
 
 
 @app.command()

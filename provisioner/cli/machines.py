@@ -4,13 +4,24 @@ from __future__ import annotations
 
 import sys
 from contextlib import nullcontext
-from datetime import timedelta
 from typing import Any
 
 import typer
-from rich.table import Table
 
-from provisioner.cli import OUTPUT, Output, app, err, get_app, out, print_json
+from provisioner.cli import (
+    OUTPUT,
+    Output,
+    amount,
+    app,
+    err,
+    get_app,
+    number,
+    out,
+    plural,
+    print_json,
+    text_table,
+    write,
+)
 from provisioner.money import Money
 
 
@@ -29,11 +40,11 @@ def candidate_json(c: Any) -> dict[str, Any]:
         "gpu_count": o.gpu_count,
         "gpu_memory_gb": o.gpu_memory_gb,
         "vcpus": o.vcpus,
-        "memory_gb": str(o.memory_gb),
+        "memory_gb": number(o.memory_gb),
         "market": c.market,
-        "price_per_hour": {"amount": str(c.price.amount), "currency": c.price.currency},
+        "price_per_hour": {"amount": amount(c.price.amount), "currency": c.price.currency},
         "price_per_hour_base": {
-            "amount": str(c.price_base.amount),
+            "amount": amount(c.price_base.amount),
             "currency": c.price_base.currency,
         },
         "source": o.source,
@@ -56,10 +67,10 @@ def machine_json(m: Any) -> dict[str, Any]:
         "market": m.market,
         "instance_id": m.instance_id,
         "public_ip": m.public_ip,
-        "rate_per_hour": {"amount": str(m.rate), "currency": m.currency}
+        "rate_per_hour": {"amount": amount(m.rate), "currency": m.currency}
         if m.rate is not None
         else None,
-        "disk_rate_per_hour": {"amount": str(m.disk_rate), "currency": m.currency}
+        "disk_rate_per_hour": {"amount": amount(m.disk_rate), "currency": m.currency}
         if m.disk_rate is not None
         else None,
         "created_at": m.created_at,
@@ -72,7 +83,7 @@ def machine_json(m: Any) -> dict[str, Any]:
 def plan(
     ctx: typer.Context,
     spec: str = typer.Argument(..., help="experiment file"),
-    top: int = typer.Option(10, help="how many candidates to show"),
+    top: int = typer.Option(10, min=1, help="how many candidates to show"),
     output: Output = OUTPUT,
 ) -> None:
     """Rank the offers an experiment may use, with why the others were turned down. Needs no
@@ -109,52 +120,53 @@ def plan(
             }
         )
         return
-    t = Table(
-        title=f"{experiment.name}: {experiment.resources.gpu} {experiment.resources.market}"
-        f" — {len(p.candidates)} candidates, cheapest first"
+    res = experiment.resources
+    shown = p.candidates[:top]
+    out.print(
+        f"[bold]{experiment.name}[/]: {res.gpu} {res.market} — "
+        f"{plural(len(p.candidates), 'candidate')}, cheapest first"
+        + (f" (top {len(shown)})" if len(shown) < len(p.candidates) else ""),
+        highlight=False,
+        soft_wrap=True,
     )
-    for col in (
-        "#",
-        "cloud",
-        "region / zone",
-        "type",
-        "GPUs",
-        "vCPU",
-        "RAM GB",
-        "market",
-        "price/h",
-        f"in {p.currency}",
-    ):
-        t.add_column(
-            col,
-            justify="right"
-            if col in ("#", "GPUs", "vCPU", "RAM GB", "price/h", f"in {p.currency}")
-            else "left",
-        )
-    for i, c in enumerate(p.candidates[:top], 1):
-        o = c.offer
-        t.add_row(
-            str(i),
-            o.cloud,
-            o.zone or o.region,
-            o.instance_type,
-            f"{o.gpu_count}×{o.gpu}",
-            str(o.vcpus),
-            str(o.memory_gb),
-            c.market,
-            str(c.price),
-            f"{c.price_base.amount:,.2f}",
-        )
-    out.print(t)
+    if shown:
+        columns = [
+            ("#", ">", 0),
+            ("cloud", "<", 0),
+            ("zone", "<", 1),
+            ("type", "<", 0),
+            ("GPUs", ">", 3),
+            ("vCPU", ">", 4),
+            ("RAM GB", ">", 4),
+            ("market", "<", 5),
+            ("price/h", ">", 0),
+            (f"in {p.currency}", ">", 2),
+        ]
+        rows = [
+            [
+                str(i),
+                c.offer.cloud,
+                c.offer.zone or c.offer.region,
+                c.offer.instance_type,
+                f"{c.offer.gpu_count}×{c.offer.gpu}",
+                str(c.offer.vcpus),
+                f"{c.offer.memory_gb:g}",
+                c.market,
+                str(c.price),
+                f"{c.price_base.amount:,.2f}",
+            ]
+            for i, c in enumerate(shown, 1)
+        ]
+        write(text_table(columns, rows))
     if p.candidates:
         clouds = sorted({c.offer.cloud for c in p.candidates})
         best = {cl: next(c for c in p.candidates if c.offer.cloud == cl) for cl in clouds}
         out.print(
-            "cheapest per cloud: "
+            f"cheapest per cloud ({p.currency}/h): "
             + ", ".join(
-                f"{cl} {b.price_base.amount:,.2f} {p.currency}"
+                f"{cl} {b.price_base.amount:,.2f}"
                 for cl, b in sorted(best.items(), key=lambda kv: kv[1].price_base.amount)
-            )
+            ),
         )
     if p.rates:
         out.print(f"[dim]ranked in {p.currency}; {p.rates}[/]")
@@ -162,7 +174,7 @@ def plan(
         types = sorted({o.instance_type for o in p.unpriced if o.cloud == cloud})
         out.print(
             f"[yellow]{cloud}[/]: {', '.join(types)} fit but have no public price, so they are not "
-            f"ranked; set prices.{cloud}.<type> in settings to include them"
+            f"ranked; set prices.{cloud}.<type> in settings to include them",
         )
     for check in p.checks:
         out.print(str(check))
@@ -171,7 +183,7 @@ def plan(
             "[bold]turned down[/]: "
             + "; ".join(
                 f"{reason}: {n} (e.g. {p.examples[reason]})" for reason, n in p.summary_reasons()
-            )
+            ),
         )
 
 
@@ -192,46 +204,145 @@ def up(
     experiment = load_experiment(spec, application.settings.money_rates.per_base)
     application.policies  # noqa: B018  (a bad policy file is reported before the state is opened)
     quiet = output is Output.json
-    with err.status(f"launching {experiment.name}…") if not quiet else nullcontext():
-        result = lifecycle.up(
-            application,
-            experiment,
-            spec_path=spec,
-            progress=(lambda msg: None) if quiet else (lambda msg: err.print(msg, highlight=False)),
-        )
-    m = result.machine
-    if wait and m.status in ("pending", "running"):
-        with err.status(f"waiting for {m.name}…") if not quiet else nullcontext():
-            m = lifecycle.wait_ready(
-                application,
-                m.name,
-                timeout=wait_timeout,
-                progress=(lambda msg: None)
-                if quiet
-                else (lambda msg: err.print(msg, highlight=False)),
-            )
+    existing = _existing(application, experiment.name)
+    if existing is not None and existing.status != "requested":  # "requested": resume it
+        _already(existing, experiment.to_json(), spec, output)
+        return
+    say = (
+        (lambda msg: None)
+        if quiet
+        else (lambda msg: err.print(msg, highlight=False, soft_wrap=True))
+    )
+    try:
+        with err.status(f"launching {experiment.name}…") if not quiet else nullcontext():
+            result = lifecycle.up(application, experiment, spec_path=spec, progress=say)
+        m = result.machine
+        if result.already:  # another `up` of this name won the race
+            _already(m, experiment.to_json(), spec, output)
+            return
+        if wait and m.status in ("pending", "running"):
+            with err.status(f"waiting for {m.name}…") if not quiet else nullcontext():
+                m = lifecycle.wait_ready(application, m.name, timeout=wait_timeout, progress=say)
+    except KeyboardInterrupt:
+        said = _interrupted_up(application, experiment.name, spec)
+        err.print(said, highlight=False, markup=False, soft_wrap=True)
+        if quiet:
+            print_json({"error": said, "exit_code": 130})
+        raise typer.Exit(130) from None
     if quiet:
         print_json(
             {
-                "already": result.already,
+                "already": False,
                 "machine": machine_json(m),
                 "attempts": [a.__dict__ for a in result.attempts],
             }
         )
         return
-    if result.already:
-        out.print(f"{m.name} already exists ({m.status} on {m.cloud or '—'}); nothing launched.")
-        return
     out.print(
         f"[green]launched[/] {m.name} on {m.cloud} {m.zone or m.region}: {m.instance_type} "
-        f"({m.gpu_count}×{m.gpu}, {m.market}) at {_money(m.rate, m.currency)}/h"
+        f"({m.gpu_count}×{m.gpu}, {m.market}) at {_money(m.rate, m.currency)}/h",
+        soft_wrap=True,
     )
     if m.disk_rate is not None:
-        out.print(f"  disk {m.disk_gb} GB: {_money(m.disk_rate, m.currency)}/h while it exists")
-    out.print(f"  instance {m.instance_id}" + (f", address {m.public_ip}" if m.public_ip else ""))
-    out.print(f"  connect with `provisioner ssh {m.name}`")
+        out.print(
+            f"  disk {m.disk_gb} GB: {_money(m.disk_rate, m.currency)}/h while it exists",
+            soft_wrap=True,
+        )
     out.print(
-        f"  stop it with `provisioner stop {m.name}`, remove it with `provisioner down {m.name}`"
+        f"  instance {m.instance_id}" + (f", address {m.public_ip}" if m.public_ip else ""),
+        soft_wrap=True,
+    )
+    out.print(f"  connect with `provisioner ssh {m.name}`", soft_wrap=True)
+    out.print(
+        f"  stop it with `provisioner stop {m.name}`, remove it with `provisioner down {m.name}`",
+        soft_wrap=True,
+    )
+
+
+def _existing(application: Any, name: str) -> Any:
+    from provisioner.state import live_machine  # SQLAlchemy: not for --help
+
+    with application.db.session() as s:
+        return live_machine(s, name)
+
+
+def spec_differences(old: Any, new: Any, prefix: str = "") -> list[str]:
+    """``field: old → new`` for each leaf that differs between two stored specs."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        diffs: list[str] = []
+        for k in sorted(set(old) | set(new), key=str):
+            diffs += spec_differences(old.get(k), new.get(k), f"{prefix}{k}.")
+        return diffs
+    if old == new:
+        return []
+    return [f"{prefix.rstrip('.')}: {_short(old)} → {_short(new)}"]
+
+
+def _short(v: Any) -> str:
+    text = "—" if v is None or v == {} or v == [] else str(v)
+    return text if len(text) <= 40 else text[:39] + "…"
+
+
+def _already(m: Any, new_spec: dict[str, Any], path: str, output: Output) -> None:
+    """``up`` of a name that exists: nothing launched. The same spec is no error (say how to
+    use it); a changed one is (exit 2), with what differs and what to run."""
+    diffs = spec_differences(m.spec or {}, new_spec)
+    where = f"{m.status} on {m.cloud or '—'}"
+    if output is Output.json:
+        print_json({"already": True, "machine": machine_json(m), "differences": diffs})
+    elif diffs:
+        err.print(
+            f"[red]error:[/] {m.name} already exists ({where}) from a different spec; "
+            f"nothing launched. What differs (recorded → {path}):",
+            highlight=False,
+            soft_wrap=True,
+        )
+        for d in diffs:
+            err.print(f"  {d}", highlight=False, markup=False, soft_wrap=True)
+        err.print(
+            f"To launch the new spec: `provisioner down {m.name}` then `provisioner up {path}`"
+            + (
+                f" (or `provisioner start {m.name}` to use the old one)"
+                if m.status == "stopped"
+                else ""
+            ),
+            highlight=False,
+            markup=False,
+            soft_wrap=True,
+        )
+    else:
+        hint = (
+            f"start it with `provisioner start {m.name}`"
+            if m.status == "stopped"
+            else f"see `provisioner status {m.name}`"
+        )
+        out.print(
+            f"{m.name} already exists ({where}); nothing launched — {hint}",
+            highlight=False,
+            soft_wrap=True,
+        )
+    if diffs:
+        raise typer.Exit(2)
+
+
+def _interrupted_up(application: Any, name: str, path: str) -> str:
+    """After Ctrl-C: the state ``up`` left, and the commands that resume or undo it."""
+    try:
+        m = _existing(application, name)
+    except Exception:  # the state itself was mid-write: say what we can
+        m = None
+    if m is None:
+        return f"interrupted: nothing of {name} was written; run `provisioner up {path}`"
+    if m.status == "requested":
+        return (
+            f"interrupted: {name} is requested (recorded, launch not finished; a machine may "
+            f"be starting). Resume with `provisioner up {path}`, or undo with "
+            f"`provisioner down {name}`"
+        )
+    return (
+        f"interrupted: {name} is {m.status} on {m.cloud} {m.zone or m.region} "
+        f"({m.instance_id}) and bills. See `provisioner status {name}`, connect with "
+        f"`provisioner ssh {name}` once it answers, or remove it with `provisioner down {name}`"
     )
 
 
@@ -273,114 +384,112 @@ def ssh(
         ) from None
 
 
-@app.command()
-def status(
-    ctx: typer.Context,
-    all_: bool = typer.Option(False, "--all", "-a", help="include terminated and failed machines"),
-    refresh: bool = typer.Option(True, help="ask the clouds first (reconcile)"),
-    output: Output = OUTPUT,
-) -> None:
-    """Machines and their state, reconciled with what the clouds report, with what each has
-    cost so far (compute and disk, at its launch-time rate)."""
-    from sqlalchemy import select
-
-    from provisioner import idle, ledger, lifecycle  # SQLAlchemy: not for --help
-    from provisioner.models import Machine  # as above
-
-    application = get_app(ctx)
-    problems = []
-    if refresh:
-        problems = [o for o in lifecycle.reconcile(application) if o.error]
-    now = application.clock.now()
-    with application.db.session() as s:
-        q = select(Machine).order_by(Machine.created_at)
-        if not all_:
-            q = q.where(Machine.status.not_in(("terminated", "failed")))
-        machines = list(s.scalars(q))
-        spent = {m.id: ledger.machine_spend(s, m, m.created_at, now) for m in machines}
-    grace = timedelta(seconds=application.settings.scheduler.heartbeat_grace_seconds)
-    unseen = idle.gpus_not_seen(application, now - grace) if machines else {}
-    unseen.update(lifecycle.notes(application, machines))  # e.g. a relaunch refused
-    if output is Output.json:
-        print_json(
-            [
-                {
-                    **machine_json(m),
-                    "spent": [
-                        {"amount": str(v.amount), "currency": c} for c, v in spent[m.id].items()
-                    ],
-                    "problem": unseen.get(m.name),
-                }
-                for m in machines
-            ]
-        )
-        return
-    if not machines:
-        out.print("no machines" + ("" if all_ else " (use --all to include terminated ones)"))
-    else:
-        t = Table(title="machines")
-        for col in (
-            "name",
-            "status",
-            "cloud",
-            "zone",
-            "type",
-            "GPUs",
-            "market",
-            "price/h",
-            "spent",
-            "address",
-        ):
-            t.add_column(col)
-        for m in machines:
-            t.add_row(
-                m.name,
-                m.status,
-                m.cloud or "—",
-                m.zone or m.region or "—",
-                m.instance_type or "—",
-                f"{m.gpu_count}×{m.gpu}" if m.gpu else "—",
-                m.market or "—",
-                _money(m.rate, m.currency),
-                " + ".join(str(v) for v in spent[m.id].values()) or "—",
-                m.public_ip or "—",
-            )
-        out.print(t)
-    for name, problem in unseen.items():
-        err.print(f"[yellow]warning:[/] {name}: {problem}", highlight=False)
-    for o in problems:
-        err.print(
-            f"[yellow]warning:[/] could not ask {o.machine.cloud} about {o.machine.name}: {o.error}"
-        )
-
-
-def _simple(verb: str, fn_name: str, done: str, same: str) -> None:
+def _fleet(verb: str, fn_name: str, done: str, same: str, applies: tuple[str, ...]) -> None:
     def command(
         ctx: typer.Context,
-        name: str = typer.Argument(..., help="machine name"),
+        names: list[str] = typer.Argument(None, help="machine names", show_default=False),
+        all_: bool = typer.Option(False, "--all", "-a", help="every machine it applies to"),
+        project: str = typer.Option(None, "--project", help="the machines of this project"),
+        yes: bool = typer.Option(False, "--yes", "-y", help="do not ask before acting on several"),
         output: Output = OUTPUT,
     ) -> None:
         from provisioner import lifecycle  # SQLAlchemy: not for --help
+        from provisioner.errors import ProvisionerError, UserError
 
-        m, changed = getattr(lifecycle, fn_name)(get_app(ctx), name)
+        if bool(names) == bool(all_ or project):
+            raise UserError(f"name the machines to {fn_name}, or use --all or --project P")
+        application = get_app(ctx)
+        chosen = list(dict.fromkeys(names or [])) or _select(application, project, applies)
+        if not chosen:
+            scope = f"in project {project!r}" if project else "at all"
+            out.print(f"no machine to {fn_name} {scope}", highlight=False, soft_wrap=True)
+            return
+        if (all_ or project or len(chosen) > 1) and not yes:
+            _confirm(f"{fn_name} {plural(len(chosen), 'machine')}: {', '.join(chosen)}?")
+        results: list[dict[str, Any]] = []
+        for name in chosen:
+            try:
+                before = _status_of(application, name) if fn_name == "down" else None
+                m, changed = getattr(lifecycle, fn_name)(application, name)
+            except ProvisionerError as e:
+                results.append({"name": name, "error": str(e), "exit_code": e.exit_code})
+                if output is not Output.json:
+                    err.print(
+                        f"[red]error:[/] {name}: {e}", highlight=False, markup=True, soft_wrap=True
+                    )
+                continue
+            results.append({"name": name, "changed": changed, "machine": machine_json(m)})
+            if output is Output.json:
+                continue
+            if before == "requested" and m.status == "failed":
+                out.print(
+                    f"{m.name} was never launched (an unfinished `up`): its request is "
+                    "cancelled and marked failed; nothing of it bills",
+                    highlight=False,
+                    soft_wrap=True,
+                )
+            else:
+                out.print(f"{m.name} {done if changed else same}", highlight=False, soft_wrap=True)
         if output is Output.json:
-            print_json({"changed": changed, "machine": machine_json(m)})
-        else:
-            out.print(f"{m.name} {done if changed else same}")
+            one = len(results) == 1 and names
+            print_json(results[0] if one else results)
+        failed = [r["exit_code"] for r in results if "error" in r]
+        if failed:
+            raise typer.Exit(max(failed) if len(failed) == len(results) else 1)
 
-    command.__doc__ = verb
+    command.__doc__ = (
+        f"{verb} Name one or more machines, or choose them with --all or --project (several "
+        "need confirmation, or --yes)."
+    )
     app.command(fn_name)(command)
 
 
-_simple(
-    "Stop a machine: compute billing ends, the disk is kept.",
+def _select(application: Any, project: str | None, applies: tuple[str, ...]) -> list[str]:
+    from sqlalchemy import select  # not for --help
+
+    from provisioner.models import Machine  # as above
+
+    q = (
+        select(Machine.name)
+        .where(Machine.status.in_(applies))
+        .order_by(Machine.created_at, Machine.name)
+    )
+    if project:
+        q = q.where(Machine.project == project)
+    with application.db.session() as s:
+        return list(dict.fromkeys(s.scalars(q)))
+
+
+def _status_of(application: Any, name: str) -> str | None:
+    m = _existing(application, name)
+    return None if m is None else m.status
+
+
+def _confirm(question: str) -> None:
+    """Ask on a terminal; without one (a script), refuse: acting on several machines needs
+    --yes there, never a silent yes."""
+    from provisioner.errors import UserError
+
+    if not sys.stdin.isatty():
+        raise UserError(f"{question} Not asked without a terminal: add --yes to confirm")
+    if not typer.confirm(question, err=True):
+        raise typer.Abort()
+
+
+_fleet(
+    "Stop machines: compute billing ends, the disks are kept.",
     "stop",
     "stopped",
     "was already stopped",
+    ("running", "pending"),
 )
-_simple("Start a stopped machine.", "start", "started", "is already running")
-_simple(
-    "Terminate a machine and everything it bills for.", "down", "terminated", "was already gone"
+_fleet("Start stopped machines.", "start", "started", "is already running", ("stopped",))
+_fleet(
+    "Terminate machines and everything they bill for.",
+    "down",
+    "terminated",
+    "was already gone",
+    ("requested", "pending", "running", "stopping", "stopped", "preempted"),
 )
 
 
@@ -404,8 +513,8 @@ def gc(
     done: list[Any] = []
     if terminate and found:
         doomed = [o for o in found if not o.adoptable_by]
-        if doomed and not yes and not typer.confirm(f"terminate {len(doomed)} machine(s)?"):
-            raise typer.Abort()
+        if doomed and not yes:
+            _confirm(f"terminate {plural(len(doomed), 'orphaned machine')}?")
         done = lifecycle.collect(application, found)
     network = lifecycle.unused_network(application, cloud or None, errors, remove=terminate)
     if output is Output.json:
@@ -431,11 +540,19 @@ def gc(
         )
         return
     for o in found:
-        out.print(("[red]terminated[/] " if o in done else "") + str(o), highlight=False)
+        out.print(
+            ("[red]terminated[/] " if o in done else "") + str(o), highlight=False, soft_wrap=True
+        )
     if not found:
-        out.print("no orphans")
+        out.print("no orphans", soft_wrap=True)
     for cl, pieces in network.items():
         for piece in pieces:
-            out.print(f"{'[red]removed[/] ' if terminate else 'unused: '}{cl} {piece}")
+            out.print(
+                f"{'[red]removed[/] ' if terminate else 'unused: '}{cl} {piece}", soft_wrap=True
+            )
     for c, why in errors.items():
-        err.print(f"[yellow]{c}[/]: not asked: {why.removeprefix(f'{c}: ')}", highlight=False)
+        err.print(
+            f"[yellow]{c}[/]: not asked: {why.removeprefix(f'{c}: ')}",
+            highlight=False,
+            soft_wrap=True,
+        )

@@ -1,29 +1,70 @@
-"""The entry point: every command registered on the Typer app, one run, errors as exit codes."""
+"""The entry point: every command registered on the Typer app, one run, errors as exit codes.
+
+Exit codes: 0 done, 1 an operation failed, 2 bad input or refused, 130 interrupted (Ctrl-C).
+Under ``-o json`` an error is also a JSON object on stdout: ``{"error": ..., "exit_code": n}``.
+"""
 
 from __future__ import annotations
 
+import json
 import sys
+from typing import Any
 
 import typer
 from rich.markup import escape
 
-from provisioner.cli import app, catalog, err, machines, report, scheduler  # noqa: F401  (commands)
+from provisioner.cli import (  # noqa: F401  (commands)
+    app,
+    catalog,
+    err,
+    json_requested,
+    machines,
+    report,
+    scheduler,
+    status,
+)
 from provisioner.errors import ConfigError, ProvisionerError
 
 
+def _short_helps(typer_app: typer.Typer) -> None:
+    """Each command's first sentence as its line in the command list (Click otherwise cuts
+    the docstring at ~45 characters with "...")."""
+    infos: list[Any] = [*typer_app.registered_commands, *typer_app.registered_groups]
+    for info in infos:
+        doc = info.help or (info.callback.__doc__ if info.callback else None)
+        if group := getattr(info, "typer_instance", None):
+            doc = doc or group.info.help
+            _short_helps(group)
+        if doc and not info.short_help:
+            text = " ".join(doc.split())
+            info.short_help = text.split(". ")[0].rstrip(".") + "."
+
+
+_short_helps(app)
+
+
 def main() -> None:
+    as_json = json_requested(sys.argv[1:])
+
+    def fail(messages: list[str], code: int, *, shown: bool = False) -> None:
+        if not shown:
+            for m in messages:
+                err.print(f"[red]error:[/] {escape(m)}", highlight=False, soft_wrap=True)
+        if as_json:
+            error = messages[0] if len(messages) == 1 else messages
+            sys.stdout.write(json.dumps({"error": error, "exit_code": code}) + "\n")
+        sys.exit(code)
+
     try:
-        app(standalone_mode=False)
+        rc = app(standalone_mode=False)
     except ConfigError as e:
-        for p in e.problems:
-            err.print(f"[red]error:[/] {escape(str(p))}", highlight=False, soft_wrap=True)
-        sys.exit(e.exit_code)
+        fail([str(p) for p in e.problems], e.exit_code)
     except ProvisionerError as e:
-        err.print(f"[red]error:[/] {escape(str(e))}", highlight=False, soft_wrap=True)
-        sys.exit(e.exit_code)
-    except (typer.Abort, KeyboardInterrupt):
-        err.print("aborted")
-        sys.exit(130)
+        fail([str(e)], e.exit_code)
+    except KeyboardInterrupt:  # Click < 8.2 turns Ctrl-C into Abort, Typer ≥ 0.29 into Exit(130)
+        fail(["interrupted"], 130)
+    except typer.Abort:  # a confirmation answered no (or Ctrl-C on older Click)
+        fail(["aborted"], 130 if _interrupted() else 1)
     except SystemExit:
         raise
     except Exception as e:  # usage errors arrive here in non-standalone mode
@@ -31,7 +72,15 @@ def main() -> None:
             raise
         e.show()  # type: ignore[attr-defined]  # a ClickException: its own one-line usage text
         usage = any(c.__name__ == "UsageError" for c in type(e).__mro__)
-        sys.exit(2 if usage else int(getattr(e, "exit_code", 1)))
+        code = 2 if usage else int(getattr(e, "exit_code", 1))
+        fail([e.format_message()], code, shown=True)  # type: ignore[attr-defined]
+    # Typer returns (not raises) the code of `typer.Exit(n)`, and 130 for Ctrl-C
+    sys.exit(rc if isinstance(rc, int) else 0)
+
+
+def _interrupted() -> bool:
+    e = sys.exc_info()[1]
+    return isinstance(e and (e.__cause__ or e.__context__), KeyboardInterrupt)
 
 
 def _is_click_error(e: Exception) -> bool:

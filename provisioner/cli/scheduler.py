@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import typer
 
-from provisioner.cli import OUTPUT, Output, app, err, get_app, out, print_json
+from policies.duration import format_duration
+from provisioner.cli import OUTPUT, Output, app, err, get_app, out, plural, print_json
 
 scheduler_app = typer.Typer(help="The scheduler daemon: sweeps, recovery, heartbeats, metrics.")
 app.add_typer(scheduler_app, name="scheduler")
@@ -17,18 +19,48 @@ def keep(
     ctx: typer.Context,
     name: str = typer.Argument(..., help="machine name"),
     until: str = typer.Option(
-        ..., "--until", help="HH:MM in the machine's policy timezone, or an ISO date-time"
+        None, "--until", help="HH:MM in the machine's policy time zone, or an ISO date-time"
     ),
+    cancel: bool = typer.Option(False, "--cancel", help="stop keeping it: the sweep judges it"),
     output: Output = OUTPUT,
 ) -> None:
-    """Keep a machine running: the sweep leaves it alone until then."""
+    """Keep a running machine running: the sweep leaves it alone until then. Times are read
+    and shown in the time zone of the machine's policy (this computer's without one)."""
+    from provisioner.errors import UserError
     from provisioner.jobs import sweep  # SQLAlchemy and the policies: not for --help
 
-    m = sweep.keep(get_app(ctx), name, until)
+    if (until is None) == (not cancel):
+        raise UserError("give --until HH:MM (or an ISO date-time), or --cancel")
+    application = get_app(ctx)
+    if cancel:
+        m, was = sweep.unkeep(application, name)
+        if output is Output.json:
+            print_json({"machine": m.name, "kept_until": None, "was_kept": was})
+        else:
+            out.print(
+                f"{m.name} is no longer kept; the next sweep judges it by its rules"
+                if was
+                else f"{m.name} was not kept; nothing changed",
+                highlight=False,
+                soft_wrap=True,
+            )
+        return
+    m = sweep.keep(application, name, until)
+    tz = sweep.keep_timezone(application, m)
+    assert m.kept_until is not None  # keep() sets it
+    local = m.kept_until.astimezone(tz)
     if output is Output.json:
-        print_json({"machine": m.name, "kept_until": m.kept_until})
+        print_json(
+            {"machine": m.name, "kept_until": m.kept_until, "local": local, "timezone": str(tz)}
+        )
     else:
-        out.print(f"{m.name} is kept until {m.kept_until:%Y-%m-%d %H:%M} UTC")
+        left = format_duration(m.kept_until - application.clock.now())
+        out.print(
+            f"{m.name} is kept until {local:%Y-%m-%d %H:%M} {tz} ({m.kept_until:%H:%M} UTC, in "
+            f"{left}); undo with `provisioner keep {m.name} --cancel`",
+            highlight=False,
+            soft_wrap=True,
+        )
 
 
 @app.command()
@@ -52,25 +84,53 @@ def sweep(
     if not dry_run:
         for name, call in daemon.housekeeping(application):  # budgets, scheduled reports
             extra.append((name, call()))
+    # a dry run also says why the sweep leaves each other machine alone, and until when
+    waiting = _not_due(application, passes[0]) if dry_run and passes[0].leader else {}
     if output is Output.json:
         print_json(
             {
                 "passes": [p.as_json() for p in passes],
+                "not_due": waiting,
                 "other": {n: describe(r) for n, r in extra},
             }
         )
         return
     for p in passes:
         lines = describe(p)
-        head = f"{p.job}: {p.checked} machines checked" if p.leader else p.job
-        out.print(f"[bold]{head}[/]" + (" (dry run)" if dry_run else ""), highlight=False)
+        if p.job == "sweep":
+            lines += [f"{n}: {why}" for n, why in waiting.items()]
+        head = f"{p.job}: {plural(p.checked, 'machine')} checked" if p.leader else p.job
+        out.print(
+            f"[bold]{head}[/]" + (" (dry run)" if dry_run else ""), highlight=False, soft_wrap=True
+        )
         for line in lines or ["nothing to do"]:
-            out.print(f"  {line}", highlight=False, markup=False)
+            out.print(f"  {line}", highlight=False, markup=False, soft_wrap=True)
     for name, r in extra:
         for line in describe(r):
-            out.print(f"{name}: {line}", highlight=False, markup=False)
+            out.print(f"{name}: {line}", highlight=False, markup=False, soft_wrap=True)
     if any(a.error for p in passes for a in p.actions):
         raise typer.Exit(1)
+
+
+def _not_due(application: Any, p: Any) -> dict[str, str]:
+    """Each machine the sweep checked and left alone: why, and when that may change."""
+    from sqlalchemy import select
+
+    from provisioner.jobs import outlook
+    from provisioner.models import Machine
+
+    acted = {a.machine for a in p.actions}
+    with application.db.session() as s:
+        machines = [
+            m
+            for m in s.scalars(
+                select(Machine)
+                .where(Machine.status.in_(("running", "stopped")), Machine.instance_id.is_not(None))
+                .order_by(Machine.name)
+            )
+            if m.name not in acted
+        ]
+    return outlook.outlook(application, machines)
 
 
 @scheduler_app.command("run")
@@ -81,8 +141,13 @@ def run(ctx: typer.Context) -> None:
     from provisioner.jobs.lease import HOLDER  # as above
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    # APScheduler says "Running job…" and "executed successfully" on every tick: only its
+    # warnings (a missed or overlapping run) are news; the jobs log their own actions
+    logging.getLogger("apscheduler").setLevel(logging.WARNING)
     application = get_app(ctx)
-    err.print(f"scheduler {HOLDER} listening on {application.settings.scheduler.listen}")
+    err.print(
+        f"scheduler {HOLDER} listening on {application.settings.scheduler.listen}", soft_wrap=True
+    )
     daemon.run(application)
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import signal
 from collections.abc import Callable
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -14,7 +15,7 @@ from provisioner.app import App
 from provisioner.errors import UserError
 from provisioner.jobs import enforce, reconcile, recover, scheduled_reports, sweep
 from provisioner.jobs.metrics import Metrics
-from provisioner.jobs.passes import describe
+from provisioner.jobs.passes import Pass, describe
 
 log = logging.getLogger("provisioner.scheduler")
 
@@ -94,7 +95,22 @@ def _guarded(name: str, call: Callable[[], Any]) -> Callable[[], None]:
         except Exception:  # a job that fails is logged and runs again next interval
             log.exception("job %s failed", name)
             return
-        for line in describe(result):
-            log.info("%s: %s", name, line)
+        log_outcome(name, result)
 
     return job
+
+
+def log_outcome(name: str, result: Any) -> None:
+    """Actions and failures, not ticks: a pass that left everything alone, or was not the
+    leader's, says nothing; a failed action is a warning."""
+    if isinstance(result, Pass):
+        for a in result.actions:
+            if a.error or a.reason == "error":
+                log.warning("%s: %s", name, a)
+            elif a.action != "keep":
+                log.info("%s: %s", name, a)
+        for line in describe(replace(result, actions=[])) if result.leader else []:
+            log.warning("%s: %s", name, line)
+        return
+    for line in describe(result):
+        log.info("%s: %s", name, line)

@@ -14,7 +14,7 @@ from zoneinfo import ZoneInfo
 from sqlalchemy import select
 
 from policies.calendar import Calendar
-from policies.duration import parse_duration
+from policies.duration import format_duration, parse_duration
 from policies.schema import IdleRule, Policy, matching
 from provisioner import idle, lifecycle, mail
 from provisioner.app import App
@@ -147,7 +147,7 @@ def decide(a: Assessment, now: datetime) -> Action | None:
         after, how, source = a.rules.lifetime
         age = now - m.launched_at
         if age >= after and (how == "terminate" or m.status == "running"):
-            why = f"up {_hours(age)}, max lifetime {_hours(after)} ({source})"
+            why = f"up {format_duration(age)}, max lifetime {format_duration(after)} ({source})"
             how, why = _stoppable(m, how, why)
             return Action(m.name, how, "max-lifetime", why)
     fired = []
@@ -324,11 +324,6 @@ def _mail_warning(app: App, m: Machine, action: Action, when: datetime) -> None:
     mail.send(smtp, mail.compose(sender=smtp.sender, to=[m.owner], subject=subject, text=text))
 
 
-def _hours(d: timedelta) -> str:
-    h = d.total_seconds() / 3600
-    return f"{h:.0f} h" if h >= 10 else f"{h:.1f} h"
-
-
 # --- keep ------------------------------------------------------------------------------------
 
 
@@ -340,13 +335,26 @@ def calendar_for(app: App, m: Machine) -> Calendar | None:
     return None
 
 
+def keep_timezone(app: App, m: Machine) -> Any:
+    """The zone ``keep`` reads and answers times in: the machine's policy calendar's, else
+    settings' ``timezone``."""
+    cal = calendar_for(app, m)
+    return cal.tz if cal else ZoneInfo(app.settings.timezone)
+
+
 def keep(app: App, name: str, until: str) -> Machine:
     """Leave ``name`` alone until ``until``: ``HH:MM`` (next such time in the machine's policy
-    calendar, else settings' ``timezone``, UTC by default) or an ISO date-time."""
+    calendar, else settings' ``timezone``, UTC by default) or an ISO date-time. Only a
+    running machine can be kept running."""
     now = app.clock.now()
     m = lifecycle.find(app, name)
+    if m.status not in ("running", "pending"):
+        raise UserError(
+            f"{m.name} is {m.status}: there is nothing to keep running"
+            + (f" (start it with `provisioner start {m.name}`)" if m.status == "stopped" else "")
+        )
     cal = calendar_for(app, m)
-    tz = cal.tz if cal else ZoneInfo(app.settings.timezone)
+    tz = keep_timezone(app, m)
     try:
         if len(until) <= 5 and ":" in until:
             t = time.fromisoformat(until.zfill(5))
@@ -371,6 +379,20 @@ def keep(app: App, name: str, until: str) -> Machine:
             )
         )
         return mm
+
+
+def unkeep(app: App, name: str) -> tuple[Machine, bool]:
+    """Cancel ``keep``: the sweep judges the machine again from its next pass. Returns
+    (machine, whether it was kept)."""
+    now = app.clock.now()
+    m = lifecycle.find(app, name)
+    with app.db.session() as s:
+        mm = machine_row(s, m.id)
+        was = mm.kept_until is not None and mm.kept_until > now
+        if mm.kept_until is not None:
+            mm.kept_until = None
+            s.add(Event(machine_id=m.id, at=now, kind="keep-cancelled", reason="user"))
+        return mm, was
 
 
 class _LocalCalendar:
