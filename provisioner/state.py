@@ -19,7 +19,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import create_engine, event, inspect, select, text
+from sqlalchemy import create_engine, event, select, text
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session, sessionmaker
@@ -88,12 +88,13 @@ class Database:
 
     def _revision(self) -> str | None:
         """The schema's revision; None for a new database (no version table yet)."""
-        try:
+        try:  # one query: asking first whether the table exists would be a second
             with self.engine.connect() as conn:
-                if not inspect(conn).has_table("alembic_version"):
-                    return None
                 return conn.execute(text("SELECT version_num FROM alembic_version")).scalar()
         except DBAPIError as e:
+            # PostgreSQL's undefined_table (42P01), SQLite's "no such table"
+            if getattr(e.orig, "sqlstate", None) == "42P01" or "no such table" in str(e.orig):
+                return None
             raise self._unusable(e) from None
 
     @property
