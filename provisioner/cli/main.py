@@ -7,7 +7,15 @@ import sys
 import typer
 from rich.markup import escape
 
-from provisioner.cli import app, catalog, err, machines, report, scheduler  # noqa: F401  (commands)
+from provisioner.cli import (  # noqa: F401  (commands)
+    app,
+    catalog,
+    dashboard,
+    err,
+    machines,
+    report,
+    scheduler,
+)
 from provisioner.errors import ConfigError, ProvisionerError
 
 

@@ -1,0 +1,168 @@
+"""Charts as inline SVG, drawn on the server: a GPU-utilisation sparkline and a budget's
+burn-down. No script, no library, nothing fetched; presentation attributes and CSS classes only
+(the pages' Content-Security-Policy forbids inline ``style``)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime, timedelta
+from decimal import Decimal
+from html import escape
+
+from markupsafe import Markup
+
+
+def sparkline(
+    points: Sequence[tuple[datetime, float | None]],
+    start: datetime,
+    end: datetime,
+    *,
+    width: int = 120,
+    height: int = 24,
+    label: str = "",
+) -> Markup:
+    """Max GPU utilisation (0–100 %) over [start, end): a line per run of known values; an
+    agent that saw no GPU (None) breaks the line."""
+    span = (end - start).total_seconds() or 1.0
+    runs: list[list[str]] = [[]]
+    for at, util in points:
+        if util is None:
+            runs.append([])
+            continue
+        x = (at - start).total_seconds() / span * width
+        y = height - 1 - max(0.0, min(util, 100.0)) / 100 * (height - 2)
+        runs[-1].append(f"{x:.1f},{y:.1f}")
+    lines = "".join(
+        f'<polyline class="spark" points="{" ".join(r)}"/>'
+        if len(r) > 1
+        else f'<circle class="spark-dot" cx="{r[0].split(",")[0]}" cy="{r[0].split(",")[1]}" r="1.5"/>'
+        for r in runs
+        if r
+    )
+    return Markup(
+        f'<svg class="sparkline" viewBox="0 0 {width} {height}" width="{width}" '
+        f'height="{height}" role="img" aria-label="{escape(label)}">'
+        f'<line class="spark-base" x1="0" y1="{height - 1}" x2="{width}" y2="{height - 1}"/>'
+        f"{lines}</svg>"
+    )
+
+
+def burndown(
+    days: Sequence[tuple[str, Decimal]],
+    today: int | None,
+    *,
+    amount: Decimal,
+    forecast: Decimal | None,
+    committed_to: Decimal | None,
+    thresholds: Sequence[Decimal],
+    labels: dict[str, str],
+    money: dict[str, str],
+) -> Markup:
+    """Cumulative spend by day against the budget: bars for each day's spend, the running
+    total up to ``today`` (index into ``days``), a dashed line from there to the forecast at
+    the period's end, the spent + committed mark, the budget line and a tick per threshold.
+    ``labels``/``money`` are the words and formatted amounts (the page's language)."""
+    w, h, left, right, top, bottom = 720, 260, 64, 16, 16, 40
+    pw, ph = w - left - right, h - top - bottom
+    n = max(len(days), 1)
+    daily = [v for _, v in days]
+    cum: list[Decimal] = []
+    run = Decimal(0)
+    for i, v in enumerate(daily):
+        run += v
+        if today is None or i <= today:
+            cum.append(run)
+    top_value = max(
+        [amount, *(cum or [Decimal(0)]), forecast or Decimal(0), committed_to or Decimal(0)]
+    )
+    top_value = top_value * Decimal("1.08") or Decimal(1)
+    peak_day = max(daily, default=Decimal(0)) or Decimal(1)
+
+    def x(i: float) -> float:
+        return left + (i + 0.5) * pw / n
+
+    def y(v: Decimal) -> float:
+        return top + ph - float(v / top_value) * ph
+
+    parts = [
+        f'<svg class="burndown" viewBox="0 0 {w} {h}" role="img" '
+        f'aria-label="{escape(labels["title"])}">',
+        f'<rect class="plot" x="{left}" y="{top}" width="{pw}" height="{ph}"/>',
+    ]
+    for k in range(5):  # y grid in the budget's currency
+        v = top_value * k / 4
+        parts.append(
+            f'<line class="grid" x1="{left}" x2="{left + pw}" y1="{y(v):.1f}" y2="{y(v):.1f}"/>'
+        )
+    parts.append(f'<text class="axis" x="{left - 6}" y="{top + 10}" text-anchor="end">')
+    parts.append(f"{escape(money['top'])}</text>")
+    bar_w = max(pw / n * 0.6, 1)
+    for i, v in enumerate(daily):  # daily spend, scaled to the lower third
+        bh = float(v / peak_day) * ph / 3
+        parts.append(
+            f'<rect class="day" x="{x(i) - bar_w / 2:.1f}" y="{top + ph - bh:.1f}" '
+            f'width="{bar_w:.1f}" height="{bh:.1f}"><title>{escape(days[i][0])}</title></rect>'
+        )
+    for t in thresholds:  # alert thresholds as ticks on the right edge
+        ty = y(amount * t / 100)
+        if ty >= top:
+            parts.append(
+                f'<line class="threshold" x1="{left}" x2="{left + pw}" y1="{ty:.1f}" '
+                f'y2="{ty:.1f}"/><text class="axis" x="{left + pw - 4}" y="{ty - 3:.1f}" '
+                f'text-anchor="end">{t:g} %</text>'
+            )
+    by = y(amount)
+    parts.append(
+        f'<line class="budget" x1="{left}" x2="{left + pw}" y1="{by:.1f}" y2="{by:.1f}"/>'
+        f'<text class="label budget-label" x="{left + 4}" y="{by - 4:.1f}">'
+        f"{escape(labels['budget'])} {escape(money['amount'])}</text>"
+    )
+    if cum:
+        pts = " ".join(f"{x(i):.1f},{y(v):.1f}" for i, v in enumerate(cum))
+        parts.append(f'<polyline class="spent" points="{pts}"/>')
+        last = len(cum) - 1
+        if forecast is not None and last < n - 1:
+            parts.append(
+                f'<line class="forecast" x1="{x(last):.1f}" y1="{y(cum[-1]):.1f}" '
+                f'x2="{x(n - 1):.1f}" y2="{y(forecast):.1f}"/>'
+                f'<circle class="forecast-dot" cx="{x(n - 1):.1f}" cy="{y(forecast):.1f}" r="3"/>'
+            )
+        if committed_to is not None and last < n - 1:
+            parts.append(
+                f'<line class="committed" x1="{x(last):.1f}" y1="{y(cum[-1]):.1f}" '
+                f'x2="{x(n - 1):.1f}" y2="{y(committed_to):.1f}"/>'
+            )
+    step = max(1, n // 10)
+    for i in range(0, n, step):  # x axis: day of the period
+        parts.append(
+            f'<text class="axis" x="{x(i):.1f}" y="{top + ph + 14}" text-anchor="middle">'
+            f"{escape(days[i][0][-2:])}</text>"
+        )
+    legend = [
+        ("spent", labels["spent"]),
+        ("committed", labels["committed"]),
+        ("forecast", labels["forecast"]),
+        ("budget", labels["budget"]),
+    ]
+    lx = left
+    for cls, text in legend:
+        parts.append(
+            f'<line class="{cls}" x1="{lx}" x2="{lx + 18}" y1="{h - 8}" y2="{h - 8}"/>'
+            f'<text class="legend" x="{lx + 22}" y="{h - 4}">{escape(text)}</text>'
+        )
+        lx += 30 + 7 * len(text)
+    parts.append("</svg>")
+    return Markup("".join(parts))
+
+
+def buckets(
+    beats: Sequence[tuple[datetime, float | None]], start: datetime, step: timedelta
+) -> list[tuple[datetime, float | None]]:
+    """Heartbeats thinned to the highest value per ``step`` (a sparkline needs no more)."""
+    out: dict[int, tuple[datetime, float | None]] = {}
+    for at, util in beats:
+        k = int((at - start) / step)
+        prev = out.get(k)
+        if prev is None or (util is not None and (prev[1] is None or util > prev[1])):
+            out[k] = (start + step * k + step / 2, util)
+    return [out[k] for k in sorted(out)]

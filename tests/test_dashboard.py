@@ -1,0 +1,361 @@
+"""The team dashboard against a seeded state — a sandbox fleet, most of November's usage, two
+budgets, heartbeats — seeded through the product's own API on a ManualClock: in Debian's chromium
+(Selenium through /usr/bin/chromedriver), each page checked against ``provisioner report -o json``
+and screenshotted (80 %, 150 % zoom, a 400 px window) into /work/briefs/screens/; and as plain
+WSGI: the token gate when bound beyond loopback, the CSV, the Plan page."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import shutil
+import threading
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+from pathlib import Path
+from urllib.parse import urlencode
+from wsgiref.util import setup_testing_defaults
+
+import pytest
+
+from provisioner import idle, lifecycle
+from provisioner.app import App
+from provisioner.dashboard import make_app
+from provisioner.spec import Experiment
+from tests.conftest import TEST_START, make_settings, run_cli, sandbox_experiment, write_settings
+from tests.conftest import write_yaml
+
+NOW = datetime(2026, 11, 26, 10, 0, tzinfo=UTC)  # a Thursday: 11:00 in Berlin, in hours
+SCREENS = Path("/work/briefs/screens")
+CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
+
+POLICIES = [
+    {
+        "name": "demo-budget",
+        "applies_to": {"projects": ["demo"]},
+        "budget": {"amount": "400 USD", "alerts": {"actual": [50, 80, 100]}},
+        "off_hours": {
+            "timezone": "Europe/Berlin",
+            "windows": [{"days": "mon-fri", "start": "19:20", "end": "07:00"}],
+        },
+    },
+    {
+        "name": "vision-budget",
+        "applies_to": {"projects": ["vision"]},
+        "budget": {"amount": "20000 RUB", "language": "ru"},
+    },
+]
+
+
+def up(app, name, project="demo", owner="ana@example.com", **res) -> None:
+    e = sandbox_experiment(name, **res) | {"project": project, "owner": owner}
+    lifecycle.up(app, Experiment.model_validate(e))
+
+
+def seed(home: Path, clock, db_url: str | None = None) -> tuple[App, Path]:
+    """November up to the 26th, by the product's own calls; the budgets arrive afterwards
+    (their guard would have refused some of these launches)."""
+    pdir = home.parent / "policies"
+    pdir.mkdir(parents=True, exist_ok=True)
+    a = App(make_settings(home, state_url=db_url), clock)
+    clock.set(TEST_START)  # Mon Nov 2 09:00
+    up(a, "train-a")  # T4 spot, USD: runs all month
+    up(a, "eval-ru", owner="bob@example.com", market="reserved", regions=["sandbox-ru"])
+    up(a, "seg-1", project="vision", owner="carol@example.com")
+    clock.set(datetime(2026, 11, 5, 10, tzinfo=UTC))
+    up(a, "big-a100", gpu="A100:1", market="reserved")
+    clock.set(datetime(2026, 11, 12, 18, tzinfo=UTC))
+    lifecycle.down(a, "big-a100")
+    clock.set(datetime(2026, 11, 16, 9, tzinfo=UTC))
+    up(a, "seg-2", project="vision", owner="carol@example.com", regions=["sandbox-ru"])
+    clock.set(datetime(2026, 11, 20, 20, tzinfo=UTC))  # the scheduler's idle stop
+    lifecycle.stop(
+        a,
+        "seg-2",
+        reason="off-hours-idle",
+        detail={"why": "GPUs below 5% for 30 min", "idle_since": "2026-11-20T19:00:00+00:00"},
+    )
+    # the last two hours: heartbeats from the live machines' agents
+    clock.set(NOW - timedelta(hours=2))
+    tokens = {}
+    from provisioner.models import Machine
+    from sqlalchemy import select
+
+    with a.db.session() as s:
+        live = {m.name: m.id for m in s.scalars(select(Machine).where(Machine.status == "running"))}
+    for name, mid in live.items():
+        tokens[name] = idle.issue_token(a, mid)
+    for i in range(24):
+        for k, (name, tok) in enumerate(sorted(tokens.items())):
+            util = [80.0 + (i % 5) * 3, 2.0, 40.0 + 20 * ((i // 4) % 2)][k % 3]
+            idle.record(a, tok, [{"index": 0, "util": util, "mem_used_mb": 1000}])
+        clock.advance(timedelta(minutes=5))
+    clock.set(NOW)
+    for p in POLICIES:
+        write_yaml(pdir / f"{p['name']}.yaml", p)
+    a.close()
+    dash = App(make_settings(home, state_url=db_url, policies=[str(pdir)]), clock)
+    return dash, pdir
+
+
+def call(wsgi, path: str, method: str = "GET", body: str = "", **headers: str):
+    """One request through the WSGI callable: (status code, headers, body text)."""
+    env: dict = {"REQUEST_METHOD": method}
+    path, _, query = path.partition("?")
+    env["PATH_INFO"], env["QUERY_STRING"] = path, query
+    setup_testing_defaults(env)
+    raw = body.encode()
+    env["wsgi.input"] = io.BytesIO(raw)
+    env["CONTENT_LENGTH"] = str(len(raw))
+    if method == "POST":
+        env["CONTENT_TYPE"] = "application/x-www-form-urlencoded"
+    for k, v in headers.items():
+        env["HTTP_" + k.upper()] = v
+    got: dict = {}
+
+    def start_response(status, hdrs, exc_info=None):
+        got["status"], got["headers"] = int(status.split()[0]), hdrs
+
+    out = b"".join(wsgi(env, start_response))
+    return got["status"], got["headers"], out.decode()
+
+
+def report_json(home: Path, pdir: Path, *args: str, db_url: str | None = None) -> dict:
+    cfg = write_settings(home, policies=[str(pdir)], state_url=db_url)
+    r = run_cli("--config", str(cfg), "report", *args, "-o", "json", now=NOW)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+def money_text(m: dict) -> str:
+    """How the English pages write an amount (Babel, en_US)."""
+    from provisioner.money import Money
+    from provisioner.render import Fmt
+
+    return Fmt("en").money(Money(Decimal(m["amount"]), m["currency"]))
+
+
+# --- plain WSGI ------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def seeded(home, clock):
+    a, pdir = seed(home, clock)
+    yield a, pdir
+    a.close()
+
+
+def test_loopback_is_open_and_wide_binding_refuses_without_the_token(seeded):
+    a, _ = seeded
+    status, _, html = call(make_app(a, listen="127.0.0.1:8765"), "/")
+    assert status == 200 and "train-a" in html
+    # bound beyond loopback with no token set: every page refused, the login says why
+    closed = make_app(a, listen="0.0.0.0:8765")
+    status, headers, _ = call(closed, "/")
+    assert status == 303 and dict(headers)["Location"] == "/login"
+    for path in ("/spend", "/spend.csv", "/machine/train-a", "/plan"):
+        status, _, body = call(closed, path, "POST" if path == "/plan" else "GET")
+        assert status in (303, 401) and "train-a" not in body and "$" not in body
+    assert "PROVISIONER_DASHBOARD_TOKEN" in call(closed, "/login")[2]
+    assert call(closed, "/login", "POST", "token=")[0] == 401
+
+
+def test_token_once_on_the_login_form_becomes_a_strict_session_cookie(seeded, monkeypatch):
+    a, _ = seeded
+    token = "s3cret-dashboard-token"
+    monkeypatch.setenv("PROVISIONER_DASHBOARD_TOKEN", token)
+    wsgi = make_app(a, listen="10.1.2.3:8765")
+    status, _, body = call(wsgi, "/spend")
+    assert status == 303
+    status, _, body = call(wsgi, "/login", "POST", "token=wrong")
+    assert status == 401 and "not the dashboard" in body
+    status, headers, _ = call(wsgi, "/login", "POST", urlencode({"token": token}))
+    assert status == 303
+    cookie = dict(headers)["Set-Cookie"]
+    assert "HttpOnly" in cookie and "SameSite=Strict" in cookie
+    assert token not in cookie  # a signature over an expiry, not the token
+    session = cookie.split(";")[0]
+    status, _, page = call(wsgi, "/spend", cookie=session)
+    assert status == 200 and "demo-budget" in page and token not in page
+    assert call(wsgi, "/spend", cookie=session[:-4] + "beef")[0] == 303  # forged: refused
+    assert call(wsgi, "/spend.csv", authorization=f"Bearer {token}")[0] == 200
+    assert call(wsgi, "/spend.csv", authorization="Bearer nope")[0] == 401
+
+
+def test_csv_is_the_reports_csv(seeded, home):
+    a, pdir = seeded
+    wsgi = make_app(a)
+    status, headers, body = call(wsgi, "/spend.csv?budget=demo-budget&by=owner")
+    assert status == 200
+    h = dict(headers)
+    assert h["Content-Type"].startswith("text/csv")
+    assert h["Content-Disposition"] == 'attachment; filename="spend-demo-budget-2026-11.csv"'
+    rows = list(csv.DictReader(io.StringIO(body)))
+    owners = {r["owner"] for r in rows}
+    assert owners == {"ana@example.com", "bob@example.com"}  # demo's only: the budget's scope
+    total = sum(Decimal(r["amount_USD"]) for r in rows)
+    cli = report_json(home, pdir, "--project", "demo")
+    assert total.quantize(Decimal("0.01")) == Decimal(cli["total"]["amount"])
+
+
+def test_plan_page_ranks_offers_and_says_bad_input_like_the_cli(seeded):
+    a, _ = seeded
+    wsgi = make_app(a)
+    good = "name: try\nproject: demo\nowner: ana@example.com\nresources:\n  gpu: T4:1\n"
+    good += "  market: spot\n  clouds: [sandbox]\n"
+    status, _, html = call(wsgi, "/plan", "POST", urlencode({"text": good}))
+    assert status == 200
+    assert 'id="candidates"' in html and "sandbox-us" in html
+    assert "budget demo-budget (2026-11)" in html  # the budget verdict, as `plan` prints it
+    bad = good.replace("gpu: T4:1", "gpu: T4:1\n  colour: blue")
+    status, _, html = call(wsgi, "/plan", "POST", urlencode({"text": bad}))
+    assert status == 200 and "pasted:6: resources.colour: unknown field" in html
+    assert 'id="candidates"' not in html
+    # a path the page did not offer is never read
+    status, _, html = call(wsgi, "/plan", "POST", urlencode({"file": "/etc/passwd"}))
+    assert "root:" not in html and "not one the dashboard offers" in html
+
+
+# --- the browser -----------------------------------------------------------------------------
+
+
+@pytest.fixture
+def browser():
+    if not (shutil.which(CHROMIUM) and shutil.which(CHROMEDRIVER)):
+        pytest.skip(f"Debian's chromium is missing ({CHROMIUM}, {CHROMEDRIVER}): apt install chromium-driver")
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = CHROMIUM
+    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--window-size=1400,1000"):
+        opts.add_argument(arg)
+    opts.add_argument("--lang=en-US")
+    drv = webdriver.Chrome(service=Service(executable_path=CHROMEDRIVER), options=opts)
+    yield drv
+    drv.quit()
+
+
+@pytest.fixture
+def served(seeded):
+    from waitress.server import create_server
+
+    a, pdir = seeded
+    server = create_server(make_app(a), host="127.0.0.1", port=0, threads=2, _quiet=True)
+    t = threading.Thread(target=server.run, daemon=True)
+    t.start()
+    yield f"http://127.0.0.1:{server.effective_port}", a, pdir
+    server.close()
+    t.join(5)
+
+
+def shoot(drv, name: str) -> None:
+    """Screenshots at 80 % and 150 % zoom and in a 400 px window, for people to look at."""
+    SCREENS.mkdir(parents=True, exist_ok=True)
+    for zoom in (80, 150):
+        drv.set_window_size(1400, 1000)
+        drv.execute_script(f"document.body.style.zoom='{zoom}%'")
+        drv.save_screenshot(str(SCREENS / f"{name}-{zoom}.png"))
+    drv.execute_script("document.body.style.zoom='100%'")
+    drv.set_window_size(400, 900)
+    drv.save_screenshot(str(SCREENS / f"{name}-narrow.png"))
+    drv.set_window_size(1400, 1000)
+
+
+def test_each_page_in_chromium_matches_the_report(served, browser, home):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select
+
+    base, a, pdir = served
+    drv = browser
+    # Fleet: every live machine, with GPU sparklines and the scheduler's next move
+    drv.get(base + "/")
+    rows = drv.find_elements(By.CSS_SELECTOR, "#fleet tbody tr")
+    assert sorted(r.get_attribute("data-machine") for r in rows) == [
+        "eval-ru",
+        "seg-1",
+        "seg-2",
+        "train-a",
+    ]
+    train = drv.find_element(By.CSS_SELECTOR, 'tr[data-machine="train-a"]')
+    assert train.find_elements(By.CSS_SELECTOR, "svg.sparkline polyline")
+    # Thursday 11:00 in Berlin: in hours; the idle rule acts from 19:20 Berlin time
+    assert "in working hours (demo-budget)" in train.text
+    assert "19:20 Europe/Berlin" in train.text
+    # cost so far: 0.15 USD/h spot + disk, from Nov 2 09:00 to Nov 26 10:00 (577 h)
+    assert "$" in train.find_element(By.CSS_SELECTOR, "td.cost").text
+    shoot(drv, "fleet")
+    # filter by project, then follow a machine link
+    Select(drv.find_element(By.ID, "filter-project")).select_by_value("vision")
+    drv.find_element(By.ID, "apply").click()
+    rows = drv.find_elements(By.CSS_SELECTOR, "#fleet tbody tr")
+    assert sorted(r.get_attribute("data-machine") for r in rows) == ["seg-1", "seg-2"]
+    assert "project=vision" in drv.current_url
+    drv.find_element(By.LINK_TEXT, "seg-2").click()
+    assert drv.find_element(By.ID, "machine-name").text.startswith("seg-2")
+    events = drv.find_element(By.ID, "events").text
+    assert "off-hours-idle" in events and "GPUs below 5% for 30 min" in events
+    assert len(drv.find_elements(By.CSS_SELECTOR, "#usage tbody tr")) == 3  # compute, disk
+    shoot(drv, "machine")
+
+    # Spend: the budget's numbers, to the cent, as `provisioner report` gives them
+    cli = report_json(home, pdir, "--project", "demo")
+    drv.get(base + "/spend?budget=demo-budget")
+    assert drv.find_element(By.ID, "total").text == money_text(cli["total"])
+    b = cli["budget"]
+    assert drv.find_element(By.ID, "committed").text == money_text(b["committed"])
+    assert drv.find_element(By.ID, "forecast").text == money_text(b["forecast"])
+    assert drv.find_element(By.ID, "left").text == money_text(b["left"])
+    assert drv.find_element(By.ID, "idle-waste").text == money_text(cli["idle_waste"])
+    lines = {
+        r.get_attribute("data-key"): r.find_element(By.CSS_SELECTOR, ".line-total").text
+        for r in drv.find_elements(By.CSS_SELECTOR, "#lines tbody tr")
+    }
+    assert lines == {ln["key"]: money_text(ln["total"]) for ln in cli["lines"]}
+    assert drv.find_elements(By.CSS_SELECTOR, "svg.burndown polyline.spent")
+    assert len(drv.find_elements(By.CSS_SELECTOR, "svg.burndown line.threshold")) >= 2
+    shoot(drv, "spend")
+    # another grouping, and the other budget's card: its standing as `report --policy` says
+    Select(drv.find_element(By.ID, "f-by")).select_by_value("owner")
+    drv.find_element(By.ID, "apply").click()
+    keys = [r.get_attribute("data-key") for r in drv.find_elements(By.CSS_SELECTOR, "#lines tbody tr")]
+    assert sorted(keys) == ["ana@example.com", "bob@example.com"]
+    vision = report_json(home, pdir, "--policy", "vision-budget")["budget"]
+    card = drv.find_element(By.CSS_SELECTOR, '.budget-card[data-budget="vision-budget"]')
+    assert card.find_element(By.CSS_SELECTOR, '[data-field="spent"]').text == money_text(
+        vision["spent"]
+    )
+    card.click()
+    assert "budget=vision-budget" in drv.current_url
+    savings = drv.find_element(By.ID, "savings").text
+    assert savings.startswith("off-hours-idle")
+    vcli = report_json(home, pdir, "--project", "vision")
+    assert savings == "off-hours-idle " + money_text(vcli["savings"]["off-hours-idle"])
+    shoot(drv, "spend-vision")
+
+    # Plan: paste an experiment file, see the ranked offers and the verdicts
+    drv.get(base + "/plan")
+    text = "\n".join(
+        [
+            "name: try",
+            "project: demo",
+            "owner: ana@example.com",
+            "resources:",
+            "  gpu: T4:1",
+            "  market: spot",
+            "  clouds: [sandbox]",
+        ]
+    )
+    drv.find_element(By.ID, "plan-text").send_keys(text)
+    drv.find_element(By.ID, "plan-go").click()
+    first = drv.find_element(By.CSS_SELECTOR, "#candidates tbody tr").text
+    assert "sandbox" in first and "T4" in first
+    checks = drv.find_element(By.ID, "plan-checks").text
+    assert "policy: allowed by demo-budget" in checks and "budget demo-budget" in checks
+    shoot(drv, "plan")
+
+    # Russian, as the browser asks
+    drv.get(base + "/lang?to=ru&back=/spend")
+    assert drv.find_element(By.TAG_NAME, "h1").text.startswith("Расходы")
+    shoot(drv, "spend-ru")
