@@ -34,7 +34,7 @@ POLICIES = [
     {
         "name": "demo-budget",
         "applies_to": {"projects": ["demo"]},
-        "budget": {"amount": "400 USD", "alerts": {"actual": [50, 80, 100]}},
+        "budget": {"amount": "1200 USD", "alerts": {"actual": [50, 80, 100]}},
         "off_hours": {
             "timezone": "Europe/Berlin",
             "windows": [{"days": "mon-fri", "start": "19:20", "end": "07:00"}],
@@ -95,7 +95,15 @@ def seed(home: Path, clock, db_url: str | None = None) -> tuple[App, Path]:
     for p in POLICIES:
         write_yaml(pdir / f"{p['name']}.yaml", p)
     a.close()
-    dash = App(make_settings(home, state_url=db_url, policies=[str(pdir)]), clock)
+    exps = home.parent / "experiments"
+    exps.mkdir(exist_ok=True)
+    write_yaml(exps / "a100.yaml", sandbox_experiment("try-a100", gpu="A100:1", market="reserved"))
+    dash = App(
+        make_settings(
+            home, state_url=db_url, policies=[str(pdir)], dashboard={"experiments": [str(exps)]}
+        ),
+        clock,
+    )
     return dash, pdir
 
 
@@ -121,8 +129,8 @@ def call(wsgi, path: str, method: str = "GET", body: str = "", **headers: str):
     return got["status"], got["headers"], out.decode()
 
 
-def report_json(home: Path, pdir: Path, *args: str, db_url: str | None = None) -> dict:
-    cfg = write_settings(home, policies=[str(pdir)], state_url=db_url)
+def report_json(a: App, pdir: Path, *args: str) -> dict:
+    cfg = write_settings(a.settings.home, policies=[str(pdir)], state_url=a.settings.state_url)
     r = run_cli("--config", str(cfg), "report", *args, "-o", "json", now=NOW)
     assert r.returncode == 0, r.stderr
     return json.loads(r.stdout)
@@ -140,8 +148,9 @@ def money_text(m: dict) -> str:
 
 
 @pytest.fixture
-def seeded(home, clock):
-    a, pdir = seed(home, clock)
+def seeded(home, clock, db_url):
+    """The seeded state on SQLite and on PostgreSQL; the CLI is pointed at the same one."""
+    a, pdir = seed(home, clock, db_url)
     yield a, pdir
     a.close()
 
@@ -195,7 +204,7 @@ def test_csv_is_the_reports_csv(seeded, home):
     owners = {r["owner"] for r in rows}
     assert owners == {"ana@example.com", "bob@example.com"}  # demo's only: the budget's scope
     total = sum(Decimal(r["amount_USD"]) for r in rows)
-    cli = report_json(home, pdir, "--project", "demo")
+    cli = report_json(a, pdir, "--project", "demo")
     assert total.quantize(Decimal("0.01")) == Decimal(cli["total"]["amount"])
 
 
@@ -212,6 +221,11 @@ def test_plan_page_ranks_offers_and_says_bad_input_like_the_cli(seeded):
     status, _, html = call(wsgi, "/plan", "POST", urlencode({"text": bad}))
     assert status == 200 and "pasted:6: resources.colour: unknown field" in html
     assert 'id="candidates"' not in html
+    # a file the page offers
+    [offered] = [ln for ln in call(wsgi, "/plan")[2].splitlines() if "a100.yaml" in ln]
+    path = offered.split('value="')[1].split('"')[0]
+    status, _, html = call(wsgi, "/plan", "POST", urlencode({"file": path}))
+    assert "try-a100: A100:1 reserved" in html and "sbx-a100-1" in html
     # a path the page did not offer is never read
     status, _, html = call(wsgi, "/plan", "POST", urlencode({"file": "/etc/passwd"}))
     assert "root:" not in html and "not one the dashboard offers" in html
@@ -242,12 +256,23 @@ def served(seeded):
     from waitress.server import create_server
 
     a, pdir = seeded
-    server = create_server(make_app(a), host="127.0.0.1", port=0, threads=2, _quiet=True)
+    server = create_server(make_app(a), host="127.0.0.1", port=0, threads=2)
     t = threading.Thread(target=server.run, daemon=True)
     t.start()
     yield f"http://127.0.0.1:{server.effective_port}", a, pdir
     server.close()
     t.join(5)
+
+
+def go(drv, element) -> None:
+    """Click ``element`` and wait until the page it leads to has replaced this one."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions as ec
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    old = drv.find_element(By.TAG_NAME, "html")
+    element.click()
+    WebDriverWait(drv, 30).until(ec.staleness_of(old))
 
 
 def shoot(drv, name: str) -> None:
@@ -283,24 +308,27 @@ def test_each_page_in_chromium_matches_the_report(served, browser, home):
     # Thursday 11:00 in Berlin: in hours; the idle rule acts from 19:20 Berlin time
     assert "in working hours (demo-budget)" in train.text
     assert "19:20 Europe/Berlin" in train.text
-    # cost so far: 0.15 USD/h spot + disk, from Nov 2 09:00 to Nov 26 10:00 (577 h)
-    assert "$" in train.find_element(By.CSS_SELECTOR, "td.cost").text
+    # cost so far, by hand: 577 h (Nov 2 09:00 → Nov 26 10:00) at 0.15 USD/h, plus the
+    # 50 GB disk at 0.10 USD per GB-month: 86.55 + 3.95 USD
+    assert train.find_element(By.CSS_SELECTOR, "td.cost").text == "$90.50"
     shoot(drv, "fleet")
     # filter by project, then follow a machine link
     Select(drv.find_element(By.ID, "filter-project")).select_by_value("vision")
-    drv.find_element(By.ID, "apply").click()
+    go(drv, drv.find_element(By.ID, "apply"))
     rows = drv.find_elements(By.CSS_SELECTOR, "#fleet tbody tr")
     assert sorted(r.get_attribute("data-machine") for r in rows) == ["seg-1", "seg-2"]
     assert "project=vision" in drv.current_url
-    drv.find_element(By.LINK_TEXT, "seg-2").click()
+    go(drv, drv.find_element(By.LINK_TEXT, "seg-2"))
     assert drv.find_element(By.ID, "machine-name").text.startswith("seg-2")
     events = drv.find_element(By.ID, "events").text
-    assert "off-hours-idle" in events and "GPUs below 5% for 30 min" in events
-    assert len(drv.find_elements(By.CSS_SELECTOR, "#usage tbody tr")) == 3  # compute, disk
+    assert "idle out of hours" in events and "GPUs below 5% for 30 min" in events
+    usage = [r.text for r in drv.find_elements(By.CSS_SELECTOR, "#usage tbody tr")]
+    assert len(usage) == 2  # compute until the stop; the disk still bills
+    assert sum("still billing" in u for u in usage) == 1
     shoot(drv, "machine")
 
     # Spend: the budget's numbers, to the cent, as `provisioner report` gives them
-    cli = report_json(home, pdir, "--project", "demo")
+    cli = report_json(a, pdir, "--project", "demo")
     drv.get(base + "/spend?budget=demo-budget")
     assert drv.find_element(By.ID, "total").text == money_text(cli["total"])
     b = cli["budget"]
@@ -318,20 +346,19 @@ def test_each_page_in_chromium_matches_the_report(served, browser, home):
     shoot(drv, "spend")
     # another grouping, and the other budget's card: its standing as `report --policy` says
     Select(drv.find_element(By.ID, "f-by")).select_by_value("owner")
-    drv.find_element(By.ID, "apply").click()
+    go(drv, drv.find_element(By.ID, "apply"))
     keys = [r.get_attribute("data-key") for r in drv.find_elements(By.CSS_SELECTOR, "#lines tbody tr")]
     assert sorted(keys) == ["ana@example.com", "bob@example.com"]
-    vision = report_json(home, pdir, "--policy", "vision-budget")["budget"]
+    vision = report_json(a, pdir, "--policy", "vision-budget")["budget"]
     card = drv.find_element(By.CSS_SELECTOR, '.budget-card[data-budget="vision-budget"]')
     assert card.find_element(By.CSS_SELECTOR, '[data-field="spent"]').text == money_text(
         vision["spent"]
     )
-    card.click()
+    go(drv, card)
     assert "budget=vision-budget" in drv.current_url
     savings = drv.find_element(By.ID, "savings").text
-    assert savings.startswith("off-hours-idle")
-    vcli = report_json(home, pdir, "--project", "vision")
-    assert savings == "off-hours-idle " + money_text(vcli["savings"]["off-hours-idle"])
+    vcli = report_json(a, pdir, "--project", "vision")
+    assert savings == "idle out of hours " + money_text(vcli["savings"]["off-hours-idle"])
     shoot(drv, "spend-vision")
 
     # Plan: paste an experiment file, see the ranked offers and the verdicts
@@ -347,8 +374,12 @@ def test_each_page_in_chromium_matches_the_report(served, browser, home):
             "  clouds: [sandbox]",
         ]
     )
+    Select(drv.find_element(By.ID, "plan-file")).select_by_index(1)  # experiments/a100.yaml
+    go(drv, drv.find_element(By.ID, "plan-go"))
+    assert "try-a100: A100:1 reserved" in drv.find_element(By.CSS_SELECTOR, "#plan-result h2").text
+    Select(drv.find_element(By.ID, "plan-file")).select_by_index(0)
     drv.find_element(By.ID, "plan-text").send_keys(text)
-    drv.find_element(By.ID, "plan-go").click()
+    go(drv, drv.find_element(By.ID, "plan-go"))
     first = drv.find_element(By.CSS_SELECTOR, "#candidates tbody tr").text
     assert "sandbox" in first and "T4" in first
     checks = drv.find_element(By.ID, "plan-checks").text

@@ -4,7 +4,9 @@ burn-down. No script, no library, nothing fetched; presentation attributes and C
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+
+from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from decimal import Decimal
 from html import escape
@@ -51,18 +53,20 @@ def burndown(
     days: Sequence[tuple[str, Decimal]],
     today: int | None,
     *,
-    amount: Decimal,
+    amount: Decimal | None,
     forecast: Decimal | None,
     committed_to: Decimal | None,
     thresholds: Sequence[Decimal],
     labels: dict[str, str],
     money: dict[str, str],
+    num: Callable[[Decimal], str] = str,
 ) -> Markup:
     """Cumulative spend by day against the budget: bars for each day's spend, the running
     total up to ``today`` (index into ``days``), a dashed line from there to the forecast at
-    the period's end, the spent + committed mark, the budget line and a tick per threshold.
-    ``labels``/``money`` are the words and formatted amounts (the page's language)."""
-    w, h, left, right, top, bottom = 720, 260, 64, 16, 16, 40
+    the period's end, the spent + committed mark, the budget line and a tick per threshold
+    (no budget: ``amount`` None). ``labels``/``money``/``num`` give the words and formatted
+    amounts in the page's language."""
+    w, h, left, right, top, bottom = 720, 272, 64, 16, 28, 40
     pw, ph = w - left - right, h - top - bottom
     n = max(len(days), 1)
     daily = [v for _, v in days]
@@ -73,9 +77,16 @@ def burndown(
         if today is None or i <= today:
             cum.append(run)
     top_value = max(
-        [amount, *(cum or [Decimal(0)]), forecast or Decimal(0), committed_to or Decimal(0)]
+        [
+            amount or Decimal(0),
+            *(cum or [Decimal(0)]),
+            forecast or Decimal(0),
+            committed_to or Decimal(0),
+        ]
     )
-    top_value = top_value * Decimal("1.08") or Decimal(1)
+    step = nice_step(top_value * Decimal("1.04") / 4)
+    ticks = max(1, math.ceil(top_value * Decimal("1.04") / step))
+    top_value = step * ticks
     peak_day = max(daily, default=Decimal(0)) or Decimal(1)
 
     def x(i: float) -> float:
@@ -89,12 +100,14 @@ def burndown(
         f'aria-label="{escape(labels["title"])}">',
         f'<rect class="plot" x="{left}" y="{top}" width="{pw}" height="{ph}"/>',
     ]
-    for k in range(5):  # y grid in the budget's currency
-        v = top_value * k / 4
+    for k in range(ticks + 1):  # y grid in the budget's currency, at round numbers
+        v = step * k
         parts.append(
             f'<line class="grid" x1="{left}" x2="{left + pw}" y1="{y(v):.1f}" y2="{y(v):.1f}"/>'
+            f'<text class="axis" x="{left - 6}" y="{y(v) + 4:.1f}" text-anchor="end">'
+            f"{escape(num(v))}</text>"
         )
-    parts.append(f'<text class="axis" x="{left - 6}" y="{top + 10}" text-anchor="end">')
+    parts.append(f'<text class="axis" x="{left - 6}" y="{top - 14}" text-anchor="end">')
     parts.append(f"{escape(money['top'])}</text>")
     bar_w = max(pw / n * 0.6, 1)
     for i, v in enumerate(daily):  # daily spend, scaled to the lower third
@@ -103,20 +116,23 @@ def burndown(
             f'<rect class="day" x="{x(i) - bar_w / 2:.1f}" y="{top + ph - bh:.1f}" '
             f'width="{bar_w:.1f}" height="{bh:.1f}"><title>{escape(days[i][0])}</title></rect>'
         )
-    for t in thresholds:  # alert thresholds as ticks on the right edge
-        ty = y(amount * t / 100)
-        if ty >= top:
-            parts.append(
-                f'<line class="threshold" x1="{left}" x2="{left + pw}" y1="{ty:.1f}" '
-                f'y2="{ty:.1f}"/><text class="axis" x="{left + pw - 4}" y="{ty - 3:.1f}" '
-                f'text-anchor="end">{t:g} %</text>'
-            )
-    by = y(amount)
-    parts.append(
-        f'<line class="budget" x1="{left}" x2="{left + pw}" y1="{by:.1f}" y2="{by:.1f}"/>'
-        f'<text class="label budget-label" x="{left + 4}" y="{by - 4:.1f}">'
-        f"{escape(labels['budget'])} {escape(money['amount'])}</text>"
-    )
+    if amount is not None:
+        for t in thresholds:  # alert thresholds as dotted lines, labelled on the right
+            if t == 100:
+                continue  # the budget line itself
+            ty = y(amount * t / 100)
+            if ty >= top:
+                parts.append(
+                    f'<line class="threshold" x1="{left}" x2="{left + pw}" y1="{ty:.1f}" '
+                    f'y2="{ty:.1f}"/><text class="axis" x="{left + pw - 4}" y="{ty - 3:.1f}" '
+                    f'text-anchor="end">{t:g} %</text>'
+                )
+        by = y(amount)
+        parts.append(
+            f'<line class="budget" x1="{left}" x2="{left + pw}" y1="{by:.1f}" y2="{by:.1f}"/>'
+            f'<text class="label budget-label" x="{left + 4}" y="{by - 4:.1f}">'
+            f"{escape(labels['budget'])} {escape(money['amount'])}</text>"
+        )
     if cum:
         pts = " ".join(f"{x(i):.1f},{y(v):.1f}" for i, v in enumerate(cum))
         parts.append(f'<polyline class="spent" points="{pts}"/>')
@@ -139,20 +155,31 @@ def burndown(
             f"{escape(days[i][0][-2:])}</text>"
         )
     legend = [
+        ("day", labels["daily"]),
         ("spent", labels["spent"]),
-        ("committed", labels["committed"]),
-        ("forecast", labels["forecast"]),
-        ("budget", labels["budget"]),
+        *([("committed", labels["committed"])] if committed_to is not None else []),
+        *([("forecast", labels["forecast"])] if forecast is not None else []),
+        *([("budget", labels["budget"])] if amount is not None else []),
     ]
     lx = left
     for cls, text in legend:
-        parts.append(
-            f'<line class="{cls}" x1="{lx}" x2="{lx + 18}" y1="{h - 8}" y2="{h - 8}"/>'
-            f'<text class="legend" x="{lx + 22}" y="{h - 4}">{escape(text)}</text>'
+        mark = (
+            f'<rect class="day" x="{lx}" y="{h - 13}" width="18" height="9"/>'
+            if cls == "day"
+            else f'<line class="{cls}" x1="{lx}" x2="{lx + 18}" y1="{h - 8}" y2="{h - 8}"/>'
         )
+        parts.append(f'{mark}<text class="legend" x="{lx + 22}" y="{h - 4}">{escape(text)}</text>')
         lx += 30 + 7 * len(text)
     parts.append("</svg>")
     return Markup("".join(parts))
+
+
+def nice_step(raw: Decimal) -> Decimal:
+    """The round number (1, 2, 2.5 or 5 × 10ⁿ) at or above ``raw``, for grid lines."""
+    if raw <= 0:
+        return Decimal(1)
+    exp = Decimal(10) ** math.floor(math.log10(raw))
+    return next(m * exp for m in (Decimal(1), Decimal(2), Decimal("2.5"), Decimal(5), Decimal(10)) if m * exp >= raw)
 
 
 def buckets(

@@ -323,25 +323,28 @@ class Dashboard:
 
 
 def _burndown(data: pages.Spend, f: render.Fmt) -> Any:
+    """The spend chart: against the budget when one is shown, else spend and forecast."""
     r, b = data.report, data.report.budget
-    if b is None or data.policy is None or data.policy.budget is None:
-        return None
     running = data.today is not None
+    has_budget = b is not None and data.policy is not None and data.policy.budget is not None
+    forecast = b.forecast if b is not None else r.forecast
     return svg.burndown(
         [(d.isoformat(), m.amount) for d, m in r.daily],
         data.today,
-        amount=b.amount.amount,
-        forecast=b.forecast.amount if running else None,
-        committed_to=(b.spent + b.committed).amount if running else None,
-        thresholds=data.policy.budget.alerts.actual,
+        amount=b.amount.amount if b is not None and has_budget else None,
+        forecast=forecast.amount if running and forecast is not None else None,
+        committed_to=(b.spent + b.committed).amount if running and b is not None else None,
+        thresholds=data.policy.budget.alerts.actual if has_budget else [],  # type: ignore[union-attr]
         labels={
             "title": f.t("dash_burndown"),
-            "budget": f.t("budget_line"),
-            "spent": f.t("cumulative"),
-            "committed": f.t("dash_committed_short"),
-            "forecast": f.t("forecast_line"),
+            "daily": f.t("dash_legend_day"),
+            "budget": f.t("dash_legend_budget"),
+            "spent": f.t("dash_legend_spent"),
+            "committed": f.t("dash_legend_committed"),
+            "forecast": f.t("dash_legend_forecast"),
         },
-        money={"amount": f.money(b.amount), "top": r.currency},
+        money={"amount": f.money(b.amount) if b is not None else "", "top": r.currency},
+        num=lambda v: f.num(v),
     )
 
 
@@ -370,6 +373,14 @@ def _static(name: str) -> Response:
     return Response(path.read_bytes(), ctype=ctype, headers=[("Cache-Control", "max-age=3600")])
 
 
+def _reason(reason: str, t: Callable[..., str]) -> str:
+    """An event reason in the page's words (the scheduler's own name when it has none)."""
+    try:
+        return t(f"dash_reason_{reason}")
+    except KeyError:
+        return reason
+
+
 def _env() -> Any:
     from jinja2 import Environment, FileSystemLoader, StrictUndefined
 
@@ -381,4 +392,5 @@ def _env() -> Any:
         lstrip_blocks=True,
     )
     env.filters["money"] = lambda amount, currency: Money(amount, currency)
+    env.filters["reason"] = _reason
     return env
