@@ -115,7 +115,9 @@ class DashboardSettings(BaseModel):
     listen: str = "127.0.0.1:8765"
     language: str | None = Field(None, pattern="^(en|ru)$")  # None: the browser's choice
     token: SecretStr | None = None
-    experiments: list[str] = Field(default_factory=list)  # files or directories the Plan page offers
+    experiments: list[str] = Field(
+        default_factory=list
+    )  # files or directories the Plan page offers
 
     @property
     def secret(self) -> str | None:

@@ -23,8 +23,14 @@ from provisioner import idle, lifecycle
 from provisioner.app import App
 from provisioner.dashboard import make_app
 from provisioner.spec import Experiment
-from tests.conftest import TEST_START, make_settings, run_cli, sandbox_experiment, write_settings
-from tests.conftest import write_yaml
+from tests.conftest import (
+    TEST_START,
+    make_settings,
+    run_cli,
+    sandbox_experiment,
+    write_settings,
+    write_yaml,
+)
 
 NOW = datetime(2026, 11, 26, 10, 0, tzinfo=UTC)  # a Thursday: 11:00 in Berlin, in hours
 SCREENS = Path("/work/briefs/screens")
@@ -79,15 +85,16 @@ def seed(home: Path, clock, db_url: str | None = None) -> tuple[App, Path]:
     # the last two hours: heartbeats from the live machines' agents
     clock.set(NOW - timedelta(hours=2))
     tokens = {}
-    from provisioner.models import Machine
     from sqlalchemy import select
+
+    from provisioner.models import Machine
 
     with a.db.session() as s:
         live = {m.name: m.id for m in s.scalars(select(Machine).where(Machine.status == "running"))}
     for name, mid in live.items():
         tokens[name] = idle.issue_token(a, mid)
     for i in range(24):
-        for k, (name, tok) in enumerate(sorted(tokens.items())):
+        for k, (_, tok) in enumerate(sorted(tokens.items())):
             util = [80.0 + (i % 5) * 3, 2.0, 40.0 + 20 * ((i // 4) % 2)][k % 3]
             idle.record(a, tok, [{"index": 0, "util": util, "mem_used_mb": 1000}])
         clock.advance(timedelta(minutes=5))
@@ -237,7 +244,7 @@ def test_plan_page_ranks_offers_and_says_bad_input_like_the_cli(seeded):
 @pytest.fixture
 def browser():
     if not (shutil.which(CHROMIUM) and shutil.which(CHROMEDRIVER)):
-        pytest.skip(f"Debian's chromium is missing ({CHROMIUM}, {CHROMEDRIVER}): apt install chromium-driver")
+        pytest.skip(f"no Debian chromium ({CHROMIUM}, {CHROMEDRIVER}): apt install chromium-driver")
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
 
@@ -347,7 +354,9 @@ def test_each_page_in_chromium_matches_the_report(served, browser, home):
     # another grouping, and the other budget's card: its standing as `report --policy` says
     Select(drv.find_element(By.ID, "f-by")).select_by_value("owner")
     go(drv, drv.find_element(By.ID, "apply"))
-    keys = [r.get_attribute("data-key") for r in drv.find_elements(By.CSS_SELECTOR, "#lines tbody tr")]
+    keys = [
+        r.get_attribute("data-key") for r in drv.find_elements(By.CSS_SELECTOR, "#lines tbody tr")
+    ]
     assert sorted(keys) == ["ana@example.com", "bob@example.com"]
     vision = report_json(a, pdir, "--policy", "vision-budget")["budget"]
     card = drv.find_element(By.CSS_SELECTOR, '.budget-card[data-budget="vision-budget"]')

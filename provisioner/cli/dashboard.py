@@ -34,7 +34,7 @@ def dashboard(
         )
     application.db  # noqa: B018  (migrate, and fail on a bad state URL, before listening)
     wsgi = make_app(application, listen=listen)
-    from waitress import serve
+    from waitress import serve  # type: ignore[import-untyped]
 
     shown = f"[{host}]" if ":" in host else host
     err.print(f"dashboard on http://{shown}:{port}/ (Ctrl-C to stop)", highlight=False)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, date, datetime, time, timedelta
+from datetime import date, datetime, time, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo
 
@@ -15,7 +15,7 @@ from sqlalchemy import select
 
 from policies.calendar import Calendar
 from policies.schema import Policy
-from provisioner import budget, idle, ledger, reports
+from provisioner import budget, ledger, reports
 from provisioner.app import App
 from provisioner.errors import ProvisionerError, UserError
 from provisioner.jobs import sweep
@@ -51,7 +51,8 @@ class Fleet:
     clouds: list[str]
     filters: dict[str, str]
     total: int  # live machines before filtering
-    spark_start: datetime = field(default_factory=lambda: datetime.now(UTC))
+    spark_start: datetime
+    at: datetime  # as of
 
 
 def fleet(app: App, now: datetime, f: Fmt, filters: Mapping[str, str]) -> Fleet:
@@ -75,19 +76,18 @@ def fleet(app: App, now: datetime, f: Fmt, filters: Mapping[str, str]) -> Fleet:
             ):
                 intervals.setdefault(iv.machine_id, []).append(iv)
     start = now - SPARK_SPAN
-    beats = idle.beats_since(app, ids, start) if ids else {}
+    beats = spark_points(app, ids, start, SPARK_STEP) if ids else {}
     rows = []
     for a in sweep.assess(app, now, machines):
         m = a.machine
         spent = ledger.spend(intervals.get(m.id, []), m.created_at, now)
         why = _why_up(a, now, f)
         next_action, next_at = _next(a, now, f)
-        points = [(b.at, b.max_util) for b in beats.get(m.id, [])]
         rows.append(
             Row(
                 m,
                 [spent[c] for c in sorted(spent)],
-                _thin(points, start),
+                beats.get(m.id, []),
                 why,
                 next_action,
                 next_at,
@@ -102,13 +102,40 @@ def fleet(app: App, now: datetime, f: Fmt, filters: Mapping[str, str]) -> Fleet:
         chosen,
         len(live),
         start,
+        now,
     )
 
 
-def _thin(points: list[tuple[datetime, float | None]], start: datetime) -> list[Any]:
-    from provisioner.dashboard.svg import buckets
+def spark_points(
+    app: App, ids: list[str], start: datetime, step: timedelta
+) -> dict[str, list[tuple[datetime, float | None]]]:
+    """Each machine's highest GPU utilisation per ``step`` since ``start``, summed up by the
+    database (a sparkline needs 24 points, not the 240 heartbeats of two hours)."""
+    from sqlalchemy import Integer, cast, func
 
-    return buckets(points, start, SPARK_STEP)
+    col = Heartbeat.__table__.c.at  # the raw column: no datetime per heartbeat in Python
+    secs = step.total_seconds()
+    epoch: Any
+    if app.db.engine.dialect.name == "sqlite":
+        epoch = cast(func.strftime("%s", col), Integer)
+    else:
+        epoch = func.extract("epoch", col)
+    base = int(start.timestamp())
+    bucket = func.floor((epoch - base) / secs).label("bucket")
+    q = (
+        select(Heartbeat.machine_id, bucket, func.max(Heartbeat.max_util))
+        .where(Heartbeat.at >= start)
+        .group_by(Heartbeat.machine_id, bucket)
+        .order_by(Heartbeat.machine_id, bucket)
+    )
+    wanted = set(ids)
+    out: dict[str, list[tuple[datetime, float | None]]] = {}
+    with app.db.session() as s:
+        for mid, k, util in s.execute(q):
+            if mid in wanted:
+                at = start + step * int(k) + step / 2
+                out.setdefault(mid, []).append((at, None if util is None else float(util)))
+    return out
 
 
 def _why_up(a: sweep.Assessment, now: datetime, f: Fmt) -> str:
@@ -146,7 +173,7 @@ def _tz(a: sweep.Assessment) -> ZoneInfo | None:
 def _next(a: sweep.Assessment, now: datetime, f: Fmt) -> tuple[str, datetime | None]:
     """The scheduler's next move on this machine and when: what the sweep would do now, the
     end of a keep, the max lifetime, or the start of off hours for an idle rule."""
-    m, tz = a.machine, _tz(a)
+    m = a.machine
     act = sweep.decide(a, now)
     if act is not None and act.action in ("stop", "terminate"):
         return f.t("dash_next_now", action=f.t(f"dash_act_{act.action}"), why=act.why), now
@@ -223,7 +250,18 @@ def budget_policies(app: App) -> list[Policy]:
     return [p for p in app.policies if p.budget is not None]
 
 
-def spend_report(app: App, now: datetime, language: str, q: Mapping[str, str]) -> Spend:
+def standings(app: App, now: datetime) -> list[budget.Status]:
+    """Each budget's standing in its running period (one pass over its usage each)."""
+    return [st for p in budget_policies(app) if (st := budget.status(app, p, now)) is not None]
+
+
+def spend_report(
+    app: App,
+    now: datetime,
+    language: str,
+    q: Mapping[str, str],
+    budgets: list[budget.Status] | None = None,
+) -> Spend:
     """The report ``provisioner report`` builds from the same options: ``budget`` (a policy
     name: its scope, period and standing, like ``report --policy`` over that budget's
     projects), ``period``, ``project``/``owner``/``cloud``/``gpu`` and ``by``."""
@@ -242,9 +280,7 @@ def spend_report(app: App, now: datetime, language: str, q: Mapping[str, str]) -
     except ValueError as e:
         raise UserError(f"period: {e}") from None
     if period is None:
-        period = (budget.period_of(policy, now) if policy else None) or ledger.Period.month(
-            now, tz
-        )
+        period = (budget.period_of(policy, now) if policy else None) or ledger.Period.month(now, tz)
     gpu = q.get("gpu") or None
     scope = ledger.Scope(
         project=q.get("project") or None,
@@ -263,19 +299,17 @@ def spend_report(app: App, now: datetime, language: str, q: Mapping[str, str]) -
         language=language,
         now=now,
     )
-    standings = []
-    for p in policies:  # each budget's standing in its running period
-        st = r.budget if p is policy and r.budget and r.budget.period == period else None
-        st = st or budget.status(app, p, now)
-        if st is not None:
-            standings.append(st)
+    if budgets is None:
+        budgets = standings(app, now)
     local_today = now.astimezone(ZoneInfo(period.tz)).date()
     days = [d for d, _ in r.daily]
     today = days.index(local_today) if local_today in days and now < period.end else None
     if today is None and now < period.start:
         today = -1
-    params = {k: q.get(k, "") for k in ("budget", "period", "by", "project", "owner", "cloud", "gpu")}
-    return Spend(r, standings, policy, {k: v for k, v in params.items() if v}, today)
+    params = {
+        k: q.get(k, "") for k in ("budget", "period", "by", "project", "owner", "cloud", "gpu")
+    }
+    return Spend(r, budgets, policy, {k: v for k, v in params.items() if v}, today)
 
 
 def month_choices(now: datetime, n: int = 4) -> list[str]:
@@ -311,9 +345,12 @@ class MachinePage:
 def machine_page(app: App, now: datetime, key: str) -> MachinePage | None:
     """By id, else the newest machine of that name."""
     with app.db.session() as s:
-        m = s.get(Machine, key) or s.scalars(
-            select(Machine).where(Machine.name == key).order_by(Machine.created_at.desc())
-        ).first()
+        m = (
+            s.get(Machine, key)
+            or s.scalars(
+                select(Machine).where(Machine.name == key).order_by(Machine.created_at.desc())
+            ).first()
+        )
         if m is None:
             return None
         events = list(
@@ -335,9 +372,7 @@ def machine_page(app: App, now: datetime, key: str) -> MachinePage | None:
             )
         )
     end = now if m.terminated_at is None else max(m.terminated_at, now)
-    costs = [
-        (iv, Money(ledger.interval_cost(iv, iv.started_at, end), iv.currency)) for iv in ivs
-    ]
+    costs = [(iv, Money(ledger.interval_cost(iv, iv.started_at, end), iv.currency)) for iv in ivs]
     spent = ledger.spend(ivs, m.created_at, end)
     return MachinePage(m, events, costs, [spent[c] for c in sorted(spent)], beats, start)
 

@@ -5,9 +5,8 @@ burn-down. No script, no library, nothing fetched; presentation attributes and C
 from __future__ import annotations
 
 import math
-
 from collections.abc import Callable, Sequence
-from datetime import datetime, timedelta
+from datetime import datetime
 from decimal import Decimal
 from html import escape
 
@@ -35,9 +34,7 @@ def sparkline(
         y = height - 1 - max(0.0, min(util, 100.0)) / 100 * (height - 2)
         runs[-1].append(f"{x:.1f},{y:.1f}")
     lines = "".join(
-        f'<polyline class="spark" points="{" ".join(r)}"/>'
-        if len(r) > 1
-        else f'<circle class="spark-dot" cx="{r[0].split(",")[0]}" cy="{r[0].split(",")[1]}" r="1.5"/>'
+        f'<polyline class="spark" points="{" ".join(r)}"/>' if len(r) > 1 else _dot(r[0])
         for r in runs
         if r
     )
@@ -47,6 +44,11 @@ def sparkline(
         f'<line class="spark-base" x1="0" y1="{height - 1}" x2="{width}" y2="{height - 1}"/>'
         f"{lines}</svg>"
     )
+
+
+def _dot(point: str) -> str:
+    x, y = point.split(",")
+    return f'<circle class="spark-dot" cx="{x}" cy="{y}" r="1.5"/>'
 
 
 def burndown(
@@ -148,8 +150,8 @@ def burndown(
                 f'<line class="committed" x1="{x(last):.1f}" y1="{y(cum[-1]):.1f}" '
                 f'x2="{x(n - 1):.1f}" y2="{y(committed_to):.1f}"/>'
             )
-    step = max(1, n // 10)
-    for i in range(0, n, step):  # x axis: day of the period
+    every = max(1, n // 10)
+    for i in range(0, n, every):  # x axis: day of the period
         parts.append(
             f'<text class="axis" x="{x(i):.1f}" y="{top + ph + 14}" text-anchor="middle">'
             f"{escape(days[i][0][-2:])}</text>"
@@ -179,17 +181,8 @@ def nice_step(raw: Decimal) -> Decimal:
     if raw <= 0:
         return Decimal(1)
     exp = Decimal(10) ** math.floor(math.log10(raw))
-    return next(m * exp for m in (Decimal(1), Decimal(2), Decimal("2.5"), Decimal(5), Decimal(10)) if m * exp >= raw)
-
-
-def buckets(
-    beats: Sequence[tuple[datetime, float | None]], start: datetime, step: timedelta
-) -> list[tuple[datetime, float | None]]:
-    """Heartbeats thinned to the highest value per ``step`` (a sparkline needs no more)."""
-    out: dict[int, tuple[datetime, float | None]] = {}
-    for at, util in beats:
-        k = int((at - start) / step)
-        prev = out.get(k)
-        if prev is None or (util is not None and (prev[1] is None or util > prev[1])):
-            out[k] = (start + step * k + step / 2, util)
-    return [out[k] for k in sorted(out)]
+    return next(
+        m * exp
+        for m in (Decimal(1), Decimal(2), Decimal("2.5"), Decimal(5), Decimal(10))
+        if m * exp >= raw
+    )

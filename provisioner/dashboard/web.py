@@ -16,6 +16,7 @@ import hmac
 import ipaddress
 import logging
 import mimetypes
+import threading
 import time
 from collections.abc import Callable, Iterable
 from datetime import datetime
@@ -40,6 +41,9 @@ LANG_COOKIE = "provisioner_lang"
 SESSION_SECONDS = 12 * 3600
 MAX_FORM = 256 * 1024  # a pasted experiment file is a few kB
 REFRESH_SECONDS = 30
+FLEET_SECONDS = 15  # a fleet page serves every request within this slice of the clock
+SPEND_SECONDS = 60  # spend and budget standings: the scheduler enforces budgets per minute
+CACHE_ENTRIES = 64
 HEADERS = [
     (
         "Content-Security-Policy",
@@ -123,6 +127,8 @@ class Dashboard:
         self.token = token
         self.open = open_access
         self.env = _env()
+        self._cache: dict[Any, Any] = {}
+        self._lock = threading.Lock()
         self.routes: dict[str, Callable[[Request], Response]] = {
             "/": self.fleet,
             "/spend": self.spend,
@@ -200,12 +206,16 @@ class Dashboard:
                 return Response(
                     status=303, headers=[("Location", req.url("/")), ("Set-Cookie", cookie)]
                 )
-            return self.page(req, "login.html", status=401, failed=True, configured=bool(self.token))
+            return self.page(
+                req, "login.html", status=401, failed=True, configured=bool(self.token)
+            )
         return self.page(req, "login.html", failed=False, configured=bool(self.token))
 
     def logout(self, req: Request) -> Response:
         cookie = f"{COOKIE}=; Path={req.root or '/'}; HttpOnly; SameSite=Strict; Max-Age=0"
-        return Response(status=303, headers=[("Location", req.url("/login")), ("Set-Cookie", cookie)])
+        return Response(
+            status=303, headers=[("Location", req.url("/login")), ("Set-Cookie", cookie)]
+        )
 
     # --- language -------------------------------------------------------------------------
 
@@ -235,10 +245,27 @@ class Dashboard:
     def now(self) -> datetime:
         return self.app.clock.now()
 
+    def cached(self, key: Any, seconds: int, make: Callable[[], Any]) -> Any:
+        """``make()``, shared by the requests of the same ``seconds``-long slice of the app's
+        clock: a team's browsers refreshing the fleet, or the CSV after its page, cost one
+        pass over the ledger, not one each."""
+        k = (key, int(self.now().timestamp() // seconds))
+        with self._lock:
+            if k in self._cache:
+                return self._cache[k]
+        value = make()
+        with self._lock:
+            if len(self._cache) >= CACHE_ENTRIES:
+                self._cache.clear()
+            self._cache[k] = value
+        return value
+
     def page(self, req: Request, name: str, status: int = 200, **kw: Any) -> Response:
         lang = self.language(req)
         f = render.Fmt(lang)
-        here = req.path + (("?" + req.environ["QUERY_STRING"]) if req.environ.get("QUERY_STRING") else "")
+        here = req.path + (
+            ("?" + req.environ["QUERY_STRING"]) if req.environ.get("QUERY_STRING") else ""
+        )
         html = self.env.get_template(name).render(
             f=f,
             t=f.t,
@@ -257,18 +284,25 @@ class Dashboard:
     def fleet(self, req: Request) -> Response:
         now = self.now()
         f = render.Fmt(self.language(req))
-        data = pages.fleet(self.app, now, f, req.query)
+        key = ("fleet", f.language, tuple(sorted(req.query.items())))
+        data = self.cached(key, FLEET_SECONDS, lambda: pages.fleet(self.app, now, f, req.query))
         return self.page(
             req,
             "fleet.html",
             fleet=data,
             refresh=REFRESH_SECONDS,
-            spark_end=now,
             section="fleet",
         )
 
     def _spend(self, req: Request) -> pages.Spend:
-        return pages.spend_report(self.app, self.now(), self.language(req), req.query)
+        now, lang = self.now(), self.language(req)
+        budgets = self.cached("standings", SPEND_SECONDS, lambda: pages.standings(self.app, now))
+        key = ("spend", lang, tuple(sorted((k, v) for k, v in req.query.items() if v)))
+        return self.cached(
+            key,
+            SPEND_SECONDS,
+            lambda: pages.spend_report(self.app, now, lang, req.query, budgets),
+        )
 
     def spend(self, req: Request) -> Response:
         data = self._spend(req)
@@ -317,9 +351,7 @@ class Dashboard:
                 result = pages.plan_page(self.app, path=picked)
             elif text.strip():
                 result = pages.plan_page(self.app, text=text)
-        return self.page(
-            req, "plan.html", files=files, result=result, text=text, section="plan"
-        )
+        return self.page(req, "plan.html", files=files, result=result, text=text, section="plan")
 
 
 def _burndown(data: pages.Spend, f: render.Fmt) -> Any:
