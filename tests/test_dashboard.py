@@ -9,8 +9,12 @@ from __future__ import annotations
 import csv
 import io
 import json
+import os
 import shutil
+import subprocess
+import sys
 import threading
+import urllib.request
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
@@ -21,6 +25,7 @@ import pytest
 
 from provisioner import idle, lifecycle
 from provisioner.app import App
+from provisioner.clock import CLOCK_ENV
 from provisioner.dashboard import make_app
 from provisioner.spec import Experiment
 from tests.conftest import (
@@ -399,3 +404,50 @@ def test_each_page_in_chromium_matches_the_report(served, browser, home):
     drv.get(base + "/lang?to=ru&back=/spend")
     assert drv.find_element(By.TAG_NAME, "h1").text.startswith("Расходы")
     shoot(drv, "spend-ru")
+
+
+# --- the command -----------------------------------------------------------------------------
+
+
+def test_the_command_refuses_to_listen_wide_without_a_token(home):
+    cfg = write_settings(home)
+    r = run_cli(
+        "--config",
+        str(cfg),
+        "dashboard",
+        "--listen",
+        "0.0.0.0:8765",
+        env={"PROVISIONER_DASHBOARD_TOKEN": ""},
+    )
+    assert r.returncode == 2
+    assert r.stderr.strip() == (
+        "error: --listen 0.0.0.0:8765: reachable beyond this computer, so a token is required; "
+        "set PROVISIONER_DASHBOARD_TOKEN (or dashboard.token in settings)"
+    )
+    assert not (home / "state.db").exists()  # nothing written
+
+
+def test_the_command_serves_the_dashboard_on_loopback(home):
+    cfg = write_settings(home)
+    argv = ["--config", str(cfg), "dashboard", "--listen", "127.0.0.1:0"]  # port 0: any free
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "provisioner", *argv],
+        env={**os.environ, CLOCK_ENV: TEST_START.isoformat()},
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stderr is not None
+        line = proc.stderr.readline()  # printed once it listens
+        assert line.startswith("dashboard on http://127.0.0.1:"), line
+        url = line.split()[2]
+        with urllib.request.urlopen(url) as resp:
+            page = resp.read().decode()
+            headers = resp.headers
+        assert "<h1>Fleet" in page and "No live machines match." in page
+        assert "frame-ancestors 'none'" in headers["Content-Security-Policy"]
+        with urllib.request.urlopen(url + "static/dashboard.css") as resp:
+            assert resp.headers["Content-Type"] == "text/css"
+    finally:
+        proc.terminate()
+        proc.wait(30)

@@ -34,13 +34,18 @@ def dashboard(
         )
     application.db  # noqa: B018  (migrate, and fail on a bad state URL, before listening)
     wsgi = make_app(application, listen=listen)
-    from waitress import serve  # type: ignore[import-untyped]
+    from waitress.server import create_server  # type: ignore[import-untyped]
 
-    shown = f"[{host}]" if ":" in host else host
-    err.print(f"dashboard on http://{shown}:{port}/ (Ctrl-C to stop)", highlight=False)
     try:
-        serve(wsgi, host=host, port=int(port), threads=4, ident="provisioner", _quiet=True)
+        server = create_server(wsgi, host=host, port=int(port), threads=4, ident="provisioner")
     except OSError as e:
         raise UserError(f"--listen {listen}: {e.strerror or e}") from None
+    shown = f"[{host}]" if ":" in host else host
+    bound = getattr(server, "effective_port", port)  # port 0: the one the system chose
+    err.print(f"dashboard on http://{shown}:{bound}/ (Ctrl-C to stop)", highlight=False)
+    try:
+        server.run()
     except KeyboardInterrupt:
         pass
+    finally:
+        server.close()
