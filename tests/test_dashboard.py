@@ -243,6 +243,21 @@ def test_plan_page_ranks_offers_and_says_bad_input_like_the_cli(seeded):
     assert "root:" not in html and "not one the dashboard offers" in html
 
 
+def test_language_from_the_browser_and_bad_input_in_a_query(seeded):
+    a, _ = seeded
+    wsgi = make_app(a)
+    status, _, html = call(wsgi, "/spend", accept_language="ru-RU,ru;q=0.9,en;q=0.8")
+    assert status == 200 and '<html lang="ru">' in html and "Расходы: все проекты" in html
+    assert "1\xa0071,85\xa0$" in html  # demo's November so far, written the Russian way
+    assert '<html lang="en">' in call(wsgi, "/", accept_language="de-DE,en;q=0.5")[2]
+    status, _, html = call(wsgi, "/spend?period=2026-13")
+    assert status == 400 and "period: not a period: &#39;2026-13&#39;" in html
+    status, _, html = call(wsgi, "/spend?by=colour")
+    assert status == 400 and "by: use one of project, owner, cloud, gpu, machine" in html
+    assert call(wsgi, "/machine/nope")[0] == 404
+    assert call(wsgi, "/plan", "POST", "text=" + "x" * 300_000)[0] == 413
+
+
 # --- the browser -----------------------------------------------------------------------------
 
 

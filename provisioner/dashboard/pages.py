@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import date, datetime, time, timedelta
+from datetime import datetime, time, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo
 
@@ -143,7 +143,10 @@ def _why_up(a: sweep.Assessment, now: datetime, f: Fmt) -> str:
     if m.kept_until is not None and m.kept_until > now:
         return f.t("dash_why_kept", when=when(f, m.kept_until, now, _tz(a)))
     if m.status != "running":
-        return f.t(f"dash_state_{m.status}") if f"dash_state_{m.status}" in _keys(f) else m.status
+        try:
+            return f.t(f"dash_state_{m.status}")
+        except KeyError:
+            return m.status
     if not a.rules.idle:
         return f.t("dash_why_no_rule")
     reasons = []
@@ -155,12 +158,6 @@ def _why_up(a: sweep.Assessment, now: datetime, f: Fmt) -> str:
         else:
             reasons.append(f.t(f"dash_why_{signal}"))
     return "; ".join(dict.fromkeys(reasons))
-
-
-def _keys(f: Fmt) -> set[str]:
-    from provisioner.render import messages
-
-    return set(messages(f.language))
 
 
 def _tz(a: sweep.Assessment) -> ZoneInfo | None:
@@ -426,7 +423,3 @@ def experiment_files(app: App, dirs: list[str]) -> list[str]:
             if sp and Path(sp).is_file():
                 found.add(str(Path(sp).resolve()))
     return sorted(found)
-
-
-def day_label(d: date) -> str:
-    return d.isoformat()

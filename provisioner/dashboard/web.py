@@ -68,6 +68,10 @@ def is_loopback(host: str) -> bool:
         return False  # a name: whatever it resolves to, treat it as wide
 
 
+class TooLarge(ValueError):
+    pass
+
+
 class Response:
     def __init__(
         self,
@@ -110,7 +114,9 @@ class Request:
                 n = int(self.environ.get("CONTENT_LENGTH") or 0)
             except ValueError:
                 n = 0
-            raw = self.environ["wsgi.input"].read(min(max(n, 0), MAX_FORM)) if n else b""
+            if not 0 <= n <= MAX_FORM:
+                raise TooLarge(f"a form of at most {MAX_FORM // 1024} KiB, please")
+            raw = self.environ["wsgi.input"].read(n) if n else b""
             self._form = dict(parse_qsl(raw.decode("utf-8", "replace"), keep_blank_values=True))
         return self._form
 
@@ -144,6 +150,8 @@ class Dashboard:
             resp = self.handle(req)
         except ProvisionerError as e:  # bad input in a query: say it, like the CLI would
             resp = self.page(req, "error.html", status=400, message=str(e))
+        except TooLarge as e:
+            resp = Response(str(e), 413, "text/plain; charset=utf-8")
         except Exception:
             log.exception("dashboard: %s %s failed", req.method, req.path)
             resp = Response("internal error", 500, "text/plain; charset=utf-8")
