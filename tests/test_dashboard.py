@@ -378,11 +378,12 @@ def test_each_page_in_chromium_matches_the_report(served, browser, home):
         r.get_attribute("data-key") for r in drv.find_elements(By.CSS_SELECTOR, "#lines tbody tr")
     ]
     assert sorted(keys) == ["ana@example.com", "bob@example.com"]
-    vision = report_json(a, pdir, "--policy", "vision-budget")["budget"]
-    card = drv.find_element(By.CSS_SELECTOR, '.budget-card[data-budget="vision-budget"]')
-    assert card.find_element(By.CSS_SELECTOR, '[data-field="spent"]').text == money_text(
-        vision["spent"]
-    )
+    for name in ("demo-budget", "vision-budget"):  # each card: the budget's own standing
+        want = report_json(a, pdir, "--policy", name)["budget"]
+        card = drv.find_element(By.CSS_SELECTOR, f'.budget-card[data-budget="{name}"]')
+        for field in ("spent", "amount", "committed", "forecast"):
+            got = card.find_element(By.CSS_SELECTOR, f'[data-field="{field}"]').text
+            assert got == money_text(want["budget" if field == "amount" else field])
     go(drv, card)
     assert "budget=vision-budget" in drv.current_url
     savings = drv.find_element(By.ID, "savings").text

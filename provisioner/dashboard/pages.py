@@ -248,8 +248,33 @@ def budget_policies(app: App) -> list[Policy]:
 
 
 def standings(app: App, now: datetime) -> list[budget.Status]:
-    """Each budget's standing in its running period (one pass over its usage each)."""
-    return [st for p in budget_policies(app) if (st := budget.status(app, p, now)) is not None]
+    """Each budget's standing in its running period, as :func:`budget.status` gives it; the
+    spend so far of every budget sharing a period is tallied in one pass over the ledger
+    (``ledger.total`` per budget would be one pass each)."""
+    policies = budget_policies(app)
+    periods: dict[ledger.Period, list[int]] = {}
+    for i, p in enumerate(policies):
+        if (period := budget.period_of(p, now)) is not None:
+            periods.setdefault(period, []).append(i)
+    actual: dict[int, ledger.Amounts] = {}
+    with app.db.session() as s:
+        for period, which in periods.items():
+            tally, covered = ledger.Tally(), {}  # (project, owner) → the budgets covering it
+            for u in ledger.scan(s, period.start, period.clip(now)):
+                key = (u.project, u.owner)
+                if key not in covered:
+                    covered[key] = [i for i in which if policies[i].applies_to.matches(*key)]
+                for i in covered[key]:
+                    tally.add(i, u)
+            sums = tally.amounts()
+            actual.update({i: sums.get(i, ledger.Amounts()) for i in which})
+    out = []
+    for i, p in enumerate(policies):
+        if i in actual:
+            st = budget.status(app, p, now, actual=actual[i])
+            if st is not None:
+                out.append(st)
+    return out
 
 
 def spend_report(

@@ -42,7 +42,7 @@ SESSION_SECONDS = 12 * 3600
 MAX_FORM = 256 * 1024  # a pasted experiment file is a few kB
 REFRESH_SECONDS = 30
 FLEET_SECONDS = 15  # a fleet page serves every request within this slice of the clock
-SPEND_SECONDS = 60  # spend and budget standings: the scheduler enforces budgets per minute
+SPEND_SECONDS = 300  # spend and budget standings: a pass over a big ledger takes a while
 CACHE_ENTRIES = 64
 HEADERS = [
     (
