@@ -293,13 +293,21 @@ def served(seeded):
 
 def go(drv, element) -> None:
     """Click ``element`` and wait until the page it leads to has replaced this one."""
+    from selenium.common.exceptions import WebDriverException
     from selenium.webdriver.common.by import By
-    from selenium.webdriver.support import expected_conditions as ec
     from selenium.webdriver.support.ui import WebDriverWait
 
     old = drv.find_element(By.TAG_NAME, "html")
     element.click()
-    WebDriverWait(drv, 30).until(ec.staleness_of(old))
+
+    def replaced(_: object) -> bool:
+        try:
+            old.tag_name  # noqa: B018  (chromedriver answers stale, or "node not in document")
+        except WebDriverException:
+            return True
+        return False
+
+    WebDriverWait(drv, 30).until(replaced)
 
 
 def shoot(drv, name: str) -> None:
@@ -353,6 +361,11 @@ def test_each_page_in_chromium_matches_the_report(served, browser, home):
     assert len(usage) == 2  # compute until the stop; the disk still bills
     assert sum("still billing" in u for u in usage) == 1
     shoot(drv, "machine")
+    drv.get(base + "/machine/train-a")  # a running one: its heartbeats, newest first
+    beats = drv.find_elements(By.CSS_SELECTOR, "#heartbeats tbody tr")
+    assert len(beats) == 24 and beats[0].text.startswith("09:55 UTC")  # today: the time alone
+    assert drv.find_elements(By.CSS_SELECTOR, "svg.sparkline polyline")
+    shoot(drv, "machine-running")
 
     # Spend: the budget's numbers, to the cent, as `provisioner report` gives them
     cli = report_json(a, pdir, "--project", "demo")

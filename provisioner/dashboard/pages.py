@@ -396,7 +396,9 @@ def machine_page(app: App, now: datetime, key: str) -> MachinePage | None:
     end = now if m.terminated_at is None else max(m.terminated_at, now)
     costs = [(iv, Money(ledger.interval_cost(iv, iv.started_at, end), iv.currency)) for iv in ivs]
     spent = ledger.spend(ivs, m.created_at, end)
-    return MachinePage(m, events, costs, [spent[c] for c in sorted(spent)], beats, start)
+    # the sparkline spans the heartbeats kept (a day at most), not an empty day before them
+    first = beats[0].at if beats else start
+    return MachinePage(m, events, costs, [spent[c] for c in sorted(spent)], beats, first)
 
 
 # --- plan ----------------------------------------------------------------------------------

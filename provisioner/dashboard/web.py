@@ -20,6 +20,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from datetime import datetime
+from decimal import ROUND_HALF_UP, Decimal
 from http import HTTPStatus
 from http.cookies import SimpleCookie
 from pathlib import Path
@@ -276,6 +277,7 @@ class Dashboard:
         )
         html = self.env.get_template(name).render(
             f=f,
+            rate=lambda amount, currency: rate_text(f, amount, currency),
             t=f.t,
             lang=lang,
             req=req,
@@ -411,6 +413,16 @@ def _static(name: str) -> Response:
         return Response("not found", 404, "text/plain; charset=utf-8")
     ctype = mimetypes.guess_type(path.name)[0] or "application/octet-stream"
     return Response(path.read_bytes(), ctype=ctype, headers=[("Cache-Control", "max-age=3600")])
+
+
+def rate_text(f: render.Fmt, amount: Any, currency: str | None) -> str:
+    """A rate per hour: to 1/100 of a cent, so a disk's 0.0068 USD/h is not shown as 0.01."""
+    from babel.numbers import format_currency
+
+    if amount is None or not currency:
+        return "—"
+    d = Decimal(amount).quantize(Decimal("0.0001"), ROUND_HALF_UP).normalize()
+    return format_currency(d, currency, locale=f.locale, decimal_quantization=False) + "/h"
 
 
 def _reason(reason: str, t: Callable[..., str]) -> str:
