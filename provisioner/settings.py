@@ -156,6 +156,24 @@ class SchedulerSettings(BaseModel):
         return host.strip("[]"), int(port)
 
 
+class DashboardSettings(BaseModel):
+    """``provisioner dashboard``. Beyond loopback it asks for a token: ``token`` here or
+    ``$PROVISIONER_DASHBOARD_TOKEN`` (which wins), entered once on its login page."""
+
+    model_config = ConfigDict(extra="forbid")
+    listen: str = "127.0.0.1:8765"
+    language: str | None = Field(None, pattern="^(en|ru)$")  # None: the browser's choice
+    token: SecretStr | None = None
+    experiments: list[str] = Field(
+        default_factory=list
+    )  # files or directories the Plan page offers
+
+    @property
+    def secret(self) -> str | None:
+        env = os.environ.get("PROVISIONER_DASHBOARD_TOKEN")
+        return env or (self.token.get_secret_value() if self.token else None)
+
+
 def _clouds_model() -> type[BaseModel]:
     """``clouds:``: one optional section per registered cloud, typed by the cloud's own
     options model, so a misspelt cloud or option is an error with its file and line. A cloud
@@ -187,6 +205,7 @@ class Settings(BaseSettings):
     smtp: SmtpSettings = Field(default_factory=SmtpSettings)
     scheduler: SchedulerSettings = Field(default_factory=SchedulerSettings)
     ownership: OwnershipSettings = Field(default_factory=OwnershipSettings)  # rent or buy
+    dashboard: DashboardSettings = Field(default_factory=DashboardSettings)
     home: Path = Field(default_factory=data_dir)  # state, sandbox cloud, refreshed catalog
     # IANA zone of times given without one where no policy calendar applies
     # (`keep --until HH:MM`); never this computer's offset, which DST changes under us

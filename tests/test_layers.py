@@ -50,12 +50,17 @@ ORDER = [
     "provisioner.jobs.scheduled_reports",
     "provisioner.jobs.metrics",
     "provisioner.jobs.daemon",
+    "provisioner.dashboard.svg",  # the team dashboard: charts, page data, the WSGI app
+    "provisioner.dashboard.pages",
+    "provisioner.dashboard.web",
+    "provisioner.dashboard",
     "provisioner.cli",  # the Typer app and what every command shares
     "provisioner.cli.catalog",
     "provisioner.cli.machines",
     "provisioner.cli.status",  # status (fleet and detail), events
     "provisioner.cli.report",
     "provisioner.cli.scheduler",
+    "provisioner.cli.dashboard",
     "provisioner.cli.main",  # the entry point: registers the commands and runs one
     "provisioner.__main__",
 ]

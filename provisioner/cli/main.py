@@ -16,6 +16,7 @@ from rich.markup import escape
 from provisioner.cli import (  # noqa: F401  (commands)
     app,
     catalog,
+    dashboard,
     err,
     json_requested,
     machines,

@@ -1,0 +1,188 @@
+"""Charts as inline SVG, drawn on the server: a GPU-utilisation sparkline and a budget's
+burn-down. No script, no library, nothing fetched; presentation attributes and CSS classes only
+(the pages' Content-Security-Policy forbids inline ``style``)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from datetime import datetime
+from decimal import Decimal
+from html import escape
+
+from markupsafe import Markup
+
+
+def sparkline(
+    points: Sequence[tuple[datetime, float | None]],
+    start: datetime,
+    end: datetime,
+    *,
+    width: int = 120,
+    height: int = 24,
+    label: str = "",
+) -> Markup:
+    """Max GPU utilisation (0–100 %) over [start, end): a line per run of known values; an
+    agent that saw no GPU (None) breaks the line."""
+    span = (end - start).total_seconds() or 1.0
+    runs: list[list[str]] = [[]]
+    for at, util in points:
+        if util is None:
+            runs.append([])
+            continue
+        x = (at - start).total_seconds() / span * width
+        y = height - 1 - max(0.0, min(util, 100.0)) / 100 * (height - 2)
+        runs[-1].append(f"{x:.1f},{y:.1f}")
+    lines = "".join(
+        f'<polyline class="spark" points="{" ".join(r)}"/>' if len(r) > 1 else _dot(r[0])
+        for r in runs
+        if r
+    )
+    return Markup(
+        f'<svg class="sparkline" viewBox="0 0 {width} {height}" width="{width}" '
+        f'height="{height}" role="img" aria-label="{escape(label)}">'
+        f'<line class="spark-base" x1="0" y1="{height - 1}" x2="{width}" y2="{height - 1}"/>'
+        f"{lines}</svg>"
+    )
+
+
+def _dot(point: str) -> str:
+    x, y = point.split(",")
+    return f'<circle class="spark-dot" cx="{x}" cy="{y}" r="1.5"/>'
+
+
+def burndown(
+    days: Sequence[tuple[str, Decimal]],
+    today: int | None,
+    *,
+    amount: Decimal | None,
+    forecast: Decimal | None,
+    committed_to: Decimal | None,
+    thresholds: Sequence[Decimal],
+    labels: dict[str, str],
+    money: dict[str, str],
+    num: Callable[[Decimal], str] = str,
+) -> Markup:
+    """Cumulative spend by day against the budget: bars for each day's spend, the running
+    total up to ``today`` (index into ``days``), a dashed line from there to the forecast at
+    the period's end, the spent + committed mark, the budget line and a tick per threshold
+    (no budget: ``amount`` None). ``labels``/``money``/``num`` give the words and formatted
+    amounts in the page's language."""
+    w, h, left, right, top, bottom = 720, 272, 64, 16, 28, 40
+    pw, ph = w - left - right, h - top - bottom
+    n = max(len(days), 1)
+    daily = [v for _, v in days]
+    cum: list[Decimal] = []
+    run = Decimal(0)
+    for i, v in enumerate(daily):
+        run += v
+        if today is None or i <= today:
+            cum.append(run)
+    top_value = max(
+        [
+            amount or Decimal(0),
+            *(cum or [Decimal(0)]),
+            forecast or Decimal(0),
+            committed_to or Decimal(0),
+        ]
+    )
+    step = nice_step(top_value * Decimal("1.04") / 4)
+    ticks = max(1, math.ceil(top_value * Decimal("1.04") / step))
+    top_value = step * ticks
+    peak_day = max(daily, default=Decimal(0)) or Decimal(1)
+
+    def x(i: float) -> float:
+        return left + (i + 0.5) * pw / n
+
+    def y(v: Decimal) -> float:
+        return top + ph - float(v / top_value) * ph
+
+    parts = [
+        f'<svg class="burndown" viewBox="0 0 {w} {h}" role="img" '
+        f'aria-label="{escape(labels["title"])}">',
+        f'<rect class="plot" x="{left}" y="{top}" width="{pw}" height="{ph}"/>',
+    ]
+    for k in range(ticks + 1):  # y grid in the budget's currency, at round numbers
+        v = step * k
+        parts.append(
+            f'<line class="grid" x1="{left}" x2="{left + pw}" y1="{y(v):.1f}" y2="{y(v):.1f}"/>'
+            f'<text class="axis" x="{left - 6}" y="{y(v) + 4:.1f}" text-anchor="end">'
+            f"{escape(num(v))}</text>"
+        )
+    parts.append(f'<text class="axis" x="{left - 6}" y="{top - 14}" text-anchor="end">')
+    parts.append(f"{escape(money['top'])}</text>")
+    bar_w = max(pw / n * 0.6, 1)
+    for i, v in enumerate(daily):  # daily spend, scaled to the lower third
+        bh = float(v / peak_day) * ph / 3
+        parts.append(
+            f'<rect class="day" x="{x(i) - bar_w / 2:.1f}" y="{top + ph - bh:.1f}" '
+            f'width="{bar_w:.1f}" height="{bh:.1f}"><title>{escape(days[i][0])}</title></rect>'
+        )
+    if amount is not None:
+        for t in thresholds:  # alert thresholds as dotted lines, labelled on the right
+            if t == 100:
+                continue  # the budget line itself
+            ty = y(amount * t / 100)
+            if ty >= top:
+                parts.append(
+                    f'<line class="threshold" x1="{left}" x2="{left + pw}" y1="{ty:.1f}" '
+                    f'y2="{ty:.1f}"/><text class="axis" x="{left + pw - 4}" y="{ty - 3:.1f}" '
+                    f'text-anchor="end">{t:g} %</text>'
+                )
+        by = y(amount)
+        parts.append(
+            f'<line class="budget" x1="{left}" x2="{left + pw}" y1="{by:.1f}" y2="{by:.1f}"/>'
+            f'<text class="label budget-label" x="{left + 4}" y="{by - 4:.1f}">'
+            f"{escape(labels['budget'])} {escape(money['amount'])}</text>"
+        )
+    if cum:
+        pts = " ".join(f"{x(i):.1f},{y(v):.1f}" for i, v in enumerate(cum))
+        parts.append(f'<polyline class="spent" points="{pts}"/>')
+        last = len(cum) - 1
+        if forecast is not None and last < n - 1:
+            parts.append(
+                f'<line class="forecast" x1="{x(last):.1f}" y1="{y(cum[-1]):.1f}" '
+                f'x2="{x(n - 1):.1f}" y2="{y(forecast):.1f}"/>'
+                f'<circle class="forecast-dot" cx="{x(n - 1):.1f}" cy="{y(forecast):.1f}" r="3"/>'
+            )
+        if committed_to is not None and last < n - 1:
+            parts.append(
+                f'<line class="committed" x1="{x(last):.1f}" y1="{y(cum[-1]):.1f}" '
+                f'x2="{x(n - 1):.1f}" y2="{y(committed_to):.1f}"/>'
+            )
+    every = max(1, n // 10)
+    for i in range(0, n, every):  # x axis: day of the period
+        parts.append(
+            f'<text class="axis" x="{x(i):.1f}" y="{top + ph + 14}" text-anchor="middle">'
+            f"{escape(days[i][0][-2:])}</text>"
+        )
+    legend = [
+        ("day", labels["daily"]),
+        ("spent", labels["spent"]),
+        *([("committed", labels["committed"])] if committed_to is not None else []),
+        *([("forecast", labels["forecast"])] if forecast is not None else []),
+        *([("budget", labels["budget"])] if amount is not None else []),
+    ]
+    lx = left
+    for cls, text in legend:
+        mark = (
+            f'<rect class="day" x="{lx}" y="{h - 13}" width="18" height="9"/>'
+            if cls == "day"
+            else f'<line class="{cls}" x1="{lx}" x2="{lx + 18}" y1="{h - 8}" y2="{h - 8}"/>'
+        )
+        parts.append(f'{mark}<text class="legend" x="{lx + 22}" y="{h - 4}">{escape(text)}</text>')
+        lx += 30 + 7 * len(text)
+    parts.append("</svg>")
+    return Markup("".join(parts))
+
+
+def nice_step(raw: Decimal) -> Decimal:
+    """The round number (1, 2, 2.5 or 5 × 10ⁿ) at or above ``raw``, for grid lines."""
+    if raw <= 0:
+        return Decimal(1)
+    exp = Decimal(10) ** math.floor(math.log10(raw))
+    return next(
+        m * exp
+        for m in (Decimal(1), Decimal(2), Decimal("2.5"), Decimal(5), Decimal(10))
+        if m * exp >= raw
+    )

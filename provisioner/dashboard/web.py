@@ -1,0 +1,448 @@
+"""The dashboard as a WSGI application: routing, the login, headers, and the pages rendered
+from Jinja2 templates (``provisioner/templates/dashboard/``) with the report's own words and
+number formats (:mod:`provisioner.render`).
+
+Access: on a loopback address anyone on this computer may look. Bound wider, every request
+needs the token (``dashboard.token`` in settings or ``$PROVISIONER_DASHBOARD_TOKEN``): entered
+once on the login form, it becomes an HttpOnly, SameSite=Strict session cookie signed with the
+token (so it survives restarts and several workers, and dies when the token changes); scripts
+may send it as ``Authorization: Bearer``. It never appears in a page or a URL.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import ipaddress
+import logging
+import mimetypes
+import threading
+import time
+from collections.abc import Callable, Iterable
+from datetime import datetime
+from decimal import ROUND_HALF_UP, Decimal
+from http import HTTPStatus
+from http.cookies import SimpleCookie
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qsl, urlencode
+
+from provisioner import render
+from provisioner.app import App
+from provisioner.dashboard import pages, svg
+from provisioner.errors import ProvisionerError
+from provisioner.money import Money
+
+log = logging.getLogger("provisioner.dashboard")
+
+TEMPLATES = Path(__file__).resolve().parent.parent / "templates" / "dashboard"
+STATIC = Path(__file__).resolve().parent.parent / "static" / "dashboard"
+COOKIE = "provisioner_session"
+LANG_COOKIE = "provisioner_lang"
+SESSION_SECONDS = 12 * 3600
+MAX_FORM = 256 * 1024  # a pasted experiment file is a few kB
+REFRESH_SECONDS = 30
+FLEET_SECONDS = 15  # a fleet page serves every request within this slice of the clock
+SPEND_SECONDS = 300  # spend and budget standings: a pass over a big ledger takes a while
+CACHE_ENTRIES = 64
+HEADERS = [
+    (
+        "Content-Security-Policy",
+        "default-src 'none'; style-src 'self'; img-src 'self' data:; form-action 'self'; "
+        "frame-ancestors 'none'; base-uri 'none'",
+    ),
+    ("X-Content-Type-Options", "nosniff"),
+    ("Referrer-Policy", "no-referrer"),
+]
+
+StartResponse = Callable[..., Any]
+Environ = dict[str, Any]
+
+
+def is_loopback(host: str) -> bool:
+    host = host.strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # a name: whatever it resolves to, treat it as wide
+
+
+class TooLarge(ValueError):
+    pass
+
+
+class Response:
+    def __init__(
+        self,
+        body: str | bytes = b"",
+        status: int = 200,
+        ctype: str = "text/html; charset=utf-8",
+        headers: list[tuple[str, str]] | None = None,
+    ) -> None:
+        self.body = body.encode() if isinstance(body, str) else body
+        self.status = status
+        self.headers = [("Content-Type", ctype), *(headers or [])]
+
+    def __call__(self, start_response: StartResponse) -> Iterable[bytes]:
+        phrase = HTTPStatus(self.status).phrase
+        headers = [*self.headers, *HEADERS, ("Content-Length", str(len(self.body)))]
+        if not any(k == "Cache-Control" for k, _ in headers):
+            headers.append(("Cache-Control", "no-store"))  # pages hold project names and money
+        start_response(f"{self.status} {phrase}", headers)
+        return [self.body]
+
+
+class Request:
+    def __init__(self, environ: Environ) -> None:
+        self.environ = environ
+        self.method = environ.get("REQUEST_METHOD", "GET")
+        self.path = environ.get("PATH_INFO", "") or "/"
+        self.root = environ.get("SCRIPT_NAME", "").rstrip("/")  # where we are mounted
+        self.query = dict(parse_qsl(environ.get("QUERY_STRING", ""), keep_blank_values=True))
+        cookies = SimpleCookie()
+        try:
+            cookies.load(environ.get("HTTP_COOKIE", ""))
+        except Exception:  # a malformed cookie header is no cookie
+            cookies = SimpleCookie()
+        self.cookies = {k: v.value for k, v in cookies.items()}
+        self._form: dict[str, str] | None = None
+
+    def form(self) -> dict[str, str]:
+        if self._form is None:
+            try:
+                n = int(self.environ.get("CONTENT_LENGTH") or 0)
+            except ValueError:
+                n = 0
+            if not 0 <= n <= MAX_FORM:
+                raise TooLarge(f"a form of at most {MAX_FORM // 1024} KiB, please")
+            raw = self.environ["wsgi.input"].read(n) if n else b""
+            self._form = dict(parse_qsl(raw.decode("utf-8", "replace"), keep_blank_values=True))
+        return self._form
+
+    def url(self, path: str, **query: str) -> str:
+        q = {k: v for k, v in query.items() if v}
+        return self.root + path + (("?" + urlencode(q)) if q else "")
+
+
+class Dashboard:
+    """The WSGI callable (see :func:`provisioner.dashboard.make_app`)."""
+
+    def __init__(self, app: App, *, token: str | None, open_access: bool) -> None:
+        self.app = app
+        self.token = token
+        self.open = open_access
+        self.env = _env()
+        self._cache: dict[Any, Any] = {}
+        self._lock = threading.Lock()
+        self.routes: dict[str, Callable[[Request], Response]] = {
+            "/": self.fleet,
+            "/spend": self.spend,
+            "/spend.csv": self.spend_csv,
+            "/plan": self.plan,
+            "/login": self.login,
+            "/logout": self.logout,
+        }
+
+    def __call__(self, environ: Environ, start_response: StartResponse) -> Iterable[bytes]:
+        req = Request(environ)
+        try:
+            resp = self.handle(req)
+        except ProvisionerError as e:  # bad input in a query: say it, like the CLI would
+            resp = self.page(req, "error.html", status=400, message=str(e))
+        except TooLarge as e:
+            resp = Response(str(e), 413, "text/plain; charset=utf-8")
+        except Exception:
+            log.exception("dashboard: %s %s failed", req.method, req.path)
+            resp = Response("internal error", 500, "text/plain; charset=utf-8")
+        return resp(start_response)
+
+    def handle(self, req: Request) -> Response:
+        if req.path.startswith("/static/"):
+            return _static(req.path.removeprefix("/static/"))
+        if req.path == "/lang":
+            return self.set_language(req)
+        if req.path not in ("/login",) and not self.allowed(req):
+            if req.method == "GET" and not req.path.endswith(".csv"):
+                return Response(status=303, headers=[("Location", req.url("/login"))])
+            return Response("authentication required", 401, "text/plain; charset=utf-8")
+        if req.path.startswith("/machine/"):
+            return self.machine(req, req.path.removeprefix("/machine/"))
+        route = self.routes.get(req.path)
+        if route is None:
+            return self.page(req, "error.html", status=404, message=self.t(req, "dash_not_found"))
+        return route(req)
+
+    # --- access ---------------------------------------------------------------------------
+
+    def allowed(self, req: Request) -> bool:
+        if self.open:
+            return True
+        if not self.token:  # bound wide with no token: nobody
+            return False
+        auth = req.environ.get("HTTP_AUTHORIZATION", "")
+        if auth[:7].lower() == "bearer " and hmac.compare_digest(
+            auth[7:].strip().encode(), self.token.encode()
+        ):
+            return True
+        return self._valid_session(req.cookies.get(COOKIE, ""))
+
+    def _sign(self, expires: int) -> str:
+        assert self.token
+        mac = hmac.new(self.token.encode(), f"session:{expires}".encode(), hashlib.sha256)
+        return f"{expires}.{mac.hexdigest()}"
+
+    def _valid_session(self, value: str) -> bool:
+        exp, _, _ = value.partition(".")
+        if not exp.isdigit() or int(exp) < time.time():
+            return False
+        return hmac.compare_digest(value.encode(), self._sign(int(exp)).encode())
+
+    def login(self, req: Request) -> Response:
+        if self.open:
+            return Response(status=303, headers=[("Location", req.url("/"))])
+        if req.method == "POST":
+            given = req.form().get("token", "")
+            if self.token and hmac.compare_digest(given.encode(), self.token.encode()):
+                value = self._sign(int(time.time()) + SESSION_SECONDS)
+                cookie = (
+                    f"{COOKIE}={value}; Path={req.root or '/'}; HttpOnly; SameSite=Strict; "
+                    f"Max-Age={SESSION_SECONDS}"
+                )
+                if req.environ.get("wsgi.url_scheme") == "https":
+                    cookie += "; Secure"
+                return Response(
+                    status=303, headers=[("Location", req.url("/")), ("Set-Cookie", cookie)]
+                )
+            return self.page(
+                req, "login.html", status=401, failed=True, configured=bool(self.token)
+            )
+        return self.page(req, "login.html", failed=False, configured=bool(self.token))
+
+    def logout(self, req: Request) -> Response:
+        cookie = f"{COOKIE}=; Path={req.root or '/'}; HttpOnly; SameSite=Strict; Max-Age=0"
+        return Response(
+            status=303, headers=[("Location", req.url("/login")), ("Set-Cookie", cookie)]
+        )
+
+    # --- language -------------------------------------------------------------------------
+
+    def language(self, req: Request) -> str:
+        chosen = req.cookies.get(LANG_COOKIE) or self.app.settings.dashboard.language
+        if chosen in render.LOCALES:
+            return chosen
+        return accept_language(req.environ.get("HTTP_ACCEPT_LANGUAGE", ""))
+
+    def set_language(self, req: Request) -> Response:
+        to = req.query.get("to", "")
+        back = req.query.get("back", "/")
+        if not back.startswith("/") or back.startswith("//"):
+            back = "/"
+        headers = [("Location", req.root + back)]
+        if to in render.LOCALES:
+            headers.append(
+                ("Set-Cookie", f"{LANG_COOKIE}={to}; Path={req.root or '/'}; SameSite=Strict")
+            )
+        return Response(status=303, headers=headers)
+
+    def t(self, req: Request, key: str, **kw: Any) -> str:
+        return render.Fmt(self.language(req)).t(key, **kw)
+
+    # --- pages ----------------------------------------------------------------------------
+
+    def now(self) -> datetime:
+        return self.app.clock.now()
+
+    def cached(self, key: Any, seconds: int, make: Callable[[], Any]) -> Any:
+        """``make()``, shared by the requests of the same ``seconds``-long slice of the app's
+        clock: a team's browsers refreshing the fleet, or the CSV after its page, cost one
+        pass over the ledger, not one each."""
+        k = (key, int(self.now().timestamp() // seconds))
+        with self._lock:
+            if k in self._cache:
+                return self._cache[k]
+        value = make()
+        with self._lock:
+            if len(self._cache) >= CACHE_ENTRIES:
+                self._cache.clear()
+            self._cache[k] = value
+        return value
+
+    def page(self, req: Request, name: str, status: int = 200, **kw: Any) -> Response:
+        lang = self.language(req)
+        f = render.Fmt(lang)
+        here = req.path + (
+            ("?" + req.environ["QUERY_STRING"]) if req.environ.get("QUERY_STRING") else ""
+        )
+        html = self.env.get_template(name).render(
+            f=f,
+            rate=lambda amount, currency: rate_text(f, amount, currency),
+            t=f.t,
+            lang=lang,
+            req=req,
+            url=req.url,
+            here=here,
+            auth=not self.open,
+            now=self.now(),
+            when=lambda at, tz=None: pages.when(f, at, self.now(), tz),
+            svg=svg,
+            **kw,
+        )
+        return Response(html, status)
+
+    def fleet(self, req: Request) -> Response:
+        now = self.now()
+        f = render.Fmt(self.language(req))
+        key = ("fleet", f.language, tuple(sorted(req.query.items())))
+        data = self.cached(key, FLEET_SECONDS, lambda: pages.fleet(self.app, now, f, req.query))
+        return self.page(
+            req,
+            "fleet.html",
+            fleet=data,
+            refresh=REFRESH_SECONDS,
+            section="fleet",
+        )
+
+    def _spend(self, req: Request) -> pages.Spend:
+        now, lang = self.now(), self.language(req)
+        budgets = self.cached("standings", SPEND_SECONDS, lambda: pages.standings(self.app, now))
+        key = ("spend", lang, tuple(sorted((k, v) for k, v in req.query.items() if v)))
+        return self.cached(
+            key,
+            SPEND_SECONDS,
+            lambda: pages.spend_report(self.app, now, lang, req.query, budgets),
+        )
+
+    def spend(self, req: Request) -> Response:
+        data = self._spend(req)
+        now = self.now()
+        f = render.Fmt(self.language(req))
+        return self.page(
+            req,
+            "spend.html",
+            s=data,
+            r=data.report,
+            section="spend",
+            by_choices=pages.BY,
+            months=pages.month_choices(now),
+            this_week=pages.week_label(now),
+            budget_names=[p.name for p in pages.budget_policies(self.app)],
+            ownership=lambda o: render.ownership_text(data.report, o),
+            chart=_burndown(data, f),
+        )
+
+    def spend_csv(self, req: Request) -> Response:
+        r = self._spend(req).report
+        name = f"spend-{render._slug(r.title)}-{r.period.label}.csv"
+        return Response(
+            render.csv(r),
+            ctype="text/csv; charset=utf-8",
+            headers=[("Content-Disposition", f'attachment; filename="{name}"')],
+        )
+
+    def machine(self, req: Request, key: str) -> Response:
+        data = pages.machine_page(self.app, self.now(), key)
+        if data is None:
+            return self.page(req, "error.html", status=404, message=self.t(req, "dash_not_found"))
+        return self.page(req, "machine.html", m=data.machine, d=data, section="fleet")
+
+    def plan(self, req: Request) -> Response:
+        files = pages.experiment_files(self.app, self.app.settings.dashboard.experiments)
+        result = None
+        text = ""
+        if req.method == "POST":
+            form = req.form()
+            text = form.get("text", "")
+            picked = form.get("file", "")
+            if picked and picked not in files:  # only the files offered, never any path
+                result = pages.PlanPage(picked, problems=[self.t(req, "dash_plan_unknown_file")])
+            elif picked:
+                result = pages.plan_page(self.app, path=picked)
+            elif text.strip():
+                result = pages.plan_page(self.app, text=text)
+        return self.page(req, "plan.html", files=files, result=result, text=text, section="plan")
+
+
+def _burndown(data: pages.Spend, f: render.Fmt) -> Any:
+    """The spend chart: against the budget when one is shown, else spend and forecast."""
+    r, b = data.report, data.report.budget
+    running = data.today is not None
+    has_budget = b is not None and data.policy is not None and data.policy.budget is not None
+    forecast = b.forecast if b is not None else r.forecast
+    return svg.burndown(
+        [(d.isoformat(), m.amount) for d, m in r.daily],
+        data.today,
+        amount=b.amount.amount if b is not None and has_budget else None,
+        forecast=forecast.amount if running and forecast is not None else None,
+        committed_to=(b.spent + b.committed).amount if running and b is not None else None,
+        thresholds=data.policy.budget.alerts.actual if has_budget else [],  # type: ignore[union-attr]
+        labels={
+            "title": f.t("dash_burndown"),
+            "daily": f.t("dash_legend_day"),
+            "budget": f.t("dash_legend_budget"),
+            "spent": f.t("dash_legend_spent"),
+            "committed": f.t("dash_legend_committed"),
+            "forecast": f.t("dash_legend_forecast"),
+        },
+        money={"amount": f.money(b.amount) if b is not None else "", "top": r.currency},
+        num=lambda v: f.num(v),
+    )
+
+
+def accept_language(header: str) -> str:
+    """The first of our languages the browser asks for (by q weight), else English."""
+    best, best_q = "en", -1.0
+    for i, part in enumerate(header.split(",")):
+        tag, _, params = part.strip().partition(";")
+        q = 1.0
+        if params.strip().startswith("q="):
+            try:
+                q = float(params.strip()[2:])
+            except ValueError:
+                q = 0.0
+        lang = tag.strip().lower().split("-")[0]
+        if lang in render.LOCALES and q - i * 1e-6 > best_q:
+            best, best_q = lang, q - i * 1e-6
+    return best
+
+
+def _static(name: str) -> Response:
+    path = (STATIC / name).resolve()
+    if not path.is_relative_to(STATIC) or not path.is_file():
+        return Response("not found", 404, "text/plain; charset=utf-8")
+    ctype = mimetypes.guess_type(path.name)[0] or "application/octet-stream"
+    return Response(path.read_bytes(), ctype=ctype, headers=[("Cache-Control", "max-age=3600")])
+
+
+def rate_text(f: render.Fmt, amount: Any, currency: str | None) -> str:
+    """A rate per hour: to 1/100 of a cent, so a disk's 0.0068 USD/h is not shown as 0.01."""
+    from babel.numbers import format_currency
+
+    if amount is None or not currency:
+        return "—"
+    d = Decimal(amount).quantize(Decimal("0.0001"), ROUND_HALF_UP).normalize()
+    return format_currency(d, currency, locale=f.locale, decimal_quantization=False) + "/h"
+
+
+def _reason(reason: str, t: Callable[..., str]) -> str:
+    """An event reason in the page's words (the scheduler's own name when it has none)."""
+    try:
+        return t(f"dash_reason_{reason}")
+    except KeyError:
+        return reason
+
+
+def _env() -> Any:
+    from jinja2 import Environment, FileSystemLoader, StrictUndefined
+
+    env = Environment(
+        loader=FileSystemLoader(TEMPLATES),
+        autoescape=True,
+        undefined=StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    env.filters["money"] = lambda amount, currency: Money(amount, currency)
+    env.filters["reason"] = _reason
+    return env

@@ -1,0 +1,482 @@
+"""The team dashboard against a seeded state — a sandbox fleet, most of November's usage, two
+budgets, heartbeats — seeded through the product's own API on a ManualClock: in Debian's chromium
+(Selenium through /usr/bin/chromedriver), each page checked against ``provisioner report -o json``
+and screenshotted (80 %, 150 % zoom, a 400 px window) into /work/briefs/screens/; and as plain
+WSGI: the token gate when bound beyond loopback, the CSV, the Plan page."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import urllib.request
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+from pathlib import Path
+from urllib.parse import urlencode
+from wsgiref.util import setup_testing_defaults
+
+import pytest
+
+from provisioner import idle, lifecycle
+from provisioner.app import App
+from provisioner.clock import CLOCK_ENV
+from provisioner.dashboard import make_app
+from provisioner.spec import Experiment
+from tests.conftest import (
+    TEST_START,
+    make_settings,
+    run_cli,
+    sandbox_experiment,
+    write_settings,
+    write_yaml,
+)
+
+NOW = datetime(2026, 11, 26, 10, 0, tzinfo=UTC)  # a Thursday: 11:00 in Berlin, in hours
+SCREENS = Path("/work/briefs/screens")
+CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
+
+POLICIES = [
+    {
+        "name": "demo-budget",
+        "applies_to": {"projects": ["demo"]},
+        "budget": {"amount": "1200 USD", "alerts": {"actual": [50, 80, 100]}},
+        "off_hours": {
+            "timezone": "Europe/Berlin",
+            "windows": [{"days": "mon-fri", "start": "19:20", "end": "07:00"}],
+        },
+    },
+    {
+        "name": "vision-budget",
+        "applies_to": {"projects": ["vision"]},
+        "budget": {"amount": "20000 RUB", "language": "ru"},
+    },
+]
+
+
+def up(app, name, project="demo", owner="ana@example.com", **res) -> None:
+    e = sandbox_experiment(name, **res) | {"project": project, "owner": owner}
+    lifecycle.up(app, Experiment.model_validate(e))
+
+
+def seed(home: Path, clock, db_url: str | None = None) -> tuple[App, Path]:
+    """November up to the 26th, by the product's own calls; the budgets arrive afterwards
+    (their guard would have refused some of these launches)."""
+    pdir = home.parent / "policies"
+    pdir.mkdir(parents=True, exist_ok=True)
+    a = App(make_settings(home, state_url=db_url), clock)
+    clock.set(TEST_START)  # Mon Nov 2 09:00
+    up(a, "train-a")  # T4 spot, USD: runs all month
+    up(a, "eval-ru", owner="bob@example.com", market="reserved", regions=["sandbox-ru"])
+    up(a, "seg-1", project="vision", owner="carol@example.com")
+    clock.set(datetime(2026, 11, 5, 10, tzinfo=UTC))
+    up(a, "big-a100", gpu="A100:1", market="reserved")
+    clock.set(datetime(2026, 11, 12, 18, tzinfo=UTC))
+    lifecycle.down(a, "big-a100")
+    clock.set(datetime(2026, 11, 16, 9, tzinfo=UTC))
+    up(a, "seg-2", project="vision", owner="carol@example.com", regions=["sandbox-ru"])
+    clock.set(datetime(2026, 11, 20, 20, tzinfo=UTC))  # the scheduler's idle stop
+    lifecycle.stop(
+        a,
+        "seg-2",
+        reason="off-hours-idle",
+        detail={"why": "GPUs below 5% for 30 min", "idle_since": "2026-11-20T19:00:00+00:00"},
+    )
+    # the last two hours: heartbeats from the live machines' agents
+    clock.set(NOW - timedelta(hours=2))
+    tokens = {}
+    from sqlalchemy import select
+
+    from provisioner.models import Machine
+
+    with a.db.session() as s:
+        live = {m.name: m.id for m in s.scalars(select(Machine).where(Machine.status == "running"))}
+    for name, mid in live.items():
+        tokens[name] = idle.issue_token(a, mid)
+    for i in range(24):
+        for k, (_, tok) in enumerate(sorted(tokens.items())):
+            util = [80.0 + (i % 5) * 3, 2.0, 40.0 + 20 * ((i // 4) % 2)][k % 3]
+            idle.record(a, tok, [{"index": 0, "util": util, "mem_used_mb": 1000}])
+        clock.advance(timedelta(minutes=5))
+    clock.set(NOW)
+    for p in POLICIES:
+        write_yaml(pdir / f"{p['name']}.yaml", p)
+    a.close()
+    exps = home.parent / "experiments"
+    exps.mkdir(exist_ok=True)
+    write_yaml(exps / "a100.yaml", sandbox_experiment("try-a100", gpu="A100:1", market="reserved"))
+    dash = App(
+        make_settings(
+            home, state_url=db_url, policies=[str(pdir)], dashboard={"experiments": [str(exps)]}
+        ),
+        clock,
+    )
+    return dash, pdir
+
+
+def call(wsgi, path: str, method: str = "GET", body: str = "", **headers: str):
+    """One request through the WSGI callable: (status code, headers, body text)."""
+    env: dict = {"REQUEST_METHOD": method}
+    path, _, query = path.partition("?")
+    env["PATH_INFO"], env["QUERY_STRING"] = path, query
+    setup_testing_defaults(env)
+    raw = body.encode()
+    env["wsgi.input"] = io.BytesIO(raw)
+    env["CONTENT_LENGTH"] = str(len(raw))
+    if method == "POST":
+        env["CONTENT_TYPE"] = "application/x-www-form-urlencoded"
+    for k, v in headers.items():
+        env["HTTP_" + k.upper()] = v
+    got: dict = {}
+
+    def start_response(status, hdrs, exc_info=None):
+        got["status"], got["headers"] = int(status.split()[0]), hdrs
+
+    out = b"".join(wsgi(env, start_response))
+    return got["status"], got["headers"], out.decode()
+
+
+def report_json(a: App, pdir: Path, *args: str) -> dict:
+    cfg = write_settings(a.settings.home, policies=[str(pdir)], state_url=a.settings.state_url)
+    r = run_cli("--config", str(cfg), "report", *args, "-o", "json", now=NOW)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+def money_text(m: dict) -> str:
+    """How the English pages write an amount (Babel, en_US)."""
+    from provisioner.money import Money
+    from provisioner.render import Fmt
+
+    return Fmt("en").money(Money(Decimal(m["amount"]), m["currency"]))
+
+
+# --- plain WSGI ------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def seeded(home, clock, db_url):
+    """The seeded state on SQLite and on PostgreSQL; the CLI is pointed at the same one."""
+    a, pdir = seed(home, clock, db_url)
+    yield a, pdir
+    a.close()
+
+
+def test_loopback_is_open_and_wide_binding_refuses_without_the_token(seeded):
+    a, _ = seeded
+    status, _, html = call(make_app(a, listen="127.0.0.1:8765"), "/")
+    assert status == 200 and "train-a" in html
+    # bound beyond loopback with no token set: every page refused, the login says why
+    closed = make_app(a, listen="0.0.0.0:8765")
+    status, headers, _ = call(closed, "/")
+    assert status == 303 and dict(headers)["Location"] == "/login"
+    for path in ("/spend", "/spend.csv", "/machine/train-a", "/plan"):
+        status, _, body = call(closed, path, "POST" if path == "/plan" else "GET")
+        assert status in (303, 401) and "train-a" not in body and "$" not in body
+    assert "PROVISIONER_DASHBOARD_TOKEN" in call(closed, "/login")[2]
+    assert call(closed, "/login", "POST", "token=")[0] == 401
+
+
+def test_token_once_on_the_login_form_becomes_a_strict_session_cookie(seeded, monkeypatch):
+    a, _ = seeded
+    token = "s3cret-dashboard-token"
+    monkeypatch.setenv("PROVISIONER_DASHBOARD_TOKEN", token)
+    wsgi = make_app(a, listen="10.1.2.3:8765")
+    status, _, body = call(wsgi, "/spend")
+    assert status == 303
+    status, _, body = call(wsgi, "/login", "POST", "token=wrong")
+    assert status == 401 and "not the dashboard" in body
+    status, headers, _ = call(wsgi, "/login", "POST", urlencode({"token": token}))
+    assert status == 303
+    cookie = dict(headers)["Set-Cookie"]
+    assert "HttpOnly" in cookie and "SameSite=Strict" in cookie
+    assert token not in cookie  # a signature over an expiry, not the token
+    session = cookie.split(";")[0]
+    status, _, page = call(wsgi, "/spend", cookie=session)
+    assert status == 200 and "demo-budget" in page and token not in page
+    assert call(wsgi, "/spend", cookie=session[:-4] + "beef")[0] == 303  # forged: refused
+    assert call(wsgi, "/spend.csv", authorization=f"Bearer {token}")[0] == 200
+    assert call(wsgi, "/spend.csv", authorization="Bearer nope")[0] == 401
+
+
+def test_csv_is_the_reports_csv(seeded, home):
+    a, pdir = seeded
+    wsgi = make_app(a)
+    status, headers, body = call(wsgi, "/spend.csv?budget=demo-budget&by=owner")
+    assert status == 200
+    h = dict(headers)
+    assert h["Content-Type"].startswith("text/csv")
+    assert h["Content-Disposition"] == 'attachment; filename="spend-demo-budget-2026-11.csv"'
+    rows = list(csv.DictReader(io.StringIO(body)))
+    owners = {r["owner"] for r in rows}
+    assert owners == {"ana@example.com", "bob@example.com"}  # demo's only: the budget's scope
+    total = sum(Decimal(r["amount_USD"]) for r in rows)
+    cli = report_json(a, pdir, "--project", "demo")
+    assert total.quantize(Decimal("0.01")) == Decimal(cli["total"]["amount"])
+
+
+def test_plan_page_ranks_offers_and_says_bad_input_like_the_cli(seeded):
+    a, _ = seeded
+    wsgi = make_app(a)
+    good = "name: try\nproject: demo\nowner: ana@example.com\nresources:\n  gpu: T4:1\n"
+    good += "  market: spot\n  clouds: [sandbox]\n"
+    status, _, html = call(wsgi, "/plan", "POST", urlencode({"text": good}))
+    assert status == 200
+    assert 'id="candidates"' in html and "sandbox-us" in html
+    assert "budget demo-budget (2026-11)" in html  # the budget verdict, as `plan` prints it
+    bad = good.replace("gpu: T4:1", "gpu: T4:1\n  colour: blue")
+    status, _, html = call(wsgi, "/plan", "POST", urlencode({"text": bad}))
+    assert status == 200 and "pasted:6: resources.colour: unknown field" in html
+    assert 'id="candidates"' not in html
+    # a file the page offers
+    [offered] = [ln for ln in call(wsgi, "/plan")[2].splitlines() if "a100.yaml" in ln]
+    path = offered.split('value="')[1].split('"')[0]
+    status, _, html = call(wsgi, "/plan", "POST", urlencode({"file": path}))
+    assert "try-a100: A100:1 reserved" in html and "sbx-a100-1" in html
+    # a path the page did not offer is never read
+    status, _, html = call(wsgi, "/plan", "POST", urlencode({"file": "/etc/passwd"}))
+    assert "root:" not in html and "not one the dashboard offers" in html
+
+
+def test_language_from_the_browser_and_bad_input_in_a_query(seeded):
+    a, _ = seeded
+    wsgi = make_app(a)
+    status, _, html = call(wsgi, "/spend", accept_language="ru-RU,ru;q=0.9,en;q=0.8")
+    assert status == 200 and '<html lang="ru">' in html and "Расходы: все проекты" in html
+    assert "1\xa0071,85\xa0$" in html  # demo's November so far, written the Russian way
+    assert '<html lang="en">' in call(wsgi, "/", accept_language="de-DE,en;q=0.5")[2]
+    status, _, html = call(wsgi, "/spend?period=2026-13")
+    assert status == 400 and "period: not a period: &#39;2026-13&#39;" in html
+    status, _, html = call(wsgi, "/spend?by=colour")
+    assert status == 400 and "by: use one of project, owner, cloud, gpu, machine" in html
+    assert call(wsgi, "/machine/nope")[0] == 404
+    assert call(wsgi, "/plan", "POST", "text=" + "x" * 300_000)[0] == 413
+
+
+# --- the browser -----------------------------------------------------------------------------
+
+
+@pytest.fixture
+def browser():
+    if not (shutil.which(CHROMIUM) and shutil.which(CHROMEDRIVER)):
+        pytest.skip(f"no Debian chromium ({CHROMIUM}, {CHROMEDRIVER}): apt install chromium-driver")
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = CHROMIUM
+    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--window-size=1400,1000"):
+        opts.add_argument(arg)
+    opts.add_argument("--lang=en-US")
+    drv = webdriver.Chrome(service=Service(executable_path=CHROMEDRIVER), options=opts)
+    yield drv
+    drv.quit()
+
+
+@pytest.fixture
+def served(seeded):
+    from waitress.server import create_server
+
+    a, pdir = seeded
+    server = create_server(make_app(a), host="127.0.0.1", port=0, threads=2)
+    t = threading.Thread(target=server.run, daemon=True)
+    t.start()
+    yield f"http://127.0.0.1:{server.effective_port}", a, pdir
+    server.close()
+    t.join(5)
+
+
+def go(drv, element) -> None:
+    """Click ``element`` and wait until the page it leads to has replaced this one."""
+    from selenium.common.exceptions import WebDriverException
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    old = drv.find_element(By.TAG_NAME, "html")
+    element.click()
+
+    def replaced(_: object) -> bool:
+        try:
+            old.tag_name  # noqa: B018  (chromedriver answers stale, or "node not in document")
+        except WebDriverException:
+            return True
+        return False
+
+    WebDriverWait(drv, 30).until(replaced)
+
+
+def shoot(drv, name: str) -> None:
+    """Screenshots at 80 % and 150 % zoom and in a 400 px window, for people to look at."""
+    SCREENS.mkdir(parents=True, exist_ok=True)
+    for zoom in (80, 150):
+        drv.set_window_size(1400, 1000)
+        drv.execute_script(f"document.body.style.zoom='{zoom}%'")
+        drv.save_screenshot(str(SCREENS / f"{name}-{zoom}.png"))
+    drv.execute_script("document.body.style.zoom='100%'")
+    drv.set_window_size(400, 900)
+    drv.save_screenshot(str(SCREENS / f"{name}-narrow.png"))
+    drv.set_window_size(1400, 1000)
+
+
+def test_each_page_in_chromium_matches_the_report(served, browser, home):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select
+
+    base, a, pdir = served
+    drv = browser
+    # Fleet: every live machine, with GPU sparklines and the scheduler's next move
+    drv.get(base + "/")
+    rows = drv.find_elements(By.CSS_SELECTOR, "#fleet tbody tr")
+    assert sorted(r.get_attribute("data-machine") for r in rows) == [
+        "eval-ru",
+        "seg-1",
+        "seg-2",
+        "train-a",
+    ]
+    train = drv.find_element(By.CSS_SELECTOR, 'tr[data-machine="train-a"]')
+    assert train.find_elements(By.CSS_SELECTOR, "svg.sparkline polyline")
+    # Thursday 11:00 in Berlin: in hours; the idle rule acts from 19:20 Berlin time
+    assert "in working hours (demo-budget)" in train.text
+    assert "19:20 Europe/Berlin" in train.text
+    # cost so far, by hand: 577 h (Nov 2 09:00 → Nov 26 10:00) at 0.15 USD/h, plus the
+    # 50 GB disk at 0.10 USD per GB-month: 86.55 + 3.95 USD
+    assert train.find_element(By.CSS_SELECTOR, "td.cost").text == "$90.50"
+    shoot(drv, "fleet")
+    # filter by project, then follow a machine link
+    Select(drv.find_element(By.ID, "filter-project")).select_by_value("vision")
+    go(drv, drv.find_element(By.ID, "apply"))
+    rows = drv.find_elements(By.CSS_SELECTOR, "#fleet tbody tr")
+    assert sorted(r.get_attribute("data-machine") for r in rows) == ["seg-1", "seg-2"]
+    assert "project=vision" in drv.current_url
+    go(drv, drv.find_element(By.LINK_TEXT, "seg-2"))
+    assert drv.find_element(By.ID, "machine-name").text.startswith("seg-2")
+    events = drv.find_element(By.ID, "events").text
+    assert "idle out of hours" in events and "GPUs below 5% for 30 min" in events
+    usage = [r.text for r in drv.find_elements(By.CSS_SELECTOR, "#usage tbody tr")]
+    assert len(usage) == 2  # compute until the stop; the disk still bills
+    assert sum("still billing" in u for u in usage) == 1
+    shoot(drv, "machine")
+    drv.get(base + "/machine/train-a")  # a running one: its heartbeats, newest first
+    beats = drv.find_elements(By.CSS_SELECTOR, "#heartbeats tbody tr")
+    assert len(beats) == 24 and beats[0].text.startswith("09:55 UTC")  # today: the time alone
+    assert drv.find_elements(By.CSS_SELECTOR, "svg.sparkline polyline")
+    shoot(drv, "machine-running")
+
+    # Spend: the budget's numbers, to the cent, as `provisioner report` gives them
+    cli = report_json(a, pdir, "--project", "demo")
+    drv.get(base + "/spend?budget=demo-budget")
+    assert drv.find_element(By.ID, "total").text == money_text(cli["total"])
+    b = cli["budget"]
+    assert drv.find_element(By.ID, "committed").text == money_text(b["committed"])
+    assert drv.find_element(By.ID, "forecast").text == money_text(b["forecast"])
+    assert drv.find_element(By.ID, "left").text == money_text(b["left"])
+    assert drv.find_element(By.ID, "idle-waste").text == money_text(cli["idle_waste"])
+    lines = {
+        r.get_attribute("data-key"): r.find_element(By.CSS_SELECTOR, ".line-total").text
+        for r in drv.find_elements(By.CSS_SELECTOR, "#lines tbody tr")
+    }
+    assert lines == {ln["key"]: money_text(ln["total"]) for ln in cli["lines"]}
+    assert drv.find_elements(By.CSS_SELECTOR, "svg.burndown polyline.spent")
+    assert len(drv.find_elements(By.CSS_SELECTOR, "svg.burndown line.threshold")) >= 2
+    shoot(drv, "spend")
+    # another grouping, and the other budget's card: its standing as `report --policy` says
+    Select(drv.find_element(By.ID, "f-by")).select_by_value("owner")
+    go(drv, drv.find_element(By.ID, "apply"))
+    keys = [
+        r.get_attribute("data-key") for r in drv.find_elements(By.CSS_SELECTOR, "#lines tbody tr")
+    ]
+    assert sorted(keys) == ["ana@example.com", "bob@example.com"]
+    for name in ("demo-budget", "vision-budget"):  # each card: the budget's own standing
+        want = report_json(a, pdir, "--policy", name)["budget"]
+        card = drv.find_element(By.CSS_SELECTOR, f'.budget-card[data-budget="{name}"]')
+        for field in ("spent", "amount", "committed", "forecast"):
+            got = card.find_element(By.CSS_SELECTOR, f'[data-field="{field}"]').text
+            assert got == money_text(want["budget" if field == "amount" else field])
+    go(drv, card)
+    assert "budget=vision-budget" in drv.current_url
+    savings = drv.find_element(By.ID, "savings").text
+    vcli = report_json(a, pdir, "--project", "vision")
+    assert savings == "idle out of hours " + money_text(vcli["savings"]["off-hours-idle"])
+    shoot(drv, "spend-vision")
+
+    # Plan: paste an experiment file, see the ranked offers and the verdicts
+    drv.get(base + "/plan")
+    text = "\n".join(
+        [
+            "name: try",
+            "project: demo",
+            "owner: ana@example.com",
+            "resources:",
+            "  gpu: T4:1",
+            "  market: spot",
+            "  clouds: [sandbox]",
+        ]
+    )
+    Select(drv.find_element(By.ID, "plan-file")).select_by_index(1)  # experiments/a100.yaml
+    go(drv, drv.find_element(By.ID, "plan-go"))
+    assert "try-a100: A100:1 reserved" in drv.find_element(By.CSS_SELECTOR, "#plan-result h2").text
+    Select(drv.find_element(By.ID, "plan-file")).select_by_index(0)
+    drv.find_element(By.ID, "plan-text").send_keys(text)
+    go(drv, drv.find_element(By.ID, "plan-go"))
+    first = drv.find_element(By.CSS_SELECTOR, "#candidates tbody tr").text
+    assert "sandbox" in first and "T4" in first
+    checks = drv.find_element(By.ID, "plan-checks").text
+    assert "policy: allowed by demo-budget" in checks and "budget demo-budget" in checks
+    shoot(drv, "plan")
+
+    # Russian, as the browser asks
+    drv.get(base + "/lang?to=ru&back=/spend")
+    assert drv.find_element(By.TAG_NAME, "h1").text.startswith("Расходы")
+    shoot(drv, "spend-ru")
+
+
+# --- the command -----------------------------------------------------------------------------
+
+
+def test_the_command_refuses_to_listen_wide_without_a_token(home):
+    cfg = write_settings(home)
+    r = run_cli(
+        "--config",
+        str(cfg),
+        "dashboard",
+        "--listen",
+        "0.0.0.0:8765",
+        env={"PROVISIONER_DASHBOARD_TOKEN": ""},
+    )
+    assert r.returncode == 2
+    assert r.stderr.strip() == (
+        "error: --listen 0.0.0.0:8765: reachable beyond this computer, so a token is required; "
+        "set PROVISIONER_DASHBOARD_TOKEN (or dashboard.token in settings)"
+    )
+    assert not (home / "state.db").exists()  # nothing written
+
+
+def test_the_command_serves_the_dashboard_on_loopback(home):
+    cfg = write_settings(home)
+    argv = ["--config", str(cfg), "dashboard", "--listen", "127.0.0.1:0"]  # port 0: any free
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "provisioner", *argv],
+        env={**os.environ, CLOCK_ENV: TEST_START.isoformat()},
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stderr is not None
+        line = proc.stderr.readline()  # printed once it listens
+        assert line.startswith("dashboard on http://127.0.0.1:"), line
+        url = line.split()[2]
+        with urllib.request.urlopen(url) as resp:
+            page = resp.read().decode()
+            headers = resp.headers
+        assert "<h1>Fleet" in page and "No live machines match." in page
+        assert "frame-ancestors 'none'" in headers["Content-Security-Policy"]
+        with urllib.request.urlopen(url + "static/dashboard.css") as resp:
+            assert resp.headers["Content-Type"] == "text/css"
+    finally:
+        proc.terminate()
+        proc.wait(30)
