@@ -89,19 +89,18 @@ def seed(home: Path, clock, db_url: str | None = None) -> tuple[App, Path]:
     )
     # the last two hours: heartbeats from the live machines' agents
     clock.set(NOW - timedelta(hours=2))
-    tokens = {}
     from sqlalchemy import select
 
     from provisioner.models import Machine
 
     with a.db.session() as s:
         live = {m.name: m.id for m in s.scalars(select(Machine).where(Machine.status == "running"))}
-    for name, mid in live.items():
-        tokens[name] = idle.issue_token(a, mid)
+    for mid in live.values():
+        idle.issue_token(a, mid)
     for i in range(24):
-        for k, (_, tok) in enumerate(sorted(tokens.items())):
+        for k, (_, mid) in enumerate(sorted(live.items())):
             util = [80.0 + (i % 5) * 3, 2.0, 40.0 + 20 * ((i // 4) % 2)][k % 3]
-            idle.record(a, tok, [{"index": 0, "util": util, "mem_used_mb": 1000}])
+            idle.record(a, mid, [{"index": 0, "util": util, "mem_used_mb": 1000}])
         clock.advance(timedelta(minutes=5))
     clock.set(NOW)
     for p in POLICIES:
