@@ -425,7 +425,7 @@ def test_deploy_examples_run_the_sweep():
     assert container["args"][-1] == "sweep" or "sweep" in container["args"]
 
 
-def test_scheduler_run_serves_health_and_metrics_and_stops_on_sigterm(home, tmp_path):
+def test_scheduler_run_serves_health_metrics_and_the_dashboard_and_stops_on_sigterm(home, tmp_path):
     import signal
     import socket
     import time
@@ -457,6 +457,10 @@ def test_scheduler_run_serves_health_and_metrics_and_stops_on_sigterm(home, tmp_
                 time.sleep(0.1)
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
             assert "provisioner_idle_machines 0.0" in r.read().decode()
+        # the team dashboard on the same port (loopback: no token asked)
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=30) as r:
+            page = r.read().decode()
+            assert r.status == 200 and "Fleet" in page and "No live machines match." in page
     finally:
         proc.send_signal(signal.SIGTERM)
         _, stderr = proc.communicate(timeout=60)

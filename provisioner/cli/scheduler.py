@@ -135,8 +135,9 @@ def _not_due(application: Any, p: Any) -> dict[str, str]:
 
 @scheduler_app.command("run")
 def run(ctx: typer.Context) -> None:
-    """Run sweep, recover and reconcile on their intervals and serve heartbeats, /metrics and
-    /healthz on `scheduler.listen`, until stopped."""
+    """Run sweep, recover and reconcile on their intervals and serve heartbeats, /metrics,
+    /healthz and the team dashboard on `scheduler.listen`, until stopped."""
+    from provisioner.dashboard import make_app  # as below
     from provisioner.jobs import daemon  # SQLAlchemy, the policies, APScheduler: not for --help
     from provisioner.jobs.lease import HOLDER  # as above
 
@@ -148,7 +149,9 @@ def run(ctx: typer.Context) -> None:
     err.print(
         f"scheduler {HOLDER} listening on {application.settings.scheduler.listen}", soft_wrap=True
     )
-    daemon.run(application)
+    # the dashboard beside the endpoint: open on loopback, behind dashboard.token beyond it
+    dashboard = make_app(application, listen=application.settings.scheduler.listen)
+    daemon.run(application, apps={"/": dashboard})
 
 
 @app.command()

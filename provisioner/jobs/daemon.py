@@ -43,9 +43,10 @@ def housekeeping(app: App) -> list[tuple[str, Callable[[], Any]]]:
     ]
 
 
-def run(app: App) -> None:
+def run(app: App, apps: dict[str, idle.WSGIApp] | None = None) -> None:
     """``provisioner scheduler run``: the jobs on their intervals, and the heartbeat and
-    metrics endpoint, until SIGTERM or Ctrl-C."""
+    metrics endpoint (with other WSGI ``apps`` by path prefix: the dashboard), until SIGTERM
+    or Ctrl-C."""
     from apscheduler.schedulers.blocking import BlockingScheduler
 
     app.policies  # noqa: B018  (refuse to start with a bad policy rather than act on half)
@@ -59,13 +60,14 @@ def run(app: App) -> None:
             port,
             Metrics(app),
             metrics_token=token,
+            apps=apps,
             connection_limit=cfg.max_connections,
         ).start()
     except OSError as e:  # the port is taken, the address is not this machine's…
         raise UserError(
             f"scheduler.listen: cannot listen on {cfg.listen}: {e.strerror or e}"
         ) from None
-    log.info("heartbeats and /metrics on %s", endpoint.url)
+    log.info("heartbeats, /metrics%s on %s", " and the dashboard" if apps else "", endpoint.url)
     sched = BlockingScheduler(timezone=UTC)
     for name, call, every in schedule(app):
         sched.add_job(
