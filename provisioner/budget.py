@@ -122,7 +122,7 @@ def status(
         return None
     rates = app.settings.money_rates
     cur = policy.budget.amount.currency  # type: ignore[union-attr]
-    with app.db.session() as s:
+    with app.db.session(snapshot=True) as s:  # a launch between two reads counts once
         fc = ledger.forecast(s, period, now, scope_of(policy), actual=actual)
     seen = set(fc.total) | {cur}
     return Status(

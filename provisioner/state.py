@@ -130,9 +130,16 @@ class Database:
             os.close(fd)
 
     @contextmanager
-    def session(self) -> Iterator[Session]:
-        """A unit of work: committed on success, rolled back on error."""
+    def session(self, *, snapshot: bool = False) -> Iterator[Session]:
+        """A unit of work: committed on success, rolled back on error. ``snapshot``: every
+        read sees the database as of its first one (PostgreSQL's REPEATABLE READ; on SQLite
+        an explicit read transaction) — for sums over several queries while others write, e.g.
+        a budget's live machines and launching intents, which a launch moves between."""
         with self.sessions() as s:
+            if snapshot and self.engine.dialect.name == "postgresql":
+                s.connection(execution_options={"isolation_level": "REPEATABLE READ"})
+            elif snapshot:  # pysqlite runs a SELECT outside any transaction unless one is begun
+                s.execute(text("BEGIN"))
             try:
                 yield s
                 s.commit()

@@ -518,3 +518,47 @@ def test_an_adoption_that_finds_two_machines_keeps_one_and_says_which(world) -> 
     [dup] = events(app, m.id, "duplicate")
     assert dup.detail["kept"] == m.instance_id and dup.detail["still_running"] is False
     assert dup.detail["instance_id"] != m.instance_id
+
+
+def test_a_launch_between_a_budget_s_two_reads_counts_once(home, tmp_path, db_url, monkeypatch):
+    """A budget's commitments are read in two queries: machines running, then intents still
+    launching. Another process's launch moves its intent from the second set to the first;
+    landing between the two reads, it must count once — not zero times, which let a fourth
+    concurrent `up` through a budget for three (seen once on PostgreSQL under load)."""
+    from provisioner import budget, ledger
+
+    policy = write_yaml(tmp_path / "budget.yaml", budget_policy("1000 USD"))
+    settings = make_settings(home, state_url=db_url, policies=[str(policy)])
+    checker, launcher = (App(settings, ManualClock(TEST_START)) for _ in range(2))
+    try:
+        late = experiment("late")
+        plan = lifecycle.check(launcher, late)
+        lifecycle._write_intent(launcher, late, None, plan.candidates[0])  # `up` before launching
+        [rule] = checker.policies
+        before = budget.status(checker, rule, TEST_START)
+        assert before is not None and before.committed.amount > 0  # the intent counts
+
+        reads = ledger._open_intervals
+        calls: list[int] = []
+
+        def launch_meanwhile(*args, **kw):
+            rows = reads(*args, **kw)
+            calls.append(1)
+            # the forecast reads running machines twice (spend so far, then commitments): the
+            # launch lands right after the second, before the launching intents are read
+            if len(calls) == 2:
+                lifecycle.up(launcher, late)  # resumes the intent: launched, intervals opened
+            return rows
+
+        monkeypatch.setattr(ledger, "_open_intervals", launch_meanwhile)
+        during = budget.status(checker, rule, TEST_START)
+        monkeypatch.undo()
+        after = budget.status(checker, rule, TEST_START)
+        assert live_rows(launcher, "late")[0].status in ("pending", "running")
+        assert during is not None and after is not None
+        # the snapshot saw it launching; a fresh look sees it running: once each time
+        assert during.committed.amount == before.committed.amount
+        assert after.committed.amount > 0
+    finally:
+        checker.close()
+        launcher.close()
