@@ -63,9 +63,10 @@ def test_refresh_keeps_old_data_on_failure_and_old_prices_where_the_source_has_n
 def test_refresh_of_a_cloud_without_price_source_fails_cleanly(home):
     cfg = write_settings(home)
     r = run_cli("--config", str(cfg), "catalog", "refresh", "--cloud", "sandbox")
-    assert (
-        r.returncode == 1 and "keeping the old catalog" in r.stderr and "Traceback" not in r.stderr
-    )
+    # asking for what cannot be: a usage mistake (exit 2) that says why, the catalog untouched
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert "sandbox has no price source to refresh" in r.stderr
+    assert not (home / "catalog" / "sandbox.csv").exists()
 
 
 def _rows(cloud: str) -> list[dict]:
