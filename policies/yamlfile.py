@@ -7,38 +7,17 @@ from __future__ import annotations
 import re
 import types as types_module
 import typing
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import yaml
 
+from policies.problems import DocumentError, Problem
+
+__all__ = ["DocumentError", "Problem", "load_document", "problems_from"]
+
 if TYPE_CHECKING:  # pydantic is imported when something is validated, not for --help
     from pydantic import BaseModel, ValidationError
-
-
-@dataclass(frozen=True)
-class Problem:
-    file: str
-    line: int | None
-    field: str | None
-    message: str
-
-    def __str__(self) -> str:
-        where = f"{self.file}:{self.line}" if self.line else self.file
-        return (
-            f"{where}: {self.field}: {self.message}" if self.field else f"{where}: {self.message}"
-        )
-
-
-class DocumentError(Exception):
-    """One or more problems in YAML files, each with file, line and field. Exit code 2."""
-
-    exit_code = 2
-
-    def __init__(self, problems: list[Problem]) -> None:
-        self.problems = problems
-        super().__init__("\n".join(str(p) for p in problems))
 
 
 M = TypeVar("M", bound="BaseModel")

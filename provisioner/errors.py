@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from policies.yamlfile import DocumentError, Problem
+from policies.problems import DocumentError, Problem
 
 __all__ = ["ConfigError", "OperationFailed", "Problem", "ProvisionerError", "UserError"]
 

@@ -20,7 +20,6 @@ from enum import StrEnum
 from typing import Any
 
 import typer
-from rich.console import Console
 
 app = typer.Typer(
     name="provisioner",
@@ -39,8 +38,24 @@ def width() -> int:
     return shutil.get_terminal_size((200, 24)).columns
 
 
-out = Console(width=width())
-err = Console(stderr=True, width=width())
+class _Console:
+    """rich's Console, made on first use: importing rich.console costs ~20 ms that `--help`
+    and a usage error never need."""
+
+    def __init__(self, **options: Any) -> None:
+        self._options = options
+        self._console: Any = None
+
+    def __getattr__(self, name: str) -> Any:
+        if self._console is None:
+            from rich.console import Console
+
+            self._console = Console(width=width(), **self._options)
+        return getattr(self._console, name)
+
+
+out: Any = _Console()
+err: Any = _Console(stderr=True)
 
 
 class Output(StrEnum):

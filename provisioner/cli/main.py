@@ -11,7 +11,6 @@ import sys
 from typing import Any
 
 import typer
-from rich.markup import escape
 
 from provisioner.cli import (  # noqa: F401  (commands)
     app,
@@ -49,6 +48,8 @@ def main() -> None:
 
     def fail(messages: list[str], code: int, *, shown: bool = False) -> None:
         if not shown:
+            from rich.markup import escape  # rich only once there is something to show
+
             for m in messages:
                 err.print(f"[red]error:[/] {escape(m)}", highlight=False, soft_wrap=True)
         if as_json:

@@ -8,7 +8,6 @@ from enum import StrEnum
 from typing import Any
 
 import typer
-from rich.table import Table
 
 from provisioner.cli import app, err, get_app, out, print_json
 from provisioner.errors import UserError
@@ -151,6 +150,8 @@ def _table(r: Any) -> None:
         )
     elif r.forecast is not None:
         out.print(f"{f.t('forecast')}: {f.money(r.forecast)}", highlight=False)
+    from rich.table import Table  # rich's tables only for a table: not for --help
+
     t = Table(title=f.t(r.by), show_footer=True)
     t.add_column(f.t(r.by), footer=f.t("total"))
     for kind, m in r.shown_by_kind.items():
