@@ -63,6 +63,12 @@ def test_help_and_plan_load_no_database_code(home):
     assert modules_loaded_by("plan", str(EXAMPLES / "experiment.yaml"), prefixes=state) == []
 
 
+def test_help_loads_no_renderer_reader_or_validator(home):
+    """`--help` is Typer and our command list: no rich console or markdown, no YAML reader, no
+    pydantic (bench/bench_cli.py times it against `sky --help`)."""
+    assert modules_loaded_by("--help", prefixes=("rich", "yaml", "pydantic", "markdown_it")) == []
+
+
 def test_plan_a100x8_spot_offline_spans_all_five_clouds(home):
     r = run_cli("plan", str(EXAMPLES / "experiment.yaml"), "--top", "500", "-o", "json")
     assert r.returncode == 0, r.stderr
