@@ -10,7 +10,6 @@ import contextlib
 import hashlib
 import json
 import os
-import re
 import threading
 import time
 from collections.abc import Iterator
@@ -26,28 +25,10 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from provisioner.errors import OperationFailed, UserError
 from provisioner.models import ACTIVE_EXCLUDED, Machine
-
-MIGRATIONS = Path(__file__).parent / "migrations"
+from provisioner.schema import MIGRATIONS, _revisions, schema_head
 
 
 @cache
-def _revisions() -> tuple[frozenset[str], str]:
-    """Every migration's revision, and the newest: the one no other revises, read from the
-    version files' ``revision`` and ``down_revision`` lines (not Alembic's start-up, ~90 ms;
-    tests/test_state.py checks it is Alembic's head)."""
-    revisions, revised = set(), set()
-    for f in (MIGRATIONS / "versions").glob("*.py"):
-        src = f.read_text(encoding="utf-8")
-        revisions.update(re.findall(r'^revision = "([^"]+)"', src, re.M))
-        revised.update(re.findall(r'^down_revision = "([^"]+)"', src, re.M))
-    (head,) = revisions - revised
-    return frozenset(revisions), head
-
-
-def schema_head() -> str:
-    return _revisions()[1]
-
-
 class DatabaseUnusable(UserError):
     """The state database cannot be opened or is not ours to migrate: what it is, what to do."""
 

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from tests.conftest import EXAMPLES, ROOT, run_cli, write_settings
+from tests.conftest import EXAMPLES, ROOT, run_cli, sandbox_experiment, write_settings, write_yaml
 
 SDK_PREFIXES = (
     "boto3",
@@ -67,6 +67,20 @@ def test_help_loads_no_renderer_reader_or_validator(home):
     """`--help` is Typer and our command list: no rich console or markdown, no YAML reader, no
     pydantic (bench/bench_cli.py times it against `sky --help`)."""
     assert modules_loaded_by("--help", prefixes=("rich", "yaml", "pydantic", "markdown_it")) == []
+
+
+def test_status_of_an_empty_state_loads_no_database_code(home):
+    """An empty fleet is one standard-library query (bench/bench_cli.py times it); a state with
+    a machine, or one to migrate, goes the full way."""
+    state = ("sqlalchemy", "alembic", "provisioner.state", "provisioner.models")
+    assert modules_loaded_by("status", prefixes=state)  # a new state: created and migrated
+    assert modules_loaded_by("status", prefixes=state) == []
+    assert run_cli("status", "-o", "json").stdout.strip() == "[]"
+    spec = write_yaml(home.parent / "exp.yaml", sandbox_experiment("one"))
+    assert run_cli("up", str(spec), "--no-wait").returncode == 0
+    assert "provisioner.models" in modules_loaded_by("status", prefixes=state)
+    [machine] = json.loads(run_cli("status", "-o", "json").stdout)
+    assert machine["name"] == "one"
 
 
 def test_plan_a100x8_spot_offline_spans_all_five_clouds(home):

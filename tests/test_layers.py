@@ -24,6 +24,7 @@ ORDER = [
     "provisioner.crashpoints",
     "provisioner.settings",
     "provisioner.spec",
+    "provisioner.schema",  # the migrations' revisions, without SQLAlchemy
     "provisioner.models",  # every table
     "provisioner.state",  # the database: engine, sessions, migrations
     "provisioner.catalog",

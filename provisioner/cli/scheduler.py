@@ -145,6 +145,7 @@ def run(ctx: typer.Context) -> None:
     # APScheduler says "Running job…" and "executed successfully" on every tick: only its
     # warnings (a missed or overlapping run) are news; the jobs log their own actions
     logging.getLogger("apscheduler").setLevel(logging.WARNING)
+    logging.getLogger("alembic").setLevel(logging.WARNING)  # a migration's plugin roll call
     application = get_app(ctx)
     err.print(
         f"scheduler {HOLDER} listening on {application.settings.scheduler.listen}", soft_wrap=True
