@@ -201,6 +201,11 @@ class Provider(ABC):
     the environment or the SDK's own configuration and are never passed through here. ``clock``
     is the application's, so simulated time reaches the adapter too."""
 
+    # stops and terminates of many machines in flight at once: 1 for clouds whose calls are
+    # quick, PARALLEL_OPERATIONS where each is a long-running operation to wait on (GCP, Azure,
+    # Yandex): started together, waited on together
+    parallel_operations: int = 1
+
     spec: ClassVar[CloudSpec]
     name: ClassVar[str]
     currency: ClassVar[str]
@@ -268,15 +273,15 @@ class Provider(ABC):
 
     def stop_many(self, refs: Sequence[InstanceRef]) -> dict[InstanceRef, ProviderError | None]:
         """Stop every ref: ``{ref: None}`` when it is stopped (or already was), else its error.
-        One machine's failure never fails the others. The default loops over :meth:`stop`;
-        clouds with a batch call or long-running operations do better."""
-        return each(refs, self.stop)
+        One machine's failure never fails the others. The default loops over :meth:`stop`,
+        ``parallel_operations`` at a time; clouds with a batch call do better."""
+        return each(refs, self.stop, workers=self.parallel_operations)
 
     def terminate_many(
         self, refs: Sequence[InstanceRef]
     ) -> dict[InstanceRef, ProviderError | None]:
         """Terminate every ref (gone already is no error), per ref as :meth:`stop_many`."""
-        return each(refs, self.terminate)
+        return each(refs, self.terminate, workers=self.parallel_operations)
 
     def unused_network(self, *, remove: bool = False) -> list[str]:
         """Network pieces this adapter created (tagged as ours: a security group, a firewall

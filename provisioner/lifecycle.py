@@ -57,7 +57,7 @@ from provisioner.models import ACTIVE_EXCLUDED, Event, Machine, new_id
 from provisioner.money import Money, Rates
 from provisioner.planner import Candidate, Plan
 from provisioner.spec import Experiment
-from provisioner.state import LockBusy, live_machine
+from provisioner.state import LockBusy, live_machine, named_machine
 from provisioner.state import machine as machine_row
 
 log = logging.getLogger("provisioner")
@@ -690,12 +690,7 @@ def down(
 ) -> tuple[Machine, bool]:
     """Terminate and close every usage interval. An intent that never launched is closed too."""
     with app.db.session() as s:
-        m = (
-            live_machine(s, name)
-            or s.scalars(
-                select(Machine).where(Machine.name == name).order_by(Machine.created_at.desc())
-            ).first()
-        )
+        m = named_machine(s, name)
     if m is None:
         raise UserError(f"no machine named {name!r} (see `provisioner status --all`)")
     if not m.is_live:

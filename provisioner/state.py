@@ -266,6 +266,16 @@ def machine(s: Session, machine_id: str) -> Machine:
     return m
 
 
+def named_machine(s: Session, name: str) -> Machine | None:
+    """The machine ``name`` means: the live one, else the newest of that name."""
+    return (
+        live_machine(s, name)
+        or s.scalars(
+            select(Machine).where(Machine.name == name).order_by(Machine.created_at.desc())
+        ).first()
+    )
+
+
 def live_machine(s: Session, name: str) -> Machine | None:
     return s.scalars(
         select(Machine).where(Machine.name == name, Machine.status.not_in(ACTIVE_EXCLUDED))

@@ -36,7 +36,6 @@ from providers.base import (
     ProviderError,
     QuotaError,
     Throttled,
-    each,
 )
 from providers.retry import call_with_retry
 
@@ -89,6 +88,7 @@ class AzureProvider(Provider):
     """
 
     spec = SPEC
+    parallel_operations = PARALLEL_OPERATIONS  # long-running operations: waited on together
     options: AzureOptions
 
     def __init__(self, options: Any = None, *, credential: Any = None, **kwargs: Any) -> None:
@@ -385,15 +385,6 @@ class AzureProvider(Provider):
 
     def terminate(self, ref: InstanceRef) -> None:
         self._remove_vm(self._locate(ref)[1])
-
-    def stop_many(self, refs: Sequence[InstanceRef]) -> dict[InstanceRef, ProviderError | None]:
-        """Every stop started and waited on together, at most PARALLEL_OPERATIONS at a time."""
-        return each(refs, self.stop, workers=PARALLEL_OPERATIONS)
-
-    def terminate_many(
-        self, refs: Sequence[InstanceRef]
-    ) -> dict[InstanceRef, ProviderError | None]:
-        return each(refs, self.terminate, workers=PARALLEL_OPERATIONS)
 
     def unused_network(self, *, remove: bool = False) -> list[str]:
         """Our pieces in the resource group that no VM uses: NICs attached to no VM, public IPs

@@ -39,7 +39,6 @@ from providers.base import (
     ProviderError,
     QuotaError,
     Throttled,
-    each,
 )
 from providers.gcp import SPEC, GCPOptions, prices
 from providers.retry import call_with_retry, wait_until
@@ -126,6 +125,7 @@ class GCPProvider(Provider):
     ceiling is what bounds a spot launch here."""
 
     spec = SPEC
+    parallel_operations = PARALLEL_OPERATIONS  # long-running operations: waited on together
     options: GCPOptions
 
     def __init__(self, options: Any = None, **kwargs: Any) -> None:
@@ -242,15 +242,6 @@ class GCPProvider(Provider):
             self._mutate(ref, "delete_unary")
         except NotFound:
             return
-
-    def stop_many(self, refs: Sequence[InstanceRef]) -> dict[InstanceRef, ProviderError | None]:
-        """Every stop started and waited on together, at most PARALLEL_OPERATIONS at a time."""
-        return each(refs, self.stop, workers=PARALLEL_OPERATIONS)
-
-    def terminate_many(
-        self, refs: Sequence[InstanceRef]
-    ) -> dict[InstanceRef, ProviderError | None]:
-        return each(refs, self.terminate, workers=PARALLEL_OPERATIONS)
 
     def unused_network(self, *, remove: bool = False) -> list[str]:
         """Our SSH firewall rules (``provisioner-allow-ssh-*`` admitting our tag) on a network

@@ -33,7 +33,6 @@ from providers.base import (
     ProviderError,
     QuotaError,
     Throttled,
-    each,
 )
 from providers.retry import call_with_retry, wait_until
 from providers.userdata import cloud_init
@@ -191,6 +190,7 @@ GPU_IMAGE_FAMILIES = {
 
 class YandexProvider(Provider):
     spec = SPEC
+    parallel_operations = PARALLEL_OPERATIONS  # long-running operations: waited on together
     options: YandexOptions
 
     def __init__(self, options: Any = None, **kwargs: Any) -> None:
@@ -507,15 +507,6 @@ class YandexProvider(Provider):
                 return
             if state is not MachineState.TERMINATED:
                 raise
-
-    def stop_many(self, refs: Sequence[InstanceRef]) -> dict[InstanceRef, ProviderError | None]:
-        """Every stop started and waited on together, at most PARALLEL_OPERATIONS at a time."""
-        return each(refs, self.stop, workers=PARALLEL_OPERATIONS)
-
-    def terminate_many(
-        self, refs: Sequence[InstanceRef]
-    ) -> dict[InstanceRef, ProviderError | None]:
-        return each(refs, self.terminate, workers=PARALLEL_OPERATIONS)
 
     def fetch_offers(self) -> list[Offer]:
         """Billing SkuService.List (all pages, RUB incl. VAT) → the street price in force now

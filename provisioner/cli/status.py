@@ -295,17 +295,12 @@ def _detail(application: Any, name: str, output: Output) -> None:
     from sqlalchemy import select
 
     from provisioner.errors import UserError
-    from provisioner.models import Event, Heartbeat, Machine, UsageInterval
-    from provisioner.state import live_machine
+    from provisioner.models import Event, Heartbeat, UsageInterval
+    from provisioner.state import named_machine
 
     now = application.clock.now()
     with application.db.session() as s:
-        m = (
-            live_machine(s, name)
-            or s.scalars(
-                select(Machine).where(Machine.name == name).order_by(Machine.created_at.desc())
-            ).first()
-        )
+        m = named_machine(s, name)
         if m is None:
             raise UserError(f"no machine named {name!r} (see `provisioner status --all`)")
         replaces = {
