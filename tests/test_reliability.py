@@ -8,6 +8,7 @@ cloud's answers get lost after it acted, and several `up`/`down`/`start` run at 
 from __future__ import annotations
 
 import threading
+import time
 from collections import Counter
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
@@ -180,7 +181,7 @@ def wait_for(predicate, what: str) -> None:
     for _ in range(2000):
         if predicate():
             return
-        threading.Event().wait(0.005)
+        time.sleep(0.005)  # (a timed wait on a lock never wakes under libfaketime: CI's date run)
     raise AssertionError(f"never happened: {what}")
 
 
