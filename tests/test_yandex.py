@@ -541,6 +541,20 @@ def yandex_app(emu, tls, home, clock):
     return App(Settings(home=home, clouds={"yandex": options}), clock)
 
 
+def t4_run(market: str):
+    """The experiment the end-to-end runs launch: one T4 on Yandex."""
+    from provisioner.spec import Experiment
+
+    return Experiment.model_validate(
+        {
+            "name": "t4-run",
+            "project": "vision",
+            "owner": "ana@example.com",
+            "resources": {"gpu": "T4:1", "market": market, "clouds": ["yandex"]},
+        }
+    )
+
+
 def test_up_fails_over_to_the_next_zone_when_the_first_is_out_of_capacity(
     emu, tls, env, home, clock
 ):
@@ -593,17 +607,9 @@ def test_preemption_recovery_and_down_leave_nothing_on_the_books(emu, tls, env, 
     each machine booted the image whose driver serves its GPUs."""
     from provisioner import lifecycle
     from provisioner.jobs import recover
-    from provisioner.spec import Experiment
 
     app = yandex_app(emu, tls, home, clock)
-    experiment = Experiment.model_validate(
-        {
-            "name": "t4-run",
-            "project": "vision",
-            "owner": "ana@example.com",
-            "resources": {"gpu": "T4:1", "market": "spot", "clouds": ["yandex"]},
-        }
-    )
+    experiment = t4_run("spot")
     try:
         first = lifecycle.up(app, experiment).machine
         assert emu.gpu_driver_works(first.instance_id)
@@ -756,17 +762,9 @@ def test_a_restarted_machine_s_new_address_is_what_status_and_ssh_use(emu, tls, 
     """Yandex gives a stopped VM's one-to-one NAT address back and a new one on start: the
     state follows the cloud, so `provisioner ssh` does not knock on someone else's address."""
     from provisioner import lifecycle
-    from provisioner.spec import Experiment
 
     app = yandex_app(emu, tls, home, clock)
-    experiment = Experiment.model_validate(
-        {
-            "name": "t4-run",
-            "project": "vision",
-            "owner": "ana@example.com",
-            "resources": {"gpu": "T4:1", "market": "reserved", "clouds": ["yandex"]},
-        }
-    )
+    experiment = t4_run("reserved")
     try:
         lifecycle.up(app, experiment)
         lifecycle.reconcile(app)
