@@ -61,7 +61,7 @@ def populate_fleet(home: Path, n: int) -> None:
     from sqlalchemy import insert
 
     from provisioner.app import App
-    from provisioner.models import Event, Heartbeat, Machine, UsageInterval
+    from provisioner.models import Event, Heartbeat, Machine, UsageInterval, epoch_us
 
     (home / "policies").mkdir(parents=True, exist_ok=True)
     for p in POLICIES:
@@ -109,6 +109,8 @@ def populate_fleet(home: Path, n: int) -> None:
                     "kind": kind,
                     "started_at": start,
                     "ended_at": None,
+                    "start_us": epoch_us(start),
+                    "end_us": None,
                     "rate": rate,
                     "currency": "USD",
                 }
