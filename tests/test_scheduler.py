@@ -634,7 +634,7 @@ def test_a_recover_pass_longer_than_the_lease_keeps_it(sched, monkeypatch):
         assert events(app, n).count(("relaunched", "preempted")) == 1
 
 
-def test_a_pass_whose_lease_was_taken_stops_before_the_next_machine(sched, monkeypatch):
+def test_a_pass_whose_lease_was_taken_stops_before_the_next_machine(sched, monkeypatch, caplog):
     """The first relaunch outlives the lease and another scheduler takes it meanwhile: the
     pass finds it taken when it would renew it, relaunches no other machine, and says so;
     the scheduler now holding the lease relaunches the rest, each once."""
@@ -660,7 +660,10 @@ def test_a_pass_whose_lease_was_taken_stops_before_the_next_machine(sched, monke
     rest = [a for a in p.actions if not a.done]
     assert len(rest) == 2 and all("lost its lease" in (a.error or "") for a in rest)
     assert "thief" in p.note and "took it" in p.note
-    assert p.note in describe(p)  # shown by `provisioner sweep`, logged by the daemon
+    assert p.note in describe(p)  # shown by `provisioner sweep`
+    with caplog.at_level(logging.INFO, logger="provisioner.scheduler"):
+        daemon.log_outcome("recover", p)  # and logged by `scheduler run`, once
+    assert [r.levelname for r in caplog.records if "thief" in r.getMessage()] == ["WARNING"]
     assert sorted(status(app, n) for n in names) == ["preempted", "preempted", "running"]
 
     monkeypatch.setattr(lifecycle, "up", real_up)

@@ -12,18 +12,24 @@ import uuid
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 from sqlalchemy import or_, update
 from sqlalchemy.exc import IntegrityError
 
 from provisioner.app import App
-from provisioner.jobs.passes import Action, Pass
+from provisioner.jobs.passes import Pass
 from provisioner.models import Lease
 
 HOLDER = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 T = TypeVar("T")
+
+
+class Undone(Protocol):
+    """An action a pass decided on: it says why it was not done."""
+
+    error: str | None
 
 
 def acquire(app: App, job: str, now: datetime, holder: str = HOLDER) -> bool:
@@ -117,7 +123,7 @@ class Held:
         return False  # the pass's note says so (the daemon logs it, the CLI shows it)
 
     def each(
-        self, work: Iterable[T], actions: Callable[[T], Iterable[Action]] | None = None
+        self, work: Iterable[T], actions: Callable[[T], Iterable[Undone]] | None = None
     ) -> Iterator[T]:
         """``work`` (machines, batches), the lease renewed before each piece; once it is
         lost, the rest is not done, and ``actions(piece)`` say so."""
