@@ -24,7 +24,7 @@ from datetime import datetime
 from decimal import ROUND_DOWN, Decimal
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
 
 import providers
@@ -670,19 +670,28 @@ def hold(app: App, m: Machine, why: str) -> Machine:
 
 
 def notes(app: App, machines: Iterable[Machine]) -> dict[str, str]:
-    """What `status` says beside a machine: why a preempted machine was kept, not relaunched."""
-    out = {}
+    """What `status` says beside a machine: why a preempted machine was kept, not relaunched.
+    One query for all the stopped ones: each one's latest event, if a relaunch refusal."""
+    names = {m.id: m.name for m in machines if m.status == "stopped"}
+    if not names:
+        return {}
+    latest = (
+        select(func.max(Event.id).label("eid"))
+        .where(Event.machine_id.in_(names))
+        .group_by(Event.machine_id)
+        .subquery()
+    )
     with app.db.session() as s:
-        for m in machines:
-            if m.status != "stopped":
-                continue
-            last = s.scalars(
-                select(Event).where(Event.machine_id == m.id).order_by(Event.id.desc())
-            ).first()
-            if last is not None and last.kind == "relaunch-refused":
-                why = (last.detail or {}).get("refused", "")
-                out[m.name] = f"preempted and not relaunched, kept stopped with its disk: {why}"
-    return out
+        rows = s.execute(
+            select(Event.machine_id, Event.detail)
+            .join(latest, latest.c.eid == Event.id)
+            .where(Event.kind == "relaunch-refused")
+        ).all()
+    return {
+        names[mid]: "preempted and not relaunched, kept stopped with its disk: "
+        + (detail or {}).get("refused", "")
+        for mid, detail in rows
+    }
 
 
 def down(
@@ -1010,11 +1019,17 @@ def collect(app: App, found: Iterable[Orphan]) -> list[Orphan]:
 
 
 def reconcile(
-    app: App, *, now: datetime | None = None, orphans: list[Orphan] | None = None
+    app: App,
+    *,
+    now: datetime | None = None,
+    orphans: list[Orphan] | None = None,
+    keep: Callable[[], bool] = lambda: True,
 ) -> list[Observation]:
     """Ask each cloud about every live machine and record what changed (a preemption, a machine
     stopped or deleted outside provisioner). One list call per cloud, not one call per machine.
-    ``orphans``, when given, receives the orphans seen in those lists."""
+    ``orphans``, when given, receives the orphans seen in those lists. ``keep()`` is asked
+    before each cloud and each machine (a scheduler keeps its lease): False stops here, with
+    what was observed so far."""
     now = now or app.clock.now()
     with app.db.session() as s:
         machines = list(
@@ -1027,6 +1042,8 @@ def reconcile(
     for m in machines:
         by_cloud.setdefault(m.cloud or "", []).append(m)
     for cloud, ms in by_cloud.items():
+        if not keep():
+            return out
         try:
             seen = {
                 i.id: i
@@ -1040,6 +1057,8 @@ def reconcile(
         if orphans is not None:
             orphans += _orphans(app, cloud, seen.values())
         for m in ms:
+            if not keep():
+                return out
             inst = seen.get(m.instance_id or "")
             if inst is None:  # not listed: ask directly (terminated machines drop out of lists)
                 try:

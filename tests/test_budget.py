@@ -13,7 +13,7 @@ from sqlalchemy import select
 from provisioner import budget, lifecycle, planning
 from provisioner.app import App
 from provisioner.errors import OperationFailed, UserError
-from provisioner.jobs import enforce
+from provisioner.jobs import enforce, lease
 from provisioner.models import Event, Machine
 from provisioner.spec import Experiment
 from tests.conftest import make_settings, run_cli, sandbox_experiment, write_settings, write_yaml
@@ -195,6 +195,23 @@ def test_block_only_keeps_machines_running(bapp, policy_dir, clock, smtp_server)
         assert s.get(Machine, m.id).status == "running"
     with pytest.raises(UserError, match="refused by budget"):
         lifecycle.up(bapp, experiment("second", lifetime="1h"))
+
+
+def test_a_second_scheduler_leaves_budget_stops_to_the_lease_holder(bapp, policy_dir, clock):
+    """Two schedulers enforce every minute: only the one holding the lease stops machines,
+    the other still sends (its share of) the alerts, each once."""
+    m = lifecycle.up(bapp, experiment()).machine
+    set_policy(bapp, policy_dir / "p.yaml", policy("1 USD", recipients=[], on_exhausted="stop"))
+    clock.advance(timedelta(hours=10))  # 1.57 USD
+    assert lease.acquire(bapp, "budget.enforce", clock.now(), holder="other-scheduler")
+    kinds = [a.kind for a in enforce.run(bapp, clock.now())]
+    assert kinds == ["alert", "alert", "exhausted"]  # no stop: the lease holder stops it
+    with bapp.db.session() as s:
+        assert s.get(Machine, m.id).status == "running"
+    [stop] = enforce.run(bapp, clock.now(), holder="other-scheduler")
+    assert (stop.kind, stop.machine, stop.error) == ("stop", m.name, None)
+    with bapp.db.session() as s:
+        assert s.get(Machine, m.id).status == "stopped"
 
 
 def test_a_failed_mail_is_retried_next_run(bapp, policy_dir, clock, smtp_server):  # noqa: F811

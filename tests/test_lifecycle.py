@@ -264,3 +264,39 @@ def test_stop_many_and_down_many_act_in_one_call_per_cloud(app):
     assert events(app, c)[-1][:2] == ("terminated", "user")
     assert sandbox.list_managed() == []
     assert len({a.id, b.id, c.id}) == 3
+
+
+def test_notes_on_stopped_machines_cost_one_query(app):
+    """Why each stopped machine is stopped, when it is news (a relaunch was refused and it was
+    kept): one query for all of them, however many there are."""
+    from sqlalchemy import event as sa_event
+
+    names = [f"m-{n}" for n in range(6)]
+    for n in names:
+        lifecycle.up(app, experiment(n))
+    lifecycle.stop_many(app, names[:5])  # m-5 stays running
+    refused = {"m-0": "refused by budget", "m-2": "region not allowed", "m-3": "refused"}
+    for n, why in refused.items():
+        lifecycle.record_event(
+            app, lifecycle.find(app, n).id, "relaunch-refused", detail={"refused": why}
+        )
+    m3 = lifecycle.find(app, "m-3")  # refused once, later started and stopped by its owner
+    lifecycle.record_event(app, m3.id, "stopped", reason="user")
+    machines = [lifecycle.find(app, n) for n in names]
+
+    selects: list[str] = []
+
+    def count(conn, cursor, statement, *args):
+        if statement.lstrip().upper().startswith("SELECT"):
+            selects.append(statement)
+
+    sa_event.listen(app.db.engine, "before_cursor_execute", count)
+    try:
+        notes = lifecycle.notes(app, machines)
+    finally:
+        sa_event.remove(app.db.engine, "before_cursor_execute", count)
+    assert notes == {
+        "m-0": "preempted and not relaunched, kept stopped with its disk: refused by budget",
+        "m-2": "preempted and not relaunched, kept stopped with its disk: region not allowed",
+    }
+    assert len(selects) == 1

@@ -6,6 +6,7 @@ two real processes sharing one SQLite file."""
 from __future__ import annotations
 
 import json
+import logging
 import subprocess
 import sys
 from datetime import UTC, datetime, timedelta
@@ -18,7 +19,8 @@ from provisioner import idle, lifecycle
 from provisioner.app import App
 from provisioner.clock import ManualClock
 from provisioner.errors import ConfigError
-from provisioner.jobs import lease, metrics, reconcile, recover, sweep
+from provisioner.jobs import daemon, lease, metrics, reconcile, recover, sweep
+from provisioner.jobs.passes import describe
 from provisioner.models import Event, Heartbeat, Machine, UsageInterval
 from provisioner.spec import Experiment
 from tests.conftest import (
@@ -532,7 +534,9 @@ def test_one_machine_whose_rule_cannot_be_evaluated_does_not_stop_the_sweep(sche
     heartbeats(app, quiet, 1.0, 30)
     heartbeats(app, broken, 1.0, 30)
 
-    p = sweep.run(app)
+    with caplog.at_level(logging.WARNING, logger="provisioner.scheduler"):
+        p = sweep.run(app)
+        daemon.log_outcome("sweep", p)  # as `scheduler run` logs each pass
 
     got = {a.machine: (a.action, a.reason, a.done) for a in p.actions}
     assert got == {
@@ -541,7 +545,8 @@ def test_one_machine_whose_rule_cannot_be_evaluated_does_not_stop_the_sweep(sche
         "quiet": ("stop", "idle", True),
     }
     [skipped] = [a for a in p.actions if a.machine == "broken"]
-    assert "for_minutes" in (skipped.error or "") and "broken" in caplog.text
+    assert "for_minutes" in (skipped.error or "")
+    assert len([r for r in caplog.records if "broken" in r.getMessage()]) == 1  # logged once
     assert (status(app, "broken"), status(app, "old"), status(app, "quiet")) == (
         "running",
         "stopped",
@@ -585,6 +590,136 @@ def test_a_pass_longer_than_the_lease_keeps_it(sched, monkeypatch):
         assert events(app, f"idle-{n}").count(("stopped", "off-hours-idle")) == 1
 
 
+def _preempted(app: App, names: list[str], **spec) -> None:
+    for name in names:
+        up(app, name, lifecycle={"on_preemption": "relaunch"}, **spec)
+        preempt(app, name)
+    reconcile.run(app)
+    assert [status(app, n) for n in names] == ["preempted"] * len(names)
+
+
+def test_a_recover_pass_longer_than_the_lease_keeps_it(sched, monkeypatch):
+    """Relaunching takes minutes per machine: four relaunches of two thirds of the lease each
+    outlive it twice over, and the pass renews it before each machine, so a second scheduler
+    arriving meanwhile is refused every time and nothing is relaunched twice."""
+    app = sched("name: any\n")
+    names = [f"spot-{n}" for n in range(4)]
+    _preempted(app, names)
+    ttl = timedelta(seconds=app.settings.scheduler.lease_seconds)
+    started = app.clock.now()
+    real_up = lifecycle.up
+    others = []
+
+    def slow_up(*args, **kwargs):
+        monkeypatch.setattr(lifecycle, "up", real_up)  # the second scheduler's would be quick
+        app.clock.advance(ttl * 2 / 3)
+        if app.clock.now() > started + ttl:  # the first lease would have run out by now
+            others.append(recover.run(app, holder="second-scheduler"))
+            assert not lease.acquire(app, "recover", app.clock.now(), holder="third")
+        monkeypatch.setattr(lifecycle, "up", slow_up)
+        return real_up(*args, **kwargs)
+
+    monkeypatch.setattr(lifecycle, "up", slow_up)
+    p = recover.run(app, holder="first-scheduler")
+
+    assert app.clock.now() - started > 2 * ttl
+    assert sorted((a.machine, a.action, a.done) for a in p.actions) == [
+        (n, "relaunch", True) for n in names
+    ]
+    assert p.note == ""
+    assert len(others) == 3 and all(not o.leader and o.actions == [] for o in others)
+    assert all("first-scheduler" in o.note for o in others)
+    for n in names:  # relaunched once each
+        assert status(app, n) == "running"
+        assert events(app, n).count(("relaunched", "preempted")) == 1
+
+
+def test_a_pass_whose_lease_was_taken_stops_before_the_next_machine(sched, monkeypatch, caplog):
+    """The first relaunch outlives the lease and another scheduler takes it meanwhile: the
+    pass finds it taken when it would renew it, relaunches no other machine, and says so;
+    the scheduler now holding the lease relaunches the rest, each once."""
+    app = sched("name: any\n")
+    names = [f"spot-{n}" for n in range(3)]
+    _preempted(app, names)
+    ttl = timedelta(seconds=app.settings.scheduler.lease_seconds)
+    real_up = lifecycle.up
+    launched = []
+
+    def stalled_up(app_, experiment, **kwargs):
+        launched.append(experiment.name)
+        if len(launched) == 1:
+            app.clock.advance(ttl + timedelta(seconds=1))
+            assert lease.acquire(app, "recover", app.clock.now(), holder="thief")
+        return real_up(app_, experiment, **kwargs)
+
+    monkeypatch.setattr(lifecycle, "up", stalled_up)
+    p = recover.run(app, holder="first-scheduler")
+
+    assert len(launched) == 1
+    [done] = [a for a in p.actions if a.done]
+    rest = [a for a in p.actions if not a.done]
+    assert len(rest) == 2 and all("lost its lease" in (a.error or "") for a in rest)
+    assert "thief" in p.note and "took it" in p.note
+    assert p.note in describe(p)  # shown by `provisioner sweep`
+    with caplog.at_level(logging.INFO, logger="provisioner.scheduler"):
+        daemon.log_outcome("recover", p)  # and logged by `scheduler run`, once
+    assert [r.levelname for r in caplog.records if "thief" in r.getMessage()] == ["WARNING"]
+    assert sorted(status(app, n) for n in names) == ["preempted", "preempted", "running"]
+
+    monkeypatch.setattr(lifecycle, "up", real_up)
+    q = recover.run(app, holder="thief")
+    assert sorted(a.machine for a in q.actions if a.done) == sorted(a.machine for a in rest)
+    assert done.machine not in {a.machine for a in q.actions}
+    for n in names:
+        assert status(app, n) == "running"
+        assert events(app, n).count(("relaunched", "preempted")) == 1
+
+
+def test_reconcile_records_nothing_after_its_lease_was_taken(sched, monkeypatch):
+    """The cloud's list call outlives the lease and another scheduler takes it: the pass
+    records nothing of what the list said (the new leader's pass does) and says why."""
+    app = sched("name: any\n")
+    up(app, "spot")
+    preempt(app, "spot")
+    sandbox = app.provider("sandbox")
+    real_list = sandbox.list_managed
+    ttl = timedelta(seconds=app.settings.scheduler.lease_seconds)
+
+    def slow_list(*args, **kwargs):
+        app.clock.advance(ttl + timedelta(seconds=1))
+        assert lease.acquire(app, "reconcile", app.clock.now(), holder="thief")
+        return real_list(*args, **kwargs)
+
+    monkeypatch.setattr(sandbox, "list_managed", slow_list)
+    p = reconcile.run(app, holder="first-scheduler")
+    assert p.leader and p.actions == [] and "thief" in p.note
+    assert status(app, "spot") == "running"
+    monkeypatch.setattr(sandbox, "list_managed", real_list)
+    q = reconcile.run(app, holder="thief")
+    assert [(a.machine, a.reason) for a in q.actions] == [("spot", "preempted")]
+    assert status(app, "spot") == "preempted"
+
+
+def test_a_failed_recovery_is_logged_once(sched, monkeypatch, caplog):
+    """A terminate that fails is on the pass's action, and `scheduler run` logs it: once."""
+    from providers.base import ProviderError
+
+    app = sched("name: any\n")
+    up(app, "gone", lifecycle={"on_preemption": "terminate"})
+    preempt(app, "gone")
+    reconcile.run(app)
+
+    def refuse(ref):
+        raise ProviderError("the cloud said no")
+
+    monkeypatch.setattr(app.provider("sandbox"), "terminate", refuse)
+    with caplog.at_level(logging.INFO, logger="provisioner.scheduler"):
+        daemon._guarded("recover", lambda: recover.run(app))()
+    said = [r for r in caplog.records if "gone" in r.getMessage()]
+    assert len(said) == 1 and "the cloud said no" in said[0].getMessage()
+    assert said[0].levelname == "WARNING"
+
+
 def test_sweep_commits_once_per_batch(sched):
     """Stopping machines costs one batch call to the cloud and one transaction, not a few per
     machine: counted as sandbox API calls and as COMMITs on the state database."""
@@ -614,9 +749,9 @@ def test_sweep_commits_once_per_batch(sched):
     p = sweep.run(app)
     assert sum(a.done for a in p.actions) == 6
     assert sandbox.api_calls - calls == 2  # the list call, and one stop call for all six
-    # the lease row made, taken, renewed before the batch and released; the batch of six
-    # stops; heartbeats pruned — none of it per machine
-    assert len(writes) == 6
+    # the lease row made, taken and released (a quick pass need not renew it); the batch of
+    # six stops; heartbeats pruned — none of it per machine
+    assert len(writes) == 5
     with app.db.session() as s:  # the batch closed each compute interval, kept the disks'
         ivs = list(
             s.scalars(select(UsageInterval).where(UsageInterval.machine_id.in_([m.id for m in ms])))

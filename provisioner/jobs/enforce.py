@@ -16,6 +16,7 @@ from provisioner import lifecycle, render, reports
 from provisioner.app import App
 from provisioner.budget import Status, status
 from provisioner.errors import OperationFailed
+from provisioner.jobs.lease import HOLDER, leading
 from provisioner.jobs.notices import claim, claimed
 from provisioner.models import Machine
 
@@ -47,10 +48,11 @@ def _shown(t: Decimal) -> str:
     return format(t.normalize(), "f")
 
 
-def run(app: App, now: datetime | None = None) -> list[Action]:
+def run(app: App, now: datetime | None = None, *, holder: str = HOLDER) -> list[Action]:
     """Alerts once per threshold and period; on exhaustion stop/terminate per policy."""
     now = now or app.clock.now()
     actions: list[Action] = []
+    stops: list[tuple[Policy, str, Status]] = []
     for policy in app.policies:
         st = status(app, policy, now) if policy.budget else None
         if st is None:
@@ -108,8 +110,29 @@ def run(app: App, now: datetime | None = None) -> list[Action]:
                 Action("exhausted", policy.name, f"{st.spent} of {st.amount}; launches blocked")
             )
         if b.on_exhausted in ("stop", "terminate"):
-            actions += _stop_in_scope(app, policy, b.on_exhausted, st)
+            stops.append((policy, b.on_exhausted, st))
+    if stops:
+        actions += _stop(app, stops, now, holder)
     return actions
+
+
+def _stop(
+    app: App, stops: list[tuple[Policy, str, Status]], now: datetime, holder: str
+) -> list[Action]:
+    """The machines of exhausted budgets stopped or terminated under the scheduler's lease
+    (alerts need none: each is claimed once), kept before each policy's; a second scheduler
+    leaves them to the one that holds it."""
+    out: list[Action] = []
+
+    def undone(stop: tuple[Policy, str, Status]) -> list[Action]:
+        out.append(Action(stop[1], stop[0].name, "machines in scope"))
+        return out[-1:]
+
+    with leading(app, "budget.enforce", now, holder, False) as lease:
+        if lease:
+            for policy, how, st in lease.each(stops, undone):
+                out += _stop_in_scope(app, policy, how, st)
+    return out
 
 
 def _send_alert(app: App, st: Status, kind: str, threshold: Decimal, now: datetime) -> None:

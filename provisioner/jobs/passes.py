@@ -3,7 +3,6 @@ Every action is an event on the machine, with its reason."""
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -11,8 +10,6 @@ from typing import Any
 from provisioner import lifecycle
 from provisioner.app import App
 from provisioner.errors import ProvisionerError
-
-log = logging.getLogger("provisioner.scheduler")
 
 # event reasons the scheduler writes (reports and /metrics count them)
 REASONS = ("off-hours-idle", "idle", "max-lifetime", "preempted", "recovered")
@@ -69,7 +66,7 @@ def describe(result: Any) -> list[str]:
             return [f"skipped: {result.note}"]
         lines = [str(a) for a in result.actions]
         lines += [f"orphan: {o['cloud']} {o['id']} ({o['name']})" for o in result.orphans]
-        return lines
+        return lines + ([result.note] if result.note else [])  # a lease lost midway
     if isinstance(result, list):
         return [str(x) for x in result]
     return [] if result is None else [str(result)]
@@ -86,6 +83,5 @@ def act(app: App, action: Action) -> None:
         action.done = True
         if not changed:
             action.why += " (it already was)"
-    except ProvisionerError as e:
+    except ProvisionerError as e:  # on the action: the daemon logs it, the CLI shows it
         action.error = str(e)
-        log.warning("sweep: %s %s failed: %s", action.action, action.machine, e)

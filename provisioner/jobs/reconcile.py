@@ -6,17 +6,16 @@ from datetime import datetime
 
 from provisioner import lifecycle
 from provisioner.app import App
-from provisioner.jobs.lease import HOLDER, leading, not_leader
+from provisioner.jobs.lease import HOLDER, Held, run_pass
 from provisioner.jobs.passes import Action, Pass
 
 
 def run(app: App, now: datetime | None = None, *, holder: str = HOLDER) -> Pass:
-    now = now or app.clock.now()
-    with leading(app, "reconcile", now, holder, False) as leader:
-        if not leader:
-            return not_leader("reconcile", app, False)
+    when = now or app.clock.now()
+
+    def body(lease: Held) -> Pass:
         orphans: list[lifecycle.Orphan] = []
-        observations = lifecycle.reconcile(app, now=now, orphans=orphans)
+        observations = lifecycle.reconcile(app, now=when, orphans=orphans, keep=lease.renew)
         result = Pass("reconcile", checked=len(observations))
         for o in observations:
             if o.error:
@@ -36,3 +35,5 @@ def run(app: App, now: datetime | None = None, *, holder: str = HOLDER) -> Pass:
             if not o.adoptable_by
         ]
         return result
+
+    return run_pass(app, "reconcile", when, body, holder=holder)

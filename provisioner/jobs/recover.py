@@ -3,7 +3,6 @@ region first, then the planner's next candidates, within policy and budget, with
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
@@ -14,13 +13,11 @@ from provisioner import lifecycle
 from provisioner.app import App
 from provisioner.crashpoints import crashpoint
 from provisioner.errors import ProvisionerError, UserError
-from provisioner.jobs.lease import HOLDER, leading, not_leader
+from provisioner.jobs.lease import HOLDER, Held, run_pass
 from provisioner.jobs.passes import Action, Pass, act
 from provisioner.models import ACTIVE_EXCLUDED, Event, Machine
 from provisioner.spec import Experiment
 from provisioner.state import machine as machine_row
-
-log = logging.getLogger("provisioner.scheduler")
 
 BACKOFF = timedelta(minutes=1)  # doubled per failed attempt …
 BACKOFF_MAX = timedelta(hours=1)  # … up to this
@@ -35,41 +32,46 @@ def stored_experiment(m: Machine) -> Experiment:
 def run(
     app: App, now: datetime | None = None, *, dry_run: bool = False, holder: str = HOLDER
 ) -> Pass:
-    now = now or app.clock.now()
+    when = now or app.clock.now()
     app.policies  # noqa: B018
-    with leading(app, "recover", now, holder, dry_run) as leader:
-        if not leader:
-            return not_leader("recover", app, dry_run)
+
+    def body(lease: Held) -> Pass:
         result = Pass("recover", dry_run=dry_run)
+        todo = []
         for m, attempts, last in _to_recover(app):
             result.checked += 1
-            exp = stored_experiment(m)
-            mode = exp.lifecycle.on_preemption
-            if mode == "leave":
-                continue
-            if mode == "terminate":
-                action = Action(m.name, "terminate", "preempted", "on_preemption: terminate")
-                if not dry_run:
-                    act(app, action)
+            action = _decide(m, attempts, last, when)
+            if action is not None:
                 result.actions.append(action)
-                continue
-            if attempts >= MAX_ATTEMPTS:
-                continue
-            if last is not None:
-                wait = min(BACKOFF * 2 ** (attempts - 1), BACKOFF_MAX)
-                if now < last + wait:
-                    continue
-            near = m.zone or m.region or "?"
-            action = Action(
-                m.name,
-                "relaunch",
-                "preempted",
-                f"on_preemption: relaunch, {near} first (attempt {attempts + 1})",
-            )
-            if not dry_run:
-                _relaunch(app, m, exp, action, attempts, now)
-            result.actions.append(action)
+                todo.append((action, m, attempts))
+        if dry_run:
+            return result
+        # a relaunch can take minutes: the lease is kept before each machine
+        for action, m, attempts in lease.each(todo, lambda t: [t[0]]):
+            if action.action == "terminate":
+                act(app, action)
+            else:
+                _relaunch(app, m, stored_experiment(m), action, attempts, when)
         return result
+
+    return run_pass(app, "recover", when, body, holder=holder, dry_run=dry_run)
+
+
+def _decide(m: Machine, attempts: int, last: datetime | None, now: datetime) -> Action | None:
+    """What recovery does to a lost machine now: per its spec's ``on_preemption``, with the
+    backoff of its failed attempts; None: nothing (left, given up, or waiting)."""
+    mode = stored_experiment(m).lifecycle.on_preemption
+    if mode == "leave":
+        return None
+    if mode == "terminate":
+        return Action(m.name, "terminate", "preempted", "on_preemption: terminate")
+    if attempts >= MAX_ATTEMPTS:
+        return None
+    if last is not None and now < last + min(BACKOFF * 2 ** (attempts - 1), BACKOFF_MAX):
+        return None
+    near = m.zone or m.region or "?"
+    why = f"on_preemption: relaunch, {near} first (attempt {attempts + 1})"
+    return Action(m.name, "relaunch", "preempted", why)
 
 
 def _to_recover(app: App) -> list[tuple[Machine, int, datetime | None]]:
@@ -136,7 +138,6 @@ def _relaunch(
         except UserError as e:
             action.error = str(e)
             lifecycle.hold(app, m, str(e))
-            log.warning("recover: %s not relaunched, kept stopped: %s", m.name, e)
             return
     try:
         if m.status == "preempted":
@@ -152,7 +153,6 @@ def _relaunch(
             reason="preempted",
             detail={"attempt": attempts + 1, "error": str(e)},
         )
-        log.warning("recover: %s not relaunched: %s", m.name, e)
         return
     new = result.machine
     where = f"{new.cloud}/{new.zone or new.region}"

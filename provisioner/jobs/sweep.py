@@ -5,7 +5,6 @@ whose rule asks for it is mailed before the machine is acted on.
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, time, timedelta
 from typing import Any
@@ -19,13 +18,12 @@ from policies.schema import IdleRule, Policy, matching
 from provisioner import idle, lifecycle, mail
 from provisioner.app import App
 from provisioner.errors import ProvisionerError, UserError
-from provisioner.jobs.lease import HOLDER, Held, leading, not_leader
+from provisioner.jobs.lease import HOLDER, Held, run_pass
 from provisioner.jobs.passes import Action, Pass
 from provisioner.models import Event, Machine
 from provisioner.state import machine as machine_row
 
 HEARTBEAT_RETENTION = timedelta(days=1)
-log = logging.getLogger("provisioner.scheduler")
 
 
 # --- rules per machine -----------------------------------------------------------------------
@@ -175,24 +173,24 @@ def decide(a: Assessment, now: datetime) -> Action | None:
     )
 
 
-#: Machines acted on per batch call and per transaction; the lease is renewed before each.
+#: Machines acted on per batch call and per transaction; the lease is kept before each.
 BATCH = 1000
 
 
 def run(
     app: App, now: datetime | None = None, *, dry_run: bool = False, holder: str = HOLDER
 ) -> Pass:
-    now = now or app.clock.now()
+    pass_now = now or app.clock.now()
     app.policies  # noqa: B018  (a bad policy file stops the pass before anything is done)
-    with leading(app, "sweep", now, holder, dry_run) as lease:
-        if not lease:
-            return not_leader("sweep", app, dry_run)
-        machines = _machines(app, now, dry_run)
+
+    def body(lease: Held) -> Pass:
+        now = pass_now
+        machines = _machines(app, now, lease)
         result = Pass("sweep", dry_run=dry_run, checked=len(machines))
         assessed, failed = assess(app, now, machines)
         by_id = {a.machine.id: a for a in assessed}
         todo: list[tuple[Action, Machine]] = []
-        for m in machines:
+        for m in lease.each(machines):  # owners may be mailed on the way
             try:
                 if m.id in failed:
                     raise failed[m.id]
@@ -201,26 +199,27 @@ def run(
                     continue
                 if action.warn_minutes and action.action in ("stop", "terminate"):
                     action = _warned_first(app, m, action, now, dry_run)
-            except Exception as e:  # logged and shown; the others are acted on
-                log.warning("sweep: %s could not be assessed: %s: %s", m.name, type(e).__name__, e)
+            except Exception as e:  # shown (and logged by the daemon); the others are acted on
                 why = f"could not be assessed ({type(e).__name__}: {e}); left as it is"
                 action = Action(m.name, "skip", "error", why, error=f"{type(e).__name__}: {e}")
             result.actions.append(action)
             if not dry_run and action.action in ("stop", "terminate"):
                 todo.append((action, m))
         _act(app, lease, todo)
-        if not dry_run:
+        if not dry_run and lease:
             idle.prune(app, now - HEARTBEAT_RETENTION)
         return result
 
+    return run_pass(app, "sweep", pass_now, body, holder=holder, dry_run=dry_run)
 
-def _machines(app: App, now: datetime, dry_run: bool) -> list[Machine]:
+
+def _machines(app: App, now: datetime, lease: Held) -> list[Machine]:
     """The machines the sweep may act on, read once: from the pass's reconcile (one list call
     per cloud brings the state up to date), or from the state in a dry run."""
-    if not dry_run:
+    if not lease.dry_run:
         return [
             o.machine
-            for o in lifecycle.reconcile(app, now=now)
+            for o in lifecycle.reconcile(app, now=now, keep=lease.renew)
             if o.machine.status in ("running", "stopped") and o.machine.instance_id
         ]
     with app.db.session() as s:
@@ -235,31 +234,29 @@ def _machines(app: App, now: datetime, dry_run: bool) -> list[Machine]:
 
 def _act(app: App, lease: Held, todo: list[tuple[Action, Machine]]) -> None:
     """The stops and terminates, in batches per cloud, region, action and reason: one batch
-    call and one transaction each, the lease renewed before each. A machine that fails is
+    call and one transaction each, the lease kept before each. A machine that fails is
     recorded on its action (and tried again by the next pass)."""
     groups: dict[tuple[str, str, str, str], list[tuple[Action, Machine]]] = {}
     for action, m in todo:
         key = (m.cloud or "", m.region or "", action.action, action.reason)
         groups.setdefault(key, []).append((action, m))
-    for (_, _, how, reason), items in groups.items():
-        for k in range(0, len(items), BATCH):
-            batch = items[k : k + BATCH]
-            if not lease.renew():
-                for action, _ in batch:
-                    action.error = "the scheduler's lease was lost; the next pass acts"
+    batches = [
+        (how, reason, items[k : k + BATCH])
+        for (_, _, how, reason), items in groups.items()
+        for k in range(0, len(items), BATCH)
+    ]
+    for how, reason, batch in lease.each(batches, lambda b: [a for a, _ in b[2]]):
+        details = {m.id: _detail(action) for action, m in batch}
+        machines = [m for _, m in batch]
+        done = lifecycle.act_many(app, machines, how, reason=reason, details=details)
+        for action, m in batch:
+            outcome = done[m.id]
+            if outcome.error:
+                action.error = outcome.error
                 continue
-            details = {m.id: _detail(action) for action, m in batch}
-            machines = [m for _, m in batch]
-            done = lifecycle.act_many(app, machines, how, reason=reason, details=details)
-            for action, m in batch:
-                outcome = done[m.id]
-                if outcome.error:
-                    action.error = outcome.error
-                    log.warning("sweep: %s %s failed: %s", how, m.name, outcome.error)
-                    continue
-                action.done = True
-                if not outcome.changed:
-                    action.why += " (it already was)"
+            action.done = True
+            if not outcome.changed:
+                action.why += " (it already was)"
 
 
 def _detail(action: Action) -> dict[str, Any]:
