@@ -30,6 +30,7 @@ from sqlalchemy import (
     literal,
     or_,
     select,
+    text,
     true,
     tuple_,
     type_coerce,
@@ -467,10 +468,21 @@ def tally(
         .group_by(*keys, per_machine.c.currency, per_machine.c.rate)
         .having(total_us > 0)
     )
+    if not _sqlite(s):  # 40,000 groups of texts: hashed in memory, not sorted on disk (4 MB)
+        s.execute(text("SET LOCAL work_mem = '64MB'"))
     out, n = Tally(), len(by)
-    for r in s.execute(q):
-        out.add(tuple(r[:n]), r[-3], r[-2], int(r[-1]))
+    # one key per machine: its repeated texts (owner, project, rate…) kept once each
+    same: dict[Any, Any] = {}
+    for r in _stream(s, q):
+        key = tuple(same.setdefault(v, v) for v in r[:n])
+        out.add(key, same.setdefault(r[-3], r[-3]), same.setdefault(r[-2], r[-2]), int(r[-1]))
     return out
+
+
+def _stream(s: Session, q: Any) -> Any:
+    """The rows of ``q`` one at a time: through the session's connection, since an ORM
+    session's ``execute`` buffers every row as an object before the first is read."""
+    return s.connection().execute(q)
 
 
 def day_tally(
@@ -548,7 +560,7 @@ def _day_edges_grouped(
     if by and by != ["kind"] and tuple(by) != ("kind",):
         q = q.select_from(u.join(Machine, Machine.id == u.c.machine_id))
     n = len(by)
-    for r in s.execute(q):
+    for r in _stream(s, q):
         *_, cur, rate, d0, d1, count, off0, off1 = r
         yield tuple(r[:n]), cur, rate, d0, count, off0
         yield tuple(r[:n]), cur, rate, d1, -count, -off1
