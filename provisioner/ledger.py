@@ -449,6 +449,18 @@ def tally(
     intervals run to ``end``: pass ``min(period end, now)`` for spend to date. Per machine and
     kind intervals never overlap, so no sum can overflow 64 bits."""
     u = _span(s, start, end, scope, kinds)
+    if set(by) <= {"kind"} and not _sqlite(s):
+        # a budget's spend needs no machine's column: PostgreSQL hashes the intervals straight
+        # into (currency, rate), half the time of grouping per machine first (SQLite, though,
+        # reads the scope's machines from ix_usage_machine_rate faster than the whole table)
+        keys = [u.c.kind for _ in by]
+        total_us = func.sum(u.c.hi - u.c.lo)
+        q = (
+            select(*keys, u.c.currency, u.c.rate, total_us)
+            .group_by(*keys, u.c.currency, u.c.rate)
+            .having(total_us > 0)
+        )
+        return _tallied(s, q, len(by))
     per_machine = (
         select(
             u.c.machine_id,
@@ -470,7 +482,12 @@ def tally(
     )
     if not _sqlite(s):  # 40,000 groups of texts: hashed in memory, not sorted on disk (4 MB)
         s.execute(text("SET LOCAL work_mem = '64MB'"))
-    out, n = Tally(), len(by)
+    return _tallied(s, q, len(by))
+
+
+def _tallied(s: Session, q: Any, n: int) -> Tally:
+    """The rows of a tally's query (``n`` key columns, currency, rate, microseconds)."""
+    out = Tally()
     # one key per machine: its repeated texts (owner, project, rate…) kept once each
     same: dict[Any, Any] = {}
     for r in _stream(s, q):
