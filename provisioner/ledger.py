@@ -523,7 +523,8 @@ def day_tally(
     bounds = [epoch_us(midnight(d, tz)) for d in days]
     bounds.append(epoch_us(midnight(days[-1] + DAY, tz)))
     lengths = [b - a for a, b in pairwise(bounds)]
-    if _sqlite(s) and not by and bounds[0] == epoch_us(start):
+    every_machine = not scope.clauses() and not scope.in_python
+    if _sqlite(s) and not by and bounds[0] == epoch_us(start) and every_machine:
         rows = _day_edges_by_range(s, start, end, bounds, scope, kinds)
     else:
         rows = _day_edges_grouped(s, start, end, bounds, by, scope, kinds)
@@ -594,7 +595,9 @@ def _day_edges_by_range(
     """SQLite sorts to GROUP BY, and sorting a million rows is most of a report's time. Here
     each (currency, rate, day) is instead a range of an index that covers the query
     (``ix_usage_rate_start`` for the days intervals begin, ``ix_usage_rate_end`` for those they
-    end): counts and sums without a sort, in one statement."""
+    end): counts and sums without a sort, in one statement. Over every machine only: each
+    range reads every machine's intervals, so for some machines (a budget's) sorting just
+    theirs is several times faster."""
     iv = UsageInterval
     lo_us, hi_us = epoch_us(start), epoch_us(end)
     where = _usage(s, start, end, scope, kinds)
@@ -719,10 +722,12 @@ def _open_intervals(s: Session, now: datetime, scope: Scope) -> list[tuple[Any, 
             Machine.spec,
         )
         .join(Machine, Machine.id == UsageInterval.machine_id)
-        .where(UsageInterval.ended_at.is_(None), UsageInterval.started_at <= now, *scope.clauses())
+        # the open intervals are the few in the partial index uq_usage_one_open; asked for
+        # ``started_at <= now`` too, SQLite reads every interval's start instead (0.1 s a 1M)
+        .where(UsageInterval.ended_at.is_(None), *scope.clauses())
     )
     admits = scope.admitter()
-    return [r for r in s.execute(q) if admits(r[3], r[4])]
+    return [r for r in s.execute(q) if r[0] <= now and admits(r[3], r[4])]
 
 
 def commitments(s: Session, period: Period, now: datetime, scope: Scope = Scope()) -> Amounts:
