@@ -26,6 +26,7 @@ from sqlalchemy import (
     String,
     and_,
     case,
+    cast,
     func,
     literal,
     or_,
@@ -173,11 +174,14 @@ def machine_spend(s: Session, m: Machine, start: datetime, end: datetime) -> dic
 # --- amounts in several currencies ---------------------------------------------------------
 
 
+_ZERO = Decimal(0)
+
+
 class Amounts(dict[str, Decimal]):
     """Sums that keep their currencies apart; converted only on request."""
 
     def add(self, currency: str, amount: Decimal) -> None:
-        self[currency] = self.get(currency, Decimal(0)) + amount
+        self[currency] = self.get(currency, _ZERO) + amount
 
     def merge(self, other: Amounts, k: Decimal | int = 1) -> Amounts:
         for c, a in other.items():
@@ -185,10 +189,10 @@ class Amounts(dict[str, Decimal]):
         return self
 
     def total(self, rates: Rates, currency: str) -> Money:
-        out = Money.zero(currency)
+        out = _ZERO  # the sum of Money.zero and the converted amounts, without a Money each
         for c in sorted(self):
-            out += rates.convert(Money(self[c], c), currency)
-        return out
+            out += rates.convert(Money(self[c], c), currency).amount
+        return Money(out, currency)
 
     def monies(self) -> list[Money]:
         return [Money(self[c], c) for c in sorted(self)]
@@ -357,7 +361,10 @@ class Tally:
             price = prices.get(rate)
             if price is None:
                 price = prices[rate] = Decimal(rate)
-            out.setdefault(key, Amounts()).add(currency, price * us / US_PER_HOUR)
+            amounts = out.get(key)
+            if amounts is None:
+                amounts = out[key] = Amounts()
+            amounts.add(currency, price * us / US_PER_HOUR)
         return out
 
     def hours(self) -> dict[Any, Decimal]:
@@ -456,7 +463,7 @@ def tally(
         keys = [u.c.kind for _ in by]
         total_us = func.sum(u.c.hi - u.c.lo)
         q = (
-            select(*keys, u.c.currency, u.c.rate, total_us)
+            select(*keys, u.c.currency, u.c.rate, cast(total_us, BigInteger))
             .group_by(*keys, u.c.currency, u.c.rate)
             .having(total_us > 0)
         )
@@ -475,7 +482,8 @@ def tally(
     keys = [per_machine.c.kind if f == "kind" else FIELDS[f] for f in by]
     total_us = func.sum(per_machine.c.us)
     q = (
-        select(*keys, per_machine.c.currency, per_machine.c.rate, total_us)
+        # PostgreSQL sums bigints as numeric: 40,000 Decimals to parse, were it not cast back
+        select(*keys, per_machine.c.currency, per_machine.c.rate, cast(total_us, BigInteger))
         .select_from(per_machine.join(Machine, Machine.id == per_machine.c.machine_id))
         .group_by(*keys, per_machine.c.currency, per_machine.c.rate)
         .having(total_us > 0)
