@@ -1,13 +1,15 @@
 """The dashboard's two heavy pages: the fleet of 1,000 live machines (two hours of heartbeats
 each, every 30 s) and the spend page over 1M usage intervals (with two budgets).
 
-    .venv/bin/python bench/bench_dashboard.py [--machines 1000] [--intervals 1000000]
+    .venv/bin/python bench/bench_dashboard.py [--machines 1000] [--intervals 1000000] \
+        [--postgres URL]
 
 Builds the state like bench/bench_report.py (bulk inserts into a SQLite file in a temporary
-directory), then, in a fresh interpreter, calls the WSGI application the way waitress would and
-times each page: the first request (cold: imports, templates), the median of two more passes
-over the state, one with the budgets' standings already shared (another page viewed within the
-slice), and one answered from the pages' cache (another browser in the same slice).
+directory; with ``--postgres``, into fresh schemas on that server, dropped afterwards), then, in
+a fresh interpreter, calls the WSGI application the way waitress would and times each page: the
+first request (cold: imports, templates), the median of two more passes over the state, one with
+the budgets' standings already shared (another page viewed within the slice), and one answered
+from the pages' cache (another browser in the same slice).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
@@ -50,13 +53,15 @@ POLICIES = [
 ]
 
 
-def settings(home: Path):
+def settings(home: Path, state_url: str | None = None):
     from provisioner.settings import Settings
 
-    return Settings(home=home, clouds={"sandbox": {}}, policies=[str(home / "policies")])
+    return Settings(
+        home=home, state_url=state_url, clouds={"sandbox": {}}, policies=[str(home / "policies")]
+    )
 
 
-def populate_fleet(home: Path, n: int) -> None:
+def populate_fleet(home: Path, n: int, state_url: str | None) -> None:
     import yaml
     from sqlalchemy import insert
 
@@ -66,7 +71,7 @@ def populate_fleet(home: Path, n: int) -> None:
     (home / "policies").mkdir(parents=True, exist_ok=True)
     for p in POLICIES:
         (home / "policies" / f"{p['name']}.yaml").write_text(yaml.safe_dump(p))
-    app = App(settings(home))
+    app = App(settings(home, state_url))
     rnd = random.Random(7)
     t0 = time.perf_counter()
     start = NOW - timedelta(days=3)
@@ -155,12 +160,12 @@ def get(wsgi, path: str) -> tuple[int, int]:
     return int(status[0].split()[0]), len(body)
 
 
-def run(home: Path, paths: list[str]) -> None:
+def run(home: Path, state_url: str | None, paths: list[str]) -> None:
     from provisioner.app import App
     from provisioner.clock import ManualClock
     from provisioner.dashboard import make_app
 
-    app = App(settings(home), ManualClock(NOW))
+    app = App(settings(home, state_url), ManualClock(NOW))
     app.db  # noqa: B018  (migrated before timing)
     wsgi = make_app(app)
     out = {}
@@ -190,35 +195,62 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--machines", type=int, default=1000)
     ap.add_argument("--intervals", type=int, default=1_000_000)
+    ap.add_argument("--postgres", help="a PostgreSQL server URL (schemas of their own are made)")
     ap.add_argument("--run", help=argparse.SUPPRESS)
+    ap.add_argument("--state-url", help=argparse.SUPPRESS)
     ap.add_argument("--paths", nargs="*", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.run:
-        run(Path(args.run), args.paths)
+        run(Path(args.run), args.state_url, args.paths)
         return
     import bench_report
 
-    tmp = Path(tempfile.mkdtemp())
-    fleet_home = tmp / "fleet"
-    populate_fleet(fleet_home, args.machines)
-    spend_home = tmp / "spend"
-    (spend_home / "policies").mkdir(parents=True)
+    schemas: list[str] = []
+
+    def state_url() -> str | None:
+        if args.postgres is None:
+            return None
+        schema, url = bench_report.postgres_schema(args.postgres)
+        schemas.append(schema)
+        return url
+
+    try:
+        measure(args, state_url)
+    finally:
+        if schemas:
+            import psycopg
+
+            with psycopg.connect(args.postgres, autocommit=True) as conn:
+                for schema in schemas:
+                    conn.execute(f'DROP SCHEMA "{schema}" CASCADE')
+
+
+def measure(args: argparse.Namespace, state_url: Callable[[], str | None]) -> None:
+    import bench_report
     import yaml
 
+    tmp = Path(tempfile.mkdtemp())
+    fleet_home, fleet_url = tmp / "fleet", state_url()
+    populate_fleet(fleet_home, args.machines, fleet_url)
+    spend_home, spend_url = tmp / "spend", state_url()
+    (spend_home / "policies").mkdir(parents=True)
     for p in POLICIES:
         (spend_home / "policies" / f"{p['name']}.yaml").write_text(yaml.safe_dump(p))
-    bench_report.populate(spend_home, None, args.intervals)
-    for home, paths in (
-        (fleet_home, ["/", "/?project=proj-7"]),
-        (spend_home, ["/spend?period=2026-11", "/spend?budget=nlp&period=2026-11"]),
+    bench_report.populate(spend_home, spend_url, args.intervals)
+    for home, url, paths in (
+        (fleet_home, fleet_url, ["/", "/?project=proj-7"]),
+        (spend_home, spend_url, ["/spend?period=2026-11", "/spend?budget=nlp&period=2026-11"]),
     ):
         child = [sys.executable, __file__, "--run", str(home), "--paths", *paths]
+        if url:
+            child += ["--state-url", url]
         res = json.loads(subprocess.run(child, capture_output=True, text=True, check=True).stdout)
         for path, r in res.items():
             print(
                 f"{path:40} first {r['cold_s']:.2f} s, again {r['warm_s']:.2f} s, budgets "
                 f"shared {r['standings_shared_s']:.2f} s, page shared {r['shared_s']:.3f} s "
-                f"({r['bytes'] / 1024:.0f} KiB)"
+                f"({r['bytes'] / 1024:.0f} KiB)",
+                flush=True,
             )
 
 

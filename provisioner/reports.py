@@ -110,6 +110,21 @@ class Report:
     shown_by_kind: dict[str, Money] = field(default_factory=dict)  # the columns' sums
     # how many machines the top list leaves out, and their spend as shown
     other_machines: tuple[int, Money] | None = None
+    scope: Scope = field(default_factory=Scope)
+    # microseconds per ((project, owner), currency, rate): what budgets over the same period
+    # spent, without another pass over the ledger (see spent_by)
+    pairs: Tally = field(default_factory=Tally, repr=False)
+
+    def spent_by(self, policy: Policy, period: Period) -> Amounts | None:
+        """What ``policy``'s budget spent in ``period`` up to this report's ``now``, from this
+        report's sums when they cover it (the same period, every machine); else None."""
+        if period != self.period or self.scope != Scope() or self.scope.covers is not None:
+            return None
+        spent = Tally()
+        for (pair, c, rate), us in self.pairs.items():
+            if policy.applies_to.matches(*pair):  # type: ignore[misc]
+                spent.add((), c, rate, us)
+        return spent.amounts().get((), Amounts())
 
     @property
     def shown_total(self) -> Money:
@@ -193,7 +208,7 @@ def _q(d: Decimal | None) -> str | None:
 
 
 #: What the report asks the database to group usage by (plus the ``by`` of the report).
-USAGE = ("machine", "owner", "gpu", "gpu_count", "kind")
+USAGE = ("machine", "owner", "gpu", "gpu_count", "kind", "project")
 
 
 def _fields(by: str) -> tuple[str, ...]:
@@ -208,6 +223,7 @@ class _Sums:
     usage: Tally  # keyed by _fields(by)
     days: Tally  # keyed by (day,)
     native: Amounts
+    pairs: Tally  # keyed by (project, owner)
     forecast: ledger.Forecast
     saved: dict[str, Amounts]
     waste: Amounts
@@ -243,20 +259,26 @@ def build(
             _known_project(s, app, scope.project)
         usage = ledger.tally(s, period.start, to, _fields(by), scope)
         days = ledger.day_tally(s, period.start, to, period.days(), (), scope, tz=period.tz)
-        native = Amounts()
-        for a in usage.amounts().values():
-            native.merge(a)
+        # the sums over every machine, and per (project, owner), priced once per rate
+        everything, pairs = Tally(), Tally()
+        for (key, c, rate), us in usage.items():
+            everything.add((), c, rate, us)
+            pairs.add((key[5], key[1]), c, rate, us)  # type: ignore[index]
+        native = everything.amounts().get((), Amounts())
         sums = _Sums(
             usage,
             days,
             native,
+            pairs,
             ledger.forecast(s, period, now, scope, actual=native),
             ledger.savings(s, period, now, scope),
             ledger.idle_waste(s, period, now, scope),
         )
     st = None
     if budget_policy is not None and budget_policy.budget is not None:
-        st = budget.status(app, budget_policy, now, period=period)
+        own = scope == Scope() and scope.covers == budget_policy.applies_to.matches
+        # over the budget's own scope, the report's sums are the budget's: no second pass
+        st = budget.status(app, budget_policy, now, period=period, actual=native if own else None)
     try:  # conversion fails on a currency without a rate: say which
         return _assemble(
             app,
@@ -268,6 +290,7 @@ def build(
             by=by,
             title=title or ALL_PROJECTS[language],
             language=language,
+            scope=scope,
         )
     except ValueError as e:
         raise UserError(str(e)) from None
@@ -294,29 +317,18 @@ def _assemble(
     by: str,
     title: str,
     language: str,
+    scope: Scope,
 ) -> Report:
     rates, cur = app.settings.money_rates, currency
     fields = _fields(by)
     at_by = fields.index(by)
     group_kind, per_machine, gpus = Tally(), Tally(), Tally()
-    # per machine name: owners, GPUs, most cards, compute microseconds, compute rates
-    info: dict[str, tuple[set[str], set[str], list[int], set[tuple[str, str]]]] = {}
     for (key, c, rate), us in sums.usage.items():
-        name, owner, gpu, count, kind = key[:5]  # type: ignore[index]
+        name, _, gpu, count, kind = key[:5]  # type: ignore[index]
         group_kind.add((key[at_by] or "—", kind), c, rate, us)  # type: ignore[index]
         per_machine.add(name, c, rate, us)
-        owners, gpu_names, counts, machine_rates = info.setdefault(
-            name, (set(), set(), [0, 0], set())
-        )
-        owners.add(owner)
-        if gpu:
-            gpu_names.add(gpu)
-        if kind == "compute":
-            counts[0] = max(counts[0], count or (1 if gpu else 0))
-            counts[1] += us
-            machine_rates.add((c, rate))
-            if gpu:
-                gpus.add((gpu, count or 1), c, rate, us)
+        if kind == "compute" and gpu:
+            gpus.add((gpu, count or 1), c, rate, us)
     lines: dict[str, Line] = {}
     kinds: dict[str, Amounts] = {}
     for (key, kind), amounts in group_kind.amounts().items():
@@ -328,26 +340,16 @@ def _assemble(
         ln.total = ln.amounts.total(rates, cur)
     # every machine's total, but lines only for the top ones: a fleet is 20,000 machines
     per = per_machine.amounts()
+    del per_machine
     order = sorted(
         ((a.total(rates, cur).amount, name) for name, a in per.items()),
         key=lambda tn: (-tn[0], tn[1]),
     )
-    top = []
-    for amount, name in order[:TOP]:
-        owners, gpu_names, (cards, us), machine_rates = info[name]
-        # a name reused by another owner or GPU shows both, in one order whatever the query's
-        top.append(
-            MachineLine(
-                name,
-                per[name],
-                Money(amount, cur),
-                owner=", ".join(sorted(owners)),
-                gpu=", ".join(sorted(gpu_names)) or None,
-                gpu_count=cards,
-                hours=Decimal(us) / US_PER_HOUR,
-                rates=sorted(Money(Decimal(r), c) for c, r in machine_rates),
-            )
-        )
+    info = _machine_info(sums.usage, {name for _, name in order[:TOP]})
+    top = [
+        MachineLine(name, per[name], Money(amount, cur), **info[name])
+        for amount, name in order[:TOP]
+    ]
     seen = set(sums.native) | set(sums.forecast.total) | {cur}
     if st is not None:
         seen.add(st.amount.currency)
@@ -377,10 +379,43 @@ def _assemble(
         conversion=rates,
         budget=st,
         language=language,
+        scope=scope,
+        pairs=sums.pairs,
     )
     _round(r)
     _round_machines(r, [amount for amount, _ in order], [per[name] for _, name in order])
     return r
+
+
+def _machine_info(usage: Tally, names: set[str]) -> dict[str, dict[str, Any]]:
+    """Who, which GPUs, how many cards, compute hours and rates of these machines (by name).
+    Asked only for the top machines: kept for every machine it was most of a report's memory."""
+    found: dict[str, tuple[set[str], set[str], list[int], set[tuple[str, str]]]] = {}
+    for (key, c, rate), us in usage.items():
+        name, owner, gpu, count, kind = key[:5]  # type: ignore[index]
+        if name not in names:
+            continue
+        owners, gpu_names, counts, machine_rates = found.setdefault(
+            name, (set(), set(), [0, 0], set())
+        )
+        owners.add(owner)
+        if gpu:
+            gpu_names.add(gpu)
+        if kind == "compute":
+            counts[0] = max(counts[0], count or (1 if gpu else 0))
+            counts[1] += us
+            machine_rates.add((c, rate))
+    # a name reused by another owner or GPU shows both, in one order whatever the query's
+    return {
+        name: {
+            "owner": ", ".join(sorted(owners)),
+            "gpu": ", ".join(sorted(gpu_names)) or None,
+            "gpu_count": cards,
+            "hours": Decimal(us) / US_PER_HOUR,
+            "rates": sorted(Money(Decimal(r), c) for c, r in machine_rates),
+        }
+        for name, (owners, gpu_names, (cards, us), machine_rates) in found.items()
+    }
 
 
 def _round_machines(r: Report, totals: list[Decimal], billed: list[Amounts]) -> None:

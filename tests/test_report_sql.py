@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import String, delete, insert, or_, select, type_coerce
 
-from provisioner import ledger, render, reports
+from provisioner import budget, ledger, render, reports
 from provisioner.app import App
 from provisioner.ledger import Period, Scope, Tally, midnight
 from provisioner.models import Machine, UsageInterval, epoch_us
@@ -207,6 +207,64 @@ def test_report_in_sql_is_byte_for_byte_the_row_by_row_one(app, monkeypatch, cas
             assert x.replace(", ", ",\n").splitlines() == y.replace(", ", ",\n").splitlines()
     assert new == old
     assert "$" in new[0][0] and len(new[0][1].splitlines()) > 3  # there was spend to compare
+
+
+BUDGETS = [
+    {"name": "nlp", "applies_to": {"projects": ["nlp*"]}, "budget": {"amount": "900 USD"}},
+    {
+        "name": "ours",
+        "applies_to": {"owners": ["*@example.com"]},
+        "budget": {"amount": "50000 RUB"},
+    },
+    {  # its month starts at a Berlin midnight: another period than the UTC report's
+        "name": "berlin",
+        "applies_to": {"projects": ["vision"]},
+        "budget": {"amount": "700 USD"},
+        "off_hours": {
+            "timezone": "Europe/Berlin",
+            "windows": [{"days": "mon-fri", "start": "19:00", "end": "07:00"}],
+        },
+    },
+]
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_a_report_lends_its_sums_to_the_budgets_it_covers(app, monkeypatch, seed):
+    """The spend page's budget standings, taken from its report's sums where the report covers
+    them (a budget's own report; every budget of the report's period when it shows every
+    machine), are the standings the ledger gives — without another pass per budget."""
+    from policies.schema import Policy
+    from provisioner.dashboard import pages
+
+    app.__dict__["policies"] = [Policy.model_validate(p) for p in BUDGETS]
+    now = datetime(2026, 11, 17, 13, 5, tzinfo=UTC)
+    populate(app, seed, Period.parse("2026-11"))
+    passes: list[Scope] = []
+    tally = ledger.tally
+    monkeypatch.setattr(
+        ledger, "tally", lambda s, *a, **k: passes.append(a[3]) or tally(s, *a, **k)
+    )
+    want = [st.as_json() for st in pages.standings(app, now)]
+    assert len(passes) == 3 and want[0]["spent"] != want[1]["spent"]
+
+    passes.clear()
+    everything = reports.build(app, Period.month(now), now=now)
+    assert len(passes) == 1
+    assert [st.as_json() for st in pages.standings(app, now, everything)] == want
+    assert len(passes) == 2  # only the Berlin month needed a pass of its own
+
+    for i, policy in enumerate(app.policies):
+        passes.clear()
+        own = reports.build(
+            app,
+            budget.period_of(policy, now),
+            budget.scope_of(policy),
+            budget_policy=policy,
+            now=now,
+        )
+        assert own.budget is not None and own.budget.as_json() == want[i]
+        assert len(passes) == 1  # the report's sums are the budget's
+        assert pages.standings(app, now, own)[i] is own.budget
 
 
 @pytest.mark.parametrize("tz", ["UTC", "Europe/Berlin"])

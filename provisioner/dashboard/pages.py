@@ -5,7 +5,7 @@ made here that the ledger or the report model does not make."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, time, timedelta
 from typing import Any
@@ -253,12 +253,23 @@ def budget_policies(app: App) -> list[Policy]:
     return [p for p in app.policies if p.budget is not None]
 
 
-def standings(app: App, now: datetime) -> list[budget.Status]:
+def standings(app: App, now: datetime, report: reports.Report | None = None) -> list[budget.Status]:
     """Each budget's standing in its running period, as :func:`budget.status` gives it (its
-    spend summed by the database)."""
+    spend summed by the database). A ``report`` built at ``now`` lends its sums to the budgets
+    it covers (its own; all of them over the same period) instead of a pass over the ledger
+    each."""
     out = []
+    same = report if report is not None and report.now == now else None
     for p in budget_policies(app):
-        st = budget.status(app, p, now)
+        period = budget.period_of(p, now)
+        if period is None:
+            continue
+        lent = same.budget if same is not None else None
+        if lent is not None and lent.policy is p and lent.period == period:  # its own report
+            out.append(lent)
+            continue
+        spent = None if same is None else same.spent_by(p, period)
+        st = budget.status(app, p, now, period=period, actual=spent)
         if st is not None:
             out.append(st)
     return out
@@ -269,7 +280,7 @@ def spend_report(
     now: datetime,
     language: str,
     q: Mapping[str, str],
-    budgets: list[budget.Status] | None = None,
+    budgets: Callable[[reports.Report], list[budget.Status]] | None = None,
 ) -> Spend:
     """The report ``provisioner report`` builds from the same options: ``budget`` (a policy
     name: its scope, period and standing, like ``report --policy`` over that budget's
@@ -308,8 +319,7 @@ def spend_report(
         language=language,
         now=now,
     )
-    if budgets is None:
-        budgets = standings(app, now)
+    shown = standings(app, now, r) if budgets is None else budgets(r)
     local_today = now.astimezone(ZoneInfo(period.tz)).date()
     days = [d for d, _ in r.daily]
     today = days.index(local_today) if local_today in days and now < period.end else None
@@ -318,7 +328,7 @@ def spend_report(
     params = {
         k: q.get(k, "") for k in ("budget", "period", "by", "project", "owner", "cloud", "gpu")
     }
-    return Spend(r, budgets, policy, {k: v for k, v in params.items() if v}, today)
+    return Spend(r, shown, policy, {k: v for k, v in params.items() if v}, today)
 
 
 def month_choices(now: datetime, n: int = 4) -> list[str]:

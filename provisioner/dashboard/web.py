@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, urlencode
 
-from provisioner import render
+from provisioner import budget, render, reports
 from provisioner.app import App
 from provisioner.dashboard import pages, svg
 from provisioner.errors import ProvisionerError
@@ -306,7 +306,12 @@ class Dashboard:
 
     def _spend(self, req: Request) -> pages.Spend:
         now, lang = self.now(), self.language(req)
-        budgets = self.cached("standings", SPEND_SECONDS, lambda: pages.standings(self.app, now))
+
+        def budgets(r: reports.Report) -> list[budget.Status]:  # shared by every spend page
+            return self.cached(
+                "standings", SPEND_SECONDS, lambda: pages.standings(self.app, now, r)
+            )
+
         key = ("spend", lang, tuple(sorted((k, v) for k, v in req.query.items() if v)))
         return self.cached(
             key,
