@@ -25,7 +25,7 @@ from sqlalchemy import delete, func, select
 
 from providers.userdata import combine
 from provisioner import agent
-from provisioner.models import ACTIVE_EXCLUDED, Event, Heartbeat, Machine
+from provisioner.models import ACTIVE_EXCLUDED, Event, Heartbeat, Machine, epoch_us
 from provisioner.state import machine as machine_row
 from provisioner.web import MAX_BODY, Server, WSGIApp, respond
 
@@ -167,8 +167,39 @@ class Beat:
     max_util: float | None
 
 
-def classify(
-    beats: list[Beat],
+@dataclass(frozen=True)
+class Evidence:
+    """What the verdict needs of a machine's heartbeats for one window (times in microseconds
+    since 1970): the first beat at or after ``start - grace`` and the latest one, the busiest
+    GPU and the beats that saw no GPU at or after ``start``, and the longest silence between
+    two beats at or after ``start - grace``. The database sums these up (:func:`evidence`), so
+    a sweep over a thousand machines reads a row per machine, not each heartbeat."""
+
+    first_us: int | None
+    last_us: int | None
+    top: float | None
+    blind: int
+    gap_us: int | None
+
+    @classmethod
+    def of(
+        cls, beats: list[Beat], *, now: datetime, window: timedelta, grace: timedelta
+    ) -> Evidence:
+        """The same, from heartbeats in hand (oldest first)."""
+        lo, start = epoch_us(now - window - grace), epoch_us(now - window)
+        seen = [epoch_us(b.at) for b in beats if epoch_us(b.at) >= lo]
+        inside = [b.max_util for b in beats if epoch_us(b.at) >= start]
+        return cls(
+            seen[0] if seen else None,
+            seen[-1] if seen else None,
+            max((u for u in inside if u is not None), default=None),
+            sum(u is None for u in inside),
+            max((b - a for a, b in itertools.pairwise(seen)), default=None),
+        )
+
+
+def judge(
+    ev: Evidence,
     *,
     now: datetime,
     running_since: datetime | None,
@@ -182,33 +213,87 @@ def classify(
     start = now - window
     if running_since is not None and running_since > start:
         return "starting"
-    recent = [b for b in beats if b.at >= start - grace]
-    if not recent or recent[-1].at < now - grace:
+    g, now_us = grace // timedelta(microseconds=1), epoch_us(now)
+    if ev.first_us is None or ev.last_us is None or ev.last_us < now_us - g:
         return "unknown"
-    in_window = [b for b in recent if b.at >= start]
-    if any(b.max_util is not None and b.max_util >= below for b in in_window):
+    if ev.top is not None and ev.top >= below:
         return "busy"
-    if any(b.max_util is None for b in in_window):
+    if ev.blind:
         return "unknown"
-    seen = [b.at for b in recent] + [now]  # silent longer than grace inside the window: unknown
-    if seen[0] > start + grace or any(b - a > grace for a, b in itertools.pairwise(seen)):
+    if ev.first_us > epoch_us(start) + g or (ev.gap_us is not None and ev.gap_us > g):
         return "unknown"
     return "idle"
 
 
-def beats_since(app: App, machine_ids: Iterable[str], since: datetime) -> dict[str, list[Beat]]:
-    """Heartbeats after ``since`` per machine, oldest first (one query)."""
-    wanted = set(machine_ids)
-    out: dict[str, list[Beat]] = {}
-    with app.db.session() as s:
-        rows = s.execute(
-            select(Heartbeat.machine_id, Heartbeat.at, Heartbeat.max_util)
-            .where(Heartbeat.at >= since)
-            .order_by(Heartbeat.machine_id, Heartbeat.at)
+def classify(
+    beats: list[Beat],
+    *,
+    now: datetime,
+    running_since: datetime | None,
+    below: float,
+    window: timedelta,
+    grace: timedelta,
+) -> Signal:
+    """:func:`judge` of heartbeats in hand (oldest first)."""
+    ev = Evidence.of(beats, now=now, window=window, grace=grace)
+    return judge(ev, now=now, running_since=running_since, below=below, window=window, grace=grace)
+
+
+def evidence(
+    app: App,
+    machine_ids: Iterable[str],
+    now: datetime,
+    windows: Iterable[timedelta],
+    grace: timedelta,
+) -> dict[tuple[str, timedelta], Evidence]:
+    """Each machine's :class:`Evidence` for each window, summed up by the database in one
+    query (times as exact integer microseconds; gaps from ``lag`` over each machine's beats)."""
+    from sqlalchemy import BigInteger, Integer, and_, case, cast, literal
+
+    wanted, spans = set(machine_ids), sorted(set(windows))
+    if not wanted or not spans:
+        return {}
+    col = Heartbeat.__table__.c.at
+    if app.db.engine.dialect.name == "sqlite":  # stored as 'YYYY-MM-DD HH:MM:SS.ffffff'
+        whole = func.strftime("%s", func.substr(col, 1, 19))  # no rounding of .999999 up
+        us = cast(whole, Integer) * 1_000_000 + cast(func.substr(col, 21, 6), Integer)
+    else:
+        us = cast(func.round(func.extract("epoch", col) * 1_000_000), BigInteger)
+    beats = (
+        select(
+            Heartbeat.machine_id.label("mid"),
+            Heartbeat.max_util.label("util"),
+            us.label("us"),
+            func.lag(us).over(partition_by=Heartbeat.machine_id, order_by=col).label("prev"),
         )
-        for mid, at, top in rows:
-            if mid in wanted:
-                out.setdefault(mid, []).append(Beat(at, top))
+        .where(Heartbeat.at >= now - spans[-1] - grace)
+        .subquery()
+    )
+    b, g, now_us = beats.c, grace // timedelta(microseconds=1), epoch_us(now)
+    cols: list[Any] = [b.mid, func.max(b.us)]
+    for w in spans:
+        lo = literal(now_us - w // timedelta(microseconds=1) - g)
+        start = literal(now_us - w // timedelta(microseconds=1))
+        cols += [
+            func.min(case((b.us >= lo, b.us))),
+            func.max(case((b.us >= start, b.util))),
+            func.sum(case((and_(b.us >= start, b.util.is_(None)), 1), else_=0)),
+            func.max(case((b.prev >= lo, b.us - b.prev))),
+        ]
+    out: dict[tuple[str, timedelta], Evidence] = {}
+    with app.db.session() as s:
+        for row in s.execute(select(*cols).group_by(b.mid)):
+            if row[0] not in wanted:
+                continue
+            for i, w in enumerate(spans):
+                first, top, blind, gap = row[2 + 4 * i : 6 + 4 * i]
+                out[row[0], w] = Evidence(
+                    None if first is None else int(first),
+                    None if first is None else int(row[1]),
+                    None if top is None else float(top),
+                    int(blind or 0),
+                    None if gap is None else int(gap),
+                )
     return out
 
 
