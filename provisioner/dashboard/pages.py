@@ -136,11 +136,14 @@ def spark_points(
     )
     wanted = set(ids)
     out: dict[str, list[tuple[datetime, float | None]]] = {}
+    middle: dict[int, datetime] = {}  # each bucket's time, made once, not once per machine
     with app.db.session() as s:
         for mid, k, util in s.execute(q):
             if mid in wanted:
-                at = start + step * int(k) + step / 2
-                out.setdefault(mid, []).append((at, None if util is None else float(util)))
+                k = int(k)
+                if k not in middle:
+                    middle[k] = start + step * k + step / 2
+                out.setdefault(mid, []).append((middle[k], None if util is None else float(util)))
     return out
 
 
