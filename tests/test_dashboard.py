@@ -249,6 +249,25 @@ def test_pages_travel_compressed_to_browsers_that_take_it(seeded):
     assert len(raw) < len(call(wsgi, "/")[2].encode()) / 3
 
 
+def test_russian_pages_and_report_say_the_schedulers_words_in_russian(seeded):
+    """States, markets, events, rates per hour and the savings' reasons: in Russian on the
+    Russian pages and in the Russian report, not the scheduler's English names."""
+    a, pdir = seeded
+    wsgi = make_app(a)
+    ru = {"cookie": "provisioner_lang=ru"}
+    fleet = call(wsgi, "/", **ru)[2]
+    assert ">работает</span>" in fleet and ">running</span>" not in fleet
+    assert "прерываемая" in fleet and "₽/ч" in fleet and "/h<" not in fleet
+    machine = call(wsgi, "/machine/seg-2", **ru)[2]
+    assert ">остановлена</span>" in machine and "простой в нерабочее время" in machine
+    assert "<td>запущена</td>" in machine and "<td>launched</td>" not in machine
+    cfg = write_settings(a.settings.home, policies=[str(pdir)], state_url=a.settings.state_url)
+    r = run_cli("--config", str(cfg), "report", "--project", "vision", "--language", "ru", now=NOW)
+    assert r.returncode == 0, r.stderr
+    assert "простой в нерабочее время" in r.stdout and "off-hours-idle" not in r.stdout
+    assert ">running</span>" in call(wsgi, "/")[2]  # English stays English
+
+
 def test_csv_is_the_reports_csv(seeded, home):
     a, pdir = seeded
     wsgi = make_app(a)

@@ -531,24 +531,31 @@ def rate_text(f: render.Fmt, amount: Any, currency: str | None) -> str:
     """A rate per hour: to 1/100 of a cent, so a disk's 0.0068 USD/h is not shown as 0.01."""
     if amount is None or not currency:
         return "—"
-    return _rate(Decimal(amount), currency, f.locale)
+    return _rate(Decimal(amount), currency, f.language)
 
 
 @functools.lru_cache(maxsize=1024)
-def _rate(amount: Decimal, currency: str, locale: str) -> str:
+def _rate(amount: Decimal, currency: str, language: str) -> str:
     """A fleet shows a handful of rates a thousand times: each is formatted once."""
     from babel.numbers import format_currency
 
+    f = render.Fmt(language)
     d = amount.quantize(Decimal("0.0001"), ROUND_HALF_UP).normalize()
-    return format_currency(d, currency, locale=locale, decimal_quantization=False) + "/h"
+    text = format_currency(d, currency, locale=f.locale, decimal_quantization=False)
+    return f.t("per_hour", amount=text)
 
 
 def _reason(reason: str, t: Callable[..., str]) -> str:
     """An event reason in the page's words (the scheduler's own name when it has none)."""
+    return _word(reason, t, "dash_reason_")
+
+
+def _word(value: str, t: Callable[..., str], prefix: str) -> str:
+    """A state, market or event name in the page's words (its own name when it has none)."""
     try:
-        return t(f"dash_reason_{reason}")
+        return t(f"{prefix}{value}")
     except KeyError:
-        return reason
+        return value
 
 
 def _env() -> Any:
@@ -563,4 +570,5 @@ def _env() -> Any:
     )
     env.filters["money"] = lambda amount, currency: Money(amount, currency)
     env.filters["reason"] = _reason
+    env.filters["word"] = _word
     return env
