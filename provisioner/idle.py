@@ -16,7 +16,7 @@ import logging
 import secrets
 import threading
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from importlib import resources
 from typing import TYPE_CHECKING, Any, Literal
@@ -25,7 +25,7 @@ from sqlalchemy import delete, func, select
 
 from providers.userdata import combine
 from provisioner import agent
-from provisioner.models import ACTIVE_EXCLUDED, Event, Heartbeat, Machine, epoch_us
+from provisioner.models import ACTIVE_EXCLUDED, Event, Heartbeat, Machine, UTCDateTime, epoch_us
 from provisioner.state import machine as machine_row
 from provisioner.web import MAX_BODY, Server, WSGIApp, respond
 
@@ -245,56 +245,89 @@ def evidence(
     now: datetime,
     windows: Iterable[timedelta],
     grace: timedelta,
+    busy_at: float | None = None,
 ) -> dict[tuple[str, timedelta], Evidence]:
-    """Each machine's :class:`Evidence` for each window, summed up by the database in one
-    query (times as exact integer microseconds; gaps from ``lag`` over each machine's beats)."""
-    from sqlalchemy import BigInteger, Integer, and_, case, cast, literal
+    """Each machine's :class:`Evidence` for each window, summed up by the database (times as
+    exact integer microseconds): one query for all machines, then the silences (``lag`` over
+    each machine's beats, the costly part) only of those whose verdict still turns on them.
+    ``busy_at``: the highest threshold of any rule; a machine whose busiest GPU reaches it is
+    busy whatever its silences, and its ``gap_us`` is left None."""
+    from sqlalchemy import and_, case, literal, type_coerce
 
     wanted, spans = set(machine_ids), sorted(set(windows))
     if not wanted or not spans:
         return {}
+    col, us = _epoch_us(app)
+    since = now - spans[-1] - grace
+    g, now_us = grace // timedelta(microseconds=1), epoch_us(now)
+    starts = [now - w for w in spans]
+    bounds = [epoch_us(start - grace) for start in starts]  # the silences: from start - grace
+    at, util = Heartbeat.at, Heartbeat.max_util  # compared as stored: no arithmetic per row
+    cols: list[Any] = [Heartbeat.machine_id, func.max(at)]
+    for start in starts:
+        cols += [
+            type_coerce(func.min(case((at >= start - grace, at))), UTCDateTime),
+            func.max(case((at >= start, util))),
+            func.sum(case((and_(at >= start, util.is_(None)), 1), else_=0)),
+        ]
+    out: dict[tuple[str, timedelta], Evidence] = {}
+    silent: set[str] = set()  # machines whose silences decide some window's verdict
+    with app.db.session() as s:
+        query = select(*cols).where(at >= since).group_by(Heartbeat.machine_id)
+        for row in s.execute(query):
+            if row[0] not in wanted:
+                continue
+            for i, (w, start) in enumerate(zip(spans, starts, strict=True)):
+                first, top, blind = row[2 + 3 * i : 5 + 3 * i]
+                ev = out[row[0], w] = Evidence(
+                    None if first is None else epoch_us(first),
+                    None if first is None else epoch_us(row[1]),
+                    None if top is None else float(top),
+                    int(blind or 0),
+                    None,
+                )
+                if (
+                    ev.first_us is not None
+                    and ev.last_us is not None
+                    and ev.last_us >= now_us - g
+                    and (busy_at is None or ev.top is None or ev.top < busy_at)
+                    and not ev.blind
+                    and ev.first_us <= epoch_us(start) + g
+                ):
+                    silent.add(row[0])
+        todo = sorted(silent)
+        for k in range(0, len(todo), 500):  # bound the IN list
+            gaps = (
+                select(
+                    Heartbeat.machine_id.label("mid"),
+                    us.label("us"),
+                    func.lag(us)
+                    .over(partition_by=Heartbeat.machine_id, order_by=col)
+                    .label("prev"),
+                )
+                .where(Heartbeat.at >= since, Heartbeat.machine_id.in_(todo[k : k + 500]))
+                .subquery()
+            )
+            q = [gaps.c.mid] + [
+                func.max(case((gaps.c.prev >= literal(lo), gaps.c.us - gaps.c.prev)))
+                for lo in bounds
+            ]
+            for row in s.execute(select(*q).group_by(gaps.c.mid)):
+                for i, w in enumerate(spans):
+                    if row[1 + i] is not None and (row[0], w) in out:
+                        out[row[0], w] = replace(out[row[0], w], gap_us=int(row[1 + i]))
+    return out
+
+
+def _epoch_us(app: App) -> tuple[Any, Any]:
+    """The heartbeat time column and it as exact integer microseconds since 1970 in SQL."""
+    from sqlalchemy import BigInteger, Integer, cast
+
     col = Heartbeat.__table__.c.at
     if app.db.engine.dialect.name == "sqlite":  # stored as 'YYYY-MM-DD HH:MM:SS.ffffff'
         whole = func.strftime("%s", func.substr(col, 1, 19))  # no rounding of .999999 up
-        us = cast(whole, Integer) * 1_000_000 + cast(func.substr(col, 21, 6), Integer)
-    else:
-        us = cast(func.round(func.extract("epoch", col) * 1_000_000), BigInteger)
-    beats = (
-        select(
-            Heartbeat.machine_id.label("mid"),
-            Heartbeat.max_util.label("util"),
-            us.label("us"),
-            func.lag(us).over(partition_by=Heartbeat.machine_id, order_by=col).label("prev"),
-        )
-        .where(Heartbeat.at >= now - spans[-1] - grace)
-        .subquery()
-    )
-    b, g, now_us = beats.c, grace // timedelta(microseconds=1), epoch_us(now)
-    cols: list[Any] = [b.mid, func.max(b.us)]
-    for w in spans:
-        lo = literal(now_us - w // timedelta(microseconds=1) - g)
-        start = literal(now_us - w // timedelta(microseconds=1))
-        cols += [
-            func.min(case((b.us >= lo, b.us))),
-            func.max(case((b.us >= start, b.util))),
-            func.sum(case((and_(b.us >= start, b.util.is_(None)), 1), else_=0)),
-            func.max(case((b.prev >= lo, b.us - b.prev))),
-        ]
-    out: dict[tuple[str, timedelta], Evidence] = {}
-    with app.db.session() as s:
-        for row in s.execute(select(*cols).group_by(b.mid)):
-            if row[0] not in wanted:
-                continue
-            for i, w in enumerate(spans):
-                first, top, blind, gap = row[2 + 4 * i : 6 + 4 * i]
-                out[row[0], w] = Evidence(
-                    None if first is None else int(first),
-                    None if first is None else int(row[1]),
-                    None if top is None else float(top),
-                    int(blind or 0),
-                    None if gap is None else int(gap),
-                )
-    return out
+        return col, cast(whole, Integer) * 1_000_000 + cast(func.substr(col, 21, 6), Integer)
+    return col, cast(func.round(func.extract("epoch", col) * 1_000_000), BigInteger)
 
 
 def running_since(app: App, machine_ids: Iterable[str]) -> dict[str, datetime]:

@@ -13,6 +13,7 @@ import sqlite3
 import threading
 import urllib.error
 import urllib.request
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -474,7 +475,7 @@ def reference_signal(beats, *, now, running_since, below, window, grace):
 def test_database_evidence_gives_the_verdicts_of_each_heartbeat(app):
     """Random heartbeat histories (gaps of exactly the grace, a microsecond over it, agents
     that see no GPU, a threshold met exactly): the sweep's evidence, summed up by the database
-    in one query, gives every machine the verdict its heartbeats give, for two windows."""
+    in two queries, gives every machine the verdict its heartbeats give, for two windows."""
     from random import Random
 
     from sqlalchemy import event, insert
@@ -519,18 +520,25 @@ def test_database_evidence_gives_the_verdicts_of_each_heartbeat(app):
     def seen(conn, cursor, statement, *rest):
         statements.append(statement)
 
-    event.listen(app.db.engine, "before_cursor_execute", seen)
-    got = idle.evidence(app, list(history), T0, windows, G)
-    event.remove(app.db.engine, "before_cursor_execute", seen)
-    assert len([s for s in statements if s.lstrip().upper().startswith("SELECT")]) == 1
     verdicts = []
-    for mid, beats in history.items():
-        for w in windows:
-            ev = got.get((mid, w), idle.Evidence(None, None, None, 0, None))
-            assert ev == idle.Evidence.of(beats, now=T0, window=w, grace=G), (mid, w)
-            for since in (T0 - 2 * w, T0 - w / 2):
-                kw = dict(now=T0, running_since=since, below=5.0, window=w, grace=G)
-                verdict = idle.judge(ev, **kw)
-                assert verdict == reference_signal(beats, **kw), (mid, w, beats)
-                verdicts.append(verdict)
+    for busy_at in (None, 5.0):  # None: every machine's silences read
+        statements.clear()
+        event.listen(app.db.engine, "before_cursor_execute", seen)
+        got = idle.evidence(app, list(history), T0, windows, G, busy_at)
+        event.remove(app.db.engine, "before_cursor_execute", seen)
+        # one query for all, one for the silences of those whose verdict turns on them
+        assert len([s for s in statements if s.lstrip().upper().startswith("SELECT")]) == 2
+        for mid, beats in history.items():
+            for w in windows:
+                ev = got.get((mid, w), idle.Evidence(None, None, None, 0, None))
+                held = idle.Evidence.of(beats, now=T0, window=w, grace=G)
+                assert ev == replace(held, gap_us=ev.gap_us), (mid, w)
+                assert ev.gap_us in (None, held.gap_us), (mid, w)
+                for since in (T0 - 2 * w, T0 - w / 2):
+                    kw = dict(now=T0, running_since=since, below=5.0, window=w, grace=G)
+                    verdict = idle.judge(ev, **kw)
+                    assert verdict == reference_signal(beats, **kw), (mid, w, beats)
+                    verdicts.append(verdict)
+        silences_read = sum(ev.gap_us is not None for ev in got.values())
+        assert 0 < silences_read < len(got)  # the busy and the silent needed none
     assert set(verdicts) == {"idle", "busy", "unknown", "starting"}

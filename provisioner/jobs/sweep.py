@@ -105,8 +105,10 @@ def assess(
     evidence: dict[tuple[str, timedelta], idle.Evidence] = {}
     since: dict[str, datetime] = {}
     if lookback:
-        windows = {timedelta(minutes=c.rule.for_minutes) for m in lookback for c in rules[m].idle}
-        evidence = idle.evidence(app, list(lookback), now, windows, grace)
+        checks = [c for m in lookback for c in rules[m].idle]
+        windows = {timedelta(minutes=c.rule.for_minutes) for c in checks}
+        busy_at = max(c.rule.gpu_util_below for c in checks)
+        evidence = idle.evidence(app, list(lookback), now, windows, grace, busy_at)
         since = idle.running_since(app, list(lookback))
     none = idle.Evidence(None, None, None, 0, None)
     out = []
