@@ -239,6 +239,15 @@ def classify(
     return judge(ev, now=now, running_since=running_since, below=below, window=window, grace=grace)
 
 
+def beat_machine(app: App) -> Any:
+    """The heartbeat's machine id to group recent heartbeats by. On SQLite an expression, not
+    the column: grouping by the column, SQLite walks the (machine, time) index over the whole
+    day kept, for its order, instead of reading the last minutes by the time index (a day of
+    1,000 machines: 0.29 s -> 0.04 s)."""
+    col = Heartbeat.__table__.c.machine_id
+    return col.concat("") if app.db.engine.dialect.name == "sqlite" else col
+
+
 def evidence(
     app: App,
     machine_ids: Iterable[str],
@@ -263,7 +272,8 @@ def evidence(
     starts = [now - w for w in spans]
     bounds = [epoch_us(start - grace) for start in starts]  # the silences: from start - grace
     at, util = Heartbeat.at, Heartbeat.max_util  # compared as stored: no arithmetic per row
-    cols: list[Any] = [Heartbeat.machine_id, func.max(at)]
+    machine = beat_machine(app)
+    cols: list[Any] = [machine, func.max(at)]
     for start in starts:
         cols += [
             type_coerce(func.min(case((at >= start - grace, at))), UTCDateTime),
@@ -273,7 +283,7 @@ def evidence(
     out: dict[tuple[str, timedelta], Evidence] = {}
     silent: set[str] = set()  # machines whose silences decide some window's verdict
     with app.db.session() as s:
-        query = select(*cols).where(at >= since).group_by(Heartbeat.machine_id)
+        query = select(*cols).where(at >= since).group_by(machine)
         for row in s.execute(query):
             if row[0] not in wanted:
                 continue

@@ -516,9 +516,18 @@ def test_database_evidence_gives_the_verdicts_of_each_heartbeat(app):
                     ],
                 )
     statements: list[str] = []
+    plans: list[str] = []
 
-    def seen(conn, cursor, statement, *rest):
+    def seen(conn, cursor, statement, parameters, *rest):
         statements.append(statement)
+        if conn.dialect.name == "sqlite" and not plans:  # the query over every machine
+            plans.append(
+                str(
+                    cursor.connection.execute(
+                        "EXPLAIN QUERY PLAN " + statement, parameters
+                    ).fetchall()
+                )
+            )
 
     verdicts = []
     for busy_at in (None, 5.0):  # None: every machine's silences read
@@ -539,6 +548,8 @@ def test_database_evidence_gives_the_verdicts_of_each_heartbeat(app):
                     verdict = idle.judge(ev, **kw)
                     assert verdict == reference_signal(beats, **kw), (mid, w, beats)
                     verdicts.append(verdict)
+        if plans:  # recent heartbeats read by time, not by walking every machine's day
+            assert "USING INDEX ix_heartbeats_at" in plans[0], plans[0]
         silences_read = sum(ev.gap_us is not None for ev in got.values())
         assert 0 < silences_read < len(got)  # the busy and the silent needed none
     assert set(verdicts) == {"idle", "busy", "unknown", "starting"}

@@ -15,7 +15,7 @@ from sqlalchemy import select
 
 from policies.calendar import Calendar
 from policies.schema import Policy
-from provisioner import budget, ledger, reports
+from provisioner import budget, idle, ledger, reports
 from provisioner.app import App
 from provisioner.errors import ProvisionerError, UserError
 from provisioner.jobs import sweep
@@ -131,11 +131,12 @@ def spark_points(
         bucket = ((cast(fn(col), Integer) - base) // int(secs)).label("bucket")  # whole seconds
     else:
         bucket = func.floor((func.extract("epoch", col) - base) / secs).label("bucket")
+    machine = idle.beat_machine(app)
     q = (
-        select(Heartbeat.machine_id, bucket, func.max(Heartbeat.max_util))
+        select(machine, bucket, func.max(Heartbeat.max_util))
         .where(Heartbeat.at >= start)
-        .group_by(Heartbeat.machine_id, bucket)
-        .order_by(Heartbeat.machine_id, bucket)
+        .group_by(machine, bucket)
+        .order_by(machine, bucket)
     )
     wanted = set(ids)
     out: dict[str, list[tuple[datetime, float | None]]] = {}

@@ -6,7 +6,8 @@ Access: on a loopback address anyone on this computer may look. Bound wider, eve
 needs the token (``dashboard.token`` in settings or ``$PROVISIONER_DASHBOARD_TOKEN``): entered
 once on the login form, it becomes an HttpOnly, SameSite=Strict session cookie signed with the
 token (so it survives restarts and several workers, and dies when the token changes); scripts
-may send it as ``Authorization: Bearer``. It never appears in a page or a URL.
+may send it as ``Authorization: Bearer``. It never appears in a page or a URL. Guessing is
+slowed per client address (:class:`Throttle`: five wrong tokens a minute, then 429).
 """
 
 from __future__ import annotations
