@@ -5,9 +5,10 @@ made here that the ledger or the report model does not make."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import datetime, time, timedelta
+from datetime import date, datetime, time, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo
 
@@ -242,12 +243,18 @@ def off_hours_start(cal: Calendar, now: datetime) -> datetime | None:
 
 def when(f: Fmt, at: datetime, now: datetime, tz: ZoneInfo | None = None) -> str:
     """``19:20 Europe/Berlin`` today, ``Tue 3 Nov 19:20 …`` another day."""
+    zone = tz or ZoneInfo("UTC")
+    return _when(f.locale, at, now.astimezone(zone).date(), zone)
+
+
+@functools.lru_cache(maxsize=4096)
+def _when(locale: str, at: datetime, today: date, zone: ZoneInfo) -> str:
+    """Formatted once per instant: a fleet's machines share their next stops (19:20 …)."""
     from babel.dates import format_datetime
 
-    zone = tz or ZoneInfo("UTC")
     local = at.astimezone(zone)
-    pattern = "HH:mm" if local.date() == now.astimezone(zone).date() else "EEE d MMM HH:mm"
-    return f"{format_datetime(local, pattern, locale=f.locale)} {zone.key}"
+    pattern = "HH:mm" if local.date() == today else "EEE d MMM HH:mm"
+    return f"{format_datetime(local, pattern, locale=locale)} {zone.key}"
 
 
 # --- spend ---------------------------------------------------------------------------------

@@ -391,6 +391,7 @@ class Dashboard:
         html = self.env.get_template(name).render(
             f=f,
             rate=lambda amount, currency: rate_text(f, amount, currency),
+            percent=lambda util: _percent(int(util), lang),
             t=f.t,
             lang=lang,
             req=req,
@@ -533,6 +534,12 @@ def rate_text(f: render.Fmt, amount: Any, currency: str | None) -> str:
     if amount is None or not currency:
         return "—"
     return _rate(Decimal(amount), currency, f.language)
+
+
+@functools.lru_cache(maxsize=512)
+def _percent(util: int, language: str) -> str:
+    """A GPU's utilisation, ``87 %``: a hundred values, each formatted once."""
+    return f"{render.Fmt(language).num(util)} %"
 
 
 @functools.lru_cache(maxsize=1024)
