@@ -155,6 +155,7 @@ def get(wsgi, path: str) -> tuple[int, int]:
     env["PATH_INFO"], _, env["QUERY_STRING"] = path.partition("?")
     setup_testing_defaults(env)
     env["wsgi.input"] = io.BytesIO()
+    env["HTTP_ACCEPT_ENCODING"] = "gzip, deflate, br"  # as a browser asks
     status: list[str] = []
     body = b"".join(wsgi(env, lambda s, h, e=None: status.append(s)))
     return int(status[0].split()[0]), len(body)

@@ -64,6 +64,10 @@ class Fmt:
         text = messages(self.language)[key]
         return text.format(**kw) if kw else text
 
+    def reason(self, reason: str) -> str:
+        """A scheduler's reason (``off-hours-idle``…) in words; its own name when it has none."""
+        return messages(self.language).get(f"dash_reason_{reason}", reason)
+
     def money(self, m: Money | None) -> str:
         from babel.numbers import format_currency
 
@@ -155,7 +159,7 @@ def ownership_text(r: Report, o: Ownership) -> str:
     f = fmt(r)
     parts = [
         f.t(
-            "own_use",
+            "own_use_one" if o.cards == 1 else "own_use",
             hours=f.num(o.hours_per_week, 1),
             per_card=f.num(o.hours_per_week / o.cards, 1),
             cards=o.cards,

@@ -1,7 +1,8 @@
 """The team dashboard against a seeded state — a sandbox fleet, most of November's usage, two
 budgets, heartbeats — seeded through the product's own API on a ManualClock: in Debian's chromium
 (Selenium through /usr/bin/chromedriver), each page checked against ``provisioner report -o json``
-and screenshotted (80 %, 150 % zoom, a 400 px window) into /work/briefs/screens/; and as plain
+and screenshotted (80 %, 150 % zoom, a 400 px window) into $PROVISIONER_SCREENSHOTS (default: a
+pytest temporary directory); and as plain
 WSGI: the token gate when bound beyond loopback, the CSV, the Plan page."""
 
 from __future__ import annotations
@@ -38,7 +39,6 @@ from tests.conftest import (
 )
 
 NOW = datetime(2026, 11, 26, 10, 0, tzinfo=UTC)  # a Thursday: 11:00 in Berlin, in hours
-SCREENS = Path("/work/briefs/screens")
 CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
 
 POLICIES = [
@@ -118,9 +118,9 @@ def seed(home: Path, clock, db_url: str | None = None) -> tuple[App, Path]:
     return dash, pdir
 
 
-def call(wsgi, path: str, method: str = "GET", body: str = "", **headers: str):
-    """One request through the WSGI callable: (status code, headers, body text)."""
-    env: dict = {"REQUEST_METHOD": method}
+def call(wsgi, path: str, method: str = "GET", body: str = "", remote="127.0.0.1", **headers: str):
+    """One request through the WSGI callable from ``remote``: (status code, headers, text)."""
+    env: dict = {"REQUEST_METHOD": method, "REMOTE_ADDR": remote}
     path, _, query = path.partition("?")
     env["PATH_INFO"], env["QUERY_STRING"] = path, query
     setup_testing_defaults(env)
@@ -201,6 +201,71 @@ def test_token_once_on_the_login_form_becomes_a_strict_session_cookie(seeded, mo
     assert call(wsgi, "/spend", cookie=session[:-4] + "beef")[0] == 303  # forged: refused
     assert call(wsgi, "/spend.csv", authorization=f"Bearer {token}")[0] == 200
     assert call(wsgi, "/spend.csv", authorization="Bearer nope")[0] == 401
+
+
+def test_guessing_the_token_is_slowed_per_address(seeded, clock, monkeypatch):
+    """Five wrong tokens a minute from one address, on the form or as a Bearer header; then
+    that address waits (429, Retry-After) even with the right token, and others do not."""
+    a, _ = seeded
+    token = "s3cret-dashboard-token"
+    monkeypatch.setenv("PROVISIONER_DASHBOARD_TOKEN", token)
+    wsgi = make_app(a, listen="10.1.2.3:8765")
+    right, wrong = urlencode({"token": token}), "token=guess"
+    guesser, colleague = "203.0.113.9", "198.51.100.4"
+    for _ in range(4):
+        assert call(wsgi, "/login", "POST", wrong, remote=guesser)[0] == 401
+        clock.advance(timedelta(seconds=5))
+    assert call(wsgi, "/spend.csv", remote=guesser, authorization="Bearer guess")[0] == 401
+    status, headers, body = call(wsgi, "/login", "POST", right, remote=guesser)
+    assert status == 429 and dict(headers)["Retry-After"] == "40"  # the first guess + 60 s
+    assert "try again in 40 s" in body
+    ru = call(wsgi, "/login", "POST", right, remote=guesser, cookie="provisioner_lang=ru")
+    assert ru[0] == 429 and "попробуйте снова через 40 с" in ru[2]
+    status, headers, body = call(
+        wsgi, "/spend.csv", remote=guesser, authorization=f"Bearer {token}"
+    )
+    assert status == 429 and dict(headers)["Retry-After"] == "40"
+    assert call(wsgi, "/login", "POST", right, remote=colleague)[0] == 303
+    clock.advance(timedelta(seconds=39))
+    assert call(wsgi, "/login", "POST", right, remote=guesser)[0] == 429
+    clock.advance(timedelta(seconds=1))  # the first guess is a minute old: one more try
+    assert call(wsgi, "/login", "POST", wrong, remote=guesser)[0] == 401
+    status, headers, _ = call(wsgi, "/login", "POST", right, remote=guesser)
+    assert status == 429 and dict(headers)["Retry-After"] == "5"
+    clock.advance(timedelta(seconds=5))
+    assert call(wsgi, "/login", "POST", right, remote=guesser)[0] == 303
+
+
+def test_pages_travel_compressed_to_browsers_that_take_it(seeded):
+    import gzip
+
+    wsgi = make_app(seeded[0])
+    env: dict = {"REQUEST_METHOD": "GET", "PATH_INFO": "/", "HTTP_ACCEPT_ENCODING": "gzip, br"}
+    setup_testing_defaults(env)
+    got: dict = {}
+    raw = b"".join(wsgi(env, lambda status, hdrs, exc=None: got.update(hdrs)))
+    assert got["Content-Encoding"] == "gzip" and got["Content-Length"] == str(len(raw))
+    assert gzip.decompress(raw).decode() == call(wsgi, "/")[2]  # the same page, smaller
+    assert len(raw) < len(call(wsgi, "/")[2].encode()) / 3
+
+
+def test_russian_pages_and_report_say_the_schedulers_words_in_russian(seeded):
+    """States, markets, events, rates per hour and the savings' reasons: in Russian on the
+    Russian pages and in the Russian report, not the scheduler's English names."""
+    a, pdir = seeded
+    wsgi = make_app(a)
+    ru = {"cookie": "provisioner_lang=ru"}
+    fleet = call(wsgi, "/", **ru)[2]
+    assert ">работает</span>" in fleet and ">running</span>" not in fleet
+    assert "прерываемая" in fleet and "₽/ч" in fleet and "/h<" not in fleet
+    machine = call(wsgi, "/machine/seg-2", **ru)[2]
+    assert ">остановлена</span>" in machine and "простой в нерабочее время" in machine
+    assert "<td>запущена</td>" in machine and "<td>launched</td>" not in machine
+    cfg = write_settings(a.settings.home, policies=[str(pdir)], state_url=a.settings.state_url)
+    r = run_cli("--config", str(cfg), "report", "--project", "vision", "--language", "ru", now=NOW)
+    assert r.returncode == 0, r.stderr
+    assert "простой в нерабочее время" in r.stdout and "off-hours-idle" not in r.stdout
+    assert ">running</span>" in call(wsgi, "/")[2]  # English stays English
 
 
 def test_csv_is_the_reports_csv(seeded, home):
@@ -309,20 +374,29 @@ def go(drv, element) -> None:
     WebDriverWait(drv, 30).until(replaced)
 
 
-def shoot(drv, name: str) -> None:
+@pytest.fixture
+def screens(tmp_path_factory) -> Path:
+    """Where the screenshots go: ``$PROVISIONER_SCREENSHOTS`` to keep them, else a temporary
+    directory of pytest's."""
+    chosen = os.environ.get("PROVISIONER_SCREENSHOTS")
+    path = Path(chosen) if chosen else tmp_path_factory.mktemp("screens")
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def shoot(drv, screens: Path, name: str) -> None:
     """Screenshots at 80 % and 150 % zoom and in a 400 px window, for people to look at."""
-    SCREENS.mkdir(parents=True, exist_ok=True)
     for zoom in (80, 150):
         drv.set_window_size(1400, 1000)
         drv.execute_script(f"document.body.style.zoom='{zoom}%'")
-        drv.save_screenshot(str(SCREENS / f"{name}-{zoom}.png"))
+        drv.save_screenshot(str(screens / f"{name}-{zoom}.png"))
     drv.execute_script("document.body.style.zoom='100%'")
     drv.set_window_size(400, 900)
-    drv.save_screenshot(str(SCREENS / f"{name}-narrow.png"))
+    drv.save_screenshot(str(screens / f"{name}-narrow.png"))
     drv.set_window_size(1400, 1000)
 
 
-def test_each_page_in_chromium_matches_the_report(served, browser, home):
+def test_each_page_in_chromium_matches_the_report(served, browser, home, screens):
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import Select
 
@@ -345,7 +419,7 @@ def test_each_page_in_chromium_matches_the_report(served, browser, home):
     # cost so far, by hand: 577 h (Nov 2 09:00 → Nov 26 10:00) at 0.15 USD/h, plus the
     # 50 GB disk at 0.10 USD per GB-month: 86.55 + 3.95 USD
     assert train.find_element(By.CSS_SELECTOR, "td.cost").text == "$90.50"
-    shoot(drv, "fleet")
+    shoot(drv, screens, "fleet")
     # filter by project, then follow a machine link
     Select(drv.find_element(By.ID, "filter-project")).select_by_value("vision")
     go(drv, drv.find_element(By.ID, "apply"))
@@ -359,12 +433,12 @@ def test_each_page_in_chromium_matches_the_report(served, browser, home):
     usage = [r.text for r in drv.find_elements(By.CSS_SELECTOR, "#usage tbody tr")]
     assert len(usage) == 2  # compute until the stop; the disk still bills
     assert sum("still billing" in u for u in usage) == 1
-    shoot(drv, "machine")
+    shoot(drv, screens, "machine")
     drv.get(base + "/machine/train-a")  # a running one: its heartbeats, newest first
     beats = drv.find_elements(By.CSS_SELECTOR, "#heartbeats tbody tr")
     assert len(beats) == 24 and beats[0].text.startswith("09:55 UTC")  # today: the time alone
     assert drv.find_elements(By.CSS_SELECTOR, "svg.sparkline polyline")
-    shoot(drv, "machine-running")
+    shoot(drv, screens, "machine-running")
 
     # Spend: the budget's numbers, to the cent, as `provisioner report` gives them
     cli = report_json(a, pdir, "--project", "demo")
@@ -382,7 +456,7 @@ def test_each_page_in_chromium_matches_the_report(served, browser, home):
     assert lines == {ln["key"]: money_text(ln["total"]) for ln in cli["lines"]}
     assert drv.find_elements(By.CSS_SELECTOR, "svg.burndown polyline.spent")
     assert len(drv.find_elements(By.CSS_SELECTOR, "svg.burndown line.threshold")) >= 2
-    shoot(drv, "spend")
+    shoot(drv, screens, "spend")
     # another grouping, and the other budget's card: its standing as `report --policy` says
     Select(drv.find_element(By.ID, "f-by")).select_by_value("owner")
     go(drv, drv.find_element(By.ID, "apply"))
@@ -401,7 +475,7 @@ def test_each_page_in_chromium_matches_the_report(served, browser, home):
     savings = drv.find_element(By.ID, "savings").text
     vcli = report_json(a, pdir, "--project", "vision")
     assert savings == "idle out of hours " + money_text(vcli["savings"]["off-hours-idle"])
-    shoot(drv, "spend-vision")
+    shoot(drv, screens, "spend-vision")
 
     # Plan: paste an experiment file, see the ranked offers and the verdicts
     drv.get(base + "/plan")
@@ -426,12 +500,20 @@ def test_each_page_in_chromium_matches_the_report(served, browser, home):
     assert "sandbox" in first and "T4" in first
     checks = drv.find_element(By.ID, "plan-checks").text
     assert "policy: allowed by demo-budget" in checks and "budget demo-budget" in checks
-    shoot(drv, "plan")
+    shoot(drv, screens, "plan")
 
     # Russian, as the browser asks
     drv.get(base + "/lang?to=ru&back=/spend")
     assert drv.find_element(By.TAG_NAME, "h1").text.startswith("Расходы")
-    shoot(drv, "spend-ru")
+    shoot(drv, screens, "spend-ru")
+    for name, path in (
+        ("fleet-ru", "/"),
+        ("machine-ru", "/machine/seg-2"),
+        ("spend-vision-ru", "/spend?budget=vision-budget"),
+        ("plan-ru", "/plan"),
+    ):
+        drv.get(base + path)
+        shoot(drv, screens, name)
 
 
 # --- the command -----------------------------------------------------------------------------

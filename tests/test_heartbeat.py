@@ -5,6 +5,7 @@ recorded; the agent survives every error; idle is computed from what was recorde
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import logging
 import re
@@ -12,6 +13,7 @@ import sqlite3
 import threading
 import urllib.error
 import urllib.request
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -448,3 +450,106 @@ def test_status_says_when_the_agent_sees_no_gpu(agent_app, clock):
     ]
     later = run_cli("--config", str(cfg), "status", "--no-refresh", now=at + timedelta(hours=1))
     assert "GPUs" not in later.stderr  # an old heartbeat says nothing about now
+
+
+def reference_signal(beats, *, now, running_since, below, window, grace):
+    """The idle rule read off each heartbeat (how the sweep judged before the database summed
+    the heartbeats up): the oracle the summed-up evidence must agree with."""
+    start = now - window
+    if running_since is not None and running_since > start:
+        return "starting"
+    recent = [b for b in beats if b.at >= start - grace]
+    if not recent or recent[-1].at < now - grace:
+        return "unknown"
+    in_window = [b for b in recent if b.at >= start]
+    if any(b.max_util is not None and b.max_util >= below for b in in_window):
+        return "busy"
+    if any(b.max_util is None for b in in_window):
+        return "unknown"
+    seen = [b.at for b in recent] + [now]
+    if seen[0] > start + grace or any(b - a > grace for a, b in itertools.pairwise(seen)):
+        return "unknown"
+    return "idle"
+
+
+def test_database_evidence_gives_the_verdicts_of_each_heartbeat(app):
+    """Random heartbeat histories (gaps of exactly the grace, a microsecond over it, agents
+    that see no GPU, a threshold met exactly): the sweep's evidence, summed up by the database
+    in two queries, gives every machine the verdict its heartbeats give, for two windows."""
+    from random import Random
+
+    from sqlalchemy import event, insert
+
+    rnd, windows = Random(16), [timedelta(minutes=30), timedelta(minutes=10)]
+    history: dict[str, list[idle.Beat]] = {}
+    with app.db.engine.begin() as conn:
+        for i in range(80):
+            mid = f"m{i:03d}"
+            conn.execute(
+                insert(Machine.__table__),
+                {
+                    "id": mid,
+                    "name": mid,
+                    "project": "p",
+                    "owner": "o",
+                    "status": "running",
+                    "spec": {},
+                    "created_at": T0 - timedelta(days=1),
+                },
+            )
+            at, beats = T0 - timedelta(minutes=rnd.choice((20, 36, 45))), []
+            usual = rnd.choice((2.0, 2.0, 2.0, 4.999, 5.0, 60.0))
+            while at <= T0 + timedelta(seconds=rnd.choice((-400, 0, 30))):
+                util = usual if rnd.random() > 0.03 else rnd.choice((None, 5.0, 1.0))
+                beats.append(idle.Beat(at, util))
+                at += rnd.choice(
+                    [timedelta(seconds=30)] * 30
+                    + [G, G + timedelta(microseconds=1), G - timedelta(microseconds=1), 2 * G]
+                )
+            history[mid] = beats
+            if beats:
+                conn.execute(
+                    insert(Heartbeat.__table__),
+                    [
+                        {"machine_id": mid, "at": b.at, "gpus": [], "max_util": b.max_util}
+                        for b in beats
+                    ],
+                )
+    statements: list[str] = []
+    plans: list[str] = []
+
+    def seen(conn, cursor, statement, parameters, *rest):
+        statements.append(statement)
+        if conn.dialect.name == "sqlite" and not plans:  # the query over every machine
+            plans.append(
+                str(
+                    cursor.connection.execute(
+                        "EXPLAIN QUERY PLAN " + statement, parameters
+                    ).fetchall()
+                )
+            )
+
+    verdicts = []
+    for busy_at in (None, 5.0):  # None: every machine's silences read
+        statements.clear()
+        event.listen(app.db.engine, "before_cursor_execute", seen)
+        got = idle.evidence(app, list(history), T0, windows, G, busy_at)
+        event.remove(app.db.engine, "before_cursor_execute", seen)
+        # one query for all, one for the silences of those whose verdict turns on them
+        assert len([s for s in statements if s.lstrip().upper().startswith("SELECT")]) == 2
+        for mid, beats in history.items():
+            for w in windows:
+                ev = got.get((mid, w), idle.Evidence(None, None, None, 0, None))
+                held = idle.Evidence.of(beats, now=T0, window=w, grace=G)
+                assert ev == replace(held, gap_us=ev.gap_us), (mid, w)
+                assert ev.gap_us in (None, held.gap_us), (mid, w)
+                for since in (T0 - 2 * w, T0 - w / 2):
+                    kw = dict(now=T0, running_since=since, below=5.0, window=w, grace=G)
+                    verdict = idle.judge(ev, **kw)
+                    assert verdict == reference_signal(beats, **kw), (mid, w, beats)
+                    verdicts.append(verdict)
+        if plans:  # recent heartbeats read by time, not by walking every machine's day
+            assert "USING INDEX ix_heartbeats_at" in plans[0], plans[0]
+        silences_read = sum(ev.gap_us is not None for ev in got.values())
+        assert 0 < silences_read < len(got)  # the busy and the silent needed none
+    assert set(verdicts) == {"idle", "busy", "unknown", "starting"}

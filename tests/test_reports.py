@@ -70,7 +70,7 @@ def test_budget_report_by_mail(rapp, clock, smtp_server):  # noqa: F811
     text = msg.get_body(("plain",)).get_content()
     assert "Spent: $485.39 (billed as RUB30,158.94 + $108.41)" in text
     assert "Rates used: 1 USD = 80 RUB" in text
-    assert "off-hours $41.03" in text  # 36 h × 0.15 + 60 h × 47.50 / 80
+    assert "off hours $41.03" in text  # 36 h × 0.15 + 60 h × 47.50 / 80
     html = msg.get_body(("html",)).get_content()
     assert '<img src="cid:chart"' in html and "$485.39" in html
     [img] = [p for p in msg.walk() if p.get_content_type() == "image/png"]
@@ -242,7 +242,7 @@ def test_rent_or_buy_counts_the_cards_of_a_machine(app, clock):
     [a100] = r.rent_or_buy
     assert a100.gpu_hours == 8 * 72 and a100.cards == 8
     # 576 GPU-hours in 720 h: 134.4 a week, 16.8 per card (on 1 card: 134.4, "owning wins")
-    assert "(16.8 h per card on 8 card(s))" in render.ownership_text(r, a100)
+    assert "(16.8 h per card on 8 cards)" in render.ownership_text(r, a100)
     [m] = r.top_machines
     assert (m.gpu, m.gpu_count, m.hours) == ("A100", 8, Decimal(72))
 

@@ -187,7 +187,7 @@ def _table(r: Any) -> None:
             n, rest = r.other_machines
             top.add_row("", f.t("others", n=n), "", "", "", "", f.money(rest))
         out.print(top)
-    saved = ", ".join(f"{reason} {f.money(m)}" for reason, m in r.savings) or f.t("none")
+    saved = ", ".join(f"{f.reason(reason)} {f.money(m)}" for reason, m in r.savings) or f.t("none")
     out.print(f"{f.t('idle')}: {f.money(r.idle_waste)}", highlight=False)
     out.print(f"{f.t('savings')}: {saved}", highlight=False)
     if r.rent_or_buy:

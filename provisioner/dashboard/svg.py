@@ -21,29 +21,49 @@ def sparkline(
     width: int = 120,
     height: int = 24,
     label: str = "",
+    scale: bool = False,
 ) -> Markup:
     """Max GPU utilisation (0–100 %) over [start, end): a line per run of known values; an
-    agent that saw no GPU (None) breaks the line."""
+    agent that saw no GPU (None) breaks the line. ``scale``: with 0/50/100 % grid lines and
+    their labels (a chart to read, not a glance in a table row)."""
+    left = 40 if scale else 0
+    top = 6 if scale else 1
+    plot_w, bottom = width - left, height - (7 if scale else 1)
     span = (end - start).total_seconds() or 1.0
     runs: list[list[str]] = [[]]
     for at, util in points:
         if util is None:
             runs.append([])
             continue
-        x = (at - start).total_seconds() / span * width
-        y = height - 1 - max(0.0, min(util, 100.0)) / 100 * (height - 2)
-        runs[-1].append(f"{x:.1f},{y:.1f}")
+        x = left + (at - start).total_seconds() / span * plot_w
+        y = bottom - max(0.0, min(util, 100.0)) / 100 * (bottom - top)
+        runs[-1].append(f"{_n(x)},{_n(y)}")
     lines = "".join(
         f'<polyline class="spark" points="{" ".join(r)}"/>' if len(r) > 1 else _dot(r[0])
         for r in runs
         if r
     )
+    grid = ""
+    if scale:
+        for pct in (0, 50, 100):
+            gy = _n(bottom - pct / 100 * (bottom - top))
+            grid += (
+                f'<path class="spark-grid" d="M{left} {gy}H{width}"/>'
+                f'<text class="spark-axis" x="{left - 6}" y="{gy}" text-anchor="end" '
+                f'dominant-baseline="middle">{pct} %</text>'
+            )
     return Markup(
         f'<svg class="sparkline" viewBox="0 0 {width} {height}" width="{width}" '
-        f'height="{height}" role="img" aria-label="{escape(label)}">'
-        f'<line class="spark-base" x1="0" y1="{height - 1}" x2="{width}" y2="{height - 1}"/>'
+        f'height="{height}" role="img" aria-label="{escape(label)}">{grid}'
+        f'<path class="spark-base" d="M{left} {bottom}H{width}"/>'
         f"{lines}</svg>"
     )
+
+
+def _n(v: float) -> str:
+    """A coordinate to a tenth of a pixel, without a trailing ``.0`` (a thousand sparklines
+    on the fleet page: every byte counts a thousand times)."""
+    return f"{v:.1f}".removesuffix(".0")
 
 
 def _dot(point: str) -> str:

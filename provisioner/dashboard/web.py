@@ -6,18 +6,22 @@ Access: on a loopback address anyone on this computer may look. Bound wider, eve
 needs the token (``dashboard.token`` in settings or ``$PROVISIONER_DASHBOARD_TOKEN``): entered
 once on the login form, it becomes an HttpOnly, SameSite=Strict session cookie signed with the
 token (so it survives restarts and several workers, and dies when the token changes); scripts
-may send it as ``Authorization: Bearer``. It never appears in a page or a URL.
+may send it as ``Authorization: Bearer``. It never appears in a page or a URL. Guessing is
+slowed per client address (:class:`Throttle`: five wrong tokens a minute, then 429).
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import hmac
 import ipaddress
 import logging
+import math
 import mimetypes
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterable
 from datetime import datetime
 from decimal import ROUND_HALF_UP, Decimal
@@ -45,6 +49,7 @@ REFRESH_SECONDS = 30
 FLEET_SECONDS = 15  # a fleet page serves every request within this slice of the clock
 SPEND_SECONDS = 300  # spend and budget standings: a pass over a big ledger takes a while
 CACHE_ENTRIES = 64
+GZIP_FROM = 2048  # bytes: smaller pages are not worth compressing
 HEADERS = [
     (
         "Content-Security-Policy",
@@ -73,6 +78,51 @@ class TooLarge(ValueError):
     pass
 
 
+class Throttle:
+    """Failed logins per client address: after ``limit`` failures within ``window`` seconds
+    every attempt from that address is refused (even with the right token, or guessing would
+    go on) until its oldest failure is ``window`` old. Bounded: at most ``addresses`` are
+    remembered, those with the oldest failures forgotten first."""
+
+    def __init__(self, limit: int = 5, window: int = 60, addresses: int = 10_000) -> None:
+        self.limit, self.window, self.addresses = limit, window, addresses
+        self._failures: dict[str, deque[float]] = {}
+        self._lock = threading.Lock()
+
+    def wait(self, who: str, now: float) -> int:
+        """Seconds until ``who`` may try again (0: now)."""
+        with self._lock:
+            seen = self._recent(who, now)
+            if len(seen) < self.limit:
+                return 0
+            return max(1, math.ceil(seen[0] + self.window - now))
+
+    def failed(self, who: str, now: float) -> None:
+        with self._lock:
+            seen = self._recent(who, now)
+            if not seen:
+                if len(self._failures) >= self.addresses:
+                    oldest = min(self._failures, key=lambda k: self._failures[k][-1])
+                    del self._failures[oldest]
+                self._failures[who] = seen
+            seen.append(now)
+
+    def _recent(self, who: str, now: float) -> deque[float]:
+        seen = self._failures.get(who, deque())
+        while seen and seen[0] <= now - self.window:
+            seen.popleft()
+        if not seen:
+            self._failures.pop(who, None)
+        return seen
+
+
+def same_secret(given: str, secret: str) -> bool:
+    """Constant time, whatever the lengths: the digests are compared, not the strings."""
+    return hmac.compare_digest(
+        hashlib.sha256(given.encode()).digest(), hashlib.sha256(secret.encode()).digest()
+    )
+
+
 class Response:
     def __init__(
         self,
@@ -85,13 +135,44 @@ class Response:
         self.status = status
         self.headers = [("Content-Type", ctype), *(headers or [])]
 
-    def __call__(self, start_response: StartResponse) -> Iterable[bytes]:
+    def __call__(self, start_response: StartResponse, gzip: bool = False) -> Iterable[bytes]:
+        """``gzip``: the client takes it; pages of text over a few kB are sent compressed
+        (the fleet of 1,000 machines: 1.2 MB of HTML, about a tenth of that on the wire)."""
         phrase = HTTPStatus(self.status).phrase
-        headers = [*self.headers, *HEADERS, ("Content-Length", str(len(self.body)))]
+        body, headers = self.body, [*self.headers, *HEADERS]
+        if self.headers[0][1].startswith("text/"):
+            headers.append(("Vary", "Accept-Encoding"))
+            if gzip and len(body) >= GZIP_FROM:
+                body = _gzip(body)
+                headers.append(("Content-Encoding", "gzip"))
+        headers.append(("Content-Length", str(len(body))))
         if not any(k == "Cache-Control" for k, _ in headers):
             headers.append(("Cache-Control", "no-store"))  # pages hold project names and money
         start_response(f"{self.status} {phrase}", headers)
-        return [self.body]
+        return [body]
+
+
+def accepts_gzip(header: str) -> bool:
+    """``Accept-Encoding`` names gzip (or ``*``) without ``q=0``."""
+    for part in header.split(","):
+        name, _, params = part.strip().partition(";")
+        if name.strip().lower() in ("gzip", "*"):
+            q = params.strip().removeprefix("q=")
+            return not (params.strip().startswith("q=") and _zero(q))
+    return False
+
+
+def _zero(q: str) -> bool:
+    try:
+        return float(q) == 0
+    except ValueError:
+        return False
+
+
+def _gzip(body: bytes) -> bytes:
+    import gzip
+
+    return gzip.compress(body, compresslevel=5, mtime=0)
 
 
 class Request:
@@ -101,6 +182,8 @@ class Request:
         self.path = environ.get("PATH_INFO", "") or "/"
         self.root = environ.get("SCRIPT_NAME", "").rstrip("/")  # where we are mounted
         self.query = dict(parse_qsl(environ.get("QUERY_STRING", ""), keep_blank_values=True))
+        # the peer as the server saw it: a proxy's X-Forwarded-For is anyone's to write
+        self.client = environ.get("REMOTE_ADDR") or "?"
         cookies = SimpleCookie()
         try:
             cookies.load(environ.get("HTTP_COOKIE", ""))
@@ -136,6 +219,7 @@ class Dashboard:
         self.env = _env()
         self._cache: dict[Any, Any] = {}
         self._lock = threading.Lock()
+        self.throttle = Throttle()
         self.routes: dict[str, Callable[[Request], Response]] = {
             "/": self.fleet,
             "/spend": self.spend,
@@ -156,14 +240,16 @@ class Dashboard:
         except Exception:
             log.exception("dashboard: %s %s failed", req.method, req.path)
             resp = Response("internal error", 500, "text/plain; charset=utf-8")
-        return resp(start_response)
+        return resp(start_response, accepts_gzip(environ.get("HTTP_ACCEPT_ENCODING", "")))
 
     def handle(self, req: Request) -> Response:
         if req.path.startswith("/static/"):
             return _static(req.path.removeprefix("/static/"))
         if req.path == "/lang":
             return self.set_language(req)
-        if req.path not in ("/login",) and not self.allowed(req):
+        if req.path != "/login" and (wait := self._held(req)):
+            return self.too_many(req, wait)
+        if req.path != "/login" and not self.allowed(req):
             if req.method == "GET" and not req.path.endswith(".csv"):
                 return Response(status=303, headers=[("Location", req.url("/login"))])
             return Response("authentication required", 401, "text/plain; charset=utf-8")
@@ -182,11 +268,19 @@ class Dashboard:
         if not self.token:  # bound wide with no token: nobody
             return False
         auth = req.environ.get("HTTP_AUTHORIZATION", "")
-        if auth[:7].lower() == "bearer " and hmac.compare_digest(
-            auth[7:].strip().encode(), self.token.encode()
-        ):
-            return True
+        if auth[:7].lower() == "bearer ":  # a script's token: its guesses count as a form's
+            if same_secret(auth[7:].strip(), self.token):
+                return True
+            self.throttle.failed(req.client, self.now().timestamp())
+            return False
         return self._valid_session(req.cookies.get(COOKIE, ""))
+
+    def _held(self, req: Request) -> int:
+        """Seconds a request offering a token must wait (0: none), when its address has
+        guessed wrong too often."""
+        if self.open or req.environ.get("HTTP_AUTHORIZATION", "")[:7].lower() != "bearer ":
+            return 0
+        return self.throttle.wait(req.client, self.now().timestamp())
 
     def _sign(self, expires: int) -> str:
         assert self.token
@@ -203,8 +297,11 @@ class Dashboard:
         if self.open:
             return Response(status=303, headers=[("Location", req.url("/"))])
         if req.method == "POST":
+            now = self.now().timestamp()
+            if wait := self.throttle.wait(req.client, now):
+                return self.too_many(req, wait)
             given = req.form().get("token", "")
-            if self.token and hmac.compare_digest(given.encode(), self.token.encode()):
+            if self.token and same_secret(given, self.token):
                 value = self._sign(int(time.time()) + SESSION_SECONDS)
                 cookie = (
                     f"{COOKIE}={value}; Path={req.root or '/'}; HttpOnly; SameSite=Strict; "
@@ -215,10 +312,26 @@ class Dashboard:
                 return Response(
                     status=303, headers=[("Location", req.url("/")), ("Set-Cookie", cookie)]
                 )
+            self.throttle.failed(req.client, now)
             return self.page(
                 req, "login.html", status=401, failed=True, configured=bool(self.token)
             )
         return self.page(req, "login.html", failed=False, configured=bool(self.token))
+
+    def too_many(self, req: Request, wait: int) -> Response:
+        """429 with ``Retry-After``: the form says how long; a script gets it in plain text."""
+        if req.path == "/login":
+            resp = self.page(
+                req, "login.html", status=429, failed=False, configured=bool(self.token), wait=wait
+            )
+        else:
+            resp = Response(
+                f"too many failed logins: try again in {wait} s",
+                429,
+                "text/plain; charset=utf-8",
+            )
+        resp.headers.append(("Retry-After", str(wait)))
+        return resp
 
     def logout(self, req: Request) -> Response:
         cookie = f"{COOKIE}=; Path={req.root or '/'}; HttpOnly; SameSite=Strict; Max-Age=0"
@@ -278,6 +391,7 @@ class Dashboard:
         html = self.env.get_template(name).render(
             f=f,
             rate=lambda amount, currency: rate_text(f, amount, currency),
+            percent=lambda util: _percent(int(util), lang),
             t=f.t,
             lang=lang,
             req=req,
@@ -422,20 +536,39 @@ def _static(name: str) -> Response:
 
 def rate_text(f: render.Fmt, amount: Any, currency: str | None) -> str:
     """A rate per hour: to 1/100 of a cent, so a disk's 0.0068 USD/h is not shown as 0.01."""
-    from babel.numbers import format_currency
-
     if amount is None or not currency:
         return "—"
-    d = Decimal(amount).quantize(Decimal("0.0001"), ROUND_HALF_UP).normalize()
-    return format_currency(d, currency, locale=f.locale, decimal_quantization=False) + "/h"
+    return _rate(Decimal(amount), currency, f.language)
+
+
+@functools.lru_cache(maxsize=512)
+def _percent(util: int, language: str) -> str:
+    """A GPU's utilisation, ``87 %``: a hundred values, each formatted once."""
+    return f"{render.Fmt(language).num(util)} %"
+
+
+@functools.lru_cache(maxsize=1024)
+def _rate(amount: Decimal, currency: str, language: str) -> str:
+    """A fleet shows a handful of rates a thousand times: each is formatted once."""
+    from babel.numbers import format_currency
+
+    f = render.Fmt(language)
+    d = amount.quantize(Decimal("0.0001"), ROUND_HALF_UP).normalize()
+    text = format_currency(d, currency, locale=f.locale, decimal_quantization=False)
+    return f.t("per_hour", amount=text)
 
 
 def _reason(reason: str, t: Callable[..., str]) -> str:
     """An event reason in the page's words (the scheduler's own name when it has none)."""
+    return _word(reason, t, "dash_reason_")
+
+
+def _word(value: str, t: Callable[..., str], prefix: str) -> str:
+    """A state, market or event name in the page's words (its own name when it has none)."""
     try:
-        return t(f"dash_reason_{reason}")
+        return t(f"{prefix}{value}")
     except KeyError:
-        return reason
+        return value
 
 
 def _env() -> Any:
@@ -450,4 +583,5 @@ def _env() -> Any:
     )
     env.filters["money"] = lambda amount, currency: Money(amount, currency)
     env.filters["reason"] = _reason
+    env.filters["word"] = _word
     return env

@@ -83,7 +83,8 @@ class Assessment:
 def assess(
     app: App, now: datetime, machines: list[Machine]
 ) -> tuple[list[Assessment], dict[str, Exception]]:
-    """Each machine's rules and, for each idle rule, its signal (two queries in all). A machine
+    """Each machine's rules and, for each idle rule, its signal (two queries in all, each a row
+    per machine: the heartbeats are summed up by the database). A machine
     whose rules or data cannot be evaluated (a duration past what a date can hold…) is left out
     with its error, and the others are assessed."""
     book = RuleBook(app.policies)
@@ -99,11 +100,15 @@ def assess(
                 lookback[m.id] = now - window - grace
         except Exception as e:  # one machine's failure is its own
             failed[m.id] = e
-    beats: dict[str, list[idle.Beat]] = {}
+    evidence: dict[tuple[str, timedelta], idle.Evidence] = {}
     since: dict[str, datetime] = {}
     if lookback:
-        beats = idle.beats_since(app, list(lookback), min(lookback.values()))
+        checks = [c for m in lookback for c in rules[m].idle]
+        windows = {timedelta(minutes=c.rule.for_minutes) for c in checks}
+        busy_at = max(c.rule.gpu_util_below for c in checks)
+        evidence = idle.evidence(app, list(lookback), now, windows, grace, busy_at)
         since = idle.running_since(app, list(lookback))
+    none = idle.Evidence(None, None, None, 0, None)
     out = []
     for m in machines:
         if m.id in failed:
@@ -113,12 +118,13 @@ def assess(
         try:
             if m.id in lookback:
                 for c in r.idle:
-                    signals[c] = idle.classify(
-                        beats.get(m.id, []),
+                    window = timedelta(minutes=c.rule.for_minutes)
+                    signals[c] = idle.judge(
+                        evidence.get((m.id, window), none),
                         now=now,
                         running_since=since.get(m.id, m.launched_at),
                         below=c.rule.gpu_util_below,
-                        window=timedelta(minutes=c.rule.for_minutes),
+                        window=window,
                         grace=grace,
                     )
         except Exception as e:
