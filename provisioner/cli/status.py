@@ -28,30 +28,6 @@ ACTIVE_EXCLUDED = ("terminated", "failed")  # as provisioner.models says (SQLAlc
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
-def _known_empty(url: str, all_: bool) -> bool:
-    """Whether a SQLite state at the current schema holds no machine to show, asked in one
-    query with the standard library: SQLAlchemy and the models (~0.3 s of start-up) are for
-    a state that has something to say. Anything else (another database, an older schema, an
-    unreadable file) goes the full way, which migrates or explains."""
-    import sqlite3
-
-    from provisioner.schema import schema_head
-
-    path = url.removeprefix("sqlite:///") if url.startswith("sqlite:///") else None
-    if not path or path == ":memory:":
-        return False
-    where = "" if all_ else " WHERE status NOT IN ('terminated', 'failed')"
-    try:
-        with sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5) as conn:
-            version, machines = conn.execute(
-                "SELECT (SELECT version_num FROM alembic_version),"
-                f" (SELECT count(*) FROM machines{where})"
-            ).fetchone()
-    except sqlite3.Error:
-        return False
-    return version == schema_head() and machines == 0
-
-
 @app.command()
 def status(
     ctx: typer.Context,
@@ -63,8 +39,10 @@ def status(
     """Machines and their state, reconciled with what the clouds report, with what each has
     cost so far (compute and disk, at its launch-time rate, across relaunches). With a NAME:
     that machine in detail, with its next scheduled action and its events."""
+    from provisioner.schema import known_empty
+
     application = get_app(ctx)
-    if not name and _known_empty(application.settings.database_url, all_):
+    if not name and known_empty(application.settings.database_url, all_):
         if output is Output.json:
             print_json([])
         else:
