@@ -416,7 +416,9 @@ def test_status_asks_the_database_the_same_few_queries_for_any_number_of_machine
     finally:
         event.remove(Engine, "before_cursor_execute", count)
     assert empty <= 2, statements  # the schema's revision, the machines
-    assert len(statements) == few <= 5, statements  # + recoveries, usage, latest heartbeats
+    assert len(statements) == few <= 5, statements  # + recoveries, costs, latest heartbeats
+    costs = [q for q in statements if "usage_intervals" in q]
+    assert len(costs) == 1 and "GROUP BY" in costs[0], costs  # every machine's, summed by SQL
 
 
 def names_in_state(a: App) -> list[str]:

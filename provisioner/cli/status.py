@@ -3,7 +3,8 @@ and why it is as it is."""
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
+from decimal import Decimal
 from typing import Any
 
 import typer
@@ -25,7 +26,7 @@ from provisioner.cli.machines import _money, machine_json
 
 ACTIVE_EXCLUDED = ("terminated", "failed")  # as provisioner.models says (SQLAlchemy: not here)
 
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_US_PER_HOUR = Decimal(3_600_000_000)
 
 
 @app.command()
@@ -56,11 +57,10 @@ def status(
             _reconcile(application)
         _detail(application, name, output)
         return
-    rows = _fleet_rows(application, all_)
     problems = []
-    if refresh and any(m.status not in ("requested", *ACTIVE_EXCLUDED) for m, *_ in rows):
+    if refresh and _any_to_ask(application):
         problems = [o for o in _reconcile(application) if o.error]
-        rows = _fleet_rows(application, all_)
+    rows = _fleet_rows(application, all_)
     unseen = _unseen(application) if rows else {}
     unseen.update({m.name: why for m, _, _, why in rows if why and m.status == "stopped"})
     if output is Output.json:
@@ -123,6 +123,18 @@ def status(
         )
 
 
+def _any_to_ask(application: Any) -> bool:
+    """Whether a machine is on a cloud to ask about (not only intended, not gone): one query,
+    so a state of such machines reads its rows once, after the clouds were asked."""
+    from sqlalchemy import select
+
+    from provisioner.models import Machine
+
+    with application.db.session() as s:
+        asked = Machine.status.not_in(("requested", *ACTIVE_EXCLUDED))
+        return s.scalars(select(Machine.id).where(asked).limit(1)).first() is not None
+
+
 def _reconcile(application: Any) -> list[Any]:
     from provisioner import lifecycle  # the providers and planning: only when asking the clouds
 
@@ -138,9 +150,9 @@ def _unseen(application: Any) -> dict[str, str]:
 
 def _fleet_rows(application: Any, all_: bool) -> list[tuple[Any, dict[str, Any], int, str | None]]:
     """(machine, spent per currency across its relaunches, launches, why it failed) for every
-    machine shown: three queries whatever the number of machines (machines, their usage, the
-    recoveries), a fourth for the events of failed ones."""
-    from sqlalchemy import select
+    machine shown: three queries whatever the number of machines (machines, the recoveries,
+    their costs), a fourth for the events of failed ones, a fifth for notes on stopped ones."""
+    from sqlalchemy import or_, select
 
     from provisioner.models import Event, Machine, UsageInterval
 
@@ -161,24 +173,9 @@ def _fleet_rows(application: Any, all_: bool) -> list[tuple[Any, dict[str, Any],
             )
         }
         chains = {m.id: _chain(m.id, replaces) for m in machines}
-        usage_cols = (
-            UsageInterval.machine_id,
-            UsageInterval.started_at,
-            UsageInterval.ended_at,
-            UsageInterval.rate,
-            UsageInterval.currency,
-        )
-        usage = list(
-            s.execute(
-                select(*usage_cols)
-                .join(Machine, Machine.id == UsageInterval.machine_id)
-                .where(shown)
-            )
-        )
-        shown_ids = {m.id for m in machines}
-        earlier = {mid for c in chains.values() for mid in c[1:]} - shown_ids
-        if earlier:
-            usage += s.execute(select(*usage_cols).where(UsageInterval.machine_id.in_(earlier)))
+        earlier = {mid for c in chains.values() for mid in c[1:]} - {m.id for m in machines}
+        of = UsageInterval.machine_id.in_(select(Machine.id).where(shown))
+        cost = _costs(s, or_(of, UsageInterval.machine_id.in_(earlier)) if earlier else of, now)
         notes = _stopped_notes(s) if any(m.status == "stopped" for m in machines) else {}
         failed = [m.id for m in machines if m.status == "failed"]
         events: dict[str, list[Any]] = {}
@@ -190,7 +187,6 @@ def _fleet_rows(application: Any, all_: bool) -> list[tuple[Any, dict[str, Any],
                 .order_by(Event.id)
             ):
                 events.setdefault(e.machine_id, []).append(e)
-    cost = _costs(usage, now)
     rows = []
     for m in machines:
         spent: dict[str, Any] = {}
@@ -236,15 +232,34 @@ def _chain(mid: str, replaces: dict[str, str | None]) -> list[str]:
     return chain
 
 
-def _costs(usage: Any, now: datetime) -> dict[str, dict[str, Any]]:
-    from provisioner.ledger import interval_cost  # exact, as every report prices it
+def _costs(s: Any, machines: Any, now: datetime) -> dict[str, dict[str, Decimal]]:
+    """What each machine of the condition ``machines`` has cost up to ``now``, per currency, in
+    one query: the database sums each (machine, currency, rate)'s integer microseconds, and
+    each sum is priced once (exact, as the ledger sums; no row per interval)."""
+    from sqlalchemy import BigInteger, String, case, func, select, type_coerce
 
-    cost: dict[str, dict[str, Any]] = {}
-    for iv in usage:
-        c = interval_cost(iv, _EPOCH, now)
-        if c:
-            per = cost.setdefault(iv.machine_id, {})
-            per[iv.currency] = per.get(iv.currency, 0) + c
+    from provisioner.models import UsageInterval as iv
+    from provisioner.models import epoch_us
+
+    now_us = epoch_us(now)
+    least = func.min if s.get_bind().dialect.name == "sqlite" else func.least
+    hi = least(func.coalesce(iv.end_us, now_us), now_us, type_=BigInteger)
+    rate = type_coerce(iv.rate, String)  # its exact text
+    rows = s.execute(
+        select(
+            iv.machine_id,
+            iv.currency,
+            rate,
+            func.sum(case((hi > iv.start_us, hi - iv.start_us), else_=0)),
+        )
+        .where(machines)
+        .group_by(iv.machine_id, iv.currency, rate)
+    )
+    cost: dict[str, dict[str, Decimal]] = {}
+    for mid, currency, text, us in rows:
+        if c := Decimal(text) * int(us) / _US_PER_HOUR:
+            per = cost.setdefault(mid, {})
+            per[currency] = per.get(currency, 0) + c
     return cost
 
 
@@ -288,7 +303,7 @@ def _detail(application: Any, name: str, output: Output) -> None:
             )
         }
         chain = _chain(m.id, replaces)
-        usage = list(s.scalars(select(UsageInterval).where(UsageInterval.machine_id.in_(chain))))
+        cost = _costs(s, UsageInterval.machine_id.in_(chain), now)
         events = list(
             s.scalars(select(Event).where(Event.machine_id.in_(chain)).order_by(Event.at, Event.id))
         )
@@ -296,9 +311,9 @@ def _detail(application: Any, name: str, output: Output) -> None:
             select(Heartbeat).where(Heartbeat.machine_id == m.id).order_by(Heartbeat.id.desc())
         ).first()
     spent: dict[str, Any] = {}
-    for per in _costs(usage, now).values():
-        for c, v in per.items():
-            spent[c] = spent.get(c, 0) + v
+    for per in cost.values():
+        for c, a in per.items():
+            spent[c] = spent.get(c, 0) + a
     idle = _idle_state(application, m, beat, now)
     nxt = _next_action(application, m, now)
     why = failure([e for e in events if e.machine_id == m.id]) if m.status == "failed" else None
