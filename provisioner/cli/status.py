@@ -57,10 +57,14 @@ def status(
             _reconcile(application)
         _detail(application, name, output)
         return
-    problems = []
-    if refresh and _any_to_ask(application):
-        problems = [o for o in _reconcile(application) if o.error]
     rows = _fleet_rows(application, all_)
+    problems = []
+    asked = {m.id for m, *_ in rows if m.status not in ("requested", *ACTIVE_EXCLUDED)}
+    if refresh and asked:
+        observed = _reconcile(application)
+        problems = [o for o in observed if o.error]
+        if _moved(rows, asked, observed):
+            rows = _fleet_rows(application, all_)
     unseen = _unseen(application) if rows else {}
     unseen.update({m.name: why for m, _, _, why in rows if why and m.status == "stopped"})
     if output is Output.json:
@@ -123,16 +127,14 @@ def status(
         )
 
 
-def _any_to_ask(application: Any) -> bool:
-    """Whether a machine is on a cloud to ask about (not only intended, not gone): one query,
-    so a state of such machines reads its rows once, after the clouds were asked."""
-    from sqlalchemy import select
-
-    from provisioner.models import Machine
-
-    with application.db.session() as s:
-        asked = Machine.status.not_in(("requested", *ACTIVE_EXCLUDED))
-        return s.scalars(select(Machine.id).where(asked).limit(1)).first() is not None
+def _moved(rows: list[Any], asked: set[str], observed: list[Any]) -> bool:
+    """Whether asking the clouds moved a row shown (its status or address), or saw other
+    machines than those read: only then are the rows read again."""
+    read = {m.id: (m.status, m.public_ip) for m, *_ in rows}
+    return {o.machine.id for o in observed} != asked or any(
+        o.changed or read.get(o.machine.id) != (o.machine.status, o.machine.public_ip)
+        for o in observed
+    )
 
 
 def _reconcile(application: Any) -> list[Any]:
