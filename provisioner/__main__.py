@@ -1,3 +1,3 @@
-from provisioner.cli.main import main
+from provisioner.entry import main
 
 main()

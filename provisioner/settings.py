@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-import platformdirs
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -39,23 +38,14 @@ from policies import yamlfile
 from providers.gpus import GPUS
 from providers.spec import Options
 from provisioner.errors import ConfigError, Problem
+from provisioner.location import (
+    checked_home,
+    checked_state_url,
+    data_dir,
+    database_url,
+    default_config_path,
+)
 from provisioner.money import Rates
-
-APP = "provisioner"
-
-
-def _virtual(path: Path) -> bool:
-    """/proc and /sys: writable to root on paper, never a place for files."""
-    return path.resolve().parts[1:2] in (("proc",), ("sys",))
-
-
-def data_dir() -> Path:
-    return Path(os.environ.get("PROVISIONER_HOME") or platformdirs.user_data_dir(APP))
-
-
-def default_config_path() -> Path:
-    return Path(platformdirs.user_config_dir(APP)) / "settings.yaml"
-
 
 #: A price, rate or tariff: finite, not negative, and below a trillion (anything larger is a typo,
 #: and Decimal arithmetic on 1e999999 overflows).
@@ -262,27 +252,12 @@ class Settings(BaseSettings):
     @field_validator("state_url")
     @classmethod
     def _db_url(cls, v: str | None) -> str | None:
-        if v is not None and not re.match(r"^(sqlite|postgresql(\+psycopg)?)://", v):
-            raise ValueError(
-                "write sqlite:///PATH or postgresql://USER@HOST:PORT/DB "
-                f"(got {v.split(':', 1)[0]!r}…)"
-            )
-        return v
+        return checked_state_url(v)
 
     @field_validator("home")
     @classmethod
     def _home(cls, v: Path) -> Path:
-        v = v.expanduser()
-        parent = v
-        while not parent.exists() and parent != parent.parent:
-            parent = parent.parent
-        if v.exists() and not v.is_dir():
-            raise ValueError(f"{str(v)!r} is not a directory")
-        if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK) or _virtual(parent):
-            raise ValueError(
-                f"cannot create a directory in {str(parent)!r}: choose a writable place"
-            )
-        return v
+        return checked_home(v)
 
     @classmethod
     def settings_customise_sources(
@@ -304,7 +279,7 @@ class Settings(BaseSettings):
 
     @property
     def database_url(self) -> str:
-        return self.state_url or f"sqlite:///{self.home / 'state.db'}"
+        return database_url(self.state_url, self.home)
 
     @property
     def money_rates(self) -> Rates:

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from provisioner.cli.main import main
 from provisioner.clock import CLOCK_ENV
+from provisioner.entry import main
 from tests.conftest import TEST_START
 
 

@@ -11,6 +11,8 @@ import pytest
 
 from tests.conftest import EXAMPLES, ROOT, run_cli, sandbox_experiment, write_settings, write_yaml
 
+pytest_plugins = ["tests.cli_runner"]  # the `cli` fixture
+
 SDK_PREFIXES = (
     "boto3",
     "botocore",
@@ -27,7 +29,7 @@ import sys
 
 import pytest
 sys.argv = ["provisioner", *{args!r}]
-from provisioner.cli.main import main
+from provisioner.entry import main
 try:
     main()
 except SystemExit as e:
@@ -81,6 +83,89 @@ def test_status_of_an_empty_state_loads_no_database_code(home):
     assert "provisioner.models" in modules_loaded_by("status", prefixes=state)
     [machine] = json.loads(run_cli("status", "-o", "json").stdout)
     assert machine["name"] == "one"
+
+
+def test_status_of_an_empty_state_loads_no_typer_renderer_or_validator(home):
+    """Without a settings file, an empty `status` is the standard library: no Typer or Click,
+    no rich (its output is not a terminal), no pydantic or YAML (bench/bench_status.py times
+    it); a settings file is still validated (pydantic, still no Typer)."""
+    light = ("typer", "click", "rich", "pydantic", "yaml", "provisioner.settings")
+    assert run_cli("status").returncode == 0  # creates and migrates the state
+    assert modules_loaded_by("status", prefixes=light) == []
+    assert modules_loaded_by("status", "--all", "-o", "json", prefixes=light) == []
+    cfg = write_settings(home)
+    validated = modules_loaded_by("-c", str(cfg), "status", prefixes=("typer", "click", "prov"))
+    assert "provisioner.settings" in validated and "typer" not in validated
+
+
+def test_the_state_found_without_settings_is_the_one_settings_give(home, tmp_path, monkeypatch):
+    """`status` finds the state with the standard library exactly where Settings would, and
+    leaves to Settings whatever they must validate or decide."""
+    from provisioner.location import FIELDS, plain_database_url
+    from provisioner.settings import Settings, load_settings
+
+    assert set(FIELDS) == set(Settings.model_fields)
+    elsewhere = tmp_path / "elsewhere"
+    found = {}
+    for name, env in {
+        "home": {},
+        "home with ~": {"PROVISIONER_HOME": "~/p"},
+        "state_url": {"PROVISIONER_STATE_URL": f"sqlite:///{elsewhere}/s.db"},
+        "no home": {"PROVISIONER_HOME": None, "HOME": str(tmp_path)},
+        "not a setting": {"PROVISIONER_NOT_A_SETTING": "1", "PROVISIONER_SMTP_PASSWORD": "x"},
+    }.items():
+        with monkeypatch.context() as m:
+            for k, v in env.items():
+                m.delenv(k) if v is None else m.setenv(k, v)
+            found[name] = plain_database_url()
+            assert found[name] == load_settings().database_url, name
+    assert found["state_url"] == f"sqlite:///{elsewhere}/s.db"
+    assert found["home"] == f"sqlite:///{home}/state.db"
+    (tmp_path / "a-file").write_text("")
+    for name, env in {
+        "another setting": {"PROVISIONER_CURRENCY": "EUR"},
+        "a nested one": {"provisioner_scheduler__lease_seconds": "60"},
+        "lower case": {"provisioner_home": str(elsewhere)},
+        "empty": {"PROVISIONER_HOME": ""},
+        "home is a file": {"PROVISIONER_HOME": str(tmp_path / "a-file")},
+        "a bad URL": {"PROVISIONER_STATE_URL": "mysql://x"},
+        "a settings file": {"PROVISIONER_CONFIG": str(write_settings(home))},
+    }.items():
+        with monkeypatch.context() as m:
+            for k, v in env.items():
+                m.setenv(k, v)
+            assert plain_database_url() is None, name
+
+
+def test_status_of_an_empty_state_says_what_the_full_command_says(cli, home, monkeypatch):
+    """The fast answer is the Typer command's, byte for byte; bad settings are refused as
+    for any command (file, line, field; exit 2)."""
+    from provisioner.cli.main import main as typer_main
+
+    assert cli("status").code == 0  # creates the state
+    argvs = [
+        ("status",),
+        ("status", "--all"),
+        ("status", "-a", "--no-refresh", "-o", "json"),
+        ("status", "--output=table"),
+        ("-c", str(write_settings(home)), "status", "-o", "json"),
+        ("status", "-o", "json", "-o", "table"),  # Click's reading: the last one
+    ]
+    for argv in argvs:
+        fast = cli(*argv)
+        with monkeypatch.context() as m:
+            m.setattr("tests.cli_runner.main", typer_main)
+            full = cli(*argv)
+        assert (fast.code, fast.out, fast.err) == (full.code, full.out, full.err), argv
+        assert fast.code == 0 and ("no machines" in fast.out or fast.out == "[]\n"), argv
+    monkeypatch.setenv("PROVISIONER_HOME", str(write_yaml(home.parent / "f.yaml", {})))
+    r = cli("status")
+    assert r.code == 2 and "is not a directory" in r.err and "Traceback" not in r.err
+    monkeypatch.setenv("PROVISIONER_HOME", str(home))
+    bad = write_yaml(home.parent / "bad.yaml", {"scheduler": {"lease_seconds": "soon"}})
+    r = cli("-c", str(bad), "status", "-o", "json")
+    assert r.code == 2 and f"{bad}:2: scheduler.lease_seconds: " in r.err, r.err
+    assert json.loads(r.out)["exit_code"] == 2
 
 
 def test_plan_a100x8_spot_offline_spans_all_five_clouds(home):

@@ -416,7 +416,9 @@ def test_status_asks_the_database_the_same_few_queries_for_any_number_of_machine
     finally:
         event.remove(Engine, "before_cursor_execute", count)
     assert empty <= 2, statements  # the schema's revision, the machines
-    assert len(statements) == few <= 5, statements  # + recoveries, usage, latest heartbeats
+    assert len(statements) == few <= 5, statements  # + recoveries, costs, latest heartbeats
+    costs = [q for q in statements if "usage_intervals" in q]
+    assert len(costs) == 1 and "GROUP BY" in costs[0], costs  # every machine's, summed by SQL
 
 
 def names_in_state(a: App) -> list[str]:
@@ -426,3 +428,44 @@ def names_in_state(a: App) -> list[str]:
 
     with a.db.session() as s:
         return list(s.scalars(select(Machine.name)))
+
+
+def test_status_shows_what_the_clouds_say_and_reads_the_fleet_again_only_then(cli, home):
+    """The default status asks the clouds first: a new address or a preemption shows at once;
+    when the clouds confirm the state, the machines are read once, not again."""
+    import sqlite3
+
+    from sqlalchemy import event
+    from sqlalchemy.engine import Engine
+
+    cfg = write_settings(home)
+    a = launch(cfg, "one")
+    one = lifecycle.find(a, "one")
+    launch(cfg, "two").close()
+    reads: list[str] = []
+
+    def count(conn, cursor, statement, *args) -> None:
+        if statement.startswith("SELECT machines.id, machines.name") and "ORDER BY" in statement:
+            reads.append(statement)
+
+    def shown() -> dict[str, tuple[str, str]]:
+        reads.clear()
+        r = cli("--config", str(cfg), "status", "-o", "json")
+        assert r.code == 0, r.err
+        return {m["name"]: (m["status"], m["public_ip"]) for m in json.loads(r.out)}
+
+    event.listen(Engine, "before_cursor_execute", count)
+    try:
+        before = shown()
+        assert len(reads) == 1 and before["one"][0] == "running"
+        with sqlite3.connect(a.provider("sandbox").db_path) as db:  # restarted elsewhere
+            db.execute(
+                "UPDATE machines SET public_ip = '203.0.113.7' WHERE id = ?", (one.instance_id,)
+            )
+        assert shown() == {**before, "one": ("running", "203.0.113.7")} and len(reads) == 2
+        a.provider("sandbox").preempt(lifecycle.ref(one))
+        assert shown()["one"][0] != "running" and len(reads) == 2
+        assert shown()["two"] == before["two"] and len(reads) == 1
+    finally:
+        event.remove(Engine, "before_cursor_execute", count)
+        a.close()

@@ -22,6 +22,7 @@ ORDER = [
     "provisioner.errors",
     "provisioner.clock",
     "provisioner.crashpoints",
+    "provisioner.location",  # where settings and state live: the standard library only
     "provisioner.settings",
     "provisioner.spec",
     "provisioner.schema",  # the migrations' revisions, without SQLAlchemy
@@ -63,6 +64,7 @@ ORDER = [
     "provisioner.cli.scheduler",
     "provisioner.cli.dashboard",
     "provisioner.cli.main",  # the entry point: registers the commands and runs one
+    "provisioner.entry",  # the console entry point: `status` of an empty state, else cli.main
     "provisioner.__main__",
 ]
 

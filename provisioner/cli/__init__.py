@@ -173,8 +173,9 @@ def text_table(
 
 
 def write(text: str) -> None:
-    """Plain text as it is (a table of 10,000 rows: no markup to parse, no wrapping)."""
-    out.file.write(text + "\n")
+    """Plain text as it is (a table of 10,000 rows: no markup to parse, no wrapping), where
+    ``out`` writes, without making ``out`` (rich's console: ~20 ms to import)."""
+    sys.stdout.write(text + "\n")
 
 
 def json_requested(argv: Sequence[str]) -> bool:

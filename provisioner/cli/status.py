@@ -3,7 +3,8 @@ and why it is as it is."""
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
+from decimal import Decimal
 from typing import Any
 
 import typer
@@ -25,31 +26,7 @@ from provisioner.cli.machines import _money, machine_json
 
 ACTIVE_EXCLUDED = ("terminated", "failed")  # as provisioner.models says (SQLAlchemy: not here)
 
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-
-
-def _known_empty(url: str, all_: bool) -> bool:
-    """Whether a SQLite state at the current schema holds no machine to show, asked in one
-    query with the standard library: SQLAlchemy and the models (~0.3 s of start-up) are for
-    a state that has something to say. Anything else (another database, an older schema, an
-    unreadable file) goes the full way, which migrates or explains."""
-    import sqlite3
-
-    from provisioner.schema import schema_head
-
-    path = url.removeprefix("sqlite:///") if url.startswith("sqlite:///") else None
-    if not path or path == ":memory:":
-        return False
-    where = "" if all_ else " WHERE status NOT IN ('terminated', 'failed')"
-    try:
-        with sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5) as conn:
-            version, machines = conn.execute(
-                "SELECT (SELECT version_num FROM alembic_version),"
-                f" (SELECT count(*) FROM machines{where})"
-            ).fetchone()
-    except sqlite3.Error:
-        return False
-    return version == schema_head() and machines == 0
+_US_PER_HOUR = Decimal(3_600_000_000)
 
 
 @app.command()
@@ -63,8 +40,10 @@ def status(
     """Machines and their state, reconciled with what the clouds report, with what each has
     cost so far (compute and disk, at its launch-time rate, across relaunches). With a NAME:
     that machine in detail, with its next scheduled action and its events."""
+    from provisioner.schema import known_empty
+
     application = get_app(ctx)
-    if not name and _known_empty(application.settings.database_url, all_):
+    if not name and known_empty(application.settings.database_url, all_):
         if output is Output.json:
             print_json([])
         else:
@@ -80,9 +59,12 @@ def status(
         return
     rows = _fleet_rows(application, all_)
     problems = []
-    if refresh and any(m.status not in ("requested", *ACTIVE_EXCLUDED) for m, *_ in rows):
-        problems = [o for o in _reconcile(application) if o.error]
-        rows = _fleet_rows(application, all_)
+    asked = {m.id for m, *_ in rows if m.status not in ("requested", *ACTIVE_EXCLUDED)}
+    if refresh and asked:
+        observed = _reconcile(application)
+        problems = [o for o in observed if o.error]
+        if _moved(rows, asked, observed):
+            rows = _fleet_rows(application, all_)
     unseen = _unseen(application) if rows else {}
     unseen.update({m.name: why for m, _, _, why in rows if why and m.status == "stopped"})
     if output is Output.json:
@@ -145,6 +127,16 @@ def status(
         )
 
 
+def _moved(rows: list[Any], asked: set[str], observed: list[Any]) -> bool:
+    """Whether asking the clouds moved a row shown (its status or address), or saw other
+    machines than those read: only then are the rows read again."""
+    read = {m.id: (m.status, m.public_ip) for m, *_ in rows}
+    return {o.machine.id for o in observed} != asked or any(
+        o.changed or read.get(o.machine.id) != (o.machine.status, o.machine.public_ip)
+        for o in observed
+    )
+
+
 def _reconcile(application: Any) -> list[Any]:
     from provisioner import lifecycle  # the providers and planning: only when asking the clouds
 
@@ -160,9 +152,9 @@ def _unseen(application: Any) -> dict[str, str]:
 
 def _fleet_rows(application: Any, all_: bool) -> list[tuple[Any, dict[str, Any], int, str | None]]:
     """(machine, spent per currency across its relaunches, launches, why it failed) for every
-    machine shown: three queries whatever the number of machines (machines, their usage, the
-    recoveries), a fourth for the events of failed ones."""
-    from sqlalchemy import select
+    machine shown: three queries whatever the number of machines (machines, the recoveries,
+    their costs), a fourth for the events of failed ones, a fifth for notes on stopped ones."""
+    from sqlalchemy import or_, select
 
     from provisioner.models import Event, Machine, UsageInterval
 
@@ -183,24 +175,9 @@ def _fleet_rows(application: Any, all_: bool) -> list[tuple[Any, dict[str, Any],
             )
         }
         chains = {m.id: _chain(m.id, replaces) for m in machines}
-        usage_cols = (
-            UsageInterval.machine_id,
-            UsageInterval.started_at,
-            UsageInterval.ended_at,
-            UsageInterval.rate,
-            UsageInterval.currency,
-        )
-        usage = list(
-            s.execute(
-                select(*usage_cols)
-                .join(Machine, Machine.id == UsageInterval.machine_id)
-                .where(shown)
-            )
-        )
-        shown_ids = {m.id for m in machines}
-        earlier = {mid for c in chains.values() for mid in c[1:]} - shown_ids
-        if earlier:
-            usage += s.execute(select(*usage_cols).where(UsageInterval.machine_id.in_(earlier)))
+        earlier = {mid for c in chains.values() for mid in c[1:]} - {m.id for m in machines}
+        of = UsageInterval.machine_id.in_(select(Machine.id).where(shown))
+        cost = _costs(s, or_(of, UsageInterval.machine_id.in_(earlier)) if earlier else of, now)
         notes = _stopped_notes(s) if any(m.status == "stopped" for m in machines) else {}
         failed = [m.id for m in machines if m.status == "failed"]
         events: dict[str, list[Any]] = {}
@@ -212,7 +189,6 @@ def _fleet_rows(application: Any, all_: bool) -> list[tuple[Any, dict[str, Any],
                 .order_by(Event.id)
             ):
                 events.setdefault(e.machine_id, []).append(e)
-    cost = _costs(usage, now)
     rows = []
     for m in machines:
         spent: dict[str, Any] = {}
@@ -258,15 +234,34 @@ def _chain(mid: str, replaces: dict[str, str | None]) -> list[str]:
     return chain
 
 
-def _costs(usage: Any, now: datetime) -> dict[str, dict[str, Any]]:
-    from provisioner.ledger import interval_cost  # exact, as every report prices it
+def _costs(s: Any, machines: Any, now: datetime) -> dict[str, dict[str, Decimal]]:
+    """What each machine of the condition ``machines`` has cost up to ``now``, per currency, in
+    one query: the database sums each (machine, currency, rate)'s integer microseconds, and
+    each sum is priced once (exact, as the ledger sums; no row per interval)."""
+    from sqlalchemy import BigInteger, String, case, func, select, type_coerce
 
-    cost: dict[str, dict[str, Any]] = {}
-    for iv in usage:
-        c = interval_cost(iv, _EPOCH, now)
-        if c:
-            per = cost.setdefault(iv.machine_id, {})
-            per[iv.currency] = per.get(iv.currency, 0) + c
+    from provisioner.models import UsageInterval as iv
+    from provisioner.models import epoch_us
+
+    now_us = epoch_us(now)
+    least = func.min if s.get_bind().dialect.name == "sqlite" else func.least
+    hi = least(func.coalesce(iv.end_us, now_us), now_us, type_=BigInteger)
+    rate = type_coerce(iv.rate, String)  # its exact text
+    rows = s.execute(
+        select(
+            iv.machine_id,
+            iv.currency,
+            rate,
+            func.sum(case((hi > iv.start_us, hi - iv.start_us), else_=0)),
+        )
+        .where(machines)
+        .group_by(iv.machine_id, iv.currency, rate)
+    )
+    cost: dict[str, dict[str, Decimal]] = {}
+    for mid, currency, text, us in rows:
+        if c := Decimal(text) * int(us) / _US_PER_HOUR:
+            per = cost.setdefault(mid, {})
+            per[currency] = per.get(currency, 0) + c
     return cost
 
 
@@ -310,7 +305,7 @@ def _detail(application: Any, name: str, output: Output) -> None:
             )
         }
         chain = _chain(m.id, replaces)
-        usage = list(s.scalars(select(UsageInterval).where(UsageInterval.machine_id.in_(chain))))
+        cost = _costs(s, UsageInterval.machine_id.in_(chain), now)
         events = list(
             s.scalars(select(Event).where(Event.machine_id.in_(chain)).order_by(Event.at, Event.id))
         )
@@ -318,9 +313,9 @@ def _detail(application: Any, name: str, output: Output) -> None:
             select(Heartbeat).where(Heartbeat.machine_id == m.id).order_by(Heartbeat.id.desc())
         ).first()
     spent: dict[str, Any] = {}
-    for per in _costs(usage, now).values():
-        for c, v in per.items():
-            spent[c] = spent.get(c, 0) + v
+    for per in cost.values():
+        for c, a in per.items():
+            spent[c] = spent.get(c, 0) + a
     idle = _idle_state(application, m, beat, now)
     nxt = _next_action(application, m, now)
     why = failure([e for e in events if e.machine_id == m.id]) if m.status == "failed" else None
