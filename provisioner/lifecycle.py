@@ -24,7 +24,7 @@ from datetime import datetime
 from decimal import ROUND_DOWN, Decimal
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 
 import providers
@@ -667,31 +667,6 @@ def hold(app: App, m: Machine, why: str) -> Machine:
     return _transition(
         app, m.id, "stopped", event="relaunch-refused", reason="preempted", detail=detail
     )[0]
-
-
-def notes(app: App, machines: Iterable[Machine]) -> dict[str, str]:
-    """What `status` says beside a machine: why a preempted machine was kept, not relaunched.
-    One query for all the stopped ones: each one's latest event, if a relaunch refusal."""
-    names = {m.id: m.name for m in machines if m.status == "stopped"}
-    if not names:
-        return {}
-    latest = (
-        select(func.max(Event.id).label("eid"))
-        .where(Event.machine_id.in_(names))
-        .group_by(Event.machine_id)
-        .subquery()
-    )
-    with app.db.session() as s:
-        rows = s.execute(
-            select(Event.machine_id, Event.detail)
-            .join(latest, latest.c.eid == Event.id)
-            .where(Event.kind == "relaunch-refused")
-        ).all()
-    return {
-        names[mid]: "preempted and not relaunched, kept stopped with its disk: "
-        + (detail or {}).get("refused", "")
-        for mid, detail in rows
-    }
 
 
 def down(

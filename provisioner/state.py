@@ -14,7 +14,6 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +27,6 @@ from provisioner.models import ACTIVE_EXCLUDED, Machine
 from provisioner.schema import MIGRATIONS, _revisions, schema_head
 
 
-@cache
 class DatabaseUnusable(UserError):
     """The state database cannot be opened or is not ours to migrate: what it is, what to do."""
 
@@ -280,3 +278,29 @@ def live_machine(s: Session, name: str) -> Machine | None:
     return s.scalars(
         select(Machine).where(Machine.name == name, Machine.status.not_in(ACTIVE_EXCLUDED))
     ).first()
+
+
+def stopped_notes(s: Session, stopped: Any) -> dict[str, str]:
+    """Why stopped machines are stopped, when it is news: a preempted machine whose relaunch
+    was refused, kept with its disk. ``stopped``: their ids (a list or a SELECT). One query
+    for all of them, each one's latest event; by machine id."""
+    from sqlalchemy import func
+
+    from provisioner.models import Event
+
+    latest = (
+        select(func.max(Event.id).label("eid"))
+        .where(Event.machine_id.in_(stopped))
+        .group_by(Event.machine_id)
+        .subquery()
+    )
+    rows = s.execute(
+        select(Event.machine_id, Event.detail)
+        .join(latest, latest.c.eid == Event.id)
+        .where(Event.kind == "relaunch-refused")
+    )
+    return {
+        mid: "preempted and not relaunched, kept stopped with its disk: "
+        + (detail or {}).get("refused", "")
+        for mid, detail in rows
+    }

@@ -15,6 +15,7 @@ from provisioner.app import App
 from provisioner.errors import OperationFailed, UserError
 from provisioner.models import Event, Machine, UsageInterval
 from provisioner.spec import Experiment
+from provisioner.state import stopped_notes
 from tests.conftest import make_settings, run_cli, sandbox_experiment, write_settings, write_yaml
 
 
@@ -292,10 +293,12 @@ def test_notes_on_stopped_machines_cost_one_query(app):
 
     sa_event.listen(app.db.engine, "before_cursor_execute", count)
     try:
-        notes = lifecycle.notes(app, machines)
+        with app.db.session() as s:
+            notes = stopped_notes(s, [m.id for m in machines if m.status == "stopped"])
     finally:
         sa_event.remove(app.db.engine, "before_cursor_execute", count)
-    assert notes == {
+    by_id = {m.id: m.name for m in machines}
+    assert {by_id[mid]: note for mid, note in notes.items()} == {
         "m-0": "preempted and not relaunched, kept stopped with its disk: refused by budget",
         "m-2": "preempted and not relaunched, kept stopped with its disk: region not allowed",
     }

@@ -156,6 +156,7 @@ def _fleet_rows(application: Any, all_: bool) -> list[tuple[Any, dict[str, Any],
     their costs), a fourth for the events of failed ones, a fifth for notes on stopped ones."""
     from sqlalchemy import or_, select
 
+    from provisioner import state
     from provisioner.models import Event, Machine, UsageInterval
 
     now = application.clock.now()
@@ -178,7 +179,8 @@ def _fleet_rows(application: Any, all_: bool) -> list[tuple[Any, dict[str, Any],
         earlier = {mid for c in chains.values() for mid in c[1:]} - {m.id for m in machines}
         of = UsageInterval.machine_id.in_(select(Machine.id).where(shown))
         cost = _costs(s, or_(of, UsageInterval.machine_id.in_(earlier)) if earlier else of, now)
-        notes = _stopped_notes(s) if any(m.status == "stopped" for m in machines) else {}
+        stopped = [m.id for m in machines if m.status == "stopped"]
+        notes = state.stopped_notes(s, stopped) if stopped else {}
         failed = [m.id for m in machines if m.status == "failed"]
         events: dict[str, list[Any]] = {}
         if failed:
@@ -198,32 +200,6 @@ def _fleet_rows(application: Any, all_: bool) -> list[tuple[Any, dict[str, Any],
         why = failure(events.get(m.id, [])) if m.status == "failed" else None
         rows.append((m, spent, len(chains[m.id]), why or notes.get(m.id)))
     return rows
-
-
-def _stopped_notes(s: Any) -> dict[str, str]:
-    """Why a stopped machine is stopped when it is news (as lifecycle.notes says it): a
-    preempted machine whose relaunch was refused. One query for every stopped machine."""
-    from sqlalchemy import func, select
-
-    from provisioner.models import Event, Machine
-
-    latest = (
-        select(func.max(Event.id).label("eid"))
-        .join(Machine, Machine.id == Event.machine_id)
-        .where(Machine.status == "stopped")
-        .group_by(Event.machine_id)
-        .subquery()
-    )
-    rows = s.execute(
-        select(Event.machine_id, Event.detail)
-        .join(latest, latest.c.eid == Event.id)
-        .where(Event.kind == "relaunch-refused")
-    )
-    return {
-        mid: "preempted and not relaunched, kept stopped with its disk: "
-        + (detail or {}).get("refused", "")
-        for mid, detail in rows
-    }
 
 
 def _chain(mid: str, replaces: dict[str, str | None]) -> list[str]:
