@@ -147,6 +147,7 @@ def run_sandbox(n: int) -> None:
                     market="reserved",
                     instance_id=inst.id,
                     resource_name=inst.name,
+                    public_ip=inst.public_ip,  # as `up` records it (else reconcile learns it)
                     rate=Decimal("0.15"),
                 )
             )
@@ -201,6 +202,7 @@ def seed_moto(emu: Any, n: int) -> list[dict[str, Any]]:
                 market="reserved",
                 instance_id=inst["InstanceId"],
                 resource_name=f"m{i:05d}",
+                public_ip=inst.get("PublicIpAddress"),  # as `up` records it
                 rate=Decimal("0.526"),
             )
         )
