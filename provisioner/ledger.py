@@ -40,7 +40,7 @@ from sqlalchemy import (
 from sqlalchemy.orm import Session
 
 from policies.duration import parse_duration
-from provisioner.models import Event, Machine, UsageInterval, epoch_us
+from provisioner.models import EPOCH, Event, Machine, UsageInterval, epoch_us
 from provisioner.money import Money, Rates
 
 COMPUTE_BILLED = frozenset({"pending", "running", "stopping"})
@@ -400,9 +400,15 @@ def _machines(s: Session, scope: Scope) -> Any:
 
 
 def _usage(
-    s: Session, start: datetime, end: datetime, scope: Scope, kinds: Sequence[str] | None
+    s: Session,
+    start: datetime,
+    end: datetime,
+    scope: Scope,
+    kinds: Sequence[str] | None,
+    where: Any = None,
 ) -> list[Any]:
-    """Which intervals have usage inside [start, end), in the scope and of the kinds asked."""
+    """Which intervals have usage inside [start, end), in the scope, of the kinds asked and
+    meeting ``where`` (a condition on usage), if given."""
     lo_us, hi_us = epoch_us(start), epoch_us(end)
     iv = UsageInterval
     out = [
@@ -413,10 +419,19 @@ def _usage(
         out.append(iv.kind.in_(kinds))
     if (machines := _machines(s, scope)) is not None:
         out.append(machines)
+    if where is not None:
+        out.append(where)
     return out
 
 
-def _span(s: Session, start: datetime, end: datetime, scope: Scope, kinds: Sequence[str] | None):
+def _span(
+    s: Session,
+    start: datetime,
+    end: datetime,
+    scope: Scope,
+    kinds: Sequence[str] | None,
+    where: Any = None,
+):
     """The usage inside [start, end) as a subquery: each interval's machine, kind, currency and
     rate (its exact text), and ``lo``/``hi`` — its times clamped to the span, integer
     microseconds — so sums are integers (exact on every backend, no float, no text dates)."""
@@ -432,7 +447,7 @@ def _span(s: Session, start: datetime, end: datetime, scope: Scope, kinds: Seque
             most(iv.start_us, lo_us, type_=BigInteger).label("lo"),
             least(func.coalesce(iv.end_us, hi_us), hi_us, type_=BigInteger).label("hi"),
         )
-        .where(*_usage(s, start, end, scope, kinds))
+        .where(*_usage(s, start, end, scope, kinds, where))
         .subquery("u")
     )
 
@@ -490,6 +505,20 @@ def tally(
     )
     _aggregating(s)
     return _tallied(s, q, len(by))
+
+
+def machine_costs(s: Session, usage: Any, now: datetime) -> dict[str, Amounts]:
+    """What each machine has cost up to ``now``, by machine id, for the usage meeting the
+    condition ``usage`` (say, ``UsageInterval.machine_id.in_(ids)``): one query, the database
+    summing each (machine, currency, rate)'s microseconds, each sum priced once."""
+    u = _span(s, EPOCH, now, Scope(), None, usage)
+    total_us = func.sum(u.c.hi - u.c.lo)
+    q = (
+        select(u.c.machine_id, u.c.currency, u.c.rate, cast(total_us, BigInteger))
+        .group_by(u.c.machine_id, u.c.currency, u.c.rate)
+        .having(total_us > 0)
+    )
+    return {key[0]: amounts for key, amounts in _tallied(s, q, 1).amounts().items()}
 
 
 def _aggregating(s: Session) -> None:

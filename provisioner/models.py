@@ -27,7 +27,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship, validates
 
-ACTIVE_EXCLUDED = ("terminated", "failed")  # a name may be reused once its machine is one of these
+from provisioner.schema import ACTIVE_EXCLUDED
 
 
 class DecimalText(TypeDecorator[Decimal]):

@@ -8,6 +8,8 @@ import re
 from pathlib import Path
 
 MIGRATIONS = Path(__file__).parent / "migrations"
+#: Statuses a machine is done with: not shown by default; its name may be reused.
+ACTIVE_EXCLUDED = ("terminated", "failed")
 
 
 def _revisions() -> tuple[frozenset[str], str]:
@@ -37,7 +39,7 @@ def known_empty(url: str, all_: bool) -> bool:
     path = url.removeprefix("sqlite:///") if url.startswith("sqlite:///") else None
     if not path or path == ":memory:":
         return False
-    where = "" if all_ else " WHERE status NOT IN ('terminated', 'failed')"
+    where = "" if all_ else f" WHERE status NOT IN {ACTIVE_EXCLUDED!r}"
     try:
         with sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5) as conn:
             version, machines = conn.execute(

@@ -23,10 +23,7 @@ from provisioner.cli import (
     write,
 )
 from provisioner.cli.machines import _money, machine_json
-
-ACTIVE_EXCLUDED = ("terminated", "failed")  # as provisioner.models says (SQLAlchemy: not here)
-
-_US_PER_HOUR = Decimal(3_600_000_000)
+from provisioner.schema import ACTIVE_EXCLUDED
 
 
 @app.command()
@@ -210,35 +207,16 @@ def _chain(mid: str, replaces: dict[str, str | None]) -> list[str]:
     return chain
 
 
-def _costs(s: Any, machines: Any, now: datetime) -> dict[str, dict[str, Decimal]]:
-    """What each machine of the condition ``machines`` has cost up to ``now``, per currency, in
-    one query: the database sums each (machine, currency, rate)'s integer microseconds, and
-    each sum is priced once (exact, as the ledger sums; no row per interval)."""
-    from sqlalchemy import BigInteger, String, case, func, select, type_coerce
+def _costs(s: Any, usage: Any, now: datetime) -> dict[str, dict[str, Decimal]]:
+    """What each machine of the usage condition has cost up to ``now``, per currency, in one
+    query (:func:`provisioner.ledger.machine_costs`); a currency it cost nothing in is left
+    out."""
+    from provisioner.ledger import machine_costs
 
-    from provisioner.models import UsageInterval as iv
-    from provisioner.models import epoch_us
-
-    now_us = epoch_us(now)
-    least = func.min if s.get_bind().dialect.name == "sqlite" else func.least
-    hi = least(func.coalesce(iv.end_us, now_us), now_us, type_=BigInteger)
-    rate = type_coerce(iv.rate, String)  # its exact text
-    rows = s.execute(
-        select(
-            iv.machine_id,
-            iv.currency,
-            rate,
-            func.sum(case((hi > iv.start_us, hi - iv.start_us), else_=0)),
-        )
-        .where(machines)
-        .group_by(iv.machine_id, iv.currency, rate)
-    )
-    cost: dict[str, dict[str, Decimal]] = {}
-    for mid, currency, text, us in rows:
-        if c := Decimal(text) * int(us) / _US_PER_HOUR:
-            per = cost.setdefault(mid, {})
-            per[currency] = per.get(currency, 0) + c
-    return cost
+    return {
+        mid: {c: v for c, v in amounts.items() if v}
+        for mid, amounts in machine_costs(s, usage, now).items()
+    }
 
 
 def failure(events: list[Any]) -> str | None:
