@@ -504,15 +504,3 @@ def iter_latest_gpus(app: App, since: datetime) -> Iterator[tuple[Machine, dict[
     for m, hb in latest_heartbeats(app, since):
         for g in hb.gpus:
             yield m, g
-
-
-def gpus_not_seen(app: App, since: datetime) -> dict[str, str]:
-    """Machines whose agent, in its latest heartbeat, sees fewer GPUs than the machine was
-    launched with — a wrong image or a missing driver shows within a heartbeat, not on the
-    bill: {machine name: what to say}."""
-    out = {}
-    for m, hb in latest_heartbeats(app, since):
-        wanted, seen = m.gpu_count or 0, len(hb.gpus)
-        if seen < wanted:
-            out[m.name] = f"the agent sees {seen} of {wanted} GPUs: driver missing or wrong image?"
-    return out

@@ -10,8 +10,7 @@ overlaps are added as integer microseconds per (key, currency, rate) and priced 
 from __future__ import annotations
 
 import re
-from collections import defaultdict
-from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, time, timedelta
 from decimal import Decimal
@@ -40,14 +39,13 @@ from sqlalchemy import (
 from sqlalchemy.orm import Session
 
 from policies.duration import parse_duration
-from provisioner.models import EPOCH, Event, Machine, UsageInterval, epoch_us
-from provisioner.money import Money, Rates
+from provisioner.models import Event, Machine, UsageInterval, epoch_us
+from provisioner.money import US_PER_HOUR, Amounts, Money, Rates, Tally  # noqa: F401  (re-exported)
 
 COMPUTE_BILLED = frozenset({"pending", "running", "stopping"})
 DISK_BILLED = frozenset({"pending", "running", "stopping", "stopped", "preempted"})
 SECONDS_PER_HOUR = Decimal(3600)
 _US = timedelta(microseconds=1)
-US_PER_HOUR = Decimal(3_600_000_000)
 DAY = timedelta(days=1)
 
 # Stops that were not the scheduler's doing, so they count for no savings.
@@ -172,33 +170,6 @@ def machine_spend(s: Session, m: Machine, start: datetime, end: datetime) -> dic
 
 
 # --- amounts in several currencies ---------------------------------------------------------
-
-
-_ZERO = Decimal(0)
-
-
-class Amounts(dict[str, Decimal]):
-    """Sums that keep their currencies apart; converted only on request."""
-
-    def add(self, currency: str, amount: Decimal) -> None:
-        self[currency] = self.get(currency, _ZERO) + amount
-
-    def merge(self, other: Amounts, k: Decimal | int = 1) -> Amounts:
-        for c, a in other.items():
-            self.add(c, a * k)
-        return self
-
-    def total(self, rates: Rates, currency: str) -> Money:
-        out = _ZERO  # the sum of Money.zero and the converted amounts, without a Money each
-        for c in sorted(self):
-            out += rates.convert(Money(self[c], c), currency).amount
-        return Money(out, currency)
-
-    def monies(self) -> list[Money]:
-        return [Money(self[c], c) for c in sorted(self)]
-
-    def __str__(self) -> str:
-        return " + ".join(str(m) for m in self.monies()) or "0"
 
 
 # --- periods -------------------------------------------------------------------------------
@@ -342,38 +313,6 @@ def _is_glob(value: str) -> bool:
 # --- sums in the database ------------------------------------------------------------------
 
 
-class Tally:
-    """Exact sums: integer microseconds per (key, currency, rate), priced once at the end."""
-
-    def __init__(self) -> None:
-        self._us: defaultdict[tuple[Hashable, str, str], int] = defaultdict(int)
-
-    def add(self, key: Hashable, currency: str, rate: str, us: int) -> None:
-        self._us[(key, currency, rate)] += us
-
-    def items(self) -> Iterator[tuple[tuple[Hashable, str, str], int]]:
-        return iter(self._us.items())
-
-    def amounts(self) -> dict[Any, Amounts]:
-        out: dict[Any, Amounts] = {}
-        prices: dict[str, Decimal] = {}
-        for (key, currency, rate), us in self._us.items():
-            price = prices.get(rate)
-            if price is None:
-                price = prices[rate] = Decimal(rate)
-            amounts = out.get(key)
-            if amounts is None:
-                amounts = out[key] = Amounts()
-            amounts.add(currency, price * us / US_PER_HOUR)
-        return out
-
-    def hours(self) -> dict[Any, Decimal]:
-        out: dict[Any, int] = defaultdict(int)
-        for (key, _, _), us in self._us.items():
-            out[key] += us
-        return {k: Decimal(us) / US_PER_HOUR for k, us in out.items()}
-
-
 #: What usage can be grouped by: a machine's columns, the interval's kind, and ``day``.
 FIELDS: dict[str, Any] = {
     "project": Machine.project,
@@ -505,20 +444,6 @@ def tally(
     )
     _aggregating(s)
     return _tallied(s, q, len(by))
-
-
-def machine_costs(s: Session, usage: Any, now: datetime) -> dict[str, Amounts]:
-    """What each machine has cost up to ``now``, by machine id, for the usage meeting the
-    condition ``usage`` (say, ``UsageInterval.machine_id.in_(ids)``): one query, the database
-    summing each (machine, currency, rate)'s microseconds, each sum priced once."""
-    u = _span(s, EPOCH, now, Scope(), None, usage)
-    total_us = func.sum(u.c.hi - u.c.lo)
-    q = (
-        select(u.c.machine_id, u.c.currency, u.c.rate, cast(total_us, BigInteger))
-        .group_by(u.c.machine_id, u.c.currency, u.c.rate)
-        .having(total_us > 0)
-    )
-    return {key[0]: amounts for key, amounts in _tallied(s, q, 1).amounts().items()}
 
 
 def _aggregating(s: Session) -> None:

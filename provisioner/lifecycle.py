@@ -56,6 +56,7 @@ from provisioner.errors import OperationFailed, UserError
 from provisioner.models import ACTIVE_EXCLUDED, Event, Machine, new_id
 from provisioner.money import Money, Rates
 from provisioner.planner import Candidate, Plan
+from provisioner.schema import observed
 from provisioner.spec import Experiment
 from provisioner.state import LockBusy, live_machine, named_machine
 from provisioner.state import machine as machine_row
@@ -892,15 +893,6 @@ def _transition(app: App, machine_id: str, status: str, **kw: Any) -> tuple[Mach
 
 # --- reconcile ----------------------------------------------------------------------------
 
-_STATUS = {
-    MachineState.PENDING: "pending",
-    MachineState.RUNNING: "running",
-    MachineState.STOPPING: "stopping",
-    MachineState.STOPPED: "stopped",
-    MachineState.TERMINATED: "terminated",
-    MachineState.PREEMPTED: "preempted",
-}
-
 
 @dataclass
 class Observation:
@@ -1043,7 +1035,7 @@ def reconcile(
                 except ProviderError as e:
                     out.append(Observation(m, None, False, str(e)))
                     continue
-            status = _STATUS[inst.state] if inst else "terminated"
+            status, address = observed(inst, m.public_ip)
             # A launched machine finishing its boot is no outside change, and its running time
             # started at launch: "booted" is not a running-since event (idle windows).
             booted = m.status == "pending" and status == "running"
@@ -1054,9 +1046,6 @@ def reconcile(
                 if booted
                 else "outside-provisioner"
             )
-            # a restarted machine may have a new address (AWS, GCP, Yandex give dynamic ones):
-            # `ssh` must not connect to the old one
-            address = inst.public_ip if inst and inst.public_ip else m.public_ip
             if status == m.status and address == m.public_ip:
                 out.append(Observation(m, status, False))  # no write per unchanged machine
                 continue

@@ -7,7 +7,7 @@ Amounts are stored as exact decimal text and times as UTC.
 from __future__ import annotations
 
 import uuid
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
 
@@ -27,7 +27,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship, validates
 
-from provisioner.schema import ACTIVE_EXCLUDED
+from provisioner.schema import ACTIVE_EXCLUDED, EPOCH, epoch_us  # noqa: F401  (re-exported)
 
 
 class DecimalText(TypeDecorator[Decimal]):
@@ -61,14 +61,6 @@ class UTCDateTime(TypeDecorator[datetime]):
         if value is None:
             return None
         return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
-
-
-EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-
-
-def epoch_us(at: datetime) -> int:
-    """Microseconds since 1970 (UTC): how the ledger's SQL compares and sums times."""
-    return (at - EPOCH) // timedelta(microseconds=1)
 
 
 def new_id() -> str:

@@ -1,10 +1,13 @@
-"""Exact money: Decimal amounts that always carry their currency, and conversion by set rates."""
+"""Exact money: Decimal amounts that always carry their currency, conversion by set rates, and
+sums of usage kept as integer microseconds per rate until priced once (:class:`Tally`)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections import defaultdict
+from collections.abc import Hashable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from decimal import ROUND_FLOOR, ROUND_HALF_UP, Decimal, InvalidOperation
+from typing import Any
 
 CENT = Decimal("0.01")
 LIMIT = Decimal(10) ** 12  # no price, budget or cap reaches it; 1e999999 would overflow sums
@@ -126,3 +129,63 @@ class Rates:
         return ", ".join(
             f"1 {self.base} = {v} {k}" for k, v in self.per_base.items() if k != self.base
         )
+
+
+US_PER_HOUR = Decimal(3_600_000_000)
+_ZERO = Decimal(0)
+
+
+class Amounts(dict[str, Decimal]):
+    """Sums that keep their currencies apart; converted only on request."""
+
+    def add(self, currency: str, amount: Decimal) -> None:
+        self[currency] = self.get(currency, _ZERO) + amount
+
+    def merge(self, other: Amounts, k: Decimal | int = 1) -> Amounts:
+        for c, a in other.items():
+            self.add(c, a * k)
+        return self
+
+    def total(self, rates: Rates, currency: str) -> Money:
+        out = _ZERO  # the sum of Money.zero and the converted amounts, without a Money each
+        for c in sorted(self):
+            out += rates.convert(Money(self[c], c), currency).amount
+        return Money(out, currency)
+
+    def monies(self) -> list[Money]:
+        return [Money(self[c], c) for c in sorted(self)]
+
+    def __str__(self) -> str:
+        return " + ".join(str(m) for m in self.monies()) or "0"
+
+
+class Tally:
+    """Exact sums: integer microseconds per (key, currency, rate), priced once at the end."""
+
+    def __init__(self) -> None:
+        self._us: defaultdict[tuple[Hashable, str, str], int] = defaultdict(int)
+
+    def add(self, key: Hashable, currency: str, rate: str, us: int) -> None:
+        self._us[(key, currency, rate)] += us
+
+    def items(self) -> Iterator[tuple[tuple[Hashable, str, str], int]]:
+        return iter(self._us.items())
+
+    def amounts(self) -> dict[Any, Amounts]:
+        out: dict[Any, Amounts] = {}
+        prices: dict[str, Decimal] = {}
+        for (key, currency, rate), us in self._us.items():
+            price = prices.get(rate)
+            if price is None:
+                price = prices[rate] = Decimal(rate)
+            amounts = out.get(key)
+            if amounts is None:
+                amounts = out[key] = Amounts()
+            amounts.add(currency, price * us / US_PER_HOUR)
+        return out
+
+    def hours(self) -> dict[Any, Decimal]:
+        out: dict[Any, int] = defaultdict(int)
+        for (key, _, _), us in self._us.items():
+            out[key] += us
+        return {k: Decimal(us) / US_PER_HOUR for k, us in out.items()}

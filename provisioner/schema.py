@@ -1,15 +1,36 @@
-"""The state schema's revisions, read from the migration files themselves: the standard library
-only, so a command can tell whether a database is current (and whether it holds any machine)
-before loading SQLAlchemy."""
+"""The state schema's revisions, read from the migration files themselves, and its vocabulary:
+the standard library only, so a command can tell whether a database is current (and whether it
+holds any machine) before loading SQLAlchemy."""
 
 from __future__ import annotations
 
 import re
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import sqlite3
 
 MIGRATIONS = Path(__file__).parent / "migrations"
 #: Statuses a machine is done with: not shown by default; its name may be reused.
 ACTIVE_EXCLUDED = ("terminated", "failed")
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def epoch_us(at: datetime) -> int:
+    """Microseconds since 1970 (UTC): how the ledger's SQL compares and sums times."""
+    return (at - EPOCH) // timedelta(microseconds=1)
+
+
+def observed(inst: Any, public_ip: str | None) -> tuple[str, str | None]:
+    """A machine's status and address by its cloud's answer ``inst`` (an Instance, or None: the
+    cloud no longer knows it, so it is terminated). A restarted machine may have a new address
+    (AWS, GCP and Yandex give dynamic ones; `ssh` must not connect to the old); one reported
+    without any keeps the recorded ``public_ip``. Unchanged from the record: nothing to write."""
+    if inst is None:
+        return "terminated", public_ip
+    return str(inst.state), inst.public_ip or public_ip
 
 
 def _revisions() -> tuple[frozenset[str], str]:
@@ -29,23 +50,44 @@ def schema_head() -> str:
     return _revisions()[1]
 
 
-def known_empty(url: str, all_: bool) -> bool:
-    """Whether a SQLite state at the current schema holds no machine to show, asked in one
-    query with the standard library: SQLAlchemy and the models (~0.3 s of start-up) are for
-    a state that has something to say. Anything else (another database, an older schema, an
-    unreadable file) goes the full way, which migrates or explains."""
+def current_sqlite(url: str) -> sqlite3.Connection | None:
+    """A read-only connection to a SQLite state at the current schema, with the standard
+    library: SQLAlchemy and the models (~0.3 s of start-up) are for a state to migrate or write
+    to. None for anything else (another database, an older schema, an unreadable file): the
+    full way migrates or explains."""
     import sqlite3
+    from urllib.parse import quote
 
     path = url.removeprefix("sqlite:///") if url.startswith("sqlite:///") else None
     if not path or path == ":memory:":
+        return None
+    try:
+        conn = sqlite3.connect(f"file:{quote(path)}?mode=ro", uri=True, timeout=5)
+    except sqlite3.Error:
+        return None
+    try:
+        row = conn.execute("SELECT version_num FROM alembic_version").fetchone()
+    except sqlite3.Error:
+        row = None
+    if row is None or row[0] != schema_head():
+        conn.close()
+        return None
+    return conn
+
+
+def known_empty(url: str, all_: bool) -> bool:
+    """Whether a SQLite state at the current schema holds no machine to show, asked in one
+    query with the standard library (:func:`current_sqlite`)."""
+    import sqlite3
+
+    conn = current_sqlite(url)
+    if conn is None:
         return False
     where = "" if all_ else f" WHERE status NOT IN {ACTIVE_EXCLUDED!r}"
     try:
-        with sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5) as conn:
-            version, machines = conn.execute(
-                "SELECT (SELECT version_num FROM alembic_version),"
-                f" (SELECT count(*) FROM machines{where})"
-            ).fetchone()
+        (machines,) = conn.execute(f"SELECT count(*) FROM machines{where}").fetchone()
     except sqlite3.Error:
         return False
-    return version == schema_head() and machines == 0
+    finally:
+        conn.close()
+    return bool(machines == 0)

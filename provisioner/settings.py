@@ -39,6 +39,7 @@ from providers.gpus import GPUS
 from providers.spec import Options
 from provisioner.errors import ConfigError, Problem
 from provisioner.location import (
+    HEARTBEAT_GRACE_SECONDS,
     checked_home,
     checked_state_url,
     data_dir,
@@ -114,7 +115,9 @@ class SchedulerSettings(BaseModel):
     endpoint_url: str | None = None  # how agents on machines reach the endpoint
     # idle signal and leader lease (scheduler helper)
     agent_interval_seconds: int = Field(30, ge=5, le=3600)  # the on-machine agent's period
-    heartbeat_grace_seconds: int = Field(300, ge=30, le=DAY)  # silent longer: idle unknown
+    heartbeat_grace_seconds: int = Field(
+        HEARTBEAT_GRACE_SECONDS, ge=30, le=DAY
+    )  # silent longer: idle unknown
     lease_seconds: int = Field(900, ge=30, le=DAY)  # renewed between batches
     # /metrics names machines and owners: with a token set, only `Authorization: Bearer <it>`
     # sees them (prefer $PROVISIONER_SCHEDULER__METRICS_TOKEN to writing it in the file)

@@ -278,29 +278,3 @@ def live_machine(s: Session, name: str) -> Machine | None:
     return s.scalars(
         select(Machine).where(Machine.name == name, Machine.status.not_in(ACTIVE_EXCLUDED))
     ).first()
-
-
-def stopped_notes(s: Session, stopped: Any) -> dict[str, str]:
-    """Why stopped machines are stopped, when it is news: a preempted machine whose relaunch
-    was refused, kept with its disk. ``stopped``: their ids (a list or a SELECT). One query
-    for all of them, each one's latest event; by machine id."""
-    from sqlalchemy import func
-
-    from provisioner.models import Event
-
-    latest = (
-        select(func.max(Event.id).label("eid"))
-        .where(Event.machine_id.in_(stopped))
-        .group_by(Event.machine_id)
-        .subquery()
-    )
-    rows = s.execute(
-        select(Event.machine_id, Event.detail)
-        .join(latest, latest.c.eid == Event.id)
-        .where(Event.kind == "relaunch-refused")
-    )
-    return {
-        mid: "preempted and not relaunched, kept stopped with its disk: "
-        + (detail or {}).get("refused", "")
-        for mid, detail in rows
-    }

@@ -6,10 +6,19 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from datetime import timedelta
 
 import pytest
 
-from tests.conftest import EXAMPLES, ROOT, run_cli, sandbox_experiment, write_settings, write_yaml
+from tests.conftest import (
+    EXAMPLES,
+    ROOT,
+    TEST_START,
+    run_cli,
+    sandbox_experiment,
+    write_settings,
+    write_yaml,
+)
 
 pytest_plugins = ["tests.cli_runner"]  # the `cli` fixture
 
@@ -71,18 +80,32 @@ def test_help_loads_no_renderer_reader_or_validator(home):
     assert modules_loaded_by("--help", prefixes=("rich", "yaml", "pydantic", "markdown_it")) == []
 
 
-def test_status_of_an_empty_state_loads_no_database_code(home):
-    """An empty fleet is one standard-library query (bench/bench_cli.py times it); a state with
-    a machine, or one to migrate, goes the full way."""
+def test_status_loads_no_database_code_unless_it_has_something_to_write(home):
+    """`status` of a SQLite state is standard-library SQL while the clouds find every machine
+    as recorded (bench/bench_status.py times it at 1,000 machines); a state to migrate, or a
+    machine the sandbox preempted, goes the full way, which records what moved."""
+    import providers
+    from providers.base import InstanceRef
+
     state = ("sqlalchemy", "alembic", "provisioner.state", "provisioner.models")
     assert modules_loaded_by("status", prefixes=state)  # a new state: created and migrated
     assert modules_loaded_by("status", prefixes=state) == []
     assert run_cli("status", "-o", "json").stdout.strip() == "[]"
     spec = write_yaml(home.parent / "exp.yaml", sandbox_experiment("one"))
-    assert run_cli("up", str(spec), "--no-wait").returncode == 0
+    assert run_cli("up", str(spec)).returncode == 0
+    assert modules_loaded_by("status", prefixes=state) == []
+    assert modules_loaded_by("status", "--all", "-o", "json", prefixes=state) == []
+    [machine] = json.loads(run_cli("status", "-o", "json").stdout)
+    assert (machine["name"], machine["status"]) == ("one", "running")
+    sandbox = providers.create("sandbox", {"db_path": str(home / "sandbox.db")})
+    sandbox.preempt(  # type: ignore[attr-defined]
+        InstanceRef(machine["instance_id"], machine["region"], machine["zone"])
+    )
+    sandbox.close()  # type: ignore[attr-defined]
     assert "provisioner.models" in modules_loaded_by("status", prefixes=state)
     [machine] = json.loads(run_cli("status", "-o", "json").stdout)
-    assert machine["name"] == "one"
+    assert machine["status"] == "preempted"  # recorded: the next status reads it as it is
+    assert modules_loaded_by("status", prefixes=state) == []
 
 
 def test_status_of_an_empty_state_loads_no_typer_renderer_or_validator(home):
@@ -96,15 +119,21 @@ def test_status_of_an_empty_state_loads_no_typer_renderer_or_validator(home):
     cfg = write_settings(home)
     validated = modules_loaded_by("-c", str(cfg), "status", prefixes=("typer", "click", "prov"))
     assert "provisioner.settings" in validated and "typer" not in validated
+    spec = write_yaml(home.parent / "exp.yaml", sandbox_experiment("one"))
+    assert run_cli("up", str(spec)).returncode == 0
+    assert modules_loaded_by("status", "--no-refresh", prefixes=light) == []
+    # asking the sandbox builds its adapter with its typed options (pydantic): no Typer still
+    assert modules_loaded_by("status", prefixes=light[:3]) == []
 
 
 def test_the_state_found_without_settings_is_the_one_settings_give(home, tmp_path, monkeypatch):
     """`status` finds the state with the standard library exactly where Settings would, and
     leaves to Settings whatever they must validate or decide."""
-    from provisioner.location import FIELDS, plain_database_url
+    from provisioner.location import FIELDS, HEARTBEAT_GRACE_SECONDS, plain_settings
     from provisioner.settings import Settings, load_settings
 
     assert set(FIELDS) == set(Settings.model_fields)
+    assert Settings().scheduler.heartbeat_grace_seconds == HEARTBEAT_GRACE_SECONDS
     elsewhere = tmp_path / "elsewhere"
     found = {}
     for name, env in {
@@ -117,8 +146,9 @@ def test_the_state_found_without_settings_is_the_one_settings_give(home, tmp_pat
         with monkeypatch.context() as m:
             for k, v in env.items():
                 m.delenv(k) if v is None else m.setenv(k, v)
-            found[name] = plain_database_url()
-            assert found[name] == load_settings().database_url, name
+            url, home_found = plain_settings() or ("none", None)
+            found[name] = url
+            assert (url, home_found) == (load_settings().database_url, load_settings().home), name
     assert found["state_url"] == f"sqlite:///{elsewhere}/s.db"
     assert found["home"] == f"sqlite:///{home}/state.db"
     (tmp_path / "a-file").write_text("")
@@ -134,7 +164,7 @@ def test_the_state_found_without_settings_is_the_one_settings_give(home, tmp_pat
         with monkeypatch.context() as m:
             for k, v in env.items():
                 m.setenv(k, v)
-            assert plain_database_url() is None, name
+            assert plain_settings() is None, name
 
 
 def test_status_of_an_empty_state_says_what_the_full_command_says(cli, home, monkeypatch):
@@ -166,6 +196,51 @@ def test_status_of_an_empty_state_says_what_the_full_command_says(cli, home, mon
     r = cli("-c", str(bad), "status", "-o", "json")
     assert r.code == 2 and f"{bad}:2: scheduler.lease_seconds: " in r.err, r.err
     assert json.loads(r.out)["exit_code"] == 2
+
+
+def test_status_of_a_fleet_says_what_the_full_command_says(cli, home, monkeypatch):
+    """`status` answered without Typer (SQLite, no settings, the sandbox finding every machine
+    as recorded) is the Typer command's answer byte for byte, however it is asked: running,
+    stopped, terminated and failed machines, costs at one instant, the failure's reason."""
+    import providers
+    from provisioner.cli.main import main as typer_main
+    from provisioner.clock import ShiftedClock
+
+    for n in ("m-a", "m-b", "m-c", "m-d"):
+        assert cli("up", str(write_yaml(home.parent / f"{n}.yml", sandbox_experiment(n)))).code == 0
+    assert cli("stop", "m-b").code == 0
+    assert cli("down", "m-c").code == 0
+    sandbox = providers.create("sandbox", {"db_path": str(home / "sandbox.db")})
+    sandbox.inject(auth_fail=True)  # type: ignore[attr-defined]
+    assert cli("up", str(write_yaml(home.parent / "e.yml", sandbox_experiment("m-e")))).code != 0
+    sandbox.inject(auth_fail=False)  # type: ignore[attr-defined]
+    sandbox.close()  # type: ignore[attr-defined]
+    later = TEST_START + timedelta(hours=5, seconds=7, microseconds=1)
+    monkeypatch.setattr(ShiftedClock, "now", lambda self: later)
+    for argv in [
+        ("status",),
+        ("status", "--all"),
+        ("status", "-o", "json"),
+        ("status", "-a", "--no-refresh", "-o", "json"),
+        ("status", "--no-refresh"),
+    ]:
+        with monkeypatch.context() as m:
+            m.setattr("provisioner.cli.main.main", lambda: pytest.fail("answered by Typer"))
+            fast = cli(*argv)
+        with monkeypatch.context() as m:
+            m.setattr("tests.cli_runner.main", typer_main)
+            full = cli(*argv)
+        assert (fast.code, fast.out, fast.err) == (full.code, full.out, full.err), argv
+    rows = {r["name"]: r for r in json.loads(cli("status", "-a", "-o", "json").out)}
+    assert {n: r["status"] for n, r in rows.items()} == {
+        "m-a": "running",
+        "m-b": "stopped",
+        "m-c": "terminated",
+        "m-d": "running",
+        "m-e": "failed",
+    }
+    assert rows["m-a"]["spent"] and rows["m-e"]["why"].startswith("no candidate launched")
+    assert "m-e failed: no candidate launched" in cli("status", "--all").out
 
 
 def test_plan_a100x8_spot_offline_spans_all_five_clouds(home):

@@ -384,11 +384,16 @@ def test_a_settings_error_is_said_once_not_once_per_zone(home, monkeypatch):
     assert "on any of 1 candidate tried" in str(e.value) and "settings" in str(e.value)
 
 
-def test_status_asks_the_database_the_same_few_queries_for_any_number_of_machines(cli, home):
+def test_status_asks_the_database_the_same_few_queries_for_any_number_of_machines(
+    cli, home, monkeypatch
+):
     """Costs for every machine in one query, not one per machine; an empty state costs the
-    schema check and one query."""
+    schema check and one query. Counted where statements leave: SQLAlchemy's engines and the
+    fleet's plain SQL on their DB-API connections."""
     from sqlalchemy import event
     from sqlalchemy.engine import Engine
+
+    from provisioner.fleet import Sql
 
     cfg = write_settings(home)
     statements: list[str] = []
@@ -396,6 +401,8 @@ def test_status_asks_the_database_the_same_few_queries_for_any_number_of_machine
     def count(conn, cursor, statement, *args) -> None:
         statements.append(statement)
 
+    plain = Sql.all
+    monkeypatch.setattr(Sql, "all", lambda sql, q, p=(): statements.append(q) or plain(sql, q, p))
     event.listen(Engine, "before_cursor_execute", count)
     try:
         assert cli("--config", str(cfg), "status").code == 0  # creates the schema
@@ -430,23 +437,28 @@ def names_in_state(a: App) -> list[str]:
         return list(s.scalars(select(Machine.name)))
 
 
-def test_status_shows_what_the_clouds_say_and_reads_the_fleet_again_only_then(cli, home):
+def test_status_shows_what_the_clouds_say_and_reads_the_fleet_again_only_then(
+    cli, home, monkeypatch
+):
     """The default status asks the clouds first: a new address or a preemption shows at once;
     when the clouds confirm the state, the machines are read once, not again."""
     import sqlite3
 
-    from sqlalchemy import event
-    from sqlalchemy.engine import Engine
+    from provisioner.fleet import Sql
 
     cfg = write_settings(home)
     a = launch(cfg, "one")
     one = lifecycle.find(a, "one")
     launch(cfg, "two").close()
     reads: list[str] = []
+    plain = Sql.all
 
-    def count(conn, cursor, statement, *args) -> None:
-        if statement.startswith("SELECT machines.id, machines.name") and "ORDER BY" in statement:
+    def count(sql, statement, params=()):
+        if statement.startswith("SELECT id, name") and "ORDER BY created_at" in statement:
             reads.append(statement)
+        return plain(sql, statement, params)
+
+    monkeypatch.setattr(Sql, "all", count)
 
     def shown() -> dict[str, tuple[str, str]]:
         reads.clear()
@@ -454,7 +466,6 @@ def test_status_shows_what_the_clouds_say_and_reads_the_fleet_again_only_then(cl
         assert r.code == 0, r.err
         return {m["name"]: (m["status"], m["public_ip"]) for m in json.loads(r.out)}
 
-    event.listen(Engine, "before_cursor_execute", count)
     try:
         before = shown()
         assert len(reads) == 1 and before["one"][0] == "running"
@@ -467,5 +478,4 @@ def test_status_shows_what_the_clouds_say_and_reads_the_fleet_again_only_then(cl
         assert shown()["one"][0] != "running" and len(reads) == 2
         assert shown()["two"] == before["two"] and len(reads) == 1
     finally:
-        event.remove(Engine, "before_cursor_execute", count)
         a.close()

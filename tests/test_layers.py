@@ -19,6 +19,7 @@ ORDER = [
     "provisioner",
     "provisioner.agent",  # runs on the rented machine: the standard library only
     "provisioner.money",
+    "provisioner.console",  # what commands write: tables, JSON, rich's console on first use
     "provisioner.errors",
     "provisioner.clock",
     "provisioner.crashpoints",
@@ -26,6 +27,7 @@ ORDER = [
     "provisioner.settings",
     "provisioner.spec",
     "provisioner.schema",  # the migrations' revisions, without SQLAlchemy
+    "provisioner.fleet",  # the fleet as `status` lists it: plain SQL, no ORM
     "provisioner.models",  # every table
     "provisioner.state",  # the database: engine, sessions, migrations
     "provisioner.catalog",
@@ -64,7 +66,7 @@ ORDER = [
     "provisioner.cli.scheduler",
     "provisioner.cli.dashboard",
     "provisioner.cli.main",  # the entry point: registers the commands and runs one
-    "provisioner.entry",  # the console entry point: `status` of an empty state, else cli.main
+    "provisioner.entry",  # the console entry point: `status` without Typer if it can, else cli
     "provisioner.__main__",
 ]
 

@@ -15,7 +15,6 @@ from provisioner.app import App
 from provisioner.errors import OperationFailed, UserError
 from provisioner.models import Event, Machine, UsageInterval
 from provisioner.spec import Experiment
-from provisioner.state import stopped_notes
 from tests.conftest import make_settings, run_cli, sandbox_experiment, write_settings, write_yaml
 
 
@@ -270,7 +269,7 @@ def test_stop_many_and_down_many_act_in_one_call_per_cloud(app):
 def test_notes_on_stopped_machines_cost_one_query(app):
     """Why each stopped machine is stopped, when it is news (a relaunch was refused and it was
     kept): one query for all of them, however many there are."""
-    from sqlalchemy import event as sa_event
+    from provisioner import fleet
 
     names = [f"m-{n}" for n in range(6)]
     for n in names:
@@ -286,17 +285,12 @@ def test_notes_on_stopped_machines_cost_one_query(app):
     machines = [lifecycle.find(app, n) for n in names]
 
     selects: list[str] = []
-
-    def count(conn, cursor, statement, *args):
-        if statement.lstrip().upper().startswith("SELECT"):
-            selects.append(statement)
-
-    sa_event.listen(app.db.engine, "before_cursor_execute", count)
-    try:
-        with app.db.session() as s:
-            notes = stopped_notes(s, [m.id for m in machines if m.status == "stopped"])
-    finally:
-        sa_event.remove(app.db.engine, "before_cursor_execute", count)
+    with app.db.session() as s:
+        postgres = app.db.engine.dialect.name == "postgresql"
+        sql = fleet.Sql(s.connection().connection.driver_connection, postgres)
+        read = sql.all
+        sql.all = lambda q, p=(): selects.append(q) or read(q, p)  # type: ignore[method-assign]
+        notes = fleet.stopped_notes(sql, "")
     by_id = {m.id: m.name for m in machines}
     assert {by_id[mid]: note for mid, note in notes.items()} == {
         "m-0": "preempted and not relaunched, kept stopped with its disk: refused by budget",

@@ -22,11 +22,8 @@ from provisioner.cli import (
     text_table,
     write,
 )
-from provisioner.money import Money
-
-
-def _money(amount: Any, currency: str | None) -> str:
-    return str(Money(amount, currency)) if amount is not None and currency else "—"
+from provisioner.fleet import machine_json
+from provisioner.fleet import money_text as _money
 
 
 def candidate_json(c: Any) -> dict[str, Any]:
@@ -48,34 +45,6 @@ def candidate_json(c: Any) -> dict[str, Any]:
             "currency": c.price_base.currency,
         },
         "source": o.source,
-    }
-
-
-def machine_json(m: Any) -> dict[str, Any]:
-    return {
-        "name": m.name,
-        "id": m.id,
-        "status": m.status,
-        "project": m.project,
-        "owner": m.owner,
-        "cloud": m.cloud,
-        "region": m.region,
-        "zone": m.zone,
-        "instance_type": m.instance_type,
-        "gpu": m.gpu,
-        "gpu_count": m.gpu_count,
-        "market": m.market,
-        "instance_id": m.instance_id,
-        "public_ip": m.public_ip,
-        "rate_per_hour": {"amount": amount(m.rate), "currency": m.currency}
-        if m.rate is not None
-        else None,
-        "disk_rate_per_hour": {"amount": amount(m.disk_rate), "currency": m.currency}
-        if m.disk_rate is not None
-        else None,
-        "created_at": m.created_at,
-        "launched_at": m.launched_at,
-        "terminated_at": m.terminated_at,
     }
 
 

@@ -4,7 +4,6 @@ and why it is as it is."""
 from __future__ import annotations
 
 from datetime import datetime, timedelta
-from decimal import Decimal
 from typing import Any
 
 import typer
@@ -22,7 +21,17 @@ from provisioner.cli import (
     text_table,
     write,
 )
-from provisioner.cli.machines import _money, machine_json
+from provisioner.fleet import (
+    Fleet,
+    Sql,
+    costs,
+    failure,
+    launches,
+    machine_json,
+    read,
+    show,
+)
+from provisioner.fleet import money_text as _money
 from provisioner.schema import ACTIVE_EXCLUDED
 
 
@@ -41,81 +50,22 @@ def status(
 
     application = get_app(ctx)
     if not name and known_empty(application.settings.database_url, all_):
-        if output is Output.json:
-            print_json([])
-        else:
-            out.print(
-                "no machines" + ("" if all_ else " (use --all to include terminated ones)"),
-                soft_wrap=True,
-            )
+        show(Fleet([], {}), as_json=output is Output.json, all_=all_)
         return
     if name:
         if refresh:
             _reconcile(application)
         _detail(application, name, output)
         return
-    rows = _fleet_rows(application, all_)
+    fleet = _fleet(application, all_)
     problems = []
-    asked = {m.id for m, *_ in rows if m.status not in ("requested", *ACTIVE_EXCLUDED)}
+    asked = {m.id for m in fleet.rows if m.status not in ("requested", *ACTIVE_EXCLUDED)}
     if refresh and asked:
         observed = _reconcile(application)
         problems = [o for o in observed if o.error]
-        if _moved(rows, asked, observed):
-            rows = _fleet_rows(application, all_)
-    unseen = _unseen(application) if rows else {}
-    unseen.update({m.name: why for m, _, _, why in rows if why and m.status == "stopped"})
-    if output is Output.json:
-        print_json(
-            [
-                {
-                    **machine_json(m),
-                    "spent": [{"amount": amount(v), "currency": c} for c, v in sorted(sp.items())],
-                    "launches": launches,
-                    "problem": unseen.get(m.name),
-                    "why": why,
-                }
-                for m, sp, launches, why in rows
-            ]
-        )
-    elif not rows:
-        out.print(
-            "no machines" + ("" if all_ else " (use --all to include terminated ones)"),
-            soft_wrap=True,
-        )
-    else:
-        columns = [
-            ("name", "<", 0),
-            ("status", "<", 0),
-            ("cloud", "<", 2),
-            ("zone", "<", 4),
-            ("type", "<", 5),
-            ("GPUs", ">", 3),
-            ("market", "<", 6),
-            ("price/h", ">", 0),
-            ("spent", ">", 0),
-            ("address", "<", 1),
-        ]
-        table = [
-            [
-                m.name,
-                m.status,
-                m.cloud or "—",
-                m.zone or m.region or "—",
-                m.instance_type or "—",
-                f"{m.gpu_count}×{m.gpu}" if m.gpu else "—",
-                m.market or "—",
-                _money(m.rate, m.currency),
-                " + ".join(_money(v, c) for c, v in sorted(sp.items())) or "—",
-                m.public_ip or "—",
-            ]
-            for m, sp, _, _ in rows
-        ]
-        write(text_table(columns, table))
-        for m, _, _, why in rows:
-            if why and m.status == "failed":
-                out.print(f"{m.name} failed: {why}", highlight=False, markup=False, soft_wrap=True)
-    for n, problem in unseen.items():
-        err.print(f"[yellow]warning:[/] {n}: {problem}", highlight=False, soft_wrap=True)
+        if _moved(fleet.rows, asked, observed):
+            fleet = _fleet(application, all_)
+    show(fleet, as_json=output is Output.json, all_=all_)
     for o in problems:
         err.print(
             f"[yellow]warning:[/] could not ask {o.machine.cloud} about {o.machine.name}: "
@@ -127,7 +77,7 @@ def status(
 def _moved(rows: list[Any], asked: set[str], observed: list[Any]) -> bool:
     """Whether asking the clouds moved a row shown (its status or address), or saw other
     machines than those read: only then are the rows read again."""
-    read = {m.id: (m.status, m.public_ip) for m, *_ in rows}
+    read = {m.id: (m.status, m.public_ip) for m in rows}
     return {o.machine.id for o in observed} != asked or any(
         o.changed or read.get(o.machine.id) != (o.machine.status, o.machine.public_ip)
         for o in observed
@@ -140,101 +90,18 @@ def _reconcile(application: Any) -> list[Any]:
     return lifecycle.reconcile(application)
 
 
-def _unseen(application: Any) -> dict[str, str]:
-    from provisioner import idle  # SQLAlchemy: not for --help
-
-    grace = timedelta(seconds=application.settings.scheduler.heartbeat_grace_seconds)
-    return idle.gpus_not_seen(application, application.clock.now() - grace)
-
-
-def _fleet_rows(application: Any, all_: bool) -> list[tuple[Any, dict[str, Any], int, str | None]]:
-    """(machine, spent per currency across its relaunches, launches, why it failed) for every
-    machine shown: three queries whatever the number of machines (machines, the recoveries,
-    their costs), a fourth for the events of failed ones, a fifth for notes on stopped ones."""
-    from sqlalchemy import or_, select
-
-    from provisioner import state
-    from provisioner.models import Event, Machine, UsageInterval
-
+def _fleet(application: Any, all_: bool) -> Fleet:
+    """The fleet as listed (:func:`provisioner.fleet.read`), on the session's connection."""
     now = application.clock.now()
+    grace = timedelta(seconds=application.settings.scheduler.heartbeat_grace_seconds)
     with application.db.session() as s:
-        shown = Machine.status.not_in(ACTIVE_EXCLUDED) if not all_ else Machine.id.is_not(None)
-        # rows of the columns shown, not ORM objects: 10,000 machines load in a fraction
-        columns = [c for c in Machine.__table__.c if c.name not in ("spec", "agent_token_hash")]
-        machines = list(
-            s.execute(select(*columns).where(shown).order_by(Machine.created_at, Machine.name))
-        )
-        if not machines:
-            return []
-        replaces = {
-            mid: (d or {}).get("replaces")
-            for mid, d in s.execute(
-                select(Event.machine_id, Event.detail).where(Event.kind == "recovered")
-            )
-        }
-        chains = {m.id: _chain(m.id, replaces) for m in machines}
-        earlier = {mid for c in chains.values() for mid in c[1:]} - {m.id for m in machines}
-        of = UsageInterval.machine_id.in_(select(Machine.id).where(shown))
-        cost = _costs(s, or_(of, UsageInterval.machine_id.in_(earlier)) if earlier else of, now)
-        stopped = [m.id for m in machines if m.status == "stopped"]
-        notes = state.stopped_notes(s, stopped) if stopped else {}
-        failed = [m.id for m in machines if m.status == "failed"]
-        events: dict[str, list[Any]] = {}
-        if failed:
-            for e in s.scalars(
-                select(Event)
-                .join(Machine, Machine.id == Event.machine_id)
-                .where(Machine.status == "failed", shown)
-                .order_by(Event.id)
-            ):
-                events.setdefault(e.machine_id, []).append(e)
-    rows = []
-    for m in machines:
-        spent: dict[str, Any] = {}
-        for mid in chains[m.id]:
-            for c, v in cost.get(mid, {}).items():
-                spent[c] = spent.get(c, 0) + v
-        why = failure(events.get(m.id, [])) if m.status == "failed" else None
-        rows.append((m, spent, len(chains[m.id]), why or notes.get(m.id)))
-    return rows
+        return read(_sql(application, s), all_=all_, now=now, seen_since=now - grace)
 
 
-def _chain(mid: str, replaces: dict[str, str | None]) -> list[str]:
-    """``mid`` and the machines it replaced after preemptions, newest first."""
-    chain = [mid]
-    while (prev := replaces.get(chain[-1])) and prev not in chain:
-        chain.append(prev)
-    return chain
-
-
-def _costs(s: Any, usage: Any, now: datetime) -> dict[str, dict[str, Decimal]]:
-    """What each machine of the usage condition has cost up to ``now``, per currency, in one
-    query (:func:`provisioner.ledger.machine_costs`); a currency it cost nothing in is left
-    out."""
-    from provisioner.ledger import machine_costs
-
-    return {
-        mid: {c: v for c, v in amounts.items() if v}
-        for mid, amounts in machine_costs(s, usage, now).items()
-    }
-
-
-def failure(events: list[Any]) -> str | None:
-    """Why a machine failed, from its events: every launch tried and how each ended."""
-    if not events:
-        return None
-    last = events[-1]
-    if last.kind == "cancelled":
-        return "cancelled by `down` before it was launched"
-    tried = [e for e in events if e.kind == "launch-failed"]
-    if tried:
-        outcomes: dict[str, int] = {}
-        for e in tried:
-            outcomes[e.reason or "error"] = outcomes.get(e.reason or "error", 0) + 1
-        kinds = ", ".join(f"{k} {n}" for k, n in outcomes.items())
-        error = (tried[-1].detail or {}).get("error", "")
-        return f"no candidate launched ({plural(len(tried), 'attempt')}: {kinds}); last: {error}"
-    return f"{last.kind}" + (f" ({last.reason})" if last.reason else "")
+def _sql(application: Any, s: Any) -> Sql:
+    """The session's DB-API connection, for :mod:`provisioner.fleet`'s plain SQL."""
+    postgres = application.db.engine.dialect.name == "postgresql"
+    return Sql(s.connection().connection.driver_connection, postgres)
 
 
 # --- one machine ------------------------------------------------------------------------------
@@ -244,7 +111,7 @@ def _detail(application: Any, name: str, output: Output) -> None:
     from sqlalchemy import select
 
     from provisioner.errors import UserError
-    from provisioner.models import Event, Heartbeat, UsageInterval
+    from provisioner.models import Event, Heartbeat
     from provisioner.state import named_machine
 
     now = application.clock.now()
@@ -252,14 +119,9 @@ def _detail(application: Any, name: str, output: Output) -> None:
         m = named_machine(s, name)
         if m is None:
             raise UserError(f"no machine named {name!r} (see `provisioner status --all`)")
-        replaces = {
-            mid: (d or {}).get("replaces")
-            for mid, d in s.execute(
-                select(Event.machine_id, Event.detail).where(Event.kind == "recovered")
-            )
-        }
-        chain = _chain(m.id, replaces)
-        cost = _costs(s, UsageInterval.machine_id.in_(chain), now)
+        sql = _sql(application, s)
+        chain = launches(sql, [m.id])[m.id]
+        cost = costs(sql, ", ".join("?" * len(chain)), now, chain)
         events = list(
             s.scalars(select(Event).where(Event.machine_id.in_(chain)).order_by(Event.at, Event.id))
         )

@@ -1,0 +1,361 @@
+"""The fleet as ``provisioner status`` lists it: each machine shown, what it has cost (compute
+and disk at its launch-time rates, across its relaunches after preemption), why a failed or
+stopped one is so, and which agents see fewer GPUs than their machine has.
+
+Read with plain SQL on a DB-API connection (:mod:`sqlite3`, or psycopg under SQLAlchemy) and
+drawn with the standard library, so `status` over a SQLite state needs neither SQLAlchemy nor
+the ORM nor pydantic: those are ~70 % of its time at 1,000 machines (bench/bench_status.py).
+The Typer command and the console entry point (:mod:`provisioner.entry`) both draw with it; a
+test compares what the two write."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from decimal import Decimal
+from typing import Any
+
+from provisioner.console import amount, err, out, plural, print_json, say, text_table, write
+from provisioner.money import Money, Tally
+from provisioner.schema import ACTIVE_EXCLUDED, epoch_us
+
+#: The columns read of each machine: those :func:`machine_json` and the table show.
+COLUMNS = (
+    "id", "name", "project", "owner", "status", "cloud", "region", "zone", "instance_type",
+    "gpu", "gpu_count", "market", "instance_id", "public_ip", "rate", "currency", "disk_rate",
+    "created_at", "launched_at", "terminated_at",
+)  # fmt: skip
+_CHUNK = 500  # ids per IN (…): SQLite before 3.32 takes 999 parameters
+
+
+@dataclass(slots=True)
+class Row:
+    """A machine as listed: its recorded columns, what it has cost per currency across its
+    launches, how many launches, and why it failed or is kept stopped (None: nothing to say)."""
+
+    id: str
+    name: str
+    project: str
+    owner: str
+    status: str
+    cloud: str | None
+    region: str | None
+    zone: str | None
+    instance_type: str | None
+    gpu: str | None
+    gpu_count: int | None
+    market: str | None
+    instance_id: str | None
+    public_ip: str | None
+    rate: Decimal | None
+    currency: str | None
+    disk_rate: Decimal | None
+    created_at: datetime
+    launched_at: datetime | None
+    terminated_at: datetime | None
+    spent: dict[str, Decimal] = field(default_factory=dict)
+    launches: int = 1
+    why: str | None = None
+
+
+@dataclass
+class Fleet:
+    rows: list[Row]
+    warnings: dict[str, str]  # machine name: what is wrong that the table cannot show
+
+
+class Sql:
+    """One DB-API connection and its dialect: statements are written with ``?`` (sqlite3's
+    style) and PostgreSQL's functions are named where they differ; values come back as the
+    ORM's types give them (aware UTC datetimes, exact decimals, parsed JSON)."""
+
+    def __init__(self, conn: Any, postgres: bool) -> None:
+        self.conn, self.postgres = conn, postgres
+        self.least, self.greatest = ("LEAST", "GREATEST") if postgres else ("MIN", "MAX")
+
+    def all(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
+        cur = self.conn.cursor()
+        try:
+            cur.execute(sql.replace("?", "%s") if self.postgres else sql, tuple(params))
+            return cur.fetchall()
+        finally:
+            cur.close()
+
+    def at(self, when: datetime) -> Any:
+        """A time as a parameter: SQLAlchemy keeps SQLite's as naive UTC text."""
+        if self.postgres:
+            return when
+        return when.astimezone(UTC).replace(tzinfo=None).strftime("%Y-%m-%d %H:%M:%S.%f")
+
+
+def _time(v: Any) -> datetime | None:
+    """A stored time as :class:`provisioner.models.UTCDateTime` reads it: aware, in UTC."""
+    if v is None:
+        return None
+    if isinstance(v, str):
+        v = datetime.fromisoformat(v)
+    return v.replace(tzinfo=UTC) if v.tzinfo is None else v.astimezone(UTC)
+
+
+def _json(v: Any) -> Any:
+    return json.loads(v) if isinstance(v, str | bytes) else v
+
+
+def _decimal(v: Any) -> Decimal | None:
+    return None if v is None else Decimal(v)
+
+
+def _row(r: Sequence[Any]) -> Row:
+    v = dict(zip(COLUMNS, r, strict=True))
+    for k in ("rate", "disk_rate"):
+        v[k] = _decimal(v[k])
+    for k in ("created_at", "launched_at", "terminated_at"):
+        v[k] = _time(v[k])
+    return Row(**v)
+
+
+def shown_condition(all_: bool) -> str:
+    """Which machines a listing shows: all, or those not done with (:data:`ACTIVE_EXCLUDED`)."""
+    return "" if all_ else f"status NOT IN ({', '.join(repr(s) for s in ACTIVE_EXCLUDED)})"
+
+
+def read(sql: Sql, *, all_: bool, now: datetime, seen_since: datetime) -> Fleet:
+    """The machines shown, oldest first, with their costs up to ``now``; warnings about the
+    agents heard since ``seen_since`` that see too few GPUs, and stopped machines' notes. A
+    handful of queries whatever the number of machines."""
+    shown = shown_condition(all_)
+    where = f" WHERE {shown}" if shown else ""
+    rows = [
+        _row(r)
+        for r in sql.all(
+            f"SELECT {', '.join(COLUMNS)} FROM machines{where} ORDER BY created_at, name"
+        )
+    ]
+    if not rows:
+        return Fleet([], {})
+    chains = launches(sql, [m.id for m in rows])
+    ids = {m.id for m in rows}
+    earlier = sorted({mid for c in chains.values() for mid in c[1:]} - ids)
+    cost = costs(sql, f"SELECT id FROM machines{where}", now)
+    for chunk in range(0, len(earlier), _CHUNK):
+        part = earlier[chunk : chunk + _CHUNK]
+        cost.update(costs(sql, ", ".join("?" * len(part)), now, part))
+    notes = stopped_notes(sql, where) if any(m.status == "stopped" for m in rows) else {}
+    failed = _failed_events(sql) if any(m.status == "failed" for m in rows) else {}
+    for m in rows:
+        for mid in chains[m.id]:
+            for c, v in cost.get(mid, {}).items():
+                m.spent[c] = m.spent.get(c, 0) + v
+        m.launches = len(chains[m.id])
+        m.why = failure(failed.get(m.id, [])) if m.status == "failed" else notes.get(m.id)
+    warnings = gpus_not_seen(sql, seen_since)
+    warnings.update({m.name: m.why for m in rows if m.why and m.status == "stopped"})
+    return Fleet(rows, warnings)
+
+
+def launches(sql: Sql, ids: Iterable[str]) -> dict[str, list[str]]:
+    """Each machine and those it replaced after preemptions, newest first: one query for the
+    recoveries of every machine."""
+    replaces = {
+        mid: (_json(d) or {}).get("replaces")
+        for mid, d in sql.all("SELECT machine_id, detail FROM events WHERE kind = 'recovered'")
+    }
+    out = {}
+    for mid in ids:
+        chain = [mid]
+        while (prev := replaces.get(chain[-1])) and prev not in chain:
+            chain.append(prev)
+        out[mid] = chain
+    return out
+
+
+def costs(
+    sql: Sql, machines: str, now: datetime, params: Sequence[Any] = ()
+) -> dict[str, dict[str, Decimal]]:
+    """What each machine of ``machines`` (a SELECT of ids, or placeholders for ``params``)
+    has cost up to ``now``, per currency, in one query: the database sums each (machine,
+    currency, rate)'s microseconds (an open interval runs to ``now``), each sum priced once
+    (:class:`provisioner.money.Tally`). A currency it cost nothing in is left out."""
+    hi = epoch_us(now)
+    tally = Tally()
+    for mid, currency, rate, us in sql.all(
+        f"SELECT machine_id, currency, rate, sum(hi - lo) FROM (SELECT machine_id, currency,"
+        f" rate, {sql.greatest}(start_us, 0) AS lo, {sql.least}(coalesce(end_us, ?), ?) AS hi"
+        " FROM usage_intervals WHERE start_us < ?"
+        " AND (end_us IS NULL OR (end_us > 0 AND end_us > start_us))"
+        f" AND machine_id IN ({machines})) u"
+        " GROUP BY machine_id, currency, rate HAVING sum(hi - lo) > 0",
+        [hi, hi, hi, *params],
+    ):
+        tally.add(mid, currency, rate, int(us))
+    return {mid: {c: v for c, v in a.items() if v} for mid, a in tally.amounts().items()}
+
+
+def stopped_notes(sql: Sql, where: str) -> dict[str, str]:
+    """Why stopped machines (of those ``where`` shows) are stopped, when it is news: a
+    preempted machine whose relaunch was refused, kept with its disk. One query, each one's
+    latest event; by machine id."""
+    stopped = f"SELECT id FROM machines{where}{' AND' if where else ' WHERE'} status = 'stopped'"
+    rows = sql.all(
+        "SELECT e.machine_id, e.detail FROM events e JOIN (SELECT max(id) AS eid FROM events"
+        f" WHERE machine_id IN ({stopped}) GROUP BY machine_id) latest ON latest.eid = e.id"
+        " WHERE e.kind = 'relaunch-refused'"
+    )
+    return {
+        mid: "preempted and not relaunched, kept stopped with its disk: "
+        + (_json(detail) or {}).get("refused", "")
+        for mid, detail in rows
+    }
+
+
+@dataclass
+class _Event:
+    kind: str
+    reason: str | None
+    detail: dict[str, Any] | None
+
+
+def _failed_events(sql: Sql) -> dict[str, list[_Event]]:
+    out: dict[str, list[_Event]] = {}
+    for mid, kind, reason, detail in sql.all(
+        "SELECT e.machine_id, e.kind, e.reason, e.detail FROM events e"
+        " JOIN machines m ON m.id = e.machine_id WHERE m.status = 'failed' ORDER BY e.id"
+    ):
+        out.setdefault(mid, []).append(_Event(kind, reason, _json(detail)))
+    return out
+
+
+def failure(events: Sequence[Any]) -> str | None:
+    """Why a machine failed, from its events (each with ``kind``, ``reason``, ``detail``):
+    every launch tried and how each ended."""
+    if not events:
+        return None
+    last = events[-1]
+    if last.kind == "cancelled":
+        return "cancelled by `down` before it was launched"
+    tried = [e for e in events if e.kind == "launch-failed"]
+    if tried:
+        outcomes: dict[str, int] = {}
+        for e in tried:
+            outcomes[e.reason or "error"] = outcomes.get(e.reason or "error", 0) + 1
+        kinds = ", ".join(f"{k} {n}" for k, n in outcomes.items())
+        error = (tried[-1].detail or {}).get("error", "")
+        return f"no candidate launched ({plural(len(tried), 'attempt')}: {kinds}); last: {error}"
+    return f"{last.kind}" + (f" ({last.reason})" if last.reason else "")
+
+
+def gpus_not_seen(sql: Sql, since: datetime) -> dict[str, str]:
+    """Machines whose agent, in its latest heartbeat since ``since``, sees fewer GPUs than the
+    machine was launched with — a wrong image or a missing driver shows within a heartbeat,
+    not on the bill: {machine name: what to say}."""
+    rows = sql.all(
+        "SELECT m.name, m.gpu_count, h.gpus FROM machines m"
+        " JOIN (SELECT machine_id, max(id) AS hid FROM heartbeats WHERE at >= ?"
+        " GROUP BY machine_id) latest ON latest.machine_id = m.id"
+        f" JOIN heartbeats h ON h.id = latest.hid WHERE m.{shown_condition(False)}",
+        [sql.at(since)],
+    )
+    out = {}
+    for name, wanted, gpus in rows:
+        wanted, seen = wanted or 0, len(_json(gpus) or [])
+        if seen < wanted:
+            out[name] = f"the agent sees {seen} of {wanted} GPUs: driver missing or wrong image?"
+    return out
+
+
+# --- drawing ----------------------------------------------------------------------------------
+
+
+def money_text(value: Any, currency: str | None) -> str:
+    return str(Money(value, currency)) if value is not None and currency else "—"
+
+
+def machine_json(m: Any) -> dict[str, Any]:
+    return {
+        "name": m.name,
+        "id": m.id,
+        "status": m.status,
+        "project": m.project,
+        "owner": m.owner,
+        "cloud": m.cloud,
+        "region": m.region,
+        "zone": m.zone,
+        "instance_type": m.instance_type,
+        "gpu": m.gpu,
+        "gpu_count": m.gpu_count,
+        "market": m.market,
+        "instance_id": m.instance_id,
+        "public_ip": m.public_ip,
+        "rate_per_hour": {"amount": amount(m.rate), "currency": m.currency}
+        if m.rate is not None
+        else None,
+        "disk_rate_per_hour": {"amount": amount(m.disk_rate), "currency": m.currency}
+        if m.disk_rate is not None
+        else None,
+        "created_at": m.created_at,
+        "launched_at": m.launched_at,
+        "terminated_at": m.terminated_at,
+    }
+
+
+_TABLE = (
+    ("name", "<", 0),
+    ("status", "<", 0),
+    ("cloud", "<", 2),
+    ("zone", "<", 4),
+    ("type", "<", 5),
+    ("GPUs", ">", 3),
+    ("market", "<", 6),
+    ("price/h", ">", 0),
+    ("spent", ">", 0),
+    ("address", "<", 1),
+)
+
+
+def show(fleet: Fleet, *, as_json: bool, all_: bool) -> None:
+    """The fleet as a table for people (the columns that fit the terminal) or JSON for scripts;
+    then, on stderr, what the table cannot show."""
+    rows = fleet.rows
+    if as_json:
+        print_json(
+            [
+                {
+                    **machine_json(m),
+                    "spent": [
+                        {"amount": amount(v), "currency": c} for c, v in sorted(m.spent.items())
+                    ],
+                    "launches": m.launches,
+                    "problem": fleet.warnings.get(m.name),
+                    "why": m.why,
+                }
+                for m in rows
+            ]
+        )
+    elif not rows:
+        say("no machines" + ("" if all_ else " (use --all to include terminated ones)"))
+    else:
+        table = [
+            [
+                m.name,
+                m.status,
+                m.cloud or "—",
+                m.zone or m.region or "—",
+                m.instance_type or "—",
+                f"{m.gpu_count}×{m.gpu}" if m.gpu else "—",
+                m.market or "—",
+                money_text(m.rate, m.currency),
+                " + ".join(money_text(v, c) for c, v in sorted(m.spent.items())) or "—",
+                m.public_ip or "—",
+            ]
+            for m in rows
+        ]
+        write(text_table(_TABLE, table))
+        for m in rows:
+            if m.why and m.status == "failed":
+                out.print(
+                    f"{m.name} failed: {m.why}", highlight=False, markup=False, soft_wrap=True
+                )
+    for n, problem in fleet.warnings.items():
+        err.print(f"[yellow]warning:[/] {n}: {problem}", highlight=False, soft_wrap=True)
