@@ -5,8 +5,6 @@ from __future__ import annotations
 import os
 from datetime import UTC, datetime, timedelta
 
-from provisioner.errors import UserError
-
 #: An ISO 8601 instant the command's clock starts at (it ticks from there). For tests and
 #: what-if runs of ``plan``/``report``: the test harness gives the CLI its clock this way, so
 #: no test depends on the day it runs.
@@ -59,6 +57,8 @@ def clock_from_env() -> Clock:
     except ValueError:
         start = None
     if start is None or start.tzinfo is None:
+        from provisioner.errors import UserError  # policies' problems: not for a good clock
+
         raise UserError(
             f"{CLOCK_ENV}: {raw!r} is not an ISO 8601 instant with a UTC offset"
             " (e.g. 2026-11-02T09:00:00+00:00)"

@@ -111,6 +111,11 @@ def write(text: str) -> None:
     sys.stdout.write(text + "\n")
 
 
+def no_machines(all_: bool) -> str:
+    """What `status` says of an empty fleet."""
+    return "no machines" + ("" if all_ else " (use --all to include terminated ones)")
+
+
 def say(text: str) -> None:
     """``out.print(text, soft_wrap=True)`` for a text without markup: written as it is when
     the output is no terminal (what rich writes then, tested), without importing rich."""

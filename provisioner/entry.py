@@ -71,13 +71,11 @@ def _status(argv: list[str]) -> bool:
         return False
     config, all_, as_json, refresh = options
     from provisioner.clock import clock_from_env
-    from provisioner.errors import UserError
-    from provisioner.fleet import Fleet, Sql, read, show
 
     try:
         clock = clock_from_env()
-    except UserError:
-        return False  # the Typer app says what is wrong with it
+    except Exception:  # UserError: the Typer app says what is wrong with it
+        return False
     plain = plain_settings(config)
     if plain is None:  # a file or variable to validate: only an empty state is answered here
         from provisioner.settings import load_settings
@@ -86,23 +84,32 @@ def _status(argv: list[str]) -> bool:
             url = load_settings(config).database_url
         except Exception:
             return False  # the Typer app reports it, as for any command
-        if not known_empty(url, all_):
-            return False
-        fleet = Fleet([], {})
     else:
         url, home = plain
-        conn = current_sqlite(url)
-        if conn is None:
-            return False
-        try:
-            if refresh and not _as_recorded(Sql(conn, postgres=False), home, clock.now):
-                return False  # the clouds moved something: reconciling writes it (SQLAlchemy)
-            now = clock.now()
-            fleet = read(Sql(conn, postgres=False), all_=all_, now=now, seen_since=now - GRACE)
-        except Exception:
-            return False  # a state it cannot read: the Typer app explains, or repairs
-        finally:
-            conn.close()
+    if known_empty(url, all_):  # one query, and nothing more to load
+        from provisioner.console import no_machines, print_json, say
+
+        if as_json:
+            print_json([])
+        else:
+            say(no_machines(all_))
+        return True
+    if plain is None:
+        return False
+    conn = current_sqlite(url)
+    if conn is None:
+        return False
+    from provisioner.fleet import Sql, read, show
+
+    try:
+        if refresh and not _as_recorded(Sql(conn, postgres=False), home, clock.now):
+            return False  # the clouds moved something: reconciling writes it (SQLAlchemy)
+        now = clock.now()
+        fleet = read(Sql(conn, postgres=False), all_=all_, now=now, seen_since=now - GRACE)
+    except Exception:
+        return False  # a state it cannot read: the Typer app explains, or repairs
+    finally:
+        conn.close()
     show(fleet, as_json=as_json, all_=all_)
     return True
 

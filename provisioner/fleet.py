@@ -17,7 +17,17 @@ from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
 
-from provisioner.console import amount, err, out, plural, print_json, say, text_table, write
+from provisioner.console import (
+    amount,
+    err,
+    no_machines,
+    out,
+    plural,
+    print_json,
+    say,
+    text_table,
+    write,
+)
 from provisioner.money import Money, Tally
 from provisioner.schema import ACTIVE_EXCLUDED, epoch_us
 
@@ -334,7 +344,7 @@ def show(fleet: Fleet, *, as_json: bool, all_: bool) -> None:
             ]
         )
     elif not rows:
-        say("no machines" + ("" if all_ else " (use --all to include terminated ones)"))
+        say(no_machines(all_))
     else:
         table = [
             [
