@@ -8,11 +8,9 @@ from collections.abc import Iterable
 from functools import cached_property
 from typing import TYPE_CHECKING
 
-import providers
 from providers.base import Provider
 from provisioner import catalog
 from provisioner.clock import Clock
-from provisioner.errors import UserError
 from provisioner.settings import Settings
 
 if TYPE_CHECKING:
@@ -37,17 +35,7 @@ class App:
     def provider(self, cloud: str) -> Provider:
         """The adapter for ``cloud``, built once with its options from settings."""
         if cloud not in self._providers:
-            options = self.settings.cloud(cloud)
-            if options is None:
-                raise UserError(f"cloud {cloud!r} is not enabled in settings")
-            if cloud == "sandbox" and not getattr(options, "db_path", None):
-                options = options.model_copy(
-                    update={"db_path": str(self.settings.home / "sandbox.db")}
-                )
-            try:
-                self._providers[cloud] = providers.create(cloud, options, clock=self.clock.now)
-            except providers.MissingSDK as e:
-                raise UserError(str(e)) from None
+            self._providers[cloud] = self.settings.adapter(cloud, self.clock.now)
         return self._providers[cloud]
 
     def use_provider(self, cloud: str, provider: Provider) -> None:

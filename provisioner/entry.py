@@ -1,22 +1,26 @@
 """The console entry point. ``provisioner status`` — the command a team runs most, often a new
-user's first — is answered here when it can be without Typer, pydantic settings, SQLAlchemy or
-the ORM (~0.7 s of start-up on a 2-core machine, ~70 % of `status` over 1,000 machines;
-bench/bench_status.py): a SQLite state at the current schema, no settings file or variable to
-validate, and either nothing to ask the clouds or only the sandbox, which finds every machine as
-recorded (so reconciling would write nothing). It reads and draws with :mod:`provisioner.fleet`,
-as the Typer command does. Anything else, and anything unusual here, goes to the Typer app
-(:mod:`provisioner.cli.main`), which gives the same answer, or the error with its file, line or
-variable."""
+user's first — is answered here, when it can be, without Typer, SQLAlchemy or the ORM (~0.6 s of
+start-up on a 2-core machine, ~3/4 of `status` over 1,000 machines: bench/bench_status.py): a
+SQLite state at the current schema whose machines every cloud lists as recorded, so reconciling
+would write nothing. Settings are read with pydantic only when a file or variable asks for it or
+a cloud is to be asked. It reads and draws with :mod:`provisioner.fleet`, as the Typer command
+does. Anything else — a state to migrate or on PostgreSQL, a machine the clouds moved, a cloud
+that cannot be asked — goes to the Typer app (:mod:`provisioner.cli.main`), which reconciles and
+gives the same answer, or the error with its file, line or variable."""
 
 from __future__ import annotations
 
 import sys
-from datetime import timedelta
-from pathlib import Path
-from typing import Any
+from collections.abc import Callable
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any
 
 from provisioner.location import HEARTBEAT_GRACE_SECONDS, plain_settings
 from provisioner.schema import current_sqlite, known_empty
+
+if TYPE_CHECKING:
+    from provisioner.fleet import Sql
+    from provisioner.settings import Settings
 
 
 def main() -> None:
@@ -76,16 +80,15 @@ def _status(argv: list[str]) -> bool:
         clock = clock_from_env()
     except Exception:  # UserError: the Typer app says what is wrong with it
         return False
-    plain = plain_settings(config)
-    if plain is None:  # a file or variable to validate: only an empty state is answered here
-        from provisioner.settings import load_settings
-
+    plain, settings = plain_settings(config), None
+    if plain is not None:
+        url = plain[0]
+    else:  # a file or variable to validate
         try:
-            url = load_settings(config).database_url
+            settings = _settings(config)
         except Exception:
             return False  # the Typer app reports it, as for any command
-    else:
-        url, home = plain
+        url = settings.database_url
     if known_empty(url, all_):  # one query, and nothing more to load
         from provisioner.console import no_machines, print_json, say
 
@@ -94,20 +97,19 @@ def _status(argv: list[str]) -> bool:
         else:
             say(no_machines(all_))
         return True
-    if plain is None:
-        return False
     conn = current_sqlite(url)
     if conn is None:
-        return False
+        return False  # PostgreSQL, or a state to migrate: SQLAlchemy's
     from provisioner.fleet import Sql, read, show
 
     try:
-        if refresh and not _as_recorded(Sql(conn, postgres=False), home, clock.now):
+        sql = Sql(conn, postgres=False)
+        if refresh and not _as_recorded(sql, lambda: settings or _settings(config), clock.now):
             return False  # the clouds moved something: reconciling writes it (SQLAlchemy)
         now = clock.now()
-        fleet = read(Sql(conn, postgres=False), all_=all_, now=now, seen_since=now - GRACE)
+        fleet = read(sql, all_=all_, now=now, seen_since=now - GRACE)
     except Exception:
-        return False  # a state it cannot read: the Typer app explains, or repairs
+        return False  # a state it cannot read, a cloud it cannot ask: the Typer app explains
     finally:
         conn.close()
     show(fleet, as_json=as_json, all_=all_)
@@ -117,34 +119,35 @@ def _status(argv: list[str]) -> bool:
 GRACE = timedelta(seconds=HEARTBEAT_GRACE_SECONDS)  # scheduler.heartbeat_grace_seconds
 
 
-def _as_recorded(sql: Any, home: Path, now: Any) -> bool:
-    """Whether every machine that reconciling would ask about is on the sandbox cloud and found
-    there as recorded (:func:`provisioner.schema.observed`, the rule of
-    :func:`provisioner.lifecycle.reconcile`): one list call, as reconciling makes, and nothing
-    it would write. False for any other cloud (its SDK and settings are for the Typer app),
-    and for any failure to ask (which the Typer app reports)."""
+def _settings(config: str | None) -> Settings:
+    from provisioner.settings import load_settings
+
+    return load_settings(config)
+
+
+def _as_recorded(sql: Sql, settings: Callable[[], Settings], now: Callable[[], datetime]) -> bool:
+    """Whether each cloud finds every machine that reconciling would ask it about as recorded
+    (:func:`provisioner.schema.observed`, the rule of :func:`provisioner.lifecycle.reconcile`):
+    the list calls reconciling makes, one per cloud, and nothing it would write."""
     from provisioner.schema import observed
 
-    asked = sql.all(
+    by_cloud: dict[str, list[Any]] = {}
+    for row in sql.all(
         "SELECT cloud, region, instance_id, status, public_ip FROM machines"
         " WHERE status NOT IN ('requested', 'terminated', 'failed')"
-    )
-    if not asked:
-        return True
-    if {cloud for cloud, *_ in asked} != {"sandbox"}:
-        return False
-    import providers
-
-    try:
-        sandbox = providers.create("sandbox", {"db_path": str(home / "sandbox.db")}, clock=now)
+    ):
+        by_cloud.setdefault(row[0], []).append(row)
+    if not by_cloud:
+        return True  # nothing to ask: no settings to read
+    loaded = settings()
+    for cloud, asked in by_cloud.items():
+        provider = loaded.adapter(cloud, now)
         try:
-            listed = {i.id: i for i in sandbox.list_managed(sorted({r for _, r, *_ in asked if r}))}
+            listed = {i.id: i for i in provider.list_managed(sorted({r[1] for r in asked if r[1]}))}
         finally:
-            sandbox.close()  # type: ignore[attr-defined]
-    except Exception:
-        return False
-    for _, _, instance_id, status, public_ip in asked:
-        inst = listed.get(instance_id or "")
-        if inst is None or observed(inst, public_ip) != (status, public_ip):
-            return False
+            getattr(provider, "close", lambda: None)()  # the sandbox's file
+        for _, _, instance_id, status, public_ip in asked:
+            inst = listed.get(instance_id or "")
+            if inst is None or observed(inst, public_ip) != (status, public_ip):
+                return False  # to write, or to ask about directly (not listed)
     return True

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Callable
+from datetime import datetime
 from decimal import Decimal
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -35,9 +37,10 @@ from pydantic_settings import (
 
 import providers
 from policies import yamlfile
+from providers.base import Provider
 from providers.gpus import GPUS
 from providers.spec import Options
-from provisioner.errors import ConfigError, Problem
+from provisioner.errors import ConfigError, Problem, UserError
 from provisioner.location import (
     HEARTBEAT_GRACE_SECONDS,
     checked_home,
@@ -274,6 +277,20 @@ class Settings(BaseSettings):
         """The options of ``name``, or None when settings do not list it."""
         options: Options | None = getattr(self.clouds, name, None)
         return options
+
+    def adapter(self, name: str, clock: Callable[[], datetime]) -> Provider:
+        """A new adapter for ``name`` with its options (the sandbox keeps its machines in the
+        home unless told otherwise); :class:`UserError` for a cloud not enabled here or whose
+        SDK is not installed."""
+        options = self.cloud(name)
+        if options is None:
+            raise UserError(f"cloud {name!r} is not enabled in settings")
+        if name == "sandbox" and not getattr(options, "db_path", None):
+            options = options.model_copy(update={"db_path": str(self.home / "sandbox.db")})
+        try:
+            return providers.create(name, options, clock=clock)
+        except providers.MissingSDK as e:
+            raise UserError(str(e)) from None
 
     @property
     def enabled_clouds(self) -> list[str]:

@@ -164,6 +164,50 @@ def test_first_real_run_through_the_cli_leaves_nothing_billed(emu, home: Path, t
         assert any(p.get("FromPort") == 22 for p in group["IpPermissions"])
 
 
+def test_status_over_aws_asks_once_and_needs_no_orm_while_aws_agrees(emu, home: Path, tmp_path):
+    """`status` asks AWS first (one DescribeInstances for the region). The first one records
+    the launch's boot (the Typer app reconciles and writes); once AWS lists every machine as
+    recorded, `status` is read with plain SQL — no SQLAlchemy, no Typer — and says the same.
+    A machine AWS took back goes the full way again, and is recorded."""
+    import json
+
+    from tests.conftest import run_cli, write_settings, write_yaml
+    from tests.test_cli import modules_loaded_by
+
+    aws = {"endpoint": emu.endpoint_url, "regions": ["us-east-1"], "retry_base_seconds": 0.001}
+    cfg = write_settings(home, clouds={"aws": aws})
+    spec = write_yaml(tmp_path / "t.yaml", sandbox_experiment("train", gpu="T4:1", clouds=["aws"]))
+    noon = datetime(2026, 11, 6, 17, 0, tzinfo=UTC)
+
+    def status(at: datetime, asks: int) -> list[dict]:
+        before = len(emu.requests)
+        r = run_cli("--config", str(cfg), "status", "-o", "json", now=at)
+        assert r.returncode == 0, r.stderr
+        # the adapter's list call (and its zone names, once per process)
+        assert [q.action for q in emu.requests[before:]] == [
+            "DescribeInstances",
+            "DescribeAvailabilityZones",
+        ] * asks
+        return list(json.loads(r.stdout))
+
+    up = run_cli("--config", str(cfg), "up", str(spec), "--no-wait", "-o", "json", now=noon)
+    assert up.returncode == 0, up.stderr
+    # booted since: the quick read sees it moved, the Typer app asks again and writes it
+    [machine] = status(noon, asks=2)
+    assert machine["status"] == "running"
+    heavy = ("sqlalchemy", "typer", "click", "provisioner.models", "boto3")
+    loaded = modules_loaded_by("--config", str(cfg), "status", prefixes=heavy)
+    assert loaded and {m.split(".")[0] for m in loaded} == {"boto3"}
+    [again] = status(noon + timedelta(minutes=1), asks=1)
+    assert {k: v for k, v in again.items() if k != "spent"} == {
+        k: v for k, v in machine.items() if k != "spent"
+    }
+    emu.preempt(machine["instance_id"], action="terminate")
+    assert "provisioner.models" in modules_loaded_by("--config", str(cfg), "status", prefixes=heavy)
+    listed = json.loads(run_cli("--config", str(cfg), "status", "-a", "-o", "json").stdout)
+    assert [m["status"] for m in listed] == ["preempted"]
+
+
 def _fleet(app: App, emu: AwsEmulator, region: str, reservations: int, size: int) -> list[str]:
     """``reservations`` × ``size`` running g4dn machines of ours in moto, recorded in the state
     as `up` would have (rows written in bulk: `up` 1,200 times would test `up`)."""
