@@ -24,7 +24,7 @@ from policies.schema import CustomPeriod, Policy
 from provisioner import catalog, ledger
 from provisioner.errors import UserError
 from provisioner.ledger import Period, Scope
-from provisioner.money import Money, Rates
+from provisioner.money import Amounts, Money, Rates
 
 if TYPE_CHECKING:
     from provisioner.app import App
@@ -114,7 +114,7 @@ def status(
     now: datetime,
     *,
     period: Period | None = None,
-    actual: ledger.Amounts | None = None,
+    actual: Amounts | None = None,
 ) -> Status | None:
     """The budget's standing at ``now`` in ``period`` (default: the period running now)."""
     period = period or period_of(policy, now)

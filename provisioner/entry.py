@@ -15,7 +15,7 @@ from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from provisioner.location import HEARTBEAT_GRACE_SECONDS, plain_settings
+from provisioner.location import HEARTBEAT_GRACE_SECONDS, plain_database_url
 from provisioner.schema import current_sqlite, known_empty
 
 if TYPE_CHECKING:
@@ -80,10 +80,8 @@ def _status(argv: list[str]) -> bool:
         clock = clock_from_env()
     except Exception:  # UserError: the Typer app says what is wrong with it
         return False
-    plain, settings = plain_settings(config), None
-    if plain is not None:
-        url = plain[0]
-    else:  # a file or variable to validate
+    url, settings = plain_database_url(config), None
+    if url is None:  # a file or variable to validate
         try:
             settings = _settings(config)
         except Exception:
@@ -107,16 +105,14 @@ def _status(argv: list[str]) -> bool:
         if refresh and not _as_recorded(sql, lambda: settings or _settings(config), clock.now):
             return False  # the clouds moved something: reconciling writes it (SQLAlchemy)
         now = clock.now()
-        fleet = read(sql, all_=all_, now=now, seen_since=now - GRACE)
+        grace = settings.scheduler.heartbeat_grace_seconds if settings else HEARTBEAT_GRACE_SECONDS
+        fleet = read(sql, all_=all_, now=now, seen_since=now - timedelta(seconds=grace))
     except Exception:
         return False  # a state it cannot read, a cloud it cannot ask: the Typer app explains
     finally:
         conn.close()
     show(fleet, as_json=as_json, all_=all_)
     return True
-
-
-GRACE = timedelta(seconds=HEARTBEAT_GRACE_SECONDS)  # scheduler.heartbeat_grace_seconds
 
 
 def _settings(config: str | None) -> Settings:

@@ -134,7 +134,8 @@ def shown_condition(all_: bool) -> str:
 def read(sql: Sql, *, all_: bool, now: datetime, seen_since: datetime) -> Fleet:
     """The machines shown, oldest first, with their costs up to ``now``; warnings about the
     agents heard since ``seen_since`` that see too few GPUs, and stopped machines' notes. A
-    handful of queries whatever the number of machines."""
+    handful of queries whatever the number of machines (and one per 500 earlier launches of
+    theirs no longer shown)."""
     shown = shown_condition(all_)
     where = f" WHERE {shown}" if shown else ""
     rows = [
@@ -152,7 +153,7 @@ def read(sql: Sql, *, all_: bool, now: datetime, seen_since: datetime) -> Fleet:
     for chunk in range(0, len(earlier), _CHUNK):
         part = earlier[chunk : chunk + _CHUNK]
         cost.update(costs(sql, ", ".join("?" * len(part)), now, part))
-    notes = stopped_notes(sql, where) if any(m.status == "stopped" for m in rows) else {}
+    notes = stopped_notes(sql) if any(m.status == "stopped" for m in rows) else {}
     failed = _failed_events(sql) if any(m.status == "failed" for m in rows) else {}
     for m in rows:
         for mid in chains[m.id]:
@@ -203,11 +204,10 @@ def costs(
     return {mid: {c: v for c, v in a.items() if v} for mid, a in tally.amounts().items()}
 
 
-def stopped_notes(sql: Sql, where: str) -> dict[str, str]:
-    """Why stopped machines (of those ``where`` shows) are stopped, when it is news: a
-    preempted machine whose relaunch was refused, kept with its disk. One query, each one's
-    latest event; by machine id."""
-    stopped = f"SELECT id FROM machines{where}{' AND' if where else ' WHERE'} status = 'stopped'"
+def stopped_notes(sql: Sql) -> dict[str, str]:
+    """Why stopped machines are stopped, when it is news: a preempted machine whose relaunch
+    was refused, kept with its disk. One query, each one's latest event; by machine id."""
+    stopped = "SELECT id FROM machines WHERE status = 'stopped'"
     rows = sql.all(
         "SELECT e.machine_id, e.detail FROM events e JOIN (SELECT max(id) AS eid FROM events"
         f" WHERE machine_id IN ({stopped}) GROUP BY machine_id) latest ON latest.eid = e.id"

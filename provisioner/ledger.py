@@ -40,7 +40,7 @@ from sqlalchemy.orm import Session
 
 from policies.duration import parse_duration
 from provisioner.models import Event, Machine, UsageInterval, epoch_us
-from provisioner.money import US_PER_HOUR, Amounts, Money, Rates, Tally  # noqa: F401  (re-exported)
+from provisioner.money import US_PER_HOUR, Amounts, Money, Tally
 
 COMPUTE_BILLED = frozenset({"pending", "running", "stopping"})
 DISK_BILLED = frozenset({"pending", "running", "stopping", "stopped", "preempted"})

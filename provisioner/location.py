@@ -74,13 +74,12 @@ def database_url(state_url: str | None, home: Path) -> str:
     return state_url or f"sqlite:///{home / 'state.db'}"
 
 
-def plain_settings(config: str | None = None) -> tuple[str, Path] | None:
-    """The state's URL and the home as ``load_settings(config)`` gives them (``database_url``,
-    ``home``), when no settings file applies and the environment sets nothing but
-    ``PROVISIONER_HOME`` or ``PROVISIONER_STATE_URL`` (upper case, valid): every other field is
-    then at its default, which is valid. None when settings must decide (a file to read,
-    another variable, a value they would refuse: loading them says so with its file, line or
-    variable)."""
+def plain_database_url(config: str | None = None) -> str | None:
+    """The state's URL as ``load_settings(config).database_url`` gives it, when no settings file
+    applies and the environment sets nothing but ``PROVISIONER_HOME`` or
+    ``PROVISIONER_STATE_URL`` (upper case, valid): every other field is then at its default,
+    which is valid. None when settings must decide (a file to read, another variable, a value
+    they would refuse: loading them says so with its file, line or variable)."""
     if config or os.environ.get("PROVISIONER_CONFIG") or default_config_path().exists():
         return None
     given: dict[str, str] = {}
@@ -96,4 +95,4 @@ def plain_settings(config: str | None = None) -> tuple[str, Path] | None:
         home = checked_home(Path(given["home"]) if "home" in given else data_dir())
     except ValueError:
         return None
-    return database_url(state_url, home), home
+    return database_url(state_url, home)

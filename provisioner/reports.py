@@ -17,9 +17,9 @@ from sqlalchemy import select
 
 from provisioner import budget, ledger
 from provisioner.errors import UserError
-from provisioner.ledger import US_PER_HOUR, Amounts, Period, Scope, Tally
+from provisioner.ledger import Period, Scope
 from provisioner.models import Machine
-from provisioner.money import CENT, Money, Rates, allocate
+from provisioner.money import CENT, US_PER_HOUR, Amounts, Money, Rates, Tally, allocate
 
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session

@@ -129,7 +129,7 @@ def test_status_of_an_empty_state_loads_no_typer_renderer_or_validator(home):
 def test_the_state_found_without_settings_is_the_one_settings_give(home, tmp_path, monkeypatch):
     """`status` finds the state with the standard library exactly where Settings would, and
     leaves to Settings whatever they must validate or decide."""
-    from provisioner.location import FIELDS, HEARTBEAT_GRACE_SECONDS, plain_settings
+    from provisioner.location import FIELDS, HEARTBEAT_GRACE_SECONDS, plain_database_url
     from provisioner.settings import Settings, load_settings
 
     assert set(FIELDS) == set(Settings.model_fields)
@@ -146,9 +146,8 @@ def test_the_state_found_without_settings_is_the_one_settings_give(home, tmp_pat
         with monkeypatch.context() as m:
             for k, v in env.items():
                 m.delenv(k) if v is None else m.setenv(k, v)
-            url, home_found = plain_settings() or ("none", None)
-            found[name] = url
-            assert (url, home_found) == (load_settings().database_url, load_settings().home), name
+            found[name] = plain_database_url()
+            assert found[name] == load_settings().database_url, name
     assert found["state_url"] == f"sqlite:///{elsewhere}/s.db"
     assert found["home"] == f"sqlite:///{home}/state.db"
     (tmp_path / "a-file").write_text("")
@@ -164,7 +163,7 @@ def test_the_state_found_without_settings_is_the_one_settings_give(home, tmp_pat
         with monkeypatch.context() as m:
             for k, v in env.items():
                 m.setenv(k, v)
-            assert plain_settings() is None, name
+            assert plain_database_url() is None, name
 
 
 def test_status_of_an_empty_state_says_what_the_full_command_says(cli, home, monkeypatch):
@@ -231,6 +230,30 @@ def test_status_of_a_fleet_says_what_the_full_command_says(cli, home, monkeypatc
             m.setattr("tests.cli_runner.main", typer_main)
             full = cli(*argv)
         assert (fast.code, fast.out, fast.err) == (full.code, full.out, full.err), argv
+    # a settings file's grace for heartbeats: an agent heard 20 min ago, seeing no GPU, is news
+    # with an hour's grace, not with the default 5 min
+    from provisioner.app import App
+    from provisioner.clock import ManualClock
+    from provisioner.models import Heartbeat
+    from provisioner.settings import load_settings
+
+    cfg = write_settings(home, scheduler={"heartbeat_grace_seconds": 3600})
+    a = App(load_settings(cfg), ManualClock(later))
+    with a.db.session() as s:
+        heard = json.loads(cli("status", "-o", "json").out)[0]
+        at = later - timedelta(minutes=20)
+        s.add(Heartbeat(machine_id=heard["id"], at=at, gpus=[], max_util=None))
+    a.close()
+    assert "warning" not in cli("status").err
+    for argv in [("-c", str(cfg), "status"), ("-c", str(cfg), "status", "-a", "-o", "json")]:
+        with monkeypatch.context() as m:
+            m.setattr("provisioner.cli.main.main", lambda: pytest.fail("answered by Typer"))
+            fast = cli(*argv)
+        with monkeypatch.context() as m:
+            m.setattr("tests.cli_runner.main", typer_main)
+            full = cli(*argv)
+        assert (fast.code, fast.out, fast.err) == (full.code, full.out, full.err), argv
+        assert f"warning: {heard['name']}: the agent sees 0 of 1 GPUs" in fast.err
     rows = {r["name"]: r for r in json.loads(cli("status", "-a", "-o", "json").out)}
     assert {n: r["status"] for n, r in rows.items()} == {
         "m-a": "running",

@@ -12,6 +12,7 @@ from sqlalchemy import func, select
 from provisioner import ledger, lifecycle
 from provisioner.ledger import Period, Scope
 from provisioner.models import Event, Machine, UsageInterval
+from provisioner.money import Amounts
 from provisioner.spec import Experiment
 from tests.conftest import sandbox_experiment
 
@@ -128,7 +129,7 @@ def test_groupings_and_days_add_up_to_the_total(app, clock):
         bill = ledger.total(s, NOV.start, NOV.end)
         for by in (["project"], ["cloud"], ["gpu"], ["owner", "kind"], ["day"]):
             groups = ledger.spend_by(s, NOV.start, NOV.end, by)
-            summed = ledger.Amounts()
+            summed = Amounts()
             for a in groups.values():
                 summed.merge(a)
             assert q(summed) == q(bill), by

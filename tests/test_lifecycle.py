@@ -290,7 +290,7 @@ def test_notes_on_stopped_machines_cost_one_query(app):
         sql = fleet.Sql(s.connection().connection.driver_connection, postgres)
         read = sql.all
         sql.all = lambda q, p=(): selects.append(q) or read(q, p)  # type: ignore[method-assign]
-        notes = fleet.stopped_notes(sql, "")
+        notes = fleet.stopped_notes(sql)
     by_id = {m.id: m.name for m in machines}
     assert {by_id[mid]: note for mid, note in notes.items()} == {
         "m-0": "preempted and not relaunched, kept stopped with its disk: refused by budget",

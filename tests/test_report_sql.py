@@ -19,9 +19,9 @@ from sqlalchemy import String, delete, insert, or_, select, type_coerce
 
 from provisioner import budget, ledger, render, reports
 from provisioner.app import App
-from provisioner.ledger import Period, Scope, Tally, midnight
+from provisioner.ledger import Period, Scope, midnight
 from provisioner.models import Machine, UsageInterval, epoch_us
-from provisioner.money import CENT, allocate
+from provisioner.money import CENT, Tally, allocate
 from tests.conftest import make_settings
 
 # --- the row-by-row algorithm the report used before (the oracle) ---------------------------
