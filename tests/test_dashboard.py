@@ -293,6 +293,7 @@ def test_plan_page_ranks_offers_and_says_bad_input_like_the_cli(seeded):
     assert status == 200
     assert 'id="candidates"' in html and "sandbox-us" in html
     assert "budget demo-budget (2026-11)" in html  # the budget verdict, as `plan` prints it
+    assert "as <code>provisioner plan</code> gives them" in html and "`" not in html
     bad = good.replace("gpu: T4:1", "gpu: T4:1\n  colour: blue")
     status, _, html = call(wsgi, "/plan", "POST", urlencode({"text": bad}))
     assert status == 200 and "pasted:6: resources.colour: unknown field" in html

@@ -571,6 +571,14 @@ def _word(value: str, t: Callable[..., str], prefix: str) -> str:
         return value
 
 
+def _code(text: str) -> Any:
+    """A catalog text's `…` spans (a command to type) as ``<code>``, the rest escaped."""
+    from markupsafe import Markup, escape
+
+    parts = str(escape(text)).split("`")
+    return Markup("".join(f"<code>{p}</code>" if i % 2 else p for i, p in enumerate(parts)))
+
+
 def _env() -> Any:
     from jinja2 import Environment, FileSystemLoader, StrictUndefined
 
@@ -584,4 +592,5 @@ def _env() -> Any:
     env.filters["money"] = lambda amount, currency: Money(amount, currency)
     env.filters["reason"] = _reason
     env.filters["word"] = _word
+    env.filters["code"] = _code
     return env
