@@ -16,7 +16,7 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from provisioner.location import HEARTBEAT_GRACE_SECONDS, plain_database_url
-from provisioner.schema import current_sqlite, known_empty
+from provisioner.schema import current_sqlite, holds_none
 
 if TYPE_CHECKING:
     from provisioner.fleet import Sql
@@ -87,7 +87,11 @@ def _status(argv: list[str]) -> bool:
         except Exception:
             return False  # the Typer app reports it, as for any command
         url = settings.database_url
-    if known_empty(url, all_):  # one query, and nothing more to load
+    conn = current_sqlite(url)
+    if conn is None:
+        return False  # PostgreSQL, or a state to migrate: SQLAlchemy's
+    if holds_none(conn, all_):  # one query, and nothing more to load
+        conn.close()
         from provisioner.console import no_machines, print_json, say
 
         if as_json:
@@ -95,9 +99,6 @@ def _status(argv: list[str]) -> bool:
         else:
             say(no_machines(all_))
         return True
-    conn = current_sqlite(url)
-    if conn is None:
-        return False  # PostgreSQL, or a state to migrate: SQLAlchemy's
     from provisioner.fleet import Sql, read, show
 
     try:

@@ -85,6 +85,12 @@ class Sql:
         self.conn, self.postgres = conn, postgres
         self.least, self.greatest = ("LEAST", "GREATEST") if postgres else ("MIN", "MAX")
 
+    @classmethod
+    def on(cls, session: Any) -> Sql:
+        """The DB-API connection under a SQLAlchemy session (its transaction)."""
+        conn = session.connection()
+        return cls(conn.connection.driver_connection, conn.dialect.name == "postgresql")
+
     def all(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
         cur = self.conn.cursor()
         try:
@@ -150,9 +156,7 @@ def read(sql: Sql, *, all_: bool, now: datetime, seen_since: datetime) -> Fleet:
     ids = {m.id for m in rows}
     earlier = sorted({mid for c in chains.values() for mid in c[1:]} - ids)
     cost = costs(sql, f"SELECT id FROM machines{where}", now)
-    for chunk in range(0, len(earlier), _CHUNK):
-        part = earlier[chunk : chunk + _CHUNK]
-        cost.update(costs(sql, ", ".join("?" * len(part)), now, part))
+    cost.update(costs_of(sql, earlier, now))
     notes = stopped_notes(sql) if any(m.status == "stopped" for m in rows) else {}
     failed = _failed_events(sql) if any(m.status == "failed" for m in rows) else {}
     for m in rows:
@@ -202,6 +206,15 @@ def costs(
     ):
         tally.add(mid, currency, rate, int(us))
     return {mid: {c: v for c, v in a.items() if v} for mid, a in tally.amounts().items()}
+
+
+def costs_of(sql: Sql, ids: Sequence[str], now: datetime) -> dict[str, dict[str, Decimal]]:
+    """:func:`costs` of the machines ``ids``, a query per 500 of them."""
+    out = {}
+    for chunk in range(0, len(ids), _CHUNK):
+        part = ids[chunk : chunk + _CHUNK]
+        out.update(costs(sql, ", ".join("?" * len(part)), now, part))
+    return out
 
 
 def stopped_notes(sql: Sql) -> dict[str, str]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 from datetime import UTC, datetime, timedelta
+from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -33,6 +34,7 @@ def observed(inst: Any, public_ip: str | None) -> tuple[str, str | None]:
     return str(inst.state), inst.public_ip or public_ip
 
 
+@cache  # the files a process was installed with
 def _revisions() -> tuple[frozenset[str], str]:
     """Every migration's revision, and the newest: the one no other revises, read from the
     version files' ``revision`` and ``down_revision`` lines (not Alembic's start-up, ~90 ms;
@@ -79,16 +81,22 @@ def current_sqlite(url: str) -> sqlite3.Connection | None:
 def known_empty(url: str, all_: bool) -> bool:
     """Whether a SQLite state at the current schema holds no machine to show, asked in one
     query with the standard library (:func:`current_sqlite`)."""
-    import sqlite3
-
     conn = current_sqlite(url)
     if conn is None:
         return False
+    try:
+        return holds_none(conn, all_)
+    finally:
+        conn.close()
+
+
+def holds_none(conn: sqlite3.Connection, all_: bool) -> bool:
+    """Whether the state on ``conn`` holds no machine to show (any, with ``all_``)."""
+    import sqlite3
+
     where = "" if all_ else f" WHERE status NOT IN {ACTIVE_EXCLUDED!r}"
     try:
         (machines,) = conn.execute(f"SELECT count(*) FROM machines{where}").fetchone()
     except sqlite3.Error:
         return False
-    finally:
-        conn.close()
     return bool(machines == 0)

@@ -197,12 +197,26 @@ def test_status_of_an_empty_state_says_what_the_full_command_says(cli, home, mon
     assert json.loads(r.out)["exit_code"] == 2
 
 
+def answered_both_ways(cli, monkeypatch, *argv: str):
+    """``argv`` answered by the console entry point without Typer, then by the Typer command:
+    the same exit code, stdout and stderr. The first answer."""
+    from provisioner.cli.main import main as typer_main
+
+    with monkeypatch.context() as m:
+        m.setattr("provisioner.cli.main.main", lambda: pytest.fail("answered by Typer"))
+        fast = cli(*argv)
+    with monkeypatch.context() as m:
+        m.setattr("tests.cli_runner.main", typer_main)
+        full = cli(*argv)
+    assert (fast.code, fast.out, fast.err) == (full.code, full.out, full.err), argv
+    return fast
+
+
 def test_status_of_a_fleet_says_what_the_full_command_says(cli, home, monkeypatch):
     """`status` answered without Typer (SQLite, no settings, the sandbox finding every machine
     as recorded) is the Typer command's answer byte for byte, however it is asked: running,
     stopped, terminated and failed machines, costs at one instant, the failure's reason."""
     import providers
-    from provisioner.cli.main import main as typer_main
     from provisioner.clock import ShiftedClock
 
     for n in ("m-a", "m-b", "m-c", "m-d"):
@@ -223,13 +237,7 @@ def test_status_of_a_fleet_says_what_the_full_command_says(cli, home, monkeypatc
         ("status", "-a", "--no-refresh", "-o", "json"),
         ("status", "--no-refresh"),
     ]:
-        with monkeypatch.context() as m:
-            m.setattr("provisioner.cli.main.main", lambda: pytest.fail("answered by Typer"))
-            fast = cli(*argv)
-        with monkeypatch.context() as m:
-            m.setattr("tests.cli_runner.main", typer_main)
-            full = cli(*argv)
-        assert (fast.code, fast.out, fast.err) == (full.code, full.out, full.err), argv
+        answered_both_ways(cli, monkeypatch, *argv)
     # a settings file's grace for heartbeats: an agent heard 20 min ago, seeing no GPU, is news
     # with an hour's grace, not with the default 5 min
     from provisioner.app import App
@@ -246,13 +254,7 @@ def test_status_of_a_fleet_says_what_the_full_command_says(cli, home, monkeypatc
     a.close()
     assert "warning" not in cli("status").err
     for argv in [("-c", str(cfg), "status"), ("-c", str(cfg), "status", "-a", "-o", "json")]:
-        with monkeypatch.context() as m:
-            m.setattr("provisioner.cli.main.main", lambda: pytest.fail("answered by Typer"))
-            fast = cli(*argv)
-        with monkeypatch.context() as m:
-            m.setattr("tests.cli_runner.main", typer_main)
-            full = cli(*argv)
-        assert (fast.code, fast.out, fast.err) == (full.code, full.out, full.err), argv
+        fast = answered_both_ways(cli, monkeypatch, *argv)
         assert f"warning: {heard['name']}: the agent sees 0 of 1 GPUs" in fast.err
     rows = {r["name"]: r for r in json.loads(cli("status", "-a", "-o", "json").out)}
     assert {n: r["status"] for n, r in rows.items()} == {

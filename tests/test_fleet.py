@@ -17,9 +17,7 @@ from tests.conftest import sandbox_experiment
 def fleet_of(app, *, all_: bool = True):
     now = app.clock.now()
     with app.db.session() as s:
-        postgres = app.db.engine.dialect.name == "postgresql"
-        sql = Sql(s.connection().connection.driver_connection, postgres)
-        return read(sql, all_=all_, now=now, seen_since=now - timedelta(minutes=5))
+        return read(Sql.on(s), all_=all_, now=now, seen_since=now - timedelta(minutes=5))
 
 
 def test_costs_launches_and_warnings_are_the_ledgers_on_each_database(app):

@@ -286,8 +286,7 @@ def test_notes_on_stopped_machines_cost_one_query(app):
 
     selects: list[str] = []
     with app.db.session() as s:
-        postgres = app.db.engine.dialect.name == "postgresql"
-        sql = fleet.Sql(s.connection().connection.driver_connection, postgres)
+        sql = fleet.Sql.on(s)
         read = sql.all
         sql.all = lambda q, p=(): selects.append(q) or read(q, p)  # type: ignore[method-assign]
         notes = fleet.stopped_notes(sql)

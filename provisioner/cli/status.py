@@ -24,7 +24,7 @@ from provisioner.cli import (
 from provisioner.fleet import (
     Fleet,
     Sql,
-    costs,
+    costs_of,
     failure,
     launches,
     machine_json,
@@ -95,13 +95,7 @@ def _fleet(application: Any, all_: bool) -> Fleet:
     now = application.clock.now()
     grace = timedelta(seconds=application.settings.scheduler.heartbeat_grace_seconds)
     with application.db.session() as s:
-        return read(_sql(application, s), all_=all_, now=now, seen_since=now - grace)
-
-
-def _sql(application: Any, s: Any) -> Sql:
-    """The session's DB-API connection, for :mod:`provisioner.fleet`'s plain SQL."""
-    postgres = application.db.engine.dialect.name == "postgresql"
-    return Sql(s.connection().connection.driver_connection, postgres)
+        return read(Sql.on(s), all_=all_, now=now, seen_since=now - grace)
 
 
 # --- one machine ------------------------------------------------------------------------------
@@ -119,9 +113,9 @@ def _detail(application: Any, name: str, output: Output) -> None:
         m = named_machine(s, name)
         if m is None:
             raise UserError(f"no machine named {name!r} (see `provisioner status --all`)")
-        sql = _sql(application, s)
+        sql = Sql.on(s)
         chain = launches(sql, [m.id])[m.id]
-        cost = costs(sql, ", ".join("?" * len(chain)), now, chain)
+        cost = costs_of(sql, chain, now)
         events = list(
             s.scalars(select(Event).where(Event.machine_id.in_(chain)).order_by(Event.at, Event.id))
         )
