@@ -1,5 +1,5 @@
 """The application context: settings, clock, state database, providers and policies. One per
-command. It holds what the work needs, not the work: planning, lifecycle and the scheduler's jobs
+command. It holds what the work needs, not the work: planning, machines and the scheduler's jobs
 take it as their first argument."""
 
 from __future__ import annotations

@@ -16,6 +16,7 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from provisioner.location import HEARTBEAT_GRACE_SECONDS, plain_database_url
+from provisioner.schema import MachineStatus as S
 from provisioner.schema import current_sqlite, holds_none
 
 if TYPE_CHECKING:
@@ -75,16 +76,17 @@ def _status(argv: list[str]) -> bool:
         return False
     config, all_, as_json, refresh = options
     from provisioner.clock import clock_from_env
+    from provisioner.errors import ConfigError, ProvisionerError
 
     try:
         clock = clock_from_env()
-    except Exception:  # UserError: the Typer app says what is wrong with it
+    except ProvisionerError:  # the Typer app says what is wrong with it
         return False
     url, settings = plain_database_url(config), None
     if url is None:  # a file or variable to validate
         try:
             settings = _settings(config)
-        except Exception:
+        except (ConfigError, ProvisionerError, OSError):
             return False  # the Typer app reports it, as for any command
         url = settings.database_url
     conn = current_sqlite(url)
@@ -108,12 +110,34 @@ def _status(argv: list[str]) -> bool:
         now = clock.now()
         grace = settings.scheduler.heartbeat_grace_seconds if settings else HEARTBEAT_GRACE_SECONDS
         fleet = read(sql, all_=all_, now=now, seen_since=now - timedelta(seconds=grace))
-    except Exception:
-        return False  # a state it cannot read, a cloud it cannot ask: the Typer app explains
+    except Exception as e:
+        if not _expected(e):
+            raise  # a bug: shown, not hidden behind the slow path
+        return False  # the Typer app explains
     finally:
         conn.close()
     show(fleet, as_json=as_json, all_=all_)
     return True
+
+
+def _expected(e: Exception) -> bool:
+    """The failures the Typer app reports in words: a state it cannot read (locked, damaged: a
+    value not of its type), settings to report, a cloud it cannot ask (its errors' module is
+    loaded by then: not imported here, it costs pydantic)."""
+    import sqlite3
+
+    from provisioner.errors import ConfigError, ProvisionerError
+
+    kinds: tuple[type[Exception], ...] = (
+        sqlite3.Error,
+        ValueError,
+        OSError,
+        ConfigError,
+        ProvisionerError,
+    )
+    if "providers.base" in sys.modules:
+        kinds += (sys.modules["providers.base"].ProviderError,)
+    return isinstance(e, kinds)
 
 
 def _settings(config: str | None) -> Settings:
@@ -124,14 +148,14 @@ def _settings(config: str | None) -> Settings:
 
 def _as_recorded(sql: Sql, settings: Callable[[], Settings], now: Callable[[], datetime]) -> bool:
     """Whether each cloud finds every machine that reconciling would ask it about as recorded
-    (:func:`provisioner.schema.observed`, the rule of :func:`provisioner.lifecycle.reconcile`):
+    (:func:`provisioner.schema.observed`, the rule of :func:`provisioner.machines.reconcile`):
     the list calls reconciling makes, one per cloud, and nothing it would write."""
     from provisioner.schema import observed
 
     by_cloud: dict[str, list[Any]] = {}
     for row in sql.all(
         "SELECT cloud, region, instance_id, status, public_ip FROM machines"
-        " WHERE status NOT IN ('requested', 'terminated', 'failed')"
+        f" WHERE status NOT IN ('{S.REQUESTED}', '{S.TERMINATED}', '{S.FAILED}')"
     ):
         by_cloud.setdefault(row[0], []).append(row)
     if not by_cloud:

@@ -29,7 +29,7 @@ from provisioner.console import (
     write,
 )
 from provisioner.money import Money, Tally
-from provisioner.schema import ACTIVE_EXCLUDED, epoch_us
+from provisioner.schema import ACTIVE_EXCLUDED, MachineStatus, epoch_us
 
 #: The columns read of each machine: those :func:`machine_json` and the table show.
 COLUMNS = (
@@ -37,6 +37,7 @@ COLUMNS = (
     "gpu", "gpu_count", "market", "instance_id", "public_ip", "rate", "currency", "disk_rate",
     "created_at", "launched_at", "terminated_at",
 )  # fmt: skip
+S = MachineStatus
 _CHUNK = 500  # ids per IN (…): SQLite before 3.32 takes 999 parameters
 
 
@@ -49,7 +50,7 @@ class Row:
     name: str
     project: str
     owner: str
-    status: str
+    status: MachineStatus
     cloud: str | None
     region: str | None
     zone: str | None
@@ -125,6 +126,7 @@ def _decimal(v: Any) -> Decimal | None:
 
 def _row(r: Sequence[Any]) -> Row:
     v = dict(zip(COLUMNS, r, strict=True))
+    v["status"] = MachineStatus(v["status"])
     for k in ("rate", "disk_rate"):
         v[k] = _decimal(v[k])
     for k in ("created_at", "launched_at", "terminated_at"):
@@ -157,16 +159,16 @@ def read(sql: Sql, *, all_: bool, now: datetime, seen_since: datetime) -> Fleet:
     earlier = sorted({mid for c in chains.values() for mid in c[1:]} - ids)
     cost = costs(sql, f"SELECT id FROM machines{where}", now)
     cost.update(costs_of(sql, earlier, now))
-    notes = stopped_notes(sql) if any(m.status == "stopped" for m in rows) else {}
-    failed = _failed_events(sql) if any(m.status == "failed" for m in rows) else {}
+    notes = stopped_notes(sql) if any(m.status == S.STOPPED for m in rows) else {}
+    failed = _failed_events(sql) if any(m.status == S.FAILED for m in rows) else {}
     for m in rows:
         for mid in chains[m.id]:
             for c, v in cost.get(mid, {}).items():
                 m.spent[c] = m.spent.get(c, 0) + v
         m.launches = len(chains[m.id])
-        m.why = failure(failed.get(m.id, [])) if m.status == "failed" else notes.get(m.id)
+        m.why = failure(failed.get(m.id, [])) if m.status == S.FAILED else notes.get(m.id)
     warnings = gpus_not_seen(sql, seen_since)
-    warnings.update({m.name: m.why for m in rows if m.why and m.status == "stopped"})
+    warnings.update({m.name: m.why for m in rows if m.why and m.status == S.STOPPED})
     return Fleet(rows, warnings)
 
 
@@ -220,7 +222,7 @@ def costs_of(sql: Sql, ids: Sequence[str], now: datetime) -> dict[str, dict[str,
 def stopped_notes(sql: Sql) -> dict[str, str]:
     """Why stopped machines are stopped, when it is news: a preempted machine whose relaunch
     was refused, kept with its disk. One query, each one's latest event; by machine id."""
-    stopped = "SELECT id FROM machines WHERE status = 'stopped'"
+    stopped = f"SELECT id FROM machines WHERE status = '{S.STOPPED}'"
     rows = sql.all(
         "SELECT e.machine_id, e.detail FROM events e JOIN (SELECT max(id) AS eid FROM events"
         f" WHERE machine_id IN ({stopped}) GROUP BY machine_id) latest ON latest.eid = e.id"
@@ -244,7 +246,7 @@ def _failed_events(sql: Sql) -> dict[str, list[_Event]]:
     out: dict[str, list[_Event]] = {}
     for mid, kind, reason, detail in sql.all(
         "SELECT e.machine_id, e.kind, e.reason, e.detail FROM events e"
-        " JOIN machines m ON m.id = e.machine_id WHERE m.status = 'failed' ORDER BY e.id"
+        f" JOIN machines m ON m.id = e.machine_id WHERE m.status = '{S.FAILED}' ORDER BY e.id"
     ):
         out.setdefault(mid, []).append(_Event(kind, reason, _json(detail)))
     return out
@@ -376,7 +378,7 @@ def show(fleet: Fleet, *, as_json: bool, all_: bool) -> None:
         ]
         write(text_table(_TABLE, table))
         for m in rows:
-            if m.why and m.status == "failed":
+            if m.why and m.status == S.FAILED:
                 out.print(
                     f"{m.name} failed: {m.why}", highlight=False, markup=False, soft_wrap=True
                 )

@@ -27,7 +27,13 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship, validates
 
-from provisioner.schema import ACTIVE_EXCLUDED, EPOCH, epoch_us  # noqa: F401  (re-exported)
+from provisioner.schema import (  # noqa: F401  (re-exported)
+    ACTIVE_EXCLUDED,
+    EPOCH,
+    MachineStatus,
+    check_transition,
+    epoch_us,
+)
 
 
 class DecimalText(TypeDecorator[Decimal]):
@@ -63,6 +69,19 @@ class UTCDateTime(TypeDecorator[datetime]):
         return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
 
 
+class StatusText(TypeDecorator[MachineStatus]):
+    """A :class:`MachineStatus` kept as its value (the column stays ``VARCHAR(16)``)."""
+
+    impl = String(16)
+    cache_ok = True
+
+    def process_bind_param(self, value: Any, dialect: Any) -> str | None:
+        return None if value is None else MachineStatus(value).value
+
+    def process_result_value(self, value: Any, dialect: Any) -> MachineStatus | None:
+        return None if value is None else MachineStatus(value)
+
+
 def new_id() -> str:
     return uuid.uuid4().hex
 
@@ -72,8 +91,8 @@ class Base(DeclarativeBase):
 
 
 class Machine(Base):
-    """One experiment's machine, from intent to termination. ``status`` is the machine state
-    vocabulary plus ``requested`` (intent written, not launched yet) and ``failed``."""
+    """One experiment's machine, from intent to termination. ``status`` moves only as
+    :data:`provisioner.schema.TRANSITIONS` allows (checked on every assignment)."""
 
     __tablename__ = "machines"
 
@@ -81,7 +100,7 @@ class Machine(Base):
     name: Mapped[str] = mapped_column(String(64))
     project: Mapped[str] = mapped_column(String(64), index=True)
     owner: Mapped[str] = mapped_column(String(128), index=True)
-    status: Mapped[str] = mapped_column(String(16), index=True)
+    status: Mapped[MachineStatus] = mapped_column(StatusText, index=True)
     spec: Mapped[dict[str, Any]] = mapped_column(JSON)
     spec_path: Mapped[str | None] = mapped_column(Text)
     cloud: Mapped[str | None] = mapped_column(String(16))
@@ -123,6 +142,13 @@ class Machine(Base):
     @property
     def is_live(self) -> bool:
         return self.status not in ACTIVE_EXCLUDED
+
+    @validates("status")
+    def _move(self, _key: str, status: str) -> MachineStatus:
+        """Every writer goes through the transition table; a row being built (no status yet:
+        a new intent, or a test's fixture) may start anywhere."""
+        old = self.__dict__.get("status")
+        return MachineStatus(status) if old is None else check_transition(old, status)
 
 
 class Event(Base):

@@ -4,6 +4,7 @@ holds any machine) before loading SQLAlchemy."""
 
 from __future__ import annotations
 
+import enum
 import re
 from datetime import UTC, datetime, timedelta
 from functools import cache
@@ -14,8 +15,69 @@ if TYPE_CHECKING:
     import sqlite3
 
 MIGRATIONS = Path(__file__).parent / "migrations"
+
+
+class MachineStatus(enum.StrEnum):
+    """Where a machine is in its life. The cloud-side states are providers' ``MachineState``;
+    ``requested`` (the intent is written, nothing launched yet) and ``failed`` (no candidate
+    launched, or ``down`` before any did) are provisioner's own. A ``StrEnum``: the database,
+    the fleet's plain SQL and JSON hold the value itself."""
+
+    REQUESTED = "requested"
+    PENDING = "pending"
+    RUNNING = "running"
+    STOPPING = "stopping"
+    STOPPED = "stopped"
+    PREEMPTED = "preempted"
+    TERMINATED = "terminated"
+    FAILED = "failed"
+
+
+S = MachineStatus
+#: What the cloud can report of a launched machine (reconcile records whatever it sees).
+_CLOUD_SIDE = frozenset({S.PENDING, S.RUNNING, S.STOPPING, S.STOPPED, S.PREEMPTED, S.TERMINATED})
+#: The legal moves, from → to. A machine is born ``requested``; only an intent fails; nothing
+#: leaves ``terminated`` or ``failed`` (a relaunch is a new row, its name reused).
+TRANSITIONS: dict[MachineStatus, frozenset[MachineStatus]] = {
+    S.REQUESTED: frozenset({S.PENDING, S.RUNNING, S.FAILED}),
+    **{s: _CLOUD_SIDE - {s} for s in _CLOUD_SIDE - {S.TERMINATED}},
+    S.TERMINATED: frozenset(),
+    S.FAILED: frozenset(),
+}
 #: Statuses a machine is done with: not shown by default; its name may be reused.
-ACTIVE_EXCLUDED = ("terminated", "failed")
+ACTIVE_EXCLUDED = (S.TERMINATED.value, S.FAILED.value)
+#: Statuses in which the cloud charges for compute, and for the boot disk.
+COMPUTE_BILLED = frozenset({S.PENDING, S.RUNNING, S.STOPPING})
+DISK_BILLED = COMPUTE_BILLED | {S.STOPPED, S.PREEMPTED}
+
+
+class IllegalTransition(RuntimeError):
+    """A writer asked for a move :data:`TRANSITIONS` does not allow: a bug, never user input."""
+
+
+def check_transition(old: str | None, new: str) -> MachineStatus:
+    """``new`` as a :class:`MachineStatus` if a machine may move there from ``old`` (None: a
+    new row, which starts ``requested``); else :class:`IllegalTransition`."""
+    to = MachineStatus(new)
+    if to not in (TRANSITIONS[MachineStatus(old)] if old else {S.REQUESTED}):
+        raise IllegalTransition(f"a machine cannot move from {old or 'nothing'} to {to}")
+    return to
+
+
+class AttemptOutcome(enum.StrEnum):
+    """How one candidate of an ``up`` ended: launched, the failure class that blocked its zone,
+    region or cloud, or skipped because an earlier failure already blocked it."""
+
+    LAUNCHED = "launched"
+    CAPACITY = "capacity"
+    QUOTA = "quota"
+    AUTH = "auth"
+    SETTINGS = "settings"
+    INVALID = "invalid"
+    ERROR = "error"
+    SKIPPED = "skipped"
+
+
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
@@ -24,14 +86,14 @@ def epoch_us(at: datetime) -> int:
     return (at - EPOCH) // timedelta(microseconds=1)
 
 
-def observed(inst: Any, public_ip: str | None) -> tuple[str, str | None]:
+def observed(inst: Any, public_ip: str | None) -> tuple[MachineStatus, str | None]:
     """A machine's status and address by its cloud's answer ``inst`` (an Instance, or None: the
     cloud no longer knows it, so it is terminated). A restarted machine may have a new address
     (AWS, GCP and Yandex give dynamic ones; `ssh` must not connect to the old); one reported
     without any keeps the recorded ``public_ip``. Unchanged from the record: nothing to write."""
     if inst is None:
-        return "terminated", public_ip
-    return str(inst.state), inst.public_ip or public_ip
+        return MachineStatus.TERMINATED, public_ip
+    return MachineStatus(inst.state), inst.public_ip or public_ip
 
 
 @cache  # the files a process was installed with

@@ -30,7 +30,7 @@ from providers.base import (
     MachineState,
     QuotaError,
 )
-from provisioner import catalog, lifecycle, planning
+from provisioner import catalog, machines, planning
 from provisioner.app import App
 from provisioner.spec import Experiment
 from tests.conftest import make_settings, sandbox_experiment
@@ -361,16 +361,16 @@ def test_spot_up_preemption_recovery_and_down_leave_nothing_billed(
 
     app, experiment = aws_app(emu, home, clock)
     try:
-        first = lifecycle.up(app, experiment).machine
+        first = machines.up(app, experiment).machine
         emu.preempt(first.instance_id, first.region, action="terminate")
         emu.restore_capacity()  # a persistent request would come back here
-        lifecycle.reconcile(app)
+        machines.reconcile(app)
         done = recover.run(app)
         assert [(a.action, a.done) for a in done.actions] == [("relaunch", True)]
-        second = lifecycle.find(app, "train")
+        second = machines.find(app, "train")
         assert second.instance_id != first.instance_id
         assert emu.billed_instances(second.region) == [second.instance_id]
-        lifecycle.down(app, "train")
+        machines.down(app, "train")
         emu.restore_capacity()
     finally:
         app.close()
@@ -450,7 +450,7 @@ def test_up_fails_over_from_a_zone_without_capacity(emu: AwsEmulator, home: Path
         assert first.offer.zone != second.offer.zone
         emu.faults.no_capacity(first.offer.zone)
 
-        result = lifecycle.up(app, experiment)
+        result = machines.up(app, experiment)
     finally:
         app.close()
 

@@ -648,7 +648,7 @@ def test_fetch_offers_reads_linux_and_spot_prices_across_pages(emulator, provide
 
 
 def test_up_lands_in_the_next_region_when_the_first_has_no_capacity(emulator, home, clock):
-    from provisioner import catalog, lifecycle
+    from provisioner import catalog, machines
     from provisioner.app import App
     from provisioner.spec import Experiment
     from tests.conftest import make_settings
@@ -678,7 +678,7 @@ def test_up_lands_in_the_next_region_when_the_first_has_no_capacity(emulator, ho
     app = App(settings, clock)
     app.use_provider("azure", provider)  # the emulator's credential, not DefaultAzureCredential
     try:
-        result = lifecycle.up(app, experiment)
+        result = machines.up(app, experiment)
     finally:
         app.close()
 

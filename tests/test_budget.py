@@ -10,7 +10,7 @@ from decimal import Decimal
 import pytest
 from sqlalchemy import select
 
-from provisioner import budget, lifecycle, planning
+from provisioner import budget, machines, planning
 from provisioner.app import App
 from provisioner.errors import OperationFailed, UserError
 from provisioner.jobs import enforce, lease
@@ -86,9 +86,9 @@ def test_up_refused_over_budget_and_allowed_when_it_fits(bapp, policy_dir):
         match=r"refused by budget demo-budget \(2026-11\): 100\.00 USD "
         r"budget, 0\.00 USD spent.*would cost 107\.76 USD over 687\.0 h",
     ):
-        lifecycle.up(bapp, experiment())
+        machines.up(bapp, experiment())
     # a max lifetime bounds the projection: 48 h fits
-    m = lifecycle.up(bapp, experiment("short", lifetime="48h")).machine
+    m = machines.up(bapp, experiment("short", lifetime="48h")).machine
     assert m.status == "running"
     # what the live machine still commits counts: 100 − 48 h of it leaves too little for 687 h
     p = planning.plan(bapp, experiment("more", lifetime="600h"))
@@ -96,7 +96,7 @@ def test_up_refused_over_budget_and_allowed_when_it_fits(bapp, policy_dir):
     assert proj.status.committed.rounded().amount == (48 * PER_H).quantize(Decimal("0.01"))
     assert proj.over
     with pytest.raises(UserError, match="committed by live machines"):
-        lifecycle.up(bapp, experiment("more", lifetime="600h"))
+        machines.up(bapp, experiment("more", lifetime="600h"))
 
 
 def test_failover_skips_offers_the_budget_cannot_afford(home, clock, policy_dir, db_url):
@@ -115,7 +115,7 @@ def test_failover_skips_offers_the_budget_cannot_afford(home, clock, policy_dir,
     assert budget.guard(plan).rejected["over the budget left"] > 0
     assert {c.offer.region for c in plan.candidates} == {"sandbox-us"}
     with pytest.raises(OperationFailed, match="on any of 3 candidates"):
-        lifecycle.up(app, experiment(lifetime="100h"))
+        machines.up(app, experiment(lifetime="100h"))
     app.close()
 
 
@@ -139,7 +139,7 @@ def test_alerts_once_each_then_exhaustion_blocks_and_stops(
     smtp_server,  # noqa: F811
     how,
 ):
-    m = lifecycle.up(bapp, experiment("big", gpu="A100:8", market="spot")).machine  # 11 USD/h
+    m = machines.up(bapp, experiment("big", gpu="A100:8", market="spot")).machine  # 11 USD/h
     set_policy(bapp, policy_dir / "p.yaml", policy("2000 USD", on_exhausted=how))
     clock.advance(timedelta(hours=1))
     seen = []
@@ -181,11 +181,11 @@ def test_alerts_once_each_then_exhaustion_blocks_and_stops(
     assert mm.status == ("stopped" if how == "stop" else "terminated")
     assert last.reason == "budget"
     with pytest.raises(UserError, match=r"refused by budget demo-budget.*-[\d,.]+ USD left"):
-        lifecycle.up(bapp, experiment("another", lifetime="1h"))
+        machines.up(bapp, experiment("another", lifetime="1h"))
 
 
 def test_block_only_keeps_machines_running(bapp, policy_dir, clock, smtp_server):  # noqa: F811
-    m = lifecycle.up(bapp, experiment()).machine
+    m = machines.up(bapp, experiment()).machine
     set_policy(bapp, policy_dir / "p.yaml", policy("1 USD", recipients=[]))
     clock.advance(timedelta(hours=10))  # 1.57 USD
     kinds = [a.kind for a in enforce.run(bapp, clock.now())]
@@ -194,13 +194,13 @@ def test_block_only_keeps_machines_running(bapp, policy_dir, clock, smtp_server)
     with bapp.db.session() as s:
         assert s.get(Machine, m.id).status == "running"
     with pytest.raises(UserError, match="refused by budget"):
-        lifecycle.up(bapp, experiment("second", lifetime="1h"))
+        machines.up(bapp, experiment("second", lifetime="1h"))
 
 
 def test_a_second_scheduler_leaves_budget_stops_to_the_lease_holder(bapp, policy_dir, clock):
     """Two schedulers enforce every minute: only the one holding the lease stops machines,
     the other still sends (its share of) the alerts, each once."""
-    m = lifecycle.up(bapp, experiment()).machine
+    m = machines.up(bapp, experiment()).machine
     set_policy(bapp, policy_dir / "p.yaml", policy("1 USD", recipients=[], on_exhausted="stop"))
     clock.advance(timedelta(hours=10))  # 1.57 USD
     assert lease.acquire(bapp, "budget.enforce", clock.now(), holder="other-scheduler")
@@ -215,7 +215,7 @@ def test_a_second_scheduler_leaves_budget_stops_to_the_lease_holder(bapp, policy
 
 
 def test_a_failed_mail_is_retried_next_run(bapp, policy_dir, clock, smtp_server):  # noqa: F811
-    lifecycle.up(bapp, experiment("big", gpu="A100:8"))
+    machines.up(bapp, experiment("big", gpu="A100:8"))
     set_policy(bapp, policy_dir / "p.yaml", policy("2000 USD"))
     clock.advance(timedelta(hours=1))
     bapp.settings.smtp.port = 1  # nothing listens there

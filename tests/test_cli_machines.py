@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from policies.duration import format_duration
-from provisioner import lifecycle
+from provisioner import machines
 from provisioner.app import App
 from provisioner.clock import CLOCK_ENV, ManualClock
 from provisioner.jobs import reconcile, recover
@@ -51,7 +51,7 @@ def launch(cfg: Path, name: str, at=TEST_START, **spec) -> App:
     a = App(load_settings(cfg), ManualClock(at))
     data = sandbox_experiment(name)
     data.update(spec)
-    lifecycle.up(a, Experiment.model_validate(data))
+    machines.up(a, Experiment.model_validate(data))
     return a
 
 
@@ -108,12 +108,12 @@ def test_status_all_says_why_a_machine_failed(cli, home, tmp_path):
 def test_spent_does_not_restart_at_zero_after_a_recovery(cli, home, monkeypatch):
     cfg = write_settings(home)
     a = launch(cfg, "spot", lifecycle={"on_preemption": "relaunch"})
-    lost = lifecycle.find(a, "spot")
+    lost = machines.find(a, "spot")
     a.clock.advance(timedelta(hours=2))
-    a.provider("sandbox").preempt(lifecycle.ref(lost))
+    a.provider("sandbox").preempt(machines.ref(lost))
     reconcile.run(a)
     assert [x.done for x in recover.run(a).actions] == [True]
-    new = lifecycle.find(a, "spot")
+    new = machines.find(a, "spot")
     a.clock.advance(timedelta(hours=1))
     at = a.clock.now()
     a.close()
@@ -202,7 +202,7 @@ def test_several_machines_at_once_with_confirmation(cli, home, monkeypatch):
         data = sandbox_experiment(name)
         data["project"] = project
         a = App(load_settings(cfg), ManualClock(TEST_START))
-        lifecycle.up(a, Experiment.model_validate(data))
+        machines.up(a, Experiment.model_validate(data))
         a.close()
     # no terminal, no --yes: refused, nothing done
     r = cli("--config", str(cfg), "stop", "--all")
@@ -378,7 +378,7 @@ def test_a_settings_error_is_said_once_not_once_per_zone(home, monkeypatch):
     data = sandbox_experiment("v100", gpu="V100:1", market="reserved", clouds=["yandex"])
     said: list[str] = []
     with pytest.raises(OperationFailed) as e:
-        lifecycle.up(a, Experiment.model_validate(data), progress=said.append)
+        machines.up(a, Experiment.model_validate(data), progress=said.append)
     a.close()
     assert sum("no folder set" in s for s in said) == 1, said
     assert "on any of 1 candidate tried" in str(e.value) and "settings" in str(e.value)
@@ -413,7 +413,7 @@ def test_status_asks_the_database_the_same_few_queries_for_any_number_of_machine
             a = App(load_settings(cfg), ManualClock(TEST_START))
             for i in range(n - len(names_in_state(a))):
                 data = sandbox_experiment(f"m{n}-{i}")
-                lifecycle.up(a, Experiment.model_validate(data))
+                machines.up(a, Experiment.model_validate(data))
             a.close()
             statements.clear()
             r = cli("--config", str(cfg), "status", "--no-refresh", "-o", "json")
@@ -448,7 +448,7 @@ def test_status_shows_what_the_clouds_say_and_reads_the_fleet_again_only_then(
 
     cfg = write_settings(home)
     a = launch(cfg, "one")
-    one = lifecycle.find(a, "one")
+    one = machines.find(a, "one")
     launch(cfg, "two").close()
     reads: list[str] = []
     plain = Sql.all
@@ -474,7 +474,7 @@ def test_status_shows_what_the_clouds_say_and_reads_the_fleet_again_only_then(
                 "UPDATE machines SET public_ip = '203.0.113.7' WHERE id = ?", (one.instance_id,)
             )
         assert shown() == {**before, "one": ("running", "203.0.113.7")} and len(reads) == 2
-        a.provider("sandbox").preempt(lifecycle.ref(one))
+        a.provider("sandbox").preempt(machines.ref(one))
         assert shown()["one"][0] != "running" and len(reads) == 2
         assert shown()["two"] == before["two"] and len(reads) == 1
     finally:

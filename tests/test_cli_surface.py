@@ -53,13 +53,13 @@ def has_output(path: tuple[str, ...]) -> bool:
 @pytest.fixture
 def fleet(home: Path, tmp_path: Path):
     """Settings with the sandbox and one running machine ``exp`` (project demo)."""
-    from provisioner import lifecycle
+    from provisioner import machines
     from provisioner.spec import Experiment
 
     cfg = write_settings(home)
     spec = write_yaml(tmp_path / "exp.yaml", sandbox_experiment("exp"))
     a = App(load_settings(cfg), ManualClock(TEST_START))
-    lifecycle.up(a, Experiment.model_validate(sandbox_experiment("exp")))
+    machines.up(a, Experiment.model_validate(sandbox_experiment("exp")))
     a.close()
     return cfg, spec
 
@@ -178,12 +178,12 @@ def test_json_is_typed_consistently(cli, fleet):
 
 def test_status_and_plan_at_80_columns_keep_names_state_and_prices_whole(cli, fleet, tmp_path):
     cfg, spec = fleet
-    from provisioner import lifecycle
+    from provisioner import machines
     from provisioner.spec import Experiment
 
     a = App(load_settings(cfg), ManualClock(TEST_START))
     long = "llama-finetune-lora-ablation-7"
-    lifecycle.up(a, Experiment.model_validate(sandbox_experiment(long, gpu="A100:8")))
+    machines.up(a, Experiment.model_validate(sandbox_experiment(long, gpu="A100:8")))
     a.close()
     r = cli("--config", str(cfg), "status", "--no-refresh")
     lines = r.out.splitlines()

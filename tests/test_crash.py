@@ -12,7 +12,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from sqlalchemy import select
 
-from provisioner import lifecycle
+from provisioner import machines
 from provisioner.app import App
 from provisioner.clock import ManualClock
 from provisioner.models import Machine, UsageInterval
@@ -87,7 +87,7 @@ def consistent(settings, name: str) -> tuple[Machine, list]:
         sandbox = app.provider("sandbox")
         ours = [i for i in sandbox.list_managed() if i.state.value != "terminated"]
         assert [i.id for i in ours] == [live[0].instance_id]
-        found, _ = lifecycle.orphans(app, ["sandbox"])
+        found, _ = machines.orphans(app, ["sandbox"])
         assert found == []
         assert not [iv for iv in ivs if iv.machine_id in dead and iv.ended_at is None]
         for kind in ("compute", "disk"):  # never two open intervals of one kind
@@ -106,7 +106,7 @@ def consistent(settings, name: str) -> tuple[Machine, list]:
 def test_sweep_killed_after_the_cloud_stopped_converges(world, point):
     cfg, settings = world
     app = App(settings, ManualClock(T0))
-    lifecycle.up(app, Experiment.model_validate(sandbox_experiment("sleepy")))
+    machines.up(app, Experiment.model_validate(sandbox_experiment("sleepy")))
     app.close()
     at = T0 + timedelta(hours=1)
     first = run_job(cfg, "sweep", at, crash=point)
@@ -125,9 +125,9 @@ def test_sweep_killed_after_the_cloud_stopped_converges(world, point):
 def test_recovery_killed_at_each_step_converges(world, point):
     cfg, settings = world
     app = App(settings, ManualClock(T0))
-    first = lifecycle.up(app, Experiment.model_validate(sandbox_experiment("spotty"))).machine
-    app.provider("sandbox").preempt(lifecycle.ref(first))
-    lifecycle.reconcile(app)
+    first = machines.up(app, Experiment.model_validate(sandbox_experiment("spotty"))).machine
+    app.provider("sandbox").preempt(machines.ref(first))
+    machines.reconcile(app)
     app.close()
     at = T0 + timedelta(minutes=3)  # before the idle rule could act on the new machine
     r = run_job(cfg, "recover", at, crash=point)

@@ -24,7 +24,7 @@ from wsgiref.util import setup_testing_defaults
 
 import pytest
 
-from provisioner import idle, lifecycle
+from provisioner import idle, machines
 from provisioner.app import App
 from provisioner.clock import CLOCK_ENV
 from provisioner.dashboard import make_app
@@ -61,7 +61,7 @@ POLICIES = [
 
 def up(app, name, project="demo", owner="ana@example.com", **res) -> None:
     e = sandbox_experiment(name, **res) | {"project": project, "owner": owner}
-    lifecycle.up(app, Experiment.model_validate(e))
+    machines.up(app, Experiment.model_validate(e))
 
 
 def seed(home: Path, clock, db_url: str | None = None) -> tuple[App, Path]:
@@ -77,11 +77,11 @@ def seed(home: Path, clock, db_url: str | None = None) -> tuple[App, Path]:
     clock.set(datetime(2026, 11, 5, 10, tzinfo=UTC))
     up(a, "big-a100", gpu="A100:1", market="reserved")
     clock.set(datetime(2026, 11, 12, 18, tzinfo=UTC))
-    lifecycle.down(a, "big-a100")
+    machines.down(a, "big-a100")
     clock.set(datetime(2026, 11, 16, 9, tzinfo=UTC))
     up(a, "seg-2", project="vision", owner="carol@example.com", regions=["sandbox-ru"])
     clock.set(datetime(2026, 11, 20, 20, tzinfo=UTC))  # the scheduler's idle stop
-    lifecycle.stop(
+    machines.stop(
         a,
         "seg-2",
         reason="off-hours-idle",

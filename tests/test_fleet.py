@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from provisioner import ledger, lifecycle
+from provisioner import ledger, machines
 from provisioner.fleet import Sql, read
 from provisioner.jobs import reconcile, recover
 from provisioner.models import EPOCH, Heartbeat
@@ -23,17 +23,17 @@ def fleet_of(app, *, all_: bool = True):
 def test_costs_launches_and_warnings_are_the_ledgers_on_each_database(app):
     for name in ("run", "idle", "gone"):
         data = {**sandbox_experiment(name), "lifecycle": {"on_preemption": "relaunch"}}
-        lifecycle.up(app, Experiment.model_validate(data))
+        machines.up(app, Experiment.model_validate(data))
     app.clock.advance(timedelta(hours=2, seconds=7, microseconds=3))
-    lifecycle.stop_many(app, ["idle"])
-    lifecycle.down_many(app, ["gone"])
-    app.provider("sandbox").preempt(lifecycle.ref(lifecycle.find(app, "run")))
+    machines.stop_many(app, ["idle"])
+    machines.down_many(app, ["gone"])
+    app.provider("sandbox").preempt(machines.ref(machines.find(app, "run")))
     reconcile.run(app)
     assert [x.done for x in recover.run(app).actions] == [True]
     app.clock.advance(timedelta(hours=1, minutes=13))
     now = app.clock.now()
     with app.db.session() as s:
-        new = lifecycle.find(app, "run")
+        new = machines.find(app, "run")
         s.add(Heartbeat(machine_id=new.id, at=now - timedelta(minutes=2), gpus=[{}], max_util=1))
         s.add(Heartbeat(machine_id=new.id, at=now - timedelta(minutes=1), gpus=[], max_util=None))
     with app.db.session() as s:

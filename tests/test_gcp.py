@@ -785,7 +785,7 @@ def test_fetch_offers_honours_configured_zones_and_needs_a_key(
 def up(emu: GCPEmulator, home: Path, clock, monkeypatch: pytest.MonkeyPatch, gpu: str, prepare):
     """Plan and `up` a spot ``gpu`` experiment on the emulator; ``prepare(candidates)`` runs
     between the two (to break the cloud where the plan would go). Returns the UpResult."""
-    from provisioner import catalog, lifecycle, planning
+    from provisioner import catalog, machines, planning
     from provisioner.app import App
     from provisioner.spec import Experiment
     from tests.conftest import make_settings
@@ -812,7 +812,7 @@ def up(emu: GCPEmulator, home: Path, clock, monkeypatch: pytest.MonkeyPatch, gpu
     app = App(settings, clock)
     try:
         prepare(planning.plan(app, experiment).candidates)
-        return lifecycle.up(app, experiment)
+        return machines.up(app, experiment)
     finally:
         app.close()
 

@@ -19,7 +19,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from sqlalchemy import func, select
 
-from provisioner import agent, idle, lifecycle
+from provisioner import agent, idle, machines
 from provisioner.app import App
 from provisioner.jobs.metrics import Metrics
 from provisioner.models import Event, Heartbeat, Machine
@@ -40,7 +40,7 @@ def agent_app(home, clock, db_url):
 def launch(app: App, name: str = "exp", script: str | None = "#!/bin/bash\necho hi") -> Machine:
     spec = sandbox_experiment(name)
     spec["startup_script"] = script
-    return lifecycle.up(app, Experiment.model_validate(spec)).machine
+    return machines.up(app, Experiment.model_validate(spec)).machine
 
 
 def user_data(app: App, m: Machine) -> str:
@@ -135,7 +135,7 @@ def test_endpoint_records_good_tokens_and_refuses_others(agent_app):
         assert post(ep.url, m, token, {"gpus": [{"util": 250}]}, ms + 6)[0] == 400
         with urllib.request.urlopen(ep.url + "/healthz", timeout=10) as r:
             assert json.loads(r.read()) == {"ok": True}
-        lifecycle.down(agent_app, "exp")
+        machines.down(agent_app, "exp")
         assert post(ep.url, m, token, {"gpus": gpus}, ms + 7)[0] == 401  # a terminated machine
     assert count_beats(agent_app) == 1
     with agent_app.db.session() as s:

@@ -34,12 +34,21 @@ ORDER = [
     "provisioner.planner",  # pure ranking: offers × spec × policy check
     "provisioner.mail",
     "provisioner.app",  # the context: settings, clock, database, providers, policies
+    "provisioner.ledger.periods",  # the ledger: periods, intervals, sums, projections
+    "provisioner.ledger.record",
+    "provisioner.ledger.sums",
+    "provisioner.ledger.projections",
     "provisioner.ledger",
     "provisioner.budget",  # budget rules and standing; no enforcement
     "provisioner.planning",  # an experiment's plan: offers, policy decision, budget projection
     "provisioner.web",  # the HTTP server: WSGI apps under path prefixes (waitress)
     "provisioner.idle",
-    "provisioner.lifecycle",
+    "provisioner.machines.record",  # a machine's life: events, transitions, its cloud's calls
+    "provisioner.machines.attempts",  # the typed launch attempt and what failures block
+    "provisioner.machines.launch",  # up: intent, attempts, adoption
+    "provisioner.machines.actions",  # stop, start, down, many at once, wait until ready
+    "provisioner.machines.reconcile",  # observations, orphans, gc
+    "provisioner.machines",
     "provisioner.reports",  # the report model: numbers
     "provisioner.render",  # the report as text, HTML, chart, CSV and mail
     "provisioner.jobs",

@@ -9,7 +9,7 @@ from decimal import ROUND_HALF_UP, Decimal
 import pytest
 from sqlalchemy import func, select
 
-from provisioner import ledger, lifecycle
+from provisioner import ledger, machines
 from provisioner.ledger import Period, Scope
 from provisioner.models import Event, Machine, UsageInterval
 from provisioner.money import Amounts
@@ -33,7 +33,7 @@ def q(amounts: dict) -> dict:
 
 
 def up(app, name, **res) -> Machine:
-    return lifecycle.up(app, Experiment.model_validate(sandbox_experiment(name, **res))).machine
+    return machines.up(app, Experiment.model_validate(sandbox_experiment(name, **res))).machine
 
 
 def month(app, clock) -> dict[str, Machine]:
@@ -51,27 +51,27 @@ def month(app, clock) -> dict[str, Machine]:
         "ru-res": up(app, "ru-res", market="reserved", regions=["sandbox-ru"]),
     }
     clock.set(T(3, 20))
-    lifecycle.stop(app, "us-spot", reason="off-hours")
+    machines.stop(app, "us-spot", reason="off-hours")
     clock.set(T(5, 8))
-    lifecycle.start(app, "us-spot", reason="off-hours")
+    machines.start(app, "us-spot", reason="off-hours")
     clock.set(T(6, 20))
-    lifecycle.stop(app, "ru-res", reason="off-hours")
-    lifecycle.reconcile(app)  # the cloud agrees: nothing changes
+    machines.stop(app, "ru-res", reason="off-hours")
+    machines.reconcile(app)  # the cloud agrees: nothing changes
     clock.set(T(9, 8))
-    lifecycle.start(app, "ru-res", reason="off-hours")
+    machines.start(app, "ru-res", reason="off-hours")
     clock.set(T(10, 12))
-    app.provider("sandbox").preempt(lifecycle.ref(ms["us-spot"]))
-    obs = {o.machine.name: (o.observed, o.changed) for o in lifecycle.reconcile(app)}
+    app.provider("sandbox").preempt(machines.ref(ms["us-spot"]))
+    obs = {o.machine.name: (o.observed, o.changed) for o in machines.reconcile(app)}
     assert obs["us-spot"] == ("preempted", True)
-    assert lifecycle.reconcile(app)[0].changed is False  # seen twice, recorded once
+    assert machines.reconcile(app)[0].changed is False  # seen twice, recorded once
     clock.set(T(10, 15))
-    lifecycle.start(app, "us-spot")
+    machines.start(app, "us-spot")
     clock.set(T(16, 10))
     ms["us-a100"] = up(app, "us-a100", gpu="A100:1", market="reserved")
     clock.set(T(16, 22, 30))
-    lifecycle.down(app, "us-a100")
+    machines.down(app, "us-a100")
     clock.set(T(20, 18))
-    lifecycle.down(app, "us-spot")
+    machines.down(app, "us-spot")
     clock.set(datetime(2026, 12, 1, 3, tzinfo=UTC))  # the report runs after the month ended
     return ms
 
@@ -112,11 +112,11 @@ def test_reobserving_and_rerunning_change_nothing(app, clock):
         rows = s.scalar(select(func.count()).select_from(UsageInterval))
         events = s.scalar(select(func.count()).select_from(Event))
     for _ in range(2):
-        lifecycle.reconcile(app)
+        machines.reconcile(app)
         with app.db.session() as s:
             for m in s.scalars(select(Machine)):
                 assert ledger.record_transition(s, m, m.status, clock.now()) is False
-    assert lifecycle.stop(app, "ru-res")[1] is True
+    assert machines.stop(app, "ru-res")[1] is True
     with app.db.session() as s:  # a stop after the month changes nothing in it
         assert ledger.total(s, NOV.start, NOV.end) == before
         assert s.scalar(select(func.count()).select_from(UsageInterval)) == rows
@@ -156,9 +156,9 @@ def test_forecast_is_run_rate_plus_trend_and_respects_max_lifetime(app, clock):
     steady = up(app, "steady")
     brief = up(app, "brief")
     clock.set(T(6))
-    lifecycle.down(app, "brief")
+    machines.down(app, "brief")
     clock.set(T(10))
-    short = lifecycle.up(
+    short = machines.up(
         app,
         Experiment.model_validate(
             {**sandbox_experiment("short"), "lifecycle": {"max_lifetime": "48h"}}
@@ -180,7 +180,7 @@ def test_forecast_is_run_rate_plus_trend_and_respects_max_lifetime(app, clock):
 def test_idle_waste_from_the_stop_event(app, clock, reason):
     m = up(app, "idler")
     clock.advance(timedelta(hours=5))
-    lifecycle.stop(app, "idler", reason=reason)
+    machines.stop(app, "idler", reason=reason)
     with app.db.session() as s:
         ev = s.scalars(select(Event).where(Event.machine_id == m.id, Event.reason == reason)).one()
         assert q(ledger.idle_waste(s, NOV, clock.now())) == q({"USD": Decimal("0.075")})  # 30 min

@@ -10,7 +10,7 @@ from decimal import Decimal
 import pytest
 from sqlalchemy import select
 
-from provisioner import ledger, lifecycle
+from provisioner import ledger, machines
 from provisioner.app import App
 from provisioner.errors import OperationFailed, UserError
 from provisioner.models import Event, Machine, UsageInterval
@@ -51,7 +51,7 @@ def intervals(app: App, m: Machine) -> list[tuple[str, object, object]]:
 
 
 def test_up_launches_cheapest_and_records_rate(app):
-    r = lifecycle.up(app, experiment())
+    r = machines.up(app, experiment())
     m = r.machine
     assert (m.status, m.cloud, m.zone, m.instance_type, m.market) == (
         "running",
@@ -62,14 +62,14 @@ def test_up_launches_cheapest_and_records_rate(app):
     )
     assert (m.rate, m.currency) == (Decimal("0.15"), "USD")
     assert m.disk_rate == Decimal("0.10") * 50 / 730  # per GB-month → per hour, fixed at launch
-    inst = app.provider("sandbox").get(lifecycle.ref(m))
+    inst = app.provider("sandbox").get(machines.ref(m))
     assert inst.labels["provisioner-machine"] == m.id and inst.labels["managed-by"] == "provisioner"
     assert [k for k, _, _ in events(app, m)] == ["requested", "launch-attempt", "launched"]
 
 
 def test_failover_across_exhausted_zones(sandbox_app):
     app = sandbox_app(capacity={"sandbox-us-1a": 0, "sandbox-us-1b": 0})
-    r = lifecycle.up(app, experiment())
+    r = machines.up(app, experiment())
     assert r.machine.zone == "sandbox-us-1c"
     assert [(a.where, a.outcome) for a in r.attempts] == [
         ("sandbox/sandbox-us-1a", "capacity"),
@@ -85,7 +85,7 @@ def test_failover_across_exhausted_zones(sandbox_app):
 
 def test_quota_blocks_the_whole_region(sandbox_app):
     app = sandbox_app(quota_gpus={"sandbox-us": 0})
-    r = lifecycle.up(app, experiment())
+    r = machines.up(app, experiment())
     assert r.machine.region == "sandbox-eu"
     outcomes = [(a.where, a.outcome) for a in r.attempts]
     assert outcomes[:3] == [
@@ -100,25 +100,25 @@ def test_quota_blocks_the_whole_region(sandbox_app):
 def test_auth_failure_blocks_the_cloud_and_fails_cleanly(sandbox_app):
     app = sandbox_app(auth_fail=True)
     with pytest.raises(OperationFailed, match="auth"):
-        lifecycle.up(app, experiment())
+        machines.up(app, experiment())
     with app.db.session() as s:
         (m,) = s.scalars(select(Machine)).all()
     assert m.status == "failed"
     assert app.provider("sandbox").api_calls == 1  # the other 4 candidates were not even tried
     app.provider("sandbox").inject(auth_fail=False)
-    assert lifecycle.up(app, experiment()).machine.status == "running"  # the name is free again
+    assert machines.up(app, experiment()).machine.status == "running"  # the name is free again
 
 
 def test_up_of_a_running_name_says_so(app):
-    first = lifecycle.up(app, experiment()).machine
-    again = lifecycle.up(app, experiment())
+    first = machines.up(app, experiment()).machine
+    again = machines.up(app, experiment())
     assert again.already and again.machine.id == first.id
     assert len(app.provider("sandbox").list_managed()) == 1
 
 
 def test_no_candidate_is_a_user_error(app):
     with pytest.raises(UserError, match="no offer fits"):
-        lifecycle.up(app, experiment(gpu="H100:16"))
+        machines.up(app, experiment(gpu="H100:16"))
 
 
 @pytest.mark.parametrize("point", ["after-intent", "before-launch", "after-launch"])
@@ -143,16 +143,16 @@ def test_crash_then_rerun_gives_one_machine(home, tmp_path, point, db_url):
 
 def test_stop_start_down_are_idempotent_and_intervals_follow(app, clock):
     t0 = clock.now()
-    m = lifecycle.up(app, experiment()).machine
+    m = machines.up(app, experiment()).machine
     clock.advance(timedelta(hours=1))
-    assert lifecycle.stop(app, "exp")[1] is True
-    assert lifecycle.stop(app, "exp")[1] is False
+    assert machines.stop(app, "exp")[1] is True
+    assert machines.stop(app, "exp")[1] is False
     clock.advance(timedelta(hours=2))
-    assert lifecycle.start(app, "exp")[1] is True
-    assert lifecycle.start(app, "exp")[1] is False
+    assert machines.start(app, "exp")[1] is True
+    assert machines.start(app, "exp")[1] is False
     clock.advance(timedelta(minutes=30))
-    assert lifecycle.down(app, "exp")[1] is True
-    assert lifecycle.down(app, "exp")[1] is False
+    assert machines.down(app, "exp")[1] is True
+    assert machines.down(app, "exp")[1] is False
     h = timedelta(hours=1)
     assert intervals(app, m) == [
         ("compute", t0, t0 + h),
@@ -162,17 +162,17 @@ def test_stop_start_down_are_idempotent_and_intervals_follow(app, clock):
     with app.db.session() as s:
         total = ledger.machine_spend(s, s.get(Machine, m.id), t0, t0 + 10 * h)["USD"].amount
     assert total == Decimal("0.15") * Decimal("1.5") + Decimal("0.10") * 50 / 730 * Decimal("3.5")
-    assert app.provider("sandbox").get(lifecycle.ref(m)).state.value == "terminated"
+    assert app.provider("sandbox").get(machines.ref(m)).state.value == "terminated"
 
 
 def test_status_reconciles_a_preemption(app, clock):
     t0 = clock.now()
-    m = lifecycle.up(app, experiment()).machine
+    m = machines.up(app, experiment()).machine
     clock.advance(timedelta(minutes=40))
-    app.provider("sandbox").preempt(lifecycle.ref(m))
-    obs = lifecycle.reconcile(app)
+    app.provider("sandbox").preempt(machines.ref(m))
+    obs = machines.reconcile(app)
     assert [(o.machine.name, o.observed, o.changed) for o in obs] == [("exp", "preempted", True)]
-    assert lifecycle.reconcile(app)[0].changed is False  # observing it again changes nothing
+    assert machines.reconcile(app)[0].changed is False  # observing it again changes nothing
     compute = [iv for iv in intervals(app, m) if iv[0] == "compute"]
     assert compute == [("compute", t0, t0 + timedelta(minutes=40))]
     assert ("preempted", "preempted", None) in events(app, m)
@@ -181,9 +181,9 @@ def test_status_reconciles_a_preemption(app, clock):
 def test_machines_made_outside_provisioner_are_not_ours(app):
     sandbox = app.provider("sandbox")
     sandbox.create_unmanaged("hand-made")
-    lifecycle.up(app, experiment())
+    machines.up(app, experiment())
     assert [i.name for i in sandbox.list_managed()] == [
-        lifecycle.resource_name(experiment(), i.machine_id) for i in sandbox.list_managed()
+        machines.resource_name(experiment(), i.machine_id) for i in sandbox.list_managed()
     ]
     assert len(sandbox.list_managed()) == 1
 
@@ -196,7 +196,7 @@ def test_status_shows_what_each_machine_cost_so_far(home, db_url):
 
     launched = TEST_START
     app = App(make_settings(home, state_url=db_url), ManualClock(launched))
-    lifecycle.up(app, experiment())
+    machines.up(app, experiment())
     app.close()
     per_hour = Decimal("0.15") + Decimal("0.10") * 50 / 730  # compute + 50 GB disk
 
@@ -231,20 +231,20 @@ def test_a_spot_cap_in_another_currency_reaches_the_cloud_converted():
     c = Candidate(offer, "spot", Money(Decimal("14.25"), "RUB"), Money(Decimal("0.18"), "USD"))
     exp = experiment(max_price_per_hour="1 USD")
     m = Machine(id="m1", name="exp")
-    request = lifecycle._launch_request(m, exp, c, None, rates)
+    request = machines.launch._launch_request(m, exp, c, None, rates)
     assert request.max_price == Decimal("80.1234")
     reserved = Candidate(offer, "reserved", Money(Decimal("47.5"), "RUB"), c.price_base)
-    assert lifecycle._launch_request(m, exp, reserved, None, rates).max_price is None
+    assert machines.launch._launch_request(m, exp, reserved, None, rates).max_price is None
 
 
 def test_stop_many_and_down_many_act_in_one_call_per_cloud(app):
     """`stop`/`down` of many names: one batch call to the cloud, each name's own outcome (a
     name that matches no machine says so; the others are acted on all the same)."""
-    a, b, c = (lifecycle.up(app, experiment(n)).machine for n in ("m-a", "m-b", "m-c"))
+    a, b, c = (machines.up(app, experiment(n)).machine for n in ("m-a", "m-b", "m-c"))
     sandbox = app.provider("sandbox")
     app.clock.advance(timedelta(hours=1))
     calls = sandbox.api_calls
-    stopped = lifecycle.stop_many(app, ["m-a", "m-b", "nope"])
+    stopped = machines.stop_many(app, ["m-a", "m-b", "nope"])
     assert sandbox.api_calls - calls == 1
     assert isinstance(stopped["nope"], UserError) and "nope" in str(stopped["nope"])
     assert [(o.machine.status, o.changed, o.error) for o in (stopped["m-a"], stopped["m-b"])] == [
@@ -252,11 +252,11 @@ def test_stop_many_and_down_many_act_in_one_call_per_cloud(app):
         ("stopped", True, None),
     ]
     assert intervals(app, a)[0][2] == app.clock.now()  # compute billed until the stop
-    again = lifecycle.stop_many(app, ["m-a"])["m-a"]
+    again = machines.stop_many(app, ["m-a"])["m-a"]
     assert (again.changed, again.error) == (False, None)  # already stopped: nothing sent
     assert sandbox.api_calls - calls == 1
 
-    downed = lifecycle.down_many(app, ["m-a", "m-b", "m-c"])
+    downed = machines.down_many(app, ["m-a", "m-b", "m-c"])
     assert sandbox.api_calls - calls == 2
     assert {n: (o.machine.status, o.error) for n, o in downed.items()} == {
         n: ("terminated", None) for n in ("m-a", "m-b", "m-c")
@@ -273,16 +273,16 @@ def test_notes_on_stopped_machines_cost_one_query(app):
 
     names = [f"m-{n}" for n in range(6)]
     for n in names:
-        lifecycle.up(app, experiment(n))
-    lifecycle.stop_many(app, names[:5])  # m-5 stays running
+        machines.up(app, experiment(n))
+    machines.stop_many(app, names[:5])  # m-5 stays running
     refused = {"m-0": "refused by budget", "m-2": "region not allowed", "m-3": "refused"}
     for n, why in refused.items():
-        lifecycle.record_event(
-            app, lifecycle.find(app, n).id, "relaunch-refused", detail={"refused": why}
+        machines.record_event(
+            app, machines.find(app, n).id, "relaunch-refused", detail={"refused": why}
         )
-    m3 = lifecycle.find(app, "m-3")  # refused once, later started and stopped by its owner
-    lifecycle.record_event(app, m3.id, "stopped", reason="user")
-    machines = [lifecycle.find(app, n) for n in names]
+    m3 = machines.find(app, "m-3")  # refused once, later started and stopped by its owner
+    machines.record_event(app, m3.id, "stopped", reason="user")
+    rows = [machines.find(app, n) for n in names]
 
     selects: list[str] = []
     with app.db.session() as s:
@@ -290,7 +290,7 @@ def test_notes_on_stopped_machines_cost_one_query(app):
         read = sql.all
         sql.all = lambda q, p=(): selects.append(q) or read(q, p)  # type: ignore[method-assign]
         notes = fleet.stopped_notes(sql)
-    by_id = {m.id: m.name for m in machines}
+    by_id = {m.id: m.name for m in rows}
     assert {by_id[mid]: note for mid, note in notes.items()} == {
         "m-0": "preempted and not relaunched, kept stopped with its disk: refused by budget",
         "m-2": "preempted and not relaunched, kept stopped with its disk: region not allowed",

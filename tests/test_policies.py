@@ -12,7 +12,7 @@ import pytest
 from policies import loader
 from policies.evaluate import CandidateFacts, Decision, Request, check_candidate, evaluate
 from policies.schema import Policy, matching
-from provisioner import lifecycle, planning
+from provisioner import machines, planning
 from provisioner.app import App
 from provisioner.errors import ConfigError, UserError
 from provisioner.spec import Experiment
@@ -236,7 +236,7 @@ def test_up_refuses_with_every_reason_and_launches_nothing(policy_app):
         "  - {name: pricey, max_price_per_hour: '0.01 USD'}\n"
     )
     with pytest.raises(UserError) as e:
-        lifecycle.up(app, experiment(gpu="T4:4", market="spot"))
+        machines.up(app, experiment(gpu="T4:4", market="spot"))
     text = str(e.value)
     assert "policy small: max_gpus_per_machine: asks for 4 GPUs, at most 1" in text
     assert "policy small: allow.markets: spot is not allowed" in text
@@ -244,15 +244,15 @@ def test_up_refuses_with_every_reason_and_launches_nothing(policy_app):
     assert app.provider("sandbox").list_managed() == []
     # within the rules on everything but price: every offer turned down, and why
     with pytest.raises(UserError, match=r"policy pricey: max_price_per_hour: over 0.01 USD/h"):
-        lifecycle.up(app, experiment(market="reserved"))
+        machines.up(app, experiment(market="reserved"))
 
 
 def test_max_machines_blocks_a_new_launch(policy_app):
     app = policy_app("name: one\nmax_machines: 1\n")
-    lifecycle.up(app, experiment("first"))
-    lifecycle.up(app, experiment("first"))  # the same machine again: not a second one
+    machines.up(app, experiment("first"))
+    machines.up(app, experiment("first"))  # the same machine again: not a second one
     with pytest.raises(UserError, match="max_machines: 1 machines already run"):
-        lifecycle.up(app, experiment("second"))
+        machines.up(app, experiment("second"))
 
 
 def test_a_bad_policy_file_stops_plan_with_its_line(policy_app):

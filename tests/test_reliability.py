@@ -18,7 +18,7 @@ import pytest
 from sqlalchemy import select
 
 from providers.base import Throttled
-from provisioner import catalog, lifecycle
+from provisioner import catalog, machines
 from provisioner.app import App
 from provisioner.clock import ManualClock
 from provisioner.errors import OperationFailed, ProvisionerError, UserError
@@ -102,7 +102,7 @@ def test_lost_launch_answers_never_make_a_second_machine(
             exp = experiment("train", gpu="T4:1", market="spot", clouds=["aws"])
             emu.faults.unreliable(0.4, seed=seed, late_seconds=1.5)
             try:
-                launched = lifecycle.up(app, exp).machine.instance_id
+                launched = machines.up(app, exp).machine.instance_id
                 outcomes["launched"] += 1
             except OperationFailed:
                 launched = None
@@ -115,12 +115,12 @@ def test_lost_launch_answers_never_make_a_second_machine(
             if launched is not None:  # `up` said so: that machine, in the ledger, bills
                 assert billed(emu) == [launched], seed
             # a healed network: a rerun finishes an intent left unsettled
-            m = lifecycle.up(app, exp).machine
+            m = machines.up(app, exp).machine
             assert billed(emu) == [m.instance_id], seed
             assert [r.id for r in live_rows(app)] == [m.id]
             for e in events(app, m.id, "adopted"):  # the adoption names what is kept running
                 assert e.detail["instance_id"] == m.instance_id
-            lifecycle.down(app, "train")
+            machines.down(app, "train")
             assert billed(emu) == [], seed
         finally:
             app.close()
@@ -220,15 +220,15 @@ def test_down_while_up_launches_wins_and_the_name_waits(world) -> None:
             results[key] = e
 
     up = threading.Thread(
-        target=run, args=("up", lambda: lifecycle.up(launcher, experiment("race")))
+        target=run, args=("up", lambda: machines.up(launcher, experiment("race")))
     )
     up.start()
     assert entered.wait(30)
-    down = threading.Thread(target=run, args=("down", lambda: lifecycle.down(stopper, "race")))
+    down = threading.Thread(target=run, args=("down", lambda: machines.down(stopper, "race")))
     down.start()
     wait_for(cancel_asked, "down records its request")
     with pytest.raises(UserError, match="being taken down"):
-        lifecycle.up(other, experiment("race"))
+        machines.up(other, experiment("race"))
     refused.set()
     up.join(60)
     down.join(60)
@@ -244,7 +244,7 @@ def test_down_while_up_launches_wins_and_the_name_waits(world) -> None:
     with probe.db.session() as s:
         open_ = s.scalars(select(UsageInterval).where(UsageInterval.ended_at.is_(None))).all()
     assert open_ == []
-    again = lifecycle.up(other, experiment("race")).machine  # settled: the name is free
+    again = machines.up(other, experiment("race")).machine  # settled: the name is free
     assert again.status in ("pending", "running")
 
 
@@ -269,7 +269,7 @@ def test_down_after_up_died_mid_launch_terminates_what_it_launched(home, tmp_pat
         assert [
             i for i in app.provider("sandbox").list_managed() if i.state.value != "terminated"
         ] == []
-        assert lifecycle.up(app, experiment("race")).machine.status in ("pending", "running")
+        assert machines.up(app, experiment("race")).machine.status in ("pending", "running")
     finally:
         app.close()
 
@@ -299,7 +299,7 @@ def test_six_concurrent_ups_under_a_limit_of_3_leave_3(home, tmp_path, db_url, l
     def run(i: int) -> None:
         start.wait()
         try:
-            results[i] = lifecycle.up(apps[i], experiment(f"job{i}")).machine
+            results[i] = machines.up(apps[i], experiment(f"job{i}")).machine
         except ProvisionerError as e:
             results[i] = e
 
@@ -324,15 +324,15 @@ def test_six_concurrent_ups_under_a_limit_of_3_leave_3(home, tmp_path, db_url, l
 
 def test_concurrent_starts_of_one_machine_start_it_once(world) -> None:
     first = world()
-    m = lifecycle.up(first, experiment("twin", market="reserved")).machine
-    lifecycle.stop(first, "twin")
+    m = machines.up(first, experiment("twin", market="reserved")).machine
+    machines.stop(first, "twin")
     apps = [world(TEST_START + timedelta(hours=1)) for _ in range(3)]
     gate = threading.Barrier(3)
     changed: list[bool] = []
 
     def run(a: App) -> None:
         gate.wait()
-        changed.append(lifecycle.start(a, "twin")[1])
+        changed.append(machines.start(a, "twin")[1])
 
     threads = [threading.Thread(target=run, args=(a,)) for a in apps]
     for t in threads:
@@ -368,21 +368,21 @@ def test_start_is_refused_by_an_exhausted_block_budget(home, tmp_path) -> None:
     clock = ManualClock(TEST_START)
     app = App(make_settings(home, policies=[str(policy)]), clock)
     try:
-        lifecycle.up(app, experiment("night"))
+        machines.up(app, experiment("night"))
         clock.advance(timedelta(hours=10))
-        lifecycle.stop(app, "night")
+        machines.stop(app, "night")
     finally:
         app.close()
     write_yaml(policy, budget_policy("1 USD"))  # 10 h at ~0.16 USD/h: exhausted
     app = App(make_settings(home, policies=[str(policy)]), ManualClock(clock.now()))
     try:
         with pytest.raises(UserError) as refused:
-            lifecycle.start(app, "night")
+            machines.start(app, "night")
         assert str(refused.value).startswith("refused by budget demo-budget (2026-11)")
         with pytest.raises(UserError) as up_refused:  # the message `up` gives
-            lifecycle.up(app, experiment("other"))
+            machines.up(app, experiment("other"))
         assert str(up_refused.value).split(":")[0] == str(refused.value).split(":")[0]
-        assert lifecycle.find(app, "night").status == "stopped"
+        assert machines.find(app, "night").status == "stopped"
     finally:
         app.close()
     cli = run_cli("--config", str(cfg), "start", "night", now=clock.now())
@@ -400,10 +400,10 @@ def test_a_refused_relaunch_keeps_the_preempted_machine_and_its_disk(home, tmp_p
     clock = ManualClock(TEST_START)
     app = App(make_settings(home, policies=[str(policy)]), clock)
     try:
-        m = lifecycle.up(app, experiment("spotty")).machine
+        m = machines.up(app, experiment("spotty")).machine
         clock.advance(timedelta(hours=10))
-        app.provider("sandbox").preempt(lifecycle.ref(m))
-        lifecycle.reconcile(app)
+        app.provider("sandbox").preempt(machines.ref(m))
+        machines.reconcile(app)
     finally:
         app.close()
     write_yaml(policy, budget_policy("1 USD"))
@@ -413,9 +413,9 @@ def test_a_refused_relaunch_keeps_the_preempted_machine_and_its_disk(home, tmp_p
         done = recover.run(app)
         [action] = done.actions
         assert not action.done and "refused by budget" in (action.error or "")
-        kept = lifecycle.find(app, "spotty")
+        kept = machines.find(app, "spotty")
         assert (kept.id, kept.status) == (m.id, "stopped")
-        inst = app.provider("sandbox").get(lifecycle.ref(kept))
+        inst = app.provider("sandbox").get(machines.ref(kept))
         assert inst.state.value in ("stopped", "preempted")  # still there, with its disk
         [refusal] = events(app, m.id, "relaunch-refused")
         assert "refused by budget" in refusal.detail["refused"]
@@ -438,7 +438,7 @@ def test_keep_until_is_read_in_the_settings_timezone_across_dst(home) -> None:
     before_dst_end = datetime(2026, 10, 24, 23, 30, tzinfo=UTC)
     app = App(make_settings(home, timezone="Europe/Berlin"), ManualClock(before_dst_end))
     try:
-        lifecycle.up(app, experiment("late"))
+        machines.up(app, experiment("late"))
         kept = sweep.keep(app, "late", "09:00")
         assert kept.kept_until == datetime(2026, 10, 25, 8, 0, tzinfo=UTC)
     finally:
@@ -457,11 +457,11 @@ def test_keep_until_is_read_in_the_settings_timezone_across_dst(home) -> None:
 
 def test_reconcile_skips_a_row_deleted_meanwhile(world) -> None:
     app = world()
-    gone = lifecycle.up(app, experiment("gone")).machine
-    kept = lifecycle.up(app, experiment("kept")).machine
+    gone = machines.up(app, experiment("gone")).machine
+    kept = machines.up(app, experiment("kept")).machine
     provider = app.provider("sandbox")
     for m in (gone, kept):
-        provider.stop(lifecycle.ref(m))  # both changed outside provisioner
+        provider.stop(machines.ref(m))  # both changed outside provisioner
     real_list = provider.list_managed
 
     def list_then_delete(*args, **kwargs):
@@ -474,7 +474,7 @@ def test_reconcile_skips_a_row_deleted_meanwhile(world) -> None:
         return found
 
     provider.list_managed = list_then_delete  # type: ignore[method-assign]
-    seen = lifecycle.reconcile(app)
+    seen = machines.reconcile(app)
     assert [(o.machine.name, o.observed) for o in seen if o.changed] == [("kept", "stopped")]
 
 
@@ -487,10 +487,10 @@ def test_the_first_reconcile_after_up_records_a_boot(emu: AwsEmulator, tmp_path:
     app = App(make_settings(tmp_path / "home", clouds={"aws": aws}), clock)
     try:
         catalog.refresh(app.settings, "aws", make_provider(emu).fetch_offers())
-        m = lifecycle.up(app, experiment("boot", gpu="T4:1", clouds=["aws"])).machine
+        m = machines.up(app, experiment("boot", gpu="T4:1", clouds=["aws"])).machine
         assert m.status == "pending"  # EC2 answers RunInstances with a pending instance
         clock.advance(timedelta(hours=2))
-        lifecycle.reconcile(app)
+        machines.reconcile(app)
         [boot] = events(app, m.id, "booted")
         assert boot.reason == "launched"
         with app.db.session() as s:
@@ -513,7 +513,7 @@ def test_an_adoption_that_finds_two_machines_keeps_one_and_says_which(world) -> 
         raise Throttled("sandbox: connection dropped", code="ConnectionClosed")
 
     provider.launch = launch_twice_then_lose_the_answer  # type: ignore[method-assign]
-    m = lifecycle.up(app, experiment("twice")).machine
+    m = machines.up(app, experiment("twice")).machine
     live = [i.id for i in provider.list_managed() if i.state.value != "terminated"]
     assert live == [m.instance_id]
     [dup] = events(app, m.id, "duplicate")
@@ -533,8 +533,9 @@ def test_a_launch_between_a_budget_s_two_reads_counts_once(home, tmp_path, db_ur
     checker, launcher = (App(settings, ManualClock(TEST_START)) for _ in range(2))
     try:
         late = experiment("late")
-        plan = lifecycle.check(launcher, late)
-        lifecycle._write_intent(launcher, late, None, plan.candidates[0])  # `up` before launching
+        plan = machines.check(launcher, late)
+        # `up` before launching
+        machines.launch._write_intent(launcher, late, None, plan.candidates[0])
         [rule] = checker.policies
         before = budget.status(checker, rule, TEST_START)
         assert before is not None and before.committed.amount > 0  # the intent counts
@@ -548,7 +549,7 @@ def test_a_launch_between_a_budget_s_two_reads_counts_once(home, tmp_path, db_ur
             # the forecast reads running machines twice (spend so far, then commitments): the
             # launch lands right after the second, before the launching intents are read
             if len(calls) == 2:
-                lifecycle.up(launcher, late)  # resumes the intent: launched, intervals opened
+                machines.up(launcher, late)  # resumes the intent: launched, intervals opened
             return rows
 
         monkeypatch.setattr(ledger, "_open_intervals", launch_meanwhile)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from provisioner import ledger, lifecycle, render, reports
+from provisioner import ledger, machines, render, reports
 from provisioner.app import App
 from provisioner.errors import UserError
 from provisioner.jobs import scheduled_reports
@@ -222,7 +222,7 @@ def test_one_currency_shows_one_figure_and_the_machines_table(app, clock):
     clock.set(datetime(2026, 11, 2, 9, tzinfo=UTC))
     up(app, "t4", gpu="T4:1")
     clock.advance(timedelta(hours=10))
-    lifecycle.down(app, "t4")
+    machines.down(app, "t4")
     r = reports.build(app, NOV, by="owner", now=datetime(2026, 12, 1, tzinfo=UTC))
     text = render.text(r)
     assert f"Spent: {render.fmt(r).money(r.total)}\n" in text and "billed as" not in text
@@ -237,7 +237,7 @@ def test_rent_or_buy_counts_the_cards_of_a_machine(app, clock):
     clock.set(datetime(2026, 11, 2, 9, tzinfo=UTC))
     up(app, "big", gpu="A100:8", market="reserved")
     clock.advance(timedelta(hours=72))
-    lifecycle.down(app, "big")
+    machines.down(app, "big")
     r = reports.build(app, NOV, now=datetime(2026, 12, 1, tzinfo=UTC))
     [a100] = r.rent_or_buy
     assert a100.gpu_hours == 8 * 72 and a100.cards == 8

@@ -30,7 +30,7 @@ from providers.base import (
 )
 from providers.sbercloud.adapter import STOP_MARKER, SberCloudProvider
 from providers.sbercloud.errors import classify
-from provisioner import catalog, lifecycle, planner
+from provisioner import catalog, machines, planner
 from provisioner.app import App
 from provisioner.spec import Experiment
 from tests.conftest import make_settings
@@ -625,7 +625,7 @@ def test_up_fails_over_from_a_zone_out_of_capacity_to_the_next(emu, env, home, c
     )
     app = App(settings, clock)
     try:
-        result = lifecycle.up(app, experiment)
+        result = machines.up(app, experiment)
     finally:
         app.close()
     assert [(a.where, a.outcome) for a in result.attempts] == [

@@ -15,7 +15,7 @@ import pytest
 from sqlalchemy import select
 
 from providers.base import TAG_MACHINE, TAG_MANAGED_BY, TAG_MANAGED_BY_VALUE, LaunchRequest
-from provisioner import idle, lifecycle
+from provisioner import idle, machines
 from provisioner.app import App
 from provisioner.clock import ManualClock
 from provisioner.errors import ConfigError
@@ -69,7 +69,7 @@ def sched(home, db_url, tmp_path):
 def up(app: App, name: str, **spec) -> Machine:
     data = sandbox_experiment(name)
     data.update(spec)
-    m = lifecycle.up(app, Experiment.model_validate(data)).machine
+    m = machines.up(app, Experiment.model_validate(data)).machine
     idle.issue_token(app, m.id)
     return m
 
@@ -221,8 +221,8 @@ def test_a_bad_policy_stops_the_scheduler_before_anything_is_done(sched, tmp_pat
 
 
 def preempt(app: App, name: str) -> Machine:
-    m = lifecycle.find(app, name)
-    app.provider("sandbox").preempt(lifecycle.ref(m))
+    m = machines.find(app, name)
+    app.provider("sandbox").preempt(machines.ref(m))
     return m
 
 
@@ -238,7 +238,7 @@ def test_preempted_spot_machine_is_relaunched_in_its_zone_first(sched):
     assert status(app, "spot") == "preempted"
     p = recover.run(app)
     assert [(a.action, a.reason, a.done) for a in p.actions] == [("relaunch", "preempted", True)]
-    new = lifecycle.find(app, "spot")
+    new = machines.find(app, "spot")
     assert new.id != lost.id and (new.status, new.zone) == ("running", "sandbox-us-1b")
     ev = events(app, "spot")
     assert ("preempted", "preempted") in ev and ("terminated", "preempted") in ev
@@ -268,7 +268,7 @@ def test_relaunch_stays_within_policy_and_backs_off(sched):
     app.clock.advance(timedelta(seconds=31))
     p = recover.run(app)
     assert p.actions[0].done and status(app, "spot") == "running"
-    assert lifecycle.find(app, "spot").region == "sandbox-us"
+    assert machines.find(app, "spot").region == "sandbox-us"
 
 
 def test_on_preemption_terminate_and_leave(sched):
@@ -607,19 +607,19 @@ def test_a_recover_pass_longer_than_the_lease_keeps_it(sched, monkeypatch):
     _preempted(app, names)
     ttl = timedelta(seconds=app.settings.scheduler.lease_seconds)
     started = app.clock.now()
-    real_up = lifecycle.up
+    real_up = machines.up
     others = []
 
     def slow_up(*args, **kwargs):
-        monkeypatch.setattr(lifecycle, "up", real_up)  # the second scheduler's would be quick
+        monkeypatch.setattr(machines, "up", real_up)  # the second scheduler's would be quick
         app.clock.advance(ttl * 2 / 3)
         if app.clock.now() > started + ttl:  # the first lease would have run out by now
             others.append(recover.run(app, holder="second-scheduler"))
             assert not lease.acquire(app, "recover", app.clock.now(), holder="third")
-        monkeypatch.setattr(lifecycle, "up", slow_up)
+        monkeypatch.setattr(machines, "up", slow_up)
         return real_up(*args, **kwargs)
 
-    monkeypatch.setattr(lifecycle, "up", slow_up)
+    monkeypatch.setattr(machines, "up", slow_up)
     p = recover.run(app, holder="first-scheduler")
 
     assert app.clock.now() - started > 2 * ttl
@@ -642,7 +642,7 @@ def test_a_pass_whose_lease_was_taken_stops_before_the_next_machine(sched, monke
     names = [f"spot-{n}" for n in range(3)]
     _preempted(app, names)
     ttl = timedelta(seconds=app.settings.scheduler.lease_seconds)
-    real_up = lifecycle.up
+    real_up = machines.up
     launched = []
 
     def stalled_up(app_, experiment, **kwargs):
@@ -652,7 +652,7 @@ def test_a_pass_whose_lease_was_taken_stops_before_the_next_machine(sched, monke
             assert lease.acquire(app, "recover", app.clock.now(), holder="thief")
         return real_up(app_, experiment, **kwargs)
 
-    monkeypatch.setattr(lifecycle, "up", stalled_up)
+    monkeypatch.setattr(machines, "up", stalled_up)
     p = recover.run(app, holder="first-scheduler")
 
     assert len(launched) == 1
@@ -666,7 +666,7 @@ def test_a_pass_whose_lease_was_taken_stops_before_the_next_machine(sched, monke
     assert [r.levelname for r in caplog.records if "thief" in r.getMessage()] == ["WARNING"]
     assert sorted(status(app, n) for n in names) == ["preempted", "preempted", "running"]
 
-    monkeypatch.setattr(lifecycle, "up", real_up)
+    monkeypatch.setattr(machines, "up", real_up)
     q = recover.run(app, holder="thief")
     assert sorted(a.machine for a in q.actions if a.done) == sorted(a.machine for a in rest)
     assert done.machine not in {a.machine for a in q.actions}

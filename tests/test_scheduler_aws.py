@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from provisioner import catalog, idle, lifecycle
+from provisioner import catalog, idle
 from provisioner.app import App
 from provisioner.clock import ManualClock
 from provisioner.jobs import sweep
@@ -63,9 +63,9 @@ def test_sweep_stops_idle_aws_machines_with_list_calls_only(
         machines = {}
         for name in ("idle-a", "idle-b", "busy-c"):
             spec = sandbox_experiment(name, gpu="T4:1", market=market, clouds=["aws"])
-            machines[name] = lifecycle.up(app, Experiment.model_validate(spec)).machine
+            machines[name] = machines.up(app, Experiment.model_validate(spec)).machine
             idle.issue_token(app, machines[name].id)
-        lifecycle.reconcile(app)  # launched "pending"; seen running from now on
+        machines.reconcile(app)  # launched "pending"; seen running from now on
         clock.set(datetime(2026, 11, 7, 2, 0, tzinfo=UTC))  # Friday 21:00 in New York
         with app.db.session() as s:
             for name, m in machines.items():

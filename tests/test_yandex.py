@@ -558,7 +558,7 @@ def t4_run(market: str):
 def test_up_fails_over_to_the_next_zone_when_the_first_is_out_of_capacity(
     emu, tls, env, home, clock
 ):
-    from provisioner import lifecycle
+    from provisioner import machines
     from provisioner.spec import Experiment
 
     app = yandex_app(emu, tls, home, clock)
@@ -573,7 +573,7 @@ def test_up_fails_over_to_the_next_zone_when_the_first_is_out_of_capacity(
     )
     emu.capacity_exhausted.add("ru-central1-a")
     try:
-        result = lifecycle.up(app, experiment)
+        result = machines.up(app, experiment)
     finally:
         app.close()
 
@@ -605,23 +605,23 @@ def test_preemption_recovery_and_down_leave_nothing_on_the_books(emu, tls, env, 
     """The first real run, on the emulator's own books: a preemptible T4 is taken back (Yandex
     stops it), the scheduler relaunches it, the user downs it — nothing of ours is left, and
     each machine booted the image whose driver serves its GPUs."""
-    from provisioner import lifecycle
+    from provisioner import machines
     from provisioner.jobs import recover
 
     app = yandex_app(emu, tls, home, clock)
     experiment = t4_run("spot")
     try:
-        first = lifecycle.up(app, experiment).machine
+        first = machines.up(app, experiment).machine
         assert emu.gpu_driver_works(first.instance_id)
         emu.preempt(first.instance_id)
-        lifecycle.reconcile(app)
+        machines.reconcile(app)
         done = recover.run(app)
         assert [(a.action, a.done) for a in done.actions] == [("relaunch", True)]
-        second = lifecycle.find(app, "t4-run")
+        second = machines.find(app, "t4-run")
         assert second.instance_id != first.instance_id
         assert emu.gpu_driver_works(second.instance_id)
         assert set(emu.instances) == {second.instance_id}  # the stopped one was deleted
-        lifecycle.down(app, "t4-run")
+        machines.down(app, "t4-run")
     finally:
         app.close()
     assert emu.instances == {}
@@ -761,24 +761,24 @@ def test_anywhere_needs_no_group_of_ours(emu, yc):
 def test_a_restarted_machine_s_new_address_is_what_status_and_ssh_use(emu, tls, env, home, clock):
     """Yandex gives a stopped VM's one-to-one NAT address back and a new one on start: the
     state follows the cloud, so `provisioner ssh` does not knock on someone else's address."""
-    from provisioner import lifecycle
+    from provisioner import machines
 
     app = yandex_app(emu, tls, home, clock)
     experiment = t4_run("reserved")
     try:
-        lifecycle.up(app, experiment)
-        lifecycle.reconcile(app)
-        before = lifecycle.find(app, "t4-run").public_ip
+        machines.up(app, experiment)
+        machines.reconcile(app)
+        before = machines.find(app, "t4-run").public_ip
         clock.advance(dt.timedelta(hours=1))
-        lifecycle.stop(app, "t4-run")
+        machines.stop(app, "t4-run")
         clock.advance(dt.timedelta(hours=1))
-        lifecycle.start(app, "t4-run")
-        lifecycle.reconcile(app)
-        after = lifecycle.find(app, "t4-run")
+        machines.start(app, "t4-run")
+        machines.reconcile(app)
+        after = machines.find(app, "t4-run")
         cloud = yc_address(app, after.instance_id)
         assert before and cloud and cloud != before
         assert after.public_ip == cloud
-        lifecycle.down(app, "t4-run")
+        machines.down(app, "t4-run")
     finally:
         app.close()
 

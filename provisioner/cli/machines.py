@@ -166,7 +166,7 @@ def up(
 ) -> None:
     """Launch the cheapest allowed offer, failing over across zones, regions and clouds, and
     wait until it is ready to use."""
-    from provisioner import lifecycle  # SQLAlchemy: not for --help
+    from provisioner import machines  # SQLAlchemy: not for --help
     from provisioner.spec import load_experiment  # pydantic: not for --help
 
     application = get_app(ctx)
@@ -184,14 +184,14 @@ def up(
     )
     try:
         with err.status(f"launching {experiment.name}…") if not quiet else nullcontext():
-            result = lifecycle.up(application, experiment, spec_path=spec, progress=say)
+            result = machines.up(application, experiment, spec_path=spec, progress=say)
         m = result.machine
         if result.already:  # another `up` of this name won the race
             _already(m, experiment.to_json(), spec, output)
             return
         if wait and m.status in ("pending", "running"):
             with err.status(f"waiting for {m.name}…") if not quiet else nullcontext():
-                m = lifecycle.wait_ready(application, m.name, timeout=wait_timeout, progress=say)
+                m = machines.wait_ready(application, m.name, timeout=wait_timeout, progress=say)
     except KeyboardInterrupt:
         said = _interrupted_up(application, experiment.name, spec)
         err.print(said, highlight=False, markup=False, soft_wrap=True)
@@ -203,7 +203,7 @@ def up(
             {
                 "already": False,
                 "machine": machine_json(m),
-                "attempts": [a.__dict__ for a in result.attempts],
+                "attempts": [a.to_json() for a in result.attempts],
             }
         )
         return
@@ -328,11 +328,11 @@ def ssh(
     import os
     import shlex
 
-    from provisioner import lifecycle  # SQLAlchemy: not for --help
+    from provisioner import machines  # SQLAlchemy: not for --help
     from provisioner.errors import UserError
 
     application = get_app(ctx)
-    m = lifecycle.find(application, name)
+    m = machines.find(application, name)
     if m.status != "running" or not m.public_ip:
         hint = f"`provisioner start {m.name}`" if m.status == "stopped" else "`provisioner status`"
         raise UserError(f"{m.name} is {m.status} with no address to connect to (see {hint})")
@@ -362,7 +362,7 @@ def _fleet(verb: str, fn_name: str, done: str, same: str, applies: tuple[str, ..
         yes: bool = typer.Option(False, "--yes", "-y", help="do not ask before acting on several"),
         output: Output = OUTPUT,
     ) -> None:
-        from provisioner import lifecycle  # SQLAlchemy: not for --help
+        from provisioner import machines  # SQLAlchemy: not for --help
         from provisioner.errors import ProvisionerError, UserError
 
         if bool(names) == bool(all_ or project):
@@ -379,7 +379,7 @@ def _fleet(verb: str, fn_name: str, done: str, same: str, applies: tuple[str, ..
         for name in chosen:
             try:
                 before = _status_of(application, name) if fn_name == "down" else None
-                m, changed = getattr(lifecycle, fn_name)(application, name)
+                m, changed = getattr(machines, fn_name)(application, name)
             except ProvisionerError as e:
                 results.append({"name": name, "error": str(e), "exit_code": e.exit_code})
                 if output is not Output.json:
@@ -475,17 +475,17 @@ def gc(
     """Machines carrying our tag that the state does not know (they bill, unseen), and network
     pieces of ours no machine uses. Lists them; --terminate removes them, after confirmation
     for machines."""
-    from provisioner import lifecycle  # SQLAlchemy: not for --help
+    from provisioner import machines  # SQLAlchemy: not for --help
 
     application = get_app(ctx)
-    found, errors = lifecycle.orphans(application, cloud or None)
+    found, errors = machines.orphans(application, cloud or None)
     done: list[Any] = []
     if terminate and found:
         doomed = [o for o in found if not o.adoptable_by]
         if doomed and not yes:
             _confirm(f"terminate {plural(len(doomed), 'orphaned machine')}?")
-        done = lifecycle.collect(application, found)
-    network = lifecycle.unused_network(application, cloud or None, errors, remove=terminate)
+        done = machines.collect(application, found)
+    network = machines.unused_network(application, cloud or None, errors, remove=terminate)
     if output is Output.json:
         print_json(
             {

@@ -85,9 +85,9 @@ def _moved(rows: list[Any], asked: set[str], observed: list[Any]) -> bool:
 
 
 def _reconcile(application: Any) -> list[Any]:
-    from provisioner import lifecycle  # the providers and planning: only when asking the clouds
+    from provisioner import machines  # the providers and planning: only when asking the clouds
 
-    return lifecycle.reconcile(application)
+    return machines.reconcile(application)
 
 
 def _fleet(application: Any, all_: bool) -> Fleet:

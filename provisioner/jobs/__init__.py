@@ -4,6 +4,6 @@ did (or, with ``dry_run``, would do) and why: :mod:`.sweep`, :mod:`.recover`, :m
 database from acting twice, :mod:`.metrics` serves Prometheus, :mod:`.daemon` runs them all on
 their intervals (``provisioner scheduler run``); ``provisioner sweep`` runs them once.
 
-Jobs sit above lifecycle, planning and budgets, and below the CLI: nothing under them imports
+Jobs sit above machines, planning and budgets, and below the CLI: nothing under them imports
 them.
 """

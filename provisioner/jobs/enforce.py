@@ -12,13 +12,14 @@ from decimal import Decimal
 from sqlalchemy import select
 
 from policies.schema import Policy
-from provisioner import lifecycle, render, reports
+from provisioner import machines, render, reports
 from provisioner.app import App
 from provisioner.budget import Status, status
 from provisioner.errors import OperationFailed
 from provisioner.jobs.lease import HOLDER, leading
 from provisioner.jobs.notices import claim, claimed
 from provisioner.models import Machine
+from provisioner.schema import MachineStatus as S
 
 REASON = "budget"
 
@@ -144,14 +145,14 @@ def _send_alert(app: App, st: Status, kind: str, threshold: Decimal, now: dateti
 
 def _stop_in_scope(app: App, policy: Policy, how: str, st: Status) -> list[Action]:
     statuses = (
-        ("pending", "running") if how == "stop" else ("pending", "running", "stopped", "preempted")
+        (S.PENDING, S.RUNNING) if how == "stop" else (S.PENDING, S.RUNNING, S.STOPPED, S.PREEMPTED)
     )
     with app.db.session() as s:
-        machines = [
+        covered = [
             m
             for m in s.scalars(select(Machine).where(Machine.status.in_(statuses)))
             if policy.applies_to.matches(m.project, m.owner)
         ]
-    done = lifecycle.act_many(app, machines, how, reason=REASON)  # in batches, as the sweep
+    done = machines.act_many(app, covered, how, reason=REASON)  # in batches, as the sweep
     why = f"budget exhausted: {st.spent} of {st.amount}"
-    return [Action(how, policy.name, why, m.name, error=done[m.id].error) for m in machines]
+    return [Action(how, policy.name, why, m.name, error=done[m.id].error) for m in covered]

@@ -13,6 +13,7 @@ from provisioner.app import App
 from provisioner.jobs.passes import REASONS
 from provisioner.jobs.sweep import IdleCheck, assess
 from provisioner.models import ACTIVE_EXCLUDED, Event, Machine
+from provisioner.schema import MachineStatus as S
 
 
 class Metrics:
@@ -63,7 +64,7 @@ class Metrics:
                 .group_by(Event.kind, Event.reason)
             ):
                 actions.add_metric([kind, reason or ""], n)
-            running = list(s.scalars(select(Machine).where(Machine.status == "running")))
+            running = list(s.scalars(select(Machine).where(Machine.status == S.RUNNING)))
         yield by_state
         yield actions
         grace = timedelta(seconds=app.settings.scheduler.heartbeat_grace_seconds)

@@ -12,6 +12,7 @@ from policies.duration import format_duration
 from provisioner.app import App
 from provisioner.jobs import sweep
 from provisioner.models import Machine
+from provisioner.schema import MachineStatus as S
 
 
 @lru_cache(maxsize=64)  # one answer per policy calendar per pass, not one per machine
@@ -40,11 +41,11 @@ def why_not(a: sweep.Assessment, now: datetime) -> str:
     if r.lifetime and m.launched_at:
         after, how, source = r.lifetime
         ends = m.launched_at + after
-        if m.status == "running" or how == "terminate":
+        if m.status == S.RUNNING or how == "terminate":
             parts.append(f"lifetime ends in {format_duration(ends - now)} ({how}, {source})")
-    if m.status != "running":
+    if m.status != S.RUNNING:
         parts.insert(0, f"{m.status}: no idle rule applies until it runs")
-    for check in r.idle if m.status == "running" else []:
+    for check in r.idle if m.status == S.RUNNING else []:
         signal = a.signals.get(check)
         if check.calendar is not None and check.calendar.why_off(now) is None:
             nxt = next_off(check.calendar, now)

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from provisioner import lifecycle
+from provisioner import machines
 from provisioner.app import App
 from provisioner.errors import ProvisionerError
 
@@ -74,7 +74,7 @@ def describe(result: Any) -> list[str]:
 
 def act(app: App, action: Action) -> None:
     """Stop or terminate the action's machine; the outcome is written on the action."""
-    fn = lifecycle.stop if action.action == "stop" else lifecycle.down
+    fn = machines.stop if action.action == "stop" else machines.down
     try:
         detail = {"why": action.why}
         if action.idle_since is not None:

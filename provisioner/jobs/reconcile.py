@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from provisioner import lifecycle
+from provisioner import machines
 from provisioner.app import App
 from provisioner.jobs.lease import HOLDER, Held, run_pass
 from provisioner.jobs.passes import Action, Pass
@@ -14,8 +14,8 @@ def run(app: App, now: datetime | None = None, *, holder: str = HOLDER) -> Pass:
     when = now or app.clock.now()
 
     def body(lease: Held) -> Pass:
-        orphans: list[lifecycle.Orphan] = []
-        observations = lifecycle.reconcile(app, now=when, orphans=orphans, keep=lease.renew)
+        orphans: list[machines.Orphan] = []
+        observations = machines.reconcile(app, now=when, orphans=orphans, keep=lease.renew)
         result = Pass("reconcile", checked=len(observations))
         for o in observations:
             if o.error:

@@ -9,13 +9,14 @@ from typing import Any
 
 from sqlalchemy import func, select
 
-from provisioner import lifecycle
+from provisioner import machines
 from provisioner.app import App
 from provisioner.crashpoints import crashpoint
 from provisioner.errors import ProvisionerError, UserError
 from provisioner.jobs.lease import HOLDER, Held, run_pass
 from provisioner.jobs.passes import Action, Pass, act
 from provisioner.models import ACTIVE_EXCLUDED, Event, Machine
+from provisioner.schema import MachineStatus as S
 from provisioner.spec import Experiment
 from provisioner.state import machine as machine_row
 
@@ -80,7 +81,7 @@ def _to_recover(app: App) -> list[tuple[Machine, int, datetime | None]]:
     the last one failed)."""
     with app.db.session() as s:
         out: list[tuple[Machine, int, datetime | None]] = [
-            (m, 0, None) for m in s.scalars(select(Machine).where(Machine.status == "preempted"))
+            (m, 0, None) for m in s.scalars(select(Machine).where(Machine.status == S.PREEMPTED))
         ]
         failed = {
             mid: (n, last)
@@ -130,23 +131,23 @@ def _relaunch(
     app: App, m: Machine, exp: Experiment, action: Action, attempts: int, now: datetime
 ) -> None:
     """Check the relaunch against policy and budget first (refused: the lost machine is kept,
-    stopped, see :func:`lifecycle.hold`); then free the name (the lost machine is terminated:
+    stopped, see :func:`machines.hold`); then free the name (the lost machine is terminated:
     its disk still bills) and ``up`` with the lost zone and region first."""
-    if m.status == "preempted":
+    if m.status == S.PREEMPTED:
         try:  # before anything is terminated: a refused relaunch keeps the machine and disk
-            lifecycle.check(app, exp)
+            machines.check(app, exp)
         except UserError as e:
             action.error = str(e)
-            lifecycle.hold(app, m, str(e))
+            machines.hold(app, m, str(e))
             return
     try:
-        if m.status == "preempted":
-            lifecycle.down(app, m.name, reason="preempted", detail={"relaunching": True})
+        if m.status == S.PREEMPTED:
+            machines.down(app, m.name, reason="preempted", detail={"relaunching": True})
             crashpoint("recover-after-down")
-        result = lifecycle.up(app, exp, spec_path=m.spec_path, prefer=_near(m))
+        result = machines.up(app, exp, spec_path=m.spec_path, prefer=_near(m))
     except ProvisionerError as e:
         action.error = str(e)
-        lifecycle.record_event(
+        machines.record_event(
             app,
             m.id,
             "recover-failed",
@@ -158,9 +159,9 @@ def _relaunch(
     where = f"{new.cloud}/{new.zone or new.region}"
     action.done = True
     action.why += f" → {where}"
-    lifecycle.record_event(
+    machines.record_event(
         app, m.id, "relaunched", reason="preempted", detail={"machine": new.id, "where": where}
     )
-    lifecycle.record_event(
+    machines.record_event(
         app, new.id, "recovered", reason="recovered", detail={"replaces": m.id, "lost_zone": m.zone}
     )

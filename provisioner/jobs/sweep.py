@@ -15,12 +15,13 @@ from sqlalchemy import select
 from policies.calendar import Calendar
 from policies.duration import format_duration, parse_duration
 from policies.schema import IdleRule, Policy, matching
-from provisioner import idle, lifecycle, mail
+from provisioner import idle, machines, mail
 from provisioner.app import App
 from provisioner.errors import ProvisionerError, UserError
 from provisioner.jobs.lease import HOLDER, Held, run_pass
 from provisioner.jobs.passes import Action, Pass
 from provisioner.models import Event, Machine
+from provisioner.schema import MachineStatus as S
 from provisioner.state import machine as machine_row
 
 HEARTBEAT_RETENTION = timedelta(days=1)
@@ -95,7 +96,7 @@ def assess(
     for m in machines:
         try:
             r = rules[m.id] = book.for_machine(m)
-            if m.status == "running" and r.idle:
+            if m.status == S.RUNNING and r.idle:
                 window = max(timedelta(minutes=c.rule.for_minutes) for c in r.idle)
                 lookback[m.id] = now - window - grace
         except Exception as e:  # one machine's failure is its own
@@ -137,7 +138,7 @@ def assess(
 def _stoppable(m: Machine, how: str, why: str) -> tuple[str, str]:
     """A spot machine on a cloud that cannot stop one (AWS one-time spot) is terminated
     instead: left running it would bill all night, and its cloud may take it back any time."""
-    if how == "stop" and m.market == "spot" and not lifecycle.can_stop(m):
+    if how == "stop" and m.market == "spot" and not machines.can_stop(m):
         return "terminate", f"{why}; {m.cloud} cannot stop a spot machine, so it is terminated"
     return how, why
 
@@ -150,7 +151,7 @@ def decide(a: Assessment, now: datetime) -> Action | None:
     if a.rules.lifetime and m.launched_at:
         after, how, source = a.rules.lifetime
         age = now - m.launched_at
-        if age >= after and (how == "terminate" or m.status == "running"):
+        if age >= after and (how == "terminate" or m.status == S.RUNNING):
             why = f"up {format_duration(age)}, max lifetime {format_duration(after)} ({source})"
             how, why = _stoppable(m, how, why)
             return Action(m.name, how, "max-lifetime", why)
@@ -225,14 +226,14 @@ def _machines(app: App, now: datetime, lease: Held) -> list[Machine]:
     if not lease.dry_run:
         return [
             o.machine
-            for o in lifecycle.reconcile(app, now=now, keep=lease.renew)
-            if o.machine.status in ("running", "stopped") and o.machine.instance_id
+            for o in machines.reconcile(app, now=now, keep=lease.renew)
+            if o.machine.status in (S.RUNNING, S.STOPPED) and o.machine.instance_id
         ]
     with app.db.session() as s:
         return list(
             s.scalars(
                 select(Machine).where(
-                    Machine.status.in_(("running", "stopped")), Machine.instance_id.is_not(None)
+                    Machine.status.in_((S.RUNNING, S.STOPPED)), Machine.instance_id.is_not(None)
                 )
             )
         )
@@ -253,8 +254,8 @@ def _act(app: App, lease: Held, todo: list[tuple[Action, Machine]]) -> None:
     ]
     for how, reason, batch in lease.each(batches, lambda b: [a for a, _ in b[2]]):
         details = {m.id: _detail(action) for action, m in batch}
-        machines = [m for _, m in batch]
-        done = lifecycle.act_many(app, machines, how, reason=reason, details=details)
+        group = [m for _, m in batch]
+        done = machines.act_many(app, group, how, reason=reason, details=details)
         for action, m in batch:
             outcome = done[m.id]
             if outcome.error:
@@ -307,7 +308,7 @@ def _warned_first(app: App, m: Machine, action: Action, now: datetime, dry_run: 
     except ProvisionerError as e:  # a broken mail server must not keep machines running
         detail["mail_error"] = str(e)
         pending.error = str(e)
-    lifecycle.record_event(app, m.id, "stop-warning", reason=action.reason, detail=detail)
+    machines.record_event(app, m.id, "stop-warning", reason=action.reason, detail=detail)
     pending.done = pending.error is None
     return pending
 
@@ -350,11 +351,11 @@ def keep(app: App, name: str, until: str) -> Machine:
     calendar, else settings' ``timezone``, UTC by default) or an ISO date-time. Only a
     running machine can be kept running."""
     now = app.clock.now()
-    m = lifecycle.find(app, name)
-    if m.status not in ("running", "pending"):
+    m = machines.find(app, name)
+    if m.status not in (S.RUNNING, S.PENDING):
         raise UserError(
             f"{m.name} is {m.status}: there is nothing to keep running"
-            + (f" (start it with `provisioner start {m.name}`)" if m.status == "stopped" else "")
+            + (f" (start it with `provisioner start {m.name}`)" if m.status == S.STOPPED else "")
         )
     cal = calendar_for(app, m)
     tz = keep_timezone(app, m)
@@ -388,7 +389,7 @@ def unkeep(app: App, name: str) -> tuple[Machine, bool]:
     """Cancel ``keep``: the sweep judges the machine again from its next pass. Returns
     (machine, whether it was kept)."""
     now = app.clock.now()
-    m = lifecycle.find(app, name)
+    m = machines.find(app, name)
     with app.db.session() as s:
         mm = machine_row(s, m.id)
         was = mm.kept_until is not None and mm.kept_until > now

@@ -1,0 +1,132 @@
+"""Usage intervals opened and closed on every transition, priced at the rate fixed at launch."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from datetime import datetime
+from decimal import Decimal
+from typing import Any
+
+from sqlalchemy import (
+    select,
+)
+from sqlalchemy.orm import Session
+
+from provisioner.ledger.periods import _US, SECONDS_PER_HOUR
+from provisioner.models import Event, Machine, UsageInterval
+from provisioner.money import Money
+from provisioner.schema import COMPUTE_BILLED, DISK_BILLED, MachineStatus
+
+
+def record_transition(
+    s: Session,
+    m: Machine,
+    status: MachineStatus,
+    at: datetime,
+    *,
+    event: str | None = None,
+    reason: str | None = None,
+    detail: dict[str, Any] | None = None,
+) -> bool:
+    """Move ``m`` to ``status`` at ``at``: an event, and the usage intervals opened or closed to
+    match. Re-recording the state a machine is already in changes nothing (returns False)."""
+    if m.status == status:
+        return False
+    m.status = status
+    s.add(Event(machine_id=m.id, at=at, kind=event or status, reason=reason, detail=detail or {}))
+    _bill(s, m, "compute", m.rate, status in COMPUTE_BILLED, at)
+    _bill(s, m, "disk", m.disk_rate, status in DISK_BILLED, at)
+    if status == "terminated":
+        m.terminated_at = at
+    return True
+
+
+def record_transitions(
+    s: Session,
+    machines: Sequence[Machine],
+    status: MachineStatus,
+    at: datetime,
+    *,
+    event: str | None = None,
+    reason: str | None = None,
+    details: dict[str, dict[str, Any]] | None = None,
+) -> dict[str, bool]:
+    """:func:`record_transition` for many machines at once, as a batch stop records them: their
+    open intervals read in one query, one flush. Returns machine id → changed."""
+    moving = [m for m in machines if m.status != status]
+    open_: dict[tuple[str, str], UsageInterval] = {}
+    for k in range(0, len(moving), 1000):  # bound the statement's parameters
+        ids = [m.id for m in moving[k : k + 1000]]
+        for row in s.scalars(
+            select(UsageInterval).where(
+                UsageInterval.machine_id.in_(ids), UsageInterval.ended_at.is_(None)
+            )
+        ):
+            open_.setdefault((row.machine_id, row.kind), row)
+    for m in moving:
+        m.status = status
+        detail = (details or {}).get(m.id) or {}
+        s.add(Event(machine_id=m.id, at=at, kind=event or status, reason=reason, detail=detail))
+        for kind, rate, billed in (
+            ("compute", m.rate, status in COMPUTE_BILLED),
+            ("disk", m.disk_rate, status in DISK_BILLED),
+        ):
+            iv = open_.get((m.id, kind))
+            if billed and iv is None and rate is not None:
+                s.add(
+                    UsageInterval(
+                        machine_id=m.id, kind=kind, started_at=at, rate=rate, currency=m.currency
+                    )
+                )
+            elif not billed and iv is not None:
+                iv.ended_at = max(at, iv.started_at)
+        if status == "terminated":
+            m.terminated_at = at
+    s.flush()
+    changed = {m.id for m in moving}
+    return {m.id: m.id in changed for m in machines}
+
+
+def _bill(
+    s: Session, m: Machine, kind: str, rate: Decimal | None, billed: bool, at: datetime
+) -> None:
+    open_ = s.scalars(
+        select(UsageInterval).where(
+            UsageInterval.machine_id == m.id,
+            UsageInterval.kind == kind,
+            UsageInterval.ended_at.is_(None),
+        )
+    ).first()
+    if billed and open_ is None and rate is not None:
+        s.add(
+            UsageInterval(machine_id=m.id, kind=kind, started_at=at, rate=rate, currency=m.currency)
+        )
+    elif not billed and open_ is not None:
+        open_.ended_at = max(at, open_.started_at)
+    s.flush()
+
+
+def interval_cost(iv: UsageInterval, start: datetime, end: datetime) -> Decimal:
+    """Exact cost of the part of ``iv`` inside [start, end)."""
+    lo = max(iv.started_at, start)
+    hi = min(iv.ended_at or end, end)
+    if hi <= lo:
+        return Decimal(0)
+    seconds = Decimal((hi - lo) // _US) / Decimal(1_000_000)
+    return iv.rate * seconds / SECONDS_PER_HOUR
+
+
+def spend(intervals: Iterable[UsageInterval], start: datetime, end: datetime) -> dict[str, Money]:
+    """Total per currency of ``intervals`` over [start, end)."""
+    totals: dict[str, Decimal] = {}
+    for iv in intervals:
+        cost = interval_cost(iv, start, end)
+        if cost:
+            totals[iv.currency] = totals.get(iv.currency, Decimal(0)) + cost
+    return {c: Money(a, c) for c, a in totals.items()}
+
+
+def machine_spend(s: Session, m: Machine, start: datetime, end: datetime) -> dict[str, Money]:
+    return spend(
+        s.scalars(select(UsageInterval).where(UsageInterval.machine_id == m.id)), start, end
+    )

@@ -1,0 +1,310 @@
+"""What is done to machines that exist: stop, start, hold, down — one by name, or many at once in
+one batch call per cloud — and waiting until a launched machine answers."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Any
+
+from sqlalchemy import select
+
+from providers.base import InstanceRef, MachineState, NotFound, Offer, ProviderError
+from providers.retry import wait_until
+from provisioner import budget, ledger, planning
+from provisioner.app import App
+from provisioner.crashpoints import crashpoint
+from provisioner.errors import OperationFailed, UserError
+from provisioner.machines.launch import adopt, refuse_by_policy
+from provisioner.machines.record import (
+    can_stop,
+    find,
+    provider_call,
+    record_event,
+    ref,
+    require_launched,
+    transition,
+)
+from provisioner.models import ACTIVE_EXCLUDED, Machine
+from provisioner.money import Money
+from provisioner.planner import Candidate
+from provisioner.schema import MachineStatus
+from provisioner.spec import Experiment
+from provisioner.state import LockBusy, named_machine
+from provisioner.state import machine as machine_row
+
+S = MachineStatus
+DOWN_WAIT_SECONDS = 600  # how long `down` waits for an `up` still launching the same intent
+
+
+def stop(
+    app: App, name: str, *, reason: str = "user", detail: dict[str, Any] | None = None
+) -> tuple[Machine, bool]:
+    """Stop so compute billing ends; disks stay. Returns (machine, changed)."""
+    m = find(app, name)
+    if m.status in (S.STOPPED, S.PREEMPTED):
+        return m, False
+    require_launched(m)
+    if not can_stop(m):
+        raise UserError(
+            f"{m.name} is a spot machine on {m.cloud}, which cannot stop one (it launches spot "
+            f"as one-time requests): `provisioner down {m.name}` ends its billing"
+        )
+    provider_call(app, m, "stop")
+    return transition(app, m.id, S.STOPPED, event="stopped", reason=reason, detail=detail)
+
+
+def start(app: App, name: str, *, reason: str = "user") -> tuple[Machine, bool]:
+    """Start a stopped machine, within policy and budget as ``up`` (same refusal, exit 2).
+    Concurrent starts of one machine start it once (the intent's lock); the check and the
+    start are serialised with other ``up``s and ``start``s (the ``intents`` lock)."""
+    m = find(app, name)
+    if m.status in (S.RUNNING, S.PENDING):
+        return m, False
+    require_launched(m)
+    with app.db.lock(f"intent-{m.id}"), app.db.lock("intents"):
+        with app.db.session() as s:
+            m = machine_row(s, m.id)
+        if m.status in (S.RUNNING, S.PENDING):  # a concurrent start did it
+            return m, False
+        check_start(app, m)
+        provider_call(app, m, "start")
+        return transition(app, m.id, S.RUNNING, event="started", reason=reason)
+
+
+def check_start(app: App, m: Machine) -> None:
+    """The machine's stored experiment checked as ``up`` checks it, for the machine's own
+    offer at its launch-time rate (its disk is already counted: it bills while stopped)."""
+    experiment = Experiment.model_validate(m.spec)
+    rate = Money(m.rate or Decimal(0), m.currency or app.settings.currency)
+    spot = m.market == "spot"
+    offer = Offer(
+        cloud=m.cloud or "",
+        region=m.region or "",
+        zone=m.zone or "",
+        instance_type=m.instance_type or "",
+        gpu=m.gpu or "",
+        gpu_count=m.gpu_count or 0,
+        gpu_memory_gb=0,
+        vcpus=0,
+        memory_gb=Decimal(0),
+        price=None if spot else rate.amount,
+        spot_price=rate.amount if spot else None,
+        currency=rate.currency,
+    )
+    base = app.settings.money_rates.convert(rate, app.settings.currency)
+    cand = Candidate(offer, "spot" if spot else "reserved", rate, base)
+    plan = planning.check_known(app, experiment, cand)
+    refuse_by_policy(plan)
+    budget.guard(plan)
+
+
+def hold(app: App, m: Machine, why: str) -> Machine:
+    """A preempted machine whose relaunch policy or budget refuses is kept: stopped, with its
+    disk (a cloud that cannot stop it has nothing left to keep, and it is terminated); the
+    refusal is recorded as ``relaunch-refused`` and shown by `status`."""
+    detail = {"refused": why}
+    if not can_stop(m):
+        return down(app, m.name, reason="relaunch-refused", detail=detail)[0]
+    provider_call(app, m, "stop")
+    return transition(
+        app, m.id, S.STOPPED, event="relaunch-refused", reason="preempted", detail=detail
+    )[0]
+
+
+def down(
+    app: App, name: str, *, reason: str = "user", detail: dict[str, Any] | None = None
+) -> tuple[Machine, bool]:
+    """Terminate and close every usage interval. An intent that never launched is closed too."""
+    with app.db.session() as s:
+        m = named_machine(s, name)
+    if m is None:
+        raise UserError(f"no machine named {name!r} (see `provisioner status --all`)")
+    if not m.is_live:
+        return m, False
+    if m.status == S.REQUESTED:
+        # an `up` may be launching it right now: it will see this and terminate what it
+        # launches; we wait for it on the intent's lock (at once if no `up` runs)
+        record_event(app, m.id, "cancel-requested", reason=reason)
+        try:
+            with app.db.lock(f"intent-{m.id}", timeout=DOWN_WAIT_SECONDS):
+                with app.db.session() as s:
+                    m = machine_row(s, m.id)
+                if not m.is_live:  # the launching `up` settled it
+                    return m, True
+                if m.status == S.REQUESTED:
+                    adopted = adopt(app, m, lambda _: None)
+                    if adopted is None:
+                        return transition(app, m.id, S.FAILED, event="cancelled", reason=reason)
+                    m = adopted
+                provider_call(app, m, "terminate")
+                return transition(
+                    app, m.id, S.TERMINATED, event="terminated", reason=reason, detail=detail
+                )
+        except LockBusy:
+            raise OperationFailed(
+                f"{name}: an `up` is still launching it after {DOWN_WAIT_SECONDS} s; it will "
+                f"terminate what it launches (see `provisioner status --all`)"
+            ) from None
+    provider_call(app, m, "terminate")
+    return transition(app, m.id, S.TERMINATED, event="terminated", reason=reason, detail=detail)
+
+
+@dataclass
+class Outcome:
+    """What a batch stop or terminate did to one machine."""
+
+    machine: Machine
+    changed: bool = False  # False: it already was stopped / gone
+    error: str | None = None
+
+
+def stop_many(
+    app: App, names: Iterable[str], *, reason: str = "user"
+) -> dict[str, Outcome | UserError]:
+    """`stop` of many names, one batch call per cloud and region and one transaction per
+    batch: name → its outcome, or why the name does not say which machine."""
+    return _by_name(app, names, lambda ms: act_many(app, ms, "stop", reason=reason))
+
+
+def down_many(
+    app: App, names: Iterable[str], *, reason: str = "user"
+) -> dict[str, Outcome | UserError]:
+    """`down` of many names, batched as :func:`stop_many`. An intent that never launched is
+    settled one by one, as :func:`down` does."""
+
+    def terminate(ms: list[Machine]) -> dict[str, Outcome]:
+        out = {}
+        for m in [m for m in ms if m.status == S.REQUESTED]:
+            try:
+                done, changed = down(app, m.name, reason=reason)
+                out[m.id] = Outcome(done, changed)
+            except (UserError, OperationFailed) as e:
+                out[m.id] = Outcome(m, error=str(e))
+        rest = [m for m in ms if m.status != S.REQUESTED]
+        return {**out, **act_many(app, rest, "terminate", reason=reason)}
+
+    return _by_name(app, names, terminate)
+
+
+def _by_name(
+    app: App, names: Iterable[str], act: Callable[[list[Machine]], dict[str, Outcome]]
+) -> dict[str, Outcome | UserError]:
+    wanted = list(dict.fromkeys(names))
+    with app.db.session() as s:
+        rows = s.scalars(
+            select(Machine).where(Machine.name.in_(wanted), Machine.status.not_in(ACTIVE_EXCLUDED))
+        )
+        found = {m.name: m for m in rows}
+    done = act(list(found.values()))
+    return {
+        n: done[found[n].id]
+        if n in found
+        else UserError(f"no machine named {n!r} (see `provisioner status`)")
+        for n in wanted
+    }
+
+
+def act_many(
+    app: App,
+    machines: Iterable[Machine],
+    op: str,
+    *,
+    reason: str = "user",
+    details: dict[str, dict[str, Any]] | None = None,
+) -> dict[str, Outcome]:
+    """Stop (``op="stop"``) or terminate ``machines``: one batch call per cloud (the adapter
+    groups by region and splits at its cloud's limit), then every change recorded in one
+    transaction. One machine's failure is its own: machine id → outcome."""
+    out: dict[str, Outcome] = {}
+    by_cloud: dict[str, list[Machine]] = {}
+    for m in machines:
+        if (op == "stop" and m.status in (S.STOPPED, S.PREEMPTED)) or not m.is_live:
+            out[m.id] = Outcome(m)
+        elif m.status == S.REQUESTED or not m.instance_id:
+            out[m.id] = Outcome(m, error=f"{m.name} is still being launched")
+        elif op == "stop" and not can_stop(m):
+            out[m.id] = Outcome(
+                m,
+                error=f"{m.name} is a spot machine on {m.cloud}, which "
+                "cannot stop one: `provisioner down` ends its billing",
+            )
+        else:
+            by_cloud.setdefault(m.cloud or "", []).append(m)
+    status, event = (S.STOPPED, "stopped") if op == "stop" else (S.TERMINATED, "terminated")
+    for cloud, ms in by_cloud.items():
+        refs = {m.id: ref(m) for m in ms}
+        try:
+            provider = app.provider(cloud)
+            batch = provider.stop_many if op == "stop" else provider.terminate_many
+            results: dict[InstanceRef, ProviderError | None] = batch(list(refs.values()))
+        except (ProviderError, UserError) as e:
+            results = dict.fromkeys(refs.values(), ProviderError(str(e)))
+        done = []
+        for m in ms:
+            err = results.get(refs[m.id], ProviderError("no answer for it"))
+            if err is None or (op == "terminate" and isinstance(err, NotFound)):
+                done.append(m)
+            elif isinstance(err, NotFound):
+                out[m.id] = Outcome(m, error=f"{m.name}: the cloud no longer has {m.instance_id}")
+            else:
+                out[m.id] = Outcome(m, error=f"{m.name}: {op} failed: {err}")
+        crashpoint(f"after-{op}")  # the cloud acted, the state does not know yet
+        if not done:
+            continue
+        now = app.clock.now()
+        with app.db.session() as s:  # one transaction for the batch
+            ids = [m.id for m in done]
+            rows = list(s.scalars(select(Machine).where(Machine.id.in_(ids))))
+            changed = ledger.record_transitions(
+                s, rows, status, now, event=event, reason=reason, details=details
+            )
+            for row in rows:
+                out[row.id] = Outcome(row, changed[row.id])
+    return out
+
+
+def wait_ready(
+    app: App,
+    name: str,
+    *,
+    timeout: float,
+    interval: float = 2,
+    progress: Callable[[str], None] = lambda _: None,
+) -> Machine:
+    """Wait (bounded) until the cloud says the machine runs, it has a public address and its
+    SSH port answers; record the boot and the address. Raises OperationFailed at ``timeout``,
+    naming what it was still waiting for; the machine is left as it is (it may still boot)."""
+    m = find(app, name)
+    provider = app.provider(m.cloud or "")
+    deadline = time.monotonic() + timeout
+    progress(f"waiting for {m.name} to run and get an address…")
+    inst, up = wait_until(
+        lambda: provider.get(ref(m)),
+        lambda i: i.state is MachineState.RUNNING and bool(i.public_ip),
+        timeout=timeout,
+        interval=interval,
+    )
+    if up:
+        with app.db.session() as s:
+            mm = machine_row(s, m.id)
+            mm.public_ip = inst.public_ip
+            ledger.record_transition(
+                s, mm, S.RUNNING, app.clock.now(), event="booted", reason="launched"
+            )
+        progress(f"{m.name} runs at {inst.public_ip}; waiting for SSH…")
+        left = max(deadline - time.monotonic(), 0)
+        _, up = wait_until(
+            lambda: provider.accepts_ssh(inst), bool, timeout=left, interval=interval
+        )
+        waiting_for = "SSH to answer"
+    else:
+        waiting_for = f"it to run with an address (it is {inst.state.value})"
+    if not up:
+        raise OperationFailed(
+            f"{m.name}: still waiting for {waiting_for} after {timeout:g} s; it is not "
+            f"stopped — see `provisioner status {m.name}`, or `provisioner down {m.name}`"
+        )
+    return find(app, name)

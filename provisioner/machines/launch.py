@@ -1,0 +1,451 @@
+"""``up``: plan, write the intent, adopt or launch, record.
+
+It reads top to bottom: plan, check the limits and write the intent (one at a time, under the
+``intents`` lock, so concurrent ``up``s cannot overrun ``max_machines`` or a budget) → holding
+the intent's own lock, adopt a machine an interrupted run already launched → walk the
+candidates, launching each with a token derived from the intent and blocking a zone, region or
+cloud by the kind of failure; a launch whose answer was lost (throttled, timed out, dropped,
+5xx) is looked up by our machine tag before moving on → record the machine and open its usage
+intervals at the launch-time rate.
+
+``down`` of an intent still launching wins: it records ``cancel-requested`` (a second ``up`` of
+the name is refused meanwhile), the launching ``up`` sees it and terminates what it launched,
+and ``down`` waits for that on the intent's lock.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from decimal import ROUND_DOWN, Decimal
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
+
+from policies.evaluate import Decision
+from providers.base import (
+    TAG_MACHINE,
+    TAG_MANAGED_BY,
+    TAG_MANAGED_BY_VALUE,
+    TAG_OWNER,
+    TAG_PROJECT,
+    AuthError,
+    CapacityError,
+    Instance,
+    InvalidRequest,
+    LaunchRequest,
+    MachineState,
+    NotFound,
+    ProviderError,
+    QuotaError,
+)
+from providers.retry import call_with_retry
+from provisioner import budget, idle, ledger, planning
+from provisioner.app import App
+from provisioner.crashpoints import crashpoint
+from provisioner.errors import OperationFailed, UserError
+from provisioner.machines.attempts import Blocklist, LaunchAttempt, launch_token
+from provisioner.machines.record import disk_rate, provider_call, record_event, transition
+from provisioner.models import Event, Machine, new_id
+from provisioner.money import Rates
+from provisioner.planner import Candidate, Plan
+from provisioner.schema import AttemptOutcome, MachineStatus
+from provisioner.spec import Experiment
+from provisioner.state import live_machine
+from provisioner.state import machine as machine_row
+
+log = logging.getLogger("provisioner")
+Progress = Callable[[str], None]
+S = MachineStatus
+
+
+@dataclass
+class UpResult:
+    machine: Machine
+    already: bool = False
+    attempts: list[LaunchAttempt] = field(default_factory=list)
+    plan: Plan | None = None
+
+
+def resource_name(experiment: Experiment, machine_id: str) -> str:
+    return f"{experiment.name}-{machine_id[:6]}"
+
+
+def up(
+    app: App,
+    experiment: Experiment,
+    *,
+    spec_path: str | None = None,
+    progress: Progress = lambda _: None,
+    prefer: Callable[[Candidate], Any] | None = None,
+) -> UpResult:
+    """``prefer`` reorders the candidates (stable): recovery tries the lost machine's zone and
+    region first."""
+    # The limits (max_machines, budgets) are read and the intent written under one lock:
+    # otherwise six concurrent `up`s each count the same machines and all go ahead.
+    with app.db.lock("intents"):
+        plan = check(app, experiment)
+        machine, already = _write_intent(app, experiment, spec_path, plan.candidates[0])
+    if already:
+        return UpResult(machine, already=True, plan=plan)
+    if prefer is not None:
+        plan.candidates.sort(key=prefer)
+    # one launching process per intent; a second `up` of it waits here, then finds it done
+    with app.db.lock(f"intent-{machine.id}"):
+        with app.db.session() as s:
+            current = machine_row(s, machine.id)
+        if current.status != S.REQUESTED:
+            if not current.is_live:
+                raise OperationFailed(f"{experiment.name}: taken down while it was launched")
+            return UpResult(current, already=True, plan=plan)
+        return _launch(app, machine, experiment, plan, progress)
+
+
+def check(app: App, experiment: Experiment) -> Plan:
+    """The plan, refused (exit 2) as ``up`` refuses it: by policy, by budget (with the numbers;
+    failover keeps only candidates every budget can afford), or for want of an offer."""
+    plan = planning.plan(app, experiment)
+    refuse_by_policy(plan)
+    budget.guard(plan)
+    if not plan.candidates:
+        reasons = "; ".join(f"{r} ({n})" for r, n in plan.summary_reasons()[:6])
+        raise UserError(f"no offer fits {experiment.name}: {reasons or 'the catalog is empty'}")
+    return plan
+
+
+def refuse_by_policy(plan: Plan) -> None:
+    """No flag bypasses a policy: every violated rule is listed, exit 2."""
+    for check in plan.checks:
+        if isinstance(check, Decision) and not check.allowed:
+            rules = "\n  ".join(check.reasons)
+            raise UserError(f"refused by policy for {plan.experiment.name}:\n  {rules}")
+
+
+def _write_intent(
+    app: App, experiment: Experiment, spec_path: str | None, first: Candidate
+) -> tuple[Machine, bool]:
+    """The intent is written before anything is launched, with the rate of the ``first``
+    candidate (budgets count it until the launch fixes the real one). Returns (machine,
+    already_running)."""
+    now = app.clock.now()
+    with app.db.session() as s:
+        m = live_machine(s, experiment.name)
+    if m is not None:
+        _refuse_cancelled(app, m)
+        return m, m.status != S.REQUESTED  # requested: an interrupted up, resume it
+    try:
+        with app.db.session() as s:
+            m = Machine(
+                id=new_id(),
+                name=experiment.name,
+                project=experiment.project,
+                owner=experiment.owner,
+                status=S.REQUESTED,
+                spec=experiment.to_json(),
+                spec_path=spec_path,
+                created_at=now,
+                disk_gb=experiment.resources.disk_gb,
+                rate=first.price.amount,
+                currency=first.price.currency,
+                disk_rate=disk_rate(
+                    app, first.offer.cloud, first.price.currency, experiment.resources.disk_gb
+                ),
+            )
+            s.add(m)
+            s.flush()
+            s.add(Event(machine_id=m.id, at=now, kind="requested", detail={"spec_path": spec_path}))
+        return m, False
+    except IntegrityError:  # another `up` of this name won the race
+        with app.db.session() as s:
+            m = live_machine(s, experiment.name)
+        if m is None:
+            raise UserError(
+                f"{experiment.name} changed while this `up` wrote it; run `provisioner up` again"
+            ) from None
+        return m, True
+
+
+def _launch(
+    app: App, machine: Machine, experiment: Experiment, plan: Plan, progress: Progress
+) -> UpResult:
+    """Launch the intent ``machine`` (its lock held): adopt, else walk the candidates."""
+    crashpoint("after-intent")
+    _unless_cancelled_before(app, machine)
+
+    adopted = adopt(app, machine, progress)
+    if adopted is not None:
+        return UpResult(_unless_cancelled(app, adopted), plan=plan)
+
+    user_data = _startup_data(app, machine.id, experiment)
+    attempts: list[LaunchAttempt] = []
+    blocked = Blocklist()
+    for cand in plan.candidates:
+        _unless_cancelled_before(app, machine)
+        attempt = LaunchAttempt.of(cand, launch_token(machine.id, cand))
+        if why := blocked.reason(cand):
+            attempts.append(attempt.ended(AttemptOutcome.SKIPPED, why))
+            continue
+        o = cand.offer
+        progress(f"trying {cand.where} {o.instance_type} {cand.market} at {cand.price}/h")
+        request = _launch_request(machine, experiment, cand, user_data, app.settings.money_rates)
+        record_event(app, machine.id, "launch-attempt", detail=attempt.to_json())
+        crashpoint("before-launch")
+        try:
+            instance = app.provider(o.cloud).launch(request)
+        except ProviderError as err:
+            found = _launched_after_all(app, machine, cand, err, progress)
+            if found:
+                attempts.append(attempt.ended(AttemptOutcome.LAUNCHED))
+                adopted = _record(app, machine.id, found[0], attempt, "adopted")
+                _end_duplicates(app, adopted, found[1:])
+                return UpResult(_unless_cancelled(app, adopted), attempts=attempts, plan=plan)
+            failed = attempt.ended(blocked.add(cand, err), str(err))
+            attempts.append(failed)
+            record_event(
+                app,
+                machine.id,
+                "launch-failed",
+                reason=failed.outcome,
+                detail={**failed.to_json(), "error": str(err), "code": err.code},
+            )
+            progress(f"  {failed.outcome}: {err}")
+            continue
+        crashpoint("after-launch")
+        attempts.append(attempt.ended(AttemptOutcome.LAUNCHED))
+        launched = _record(app, machine.id, instance, attempt, "launched")
+        return UpResult(_unless_cancelled(app, launched), attempts=attempts, plan=plan)
+
+    with app.db.session() as s:
+        m = machine_row(s, machine.id)
+        ledger.record_transition(s, m, S.FAILED, app.clock.now(), reason="no-candidate-launched")
+    tried = [a for a in attempts if a.outcome != AttemptOutcome.SKIPPED]
+    summary = "; ".join(f"{a.where} {a.instance_type}: {a.outcome}" for a in tried[:8])
+    raise OperationFailed(
+        f"could not launch {experiment.name} on any of {len(tried)} "
+        f"{'candidate' if len(tried) == 1 else 'candidates'} tried: {summary}"
+    )
+
+
+# --- cancellation: `down` of an intent still launching ----------------------------------------
+
+
+def _refuse_cancelled(app: App, m: Machine) -> None:
+    if m.status == S.REQUESTED and cancel_requested(app, m.id):
+        raise UserError(
+            f"{m.name} is being taken down while an earlier `up` launches it; run `provisioner "
+            f"up` again once `provisioner status --all` shows it terminated or failed"
+        )
+
+
+def cancel_requested(app: App, machine_id: str) -> bool:
+    """Whether `down` was asked of this intent (re-read from the state, never cached)."""
+    with app.db.session() as s:
+        return (
+            s.scalars(
+                select(Event.id).where(
+                    Event.machine_id == machine_id, Event.kind == "cancel-requested"
+                )
+            ).first()
+            is not None
+        )
+
+
+def _unless_cancelled_before(app: App, m: Machine) -> None:
+    if cancel_requested(app, m.id):
+        transition(app, m.id, S.FAILED, event="cancelled", reason="down")
+        raise OperationFailed(f"{m.name}: taken down before it was launched")
+
+
+def _unless_cancelled(app: App, m: Machine) -> Machine:
+    """After recording a launch: if `down` was asked meanwhile, terminate what was launched
+    (the `down` waiting on the intent's lock then finds it done)."""
+    if not cancel_requested(app, m.id):
+        return m
+    provider_call(app, m, "terminate")
+    transition(
+        app, m.id, S.TERMINATED, event="terminated", reason="down", detail={"while": "launching"}
+    )
+    raise OperationFailed(
+        f"{m.name}: taken down while it was launched; {m.instance_id} is terminated"
+    )
+
+
+# --- adoption: a machine launched but never recorded ------------------------------------------
+
+_DEFINITE = (CapacityError, QuotaError, AuthError, InvalidRequest, NotFound)
+
+
+def _launched_after_all(
+    app: App, machine: Machine, cand: Candidate, err: ProviderError, progress: Progress
+) -> list[Instance]:
+    """A launch that failed without a definite answer (throttled, timed out, connection dropped,
+    5xx) may have happened all the same: ask the cloud for a machine carrying this intent's tag
+    in that region before moving on with another token. When even that cannot be answered, stop
+    here (the intent stays ``requested``: a rerun of `up` adopts, `down` cleans up) rather than
+    risk a second machine."""
+    if isinstance(err, _DEFINITE):
+        return []
+    o = cand.offer
+    provider = app.provider(o.cloud)
+    try:
+        found = call_with_retry(
+            lambda: provider.list_managed([o.region], machine_id=machine.id), provider.options
+        )
+    except ProviderError as e:
+        record_event(
+            app, machine.id, "launch-unknown", detail={"where": cand.where, "error": str(e)}
+        )
+        raise OperationFailed(
+            f"{machine.name}: the launch in {cand.where} got no clear answer ({err}) and the "
+            f"cloud could not say whether it happened ({e}); nothing else was launched: run "
+            f"`provisioner up` again to finish (it adopts the machine if there is one), or "
+            f"`provisioner down {machine.name}`"
+        ) from None
+    live = [i for i in found if i.state is not MachineState.TERMINATED]
+    if live:
+        progress(f"  {err}; {live[0].id} was launched all the same: adopting it")
+    return live
+
+
+def adopt(app: App, machine: Machine, progress: Progress) -> Machine | None:
+    """Find a machine that an interrupted run of this intent launched but never recorded: the
+    ``launch-attempt`` events say where to look and what each attempt was."""
+    with app.db.session() as s:
+        tried = [
+            LaunchAttempt.from_json(e.detail)
+            for e in s.scalars(
+                select(Event).where(Event.machine_id == machine.id, Event.kind == "launch-attempt")
+            )
+        ]
+    by_cloud: dict[str, set[str]] = {}
+    for a in tried:
+        by_cloud.setdefault(a.cloud, set()).add(a.region)
+    for cloud, regions in by_cloud.items():
+        try:
+            found = app.provider(cloud).list_managed(sorted(regions), machine_id=machine.id)
+        except ProviderError:
+            continue
+        live = [i for i in found if i.state is not MachineState.TERMINATED]
+        for inst in live:
+            attempt = next(
+                (
+                    a
+                    for a in reversed(tried)
+                    if a.cloud == cloud
+                    and a.zone in (inst.zone, "")
+                    and a.instance_type == inst.instance_type
+                ),
+                None,
+            )
+            if attempt is None:
+                continue
+            progress(f"found {inst.id} launched by an interrupted run; adopting it")
+            adopted = _record(app, machine.id, inst, attempt, "adopted")
+            _end_duplicates(app, adopted, [i for i in live if i.id != inst.id])
+            return adopted
+    return None
+
+
+def _end_duplicates(app: App, m: Machine, extra: list[Instance]) -> None:
+    """More than one machine carries this intent's tag: the adopted one is kept, the others
+    are terminated; the event names each and whether it still runs (the terminate failed)."""
+    for inst in extra:
+        try:
+            app.provider(m.cloud or "").terminate(inst.ref)
+            running = False
+        except ProviderError:
+            running = True
+        record_event(
+            app,
+            m.id,
+            "duplicate",
+            reason="adopted",
+            detail={"instance_id": inst.id, "kept": m.instance_id, "still_running": running},
+        )
+
+
+# --- what is sent, and what is recorded ---------------------------------------------------------
+
+
+def _startup_data(app: App, machine_id: str, experiment: Experiment) -> str | None:
+    """The user's startup script, with the idle agent and a fresh per-machine token added when
+    settings name the endpoint agents report to. The token is never logged or recorded."""
+    sched = app.settings.scheduler
+    if not sched.endpoint_url:
+        return experiment.startup_script
+    token = idle.issue_token(app, machine_id)
+    return idle.startup_data(
+        experiment.startup_script,
+        sched.endpoint_url,
+        token,
+        sched.agent_interval_seconds,
+        machine_id,
+    )
+
+
+def _launch_request(
+    m: Machine, experiment: Experiment, c: Candidate, user_data: str | None, rates: Rates
+) -> LaunchRequest:
+    o = c.offer
+    res = experiment.resources
+    labels = {
+        **experiment.labels,
+        TAG_MANAGED_BY: TAG_MANAGED_BY_VALUE,
+        TAG_MACHINE: m.id,
+        TAG_PROJECT: experiment.project,
+        TAG_OWNER: experiment.owner,
+    }
+    max_price = None
+    if c.spot and res.max_price_per_hour is not None:
+        # The cap in the offer's currency at the settings' rate, rounded down: never above
+        # what the experiment allows (the planner already refused a rate it lacks).
+        cap = rates.convert(res.max_price_per_hour, o.currency).amount
+        max_price = cap.quantize(Decimal("0.0001"), ROUND_DOWN)
+    return LaunchRequest(
+        name=resource_name(experiment, m.id),
+        token=launch_token(m.id, c),
+        region=o.region,
+        zone=o.zone,
+        instance_type=o.instance_type,
+        gpu=o.gpu,
+        gpu_count=o.gpu_count,
+        spot=c.spot,
+        disk_gb=res.disk_gb,
+        accelerator=o.accelerator,
+        image=res.image.get(o.cloud),
+        user_data=user_data,
+        ssh_public_key=experiment.ssh_public_key,
+        labels=labels,
+        max_price=max_price,
+        preemption_action="terminate"
+        if experiment.lifecycle.on_preemption == "terminate"
+        else "stop",
+    )
+
+
+def _record(
+    app: App, machine_id: str, inst: Instance, attempt: LaunchAttempt, event: str
+) -> Machine:
+    """The machine ``attempt`` launched (``event``: launched, or adopted after a lost answer
+    or a crash), recorded with the attempt's rate: usage opens now."""
+    now = app.clock.now()
+    with app.db.session() as s:
+        m = machine_row(s, machine_id)
+        m.cloud, m.region, m.zone = attempt.cloud, inst.region, inst.zone or attempt.zone
+        m.instance_type, m.gpu, m.gpu_count = inst.instance_type, attempt.gpu, attempt.gpu_count
+        m.market, m.instance_id, m.resource_name = attempt.market, inst.id, inst.name
+        m.rate, m.currency = attempt.rate.amount, attempt.rate.currency
+        m.disk_rate = disk_rate(app, attempt.cloud, m.currency, m.disk_gb or 0)
+        m.public_ip, m.launched_at = inst.public_ip, now
+        status = S.PENDING if inst.state == MachineState.PENDING else S.RUNNING
+        ledger.record_transition(
+            s,
+            m,
+            status,
+            now,
+            event=event,
+            detail={**attempt.to_json(), "instance_id": inst.id, "public_ip": inst.public_ip},
+        )
+        return m

@@ -1,0 +1,205 @@
+"""The state brought in line with the clouds: each live machine observed (a preemption, a stop
+or a delete outside provisioner, a boot finishing, a new address), and the machines carrying
+our tag that no machine in the state owns (orphans), with the network pieces nobody uses."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from datetime import datetime
+
+from sqlalchemy import select
+
+from providers.base import Instance, MachineState, NotFound, ProviderError
+from provisioner import ledger
+from provisioner.app import App
+from provisioner.machines.record import ref
+from provisioner.models import ACTIVE_EXCLUDED, Machine
+from provisioner.schema import MachineStatus, observed
+
+log = logging.getLogger("provisioner")
+S = MachineStatus
+
+
+@dataclass
+class Observation:
+    machine: Machine
+    observed: MachineStatus | None  # status the cloud reports, None when it could not be asked
+    changed: bool
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class Orphan:
+    """A machine carrying our tag that no live machine in the state owns: it bills, unseen."""
+
+    cloud: str
+    instance: Instance
+    adoptable_by: str | None = None  # the name of an interrupted `up` that launched it
+
+    def __str__(self) -> str:
+        i = self.instance
+        where = f"{self.cloud}/{i.zone or i.region} {i.id} ({i.name}, {i.state.value})"
+        if self.adoptable_by:
+            return (
+                f"{where}: an interrupted `up` of {self.adoptable_by} launched it; rerun to adopt"
+            )
+        return f"{where}: no machine in the state owns it"
+
+
+def _orphans(app: App, cloud: str, listed: Iterable[Instance]) -> list[Orphan]:
+    with app.db.session() as s:
+        rows = s.execute(
+            select(Machine.id, Machine.name, Machine.status, Machine.instance_id).where(
+                Machine.cloud.is_(None) | (Machine.cloud == cloud)
+            )
+        ).all()
+    owned = {iid for _, _, status, iid in rows if iid and status not in ACTIVE_EXCLUDED}
+    launching = {mid: name for mid, name, status, _ in rows if status == S.REQUESTED}
+    return [
+        Orphan(cloud, i, launching.get(i.machine_id or ""))
+        for i in listed
+        if i.state is not MachineState.TERMINATED and i.id not in owned
+    ]
+
+
+def orphans(app: App, clouds: Iterable[str] | None = None) -> tuple[list[Orphan], dict[str, str]]:
+    """Orphans in every enabled cloud (not only where the state has machines), and the clouds
+    that could not be asked, with why."""
+    found: list[Orphan] = []
+    errors: dict[str, str] = {}
+    for cloud in clouds or app.settings.enabled_clouds:
+        try:
+            provider = app.provider(cloud)
+            check = provider.check()
+            if not check.ok:
+                errors[cloud] = check.message
+                continue
+            found += _orphans(app, cloud, provider.list_managed())
+        except ProviderError as e:
+            errors[cloud] = str(e)
+    return found, errors
+
+
+def unused_network(
+    app: App, clouds: Iterable[str] | None, errors: dict[str, str], *, remove: bool
+) -> dict[str, list[str]]:
+    """Each asked cloud's network pieces of ours that no machine uses (removed when
+    ``remove``); a cloud that could not be asked before is skipped, one that fails now is
+    added to ``errors``."""
+    out: dict[str, list[str]] = {}
+    for cloud in clouds or app.settings.enabled_clouds:
+        if cloud in errors:
+            continue
+        try:
+            pieces = app.provider(cloud).unused_network(remove=remove)
+        except ProviderError as e:
+            errors[cloud] = str(e)
+            continue
+        if pieces:
+            out[cloud] = pieces
+    return out
+
+
+def collect(app: App, found: Iterable[Orphan]) -> list[Orphan]:
+    """Terminate orphans (never one an interrupted `up` may still adopt); returns those done."""
+    done = []
+    for o in found:
+        if o.adoptable_by:
+            continue
+        app.provider(o.cloud).terminate(o.instance.ref)
+        done.append(o)
+    return done
+
+
+def reconcile(
+    app: App,
+    *,
+    now: datetime | None = None,
+    orphans: list[Orphan] | None = None,
+    keep: Callable[[], bool] = lambda: True,
+) -> list[Observation]:
+    """Ask each cloud about every live machine and record what changed (a preemption, a machine
+    stopped or deleted outside provisioner). One list call per cloud, not one call per machine.
+    ``orphans``, when given, receives the orphans seen in those lists. ``keep()`` is asked
+    before each cloud and each machine (a scheduler keeps its lease): False stops here, with
+    what was observed so far."""
+    now = now or app.clock.now()
+    with app.db.session() as s:
+        machines = list(
+            s.scalars(
+                select(Machine).where(Machine.status.not_in((S.TERMINATED, S.FAILED, S.REQUESTED)))
+            )
+        )
+    out: list[Observation] = []
+    by_cloud: dict[str, list[Machine]] = {}
+    for m in machines:
+        by_cloud.setdefault(m.cloud or "", []).append(m)
+    for cloud, ms in by_cloud.items():
+        if not keep():
+            return out
+        try:
+            seen = {
+                i.id: i
+                for i in app.provider(cloud).list_managed(
+                    sorted({m.region for m in ms if m.region})
+                )
+            }
+        except ProviderError as e:
+            out += [Observation(m, None, False, str(e)) for m in ms]
+            continue
+        if orphans is not None:
+            orphans += _orphans(app, cloud, seen.values())
+        for m in ms:
+            if not keep():
+                return out
+            inst = seen.get(m.instance_id or "")
+            if inst is None:  # not listed: ask directly (terminated machines drop out of lists)
+                try:
+                    inst = app.provider(cloud).get(ref(m))
+                except NotFound:
+                    inst = None
+                except ProviderError as e:
+                    out.append(Observation(m, None, False, str(e)))
+                    continue
+            status, address = observed(inst, m.public_ip)
+            # A launched machine finishing its boot is no outside change, and its running time
+            # started at launch: "booted" is not a running-since event (idle windows).
+            booted = m.status == S.PENDING and status == S.RUNNING
+            reason = (
+                "preempted"
+                if status == S.PREEMPTED
+                else "launched"
+                if booted
+                else "outside-provisioner"
+            )
+            if status == m.status and address == m.public_ip:
+                out.append(Observation(m, status, False))  # no write per unchanged machine
+                continue
+            with app.db.session() as s:
+                row = s.get(Machine, m.id)
+                if row is None or row.status != m.status:
+                    # deleted by hand, or changed by another process since we read it: what the
+                    # cloud said is about the old row — skip it, the next reconcile sees anew
+                    log.warning("reconcile: %s (%s) changed meanwhile; skipped", m.name, m.id)
+                    continue
+                mm = row
+                mm.public_ip = address
+                if status == m.status:
+                    out.append(Observation(mm, status, False))
+                    continue
+                changed = ledger.record_transition(
+                    s,
+                    mm,
+                    status,
+                    now,
+                    event="booted" if booted else None,
+                    reason=reason,
+                    detail={
+                        "observed": inst.state.value if inst else "gone",
+                        "cloud_reason": inst.state_reason if inst else None,
+                    },
+                )
+            out.append(Observation(mm, status, changed))
+    return out

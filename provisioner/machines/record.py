@@ -1,0 +1,97 @@
+"""What every step of a machine's life shares: finding it by name, recording an event or a
+transition (which the ledger prices), and one call to its cloud with the error said plainly."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+from typing import Any
+
+import providers
+from providers.base import InstanceRef, NotFound, ProviderError
+from provisioner import catalog, ledger
+from provisioner.app import App
+from provisioner.crashpoints import crashpoint
+from provisioner.errors import OperationFailed, UserError
+from provisioner.models import Event, Machine, MachineStatus
+from provisioner.state import live_machine
+from provisioner.state import machine as machine_row
+
+
+def find(app: App, name: str) -> Machine:
+    with app.db.session() as s:
+        m = live_machine(s, name)
+    if m is None:
+        raise UserError(f"no machine named {name!r} (see `provisioner status`)")
+    return m
+
+
+def ref(m: Machine) -> InstanceRef:
+    return InstanceRef(
+        id=m.instance_id or "", region=m.region or "", zone=m.zone or "", name=m.resource_name or ""
+    )
+
+
+def can_stop(m: Machine) -> bool:
+    """Whether ``m``'s cloud can stop it and start it again (not an AWS one-time spot)."""
+    return (
+        m.market != "spot"
+        or m.cloud not in providers.REGISTRY
+        or (providers.spec(m.cloud).capabilities.stop_spot)
+    )
+
+
+def record_event(
+    app: App,
+    machine_id: str,
+    kind: str,
+    *,
+    reason: str | None = None,
+    detail: dict[str, Any] | None = None,
+) -> None:
+    with app.db.session() as s:
+        s.add(
+            Event(
+                machine_id=machine_id,
+                at=app.clock.now(),
+                kind=kind,
+                reason=reason,
+                detail=detail or {},
+            )
+        )
+
+
+def transition(app: App, machine_id: str, status: MachineStatus, **kw: Any) -> tuple[Machine, bool]:
+    """Move the machine to ``status`` now (an event, usage opened or closed): (machine,
+    changed)."""
+    with app.db.session() as s:
+        m = machine_row(s, machine_id)
+        changed = ledger.record_transition(s, m, status, app.clock.now(), **kw)
+        return m, changed
+
+
+def require_launched(m: Machine) -> None:
+    if m.status == MachineStatus.REQUESTED or not m.instance_id:
+        raise UserError(
+            f"{m.name} is still being launched; run `provisioner up` again to finish, or `down` it"
+        )
+
+
+def provider_call(app: App, m: Machine, op: str) -> None:
+    """``op`` (stop, start, terminate) on ``m``'s cloud; a machine the cloud no longer has is
+    terminated already, and any other failure is an :class:`OperationFailed` naming it."""
+    try:
+        getattr(app.provider(m.cloud or ""), op)(ref(m))
+    except NotFound:
+        if op != "terminate":
+            raise OperationFailed(f"{m.name}: the cloud no longer has {m.instance_id}") from None
+    except ProviderError as e:
+        raise OperationFailed(f"{m.name}: {op} failed: {e}") from None
+    crashpoint(f"after-{op}")  # the cloud acted, the state does not know yet
+
+
+def disk_rate(app: App, cloud: str, currency: str, disk_gb: int) -> Decimal | None:
+    """Per hour, fixed at launch like the compute rate. None when the price is unknown."""
+    per_gb_month, hours, _ = catalog.disk_price(app.settings, cloud, currency)
+    if per_gb_month is None:
+        return None
+    return per_gb_month * disk_gb / hours
