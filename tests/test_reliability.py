@@ -526,7 +526,8 @@ def test_a_launch_between_a_budget_s_two_reads_counts_once(home, tmp_path, db_ur
     launching. Another process's launch moves its intent from the second set to the first;
     landing between the two reads, it must count once — not zero times, which let a fourth
     concurrent `up` through a budget for three (seen once on PostgreSQL under load)."""
-    from provisioner import budget, ledger
+    from provisioner import budget
+    from provisioner.ledger import projections
 
     policy = write_yaml(tmp_path / "budget.yaml", budget_policy("1000 USD"))
     settings = make_settings(home, state_url=db_url, policies=[str(policy)])
@@ -540,7 +541,7 @@ def test_a_launch_between_a_budget_s_two_reads_counts_once(home, tmp_path, db_ur
         before = budget.status(checker, rule, TEST_START)
         assert before is not None and before.committed.amount > 0  # the intent counts
 
-        reads = ledger._open_intervals
+        reads = projections._open_intervals
         calls: list[int] = []
 
         def launch_meanwhile(*args, **kw):
@@ -552,7 +553,7 @@ def test_a_launch_between_a_budget_s_two_reads_counts_once(home, tmp_path, db_ur
                 machines.up(launcher, late)  # resumes the intent: launched, intervals opened
             return rows
 
-        monkeypatch.setattr(ledger, "_open_intervals", launch_meanwhile)
+        monkeypatch.setattr(projections, "_open_intervals", launch_meanwhile)
         during = budget.status(checker, rule, TEST_START)
         monkeypatch.undo()
         after = budget.status(checker, rule, TEST_START)

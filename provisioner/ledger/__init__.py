@@ -14,7 +14,6 @@ In four parts, lowest first: ``periods`` (a month, a week, a range of days), ``r
 from provisioner.ledger.periods import DAY, SECONDS_PER_HOUR, Period, hours, midnight
 from provisioner.ledger.projections import (
     Forecast,
-    _open_intervals,
     commitments,
     forecast,
     idle_waste,
@@ -38,7 +37,6 @@ __all__ = [
     "Forecast",
     "Period",
     "Scope",
-    "_open_intervals",
     "commitments",
     "day_tally",
     "forecast",

@@ -221,30 +221,14 @@ def act_many(
     out: dict[str, Outcome] = {}
     by_cloud: dict[str, list[Machine]] = {}
     for m in machines:
-        if (op == "stop" and m.status in (S.STOPPED, S.PREEMPTED)) or not m.is_live:
-            out[m.id] = Outcome(m)
-        elif m.status == S.REQUESTED or not m.instance_id:
-            out[m.id] = Outcome(m, error=f"{m.name} is still being launched")
-        elif op == "stop" and not can_stop(m):
-            out[m.id] = Outcome(
-                m,
-                error=f"{m.name} is a spot machine on {m.cloud}, which "
-                "cannot stop one: `provisioner down` ends its billing",
-            )
+        if (settled := _settled(m, op)) is not None:
+            out[m.id] = settled
         else:
             by_cloud.setdefault(m.cloud or "", []).append(m)
     status, event = (S.STOPPED, "stopped") if op == "stop" else (S.TERMINATED, "terminated")
     for cloud, ms in by_cloud.items():
-        refs = {m.id: ref(m) for m in ms}
-        try:
-            provider = app.provider(cloud)
-            batch = provider.stop_many if op == "stop" else provider.terminate_many
-            results: dict[InstanceRef, ProviderError | None] = batch(list(refs.values()))
-        except (ProviderError, UserError) as e:
-            results = dict.fromkeys(refs.values(), ProviderError(str(e)))
         done = []
-        for m in ms:
-            err = results.get(refs[m.id], ProviderError("no answer for it"))
+        for m, err in _batch(app, cloud, ms, op):
             if err is None or (op == "terminate" and isinstance(err, NotFound)):
                 done.append(m)
             elif isinstance(err, NotFound):
@@ -256,14 +240,42 @@ def act_many(
             continue
         now = app.clock.now()
         with app.db.session() as s:  # one transaction for the batch
-            ids = [m.id for m in done]
-            rows = list(s.scalars(select(Machine).where(Machine.id.in_(ids))))
+            rows = list(s.scalars(select(Machine).where(Machine.id.in_([m.id for m in done]))))
             changed = ledger.record_transitions(
                 s, rows, status, now, event=event, reason=reason, details=details
             )
             for row in rows:
                 out[row.id] = Outcome(row, changed[row.id])
     return out
+
+
+def _settled(m: Machine, op: str) -> Outcome | None:
+    """``m``'s outcome when its cloud need not or cannot be asked; None: ask it."""
+    if (op == "stop" and m.status in (S.STOPPED, S.PREEMPTED)) or not m.is_live:
+        return Outcome(m)
+    if m.status == S.REQUESTED or not m.instance_id:
+        return Outcome(m, error=f"{m.name} is still being launched")
+    if op == "stop" and not can_stop(m):
+        return Outcome(
+            m,
+            error=f"{m.name} is a spot machine on {m.cloud}, which "
+            "cannot stop one: `provisioner down` ends its billing",
+        )
+    return None
+
+
+def _batch(
+    app: App, cloud: str, ms: list[Machine], op: str
+) -> list[tuple[Machine, ProviderError | None]]:
+    """One batch call of ``op`` for ``ms`` on ``cloud``: each machine with its error, if any."""
+    refs = {m.id: ref(m) for m in ms}
+    try:
+        provider = app.provider(cloud)
+        batch = provider.stop_many if op == "stop" else provider.terminate_many
+        results: dict[InstanceRef, ProviderError | None] = batch(list(refs.values()))
+    except (ProviderError, UserError) as e:
+        results = dict.fromkeys(refs.values(), ProviderError(str(e)))
+    return [(m, results.get(refs[m.id], ProviderError("no answer for it"))) for m in ms]
 
 
 def wait_ready(

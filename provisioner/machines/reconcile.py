@@ -127,24 +127,20 @@ def reconcile(
     what was observed so far."""
     now = now or app.clock.now()
     with app.db.session() as s:
-        machines = list(
-            s.scalars(
-                select(Machine).where(Machine.status.not_in((S.TERMINATED, S.FAILED, S.REQUESTED)))
-            )
+        live = s.scalars(
+            select(Machine).where(Machine.status.not_in((S.TERMINATED, S.FAILED, S.REQUESTED)))
         )
+        by_cloud: dict[str, list[Machine]] = {}
+        for m in live:
+            by_cloud.setdefault(m.cloud or "", []).append(m)
     out: list[Observation] = []
-    by_cloud: dict[str, list[Machine]] = {}
-    for m in machines:
-        by_cloud.setdefault(m.cloud or "", []).append(m)
     for cloud, ms in by_cloud.items():
         if not keep():
             return out
         try:
+            provider = app.provider(cloud)
             seen = {
-                i.id: i
-                for i in app.provider(cloud).list_managed(
-                    sorted({m.region for m in ms if m.region})
-                )
+                i.id: i for i in provider.list_managed(sorted({m.region for m in ms if m.region}))
             }
         except ProviderError as e:
             out += [Observation(m, None, False, str(e)) for m in ms]
@@ -157,49 +153,49 @@ def reconcile(
             inst = seen.get(m.instance_id or "")
             if inst is None:  # not listed: ask directly (terminated machines drop out of lists)
                 try:
-                    inst = app.provider(cloud).get(ref(m))
+                    inst = provider.get(ref(m))
                 except NotFound:
                     inst = None
                 except ProviderError as e:
                     out.append(Observation(m, None, False, str(e)))
                     continue
-            status, address = observed(inst, m.public_ip)
-            # A launched machine finishing its boot is no outside change, and its running time
-            # started at launch: "booted" is not a running-since event (idle windows).
-            booted = m.status == S.PENDING and status == S.RUNNING
-            reason = (
-                "preempted"
-                if status == S.PREEMPTED
-                else "launched"
-                if booted
-                else "outside-provisioner"
-            )
-            if status == m.status and address == m.public_ip:
-                out.append(Observation(m, status, False))  # no write per unchanged machine
-                continue
-            with app.db.session() as s:
-                row = s.get(Machine, m.id)
-                if row is None or row.status != m.status:
-                    # deleted by hand, or changed by another process since we read it: what the
-                    # cloud said is about the old row — skip it, the next reconcile sees anew
-                    log.warning("reconcile: %s (%s) changed meanwhile; skipped", m.name, m.id)
-                    continue
-                mm = row
-                mm.public_ip = address
-                if status == m.status:
-                    out.append(Observation(mm, status, False))
-                    continue
-                changed = ledger.record_transition(
-                    s,
-                    mm,
-                    status,
-                    now,
-                    event="booted" if booted else None,
-                    reason=reason,
-                    detail={
-                        "observed": inst.state.value if inst else "gone",
-                        "cloud_reason": inst.state_reason if inst else None,
-                    },
-                )
-            out.append(Observation(mm, status, changed))
+            if (seen_now := _record(app, m, inst, now)) is not None:
+                out.append(seen_now)
     return out
+
+
+def _record(app: App, m: Machine, inst: Instance | None, now: datetime) -> Observation | None:
+    """What the cloud's answer ``inst`` (None: it no longer knows the machine) says of ``m``,
+    written if it changed anything; None when the row changed meanwhile (skipped: the next
+    reconcile sees anew)."""
+    status, address = observed(inst, m.public_ip)
+    if status == m.status and address == m.public_ip:
+        return Observation(m, status, False)  # no write per unchanged machine
+    # A launched machine finishing its boot is no outside change, and its running time started
+    # at launch: "booted" is not a running-since event (idle windows).
+    booted = m.status == S.PENDING and status == S.RUNNING
+    if status == S.PREEMPTED:
+        reason = "preempted"
+    else:
+        reason = "launched" if booted else "outside-provisioner"
+    with app.db.session() as s:
+        row = s.get(Machine, m.id)
+        if row is None or row.status != m.status:
+            # deleted by hand, or changed by another process since we read it: what the cloud
+            # said is about the old row
+            log.warning("reconcile: %s (%s) changed meanwhile; skipped", m.name, m.id)
+            return None
+        row.public_ip = address
+        changed = ledger.record_transition(
+            s,
+            row,
+            status,
+            now,
+            event="booted" if booted else None,
+            reason=reason,
+            detail={
+                "observed": inst.state.value if inst else "gone",
+                "cloud_reason": inst.state_reason if inst else None,
+            },
+        )
+        return Observation(row, status, changed)
