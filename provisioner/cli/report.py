@@ -56,34 +56,17 @@ def report(
 ) -> None:
     """Spend for a period: by project/owner/cloud/GPU/machine, against the budget, with the
     forecast to the period's end. Exact to the cent; amounts keep their currency until shown."""
-    from provisioner import budget, ledger, render, reports  # SQLAlchemy: not for --help
+    from provisioner import render  # SQLAlchemy: not for --help
+    from provisioner.views import spend
 
     recipients = [_address(a) for a in to or []]
     application = get_app(ctx)
-    now = application.clock.now()
-    chosen = _budget_policy(application.policies, policy, project, owner)
-    tz = chosen.timezone if chosen else "UTC"
-    try:
-        p = ledger.Period.parse(period, tz) if period else None
-    except ValueError as e:
-        raise UserError(str(e)) from None
-    if p is None:
-        p = (budget.period_of(chosen, now) if chosen else None) or ledger.Period.month(now, tz)
-    scope = ledger.Scope(project=project, owner=owner, cloud=cloud, gpu=gpu and gpu.upper())
-    lang = language or (chosen.budget.language if chosen and chosen.budget else "en")
-    r = reports.build(
-        application,
-        p,
-        scope,
-        by=by.value,
-        title=project or (chosen.name if chosen else None),
-        budget_policy=chosen,
-        currency=currency,
-        language=lang,
-        now=now,
-    )
+    q = spend.Query(period, project, owner, cloud, gpu, by.value, policy, False, currency, language)
+    v = spend.report(application, q)
+    r = v.report
     if email or recipients:
-        recipients = recipients or (chosen.budget.recipients if chosen and chosen.budget else [])
+        chosen = v.policy.budget if v.policy else None
+        recipients = recipients or (chosen.recipients if chosen else [])
         render.email(application, r, recipients)
         err.print(f"sent “{render.subject(r)}” to {', '.join(recipients)}", highlight=False)
     if output is ReportOutput.json:
@@ -106,30 +89,6 @@ def _address(text: str) -> str:
     return text.strip()
 
 
-def _budget_policy(
-    policies: list[Any], name: str | None, project: str | None, owner: str | None
-) -> Any:
-    """The budget to compare with: --policy by name, else the first policy with a budget that
-    applies to --project (and --owner) and names projects more narrowly than '*'."""
-    if name:
-        found = next((p for p in policies if p.name == name), None)
-        if found is None or found.budget is None:
-            raise UserError(f"no policy {name!r} with a budget (see settings.policies)")
-        return found
-    if not project:
-        return None
-    for p in policies:
-        if (
-            p.budget
-            and p.applies_to.matches(project, owner or "*")
-            and p.applies_to.projects != ["*"]
-        ):
-            return p
-    return next(
-        (p for p in policies if p.budget and p.applies_to.matches(project, owner or "*")), None
-    )
-
-
 def _table(r: Any) -> None:
     from provisioner import render  # as in report(): SQLAlchemy, not for --help
 
@@ -148,8 +107,8 @@ def _table(r: Any) -> None:
             f"([{style}]{f.pct(b.forecast_pct)}[/]); {f.t('left')}: {f.money(b.left)}",
             highlight=False,
         )
-    elif r.forecast is not None:
-        out.print(f"{f.t('forecast')}: {f.money(r.forecast)}", highlight=False)
+    elif r.shown_forecast is not None:
+        out.print(f"{f.t('forecast')}: {f.money(r.shown_forecast)}", highlight=False)
     from rich.table import Table  # rich's tables only for a table: not for --help
 
     t = Table(title=f.t(r.by), show_footer=True)
