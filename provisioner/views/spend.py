@@ -25,7 +25,8 @@ BY = ("project", "owner", "cloud", "gpu", "machine")
 
 @dataclass
 class Query:
-    """What to report: the options of ``provisioner report`` and the Spend page's query.
+    """What to report: the options of ``provisioner report`` and the Spend page's query, read
+    alike (the page with ``project=demo`` is ``report --project demo``).
 
     ``policy`` is the budget to compare with (by name); ``within_budget`` reports over that
     budget's own projects (the Spend page's ``budget=``), not over every machine."""
@@ -53,7 +54,7 @@ class Query:
             gpu=q.get("gpu") or None,
             by=q.get("by") or "project",
             policy=q.get("budget") or None,
-            within_budget=True,
+            within_budget=bool(q.get("budget")),
             language=language,
         )
 
@@ -84,18 +85,16 @@ def budget_policies(app: App) -> list[Policy]:
 
 
 def choose_policy(app: App, q: Query) -> Policy | None:
-    """The budget to compare with: ``q.policy`` by name; else (the CLI) the first policy with a
-    budget that applies to the project (and owner) asked, naming projects more narrowly than
-    '*' if one does."""
+    """The budget to compare with: ``q.policy`` by name; else the first policy with a budget
+    that applies to the project (and owner) asked, naming projects more narrowly than '*' if
+    one does."""
     policies = budget_policies(app)
     if q.policy:
         found = next((p for p in policies if p.name == q.policy), None)
         if found is None:
-            what = "budget: no policy" if q.within_budget else "no policy"
-            hint = "" if q.within_budget else " (see settings.policies)"
-            raise UserError(f"{what} {q.policy!r} with a budget{hint}")
+            raise UserError(f"no policy {q.policy!r} with a budget (see settings.policies)")
         return found
-    if not q.project or q.within_budget:
+    if not q.project:
         return None
     covering = [p for p in policies if p.applies_to.matches(q.project, q.owner or "*")]
     narrow = [p for p in covering if p.applies_to.projects != ["*"]]
@@ -113,7 +112,7 @@ def report(app: App, q: Query, now: datetime | None = None) -> ReportView:
     try:
         period = ledger.Period.parse(q.period, tz) if q.period else None
     except ValueError as e:
-        raise UserError(f"period: {e}" if q.within_budget else str(e)) from None
+        raise UserError(f"period: {e}") from None
     if period is None:
         period = (budget.period_of(policy, now) if policy else None) or ledger.Period.month(now, tz)
     scope = ledger.Scope(
