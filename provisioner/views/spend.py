@@ -79,6 +79,11 @@ class ReportView:
     def forecast(self) -> Money | None:
         return self.report.shown_forecast
 
+    @property
+    def recipients(self) -> list[str]:
+        """Whom the report is mailed to unless told: its budget's recipients."""
+        return list(self.policy.budget.recipients) if self.policy and self.policy.budget else []
+
 
 def budget_policies(app: App) -> list[Policy]:
     return [p for p in app.policies if p.budget is not None]
@@ -108,34 +113,35 @@ def report(app: App, q: Query, now: datetime | None = None) -> ReportView:
         raise UserError(f"by: use one of {', '.join(BY)}")
     now = now or app.clock.now()
     policy = choose_policy(app, q)
-    tz = policy.timezone if policy else "UTC"
-    try:
-        period = ledger.Period.parse(q.period, tz) if q.period else None
-    except ValueError as e:
-        raise UserError(f"period: {e}") from None
-    if period is None:
-        period = (budget.period_of(policy, now) if policy else None) or ledger.Period.month(now, tz)
-    scope = ledger.Scope(
-        project=q.project,
-        owner=q.owner,
-        cloud=q.cloud,
-        gpu=q.gpu and q.gpu.upper(),
-        covers=policy.applies_to.matches if policy and q.within_budget else None,
-    )
     language = q.language or (policy.budget.language if policy and policy.budget else "en")
-    title = policy.name if policy and (q.within_budget or not q.project) else q.project
     r = reports.build(
         app,
-        period,
-        scope,
+        _period(q, policy, now),
+        ledger.Scope(
+            project=q.project,
+            owner=q.owner,
+            cloud=q.cloud,
+            gpu=q.gpu and q.gpu.upper(),
+            covers=policy.applies_to.matches if policy and q.within_budget else None,
+        ),
         by=q.by,
-        title=title,
+        title=policy.name if policy and (q.within_budget or not q.project) else q.project,
         budget_policy=policy,
         currency=q.currency,
         language=language,
         now=now,
     )
     return ReportView(r, policy)
+
+
+def _period(q: Query, policy: Policy | None, now: datetime) -> ledger.Period:
+    tz = policy.timezone if policy else "UTC"
+    try:
+        if q.period:
+            return ledger.Period.parse(q.period, tz)
+    except ValueError as e:
+        raise UserError(f"period: {e}") from None
+    return (budget.period_of(policy, now) if policy else None) or ledger.Period.month(now, tz)
 
 
 # --- the Spend page ---------------------------------------------------------------------------
