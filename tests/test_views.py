@@ -9,14 +9,20 @@ from __future__ import annotations
 import html
 import json
 import re
+from datetime import timedelta
 from decimal import ROUND_HALF_UP, Decimal
 
 import pytest
 
-from provisioner.clock import CLOCK_ENV, ShiftedClock
+from provisioner import lifecycle
+from provisioner.app import App
+from provisioner.clock import CLOCK_ENV, ManualClock, ShiftedClock
 from provisioner.dashboard import make_app
+from provisioner.jobs import reconcile, recover
 from provisioner.money import CENT
-from tests.conftest import write_settings
+from provisioner.settings import load_settings
+from provisioner.spec import Experiment
+from tests.conftest import TEST_START, sandbox_experiment, write_settings
 from tests.test_dashboard import NOW, call, money_text, seed
 
 pytest_plugins = ["tests.cli_runner"]  # the `cli` fixture
@@ -121,3 +127,33 @@ def test_one_forecast_per_budget_on_a_page_and_in_the_cli(both, query):
     shown = cells(card.group(1), r'data-field="forecast">(.*?)</span>')
     shown += cells(spend, r'id="forecast">(.*?)</span>')
     assert shown == [money_text(r["budget"]["forecast"])] * 2
+
+
+def test_a_relaunched_machine_costs_every_launch_on_its_pages_as_in_status(cli, home, monkeypatch):
+    """Preempted after 2 h and relaunched, an hour later: `status NAME`, the fleet page and the
+    machine page each count both launches (the page used to count the last one), and the
+    page's usage rows — both launches', compute and disk — add up to it."""
+    cfg = write_settings(home)
+    a = App(load_settings(cfg), ManualClock(TEST_START))
+    e = sandbox_experiment("spot") | {"lifecycle": {"on_preemption": "relaunch"}}
+    lifecycle.up(a, Experiment.model_validate(e))
+    a.clock.advance(timedelta(hours=2))
+    a.provider("sandbox").preempt(lifecycle.ref(lifecycle.find(a, "spot")))
+    reconcile.run(a)
+    assert [x.done for x in recover.run(a).actions] == [True]
+    a.clock.advance(timedelta(hours=1))
+    at = a.clock.now()
+    monkeypatch.setenv(CLOCK_ENV, at.isoformat())
+    monkeypatch.setattr(ShiftedClock, "now", lambda self: at)
+    r = cli("--config", str(cfg), "status", "spot", "--no-refresh", "-o", "json")
+    d = json.loads(r.out)
+    assert d["launches"] == 2
+    (spent,) = d["spent"]
+    wsgi = make_app(a)
+    _, _, fleet = call(wsgi, "/")
+    assert cells(fleet, r'<td class="n cost"[^>]*>(.*?)</td>') == [money_text(spent)]
+    _, _, page = call(wsgi, "/machine/spot")
+    assert cells(page, r'<dd id="machine-spent">(.*?)</dd>') == [money_text(spent)]
+    parts = [amount(c) for c in cells(page, r'class="n part-cost"[^>]*>(.*?)</td>')]
+    assert len(parts) == 4 and sum(parts) == cents(spent["amount"])
+    a.close()
