@@ -129,11 +129,12 @@ class Report:
     @property
     def shown_forecast(self) -> Money | None:
         """The forecast shown, in words, JSON and charts alike: the budget's when the report
-        has one (its standing's), else the report's own — never two for one budget. None once
-        the period is over."""
-        if self.forecast is None or self.budget is None:
+        has one (its standing's, when in the report's currency), else the report's own — never
+        two for one budget. None once the period is over."""
+        b = self.budget
+        if self.forecast is None or b is None or b.forecast.currency != self.currency:
             return self.forecast
-        return self.budget.forecast
+        return b.forecast
 
     @property
     def shown_total(self) -> Money:

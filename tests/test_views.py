@@ -157,3 +157,26 @@ def test_a_relaunched_machine_costs_every_launch_on_its_pages_as_in_status(cli, 
     parts = [amount(c) for c in cells(page, r'class="n part-cost"[^>]*>(.*?)</td>')]
     assert len(parts) == 4 and sum(parts) == cents(spent["amount"])
     a.close()
+
+
+def test_a_mailed_report_and_its_chart_give_one_forecast_for_its_budget(home, clock):
+    """`report --policy demo-budget` covers every project against demo's budget: its words gave
+    the budget's forecast and its chart the forecast of every project."""
+    pytest.importorskip("matplotlib")
+    from provisioner import render
+    from provisioner.views import spend
+
+    a, _ = seed(home, clock)
+    r = spend.report(a, spend.Query(policy="demo-budget"), NOW).report
+    assert r.budget is not None and r.forecast is not None
+    assert r.forecast.rounded() != r.budget.forecast.rounded()  # two scopes: two forecasts
+    f = render.fmt(r)
+    legend = [t.get_text() for t in render.chart(r).axes[0].get_legend().get_texts()]
+    said = f.money(r.budget.forecast)
+    assert f"{f.t('forecast_line')} {said}" in legend
+    assert f"{f.t('forecast')}: {said}" in render.text(r)
+    assert (
+        json.loads(json.dumps(r.as_json(), default=str))["forecast"]
+        == r.budget.as_json()["forecast"]
+    )
+    a.close()
