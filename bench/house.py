@@ -7,7 +7,8 @@ the product modules over 600 lines.
 The walk runs `provisioner up --no-wait configs/examples/quickstart.yaml` in this process on a
 fresh home (the sandbox cloud) under a profile hook and reduces every Python call in
 provisioner/, providers/ and policies/ to the sequence of modules it runs in (consecutive calls
-in one module folded into one step). Only the work's own modules count (provisioner's from the catalog up, and
+in one module folded into one step). Only the work's own modules count (provisioner's from
+the catalog up, and
 the cloud adapters; not the helpers every layer calls: money, clock, state, models, settings).
 "Visited" counts distinct modules; "returns" counts steps that enter a module the walk had
 already left: a walk that reads top to bottom returns rarely.

@@ -280,17 +280,18 @@ def chart(r: Report) -> Any:
             color="#c44e52",
             label=f"{f.t('budget_line')} {f.money(r.budget.amount)}",
         )
-    if r.forecast is not None and today in days:
+    forecast = r.shown_forecast  # the budget's when it has one: as the text says
+    if forecast is not None and today in days:
         i = days.index(today)
         top.plot(
             [x[i], x[-1]],
-            [cumulative[i] or 0.0, float(r.forecast.amount)],
+            [cumulative[i] or 0.0, float(forecast.amount)],
             color="#dd8452",
             linestyle="--",
-            label=f"{f.t('forecast_line')} {f.money(r.forecast)}",
+            label=f"{f.t('forecast_line')} {f.money(forecast)}",
         )
     # room above the highest of spend, budget and forecast: the budget line never on the frame
-    marks = [r.forecast, r.budget.amount if r.budget else None]
+    marks = [forecast, r.budget.amount if r.budget else None]
     highest = max(
         [c for c in cumulative if c is not None]
         + [float(m.amount) for m in marks if m is not None]

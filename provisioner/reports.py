@@ -127,6 +127,16 @@ class Report:
         return spent.amounts().get((), Amounts())
 
     @property
+    def shown_forecast(self) -> Money | None:
+        """The forecast shown, in words, JSON and charts alike: the budget's when the report
+        has one (its standing's, when in the report's currency), else the report's own — never
+        two for one budget. None once the period is over."""
+        b = self.budget
+        if self.forecast is None or b is None or b.forecast.currency != self.currency:
+            return self.forecast
+        return b.forecast
+
+    @property
     def shown_total(self) -> Money:
         return self.total.rounded()
 
@@ -174,7 +184,7 @@ class Report:
             "total": money(self.total),
             "billed": [money(m.rounded()) for m in self.native.monies()],
             "by_kind": {k: money(v) for k, v in self.shown_by_kind.items()},
-            "forecast": money(self.forecast),
+            "forecast": money(self.shown_forecast),
             "budget": self.budget.as_json() if self.budget else None,
             "lines": [line(ln) for ln in self.lines],
             "top_machines": [machine(ln) for ln in self.top_machines],

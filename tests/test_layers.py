@@ -63,6 +63,11 @@ ORDER = [
     "provisioner.jobs.scheduled_reports",
     "provisioner.jobs.metrics",
     "provisioner.jobs.daemon",
+    "provisioner.views",  # view models: what the CLI and the dashboard both show, made once
+    "provisioner.views.status",
+    "provisioner.views.plan",
+    "provisioner.views.spend",
+    "provisioner.views.fleet",  # the dashboard's fleet and machine pages
     "provisioner.dashboard.svg",  # the team dashboard: charts, page data, the WSGI app
     "provisioner.dashboard.pages",
     "provisioner.dashboard.web",

@@ -57,60 +57,67 @@ def plan(
 ) -> None:
     """Rank the offers an experiment may use, with why the others were turned down. Needs no
     credentials and launches nothing."""
-    from provisioner import planning  # policies and the catalog: not for --help
     from provisioner.spec import load_experiment  # pydantic: not for --help
+    from provisioner.views import plan as views  # policies and the catalog: not for --help
 
     application = get_app(ctx)
     experiment = load_experiment(spec, application.settings.money_rates.per_base)
     application.policies  # noqa: B018  (a bad policy file is reported before the state is opened)
-    p = planning.plan(application, experiment)
+    v = views.plan(application, experiment)
     if output is Output.json:
-        print_json(
+        print_json(_plan_json(v, top))
+    else:
+        _plan_text(v, top)
+
+
+def _plan_json(v: Any, top: int) -> dict[str, Any]:
+    p, e = v.plan, v.experiment
+    return {
+        "experiment": e.name,
+        "gpu": str(e.resources.gpu),
+        "market": e.resources.market,
+        "currency": p.currency,
+        "rates": p.rates,
+        "candidates": [candidate_json(c) for c in p.candidates[:top]],
+        "candidate_count": len(p.candidates),
+        "unpriced": [
             {
-                "experiment": experiment.name,
-                "gpu": str(experiment.resources.gpu),
-                "market": experiment.resources.market,
-                "currency": p.currency,
-                "rates": p.rates,
-                "candidates": [candidate_json(c) for c in p.candidates[:top]],
-                "candidate_count": len(p.candidates),
-                "unpriced": [
-                    {
-                        "cloud": o.cloud,
-                        "zone": o.zone or o.region,
-                        "instance_type": o.instance_type,
-                        "source": o.source,
-                    }
-                    for o in p.unpriced
-                ],
-                "rejected": dict(p.rejected),
-                "rejected_examples": p.examples,
-                "checks": [getattr(c, "as_json", lambda c=c: c)() for c in p.checks],
+                "cloud": o.cloud,
+                "zone": o.zone or o.region,
+                "instance_type": o.instance_type,
+                "source": o.source,
             }
-        )
-        return
-    res = experiment.resources
-    shown = p.candidates[:top]
+            for o in p.unpriced
+        ],
+        "rejected": dict(p.rejected),
+        "rejected_examples": p.examples,
+        "checks": [getattr(c, "as_json", lambda c=c: c)() for c in p.checks],
+    }
+
+
+_PLAN_COLUMNS = [
+    ("#", ">", 0),
+    ("cloud", "<", 0),
+    ("zone", "<", 1),
+    ("type", "<", 0),
+    ("GPUs", ">", 3),
+    ("vCPU", ">", 4),
+    ("RAM GB", ">", 4),
+    ("market", "<", 5),
+    ("price/h", ">", 0),
+]
+
+
+def _plan_text(v: Any, top: int) -> None:
+    res, shown, every = v.experiment.resources, v.candidates[:top], v.candidates
     out.print(
-        f"[bold]{experiment.name}[/]: {res.gpu} {res.market} — "
-        f"{plural(len(p.candidates), 'candidate')}, cheapest first"
-        + (f" (top {len(shown)})" if len(shown) < len(p.candidates) else ""),
+        f"[bold]{v.experiment.name}[/]: {res.gpu} {res.market} — "
+        f"{plural(len(every), 'candidate')}, cheapest first"
+        + (f" (top {len(shown)})" if len(shown) < len(every) else ""),
         highlight=False,
         soft_wrap=True,
     )
     if shown:
-        columns = [
-            ("#", ">", 0),
-            ("cloud", "<", 0),
-            ("zone", "<", 1),
-            ("type", "<", 0),
-            ("GPUs", ">", 3),
-            ("vCPU", ">", 4),
-            ("RAM GB", ">", 4),
-            ("market", "<", 5),
-            ("price/h", ">", 0),
-            (f"in {p.currency}", ">", 2),
-        ]
         rows = [
             [
                 str(i),
@@ -126,33 +133,25 @@ def plan(
             ]
             for i, c in enumerate(shown, 1)
         ]
-        write(text_table(columns, rows))
-    if p.candidates:
-        clouds = sorted({c.offer.cloud for c in p.candidates})
-        best = {cl: next(c for c in p.candidates if c.offer.cloud == cl) for cl in clouds}
+        write(text_table([*_PLAN_COLUMNS, (f"in {v.currency}", ">", 2)], rows))
+    if v.cheapest:
         out.print(
-            f"cheapest per cloud ({p.currency}/h): "
-            + ", ".join(
-                f"{cl} {b.price_base.amount:,.2f}"
-                for cl, b in sorted(best.items(), key=lambda kv: kv[1].price_base.amount)
-            ),
+            f"cheapest per cloud ({v.currency}/h): "
+            + ", ".join(f"{cl} {price.amount:,.2f}" for cl, price in v.cheapest),
         )
-    if p.rates:
-        out.print(f"[dim]ranked in {p.currency}; {p.rates}[/]")
-    for cloud in sorted({o.cloud for o in p.unpriced}):
-        types = sorted({o.instance_type for o in p.unpriced if o.cloud == cloud})
+    if v.plan.rates:
+        out.print(f"[dim]ranked in {v.currency}; {v.plan.rates}[/]")
+    for cloud, types in v.unpriced.items():
         out.print(
             f"[yellow]{cloud}[/]: {', '.join(types)} fit but have no public price, so they are not "
             f"ranked; set prices.{cloud}.<type> in settings to include them",
         )
-    for check in p.checks:
+    for check in v.checks:
         out.print(str(check))
-    if p.rejected:
+    if v.rejects:
         out.print(
             "[bold]turned down[/]: "
-            + "; ".join(
-                f"{reason}: {n} (e.g. {p.examples[reason]})" for reason, n in p.summary_reasons()
-            ),
+            + "; ".join(f"{r.reason}: {r.count} (e.g. {r.example})" for r in v.rejects),
         )
 
 

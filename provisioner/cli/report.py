@@ -56,43 +56,34 @@ def report(
 ) -> None:
     """Spend for a period: by project/owner/cloud/GPU/machine, against the budget, with the
     forecast to the period's end. Exact to the cent; amounts keep their currency until shown."""
-    from provisioner import budget, ledger, render, reports  # SQLAlchemy: not for --help
+    from provisioner.views import spend  # SQLAlchemy: not for --help
 
     recipients = [_address(a) for a in to or []]
+    mail = email or bool(recipients)
     application = get_app(ctx)
-    now = application.clock.now()
-    chosen = _budget_policy(application.policies, policy, project, owner)
-    tz = chosen.timezone if chosen else "UTC"
-    try:
-        p = ledger.Period.parse(period, tz) if period else None
-    except ValueError as e:
-        raise UserError(str(e)) from None
-    if p is None:
-        p = (budget.period_of(chosen, now) if chosen else None) or ledger.Period.month(now, tz)
-    scope = ledger.Scope(project=project, owner=owner, cloud=cloud, gpu=gpu and gpu.upper())
-    lang = language or (chosen.budget.language if chosen and chosen.budget else "en")
-    r = reports.build(
-        application,
-        p,
-        scope,
-        by=by.value,
-        title=project or (chosen.name if chosen else None),
-        budget_policy=chosen,
-        currency=currency,
-        language=lang,
-        now=now,
-    )
-    if email or recipients:
-        recipients = recipients or (chosen.budget.recipients if chosen and chosen.budget else [])
-        render.email(application, r, recipients)
-        err.print(f"sent “{render.subject(r)}” to {', '.join(recipients)}", highlight=False)
+    q = spend.Query(period, project, owner, cloud, gpu, by.value, policy, False, currency, language)
+    v = spend.report(application, q)
+    if mail:
+        _mail(application, v.report, recipients or v.recipients)
+    _write(v.report, output, table=not mail)
+
+
+def _mail(application: Any, r: Any, recipients: list[str]) -> None:
+    from provisioner import render
+
+    render.email(application, r, recipients)
+    err.print(f"sent “{render.subject(r)}” to {', '.join(recipients)}", highlight=False)
+
+
+def _write(r: Any, output: ReportOutput, *, table: bool) -> None:
+    """The report as ``output`` asks; a table only when it was not mailed instead."""
+    from provisioner import render
+
     if output is ReportOutput.json:
         print_json(r.as_json())
-    elif output is ReportOutput.csv:
-        sys.stdout.write(render.csv(r))
-    elif output is ReportOutput.html:
-        sys.stdout.write(render.html_page(r))
-    elif not (email or recipients):
+    elif output is not ReportOutput.table:
+        sys.stdout.write(render.csv(r) if output is ReportOutput.csv else render.html_page(r))
+    elif table:
         _table(r)
 
 
@@ -106,34 +97,28 @@ def _address(text: str) -> str:
     return text.strip()
 
 
-def _budget_policy(
-    policies: list[Any], name: str | None, project: str | None, owner: str | None
-) -> Any:
-    """The budget to compare with: --policy by name, else the first policy with a budget that
-    applies to --project (and --owner) and names projects more narrowly than '*'."""
-    if name:
-        found = next((p for p in policies if p.name == name), None)
-        if found is None or found.budget is None:
-            raise UserError(f"no policy {name!r} with a budget (see settings.policies)")
-        return found
-    if not project:
-        return None
-    for p in policies:
-        if (
-            p.budget
-            and p.applies_to.matches(project, owner or "*")
-            and p.applies_to.projects != ["*"]
-        ):
-            return p
-    return next(
-        (p for p in policies if p.budget and p.applies_to.matches(project, owner or "*")), None
-    )
-
-
 def _table(r: Any) -> None:
     from provisioner import render  # as in report(): SQLAlchemy, not for --help
 
     f = render.fmt(r)
+    _standing(r, f)
+    out.print(_groups(r, f))
+    if r.top_machines:
+        out.print(_top(r, f))
+    saved = ", ".join(f"{f.reason(reason)} {f.money(m)}" for reason, m in r.savings) or f.t("none")
+    out.print(f"{f.t('idle')}: {f.money(r.idle_waste)}", highlight=False)
+    out.print(f"{f.t('savings')}: {saved}", highlight=False)
+    if r.rent_or_buy:
+        out.print(f"[bold]{f.t('rent')}[/]")
+        for o in r.rent_or_buy:
+            out.print("  " + render.ownership_text(r, o), highlight=False)
+        out.print(f"  [dim]{f.t('rule')}[/]")
+    if r.rates:
+        out.print(f"[dim]{f.t('rates')}: {r.rates}[/]", highlight=False)
+
+
+def _standing(r: Any, f: Any) -> None:
+    """The title, the total, and the budget's standing with its forecast (else the report's)."""
     out.print(f"[bold]{f.t('report')}: {r.title}[/] — {f.period(r.period)}", highlight=False)
     billed = ""
     if r.billed_differs:  # only when it says more than the total: another currency, or several
@@ -148,8 +133,11 @@ def _table(r: Any) -> None:
             f"([{style}]{f.pct(b.forecast_pct)}[/]); {f.t('left')}: {f.money(b.left)}",
             highlight=False,
         )
-    elif r.forecast is not None:
-        out.print(f"{f.t('forecast')}: {f.money(r.forecast)}", highlight=False)
+    elif r.shown_forecast is not None:
+        out.print(f"{f.t('forecast')}: {f.money(r.shown_forecast)}", highlight=False)
+
+
+def _groups(r: Any, f: Any) -> Any:
     from rich.table import Table  # rich's tables only for a table: not for --help
 
     t = Table(title=f.t(r.by), show_footer=True)
@@ -163,37 +151,31 @@ def _table(r: Any) -> None:
             *(f.money(ln.shown_by_kind[k]) if k in ln.shown_by_kind else "—" for k in r.by_kind),
             f.money(ln.shown),
         )
-    out.print(t)
-    if r.top_machines:
-        top = Table(title=f.t("top"), show_footer=True)
-        top.add_column("#", justify="right")
-        top.add_column(f.t("machine"), footer=f.t("total"))
-        top.add_column(f.t("owner"))
-        top.add_column(f.t("gpu"))
-        top.add_column(f.t("hours"), justify="right")
-        top.add_column(f.t("rate"), justify="right")
-        top.add_column(f.t("total"), justify="right", footer=f.money(r.shown_total))
-        for i, m in enumerate(r.top_machines, 1):
-            top.add_row(
-                str(i),
-                m.key,
-                m.owner,
-                f.machine_gpu(m),
-                f.num(m.hours, 1),
-                ", ".join(f.rate(x) for x in m.rates) or "—",
-                f.money(m.shown),
-            )
-        if r.other_machines:
-            n, rest = r.other_machines
-            top.add_row("", f.t("others", n=n), "", "", "", "", f.money(rest))
-        out.print(top)
-    saved = ", ".join(f"{f.reason(reason)} {f.money(m)}" for reason, m in r.savings) or f.t("none")
-    out.print(f"{f.t('idle')}: {f.money(r.idle_waste)}", highlight=False)
-    out.print(f"{f.t('savings')}: {saved}", highlight=False)
-    if r.rent_or_buy:
-        out.print(f"[bold]{f.t('rent')}[/]")
-        for o in r.rent_or_buy:
-            out.print("  " + render.ownership_text(r, o), highlight=False)
-        out.print(f"  [dim]{f.t('rule')}[/]")
-    if r.rates:
-        out.print(f"[dim]{f.t('rates')}: {r.rates}[/]", highlight=False)
+    return t
+
+
+def _top(r: Any, f: Any) -> Any:
+    from rich.table import Table
+
+    top = Table(title=f.t("top"), show_footer=True)
+    top.add_column("#", justify="right")
+    top.add_column(f.t("machine"), footer=f.t("total"))
+    top.add_column(f.t("owner"))
+    top.add_column(f.t("gpu"))
+    top.add_column(f.t("hours"), justify="right")
+    top.add_column(f.t("rate"), justify="right")
+    top.add_column(f.t("total"), justify="right", footer=f.money(r.shown_total))
+    for i, m in enumerate(r.top_machines, 1):
+        top.add_row(
+            str(i),
+            m.key,
+            m.owner,
+            f.machine_gpu(m),
+            f.num(m.hours, 1),
+            ", ".join(f.rate(x) for x in m.rates) or "—",
+            f.money(m.shown),
+        )
+    if r.other_machines:
+        n, rest = r.other_machines
+        top.add_row("", f.t("others", n=n), "", "", "", "", f.money(rest))
+    return top

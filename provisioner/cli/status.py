@@ -3,7 +3,6 @@ and why it is as it is."""
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
 from typing import Any
 
 import typer
@@ -21,18 +20,8 @@ from provisioner.cli import (
     text_table,
     write,
 )
-from provisioner.fleet import (
-    Fleet,
-    Sql,
-    costs_of,
-    failure,
-    launches,
-    machine_json,
-    read,
-    show,
-)
+from provisioner.fleet import machine_json, show
 from provisioner.fleet import money_text as _money
-from provisioner.schema import ACTIVE_EXCLUDED
 
 
 @app.command()
@@ -46,106 +35,59 @@ def status(
     """Machines and their state, reconciled with what the clouds report, with what each has
     cost so far (compute and disk, at its launch-time rate, across relaunches). With a NAME:
     that machine in detail, with its next scheduled action and its events."""
-    from provisioner.schema import known_empty
+    from provisioner.views import status as views  # SQLAlchemy: not for --help
 
     application = get_app(ctx)
-    if not name and known_empty(application.settings.database_url, all_):
-        show(Fleet([], {}), as_json=output is Output.json, all_=all_)
-        return
     if name:
-        if refresh:
-            _reconcile(application)
-        _detail(application, name, output)
+        _detail(application, name, refresh, output)
         return
-    fleet = _fleet(application, all_)
-    problems = []
-    asked = {m.id for m in fleet.rows if m.status not in ("requested", *ACTIVE_EXCLUDED)}
-    if refresh and asked:
-        observed = _reconcile(application)
-        problems = [o for o in observed if o.error]
-        if _moved(fleet.rows, asked, observed):
-            fleet = _fleet(application, all_)
-    show(fleet, as_json=output is Output.json, all_=all_)
-    for o in problems:
-        err.print(
-            f"[yellow]warning:[/] could not ask {o.machine.cloud} about {o.machine.name}: "
-            f"{o.error}",
-            soft_wrap=True,
-        )
-
-
-def _moved(rows: list[Any], asked: set[str], observed: list[Any]) -> bool:
-    """Whether asking the clouds moved a row shown (its status or address), or saw other
-    machines than those read: only then are the rows read again."""
-    read = {m.id: (m.status, m.public_ip) for m in rows}
-    return {o.machine.id for o in observed} != asked or any(
-        o.changed or read.get(o.machine.id) != (o.machine.status, o.machine.public_ip)
-        for o in observed
-    )
-
-
-def _reconcile(application: Any) -> list[Any]:
-    from provisioner import machines  # the providers and planning: only when asking the clouds
-
-    return machines.reconcile(application)
-
-
-def _fleet(application: Any, all_: bool) -> Fleet:
-    """The fleet as listed (:func:`provisioner.fleet.read`), on the session's connection."""
-    now = application.clock.now()
-    grace = timedelta(seconds=application.settings.scheduler.heartbeat_grace_seconds)
-    with application.db.session() as s:
-        return read(Sql.on(s), all_=all_, now=now, seen_since=now - grace)
+    listed = views.status_list(application, all_=all_, refresh=refresh)
+    show(listed.fleet, as_json=output is Output.json, all_=all_)
+    for problem in listed.problems:
+        err.print(f"[yellow]warning:[/] {problem}", soft_wrap=True)
 
 
 # --- one machine ------------------------------------------------------------------------------
 
 
-def _detail(application: Any, name: str, output: Output) -> None:
-    from sqlalchemy import select
-
+def _detail(application: Any, name: str, refresh: bool, output: Output) -> None:
     from provisioner.errors import UserError
-    from provisioner.models import Event, Heartbeat
-    from provisioner.state import named_machine
+    from provisioner.views import status as views
 
-    now = application.clock.now()
-    with application.db.session() as s:
-        m = named_machine(s, name)
-        if m is None:
-            raise UserError(f"no machine named {name!r} (see `provisioner status --all`)")
-        sql = Sql.on(s)
-        chain = launches(sql, [m.id])[m.id]
-        cost = costs_of(sql, chain, now)
-        events = list(
-            s.scalars(select(Event).where(Event.machine_id.in_(chain)).order_by(Event.at, Event.id))
-        )
-        beat = s.scalars(
-            select(Heartbeat).where(Heartbeat.machine_id == m.id).order_by(Heartbeat.id.desc())
-        ).first()
-    spent: dict[str, Any] = {}
-    for per in cost.values():
-        for c, a in per.items():
-            spent[c] = spent.get(c, 0) + a
-    idle = _idle_state(application, m, beat, now)
-    nxt = _next_action(application, m, now)
-    why = failure([e for e in events if e.machine_id == m.id]) if m.status == "failed" else None
+    if refresh:
+        views.reconcile(application)
+    d = views.machine_detail(application, name)
+    if d is None:
+        raise UserError(f"no machine named {name!r} (see `provisioner status --all`)")
     if output is Output.json:
-        print_json(
-            {
-                **machine_json(m),
-                "spec": m.spec,
-                "spec_path": m.spec_path,
-                "spent": [{"amount": amount(v), "currency": c} for c, v in sorted(spent.items())],
-                "launches": len(chain),
-                "idle": idle,
-                "next": nxt,
-                "kept_until": m.kept_until,
-                "why": why,
-                "events": [_event_json(e, m.name) for e in events],
-            }
-        )
+        print_json(_detail_json(d))
         return
-    res = (m.spec or {}).get("resources", {})
+    for k, v in _detail_lines(d):
+        out.print(f"{k}  {v}", highlight=False, markup=False, soft_wrap=True)
+    out.print("events:", highlight=False, soft_wrap=True)
+    write(_events_table([(e, d.machine.name) for e in d.events], with_machine=False))
+
+
+def _detail_json(d: Any) -> dict[str, Any]:
+    m, idle = d.machine, d.idle
+    return {
+        **machine_json(m),
+        "spec": m.spec,
+        "spec_path": m.spec_path,
+        "spent": [{"amount": amount(x.amount), "currency": x.currency} for x in d.spent],
+        "launches": d.launches,
+        "idle": {"signal": idle.signal, **({"at": idle.at} if idle.at else {}), "text": idle.text},
+        "next": d.next,
+        "kept_until": m.kept_until,
+        "why": d.why,
+        "events": [_event_json(e, m.name) for e in d.events],
+    }
+
+
+def _detail_lines(d: Any) -> list[tuple[str, str]]:
+    """``key  value`` lines, the keys padded to one width."""
+    m = d.machine
+    res = d.spec.get("resources", {})
     lines = [
         (m.name, f"{m.status}  (project {m.project}, owner {m.owner})"),
         (
@@ -156,33 +98,22 @@ def _detail(application: Any, name: str, output: Output) -> None:
         ),
     ]
     if m.cloud:
-        lines.append(
-            (
-                "offer",
-                f"{m.cloud} {m.zone or m.region}  {m.instance_type}  {m.gpu_count}×{m.gpu} "
-                f"{m.market}",
-            )
-        )
+        offer = f"{m.cloud} {m.zone or m.region}  {m.instance_type}  {m.gpu_count}×{m.gpu}"
+        lines.append(("offer", f"{offer} {m.market}"))
         rate = f"{_money(m.rate, m.currency)}/h compute"
         if m.disk_rate is not None:
             rate += f" + {_money(m.disk_rate, m.currency)}/h disk"
         lines.append(("rate", rate + " (fixed at launch)"))
-    total = " + ".join(_money(v, c) for c, v in sorted(spent.items())) or "nothing yet"
-    if len(chain) > 1:
-        total += f" across {plural(len(chain), 'launch', 'launches')} (relaunched after preemption)"
+    total = " + ".join(str(x) for x in d.spent) or "nothing yet"
+    if d.launches > 1:
+        total += f" across {plural(d.launches, 'launch', 'launches')} (relaunched after preemption)"
     lines.append(("spent", total))
     if m.instance_id:
         lines.append(("address", f"{m.public_ip or 'none'}, instance {m.instance_id}"))
-    lines.append(("idle", idle["text"]))
-    if nxt:
-        lines.append(("next", nxt))
-    if why:
-        lines.append(("failed", why))
+    lines.append(("idle", d.idle.text))
+    lines += [(k, v) for k, v in (("next", d.next), ("failed", d.why)) if v]
     w = max(len(k) for k, _ in lines)
-    for k, v in lines:
-        out.print(f"{k.ljust(w)}  {v}", highlight=False, markup=False, soft_wrap=True)
-    out.print("events:", highlight=False, soft_wrap=True)
-    write(_events_table([(e, m.name) for e in events], with_machine=False))
+    return [(k.ljust(w), v) for k, v in lines]
 
 
 def _gpu(g: Any) -> str:
@@ -191,35 +122,6 @@ def _gpu(g: Any) -> str:
             f" ({g['memory_gb']} GB)" if g.get("memory_gb") else ""
         )
     return str(g or "?")
-
-
-def _idle_state(application: Any, m: Any, beat: Any, now: datetime) -> dict[str, Any]:
-    from policies.duration import format_duration
-
-    if m.status != "running":
-        return {"signal": None, "text": f"{m.status}: no GPU activity expected"}
-    if beat is None:
-        if not application.settings.scheduler.endpoint_url:
-            text = "no heartbeat: no agent (scheduler.endpoint_url is not set)"
-        else:
-            text = "no heartbeat yet from its agent"
-        return {"signal": "unknown", "text": text}
-    util = beat.max_util
-    ago = format_duration(now - beat.at)
-    text = (
-        f"busiest GPU at {util:g}% {ago} ago"
-        if util is not None
-        else f"the agent saw no GPU {ago} ago"
-    )
-    return {"signal": util, "at": beat.at, "text": text}
-
-
-def _next_action(application: Any, m: Any, now: datetime) -> str | None:
-    if m.status not in ("running", "stopped") or not m.instance_id:
-        return None
-    from provisioner.jobs import outlook  # the policies and the sweep's rules: only here
-
-    return outlook.outlook(application, [m], now).get(m.name)
 
 
 def _summary(detail: dict[str, Any]) -> str:

@@ -36,6 +36,9 @@ from provisioner.app import App
 from provisioner.dashboard import pages, svg
 from provisioner.errors import ProvisionerError
 from provisioner.money import Money
+from provisioner.views import fleet as fleet_view
+from provisioner.views import plan as plan_view
+from provisioner.views import spend as spend_view
 
 log = logging.getLogger("provisioner.dashboard")
 
@@ -409,7 +412,9 @@ class Dashboard:
         now = self.now()
         f = render.Fmt(self.language(req))
         key = ("fleet", f.language, tuple(sorted(req.query.items())))
-        data = self.cached(key, FLEET_SECONDS, lambda: pages.fleet(self.app, now, f, req.query))
+        data = self.cached(
+            key, FLEET_SECONDS, lambda: fleet_view.fleet(self.app, now, f, req.query)
+        )
         return self.page(
             req,
             "fleet.html",
@@ -418,19 +423,19 @@ class Dashboard:
             section="fleet",
         )
 
-    def _spend(self, req: Request) -> pages.Spend:
+    def _spend(self, req: Request) -> spend_view.Spend:
         now, lang = self.now(), self.language(req)
 
         def budgets(r: reports.Report) -> list[budget.Status]:  # shared by every spend page
             return self.cached(
-                "standings", SPEND_SECONDS, lambda: pages.standings(self.app, now, r)
+                "standings", SPEND_SECONDS, lambda: spend_view.standings(self.app, now, r)
             )
 
         key = ("spend", lang, tuple(sorted((k, v) for k, v in req.query.items() if v)))
         return self.cached(
             key,
             SPEND_SECONDS,
-            lambda: pages.spend_report(self.app, now, lang, req.query, budgets),
+            lambda: spend_view.spend(self.app, now, lang, req.query, budgets),
         )
 
     def spend(self, req: Request) -> Response:
@@ -461,7 +466,7 @@ class Dashboard:
         )
 
     def machine(self, req: Request, key: str) -> Response:
-        data = pages.machine_page(self.app, self.now(), key)
+        data = fleet_view.machine_page(self.app, self.now(), key)
         if data is None:
             return self.page(req, "error.html", status=404, message=self.t(req, "dash_not_found"))
         return self.page(req, "machine.html", m=data.machine, d=data, section="fleet")
@@ -475,22 +480,24 @@ class Dashboard:
             text = form.get("text", "")
             picked = form.get("file", "")
             if picked and picked not in files:  # only the files offered, never any path
-                result = pages.PlanPage(picked, problems=[self.t(req, "dash_plan_unknown_file")])
+                result = plan_view.PlanPage(
+                    picked, problems=[self.t(req, "dash_plan_unknown_file")]
+                )
             elif picked:
-                result = pages.plan_page(self.app, path=picked)
+                result = plan_view.plan_page(self.app, path=picked)
             elif text.strip():
-                result = pages.plan_page(self.app, text=text)
+                result = plan_view.plan_page(self.app, text=text)
         return self.page(req, "plan.html", files=files, result=result, text=text, section="plan")
 
 
-def _burndown(data: pages.Spend, f: render.Fmt) -> Any:
+def _burndown(data: spend_view.Spend, f: render.Fmt) -> Any:
     """The spend chart: against the budget when one is shown, else spend and forecast."""
     r, b = data.report, data.report.budget
     running = data.today is not None
     has_budget = b is not None and data.policy is not None and data.policy.budget is not None
-    forecast = b.forecast if b is not None else r.forecast
+    forecast = r.shown_forecast
     return svg.burndown(
-        [(d.isoformat(), m.amount) for d, m in r.daily],
+        [(d.day.isoformat(), d.spent.amount) for d in data.days],
         data.today,
         amount=b.amount.amount if b is not None and has_budget else None,
         forecast=forecast.amount if running and forecast is not None else None,

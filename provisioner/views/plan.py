@@ -1,0 +1,99 @@
+"""An experiment's plan as ``provisioner plan`` and the dashboard's Plan page show it: the
+candidates cheapest first, the cheapest per cloud, offers that fit but have no price, the
+reasons others were turned down (each with an example), and the policy and budget verdicts.
+
+Loads no database code unless a rule needs the state (``plan`` stays quick)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from provisioner.money import Money
+
+if TYPE_CHECKING:
+    from provisioner.app import App
+    from provisioner.planner import Candidate, Plan
+    from provisioner.spec import Experiment
+
+
+@dataclass
+class Reject:
+    reason: str
+    count: int
+    example: str  # one offer it turned down
+
+
+@dataclass
+class PlanView:
+    experiment: Experiment
+    plan: Plan
+    cheapest: list[tuple[str, Money]]  # per cloud, in the ranking currency, cheapest first
+    unpriced: dict[str, list[str]]  # cloud: the instance types that fit but have no price
+    rejects: list[Reject]  # most frequent first
+
+    @property
+    def candidates(self) -> list[Candidate]:
+        return self.plan.candidates
+
+    @property
+    def currency(self) -> str:
+        return self.plan.currency
+
+    @property
+    def checks(self) -> list[Any]:
+        """The policy decision and the budget projection (each says itself with ``str``)."""
+        return self.plan.checks
+
+    @property
+    def over_budget(self) -> bool:
+        """The budget verdict: whether the cheapest candidate would overrun a budget."""
+        return any(getattr(c, "over", False) for c in self.plan.checks)
+
+
+def plan(app: App, experiment: Experiment) -> PlanView:
+    from provisioner import planning  # policies and the catalog: not for --help
+
+    p = planning.plan(app, experiment)
+    best: dict[str, Candidate] = {}
+    for c in p.candidates:  # ranked: the first of a cloud is its cheapest
+        best.setdefault(c.offer.cloud, c)
+    unpriced: dict[str, set[str]] = {}
+    for o in p.unpriced:
+        unpriced.setdefault(o.cloud, set()).add(o.instance_type)
+    return PlanView(
+        experiment,
+        p,
+        sorted(((cl, best[cl].price_base) for cl in sorted(best)), key=lambda x: x[1].amount),
+        {cl: sorted(types) for cl, types in sorted(unpriced.items())},
+        [Reject(r, n, p.examples.get(r, "")) for r, n in p.summary_reasons()],
+    )
+
+
+@dataclass
+class PlanPage:
+    """The Plan page's answer: the plan of a file or of pasted YAML, or what is wrong with it
+    (as the CLI says it: file, line, field)."""
+
+    source: str
+    view: PlanView | None = None
+    problems: list[str] = field(default_factory=list)
+
+
+def plan_page(app: App, *, path: str | None = None, text: str | None = None) -> PlanPage:
+    from policies import yamlfile
+    from provisioner.errors import ConfigError, ProvisionerError
+    from provisioner.spec import Experiment, load_experiment
+
+    source = path or "pasted"
+    try:
+        if path:
+            e = load_experiment(path, app.settings.money_rates.per_base)
+        else:
+            data, lines = yamlfile.load_document(source, text or "")
+            e = yamlfile.validate(Experiment, data, lines, source, what="experiment file")
+        return PlanPage(source, plan(app, e))
+    except ConfigError as err:
+        return PlanPage(source, problems=[str(p) for p in err.problems])
+    except ProvisionerError as err:
+        return PlanPage(source, problems=[str(err)])

@@ -1,0 +1,182 @@
+"""The CLI and the dashboard show the same figures, made once (:mod:`provisioner.views`): over
+the dashboard's seeded state (tests/test_dashboard.py), at one instant for both, the real CLI
+(``-o json``, through the console entry point) and the real WSGI app agree — on what each
+machine has cost, on the days of a report (which add up to its total, to the cent, in both),
+and on one forecast per budget on a page."""
+
+from __future__ import annotations
+
+import html
+import json
+import re
+from datetime import timedelta
+from decimal import ROUND_HALF_UP, Decimal
+
+import pytest
+
+from provisioner import lifecycle
+from provisioner.app import App
+from provisioner.clock import CLOCK_ENV, ManualClock, ShiftedClock
+from provisioner.dashboard import make_app
+from provisioner.jobs import reconcile, recover
+from provisioner.money import CENT
+from provisioner.settings import load_settings
+from provisioner.spec import Experiment
+from tests.conftest import TEST_START, sandbox_experiment, write_settings
+from tests.test_dashboard import NOW, call, money_text, seed
+
+pytest_plugins = ["tests.cli_runner"]  # the `cli` fixture
+
+
+@pytest.fixture
+def both(home, clock, db_url, cli, monkeypatch):
+    """(the CLI, with the seeded settings; GET of a dashboard page -> its HTML), both at NOW."""
+    a, pdir = seed(home, clock, db_url)
+    cfg = write_settings(home, policies=[str(pdir)], state_url=a.settings.state_url)
+    monkeypatch.setenv(CLOCK_ENV, NOW.isoformat())
+    monkeypatch.setattr(ShiftedClock, "now", lambda self: NOW)
+    wsgi = make_app(a)
+
+    def run(*argv: str) -> dict | list:
+        r = cli("--config", str(cfg), *argv, "-o", "json")
+        assert r.code == 0, r.err
+        return json.loads(r.out)
+
+    def page(path: str) -> str:
+        status, _, text = call(wsgi, path)
+        assert status == 200, text
+        return html.unescape(text)
+
+    yield run, page
+    a.close()
+
+
+def amount(text: str) -> Decimal:
+    """An amount as an English page writes it ($1,234.56, RUB 8,896.97)."""
+    return Decimal(re.sub(r"[^\d.\-]", "", text))
+
+
+def cents(exact: str) -> Decimal:
+    """An exact amount (as `status -o json` gives it) to the cent, as pages show it."""
+    return Decimal(exact).quantize(CENT, ROUND_HALF_UP)
+
+
+def cells(page: str, pattern: str) -> list[str]:
+    return [re.sub(r"<[^>]+>", "", c).strip() for c in re.findall(pattern, page, re.S)]
+
+
+def test_each_machine_costs_the_same_in_status_and_on_its_pages(both):
+    run, page = both
+    listed = {m["name"]: m for m in run("status", "--no-refresh")}
+    fleet = page("/")
+    costs = dict(
+        re.findall(r'<tr data-machine="([^"]+)">.*?<td class="n cost"[^>]*>(.*?)</td>', fleet, re.S)
+    )
+    assert sorted(costs) == sorted(listed) == ["eval-ru", "seg-1", "seg-2", "train-a"]
+    total: dict[str, Decimal] = {}
+    for name, m in listed.items():
+        assert costs[name] == " + ".join(money_text(s) for s in m["spent"])
+        for s in m["spent"]:
+            total[s["currency"]] = total.get(s["currency"], Decimal(0)) + Decimal(s["amount"])
+    (shown,) = cells(fleet, r'<td class="n" id="fleet-total">(.*?)</td>')
+    assert shown == " + ".join(
+        money_text({"amount": str(v), "currency": c}) for c, v in sorted(total.items())
+    )
+    # one machine: `status NAME` and its page; the page's usage rows add up to its cost
+    for name in listed:
+        d = run("status", name, "--no-refresh")
+        assert d["spent"] == listed[name]["spent"]
+        mpage = page(f"/machine/{name}")
+        (spent,) = cells(mpage, r'<dd id="machine-spent">(.*?)</dd>')
+        assert spent == " + ".join(money_text(s) for s in d["spent"])
+        parts: dict[str, Decimal] = {}
+        for c, text in re.findall(r'class="n part-cost" data-currency="(\w+)">(.*?)</td>', mpage):
+            parts[c] = parts.get(c, Decimal(0)) + amount(text)
+        assert parts == {s["currency"]: cents(s["amount"]) for s in d["spent"]}, name
+
+
+@pytest.mark.parametrize("project", ["demo", "vision"])
+def test_a_reports_days_add_up_to_its_total_in_the_cli_and_on_the_spend_page(both, project):
+    """vision is billed in RUB and USD and reported in RUB: its days, each rounded alone, came
+    to 2 kopecks less than the total on the page."""
+    run, page = both
+    r = run("report", "--project", project)
+    days = [Decimal(d["amount"]) for d in r["daily"]]
+    assert sum(days) == Decimal(r["total"]["amount"])
+    spend = page(f"/spend?project={project}")
+    shown = [amount(c) for c in cells(spend, r'<tr data-day="[^"]+">.*?<td class="n">(.*?)</td>')]
+    assert shown == days[: len(shown)] and not any(days[len(shown) :])  # the days to come: none
+    (total,) = cells(spend, r'<span class="big" id="total">(.*?)</span>')
+    assert sum(shown) == amount(total) == Decimal(r["total"]["amount"])
+    # the lines too: as the CLI shares them out, adding up to the same total
+    lines = dict(
+        re.findall(r'<tr data-key="([^"]+)">.*?class="n line-total">(.*?)</td>', spend, re.S)
+    )
+    assert lines == {ln["key"]: money_text(ln["total"]) for ln in r["lines"]}
+    assert sum(amount(v) for v in lines.values()) == amount(total)
+
+
+@pytest.mark.parametrize("query", ["project=demo", "budget=demo-budget"])
+def test_one_forecast_per_budget_on_a_page_and_in_the_cli(both, query):
+    run, page = both
+    r = run("report", "--project", "demo")
+    assert r["forecast"] == r["budget"]["forecast"]  # the report's forecast is its budget's
+    spend = page(f"/spend?{query}")
+    card = re.search(r'data-budget="demo-budget">(.*?)</a>', spend, re.S)
+    assert card is not None
+    shown = cells(card.group(1), r'data-field="forecast">(.*?)</span>')
+    shown += cells(spend, r'id="forecast">(.*?)</span>')
+    assert shown == [money_text(r["budget"]["forecast"])] * 2
+
+
+def test_a_relaunched_machine_costs_every_launch_on_its_pages_as_in_status(cli, home, monkeypatch):
+    """Preempted after 2 h and relaunched, an hour later: `status NAME`, the fleet page and the
+    machine page each count both launches (the page used to count the last one), and the
+    page's usage rows — both launches', compute and disk — add up to it."""
+    cfg = write_settings(home)
+    a = App(load_settings(cfg), ManualClock(TEST_START))
+    e = sandbox_experiment("spot") | {"lifecycle": {"on_preemption": "relaunch"}}
+    lifecycle.up(a, Experiment.model_validate(e))
+    a.clock.advance(timedelta(hours=2))
+    a.provider("sandbox").preempt(lifecycle.ref(lifecycle.find(a, "spot")))
+    reconcile.run(a)
+    assert [x.done for x in recover.run(a).actions] == [True]
+    a.clock.advance(timedelta(hours=1))
+    at = a.clock.now()
+    monkeypatch.setenv(CLOCK_ENV, at.isoformat())
+    monkeypatch.setattr(ShiftedClock, "now", lambda self: at)
+    r = cli("--config", str(cfg), "status", "spot", "--no-refresh", "-o", "json")
+    d = json.loads(r.out)
+    assert d["launches"] == 2
+    (spent,) = d["spent"]
+    wsgi = make_app(a)
+    _, _, fleet = call(wsgi, "/")
+    assert cells(fleet, r'<td class="n cost"[^>]*>(.*?)</td>') == [money_text(spent)]
+    _, _, page = call(wsgi, "/machine/spot")
+    assert cells(page, r'<dd id="machine-spent">(.*?)</dd>') == [money_text(spent)]
+    parts = [amount(c) for c in cells(page, r'class="n part-cost"[^>]*>(.*?)</td>')]
+    assert len(parts) == 4 and sum(parts) == cents(spent["amount"])
+    a.close()
+
+
+def test_a_mailed_report_and_its_chart_give_one_forecast_for_its_budget(home, clock):
+    """`report --policy demo-budget` covers every project against demo's budget: its words gave
+    the budget's forecast and its chart the forecast of every project."""
+    pytest.importorskip("matplotlib")
+    from provisioner import render
+    from provisioner.views import spend
+
+    a, _ = seed(home, clock)
+    r = spend.report(a, spend.Query(policy="demo-budget"), NOW).report
+    assert r.budget is not None and r.forecast is not None
+    assert r.forecast.rounded() != r.budget.forecast.rounded()  # two scopes: two forecasts
+    f = render.fmt(r)
+    legend = [t.get_text() for t in render.chart(r).axes[0].get_legend().get_texts()]
+    said = f.money(r.budget.forecast)
+    assert f"{f.t('forecast_line')} {said}" in legend
+    assert f"{f.t('forecast')}: {said}" in render.text(r)
+    assert (
+        json.loads(json.dumps(r.as_json(), default=str))["forecast"]
+        == r.budget.as_json()["forecast"]
+    )
+    a.close()
