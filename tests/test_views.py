@@ -14,7 +14,7 @@ from decimal import ROUND_HALF_UP, Decimal
 
 import pytest
 
-from provisioner import lifecycle
+from provisioner import machines
 from provisioner.app import App
 from provisioner.clock import CLOCK_ENV, ManualClock, ShiftedClock
 from provisioner.dashboard import make_app
@@ -136,9 +136,9 @@ def test_a_relaunched_machine_costs_every_launch_on_its_pages_as_in_status(cli, 
     cfg = write_settings(home)
     a = App(load_settings(cfg), ManualClock(TEST_START))
     e = sandbox_experiment("spot") | {"lifecycle": {"on_preemption": "relaunch"}}
-    lifecycle.up(a, Experiment.model_validate(e))
+    machines.up(a, Experiment.model_validate(e))
     a.clock.advance(timedelta(hours=2))
-    a.provider("sandbox").preempt(lifecycle.ref(lifecycle.find(a, "spot")))
+    a.provider("sandbox").preempt(machines.ref(machines.find(a, "spot")))
     reconcile.run(a)
     assert [x.done for x in recover.run(a).actions] == [True]
     a.clock.advance(timedelta(hours=1))
