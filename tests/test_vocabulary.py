@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import typing
 from decimal import Decimal
 
@@ -115,3 +116,15 @@ def test_a_launch_attempt_is_one_record_from_event_to_json(home, app):
     [shown] = json.loads(out.stdout)["attempts"]
     assert shown["outcome"] == "launched" and shown["currency"] == "USD"
     assert Decimal(shown["rate"]) > 0 and shown["where"].startswith("sandbox/")
+
+
+def test_the_documented_state_machine_is_the_table():
+    """docs/ARCHITECTURE.md draws the transition table; the drawing may not drift from it."""
+    from tests.conftest import ROOT
+
+    doc = (ROOT / "docs/ARCHITECTURE.md").read_text(encoding="utf-8")
+    (diagram,) = re.findall(r"```mermaid\n(.*?)```", doc, re.S)
+    edges = set(re.findall(r"^\s*(\w+) --> (\w+)\s*$", diagram, re.M))
+    drawn = {(a, b) for a, b in edges if "[" not in a + b}
+    table = {(a.value, b.value) for a, to in TRANSITIONS.items() for b in to}
+    assert drawn == table
