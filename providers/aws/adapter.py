@@ -4,10 +4,10 @@ Zones are AZ ids (``use1-az1``), as in the catalog: AZ names are shuffled per ac
 not. ``launch`` accepts either and places by the account's name for that id.
 
 Credentials come only from boto3's default chain (environment, profile, SSO, instance role).
-botocore's own retries are off (``total_max_attempts=1``) so :func:`providers.retry.call_with_retry`
-is the one bounded retry. Launch is idempotent twice over: EC2 honours ``ClientToken``, and each
-attempt first looks for an instance already tagged with the token (covers a lost response on a
-backend that ignores the token, or a token past its expiry).
+botocore's own retries are off (``total_max_attempts=1``) so ``Provider.call`` is the one
+bounded retry. Launch is idempotent twice over: EC2 honours ``ClientToken``, and each attempt
+first looks for an instance already tagged with the token (covers a lost response on a backend
+that ignores the token, or a token past its expiry).
 """
 
 from __future__ import annotations
@@ -16,16 +16,14 @@ import re
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from functools import partial
-from typing import Any, TypeVar
+from typing import Any
 
-from providers.aws import SPEC, AWSOptions
-from providers.aws.errors import map_error
+from providers.aws import SPEC, AWSOptions, errors
 from providers.base import (
     TAG_MACHINE,
     TAG_MANAGED_BY,
     TAG_MANAGED_BY_VALUE,
     AuthError,
-    CheckResult,
     Instance,
     InstanceRef,
     InvalidRequest,
@@ -37,10 +35,7 @@ from providers.base import (
     ProviderError,
     Throttled,
 )
-from providers.retry import call_with_retry
 from providers.userdata import cloud_init
-
-T = TypeVar("T")
 
 # Public SSM parameter of the "Deep Learning Base OSS Nvidia Driver GPU AMI (Ubuntu 22.04)".
 DEFAULT_IMAGE_PARAMETER = (
@@ -92,27 +87,22 @@ class AWSProvider(Provider):
 
     # --- contract -------------------------------------------------------------------------
 
-    def check(self) -> CheckResult:
+    def missing_setup(self) -> str | None:
         try:
             credentials = self._session().get_credentials()
         except Exception as exc:  # a broken profile/SSO config: say which kind, no traceback
-            return CheckResult(
-                "aws", False, f"aws: credentials could not be loaded ({type(exc).__name__})"
-            )
-        if credentials is None:
-            return CheckResult("aws", False, NO_CREDENTIALS)
+            return f"aws: credentials could not be loaded ({type(exc).__name__})"
+        return NO_CREDENTIALS if credentials is None else None
+
+    def probe(self) -> str:
         sts = self._client("sts", self.regions[0])
-        try:
-            ident = self._call(sts.get_caller_identity, "verify credentials")
-        except AuthError as exc:
-            return CheckResult("aws", False, f"aws: credentials were refused [{exc.code}]")
-        except ProviderError as exc:
-            return CheckResult(
-                "aws", False, f"aws: credentials found but could not be verified [{exc.code}]"
-            )
-        return CheckResult(
-            "aws", True, f"aws: credentials OK for account {ident['Account']} ({ident['Arn']})"
-        )
+        ident = self.call(sts.get_caller_identity, "verify credentials")
+        return f"aws: credentials OK for account {ident['Account']} ({ident['Arn']})"
+
+    def refusal(self, exc: ProviderError) -> str:
+        if isinstance(exc, AuthError):
+            return f"aws: credentials were refused [{exc.code}]"
+        return f"aws: credentials found but could not be verified [{exc.code}]"
 
     def launch(self, request: LaunchRequest) -> Instance:
         ec2 = self._client("ec2", request.region)
@@ -128,7 +118,7 @@ class AWSProvider(Provider):
 
         what = f"launch {request.instance_type} in {zone}"
         try:
-            raw = self._call(attempt, what)
+            raw = self.call(attempt, what)
         except InvalidRequest as exc:
             if exc.code != "InvalidGroup.NotFound" or self.options.security_group_ids:
                 raise
@@ -137,7 +127,7 @@ class AWSProvider(Provider):
             params = self._run_params(
                 request, zone, image, params["BlockDeviceMappings"][0]["DeviceName"]
             )
-            raw = self._call(attempt, what)
+            raw = self.call(attempt, what)
         return self._instance(raw, request.region)
 
     def get(self, ref: InstanceRef) -> Instance:
@@ -157,7 +147,7 @@ class AWSProvider(Provider):
                 pages = ec2.get_paginator("describe_instances").paginate(Filters=filters)
                 return [raw for page in pages for raw in _instances(page)]
 
-            raws = self._call(fetch, "list instances")
+            raws = self.call(fetch, "list instances")
             found.extend(self._instance(raw, region) for raw in raws)
         return found
 
@@ -165,7 +155,7 @@ class AWSProvider(Provider):
         if self._describe(ref)["State"]["Name"] in _STOPPED_OR_GONE:
             return  # compute is not billed any more
         ec2 = self._client("ec2", ref.region)
-        self._call(lambda: ec2.stop_instances(InstanceIds=[ref.id]), f"stop {ref.id}")
+        self.call(lambda: ec2.stop_instances(InstanceIds=[ref.id]), f"stop {ref.id}")
 
     def start(self, ref: InstanceRef) -> None:
         state = self._describe(ref)["State"]["Name"]
@@ -176,12 +166,12 @@ class AWSProvider(Provider):
                 f"aws: {ref.id} is terminated and cannot be started", code="IncorrectInstanceState"
             )
         ec2 = self._client("ec2", ref.region)
-        self._call(lambda: ec2.start_instances(InstanceIds=[ref.id]), f"start {ref.id}")
+        self.call(lambda: ec2.start_instances(InstanceIds=[ref.id]), f"start {ref.id}")
 
     def terminate(self, ref: InstanceRef) -> None:
         ec2 = self._client("ec2", ref.region)
         try:
-            self._call(lambda: ec2.terminate_instances(InstanceIds=[ref.id]), f"terminate {ref.id}")
+            self.call(lambda: ec2.terminate_instances(InstanceIds=[ref.id]), f"terminate {ref.id}")
         except NotFound:
             return  # already gone
 
@@ -229,7 +219,7 @@ class AWSProvider(Provider):
             ids = list(left)
             what = f"{verb} {ids[0]}" if len(ids) == 1 else f"{verb} {len(ids)} instances"
             try:
-                answer = self._call(partial(call, InstanceIds=ids), what)
+                answer = self.call(partial(call, InstanceIds=ids), what)
             except ProviderError as e:
                 named = [i for i in dict.fromkeys(_INSTANCE_ID.findall(str(e))) if i in left]
                 for iid in named or ids:
@@ -264,7 +254,7 @@ class AWSProvider(Provider):
             {"Name": "group-name", "Values": [SSH_GROUP]},
             {"Name": f"tag:{TAG_MANAGED_BY}", "Values": [TAG_MANAGED_BY_VALUE]},
         ]
-        groups = self._call(
+        groups = self.call(
             lambda: ec2.describe_security_groups(Filters=ours)["SecurityGroups"],
             f"list our security groups in {region}",
         )
@@ -275,11 +265,11 @@ class AWSProvider(Provider):
                 {"Name": "instance.group-id", "Values": [gid]},
                 {"Name": "instance-state-name", "Values": list(_IN_USE)},
             ]
-            if self._call(partial(_describe_instances, ec2, users), f"find instances in {gid}"):
+            if self.call(partial(_describe_instances, ec2, users), f"find instances in {gid}"):
                 continue
             if remove:
                 try:
-                    self._call(partial(ec2.delete_security_group, GroupId=gid), f"delete {gid}")
+                    self.call(partial(ec2.delete_security_group, GroupId=gid), f"delete {gid}")
                 except InvalidRequest:  # DependencyViolation: in use after all
                     continue
             out.append(f"security group {gid} ({SSH_GROUP}, {region}, {group.get('VpcId', '')})")
@@ -295,15 +285,13 @@ class AWSProvider(Provider):
             lambda region: self._client("ec2", region),
             self._zones,
             pricing,
-            self._call,
+            self.call,
         )
 
     # --- helpers --------------------------------------------------------------------------
 
-    def _call(self, fn: Callable[[], T], what: str) -> T:
-        """Run one AWS call: botocore errors → taxonomy; Throttled retried within the bound."""
-
-        return call_with_retry(fn, self.options, lambda exc: map_error(exc, what))
+    def map_error(self, exc: Exception, what: str) -> ProviderError | None:
+        return errors.map_error(exc, what)
 
     def _session(self) -> Any:
         with self._lock:
@@ -344,7 +332,7 @@ class AWSProvider(Provider):
 
     def _describe(self, ref: InstanceRef) -> dict[str, Any]:
         ec2 = self._client("ec2", ref.region)
-        found = self._call(
+        found = self.call(
             lambda: _instances(ec2.describe_instances(InstanceIds=[ref.id])), f"describe {ref.id}"
         )
         if not found:
@@ -357,7 +345,7 @@ class AWSProvider(Provider):
         """{AZ name: AZ id} of the region, as this account sees it."""
         if region not in self._zone_ids:
             ec2 = self._client("ec2", region)
-            zones = self._call(
+            zones = self.call(
                 lambda: ec2.describe_availability_zones()["AvailabilityZones"],
                 f"describe zones of {region}",
             )
@@ -386,7 +374,7 @@ class AWSProvider(Provider):
         if request.region not in self._images:
             ssm = self._client("ssm", request.region)
             try:
-                value = self._call(
+                value = self.call(
                     lambda: ssm.get_parameter(Name=DEFAULT_IMAGE_PARAMETER)["Parameter"]["Value"],
                     "resolve the default GPU image",
                 )
@@ -406,7 +394,7 @@ class AWSProvider(Provider):
         """The image's root device name, so the root volume mapping resizes the right disk."""
         if (region, image) not in self._root_devices:
             ec2 = self._client("ec2", region)
-            images = self._call(
+            images = self.call(
                 lambda: ec2.describe_images(ImageIds=[image])["Images"], f"describe {image}"
             )
             if not images:
@@ -435,7 +423,7 @@ class AWSProvider(Provider):
             groups = ec2.describe_security_groups(Filters=filters)["SecurityGroups"]
             return str(groups[0]["GroupId"]) if groups else None
 
-        found = self._call(
+        found = self.call(
             lambda: ec2.describe_security_groups(Filters=filters)["SecurityGroups"],
             f"find security group {SSH_GROUP} in {vpc}",
         )
@@ -481,7 +469,7 @@ class AWSProvider(Provider):
                         raise
                 return group_id
 
-            group = self._call(create, f"create security group {SSH_GROUP} in {vpc}")
+            group = self.call(create, f"create security group {SSH_GROUP} in {vpc}")
         with self._lock:
             self._groups[key] = group
         return group
@@ -521,7 +509,7 @@ class AWSProvider(Provider):
                 ],
             }
             try:
-                self._call(
+                self.call(
                     partial(call, GroupId=gid, IpPermissions=[permission]),
                     f"{verb} SSH from {', '.join(cidrs)} in {gid}",
                 )
@@ -531,11 +519,11 @@ class AWSProvider(Provider):
 
     def _vpc(self, ec2: Any, region: str, subnet: str | None) -> str:
         if subnet:
-            found = self._call(
+            found = self.call(
                 lambda: ec2.describe_subnets(SubnetIds=[subnet])["Subnets"], f"find {subnet}"
             )
             return str(found[0]["VpcId"])
-        vpcs = self._call(
+        vpcs = self.call(
             lambda: ec2.describe_vpcs(Filters=[{"Name": "isDefault", "Values": ["true"]}])["Vpcs"],
             f"find the default VPC of {region}",
         )

@@ -16,7 +16,7 @@ from functools import partial
 from typing import Any, TypeVar
 from urllib.parse import quote, urlsplit
 
-from providers.azure import SPEC, AzureOptions, prices
+from providers.azure import SPEC, AzureOptions, errors, prices
 from providers.base import (
     PARALLEL_OPERATIONS,
     TAG_MACHINE,
@@ -24,7 +24,6 @@ from providers.base import (
     TAG_MANAGED_BY_VALUE,
     AuthError,
     CapacityError,
-    CheckResult,
     Instance,
     InstanceRef,
     InvalidRequest,
@@ -37,7 +36,6 @@ from providers.base import (
     QuotaError,
     Throttled,
 )
-from providers.retry import call_with_retry
 
 T = TypeVar("T")
 
@@ -46,26 +44,8 @@ ARM_SCOPE = "https://management.azure.com/.default"
 ACTIVITY_API_VERSION = "2015-04-01"
 _LOOPBACK = {"127.0.0.1", "localhost", "::1"}
 _SSH_RULE = "provisioner-ssh"  # our inbound rule's name in our NSG
+_NO_ANSWER = "NoAnswer"  # check's probe got no answer in time
 
-_CAPACITY = {
-    "SkuNotAvailable",
-    "AllocationFailed",
-    "ZonalAllocationFailed",
-    "OverconstrainedAllocationRequest",
-    "OverconstrainedZonalAllocationRequest",
-    "SpotPriceGreaterThanProvidedMaxPrice",
-}
-_QUOTA = {"QuotaExceeded", "ResourceQuotaExceeded"}
-_AUTH = {
-    "AuthenticationFailed",
-    "AuthorizationFailed",
-    "InvalidAuthenticationToken",
-    "InvalidAuthenticationTokenTenant",
-    "ExpiredAuthenticationToken",
-    "LinkedAuthorizationFailed",
-    "ClientAuthenticationError",
-}
-_NOT_FOUND = {"ResourceNotFound", "NotFound", "ResourceGroupNotFound"}
 _POWER = {
     "starting": MachineState.PENDING,
     "running": MachineState.RUNNING,
@@ -160,7 +140,7 @@ class AzureProvider(Provider):
                         code="NoSubscription",
                     )
                 credential = self._credential()
-                # Our call_with_retry is the one retry bound, so the SDK's own retries are off.
+                # Provider.call is the one retry bound, so the SDK's own retries are off.
                 kwargs: dict[str, Any] = {"retry_total": 0}
                 if self.options.poll_seconds is not None:
                     kwargs["polling_interval"] = self.options.poll_seconds
@@ -178,15 +158,13 @@ class AzureProvider(Provider):
 
     # --- calls: error mapping, retry, long-running operations
 
-    def _call(self, fn: Callable[[], T]) -> T:
-        """Run one SDK call with errors mapped to the taxonomy and Throttled retried."""
-
-        return call_with_retry(fn, self.options, _map_error)
+    def map_error(self, exc: Exception, what: str) -> ProviderError | None:
+        return errors.map_error(exc, what)
 
     def _wait(self, begin: Callable[..., Any]) -> Any:
         """Start a long-running operation and wait for its end. A throttled poll resumes the same
         operation from its continuation token rather than starting it again."""
-        poller = self._call(begin)
+        poller = self.call(begin)
         if poller is None:
             return None
         token = poller.continuation_token()
@@ -196,65 +174,67 @@ class AzureProvider(Provider):
             current = pollers.pop() if pollers else begin(continuation_token=token)
             return current.result()
 
-        return self._call(result)
+        return self.call(result)
 
     # --- the contract
 
-    def check(self) -> CheckResult:
-        source = self._credential_source()
-        if source is None:
-            return CheckResult(
-                self.name,
-                False,
-                (
-                    "azure: no credentials found (set AZURE_CLIENT_ID, AZURE_TENANT_ID and "
-                    "AZURE_CLIENT_SECRET, run `az login`, or set managed_identity: true on an "
-                    "Azure VM)"
-                ),
+    def missing_setup(self) -> str | None:
+        if self._credential_source() is None:
+            return (
+                "azure: no credentials found (set AZURE_CLIENT_ID, AZURE_TENANT_ID and "
+                "AZURE_CLIENT_SECRET, run `az login`, or set managed_identity: true on an "
+                "Azure VM)"
             )
-        subscription = self._subscription_id()
-        if not subscription:
-            return CheckResult(
-                self.name,
-                False,
-                "azure: no subscription (set AZURE_SUBSCRIPTION_ID or subscription_id in settings)",
+        if not self._subscription_id():
+            return (
+                "azure: no subscription (set AZURE_SUBSCRIPTION_ID or subscription_id in settings)"
             )
+        return None
+
+    def probe(self) -> str:
+        """The first page of the resource group's VMs, given ``timeout_seconds`` (a thread: an
+        unreachable ARM endpoint must not hang ``check``)."""
         timeout = self.options.timeout_seconds
         outcome: list[BaseException | None] = []
 
-        def probe() -> None:
+        def first_page() -> None:
             try:
                 compute, _ = self._clients()
                 pages = compute.virtual_machines.list(self.resource_group).by_page()
                 next(pages, None)
                 outcome.append(None)
             except BaseException as err:
-                outcome.append(_map_error(err) or err)
+                outcome.append(errors.map_error(err) or err)
 
-        worker = threading.Thread(target=probe, daemon=True)
+        worker = threading.Thread(target=first_page, daemon=True)
         worker.start()
         worker.join(timeout)
-        where = f"subscription {subscription}, resource group {self.resource_group}"
         if not outcome:
-            return CheckResult(
-                self.name, False, f"azure: no answer within {timeout:g}s using {source} ({where})"
-            )
+            raise Throttled(f"azure: no answer within {timeout:g}s", code=_NO_ANSWER)
         err = outcome[0]
-        if err is None:
-            return CheckResult(self.name, True, f"azure: OK, {source} reaches {where}")
-        if isinstance(err, NotFound):
-            return CheckResult(
-                self.name,
-                False,
-                (
-                    f"azure: {source} works but resource group {self.resource_group} was not found "
-                    f"in subscription {subscription} (create it, with a VNet and subnet per region)"
-                ),
+        if isinstance(err, ProviderError):
+            raise err
+        if err is not None:
+            raise ProviderError(str(err).strip() or type(err).__name__)
+        return f"azure: OK, {self._credential_source()} reaches {self._where()}"
+
+    def refusal(self, exc: ProviderError) -> str:
+        source, where = self._credential_source(), self._where()
+        if exc.code == _NO_ANSWER:
+            return f"{exc.args[0]} using {source} ({where})"
+        if isinstance(exc, NotFound):
+            return (
+                f"azure: {source} works but resource group {self.resource_group} was not found "
+                f"in subscription {self._subscription_id()} (create it, with a VNet and subnet "
+                "per region)"
             )
-        first_line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        if isinstance(err, AuthError):
-            return CheckResult(self.name, False, f"azure: {source} refused: {first_line}")
-        return CheckResult(self.name, False, f"azure: {first_line} ({where})")
+        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        if isinstance(exc, AuthError):
+            return f"azure: {source} refused: {first_line}"
+        return f"azure: {first_line} ({where})"
+
+    def _where(self) -> str:
+        return f"subscription {self._subscription_id()}, resource group {self.resource_group}"
 
     def launch(self, request: LaunchRequest) -> Instance:
         from azure.core import MatchConditions
@@ -301,7 +281,7 @@ class AzureProvider(Provider):
                 vm = self._wait(begin_create)
                 if vm is not None:
                     break
-                vm = self._call(lambda: compute.virtual_machines.get(rg, name))
+                vm = self.call(lambda: compute.virtual_machines.get(rg, name))
                 foreign = (vm.tags or {}).get(TAG_MACHINE) != request.labels.get(TAG_MACHINE)
                 if foreign or vm.provisioning_state != "Failed":
                     break  # someone else's VM, or the earlier attempt of this same intent
@@ -322,23 +302,23 @@ class AzureProvider(Provider):
                 f"azure: a VM named {name} already exists in {rg} and is not this machine",
                 code="Conflict",
             )
-        view = self._call(lambda: compute.virtual_machines.instance_view(rg, name))
+        view = self.call(lambda: compute.virtual_machines.instance_view(rg, name))
         private_ip = nic.ip_configurations[0].private_ip_address if nic.ip_configurations else None
         return self._instance(vm, view.statuses, private_ip, public_ip.ip_address)
 
     def get(self, ref: InstanceRef) -> Instance:
         compute, network = self._clients()
         rg, name = self._locate(ref)
-        vm = self._call(lambda: compute.virtual_machines.get(rg, name, expand="instanceView"))
+        vm = self.call(lambda: compute.virtual_machines.get(rg, name, expand="instanceView"))
         private_ip = public_ip = None
         try:
-            nic = self._call(lambda: network.network_interfaces.get(rg, _nic_name(name)))
+            nic = self.call(lambda: network.network_interfaces.get(rg, _nic_name(name)))
             config = nic.ip_configurations[0]
             private_ip = config.private_ip_address
             ip_id = config.public_ip_address.id if config.public_ip_address else None
             if ip_id:  # the address is held by the public IP resource, not the NIC
                 ip_rg, ip_name = _network_name(ip_id)
-                ip = self._call(lambda: network.public_ip_addresses.get(ip_rg or rg, ip_name))
+                ip = self.call(lambda: network.public_ip_addresses.get(ip_rg or rg, ip_name))
                 public_ip = ip.ip_address
         except (NotFound, IndexError, TypeError):
             pass  # no NIC (or public IP) any more: the VM's own state still answers
@@ -352,7 +332,7 @@ class AzureProvider(Provider):
         rg, wanted = self.resource_group, set(regions or self.regions)
         try:
             # ARM cannot filter VMs by tag: list the resource group (all pages), filter here.
-            vms = self._call(lambda: list(compute.virtual_machines.list(rg)))
+            vms = self.call(lambda: list(compute.virtual_machines.list(rg)))
         except NotFound:
             return []
         addresses: dict[str, str | None] | None = None
@@ -364,11 +344,11 @@ class AzureProvider(Provider):
             if machine_id is not None and tags.get(TAG_MACHINE) != machine_id:
                 continue
             try:
-                view = self._call(partial(compute.virtual_machines.instance_view, rg, vm.name))
+                view = self.call(partial(compute.virtual_machines.instance_view, rg, vm.name))
             except NotFound:
                 continue  # deleted while we listed
             if addresses is None:  # one listing of the group's public IPs serves every VM
-                ips = self._call(lambda: list(network.public_ip_addresses.list(rg)))
+                ips = self.call(lambda: list(network.public_ip_addresses.list(rg)))
                 addresses = {(ip.name or "").lower(): ip.ip_address for ip in ips}
             public_ip = addresses.get(_ip_name(vm.name).lower())
             found.append(self._instance(vm, view.statuses, public_ip=public_ip))
@@ -396,7 +376,7 @@ class AzureProvider(Provider):
 
         def ours(resources: Any) -> list[Any]:
             try:
-                listed = self._call(lambda: list(resources.list(rg)))
+                listed = self.call(lambda: list(resources.list(rg)))
             except NotFound:  # no resource group: nothing of ours
                 return []
             return [
@@ -475,7 +455,7 @@ class AzureProvider(Provider):
         rg, name = self.resource_group, request.name
         with contextlib.suppress(ProviderError):
             try:
-                vm = self._call(lambda: compute.virtual_machines.get(rg, name))
+                vm = self.call(lambda: compute.virtual_machines.get(rg, name))
                 if (vm.tags or {}).get(TAG_MACHINE) != request.labels.get(TAG_MACHINE):
                     return  # not ours: never delete it
             except NotFound:
@@ -496,7 +476,7 @@ class AzureProvider(Provider):
         _, network = self._clients()
         rg, name = self.resource_group, _nsg_name(region)
         try:
-            group = self._call(lambda: network.network_security_groups.get(rg, name))
+            group = self.call(lambda: network.network_security_groups.get(rg, name))
         except NotFound:
             body = models.NetworkSecurityGroup(  # type: ignore[call-overload]
                 location=region,
@@ -740,7 +720,7 @@ class AzureProvider(Provider):
         latest: dict[str, datetime] = {}
         try:
             while url:
-                page = self._call(partial(_get_json, compute, url))
+                page = self.call(partial(_get_json, compute, url))
                 for event in page.get("value", []):
                     operation = (event.get("operationName") or {}).get("value", "").lower()
                     status = (event.get("status") or {}).get("value", "")
@@ -824,51 +804,3 @@ def _plain_http_bearer(credential: Any) -> Any:
             super().on_request(request)
 
     return PlainHttpBearer(credential, ARM_SCOPE)
-
-
-def _map_error(err: BaseException) -> ProviderError | None:
-    """An azure-core exception → the taxonomy (None for anything else). The ARM error code is
-    in ``HttpResponseError.error.code``, both for a refused request and a failed operation."""
-    from azure.core.exceptions import (
-        ClientAuthenticationError,
-        HttpResponseError,
-        ServiceRequestError,
-        ServiceResponseError,
-    )
-
-    if isinstance(err, ProviderError):
-        return err
-    if isinstance(err, ServiceRequestError | ServiceResponseError):
-        return Throttled(f"azure: {_first_line(err)}", code=type(err).__name__)
-    if not isinstance(err, HttpResponseError):
-        return None
-    error = getattr(err, "error", None)
-    code = getattr(error, "code", None) or None
-    message = getattr(error, "message", None) or _first_line(err)
-    status = err.status_code
-    text = f"azure: {code}: {message}" if code else f"azure: {message}"
-    if isinstance(err, ClientAuthenticationError) and status in (None, 401):
-        # DefaultAzureCredential's first line is generic; the sign-in's own answer (an AADSTS
-        # code and its text, never the secret) is on the line of the credential that tried.
-        aadsts = [line.strip() for line in str(err).splitlines() if "AADSTS" in line]
-        if aadsts:
-            text = f"azure: {aadsts[0]}"
-        return AuthError(text, code=code or "ClientAuthenticationError")
-    if status == 429 or code == "TooManyRequests":
-        return Throttled(text, code=code or "TooManyRequests")
-    if code in _CAPACITY:
-        return CapacityError(text, code=code)
-    if code in _QUOTA or (code == "OperationNotAllowed" and "quota" in message.lower()):
-        return QuotaError(text, code=code, scope="region")  # Azure vCPU quotas are regional
-    if code in _AUTH or (status in (401, 403) and code != "RequestDisallowedByPolicy"):
-        return AuthError(text, code=code)
-    if code in _NOT_FOUND or status == 404:
-        return NotFound(text, code=code or "NotFound")
-    if status is not None and status >= 500:
-        return Throttled(text, code=code or str(status))
-    return InvalidRequest(text, code=code)
-
-
-def _first_line(err: BaseException) -> str:
-    text = str(err).strip()
-    return text.splitlines()[0] if text else type(err).__name__

@@ -27,7 +27,6 @@ from providers.base import (
     TAG_MANAGED_BY_VALUE,
     AuthError,
     CapacityError,
-    CheckResult,
     Instance,
     InstanceRef,
     InvalidRequest,
@@ -37,11 +36,10 @@ from providers.base import (
     Offer,
     Provider,
     ProviderError,
-    QuotaError,
     Throttled,
 )
-from providers.gcp import SPEC, GCPOptions, prices
-from providers.retry import call_with_retry, wait_until
+from providers.gcp import SPEC, GCPOptions, errors, prices
+from providers.retry import wait_until
 
 T = TypeVar("T")
 
@@ -73,49 +71,10 @@ _STATES = {
     "SUSPENDED": MachineState.STOPPED,
     "TERMINATED": MachineState.STOPPED,
 }
-# Zone-level failures: the next zone may well work. ZONE_RESOURCE_POOL_EXHAUSTED(_WITH_DETAILS)
-# are Google's resource-availability errors (compute/docs/troubleshooting/
-# troubleshooting-resource-availability); SkyPilot's GCP failover also blocks the zone on
-# UNSUPPORTED_OPERATION (a Spot VM preempted while it was being created) and insufficientCapacity.
-_CAPACITY = {
-    "ZONE_RESOURCE_POOL_EXHAUSTED",
-    "ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS",
-    "UNSUPPORTED_OPERATION",
-    "insufficientCapacity",
-}
-# An attachable GPU the zone does not offer: a synchronous 400 badRequest "The resource
-# 'projects/P/zones/Z/acceleratorTypes/A' was not found". The zone lacks the type, so the launch
-# is a CapacityError (the failover blocks the zone and moves on), not an InvalidRequest (which
-# blocks nothing, so every other host shape in the same zone would be refused the same way).
-_ACCELERATOR_MISSING = re.compile(r"/zones/[^/']+/acceleratorTypes/[^/']+' was not found")
-# A machine type / disk type / accelerator combination the series cannot take. GCE has been seen
-# to carry it under a capacity code too (scylladb/scylla-cluster-tests, capacity_errors.py): no
-# other zone can fix it, so it is never a CapacityError.
-_INCOMPATIBLE = "features are not compatible for creating instance"
-_NO_NETWORK = "referenced network resource cannot be found"
-# An organization policy refusing a request names its constraint ("Constraint constraints/
-# compute.<name> violated for project ...", HTTP 412 conditionNotMet, as GCE answers for
-# requireShieldedVm and vmExternalIpAccess). With compute.requireOsLogin enforced, "requests that
-# set enable-oslogin to false in VM or project metadata are rejected" (compute/docs/oslogin/
-# manage-oslogin-in-an-org): our metadata SSH key cannot be used in that project.
-_OS_LOGIN_ENFORCED = "constraints/compute.requireOsLogin"
-OS_LOGIN_HINT = (
-    " (your organization enforces OS Login, so the metadata SSH key provisioner logs in with is "
-    "refused: ask an organization policy admin to exempt this project from "
-    "constraints/compute.requireOsLogin, or set `project` in the gcp settings to one without it)"
-)
 # Boot disk type per machine series. A3 Ultra (H200) boots from Hyperdisk only; N1 and A2 take
 # no Hyperdisk Balanced; pd-balanced suits every other series we launch (A2, A3 High/Mega, G2,
 # N1). Sources: compute/docs/accelerator-optimized-machines and compute/docs/disks/hyperdisks.
 _HYPERDISK_BOOT = ("a3-ultragpu-",)
-_QUOTA = {"QUOTA_EXCEEDED", "quotaExceeded"}
-_THROTTLED = {
-    "rateLimitExceeded",
-    "userRateLimitExceeded",
-    "RATE_LIMIT_EXCEEDED",
-    "backendError",
-    "RESOURCE_OPERATION_RATE_EXCEEDED",
-}
 
 
 class GCPProvider(Provider):
@@ -136,15 +95,12 @@ class GCPProvider(Provider):
 
     # --- contract --------------------------------------------------------------------------
 
-    def check(self) -> CheckResult:
-        try:
-            project = self._project()
-            from google.cloud import compute_v1
+    def probe(self) -> str:
+        project = self._project()
+        from google.cloud import compute_v1
 
-            request = compute_v1.AggregatedListInstancesRequest(project=project, max_results=1)
-            self._call(lambda: self._instances().aggregated_list(request=request, retry=None))
-        except ProviderError as exc:
-            return CheckResult(self.name, False, _sentence(exc))
+        request = compute_v1.AggregatedListInstancesRequest(project=project, max_results=1)
+        self.call(lambda: self._instances().aggregated_list(request=request, retry=None))
         note = ""
         with contextlib.suppress(ProviderError):  # only a hint: reading it may not be allowed
             if self._project_os_login(project):
@@ -153,13 +109,16 @@ class GCPProvider(Provider):
                     "provisioner's key works, unless the organization enforces it "
                     "(constraints/compute.requireOsLogin: then ask for this project's exemption)"
                 )
-        return CheckResult(
-            self.name, True, f"gcp: credentials accepted for project {project}{note}"
-        )
+        return f"gcp: credentials accepted for project {project}{note}"
+
+    def refusal(self, exc: ProviderError) -> str:
+        if isinstance(exc, AuthError) and exc.code in ("noCredentials", "noProject"):
+            return str(exc.args[0])
+        return f"gcp: check failed: {str(exc).removeprefix('gcp: ')}"
 
     def _project_os_login(self, project: str) -> bool:
         """Does the project's metadata set enable-oslogin (as SkyPilot reads it)?"""
-        found = self._call(lambda: self._client("projects").get(project=project, retry=None))
+        found = self.call(lambda: self._client("projects").get(project=project, retry=None))
         items = found.common_instance_metadata.items
         value = next((i.value for i in items if i.key == "enable-oslogin"), "")
         return value.strip().lower() == "true"
@@ -178,7 +137,7 @@ class GCPProvider(Provider):
         )
         self._ensure_ssh_rule()
         try:
-            operation = self._call(
+            operation = self.call(
                 lambda: self._instances().insert_unary(request=insert, retry=None)
             )
         except InvalidRequest as exc:
@@ -200,7 +159,7 @@ class GCPProvider(Provider):
 
     def get(self, ref: InstanceRef) -> Instance:
         zone = _zone_of(ref)
-        instance = self._call(
+        instance = self.call(
             lambda: self._instances().get(
                 project=self._project(), zone=zone, instance=ref.name or ref.id, retry=None
             )
@@ -224,7 +183,7 @@ class GCPProvider(Provider):
             pager = self._instances().aggregated_list(request=request, retry=None)
             return [item for _, scoped in pager for item in scoped.instances]
 
-        found = self._call(every_page)
+        found = self.call(every_page)
         return [
             self._to_instance(item)
             for item in found
@@ -252,9 +211,7 @@ class GCPProvider(Provider):
 
         project = self._project()
         listing = compute_v1.ListFirewallsRequest(project=project, max_results=500)
-        rules = self._call(
-            lambda: list(self._client("firewalls").list(request=listing, retry=None))
-        )
+        rules = self.call(lambda: list(self._client("firewalls").list(request=listing, retry=None)))
         ours = [
             r
             for r in rules
@@ -274,7 +231,7 @@ class GCPProvider(Provider):
 
         in_use = {
             _last(nic.network)
-            for item in self._call(every_page)
+            for item in self.call(every_page)
             if SSH_TAG in item.tags.items
             for nic in item.network_interfaces
         }
@@ -288,7 +245,7 @@ class GCPProvider(Provider):
                     project=project, firewall=rule.name, request_id=str(uuid.uuid4())
                 )
                 try:
-                    operation = self._call(
+                    operation = self.call(
                         partial(self._client("firewalls").delete_unary, request=delete, retry=None)
                     )
                     self._wait_global(operation, project)
@@ -342,7 +299,7 @@ class GCPProvider(Provider):
         # managing-instance-access); the instance's own value overrides the project's (compute/
         # docs/oslogin), so our key works in such projects too, as Datalab and Packer do it
         # (googledatalab/datalab#1930, hashicorp/packer-plugin-googlecompute#241). An organization
-        # enforcing compute.requireOsLogin refuses this: see _OS_LOGIN_ENFORCED.
+        # enforcing compute.requireOsLogin refuses this: see errors._OS_LOGIN_ENFORCED.
         items = [
             compute_v1.Items(key="install-nvidia-driver", value="True"),
             compute_v1.Items(key="enable-oslogin", value="FALSE"),
@@ -416,7 +373,7 @@ class GCPProvider(Provider):
                 project=project, firewall_resource=firewall, request_id=str(uuid.uuid4())
             )
             try:
-                operation = self._call(
+                operation = self.call(
                     lambda: self._client("firewalls").insert_unary(request=insert, retry=None)
                 )
                 self._wait_global(operation, project)
@@ -436,7 +393,7 @@ class GCPProvider(Provider):
                     raise Throttled(f"gcp: firewall rule {name} not there yet", code="notFound")
                 return found
 
-            rule = self._call(made)
+            rule = self.call(made)
         if _last(rule.network) != network_name:
             raise InvalidRequest(
                 f"gcp: firewall rule {name} belongs to network {_last(rule.network)}, "
@@ -452,7 +409,7 @@ class GCPProvider(Provider):
                 firewall_resource=compute_v1.Firewall(source_ranges=list(self.options.ssh_cidrs)),
                 request_id=str(uuid.uuid4()),
             )
-            operation = self._call(
+            operation = self.call(
                 lambda: self._client("firewalls").patch_unary(request=patch, retry=None)
             )
             self._wait_global(operation, project)
@@ -460,7 +417,7 @@ class GCPProvider(Provider):
 
     def _find_rule(self, project: str, name: str) -> Any | None:
         try:
-            return self._call(
+            return self.call(
                 lambda: self._client("firewalls").get(project=project, firewall=name, retry=None)
             )
         except NotFound:
@@ -485,7 +442,7 @@ class GCPProvider(Provider):
         zone = _zone_of(ref)
         # One requestId per call: a retry after a lost answer joins the first operation.
         call_id = str(uuid.uuid4())
-        operation = self._call(
+        operation = self.call(
             lambda: getattr(self._instances(), method)(
                 request={
                     "project": self._project(),
@@ -520,7 +477,7 @@ class GCPProvider(Provider):
 
         status_done = compute_v1.Operation.Status.DONE
         operation, finished = wait_until(
-            lambda: self._call(wait),
+            lambda: self.call(wait),
             lambda op: op.status == status_done,
             timeout=self.options.operation_timeout_seconds,
             interval=0,
@@ -532,7 +489,7 @@ class GCPProvider(Provider):
                 code="operationTimeout",
             )
         if operation.error.errors:
-            raise operation_error(operation)
+            raise errors.operation_error(operation)
 
     def _was_preempted(self, instance: Any, zone: str) -> bool:
         """A preempted-operation for this instance since it last started."""
@@ -543,7 +500,7 @@ class GCPProvider(Provider):
             zone=zone,
             filter=f'(operationType = "{PREEMPTED}") AND (targetId = {instance.id})',
         )
-        operations = self._call(lambda: list(self._operations().list(request=request, retry=None)))
+        operations = self.call(lambda: list(self._operations().list(request=request, retry=None)))
         started = _timestamp(instance.last_start_timestamp)
         return any(
             started is None or (_timestamp(op.insert_time) or started) >= started
@@ -576,8 +533,8 @@ class GCPProvider(Provider):
 
     # --- plumbing --------------------------------------------------------------------------
 
-    def _call(self, fn: Callable[[], T]) -> T:
-        return call_with_retry(fn, self.options, map_exception)
+    def map_error(self, exc: Exception, what: str) -> ProviderError | None:
+        return errors.map_error(exc, what)
 
     def _credentials(self) -> tuple[Any, str | None]:
         if self._auth is None:
@@ -697,66 +654,6 @@ def boot_disk_type(instance_type: str) -> str:
     if instance_type.startswith(_HYPERDISK_BOOT):
         return "hyperdisk-balanced"
     return "pd-balanced"
-
-
-def classify(code: str, message: str, status: int | None = None) -> ProviderError:
-    """One GCP error (HTTP reason or operation error code) → the taxonomy."""
-    text = message if message.startswith("gcp:") else f"gcp: {message}"
-    if _INCOMPATIBLE in message:
-        return InvalidRequest(text, code=code)
-    if _OS_LOGIN_ENFORCED in message:
-        return InvalidRequest(text + OS_LOGIN_HINT, code=code)
-    if _NO_NETWORK in message:
-        hint = " (set `network`/`subnetwork` in the gcp settings to a VPC network of this project)"
-        return InvalidRequest(text + hint, code=code)
-    if code in _CAPACITY or any(c in message for c in _CAPACITY):
-        return CapacityError(text, code=code)
-    if _ACCELERATOR_MISSING.search(message):
-        return CapacityError(text, code=code)
-    if code in _QUOTA:
-        quota = re.search(r"Quota '([A-Z0-9_-]+)'", message)
-        everywhere = "globally" in message or bool(quota and "ALL_REGIONS" in quota.group(1))
-        return QuotaError(text, code=code, scope="cloud" if everywhere else "region")
-    if code in _THROTTLED or status == 429 or (status or 0) >= 500:
-        return Throttled(text, code=code)
-    if status in (401, 403):
-        return AuthError(text, code=code)
-    if status == 404 or code in ("notFound", "RESOURCE_NOT_FOUND"):
-        return NotFound(text, code=code)
-    return InvalidRequest(text, code=code)
-
-
-def map_exception(exc: BaseException) -> ProviderError | None:
-    import requests
-    from google.api_core import exceptions as api_exceptions
-    from google.auth import exceptions as auth_exceptions
-
-    if isinstance(exc, api_exceptions.GoogleAPICallError):
-        reasons = [e.get("reason", "") for e in exc.errors or () if isinstance(e, dict)]
-        code = next((r for r in reasons if r), None) or exc.reason or type(exc).__name__
-        status = exc.code if isinstance(exc.code, int) else None
-        return classify(code, exc.message or str(exc), status)
-    if isinstance(exc, auth_exceptions.GoogleAuthError):
-        return AuthError(
-            f"gcp: credentials refused ({type(exc).__name__}: {exc})", code=type(exc).__name__
-        )
-    if isinstance(exc, requests.exceptions.RequestException):
-        return Throttled(f"gcp: API unreachable ({type(exc).__name__})", code=type(exc).__name__)
-    return None
-
-
-def operation_error(operation: Any) -> ProviderError:
-    errors = list(operation.error.errors)
-    code = errors[0].code
-    message = "; ".join(e.message for e in errors if e.message) or code
-    status = operation.http_error_status_code or None
-    return classify(code, message, status)
-
-
-def _sentence(exc: ProviderError) -> str:
-    if isinstance(exc, AuthError) and exc.code in ("noCredentials", "noProject"):
-        return exc.args[0]
-    return f"gcp: check failed: {str(exc).removeprefix('gcp: ')}"
 
 
 def _zone_of(ref: InstanceRef) -> str:

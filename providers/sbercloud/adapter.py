@@ -27,7 +27,6 @@ from providers.base import (
     TAG_MANAGED_BY,
     TAG_MANAGED_BY_VALUE,
     AuthError,
-    CheckResult,
     Instance,
     InstanceRef,
     InvalidRequest,
@@ -39,7 +38,7 @@ from providers.base import (
     ProviderError,
     Throttled,
 )
-from providers.retry import call_with_retry, wait_until
+from providers.retry import wait_until
 from providers.sbercloud import SPEC, SberCloudOptions, errors, flavors, tags, userdata
 
 T = TypeVar("T")
@@ -150,7 +149,7 @@ class SberCloudProvider(Provider):
         from huaweicloudsdkcore.region.region import Region
 
         config = HttpConfig.get_default_config()
-        config.retry_times = 0  # Throttled is retried by call_with_retry, with a bound
+        config.retry_times = 0  # Throttled is retried by Provider.call, with a bound
         config.timeout = (10, 60)
         project = self.options.project_id or _env(ENV_PROJECT)
         credentials = BasicCredentials(ak, sk, project)
@@ -163,8 +162,12 @@ class SberCloudProvider(Provider):
         try:
             return builder.build()
         except SdkException as e:
-            err = errors.from_sdk(e, where=f"find the project of {self.region} via IAM")
+            err = self.map_error(e, f"find the project of {self.region} via IAM")
+            assert err is not None  # an SdkException always maps
             raise (err if isinstance(err, Throttled) else AuthError(str(err), code=err.code)) from e
+
+    def map_error(self, exc: Exception, what: str) -> ProviderError | None:
+        return errors.map_error(exc, what)
 
     def _call(
         self,
@@ -174,16 +177,12 @@ class SberCloudProvider(Provider):
         attempts: int | None = None,
         service: str = "ecs",
     ) -> T:
-        from huaweicloudsdkcore.exceptions.exceptions import SdkException
+        """``fn`` with the ECS (or VPC) client, through :meth:`call`."""
 
         def attempt() -> T:
-            client = self._vpc() if service == "vpc" else self._client()
-            try:
-                return fn(client)
-            except SdkException as e:
-                raise errors.from_sdk(e, where=where) from e
+            return fn(self._vpc() if service == "vpc" else self._client())
 
-        return call_with_retry(attempt, self.options, attempts=attempts)
+        return self.call(attempt, where, attempts=attempts)
 
     def _wait(self, job_id: str, where: str, timeout: float) -> bool:
         """Poll an ECS job: True on SUCCESS, False if still running at ``timeout``; FAIL raises."""
@@ -200,7 +199,7 @@ class SberCloudProvider(Provider):
             for sub in (job.entities.sub_jobs if job.entities else None) or []:
                 if sub.status == "FAIL" and not code:
                     code, reason = sub.error_code, sub.fail_reason
-            raise errors.classify(
+            raise errors.by_code(
                 None, code, f"job {job_id} failed: {reason or 'no reason given'}", where=where
             )
         return finished
@@ -275,26 +274,22 @@ class SberCloudProvider(Provider):
 
     # -- the contract ---------------------------------------------------------------------
 
-    def check(self) -> CheckResult:
+    def missing_setup(self) -> str | None:
         if not _env(ENV_AK) or not _env(ENV_SK):
-            return CheckResult(
-                self.name,
-                False,
+            return (
                 "sbercloud: no credentials found (set SBERCLOUD_ACCESS_KEY and "
-                "SBERCLOUD_SECRET_KEY, or HUAWEICLOUD_SDK_AK and HUAWEICLOUD_SDK_SK)",
+                "SBERCLOUD_SECRET_KEY, or HUAWEICLOUD_SDK_AK and HUAWEICLOUD_SDK_SK)"
             )
+        return None
+
+    def probe(self) -> str:
         from huaweicloudsdkecs.v2 import model as m
 
-        try:
-            listed = self._call(
-                "check credentials",
-                lambda c: c.list_servers_details(m.ListServersDetailsRequest(limit=1)),
-                attempts=2,
-            )
-        except AuthError as e:
-            return CheckResult(self.name, False, f"sbercloud: {self.ecs_endpoint} refused: {e}")
-        except ProviderError as e:
-            return CheckResult(self.name, False, f"sbercloud: {self.ecs_endpoint} failed: {e}")
+        listed = self._call(
+            "check credentials",
+            lambda c: c.list_servers_details(m.ListServersDetailsRequest(limit=1)),
+            attempts=2,
+        )
         # No public image with an NVIDIA driver is documented for cloud.ru Advanced GPU flavors,
         # so an image is the user's to name, as are the network new servers join.
         unset = [k for k in ("image", "vpc_id", "subnet_id") if not getattr(self.options, k)]
@@ -304,12 +299,14 @@ class SberCloudProvider(Provider):
             if unset
             else ""
         )
-        return CheckResult(
-            self.name,
-            True,
+        return (
             f"sbercloud: credentials accepted by {self.ecs_endpoint} "
-            f"(region {self.region}, {listed.count or 0} servers in the project){todo}",
+            f"(region {self.region}, {listed.count or 0} servers in the project){todo}"
         )
+
+    def refusal(self, exc: ProviderError) -> str:
+        verb = "refused" if isinstance(exc, AuthError) else "failed"
+        return f"sbercloud: {self.ecs_endpoint} {verb}: {exc}"
 
     def launch(self, request: LaunchRequest) -> Instance:
         """One pay-per-use (or spot) server, idempotent by ``X-Client-Token``. Unless
@@ -585,7 +582,7 @@ class SberCloudProvider(Provider):
             sid = (sub.entities.server_id if sub.entities else None) or ""
             if sub.status == "FAIL" and sid:
                 reason = sub.fail_reason or "no reason given"
-                out[sid] = errors.classify(None, sub.error_code, reason, where=where)
+                out[sid] = errors.by_code(None, sub.error_code, reason, where=where)
         return out
 
     # -- our SSH security group ----------------------------------------------------------------

@@ -19,8 +19,6 @@ from providers.base import (
     TAG_MANAGED_BY,
     TAG_MANAGED_BY_VALUE,
     AuthError,
-    CapacityError,
-    CheckResult,
     ConfigurationError,
     Instance,
     InstanceRef,
@@ -31,12 +29,11 @@ from providers.base import (
     Offer,
     Provider,
     ProviderError,
-    QuotaError,
     Throttled,
 )
-from providers.retry import call_with_retry, wait_until
+from providers.retry import wait_until
 from providers.userdata import cloud_init
-from providers.yandex import SPEC, YandexOptions
+from providers.yandex import SPEC, YandexOptions, errors
 from providers.yandex.prices import (
     REGION,
     Shape,
@@ -76,23 +73,6 @@ _STOPPED_BY_CALL = {"StopInstanceMetadata", "GuestStopInstanceMetadata", "CrashI
 _PREEMPTED = {"PreemptInstanceMetadata"}
 _STARTED = {"CreateInstanceMetadata", "StartInstanceMetadata", "RestartInstanceMetadata"}
 
-# What Yandex Compute answers, with where it is written down (sources in the package docstring):
-# - "Not enough resources": the zone has no hardware for the VM (Yandex docs, "Not enough
-#   resources" error; also what a preemptible VM gets when a zone runs out). The docs give the
-#   text, not the gRPC code, and list INTERNAL as "e.g. insufficient computing resources": the
-#   text decides, whatever the code.
-# - "The limit on maximum number of active operations has exceeded.": RESOURCE_EXHAUSTED on
-#   Create when the folder has too many operations running (quota "concurrent operations per
-#   folder", 15); it clears as they finish, so it is retried.
-# - "The limit on maximum number of <GPU devices|cores|...> has exceeded.": RESOURCE_EXHAUSTED
-#   at once in the answer to Create when a cloud quota is used up.
-# - A QuotaFailure in the status details (``google.rpc`` or Yandex's public
-#   ``yandex.cloud.quota``) names the quota outright.
-_NOT_ENOUGH_RESOURCES = "not enough resources"
-_ACTIVE_OPERATIONS = "the limit on maximum number of active operations has exceeded"
-_QUOTA_LIMIT = re.compile(r"\bthe limit on (maximum|total) .+ has exceeded")
-_QUOTA_DETAILS = {"google.rpc.QuotaFailure", "yandex.cloud.quota.QuotaFailure"}
-
 
 _OURS = (TAG_MANAGED_BY, TAG_MANAGED_BY_VALUE)  # the label on what we create (already folded)
 
@@ -114,64 +94,6 @@ def idempotency_key(token: str) -> str:
     key with the first operation, failed or not: a new placement needs a new token, as
     lifecycle's per-candidate tokens are.)"""
     return str(uuid.uuid5(_IDEMPOTENCY_NS, token))
-
-
-def map_error(
-    code: str,
-    message: str,
-    what: str,
-    zone: str | None = None,
-    details: Sequence[str] = (),
-) -> ProviderError:
-    """One gRPC status (from a call or an ``Operation.error``) → the taxonomy. ``details``: the
-    message types in the status details (``google.rpc.Status.details``), e.g.
-    ``yandex.cloud.quota.QuotaFailure``. The code decides first; within RESOURCE_EXHAUSTED the
-    texts above tell quota and the operations limit apart."""
-    message = " ".join(message.split())  # one line, even for the SDK's nested errors
-    text = f"yandex: {what}: {message} [{code}]"
-    low = message.lower()
-    if code in ("UNAUTHENTICATED", "PERMISSION_DENIED"):
-        return AuthError(text, code=code)
-    if code == "UNAVAILABLE" and "getting metadata from plugin failed" in low:
-        return AuthError(text, code=code)  # the SDK could not obtain an IAM token
-    if _NOT_ENOUGH_RESOURCES in low:
-        return CapacityError(f"{text} (zone {zone})" if zone else text, code=code)
-    if _QUOTA_DETAILS.intersection(details):
-        return QuotaError(text, code=code, scope="region")
-    if code == "RESOURCE_EXHAUSTED":
-        if _ACTIVE_OPERATIONS in low:
-            return Throttled(text, code=code)
-        if _QUOTA_LIMIT.search(low):
-            # Yandex quotas are per cloud, and the cloud has one region
-            return QuotaError(text, code=code, scope="region")
-        # Anything else is what the code is documented to mean, "the request limit exceeded":
-        # retried a bounded number of times, then the candidate fails with this text.
-        return Throttled(text, code=code)
-    if code in ("UNAVAILABLE", "DEADLINE_EXCEEDED", "INTERNAL", "ABORTED"):
-        return Throttled(text, code=code)
-    if code == "NOT_FOUND":
-        return NotFound(text, code=code)
-    return InvalidRequest(text, code=code)
-
-
-def detail_types(status: Any) -> list[str]:
-    """The message types in a ``google.rpc.Status``'s details, by full name."""
-    return [d.type_url.rsplit("/", 1)[-1] for d in status.details]
-
-
-def _rpc_error(exc: Any, what: str, zone: str | None = None) -> ProviderError:
-    details: list[str] = []
-    trailers = getattr(exc, "trailing_metadata", None)  # a grpc.Call; other RpcErrors lack it
-    for key, value in (trailers() if trailers else None) or ():
-        if key == "grpc-status-details-bin":  # the full google.rpc.Status, details included
-            from google.protobuf.message import DecodeError
-            from google.rpc import status_pb2  # type: ignore[import-untyped]  # no py.typed
-
-            try:
-                details = detail_types(status_pb2.Status.FromString(value))
-            except DecodeError:  # a malformed trailer leaves the code and the text
-                details = []
-    return map_error(exc.code().name, exc.details() or "", what, zone, details)
 
 
 # The GPU image family per platform, from Yandex's "Create a VM with a GPU" docs
@@ -266,18 +188,17 @@ class YandexProvider(Provider):
         retry: bool = True,
     ) -> Any:
         """One unary call with a deadline, errors mapped, Throttled retried (bounded)."""
-        import grpc
 
         def once() -> Any:
-            try:
-                client = self._sdk().client(stub)  # first use discovers endpoints: may fail
-                return getattr(client, method)(
-                    request, timeout=self.options.timeout_seconds, metadata=metadata
-                )
-            except grpc.RpcError as exc:
-                raise _rpc_error(exc, what, zone) from None
+            client = self._sdk().client(stub)  # first use discovers endpoints: may fail
+            return getattr(client, method)(
+                request, timeout=self.options.timeout_seconds, metadata=metadata
+            )
 
-        return call_with_retry(once, self.options) if retry else once()
+        return self.call(once, what, attempts=None if retry else 1, zone=zone)
+
+    def map_error(self, exc: Exception, what: str, zone: str | None = None) -> ProviderError | None:
+        return errors.map_error(exc, what, zone)
 
     def _wait(self, operation: Any, what: str, zone: str | None = None) -> Any:
         """Poll OperationService.Get until done; a failed operation raises the taxonomy."""
@@ -307,8 +228,8 @@ class YandexProvider(Provider):
 
             code = grpc.StatusCode
             name = next((c.name for c in code if c.value[0] == operation.error.code), "UNKNOWN")
-            raise map_error(
-                name, operation.error.message, what, zone, detail_types(operation.error)
+            raise errors.by_code(
+                name, operation.error.message, what, zone, errors.detail_types(operation.error)
             )
         return operation
 
@@ -323,34 +244,39 @@ class YandexProvider(Provider):
 
     # --- Provider ------------------------------------------------------------------------------
 
-    def check(self) -> CheckResult:
+    def missing_setup(self) -> str | None:
         try:
             creds = self._credentials()
         except AuthError as exc:
-            return CheckResult(self.name, False, str(exc))
+            return str(exc)
         if creds is None:
-            return CheckResult(self.name, False, _NO_CREDENTIALS)
+            return _NO_CREDENTIALS
         if not self.folder_id:
-            return CheckResult(
-                self.name, False, "yandex: no folder set (folder_id in settings or YC_FOLDER_ID)"
-            )
+            return "yandex: no folder set (folder_id in settings or YC_FOLDER_ID)"
+        return None
+
+    def probe(self) -> str:
         from yandex.cloud.compute.v1.instance_service_pb2 import ListInstancesRequest
         from yandex.cloud.compute.v1.instance_service_pb2_grpc import InstanceServiceStub
 
-        try:
-            self._rpc(
-                InstanceServiceStub,
-                "List",
-                ListInstancesRequest(folder_id=self.folder_id, page_size=1),
-                f"list instances in folder {self.folder_id}",
-                retry=False,
-            )
-        except ProviderError as exc:
-            return CheckResult(self.name, False, f"{exc} (credentials: {creds[0]})")
-        note = " (Yandex deprecates OAuth tokens: prefer a key)" if "OAuth" in creds[0] else ""
-        return CheckResult(
-            self.name, True, f"yandex: {creds[0]} accepted for folder {self.folder_id}{note}"
+        folder_id = self._require_folder()
+        self._rpc(
+            InstanceServiceStub,
+            "List",
+            ListInstancesRequest(folder_id=folder_id, page_size=1),
+            f"list instances in folder {folder_id}",
+            retry=False,
         )
+        source = self._credential_source()
+        note = " (Yandex deprecates OAuth tokens: prefer a key)" if "OAuth" in source else ""
+        return f"yandex: {source} accepted for folder {folder_id}{note}"
+
+    def refusal(self, exc: ProviderError) -> str:
+        return f"{exc} (credentials: {self._credential_source()})"
+
+    def _credential_source(self) -> str:
+        creds = self._credentials()
+        return creds[0] if creds else "none"
 
     def launch(self, request: LaunchRequest) -> Instance:
         from yandex.cloud.compute.v1 import instance_pb2

@@ -2,8 +2,9 @@
 same way on the sandbox and on each real cloud SDK against its wire-level emulator.
 
 Each test takes the ``cloud`` fixture: a :class:`~tests.contract.harness.Harness` for one of the
-six clouds. Where a cloud cannot do what a test needs, the test skips that cloud with the cloud
-fact its harness names (``Harness.cannot``); an adapter bug is an ``xfail(strict=True)`` naming
+six clouds. Where a cloud cannot do what a test needs, the test skips that cloud with the reason
+its spec's capabilities give (or, for what only the test bench lacks, its harness's
+``Harness.cannot``); an adapter bug is an ``xfail(strict=True)`` naming
 the bug (:data:`KNOWN_BUGS`), so its fix shows up as an unexpected pass.
 """
 
@@ -62,8 +63,13 @@ def cloud(
 
 
 def needs(cloud: Harness, ability: str) -> None:
-    """Skip this cloud, naming the cloud fact, when it cannot do ``ability``."""
-    if ability in cloud.cannot:
+    """Skip this cloud, naming the cloud fact, when it cannot do ``ability``: a capability of
+    its spec (the spec's reason), else what its harness cannot stage."""
+    capabilities = providers.spec(cloud.name).capabilities
+    if hasattr(capabilities, ability):
+        if not getattr(capabilities, ability):
+            pytest.skip(capabilities.why_not(ability))
+    elif ability in cloud.cannot:
         pytest.skip(cloud.cannot[ability])
 
 
@@ -261,8 +267,7 @@ def test_a_spot_machine_stopped_in_the_console_reads_stopped(cloud: Harness) -> 
 
 
 def test_preemption_and_user_stops_are_told_apart_across_restarts(cloud: Harness) -> None:
-    if not can_stop_spot(cloud):
-        pytest.skip(f"{cloud.name}: its spot machines cannot be stopped (capabilities)")
+    needs(cloud, "stop_spot")
     provider = cloud.provider()
     inst = provider.launch(cloud.launch_request(spot=True))
     provider.stop(inst.ref)
