@@ -29,8 +29,9 @@ from providers.base import (
     NotFound,
     QuotaError,
 )
-from providers.gcp.adapter import GCPProvider, request_id, ssh_rule_name
+from providers.gcp.adapter import GCPProvider, request_id
 from providers.gcp.errors import by_code
+from providers.gcp.network import ssh_rule_name
 from tests.contract.gcp import make_provider as provider
 from tests.contract.gcp import remove_credentials
 from tests.emulators.gcp import GCPEmulator

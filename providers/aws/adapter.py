@@ -19,6 +19,7 @@ from functools import partial
 from typing import Any
 
 from providers.aws import SPEC, AWSOptions, errors
+from providers.aws.network import SshGroups, tag_list
 from providers.base import (
     TAG_MACHINE,
     TAG_MANAGED_BY,
@@ -41,7 +42,6 @@ from providers.userdata import cloud_init
 DEFAULT_IMAGE_PARAMETER = (
     "/aws/service/deeplearning/ami/x86_64/base-oss-nvidia-driver-gpu-ubuntu-22.04/latest/ami-id"
 )
-SSH_GROUP = "provisioner-ssh"
 # TerminateInstances takes "Up to 1000 instance IDs" a call (botocore's EC2 service model,
 # TerminateInstancesRequest.InstanceIds); StopInstances states no limit, and gets the same.
 BATCH_IDS = 1000
@@ -56,7 +56,6 @@ _STATES = {
     "shutting-down": MachineState.TERMINATED,  # cannot come back; billing has ended
     "terminated": MachineState.TERMINATED,
 }
-_IN_USE = ("pending", "running", "stopping", "stopped", "shutting-down")
 _STOPPED_OR_GONE = ("stopping", "stopped", "shutting-down", "terminated")
 _HALTED = (MachineState.STOPPING, MachineState.STOPPED, MachineState.TERMINATED)
 NO_CREDENTIALS = (
@@ -79,7 +78,7 @@ class AWSProvider(Provider):
         self._images: dict[str, str] = {}
         self._root_devices: dict[tuple[str, str], str] = {}
         self._zone_ids: dict[str, dict[str, str]] = {}  # region → {AZ name: AZ id}
-        self._groups: dict[tuple[str, str], str] = {}  # (region, subnet) → our SSH group
+        self._network = SshGroups(self)
 
     @property
     def regions(self) -> list[str]:
@@ -122,8 +121,7 @@ class AWSProvider(Provider):
         except InvalidRequest as exc:
             if exc.code != "InvalidGroup.NotFound" or self.options.security_group_ids:
                 raise
-            with self._lock:  # our group was removed (gc) since we found it: find or make it
-                self._groups.clear()
+            self._network.forget()  # our group was removed (gc) since we found it: find or make it
             params = self._run_params(
                 request, zone, image, params["BlockDeviceMappings"][0]["DeviceName"]
             )
@@ -238,42 +236,7 @@ class AWSProvider(Provider):
         return out
 
     def unused_network(self, *, remove: bool = False) -> list[str]:
-        """Our SSH security groups that no instance (not terminated) is in; deleted when
-        ``remove``. A group taken into use meanwhile refuses deletion and is kept."""
-        out = []
-        for region in self.regions:
-            out += self._unused_groups(region, remove)
-        if remove:
-            with self._lock:
-                self._groups.clear()
-        return out
-
-    def _unused_groups(self, region: str, remove: bool) -> list[str]:
-        ec2 = self._client("ec2", region)
-        ours = [
-            {"Name": "group-name", "Values": [SSH_GROUP]},
-            {"Name": f"tag:{TAG_MANAGED_BY}", "Values": [TAG_MANAGED_BY_VALUE]},
-        ]
-        groups = self.call(
-            lambda: ec2.describe_security_groups(Filters=ours)["SecurityGroups"],
-            f"list our security groups in {region}",
-        )
-        out = []
-        for group in groups:
-            gid = str(group["GroupId"])
-            users = [
-                {"Name": "instance.group-id", "Values": [gid]},
-                {"Name": "instance-state-name", "Values": list(_IN_USE)},
-            ]
-            if self.call(partial(_describe_instances, ec2, users), f"find instances in {gid}"):
-                continue
-            if remove:
-                try:
-                    self.call(partial(ec2.delete_security_group, GroupId=gid), f"delete {gid}")
-                except InvalidRequest:  # DependencyViolation: in use after all
-                    continue
-            out.append(f"security group {gid} ({SSH_GROUP}, {region}, {group.get('VpcId', '')})")
-        return out
+        return self._network.unused(remove)
 
     def fetch_offers(self) -> list[Offer]:
         from providers.aws.prices import fetch_offers
@@ -404,137 +367,6 @@ class AWSProvider(Provider):
             self._root_devices[(region, image)] = images[0].get("RootDeviceName") or "/dev/sda1"
         return self._root_devices[(region, image)]
 
-    def _ssh_group(self, region: str, subnet: str | None) -> str:
-        """Our security group in the VPC the machine joins: found by name, else created with
-        22/tcp open to ``ssh_cidrs`` and tagged as ours (a VPC's default group admits only its
-        own members: no SSH from outside). Outbound stays open, as a new group's is."""
-        with self._lock:
-            key = (region, subnet or "")
-            if key in self._groups:
-                return self._groups[key]
-        ec2 = self._client("ec2", region)
-        vpc = self._vpc(ec2, region, subnet)
-        filters = [
-            {"Name": "group-name", "Values": [SSH_GROUP]},
-            {"Name": "vpc-id", "Values": [vpc]},
-        ]
-
-        def find() -> str | None:
-            groups = ec2.describe_security_groups(Filters=filters)["SecurityGroups"]
-            return str(groups[0]["GroupId"]) if groups else None
-
-        found = self.call(
-            lambda: ec2.describe_security_groups(Filters=filters)["SecurityGroups"],
-            f"find security group {SSH_GROUP} in {vpc}",
-        )
-        group = str(found[0]["GroupId"]) if found else None
-        if found:
-            self._sync_ssh_cidrs(ec2, found[0])
-        if group is None:
-            tags = _tag_list({TAG_MANAGED_BY: TAG_MANAGED_BY_VALUE, "Name": SSH_GROUP})
-
-            def create() -> str:
-                # Either call may act and lose its answer, and the retry then meets what it
-                # did: the group (InvalidGroup.Duplicate) or the rule (InvalidPermission.
-                # Duplicate, "the specified rule already exists" — EC2 API error codes).
-                try:
-                    made = ec2.create_security_group(
-                        GroupName=SSH_GROUP,
-                        Description="provisioner: SSH to GPU machines",
-                        VpcId=vpc,
-                        TagSpecifications=[{"ResourceType": "security-group", "Tags": tags}],
-                    )
-                    group_id = str(made["GroupId"])
-                except Exception as exc:  # made before: by another process, or by us
-                    if _code(exc) != "InvalidGroup.Duplicate":
-                        raise
-                    group_id = find() or ""
-                try:
-                    ec2.authorize_security_group_ingress(
-                        GroupId=group_id,
-                        IpPermissions=[
-                            {
-                                "IpProtocol": "tcp",
-                                "FromPort": 22,
-                                "ToPort": 22,
-                                "IpRanges": [
-                                    {"CidrIp": c, "Description": "provisioner SSH"}
-                                    for c in self.options.ssh_cidrs
-                                ],
-                            }
-                        ],
-                    )
-                except Exception as exc:
-                    if _code(exc) != "InvalidPermission.Duplicate":
-                        raise
-                return group_id
-
-            group = self.call(create, f"create security group {SSH_GROUP} in {vpc}")
-        with self._lock:
-            self._groups[key] = group
-        return group
-
-    def _sync_ssh_cidrs(self, ec2: Any, group: Mapping[str, Any]) -> None:
-        """``ssh_cidrs`` changed since our group was made: admit the CIDRs now listed, revoke
-        the ones no longer listed (22/tcp only). A group of that name not tagged ours is the
-        user's, used as it is. Another process doing the same at once is no error."""
-        tags = {t.get("Key"): t.get("Value") for t in group.get("Tags") or []}
-        if tags.get(TAG_MANAGED_BY) != TAG_MANAGED_BY_VALUE:
-            return
-        have = {
-            r["CidrIp"]
-            for p in group.get("IpPermissions") or []
-            if (p.get("IpProtocol"), p.get("FromPort"), p.get("ToPort")) == ("tcp", 22, 22)
-            for r in p.get("IpRanges") or []
-        }
-        want = list(dict.fromkeys(self.options.ssh_cidrs))
-        gid = str(group["GroupId"])
-        for verb, cidrs, benign in (
-            ("authorize", [c for c in want if c not in have], "InvalidPermission.Duplicate"),
-            ("revoke", sorted(have - set(want)), "InvalidPermission.NotFound"),
-        ):
-            if not cidrs:
-                continue
-            call = getattr(ec2, f"{verb}_security_group_ingress")
-            permission = {
-                "IpProtocol": "tcp",
-                "FromPort": 22,
-                "ToPort": 22,
-                "IpRanges": [
-                    {
-                        "CidrIp": c,
-                        **({"Description": "provisioner SSH"} if verb == "authorize" else {}),
-                    }
-                    for c in cidrs
-                ],
-            }
-            try:
-                self.call(
-                    partial(call, GroupId=gid, IpPermissions=[permission]),
-                    f"{verb} SSH from {', '.join(cidrs)} in {gid}",
-                )
-            except InvalidRequest as exc:
-                if exc.code != benign:
-                    raise
-
-    def _vpc(self, ec2: Any, region: str, subnet: str | None) -> str:
-        if subnet:
-            found = self.call(
-                lambda: ec2.describe_subnets(SubnetIds=[subnet])["Subnets"], f"find {subnet}"
-            )
-            return str(found[0]["VpcId"])
-        vpcs = self.call(
-            lambda: ec2.describe_vpcs(Filters=[{"Name": "isDefault", "Values": ["true"]}])["Vpcs"],
-            f"find the default VPC of {region}",
-        )
-        if not vpcs:
-            raise InvalidRequest(
-                f"aws: {region} has no default VPC: set clouds.aws.subnet_id (or subnet_ids), "
-                "or create one with `aws ec2 create-default-vpc`",
-                code="NoDefaultVpc",
-            )
-        return str(vpcs[0]["VpcId"])
-
     def _run_params(
         self, request: LaunchRequest, zone: str, image: str, root_device: str
     ) -> dict[str, Any]:
@@ -548,8 +380,8 @@ class AWSProvider(Provider):
             "ClientToken": request.token,
             "Placement": {"AvailabilityZone": zone},
             "TagSpecifications": [
-                {"ResourceType": "instance", "Tags": _tag_list(instance_tags)},
-                {"ResourceType": "volume", "Tags": _tag_list(tags)},
+                {"ResourceType": "instance", "Tags": tag_list(instance_tags)},
+                {"ResourceType": "volume", "Tags": tag_list(tags)},
             ],
             "BlockDeviceMappings": [
                 {
@@ -575,7 +407,7 @@ class AWSProvider(Provider):
         if subnet:
             params["SubnetId"] = subnet
         params["SecurityGroupIds"] = list(
-            self.options.security_group_ids or [self._ssh_group(request.region, subnet)]
+            self.options.security_group_ids or [self._network.group(request.region, subnet)]
         )
         # IMDSv2 only, one hop: the instance's credentials are not readable by a container or
         # by a plain GET from anything on the machine (clouds.md, AWS networking).
@@ -637,20 +469,6 @@ def _shared_loader() -> Any:
 
             _loader = create_loader()
         return _loader
-
-
-def _code(exc: Exception) -> str | None:
-    """The AWS error code of a botocore ClientError; None for anything else (a lost answer)."""
-    response = getattr(exc, "response", None) or {}
-    return response.get("Error", {}).get("Code")
-
-
-def _tag_list(tags: Mapping[str, str]) -> list[dict[str, str]]:
-    return [{"Key": key, "Value": str(value)} for key, value in tags.items()]
-
-
-def _describe_instances(ec2: Any, filters: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return _instances(ec2.describe_instances(Filters=filters))
 
 
 def _instances(response: Mapping[str, Any]) -> list[dict[str, Any]]:

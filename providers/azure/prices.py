@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 from providers import reference
-from providers.base import InvalidRequest, Offer, Throttled
+from providers.base import InvalidRequest, Offer, Throttled, paginate
 from providers.reference import dec, num
 from providers.retry import call_with_retry
 
@@ -112,11 +112,11 @@ def _kind(item: Mapping[str, Any]) -> str | None:
 
 
 def _items(url: str, timeout: float, options: AzureOptions) -> Iterator[dict]:
-    next_url: str | None = url
-    while next_url:
-        page = call_with_retry(partial(_get_json, next_url, timeout), options)
-        yield from page.get("Items", [])
-        next_url = page.get("NextPageLink")
+    def page(next_url: str | None) -> tuple[list[dict], str | None]:
+        got = call_with_retry(partial(_get_json, next_url or url, timeout), options)
+        return got.get("Items", []), got.get("NextPageLink")
+
+    return paginate(page, url)
 
 
 def _get_json(url: str, timeout: float) -> dict:

@@ -10,13 +10,11 @@ set without ``httpErrorStatusCode``). The SDK is imported inside methods only.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import os
 import re
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
-from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -39,6 +37,7 @@ from providers.base import (
     Throttled,
 )
 from providers.gcp import SPEC, GCPOptions, errors, prices
+from providers.gcp.network import SSH_TAG, Firewall, last
 from providers.retry import wait_until
 
 T = TypeVar("T")
@@ -48,15 +47,6 @@ PREEMPTED = "compute.instances.preempted"
 NO_CREDENTIALS = (
     "gcp: no credentials found (run `gcloud auth application-default login` "
     "or set GOOGLE_APPLICATION_CREDENTIALS to a service-account key file)"
-)
-# SSH reachability, as SkyPilot and dstack do it on GCP: a firewall rule of ours admitting
-# tcp:22 from `ssh_cidrs` to instances carrying our network tag. Firewall rule names are unique
-# per project, not per network (cloud.google.com/firewall/docs/using-firewalls), so the rule's
-# name carries its network's (dstack names its rule "dstack-ssh-in-" + the network the same way).
-SSH_TAG = "provisioner-ssh"
-SSH_RULE = "provisioner-allow-ssh"
-_NETWORK_URL = re.compile(
-    r"(?:(?:https://[^/]+/compute/v1/)?projects/([^/]+)/)?global/networks/([a-z0-9-]+)"
 )
 # requestId = uuid5(namespace, token/zone/name): the same intent in the same place is one request.
 _REQUEST_NAMESPACE = uuid.UUID("5d0b7a52-54c4-4a9c-9a55-0c2f5bd6d8a1")
@@ -91,7 +81,7 @@ class GCPProvider(Provider):
         super().__init__(options, **kwargs)
         self._auth: tuple[Any, str | None] | None = None
         self._clients: dict[str, Any] | None = None
-        self._ssh_rules: set[tuple[str, str]] = set()  # (project, network) with our rule
+        self._firewall = Firewall(self)
 
     # --- contract --------------------------------------------------------------------------
 
@@ -135,7 +125,7 @@ class GCPProvider(Provider):
             instance_resource=self._instance_resource(request),
             request_id=request_id(request),
         )
-        self._ensure_ssh_rule()
+        self._firewall.ensure()
         try:
             operation = self.call(
                 lambda: self._instances().insert_unary(request=insert, retry=None)
@@ -185,9 +175,7 @@ class GCPProvider(Provider):
 
         found = self.call(every_page)
         return [
-            self._to_instance(item)
-            for item in found
-            if prices.region_of(_last(item.zone)) in wanted
+            self._to_instance(item) for item in found if prices.region_of(last(item.zone)) in wanted
         ]
 
     def stop(self, ref: InstanceRef) -> None:
@@ -203,58 +191,7 @@ class GCPProvider(Provider):
             return
 
     def unused_network(self, *, remove: bool = False) -> list[str]:
-        """Our SSH firewall rules (``provisioner-allow-ssh-*`` admitting our tag) on a network
-        where no instance of ours is, in any zone and any state but deleted (a stopped one needs
-        its rule again when started); deleted when ``remove``. Firewall rules are global, so
-        every zone of the project is asked, not only the configured regions."""
-        from google.cloud import compute_v1
-
-        project = self._project()
-        listing = compute_v1.ListFirewallsRequest(project=project, max_results=500)
-        rules = self.call(lambda: list(self._client("firewalls").list(request=listing, retry=None)))
-        ours = [
-            r
-            for r in rules
-            if r.name.startswith(f"{SSH_RULE}-") and list(r.target_tags) == [SSH_TAG]
-        ]
-        if not ours:
-            return []
-        instances = compute_v1.AggregatedListInstancesRequest(
-            project=project,
-            filter=f'(labels.{TAG_MANAGED_BY} = "{TAG_MANAGED_BY_VALUE}")',
-            max_results=500,
-        )
-
-        def every_page() -> list[Any]:
-            pager = self._instances().aggregated_list(request=instances, retry=None)
-            return [item for _, scoped in pager for item in scoped.instances]
-
-        in_use = {
-            _last(nic.network)
-            for item in self.call(every_page)
-            if SSH_TAG in item.tags.items
-            for nic in item.network_interfaces
-        }
-        out = []
-        for rule in ours:
-            network = _last(rule.network)
-            if network in in_use:
-                continue
-            if remove:
-                delete = compute_v1.DeleteFirewallRequest(
-                    project=project, firewall=rule.name, request_id=str(uuid.uuid4())
-                )
-                try:
-                    operation = self.call(
-                        partial(self._client("firewalls").delete_unary, request=delete, retry=None)
-                    )
-                    self._wait_global(operation, project)
-                except NotFound:
-                    pass  # someone else removed it meanwhile
-            out.append(f"firewall rule {rule.name} (network {network}, tcp:22 to {SSH_TAG})")
-        if remove:
-            self._ssh_rules.clear()
-        return out
+        return self._firewall.unused(remove)
 
     def fetch_offers(self) -> list[Offer]:
         return prices.fetch_offers(self.options)
@@ -344,85 +281,6 @@ class GCPProvider(Provider):
             ],
         )
 
-    def _ensure_ssh_rule(self) -> None:
-        """Our firewall rule on the machine's network: found by name, else created (awaited as
-        the global operation it is). A create that loses a race to another process (409
-        alreadyExists) uses the rule that process made."""
-        from google.cloud import compute_v1
-
-        network = self.options.network
-        match = _NETWORK_URL.fullmatch(network)
-        project = (match.group(1) if match else None) or self._project()
-        if (project, network) in self._ssh_rules:
-            return
-        network_name = match.group(2) if match else _last(network)
-        name = ssh_rule_name(network_name)
-        rule = self._find_rule(project, name)
-        if rule is None:
-            firewall = compute_v1.Firewall(
-                name=name,
-                network=network,
-                description="provisioner: SSH to GPU machines",
-                direction="INGRESS",
-                priority=1000,
-                allowed=[compute_v1.Allowed(I_p_protocol="tcp", ports=["22"])],
-                source_ranges=list(self.options.ssh_cidrs),
-                target_tags=[SSH_TAG],
-            )
-            insert = compute_v1.InsertFirewallRequest(
-                project=project, firewall_resource=firewall, request_id=str(uuid.uuid4())
-            )
-            try:
-                operation = self.call(
-                    lambda: self._client("firewalls").insert_unary(request=insert, retry=None)
-                )
-                self._wait_global(operation, project)
-            except InvalidRequest as exc:
-                if exc.code != "alreadyExists":
-                    raise
-            except NotFound as exc:  # the one resource a firewall insert names is its network
-                raise InvalidRequest(
-                    f"gcp: network {network} was not found in project {project} (set "
-                    "`network`/`subnetwork` in the gcp settings to a VPC network of this project)",
-                    code=exc.code,
-                ) from exc
-
-            def made() -> Any:  # another process's create may still be under way
-                found = self._find_rule(project, name)
-                if found is None:
-                    raise Throttled(f"gcp: firewall rule {name} not there yet", code="notFound")
-                return found
-
-            rule = self.call(made)
-        if _last(rule.network) != network_name:
-            raise InvalidRequest(
-                f"gcp: firewall rule {name} belongs to network {_last(rule.network)}, "
-                f"not {network_name}",
-                code="firewallNetworkMismatch",
-            )
-        if sorted(rule.source_ranges) != sorted(self.options.ssh_cidrs):
-            # ssh_cidrs changed in the settings: the rule follows (firewalls.patch replaces the
-            # list fields it is given, and only those)
-            patch = compute_v1.PatchFirewallRequest(
-                project=project,
-                firewall=name,
-                firewall_resource=compute_v1.Firewall(source_ranges=list(self.options.ssh_cidrs)),
-                request_id=str(uuid.uuid4()),
-            )
-            operation = self.call(
-                lambda: self._client("firewalls").patch_unary(request=patch, retry=None)
-            )
-            self._wait_global(operation, project)
-        self._ssh_rules.add((project, network))
-
-    def _find_rule(self, project: str, name: str) -> Any | None:
-        try:
-            return self.call(
-                lambda: self._client("firewalls").get(project=project, firewall=name, retry=None)
-            )
-        except NotFound:
-            return None
-
     def _adopt(self, ref: InstanceRef, request: LaunchRequest, exc: ProviderError) -> Instance:
         """A 409 on our name: ours if it carries the same machine label (a retry whose
         requestId the cloud no longer remembers), else someone else's instance."""
@@ -508,7 +366,7 @@ class GCPProvider(Provider):
         )
 
     def _to_instance(self, item: Any) -> Instance:
-        zone = _last(item.zone)
+        zone = last(item.zone)
         spot = item.scheduling.provisioning_model == "SPOT" or bool(item.scheduling.preemptible)
         state = _STATES.get(item.status, MachineState.PENDING)
         reason = item.status_message or None
@@ -521,7 +379,7 @@ class GCPProvider(Provider):
             name=item.name,
             region=prices.region_of(zone),
             zone=zone,
-            instance_type=_last(item.machine_type),
+            instance_type=last(item.machine_type),
             state=state,
             spot=spot,
             labels=dict(item.labels),
@@ -605,16 +463,6 @@ def request_id(request: LaunchRequest) -> str:
     return str(uuid.uuid5(_REQUEST_NAMESPACE, f"{request.token}/{request.zone}/{request.name}"))
 
 
-def ssh_rule_name(network: str) -> str:
-    """``provisioner-allow-ssh-<network>``, kept within the 63 characters a name may have (a
-    long network name is cut and a hash of it appended, so two never share a rule)."""
-    name = f"{SSH_RULE}-{network}"
-    if len(name) <= 63:
-        return name
-    digest = hashlib.sha256(network.encode()).hexdigest()[:8]
-    return f"{SSH_RULE}-{network[:31]}-{digest}"
-
-
 def label_value(text: str) -> str:
     """GCP label values: lowercase ``[a-z0-9_-]``, at most 63 characters."""
     return re.sub(r"[^a-z0-9_-]", "-", str(text).lower())[:63]
@@ -660,10 +508,6 @@ def _zone_of(ref: InstanceRef) -> str:
     if not ref.zone:
         raise InvalidRequest(f"gcp: instance {ref.name or ref.id} has no zone", code="noZone")
     return ref.zone
-
-
-def _last(url: str) -> str:
-    return url.rsplit("/", 1)[-1]
 
 
 def _timestamp(text: str) -> datetime | None:

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from providers import reference
-from providers.base import AuthError, InvalidRequest, Offer, Throttled
+from providers.base import AuthError, InvalidRequest, Offer, Throttled, paginate
 from providers.gpus import GPUS
 from providers.reference import dec, num
 from providers.retry import call_with_retry
@@ -241,18 +241,16 @@ def fetch_offers(options: GCPOptions) -> list[Offer]:
 
 def fetch_skus(endpoint: str, key: str, options: GCPOptions) -> list[dict[str, Any]]:
     """Every Compute Engine SKU, following ``nextPageToken`` to the end."""
-    skus: list[dict[str, Any]] = []
-    token = ""
-    while True:
+
+    def page(token: str | None) -> tuple[list[dict[str, Any]], str | None]:
         query = {"pageSize": "5000", "currencyCode": "USD"}
         if token:
             query["pageToken"] = token
         url = f"{endpoint}/v1/services/{COMPUTE_SERVICE}/skus?{urllib.parse.urlencode(query)}"
-        page = call_with_retry(partial(_get_json, url, key), options)
-        skus.extend(page.get("skus", []))
-        token = page.get("nextPageToken") or ""
-        if not token:
-            return skus
+        got = call_with_retry(partial(_get_json, url, key), options)
+        return got.get("skus", []), got.get("nextPageToken")
+
+    return list(paginate(page))
 
 
 def build_offers(
