@@ -84,7 +84,7 @@ class Capabilities:
     console_stop_of_spot: bool = True
     # a spot machine may be deleted (not stopped) when the cloud takes it back
     delete_on_preemption: bool = True
-    why: Mapping[str, str] = field(default_factory=dict)  # ability it lacks → why not
+    why: Mapping[str, str] = field(default_factory=dict, hash=False)  # ability lacked → why
 
     def __post_init__(self) -> None:
         lacking = {f.name for f in fields(self) if f.name != "why" and not getattr(self, f.name)}

@@ -32,6 +32,7 @@ from providers.base import (
     QuotaError,
     Throttled,
 )
+from providers.spec import Capabilities
 from tests.contract.harness import Harness
 
 CLOUDS = providers.REGISTRY  # a cloud without a harness fails here, loudly
@@ -71,6 +72,15 @@ def needs(cloud: Harness, ability: str) -> None:
             pytest.skip(capabilities.why_not(ability))
     elif ability in cloud.cannot:
         pytest.skip(cloud.cannot[ability])
+
+
+def test_every_ability_a_cloud_lacks_carries_its_reason() -> None:
+    for name in CLOUDS:
+        capabilities = providers.spec(name).capabilities
+        for ability, reason in capabilities.why.items():
+            assert not getattr(capabilities, ability) and reason.startswith(f"{name}: ")
+    with pytest.raises(ValueError, match="stop_spot"):  # a new cloud cannot leave one out
+        Capabilities(stop_spot=False, cap_spot_price=True, zones=True, batch=True)
 
 
 def state_or_gone(provider: Provider, ref: InstanceRef) -> MachineState | None:
