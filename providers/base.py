@@ -258,6 +258,11 @@ class Provider(ABC):
 
         return call_with_retry(fn, self.options, mapped, attempts=attempts)
 
+    def close(self) -> None:
+        """Release what the adapter holds open (the sandbox's database file); idempotent.
+        Clouds that hold nothing open between calls have nothing to do."""
+        return None
+
     def accepts_ssh(self, instance: Instance, timeout: float = 3) -> bool:
         """Whether the machine's SSH port answers at its public address (a TCP connect)."""
         return bool(instance.public_ip) and port_open(instance.public_ip or "", 22, timeout)
