@@ -13,6 +13,7 @@ import importlib.util
 from collections.abc import Callable, Mapping
 from datetime import datetime
 from functools import cache
+from pathlib import Path
 from typing import Any
 
 from providers.base import Provider, ProviderError
@@ -41,8 +42,8 @@ def specs() -> tuple[CloudSpec, ...]:
     return tuple(spec(n) for n in REGISTRY)
 
 
-CLOUDS: tuple[str, ...] = tuple(n for n in REGISTRY if n != "sandbox")
-"""The real clouds, in display order (``sandbox`` is the simulated one; checked in tests)."""
+CLOUDS: tuple[str, ...] = tuple(n for n in REGISTRY if not spec(n).simulated)
+"""The real clouds, in display order (the registry less the simulated one)."""
 ALL: tuple[str, ...] = REGISTRY
 
 
@@ -67,10 +68,22 @@ def sdk_problem(name: str) -> str | None:
     return None
 
 
+def _load(target: str) -> Any:
+    """What a spec names as ``"module:attr"``, imported now."""
+    module, _, attr = target.partition(":")
+    return getattr(importlib.import_module(module), attr)
+
+
 def provider_class(name: str) -> type[Provider]:
-    module, _, attr = spec(name).adapter.partition(":")
-    cls: type[Provider] = getattr(importlib.import_module(module), attr)
+    cls: type[Provider] = _load(spec(name).adapter)
     return cls
+
+
+def catalog_rows(name: str) -> Callable[[Path], list[dict[str, Any]]] | None:
+    """The cloud's builder of its shipped catalog rows from reference price files (the spec's
+    ``catalog_rows``), or None when its catalog is kept by hand."""
+    target = spec(name).catalog_rows
+    return _load(target) if target else None
 
 
 def create(

@@ -9,14 +9,17 @@ from __future__ import annotations
 
 import enum
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from decimal import Decimal
-from typing import TYPE_CHECKING, Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeVar
 
 if TYPE_CHECKING:
     from providers.spec import CloudSpec, Options
+
+T = TypeVar("T")
+C = TypeVar("C")
 
 # Tag/label keys that mark machines launched by provisioner. Lowercase, dash-separated: valid as
 # AWS tags, GCP labels (``[a-z0-9_-]``, ≤63), Azure tags, Yandex labels and Huawei server tags.
@@ -234,13 +237,61 @@ class Provider(ABC):
         """Who logs in on this cloud's machines."""
         return self.spec.ssh_user
 
+    # --- the one call helper and its error hook ---------------------------------------------
+
+    def map_error(self, exc: Exception, what: str) -> ProviderError | None:
+        """The taxonomy error for one of this cloud's SDK exceptions, or None when ``exc`` is
+        not one (it is then raised as it is). ``what`` names the call, for the message. Each
+        cloud's classification lives in its folder (``providers/<cloud>/errors.py``)."""
+        return None
+
+    def call(
+        self, fn: Callable[[], T], what: str = "", *, attempts: int | None = None, **context: Any
+    ) -> T:
+        """Run one cloud call: an exception :meth:`map_error` (given ``what`` and ``context``)
+        recognises is raised as its taxonomy error; Throttled is retried within the options'
+        bound (or ``attempts``)."""
+        from providers.retry import call_with_retry  # it imports this module
+
+        def mapped(exc: Exception) -> ProviderError | None:
+            return self.map_error(exc, what, **context)
+
+        return call_with_retry(fn, self.options, mapped, attempts=attempts)
+
+    def close(self) -> None:
+        """Release what the adapter holds open (the sandbox's database file); idempotent.
+        Clouds that hold nothing open between calls have nothing to do."""
+        return None
+
     def accepts_ssh(self, instance: Instance, timeout: float = 3) -> bool:
         """Whether the machine's SSH port answers at its public address (a TCP connect)."""
         return bool(instance.public_ip) and port_open(instance.public_ip or "", 22, timeout)
 
-    @abstractmethod
     def check(self) -> CheckResult:
-        """Are credentials present and valid? Must not hang when nothing is configured."""
+        """Are credentials present and valid? The one skeleton: :meth:`missing_setup` (nothing
+        asked over the network), then :meth:`probe` (one cheap call), its error said in one
+        sentence by :meth:`refusal`. Must not hang when nothing is configured."""
+        try:
+            missing = self.missing_setup()
+            if missing:
+                return CheckResult(self.name, False, missing)
+            return CheckResult(self.name, True, self.probe())
+        except ProviderError as exc:
+            return CheckResult(self.name, False, self.refusal(exc))
+
+    def missing_setup(self) -> str | None:
+        """One sentence naming what is not set up (credentials, a project, a folder…) and where
+        to set it, judged without a network call; None when nothing is missing."""
+        return None
+
+    @abstractmethod
+    def probe(self) -> str:
+        """One cheap authenticated call; the sentence saying what works (the account,
+        project…). Raises the taxonomy."""
+
+    def refusal(self, exc: ProviderError) -> str:
+        """The one sentence :meth:`check` gives when :meth:`probe` failed."""
+        return f"{self.name}: {str(exc).removeprefix(f'{self.name}: ')}"
 
     @abstractmethod
     def launch(self, request: LaunchRequest) -> Instance:
@@ -324,3 +375,17 @@ def each(
     with ThreadPoolExecutor(max_workers=min(workers, len(todo) - 1)) as pool:
         list(pool.map(one, todo[1:]))
     return {ref: out[ref] for ref in todo}
+
+
+def paginate(
+    fetch: Callable[[C | None], tuple[Iterable[T], C | None]], start: C | None = None
+) -> Iterator[T]:
+    """Every item of every page. ``fetch(cursor)`` reads one page (``start`` first) and returns
+    its items and the cursor of the next page: a token, a marker, a URL, an offset; None or ""
+    after the last page. The one pager for clouds whose SDK has none."""
+    cursor = start
+    while True:
+        items, cursor = fetch(cursor)
+        yield from items
+        if not cursor:
+            return

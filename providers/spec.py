@@ -10,7 +10,8 @@ never a default quietly used.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Annotated
 
@@ -63,15 +64,39 @@ class Options(BaseModel):
         regions: tuple[str, ...] | None = getattr(self, "regions", None)
         return regions is None or region in regions
 
+    def in_home(self, home: Path) -> Options:
+        """These options with what the cloud keeps on disk and the user left unset placed in
+        the provisioner's home (the sandbox's machines); most clouds keep nothing there."""
+        return self
+
 
 @dataclass(frozen=True)
 class Capabilities:
-    """What the cloud's API allows, so callers decide from data rather than from docstrings."""
+    """What the cloud's API allows, so callers decide from data rather than from docstrings.
+    Every ability a cloud lacks carries its reason in ``why``: the cloud fact, with its source
+    where one is written down (the contract suite skips with it)."""
 
     stop_spot: bool  # a spot machine can be stopped by us and started again
     cap_spot_price: bool  # a spot launch can carry a maximum price per hour
     zones: bool  # offers and launches name a zone (Azure prices and places per region)
     batch: bool  # stop/start/terminate many machines in one API call
+    # a spot machine stopped outside provisioner (the console) reads STOPPED, not PREEMPTED
+    console_stop_of_spot: bool = True
+    # a spot machine may be deleted (not stopped) when the cloud takes it back
+    delete_on_preemption: bool = True
+    why: Mapping[str, str] = field(default_factory=dict, hash=False)  # ability lacked → why
+
+    def __post_init__(self) -> None:
+        lacking = {f.name for f in fields(self) if f.name != "why" and not getattr(self, f.name)}
+        if set(self.why) != lacking:
+            raise ValueError(
+                f"give a reason for exactly the abilities a cloud lacks: {sorted(lacking)} "
+                f"(reasons given: {sorted(self.why)})"
+            )
+
+    def why_not(self, ability: str) -> str:
+        """The reason the cloud lacks ``ability`` (KeyError when it has it)."""
+        return self.why[ability]
 
 
 @dataclass(frozen=True)
@@ -88,3 +113,6 @@ class CloudSpec:
     simulated: bool = False  # the sandbox: never pretends to be a real cloud
     # where `catalog refresh` reads prices, and what credentials that needs (said before asking)
     prices_from: str = "no price refresh"
+    # "module:function" (reference price files → the shipped catalog's rows, imported only by
+    # provisioner/data/catalog/build.py); None: its catalog file is kept by hand
+    catalog_rows: str | None = None

@@ -166,7 +166,7 @@ def _as_recorded(sql: Sql, settings: Callable[[], Settings], now: Callable[[], d
         try:
             listed = {i.id: i for i in provider.list_managed(sorted({r[1] for r in asked if r[1]}))}
         finally:
-            getattr(provider, "close", lambda: None)()  # the sandbox's file
+            provider.close()  # the sandbox's file
         for _, _, instance_id, status, public_ip in asked:
             inst = listed.get(instance_id or "")
             if inst is None or observed(inst, public_ip) != (status, public_ip):

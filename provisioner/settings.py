@@ -279,16 +279,14 @@ class Settings(BaseSettings):
         return options
 
     def adapter(self, name: str, clock: Callable[[], datetime]) -> Provider:
-        """A new adapter for ``name`` with its options (the sandbox keeps its machines in the
-        home unless told otherwise); :class:`UserError` for a cloud not enabled here or whose
-        SDK is not installed."""
+        """A new adapter for ``name`` with its options (what it keeps on disk in the home
+        unless told otherwise: :meth:`~providers.spec.Options.in_home`); :class:`UserError` for
+        a cloud not enabled here or whose SDK is not installed."""
         options = self.cloud(name)
         if options is None:
             raise UserError(f"cloud {name!r} is not enabled in settings")
-        if name == "sandbox" and not getattr(options, "db_path", None):
-            options = options.model_copy(update={"db_path": str(self.home / "sandbox.db")})
         try:
-            return providers.create(name, options, clock=clock)
+            return providers.create(name, options.in_home(self.home), clock=clock)
         except providers.MissingSDK as e:
             raise UserError(str(e)) from None
 

@@ -390,7 +390,7 @@ def test_gc_lists_and_removes_our_network_pieces_no_vm_uses(emulator, provider):
             network.public_ip_addresses.begin_create_or_update,
             "provisioner",
             "exp-crash1-ip",
-            provider._ip_body(crashed),
+            provider._network.ip_body(crashed),
         )
     )
     provider._wait(
@@ -398,7 +398,7 @@ def test_gc_lists_and_removes_our_network_pieces_no_vm_uses(emulator, provider):
             network.network_interfaces.begin_create_or_update,
             "provisioner",
             "exp-crash1-nic",
-            provider._nic_body(crashed, ip.id, provider._ssh_group("eastus")),
+            provider._network.nic_body(crashed, ip.id, provider._network.ssh_group("eastus")),
         )
     )
     network.public_ip_addresses.begin_create_or_update(

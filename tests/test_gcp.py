@@ -29,7 +29,9 @@ from providers.base import (
     NotFound,
     QuotaError,
 )
-from providers.gcp.adapter import GCPProvider, classify, request_id, ssh_rule_name
+from providers.gcp.adapter import GCPProvider, request_id
+from providers.gcp.errors import by_code
+from providers.gcp.network import ssh_rule_name
 from tests.contract.gcp import make_provider as provider
 from tests.contract.gcp import remove_credentials
 from tests.emulators.gcp import GCPEmulator
@@ -250,7 +252,7 @@ def test_a_missing_default_network_is_an_invalid_request_that_says_what_to_set(
     assert "`network`" in str(err.value) and "\n" not in str(err.value)
     assert inserts(emu) == [] and emu.instances == {}
     # an instance insert naming it is refused with the same advice
-    err2 = classify(
+    err2 = by_code(
         "invalid",
         "Invalid value for field 'resource.networkInterfaces[0].network': "
         "'global/networks/default'. The referenced network resource cannot be found.",
@@ -488,7 +490,7 @@ def test_the_emulator_applies_the_firewall_api_s_rules(emu: GCPEmulator) -> None
 
 def test_an_incompatible_combination_is_never_a_capacity_error() -> None:
     # GCE has reported an unsupported machine/disk pairing under a capacity code
-    err = classify(
+    err = by_code(
         "ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS",
         "[pd-standard, pd-ssd, n4-standard-16] features are not compatible for creating instance.",
         400,

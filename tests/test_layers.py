@@ -87,8 +87,9 @@ ORDER = [
 #: Files of provisioner/ that are not modules of its packages, and what they may import from it.
 SCRIPTS = {
     "provisioner/migrations/env.py": {"provisioner.models"},  # Alembic sees every table
-    # the catalog build: GPU facts, and which GCP shapes are sold as Spot only
-    "provisioner/data/catalog/build.py": {"providers.gpus", "providers.gcp.prices"},
+    # the catalog build: each cloud's builder through the registry, GPU facts, and which GCP
+    # shapes are sold as Spot only
+    "provisioner/data/catalog/build.py": {"providers", "providers.gpus", "providers.gcp.prices"},
 }
 
 PACKAGES = ("provisioner", "providers", "policies")

@@ -29,7 +29,7 @@ from providers.base import (
     Throttled,
 )
 from providers.sbercloud.adapter import STOP_MARKER, SberCloudProvider
-from providers.sbercloud.errors import classify
+from providers.sbercloud.errors import by_code
 from provisioner import catalog, machines, planner
 from provisioner.app import App
 from provisioner.spec import Experiment
@@ -664,7 +664,7 @@ def test_up_fails_over_from_a_zone_out_of_capacity_to_the_next(emu, env, home, c
     ],
 )
 def test_huawei_error_codes_map_to_the_taxonomy(status, code, message, kind):
-    err = classify(status, code, message, where="create in ru-moscow-1a")
+    err = by_code(status, code, message, where="create in ru-moscow-1a")
     assert type(err) is kind
     assert err.code == code
 

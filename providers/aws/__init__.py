@@ -47,10 +47,25 @@ SPEC = CloudSpec(
     ssh_user="provisioner",  # made by cloud-init on every cloud: one SSH user everywhere
     extra="aws",
     sdk=("boto3",),
-    # Spot is launched as one-time requests, which EC2 cannot stop ("You can only stop Spot
-    # Instances associated with persistent Spot Instance requests", UnsupportedOperation);
     # EC2 takes a MaxPrice; Stop/Start/TerminateInstances take up to 1,000 ids.
-    capabilities=Capabilities(stop_spot=False, cap_spot_price=True, zones=True, batch=True),
+    capabilities=Capabilities(
+        stop_spot=False,
+        cap_spot_price=True,
+        zones=True,
+        batch=True,
+        console_stop_of_spot=False,
+        why={
+            # Why one-time: providers/aws/adapter.py `_run_params`.
+            "stop_spot": "aws: spot machines are launched as one-time Spot requests, and EC2 "
+            'stops only Spot Instances of persistent requests ("You can only stop Spot '
+            'Instances associated with persistent Spot Instance requests", '
+            'UnsupportedOperation; EC2 User Guide, "Stop a Spot Instance" and "Behavior of '
+            'Spot Instance interruptions": the request type must be persistent)',
+            "console_stop_of_spot": "aws: a one-time spot instance cannot be stopped, from the "
+            "console either (UnsupportedOperation)",
+        },
+    ),
     prices_from="the Price List API (pricing:GetProducts) and EC2 spot price history; "
     "needs AWS credentials",
+    catalog_rows="providers.aws.prices:catalog_rows",
 )

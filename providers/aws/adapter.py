@@ -4,10 +4,10 @@ Zones are AZ ids (``use1-az1``), as in the catalog: AZ names are shuffled per ac
 not. ``launch`` accepts either and places by the account's name for that id.
 
 Credentials come only from boto3's default chain (environment, profile, SSO, instance role).
-botocore's own retries are off (``total_max_attempts=1``) so :func:`providers.retry.call_with_retry`
-is the one bounded retry. Launch is idempotent twice over: EC2 honours ``ClientToken``, and each
-attempt first looks for an instance already tagged with the token (covers a lost response on a
-backend that ignores the token, or a token past its expiry).
+botocore's own retries are off (``total_max_attempts=1``) so ``Provider.call`` is the one
+bounded retry. Launch is idempotent twice over: EC2 honours ``ClientToken``, and each attempt
+first looks for an instance already tagged with the token (covers a lost response on a backend
+that ignores the token, or a token past its expiry).
 """
 
 from __future__ import annotations
@@ -16,16 +16,15 @@ import re
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from functools import partial
-from typing import Any, TypeVar
+from typing import Any
 
-from providers.aws import SPEC, AWSOptions
-from providers.aws.errors import map_error
+from providers.aws import SPEC, AWSOptions, errors
+from providers.aws.network import SshGroups, tag_list
 from providers.base import (
     TAG_MACHINE,
     TAG_MANAGED_BY,
     TAG_MANAGED_BY_VALUE,
     AuthError,
-    CheckResult,
     Instance,
     InstanceRef,
     InvalidRequest,
@@ -37,16 +36,12 @@ from providers.base import (
     ProviderError,
     Throttled,
 )
-from providers.retry import call_with_retry
 from providers.userdata import cloud_init
-
-T = TypeVar("T")
 
 # Public SSM parameter of the "Deep Learning Base OSS Nvidia Driver GPU AMI (Ubuntu 22.04)".
 DEFAULT_IMAGE_PARAMETER = (
     "/aws/service/deeplearning/ami/x86_64/base-oss-nvidia-driver-gpu-ubuntu-22.04/latest/ami-id"
 )
-SSH_GROUP = "provisioner-ssh"
 # TerminateInstances takes "Up to 1000 instance IDs" a call (botocore's EC2 service model,
 # TerminateInstancesRequest.InstanceIds); StopInstances states no limit, and gets the same.
 BATCH_IDS = 1000
@@ -61,7 +56,6 @@ _STATES = {
     "shutting-down": MachineState.TERMINATED,  # cannot come back; billing has ended
     "terminated": MachineState.TERMINATED,
 }
-_IN_USE = ("pending", "running", "stopping", "stopped", "shutting-down")
 _STOPPED_OR_GONE = ("stopping", "stopped", "shutting-down", "terminated")
 _HALTED = (MachineState.STOPPING, MachineState.STOPPED, MachineState.TERMINATED)
 NO_CREDENTIALS = (
@@ -84,7 +78,7 @@ class AWSProvider(Provider):
         self._images: dict[str, str] = {}
         self._root_devices: dict[tuple[str, str], str] = {}
         self._zone_ids: dict[str, dict[str, str]] = {}  # region → {AZ name: AZ id}
-        self._groups: dict[tuple[str, str], str] = {}  # (region, subnet) → our SSH group
+        self._network = SshGroups(self)
 
     @property
     def regions(self) -> list[str]:
@@ -92,27 +86,22 @@ class AWSProvider(Provider):
 
     # --- contract -------------------------------------------------------------------------
 
-    def check(self) -> CheckResult:
+    def missing_setup(self) -> str | None:
         try:
             credentials = self._session().get_credentials()
         except Exception as exc:  # a broken profile/SSO config: say which kind, no traceback
-            return CheckResult(
-                "aws", False, f"aws: credentials could not be loaded ({type(exc).__name__})"
-            )
-        if credentials is None:
-            return CheckResult("aws", False, NO_CREDENTIALS)
+            return f"aws: credentials could not be loaded ({type(exc).__name__})"
+        return NO_CREDENTIALS if credentials is None else None
+
+    def probe(self) -> str:
         sts = self._client("sts", self.regions[0])
-        try:
-            ident = self._call(sts.get_caller_identity, "verify credentials")
-        except AuthError as exc:
-            return CheckResult("aws", False, f"aws: credentials were refused [{exc.code}]")
-        except ProviderError as exc:
-            return CheckResult(
-                "aws", False, f"aws: credentials found but could not be verified [{exc.code}]"
-            )
-        return CheckResult(
-            "aws", True, f"aws: credentials OK for account {ident['Account']} ({ident['Arn']})"
-        )
+        ident = self.call(sts.get_caller_identity, "verify credentials")
+        return f"aws: credentials OK for account {ident['Account']} ({ident['Arn']})"
+
+    def refusal(self, exc: ProviderError) -> str:
+        if isinstance(exc, AuthError):
+            return f"aws: credentials were refused [{exc.code}]"
+        return f"aws: credentials found but could not be verified [{exc.code}]"
 
     def launch(self, request: LaunchRequest) -> Instance:
         ec2 = self._client("ec2", request.region)
@@ -128,16 +117,15 @@ class AWSProvider(Provider):
 
         what = f"launch {request.instance_type} in {zone}"
         try:
-            raw = self._call(attempt, what)
+            raw = self.call(attempt, what)
         except InvalidRequest as exc:
             if exc.code != "InvalidGroup.NotFound" or self.options.security_group_ids:
                 raise
-            with self._lock:  # our group was removed (gc) since we found it: find or make it
-                self._groups.clear()
+            self._network.forget()  # our group was removed (gc) since we found it: find or make it
             params = self._run_params(
                 request, zone, image, params["BlockDeviceMappings"][0]["DeviceName"]
             )
-            raw = self._call(attempt, what)
+            raw = self.call(attempt, what)
         return self._instance(raw, request.region)
 
     def get(self, ref: InstanceRef) -> Instance:
@@ -157,7 +145,7 @@ class AWSProvider(Provider):
                 pages = ec2.get_paginator("describe_instances").paginate(Filters=filters)
                 return [raw for page in pages for raw in _instances(page)]
 
-            raws = self._call(fetch, "list instances")
+            raws = self.call(fetch, "list instances")
             found.extend(self._instance(raw, region) for raw in raws)
         return found
 
@@ -165,7 +153,7 @@ class AWSProvider(Provider):
         if self._describe(ref)["State"]["Name"] in _STOPPED_OR_GONE:
             return  # compute is not billed any more
         ec2 = self._client("ec2", ref.region)
-        self._call(lambda: ec2.stop_instances(InstanceIds=[ref.id]), f"stop {ref.id}")
+        self.call(lambda: ec2.stop_instances(InstanceIds=[ref.id]), f"stop {ref.id}")
 
     def start(self, ref: InstanceRef) -> None:
         state = self._describe(ref)["State"]["Name"]
@@ -176,12 +164,12 @@ class AWSProvider(Provider):
                 f"aws: {ref.id} is terminated and cannot be started", code="IncorrectInstanceState"
             )
         ec2 = self._client("ec2", ref.region)
-        self._call(lambda: ec2.start_instances(InstanceIds=[ref.id]), f"start {ref.id}")
+        self.call(lambda: ec2.start_instances(InstanceIds=[ref.id]), f"start {ref.id}")
 
     def terminate(self, ref: InstanceRef) -> None:
         ec2 = self._client("ec2", ref.region)
         try:
-            self._call(lambda: ec2.terminate_instances(InstanceIds=[ref.id]), f"terminate {ref.id}")
+            self.call(lambda: ec2.terminate_instances(InstanceIds=[ref.id]), f"terminate {ref.id}")
         except NotFound:
             return  # already gone
 
@@ -229,7 +217,7 @@ class AWSProvider(Provider):
             ids = list(left)
             what = f"{verb} {ids[0]}" if len(ids) == 1 else f"{verb} {len(ids)} instances"
             try:
-                answer = self._call(partial(call, InstanceIds=ids), what)
+                answer = self.call(partial(call, InstanceIds=ids), what)
             except ProviderError as e:
                 named = [i for i in dict.fromkeys(_INSTANCE_ID.findall(str(e))) if i in left]
                 for iid in named or ids:
@@ -248,42 +236,7 @@ class AWSProvider(Provider):
         return out
 
     def unused_network(self, *, remove: bool = False) -> list[str]:
-        """Our SSH security groups that no instance (not terminated) is in; deleted when
-        ``remove``. A group taken into use meanwhile refuses deletion and is kept."""
-        out = []
-        for region in self.regions:
-            out += self._unused_groups(region, remove)
-        if remove:
-            with self._lock:
-                self._groups.clear()
-        return out
-
-    def _unused_groups(self, region: str, remove: bool) -> list[str]:
-        ec2 = self._client("ec2", region)
-        ours = [
-            {"Name": "group-name", "Values": [SSH_GROUP]},
-            {"Name": f"tag:{TAG_MANAGED_BY}", "Values": [TAG_MANAGED_BY_VALUE]},
-        ]
-        groups = self._call(
-            lambda: ec2.describe_security_groups(Filters=ours)["SecurityGroups"],
-            f"list our security groups in {region}",
-        )
-        out = []
-        for group in groups:
-            gid = str(group["GroupId"])
-            users = [
-                {"Name": "instance.group-id", "Values": [gid]},
-                {"Name": "instance-state-name", "Values": list(_IN_USE)},
-            ]
-            if self._call(partial(_describe_instances, ec2, users), f"find instances in {gid}"):
-                continue
-            if remove:
-                try:
-                    self._call(partial(ec2.delete_security_group, GroupId=gid), f"delete {gid}")
-                except InvalidRequest:  # DependencyViolation: in use after all
-                    continue
-            out.append(f"security group {gid} ({SSH_GROUP}, {region}, {group.get('VpcId', '')})")
-        return out
+        return self._network.unused(remove)
 
     def fetch_offers(self) -> list[Offer]:
         from providers.aws.prices import fetch_offers
@@ -295,15 +248,13 @@ class AWSProvider(Provider):
             lambda region: self._client("ec2", region),
             self._zones,
             pricing,
-            self._call,
+            self.call,
         )
 
     # --- helpers --------------------------------------------------------------------------
 
-    def _call(self, fn: Callable[[], T], what: str) -> T:
-        """Run one AWS call: botocore errors → taxonomy; Throttled retried within the bound."""
-
-        return call_with_retry(fn, self.options, lambda exc: map_error(exc, what))
+    def map_error(self, exc: Exception, what: str) -> ProviderError | None:
+        return errors.map_error(exc, what)
 
     def _session(self) -> Any:
         with self._lock:
@@ -344,7 +295,7 @@ class AWSProvider(Provider):
 
     def _describe(self, ref: InstanceRef) -> dict[str, Any]:
         ec2 = self._client("ec2", ref.region)
-        found = self._call(
+        found = self.call(
             lambda: _instances(ec2.describe_instances(InstanceIds=[ref.id])), f"describe {ref.id}"
         )
         if not found:
@@ -357,7 +308,7 @@ class AWSProvider(Provider):
         """{AZ name: AZ id} of the region, as this account sees it."""
         if region not in self._zone_ids:
             ec2 = self._client("ec2", region)
-            zones = self._call(
+            zones = self.call(
                 lambda: ec2.describe_availability_zones()["AvailabilityZones"],
                 f"describe zones of {region}",
             )
@@ -386,7 +337,7 @@ class AWSProvider(Provider):
         if request.region not in self._images:
             ssm = self._client("ssm", request.region)
             try:
-                value = self._call(
+                value = self.call(
                     lambda: ssm.get_parameter(Name=DEFAULT_IMAGE_PARAMETER)["Parameter"]["Value"],
                     "resolve the default GPU image",
                 )
@@ -406,7 +357,7 @@ class AWSProvider(Provider):
         """The image's root device name, so the root volume mapping resizes the right disk."""
         if (region, image) not in self._root_devices:
             ec2 = self._client("ec2", region)
-            images = self._call(
+            images = self.call(
                 lambda: ec2.describe_images(ImageIds=[image])["Images"], f"describe {image}"
             )
             if not images:
@@ -415,137 +366,6 @@ class AWSProvider(Provider):
                 )
             self._root_devices[(region, image)] = images[0].get("RootDeviceName") or "/dev/sda1"
         return self._root_devices[(region, image)]
-
-    def _ssh_group(self, region: str, subnet: str | None) -> str:
-        """Our security group in the VPC the machine joins: found by name, else created with
-        22/tcp open to ``ssh_cidrs`` and tagged as ours (a VPC's default group admits only its
-        own members: no SSH from outside). Outbound stays open, as a new group's is."""
-        with self._lock:
-            key = (region, subnet or "")
-            if key in self._groups:
-                return self._groups[key]
-        ec2 = self._client("ec2", region)
-        vpc = self._vpc(ec2, region, subnet)
-        filters = [
-            {"Name": "group-name", "Values": [SSH_GROUP]},
-            {"Name": "vpc-id", "Values": [vpc]},
-        ]
-
-        def find() -> str | None:
-            groups = ec2.describe_security_groups(Filters=filters)["SecurityGroups"]
-            return str(groups[0]["GroupId"]) if groups else None
-
-        found = self._call(
-            lambda: ec2.describe_security_groups(Filters=filters)["SecurityGroups"],
-            f"find security group {SSH_GROUP} in {vpc}",
-        )
-        group = str(found[0]["GroupId"]) if found else None
-        if found:
-            self._sync_ssh_cidrs(ec2, found[0])
-        if group is None:
-            tags = _tag_list({TAG_MANAGED_BY: TAG_MANAGED_BY_VALUE, "Name": SSH_GROUP})
-
-            def create() -> str:
-                # Either call may act and lose its answer, and the retry then meets what it
-                # did: the group (InvalidGroup.Duplicate) or the rule (InvalidPermission.
-                # Duplicate, "the specified rule already exists" — EC2 API error codes).
-                try:
-                    made = ec2.create_security_group(
-                        GroupName=SSH_GROUP,
-                        Description="provisioner: SSH to GPU machines",
-                        VpcId=vpc,
-                        TagSpecifications=[{"ResourceType": "security-group", "Tags": tags}],
-                    )
-                    group_id = str(made["GroupId"])
-                except Exception as exc:  # made before: by another process, or by us
-                    if _code(exc) != "InvalidGroup.Duplicate":
-                        raise
-                    group_id = find() or ""
-                try:
-                    ec2.authorize_security_group_ingress(
-                        GroupId=group_id,
-                        IpPermissions=[
-                            {
-                                "IpProtocol": "tcp",
-                                "FromPort": 22,
-                                "ToPort": 22,
-                                "IpRanges": [
-                                    {"CidrIp": c, "Description": "provisioner SSH"}
-                                    for c in self.options.ssh_cidrs
-                                ],
-                            }
-                        ],
-                    )
-                except Exception as exc:
-                    if _code(exc) != "InvalidPermission.Duplicate":
-                        raise
-                return group_id
-
-            group = self._call(create, f"create security group {SSH_GROUP} in {vpc}")
-        with self._lock:
-            self._groups[key] = group
-        return group
-
-    def _sync_ssh_cidrs(self, ec2: Any, group: Mapping[str, Any]) -> None:
-        """``ssh_cidrs`` changed since our group was made: admit the CIDRs now listed, revoke
-        the ones no longer listed (22/tcp only). A group of that name not tagged ours is the
-        user's, used as it is. Another process doing the same at once is no error."""
-        tags = {t.get("Key"): t.get("Value") for t in group.get("Tags") or []}
-        if tags.get(TAG_MANAGED_BY) != TAG_MANAGED_BY_VALUE:
-            return
-        have = {
-            r["CidrIp"]
-            for p in group.get("IpPermissions") or []
-            if (p.get("IpProtocol"), p.get("FromPort"), p.get("ToPort")) == ("tcp", 22, 22)
-            for r in p.get("IpRanges") or []
-        }
-        want = list(dict.fromkeys(self.options.ssh_cidrs))
-        gid = str(group["GroupId"])
-        for verb, cidrs, benign in (
-            ("authorize", [c for c in want if c not in have], "InvalidPermission.Duplicate"),
-            ("revoke", sorted(have - set(want)), "InvalidPermission.NotFound"),
-        ):
-            if not cidrs:
-                continue
-            call = getattr(ec2, f"{verb}_security_group_ingress")
-            permission = {
-                "IpProtocol": "tcp",
-                "FromPort": 22,
-                "ToPort": 22,
-                "IpRanges": [
-                    {
-                        "CidrIp": c,
-                        **({"Description": "provisioner SSH"} if verb == "authorize" else {}),
-                    }
-                    for c in cidrs
-                ],
-            }
-            try:
-                self._call(
-                    partial(call, GroupId=gid, IpPermissions=[permission]),
-                    f"{verb} SSH from {', '.join(cidrs)} in {gid}",
-                )
-            except InvalidRequest as exc:
-                if exc.code != benign:
-                    raise
-
-    def _vpc(self, ec2: Any, region: str, subnet: str | None) -> str:
-        if subnet:
-            found = self._call(
-                lambda: ec2.describe_subnets(SubnetIds=[subnet])["Subnets"], f"find {subnet}"
-            )
-            return str(found[0]["VpcId"])
-        vpcs = self._call(
-            lambda: ec2.describe_vpcs(Filters=[{"Name": "isDefault", "Values": ["true"]}])["Vpcs"],
-            f"find the default VPC of {region}",
-        )
-        if not vpcs:
-            raise InvalidRequest(
-                f"aws: {region} has no default VPC: set clouds.aws.subnet_id (or subnet_ids), "
-                "or create one with `aws ec2 create-default-vpc`",
-                code="NoDefaultVpc",
-            )
-        return str(vpcs[0]["VpcId"])
 
     def _run_params(
         self, request: LaunchRequest, zone: str, image: str, root_device: str
@@ -560,8 +380,8 @@ class AWSProvider(Provider):
             "ClientToken": request.token,
             "Placement": {"AvailabilityZone": zone},
             "TagSpecifications": [
-                {"ResourceType": "instance", "Tags": _tag_list(instance_tags)},
-                {"ResourceType": "volume", "Tags": _tag_list(tags)},
+                {"ResourceType": "instance", "Tags": tag_list(instance_tags)},
+                {"ResourceType": "volume", "Tags": tag_list(tags)},
             ],
             "BlockDeviceMappings": [
                 {
@@ -587,7 +407,7 @@ class AWSProvider(Provider):
         if subnet:
             params["SubnetId"] = subnet
         params["SecurityGroupIds"] = list(
-            self.options.security_group_ids or [self._ssh_group(request.region, subnet)]
+            self.options.security_group_ids or [self._network.group(request.region, subnet)]
         )
         # IMDSv2 only, one hop: the instance's credentials are not readable by a container or
         # by a plain GET from anything on the machine (clouds.md, AWS networking).
@@ -649,20 +469,6 @@ def _shared_loader() -> Any:
 
             _loader = create_loader()
         return _loader
-
-
-def _code(exc: Exception) -> str | None:
-    """The AWS error code of a botocore ClientError; None for anything else (a lost answer)."""
-    response = getattr(exc, "response", None) or {}
-    return response.get("Error", {}).get("Code")
-
-
-def _tag_list(tags: Mapping[str, str]) -> list[dict[str, str]]:
-    return [{"Key": key, "Value": str(value)} for key, value in tags.items()]
-
-
-def _describe_instances(ec2: Any, filters: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return _instances(ec2.describe_instances(Filters=filters))
 
 
 def _instances(response: Mapping[str, Any]) -> list[dict[str, Any]]:

@@ -65,9 +65,9 @@ INVALID_CODES = frozenset(
 )
 
 
-def map_error(exc: Exception, what: str) -> Exception:
-    """The taxonomy error for a botocore exception (``what`` names the call), or ``exc``
-    itself when it is not a botocore error. The AWS error code is kept in ``.code``."""
+def map_error(exc: Exception, what: str) -> ProviderError | None:
+    """The taxonomy error for a botocore exception (``what`` names the call), or None when it
+    is not a botocore error. The AWS error code is kept in ``.code``."""
     from botocore import exceptions as bx
     from botocore.parsers import ResponseParserError
 
@@ -76,7 +76,7 @@ def map_error(exc: Exception, what: str) -> Exception:
         code = str(err.get("Code") or "Unknown")
         status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0)
         message = f"aws: {what}: {err.get('Message') or code} [{code}]"
-        return _by_code(code, status, message)
+        return by_code(code, status, message)
     if isinstance(exc, bx.NoCredentialsError | bx.PartialCredentialsError):
         return AuthError(f"aws: {what}: no credentials found", code="NoCredentialsError")
     if isinstance(exc, bx.SSOError | bx.TokenRetrievalError | bx.CredentialRetrievalError):
@@ -89,10 +89,11 @@ def map_error(exc: Exception, what: str) -> Exception:
         )
     if isinstance(exc, bx.BotoCoreError):
         return ProviderError(f"aws: {what}: {exc}", code=type(exc).__name__)
-    return exc
+    return None
 
 
-def _by_code(code: str, status: int, message: str) -> ProviderError:
+def by_code(code: str, status: int, message: str) -> ProviderError:
+    """One AWS error code (and HTTP status) → the taxonomy."""
     if code in CAPACITY_CODES:
         return CapacityError(message, code=code)
     if code in QUOTA_CODES:

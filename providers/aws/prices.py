@@ -7,14 +7,18 @@ instance type: Linux, shared tenancy, no pre-installed software, used capacity).
 
 from __future__ import annotations
 
+import csv
 import json
 from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
 from decimal import Decimal, InvalidOperation
+from pathlib import Path
 from typing import Any
 
+from providers import reference
 from providers.base import Offer
 from providers.gpus import GPUS
+from providers.reference import dec, num
 
 # instance type → (normalised GPU, GPUs per instance)
 GPU_TYPES: dict[str, tuple[str, int]] = {
@@ -193,3 +197,39 @@ def _quantity(text: str) -> Decimal:
 def _plain(value: Decimal) -> Decimal:
     """Drop trailing zeros without going to exponent form ('32.7726000000' → 32.7726)."""
     return value.quantize(Decimal(1)) if value == value.to_integral_value() else value.normalize()
+
+
+# --- the shipped catalog, from reference price files ---------------------------------------
+
+
+def catalog_rows(ref: Path) -> list[dict[str, Any]]:
+    """The shipped catalog's rows (built by provisioner/data/catalog/build.py)."""
+    src = reference.SKYPILOT.format(path="aws/vms.csv", commit="00148f2a")
+    rows: list[dict[str, Any]] = []
+    for r in csv.DictReader((ref / "aws_gpu_vms.csv").open()):
+        count = Decimal(r["AcceleratorCount"])
+        if count < 1 or (r["AcceleratorName"] == "H200" and not r["Price"]):
+            continue  # fractional L4 slices (g6f/gr6f) are not whole GPUs
+        mem_gb = reference.GPU_MEMORY[
+            r["AcceleratorName"]
+        ]  # nominal, as users ask for it (A10G = 24 GB)
+        gpu = r["AcceleratorName"]
+        rows.append(
+            dict(
+                cloud="aws",
+                region=r["Region"],
+                zone=r["AvailabilityZone"],
+                instance_type=r["InstanceType"],
+                gpu=gpu,
+                gpu_count=int(count),
+                gpu_memory_gb=mem_gb,
+                vcpus=num(r["vCPUs"]),
+                memory_gb=num(r["MemoryGiB"]),
+                price=dec(r["Price"]),
+                spot_price=dec(r["SpotPrice"]),
+                currency="USD",
+                accelerator="",
+                source=src + "; zone is the AZ id",
+            )
+        )
+    return rows

@@ -42,7 +42,18 @@ SPEC = CloudSpec(
     extra="azure",
     sdk=("azure.mgmt.compute", "azure.mgmt.network", "azure.identity"),
     # Spot VMs with evictionPolicy Deallocate can be deallocated and started; billingProfile
-    # takes a maxPrice; Azure prices per region (zones are placement only).
-    capabilities=Capabilities(stop_spot=True, cap_spot_price=True, zones=False, batch=False),
+    # takes a maxPrice.
+    capabilities=Capabilities(
+        stop_spot=True,
+        cap_spot_price=True,
+        zones=False,
+        batch=False,
+        why={
+            "zones": "azure: prices are per region (the Retail Prices API's armRegionName); a "
+            "zone is placement only",
+            "batch": "azure: every virtualMachines call names one VM",
+        },
+    ),
     prices_from="the Retail Prices API; public, no credentials",
+    catalog_rows="providers.azure.prices:catalog_rows",
 )

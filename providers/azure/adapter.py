@@ -10,13 +10,13 @@ import os
 import re
 import shutil
 import threading
-from collections.abc import Callable, Mapping, Sequence
-from datetime import UTC, datetime, timedelta
+from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any, TypeVar
-from urllib.parse import quote, urlsplit
+from urllib.parse import urlsplit
 
-from providers.azure import SPEC, AzureOptions, prices
+from providers.azure import SPEC, AzureOptions, activity, errors, prices
+from providers.azure.network import Network, ip_name, nic_name
 from providers.base import (
     PARALLEL_OPERATIONS,
     TAG_MACHINE,
@@ -24,7 +24,6 @@ from providers.base import (
     TAG_MANAGED_BY_VALUE,
     AuthError,
     CapacityError,
-    CheckResult,
     Instance,
     InstanceRef,
     InvalidRequest,
@@ -37,35 +36,14 @@ from providers.base import (
     QuotaError,
     Throttled,
 )
-from providers.retry import call_with_retry
 
 T = TypeVar("T")
 
 # Ubuntu 22.04 HPC image from the Data Science VM team: NVIDIA driver, CUDA, InfiniBand stack.
 ARM_SCOPE = "https://management.azure.com/.default"
-ACTIVITY_API_VERSION = "2015-04-01"
 _LOOPBACK = {"127.0.0.1", "localhost", "::1"}
-_SSH_RULE = "provisioner-ssh"  # our inbound rule's name in our NSG
+_NO_ANSWER = "NoAnswer"  # check's probe got no answer in time
 
-_CAPACITY = {
-    "SkuNotAvailable",
-    "AllocationFailed",
-    "ZonalAllocationFailed",
-    "OverconstrainedAllocationRequest",
-    "OverconstrainedZonalAllocationRequest",
-    "SpotPriceGreaterThanProvidedMaxPrice",
-}
-_QUOTA = {"QuotaExceeded", "ResourceQuotaExceeded"}
-_AUTH = {
-    "AuthenticationFailed",
-    "AuthorizationFailed",
-    "InvalidAuthenticationToken",
-    "InvalidAuthenticationTokenTenant",
-    "ExpiredAuthenticationToken",
-    "LinkedAuthorizationFailed",
-    "ClientAuthenticationError",
-}
-_NOT_FOUND = {"ResourceNotFound", "NotFound", "ResourceGroupNotFound"}
 _POWER = {
     "starting": MachineState.PENDING,
     "running": MachineState.RUNNING,
@@ -96,7 +74,7 @@ class AzureProvider(Provider):
         self._supplied_credential = credential
         self._sdk: tuple[Any, Any] | None = None
         self._lock = threading.Lock()
-        self._groups: dict[str, str] = {}  # region -> our SSH NSG's id
+        self._network = Network(self)
 
     # --- configuration
 
@@ -160,7 +138,7 @@ class AzureProvider(Provider):
                         code="NoSubscription",
                     )
                 credential = self._credential()
-                # Our call_with_retry is the one retry bound, so the SDK's own retries are off.
+                # Provider.call is the one retry bound, so the SDK's own retries are off.
                 kwargs: dict[str, Any] = {"retry_total": 0}
                 if self.options.poll_seconds is not None:
                     kwargs["polling_interval"] = self.options.poll_seconds
@@ -178,15 +156,13 @@ class AzureProvider(Provider):
 
     # --- calls: error mapping, retry, long-running operations
 
-    def _call(self, fn: Callable[[], T]) -> T:
-        """Run one SDK call with errors mapped to the taxonomy and Throttled retried."""
-
-        return call_with_retry(fn, self.options, _map_error)
+    def map_error(self, exc: Exception, what: str) -> ProviderError | None:
+        return errors.map_error(exc, what)
 
     def _wait(self, begin: Callable[..., Any]) -> Any:
         """Start a long-running operation and wait for its end. A throttled poll resumes the same
         operation from its continuation token rather than starting it again."""
-        poller = self._call(begin)
+        poller = self.call(begin)
         if poller is None:
             return None
         token = poller.continuation_token()
@@ -196,65 +172,67 @@ class AzureProvider(Provider):
             current = pollers.pop() if pollers else begin(continuation_token=token)
             return current.result()
 
-        return self._call(result)
+        return self.call(result)
 
     # --- the contract
 
-    def check(self) -> CheckResult:
-        source = self._credential_source()
-        if source is None:
-            return CheckResult(
-                self.name,
-                False,
-                (
-                    "azure: no credentials found (set AZURE_CLIENT_ID, AZURE_TENANT_ID and "
-                    "AZURE_CLIENT_SECRET, run `az login`, or set managed_identity: true on an "
-                    "Azure VM)"
-                ),
+    def missing_setup(self) -> str | None:
+        if self._credential_source() is None:
+            return (
+                "azure: no credentials found (set AZURE_CLIENT_ID, AZURE_TENANT_ID and "
+                "AZURE_CLIENT_SECRET, run `az login`, or set managed_identity: true on an "
+                "Azure VM)"
             )
-        subscription = self._subscription_id()
-        if not subscription:
-            return CheckResult(
-                self.name,
-                False,
-                "azure: no subscription (set AZURE_SUBSCRIPTION_ID or subscription_id in settings)",
+        if not self._subscription_id():
+            return (
+                "azure: no subscription (set AZURE_SUBSCRIPTION_ID or subscription_id in settings)"
             )
+        return None
+
+    def probe(self) -> str:
+        """The first page of the resource group's VMs, given ``timeout_seconds`` (a thread: an
+        unreachable ARM endpoint must not hang ``check``)."""
         timeout = self.options.timeout_seconds
         outcome: list[BaseException | None] = []
 
-        def probe() -> None:
+        def first_page() -> None:
             try:
                 compute, _ = self._clients()
                 pages = compute.virtual_machines.list(self.resource_group).by_page()
                 next(pages, None)
                 outcome.append(None)
             except BaseException as err:
-                outcome.append(_map_error(err) or err)
+                outcome.append(errors.map_error(err) or err)
 
-        worker = threading.Thread(target=probe, daemon=True)
+        worker = threading.Thread(target=first_page, daemon=True)
         worker.start()
         worker.join(timeout)
-        where = f"subscription {subscription}, resource group {self.resource_group}"
         if not outcome:
-            return CheckResult(
-                self.name, False, f"azure: no answer within {timeout:g}s using {source} ({where})"
-            )
+            raise Throttled(f"azure: no answer within {timeout:g}s", code=_NO_ANSWER)
         err = outcome[0]
-        if err is None:
-            return CheckResult(self.name, True, f"azure: OK, {source} reaches {where}")
-        if isinstance(err, NotFound):
-            return CheckResult(
-                self.name,
-                False,
-                (
-                    f"azure: {source} works but resource group {self.resource_group} was not found "
-                    f"in subscription {subscription} (create it, with a VNet and subnet per region)"
-                ),
+        if isinstance(err, ProviderError):
+            raise err
+        if err is not None:
+            raise ProviderError(str(err).strip() or type(err).__name__)
+        return f"azure: OK, {self._credential_source()} reaches {self._where()}"
+
+    def refusal(self, exc: ProviderError) -> str:
+        source, where = self._credential_source(), self._where()
+        if exc.code == _NO_ANSWER:
+            return f"{exc.args[0]} using {source} ({where})"
+        if isinstance(exc, NotFound):
+            return (
+                f"azure: {source} works but resource group {self.resource_group} was not found "
+                f"in subscription {self._subscription_id()} (create it, with a VNet and subnet "
+                "per region)"
             )
-        first_line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        if isinstance(err, AuthError):
-            return CheckResult(self.name, False, f"azure: {source} refused: {first_line}")
-        return CheckResult(self.name, False, f"azure: {first_line} ({where})")
+        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        if isinstance(exc, AuthError):
+            return f"azure: {source} refused: {first_line}"
+        return f"azure: {first_line} ({where})"
+
+    def _where(self) -> str:
+        return f"subscription {self._subscription_id()}, resource group {self.resource_group}"
 
     def launch(self, request: LaunchRequest) -> Instance:
         from azure.core import MatchConditions
@@ -266,8 +244,8 @@ class AzureProvider(Provider):
         create_ip = partial(
             network.public_ip_addresses.begin_create_or_update,
             rg,
-            _ip_name(name),
-            self._ip_body(request),
+            ip_name(name),
+            self._network.ip_body(request),
         )
 
         def begin_create(**kwargs: Any) -> Any:
@@ -283,25 +261,25 @@ class AzureProvider(Provider):
 
         foreign = False
         try:
-            group = self._ssh_group(request.region)
+            group = self._network.ssh_group(request.region)
             for _ in range(2):
                 # A public IP (Standard, static) on the NIC: without one nobody can reach the VM,
                 # and on a subnet without default outbound access it cannot reach the internet.
                 # Inside the loop: clearing a failed attempt below deletes it with the NIC.
                 public_ip = self._wait(create_ip)
-                nic_body = self._nic_body(request, public_ip.id, group)
+                nic_body = self._network.nic_body(request, public_ip.id, group)
                 nic = self._wait(
                     partial(
                         network.network_interfaces.begin_create_or_update,
                         rg,
-                        _nic_name(name),
+                        nic_name(name),
                         nic_body,
                     )
                 )
                 vm = self._wait(begin_create)
                 if vm is not None:
                     break
-                vm = self._call(lambda: compute.virtual_machines.get(rg, name))
+                vm = self.call(lambda: compute.virtual_machines.get(rg, name))
                 foreign = (vm.tags or {}).get(TAG_MACHINE) != request.labels.get(TAG_MACHINE)
                 if foreign or vm.provisioning_state != "Failed":
                     break  # someone else's VM, or the earlier attempt of this same intent
@@ -313,8 +291,8 @@ class AzureProvider(Provider):
             raise
         if foreign:
             for begin in (  # our NIC and public IP, unless that VM uses them
-                partial(network.network_interfaces.begin_delete, rg, _nic_name(name)),
-                partial(network.public_ip_addresses.begin_delete, rg, _ip_name(name)),
+                partial(network.network_interfaces.begin_delete, rg, nic_name(name)),
+                partial(network.public_ip_addresses.begin_delete, rg, ip_name(name)),
             ):
                 with contextlib.suppress(ProviderError):
                     self._wait(begin)
@@ -322,23 +300,23 @@ class AzureProvider(Provider):
                 f"azure: a VM named {name} already exists in {rg} and is not this machine",
                 code="Conflict",
             )
-        view = self._call(lambda: compute.virtual_machines.instance_view(rg, name))
+        view = self.call(lambda: compute.virtual_machines.instance_view(rg, name))
         private_ip = nic.ip_configurations[0].private_ip_address if nic.ip_configurations else None
         return self._instance(vm, view.statuses, private_ip, public_ip.ip_address)
 
     def get(self, ref: InstanceRef) -> Instance:
         compute, network = self._clients()
         rg, name = self._locate(ref)
-        vm = self._call(lambda: compute.virtual_machines.get(rg, name, expand="instanceView"))
+        vm = self.call(lambda: compute.virtual_machines.get(rg, name, expand="instanceView"))
         private_ip = public_ip = None
         try:
-            nic = self._call(lambda: network.network_interfaces.get(rg, _nic_name(name)))
+            nic = self.call(lambda: network.network_interfaces.get(rg, nic_name(name)))
             config = nic.ip_configurations[0]
             private_ip = config.private_ip_address
             ip_id = config.public_ip_address.id if config.public_ip_address else None
             if ip_id:  # the address is held by the public IP resource, not the NIC
                 ip_rg, ip_name = _network_name(ip_id)
-                ip = self._call(lambda: network.public_ip_addresses.get(ip_rg or rg, ip_name))
+                ip = self.call(lambda: network.public_ip_addresses.get(ip_rg or rg, ip_name))
                 public_ip = ip.ip_address
         except (NotFound, IndexError, TypeError):
             pass  # no NIC (or public IP) any more: the VM's own state still answers
@@ -352,7 +330,7 @@ class AzureProvider(Provider):
         rg, wanted = self.resource_group, set(regions or self.regions)
         try:
             # ARM cannot filter VMs by tag: list the resource group (all pages), filter here.
-            vms = self._call(lambda: list(compute.virtual_machines.list(rg)))
+            vms = self.call(lambda: list(compute.virtual_machines.list(rg)))
         except NotFound:
             return []
         addresses: dict[str, str | None] | None = None
@@ -364,13 +342,13 @@ class AzureProvider(Provider):
             if machine_id is not None and tags.get(TAG_MACHINE) != machine_id:
                 continue
             try:
-                view = self._call(partial(compute.virtual_machines.instance_view, rg, vm.name))
+                view = self.call(partial(compute.virtual_machines.instance_view, rg, vm.name))
             except NotFound:
                 continue  # deleted while we listed
             if addresses is None:  # one listing of the group's public IPs serves every VM
-                ips = self._call(lambda: list(network.public_ip_addresses.list(rg)))
+                ips = self.call(lambda: list(network.public_ip_addresses.list(rg)))
                 addresses = {(ip.name or "").lower(): ip.ip_address for ip in ips}
-            public_ip = addresses.get(_ip_name(vm.name).lower())
+            public_ip = addresses.get(ip_name(vm.name).lower())
             found.append(self._instance(vm, view.statuses, public_ip=public_ip))
         return found
 
@@ -387,60 +365,7 @@ class AzureProvider(Provider):
         self._remove_vm(self._locate(ref)[1])
 
     def unused_network(self, *, remove: bool = False) -> list[str]:
-        """Our pieces in the resource group that no VM uses: NICs attached to no VM, public IPs
-        held by no NIC (or only by such a NIC), NSGs no NIC (but such a NIC) is in. Removed
-        when ``remove``, NICs first (a public IP cannot go while a NIC holds it). ARM refuses
-        to delete one taken into use meanwhile; it is kept."""
-        _, network = self._clients()
-        rg = self.resource_group
-
-        def ours(resources: Any) -> list[Any]:
-            try:
-                listed = self._call(lambda: list(resources.list(rg)))
-            except NotFound:  # no resource group: nothing of ours
-                return []
-            return [
-                r
-                for r in listed
-                if (r.tags or {}).get(TAG_MANAGED_BY) == TAG_MANAGED_BY_VALUE
-                and r.location in self.regions
-            ]
-
-        nics = [n for n in ours(network.network_interfaces) if n.virtual_machine is None]
-        free = {str(n.id).lower() for n in nics}
-
-        def nic_of(config_id: str | None) -> str:
-            return (config_id or "").lower().split("/ipconfigurations/")[0]
-
-        ips = [
-            ip
-            for ip in ours(network.public_ip_addresses)
-            if ip.ip_configuration is None or nic_of(ip.ip_configuration.id) in free
-        ]
-        groups = [
-            g
-            for g in ours(network.network_security_groups)
-            if not g.subnets and all(str(n.id).lower() in free for n in g.network_interfaces or [])
-        ]
-        out = []
-        for kind, items, delete in (
-            ("network interface", nics, network.network_interfaces.begin_delete),
-            ("public IP", ips, network.public_ip_addresses.begin_delete),
-            ("network security group", groups, network.network_security_groups.begin_delete),
-        ):
-            for item in items:
-                if remove:
-                    try:
-                        self._wait(partial(delete, rg, item.name))
-                    except InvalidRequest:  # in use after all (NicInUse, …CannotBeDeleted)
-                        continue
-                address = getattr(item, "ip_address", None)
-                where = f"{item.location}, {address}" if address else item.location
-                out.append(f"{kind} {item.name} ({where}, resource group {rg})")
-        if remove:
-            with self._lock:
-                self._groups.clear()
-        return out
+        return self._network.unused(remove)
 
     def fetch_offers(self) -> list[Offer]:
         return prices.fetch_offers(self.regions, self.options)
@@ -461,8 +386,8 @@ class AzureProvider(Provider):
         rg = self.resource_group
         for begin in (
             partial(compute.virtual_machines.begin_delete, rg, name),
-            partial(network.network_interfaces.begin_delete, rg, _nic_name(name)),
-            partial(network.public_ip_addresses.begin_delete, rg, _ip_name(name)),
+            partial(network.network_interfaces.begin_delete, rg, nic_name(name)),
+            partial(network.public_ip_addresses.begin_delete, rg, ip_name(name)),
             partial(compute.disks.begin_delete, rg, _disk_name(name)),
         ):
             with contextlib.suppress(NotFound):
@@ -475,138 +400,12 @@ class AzureProvider(Provider):
         rg, name = self.resource_group, request.name
         with contextlib.suppress(ProviderError):
             try:
-                vm = self._call(lambda: compute.virtual_machines.get(rg, name))
+                vm = self.call(lambda: compute.virtual_machines.get(rg, name))
                 if (vm.tags or {}).get(TAG_MACHINE) != request.labels.get(TAG_MACHINE):
                     return  # not ours: never delete it
             except NotFound:
                 pass
             self._remove_vm(name)
-
-    def _ssh_group(self, region: str) -> str:
-        """Our network security group in ``region``: found by name, else created with 22/tcp open
-        to ``ssh_cidrs`` and tagged as ours. A Standard public IP is closed to inbound traffic
-        until an NSG admits it. Outbound stays open (the default AllowInternetOutBound rule).
-        When ``ssh_cidrs`` changed since, our rule is rewritten to the new list; a group of
-        that name not tagged ours is the user's, used as it is."""
-        with self._lock:
-            if region in self._groups:
-                return self._groups[region]
-        from azure.mgmt.network import models
-
-        _, network = self._clients()
-        rg, name = self.resource_group, _nsg_name(region)
-        try:
-            group = self._call(lambda: network.network_security_groups.get(rg, name))
-        except NotFound:
-            body = models.NetworkSecurityGroup(  # type: ignore[call-overload]
-                location=region,
-                tags={TAG_MANAGED_BY: TAG_MANAGED_BY_VALUE},
-                security_rules=[self._ssh_rule()],
-            )
-            # PUT by name: a concurrent creator's PUT lands on the same group, never a second.
-            group = self._wait(
-                partial(network.network_security_groups.begin_create_or_update, rg, name, body)
-            )
-        else:
-            ours = (group.tags or {}).get(TAG_MANAGED_BY) == TAG_MANAGED_BY_VALUE
-            rule = next((r for r in group.security_rules or [] if r.name == _SSH_RULE), None)
-            admitted = (
-                (rule.source_address_prefixes or [rule.source_address_prefix]) if rule else []
-            )
-            if ours and admitted != list(self.options.ssh_cidrs):
-                # The rule alone (Security Rules - Create Or Update): the group's other rules
-                # and its NIC associations stay as they are.
-                self._wait(
-                    partial(
-                        network.security_rules.begin_create_or_update,
-                        rg,
-                        name,
-                        _SSH_RULE,
-                        self._ssh_rule(),
-                    )
-                )
-        with self._lock:
-            self._groups[region] = group.id
-        return str(group.id)
-
-    def _ssh_rule(self) -> Any:
-        """Our inbound rule: 22/tcp from ``ssh_cidrs``."""
-        from azure.mgmt.network import models
-
-        cidrs = list(self.options.ssh_cidrs)
-        source: dict[str, Any] = (
-            {"source_address_prefix": cidrs[0]}
-            if len(cidrs) == 1
-            else {"source_address_prefixes": cidrs}
-        )
-        return models.SecurityRule(  # type: ignore[call-overload]
-            name=_SSH_RULE,
-            description="provisioner: SSH to GPU machines",
-            protocol="Tcp",
-            source_port_range="*",
-            destination_port_range="22",
-            destination_address_prefix="*",
-            access="Allow",
-            direction="Inbound",
-            priority=1000,
-            **source,
-        )
-
-    def _ip_body(self, request: LaunchRequest) -> Any:
-        from azure.mgmt.network import models
-
-        # Standard SKU (Basic is retired) is static-only. Zone-redundant by default where the
-        # region has zones, so it serves a VM in any zone.
-        return models.PublicIPAddress(  # type: ignore[call-overload]
-            location=request.region,
-            tags=dict(request.labels),
-            sku=models.PublicIPAddressSku(name="Standard", tier="Regional"),
-            public_ip_allocation_method="Static",
-            public_ip_address_version="IPv4",
-        )
-
-    def _nic_body(self, request: LaunchRequest, public_ip_id: str, group_id: str) -> Any:
-        from azure.mgmt.network import models
-
-        # The flattened keywords (ip_configurations=…, subnet=…) are what every supported
-        # azure-mgmt-network accepts; the newer SDK's overloads declare only ``properties=``
-        # although its __init__ still takes them, hence the ignores.
-        return models.NetworkInterface(  # type: ignore[call-overload]
-            location=request.region,
-            tags=dict(request.labels),
-            ip_configurations=[
-                models.NetworkInterfaceIPConfiguration(  # type: ignore[call-overload]
-                    name="ipconfig1",
-                    subnet=models.Subnet(id=self._subnet_id(request.region)),
-                    private_ip_allocation_method="Dynamic",
-                    # deleteOption is honoured as set here, on the NIC's reference, not in the
-                    # public IP's own body (Azure/azure-sdk-for-java#38806).
-                    public_ip_address=models.PublicIPAddress(  # type: ignore[call-overload]
-                        id=public_ip_id, delete_option="Delete"
-                    ),
-                )
-            ],
-            network_security_group=models.NetworkSecurityGroup(id=group_id),
-        )
-
-    def _nic_id(self, vm_name: str) -> str:
-        return (
-            f"/subscriptions/{self._subscription_id()}/resourceGroups/{self.resource_group}"
-            f"/providers/Microsoft.Network/networkInterfaces/{_nic_name(vm_name)}"
-        )
-
-    def _subnet_id(self, region: str) -> str:
-        configured = self.options.subnet_id
-        if isinstance(configured, Mapping):
-            configured = configured.get(region)
-        if configured:
-            return str(configured)
-        vnet = self.options.vnet.format(region=region)
-        subnet = self.options.subnet.format(region=region)
-        return (
-            f"/subscriptions/{self._subscription_id()}/resourceGroups/{self.resource_group}"
-            f"/providers/Microsoft.Network/virtualNetworks/{vnet}/subnets/{subnet}"
-        )
 
     def _vm_body(self, request: LaunchRequest) -> Any:
         from azure.mgmt.compute import models
@@ -648,7 +447,7 @@ class AzureProvider(Provider):
         )
         if request.user_data:
             os_profile.custom_data = base64.b64encode(request.user_data.encode()).decode()
-        # Flattened keywords as in _nic_body: accepted at run time by every supported
+        # Flattened keywords as in network.nic_body: accepted at run time by every supported
         # azure-mgmt-compute, missing from the newer SDK's overloads (only ``properties=``).
         return models.VirtualMachine(  # type: ignore[call-overload]
             location=request.region,
@@ -671,7 +470,7 @@ class AzureProvider(Provider):
             network_profile=models.NetworkProfile(
                 network_interfaces=[
                     models.NetworkInterfaceReference(  # type: ignore[call-overload]
-                        id=self._nic_id(request.name), primary=True, delete_option="Delete"
+                        id=self._network.nic_id(request.name), primary=True, delete_option="Delete"
                     )
                 ]
             ),
@@ -697,7 +496,7 @@ class AzureProvider(Provider):
         else:
             state = _POWER.get(power, MachineState.PENDING)
         if state is MachineState.STOPPED and power == "deallocated" and spot:
-            evicted, why = self._evicted(vm)
+            evicted, why = activity.evicted(self, vm)
             if evicted:
                 state = MachineState.PREEMPTED
             reason = ", ".join(filter(None, [reason, why]))
@@ -715,80 +514,6 @@ class AzureProvider(Provider):
             launched_at=vm.time_created,
             state_reason=reason,
         )
-
-    def _evicted(self, vm: Any) -> tuple[bool, str | None]:
-        """Was this deallocated Spot VM evicted (rather than stopped by someone)?
-
-        The instance view of an evicted VM reads exactly like a user's deallocate
-        (``PowerState/deallocated``). The record that tells them apart is the Activity Log: ARM
-        writes ``Microsoft.Compute/virtualMachines/evictSpotVM/action`` (caller "Azure") when it
-        evicts, and ``…/deallocate/action`` or ``…/powerOff/action`` for a stop. The newer of the
-        two decides. The log is read through the compute client's own pipeline (credential,
-        endpoint), so no monitor SDK is needed. Limits: the log lags by minutes (a VM evicted just
-        now reads STOPPED until it catches up) and keeps 90 days. If it cannot be read the VM stays
-        STOPPED and the reason says why.
-        """
-        compute, _ = self._clients()
-        now = self.clock()
-        since = max(vm.time_created or now, now - timedelta(days=89)) - timedelta(minutes=5)
-        query = f"eventTimestamp ge '{since:%Y-%m-%dT%H:%M:%SZ}' and resourceUri eq '{vm.id}'"
-        url: str | None = (
-            f"/subscriptions/{self._subscription_id()}/providers/Microsoft.Insights/eventtypes/"
-            f"management/values?api-version={ACTIVITY_API_VERSION}&$filter={quote(query)}"
-            "&$select=eventTimestamp,operationName,status"
-        )
-        latest: dict[str, datetime] = {}
-        try:
-            while url:
-                page = self._call(partial(_get_json, compute, url))
-                for event in page.get("value", []):
-                    operation = (event.get("operationName") or {}).get("value", "").lower()
-                    status = (event.get("status") or {}).get("value", "")
-                    kind = (
-                        "evict"
-                        if operation.endswith("/evictspotvm/action")
-                        else "stop"
-                        if operation.endswith(("/deallocate/action", "/poweroff/action"))
-                        else None
-                    )
-                    if kind and status != "Failed":
-                        at = _parse_time(event["eventTimestamp"])
-                        latest[kind] = max(latest.get(kind, at), at)
-                url = page.get("nextLink")
-        except ProviderError as err:
-            return False, f"activity log unreadable ({err.code or err})"
-        if "evict" in latest and latest["evict"] > latest.get(
-            "stop", datetime.min.replace(tzinfo=UTC)
-        ):
-            return True, "Microsoft.Compute/virtualMachines/evictSpotVM/action"
-        return False, None
-
-
-def _get_json(compute: Any, url: str) -> dict:
-    from azure.core.rest import HttpRequest
-
-    response = compute.send_request(HttpRequest("GET", url))
-    response.raise_for_status()
-    return response.json()
-
-
-def _parse_time(text: str) -> datetime:
-    """ARM timestamps carry up to 7 fractional digits; Python takes 6."""
-    text = re.sub(r"(\.\d{6})\d+", r"\1", text.replace("Z", "+00:00"))
-    parsed = datetime.fromisoformat(text)
-    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
-
-
-def _nic_name(vm_name: str) -> str:
-    return f"{vm_name}-nic"
-
-
-def _ip_name(vm_name: str) -> str:
-    return f"{vm_name}-ip"
-
-
-def _nsg_name(region: str) -> str:
-    return f"provisioner-ssh-{region}"
 
 
 def _network_name(resource_id: str) -> tuple[str | None, str]:
@@ -824,51 +549,3 @@ def _plain_http_bearer(credential: Any) -> Any:
             super().on_request(request)
 
     return PlainHttpBearer(credential, ARM_SCOPE)
-
-
-def _map_error(err: BaseException) -> ProviderError | None:
-    """An azure-core exception → the taxonomy (None for anything else). The ARM error code is
-    in ``HttpResponseError.error.code``, both for a refused request and a failed operation."""
-    from azure.core.exceptions import (
-        ClientAuthenticationError,
-        HttpResponseError,
-        ServiceRequestError,
-        ServiceResponseError,
-    )
-
-    if isinstance(err, ProviderError):
-        return err
-    if isinstance(err, ServiceRequestError | ServiceResponseError):
-        return Throttled(f"azure: {_first_line(err)}", code=type(err).__name__)
-    if not isinstance(err, HttpResponseError):
-        return None
-    error = getattr(err, "error", None)
-    code = getattr(error, "code", None) or None
-    message = getattr(error, "message", None) or _first_line(err)
-    status = err.status_code
-    text = f"azure: {code}: {message}" if code else f"azure: {message}"
-    if isinstance(err, ClientAuthenticationError) and status in (None, 401):
-        # DefaultAzureCredential's first line is generic; the sign-in's own answer (an AADSTS
-        # code and its text, never the secret) is on the line of the credential that tried.
-        aadsts = [line.strip() for line in str(err).splitlines() if "AADSTS" in line]
-        if aadsts:
-            text = f"azure: {aadsts[0]}"
-        return AuthError(text, code=code or "ClientAuthenticationError")
-    if status == 429 or code == "TooManyRequests":
-        return Throttled(text, code=code or "TooManyRequests")
-    if code in _CAPACITY:
-        return CapacityError(text, code=code)
-    if code in _QUOTA or (code == "OperationNotAllowed" and "quota" in message.lower()):
-        return QuotaError(text, code=code, scope="region")  # Azure vCPU quotas are regional
-    if code in _AUTH or (status in (401, 403) and code != "RequestDisallowedByPolicy"):
-        return AuthError(text, code=code)
-    if code in _NOT_FOUND or status == 404:
-        return NotFound(text, code=code or "NotFound")
-    if status is not None and status >= 500:
-        return Throttled(text, code=code or str(status))
-    return InvalidRequest(text, code=code)
-
-
-def _first_line(err: BaseException) -> str:
-    text = str(err).strip()
-    return text.splitlines()[0] if text else type(err).__name__

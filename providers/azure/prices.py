@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import json
 import urllib.error
 import urllib.request
@@ -10,10 +11,13 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from decimal import Decimal
 from functools import partial
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
-from providers.base import InvalidRequest, Offer, Throttled
+from providers import reference
+from providers.base import InvalidRequest, Offer, Throttled, paginate
+from providers.reference import dec, num
 from providers.retry import call_with_retry
 
 if TYPE_CHECKING:
@@ -108,11 +112,11 @@ def _kind(item: Mapping[str, Any]) -> str | None:
 
 
 def _items(url: str, timeout: float, options: AzureOptions) -> Iterator[dict]:
-    next_url: str | None = url
-    while next_url:
-        page = call_with_retry(partial(_get_json, next_url, timeout), options)
-        yield from page.get("Items", [])
-        next_url = page.get("NextPageLink")
+    def page(next_url: str | None) -> tuple[list[dict], str | None]:
+        got = call_with_retry(partial(_get_json, next_url or url, timeout), options)
+        return got.get("Items", []), got.get("NextPageLink")
+
+    return paginate(page, url)
 
 
 def _get_json(url: str, timeout: float) -> dict:
@@ -124,3 +128,44 @@ def _get_json(url: str, timeout: float) -> dict:
         raise kind(f"azure prices: HTTP {err.code} from {url}", code=str(err.code)) from err
     except urllib.error.URLError as err:
         raise Throttled(f"azure prices: {err.reason}", code="URLError") from err
+
+
+# --- the shipped catalog, from reference price files ---------------------------------------
+
+
+def catalog_rows(ref: Path) -> list[dict[str, Any]]:
+    """The shipped catalog's rows (built by provisioner/data/catalog/build.py)."""
+    src = (
+        "SkyPilot catalog v8 fork coopslarhette/skypilot-catalog (azure/vms.csv @ 20291d7e), "
+        "copied 2026-11-30"
+    )
+    rows: list[dict[str, Any]] = []
+    for r in csv.DictReader((ref / "azure_gpu_vms.csv").open()):
+        gpu, count, note = r["AcceleratorName"], int(Decimal(r["AcceleratorCount"])), ""
+        if r["InstanceType"] == "Standard_ND96isr_H100_v5":
+            count, note = 8, "; GPU count corrected 12->8 (the VM has 8 H100)"
+        mem = reference.GPU_MEMORY[gpu]
+        if r["InstanceType"].startswith("Standard_NC") and gpu == "H100":
+            mem, note = 94, note + "; H100 NVL (94 GB)"
+        spot = r["SpotPrice"]
+        if spot and spot == r["Price"]:
+            spot, note = "", note + "; no real spot price published (source repeats on-demand)"
+        rows.append(
+            dict(
+                cloud="azure",
+                region=r["Region"],
+                zone="",
+                instance_type=r["InstanceType"],
+                gpu=gpu,
+                gpu_count=count,
+                gpu_memory_gb=mem,
+                vcpus=num(r["vCPUs"]),
+                memory_gb=num(r["MemoryGiB"]),
+                price=dec(r["Price"]),
+                spot_price=dec(spot),
+                currency="USD",
+                accelerator="",
+                source=src + note,
+            )
+        )
+    return rows

@@ -36,8 +36,18 @@ SPEC = CloudSpec(
     ssh_user="provisioner",
     extra="gcp",
     sdk=("google.cloud.compute_v1",),
-    # Spot VMs with instanceTerminationAction=STOP stop and start again; Spot has no price cap;
-    # every instance call names one instance.
-    capabilities=Capabilities(stop_spot=True, cap_spot_price=False, zones=True, batch=False),
+    # Spot VMs with instanceTerminationAction=STOP stop and start again.
+    capabilities=Capabilities(
+        stop_spot=True,
+        cap_spot_price=False,
+        zones=True,
+        batch=False,
+        why={
+            "cap_spot_price": "gcp: Spot VMs take no maximum price; they are billed at the "
+            "current Spot price (compute/docs/instances/spot)",
+            "batch": "gcp: every Compute Engine instances call names one instance",
+        },
+    ),
     prices_from="the Cloud Billing Catalog API; needs an API key in PROVISIONER_GCP_API_KEY",
+    catalog_rows="providers.gcp.prices:catalog_rows",
 )

@@ -10,13 +10,11 @@ set without ``httpErrorStatusCode``). The SDK is imported inside methods only.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import os
 import re
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
-from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -27,7 +25,6 @@ from providers.base import (
     TAG_MANAGED_BY_VALUE,
     AuthError,
     CapacityError,
-    CheckResult,
     Instance,
     InstanceRef,
     InvalidRequest,
@@ -37,11 +34,11 @@ from providers.base import (
     Offer,
     Provider,
     ProviderError,
-    QuotaError,
     Throttled,
 )
-from providers.gcp import SPEC, GCPOptions, prices
-from providers.retry import call_with_retry, wait_until
+from providers.gcp import SPEC, GCPOptions, errors, prices
+from providers.gcp.network import SSH_TAG, Firewall, last
+from providers.retry import wait_until
 
 T = TypeVar("T")
 
@@ -50,15 +47,6 @@ PREEMPTED = "compute.instances.preempted"
 NO_CREDENTIALS = (
     "gcp: no credentials found (run `gcloud auth application-default login` "
     "or set GOOGLE_APPLICATION_CREDENTIALS to a service-account key file)"
-)
-# SSH reachability, as SkyPilot and dstack do it on GCP: a firewall rule of ours admitting
-# tcp:22 from `ssh_cidrs` to instances carrying our network tag. Firewall rule names are unique
-# per project, not per network (cloud.google.com/firewall/docs/using-firewalls), so the rule's
-# name carries its network's (dstack names its rule "dstack-ssh-in-" + the network the same way).
-SSH_TAG = "provisioner-ssh"
-SSH_RULE = "provisioner-allow-ssh"
-_NETWORK_URL = re.compile(
-    r"(?:(?:https://[^/]+/compute/v1/)?projects/([^/]+)/)?global/networks/([a-z0-9-]+)"
 )
 # requestId = uuid5(namespace, token/zone/name): the same intent in the same place is one request.
 _REQUEST_NAMESPACE = uuid.UUID("5d0b7a52-54c4-4a9c-9a55-0c2f5bd6d8a1")
@@ -73,49 +61,10 @@ _STATES = {
     "SUSPENDED": MachineState.STOPPED,
     "TERMINATED": MachineState.STOPPED,
 }
-# Zone-level failures: the next zone may well work. ZONE_RESOURCE_POOL_EXHAUSTED(_WITH_DETAILS)
-# are Google's resource-availability errors (compute/docs/troubleshooting/
-# troubleshooting-resource-availability); SkyPilot's GCP failover also blocks the zone on
-# UNSUPPORTED_OPERATION (a Spot VM preempted while it was being created) and insufficientCapacity.
-_CAPACITY = {
-    "ZONE_RESOURCE_POOL_EXHAUSTED",
-    "ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS",
-    "UNSUPPORTED_OPERATION",
-    "insufficientCapacity",
-}
-# An attachable GPU the zone does not offer: a synchronous 400 badRequest "The resource
-# 'projects/P/zones/Z/acceleratorTypes/A' was not found". The zone lacks the type, so the launch
-# is a CapacityError (the failover blocks the zone and moves on), not an InvalidRequest (which
-# blocks nothing, so every other host shape in the same zone would be refused the same way).
-_ACCELERATOR_MISSING = re.compile(r"/zones/[^/']+/acceleratorTypes/[^/']+' was not found")
-# A machine type / disk type / accelerator combination the series cannot take. GCE has been seen
-# to carry it under a capacity code too (scylladb/scylla-cluster-tests, capacity_errors.py): no
-# other zone can fix it, so it is never a CapacityError.
-_INCOMPATIBLE = "features are not compatible for creating instance"
-_NO_NETWORK = "referenced network resource cannot be found"
-# An organization policy refusing a request names its constraint ("Constraint constraints/
-# compute.<name> violated for project ...", HTTP 412 conditionNotMet, as GCE answers for
-# requireShieldedVm and vmExternalIpAccess). With compute.requireOsLogin enforced, "requests that
-# set enable-oslogin to false in VM or project metadata are rejected" (compute/docs/oslogin/
-# manage-oslogin-in-an-org): our metadata SSH key cannot be used in that project.
-_OS_LOGIN_ENFORCED = "constraints/compute.requireOsLogin"
-OS_LOGIN_HINT = (
-    " (your organization enforces OS Login, so the metadata SSH key provisioner logs in with is "
-    "refused: ask an organization policy admin to exempt this project from "
-    "constraints/compute.requireOsLogin, or set `project` in the gcp settings to one without it)"
-)
 # Boot disk type per machine series. A3 Ultra (H200) boots from Hyperdisk only; N1 and A2 take
 # no Hyperdisk Balanced; pd-balanced suits every other series we launch (A2, A3 High/Mega, G2,
 # N1). Sources: compute/docs/accelerator-optimized-machines and compute/docs/disks/hyperdisks.
 _HYPERDISK_BOOT = ("a3-ultragpu-",)
-_QUOTA = {"QUOTA_EXCEEDED", "quotaExceeded"}
-_THROTTLED = {
-    "rateLimitExceeded",
-    "userRateLimitExceeded",
-    "RATE_LIMIT_EXCEEDED",
-    "backendError",
-    "RESOURCE_OPERATION_RATE_EXCEEDED",
-}
 
 
 class GCPProvider(Provider):
@@ -132,19 +81,16 @@ class GCPProvider(Provider):
         super().__init__(options, **kwargs)
         self._auth: tuple[Any, str | None] | None = None
         self._clients: dict[str, Any] | None = None
-        self._ssh_rules: set[tuple[str, str]] = set()  # (project, network) with our rule
+        self._firewall = Firewall(self)
 
     # --- contract --------------------------------------------------------------------------
 
-    def check(self) -> CheckResult:
-        try:
-            project = self._project()
-            from google.cloud import compute_v1
+    def probe(self) -> str:
+        project = self._project()
+        from google.cloud import compute_v1
 
-            request = compute_v1.AggregatedListInstancesRequest(project=project, max_results=1)
-            self._call(lambda: self._instances().aggregated_list(request=request, retry=None))
-        except ProviderError as exc:
-            return CheckResult(self.name, False, _sentence(exc))
+        request = compute_v1.AggregatedListInstancesRequest(project=project, max_results=1)
+        self.call(lambda: self._instances().aggregated_list(request=request, retry=None))
         note = ""
         with contextlib.suppress(ProviderError):  # only a hint: reading it may not be allowed
             if self._project_os_login(project):
@@ -153,13 +99,16 @@ class GCPProvider(Provider):
                     "provisioner's key works, unless the organization enforces it "
                     "(constraints/compute.requireOsLogin: then ask for this project's exemption)"
                 )
-        return CheckResult(
-            self.name, True, f"gcp: credentials accepted for project {project}{note}"
-        )
+        return f"gcp: credentials accepted for project {project}{note}"
+
+    def refusal(self, exc: ProviderError) -> str:
+        if isinstance(exc, AuthError) and exc.code in ("noCredentials", "noProject"):
+            return str(exc.args[0])
+        return f"gcp: check failed: {str(exc).removeprefix('gcp: ')}"
 
     def _project_os_login(self, project: str) -> bool:
         """Does the project's metadata set enable-oslogin (as SkyPilot reads it)?"""
-        found = self._call(lambda: self._client("projects").get(project=project, retry=None))
+        found = self.call(lambda: self._client("projects").get(project=project, retry=None))
         items = found.common_instance_metadata.items
         value = next((i.value for i in items if i.key == "enable-oslogin"), "")
         return value.strip().lower() == "true"
@@ -176,9 +125,9 @@ class GCPProvider(Provider):
             instance_resource=self._instance_resource(request),
             request_id=request_id(request),
         )
-        self._ensure_ssh_rule()
+        self._firewall.ensure()
         try:
-            operation = self._call(
+            operation = self.call(
                 lambda: self._instances().insert_unary(request=insert, retry=None)
             )
         except InvalidRequest as exc:
@@ -200,7 +149,7 @@ class GCPProvider(Provider):
 
     def get(self, ref: InstanceRef) -> Instance:
         zone = _zone_of(ref)
-        instance = self._call(
+        instance = self.call(
             lambda: self._instances().get(
                 project=self._project(), zone=zone, instance=ref.name or ref.id, retry=None
             )
@@ -224,11 +173,9 @@ class GCPProvider(Provider):
             pager = self._instances().aggregated_list(request=request, retry=None)
             return [item for _, scoped in pager for item in scoped.instances]
 
-        found = self._call(every_page)
+        found = self.call(every_page)
         return [
-            self._to_instance(item)
-            for item in found
-            if prices.region_of(_last(item.zone)) in wanted
+            self._to_instance(item) for item in found if prices.region_of(last(item.zone)) in wanted
         ]
 
     def stop(self, ref: InstanceRef) -> None:
@@ -244,60 +191,7 @@ class GCPProvider(Provider):
             return
 
     def unused_network(self, *, remove: bool = False) -> list[str]:
-        """Our SSH firewall rules (``provisioner-allow-ssh-*`` admitting our tag) on a network
-        where no instance of ours is, in any zone and any state but deleted (a stopped one needs
-        its rule again when started); deleted when ``remove``. Firewall rules are global, so
-        every zone of the project is asked, not only the configured regions."""
-        from google.cloud import compute_v1
-
-        project = self._project()
-        listing = compute_v1.ListFirewallsRequest(project=project, max_results=500)
-        rules = self._call(
-            lambda: list(self._client("firewalls").list(request=listing, retry=None))
-        )
-        ours = [
-            r
-            for r in rules
-            if r.name.startswith(f"{SSH_RULE}-") and list(r.target_tags) == [SSH_TAG]
-        ]
-        if not ours:
-            return []
-        instances = compute_v1.AggregatedListInstancesRequest(
-            project=project,
-            filter=f'(labels.{TAG_MANAGED_BY} = "{TAG_MANAGED_BY_VALUE}")',
-            max_results=500,
-        )
-
-        def every_page() -> list[Any]:
-            pager = self._instances().aggregated_list(request=instances, retry=None)
-            return [item for _, scoped in pager for item in scoped.instances]
-
-        in_use = {
-            _last(nic.network)
-            for item in self._call(every_page)
-            if SSH_TAG in item.tags.items
-            for nic in item.network_interfaces
-        }
-        out = []
-        for rule in ours:
-            network = _last(rule.network)
-            if network in in_use:
-                continue
-            if remove:
-                delete = compute_v1.DeleteFirewallRequest(
-                    project=project, firewall=rule.name, request_id=str(uuid.uuid4())
-                )
-                try:
-                    operation = self._call(
-                        partial(self._client("firewalls").delete_unary, request=delete, retry=None)
-                    )
-                    self._wait_global(operation, project)
-                except NotFound:
-                    pass  # someone else removed it meanwhile
-            out.append(f"firewall rule {rule.name} (network {network}, tcp:22 to {SSH_TAG})")
-        if remove:
-            self._ssh_rules.clear()
-        return out
+        return self._firewall.unused(remove)
 
     def fetch_offers(self) -> list[Offer]:
         return prices.fetch_offers(self.options)
@@ -342,7 +236,7 @@ class GCPProvider(Provider):
         # managing-instance-access); the instance's own value overrides the project's (compute/
         # docs/oslogin), so our key works in such projects too, as Datalab and Packer do it
         # (googledatalab/datalab#1930, hashicorp/packer-plugin-googlecompute#241). An organization
-        # enforcing compute.requireOsLogin refuses this: see _OS_LOGIN_ENFORCED.
+        # enforcing compute.requireOsLogin refuses this: see errors._OS_LOGIN_ENFORCED.
         items = [
             compute_v1.Items(key="install-nvidia-driver", value="True"),
             compute_v1.Items(key="enable-oslogin", value="FALSE"),
@@ -387,85 +281,6 @@ class GCPProvider(Provider):
             ],
         )
 
-    def _ensure_ssh_rule(self) -> None:
-        """Our firewall rule on the machine's network: found by name, else created (awaited as
-        the global operation it is). A create that loses a race to another process (409
-        alreadyExists) uses the rule that process made."""
-        from google.cloud import compute_v1
-
-        network = self.options.network
-        match = _NETWORK_URL.fullmatch(network)
-        project = (match.group(1) if match else None) or self._project()
-        if (project, network) in self._ssh_rules:
-            return
-        network_name = match.group(2) if match else _last(network)
-        name = ssh_rule_name(network_name)
-        rule = self._find_rule(project, name)
-        if rule is None:
-            firewall = compute_v1.Firewall(
-                name=name,
-                network=network,
-                description="provisioner: SSH to GPU machines",
-                direction="INGRESS",
-                priority=1000,
-                allowed=[compute_v1.Allowed(I_p_protocol="tcp", ports=["22"])],
-                source_ranges=list(self.options.ssh_cidrs),
-                target_tags=[SSH_TAG],
-            )
-            insert = compute_v1.InsertFirewallRequest(
-                project=project, firewall_resource=firewall, request_id=str(uuid.uuid4())
-            )
-            try:
-                operation = self._call(
-                    lambda: self._client("firewalls").insert_unary(request=insert, retry=None)
-                )
-                self._wait_global(operation, project)
-            except InvalidRequest as exc:
-                if exc.code != "alreadyExists":
-                    raise
-            except NotFound as exc:  # the one resource a firewall insert names is its network
-                raise InvalidRequest(
-                    f"gcp: network {network} was not found in project {project} (set "
-                    "`network`/`subnetwork` in the gcp settings to a VPC network of this project)",
-                    code=exc.code,
-                ) from exc
-
-            def made() -> Any:  # another process's create may still be under way
-                found = self._find_rule(project, name)
-                if found is None:
-                    raise Throttled(f"gcp: firewall rule {name} not there yet", code="notFound")
-                return found
-
-            rule = self._call(made)
-        if _last(rule.network) != network_name:
-            raise InvalidRequest(
-                f"gcp: firewall rule {name} belongs to network {_last(rule.network)}, "
-                f"not {network_name}",
-                code="firewallNetworkMismatch",
-            )
-        if sorted(rule.source_ranges) != sorted(self.options.ssh_cidrs):
-            # ssh_cidrs changed in the settings: the rule follows (firewalls.patch replaces the
-            # list fields it is given, and only those)
-            patch = compute_v1.PatchFirewallRequest(
-                project=project,
-                firewall=name,
-                firewall_resource=compute_v1.Firewall(source_ranges=list(self.options.ssh_cidrs)),
-                request_id=str(uuid.uuid4()),
-            )
-            operation = self._call(
-                lambda: self._client("firewalls").patch_unary(request=patch, retry=None)
-            )
-            self._wait_global(operation, project)
-        self._ssh_rules.add((project, network))
-
-    def _find_rule(self, project: str, name: str) -> Any | None:
-        try:
-            return self._call(
-                lambda: self._client("firewalls").get(project=project, firewall=name, retry=None)
-            )
-        except NotFound:
-            return None
-
     def _adopt(self, ref: InstanceRef, request: LaunchRequest, exc: ProviderError) -> Instance:
         """A 409 on our name: ours if it carries the same machine label (a retry whose
         requestId the cloud no longer remembers), else someone else's instance."""
@@ -485,7 +300,7 @@ class GCPProvider(Provider):
         zone = _zone_of(ref)
         # One requestId per call: a retry after a lost answer joins the first operation.
         call_id = str(uuid.uuid4())
-        operation = self._call(
+        operation = self.call(
             lambda: getattr(self._instances(), method)(
                 request={
                     "project": self._project(),
@@ -520,7 +335,7 @@ class GCPProvider(Provider):
 
         status_done = compute_v1.Operation.Status.DONE
         operation, finished = wait_until(
-            lambda: self._call(wait),
+            lambda: self.call(wait),
             lambda op: op.status == status_done,
             timeout=self.options.operation_timeout_seconds,
             interval=0,
@@ -532,7 +347,7 @@ class GCPProvider(Provider):
                 code="operationTimeout",
             )
         if operation.error.errors:
-            raise operation_error(operation)
+            raise errors.operation_error(operation)
 
     def _was_preempted(self, instance: Any, zone: str) -> bool:
         """A preempted-operation for this instance since it last started."""
@@ -543,7 +358,7 @@ class GCPProvider(Provider):
             zone=zone,
             filter=f'(operationType = "{PREEMPTED}") AND (targetId = {instance.id})',
         )
-        operations = self._call(lambda: list(self._operations().list(request=request, retry=None)))
+        operations = self.call(lambda: list(self._operations().list(request=request, retry=None)))
         started = _timestamp(instance.last_start_timestamp)
         return any(
             started is None or (_timestamp(op.insert_time) or started) >= started
@@ -551,7 +366,7 @@ class GCPProvider(Provider):
         )
 
     def _to_instance(self, item: Any) -> Instance:
-        zone = _last(item.zone)
+        zone = last(item.zone)
         spot = item.scheduling.provisioning_model == "SPOT" or bool(item.scheduling.preemptible)
         state = _STATES.get(item.status, MachineState.PENDING)
         reason = item.status_message or None
@@ -564,7 +379,7 @@ class GCPProvider(Provider):
             name=item.name,
             region=prices.region_of(zone),
             zone=zone,
-            instance_type=_last(item.machine_type),
+            instance_type=last(item.machine_type),
             state=state,
             spot=spot,
             labels=dict(item.labels),
@@ -576,8 +391,8 @@ class GCPProvider(Provider):
 
     # --- plumbing --------------------------------------------------------------------------
 
-    def _call(self, fn: Callable[[], T]) -> T:
-        return call_with_retry(fn, self.options, map_exception)
+    def map_error(self, exc: Exception, what: str) -> ProviderError | None:
+        return errors.map_error(exc, what)
 
     def _credentials(self) -> tuple[Any, str | None]:
         if self._auth is None:
@@ -648,16 +463,6 @@ def request_id(request: LaunchRequest) -> str:
     return str(uuid.uuid5(_REQUEST_NAMESPACE, f"{request.token}/{request.zone}/{request.name}"))
 
 
-def ssh_rule_name(network: str) -> str:
-    """``provisioner-allow-ssh-<network>``, kept within the 63 characters a name may have (a
-    long network name is cut and a hash of it appended, so two never share a rule)."""
-    name = f"{SSH_RULE}-{network}"
-    if len(name) <= 63:
-        return name
-    digest = hashlib.sha256(network.encode()).hexdigest()[:8]
-    return f"{SSH_RULE}-{network[:31]}-{digest}"
-
-
 def label_value(text: str) -> str:
     """GCP label values: lowercase ``[a-z0-9_-]``, at most 63 characters."""
     return re.sub(r"[^a-z0-9_-]", "-", str(text).lower())[:63]
@@ -699,74 +504,10 @@ def boot_disk_type(instance_type: str) -> str:
     return "pd-balanced"
 
 
-def classify(code: str, message: str, status: int | None = None) -> ProviderError:
-    """One GCP error (HTTP reason or operation error code) → the taxonomy."""
-    text = message if message.startswith("gcp:") else f"gcp: {message}"
-    if _INCOMPATIBLE in message:
-        return InvalidRequest(text, code=code)
-    if _OS_LOGIN_ENFORCED in message:
-        return InvalidRequest(text + OS_LOGIN_HINT, code=code)
-    if _NO_NETWORK in message:
-        hint = " (set `network`/`subnetwork` in the gcp settings to a VPC network of this project)"
-        return InvalidRequest(text + hint, code=code)
-    if code in _CAPACITY or any(c in message for c in _CAPACITY):
-        return CapacityError(text, code=code)
-    if _ACCELERATOR_MISSING.search(message):
-        return CapacityError(text, code=code)
-    if code in _QUOTA:
-        quota = re.search(r"Quota '([A-Z0-9_-]+)'", message)
-        everywhere = "globally" in message or bool(quota and "ALL_REGIONS" in quota.group(1))
-        return QuotaError(text, code=code, scope="cloud" if everywhere else "region")
-    if code in _THROTTLED or status == 429 or (status or 0) >= 500:
-        return Throttled(text, code=code)
-    if status in (401, 403):
-        return AuthError(text, code=code)
-    if status == 404 or code in ("notFound", "RESOURCE_NOT_FOUND"):
-        return NotFound(text, code=code)
-    return InvalidRequest(text, code=code)
-
-
-def map_exception(exc: BaseException) -> ProviderError | None:
-    import requests
-    from google.api_core import exceptions as api_exceptions
-    from google.auth import exceptions as auth_exceptions
-
-    if isinstance(exc, api_exceptions.GoogleAPICallError):
-        reasons = [e.get("reason", "") for e in exc.errors or () if isinstance(e, dict)]
-        code = next((r for r in reasons if r), None) or exc.reason or type(exc).__name__
-        status = exc.code if isinstance(exc.code, int) else None
-        return classify(code, exc.message or str(exc), status)
-    if isinstance(exc, auth_exceptions.GoogleAuthError):
-        return AuthError(
-            f"gcp: credentials refused ({type(exc).__name__}: {exc})", code=type(exc).__name__
-        )
-    if isinstance(exc, requests.exceptions.RequestException):
-        return Throttled(f"gcp: API unreachable ({type(exc).__name__})", code=type(exc).__name__)
-    return None
-
-
-def operation_error(operation: Any) -> ProviderError:
-    errors = list(operation.error.errors)
-    code = errors[0].code
-    message = "; ".join(e.message for e in errors if e.message) or code
-    status = operation.http_error_status_code or None
-    return classify(code, message, status)
-
-
-def _sentence(exc: ProviderError) -> str:
-    if isinstance(exc, AuthError) and exc.code in ("noCredentials", "noProject"):
-        return exc.args[0]
-    return f"gcp: check failed: {str(exc).removeprefix('gcp: ')}"
-
-
 def _zone_of(ref: InstanceRef) -> str:
     if not ref.zone:
         raise InvalidRequest(f"gcp: instance {ref.name or ref.id} has no zone", code="noZone")
     return ref.zone
-
-
-def _last(url: str) -> str:
-    return url.rsplit("/", 1)[-1]
 
 
 def _timestamp(text: str) -> datetime | None:

@@ -20,6 +20,7 @@ so it never appears in a URL, a log line or an error message.
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import urllib.error
@@ -30,10 +31,13 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from decimal import ROUND_HALF_UP, Decimal
 from functools import partial
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from providers.base import AuthError, InvalidRequest, Offer, Throttled
+from providers import reference
+from providers.base import AuthError, InvalidRequest, Offer, Throttled, paginate
 from providers.gpus import GPUS
+from providers.reference import dec, num
 from providers.retry import call_with_retry
 
 if TYPE_CHECKING:
@@ -237,18 +241,16 @@ def fetch_offers(options: GCPOptions) -> list[Offer]:
 
 def fetch_skus(endpoint: str, key: str, options: GCPOptions) -> list[dict[str, Any]]:
     """Every Compute Engine SKU, following ``nextPageToken`` to the end."""
-    skus: list[dict[str, Any]] = []
-    token = ""
-    while True:
+
+    def page(token: str | None) -> tuple[list[dict[str, Any]], str | None]:
         query = {"pageSize": "5000", "currencyCode": "USD"}
         if token:
             query["pageToken"] = token
         url = f"{endpoint}/v1/services/{COMPUTE_SERVICE}/skus?{urllib.parse.urlencode(query)}"
-        page = call_with_retry(partial(_get_json, url, key), options)
-        skus.extend(page.get("skus", []))
-        token = page.get("nextPageToken") or ""
-        if not token:
-            return skus
+        got = call_with_retry(partial(_get_json, url, key), options)
+        return got.get("skus", []), got.get("nextPageToken")
+
+    return list(paginate(page))
 
 
 def build_offers(
@@ -395,3 +397,82 @@ def _billing_error(status: int, body: bytes) -> Exception:
     if status in (401, 403) or "API_KEY" in code or "API key" in message:
         return AuthError(text, code=code)
     return InvalidRequest(text, code=code)
+
+
+# --- the shipped catalog, from reference price files ---------------------------------------
+
+
+CATALOG_HOSTS = {  # (gpu, count) -> host types (SkyPilot's _ACC_INSTANCE_TYPE_DICTS)
+    **{("A100", n): [f"a2-highgpu-{n}g"] for n in (1, 2, 4, 8)},
+    ("A100", 16): ["a2-megagpu-16g"],
+    **{("A100-80GB", n): [f"a2-ultragpu-{n}g"] for n in (1, 2, 4, 8)},
+    **{("H100", n): [f"a3-highgpu-{n}g"] for n in (1, 2, 4, 8)},
+    ("H100-MEGA", 8): ["a3-megagpu-8g"],
+    ("H200", 8): ["a3-ultragpu-8g"],
+    ("L4", 1): [
+        "g2-standard-4",
+        "g2-standard-8",
+        "g2-standard-12",
+        "g2-standard-16",
+        "g2-standard-32",
+    ],
+    ("L4", 2): ["g2-standard-24"],
+    ("L4", 4): ["g2-standard-48"],
+    ("L4", 8): ["g2-standard-96"],
+}
+CATALOG_N1_HOSTS = {
+    1: ["n1-standard-4", "n1-standard-8"],
+    2: ["n1-standard-8", "n1-standard-16"],
+    4: ["n1-standard-16"],
+    8: ["n1-standard-16"],
+}
+CATALOG_ACCEL = {"T4": "nvidia-tesla-t4", "V100": "nvidia-tesla-v100"}
+
+
+def catalog_rows(ref: Path) -> list[dict[str, Any]]:
+    """The shipped catalog's rows (built by provisioner/data/catalog/build.py)."""
+    src = reference.SKYPILOT.format(path="gcp/vms.csv", commit="006059e0") + "; price = host + GPUs"
+    hosts = {
+        (r["InstanceType"], r["AvailabilityZone"]): r
+        for name in ("gcp_gpu_hosts.csv", "gcp_n1_hosts.csv")
+        for r in csv.DictReader((ref / name).open())
+    }
+    rows: list[dict[str, Any]] = []
+
+    def add(sum_of: list[str], g: dict, h: dict, gpu: str, count: int, accel: str) -> None:
+        price = spot = None
+        if g["Price"] and h["Price"]:
+            price = Decimal(g["Price"]) + Decimal(h["Price"])
+        if g["SpotPrice"] and h["SpotPrice"]:
+            spot = Decimal(g["SpotPrice"]) + Decimal(h["SpotPrice"])
+        family = {"A100-80GB": "A100-80GB", "H100-MEGA": "H100"}.get(gpu, gpu)
+        rows.append(
+            dict(
+                cloud="gcp",
+                region=g["Region"],
+                zone=g["AvailabilityZone"],
+                instance_type=h["InstanceType"],
+                gpu=family,
+                gpu_count=count,
+                gpu_memory_gb=reference.GPU_MEMORY[gpu],
+                vcpus=num(h["vCPUs"]),
+                memory_gb=num(h["MemoryGiB"]),
+                price=dec(str(price or "")),
+                spot_price=dec(str(spot or "")),
+                currency="USD",
+                accelerator=accel,
+                source=src,
+            )
+        )
+
+    for g in csv.DictReader((ref / "gcp_gpu_vms.csv").open()):
+        gpu, count = g["AcceleratorName"], int(Decimal(g["AcceleratorCount"]))
+        if gpu in CATALOG_ACCEL:
+            types, accel = CATALOG_N1_HOSTS.get(count, []), CATALOG_ACCEL[gpu]
+        else:
+            types, accel = CATALOG_HOSTS.get((gpu, count), []), ""
+        for t in types:
+            h = hosts.get((t, g["AvailabilityZone"]))
+            if h:
+                add([], g, h, gpu, count, accel)
+    return rows

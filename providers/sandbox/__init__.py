@@ -4,6 +4,8 @@ with typed options, one registry line, its catalog rows (``provisioner/data/cata
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from pydantic import Field
 
 from providers.spec import Capabilities, CloudSpec, Count, Name, Options, Seconds, Wait
@@ -13,7 +15,7 @@ class SandboxOptions(Options):
     """Faults set here hold from the start; :meth:`SandboxProvider.inject` changes them at run
     time for every process sharing the sandbox."""
 
-    db_path: Name | None = None  # its own SQLite file; the app puts it in the provisioner home
+    db_path: Name | None = None  # its own SQLite file; default: in the provisioner home
     latency_seconds: float = Field(0.3, ge=0, le=60)  # per call
     capacity: dict[Name, Count] = Field(default_factory=dict)  # {zone: machines it can hold}
     quota_gpus: dict[Name, Count] = Field(default_factory=dict)  # {region: GPUs}
@@ -28,6 +30,12 @@ class SandboxOptions(Options):
     retry_base_seconds: Wait = 0.05
     retry_max_seconds: Wait = 0.5
 
+    def in_home(self, home: Path) -> SandboxOptions:
+        """Its machines in ``sandbox.db`` of the home, unless ``db_path`` says where."""
+        return (
+            self if self.db_path else self.model_copy(update={"db_path": str(home / "sandbox.db")})
+        )
+
 
 SPEC = CloudSpec(
     name="sandbox",
@@ -38,7 +46,13 @@ SPEC = CloudSpec(
     ssh_user="provisioner",
     extra=None,
     sdk=(),
-    capabilities=Capabilities(stop_spot=True, cap_spot_price=True, zones=True, batch=False),
+    capabilities=Capabilities(
+        stop_spot=True,
+        cap_spot_price=True,
+        zones=True,
+        batch=False,
+        why={"batch": "sandbox: it simulates one machine per call, as most clouds act"},
+    ),
     simulated=True,
     prices_from="its own fixed price list",
 )

@@ -29,7 +29,6 @@ from providers.base import (
     TAG_MANAGED_BY_VALUE,
     AuthError,
     CapacityError,
-    CheckResult,
     Instance,
     InstanceRef,
     LaunchRequest,
@@ -41,7 +40,6 @@ from providers.base import (
     Throttled,
     port_open,
 )
-from providers.retry import call_with_retry
 from providers.sandbox import SPEC, SandboxOptions
 
 _SCHEMA = """
@@ -151,7 +149,7 @@ class SandboxProvider(Provider):
                         refused = e
             raise refused
 
-        return call_with_retry(attempt, self.options)
+        return self.call(attempt)
 
     def _now(self) -> datetime:
         return self.clock()
@@ -210,13 +208,10 @@ class SandboxProvider(Provider):
             return instance.state is MachineState.RUNNING
         return port_open(self.options.public_ip, self.options.ssh_port, timeout)
 
-    def check(self) -> CheckResult:
+    def probe(self) -> str:
         """One call, as a real cloud's check makes one: an injected refusal shows here too."""
-        try:
-            self._call(lambda db: None)
-        except ProviderError as e:
-            return CheckResult("sandbox", False, f"sandbox: {str(e).removeprefix('sandbox: ')}")
-        return CheckResult("sandbox", True, "simulated cloud, no credentials needed")
+        self._call(lambda db: None)
+        return "simulated cloud, no credentials needed"
 
     def launch(self, request: LaunchRequest) -> Instance:
         def create(db: sqlite3.Connection) -> Instance:

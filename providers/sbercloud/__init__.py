@@ -51,6 +51,17 @@ SPEC = CloudSpec(
     sdk=("huaweicloudsdkecs", "huaweicloudsdkvpc"),
     # Spot servers can be stopped; extendparam takes a spot_price cap; BatchStopServers,
     # BatchStartServers and DeleteServers take many servers.
-    capabilities=Capabilities(stop_spot=True, cap_spot_price=True, zones=True, batch=True),
+    capabilities=Capabilities(
+        stop_spot=True,
+        cap_spot_price=True,
+        zones=True,
+        batch=True,
+        console_stop_of_spot=False,
+        why={
+            "console_stop_of_spot": "sbercloud: Huawei ECS records no reason for a stop, so a "
+            "spot server stopped in the console cannot be told from a preempted one",
+        },
+    ),
     prices_from="its GPU flavors (ECS ListFlavors), unpriced; needs SberCloud AK/SK",
+    catalog_rows="providers.sbercloud.flavors:catalog_rows",
 )

@@ -16,10 +16,9 @@ interruption, so ``request.preemption_action`` cannot be honoured and is ignored
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from datetime import UTC, datetime
 from decimal import Decimal
-from functools import partial
 from typing import Any, TypeVar
 
 from providers.base import (
@@ -27,7 +26,6 @@ from providers.base import (
     TAG_MANAGED_BY,
     TAG_MANAGED_BY_VALUE,
     AuthError,
-    CheckResult,
     Instance,
     InstanceRef,
     InvalidRequest,
@@ -38,9 +36,11 @@ from providers.base import (
     Provider,
     ProviderError,
     Throttled,
+    paginate,
 )
-from providers.retry import call_with_retry, wait_until
-from providers.sbercloud import SPEC, SberCloudOptions, errors, flavors, tags, userdata
+from providers.retry import wait_until
+from providers.sbercloud import SPEC, SberCloudOptions, batch, errors, flavors, tags, userdata
+from providers.sbercloud.network import GONE, SshGroup
 
 T = TypeVar("T")
 
@@ -48,17 +48,7 @@ ENV_AK = ("SBERCLOUD_ACCESS_KEY", "HUAWEICLOUD_SDK_AK")
 ENV_SK = ("SBERCLOUD_SECRET_KEY", "HUAWEICLOUD_SDK_SK")
 ENV_PROJECT = ("SBERCLOUD_PROJECT_ID", "HUAWEICLOUD_SDK_PROJECT_ID")
 STOP_MARKER = "provisioner_stopped_by"
-# BatchStopServers: "A maximum of 1,000 ECSs can be stopped" a call; DeleteServers: "A maximum
-# of 1,000 ECSs can be deleted in a batch" (Huawei Cloud ECS API Reference, ecs_02_0303 and
-# ecs_02_0103, support.huaweicloud.com/intl/en-us/api-ecs/). The SDK's models state no limit.
-BATCH_SERVERS = 1000
-# Our SSH security group, as on AWS: one per project (a Huawei security group is not bound to a
-# VPC: "vpc_id ... does not restrict that the security group must be associated with the VPC",
-# VPC API "Creating a Security Group"), tagged managed-by=provisioner.
-SSH_GROUP = "provisioner-ssh"
-SSH_GROUP_IN_USE = "VPC.0602"  # "Security Group <id> in use." (409), deleting a group in use
 SPOT_CHARGING_MODE = "2"
-_GONE = ("DELETED", "SOFT_DELETED")
 _STATES = {
     "BUILD": MachineState.PENDING,
     "REBUILD": MachineState.PENDING,
@@ -84,7 +74,7 @@ def machine_state(
     status: str, task_state: str, *, spot: bool, stopped_by_us: bool
 ) -> tuple[MachineState, str | None]:
     """ECS status (+ task state) → our state, and a reason when we infer one."""
-    if status in ("SHUTOFF", *_GONE) and spot and not stopped_by_us:
+    if status in ("SHUTOFF", *GONE) and spot and not stopped_by_us:
         return MachineState.PREEMPTED, f"spot server {status} without a provisioner stop"
     if status == "ACTIVE" and task_state == "powering-off":
         return MachineState.STOPPING, None
@@ -119,7 +109,7 @@ class SberCloudProvider(Provider):
         self.zones: list[str] = list(o.zones or [f"{self.region}{z}" for z in "abc"])
         self._ecs: Any = None
         self._vpc_client: Any = None
-        self._group: str | None = None  # our SSH group's id, once found or made and checked
+        self._network = SshGroup(self)
 
     # -- plumbing -------------------------------------------------------------------------
 
@@ -150,7 +140,7 @@ class SberCloudProvider(Provider):
         from huaweicloudsdkcore.region.region import Region
 
         config = HttpConfig.get_default_config()
-        config.retry_times = 0  # Throttled is retried by call_with_retry, with a bound
+        config.retry_times = 0  # Throttled is retried by Provider.call, with a bound
         config.timeout = (10, 60)
         project = self.options.project_id or _env(ENV_PROJECT)
         credentials = BasicCredentials(ak, sk, project)
@@ -163,8 +153,12 @@ class SberCloudProvider(Provider):
         try:
             return builder.build()
         except SdkException as e:
-            err = errors.from_sdk(e, where=f"find the project of {self.region} via IAM")
+            err = self.map_error(e, f"find the project of {self.region} via IAM")
+            assert err is not None  # an SdkException always maps
             raise (err if isinstance(err, Throttled) else AuthError(str(err), code=err.code)) from e
+
+    def map_error(self, exc: Exception, what: str) -> ProviderError | None:
+        return errors.map_error(exc, what)
 
     def _call(
         self,
@@ -174,16 +168,12 @@ class SberCloudProvider(Provider):
         attempts: int | None = None,
         service: str = "ecs",
     ) -> T:
-        from huaweicloudsdkcore.exceptions.exceptions import SdkException
+        """``fn`` with the ECS (or VPC) client, through :meth:`call`."""
 
         def attempt() -> T:
-            client = self._vpc() if service == "vpc" else self._client()
-            try:
-                return fn(client)
-            except SdkException as e:
-                raise errors.from_sdk(e, where=where) from e
+            return fn(self._vpc() if service == "vpc" else self._client())
 
-        return call_with_retry(attempt, self.options, attempts=attempts)
+        return self.call(attempt, where, attempts=attempts)
 
     def _wait(self, job_id: str, where: str, timeout: float) -> bool:
         """Poll an ECS job: True on SUCCESS, False if still running at ``timeout``; FAIL raises."""
@@ -200,7 +190,7 @@ class SberCloudProvider(Provider):
             for sub in (job.entities.sub_jobs if job.entities else None) or []:
                 if sub.status == "FAIL" and not code:
                     code, reason = sub.error_code, sub.fail_reason
-            raise errors.classify(
+            raise errors.by_code(
                 None, code, f"job {job_id} failed: {reason or 'no reason given'}", where=where
             )
         return finished
@@ -220,6 +210,25 @@ class SberCloudProvider(Provider):
             f"get server {server_id}",
             lambda c: c.show_server(m.ShowServerRequest(server_id=server_id)),
         ).server
+
+    def _servers(self, **filters: Any) -> Iterator[Any]:
+        """Every server of the project (matching ``filters``); ``offset`` is a page number."""
+        from huaweicloudsdkecs.v2 import model as m
+
+        limit = self.options.page_size
+
+        def page(number: int | None) -> tuple[list[Any], int | None]:
+            n = number or 1
+            listed = self._call(
+                "list servers",
+                lambda c: c.list_servers_details(
+                    m.ListServersDetailsRequest(limit=limit, offset=n, **filters)
+                ),
+            )
+            servers = listed.servers or []
+            return servers, n + 1 if servers and n * limit < (listed.count or 0) else None
+
+        return paginate(page, 1)
 
     def _server_or_none(self, server_id: str) -> Any:
         try:
@@ -275,26 +284,22 @@ class SberCloudProvider(Provider):
 
     # -- the contract ---------------------------------------------------------------------
 
-    def check(self) -> CheckResult:
+    def missing_setup(self) -> str | None:
         if not _env(ENV_AK) or not _env(ENV_SK):
-            return CheckResult(
-                self.name,
-                False,
+            return (
                 "sbercloud: no credentials found (set SBERCLOUD_ACCESS_KEY and "
-                "SBERCLOUD_SECRET_KEY, or HUAWEICLOUD_SDK_AK and HUAWEICLOUD_SDK_SK)",
+                "SBERCLOUD_SECRET_KEY, or HUAWEICLOUD_SDK_AK and HUAWEICLOUD_SDK_SK)"
             )
+        return None
+
+    def probe(self) -> str:
         from huaweicloudsdkecs.v2 import model as m
 
-        try:
-            listed = self._call(
-                "check credentials",
-                lambda c: c.list_servers_details(m.ListServersDetailsRequest(limit=1)),
-                attempts=2,
-            )
-        except AuthError as e:
-            return CheckResult(self.name, False, f"sbercloud: {self.ecs_endpoint} refused: {e}")
-        except ProviderError as e:
-            return CheckResult(self.name, False, f"sbercloud: {self.ecs_endpoint} failed: {e}")
+        listed = self._call(
+            "check credentials",
+            lambda c: c.list_servers_details(m.ListServersDetailsRequest(limit=1)),
+            attempts=2,
+        )
         # No public image with an NVIDIA driver is documented for cloud.ru Advanced GPU flavors,
         # so an image is the user's to name, as are the network new servers join.
         unset = [k for k in ("image", "vpc_id", "subnet_id") if not getattr(self.options, k)]
@@ -304,12 +309,14 @@ class SberCloudProvider(Provider):
             if unset
             else ""
         )
-        return CheckResult(
-            self.name,
-            True,
+        return (
             f"sbercloud: credentials accepted by {self.ecs_endpoint} "
-            f"(region {self.region}, {listed.count or 0} servers in the project){todo}",
+            f"(region {self.region}, {listed.count or 0} servers in the project){todo}"
         )
+
+    def refusal(self, exc: ProviderError) -> str:
+        verb = "refused" if isinstance(exc, AuthError) else "failed"
+        return f"sbercloud: {self.ecs_endpoint} {verb}: {exc}"
 
     def launch(self, request: LaunchRequest) -> Instance:
         """One pay-per-use (or spot) server, idempotent by ``X-Client-Token``. Unless
@@ -337,7 +344,7 @@ class SberCloudProvider(Provider):
             extend.market_type = "spot"
             if request.max_price is not None:
                 extend.spot_price = format(Decimal(request.max_price), "f")
-        group = self.options.security_group_id or self._ssh_group()
+        group = self.options.security_group_id or self._network.group()
         publicip = None
         if self.options.public_ip:
             # chargemode: absent means by bandwidth; "traffic" by traffic; anything else fails
@@ -395,29 +402,12 @@ class SberCloudProvider(Provider):
         machine tag when a machine id is given, else by ``managed-by=provisioner``."""
         if regions is not None and self.region not in regions:
             return []
-        from huaweicloudsdkecs.v2 import model as m
-
         tag = (
             f"{TAG_MACHINE}={machine_id}"
             if machine_id
             else f"{TAG_MANAGED_BY}={TAG_MANAGED_BY_VALUE}"
         )
-        limit = self.options.page_size
-        found: dict[str, Instance] = {}
-        page = 1
-        while True:
-
-            def list_page(c: Any, offset: int = page) -> Any:
-                return c.list_servers_details(
-                    m.ListServersDetailsRequest(tags=tag, limit=limit, offset=offset)
-                )
-
-            listed = self._call("list servers", list_page)
-            for s in listed.servers or []:
-                found[s.id] = self._instance(s)
-            if not listed.servers or page * limit >= (listed.count or 0):
-                break
-            page += 1
+        found = {s.id: self._instance(s) for s in self._servers(tags=tag)}
         return [
             i
             for i in found.values()
@@ -430,7 +420,7 @@ class SberCloudProvider(Provider):
         from huaweicloudsdkecs.v2 import model as m
 
         s = self._server_or_none(ref.id)
-        if s is None or s.status in ("SHUTOFF", *_GONE) or not self._mark_stopped(ref.id):
+        if s is None or s.status in ("SHUTOFF", *GONE) or not self._mark_stopped(ref.id):
             return
         option = m.BatchStopServersOption(servers=[m.ServerId(id=ref.id)], type="SOFT")
         where = f"stop server {ref.id}"
@@ -450,7 +440,7 @@ class SberCloudProvider(Provider):
         from huaweicloudsdkecs.v2 import model as m
 
         s = self._server(ref.id)
-        if s.status in _GONE:
+        if s.status in GONE:
             raise NotFound(f"sbercloud: server {ref.id} is {s.status}", code=s.status)
         where = f"start server {ref.id}"
         if s.status == "SHUTOFF":
@@ -475,7 +465,7 @@ class SberCloudProvider(Provider):
         from huaweicloudsdkecs.v2 import model as m
 
         s = self._server_or_none(ref.id)
-        if s is None or s.status in _GONE or not self._mark_stopped(ref.id):
+        if s is None or s.status in GONE or not self._mark_stopped(ref.id):
             return
         body = m.DeleteServersRequestBody(servers=[m.ServerId(id=ref.id)], delete_volume=True)
         where = f"delete server {ref.id}"
@@ -485,7 +475,7 @@ class SberCloudProvider(Provider):
             return
         self._finish(job.job_id, where)
 
-    # -- batch forms ------------------------------------------------------------------------
+    # -- batch forms (run by :mod:`.batch`) ------------------------------------------------
 
     def stop_many(self, refs: Sequence[InstanceRef]) -> dict[InstanceRef, ProviderError | None]:
         """Each server marked as stopped by us (one metadata call each: the marker is what
@@ -497,7 +487,7 @@ class SberCloudProvider(Provider):
             body = m.BatchStopServersRequestBody(os_stop=option)
             return c.batch_stop_servers(m.BatchStopServersRequest(body=body))
 
-        return self._batch(refs, "stop", call)
+        return batch.run(self, refs, "stop", call)
 
     def terminate_many(
         self, refs: Sequence[InstanceRef]
@@ -510,260 +500,12 @@ class SberCloudProvider(Provider):
             body = m.DeleteServersRequestBody(servers=servers, delete_volume=True)
             return c.delete_servers(m.DeleteServersRequest(body=body))
 
-        return self._batch(refs, "delete", call)
-
-    def _batch(
-        self, refs: Sequence[InstanceRef], verb: str, call: Callable[[Any, list[str]], Any]
-    ) -> dict[InstanceRef, ProviderError | None]:
-        out: dict[InstanceRef, ProviderError | None] = {}
-        marked: dict[str, InstanceRef] = {}
-        for ref in dict.fromkeys(refs):
-            try:
-                if self._mark_stopped(ref.id):
-                    marked[ref.id] = ref
-                else:  # gone: a delete has nothing left to do, a stop has nothing to stop
-                    out[ref] = None if verb == "delete" else self._gone(ref)
-            except ProviderError as e:
-                out[ref] = e
-        ids = list(marked)
-        for k in range(0, len(ids), BATCH_SERVERS):
-            for iid, err in self._batch_job(verb, call, ids[k : k + BATCH_SERVERS]).items():
-                gone = verb == "delete" and isinstance(err, NotFound)
-                out[marked[iid]] = None if gone else err
-        return {ref: out[ref] for ref in dict.fromkeys(refs)}
-
-    def _gone(self, ref: InstanceRef) -> NotFound:
-        return NotFound(f"sbercloud: server {ref.id} could not be found", code="Ecs.0114")
-
-    def _batch_job(
-        self, verb: str, call: Callable[[Any, list[str]], Any], ids: list[str]
-    ) -> dict[str, ProviderError | None]:
-        """One job for ``ids``. A server the API names in a refusal (``Instance[id] could not
-        be found``) gets that error and the call is made again without it; a failed job's
-        sub-jobs say which servers failed."""
-        out: dict[str, ProviderError | None] = {}
-        left = list(ids)
-        while left:
-            where = f"{verb} {len(left)} servers" if len(left) > 1 else f"{verb} server {left[0]}"
-            try:
-                job = self._call(where, partial(_with_ids, call, list(left)))
-            except ProviderError as e:
-                named = [i for i in left if i in str(e)]
-                for iid in named or list(left):
-                    out[iid] = e
-                left = [i for i in left if i not in out]
-                continue
-            out.update(self._job_outcome(job.job_id, where, left))
-            break
-        return out
-
-    def _job_outcome(
-        self, job_id: str, where: str, ids: list[str]
-    ) -> dict[str, ProviderError | None]:
-        try:
-            if self._wait(job_id, where, self.options.operation_timeout_seconds):
-                return dict.fromkeys(ids)
-            err: ProviderError = Throttled(
-                f"sbercloud: {where}: job {job_id} still running", code="JobTimeout"
-            )
-        except ProviderError as e:
-            err = e
-            failed = self._failed_sub_jobs(job_id, where)
-            if failed:
-                return {i: failed.get(i) for i in ids}
-        return dict.fromkeys(ids, err)
-
-    def _failed_sub_jobs(self, job_id: str, where: str) -> dict[str, ProviderError]:
-        from huaweicloudsdkecs.v2 import model as m
-
-        try:
-            job = self._call(where, lambda c: c.show_job(m.ShowJobRequest(job_id=job_id)))
-        except ProviderError:
-            return {}
-        out = {}
-        for sub in (job.entities.sub_jobs if job.entities else None) or []:
-            sid = (sub.entities.server_id if sub.entities else None) or ""
-            if sub.status == "FAIL" and sid:
-                reason = sub.fail_reason or "no reason given"
-                out[sid] = errors.classify(None, sub.error_code, reason, where=where)
-        return out
+        return batch.run(self, refs, "delete", call)
 
     # -- our SSH security group ----------------------------------------------------------------
 
-    def _ssh_group(self) -> str:
-        """Without ``security_group_id`` a server would join the project's "default" group,
-        whose rules admit no inbound traffic from outside it (huaweicloudsdkecs
-        PrePaidServer.security_groups; Huawei ECS user guide, "Default Security Group and
-        Rules"): SSH would stay closed. So servers join our group instead, found by name and
-        tag or created once (and tagged), its inbound rules made exactly 22/tcp from
-        ``ssh_cidrs``: a new group's own rules (it may open 22 and 3389 to any address: VPC API
-        "Creating a Security Group") and rules for CIDRs no longer in the settings are deleted.
-        Outbound rules are left as made (all allowed), so the agent can report."""
-        if self._group is None:
-            group = self._find_group()
-            if group is None:
-                group = self._create_group()
-            self._fit_rules(group)
-            self._group = group.id
-        return self._group
-
-    def _our_groups(self) -> list[Any]:
-        from huaweicloudsdkvpc.v2 import model as v
-
-        groups: list[Any] = []
-        marker = None
-        while True:
-
-            def page(c: Any, after: str | None = marker) -> Any:
-                return c.list_security_groups(v.ListSecurityGroupsRequest(limit=100, marker=after))
-
-            listed = self._call("list security groups", page, service="vpc")
-            batch = listed.security_groups or []
-            groups += [g for g in batch if g.name == SSH_GROUP]
-            if len(batch) < 100:
-                break
-            marker = batch[-1].id
-        return [g for g in groups if self._tagged_ours(g.id)]
-
-    def _tagged_ours(self, group_id: str) -> bool:
-        from huaweicloudsdkvpc.v2 import model as v
-
-        tags = self._call(
-            f"read the tags of security group {group_id}",
-            lambda c: c.show_security_group_tags(
-                v.ShowSecurityGroupTagsRequest(security_group_id=group_id)
-            ),
-            service="vpc",
-        ).tags
-        return any(t.key == TAG_MANAGED_BY and t.value == TAG_MANAGED_BY_VALUE for t in tags or [])
-
-    def _find_group(self) -> Any | None:
-        groups = sorted(self._our_groups(), key=lambda g: g.id)
-        return groups[0] if groups else None
-
-    def _create_group(self) -> Any:
-        from huaweicloudsdkvpc.v2 import model as v
-
-        option = v.CreateSecurityGroupOption(name=SSH_GROUP, vpc_id=self.options.vpc_id)
-        created = self._call(
-            f"create security group {SSH_GROUP}",
-            lambda c: c.create_security_group(
-                v.CreateSecurityGroupRequest(
-                    body=v.CreateSecurityGroupRequestBody(security_group=option)
-                )
-            ),
-            service="vpc",
-        ).security_group
-        tag = v.ResourceTag(key=TAG_MANAGED_BY, value=TAG_MANAGED_BY_VALUE)
-        self._call(
-            f"tag security group {created.id}",
-            lambda c: c.create_security_group_tag(
-                v.CreateSecurityGroupTagRequest(
-                    security_group_id=created.id,
-                    body=v.CreateSecurityGroupTagRequestBody(tag=tag),
-                )
-            ),
-            service="vpc",
-        )
-        return created
-
-    def _fit_rules(self, group: Any) -> None:
-        from huaweicloudsdkvpc.v2 import model as v
-
-        wanted = set(self.options.ssh_cidrs)
-        rules = self._call(
-            f"list the rules of security group {group.id}",
-            lambda c: c.list_security_group_rules(
-                v.ListSecurityGroupRulesRequest(security_group_id=group.id, limit=1000)
-            ),
-            service="vpc",
-        ).security_group_rules
-        have = set()
-        for rule in rules or []:
-            if rule.direction != "ingress" or rule.remote_group_id:
-                continue  # outbound rules, and members reaching each other, stay
-            ssh = (rule.protocol, rule.port_range_min, rule.port_range_max) == ("tcp", 22, 22)
-            if ssh and rule.remote_ip_prefix in wanted:
-                have.add(rule.remote_ip_prefix)
-                continue
-
-            def delete(c: Any, rule_id: str = rule.id) -> Any:
-                return c.delete_security_group_rule(
-                    v.DeleteSecurityGroupRuleRequest(security_group_rule_id=rule_id)
-                )
-
-            self._call(f"delete rule {rule.id} of group {group.id}", delete, service="vpc")
-        for cidr in sorted(wanted - have):
-            option = v.CreateSecurityGroupRuleOption(
-                security_group_id=group.id,
-                description="provisioner: SSH to GPU machines",
-                direction="ingress",
-                ethertype="IPv6" if ":" in cidr else "IPv4",
-                protocol="tcp",
-                port_range_min=22,
-                port_range_max=22,
-                remote_ip_prefix=cidr,
-            )
-
-            def create(c: Any, rule: Any = option) -> Any:
-                return c.create_security_group_rule(
-                    v.CreateSecurityGroupRuleRequest(
-                        body=v.CreateSecurityGroupRuleRequestBody(security_group_rule=rule)
-                    )
-                )
-
-            self._call(f"open 22/tcp from {cidr} in group {group.id}", create, service="vpc")
-
     def unused_network(self, *, remove: bool = False) -> list[str]:
-        """Our SSH security groups no server is in (any server of the project, ours or not);
-        deleted when ``remove``. A group taken into use meanwhile refuses deletion (409
-        VPC.0602) and is kept. Our EIPs need no collecting: each is made with its server and
-        released with it (``delete_on_termination``)."""
-        from huaweicloudsdkecs.v2 import model as m
-        from huaweicloudsdkvpc.v2 import model as v
-
-        groups = self._our_groups()
-        if not groups:
-            return []
-        in_use: set[str] = set()
-        limit, page = self.options.page_size, 1
-        while True:
-
-            def list_page(c: Any, offset: int = page) -> Any:
-                return c.list_servers_details(
-                    m.ListServersDetailsRequest(limit=limit, offset=offset)
-                )
-
-            listed = self._call("list servers", list_page)
-            for server in listed.servers or []:
-                if (server.status or "").upper() not in _GONE:
-                    in_use |= {g.id for g in server.security_groups or []}
-            if not listed.servers or page * limit >= (listed.count or 0):
-                break
-            page += 1
-        out = []
-        for group in groups:
-            if group.id in in_use:
-                continue
-            if remove:
-
-                def delete(c: Any, group_id: str = group.id) -> Any:
-                    return c.delete_security_group(
-                        v.DeleteSecurityGroupRequest(security_group_id=group_id)
-                    )
-
-                try:
-                    self._call(f"delete security group {group.id}", delete, service="vpc")
-                except InvalidRequest as e:
-                    if e.code != SSH_GROUP_IN_USE:
-                        raise
-                    continue
-                except NotFound:
-                    pass
-            out.append(f"security group {group.id} ({SSH_GROUP}, {self.region})")
-        if remove:
-            self._group = None
-        return out
+        return self._network.unused(remove)
 
     def fetch_offers(self) -> list[Offer]:
         """GPU flavors sold in each configured zone, unpriced (see :mod:`.flavors`)."""
@@ -778,7 +520,3 @@ class SberCloudProvider(Provider):
             listed = self._call(f"list flavors in {zone}", list_flavors)
             out.extend(flavors.offers(listed.flavors or [], self.region, zone))
         return out
-
-
-def _with_ids(call: Callable[[Any, list[str]], Any], ids: list[str], client: Any) -> Any:
-    return call(client, ids)

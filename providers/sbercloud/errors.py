@@ -41,7 +41,7 @@ _CAPACITY_WORDS = (
 )
 
 
-def classify(status: int | None, code: str | None, message: str, *, where: str) -> ProviderError:
+def by_code(status: int | None, code: str | None, message: str, *, where: str) -> ProviderError:
     """One error of the ECS API (``status`` None for a failed async job). ``where`` says what was
     attempted (e.g. "create pi2.2xlarge.4 in ru-moscow-1a") and leads the message."""
     code = code or (str(status) if status else None)
@@ -66,13 +66,16 @@ def classify(status: int | None, code: str | None, message: str, *, where: str) 
     return InvalidRequest(text, code=code)
 
 
-def from_sdk(exc: Exception, *, where: str) -> ProviderError:
-    """Map a ``huaweicloudsdkcore`` SdkException. Secrets never appear in these. A lost
-    connection counts as transient: every call we retry is idempotent (create by its token)."""
+def map_error(exc: Exception, where: str) -> ProviderError | None:
+    """Map a ``huaweicloudsdkcore`` SdkException (None for anything else). Secrets never appear
+    in these. A lost connection counts as transient: every call we retry is idempotent (create
+    by its token)."""
     from huaweicloudsdkcore.exceptions import exceptions as sdk
 
+    if not isinstance(exc, sdk.SdkException):
+        return None
     if isinstance(exc, sdk.ServiceResponseException):
-        return classify(exc.status_code, exc.error_code, exc.error_msg or "", where=where)
+        return by_code(exc.status_code, exc.error_code, exc.error_msg or "", where=where)
     if isinstance(exc, sdk.ConnectionException | sdk.RequestTimeoutException):
         return Throttled(f"sbercloud: {where}: {exc.error_msg}", code="connection")
     return InvalidRequest(f"sbercloud: {where}: {getattr(exc, 'error_msg', exc)}", code="sdk")

@@ -19,6 +19,7 @@ import json
 import re
 from collections.abc import Iterable
 from decimal import Decimal
+from pathlib import Path
 from typing import Any
 
 from providers.base import Offer
@@ -117,3 +118,59 @@ def offers(flavors: Iterable[Any], region: str, zone: str) -> list[Offer]:
             )
         )
     return out
+
+
+# --- the shipped catalog, from reference price files ---------------------------------------
+
+
+# cloud.ru Advanced publishes no GPU prices (RU_CLOUDS.md §2.3): flavors listed, prices empty.
+SBER_FLAVORS = [  # flavor, gpu, count, gpu memory, vcpus, ram
+    *[
+        (f"p3.{s}xlarge.8", "A100-80GB", n, 80, 8 * n, 64 * n)
+        for s, n in (("2", 1), ("4", 2), ("8", 4), ("16", 8))
+    ],
+    *[
+        (f"p5s.{s}xlarge.12", "H100", n, 80, 20 * n, 240 * n)
+        for s, n in (("5", 1), ("10", 2), ("20", 4), ("40", 8))
+    ],
+    *[
+        (f"p2s.{s}xlarge.8", "V100", n, 32, 8 * n, 64 * n)
+        for s, n in (("2", 1), ("4", 2), ("8", 4), ("16", 8))
+    ],
+    *[
+        (f"p2v.{s}xlarge.8", "V100", n, 16, 8 * n, 64 * n)
+        for s, n in (("2", 1), ("4", 2), ("8", 4), ("16", 8))
+    ],
+    *[(f"pi2.{s}xlarge.4", "T4", n, 16, 8 * n, 32 * n) for s, n in (("2", 1), ("4", 2), ("8", 4))],
+]
+
+
+def catalog_rows(_: Path) -> list[dict[str, Any]]:
+    """The shipped catalog's rows (built by provisioner/data/catalog/build.py)."""
+    src = (
+        "Huawei/OTC ECS GPU flavor spec (opentelekomcloud-docs elastic-cloud-server "
+        "gpu-accelerated_ecss.rst); "
+        "availability on cloud.ru Advanced not confirmed; "
+        "no public price — set prices.sbercloud in settings"
+    )
+    rows = [
+        dict(
+            cloud="sbercloud",
+            region="ru-moscow-1",
+            zone=f"ru-moscow-1{z}",
+            instance_type=f,
+            gpu=g,
+            gpu_count=n,
+            gpu_memory_gb=m,
+            vcpus=c,
+            memory_gb=r,
+            price="",
+            spot_price="",
+            currency="RUB",
+            accelerator="",
+            source=src,
+        )
+        for f, g, n, m, c, r in SBER_FLAVORS
+        for z in "abc"
+    ]
+    return rows

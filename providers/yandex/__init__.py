@@ -97,8 +97,20 @@ SPEC = CloudSpec(
     ssh_user="provisioner",
     extra="yandex",
     sdk=("yandexcloud",),
-    # Preemptible VMs are stopped, never deleted, and can be started again; they have a fixed
-    # price (no cap); every call names one instance.
-    capabilities=Capabilities(stop_spot=True, cap_spot_price=False, zones=True, batch=False),
+    # Preemptible VMs are stopped, never deleted, and can be started again.
+    capabilities=Capabilities(
+        stop_spot=True,
+        cap_spot_price=False,
+        zones=True,
+        batch=False,
+        delete_on_preemption=False,
+        why={
+            "cap_spot_price": "yandex: preemptible VMs have a fixed price, with no cap to set",
+            "batch": "yandex: every InstanceService call names one instance",
+            "delete_on_preemption": "yandex: a preemptible VM is always stopped when taken "
+            "back, never deleted (en/compute/concepts/preemptible-vm.md)",
+        },
+    ),
     prices_from="the billing API (SkuService.List); needs Yandex Cloud credentials",
+    catalog_rows="providers.yandex.prices:catalog_rows",
 )

@@ -8,7 +8,7 @@ import os
 import re
 import uuid
 import warnings
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -19,8 +19,6 @@ from providers.base import (
     TAG_MANAGED_BY,
     TAG_MANAGED_BY_VALUE,
     AuthError,
-    CapacityError,
-    CheckResult,
     ConfigurationError,
     Instance,
     InstanceRef,
@@ -31,12 +29,13 @@ from providers.base import (
     Offer,
     Provider,
     ProviderError,
-    QuotaError,
     Throttled,
+    paginate,
 )
-from providers.retry import call_with_retry, wait_until
+from providers.retry import wait_until
 from providers.userdata import cloud_init
-from providers.yandex import SPEC, YandexOptions
+from providers.yandex import SPEC, YandexOptions, errors
+from providers.yandex.network import Network
 from providers.yandex.prices import (
     REGION,
     Shape,
@@ -46,8 +45,6 @@ from providers.yandex.prices import (
 )
 
 SSH_USER = "provisioner"
-SSH_GROUP = "provisioner-ssh"  # + "-<network id>": our security group in that network
-_ANYWHERE = ["0.0.0.0/0"]
 _IDEMPOTENCY_NS = uuid.UUID("8d6f0f1e-2b47-5a8e-9a3c-6e0d1c5b7a01")
 _IMAGE_ID = re.compile(r"[a-z0-9]{20}")
 _NO_CREDENTIALS = (
@@ -76,26 +73,6 @@ _STOPPED_BY_CALL = {"StopInstanceMetadata", "GuestStopInstanceMetadata", "CrashI
 _PREEMPTED = {"PreemptInstanceMetadata"}
 _STARTED = {"CreateInstanceMetadata", "StartInstanceMetadata", "RestartInstanceMetadata"}
 
-# What Yandex Compute answers, with where it is written down (sources in the package docstring):
-# - "Not enough resources": the zone has no hardware for the VM (Yandex docs, "Not enough
-#   resources" error; also what a preemptible VM gets when a zone runs out). The docs give the
-#   text, not the gRPC code, and list INTERNAL as "e.g. insufficient computing resources": the
-#   text decides, whatever the code.
-# - "The limit on maximum number of active operations has exceeded.": RESOURCE_EXHAUSTED on
-#   Create when the folder has too many operations running (quota "concurrent operations per
-#   folder", 15); it clears as they finish, so it is retried.
-# - "The limit on maximum number of <GPU devices|cores|...> has exceeded.": RESOURCE_EXHAUSTED
-#   at once in the answer to Create when a cloud quota is used up.
-# - A QuotaFailure in the status details (``google.rpc`` or Yandex's public
-#   ``yandex.cloud.quota``) names the quota outright.
-_NOT_ENOUGH_RESOURCES = "not enough resources"
-_ACTIVE_OPERATIONS = "the limit on maximum number of active operations has exceeded"
-_QUOTA_LIMIT = re.compile(r"\bthe limit on (maximum|total) .+ has exceeded")
-_QUOTA_DETAILS = {"google.rpc.QuotaFailure", "yandex.cloud.quota.QuotaFailure"}
-
-
-_OURS = (TAG_MANAGED_BY, TAG_MANAGED_BY_VALUE)  # the label on what we create (already folded)
-
 
 def _sanitise_label(text: str, *, key: bool) -> str:
     """Yandex labels: lowercase ``[a-z0-9_-]`` (keys start with a letter), at most 63 chars."""
@@ -114,64 +91,6 @@ def idempotency_key(token: str) -> str:
     key with the first operation, failed or not: a new placement needs a new token, as
     lifecycle's per-candidate tokens are.)"""
     return str(uuid.uuid5(_IDEMPOTENCY_NS, token))
-
-
-def map_error(
-    code: str,
-    message: str,
-    what: str,
-    zone: str | None = None,
-    details: Sequence[str] = (),
-) -> ProviderError:
-    """One gRPC status (from a call or an ``Operation.error``) → the taxonomy. ``details``: the
-    message types in the status details (``google.rpc.Status.details``), e.g.
-    ``yandex.cloud.quota.QuotaFailure``. The code decides first; within RESOURCE_EXHAUSTED the
-    texts above tell quota and the operations limit apart."""
-    message = " ".join(message.split())  # one line, even for the SDK's nested errors
-    text = f"yandex: {what}: {message} [{code}]"
-    low = message.lower()
-    if code in ("UNAUTHENTICATED", "PERMISSION_DENIED"):
-        return AuthError(text, code=code)
-    if code == "UNAVAILABLE" and "getting metadata from plugin failed" in low:
-        return AuthError(text, code=code)  # the SDK could not obtain an IAM token
-    if _NOT_ENOUGH_RESOURCES in low:
-        return CapacityError(f"{text} (zone {zone})" if zone else text, code=code)
-    if _QUOTA_DETAILS.intersection(details):
-        return QuotaError(text, code=code, scope="region")
-    if code == "RESOURCE_EXHAUSTED":
-        if _ACTIVE_OPERATIONS in low:
-            return Throttled(text, code=code)
-        if _QUOTA_LIMIT.search(low):
-            # Yandex quotas are per cloud, and the cloud has one region
-            return QuotaError(text, code=code, scope="region")
-        # Anything else is what the code is documented to mean, "the request limit exceeded":
-        # retried a bounded number of times, then the candidate fails with this text.
-        return Throttled(text, code=code)
-    if code in ("UNAVAILABLE", "DEADLINE_EXCEEDED", "INTERNAL", "ABORTED"):
-        return Throttled(text, code=code)
-    if code == "NOT_FOUND":
-        return NotFound(text, code=code)
-    return InvalidRequest(text, code=code)
-
-
-def detail_types(status: Any) -> list[str]:
-    """The message types in a ``google.rpc.Status``'s details, by full name."""
-    return [d.type_url.rsplit("/", 1)[-1] for d in status.details]
-
-
-def _rpc_error(exc: Any, what: str, zone: str | None = None) -> ProviderError:
-    details: list[str] = []
-    trailers = getattr(exc, "trailing_metadata", None)  # a grpc.Call; other RpcErrors lack it
-    for key, value in (trailers() if trailers else None) or ():
-        if key == "grpc-status-details-bin":  # the full google.rpc.Status, details included
-            from google.protobuf.message import DecodeError
-            from google.rpc import status_pb2  # type: ignore[import-untyped]  # no py.typed
-
-            try:
-                details = detail_types(status_pb2.Status.FromString(value))
-            except DecodeError:  # a malformed trailer leaves the code and the text
-                details = []
-    return map_error(exc.code().name, exc.details() or "", what, zone, details)
 
 
 # The GPU image family per platform, from Yandex's "Create a VM with a GPU" docs
@@ -196,9 +115,7 @@ class YandexProvider(Provider):
     def __init__(self, options: Any = None, **kwargs: Any) -> None:
         super().__init__(options, **kwargs)
         self._sdk_obj: Any = None
-        self._subnets: dict[str, str] = dict(self.options.subnet_ids)
-        self._networks: dict[str, str] = {}  # subnet id -> its network id
-        self._groups: dict[str, str] = {}  # network id -> our SSH security group's id
+        self._network = Network(self)
         self._image_cache: dict[str, str] = {}
 
     # --- configuration -----------------------------------------------------------------------
@@ -266,18 +183,17 @@ class YandexProvider(Provider):
         retry: bool = True,
     ) -> Any:
         """One unary call with a deadline, errors mapped, Throttled retried (bounded)."""
-        import grpc
 
         def once() -> Any:
-            try:
-                client = self._sdk().client(stub)  # first use discovers endpoints: may fail
-                return getattr(client, method)(
-                    request, timeout=self.options.timeout_seconds, metadata=metadata
-                )
-            except grpc.RpcError as exc:
-                raise _rpc_error(exc, what, zone) from None
+            client = self._sdk().client(stub)  # first use discovers endpoints: may fail
+            return getattr(client, method)(
+                request, timeout=self.options.timeout_seconds, metadata=metadata
+            )
 
-        return call_with_retry(once, self.options) if retry else once()
+        return self.call(once, what, attempts=None if retry else 1, zone=zone)
+
+    def map_error(self, exc: Exception, what: str, zone: str | None = None) -> ProviderError | None:
+        return errors.map_error(exc, what, zone)
 
     def _wait(self, operation: Any, what: str, zone: str | None = None) -> Any:
         """Poll OperationService.Get until done; a failed operation raises the taxonomy."""
@@ -307,50 +223,55 @@ class YandexProvider(Provider):
 
             code = grpc.StatusCode
             name = next((c.name for c in code if c.value[0] == operation.error.code), "UNKNOWN")
-            raise map_error(
-                name, operation.error.message, what, zone, detail_types(operation.error)
+            raise errors.by_code(
+                name, operation.error.message, what, zone, errors.detail_types(operation.error)
             )
         return operation
 
     def _pages(self, call: Callable[[str], Any], field: str) -> Iterator[Any]:
-        token = ""
-        while True:
-            page = call(token)
-            yield from getattr(page, field)
-            token = page.next_page_token
-            if not token:
-                return
+        """Every ``field`` item of a List call, ``call(page_token)`` reading one page."""
+
+        def page(token: str | None) -> tuple[Iterable[Any], str]:
+            got = call(token or "")
+            return getattr(got, field), got.next_page_token
+
+        return paginate(page)
 
     # --- Provider ------------------------------------------------------------------------------
 
-    def check(self) -> CheckResult:
+    def missing_setup(self) -> str | None:
         try:
             creds = self._credentials()
         except AuthError as exc:
-            return CheckResult(self.name, False, str(exc))
+            return str(exc)
         if creds is None:
-            return CheckResult(self.name, False, _NO_CREDENTIALS)
+            return _NO_CREDENTIALS
         if not self.folder_id:
-            return CheckResult(
-                self.name, False, "yandex: no folder set (folder_id in settings or YC_FOLDER_ID)"
-            )
+            return "yandex: no folder set (folder_id in settings or YC_FOLDER_ID)"
+        return None
+
+    def probe(self) -> str:
         from yandex.cloud.compute.v1.instance_service_pb2 import ListInstancesRequest
         from yandex.cloud.compute.v1.instance_service_pb2_grpc import InstanceServiceStub
 
-        try:
-            self._rpc(
-                InstanceServiceStub,
-                "List",
-                ListInstancesRequest(folder_id=self.folder_id, page_size=1),
-                f"list instances in folder {self.folder_id}",
-                retry=False,
-            )
-        except ProviderError as exc:
-            return CheckResult(self.name, False, f"{exc} (credentials: {creds[0]})")
-        note = " (Yandex deprecates OAuth tokens: prefer a key)" if "OAuth" in creds[0] else ""
-        return CheckResult(
-            self.name, True, f"yandex: {creds[0]} accepted for folder {self.folder_id}{note}"
+        folder_id = self._require_folder()
+        self._rpc(
+            InstanceServiceStub,
+            "List",
+            ListInstancesRequest(folder_id=folder_id, page_size=1),
+            f"list instances in folder {folder_id}",
+            retry=False,
         )
+        source = self._credential_source()
+        note = " (Yandex deprecates OAuth tokens: prefer a key)" if "OAuth" in source else ""
+        return f"yandex: {source} accepted for folder {folder_id}{note}"
+
+    def refusal(self, exc: ProviderError) -> str:
+        return f"{exc} (credentials: {self._credential_source()})"
+
+    def _credential_source(self) -> str:
+        creds = self._credentials()
+        return creds[0] if creds else "none"
 
     def launch(self, request: LaunchRequest) -> Instance:
         from yandex.cloud.compute.v1 import instance_pb2
@@ -386,11 +307,11 @@ class YandexProvider(Provider):
             ),
             network_interface_specs=[
                 svc.NetworkInterfaceSpec(
-                    subnet_id=(subnet := self._subnet_id(folder_id, request.zone)),
+                    subnet_id=(subnet := self._network.subnet_id(folder_id, request.zone)),
                     primary_v4_address_spec=svc.PrimaryAddressSpec(
                         one_to_one_nat_spec=svc.OneToOneNatSpec(ip_version=instance_pb2.IPV4)
                     ),
-                    security_group_ids=self._security_groups(folder_id, subnet),
+                    security_group_ids=self._network.security_groups(folder_id, subnet),
                 )
             ],
             metadata=metadata,
@@ -445,36 +366,7 @@ class YandexProvider(Provider):
         )
 
     def unused_network(self, *, remove: bool = False) -> list[str]:
-        """Our SSH security groups (labelled ours) that no instance's interface is in; deleted
-        when ``remove``. Addresses are the instances' own (released with them) and boot disks
-        go with their instance: nothing else of ours outlives a machine."""
-        if not self.folder_id:
-            return []
-        folder_id = self.folder_id
-        groups = [
-            g for g in self._security_groups_raw(folder_id) if g.labels.get(_OURS[0]) == _OURS[1]
-        ]
-        if not groups:
-            return []
-        used = {
-            group_id
-            for inst in self._instances_raw(folder_id)
-            for nic in inst.network_interfaces
-            for group_id in nic.security_group_ids
-        }
-        out = []
-        for group in groups:
-            if group.id in used:
-                continue
-            if remove:
-                try:
-                    self._delete_group(group.id)
-                except InvalidRequest:  # taken into use meanwhile
-                    continue
-            out.append(f"security group {group.id} ({group.name}, network {group.network_id})")
-        if remove:
-            self._groups.clear()
-        return out
+        return self._network.unused(remove)
 
     def stop(self, ref: InstanceRef) -> None:
         self._power(
@@ -600,172 +492,6 @@ class YandexProvider(Provider):
             )
             self._image_cache[image] = found.id
         return self._image_cache[image]
-
-    def _security_groups(self, folder_id: str, subnet_id: str) -> list[str]:
-        """The interface's security groups. None while ``ssh_cidrs`` is anywhere: every VM
-        without a group gets the network's default group, which Yandex creates admitting
-        22/tcp from 0.0.0.0/0 and all egress (yandex-cloud/docs en/vpc/concepts/
-        security-groups.md, "Default security group rules"). Otherwise our group in the
-        subnet's network: found by name, else created; its SSH rule follows ``ssh_cidrs``."""
-        cidrs = list(dict.fromkeys(self.options.ssh_cidrs))
-        if cidrs == _ANYWHERE:
-            return []
-        network = self._network_of(subnet_id)
-        if network not in self._groups:
-            self._groups[network] = self._ssh_group(folder_id, network, cidrs)
-        return [self._groups[network]]
-
-    def _ssh_group(self, folder_id: str, network: str, cidrs: list[str]) -> str:
-        from yandex.cloud.vpc.v1 import security_group_pb2 as sg
-        from yandex.cloud.vpc.v1 import security_group_service_pb2 as svc
-        from yandex.cloud.vpc.v1.security_group_service_pb2_grpc import SecurityGroupServiceStub
-
-        name = f"{SSH_GROUP}-{network}"
-        ssh = svc.SecurityGroupRuleSpec(
-            description="provisioner: SSH to GPU machines",
-            direction=sg.SecurityGroupRule.INGRESS,
-            ports=sg.PortRange(from_port=22, to_port=22),
-            protocol_name="TCP",
-            cidr_blocks=sg.CidrBlocks(v4_cidr_blocks=cidrs),
-        )
-        found = [
-            g
-            for g in self._security_groups_raw(folder_id)
-            if g.name == name and g.network_id == network
-        ]
-        if found:
-            group = found[0]
-            if group.labels.get(_OURS[0]) != _OURS[1]:
-                return str(group.id)  # the user's group of that name: used as it is
-            rules = [
-                r
-                for r in group.rules
-                if r.direction == sg.SecurityGroupRule.INGRESS
-                and r.protocol_name == "TCP"
-                and (r.ports.from_port, r.ports.to_port) == (22, 22)
-            ]
-            have = {c for r in rules for c in r.cidr_blocks.v4_cidr_blocks}
-            if have != set(cidrs):  # ssh_cidrs changed since: one call swaps the rule
-                what = f"update SSH rule of security group {group.id}"
-                operation = self._rpc(
-                    SecurityGroupServiceStub,
-                    "UpdateRules",
-                    svc.UpdateSecurityGroupRulesRequest(
-                        security_group_id=group.id,
-                        deletion_rule_ids=[r.id for r in rules],
-                        addition_rule_specs=[ssh],
-                    ),
-                    what,
-                    metadata=[("idempotency-key", str(uuid.uuid4()))],
-                )
-                self._wait(operation, what)
-            return str(group.id)
-        # Egress to anywhere: a group admits only what its rules allow, and the agent must
-        # reach its server.
-        egress = svc.SecurityGroupRuleSpec(
-            description="provisioner: outbound",
-            direction=sg.SecurityGroupRule.EGRESS,
-            protocol_name="ANY",
-            cidr_blocks=sg.CidrBlocks(v4_cidr_blocks=_ANYWHERE),
-        )
-        what = f"create security group {name}"
-        operation = self._rpc(
-            SecurityGroupServiceStub,
-            "Create",
-            svc.CreateSecurityGroupRequest(
-                folder_id=folder_id,
-                name=name,
-                description="provisioner: SSH to GPU machines",
-                labels=dict([_OURS]),
-                network_id=network,
-                rule_specs=[ssh, egress],
-            ),
-            what,
-            # one key for this call's retries; not derived from the name: Yandex answers a reused
-            # key with its first operation, which after a gc is a deleted group
-            metadata=[("idempotency-key", str(uuid.uuid4()))],
-        )
-        created = sg.SecurityGroup()
-        self._wait(operation, what).response.Unpack(created)
-        return str(created.id)
-
-    def _security_groups_raw(self, folder_id: str) -> Iterator[Any]:
-        from yandex.cloud.vpc.v1.security_group_service_pb2 import ListSecurityGroupsRequest
-        from yandex.cloud.vpc.v1.security_group_service_pb2_grpc import SecurityGroupServiceStub
-
-        return self._pages(
-            lambda token: self._rpc(
-                SecurityGroupServiceStub,
-                "List",
-                ListSecurityGroupsRequest(folder_id=folder_id, page_size=1000, page_token=token),
-                f"list security groups in folder {folder_id}",
-            ),
-            "security_groups",
-        )
-
-    def _delete_group(self, group_id: str) -> None:
-        from yandex.cloud.vpc.v1.security_group_service_pb2 import DeleteSecurityGroupRequest
-        from yandex.cloud.vpc.v1.security_group_service_pb2_grpc import SecurityGroupServiceStub
-
-        what = f"delete security group {group_id}"
-        try:
-            operation = self._rpc(
-                SecurityGroupServiceStub,
-                "Delete",
-                DeleteSecurityGroupRequest(security_group_id=group_id),
-                what,
-                metadata=[("idempotency-key", str(uuid.uuid4()))],
-            )
-            self._wait(operation, what)
-        except NotFound:
-            return
-
-    def _network_of(self, subnet_id: str) -> str:
-        """The network a subnet belongs to (known from the listing, else SubnetService.Get)."""
-        from yandex.cloud.vpc.v1.subnet_service_pb2 import GetSubnetRequest
-        from yandex.cloud.vpc.v1.subnet_service_pb2_grpc import SubnetServiceStub
-
-        if subnet_id not in self._networks:
-            subnet = self._rpc(
-                SubnetServiceStub,
-                "Get",
-                GetSubnetRequest(subnet_id=subnet_id),
-                f"get subnet {subnet_id}",
-            )
-            self._networks[subnet_id] = subnet.network_id
-        return self._networks[subnet_id]
-
-    def _subnet_id(self, folder_id: str, zone: str) -> str:
-        """Option ``subnet_ids[zone]``, else the folder's one subnet in that zone (of option
-        ``network_id`` when several networks have one)."""
-        from yandex.cloud.vpc.v1.subnet_service_pb2 import ListSubnetsRequest
-        from yandex.cloud.vpc.v1.subnet_service_pb2_grpc import SubnetServiceStub
-
-        if zone not in self._subnets:
-            network = self.options.network_id
-            subnets = [
-                s
-                for s in self._pages(
-                    lambda token: self._rpc(
-                        SubnetServiceStub,
-                        "List",
-                        ListSubnetsRequest(folder_id=folder_id, page_size=1000, page_token=token),
-                        f"list subnets in folder {folder_id}",
-                    ),
-                    "subnets",
-                )
-                if s.zone_id == zone and (not network or s.network_id == network)
-            ]
-            if len(subnets) != 1:
-                found = ", ".join(s.id for s in subnets) or "none"
-                raise InvalidRequest(
-                    f"yandex: need exactly one subnet in {zone} (found: {found}); set "
-                    f"subnet_ids: {{{zone}: <id>}} or network_id in settings",
-                    code="NO_SUBNET",
-                )
-            self._subnets[zone] = subnets[0].id
-            self._networks[subnets[0].id] = subnets[0].network_id
-        return self._subnets[zone]
 
     def _stop_reason(self, instance_id: str) -> tuple[MachineState, str]:
         """Why a preemptible machine is STOPPED, from its own operation history: the latest

@@ -15,6 +15,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from decimal import Decimal
+from pathlib import Path
 from typing import Any
 
 from providers.base import InvalidRequest, Offer
@@ -250,3 +251,111 @@ def build_offers(
                     )
                 )
     return offers
+
+
+# --- the shipped catalog, from reference price files ---------------------------------------
+
+
+# Yandex Cloud (RU_CLOUDS.md §1): per-GPU + per-vCPU + per-GB rates, RUB/h incl. VAT.
+# (regular gpu, vcpu, ram), (preemptible gpu, vcpu, ram), gpu, memory, zones, shapes, source
+YC_2022 = "Yandex Cloud docs presets.yaml sku|RUB|compute.vm.* (rates from 2022-04-13, VAT 20%)"
+YC_2026 = "Yandex Cloud docs ru/_pricing/compute/rub-from-23-01-2026.md (VAT 22%)"
+YANDEX = {
+    "gpu-standard-v1": (
+        ("249.52", "1.12", "0.39"),
+        ("62.40", "0.34", "0.12"),
+        "V100",
+        32,
+        "ab",
+        [(1, 8, 96), (2, 16, 192), (4, 32, 384)],
+        YC_2022,
+    ),
+    "gpu-standard-v2": (
+        ("249.52", "1.19", "0.31"),
+        ("62.40", "0.32", "0.07"),
+        "V100",
+        32,
+        "ab",
+        [(1, 8, 48), (2, 16, 96), (4, 32, 192), (8, 64, 384)],
+        YC_2022,
+    ),
+    "gpu-standard-v3": (
+        ("371.70", "0.90", "0.28"),
+        ("148.68", "0.36", "0.11"),
+        "A100-80GB",
+        80,
+        "ab",
+        [(1, 28, 119), (2, 56, 238), (4, 112, 476), (8, 224, 952)],
+        YC_2022,
+    ),
+    "standard-v3-t4": (
+        ("64.00", "1.05", "0.28"),
+        ("16.00", "0.29", "0.07"),
+        "T4",
+        16,
+        "abd",
+        [(1, 4, 16), (1, 8, 32), (1, 16, 64), (1, 32, 128)],
+        YC_2022,
+    ),
+    "standard-v3-t4i": (
+        ("144.00", "1.05", "0.28"),
+        ("144.00", "1.05", "0.28"),
+        "T4I",
+        24,
+        "d",
+        [(1, 4, 16), (1, 8, 32), (1, 16, 64), (1, 32, 128)],
+        "Yandex Cloud docs ru/_pricing/compute/rub-instance-resources.md",
+    ),
+    # Yandex does not name the chip of Gen2 / V4: listed under its own names, never as A100/H100.
+    "gpu-standard-v3i": (
+        ("745.21", "0.90", "0.28"),
+        ("745.21", "0.90", "0.28"),
+        "YC-GEN2",
+        80,
+        "d",
+        [(1, 18, 144), (2, 36, 288), (4, 72, 576), (8, 180, 1440)],
+        YC_2026,
+    ),
+    "gpu-standard-v4": (
+        ("1016.90", "0.90", "0.28"),
+        ("1016.90", "0.90", "0.28"),
+        "YC-V4",
+        141,
+        "de",
+        [(1, 22, 220), (2, 44, 440), (4, 88, 880), (8, 180, 1800)],
+        YC_2026,
+    ),
+}
+
+
+def catalog_rows(_: Path) -> list[dict[str, Any]]:
+    """The shipped catalog's rows (built by provisioner/data/catalog/build.py)."""
+    rows: list[dict[str, Any]] = []
+    for platform, (reg, pre, gpu, mem, zones, shapes, src) in YANDEX.items():
+        for gpus, cpus, ram in shapes:
+
+            def hourly(
+                r: tuple[str, str, str], gpus: int = gpus, cpus: int = cpus, ram: int = ram
+            ) -> str:
+                return str(gpus * Decimal(r[0]) + cpus * Decimal(r[1]) + ram * Decimal(r[2]))
+
+            for z in zones:
+                rows.append(
+                    dict(
+                        cloud="yandex",
+                        region="ru-central1",
+                        zone=f"ru-central1-{z}",
+                        instance_type=f"{platform}/{gpus}g-{cpus}c-{ram}gb",
+                        gpu=gpu,
+                        gpu_count=gpus,
+                        gpu_memory_gb=mem,
+                        vcpus=cpus,
+                        memory_gb=ram,
+                        price=hourly(reg),
+                        spot_price=hourly(pre),
+                        currency="RUB",
+                        accelerator="",
+                        source=src + "; GPUs×GPU + vCPU×vCPU + GB×RAM rate",
+                    )
+                )
+    return rows

@@ -100,8 +100,6 @@ class AwsHarness:
     cannot = {
         "slow_operations": "aws: RunInstances/StopInstances answer at once (pending/stopping); "
         "EC2 has no operation object to wait for",
-        "console_stop_of_spot": "aws: a one-time spot instance cannot be stopped, from the "
-        "console either (UnsupportedOperation)",
     }
 
     def __init__(self, emu: AwsEmulator) -> None:

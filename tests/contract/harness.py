@@ -6,9 +6,11 @@ Each cloud has one harness class in tests/contract/<cloud>.py. It wraps that emu
 fault API — it adds no behaviour of its own — and it is built from the fixture code the
 per-cloud file used (which now imports it from there).
 
-Where a cloud cannot do something (no long-running operation on AWS RunInstances, no wire on
-the sandbox), the harness names the cloud fact in :attr:`Harness.cannot`; the contract test
-skips that parameter with that reason instead of passing silently.
+Where a cloud cannot do something its spec declares (``providers.spec.Capabilities``: spot
+machines that cannot be stopped, a console stop that reads as a preemption), the contract test
+skips that parameter with the reason the spec gives. What only the test bench lacks (no
+long-running operation on AWS RunInstances, no wire on the sandbox) the harness names in
+:attr:`Harness.cannot`. Neither passes silently.
 """
 
 from __future__ import annotations
@@ -28,15 +30,14 @@ from providers.base import (
     Provider,
 )
 
-#: What a contract test may find a cloud unable to do (keys of :attr:`Harness.cannot`).
+#: What a harness may be unable to stage (keys of :attr:`Harness.cannot`); what the cloud itself
+#: lacks is a capability of its spec (``Capabilities.why_not`` says why).
 ABILITIES = (
     "lose_response",  # the cloud has a wire on which an answer can be lost
     "slow_operations",  # launch/stop are long-running operations the adapter waits for
     "idempotency_keys",  # each create/stop carries a key we can read off the wire
     "pages",  # listing comes in pages
     "credentials",  # the cloud needs credentials at all
-    "console_stop_of_spot",  # a console stop of a spot machine can be told from a preemption
-    "delete_on_preemption",  # a spot machine may be deleted (not stopped) when taken back
 )
 
 

@@ -64,10 +64,7 @@ class SberCloudHarness:
         "not_found": "Ecs.0114",
     }
     credential_hint = "SBERCLOUD_ACCESS_KEY"
-    cannot = {
-        "console_stop_of_spot": "sbercloud: Huawei ECS records no reason for a stop, so a spot "
-        "server stopped in the console cannot be told from a preempted one",
-    }
+    cannot: dict[str, str] = {}
 
     def __init__(self, emu: EcsEmulator) -> None:
         self.emu = emu

@@ -2,8 +2,9 @@
 same way on the sandbox and on each real cloud SDK against its wire-level emulator.
 
 Each test takes the ``cloud`` fixture: a :class:`~tests.contract.harness.Harness` for one of the
-six clouds. Where a cloud cannot do what a test needs, the test skips that cloud with the cloud
-fact its harness names (``Harness.cannot``); an adapter bug is an ``xfail(strict=True)`` naming
+six clouds. Where a cloud cannot do what a test needs, the test skips that cloud with the reason
+its spec's capabilities give (or, for what only the test bench lacks, its harness's
+``Harness.cannot``); an adapter bug is an ``xfail(strict=True)`` naming
 the bug (:data:`KNOWN_BUGS`), so its fix shows up as an unexpected pass.
 """
 
@@ -31,6 +32,7 @@ from providers.base import (
     QuotaError,
     Throttled,
 )
+from providers.spec import Capabilities
 from tests.contract.harness import Harness
 
 CLOUDS = providers.REGISTRY  # a cloud without a harness fails here, loudly
@@ -62,9 +64,23 @@ def cloud(
 
 
 def needs(cloud: Harness, ability: str) -> None:
-    """Skip this cloud, naming the cloud fact, when it cannot do ``ability``."""
-    if ability in cloud.cannot:
+    """Skip this cloud, naming the cloud fact, when it cannot do ``ability``: a capability of
+    its spec (the spec's reason), else what its harness cannot stage."""
+    capabilities = providers.spec(cloud.name).capabilities
+    if hasattr(capabilities, ability):
+        if not getattr(capabilities, ability):
+            pytest.skip(capabilities.why_not(ability))
+    elif ability in cloud.cannot:
         pytest.skip(cloud.cannot[ability])
+
+
+def test_every_ability_a_cloud_lacks_carries_its_reason() -> None:
+    for name in CLOUDS:
+        capabilities = providers.spec(name).capabilities
+        for ability, reason in capabilities.why.items():
+            assert not getattr(capabilities, ability) and reason.startswith(f"{name}: ")
+    with pytest.raises(ValueError, match="stop_spot"):  # a new cloud cannot leave one out
+        Capabilities(stop_spot=False, cap_spot_price=True, zones=True, batch=True)
 
 
 def state_or_gone(provider: Provider, ref: InstanceRef) -> MachineState | None:
@@ -261,8 +277,7 @@ def test_a_spot_machine_stopped_in_the_console_reads_stopped(cloud: Harness) -> 
 
 
 def test_preemption_and_user_stops_are_told_apart_across_restarts(cloud: Harness) -> None:
-    if not can_stop_spot(cloud):
-        pytest.skip(f"{cloud.name}: its spot machines cannot be stopped (capabilities)")
+    needs(cloud, "stop_spot")
     provider = cloud.provider()
     inst = provider.launch(cloud.launch_request(spot=True))
     provider.stop(inst.ref)
