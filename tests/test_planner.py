@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from decimal import Decimal
 
+import pytest
+
 from providers.base import Offer
 from provisioner.money import Money, Rates
-from provisioner.planner import plan
+from provisioner.planner import FIT_FILTERS, PRICE_FILTERS, plan
 from provisioner.spec import Experiment
 
 
@@ -155,3 +157,77 @@ def test_policy_hook_rejects_with_its_reason():
 def test_missing_exchange_rate_is_a_reason_not_a_crash():
     p = run([offer("aws", currency="EUR")])
     assert not p.candidates and "no exchange rate for EUR (set rates in settings)" in p.rejected
+
+
+# One offer failing each filter of the pipeline, and the reason ``plan`` shows for it: filter name →
+# (the offer, the experiment's resources, other arguments to plan, the reason).
+FAILS_ONE = {
+    "cloud requested": (offer("gcp"), {"clouds": ["aws"]}, {}, "cloud not requested"),
+    "cloud enabled": (
+        offer("gcp"),
+        {},
+        {"enabled_clouds": ("aws",)},
+        "cloud not enabled in settings",
+    ),
+    "GPU type": (offer(gpu="H100"), {}, {}, "other GPU type"),
+    "GPU count": (offer(count=4), {}, {}, "other GPU count"),
+    "GPU memory": (offer(mem=40), {"gpu": "A100:80GB:8"}, {}, "GPU memory below 80 GB"),
+    "region": (offer(region="eu"), {"regions": ["us"]}, {}, "region not requested"),
+    "zone": (offer(zone="z1"), {"zones": ["z9"]}, {}, "zone not requested"),
+    "vCPUs": (offer(vcpus=8), {"min_vcpus": 32}, {}, "fewer than 32 vCPUs"),
+    "memory": (offer(), {"min_memory_gb": 1024}, {}, "less than 1024 GB memory"),
+    "price": (offer(spot=None), {}, {}, "no spot price"),
+    "exchange rate": (
+        offer(currency="EUR"),
+        {},
+        {},
+        "no exchange rate for EUR (set rates in settings)",
+    ),
+    "max price": (
+        offer(spot="12"),
+        {"max_price_per_hour": "10 USD"},
+        {},
+        "over max price 10.00 USD/h",
+    ),
+    "policy": (
+        offer(),
+        {},
+        {"policy_check": lambda c: f"policy nlp: cloud {c.offer.cloud} not allowed"},
+        "policy nlp: cloud aws not allowed",
+    ),
+}
+
+
+def test_every_filter_has_a_case_below():
+    assert [f.name for f in FIT_FILTERS + PRICE_FILTERS] == list(FAILS_ONE)
+
+
+@pytest.mark.parametrize("name", FAILS_ONE)
+def test_each_filter_turns_down_with_its_own_reason(name):
+    o, res, kwargs, reason = FAILS_ONE[name]
+    p = plan(exp(**res), [o], RATES, **{"enabled_clouds": ALL, **kwargs})
+    assert not p.candidates
+    assert p.summary_reasons() == [(reason, 1)]
+    assert p.examples[reason] == f"{o.cloud}/{o.zone} {o.instance_type}"
+
+
+def test_the_first_filter_in_the_pipeline_names_the_reason():
+    # another GPU and too few vCPUs and no price: the GPU is what the user reads
+    p = run([offer(gpu="H100", vcpus=8, spot=None)], min_vcpus=32)
+    assert p.rejected == {"other GPU type": 1}
+
+
+def test_only_the_simulated_cloud_enabled_says_what_to_change():
+    p = plan(exp(), [offer("sandbox")], RATES, enabled_clouds=("sandbox",))
+    [(reason, count)] = p.summary_reasons()
+    assert count == 1
+    assert reason.startswith("cloud not requested: without clouds:")
+    assert "only sandbox is; list clouds: [CLOUD] in the experiment" in reason
+    named = plan(exp(clouds=["sandbox"]), [offer("sandbox")], RATES, enabled_clouds=("sandbox",))
+    assert [c.offer.cloud for c in named.candidates] == ["sandbox"]
+
+
+def test_an_offer_without_any_price_is_listed_once_on_both_markets():
+    p = run([offer("sbercloud", price=None, spot=None, currency="RUB")], market="any")
+    assert [o.cloud for o in p.unpriced] == ["sbercloud"]
+    assert p.rejected == {"no public price (set prices in settings)": 2}  # once per market
