@@ -20,6 +20,7 @@ from typing import Any, Generic, Literal, TypeVar
 from providers import CLOUDS, gpus
 from providers.base import Offer
 from provisioner import catalog
+from provisioner.console import amount, number
 from provisioner.money import Money, Rates
 from provisioner.spec import Experiment
 
@@ -44,6 +45,32 @@ class Candidate:
     def where(self) -> str:
         o = self.offer
         return f"{o.cloud}/{o.zone or o.region}"
+
+    def to_json(self) -> dict[str, Any]:
+        """The candidate as `plan -o json` and the dashboard's plan show it (amounts as exact
+        decimal strings with their currency)."""
+        o = self.offer
+        return {
+            "cloud": o.cloud,
+            "region": o.region,
+            "zone": o.zone,
+            "instance_type": o.instance_type,
+            "gpu": o.gpu,
+            "gpu_count": o.gpu_count,
+            "gpu_memory_gb": o.gpu_memory_gb,
+            "vcpus": o.vcpus,
+            "memory_gb": number(o.memory_gb),
+            "market": self.market,
+            "price_per_hour": {
+                "amount": amount(self.price.amount),
+                "currency": self.price.currency,
+            },
+            "price_per_hour_base": {
+                "amount": amount(self.price_base.amount),
+                "currency": self.price_base.currency,
+            },
+            "source": o.source,
+        }
 
 
 @dataclass

@@ -11,11 +11,9 @@ import typer
 from provisioner.cli import (
     OUTPUT,
     Output,
-    amount,
     app,
     err,
     get_app,
-    number,
     out,
     plural,
     print_json,
@@ -24,28 +22,6 @@ from provisioner.cli import (
 )
 from provisioner.fleet import machine_json
 from provisioner.fleet import money_text as _money
-
-
-def candidate_json(c: Any) -> dict[str, Any]:
-    o = c.offer
-    return {
-        "cloud": o.cloud,
-        "region": o.region,
-        "zone": o.zone,
-        "instance_type": o.instance_type,
-        "gpu": o.gpu,
-        "gpu_count": o.gpu_count,
-        "gpu_memory_gb": o.gpu_memory_gb,
-        "vcpus": o.vcpus,
-        "memory_gb": number(o.memory_gb),
-        "market": c.market,
-        "price_per_hour": {"amount": amount(c.price.amount), "currency": c.price.currency},
-        "price_per_hour_base": {
-            "amount": amount(c.price_base.amount),
-            "currency": c.price_base.currency,
-        },
-        "source": o.source,
-    }
 
 
 @app.command()
@@ -78,7 +54,7 @@ def _plan_json(v: Any, top: int) -> dict[str, Any]:
         "market": e.resources.market,
         "currency": p.currency,
         "rates": p.rates,
-        "candidates": [candidate_json(c) for c in p.candidates[:top]],
+        "candidates": [c.to_json() for c in p.candidates[:top]],
         "candidate_count": len(p.candidates),
         "unpriced": [
             {
