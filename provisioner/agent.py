@@ -268,7 +268,9 @@ class GCPWatcher:
 
 
 class AzureWatcher:
-    def __init__(self, base: str, timeout: float = 2.0) -> None:
+    # "Scheduled Events is enabled for your service the first time you make a request. You
+    # should expect a delayed response in your first call of up to two minutes." (same page)
+    def __init__(self, base: str, timeout: float = 120.0) -> None:
         self.base, self.timeout = base.rstrip("/"), timeout
 
     def poll(self):  # -> list[dict]
@@ -362,12 +364,17 @@ class NoticeWatcher:
         self.clock = Clock(now)
         self.seen: set = set()
         self.unsent: list = []
+        self.failures = 0
 
     def tick(self) -> None:
         try:
             found = self.source.poll()
+            self.failures = 0
         except Exception as e:  # no metadata service, a timeout, a malformed answer, …
-            self.log(f"provisioner-agent: notice check failed: {type(e).__name__}: {e}")
+            self.failures += 1
+            if self.failures & (self.failures - 1) == 0:  # the 1st, 2nd, 4th, 8th, … in a row
+                msg = f"notice check failed ({self.failures}): {type(e).__name__}: {e}"
+                self.log("provisioner-agent: " + msg)
             found = []
         for n in found:
             if n["id"] in self.seen:

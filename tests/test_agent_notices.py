@@ -374,3 +374,17 @@ def test_spec_field_syntax_and_errors(tmp_path):
             load(tail)
         (p,) = e.value.problems
         assert (p.line, p.field) == where and words in p.message.lower(), (tail, p)
+
+
+def test_an_unreachable_metadata_service_tells_nobody_and_logs_sparingly(agent_app, tmp_path, job):
+    child, mark = job
+    m, token_file = setup(agent_app, tmp_path)
+    with idle.Endpoint(agent_app, port=0) as ep:
+        down = Metadata()
+        down.server_close()  # its port, closed: every check fails
+        w = watcher("gcp", ep, m, token_file, down, action={"signal": "SIGTERM", "to": mark})
+        for _ in range(8):
+            w.tick()
+    assert child.poll() is None and notices(agent_app, m) == []
+    failed = [line for line in w.logs if "notice check failed" in line]  # type: ignore[attr-defined]
+    assert [line.split("(")[1].split(")")[0] for line in failed] == ["1", "2", "4", "8"]
