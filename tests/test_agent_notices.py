@@ -22,6 +22,7 @@ from sqlalchemy import select
 
 from provisioner import agent, idle
 from provisioner.app import App
+from provisioner.clock import Clock
 from provisioner.errors import ConfigError
 from provisioner.models import Event, Machine
 from provisioner.spec import load_experiment
@@ -388,3 +389,38 @@ def test_an_unreachable_metadata_service_tells_nobody_and_logs_sparingly(agent_a
     assert child.poll() is None and notices(agent_app, m) == []
     failed = [line for line in w.logs if "notice check failed" in line]  # type: ignore[attr-defined]
     assert [line.split("(")[1].split(")")[0] for line in failed] == ["1", "2", "4", "8"]
+
+
+def test_the_agent_command_line_watches_and_tells(home, db_url, tmp_path, metadata, job):
+    """The agent as the startup data runs it (``--cloud``, ``--on-notice-file``), in its own
+    process: it signs with the machine's wall clock, so this scheduler keeps the wall clock."""
+    child, mark = job
+    app = App(
+        make_settings(home, state_url=db_url, scheduler={"endpoint_url": "http://10.0.0.5:8787"}),
+        Clock(),
+    )
+    try:
+        m, token_file = setup(app, tmp_path)
+        action = tmp_path / "on-notice.json"
+        action.write_text(json.dumps({"signal": "SIGTERM", "to": mark}))
+        metadata.notice = True
+        with idle.Endpoint(app, port=0) as ep:
+            args = ["--endpoint", ep.url, "--machine", m.id, "--token-file", str(token_file)]
+            args += ["--interval", "3600", "--cloud", "aws", "--metadata-url", metadata.url]
+            args += ["--notice-interval", "0.05", "--on-notice-file", str(action)]
+            proc = subprocess.Popen([sys.executable, agent.__file__, *args])
+            try:
+                assert child.wait(timeout=60) == -signal.SIGTERM
+                pause = threading.Event()
+                for _ in range(1200):  # bounded: the post follows the signal
+                    if notices(app, m):
+                        break
+                    pause.wait(0.05)
+            finally:
+                proc.terminate()
+                proc.wait(timeout=30)
+        (ev,) = notices(app, m)
+        assert (ev.detail["cloud"], ev.reason) == ("aws", "terminate")
+        assert ev.detail["not_before"] == "2026-11-02T09:02:00+00:00"
+    finally:
+        app.close()
