@@ -167,9 +167,9 @@ def post(
 #        "Use IMDSv2" https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/configuring-instance-metadata-service.html
 # gcp    ``GET /computeMetadata/v1/instance/preempted`` with ``Metadata-Flavor: Google``: ``FALSE``,
 #        then ``TRUE`` once Compute Engine preempts the VM (about 30 s before it stops). Compute
-#        Engine, "Create and use Spot VMs", detecting preemption
-#        https://cloud.google.com/compute/docs/instances/create-use-spot#detecting_if_a_vm_was_preempted
-#        and "Preemption process" https://cloud.google.com/compute/docs/instances/spot#preemption-process
+#        Engine, "Create and use Spot VMs" (detecting preemption)
+#        https://cloud.google.com/compute/docs/instances/create-use-spot and "Spot VMs"
+#        (preemption process) https://cloud.google.com/compute/docs/instances/spot
 #        (``?wait_for_change=true`` exists too; a plain poll is used so a lost connection costs
 #        one interval, not a hanging request).
 # azure  Scheduled Events ``GET /metadata/scheduledevents?api-version=2020-07-01`` with
@@ -248,7 +248,7 @@ class AWSWatcher:
         if status != 200:
             raise RuntimeError(f"spot/instance-action: HTTP {status}")
         doc = json.loads(text)
-        action, when = str(doc.get("action", ""))[:32], _iso(doc.get("time"))
+        action, when = str(doc.get("action") or "interrupt")[:32], _iso(doc.get("time"))
         return [{"id": f"aws:{action}:{when}", "action": action, "not_before": when}]
 
 
