@@ -4,7 +4,8 @@ whether a machine has been idle for a rule's window.
 Agents hold a per-machine token issued at launch; only its SHA-256 is stored, and it is the key
 with which the agent signs each heartbeat (the token itself never travels again). The
 endpoint (:class:`HeartbeatApp`, a WSGI application served by :mod:`provisioner.web`) serves
-``POST /v1/heartbeat``, ``GET /metrics`` (Prometheus) and ``GET /healthz``.
+``POST /v1/heartbeat``, ``POST /v1/notice`` (a cloud's preemption notice, signed the same way),
+``GET /metrics`` (Prometheus) and ``GET /healthz``.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import secrets
 import threading
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, replace
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from importlib import resources
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -57,19 +58,40 @@ def issue_token(app: App, machine_id: str) -> str:
 
 
 def startup_data(
-    user_script: str | None, endpoint: str, token: str, interval: int, machine_id: str
+    user_script: str | None,
+    endpoint: str,
+    token: str,
+    interval: int,
+    machine_id: str,
+    *,
+    cloud: str | None = None,
+    on_notice: dict[str, str] | None = None,
 ) -> str:
     """The machine's startup script: install the agent as a service (it never blocks or fails
     the boot), then run the user's own script unchanged. A ``#cloud-config`` user script is
-    combined as a MIME multipart document, which cloud-init reads."""
+    combined as a MIME multipart document, which cloud-init reads.
+
+    ``cloud``: the agent watches that cloud's preemption notice; ``on_notice`` (the
+    experiment's ``lifecycle.on_preemption_notice``) is what it then does to the job. The agent
+    runs as root when there is one, as the job it signals does (the user's script runs as
+    root); else as its own system user."""
     agent_py = resources.files("provisioner").joinpath("agent.py").read_text(encoding="utf-8")
     cmd = (
         f"/usr/bin/env python3 {AGENT_DIR}/agent.py --endpoint {_sh(endpoint)} "
         f"--machine {_sh(machine_id)} --token-file {AGENT_DIR}/agent-token "
         f"--interval {int(interval)}"
     )
+    if cloud:
+        cmd += f" --cloud {_sh(cloud)}"
+    if on_notice:
+        cmd += f" --on-notice-file {AGENT_DIR}/on-notice.json"
     install = _render_install(
-        agent_dir=AGENT_DIR, token=token, agent_py=agent_py, cmd=cmd, user=AGENT_USER
+        agent_dir=AGENT_DIR,
+        token=token,
+        agent_py=agent_py,
+        cmd=cmd,
+        user=AGENT_USER,
+        on_notice=json.dumps(on_notice) if on_notice else "",
     )
     if not user_script:
         return install
@@ -149,6 +171,69 @@ def record(app: App, machine_id: str, gpus: list[dict[str, Any]]) -> Machine | N
             return None
         top = max((g["util"] for g in gpus), default=None)
         s.add(Heartbeat(machine_id=m.id, at=app.clock.now(), gpus=gpus, max_util=top))
+        return m
+
+
+NOTICE_EVENT = "preemption-notice"
+
+
+def parse_notice(raw: bytes) -> dict[str, Any]:
+    """A notice body ``{"cloud", "event_id", "action", "not_before", "seen_at"}`` (times as
+    ``YYYY-MM-DDTHH:MM:SSZ`` or null); anything else is refused."""
+    try:
+        body = json.loads(raw or b"null")
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        raise BadHeartbeat("body is not JSON (or nested too deep)") from None
+    if not isinstance(body, dict):
+        raise BadHeartbeat("body must be an object")
+    out: dict[str, Any] = {}
+    for field, most in (("cloud", 32), ("event_id", 128), ("action", 32)):
+        v = body.get(field)
+        if not isinstance(v, str) or not 0 < len(v) <= most:
+            raise BadHeartbeat(f"{field} must be a string of at most {most} characters")
+        out[field] = v
+    for field in ("not_before", "seen_at"):
+        v = body.get(field)
+        if v is not None:
+            try:
+                when = datetime.strptime(str(v), "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
+            except ValueError:
+                raise BadHeartbeat(f"{field} must be YYYY-MM-DDTHH:MM:SSZ or null") from None
+            v = when.isoformat()
+        out[field] = v
+    return out
+
+
+def record_notice(app: App, machine_id: str, notice: dict[str, Any]) -> Machine | None:
+    """Record a preemption notice of ``machine_id`` as a ``preemption-notice`` event with the
+    cloud's time (``not_before``, when the cloud gives one), once per notice: the agent posts
+    again after a lost answer. None when the machine is no longer live."""
+    with app.db.session() as s:
+        m = s.scalars(
+            select(Machine).where(Machine.id == machine_id, Machine.status.not_in(ACTIVE_EXCLUDED))
+        ).first()
+        if m is None:
+            return None
+        known = s.scalars(
+            select(Event.detail).where(Event.machine_id == m.id, Event.kind == NOTICE_EVENT)
+        )
+        if not any(d.get("event_id") == notice["event_id"] for d in known):
+            s.add(
+                Event(
+                    machine_id=m.id,
+                    at=app.clock.now(),
+                    kind=NOTICE_EVENT,
+                    reason=notice["action"],
+                    detail=notice,
+                )
+            )
+            log.warning(
+                "%s: %s preemption notice (%s, not before %s)",
+                m.name,
+                notice["cloud"],
+                notice["action"],
+                notice["not_before"] or "unknown",
+            )
         return m
 
 
@@ -358,14 +443,15 @@ REPLAY_WINDOW = timedelta(minutes=5)  # a heartbeat signed longer ago (or ahead)
 
 
 class HeartbeatApp:
-    """The WSGI application of ``POST /v1/heartbeat``, ``GET /metrics`` and ``GET /healthz``
-    (mount it at each of those paths, or at ``/``).
+    """The WSGI application of ``POST /v1/heartbeat``, ``POST /v1/notice``, ``GET /metrics``
+    and ``GET /healthz`` (mount it at each of those paths, or at ``/``).
 
     A heartbeat is signed, not carrying its token: ``Authorization: PV1-HMAC-SHA256
     machine=ID, time=MS, signature=HEX`` (see :func:`provisioner.agent.signature`). It is
     refused (401) unless the machine is live and ``time`` is within :data:`REPLAY_WINDOW` of
     now — all before the body is read — and then unless the signature over the body matches;
-    ``time`` must also grow from one heartbeat of a machine to the next (409: a replay).
+    ``time`` must also grow from one request of a machine to the next on the same route (409:
+    a replay). A notice is signed the same way over its own route.
     ``/metrics`` needs ``Authorization: Bearer <metrics_token>`` when one is set; without one
     it is public and names no machine."""
 
@@ -373,7 +459,7 @@ class HeartbeatApp:
         self.app = app
         self.metrics = metrics
         self.metrics_token = metrics_token
-        self._last: dict[str, int] = {}  # machine id → the latest accepted time
+        self._last: dict[tuple[str, str], int] = {}  # (route, machine id) → latest time
         self._lock = threading.Lock()
 
     def __call__(self, environ: dict[str, Any], start_response: Any) -> Iterable[bytes]:
@@ -385,6 +471,11 @@ class HeartbeatApp:
                     return respond(start_response, 405, {"error": "POST a heartbeat"})
                 code, data = self._heartbeat(environ)
                 return respond(start_response, code, data)
+            if path == "/v1/notice":
+                if method != "POST":
+                    return respond(start_response, 405, {"error": "POST a notice"})
+                code, data = self._notice(environ)
+                return respond(start_response, code, data)
             if path == "/healthz":
                 return respond(start_response, 200, {"ok": True})
             if path == "/metrics" and self.metrics is not None:
@@ -394,34 +485,55 @@ class HeartbeatApp:
             return respond(start_response, 500, {"error": "not recorded"})
         return respond(start_response, 404, {"error": "not found"})
 
-    def _heartbeat(self, environ: dict[str, Any]) -> tuple[int, Any]:
+    def _verified(self, environ: dict[str, Any], route: str) -> tuple[int, Any, bytes]:
+        """(200, machine id, body) of a request signed by a live machine for ``route``, else
+        (status, error, b""): the signature checks of every route an agent posts to."""
         auth = agent.parse_authorization(environ.get("HTTP_AUTHORIZATION", ""))
         if auth is None:
-            return 401, {"error": "unsigned or malformed Authorization"}
+            return 401, {"error": "unsigned or malformed Authorization"}, b""
         machine_id, at_ms, sig = auth
         now_ms = int(self.app.clock.now().timestamp() * 1000)
         if abs(now_ms - at_ms) > REPLAY_WINDOW.total_seconds() * 1000:
-            return 401, {"error": "stale or future time: check the machine's clock"}
+            return 401, {"error": "stale or future time: check the machine's clock"}, b""
         key = self._key(machine_id)
         if key is None:
-            return 401, {"error": "unknown machine or token"}
+            return 401, {"error": "unknown machine or token"}, b""
         length = environ.get("CONTENT_LENGTH") or ""
         if not length.isdigit():
-            return 411, {"error": "a Content-Length is required"}
+            return 411, {"error": "a Content-Length is required"}, b""
         if int(length) > MAX_BODY:  # waitress refuses these first; kept for any other server
-            return 413, {"error": f"the body must be at most {MAX_BODY} bytes"}
+            return 413, {"error": f"the body must be at most {MAX_BODY} bytes"}, b""
         raw = environ["wsgi.input"].read(int(length))
-        if not hmac.compare_digest(sig, agent.signature(key, machine_id, at_ms, raw)):
-            return 401, {"error": "unknown machine or token"}
+        if not hmac.compare_digest(sig, agent.signature(key, machine_id, at_ms, raw, route)):
+            return 401, {"error": "unknown machine or token"}, b""
         with self._lock:  # the check and the update as one: two copies cannot both pass
-            if at_ms <= self._last.get(machine_id, 0):
-                return 409, {"error": "replayed or out-of-order heartbeat"}
-            self._last[machine_id] = at_ms
+            if at_ms <= self._last.get((route, machine_id), 0):
+                return 409, {"error": "replayed or out-of-order request"}, b""
+            self._last[route, machine_id] = at_ms
+        return 200, machine_id, raw
+
+    def _heartbeat(self, environ: dict[str, Any]) -> tuple[int, Any]:
+        code, machine_id, raw = self._verified(environ, agent.HEARTBEAT)
+        if code != 200:
+            return code, machine_id
         try:
             gpus = parse_body(raw)
         except BadHeartbeat as e:
             return 400, {"error": str(e)}
         m = record(self.app, machine_id, gpus)
+        if m is None:
+            return 401, {"error": "unknown machine or token"}
+        return 200, {"ok": True, "machine": m.name}
+
+    def _notice(self, environ: dict[str, Any]) -> tuple[int, Any]:
+        code, machine_id, raw = self._verified(environ, agent.NOTICE)
+        if code != 200:
+            return code, machine_id
+        try:
+            notice = parse_notice(raw)
+        except BadHeartbeat as e:
+            return 400, {"error": str(e)}
+        m = record_notice(self.app, machine_id, notice)
         if m is None:
             return 401, {"error": "unknown machine or token"}
         return 200, {"ok": True, "machine": m.name}
@@ -453,7 +565,7 @@ def endpoint_apps(
 ) -> dict[str, WSGIApp]:
     """The scheduler's own paths, for :func:`provisioner.web.serve` (other apps mount beside)."""
     hb = HeartbeatApp(app, metrics, metrics_token)
-    return {"/v1/heartbeat": hb, "/metrics": hb, "/healthz": hb}
+    return {"/v1/heartbeat": hb, "/v1/notice": hb, "/metrics": hb, "/healthz": hb}
 
 
 class Endpoint(Server):

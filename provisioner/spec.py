@@ -24,6 +24,7 @@ from policies.duration import parse_duration
 from policies.schema import MINUTES_MAX
 from providers import gpus
 from providers.gpus import GPUS
+from provisioner.agent import SIGNALS
 from provisioner.money import Money
 
 GPU_TYPES = tuple(GPUS)
@@ -133,10 +134,63 @@ class IdleRule(_Strict):
     for_minutes: int = Field(30, ge=1, le=MINUTES_MAX)
 
 
+class PreemptionNotice(_Strict):
+    """What the agent does to the job when the cloud announces a preemption (once per notice):
+    send ``signal`` (default SIGTERM) to every process whose command line matches ``to`` (a
+    regular expression, searched as ``pkill -f`` does), or ``run`` a shell command as root
+    (not waited for; PROVISIONER_NOTICE_CLOUD, _ACTION and _NOT_BEFORE in its environment)."""
+
+    signal: str | None = None
+    to: str | None = Field(None, min_length=1, max_length=512)
+    run: str | None = Field(None, min_length=1, max_length=4096)
+
+    @field_validator("signal")
+    @classmethod
+    def _signal(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        name = v.strip().upper()
+        name = name if name.startswith("SIG") else "SIG" + name
+        if name not in SIGNALS:
+            raise ValueError(f"unknown signal {v!r}; {did_you_mean(name, SIGNALS)}")
+        return name
+
+    @field_validator("to")
+    @classmethod
+    def _pattern(cls, v: str | None) -> str | None:
+        if v is not None:
+            try:
+                re.compile(v)
+            except re.error as e:
+                raise ValueError(f"not a regular expression: {e}") from None
+        return v
+
+    @model_validator(mode="after")
+    def _one_action(self) -> PreemptionNotice:
+        if self.run is not None:
+            if self.signal is not None or self.to is not None:
+                raise ValueError("give either run, or signal with to; not both")
+        elif self.to is None:
+            raise ValueError(
+                "say what to do: {signal: SIGTERM, to: <pattern of the job's command line>} "
+                "or {run: <command>}"
+            )
+        elif self.signal is None:
+            object.__setattr__(self, "signal", "SIGTERM")
+        return self
+
+    def for_agent(self) -> dict[str, str]:
+        """What the startup data hands the agent (``agent.load_action`` reads it)."""
+        if self.run is not None:
+            return {"run": self.run}
+        return {"signal": str(self.signal), "to": str(self.to)}
+
+
 class Lifecycle(_Strict):
     idle: IdleRule | None = None
     max_lifetime: timedelta | None = None
     on_preemption: Literal["relaunch", "terminate", "leave"] = "relaunch"
+    on_preemption_notice: PreemptionNotice | None = None
 
     @field_validator("max_lifetime", mode="before")
     @classmethod

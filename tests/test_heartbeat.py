@@ -553,3 +553,23 @@ def test_database_evidence_gives_the_verdicts_of_each_heartbeat(app):
         silences_read = sum(ev.gap_us is not None for ev in got.values())
         assert 0 < silences_read < len(got)  # the busy and the silent needed none
     assert set(verdicts) == {"idle", "busy", "unknown", "starting"}
+
+
+def test_a_signature_holds_for_its_own_route_only(agent_app):
+    """A heartbeat and a preemption notice are signed over their route: one cannot be replayed
+    as the other, and each route keeps its own sequence of times."""
+    m = launch(agent_app)
+    token = token_in(user_data(agent_app, m))
+    ms = int(TEST_START.timestamp() * 1000)
+    body = {"gpus": [{"index": 0, "util": 7.0}]}
+    raw = json.dumps(body).encode()
+    as_notice = agent.authorization(agent.signing_key(token), m.id, ms, raw, agent.NOTICE)
+    with idle.Endpoint(agent_app, port=0) as ep:
+        assert post(ep.url, m, None, body, headers={"Authorization": as_notice})[0] == 401
+        notice = {"cloud": "aws", "event_id": "e", "action": "stop", "not_before": None}
+        assert agent.post(ep.url, m.id, token, notice, ms + 5, route=agent.NOTICE) == 200
+        assert post(ep.url, m, token, body, ms)[0] == 200  # older than the notice: still good
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(ep.url + "/v1/notice", timeout=30)
+        assert e.value.code == 405
+    assert count_beats(agent_app) == 1
