@@ -573,3 +573,14 @@ def test_a_signature_holds_for_its_own_route_only(agent_app):
             urllib.request.urlopen(ep.url + "/v1/notice", timeout=30)
         assert e.value.code == 405
     assert count_beats(agent_app) == 1
+
+
+def test_the_launch_passes_the_cloud_and_the_notice_action_to_the_agent(agent_app):
+    """The startup data names the cloud whose preemption notice the agent watches, and what it
+    does on one (``lifecycle.on_preemption_notice``)."""
+    spec = sandbox_experiment("exp")
+    spec["lifecycle"] = {"on_preemption_notice": {"signal": "SIGUSR1", "to": "train\\.py"}}
+    m = machines.up(agent_app, Experiment.model_validate(spec)).machine
+    data = user_data(agent_app, m)
+    assert "--cloud 'sandbox' --on-notice-file /etc/provisioner/on-notice.json" in data
+    assert '{"signal": "SIGUSR1", "to": "train\\\\.py"}\nPV_NOTICE_EOF' in data

@@ -178,7 +178,8 @@ def _launch(
     if adopted is not None:
         return UpResult(_unless_cancelled(app, adopted), plan=plan)
 
-    user_data = _startup_data(app, machine.id, experiment)
+    # the agent's token, once per launch (never logged or recorded)
+    token = idle.issue_token(app, machine.id) if app.settings.scheduler.endpoint_url else None
     attempts: list[LaunchAttempt] = []
     blocked = Blocklist()
     for cand in plan.candidates:
@@ -189,6 +190,7 @@ def _launch(
             continue
         o = cand.offer
         progress(f"trying {cand.where} {o.instance_type} {cand.market} at {cand.price}/h")
+        user_data = _startup_data(app, machine.id, experiment, token, o.cloud)
         request = _launch_request(machine, experiment, cand, user_data, app.settings.money_rates)
         record_event(app, machine.id, "launch-attempt", detail=attempt.to_json())
         crashpoint("before-launch")
@@ -369,19 +371,24 @@ def _end_duplicates(app: App, m: Machine, extra: list[Instance]) -> None:
 # --- what is sent, and what is recorded ---------------------------------------------------------
 
 
-def _startup_data(app: App, machine_id: str, experiment: Experiment) -> str | None:
-    """The user's startup script, with the idle agent and a fresh per-machine token added when
-    settings name the endpoint agents report to. The token is never logged or recorded."""
+def _startup_data(
+    app: App, machine_id: str, experiment: Experiment, token: str | None, cloud: str
+) -> str | None:
+    """The user's startup script, with the idle agent added when settings name the endpoint
+    agents report to: its per-machine ``token``, the ``cloud`` whose preemption notice it
+    watches, and what it does on one (``lifecycle.on_preemption_notice``)."""
     sched = app.settings.scheduler
-    if not sched.endpoint_url:
+    if token is None or not sched.endpoint_url:
         return experiment.startup_script
-    token = idle.issue_token(app, machine_id)
+    notice = experiment.lifecycle.on_preemption_notice
     return idle.startup_data(
         experiment.startup_script,
         sched.endpoint_url,
         token,
         sched.agent_interval_seconds,
         machine_id,
+        cloud=cloud,
+        on_notice=notice.for_agent() if notice else None,
     )
 
 
