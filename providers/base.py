@@ -177,6 +177,10 @@ class Instance:
     private_ip: str | None = None
     launched_at: datetime | None = None
     state_reason: str | None = None  # the cloud's own words/code for the last transition
+    # When the cloud stopped, took or deleted the machine (aware UTC), as its API says it; None
+    # where the API gives no such time. Meaningful only for a machine in one of those states:
+    # reconcile closes usage at this instant, not at the moment it noticed.
+    stopped_at: datetime | None = None
 
     @property
     def ref(self) -> InstanceRef:

@@ -546,3 +546,46 @@ def test_gc_removes_our_ssh_group_once_no_machine_uses_it(emu: AwsEmulator) -> N
     ]
     provider.launch(req("tok-2"))  # the next launch makes it again
     assert emu.run_instances_requests[-1]["SecurityGroupId.1"] != group
+
+
+def test_the_time_ec2_stopped_or_took_a_machine_is_read_and_billed_to(
+    emu: AwsEmulator, home: Path, clock
+) -> None:
+    """StateTransitionReason's "(YYYY-MM-DD HH:MM:SS GMT)" is when EC2 stopped or took it:
+    reconcile, six hours later, closes the machine's usage there."""
+    from datetime import UTC, datetime, timedelta
+
+    from sqlalchemy import select
+
+    from provisioner.models import Event, UsageInterval
+
+    provider = make(emu)
+    stopped = provider.launch(req("tok-2"))
+    before = datetime.now(UTC).replace(microsecond=0)
+    provider.stop(stopped.ref)  # moto dates a user's stop by the wall clock
+    after = datetime.now(UTC)
+    at = provider.get(stopped.ref).stopped_at
+    assert at is not None and before <= at <= after and at.tzinfo is not None
+
+    app, experiment = aws_app(emu, home, clock)
+    try:
+        t0 = clock.now()
+        m = machines.up(app, experiment).machine
+        clock.advance(timedelta(minutes=7))
+        taken = clock.now()
+        emu.preempt(m.instance_id, m.region, action="terminate", at=taken)
+        clock.advance(timedelta(hours=6))
+        assert app.provider("aws").get(machines.ref(m)).stopped_at == taken
+        machines.reconcile(app)
+        with app.db.session() as s:
+            event = s.scalars(select(Event).where(Event.machine_id == m.id).order_by(Event.id))
+            last = list(event)[-1]
+            compute = s.scalars(
+                select(UsageInterval).where(
+                    UsageInterval.machine_id == m.id, UsageInterval.kind == "compute"
+                )
+            ).one()
+    finally:
+        app.close()
+    assert (last.kind, last.at, last.detail["at_source"]) == ("preempted", taken, "cloud")
+    assert (compute.started_at, compute.ended_at) == (t0, taken)

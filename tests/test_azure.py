@@ -502,6 +502,31 @@ def test_an_eviction_is_read_from_the_activity_log(emulator, provider):
     assert emulator.power_state("evicted-vm") == "deallocated"  # as a user stop would leave it
 
 
+def test_when_a_vm_was_evicted_or_deallocated_is_read_from_the_wire(emulator, provider):
+    """An eviction is dated by its Activity Log event, a deallocate by the instance view's
+    ProvisioningState/succeeded time (PowerState statuses carry none)."""
+    from datetime import datetime
+
+    def at(text: str) -> datetime:
+        return datetime.fromisoformat(text.replace("Z", "+00:00"))
+
+    evicted = provider.launch(request("evicted-vm", machine="m-1"))
+    stopped = provider.launch(request("stopped-vm", machine="m-2", spot=False))
+    emulator.evict("evicted-vm")
+    provider.stop(stopped.ref)
+    [evict] = [e for e in emulator.activity if "evictSpotVM" in e["operationName"]["value"]]
+    [dealloc] = [e for e in emulator.activity if "deallocate" in e["operationName"]["value"]]
+    assert provider.get(evicted.ref).stopped_at == at(evict["eventTimestamp"])
+    got = {i.name: i for i in provider.list_managed()}
+    assert (got["stopped-vm"].state, got["stopped-vm"].stopped_at) == (
+        MachineState.STOPPED,
+        at(dealloc["eventTimestamp"]),
+    )
+    assert got["evicted-vm"].stopped_at == at(evict["eventTimestamp"])
+    provider.start(stopped.ref)
+    assert provider.get(stopped.ref).stopped_at is None  # running: nothing stopped it
+
+
 def test_eviction_through_the_sdk_simulation_reads_preempted(emulator, provider):
     inst = provider.launch(request())
     compute, _ = provider._clients()

@@ -970,3 +970,65 @@ def test_first_real_run_through_the_cli_leaves_nothing_billed(
     [rule_insert] = firewall_inserts(emu)
     assert rule_insert.body["sourceRanges"] == ["198.51.100.0/24"]
     assert rule_insert.body["targetTags"] == ["provisioner-ssh"]
+
+
+def test_last_stop_timestamp_is_read_and_reconcile_bills_to_it(
+    emu: GCPEmulator, home: Path, clock
+) -> None:
+    """lastStopTimestamp, written with GCP's Pacific offset, is when the VM was taken:
+    `up` a T4 spot machine, preempt it, reconcile six hours later — usage closed at it."""
+    from datetime import timedelta
+
+    from sqlalchemy import select
+
+    from provisioner import machines
+    from provisioner.app import App
+    from provisioner.models import Event, UsageInterval
+    from provisioner.spec import Experiment
+    from tests.conftest import make_settings, sandbox_experiment
+
+    options = {
+        "project": emu.project,
+        "endpoint": emu.endpoint,
+        "anonymous": True,
+        "retry_base_seconds": 0.001,
+        "zones": [ZONE],
+    }
+    app = App(make_settings(home, clouds={"gcp": options}), clock)
+    try:
+        exp = sandbox_experiment("train", gpu="T4:1", market="spot", clouds=["gcp"])
+        t0 = clock.now()
+        m = machines.up(app, Experiment.model_validate(exp)).machine
+        clock.advance(timedelta(minutes=7))
+        taken = clock.now()
+        name = emu_name(emu, m.instance_id or "")
+        emu.preempt(ZONE, name, at=taken)
+        wire = emu.instance(ZONE, name)["lastStopTimestamp"]
+        assert (
+            wire
+            == (taken - timedelta(hours=8)).replace(tzinfo=None).isoformat(timespec="milliseconds")
+            + "-08:00"
+        )
+        clock.advance(timedelta(hours=6))
+        (listed,) = app.provider("gcp").list_managed()
+        assert (listed.state, listed.stopped_at) == (MachineState.PREEMPTED, taken)
+        machines.reconcile(app)
+        with app.db.session() as s:
+            last = s.scalars(
+                select(Event).where(Event.machine_id == m.id).order_by(Event.id.desc())
+            ).first()
+            compute = s.scalars(
+                select(UsageInterval).where(
+                    UsageInterval.machine_id == m.id, UsageInterval.kind == "compute"
+                )
+            ).one()
+    finally:
+        app.close()
+    assert last is not None
+    assert (last.kind, last.at, last.detail["at_source"]) == ("preempted", taken, "cloud")
+    assert (compute.started_at, compute.ended_at) == (t0, taken)
+
+
+def emu_name(emu: GCPEmulator, instance_id: str) -> str:
+    (name,) = [n for (_, n), i in emu.instances.items() if str(i["id"]) == instance_id]
+    return name

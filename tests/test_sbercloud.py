@@ -313,6 +313,19 @@ def test_a_spot_server_taken_back_releases_its_eip(emu, sc, how):
     assert emu.eips == {}
 
 
+@pytest.mark.parametrize("how", ["stop", "delete"])
+def test_when_a_server_was_taken_is_read_from_the_wire(emu, sc, how):
+    """A deleted server is dated by OS-SRV-USG:terminated_at, a SHUTOFF one by ``updated``."""
+    from datetime import UTC, datetime
+
+    inst = sc.launch(request(spot=True))
+    assert sc.get(inst.ref).stopped_at is None
+    taken = datetime(2026, 11, 2, 9, 7, 0, tzinfo=UTC)
+    emu.preempt(inst.id, how=how, at=taken)
+    got = sc.get(inst.ref)
+    assert (got.state, got.stopped_at) == (MachineState.PREEMPTED, taken)
+
+
 def test_no_eip_quota_is_quota_error_and_leaves_nothing(emu, sc):
     emu.faults.max_eips = 0
     with pytest.raises(QuotaError) as err:

@@ -319,6 +319,15 @@ def test_a_preemption_is_read_from_the_preempt_operation(emu, yc):
     got = yc.get(spot.ref)
     assert got.state is MachineState.PREEMPTED and "PreemptInstance" in (got.state_reason or "")
     assert emu.calls("InstanceService.ListOperations")  # the history was read
+    # the Instance has no stop time: the preempt operation's modified_at dates it
+    [op] = [o.pb for o in emu._ops.values() if o.pb.description == "Preempt instance"]
+    assert got.stopped_at == op.modified_at.ToDatetime(dt.UTC)
+
+
+def test_a_preemption_missing_from_the_history_is_not_dated(emu, yc):
+    spot = yc.launch(request(spot=True))
+    emu.preempt(spot.id, record_operation=False)
+    assert yc.get(spot.ref).stopped_at is None  # reconcile falls back to the agent's heartbeat
 
 
 def test_a_preemption_missing_from_the_history_still_reads_preempted(emu, yc):

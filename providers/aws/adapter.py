@@ -15,6 +15,7 @@ from __future__ import annotations
 import re
 import threading
 from collections.abc import Callable, Mapping, Sequence
+from datetime import UTC, datetime
 from functools import partial
 from typing import Any
 
@@ -498,4 +499,18 @@ def _instance(raw: Mapping[str, Any], region: str, zone: str) -> Instance:
         private_ip=raw.get("PrivateIpAddress"),
         launched_at=raw.get("LaunchTime"),
         state_reason=message or code or raw.get("StateTransitionReason") or None,
+        stopped_at=_transition_time(raw.get("StateTransitionReason") or ""),
     )
+
+
+# StateTransitionReason ("The reason for the most recent state transition", botocore's ec2
+# model, Instance) is text, and EC2 dates a stop or terminate in it: "User initiated
+# (2020-03-05 04:45:19 GMT)" for a user's, "Service initiated (… GMT)" for EC2's own, a spot
+# interruption among them (its code is in StateReason). moto writes "UTC" for "GMT".
+_TRANSITION_TIME = re.compile(r"\((\d{4}-\d\d-\d\d \d\d:\d\d:\d\d) (?:GMT|UTC)\)")
+
+
+def _transition_time(reason: str) -> datetime | None:
+    """When the last state transition happened, from StateTransitionReason's text."""
+    m = _TRANSITION_TIME.search(reason)
+    return datetime.fromisoformat(m[1]).replace(tzinfo=UTC) if m else None

@@ -17,8 +17,9 @@ if TYPE_CHECKING:
 ACTIVITY_API_VERSION = "2015-04-01"
 
 
-def evicted(cloud: AzureProvider, vm: Any) -> tuple[bool, str | None]:
-    """Was this deallocated Spot VM evicted (rather than stopped by someone)?
+def evicted(cloud: AzureProvider, vm: Any) -> tuple[bool, str | None, datetime | None]:
+    """Was this deallocated Spot VM evicted (rather than stopped by someone)? With why, and
+    when: the deciding event's ``eventTimestamp`` (when ARM evicted or deallocated it).
 
     The instance view of an evicted VM reads exactly like a user's deallocate
     (``PowerState/deallocated``). The record that tells them apart is the Activity Log: ARM
@@ -59,10 +60,10 @@ def evicted(cloud: AzureProvider, vm: Any) -> tuple[bool, str | None]:
                 at = _parse_time(event["eventTimestamp"])
                 latest[kind] = max(latest.get(kind, at), at)
     except ProviderError as err:
-        return False, f"activity log unreadable ({err.code or err})"
+        return False, f"activity log unreadable ({err.code or err})", None
     if "evict" in latest and latest["evict"] > latest.get("stop", datetime.min.replace(tzinfo=UTC)):
-        return True, "Microsoft.Compute/virtualMachines/evictSpotVM/action"
-    return False, None
+        return True, "Microsoft.Compute/virtualMachines/evictSpotVM/action", latest["evict"]
+    return False, None, latest.get("stop")
 
 
 def _get_json(compute: Any, url: str) -> dict:

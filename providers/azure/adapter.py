@@ -11,6 +11,7 @@ import re
 import shutil
 import threading
 from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
 from functools import partial
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
@@ -495,11 +496,28 @@ class AzureProvider(Provider):
             state = MachineState.TERMINATED if failed else MachineState.PENDING
         else:
             state = _POWER.get(power, MachineState.PENDING)
-        if state is MachineState.STOPPED and power == "deallocated" and spot:
-            evicted, why = activity.evicted(self, vm)
-            if evicted:
-                state = MachineState.PREEMPTED
-            reason = ", ".join(filter(None, [reason, why]))
+        # When it stopped: a deallocate is a user-initiated operation whose completion the
+        # ProvisioningState/succeeded status dates ("time"; MicrosoftDocs azure-docs, "States
+        # and billing status of Azure VMs": a deallocate "is considered an update"); the
+        # PowerState status has no time. A powered-off VM (PowerState/stopped, possibly from
+        # inside the guest) has no dated record: None. An eviction is not user-initiated, so
+        # for a Spot VM the Activity Log's evictSpotVM (or deallocate) eventTimestamp dates it.
+        stopped_at = None
+        if state is MachineState.STOPPED and power == "deallocated":
+            if spot:
+                evicted, why, stopped_at = activity.evicted(self, vm)
+                if evicted:
+                    state = MachineState.PREEMPTED
+                reason = ", ".join(filter(None, [reason, why]))
+            else:
+                stopped_at = next(
+                    (
+                        st.time
+                        for st in statuses or []
+                        if (st.code or "").lower() == "provisioningstate/succeeded"
+                    ),
+                    None,
+                )
         return Instance(
             id=vm.id,
             name=vm.name,
@@ -513,7 +531,14 @@ class AzureProvider(Provider):
             private_ip=private_ip,
             launched_at=vm.time_created,
             state_reason=reason,
+            stopped_at=_utc(stopped_at),
         )
+
+
+def _utc(at: datetime | None) -> datetime | None:
+    if at is None:
+        return None
+    return at.astimezone(UTC) if at.tzinfo else at.replace(tzinfo=UTC)
 
 
 def _network_name(resource_id: str) -> tuple[str | None, str]:

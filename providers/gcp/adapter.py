@@ -14,7 +14,7 @@ import os
 import re
 import uuid
 from collections.abc import Callable, Mapping, Sequence
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -387,6 +387,10 @@ class GCPProvider(Provider):
             private_ip=(nic.network_i_p if nic else "") or None,
             launched_at=_timestamp(item.creation_timestamp),
             state_reason=reason,
+            # lastStopTimestamp: "Last stop timestamp in RFC3339 text format" (compute v1
+            # Instance; google-cloud-compute Instance.last_stop_timestamp), set on a stop and on
+            # a preemption that stops (instanceTerminationAction STOP). A deleted VM has none.
+            stopped_at=_utc(_timestamp(item.last_stop_timestamp)),
         )
 
     # --- plumbing --------------------------------------------------------------------------
@@ -508,6 +512,13 @@ def _zone_of(ref: InstanceRef) -> str:
     if not ref.zone:
         raise InvalidRequest(f"gcp: instance {ref.name or ref.id} has no zone", code="noZone")
     return ref.zone
+
+
+def _utc(at: datetime | None) -> datetime | None:
+    """GCP writes its times with a Pacific offset (``…-08:00``); the state keeps UTC."""
+    if at is None:
+        return None
+    return at.astimezone(UTC) if at.tzinfo else at.replace(tzinfo=UTC)
 
 
 def _timestamp(text: str) -> datetime | None:

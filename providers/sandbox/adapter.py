@@ -19,7 +19,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -48,7 +48,8 @@ CREATE TABLE IF NOT EXISTS machines (
     region TEXT NOT NULL, zone TEXT NOT NULL, instance_type TEXT NOT NULL,
     gpu TEXT NOT NULL, gpu_count INTEGER NOT NULL, spot INTEGER NOT NULL,
     preemption_action TEXT NOT NULL, state TEXT NOT NULL, reason TEXT,
-    labels TEXT NOT NULL, user_data TEXT, created_at TEXT NOT NULL, public_ip TEXT NOT NULL
+    labels TEXT NOT NULL, user_data TEXT, created_at TEXT NOT NULL, public_ip TEXT NOT NULL,
+    stopped_at TEXT
 );
 CREATE TABLE IF NOT EXISTS faults (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS calls (n INTEGER NOT NULL);
@@ -89,6 +90,9 @@ class SandboxProvider(Provider):
                 conn.row_factory = sqlite3.Row
                 conn.execute("PRAGMA journal_mode=WAL")
                 conn.executescript(_SCHEMA)
+                columns = {r["name"] for r in conn.execute("PRAGMA table_info(machines)")}
+                if "stopped_at" not in columns:  # a sandbox file from before it kept the time
+                    conn.execute("ALTER TABLE machines ADD COLUMN stopped_at TEXT")
                 self._conn = conn
             conn = self._conn
             conn.execute("BEGIN IMMEDIATE")
@@ -172,21 +176,26 @@ class SandboxProvider(Provider):
             private_ip=None,
             launched_at=datetime.fromisoformat(row["created_at"]),
             state_reason=row["reason"],
+            # the instant this cloud stopped, took or deleted it, kept in its own table
+            stopped_at=datetime.fromisoformat(row["stopped_at"]) if row["stopped_at"] else None,
         )
 
     def _maybe_preempt(self, db: sqlite3.Connection, row: sqlite3.Row) -> sqlite3.Row:
         after = self._fault(db, "preempt_after_seconds")
         if after is None or not row["spot"] or row["state"] != "running":
             return row
-        age = (self._now() - datetime.fromisoformat(row["created_at"])).total_seconds()
-        if age < float(after):
+        due = datetime.fromisoformat(row["created_at"]) + timedelta(seconds=float(after))
+        if self._now() < due:
             return row
-        return self._preempt_row(db, row)
+        return self._preempt_row(db, row, at=due)  # taken when due, whenever it is looked at
 
-    def _preempt_row(self, db: sqlite3.Connection, row: sqlite3.Row) -> sqlite3.Row:
+    def _preempt_row(
+        self, db: sqlite3.Connection, row: sqlite3.Row, at: datetime | None = None
+    ) -> sqlite3.Row:
         state = "terminated" if row["preemption_action"] == "terminate" else "stopped"
         db.execute(
-            "UPDATE machines SET state = ?, reason = 'preempted' WHERE id = ?", (state, row["id"])
+            "UPDATE machines SET state = ?, reason = 'preempted', stopped_at = ? WHERE id = ?",
+            (state, (at or self._now()).isoformat(), row["id"]),
         )
         return db.execute("SELECT * FROM machines WHERE id = ?", (row["id"],)).fetchone()
 
@@ -245,7 +254,7 @@ class SandboxProvider(Provider):
             # TEST-NET-2, never routable, unless settings point its machines at a real host
             ip = self.options.public_ip or f"198.51.100.{secrets.randbelow(250) + 2}"
             db.execute(
-                "INSERT INTO machines VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                "INSERT INTO machines VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
                 (
                     iid,
                     request.name,
@@ -263,6 +272,7 @@ class SandboxProvider(Provider):
                     request.user_data,
                     self._now().isoformat(),
                     ip,
+                    None,
                 ),
             )
             return self._instance(
@@ -303,9 +313,15 @@ class SandboxProvider(Provider):
             if row["state"] == "terminated" and state != "terminated":
                 raise NotFound(f"sandbox: machine {ref.id} is terminated", code="SandboxNotFound")
             if row["state"] in allowed_from:
+                halted = state != "running"
                 db.execute(
-                    "UPDATE machines SET state = ?, reason = ? WHERE id = ?",
-                    (state, "user" if state != "running" else None, ref.id),
+                    "UPDATE machines SET state = ?, reason = ?, stopped_at = ? WHERE id = ?",
+                    (
+                        state,
+                        "user" if halted else None,
+                        self._now().isoformat() if halted else None,
+                        ref.id,
+                    ),
                 )
 
         self._call(update)
@@ -338,8 +354,9 @@ class SandboxProvider(Provider):
                     continue
                 if row["state"] in allowed_from:
                     db.execute(
-                        "UPDATE machines SET state = ?, reason = 'user' WHERE id = ?",
-                        (state, ref.id),
+                        "UPDATE machines SET state = ?, reason = 'user', stopped_at = ?"
+                        " WHERE id = ?",
+                        (state, self._now().isoformat(), ref.id),
                     )
                 out[ref] = None
             return out
@@ -375,7 +392,7 @@ class SandboxProvider(Provider):
         iid = "sbx-" + secrets.token_hex(6)
         with self._db() as db:
             db.execute(
-                "INSERT INTO machines VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                "INSERT INTO machines VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
                 (
                     iid,
                     name,
@@ -393,6 +410,7 @@ class SandboxProvider(Provider):
                     None,
                     self._now().isoformat(),
                     "198.51.100.1",
+                    None,
                 ),
             )
         return iid

@@ -95,6 +95,17 @@ def _time(value: str | None) -> datetime | None:
     return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
 
 
+def _stopped_at(s: Any, status: str) -> datetime | None:
+    """When the server stopped or was deleted (huaweicloudsdkecs ServerDetail; Huawei ECS
+    "Querying Details About ECSs"). A deleted one carries ``OS-SRV-USG:terminated_at`` ("the
+    time the ECS was deleted", UTC without an offset). ECS has no stop time: ``updated`` ("the
+    time the ECS was updated") is its last change, the stop or later, so a SHUTOFF server is
+    billed to it and never for less than it ran. A server ECS no longer shows has neither."""
+    if status in GONE:
+        return _time(s.os_srv_us_gterminated_at)
+    return _time(s.updated) if status == "SHUTOFF" else None
+
+
 class SberCloudProvider(Provider):
     spec = SPEC
     options: SberCloudOptions
@@ -280,6 +291,7 @@ class SberCloudProvider(Provider):
             private_ip=next((a.addr for a in ips if a.os_ext_ip_stype != "floating"), None),
             launched_at=_time(s.os_srv_us_glaunched_at) or _time(s.created),
             state_reason=reason,
+            stopped_at=_stopped_at(s, status),
         )
 
     # -- the contract ---------------------------------------------------------------------

@@ -493,12 +493,15 @@ class YandexProvider(Provider):
             self._image_cache[image] = found.id
         return self._image_cache[image]
 
-    def _stop_reason(self, instance_id: str) -> tuple[MachineState, str]:
+    def _stop_reason(self, instance_id: str) -> tuple[MachineState, str, datetime | None]:
         """Why a preemptible machine is STOPPED, from its own operation history: the latest
         operation that changed its power state. A Stop (ours, the console's, the guest's) means
         STOPPED; PreemptInstance means PREEMPTED; a start with no stop after it means it went
         down without anyone asking: PREEMPTED too. No history at all: STOPPED (a relaunch is
-        the costlier mistake)."""
+        the costlier mistake). And when: the Instance message has no stop time (compute/v1
+        instance.proto: only ``created_at``), so the deciding stop or preempt operation's
+        ``modified_at`` ("the time when the Operation resource was last modified",
+        operation.proto; done, so when it finished) dates it; None without such an operation."""
         from yandex.cloud.compute.v1.instance_service_pb2 import ListInstanceOperationsRequest
         from yandex.cloud.compute.v1.instance_service_pb2_grpc import InstanceServiceStub
 
@@ -514,7 +517,7 @@ class YandexProvider(Provider):
             "operations",
         )
         power = [
-            (op.created_at.ToDatetime(UTC), kind, op.id)
+            (op.created_at.ToDatetime(UTC), kind, op.id, op.modified_at.ToDatetime(UTC))
             for op in operations
             if (kind := op.metadata.type_url.removeprefix(_OP_META))
             in _STOPPED_BY_CALL | _PREEMPTED | _STARTED
@@ -522,21 +525,24 @@ class YandexProvider(Provider):
             and not op.error.code
         ]
         if not power:
-            return MachineState.STOPPED, "STOPPED (no operation history)"
-        _at, kind, op_id = max(power)
+            return MachineState.STOPPED, "STOPPED (no operation history)", None
+        _at, kind, op_id, done_at = max(power)
         if kind in _STOPPED_BY_CALL:
-            return MachineState.STOPPED, f"STOPPED by {kind.removesuffix('Metadata')} {op_id}"
+            why = f"STOPPED by {kind.removesuffix('Metadata')} {op_id}"
+            return MachineState.STOPPED, why, done_at
         if kind in _PREEMPTED:
-            return MachineState.PREEMPTED, f"PreemptInstance {op_id}"
-        return MachineState.PREEMPTED, f"STOPPED with no stop operation after {op_id}"
+            return MachineState.PREEMPTED, f"PreemptInstance {op_id}", done_at
+        return MachineState.PREEMPTED, f"STOPPED with no stop operation after {op_id}", None
 
     def _to_instance(self, raw: Any) -> Instance:
         status = raw.Status.Name(raw.status)
         state = _STATES.get(status, MachineState.PENDING)
         reason = status
         preemptible = raw.scheduling_policy.preemptible
+        # A regular machine's history is not read (a call per stopped machine): no time then.
+        stopped_at = None
         if status == "STOPPED" and preemptible:
-            state, reason = self._stop_reason(raw.id)
+            state, reason, stopped_at = self._stop_reason(raw.id)
         nic = raw.network_interfaces[0] if raw.network_interfaces else None
         address = nic.primary_v4_address if nic else None
         return Instance(
@@ -557,4 +563,5 @@ class YandexProvider(Provider):
             private_ip=(address.address or None) if address else None,
             launched_at=raw.created_at.ToDatetime(UTC) if raw.HasField("created_at") else None,
             state_reason=reason,
+            stopped_at=stopped_at,
         )

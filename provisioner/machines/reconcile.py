@@ -9,17 +9,20 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime
 
-from sqlalchemy import select
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
 
 from providers.base import Instance, MachineState, NotFound, ProviderError
 from provisioner import ledger
 from provisioner.app import App
 from provisioner.machines.record import ref
-from provisioner.models import ACTIVE_EXCLUDED, Machine
-from provisioner.schema import MachineStatus, observed
+from provisioner.models import ACTIVE_EXCLUDED, Heartbeat, Machine, UsageInterval
+from provisioner.schema import COMPUTE_BILLED, MachineStatus, observed
 
 log = logging.getLogger("provisioner")
 S = MachineStatus
+#: what a machine is found in when the cloud stopped, took or deleted it
+HALTED = frozenset({S.STOPPED, S.PREEMPTED, S.TERMINATED})
 
 
 @dataclass
@@ -186,16 +189,39 @@ def _record(app: App, m: Machine, inst: Instance | None, now: datetime) -> Obser
             log.warning("reconcile: %s (%s) changed meanwhile; skipped", m.name, m.id)
             return None
         row.public_ip = address
+        detail = {
+            "observed": inst.state.value if inst else "gone",
+            "cloud_reason": inst.state_reason if inst else None,
+        }
+        at = now
+        if status in HALTED:
+            at, detail["at_source"] = halted_at(s, row, inst.stopped_at if inst else None, now)
         changed = ledger.record_transition(
-            s,
-            row,
-            status,
-            now,
-            event="booted" if booted else None,
-            reason=reason,
-            detail={
-                "observed": inst.state.value if inst else "gone",
-                "cloud_reason": inst.state_reason if inst else None,
-            },
+            s, row, status, at, event="booted" if booted else None, reason=reason, detail=detail
         )
         return Observation(row, status, changed)
+
+
+def halted_at(
+    s: Session, m: Machine, cloud_at: datetime | None, now: datetime
+) -> tuple[datetime, str]:
+    """When ``m``, found stopped, preempted or gone at ``now``, stopped billing, and what says
+    so: the cloud's own time (``"cloud"``), else the agent's last heartbeat in the open usage
+    (``"heartbeat"``: it ran at least until then), else ``now`` (``"noticed"``). Never before
+    the open usage began (a stale time bills nothing twice, and no interval ends before it
+    starts) and never after ``now``. Between two scheduler ticks, or through an outage of the
+    scheduler, usage is so closed where the cloud closed it, not where it was noticed."""
+    floor = s.scalar(
+        select(func.max(UsageInterval.started_at)).where(
+            UsageInterval.machine_id == m.id, UsageInterval.ended_at.is_(None)
+        )
+    )
+    if cloud_at is not None:
+        return min(max(cloud_at, floor or cloud_at), now), "cloud"
+    if m.status in COMPUTE_BILLED:  # a machine already stopped has no running to bound
+        beat = s.scalar(
+            select(func.max(Heartbeat.at)).where(Heartbeat.machine_id == m.id, Heartbeat.at <= now)
+        )
+        if beat is not None and (floor is None or beat >= floor):
+            return beat, "heartbeat"
+    return now, "noticed"

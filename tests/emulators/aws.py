@@ -41,6 +41,7 @@ import xml.etree.ElementTree as ET
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from xml.sax.saxutils import escape
@@ -52,6 +53,12 @@ SPOT_INTERRUPTION = {
     "terminate": ("Server.SpotInstanceTermination", "Spot instance termination"),
     "stop": ("Server.SpotInstanceShutdown", "Spot instance shutdown"),
 }
+# StateTransitionReason (wire element ``reason``; botocore's ec2 model, Instance): EC2 dates a
+# stop or terminate in it, "User initiated (2020-03-05 04:45:19 GMT)" for a user's (AWS CLI
+# output in lostsnow/devops-cli aws/data/sample/ec2/describe-instances.md) and "Service
+# initiated (2016-04-18 21:15:09 GMT)" for EC2's own, a spot interruption among them
+# (evergreen-ci/cedar cost tests, parsing real describe-instances answers).
+_MOTO_REASON_TIME = re.compile(rb"(\(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d) UTC\)")
 _CREDENTIAL_SCOPE = re.compile(r"Credential=[^/,\s]+/\d{8}/([a-z0-9-]+)/([a-z0-9-]+)/aws4_request")
 _SPOT_PARAMS = re.compile(
     r"^(Action|Version|AvailabilityZone|StartTime|EndTime|MaxResults|NextToken|DryRun"
@@ -270,7 +277,7 @@ class AwsEmulator:
         self._in_flight = 0
         self._tokens: dict[tuple[str, str], tuple[dict[str, str], bytes]] = {}
         self._token_locks: dict[tuple[str, str], threading.Lock] = {}
-        self._preempted: dict[str, tuple[str, str]] = {}
+        self._preempted: dict[str, tuple[str, str, datetime]] = {}
         self.spot_requests: dict[str, SpotRequest] = {}
         self._clients: dict[tuple[str, str], Any] = {}
         self._zone_ids: dict[str, dict[str, str]] = {}
@@ -358,9 +365,16 @@ class AwsEmulator:
             self._amis[region] = max(images, key=lambda i: i["Name"])["ImageId"]
         return self._amis[region]
 
-    def preempt(self, instance_id: str, region: str = "us-east-1", action: str = "terminate"):
+    def preempt(
+        self,
+        instance_id: str,
+        region: str = "us-east-1",
+        action: str = "terminate",
+        at: datetime | None = None,
+    ):
         """Take a spot instance back as AWS would: ``terminate`` or ``stop`` it, with the
-        spot interruption StateReason."""
+        spot interruption StateReason and a StateTransitionReason dated ``at`` (default: now)
+        as EC2 dates it, ``Service initiated (YYYY-MM-DD HH:MM:SS GMT)``."""
         ec2 = self.client("ec2", region)
         raw = ec2.describe_instances(InstanceIds=[instance_id])["Reservations"][0]["Instances"][0]
         if raw.get("InstanceLifecycle") != "spot":
@@ -374,7 +388,8 @@ class AwsEmulator:
             ec2.stop_instances(InstanceIds=[instance_id])
         code, text = SPOT_INTERRUPTION[action]
         with self._lock:
-            self._preempted[instance_id] = (code, f"{code}: {text}")
+            when = (at or datetime.now(UTC)).astimezone(UTC)
+            self._preempted[instance_id] = (code, f"{code}: {text}", when)
             request = self._spot_request_of(instance_id)
             if request is not None and request.state not in ("cancelled", "closed"):
                 # persistent: open again, waiting for capacity; one-time: done
@@ -623,8 +638,11 @@ class AwsEmulator:
                 for iid in ids:
                     if request := self._spot_request_of(iid):
                         request.state = "disabled"  # "when you stop your Spot Instance"
-        if action == "DescribeInstances" and status == 200 and self._preempted:
-            data = self._rewrite_preempted(data)
+        if action == "DescribeInstances" and status == 200:
+            # moto dates a user's stop or terminate "(… UTC)"; EC2 writes "(… GMT)"
+            data = _MOTO_REASON_TIME.sub(rb"\1 GMT)", data)
+            if self._preempted:
+                data = self._rewrite_preempted(data)
         if self.faults.take_drop(action):
             rec.answer = "dropped"
             raise _Dropped
@@ -796,7 +814,7 @@ class AwsEmulator:
             iid = item.findtext(q("instanceId"))
             if iid not in preempted:
                 continue
-            code, message = preempted[iid]
+            code, message, when = preempted[iid]
             reason = item.find(q("stateReason"))
             if reason is None:
                 reason = ET.SubElement(item, q("stateReason"))
@@ -806,8 +824,9 @@ class AwsEmulator:
                     node = ET.SubElement(reason, q(tag))
                 node.text = text
             transition = item.find(q("reason"))
-            if transition is not None:
-                transition.text = f"Service initiated ({code})"
+            if transition is None:
+                transition = ET.SubElement(item, q("reason"))
+            transition.text = f"Service initiated ({when:%Y-%m-%d %H:%M:%S} GMT)"
         return ET.tostring(root, encoding="utf-8", xml_declaration=True)
 
     def _spot_history(self, region: str, params: dict[str, str], rec: Recorded) -> _Reply:

@@ -142,6 +142,12 @@ class _Throttle:
 class _Vm:
     body: dict  # the ARM resource as GET returns it
     power: str  # PowerState/<power>
+    # when the last user-initiated operation (create, deallocate, powerOff, start) completed:
+    # the instance view's ProvisioningState/succeeded status carries it as "time"
+    # (MicrosoftDocs/azure-docs, includes/virtual-machines-common-states-and-lifecycle.md:
+    # "Succeeded – the user-initiated actions have completed", with "time"; a deallocate "is
+    # considered an update"). An eviction is not user-initiated: it leaves the time alone.
+    provisioned: str | None = None
 
 
 # --- strict body checks against the SDK's models -------------------------------------------
@@ -574,10 +580,12 @@ class AzureEmulator:
             )
         return vm
 
-    def _event(self, resource_id: str, operation: str) -> None:
+    def _event(self, resource_id: str, operation: str) -> str:
+        """Log an Activity Log event; returns its time."""
+        at = self._now()
         self.activity.append(
             {
-                "eventTimestamp": self._now(),
+                "eventTimestamp": at,
                 "operationName": {"value": operation, "localizedValue": operation.split("/")[-2]},
                 "status": {"value": "Succeeded", "localizedValue": "Succeeded"},
                 "resourceId": resource_id,
@@ -585,6 +593,7 @@ class AzureEmulator:
                 "caller": "Azure" if "evict" in operation.lower() else "user@example.com",
             }
         )
+        return at
 
     def _operation(
         self,
@@ -913,6 +922,7 @@ class AzureEmulator:
                 return {"code": failure.code, "message": failure.message}
             props["provisioningState"] = "Succeeded"
             vm.power = "running"
+            vm.provisioned = self._now()
             return None
 
         return 201, self._operation("Microsoft.Compute", region, complete), stored
@@ -1020,6 +1030,8 @@ class AzureEmulator:
                 "displayStatus": f"Provisioning {prov.lower()}",
             }
         ]
+        if prov == "Succeeded" and vm.provisioned:
+            statuses[0]["time"] = vm.provisioned
         if prov == "Failed":
             statuses[0] = {
                 "code": "ProvisioningState/failed/AllocationFailed",
@@ -1055,7 +1067,9 @@ class AzureEmulator:
                 vm.power = before
                 return {"code": failure.code, "message": failure.message}
             vm.power = after
-            self._event(vm_id, f"Microsoft.Compute/virtualMachines/{action}/action")
+            vm.provisioned = self._event(
+                vm_id, f"Microsoft.Compute/virtualMachines/{action}/action"
+            )
             return None
 
         return 202, self._operation("Microsoft.Compute", region, complete), None

@@ -36,7 +36,7 @@ import threading
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime, timedelta, timezone
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
@@ -403,9 +403,12 @@ class GCPEmulator:
     def deny_auth(self) -> None:
         self._auth_denied = True
 
-    def preempt(self, zone: str, name: str) -> None:
+    def preempt(self, zone: str, name: str, at: datetime | None = None) -> None:
         """GCP takes back a spot instance: per its instanceTerminationAction it is stopped
-        (TERMINATED) or deleted, and a ``compute.instances.preempted`` operation is logged."""
+        (TERMINATED) or deleted, and a ``compute.instances.preempted`` operation is logged.
+        ``at`` dates it (default: the logical clock) as GCP writes times, with the Pacific
+        offset of its API answers (e.g. ``"lastStopTimestamp": "2022-04-05T01:23:00.444-07:00"``
+        in recorded instances.get answers; RFC 3339 per the compute v1 Instance reference)."""
         with self._lock:
             instance = self.instances[(zone, name)]
             scheduling = instance.get("scheduling", {})
@@ -416,9 +419,8 @@ class GCPEmulator:
             if scheduling.get("instanceTerminationAction") == "DELETE":
                 del self.instances[(zone, name)]
             else:
-                instance.update(
-                    status="TERMINATED", lastStopTimestamp=self._now(), statusMessage=""
-                )
+                when = self._now() if at is None else _pacific(at)
+                instance.update(status="TERMINATED", lastStopTimestamp=when, statusMessage="")
 
     def console_stop(self, zone: str, name: str) -> None:
         """A person stops the instance in the console: a ``stop`` operation by a user, and the
@@ -953,6 +955,11 @@ class GCPEmulator:
         """A logical clock: every timestamp is one second after the last one."""
         self._clock += timedelta(seconds=1)
         return self._clock.isoformat(timespec="milliseconds")
+
+
+def _pacific(at: datetime) -> str:
+    """``at`` in RFC 3339 at UTC-08:00, milliseconds, as GCP's answers carry their times."""
+    return at.astimezone(timezone(timedelta(hours=-8))).isoformat(timespec="milliseconds")
 
 
 class _Handler(BaseHTTPRequestHandler):

@@ -278,16 +278,16 @@ class EcsEmulator:
         """The next ``n`` requests get ``429 APIGW.0308``."""
         self.faults.throttle_left = n
 
-    def preempt(self, server_id: str, *, how: str = "stop") -> None:
+    def preempt(self, server_id: str, *, how: str = "stop", at: datetime | None = None) -> None:
         """The cloud takes a spot server back: ``stop`` (SHUTOFF), ``delete`` (status DELETED)
-        or ``vanish`` (gone: 404)."""
+        or ``vanish`` (gone: 404), at ``at`` (default: now)."""
         with self._lock:
             if how != "stop":
                 self._release_eips(server_id, delete_publicip=False)
             if how == "vanish":
                 del self.servers[server_id]
             else:
-                self.servers[server_id]["status"] = "SHUTOFF" if how == "stop" else "DELETED"
+                _set_status(self.servers[server_id], "SHUTOFF" if how == "stop" else "DELETED", at)
 
     def console_stop(self, server_id: str) -> None:
         """A person stops the server in the console: SHUTOFF. Huawei records no reason, so this
@@ -662,7 +662,7 @@ class EcsEmulator:
         sid = created["id"]
 
         def finish() -> None:
-            created.update(status="ACTIVE")
+            _set_status(created, "ACTIVE")
             if publicip:  # the EIP is assigned and bound as the job completes
                 self._bind_eip(sid, publicip)
 
@@ -694,7 +694,9 @@ class EcsEmulator:
             "metadata": {"charging_mode": "2" if spot else "0", "vpc_id": "vpc"},
             "ip": f"192.168.0.{len(self.servers) + 10}",
             "created": now.strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "updated": now.strftime("%Y-%m-%dT%H:%M:%SZ"),
             "launched_at": now.strftime("%Y-%m-%dT%H:%M:%S.000000"),
+            "terminated_at": "",
         }
         return server
 
@@ -835,7 +837,8 @@ class EcsEmulator:
 
         def finish() -> None:
             for s in servers:
-                s.update(status=status, task_state="")
+                s.update(task_state="")
+                _set_status(s, status)
 
         job = self._new_job(
             "batchStopServers" if action == "os-stop" else "batchStartServers",
@@ -853,7 +856,7 @@ class EcsEmulator:
 
         def finish() -> None:
             for s in servers:
-                s["status"] = "DELETED"
+                _set_status(s, "DELETED")
                 self._release_eips(s["id"], delete_publicip=body.get("delete_publicip", False))
 
         job = self._new_job("deleteServers", [s["id"] for s in servers], finish)
@@ -915,9 +918,22 @@ class EcsEmulator:
             "tags": [f"{k}={v}" for k, v in s["tags"].items()],
             "security_groups": [{"name": g, "id": g} for g in s["security_groups"]],
             "created": s["created"],
+            "updated": s["updated"],
             "OS-SRV-USG:launched_at": s["launched_at"],
+            "OS-SRV-USG:terminated_at": s["terminated_at"],
             "tenant_id": self.project_id,
         }
+
+
+def _set_status(server: dict[str, Any], status: str, at: datetime | None = None) -> None:
+    """A server's status changes: ``updated`` follows every change of the server (ServerDetail
+    ``updated``, "弹性云服务器更新时间", e.g. 2019-05-22T03:30:52Z), and a deleted one gets
+    ``OS-SRV-USG:terminated_at`` ("弹性云服务器删除时间", e.g. 2019-05-22T03:23:59.000000;
+    huaweicloudsdkecs ServerDetail, "Querying Details About ECSs")."""
+    when = (at or datetime.now(UTC)).astimezone(UTC)
+    server.update(status=status, updated=when.strftime("%Y-%m-%dT%H:%M:%SZ"))
+    if status == "DELETED":
+        server["terminated_at"] = when.strftime("%Y-%m-%dT%H:%M:%S.000000")
 
 
 def _only(obj: Any, allowed: set[str]) -> None:
