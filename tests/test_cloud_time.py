@@ -138,6 +138,33 @@ def test_without_a_cloud_time_the_last_heartbeat_closes_usage(app, clock, monkey
     )
 
 
+def test_without_a_cloud_time_a_forwarded_notice_closes_usage_when_announced(
+    app, clock, monkeypatch
+):
+    """The agent forwarded the cloud's notice (AWS: the time in spot/instance-action): usage
+    closes when the cloud said it would take the machine, ahead of a later heartbeat's bound."""
+    from provisioner import idle
+
+    without_cloud_time(monkeypatch)
+    t0 = clock.now()
+    m = up(app)
+    beat(app, m, t0 + timedelta(minutes=1))
+    clock.advance(timedelta(minutes=2))
+    announced = t0 + timedelta(minutes=4)
+    notice = {"cloud": "aws", "event_id": "n-1", "action": "terminate"}
+    notice["not_before"] = announced.strftime("%Y-%m-%dT%H:%M:%SZ")
+    idle.record_notice(app, m.id, notice)
+    clock.advance(timedelta(minutes=3))
+    app.provider("sandbox").preempt(machines.ref(m))
+    clock.advance(timedelta(hours=6))
+    machines.reconcile(app)
+    event = preempted_event(app, m)
+    assert (event.at, event.detail["at_source"]) == (announced, "notice")
+    assert total(app, t0, clock.now()) == cost(m.rate, announced - t0) + cost(
+        m.disk_rate, clock.now() - t0
+    )
+
+
 def test_without_a_cloud_time_or_a_heartbeat_usage_closes_when_noticed(app, clock, monkeypatch):
     without_cloud_time(monkeypatch)
     m = up(app)

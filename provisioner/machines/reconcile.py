@@ -15,8 +15,9 @@ from sqlalchemy.orm import Session
 from providers.base import Instance, MachineState, NotFound, ProviderError
 from provisioner import ledger
 from provisioner.app import App
+from provisioner.idle import NOTICE_EVENT
 from provisioner.machines.record import ref
-from provisioner.models import ACTIVE_EXCLUDED, Heartbeat, Machine, UsageInterval
+from provisioner.models import ACTIVE_EXCLUDED, Event, Heartbeat, Machine, UsageInterval
 from provisioner.schema import COMPUTE_BILLED, MachineStatus, observed
 
 log = logging.getLogger("provisioner")
@@ -206,8 +207,9 @@ def halted_at(
     s: Session, m: Machine, cloud_at: datetime | None, now: datetime
 ) -> tuple[datetime, str]:
     """When ``m``, found stopped, preempted or gone at ``now``, stopped billing, and what says
-    so: the cloud's own time (``"cloud"``), else the agent's last heartbeat in the open usage
-    (``"heartbeat"``: it ran at least until then), else ``now`` (``"noticed"``). Never before
+    so: the cloud's own time (``"cloud"``), else the time a preemption notice announced
+    (``"notice"``), else the agent's last heartbeat in the open usage (``"heartbeat"``: it ran
+    at least until then), else ``now`` (``"noticed"``). Never before
     the open usage began (a stale time bills nothing twice, and no interval ends before it
     starts) and never after ``now``. Between two scheduler ticks, or through an outage of the
     scheduler, usage is so closed where the cloud closed it, not where it was noticed."""
@@ -218,10 +220,30 @@ def halted_at(
     )
     if cloud_at is not None:
         return min(max(cloud_at, floor or cloud_at), now), "cloud"
-    if m.status in COMPUTE_BILLED:  # a machine already stopped has no running to bound
-        beat = s.scalar(
-            select(func.max(Heartbeat.at)).where(Heartbeat.machine_id == m.id, Heartbeat.at <= now)
-        )
-        if beat is not None and (floor is None or beat >= floor):
-            return beat, "heartbeat"
+    if m.status not in COMPUTE_BILLED:  # a machine already stopped has no running to bound
+        return now, "noticed"
+    if (announced := _announced(s, m, floor)) is not None:
+        return min(announced, now), "notice"
+    beat = s.scalar(
+        select(func.max(Heartbeat.at)).where(Heartbeat.machine_id == m.id, Heartbeat.at <= now)
+    )
+    if beat is not None and (floor is None or beat >= floor):
+        return beat, "heartbeat"
     return now, "noticed"
+
+
+def _announced(s: Session, m: Machine, floor: datetime | None) -> datetime | None:
+    """When the cloud said, in a preemption notice the agent forwarded during the open usage,
+    it would take the machine (``not_before``; GCP gives no time: when the notice came)."""
+    notices = s.scalars(
+        select(Event)
+        .where(Event.machine_id == m.id, Event.kind == NOTICE_EVENT)
+        .order_by(Event.id.desc())
+    )
+    for e in notices:
+        if floor is not None and e.at < floor:
+            return None  # a notice of an earlier run
+        not_before = e.detail.get("not_before")
+        at = datetime.fromisoformat(not_before.replace("Z", "+00:00")) if not_before else e.at
+        return max(at, floor or at)
+    return None
