@@ -19,7 +19,7 @@ from typing import Any
 
 from sqlalchemy import create_engine, event, select, text
 from sqlalchemy.engine import Engine
-from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import DBAPIError, InvalidRequestError
 from sqlalchemy.orm import Session, sessionmaker
 
 from provisioner.errors import OperationFailed, UserError
@@ -122,8 +122,11 @@ class Database:
             try:
                 yield s
                 s.commit()
-            except BaseException:
-                s.rollback()
+            except BaseException as e:
+                try:
+                    s.rollback()
+                except InvalidRequestError:  # e.g. Ctrl-C inside commit(): the first error tells
+                    raise e from None
                 raise
 
     @contextmanager

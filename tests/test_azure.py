@@ -750,6 +750,7 @@ def tls_emulator(tmp_path, monkeypatch):
         yield emu
 
 
+@pytest.mark.slow  # an end-to-end run through the CLI's processes
 def test_first_real_run_through_the_cli_leaves_nothing_billed(tls_emulator, home, tmp_path):
     """`up`, a Spot eviction, the sweep's recovery, a night's idle stop and `down`, each through
     the real CLI signed in as a service principal; then the emulator's own books: no VM left

@@ -135,7 +135,12 @@ def _closed_port() -> int:
 
 
 def _interrupt_when(args: list[str], marker: str, env: dict[str, str]) -> tuple[int, str]:
-    """Run the CLI, send SIGINT once ``marker`` shows on stderr, return (code, stderr)."""
+    """Run the CLI, send SIGINT once ``marker`` shows on stderr, return (code, stderr).
+
+    The child starts with SIGINT at its default, as a terminal's foreground job has it: a suite
+    started in the background of a non-interactive shell ignores SIGINT, children inherit that,
+    and a CLI that ignores Ctrl-C (as it should then) would never answer. Whatever happens, the
+    child is gone when this returns."""
     log = Path(env["PROVISIONER_HOME"]) / "stderr.txt"
     with log.open("w") as f:
         p = subprocess.Popen(
@@ -144,13 +149,19 @@ def _interrupt_when(args: list[str], marker: str, env: dict[str, str]) -> tuple[
             stderr=f,
             cwd=ROOT,
             env={**os.environ, CLOCK_ENV: TEST_START.isoformat(), **env},
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
         )
-        deadline = time.monotonic() + 60
-        while marker not in log.read_text() and p.poll() is None:
-            assert time.monotonic() < deadline, log.read_text()
-            time.sleep(0.05)
-        p.send_signal(signal.SIGINT)
-        code = p.wait(timeout=60)
+        try:
+            deadline = time.monotonic() + 60
+            while marker not in log.read_text() and p.poll() is None:
+                assert time.monotonic() < deadline, log.read_text()
+                time.sleep(0.05)
+            p.send_signal(signal.SIGINT)
+            code = p.wait(timeout=60)
+        finally:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
     return code, log.read_text()
 
 

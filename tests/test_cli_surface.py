@@ -15,7 +15,7 @@ import pytest
 import typer
 
 from provisioner.app import App
-from provisioner.cli import app as cli_app
+from provisioner.cli.main import app as cli_app  # importing main registers every command
 from provisioner.clock import ManualClock
 from provisioner.settings import load_settings
 from tests.conftest import TEST_START, sandbox_experiment, write_settings, write_yaml

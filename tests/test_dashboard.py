@@ -397,6 +397,7 @@ def shoot(drv, screens: Path, name: str) -> None:
     drv.set_window_size(1400, 1000)
 
 
+@pytest.mark.slow  # every page in a real browser
 def test_each_page_in_chromium_matches_the_report(served, browser, home, screens):
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import Select

@@ -871,6 +871,7 @@ idle: {gpu_util_below: 5, for_minutes: 30, unknown_counts_as_idle: true}
 """
 
 
+@pytest.mark.slow  # an end-to-end run through the CLI's processes
 @pytest.mark.parametrize(
     ("gpu", "machine", "disk"),
     [

@@ -1,4 +1,4 @@
-"""The layers point one way (ARCHITECTURE.md). providers/ imports nothing from provisioner/ or
+"""The layers point one way (docs/ARCHITECTURE.md). providers/ imports nothing from provisioner/ or
 policies/, policies/ nothing from provisioner/ or providers/, and each module of provisioner/
 imports only modules below it in :data:`ORDER` — counting every import statement in the file:
 at module level, inside a function, or for type checking only."""
@@ -179,17 +179,68 @@ def test_scripts_import_only_what_they_declare():
     assert wrong == []
 
 
-def test_no_dynamic_imports_hide_an_edge():
-    """``importlib.import_module`` or ``__import__`` in provisioner/ would slip past the check."""
+#: The only modules that may import ``importlib``, and which of its parts: a dynamic import
+#: would hide an edge from the checks above. Anything not listed here is refused.
+IMPORTLIB_ALLOWED = {
+    # the registry: adapters and specs loaded lazily by "module:Class", SDKs found without import
+    "providers": {"importlib", "importlib.util"},
+    # data files shipped inside the package (agent.py and its install script; the catalog CSVs)
+    "provisioner.idle": {"importlib.resources"},
+    "provisioner.catalog": {"importlib.resources"},
+    "provisioner.cli": {"importlib.metadata"},  # the installed version, for --version
+}
+
+
+def importlib_uses(path: Path, name: str) -> list[str]:
+    """Each import of ``importlib`` (any form, aliased or not) that :data:`IMPORTLIB_ALLOWED`
+    does not grant ``name``, and each call of ``__import__`` or ``import_module`` outside the
+    registry, as ``module:line: what``."""
+    allowed = IMPORTLIB_ALLOWED.get(name, set())
     wrong = []
-    for name, path in modules("provisioner").items():
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Call):
-                f = node.func
-                called = f.attr if isinstance(f, ast.Attribute) else getattr(f, "id", "")
-                if called in ("import_module", "__import__"):
-                    wrong.append(f"{name}:{node.lineno}")
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        used: list[str] = []
+        if isinstance(node, ast.Import):
+            used = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            used = [f"{node.module}.{a.name}" for a in node.names]
+        elif isinstance(node, ast.Call):
+            f = node.func
+            called = f.attr if isinstance(f, ast.Attribute) else getattr(f, "id", "")
+            if called in ("import_module", "__import__") and "importlib" not in allowed:
+                wrong.append(f"{name}:{node.lineno}: calls {called}")
+        for target in used:
+            if target.split(".")[0] != "importlib":
+                continue
+            if not any(target == a or target.startswith(a + ".") for a in allowed):
+                wrong.append(f"{name}:{node.lineno}: imports {target}")
+    return wrong
+
+
+def test_no_dynamic_imports_hide_an_edge():
+    """``importlib`` or ``__import__`` outside the registry would slip past the checks above."""
+    wrong = [
+        w for p in PACKAGES for name, path in modules(p).items() for w in importlib_uses(path, name)
+    ]
     assert wrong == []
+    assert set(IMPORTLIB_ALLOWED) <= known_modules(), "IMPORTLIB_ALLOWED names a missing module"
+
+
+@pytest.mark.parametrize(
+    ("name", "source"),
+    [
+        ("provisioner.planted", "from importlib import import_module as im\n"),
+        ("provisioner.planted", "import importlib as il\n"),
+        ("provisioner.planted", "import importlib.util\n"),
+        ("provisioner.planted", "def f():\n    return __import__('provisioner.cli')\n"),
+        ("policies.planted", "from importlib.resources import files\n"),
+        # a module granted one part of importlib is refused another
+        ("provisioner.cli", "from importlib import import_module\n"),
+    ],
+)
+def test_a_planted_dynamic_import_is_caught(tmp_path, name, source):
+    planted = tmp_path / "planted.py"
+    planted.write_text(source)
+    assert importlib_uses(planted, name) != []
 
 
 @pytest.mark.parametrize(

@@ -703,6 +703,7 @@ idle: {gpu_util_below: 5, for_minutes: 30, unknown_counts_as_idle: true}
 """
 
 
+@pytest.mark.slow  # an end-to-end run through the CLI's processes
 def test_first_real_run_through_the_cli_leaves_nothing_billed(emu, env, home, tmp_path):
     """`up`, a spot preemption (Huawei releases the server), the sweep's recovery, a night's
     idle stop, `down` and `gc --terminate`, each through the real CLI against the emulator; then

@@ -348,6 +348,7 @@ idle: {unknown_counts_as_idle: true}
 """
 
 
+@pytest.mark.slow  # two scheduler processes racing
 def test_two_scheduler_processes_stop_each_machine_once(home, tmp_path, db_url):
     """Real processes, one state database, one sandbox cloud: the machines (launched two days
     ago, silent since) are stopped once each, whichever process leads each pass, and every

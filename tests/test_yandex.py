@@ -643,6 +643,7 @@ idle: {gpu_util_below: 5, for_minutes: 30, unknown_counts_as_idle: true}
 """
 
 
+@pytest.mark.slow  # an end-to-end run through the CLI's processes
 def test_first_real_run_through_the_cli_leaves_nothing_billed(emu, tls, env, home, tmp_path):
     """`up`, a preemption (Yandex stops the VM), the sweep's recovery, a night's idle stop and
     `down`, each through the real CLI; then the emulator's own books. `down` deletes: no
