@@ -4,12 +4,17 @@ them, one give-up, and `status NAME` saying why it is held and when it is tried 
 
 from __future__ import annotations
 
+import html
 from datetime import datetime, timedelta
+from itertools import pairwise
 
 from provisioner import machines
 from provisioner.app import App
+from provisioner.dashboard import make_app
 from provisioner.jobs import reconcile, recover, sweep
 from provisioner.views.status import machine_detail
+from tests.conftest import run_cli, write_settings
+from tests.test_dashboard import call
 from tests.test_scheduler import FRI_1700, events, preempt, sched, status, up  # noqa: F401
 
 ANY = "name: any\n"
@@ -54,7 +59,7 @@ def test_a_held_machine_writes_a_handful_of_events_a_day_not_one_per_sweep(sched
     assert status(app, "spot") == "preempted"  # held as the cloud left it: stopped, disk kept
     # tries counted across passes, each after the backoff of those before it
     assert len(tried) == recover.MAX_ATTEMPTS
-    for n, (a, b) in enumerate(zip(tried, tried[1:], strict=False), start=1):
+    for n, (a, b) in enumerate(pairwise(tried), start=1):
         assert b - a >= recover.backoff(n)
         assert b - a < recover.backoff(n) + SWEEP  # tried on the first pass it was due
     assert recover.backoff(1) == timedelta(minutes=1)
@@ -72,18 +77,25 @@ def test_a_held_machine_writes_a_handful_of_events_a_day_not_one_per_sweep(sched
     assert len(events(app, "spot")) == len(ev)
 
 
-def test_status_says_why_it_is_held_and_when_it_is_tried_next(sched):  # noqa: F811
+def test_status_says_why_it_is_held_and_when_it_is_tried_next(sched, home, db_url, tmp_path):  # noqa: F811
     app = held_spot(sched)
     at = app.clock.now()
     recover.run(app)
     d = machine_detail(app, "spot")
     assert d.machine.status == "preempted"
     assert d.held == (
-        "held: relaunch refused by policy for spot: "
+        "relaunch refused by policy for spot: "
         + d.events[-1].detail["why"].partition(": ")[2]
         + f"; 1 of {recover.MAX_ATTEMPTS} tries, next try {at + timedelta(minutes=1):%H:%M} UTC"
     )
     assert "A100" in d.held  # the policy's own words
+    # `status NAME` and the dashboard's machine page both show it
+    cfg = write_settings(home, state_url=db_url, policies=[str(tmp_path / "policy.yaml")])
+    r = run_cli("--config", str(cfg), "status", "spot", "--no-refresh", now=app.clock.now())
+    assert r.returncode == 0, r.stderr
+    assert f"held     {d.held}" in r.stdout.replace("\n", " ")
+    code, _, page = call(make_app(app), "/machine/spot")
+    assert code == 200 and f"held: {html.escape(d.held)}</p>" in page
     app.clock.advance(timedelta(seconds=30))
     assert recover.run(app).actions == []  # backing off: nothing tried, nothing written
     app.clock.advance(timedelta(seconds=30))
@@ -110,7 +122,7 @@ def test_a_different_refusal_is_a_new_event_and_the_count_goes_on(sched, tmp_pat
     assert ev.count(("relaunch-refused", "preempted")) == 2
     t = recover.tries(machine_detail(other, "spot").events)
     assert t.attempts == 3 and t.refusal.detail["attempts"] == 1
-    assert machine_detail(other, "spot").held.startswith("held: relaunch refused by budget tiny")
+    assert machine_detail(other, "spot").held.startswith("relaunch refused by budget tiny")
 
 
 def test_a_relaunch_allowed_again_relaunches_the_held_machine(sched):  # noqa: F811

@@ -87,8 +87,8 @@ def refused_by(error: str) -> str:
 
 
 def held_line(t: Tries, now: datetime) -> str | None:
-    """``status NAME``'s and the dashboard's line for a machine held after a refused relaunch
-    (None: not held): what refused it, the numbers, and the next try or the give-up."""
+    """``status NAME``'s and the dashboard's "held" line for a machine held after a refused
+    relaunch (None: not held): what refused it, the numbers, and the next try or the give-up."""
     if t.refusal is None:
         if t.gave_up is None:
             return None
@@ -96,7 +96,7 @@ def held_line(t: Tries, now: datetime) -> str | None:
     d = t.refusal.detail or {}
     error = " ".join(str(d.get("refused", "")).split())
     numbers = error.partition(":")[2]
-    text = f"held: relaunch refused by {refused_by(error)}"
+    text = f"relaunch refused by {refused_by(error)}"
     if numbers.strip():
         text += f": {numbers.strip()}"
     if t.gave_up is not None:
