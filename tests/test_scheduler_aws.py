@@ -67,18 +67,34 @@ def test_sweep_stops_idle_aws_machines_with_list_calls_only(
             idle.issue_token(app, machines[name].id)
         machines.reconcile(app)  # launched "pending"; seen running from now on
         clock.set(datetime(2026, 11, 7, 2, 0, tzinfo=UTC))  # Friday 21:00 in New York
-        with app.db.session() as s:
-            for name, m in machines.items():
-                util = 90.0 if name.startswith("busy") else 0.5
-                for k in range(0, 45, 5):
-                    s.add(
-                        Heartbeat(
-                            machine_id=m.id,
-                            at=clock.now() - timedelta(minutes=k),
-                            gpus=[{"index": 0, "util": util}],
-                            max_util=util,
+
+        def beats() -> None:
+            with app.db.session() as s:
+                for name, m in machines.items():
+                    util = 90.0 if name.startswith("busy") else 0.5
+                    for k in range(0, 45, 5):
+                        s.add(
+                            Heartbeat(
+                                machine_id=m.id,
+                                at=clock.now() - timedelta(minutes=k),
+                                gpus=[{"index": 0, "util": util}],
+                                max_util=util,
+                            )
                         )
-                    )
+
+        beats()
+        if market == "spot":  # a terminate that loses the disk: the owner is warned first
+            emu.wait_idle()
+            before = len(emu.requests)
+            warned = sweep.run(app)
+            emu.wait_idle()
+            assert {r.action for r in emu.requests[before:]} == {"DescribeInstances"}
+            assert sorted((a.machine, a.action) for a in warned.actions) == [
+                ("idle-a", "warn"),
+                ("idle-b", "warn"),
+            ]
+            clock.advance(timedelta(minutes=sweep.UNSTOPPABLE_WARN_MINUTES))
+            beats()
         emu.wait_idle()
         before = len(emu.requests)
         p = sweep.run(app)
@@ -94,7 +110,8 @@ def test_sweep_stops_idle_aws_machines_with_list_calls_only(
         ("idle-a", action, True),
         ("idle-b", action, True),
     ]
-    assert all(("cannot stop a spot machine" in a.why) == (market == "spot") for a in p.actions)
+    why = "spot machine on aws cannot be stopped: terminated with its boot disk"
+    assert all((why in a.why) == (market == "spot") for a in p.actions)
     idle_ids = {machines["idle-a"].instance_id, machines["idle-b"].instance_id}
     # one list call for the region, by our tag, then one call acting on the idle machines
     # together — no lookup per machine, and nothing sent about the busy one
@@ -121,6 +138,7 @@ def test_first_real_run_through_the_cli_leaves_nothing_billed(emu, home: Path, t
     the real CLI against the AWS emulator; then the emulator's own books: no open spot
     request, no billed instance, every machine reachable (our SSH group, IMDSv2 only)."""
     import json
+    import re
 
     from tests.conftest import run_cli, write_settings, write_yaml
 
@@ -140,16 +158,28 @@ def test_first_real_run_through_the_cli_leaves_nothing_billed(emu, home: Path, t
 
     # machines launched through the CLI must not be waited for: moto's public addresses are
     # not ours to connect to, and no test reaches past loopback
-    first = cli("up", str(spec), "--no-wait", at=noon)["machine"]
-    emu.preempt(first["instance_id"], action="terminate")
+    r = run_cli("--config", str(cfg), "up", str(spec), "--no-wait", now=noon)
+    assert r.returncode == 0, r.stderr
+    said = " ".join(r.stdout.split())  # `up` says what an idle stop will do to it
+    assert (
+        "a spot machine on aws cannot be stopped: an out-of-hours idle stop terminates it and "
+        "its boot disk (the owner is warned 15 minutes before)"
+    ) in said
+    assert "provisioner stop" not in said
+    [instance_id] = re.findall(r"instance (i-[0-9a-f]+)", said)
+    emu.preempt(instance_id, action="terminate")
     swept = cli("sweep", at=noon + timedelta(minutes=5))
     [relaunch] = [a for p in swept["passes"] for a in p["actions"]]
     assert (relaunch["action"], relaunch["done"]) == ("relaunch", True)
     night = datetime(2026, 11, 7, 2, 0, tzinfo=UTC)  # Friday 21:00 in New York, no heartbeat
     swept = cli("sweep", at=night)
+    [warn] = [a for p in swept["passes"] for a in p["actions"]]
+    assert warn["action"] == "warn" and "terminate at 02:15 UTC" in warn["why"]
+    swept = cli("sweep", at=night + timedelta(minutes=15))
     [stop] = [a for p in swept["passes"] for a in p["actions"]]
-    assert stop["action"] == "terminate" and "cannot stop a spot machine" in stop["why"]
-    cli("down", "train", at=night + timedelta(minutes=1))
+    why = "spot machine on aws cannot be stopped: terminated with its boot disk"
+    assert stop["action"] == "terminate" and why in stop["why"]
+    cli("down", "train", at=night + timedelta(minutes=16))
 
     assert emu.billed_instances("us-east-1") == []
     assert emu.open_spot_requests() == []
