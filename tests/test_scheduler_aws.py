@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from provisioner import catalog, idle
+from provisioner import catalog, idle, machines
 from provisioner.app import App
 from provisioner.clock import ManualClock
 from provisioner.jobs import sweep
@@ -60,17 +60,17 @@ def test_sweep_stops_idle_aws_machines_with_list_calls_only(
     )
     try:
         catalog.refresh(app.settings, "aws", app.provider("aws").fetch_offers())
-        machines = {}
+        launched = {}
         for name in ("idle-a", "idle-b", "busy-c"):
             spec = sandbox_experiment(name, gpu="T4:1", market=market, clouds=["aws"])
-            machines[name] = machines.up(app, Experiment.model_validate(spec)).machine
-            idle.issue_token(app, machines[name].id)
+            launched[name] = machines.up(app, Experiment.model_validate(spec)).machine
+            idle.issue_token(app, launched[name].id)
         machines.reconcile(app)  # launched "pending"; seen running from now on
         clock.set(datetime(2026, 11, 7, 2, 0, tzinfo=UTC))  # Friday 21:00 in New York
 
         def beats() -> None:
             with app.db.session() as s:
-                for name, m in machines.items():
+                for name, m in launched.items():
                     util = 90.0 if name.startswith("busy") else 0.5
                     for k in range(0, 45, 5):
                         s.add(
@@ -112,18 +112,18 @@ def test_sweep_stops_idle_aws_machines_with_list_calls_only(
     ]
     why = "spot machine on aws cannot be stopped: terminated with its boot disk"
     assert all((why in a.why) == (market == "spot") for a in p.actions)
-    idle_ids = {machines["idle-a"].instance_id, machines["idle-b"].instance_id}
+    idle_ids = {launched["idle-a"].instance_id, launched["idle-b"].instance_id}
     # one list call for the region, by our tag, then one call acting on the idle machines
     # together — no lookup per machine, and nothing sent about the busy one
     assert sent == [("DescribeInstances", []), (f"{verb}Instances", sorted(idle_ids))]
     states = {
         i["InstanceId"]: i["State"]["Name"]
-        for region in {m.region for m in machines.values()}
+        for region in {m.region for m in launched.values()}
         for r in emu.client("ec2", region).describe_instances()["Reservations"]
         for i in r["Instances"]
     }
-    assert states[machines["busy-c"].instance_id] == "running"
-    assert states[machines["idle-a"].instance_id] in after
+    assert states[launched["busy-c"].instance_id] == "running"
+    assert states[launched["idle-a"].instance_id] in after
 
 
 NIGHTS_UNKNOWN_IDLE = """
@@ -175,11 +175,11 @@ def test_first_real_run_through_the_cli_leaves_nothing_billed(emu, home: Path, t
     swept = cli("sweep", at=night)
     [warn] = [a for p in swept["passes"] for a in p["actions"]]
     assert warn["action"] == "warn" and "terminate at 02:15 UTC" in warn["why"]
-    swept = cli("sweep", at=night + timedelta(minutes=15))
+    swept = cli("sweep", at=night + timedelta(minutes=16))  # the CLI's clock ticks on
     [stop] = [a for p in swept["passes"] for a in p["actions"]]
     why = "spot machine on aws cannot be stopped: terminated with its boot disk"
     assert stop["action"] == "terminate" and why in stop["why"]
-    cli("down", "train", at=night + timedelta(minutes=16))
+    cli("down", "train", at=night + timedelta(minutes=17))
 
     assert emu.billed_instances("us-east-1") == []
     assert emu.open_spot_requests() == []
