@@ -70,6 +70,10 @@ def tries(events: Sequence[Event]) -> Tries:
             t.refusal = e
         elif e.kind == "relaunch-gave-up":
             t.gave_up = e
+        elif e.kind in ("relaunched", "started") or (
+            e.kind == "terminated" and e.reason not in ("preempted", "relaunch-refused")
+        ):
+            t.refusal = None  # relaunched, started or ended by hand: nothing is held any more
     return t
 
 
