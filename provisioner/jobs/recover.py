@@ -180,12 +180,14 @@ def _give_up(app: App, m: Machine, action: Action, now: datetime) -> None:
     if t.gave_up is not None:
         return
     last = action.error or ""
+    refused = (t.refusal.detail or {}).get("refused") if t.refusal is not None else None
     detail = {
         "why": f"gave up relaunching after {t.attempts} tries ({MAX_ATTEMPTS} at most); "
         "no more retries, the machine stays as it is",
         "attempts": t.attempts,
         "last_try": (t.last or now).isoformat(),
         "error": " ".join(last.split()),
+        **({"refused": refused} if refused else {}),
     }
     machines.record_event(app, m.id, "relaunch-gave-up", reason="preempted", detail=detail)
     action.why += f"; gave up after {t.attempts} tries"
