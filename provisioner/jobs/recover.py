@@ -191,6 +191,7 @@ def _give_up(app: App, m: Machine, action: Action, now: datetime) -> None:
     }
     machines.record_event(app, m.id, "relaunch-gave-up", reason="preempted", detail=detail)
     action.why += f"; gave up after {t.attempts} tries"
+    action.done = action.done or action.action == "give-up"
 
 
 def _events(s: Any, machine_id: str) -> list[Event]:
