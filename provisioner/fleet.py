@@ -159,7 +159,8 @@ def read(sql: Sql, *, all_: bool, now: datetime, seen_since: datetime) -> Fleet:
     earlier = sorted({mid for c in chains.values() for mid in c[1:]} - ids)
     cost = costs(sql, f"SELECT id FROM machines{where}", now)
     cost.update(costs_of(sql, earlier, now))
-    notes = stopped_notes(sql) if any(m.status == S.STOPPED for m in rows) else {}
+    held = (S.STOPPED, S.PREEMPTED)
+    notes = stopped_notes(sql) if any(m.status in held for m in rows) else {}
     failed = _failed_events(sql) if any(m.status == S.FAILED for m in rows) else {}
     for m in rows:
         for mid in chains[m.id]:
@@ -168,7 +169,7 @@ def read(sql: Sql, *, all_: bool, now: datetime, seen_since: datetime) -> Fleet:
         m.launches = len(chains[m.id])
         m.why = failure(failed.get(m.id, [])) if m.status == S.FAILED else notes.get(m.id)
     warnings = gpus_not_seen(sql, seen_since)
-    warnings.update({m.name: m.why for m in rows if m.why and m.status == S.STOPPED})
+    warnings.update({m.name: m.why for m in rows if m.why and m.status in held})
     return Fleet(rows, warnings)
 
 
@@ -221,17 +222,19 @@ def costs_of(sql: Sql, ids: Sequence[str], now: datetime) -> dict[str, dict[str,
 
 def stopped_notes(sql: Sql) -> dict[str, str]:
     """Why stopped machines are stopped, when it is news: a preempted machine whose relaunch
-    was refused, kept with its disk. One query, each one's latest event; by machine id."""
-    stopped = f"SELECT id FROM machines WHERE status = '{S.STOPPED}'"
+    was refused (or given up after refusals), kept with its disk. One query, each one's latest
+    event; by machine id."""
+    stopped = f"SELECT id FROM machines WHERE status IN ('{S.STOPPED}', '{S.PREEMPTED}')"
     rows = sql.all(
         "SELECT e.machine_id, e.detail FROM events e JOIN (SELECT max(id) AS eid FROM events"
         f" WHERE machine_id IN ({stopped}) GROUP BY machine_id) latest ON latest.eid = e.id"
-        " WHERE e.kind = 'relaunch-refused'"
+        " WHERE e.kind IN ('relaunch-refused', 'relaunch-gave-up')"
     )
     return {
         mid: "preempted and not relaunched, kept stopped with its disk: "
         + (_json(detail) or {}).get("refused", "")
         for mid, detail in rows
+        if (_json(detail) or {}).get("refused")
     }
 
 

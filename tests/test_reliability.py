@@ -414,13 +414,20 @@ def test_a_refused_relaunch_keeps_the_preempted_machine_and_its_disk(home, tmp_p
         [action] = done.actions
         assert not action.done and "refused by budget" in (action.error or "")
         kept = machines.find(app, "spotty")
-        assert (kept.id, kept.status) == (m.id, "stopped")
+        # held as its cloud left it: stopped by the cloud with its disk (no `stopped` written
+        # that the next reconcile would undo)
+        assert (kept.id, kept.status) == (m.id, "preempted")
         inst = app.provider("sandbox").get(machines.ref(kept))
         assert inst.state.value in ("stopped", "preempted")  # still there, with its disk
         [refusal] = events(app, m.id, "relaunch-refused")
         assert "refused by budget" in refusal.detail["refused"]
+        machines.reconcile(app)  # the cloud agrees: nothing written
         again = recover.run(app, clock.now() + timedelta(hours=2))
-        assert again.actions == []  # not retried ten times: it is kept, not lost
+        [retry] = again.actions  # tried again after the backoff, refused again: still kept
+        assert not retry.done and "(try 2 of 10)" in retry.why
+        [refusal] = events(app, m.id, "relaunch-refused")  # the same refusal, counted
+        assert refusal.detail["attempts"] == 2
+        assert machines.find(app, "spotty").id == m.id
     finally:
         app.close()
     shown = run_cli("--config", str(cfg), "status", "--no-refresh", now=clock.now())

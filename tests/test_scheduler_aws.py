@@ -67,18 +67,34 @@ def test_sweep_stops_idle_aws_machines_with_list_calls_only(
             idle.issue_token(app, launched[name].id)
         machines.reconcile(app)  # launched "pending"; seen running from now on
         clock.set(datetime(2026, 11, 7, 2, 0, tzinfo=UTC))  # Friday 21:00 in New York
-        with app.db.session() as s:
-            for name, m in launched.items():
-                util = 90.0 if name.startswith("busy") else 0.5
-                for k in range(0, 45, 5):
-                    s.add(
-                        Heartbeat(
-                            machine_id=m.id,
-                            at=clock.now() - timedelta(minutes=k),
-                            gpus=[{"index": 0, "util": util}],
-                            max_util=util,
+
+        def beats() -> None:
+            with app.db.session() as s:
+                for name, m in launched.items():
+                    util = 90.0 if name.startswith("busy") else 0.5
+                    for k in range(0, 45, 5):
+                        s.add(
+                            Heartbeat(
+                                machine_id=m.id,
+                                at=clock.now() - timedelta(minutes=k),
+                                gpus=[{"index": 0, "util": util}],
+                                max_util=util,
+                            )
                         )
-                    )
+
+        beats()
+        if market == "spot":  # a terminate that loses the disk: the owner is warned first
+            emu.wait_idle()
+            before = len(emu.requests)
+            warned = sweep.run(app)
+            emu.wait_idle()
+            assert {r.action for r in emu.requests[before:]} == {"DescribeInstances"}
+            assert sorted((a.machine, a.action) for a in warned.actions) == [
+                ("idle-a", "warn"),
+                ("idle-b", "warn"),
+            ]
+            clock.advance(timedelta(minutes=sweep.UNSTOPPABLE_WARN_MINUTES))
+            beats()
         emu.wait_idle()
         before = len(emu.requests)
         p = sweep.run(app)
@@ -94,7 +110,8 @@ def test_sweep_stops_idle_aws_machines_with_list_calls_only(
         ("idle-a", action, True),
         ("idle-b", action, True),
     ]
-    assert all(("cannot stop a spot machine" in a.why) == (market == "spot") for a in p.actions)
+    why = "spot machine on aws cannot be stopped: terminated with its boot disk"
+    assert all((why in a.why) == (market == "spot") for a in p.actions)
     idle_ids = {launched["idle-a"].instance_id, launched["idle-b"].instance_id}
     # one list call for the region, by our tag, then one call acting on the idle machines
     # together — no lookup per machine, and nothing sent about the busy one
@@ -116,12 +133,12 @@ idle: {gpu_util_below: 5, for_minutes: 30, unknown_counts_as_idle: true}
 """
 
 
-@pytest.mark.slow  # an end-to-end run through the CLI's processes
 def test_first_real_run_through_the_cli_leaves_nothing_billed(emu, home: Path, tmp_path):
     """`up`, a preemption, the sweep's recovery, a night's idle stop and `down`, each through
     the real CLI against the AWS emulator; then the emulator's own books: no open spot
     request, no billed instance, every machine reachable (our SSH group, IMDSv2 only)."""
     import json
+    import re
 
     from tests.conftest import run_cli, write_settings, write_yaml
 
@@ -141,16 +158,28 @@ def test_first_real_run_through_the_cli_leaves_nothing_billed(emu, home: Path, t
 
     # machines launched through the CLI must not be waited for: moto's public addresses are
     # not ours to connect to, and no test reaches past loopback
-    first = cli("up", str(spec), "--no-wait", at=noon)["machine"]
-    emu.preempt(first["instance_id"], action="terminate")
+    r = run_cli("--config", str(cfg), "up", str(spec), "--no-wait", now=noon)
+    assert r.returncode == 0, r.stderr
+    said = " ".join(r.stdout.split())  # `up` says what an idle stop will do to it
+    assert (
+        "a spot machine on aws cannot be stopped: an out-of-hours idle stop terminates it and "
+        "its boot disk (the owner is warned 15 minutes before)"
+    ) in said
+    assert "provisioner stop" not in said
+    [instance_id] = re.findall(r"instance (i-[0-9a-f]+)", said)
+    emu.preempt(instance_id, action="terminate")
     swept = cli("sweep", at=noon + timedelta(minutes=5))
     [relaunch] = [a for p in swept["passes"] for a in p["actions"]]
     assert (relaunch["action"], relaunch["done"]) == ("relaunch", True)
     night = datetime(2026, 11, 7, 2, 0, tzinfo=UTC)  # Friday 21:00 in New York, no heartbeat
     swept = cli("sweep", at=night)
+    [warn] = [a for p in swept["passes"] for a in p["actions"]]
+    assert warn["action"] == "warn" and "terminate at 02:15 UTC" in warn["why"]
+    swept = cli("sweep", at=night + timedelta(minutes=16))  # the CLI's clock ticks on
     [stop] = [a for p in swept["passes"] for a in p["actions"]]
-    assert stop["action"] == "terminate" and "cannot stop a spot machine" in stop["why"]
-    cli("down", "train", at=night + timedelta(minutes=1))
+    why = "spot machine on aws cannot be stopped: terminated with its boot disk"
+    assert stop["action"] == "terminate" and why in stop["why"]
+    cli("down", "train", at=night + timedelta(minutes=17))
 
     assert emu.billed_instances("us-east-1") == []
     assert emu.open_spot_requests() == []
@@ -165,7 +194,6 @@ def test_first_real_run_through_the_cli_leaves_nothing_billed(emu, home: Path, t
         assert any(p.get("FromPort") == 22 for p in group["IpPermissions"])
 
 
-@pytest.mark.slow  # an end-to-end run through the CLI's processes
 def test_status_over_aws_asks_once_and_needs_no_orm_while_aws_agrees(emu, home: Path, tmp_path):
     """`status` asks AWS first (one DescribeInstances for the region). The first one records
     the launch's boot (the Typer app reconciles and writes); once AWS lists every machine as
@@ -282,7 +310,6 @@ def _fleet_app(emu: AwsEmulator, home: Path, tmp_path: Path, regions: list[str],
     return App(settings, ManualClock(datetime(2026, 11, 6, 13, 0, tzinfo=UTC)))  # 08:00 NY
 
 
-@pytest.mark.slow  # 1,200 machines on the emulator
 def test_a_night_sweep_over_1200_machines_makes_pages_plus_one_stop_per_1000(
     emu, home: Path, tmp_path
 ):

@@ -197,6 +197,16 @@ def up(
         soft_wrap=True,
     )
     out.print(f"  connect with `provisioner ssh {m.name}`", soft_wrap=True)
+    if not machines.can_stop(m):
+        from provisioner.jobs.sweep import UNSTOPPABLE_WARN_MINUTES
+
+        out.print(
+            f"  a spot machine on {m.cloud} cannot be stopped: an out-of-hours idle stop "
+            f"terminates it and its boot disk (the owner is warned {UNSTOPPABLE_WARN_MINUTES} "
+            f"minutes before); remove it with `provisioner down {m.name}`",
+            soft_wrap=True,
+        )
+        return
     out.print(
         f"  stop it with `provisioner stop {m.name}`, remove it with `provisioner down {m.name}`",
         soft_wrap=True,

@@ -1,13 +1,21 @@
 """Recover: a preempted spot machine → relaunched per its spec's ``on_preemption``: its zone and
-region first, then the planner's next candidates, within policy and budget, with backoff."""
+region first, then the planner's next candidates, within policy and budget, with backoff.
+
+Tries are counted from the machine's events since its last preemption (so a restart or another
+scheduler continues the count): each capacity failure is a ``recover-failed`` event; a refusal by
+policy or budget is one ``relaunch-refused`` event, whose numbers a retry refused alike updates
+in place (see :func:`provisioner.machines.hold`). Try n+1 waits ``backoff(n)`` after try n; after
+``MAX_ATTEMPTS`` tries one ``relaunch-gave-up`` event ends the retries and the machine stays held.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from datetime import datetime, timedelta
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import select
 
 from provisioner import machines
 from provisioner.app import App
@@ -20,9 +28,95 @@ from provisioner.schema import MachineStatus as S
 from provisioner.spec import Experiment
 from provisioner.state import machine as machine_row
 
-BACKOFF = timedelta(minutes=1)  # doubled per failed attempt …
+BACKOFF = timedelta(minutes=1)  # after the first failed try; doubled per try …
 BACKOFF_MAX = timedelta(hours=1)  # … up to this
-MAX_ATTEMPTS = 10
+MAX_ATTEMPTS = 10  # then: given up (about 4 h after the preemption), the machine stays held
+
+
+def backoff(attempts: int) -> timedelta:
+    """The wait after ``attempts`` failed tries before the next: 1, 2, 4 … 60 minutes."""
+    return min(BACKOFF * 2 ** max(attempts - 1, 0), BACKOFF_MAX)
+
+
+@dataclass
+class Tries:
+    """A lost machine's relaunch tries since its last preemption, read from its events."""
+
+    attempts: int = 0
+    last: datetime | None = None  # when the latest try failed or was refused
+    refusal: Event | None = None  # the standing `relaunch-refused` (no other try since)
+    gave_up: Event | None = None
+
+    @property
+    def next_try(self) -> datetime | None:
+        """When the next try is due; None: given up (or none failed yet: at once)."""
+        if self.gave_up is not None or self.last is None:
+            return None
+        return self.last + backoff(self.attempts)
+
+
+def tries(events: Sequence[Event]) -> Tries:
+    """The tries in one machine's ``events`` (oldest first) since it was last preempted."""
+    t = Tries()
+    for e in events:
+        d = e.detail or {}
+        if e.kind == "preempted":
+            t = Tries()
+        elif e.kind == "recover-failed":
+            t.attempts, t.last, t.refusal = t.attempts + 1, _utc(e.at), None
+        elif e.kind == "relaunch-refused":
+            t.attempts += int(d.get("attempts", 1))
+            t.last = _utc(datetime.fromisoformat(d["last_try"])) if "last_try" in d else _utc(e.at)
+            t.refusal = e
+        elif e.kind == "relaunch-gave-up":
+            t.gave_up = e
+        elif e.kind in ("relaunched", "started") or (
+            e.kind == "terminated" and e.reason not in ("preempted", "relaunch-refused")
+        ):
+            t.refusal = None  # relaunched, started or ended by hand: nothing is held any more
+    return t
+
+
+def _utc(at: datetime) -> datetime:
+    """SQLite gives back naive UTC date-times."""
+    return at if at.tzinfo else at.replace(tzinfo=UTC)
+
+
+def refused_by(error: str) -> str:
+    """What refused a relaunch, from the refusal's first words: ``policy for NAME``, ``budget
+    NAME (PERIOD)`` or ``no offer fits NAME``. The same refuser on the next try is the same
+    refusal (its numbers, which move as the disk bills, are updated)."""
+    head = error.split(":", 1)[0].strip()
+    return head.removeprefix("refused by ").strip() or error
+
+
+def held_line(t: Tries, now: datetime) -> str | None:
+    """``status NAME``'s and the dashboard's "held" line for a machine held after a refused
+    relaunch (None: not held): what refused it, the numbers, and the next try or the give-up."""
+    if t.refusal is None:
+        if t.gave_up is None:
+            return None
+        return f"relaunch gave up after {_times(t.attempts)} at {_at(t.gave_up.at, now)}"
+    d = t.refusal.detail or {}
+    error = " ".join(str(d.get("refused", "")).split())
+    numbers = error.partition(":")[2]
+    text = f"relaunch refused by {refused_by(error)}"
+    if numbers.strip():
+        text += f": {numbers.strip()}"
+    if t.gave_up is not None:
+        return f"{text}; gave up after {_times(t.attempts)} at {_at(t.gave_up.at, now)}"
+    text += f"; {t.attempts} of {MAX_ATTEMPTS} tries"
+    nxt = t.next_try
+    return text + (f", next try {_at(nxt, now)}" if nxt is not None else "")
+
+
+def _times(n: int) -> str:
+    return "1 try" if n == 1 else f"{n} tries"
+
+
+def _at(at: datetime, now: datetime) -> str:
+    at = _utc(at)
+    return f"{at:%H:%M} UTC" if at.date() == now.date() else f"{at:%Y-%m-%d %H:%M} UTC"
 
 
 def stored_experiment(m: Machine) -> Experiment:
@@ -39,81 +133,112 @@ def run(
     def body(lease: Held) -> Pass:
         result = Pass("recover", dry_run=dry_run)
         todo = []
-        for m, attempts, last in _to_recover(app):
+        for m, t in _to_recover(app):
             result.checked += 1
-            action = _decide(m, attempts, last, when)
+            action = _decide(m, t, when)
             if action is not None:
                 result.actions.append(action)
-                todo.append((action, m, attempts))
+                todo.append((action, m, t))
         if dry_run:
             return result
         # a relaunch can take minutes: the lease is kept before each machine
-        for action, m, attempts in lease.each(todo, lambda t: [t[0]]):
+        for action, m, t in lease.each(todo, lambda x: [x[0]]):
             if action.action == "terminate":
                 act(app, action)
-            else:
-                _relaunch(app, m, stored_experiment(m), action, attempts, when)
+                continue
+            if action.action == "relaunch":
+                _relaunch(app, m, stored_experiment(m), action, t, when)
+                if action.done or t.attempts + 1 < MAX_ATTEMPTS:
+                    continue
+            _give_up(app, m, action, when)
         return result
 
     return run_pass(app, "recover", when, body, holder=holder, dry_run=dry_run)
 
 
-def _decide(m: Machine, attempts: int, last: datetime | None, now: datetime) -> Action | None:
+def _decide(m: Machine, t: Tries, now: datetime) -> Action | None:
     """What recovery does to a lost machine now: per its spec's ``on_preemption``, with the
-    backoff of its failed attempts; None: nothing (left, given up, or waiting)."""
+    backoff of its failed tries; None: nothing (left, given up, or waiting)."""
     mode = stored_experiment(m).lifecycle.on_preemption
-    if mode == "leave":
+    if mode == "leave" or t.gave_up is not None:
         return None
     if mode == "terminate":
         return Action(m.name, "terminate", "preempted", "on_preemption: terminate")
-    if attempts >= MAX_ATTEMPTS:
-        return None
-    if last is not None and now < last + min(BACKOFF * 2 ** (attempts - 1), BACKOFF_MAX):
+    if t.attempts >= MAX_ATTEMPTS:  # the last try's pass ended before it could give up
+        return Action(m.name, "give-up", "preempted", f"{t.attempts} tries")
+    if t.next_try is not None and now < t.next_try:
         return None
     near = m.zone or m.region or "?"
-    why = f"on_preemption: relaunch, {near} first (attempt {attempts + 1})"
+    why = f"on_preemption: relaunch, {near} first (try {t.attempts + 1} of {MAX_ATTEMPTS})"
     return Action(m.name, "relaunch", "preempted", why)
 
 
-def _to_recover(app: App) -> list[tuple[Machine, int, datetime | None]]:
-    """Preempted machines, and those whose relaunch failed or was interrupted (terminated to
-    be relaunched, with no machine of that name since): (machine, failed attempts so far, when
-    the last one failed)."""
+def _give_up(app: App, m: Machine, action: Action, now: datetime) -> None:
+    """One ``relaunch-gave-up`` event with the numbers; the machine stays held as it is."""
     with app.db.session() as s:
-        out: list[tuple[Machine, int, datetime | None]] = [
-            (m, 0, None) for m in s.scalars(select(Machine).where(Machine.status == S.PREEMPTED))
-        ]
-        failed = {
-            mid: (n, last)
-            for mid, n, last in s.execute(
-                select(Event.machine_id, func.count(), func.max(Event.at))
-                .where(Event.kind == "recover-failed")
-                .group_by(Event.machine_id)
-            )
+        t = tries(_events(s, m.id))
+    if t.gave_up is not None:
+        return
+    last = action.error or ""
+    refused = (t.refusal.detail or {}).get("refused") if t.refusal is not None else None
+    detail = {
+        "why": f"gave up relaunching after {t.attempts} tries ({MAX_ATTEMPTS} at most); "
+        "no more retries, the machine stays as it is",
+        "attempts": t.attempts,
+        "last_try": (t.last or now).isoformat(),
+        "error": " ".join(last.split()),
+        **({"refused": refused} if refused else {}),
+    }
+    machines.record_event(app, m.id, "relaunch-gave-up", reason="preempted", detail=detail)
+    action.why += f"; gave up after {t.attempts} tries"
+    action.done = action.done or action.action == "give-up"
+
+
+def _events(s: Any, machine_id: str) -> list[Event]:
+    return list(s.scalars(select(Event).where(Event.machine_id == machine_id).order_by(Event.id)))
+
+
+def _to_recover(app: App) -> list[tuple[Machine, Tries]]:
+    """Preempted machines, and those lost after a try (terminated to be relaunched, or held
+    where the cloud could not keep them) with no machine of that name since; each with its
+    tries. Given-up machines are left out: they are no longer retried."""
+    kinds = ("recover-failed", "relaunch-refused")
+    with app.db.session() as s:
+        preempted = {
+            m.id: m for m in s.scalars(select(Machine).where(Machine.status == S.PREEMPTED))
         }
-        pending = set(failed) | set(
+        lost = set(
+            s.scalars(select(Event.machine_id).where(Event.kind.in_(kinds)).distinct())
+        ) | set(
             s.scalars(
-                select(Event.machine_id).where(
-                    Event.kind == "terminated", Event.reason == "preempted"
-                )
+                select(Event.machine_id)
+                .where(Event.kind == "terminated", Event.reason == "preempted")
+                .distinct()
             )
         )
-        for mid in pending:
-            m = machine_row(s, mid)
-            latest = s.scalars(
-                select(Event).where(Event.machine_id == mid).order_by(Event.id.desc())
-            ).first()
-            if latest is None:
+        out: list[tuple[Machine, Tries]] = []
+        for mid in sorted(set(preempted) | lost, key=lambda i: (i not in preempted, i)):
+            m = preempted.get(mid) or machine_row(s, mid)
+            events = _events(s, mid)
+            t = tries(events)
+            if t.gave_up is not None or not events:
                 continue
+            if m.status == S.PREEMPTED:
+                out.append((m, t))
+                continue
+            if m.status != S.TERMINATED:
+                continue
+            latest = events[-1]
             interrupted = latest.kind == "terminated" and (latest.detail or {}).get("relaunching")
+            held = latest.kind == "terminated" and latest.reason == "relaunch-refused"
             live = s.scalars(
                 select(Machine.status).where(
                     Machine.name == m.name, Machine.status.not_in(ACTIVE_EXCLUDED)
                 )
             ).first()
             # a relaunch killed mid-`up` left its intent "requested": resuming it finishes the job
-            if (latest.kind == "recover-failed" or interrupted) and live in (None, "requested"):
-                out.append((m, *failed.get(mid, (0, None))))
+            if (latest.kind in kinds or interrupted or held) and live in (None, "requested"):
+                out.append((m, t))
         return out
 
 
@@ -128,18 +253,27 @@ def _near(m: Machine) -> Callable[[Any], int]:
 
 
 def _relaunch(
-    app: App, m: Machine, exp: Experiment, action: Action, attempts: int, now: datetime
+    app: App, m: Machine, exp: Experiment, action: Action, t: Tries, now: datetime
 ) -> None:
-    """Check the relaunch against policy and budget first (refused: the lost machine is kept,
-    stopped, see :func:`machines.hold`); then free the name (the lost machine is terminated:
-    its disk still bills) and ``up`` with the lost zone and region first."""
-    if m.status == S.PREEMPTED:
-        try:  # before anything is terminated: a refused relaunch keeps the machine and disk
-            machines.check(app, exp)
-        except UserError as e:
-            action.error = str(e)
-            machines.hold(app, m, str(e))
-            return
+    """Check the relaunch against policy and budget first (refused: the lost machine is held,
+    see :func:`machines.hold`); then free the name (the lost machine is terminated: its disk
+    still bills) and ``up`` with the lost zone and region first."""
+    attempt = t.attempts + 1
+    try:  # before anything is terminated: a refused relaunch keeps the machine and disk
+        machines.check(app, exp)
+    except UserError as e:
+        action.error = str(e)
+        before = (t.refusal.detail or {}) if t.refusal is not None else {}
+        same = t.refusal if refused_by(before.get("refused", "")) == refused_by(str(e)) else None
+        detail: dict[str, Any] = {
+            "by": refused_by(str(e)),
+            "attempts": int(before.get("attempts", 1)) + 1 if same is not None else 1,
+            "last_try": now.isoformat(),
+        }
+        if attempt < MAX_ATTEMPTS:
+            detail["next_try"] = (now + backoff(attempt)).isoformat()
+        machines.hold(app, m, str(e), detail, event_id=same.id if same is not None else None)
+        return
     try:
         if m.status == S.PREEMPTED:
             machines.down(app, m.name, reason="preempted", detail={"relaunching": True})
@@ -152,7 +286,7 @@ def _relaunch(
             m.id,
             "recover-failed",
             reason="preempted",
-            detail={"attempt": attempts + 1, "error": str(e)},
+            detail={"attempt": attempt, "error": str(e)},
         )
         return
     new = result.machine

@@ -25,6 +25,10 @@ from provisioner.schema import MachineStatus as S
 from provisioner.state import machine as machine_row
 
 HEARTBEAT_RETENTION = timedelta(days=1)
+#: The owner's warning before the sweep terminates a machine that it would have stopped but
+#: whose cloud cannot stop it (an AWS spot machine: terminated with its boot disk), when the
+#: rule asks for less: such a terminate loses the disk, a stop would not.
+UNSTOPPABLE_WARN_MINUTES = 15
 
 
 # --- rules per machine -----------------------------------------------------------------------
@@ -139,8 +143,15 @@ def _stoppable(m: Machine, how: str, why: str) -> tuple[str, str]:
     """A spot machine on a cloud that cannot stop one (AWS one-time spot) is terminated
     instead: left running it would bill all night, and its cloud may take it back any time."""
     if how == "stop" and m.market == "spot" and not machines.can_stop(m):
-        return "terminate", f"{why}; {m.cloud} cannot stop a spot machine, so it is terminated"
+        return "terminate", (
+            f"{why}; spot machine on {m.cloud} cannot be stopped: terminated with its boot disk"
+        )
     return how, why
+
+
+def _unstoppable_warning(how: str, was: str, warn: int) -> int:
+    """At least :data:`UNSTOPPABLE_WARN_MINUTES` when a stop became a terminate."""
+    return max(warn, UNSTOPPABLE_WARN_MINUTES) if (was, how) == ("stop", "terminate") else warn
 
 
 def decide(a: Assessment, now: datetime) -> Action | None:
@@ -153,8 +164,10 @@ def decide(a: Assessment, now: datetime) -> Action | None:
         age = now - m.launched_at
         if age >= after and (how == "terminate" or m.status == S.RUNNING):
             why = f"up {format_duration(age)}, max lifetime {format_duration(after)} ({source})"
+            was = how
             how, why = _stoppable(m, how, why)
-            return Action(m.name, how, "max-lifetime", why)
+            warn = _unstoppable_warning(how, was, 0)
+            return Action(m.name, how, "max-lifetime", why, warn_minutes=warn)
     fired = []
     for check, signal in a.signals.items():
         off = check.calendar.why_off(now) if check.calendar else None
@@ -174,7 +187,9 @@ def decide(a: Assessment, now: datetime) -> Action | None:
     why = f"{off}; {activity} ({check.source})" if off else f"{activity} ({check.source})"
     since = now - timedelta(minutes=check.rule.for_minutes) if signal == "idle" else None
     warn = max((c.rule.warn_minutes for c, _, _ in fired), default=0)
+    was = how
     how, why = _stoppable(m, how, why)
+    warn = _unstoppable_warning(how, was, warn)
     return Action(
         m.name, how, "off-hours-idle" if off else "idle", why, idle_since=since, warn_minutes=warn
     )
@@ -324,7 +339,8 @@ def _mail_warning(app: App, m: Machine, action: Action, when: datetime) -> None:
         f"{when:%Y-%m-%d %H:%M} UTC:\n{action.why}.\n\n"
         f"To keep it running, run:\n  provisioner keep {m.name} --until {keep_until}\n"
     )
-    subject = f"provisioner: {m.name} will be {done} at {when:%H:%M} UTC (idle)"
+    why = "max lifetime" if action.reason == "max-lifetime" else "idle"
+    subject = f"provisioner: {m.name} will be {done} at {when:%H:%M} UTC ({why})"
     mail.send(smtp, mail.compose(sender=smtp.sender, to=[m.owner], subject=subject, text=text))
 
 

@@ -27,7 +27,7 @@ from provisioner.machines.record import (
     require_launched,
     transition,
 )
-from provisioner.models import ACTIVE_EXCLUDED, Machine
+from provisioner.models import ACTIVE_EXCLUDED, Event, Machine
 from provisioner.money import Money
 from provisioner.planner import Candidate
 from provisioner.schema import MachineStatus
@@ -101,17 +101,34 @@ def check_start(app: App, m: Machine) -> None:
     budget.guard(plan)
 
 
-def hold(app: App, m: Machine, why: str) -> Machine:
-    """A preempted machine whose relaunch policy or budget refuses is kept: stopped, with its
-    disk (a cloud that cannot stop it has nothing left to keep, and it is terminated); the
-    refusal is recorded as ``relaunch-refused`` and shown by `status`."""
-    detail = {"refused": why}
-    if not can_stop(m):
-        return down(app, m.name, reason="relaunch-refused", detail=detail)[0]
-    provider_call(app, m, "stop")
-    return transition(
-        app, m.id, S.STOPPED, event="relaunch-refused", reason="preempted", detail=detail
-    )[0]
+def hold(
+    app: App,
+    m: Machine,
+    why: str,
+    detail: dict[str, Any] | None = None,
+    *,
+    event_id: int | None = None,
+) -> Machine:
+    """A lost machine whose relaunch policy or budget refuses is held as its cloud left it: a
+    preempted machine is already stopped with its disk where its cloud keeps it (GCP STOP,
+    Azure Deallocate, Yandex, SberCloud, the sandbox), so nothing is called and its status
+    stays ``preempted`` (a ``stopped`` written here the next reconcile would undo, an event
+    each time); a cloud that cannot stop a spot machine (AWS) has nothing left to keep, and
+    it is terminated. The refusal is one ``relaunch-refused`` event: a retry refused alike
+    (``event_id``, that event) updates its numbers in place rather than adding a row."""
+    detail = {"refused": why, "why": " ".join(why.split()), **(detail or {})}
+    if event_id is None:
+        record_event(app, m.id, "relaunch-refused", reason="preempted", detail=detail)
+    else:
+        with app.db.session() as s:
+            e = s.get(Event, event_id)
+            if e is not None:
+                e.detail = {**(e.detail or {}), **detail}
+    if m.is_live and not can_stop(m):
+        why = f"spot machine on {m.cloud} cannot be stopped: terminated with its boot disk"
+        return down(app, m.name, reason="relaunch-refused", detail={"why": why})[0]
+    with app.db.session() as s:
+        return machine_row(s, m.id)
 
 
 def down(

@@ -138,6 +138,7 @@ class MachineDetail:
     idle: IdleState
     next: str | None  # the scheduler's next action, or why none is due
     why: str | None  # why it failed
+    held: str | None = None  # held after a refused relaunch: by what, the numbers, next try
 
     @property
     def spec(self) -> dict[str, Any]:
@@ -187,6 +188,7 @@ def machine_detail(app: App, key: str, *, by_id: bool = False) -> MachineDetail 
         idle=_idle_state(app, m, beat, now),
         next=_next_action(app, m, now),
         why=why,
+        held=_held(m, [e for e in events if e.machine_id == m.id], now),
     )
 
 
@@ -238,6 +240,15 @@ def _idle_state(app: App, m: Machine, beat: Any, now: datetime) -> IdleState:
         else f"the agent saw no GPU {ago} ago"
     )
     return IdleState(util, text, beat.at)
+
+
+def _held(m: Machine, events: list[Event], now: datetime) -> str | None:
+    """ "held: relaunch refused by …; next try …" for a machine held after a refused relaunch."""
+    if m.status not in ("preempted", "stopped", "terminated"):
+        return None
+    from provisioner.jobs import recover  # the scheduler's rules: only here
+
+    return recover.held_line(recover.tries(events), now)
 
 
 def _next_action(app: App, m: Machine, now: datetime) -> str | None:
