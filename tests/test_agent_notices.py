@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 from sqlalchemy import select
 
-from provisioner import agent, idle
+from provisioner import agent, idle, startup
 from provisioner.app import App
 from provisioner.clock import Clock
 from provisioner.errors import ConfigError
@@ -333,7 +333,7 @@ def test_clouds_without_a_documented_notice_are_said_so_and_not_polled(tmp_path)
 
 def test_startup_data_passes_the_cloud_and_the_action(tmp_path):
     action = {"signal": "SIGTERM", "to": "python train.py"}
-    data = idle.startup_data(
+    data = startup.startup_data(
         None, "http://10.0.0.1:8787", "tok", 30, "m-1", cloud="aws", on_notice=action
     )
     assert "--cloud 'aws' --on-notice-file /etc/provisioner/on-notice.json" in data
@@ -342,7 +342,7 @@ def test_startup_data_passes_the_cloud_and_the_action(tmp_path):
     path.write_text(written)
     assert agent.load_action(str(path)) == action  # what the agent reads back
     assert "if false; then" in data  # runs as root, as the job it signals
-    plain = idle.startup_data(None, "http://10.0.0.1:8787", "tok", 30, "m-1", cloud="gcp")
+    plain = startup.startup_data(None, "http://10.0.0.1:8787", "tok", 30, "m-1", cloud="gcp")
     assert "--cloud 'gcp'" in plain and "on-notice.json" not in plain
     assert "if id -u provisioner-agent" in plain  # its own user when there is nothing to signal
 

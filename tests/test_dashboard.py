@@ -24,7 +24,7 @@ from wsgiref.util import setup_testing_defaults
 
 import pytest
 
-from provisioner import idle, machines
+from provisioner import idle, machines, startup
 from provisioner.app import App
 from provisioner.clock import CLOCK_ENV
 from provisioner.dashboard import make_app
@@ -96,7 +96,7 @@ def seed(home: Path, clock, db_url: str | None = None) -> tuple[App, Path]:
     with a.db.session() as s:
         live = {m.name: m.id for m in s.scalars(select(Machine).where(Machine.status == "running"))}
     for mid in live.values():
-        idle.issue_token(a, mid)
+        startup.issue_token(a, mid)
     for i in range(24):
         for k, (_, mid) in enumerate(sorted(live.items())):
             util = [80.0 + (i % 5) * 3, 2.0, 40.0 + 20 * ((i // 4) % 2)][k % 3]

@@ -19,7 +19,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from sqlalchemy import func, select
 
-from provisioner import agent, idle, machines
+from provisioner import agent, idle, machines, startup
 from provisioner.app import App
 from provisioner.jobs.metrics import Metrics
 from provisioner.models import Event, Heartbeat, Machine
@@ -90,7 +90,7 @@ def test_token_travels_in_startup_data_and_only_its_hash_is_stored(agent_app):
     m = launch(agent_app)
     data = user_data(agent_app, m)
     token = token_in(data)
-    assert m.agent_token_hash == idle.token_hash(token) != token
+    assert m.agent_token_hash == startup.token_hash(token) != token
     # the agent is installed as a service, then the user's script runs unchanged
     assert "--endpoint 'http://10.0.0.5:8787'" in data and "provisioner-agent.service" in data
     assert data.rstrip().endswith("exec /var/lib/provisioner/startup")

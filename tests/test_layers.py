@@ -42,6 +42,7 @@ ORDER = [
     "provisioner.budget",  # budget rules and standing; no enforcement
     "provisioner.planning",  # an experiment's plan: offers, policy decision, budget projection
     "provisioner.web",  # the HTTP server: WSGI apps under path prefixes (waitress)
+    "provisioner.startup",  # what a machine is given at boot: the agent and its token
     "provisioner.idle",
     "provisioner.machines.record",  # a machine's life: events, transitions, its cloud's calls
     "provisioner.machines.attempts",  # the typed launch attempt and what failures block
@@ -185,7 +186,7 @@ IMPORTLIB_ALLOWED = {
     # the registry: adapters and specs loaded lazily by "module:Class", SDKs found without import
     "providers": {"importlib", "importlib.util"},
     # data files shipped inside the package (agent.py and its install script; the catalog CSVs)
-    "provisioner.idle": {"importlib.resources"},
+    "provisioner.startup": {"importlib.resources"},
     "provisioner.catalog": {"importlib.resources"},
     "provisioner.cli": {"importlib.metadata"},  # the installed version, for --version
 }

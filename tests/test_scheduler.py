@@ -15,7 +15,7 @@ import pytest
 from sqlalchemy import select
 
 from providers.base import TAG_MACHINE, TAG_MANAGED_BY, TAG_MANAGED_BY_VALUE, LaunchRequest
-from provisioner import idle, machines
+from provisioner import machines, startup
 from provisioner.app import App
 from provisioner.clock import ManualClock
 from provisioner.errors import ConfigError
@@ -70,7 +70,7 @@ def up(app: App, name: str, **spec) -> Machine:
     data = sandbox_experiment(name)
     data.update(spec)
     m = machines.up(app, Experiment.model_validate(data)).machine
-    idle.issue_token(app, m.id)
+    startup.issue_token(app, m.id)
     return m
 
 

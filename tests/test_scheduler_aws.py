@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from provisioner import catalog, idle, machines
+from provisioner import catalog, machines, startup
 from provisioner.app import App
 from provisioner.clock import ManualClock
 from provisioner.jobs import sweep
@@ -64,7 +64,7 @@ def test_sweep_stops_idle_aws_machines_with_list_calls_only(
         for name in ("idle-a", "idle-b", "busy-c"):
             spec = sandbox_experiment(name, gpu="T4:1", market=market, clouds=["aws"])
             launched[name] = machines.up(app, Experiment.model_validate(spec)).machine
-            idle.issue_token(app, launched[name].id)
+            startup.issue_token(app, launched[name].id)
         machines.reconcile(app)  # launched "pending"; seen running from now on
         clock.set(datetime(2026, 11, 7, 2, 0, tzinfo=UTC))  # Friday 21:00 in New York
 

@@ -8,7 +8,7 @@ import email
 import yaml
 
 from providers.userdata import cloud_init, combine
-from provisioner.idle import startup_data
+from provisioner.startup import startup_data
 
 KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIExample ana@laptop"
 

@@ -42,7 +42,7 @@ from providers.base import (
     QuotaError,
 )
 from providers.retry import call_with_retry
-from provisioner import budget, idle, ledger, planning
+from provisioner import budget, ledger, planning, startup
 from provisioner.app import App
 from provisioner.crashpoints import crashpoint
 from provisioner.errors import OperationFailed, UserError
@@ -179,7 +179,7 @@ def _launch(
         return UpResult(_unless_cancelled(app, adopted), plan=plan)
 
     # the agent's token, once per launch (never logged or recorded)
-    token = idle.issue_token(app, machine.id) if app.settings.scheduler.endpoint_url else None
+    token = startup.issue_token(app, machine.id) if app.settings.scheduler.endpoint_url else None
     attempts: list[LaunchAttempt] = []
     blocked = Blocklist()
     for cand in plan.candidates:
@@ -381,7 +381,7 @@ def _startup_data(
     if token is None or not sched.endpoint_url:
         return experiment.startup_script
     notice = experiment.lifecycle.on_preemption_notice
-    return idle.startup_data(
+    return startup.startup_data(
         experiment.startup_script,
         sched.endpoint_url,
         token,

@@ -1,0 +1,97 @@
+"""What a machine is given at boot: the idle agent, installed as a service by the startup data
+(beside the user's own script), and the per-machine token it signs with. Only the token's
+SHA-256 is stored; the token itself travels once, in the startup data."""
+
+from __future__ import annotations
+
+import json
+import secrets
+from importlib import resources
+from typing import TYPE_CHECKING
+
+from providers.userdata import combine
+from provisioner import agent
+from provisioner.state import machine as machine_row
+
+if TYPE_CHECKING:
+    from provisioner.app import App
+
+AGENT_DIR = "/etc/provisioner"
+AGENT_USER = "provisioner-agent"  # a system user: the token file is its own, mode 0600
+
+
+def token_hash(token: str) -> str:
+    """What is stored of a token, and the key its heartbeats are signed with."""
+    return agent.signing_key(token)
+
+
+def issue_token(app: App, machine_id: str) -> str:
+    """A fresh agent token for ``machine_id``; only its hash is kept."""
+    token = secrets.token_urlsafe(32)
+    with app.db.session() as s:
+        machine_row(s, machine_id).agent_token_hash = token_hash(token)
+    return token
+
+
+def startup_data(
+    user_script: str | None,
+    endpoint: str,
+    token: str,
+    interval: int,
+    machine_id: str,
+    *,
+    cloud: str | None = None,
+    on_notice: dict[str, str] | None = None,
+) -> str:
+    """The machine's startup script: install the agent as a service (it never blocks or fails
+    the boot), then run the user's own script unchanged. A ``#cloud-config`` user script is
+    combined as a MIME multipart document, which cloud-init reads.
+
+    ``cloud``: the agent watches that cloud's preemption notice; ``on_notice`` (the
+    experiment's ``lifecycle.on_preemption_notice``) is what it then does to the job. The agent
+    runs as root when there is one, as the job it signals does (the user's script runs as
+    root); else as its own system user."""
+    agent_py = resources.files("provisioner").joinpath("agent.py").read_text(encoding="utf-8")
+    cmd = (
+        f"/usr/bin/env python3 {AGENT_DIR}/agent.py --endpoint {_sh(endpoint)} "
+        f"--machine {_sh(machine_id)} --token-file {AGENT_DIR}/agent-token "
+        f"--interval {int(interval)}"
+    )
+    if cloud:
+        cmd += f" --cloud {_sh(cloud)}"
+    if on_notice:
+        cmd += f" --on-notice-file {AGENT_DIR}/on-notice.json"
+    install = _render_install(
+        agent_dir=AGENT_DIR,
+        token=token,
+        agent_py=agent_py,
+        cmd=cmd,
+        user=AGENT_USER,
+        on_notice=json.dumps(on_notice) if on_notice else "",
+    )
+    if not user_script:
+        return install
+    if user_script.lstrip().startswith("#cloud-config") or user_script.startswith("Content-Type:"):
+        return combine(install, user_script) or install  # cloud-init runs the parts in order
+    end = "PV_USER_SCRIPT_" + secrets.token_hex(6)
+    script = user_script if user_script.startswith("#!") else "#!/bin/bash\n" + user_script
+    return (
+        f"{install}mkdir -p /var/lib/provisioner\n"
+        f"cat > /var/lib/provisioner/startup <<'{end}'\n{script.rstrip()}\n{end}\n"
+        "chmod 700 /var/lib/provisioner/startup\nexec /var/lib/provisioner/startup\n"
+    )
+
+
+def _render_install(**values: str) -> str:
+    from jinja2 import Environment, StrictUndefined  # only when a machine is launched
+
+    template = resources.files("provisioner").joinpath("templates/agent-install.sh")
+    env = Environment(undefined=StrictUndefined, keep_trailing_newline=True, autoescape=False)
+    return env.from_string(template.read_text(encoding="utf-8")).render(**values)
+
+
+def _sh(s: str) -> str:
+    return "'" + s.replace("'", "'\\''") + "'"
+
+
+# --- recording -------------------------------------------------------------------------------
