@@ -16,6 +16,7 @@ already left: a walk that reads top to bottom returns rarely.
 
 from __future__ import annotations
 
+import inspect
 import os
 import subprocess
 import sys
@@ -48,7 +49,8 @@ def up_walk() -> tuple[int, int, list[str]]:
     steps: list[str] = []
 
     def hook(frame, event, arg):  # type: ignore[no-untyped-def]
-        if event == "call" and frame.f_code.co_name != "<module>":  # calls, not imports
+        # function calls only: module and class bodies (no CO_OPTIMIZED flag) run on import
+        if event == "call" and frame.f_code.co_flags & inspect.CO_OPTIMIZED:
             mod = _module(frame.f_code.co_filename)
             if mod and (not steps or steps[-1] != mod):
                 steps.append(mod)

@@ -75,7 +75,6 @@ def billed(emu: AwsEmulator) -> list[str]:
     return [i for region in AWS_REGIONS for i in emu.billed_instances(region)]
 
 
-@pytest.mark.slow  # 20 trials of up through the real CLI against moto, answers lost on the wire
 def test_lost_launch_answers_never_make_a_second_machine(
     emu: AwsEmulator, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
