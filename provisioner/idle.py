@@ -15,7 +15,7 @@ import itertools
 import json
 import logging
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, Literal
@@ -427,27 +427,27 @@ class HeartbeatApp:
         return 200, machine_id, raw
 
     def _heartbeat(self, environ: dict[str, Any]) -> tuple[int, Any]:
-        code, machine_id, raw = self._verified(environ, agent.HEARTBEAT)
-        if code != 200:
-            return code, machine_id
-        try:
-            gpus = parse_body(raw)
-        except BadHeartbeat as e:
-            return 400, {"error": str(e)}
-        m = record(self.app, machine_id, gpus)
-        if m is None:
-            return 401, {"error": "unknown machine or token"}
-        return 200, {"ok": True, "machine": m.name}
+        return self._signed(environ, agent.HEARTBEAT, parse_body, record)
 
     def _notice(self, environ: dict[str, Any]) -> tuple[int, Any]:
-        code, machine_id, raw = self._verified(environ, agent.NOTICE)
+        return self._signed(environ, agent.NOTICE, parse_notice, record_notice)
+
+    def _signed(
+        self,
+        environ: dict[str, Any],
+        route: str,
+        parse: Callable[[bytes], Any],
+        keep: Callable[[App, str, Any], Machine | None],
+    ) -> tuple[int, Any]:
+        """A signed post on ``route``: verified, its body parsed and kept for the machine."""
+        code, machine_id, raw = self._verified(environ, route)
         if code != 200:
             return code, machine_id
         try:
-            notice = parse_notice(raw)
+            body = parse(raw)
         except BadHeartbeat as e:
             return 400, {"error": str(e)}
-        m = record_notice(self.app, machine_id, notice)
+        m = keep(self.app, machine_id, body)
         if m is None:
             return 401, {"error": "unknown machine or token"}
         return 200, {"ok": True, "machine": m.name}
