@@ -285,6 +285,12 @@ def test_plan_a100x8_spot_offline_spans_all_five_clouds(home):
         == float(yandex["price_per_hour"]["amount"]) / 80
     )
     assert plan["rejected"]["other GPU type"] > 0
+    # AWS launches spot as one-time requests, which it cannot stop: the plan says so in words
+    assert [w for w in plan["warnings"] if w.startswith("aws ")] == [
+        "aws cannot stop a spot machine: an out-of-hours idle stop terminates it and its boot "
+        "disk (its owner is warned first); `provisioner down` is how it ends"
+    ]
+    assert not any(w.startswith(("gcp ", "azure ", "yandex ")) for w in plan["warnings"])
 
 
 def test_plan_table_names_reasons_and_rates(home):
@@ -292,6 +298,7 @@ def test_plan_table_names_reasons_and_rates(home):
     assert r.returncode == 0, r.stderr
     assert "cheapest per cloud" in r.stdout and "1 USD = 80 RUB" in r.stdout
     assert "turned down" in r.stdout and "sbercloud" in r.stdout
+    assert "aws cannot stop a spot machine" in " ".join(r.stdout.split())
 
 
 def test_sbercloud_prices_from_settings_make_it_rank(home):

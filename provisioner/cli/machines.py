@@ -68,6 +68,7 @@ def _plan_json(v: Any, top: int) -> dict[str, Any]:
         "rejected": dict(p.rejected),
         "rejected_examples": p.examples,
         "checks": [getattr(c, "as_json", lambda c=c: c)() for c in p.checks],
+        "warnings": v.warnings,
     }
 
 
@@ -124,6 +125,8 @@ def _plan_text(v: Any, top: int) -> None:
         )
     for check in v.checks:
         out.print(str(check))
+    for warning in v.warnings:
+        out.print(f"[yellow]note[/]: {warning}", soft_wrap=True)
     if v.rejects:
         out.print(
             "[bold]turned down[/]: "

@@ -31,6 +31,7 @@ class PlanView:
     cheapest: list[tuple[str, Money]]  # per cloud, in the ranking currency, cheapest first
     unpriced: dict[str, list[str]]  # cloud: the instance types that fit but have no price
     rejects: list[Reject]  # most frequent first
+    warnings: list[str] = field(default_factory=list)  # what a candidate's cloud will do to it
 
     @property
     def candidates(self) -> list[Candidate]:
@@ -67,7 +68,29 @@ def plan(app: App, experiment: Experiment) -> PlanView:
         sorted(((cl, best[cl].price_base) for cl in sorted(best)), key=lambda x: x[1].amount),
         {cl: sorted(types) for cl, types in sorted(unpriced.items())},
         [Reject(r, n, p.examples.get(r, "")) for r, n in p.summary_reasons()],
+        unstoppable_spot(p.candidates),
     )
+
+
+def unstoppable_spot(candidates: list[Candidate]) -> list[str]:
+    """For each cloud among the spot candidates that cannot stop a spot machine (AWS launches
+    one-time requests), what that means for the machine and its data, in words."""
+    import providers
+
+    clouds = sorted(
+        {
+            c.offer.cloud
+            for c in candidates
+            if c.spot
+            and c.offer.cloud in providers.REGISTRY
+            and not providers.spec(c.offer.cloud).capabilities.stop_spot
+        }
+    )
+    return [
+        f"{cloud} cannot stop a spot machine: an out-of-hours idle stop terminates it and its "
+        f"boot disk (its owner is warned first); `provisioner down` is how it ends"
+        for cloud in clouds
+    ]
 
 
 @dataclass
