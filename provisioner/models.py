@@ -148,7 +148,9 @@ class Machine(Base):
         """Every writer goes through the transition table; a row being built (no status yet:
         a new intent, or a test's fixture) may start anywhere."""
         old = self.__dict__.get("status")
-        return MachineStatus(status) if old is None else check_transition(old, status)
+        if old is None or old == status:  # not a move
+            return MachineStatus(status)
+        return check_transition(old, status)
 
 
 class Event(Base):
