@@ -75,12 +75,16 @@ def _num(v: Any) -> float | None:
     return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
 
 
+def _live(s: Any, machine_id: str) -> Machine | None:
+    return s.scalars(
+        select(Machine).where(Machine.id == machine_id, Machine.status.not_in(ACTIVE_EXCLUDED))
+    ).first()
+
+
 def record(app: App, machine_id: str, gpus: list[dict[str, Any]]) -> Machine | None:
     """Store one heartbeat of ``machine_id``; None when it is no longer live."""
     with app.db.session() as s:
-        m = s.scalars(
-            select(Machine).where(Machine.id == machine_id, Machine.status.not_in(ACTIVE_EXCLUDED))
-        ).first()
+        m = _live(s, machine_id)
         if m is None:
             return None
         top = max((g["util"] for g in gpus), default=None)
@@ -123,9 +127,7 @@ def record_notice(app: App, machine_id: str, notice: dict[str, Any]) -> Machine 
     cloud's time (``not_before``, when the cloud gives one), once per notice: the agent posts
     again after a lost answer. None when the machine is no longer live."""
     with app.db.session() as s:
-        m = s.scalars(
-            select(Machine).where(Machine.id == machine_id, Machine.status.not_in(ACTIVE_EXCLUDED))
-        ).first()
+        m = _live(s, machine_id)
         if m is None:
             return None
         known = s.scalars(

@@ -130,6 +130,17 @@ def app(settings: Settings, clock: ManualClock):
     a.close()
 
 
+@pytest.fixture
+def agent_app(home: Path, clock: ManualClock, db_url: str | None):
+    """An app whose settings name the endpoint agents report to (startup data carries one)."""
+    a = App(
+        make_settings(home, state_url=db_url, scheduler={"endpoint_url": "http://10.0.0.5:8787"}),
+        clock,
+    )
+    yield a
+    a.close()
+
+
 def write_yaml(path: Path, data: object) -> Path:
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     return path

@@ -33,16 +33,6 @@ NOT_BEFORE = "2026-11-02T09:02:00Z"  # the cloud's time in each shape below
 AZURE_NOT_BEFORE = "Mon, 02 Nov 2026 09:02:00 GMT"  # RFC 1123, as Scheduled Events writes it
 
 
-@pytest.fixture
-def agent_app(home, clock, db_url):
-    a = App(
-        make_settings(home, state_url=db_url, scheduler={"endpoint_url": "http://10.0.0.5:8787"}),
-        clock,
-    )
-    yield a
-    a.close()
-
-
 class Metadata(ThreadingHTTPServer):
     """A metadata service that answers exactly as each cloud documents (see provisioner/agent.py
     for the sources); ``notice`` switches the announcement on."""

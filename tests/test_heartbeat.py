@@ -24,17 +24,7 @@ from provisioner.app import App
 from provisioner.jobs.metrics import Metrics
 from provisioner.models import Event, Heartbeat, Machine
 from provisioner.spec import Experiment
-from tests.conftest import TEST_START, make_settings, sandbox_experiment
-
-
-@pytest.fixture
-def agent_app(home, clock, db_url):
-    a = App(
-        make_settings(home, state_url=db_url, scheduler={"endpoint_url": "http://10.0.0.5:8787"}),
-        clock,
-    )
-    yield a
-    a.close()
+from tests.conftest import TEST_START, sandbox_experiment
 
 
 def launch(app: App, name: str = "exp", script: str | None = "#!/bin/bash\necho hi") -> Machine:

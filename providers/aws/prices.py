@@ -210,10 +210,8 @@ def catalog_rows(ref: Path) -> list[dict[str, Any]]:
         count = Decimal(r["AcceleratorCount"])
         if count < 1 or (r["AcceleratorName"] == "H200" and not r["Price"]):
             continue  # fractional L4 slices (g6f/gr6f) are not whole GPUs
-        mem_gb = reference.GPU_MEMORY[
-            r["AcceleratorName"]
-        ]  # nominal, as users ask for it (A10G = 24 GB)
         gpu = r["AcceleratorName"]
+        mem_gb = reference.GPU_MEMORY[gpu]  # nominal, as users ask for it (A10G = 24 GB)
         rows.append(
             dict(
                 cloud="aws",
