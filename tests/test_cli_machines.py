@@ -134,22 +134,38 @@ def _closed_port() -> int:
         return s.getsockname()[1]
 
 
+_DEFAULT_SIGINT_THEN_EXEC = (
+    "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+    "os.execv(sys.argv[1], sys.argv[1:])"
+)
+
+
 def _interrupt_when(args: list[str], marker: str, env: dict[str, str]) -> tuple[int, str]:
     """Run the CLI, send SIGINT once ``marker`` shows on stderr, return (code, stderr).
 
     The child starts with SIGINT at its default, as a terminal's foreground job has it: a suite
     started in the background of a non-interactive shell ignores SIGINT, children inherit that,
     and a CLI that ignores Ctrl-C (as it should then) would never answer. Whatever happens, the
-    child is gone when this returns."""
+    child is gone when this returns. The default is restored by a small Python that then execs
+    the CLI, not by ``preexec_fn``: that forces a plain fork of this worker, whose gRPC (loaded by
+    the Yandex and GCP tests in the same worker) aborts in the forked child (seen in CI:
+    "epoll_wait error: Bad file descriptor", SIGABRT)."""
     log = Path(env["PROVISIONER_HOME"]) / "stderr.txt"
     with log.open("w") as f:
         p = subprocess.Popen(
-            [sys.executable, "-m", "provisioner", *args],
+            [
+                sys.executable,
+                "-c",
+                _DEFAULT_SIGINT_THEN_EXEC,
+                sys.executable,
+                "-m",
+                "provisioner",
+                *args,
+            ],
             stdout=subprocess.DEVNULL,
             stderr=f,
             cwd=ROOT,
             env={**os.environ, CLOCK_ENV: TEST_START.isoformat(), **env},
-            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
         )
         try:
             deadline = time.monotonic() + 60
