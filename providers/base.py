@@ -191,6 +191,56 @@ class Instance:
         return self.labels.get(TAG_MACHINE)
 
 
+class VolumeState(enum.StrEnum):
+    """A network disk's state, in every cloud's words mapped to these."""
+
+    CREATING = "creating"
+    AVAILABLE = "available"  # attached to nothing
+    IN_USE = "in-use"  # attached to a machine
+    DELETING = "deleting"
+    ERROR = "error"
+
+
+@dataclass(frozen=True)
+class VolumeRequest:
+    """A network disk to create: zonal on every cloud (Azure: in the region, pinned to ``zone``
+    when one is given), so it attaches only to machines in its zone."""
+
+    name: str  # cloud resource name: lowercase, [a-z0-9-], ≤ 50 chars, starts with a letter
+    token: str  # idempotency token (≤ 64 ASCII chars); same token → same volume
+    region: str
+    zone: str
+    size_gb: int
+    labels: Mapping[str, str] = field(default_factory=dict)  # includes the TAG_* keys
+
+
+@dataclass(frozen=True)
+class VolumeRef:
+    """Enough to find one volume again in its cloud."""
+
+    id: str
+    region: str
+    zone: str = ""
+    name: str = ""
+
+
+@dataclass(frozen=True)
+class Volume:
+    id: str
+    name: str
+    region: str
+    zone: str
+    size_gb: int
+    state: VolumeState
+    labels: Mapping[str, str] = field(default_factory=dict)
+    attached_to: str | None = None  # the instance id it is attached to
+    created_at: datetime | None = None
+
+    @property
+    def ref(self) -> VolumeRef:
+        return VolumeRef(id=self.id, region=self.region, zone=self.zone, name=self.name)
+
+
 @dataclass(frozen=True)
 class CheckResult:
     cloud: str
@@ -337,6 +387,43 @@ class Provider(ABC):
     ) -> dict[InstanceRef, ProviderError | None]:
         """Terminate every ref (gone already is no error), per ref as :meth:`stop_many`."""
         return each(refs, self.terminate, workers=self.parallel_operations)
+
+    # --- volumes: network disks that outlive machines ---------------------------------------
+    # A cloud without them leaves these raising NotImplementedError (``Capabilities.volumes``).
+
+    def create_volume(self, request: VolumeRequest) -> Volume:
+        """Create the disk (unformatted), idempotently by ``request.token``."""
+        raise NotImplementedError(f"{self.name}: no volumes")
+
+    def get_volume(self, ref: VolumeRef) -> Volume:
+        """Raises NotFound when the volume is gone."""
+        raise NotImplementedError(f"{self.name}: no volumes")
+
+    def list_volumes(self, regions: Sequence[str] | None = None) -> list[Volume]:
+        """Our volumes (tag ``managed-by=provisioner``) in ``regions`` (None: the configured
+        ones). Paginates fully."""
+        raise NotImplementedError(f"{self.name}: no volumes")
+
+    def attach_volume(self, volume: VolumeRef, instance: InstanceRef, index: int) -> None:
+        """Attach to the machine (running or stopped, as the cloud allows) as its ``index``-th
+        volume (0, 1, …). Idempotent when already attached there. The cloud's refusal (another
+        zone, attached elsewhere) is raised as InvalidRequest."""
+        raise NotImplementedError(f"{self.name}: no volumes")
+
+    def detach_volume(self, volume: VolumeRef, instance: InstanceRef) -> None:
+        """Idempotent: a volume not attached there is not an error."""
+        raise NotImplementedError(f"{self.name}: no volumes")
+
+    def delete_volume(self, ref: VolumeRef) -> None:
+        """Idempotent: a volume already gone is not an error. An attached volume is refused by
+        the cloud (InvalidRequest)."""
+        raise NotImplementedError(f"{self.name}: no volumes")
+
+    def volume_device(self, volume: Volume, index: int) -> str:
+        """The stable path the machine sees the ``index``-th attached volume at (a
+        ``/dev/disk/by-id/…`` link named from the volume's id or the device name the adapter
+        gave it), known before the attach so the startup script can wait for it."""
+        raise NotImplementedError(f"{self.name}: no volumes")
 
     def unused_network(self, *, remove: bool = False) -> list[str]:
         """Network pieces this adapter created (tagged as ours: a security group, a firewall

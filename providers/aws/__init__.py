@@ -54,6 +54,7 @@ SPEC = CloudSpec(
         zones=True,
         batch=True,
         console_stop_of_spot=False,
+        restart_preempted=False,
         why={
             # Why one-time: providers/aws/adapter.py `_run_params`.
             "stop_spot": "aws: spot machines are launched as one-time Spot requests, and EC2 "
@@ -63,6 +64,10 @@ SPEC = CloudSpec(
             'Spot Instance interruptions": the request type must be persistent)',
             "console_stop_of_spot": "aws: a one-time spot instance cannot be stopped, from the "
             "console either (UnsupportedOperation)",
+            "restart_preempted": "aws: an interrupted one-time Spot Instance is terminated "
+            '("The default behavior is that Amazon EC2 terminates Spot Instances when they are '
+            'interrupted", EC2 User Guide, "Behavior of Spot Instance interruptions") and its '
+            "root volume with it (DeleteOnTermination); volumes survive",
         },
     ),
     prices_from="the Price List API (pricing:GetProducts) and EC2 spot price history; "
