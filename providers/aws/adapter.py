@@ -21,6 +21,7 @@ from typing import Any
 
 from providers.aws import SPEC, AWSOptions, errors
 from providers.aws.network import SshGroups, tag_list
+from providers.aws.volumes import TAG_TOKEN, EbsVolumes
 from providers.base import (
     TAG_MACHINE,
     TAG_MANAGED_BY,
@@ -36,6 +37,9 @@ from providers.base import (
     Provider,
     ProviderError,
     Throttled,
+    Volume,
+    VolumeRef,
+    VolumeRequest,
 )
 from providers.userdata import cloud_init
 
@@ -47,7 +51,6 @@ DEFAULT_IMAGE_PARAMETER = (
 # TerminateInstancesRequest.InstanceIds); StopInstances states no limit, and gets the same.
 BATCH_IDS = 1000
 _INSTANCE_ID = re.compile(r"\bi-[0-9a-f]{8,17}\b")
-TAG_TOKEN = "provisioner-token"  # the launch intent's token, for the adapter's own dedup
 PREEMPTION_REASONS = frozenset({"Server.SpotInstanceTermination", "Server.SpotInstanceShutdown"})
 _STATES = {
     "pending": MachineState.PENDING,
@@ -80,6 +83,7 @@ class AWSProvider(Provider):
         self._root_devices: dict[tuple[str, str], str] = {}
         self._zone_ids: dict[str, dict[str, str]] = {}  # region → {AZ name: AZ id}
         self._network = SshGroups(self)
+        self._volumes = EbsVolumes(self)
 
     @property
     def regions(self) -> list[str]:
@@ -235,6 +239,29 @@ class AWSProvider(Provider):
                     else ProviderError(f"aws: {verb} {iid}: not in EC2's answer", code="NoResult")
                 )
         return out
+
+    # --- volumes (providers/aws/volumes.py) -------------------------------------------------
+
+    def create_volume(self, request: VolumeRequest) -> Volume:
+        return self._volumes.create(request)
+
+    def get_volume(self, ref: VolumeRef) -> Volume:
+        return self._volumes.get(ref)
+
+    def list_volumes(self, regions: Sequence[str] | None = None) -> list[Volume]:
+        return self._volumes.list(regions or self.regions)
+
+    def attach_volume(self, volume: VolumeRef, instance: InstanceRef, index: int) -> None:
+        self._volumes.attach(volume, instance, index)
+
+    def detach_volume(self, volume: VolumeRef, instance: InstanceRef) -> None:
+        self._volumes.detach(volume, instance)
+
+    def delete_volume(self, ref: VolumeRef) -> None:
+        self._volumes.delete(ref)
+
+    def volume_device(self, volume: Volume, index: int) -> str:
+        return self._volumes.device(volume)
 
     def unused_network(self, *, remove: bool = False) -> list[str]:
         return self._network.unused(remove)

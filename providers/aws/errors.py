@@ -48,7 +48,7 @@ THROTTLE_CODES = frozenset(
         "Unavailable",
     }
 )
-NOT_FOUND_CODES = frozenset({"InvalidInstanceID.NotFound"})
+NOT_FOUND_CODES = frozenset({"InvalidInstanceID.NotFound", "InvalidVolume.NotFound"})
 INVALID_CODES = frozenset(
     {
         "IdempotentParameterMismatch",
@@ -58,6 +58,14 @@ INVALID_CODES = frozenset(
         "MissingParameter",
         "UnsupportedOperation",
         "IncorrectInstanceState",
+        # volumes: AttachVolume to an instance in another AZ ("The volume 'vol-…' is not in the
+        # same availability zone as instance 'i-…'", linuxkit/linuxkit#2388), to a second
+        # instance ("vol-… is already attached to an instance", portworx/px-dev#42), and
+        # DeleteVolume of an attached one (VolumeInUse); IncorrectState: the volume is not in
+        # a state for the call (Detach of an available one)
+        "InvalidVolume.ZoneMismatch",
+        "VolumeInUse",
+        "IncorrectState",
         "IncorrectSpotRequestState",
         "ParameterNotFound",
         "ValidationException",

@@ -14,6 +14,8 @@ strictly, records it, and forwards it to moto unchanged except where it adds wha
   that is not cancelled makes EC2 launch a new, billed one; an instance a persistent request
   stopped on interruption is started again when capacity returns (:meth:`restore_capacity`);
   ``CancelSpotInstanceRequests`` is answered here;
+- the AttachVolume rules moto lacks (:meth:`AwsEmulator._check_attach`): a volume attaches only
+  to an instance in its AZ, and only to one;
 - preemption of a spot instance (:meth:`AwsEmulator.preempt`): moto stops/terminates it and the
   proxy rewrites its DescribeInstances StateReason to the spot interruption code; an instance
   terminated elsewhere long ago (:meth:`AwsEmulator.forget`) is no longer known;
@@ -449,6 +451,38 @@ class AwsEmulator:
             if i.id in wanted
         }
 
+    def _check_attach(self, region: str, params: dict[str, str], rec: Recorded) -> None:
+        """The AttachVolume rules moto does not keep (it attaches anything anywhere, and a second
+        attach replaces the first): EC2 refuses an instance in another AZ ("InvalidVolume.
+        ZoneMismatch: The volume 'vol-…' is not in the same availability zone as instance
+        'i-…'", as EC2 answered in linuxkit/linuxkit#2388 and portworx/px-dev#42) and a volume
+        attached already ("VolumeInUse: vol-… is already attached to an instance",
+        portworx/px-dev#42; only io1/io2 volumes created with MultiAttachEnabled may be
+        attached to several, botocore's ec2 model, CreateVolumeRequest.MultiAttachEnabled).
+        Unknown ids are left to moto's own NotFound answers."""
+        from moto.core import DEFAULT_ACCOUNT_ID
+        from moto.ec2.models import ec2_backends
+
+        backend = ec2_backends[DEFAULT_ACCOUNT_ID][region]
+        vid, iid = params.get("VolumeId", ""), params.get("InstanceId", "")
+        volume = backend.volumes.get(vid)
+        instance = next(
+            (i for r in list(backend.reservations.values()) for i in r.instances if i.id == iid),
+            None,
+        )
+        if volume is None or instance is None:
+            return
+        if volume.attachment is not None and not volume.multi_attach_enabled:
+            rec.answer = "VolumeInUse"
+            raise ec2_error("VolumeInUse", f"{vid} is already attached to an instance", 400)
+        if volume.zone.name != instance.availability_zone:
+            rec.answer = "InvalidVolume.ZoneMismatch"
+            raise ec2_error(
+                "InvalidVolume.ZoneMismatch",
+                f"The volume '{vid}' is not in the same availability zone as instance '{iid}'",
+                400,
+            )
+
     def _state(self, instance_id: str, region: str) -> str:
         raw = self.client("ec2", region).describe_instances(InstanceIds=[instance_id])
         return str(raw["Reservations"][0]["Instances"][0]["State"]["Name"])
@@ -617,6 +651,8 @@ class AwsEmulator:
                         "Instances associated with persistent Spot Instance requests.",
                         400,
                     )
+        if action == "AttachVolume":
+            self._check_attach(region, params, rec)
         if action == "DescribeSpotPriceHistory":
             return self._spot_history(region, params, rec)
         if action == "StartInstances":
