@@ -35,9 +35,13 @@ from providers.base import (
     Provider,
     ProviderError,
     Throttled,
+    Volume,
+    VolumeRef,
+    VolumeRequest,
 )
 from providers.gcp import SPEC, GCPOptions, errors, prices
 from providers.gcp.network import SSH_TAG, Firewall, last
+from providers.gcp.volumes import PersistentDisks
 from providers.retry import wait_until
 
 T = TypeVar("T")
@@ -82,6 +86,7 @@ class GCPProvider(Provider):
         self._auth: tuple[Any, str | None] | None = None
         self._clients: dict[str, Any] | None = None
         self._firewall = Firewall(self)
+        self._volumes = PersistentDisks(self)
 
     # --- contract --------------------------------------------------------------------------
 
@@ -189,6 +194,29 @@ class GCPProvider(Provider):
             self._mutate(ref, "delete_unary")
         except NotFound:
             return
+
+    # --- volumes (providers/gcp/volumes.py) -------------------------------------------------
+
+    def create_volume(self, request: VolumeRequest) -> Volume:
+        return self._volumes.create(request)
+
+    def get_volume(self, ref: VolumeRef) -> Volume:
+        return self._volumes.get(ref)
+
+    def list_volumes(self, regions: Sequence[str] | None = None) -> list[Volume]:
+        return self._volumes.list(regions if regions is not None else sorted(self._regions()))
+
+    def attach_volume(self, volume: VolumeRef, instance: InstanceRef, index: int) -> None:
+        self._volumes.attach(volume, instance, index)
+
+    def detach_volume(self, volume: VolumeRef, instance: InstanceRef) -> None:
+        self._volumes.detach(volume, instance)
+
+    def delete_volume(self, ref: VolumeRef) -> None:
+        self._volumes.delete(ref)
+
+    def volume_device(self, volume: Volume, index: int) -> str:
+        return self._volumes.device(volume)
 
     def unused_network(self, *, remove: bool = False) -> list[str]:
         return self._firewall.unused(remove)
@@ -447,6 +475,7 @@ class GCPProvider(Provider):
             }
             self._clients = {
                 "instances": compute_v1.InstancesClient(**common),
+                "disks": compute_v1.DisksClient(**common),
                 "zone_operations": compute_v1.ZoneOperationsClient(**common),
                 "firewalls": compute_v1.FirewallsClient(**common),
                 "global_operations": compute_v1.GlobalOperationsClient(**common),

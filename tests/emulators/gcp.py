@@ -20,6 +20,10 @@ Control surface for tests: :meth:`GCPEmulator.exhaust`, :meth:`~GCPEmulator.exce
 firewall rules in :attr:`~GCPEmulator.firewalls`, and :meth:`~GCPEmulator.reachable_on_22` says
 whether the rules admit SSH to an instance.
 
+Persistent disks (disks insert/get/list/aggregatedList/delete, instances attachDisk/detachDisk) are
+in :attr:`~GCPEmulator.disks`, with ``users`` kept as GCP keeps it and the attach and delete rules
+cited beside ``_route_disks``.
+
 Firewall rules (global/firewalls get and insert, awaited as global operations) are parsed into the
 SDK's own ``compute_v1.Firewall`` with unknown fields refused and checked against the rules its
 docstrings and Google's VPC firewall docs state (see ``_parse_firewall``).
@@ -204,6 +208,7 @@ class GCPEmulator:
     def __init__(self, project: str = "test-project") -> None:
         self.project = project
         self.instances: dict[tuple[str, str], dict[str, Any]] = {}
+        self.disks: dict[tuple[str, str], dict[str, Any]] = {}  # persistent disks by (zone, name)
         self.operations: dict[tuple[str, str], dict[str, Any]] = {}
         self.global_operations: dict[tuple[str, str], dict[str, Any]] = {}
         self.firewalls: dict[str, dict[str, Any]] = {}
@@ -418,6 +423,7 @@ class GCPEmulator:
             op.update(status="DONE", progress=100, endTime=self._now())
             if scheduling.get("instanceTerminationAction") == "DELETE":
                 del self.instances[(zone, name)]
+                self._release_disks(instance)
             else:
                 when = self._now() if at is None else _pacific(at)
                 instance.update(status="TERMINATED", lastStopTimestamp=when, statusMessage="")
@@ -435,6 +441,7 @@ class GCPEmulator:
         """Someone deletes the instance outside provisioner: it is gone (GET answers 404)."""
         with self._lock:
             instance = self.instances.pop((zone, name))
+            self._release_disks(instance)
             op = self._new_operation(zone, "delete", instance)
             op.update(status="DONE", progress=100, endTime=self._now())
 
@@ -518,10 +525,13 @@ class GCPEmulator:
         if rest == "/aggregated/instances" and method == "GET":
             _allow(query, AGGREGATED_PARAMS)
             return self._aggregated(query)
+        if rest == "/aggregated/disks" and method == "GET":
+            _allow(query, AGGREGATED_PARAMS)
+            return self._aggregated(query, "disks")
         if rest.startswith("/global/"):
             return self._route_global(method, path, rest, query, body)
         match = re.fullmatch(
-            r"/zones/([^/]+)/(instances|operations)(?:/([^/]+))?(?:/([^/]+))?", rest
+            r"/zones/([^/]+)/(instances|operations|disks)(?:/([^/]+))?(?:/([^/]+))?", rest
         )
         if not match:
             raise ApiError(404, "notFound", f"The resource '{path}' was not found")
@@ -540,6 +550,8 @@ class GCPEmulator:
             if name and (method, verb) in (("GET", None), ("POST", "wait")):
                 _allow(query, set())
                 return self._poll(zone, name)
+        elif kind == "disks":
+            return self._route_disks(method, path, zone, name, verb, query, body)
         elif name is None and method == "POST":
             _allow(query, {"requestId", "sourceInstanceTemplate", "sourceMachineImage"})
             return self._insert(zone, query.get("requestId"), body)
@@ -557,6 +569,12 @@ class GCPEmulator:
             extra = {"discardLocalSsd", "noGracefulShutdown"} if verb == "stop" else set()
             _allow(query, {"requestId"} | extra)
             return self._stop_start(zone, name, verb, query.get("requestId"))
+        elif method == "POST" and verb == "attachDisk":
+            _allow(query, {"requestId", "forceAttach"})
+            return self._attach_disk(zone, name, query.get("requestId"), body)
+        elif method == "POST" and verb == "detachDisk":
+            _allow(query, {"requestId", "deviceName"})
+            return self._detach_disk(zone, name, query.get("requestId"), query.get("deviceName"))
         raise ApiError(404, "notFound", f"The resource '{path}' was not found")
 
     def _route_global(
@@ -827,8 +845,235 @@ class GCPEmulator:
 
         def deleted() -> None:
             self.instances.pop((zone, instance["name"]), None)
+            self._release_disks(instance)
 
         return self._schedule(zone, op, deleted)
+
+    # --- persistent disks ------------------------------------------------------------------
+    # disks.insert/get/list/aggregatedList/delete and instances.attachDisk/detachDisk. What is
+    # refused, and how, comes from Google's own answers:
+    # - an attach to an instance in another zone: 400 invalid "Invalid value for field
+    #   'resource.source': '<disk URL>'. Disk must be in the same zone as the instance."
+    #   (GoogleCloudPlatform/google-cloud-powershell#237, the API's answer quoted);
+    # - an attach of a READ_WRITE disk some instance uses: the operation fails with
+    #   RESOURCE_IN_USE_BY_ANOTHER_RESOURCE "The disk resource 'projects/P/zones/Z/disks/D' is
+    #   already being used by 'projects/P/zones/Z/instances/I'" (openshift/release#7550: "GCE
+    #   200 - RESOURCE_IN_USE_BY_ANOTHER_RESOURCE: The disk resource ... is already being used
+    #   by ..."); compute_v1.AttachedDisk.mode: "READ_WRITE ... If not specified, the default is
+    #   to attach the disk in READ_WRITE mode", and only READ_ONLY disks are shared;
+    # - disks.delete while ``users`` is not empty: 400 resourceInUseByAnotherResource with the
+    #   same sentence (hashicorp/terraform#23698 "Error 400: The disk resource ... is already
+    #   being used by ..., resourceInUseByAnotherResource"; hashicorp/terraform#18898, gcloud);
+    # - instance deletion deletes only its autoDelete disks and leaves the rest, no longer used
+    #   ("Specifies whether the disk will be auto-deleted when the instance is deleted (but not
+    #   when the disk is detached from the instance)", compute_v1.AttachedDisk.auto_delete).
+
+    def _route_disks(
+        self,
+        method: str,
+        path: str,
+        zone: str,
+        name: str | None,
+        verb: str | None,
+        query: dict[str, str],
+        body: Any,
+    ) -> Any:
+        if name is None and method == "POST":
+            _allow(query, {"requestId", "sourceImage"})
+            return self._insert_disk(zone, query.get("requestId"), body)
+        if name is None and method == "GET":
+            _allow(query, LIST_PARAMS)
+            found = [d for (z, _), d in sorted(self.disks.items()) if z == zone]
+            return self._list("compute#diskList", found, query, "items")
+        if name and verb is None and method == "GET":
+            _allow(query, set())
+            return self._find_disk(zone, name)
+        if name and verb is None and method == "DELETE":
+            _allow(query, {"requestId"})
+            return self._delete_disk(zone, name, query.get("requestId"))
+        raise ApiError(404, "notFound", f"The resource '{path}' was not found")
+
+    def _disk_path(self, zone: str, name: str) -> str:
+        return f"projects/{self.project}/zones/{zone}/disks/{name}"
+
+    def _find_disk(self, zone: str, name: str) -> dict[str, Any]:
+        disk = self.disks.get((zone, name))
+        if disk is None:
+            raise ApiError(
+                404, "notFound", f"The resource '{self._disk_path(zone, name)}' was not found"
+            )
+        return disk
+
+    def _insert_disk(self, zone: str, request_id: str | None, body: Any) -> dict[str, Any]:
+        from google.cloud import compute_v1
+
+        _check_request_id(request_id)
+        if request_id in self._request_ids:
+            return self._poll(*self._request_ids[request_id])
+        if not isinstance(body, dict):
+            raise invalid("Required field 'resource' not specified")
+        try:
+            compute_v1.Disk.from_json(json.dumps(body), ignore_unknown_fields=False)
+        except Exception as exc:
+            raise invalid(f"Invalid JSON payload received. {exc}") from None
+        name = body.get("name", "")
+        if not NAME_RE.match(name):
+            raise invalid(f"Invalid value for field 'resource.name': '{name}'.")
+        for key, value in body.get("labels", {}).items():
+            if not LABEL_KEY_RE.match(key) or not LABEL_VALUE_RE.match(value):
+                raise invalid(f"Invalid value for field 'resource.labels': '{key}={value}'.")
+        # compute_v1.Disk.type_: "URL of the disk type resource describing which disk type to
+        # use to create the disk. Provide this when creating the disk." (default pd-standard)
+        type_url = body.get("type") or f"zones/{zone}/diskTypes/pd-standard"
+        disk_type = zonal_name(type_url, "diskTypes", self.project, zone)
+        if disk_type not in PERSISTENT_DISKS | HYPERDISKS:
+            raise invalid(f"Invalid value for field 'resource.type': '{type_url}'.")
+        if (zone, name) in self.disks:
+            raise ApiError(
+                409, "alreadyExists", f"The resource '{self._disk_path(zone, name)}' already exists"
+            )
+        zone_url = f"{API}/projects/{self.project}/zones/{zone}"
+        disk = {
+            "kind": "compute#disk",
+            "id": _new_id(),
+            "creationTimestamp": self._now(),
+            "name": name,
+            "sizeGb": str(body.get("sizeGb") or 10),
+            "zone": zone_url,
+            "status": "CREATING",
+            "selfLink": f"{zone_url}/disks/{name}",
+            "type": f"{zone_url}/diskTypes/{disk_type}",
+            "labels": dict(body.get("labels", {})),
+            "labelFingerprint": "42WmSpB8rSM=",
+            "physicalBlockSizeBytes": "4096",
+        }
+        self.disks[(zone, name)] = disk
+        op = self._new_operation(zone, "insert", disk, "disks")
+        if request_id:
+            op["clientOperationId"] = request_id
+            self._request_ids[request_id] = (zone, op["name"])
+        return self._schedule(zone, op, lambda: disk.update(status="READY") and None)
+
+    def _delete_disk(self, zone: str, name: str, request_id: str | None) -> dict[str, Any]:
+        _check_request_id(request_id)
+        if request_id in self._request_ids:
+            return self._poll(*self._request_ids[request_id])
+        disk = self._find_disk(zone, name)
+        if disk.get("users"):
+            raise ApiError(400, "resourceInUseByAnotherResource", self._in_use(disk))
+        op = self._new_operation(zone, "delete", disk, "disks")
+        if request_id:
+            self._request_ids[request_id] = (zone, op["name"])
+        disk["status"] = "DELETING"
+        return self._schedule(zone, op, lambda: self.disks.pop((zone, name), None) and None)
+
+    def _in_use(self, disk: dict[str, Any]) -> str:
+        zone = disk["zone"].rsplit("/", 1)[-1]
+        user = disk["users"][0].split("/compute/v1/", 1)[-1]
+        return (
+            f"The disk resource '{self._disk_path(zone, disk['name'])}' is already being used "
+            f"by '{user}'"
+        )
+
+    def _attach_disk(
+        self, zone: str, name: str, request_id: str | None, body: Any
+    ) -> dict[str, Any]:
+        from google.cloud import compute_v1
+
+        _check_request_id(request_id)
+        if request_id in self._request_ids:
+            return self._poll(*self._request_ids[request_id])
+        if not isinstance(body, dict):
+            raise invalid("Required field 'resource' not specified")
+        try:
+            compute_v1.AttachedDisk.from_json(json.dumps(body), ignore_unknown_fields=False)
+        except Exception as exc:
+            raise invalid(f"Invalid JSON payload received. {exc}") from None
+        instance = self._find(zone, name)
+        source = body.get("source", "")
+        disk_name = zonal_name(source, "disks", self.project, zone)
+        if disk_name is None:
+            raise invalid(
+                f"Invalid value for field 'resource.source': '{source}'. "
+                "Disk must be in the same zone as the instance."
+            )
+        disk = self._find_disk(zone, disk_name)
+        op = self._new_operation(zone, "attachDisk", instance)
+        if request_id:
+            self._request_ids[request_id] = (zone, op["name"])
+        mode = body.get("mode", "READ_WRITE")
+        if disk.get("users") and (
+            mode == "READ_WRITE"
+            or any(
+                d.get("mode", "READ_WRITE") == "READ_WRITE"
+                for other in self.instances.values()
+                for d in other.get("disks", [])
+                if d.get("source") == disk["selfLink"]
+            )
+        ):
+            error = {"code": "RESOURCE_IN_USE_BY_ANOTHER_RESOURCE", "message": self._in_use(disk)}
+            return self._schedule(zone, op, lambda: {"errors": [error]})
+
+        def attached() -> None:
+            entry = {
+                "kind": "compute#attachedDisk",
+                "type": "PERSISTENT",
+                "mode": mode,
+                "source": disk["selfLink"],
+                "deviceName": body.get("deviceName")
+                or f"persistent-disk-{len(instance.get('disks', []))}",
+                "index": len(instance.get("disks", [])),
+                "boot": False,
+                "autoDelete": bool(body.get("autoDelete", False)),
+                "interface": "SCSI",
+                "diskSizeGb": disk["sizeGb"],
+            }
+            instance.setdefault("disks", []).append(entry)
+            disk.setdefault("users", []).append(instance["selfLink"])
+            disk["lastAttachTimestamp"] = self._now()
+
+        return self._schedule(zone, op, attached)
+
+    def _detach_disk(
+        self, zone: str, name: str, request_id: str | None, device: str | None
+    ) -> dict[str, Any]:
+        _check_request_id(request_id)
+        if request_id in self._request_ids:
+            return self._poll(*self._request_ids[request_id])
+        instance = self._find(zone, name)
+        # compute_v1.DetachDiskInstanceRequest.device_name: "The device name of the disk to
+        # detach. Make a get() request on the instance to view currently attached disks and
+        # device names." A name no attached disk carries is refused.
+        entry = next(
+            (d for d in instance.get("disks", []) if d.get("deviceName") == device and device),
+            None,
+        )
+        if entry is None:
+            raise invalid(f"Invalid value for field 'deviceName': '{device}'.")
+        op = self._new_operation(zone, "detachDisk", instance)
+        if request_id:
+            self._request_ids[request_id] = (zone, op["name"])
+
+        def detached() -> None:
+            instance["disks"].remove(entry)
+            for disk in self.disks.values():
+                if disk["selfLink"] == entry.get("source"):
+                    disk["users"] = [u for u in disk.get("users", []) if u != instance["selfLink"]]
+                    disk["lastDetachTimestamp"] = self._now()
+
+        return self._schedule(zone, op, detached)
+
+    def _release_disks(self, instance: dict[str, Any]) -> None:
+        """The instance is gone: its autoDelete disks with it, the others left unused."""
+        for entry in instance.get("disks", []):
+            for key, disk in list(self.disks.items()):
+                if disk["selfLink"] != entry.get("source"):
+                    continue
+                if entry.get("autoDelete"):
+                    del self.disks[key]
+                else:
+                    disk["users"] = [u for u in disk.get("users", []) if u != instance["selfLink"]]
+                    disk["lastDetachTimestamp"] = self._now()
 
     # --- operations ------------------------------------------------------------------------
 
@@ -920,18 +1165,21 @@ class GCPEmulator:
             answer["nextPageToken"] = token
         return answer
 
-    def _aggregated(self, query: dict[str, str]) -> Any:
-        found = self._matching([i for _, i in sorted(self.instances.items())], query)
+    def _aggregated(self, query: dict[str, str], kind: str = "instances") -> Any:
+        """instances.aggregatedList or disks.aggregatedList: the page's items by zone scope."""
+        store = self.instances if kind == "instances" else self.disks
+        found = self._matching([i for _, i in sorted(store.items())], query)
         page, token = self._page(found, query)
         items: dict[str, Any] = {}
-        for instance in page:
-            scope = "zones/" + instance["zone"].rsplit("/", 1)[-1]
-            items.setdefault(scope, {"instances": []})["instances"].append(instance)
+        for item in page:
+            scope = "zones/" + item["zone"].rsplit("/", 1)[-1]
+            items.setdefault(scope, {kind: []})[kind].append(item)
+        singular = "instance" if kind == "instances" else "disk"
         answer: dict[str, Any] = {
-            "kind": "compute#instanceAggregatedList",
-            "id": f"projects/{self.project}/aggregated/instances",
+            "kind": f"compute#{singular}AggregatedList",
+            "id": f"projects/{self.project}/aggregated/{kind}",
             "items": items,
-            "selfLink": f"{API}/projects/{self.project}/aggregated/instances",
+            "selfLink": f"{API}/projects/{self.project}/aggregated/{kind}",
         }
         if token:
             answer["nextPageToken"] = token
