@@ -18,6 +18,7 @@ from urllib.parse import urlsplit
 
 from providers.azure import SPEC, AzureOptions, activity, errors, prices
 from providers.azure.network import Network, ip_name, nic_name
+from providers.azure.volumes import ManagedDisks
 from providers.base import (
     PARALLEL_OPERATIONS,
     TAG_MACHINE,
@@ -36,6 +37,9 @@ from providers.base import (
     ProviderError,
     QuotaError,
     Throttled,
+    Volume,
+    VolumeRef,
+    VolumeRequest,
 )
 
 T = TypeVar("T")
@@ -76,6 +80,7 @@ class AzureProvider(Provider):
         self._sdk: tuple[Any, Any] | None = None
         self._lock = threading.Lock()
         self._network = Network(self)
+        self._volumes = ManagedDisks(self)
 
     # --- configuration
 
@@ -364,6 +369,29 @@ class AzureProvider(Provider):
 
     def terminate(self, ref: InstanceRef) -> None:
         self._remove_vm(self._locate(ref)[1])
+
+    # volumes: providers/azure/volumes.py
+
+    def create_volume(self, request: VolumeRequest) -> Volume:
+        return self._volumes.create(request)
+
+    def get_volume(self, ref: VolumeRef) -> Volume:
+        return self._volumes.get(ref)
+
+    def list_volumes(self, regions: Sequence[str] | None = None) -> list[Volume]:
+        return self._volumes.list(regions or self.regions)
+
+    def attach_volume(self, volume: VolumeRef, instance: InstanceRef, index: int) -> None:
+        self._volumes.attach(volume, instance, index)
+
+    def detach_volume(self, volume: VolumeRef, instance: InstanceRef) -> None:
+        self._volumes.detach(volume, instance)
+
+    def delete_volume(self, ref: VolumeRef) -> None:
+        self._volumes.delete(ref)
+
+    def volume_device(self, volume: Volume, index: int) -> str:
+        return self._volumes.device(index)
 
     def unused_network(self, *, remove: bool = False) -> list[str]:
         return self._network.unused(remove)

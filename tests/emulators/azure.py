@@ -266,7 +266,9 @@ class AzureEmulator:
         self.requests: list[Recorded] = []
         self.vms: dict[str, _Vm] = {}  # lower-cased resource id -> VM
         self.nics: dict[str, dict] = {}
-        self.disks: dict[str, dict] = {}
+        self.disks: dict[str, dict] = {}  # lower-cased resource id -> managed disk
+        # one page of a disks listing; page_size pages VMs and network resources
+        self.disk_page_size = 100
         # Public IPs and NSGs are billed / kept until deleted: whatever a test leaves here leaked.
         self.public_ips: dict[str, dict] = {}
         self.nsgs: dict[str, dict] = {}
@@ -619,12 +621,14 @@ class AzureEmulator:
             nic["properties"].pop("virtualMachine", None)
             if ref.get("properties", {}).get("deleteOption") == "Delete":
                 self._remove_nic(nic, vm_deleted=True)
-        os_disk = props.get("storageProfile", {}).get("osDisk", {})
-        disk_id = os_disk.get("managedDisk", {}).get("id", "").lower()
-        if disk_id in self.disks:
-            self.disks[disk_id]["managedBy"] = None
-            if os_disk.get("deleteOption") == "Delete":
-                self.disks.pop(disk_id)
+        storage = props.get("storageProfile", {})
+        for disk_ref in [storage.get("osDisk", {}), *storage.get("dataDisks", [])]:
+            disk_id = disk_ref.get("managedDisk", {}).get("id", "").lower()
+            if disk_id in self.disks:
+                self._set_attached(self.disks[disk_id], None)
+                # deleteOption Delete goes with the VM; Detach (a data disk's default) stays
+                if disk_ref.get("deleteOption") == "Delete":
+                    self.disks.pop(disk_id)
 
     def _fault(self, region: str, zone: str, *, synchronous: bool) -> _Fault | None:
         for fault in self._faults:
@@ -764,8 +768,10 @@ class AzureEmulator:
             and parts[1].lower() == "securityrules"
         ):
             return self._security_rule(method, rg, parts[0], parts[2], body)
+        if ns == "microsoft.compute" and rtype == "disks" and not parts and method == "GET":
+            return self._list_disks(rg, query)
         if ns == "microsoft.compute" and rtype == "disks" and len(parts) == 1:
-            return self._disk(method, rg, parts[0])
+            return self._disk(method, rg, parts[0], headers, body)
         raise ArmError(404, "InvalidResourceType", f"{method} {rest} is not emulated")
 
     # --- the Microsoft identity platform (a service principal's sign-in)
@@ -881,9 +887,8 @@ class AzureEmulator:
         if not _VM_NAME.match(name):
             raise _bad(f"Virtual machine name '{name}' is invalid.", "InvalidResourceName")
         check_model(models.VirtualMachine, body)
-        if existing:  # an update: only tags are emulated
-            existing.body["tags"] = body.get("tags", {})
-            return 200, {}, existing.body
+        if existing:  # an update: tags and data disks are emulated
+            return self._update_vm(existing, body)
         props = body.get("properties", {})
         self._check_vm_semantics(name, body, props)
         region, zone = body["location"], (body.get("zones") or [""])[0]
@@ -1451,15 +1456,40 @@ class AzureEmulator:
         headers = self._operation("Microsoft.Network", nsg["location"], lambda: None)
         return (201 if current is None else 200), headers, rule
 
-    def _disk(self, method: str, rg: str, name: str):
-        disk_id = (
+    # Managed disks. What ARM refuses, and how:
+    # - deleting a disk attached to a VM: OperationNotAllowed "Disk <name> is attached to VM
+    #   <VM id>." (ARM's answer quoted in ansible/ansible#54644: "Azure Error:
+    #   OperationNotAllowed\nMessage: Disk mdb57dc956081 is attached to VM /subscriptions/…/
+    #   virtualMachines/trb57dc95608.");
+    # - attaching a zonal disk to a VM in another zone: 400 BadRequest "Disk <id> cannot be
+    #   attached to the VM because it is not in the same zone as the VM. VM zone: '1'. Disk
+    #   zone: '2'." (jenkins-infra/azure#1406, ARM's answer to a VM CreateOrUpdate);
+    # - attaching a disk another VM holds: a disk attaches to one VM unless created with
+    #   maxShares > 1 ("maxShares should be set to a value greater than one for disks to allow
+    #   attaching them to multiple VMs", azure-mgmt-compute Disk.managed_by_extended). No
+    #   recorded answer to that attach was found, so the delete's code and sentence stand in;
+    # - a VM's deletion leaves data disks whose deleteOption is Detach, unattached ("Detach:
+    #   the data disk is retained after VM is deleted", DiskDeleteOptionTypes).
+
+    def _disk_id(self, rg: str, name: str) -> str:
+        return (
             f"/subscriptions/{self.subscription_id}/resourceGroups/{rg}/providers/"
             f"Microsoft.Compute/disks/{name}"
         )
+
+    def _disk(self, method: str, rg: str, name: str, headers: dict, body: Any):
+        disk_id = self._disk_id(rg, name)
         disk = self.disks.get(disk_id.lower())
+        if method == "PUT":
+            return self._put_disk(rg, name, headers, body, disk)
         if method == "GET":
             if disk is None:
-                raise ArmError(404, "ResourceNotFound", f"Disk {name} not found.")
+                raise ArmError(
+                    404,
+                    "ResourceNotFound",
+                    f"The Resource 'Microsoft.Compute/disks/{name}' under resource group "
+                    f"'{rg}' was not found.",
+                )
             return 200, {}, disk
         if method != "DELETE":
             raise ArmError(405, "MethodNotAllowed", method)
@@ -1471,6 +1501,149 @@ class AzureEmulator:
             )
         self.disks.pop(disk_id.lower())
         return 202, self._operation("Microsoft.Compute", disk["location"], lambda: None), None
+
+    def _put_disk(self, rg: str, name: str, headers: dict, body: Any, existing: dict | None):
+        from azure.mgmt.compute import models
+
+        if headers.get("if-none-match") == "*" and existing:
+            raise ArmError(
+                412,
+                "PreconditionFailed",
+                f"The resource '{name}' already exists and "
+                "the precondition If-None-Match: * failed.",
+            )
+        check_model(models.Disk, body)
+        if existing:  # an update: only tags are emulated
+            existing["tags"] = body.get("tags", {})
+            return 200, {}, existing
+        if not re.fullmatch(r"[a-z0-9]+", body.get("location", "")):
+            raise _bad(
+                f"Location '{body.get('location')}' is not valid.",
+                "LocationNotAvailableForResourceType",
+            )
+        zones = body.get("zones") or []
+        if len(zones) > 1 or any(z not in ("1", "2", "3") for z in zones):
+            raise _bad(f"Zones {zones} are invalid for a disk.")
+        props = copy.deepcopy(body.get("properties") or {})
+        # DiskProperties.creationData: "Disk source information. CreationData information
+        # cannot be changed after the disk has been created." Required.
+        if not (props.get("creationData") or {}).get("createOption"):
+            raise _bad("Required property 'properties.creationData.createOption' is missing")
+        if props["creationData"]["createOption"] == "Empty" and not props.get("diskSizeGB"):
+            raise _bad("Required parameter 'diskSizeGB' is missing (null).", "InvalidParameter")
+        size = int(props.get("diskSizeGB") or 0)
+        props.update(
+            diskSizeBytes=size * 1024**3,
+            uniqueId=str(uuid.uuid4()),
+            provisioningState="Succeeded",
+            diskState="Unattached",
+            timeCreated=self._now(),
+        )
+        disk_id = self._disk_id(rg, name)
+        disk = {
+            "id": disk_id,
+            "name": name,
+            "type": "Microsoft.Compute/disks",
+            "location": body["location"],
+            **({"zones": zones} if zones else {}),
+            "tags": body.get("tags", {}),
+            "sku": {
+                "name": (body.get("sku") or {}).get("name", "Standard_LRS"),
+                "tier": "Standard",
+            },
+            "properties": props,
+        }
+        self.disks[disk_id.lower()] = disk
+        # Disks_CreateOrUpdate answers 200 or 202 (the SDK's accepted codes, from the spec)
+        return 202, self._operation("Microsoft.Compute", disk["location"], lambda: None), disk
+
+    def _list_disks(self, rg: str, query: dict):
+        prefix = f"/subscriptions/{self.subscription_id}/resourcegroups/{rg.lower()}/"
+        items = [d for key, d in sorted(self.disks.items()) if key.startswith(prefix)]
+        skip = int(query.get("$skiptoken", "0"))
+        size = self.disk_page_size
+        result: dict[str, Any] = {"value": items[skip : skip + size]}
+        if skip + size < len(items):
+            result["nextLink"] = (
+                f"{self.base_url}/subscriptions/{self.subscription_id}/resourceGroups/{rg}/"
+                f"providers/Microsoft.Compute/disks?api-version={query['api-version']}"
+                f"&$skiptoken={skip + size}"
+            )
+        return 200, {}, result
+
+    def _set_attached(self, disk: dict, vm_id: str | None) -> None:
+        disk["managedBy"] = vm_id
+        if "properties" in disk:
+            disk["properties"]["diskState"] = "Attached" if vm_id else "Unattached"
+
+    def _update_vm(self, vm: _Vm, body: dict):
+        """A PUT on an existing VM: its tags, and its data disks (attach what is new, detach
+        what is gone), checked before anything changes."""
+        vm_id, zone = vm.body["id"], (vm.body.get("zones") or [""])[0]
+        props = vm.body["properties"]
+        storage = props.setdefault("storageProfile", {})
+        before = {d["managedDisk"]["id"].lower(): d for d in storage.get("dataDisks", [])}
+        wanted = (body.get("properties", {}).get("storageProfile") or {}).get("dataDisks") or []
+        luns = [d.get("lun") for d in wanted]
+        if len(luns) != len(set(luns)):
+            raise _bad("Data disk LUNs must be unique.", "InvalidParameter")
+        added = []
+        for entry in wanted:
+            ref = (entry.get("managedDisk") or {}).get("id", "")
+            if ref.lower() in before:
+                continue
+            if entry.get("createOption") != "Attach":
+                raise _bad("Only attaching existing managed disks is emulated.")
+            disk = self.disks.get(ref.lower())
+            if disk is None or "properties" not in disk:
+                raise ArmError(404, "NotFound", f"Disk {ref} not found.")
+            disk_zone = (disk.get("zones") or [""])[0]
+            if disk_zone and disk_zone != zone:
+                raise ArmError(
+                    400,
+                    "BadRequest",
+                    f"Disk {disk['id']} cannot be attached to the VM because it is not in the "
+                    f"same zone as the VM. VM zone: '{zone}'. Disk zone: '{disk_zone}'.",
+                )
+            if disk.get("managedBy") and disk["managedBy"].lower() != vm_id.lower():
+                raise ArmError(
+                    409,
+                    "OperationNotAllowed",
+                    f"Disk {disk['name']} is attached to VM {disk['managedBy']}.",
+                )
+            added.append((entry, disk))
+        kept = {(d.get("managedDisk") or {}).get("id", "").lower() for d in wanted}
+        removed = [d for key, d in before.items() if key not in kept]
+        vm.body["tags"] = body.get("tags", {})
+
+        def complete() -> dict | None:
+            for entry in removed:
+                disk = self.disks.get(entry["managedDisk"]["id"].lower())
+                if disk is not None:
+                    self._set_attached(disk, None)
+            stored = [d for d in storage.get("dataDisks", []) if d not in removed]
+            for entry, disk in added:
+                stored.append(
+                    {
+                        "lun": entry["lun"],
+                        "name": disk["name"],
+                        "createOption": "Attach",
+                        "caching": entry.get("caching", "None"),
+                        "managedDisk": {
+                            "id": disk["id"],
+                            "storageAccountType": disk["sku"]["name"],
+                        },
+                        "deleteOption": entry.get("deleteOption", "Detach"),
+                        "diskSizeGB": disk["properties"]["diskSizeGB"],
+                        "toBeDetached": False,
+                    }
+                )
+                self._set_attached(disk, vm_id)
+            storage["dataDisks"] = stored
+            return None
+
+        headers = self._operation("Microsoft.Compute", vm.body["location"], complete)
+        return 200, headers, vm.body
 
     # --- operations, activity log, prices
 
