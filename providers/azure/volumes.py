@@ -5,12 +5,14 @@ A volume is a StandardSSD_LRS managed disk named ``request.name`` in the adapter
 group, pinned to ``request.zone`` (a zonal disk attaches only to a VM in that zone), tagged with
 our labels. ARM's idempotency is the name: the PUT is create-only (``If-None-Match: *``), and
 an existing disk with our labels is the same intent. It is attached as LUN ``index`` with
-``deleteOption: Detach``, so deleting the VM leaves it ("Detach: the data disk is retained
-after VM is deleted", azure-mgmt-compute DiskDeleteOptionTypes), and the guest sees it at
-``/dev/disk/azure/scsi1/lun<index>``: "the LUN ... is the symlink under
-/dev/disk/azure/scsi1/lun#" made by the Azure Linux agent's udev rules (learn.microsoft.com,
-"Troubleshoot Linux VM device name changes" and "Attach a data disk to a Linux VM":
-"/dev/disk/azure/scsi1/lun0").
+``deleteOption: Detach``, so deleting the VM leaves it ("Detach. If this value is used, the
+managed disk is retained after VM gets deleted", azure-mgmt-compute DiskDeleteOptionTypes).
+The guest sees it by its LUN: "When the Azure Linux agent is installed on a VM, the agent uses
+Udev rules to construct a set of symbolic links under the /dev/disk/azure path ... to identify
+disks that are attached to the VM, along with the disk type and disk LUNs" (learn.microsoft.com,
+"Troubleshoot Linux VM device name changes"); a data disk's link is
+``/dev/disk/azure/scsi1/lun<LUN>`` (as Kubernetes' Azure disk attacher reads it,
+Azure/acs-engine#2906: "/dev/disk/azure/scsi1/lun0").
 """
 
 from __future__ import annotations

@@ -1466,10 +1466,12 @@ class AzureEmulator:
     #   zone: '2'." (jenkins-infra/azure#1406, ARM's answer to a VM CreateOrUpdate);
     # - attaching a disk another VM holds: a disk attaches to one VM unless created with
     #   maxShares > 1 ("maxShares should be set to a value greater than one for disks to allow
-    #   attaching them to multiple VMs", azure-mgmt-compute Disk.managed_by_extended). No
+    #   attaching them to multiple VMs", azure-mgmt-compute Disk.managed_by_extended; maxShares
+    #   is not emulated, so every disk is single-attach). No
     #   recorded answer to that attach was found, so the delete's code and sentence stand in;
-    # - a VM's deletion leaves data disks whose deleteOption is Detach, unattached ("Detach:
-    #   the data disk is retained after VM is deleted", DiskDeleteOptionTypes).
+    # - a VM's deletion leaves data disks whose deleteOption is Detach, unattached ("Detach. If
+    #   this value is used, the managed disk is retained after VM gets deleted",
+    #   azure-mgmt-compute DiskDeleteOptionTypes).
 
     def _disk_id(self, rg: str, name: str) -> str:
         return (
