@@ -1,0 +1,69 @@
+"""Volumes on AWS, GCP and Azure where the contract suite (tests/contract/test_volumes.py) cannot
+reach: an answer to the create lost on the wire must not leave a second, billed disk, and what
+each cloud is sent carries the intent's key."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.contract.test_contract import open_harness
+from tests.contract.test_volumes import volume_request
+
+
+def _lose_aws(emu: Any) -> None:
+    emu.faults.drop_response("CreateVolume")
+
+
+def _lose_gcp(emu: Any) -> None:
+    emu.lose_responses(1, call="POST /disks")
+
+
+def _lose_azure(emu: Any) -> None:
+    emu.lose_responses(1, method="PUT", path_contains="/disks/")
+
+
+def _aws_keys(emu: Any) -> list[str]:
+    return [c.params.get("ClientToken", "") for c in emu.calls("CreateVolume")]
+
+
+def _gcp_keys(emu: Any) -> list[str]:
+    return [r.query.get("requestId", "") for r in emu.calls("POST", "/disks")]
+
+
+def _azure_keys(emu: Any) -> list[str]:
+    # ARM's key is the resource name; the PUT is create-only (If-None-Match: *)
+    puts = emu.requests_to("PUT", "/disks/")
+    return [f"{r.path.rsplit('/', 1)[-1]} {r.headers.get('if-none-match')}" for r in puts]
+
+
+LOSE: dict[str, Callable[[Any], None]] = {"aws": _lose_aws, "gcp": _lose_gcp, "azure": _lose_azure}
+KEYS: dict[str, Callable[[Any], list[str]]] = {
+    "aws": _aws_keys,
+    "gcp": _gcp_keys,
+    "azure": _azure_keys,
+}
+
+
+@pytest.mark.parametrize("name", sorted(LOSE))
+def test_a_lost_create_answer_retried_is_one_volume_under_one_key(
+    name: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    with open_harness(name, monkeypatch, tmp_path) as cloud:
+        emu = cloud.emu  # type: ignore[attr-defined]
+        LOSE[name](emu)
+        made = cloud.provider().create_volume(volume_request(cloud))
+        again = cloud.provider().create_volume(volume_request(cloud))  # the intent replayed
+
+        assert again.id == made.id
+        assert [v.id for v in cloud.provider().list_volumes()] == [made.id]
+        keys = KEYS[name](emu)
+        # AWS finds the first by its token tag and sends no second CreateVolume
+        assert 1 <= len(keys) <= 3 and len(set(keys)) == 1, keys
+        if name == "aws":
+            assert keys == ["vtok-1"]
+        if name == "azure":
+            assert keys[0] == "vol-1 *"
