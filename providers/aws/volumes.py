@@ -75,8 +75,16 @@ class EbsVolumes:
                 Filters=[{"Name": f"tag:{TAG_TOKEN}", "Values": [request.token]}]
             )["Volumes"]
             for raw in found:
-                if raw["State"] not in ("deleting", "deleted", "error"):
-                    return dict(raw)
+                if raw["State"] in ("deleting", "deleted", "error"):
+                    continue
+                if raw.get("AvailabilityZone") != zone or raw.get("Size") != request.size_gb:
+                    raise InvalidRequest(
+                        f"aws: token {request.token} already made {raw['VolumeId']} "
+                        f"({raw.get('Size')} GB in {raw.get('AvailabilityZone')}) for different "
+                        "parameters",
+                        code="IdempotentParameterMismatch",
+                    )
+                return dict(raw)
             return dict(
                 ec2.create_volume(
                     AvailabilityZone=zone,
