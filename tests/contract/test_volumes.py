@@ -148,8 +148,9 @@ def test_attach_is_idempotent_and_the_cloud_refuses_another_zone_or_a_second_mac
     provider.attach_volume(volume.ref, first.ref, 0)  # again: no-op
     assert provider.get_volume(volume.ref).attached_to == first.id
 
-    # None of the disk types the adapters create allows multi-attach (EBS: io1/io2 only;
-    # GCP: a READ_WRITE disk; Azure: maxShares unset; Yandex, EVS: not shareable).
+    # The adapters create single-attach disks only (EBS multi-attach needs io1/io2 with
+    # MultiAttachEnabled; GCP shares READ_ONLY disks only; Azure needs maxShares > 1): a cloud
+    # whose adapter makes a shareable one says why here and skips this step.
     with pytest.raises(InvalidRequest):
         provider.attach_volume(volume.ref, second.ref, 1)
     assert provider.get_volume(volume.ref).attached_to == first.id
