@@ -21,7 +21,7 @@ from provisioner.clock import ManualClock
 from provisioner.errors import ConfigError, UserError
 from provisioner.jobs import reconcile, recover
 from provisioner.machines import volumes
-from provisioner.models import Machine, Volume
+from provisioner.models import Machine, UsageInterval, Volume
 from provisioner.planning import plan
 from provisioner.settings import load_settings
 from provisioner.spec import Experiment, load_experiment
@@ -423,3 +423,88 @@ def test_the_mounts_go_before_the_users_script_in_every_kind_of_startup_data():
     assert startup.with_mounts("echo hi", []) == "echo hi"
     for text in (plain, shebang, alone):
         assert subprocess.run(["bash", "-n"], input=text, text=True).returncode == 0
+
+
+# --- the sandbox's rules, and a crash at each step ----------------------------------------------
+
+
+def test_the_sandbox_attaches_in_one_zone_to_one_machine_and_keeps_volumes_past_terminate(app):
+    from providers.base import InvalidRequest, LaunchRequest, VolumeRequest
+
+    sandbox = app.provider("sandbox")
+
+    def launch(zone: str, token: str):
+        return sandbox.launch(
+            LaunchRequest(
+                name=token,
+                token=token,
+                region="sandbox-us",
+                zone=zone,
+                instance_type="sbx-t4-1",
+                gpu="T4",
+                gpu_count=1,
+                spot=False,
+                labels={"managed-by": "provisioner"},
+            )
+        )
+
+    a, b, far = (
+        launch("sandbox-us-1a", "a"),
+        launch("sandbox-us-1a", "b"),
+        launch("sandbox-us-1b", "c"),
+    )
+    req = VolumeRequest(
+        "v", "tok", "sandbox-us", "sandbox-us-1a", 10, {"managed-by": "provisioner"}
+    )
+    vol = sandbox.create_volume(req)
+    assert sandbox.create_volume(req).id == vol.id  # the same token: the same volume
+    with pytest.raises(InvalidRequest, match="same zone"):
+        sandbox.attach_volume(vol.ref, far.ref, 0)
+    sandbox.attach_volume(vol.ref, a.ref, 0)
+    sandbox.attach_volume(vol.ref, a.ref, 0)  # again: nothing to do
+    with pytest.raises(InvalidRequest, match="attached to"):
+        sandbox.attach_volume(vol.ref, b.ref, 0)
+    with pytest.raises(InvalidRequest, match="attached to"):
+        sandbox.delete_volume(vol.ref)
+    sandbox.stop(a.ref)
+    assert sandbox.get_volume(vol.ref).attached_to == a.id  # a stop keeps it attached
+    sandbox.terminate(a.ref)
+    kept = sandbox.get_volume(vol.ref)
+    assert (kept.state.value, kept.attached_to) == ("available", None)
+    sandbox.attach_volume(vol.ref, b.ref, 0)
+    sandbox.detach_volume(vol.ref, b.ref)
+    sandbox.delete_volume(vol.ref)
+    sandbox.delete_volume(vol.ref)  # gone already: no error
+    assert [v.id for v in sandbox.list_volumes()] == []
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "point", ["before-volume-create", "after-volume-create", "before-launch", "after-launch"]
+)
+def test_up_killed_at_each_step_converges_on_one_volume(home, tmp_path, point):
+    from tests.conftest import run_cli
+
+    cfg = write_settings(home)
+    spec = write_yaml(tmp_path / "exp.yaml", experiment().to_json())
+    first = run_cli(
+        "--config", str(cfg), "up", str(spec), "--no-wait", env={"PROVISIONER_CRASH_AT": point}
+    )
+    assert first.returncode == -9, first.stderr
+    again = run_cli("--config", str(cfg), "up", str(spec), "--no-wait")
+    assert again.returncode == 0, again.stderr
+    a = App(load_settings(cfg), ManualClock(_cli_now()))
+    try:
+        m = machines.find(a, "exp")
+        (cv,) = sandbox_volumes(a)
+        assert cv["attached_to"] == m.instance_id
+        with a.db.session() as s:
+            (v,) = volumes.live(s, "demo")
+            open_ = [
+                iv
+                for iv in s.scalars(select(UsageInterval).where(UsageInterval.machine_id == v.id))
+                if iv.ended_at is None
+            ]
+        assert (v.volume_id, v.status, len(open_)) == (cv["id"], "in-use", 1)
+    finally:
+        a.close()
