@@ -58,12 +58,25 @@ def check_known(app: App, experiment: Experiment, candidate: planner.Candidate) 
 
 
 def _volumes(app: App, experiment: Experiment, p: planner.Plan) -> None:
-    """The volumes the project has already (live, in any state): the first pins the plan to
-    its cloud and zone; the others the budget counts as new."""
+    """Only clouds with volumes; the volumes the project has already (live, in any state):
+    the first pins the plan to its cloud and zone; the others the budget counts as new."""
     from sqlalchemy import select  # SQLAlchemy (~0.2 s): only for an experiment with volumes
 
     from provisioner.models import Volume  # as above
 
+    lacking: dict[str, str] = {}
+    for cloud in {c.offer.cloud for c in p.candidates}:
+        caps = providers.spec(cloud).capabilities
+        if not caps.volumes:
+            lacking[cloud] = f"no volumes on {cloud}: {caps.why.get('volumes', 'not supported')}"
+    if lacking:
+        keep: list[planner.Candidate] = []
+        for c in p.candidates:
+            if c.offer.cloud in lacking:
+                p.reject(lacking[c.offer.cloud], c.offer)
+            else:
+                keep.append(c)
+        p.candidates = keep
     names = [v.name for v in experiment.volumes]
     with app.db.session() as s:
         found = {

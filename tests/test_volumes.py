@@ -508,3 +508,46 @@ def test_up_killed_at_each_step_converges_on_one_volume(home, tmp_path, point):
         assert (v.volume_id, v.status, len(open_)) == (cv["id"], "in-use", 1)
     finally:
         a.close()
+
+
+def test_a_cloud_without_volumes_is_no_candidate_for_an_experiment_with_one(app, monkeypatch):
+    import dataclasses
+
+    import providers
+
+    real = providers.spec("sandbox")
+    caps = dataclasses.replace(
+        real.capabilities,
+        volumes=False,
+        why={**real.capabilities.why, "volumes": "sandbox: none today"},
+    )
+    lacking = dataclasses.replace(real, capabilities=caps)
+    monkeypatch.setattr(providers, "spec", lambda name: lacking if name == "sandbox" else real)
+    p = plan(app, experiment())
+    assert p.candidates == [] and p.rejected["no volumes on sandbox: sandbox: none today"] > 0
+    assert plan(app, experiment(vols=[])).candidates  # without volumes it still plans
+
+
+def test_up_is_refused_when_a_new_volume_would_overrun_the_budget(home, clock, tmp_path, db_url):
+    from tests.conftest import make_settings
+
+    pdir = tmp_path / "policies"
+    pdir.mkdir()
+    write_yaml(
+        pdir / "b.yaml",
+        {
+            "name": "demo-budget",
+            "applies_to": {"projects": ["demo"]},
+            "budget": {"amount": "50 USD"},
+        },
+    )
+    a = App(make_settings(home, state_url=db_url, policies=[str(pdir)]), clock)
+    try:
+        big = {"name": "ckpt", "size_gb": 730, "path": "/data"}  # 0.10 USD an hour
+        ten_hours = {"lifecycle": {"max_lifetime": "10h"}}
+        # the machine's 10 hours fit; the volume bills on to the month's end (687 h): 68.70 USD
+        with pytest.raises(UserError, match=r"would cost 70\.27 USD over 10\.0 h"):
+            machines.up(a, experiment(vols=[big], **ten_hours))
+        assert machines.up(a, experiment(vols=[], **ten_hours)).machine.status == "running"
+    finally:
+        a.close()
