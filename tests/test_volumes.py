@@ -18,7 +18,7 @@ from sqlalchemy import select
 from provisioner import ledger, machines, startup
 from provisioner.app import App
 from provisioner.clock import ManualClock
-from provisioner.errors import ConfigError, UserError
+from provisioner.errors import ConfigError, OperationFailed, UserError
 from provisioner.jobs import reconcile, recover
 from provisioner.machines import volumes
 from provisioner.models import Machine, UsageInterval, Volume
@@ -551,3 +551,25 @@ def test_up_is_refused_when_a_new_volume_would_overrun_the_budget(home, clock, t
         assert machines.up(a, experiment(vols=[], **ten_hours)).machine.status == "running"
     finally:
         a.close()
+
+
+def test_a_volume_the_cloud_shows_on_a_terminated_machine_is_detached_first(app, clock):
+    """A cloud that detaches after the terminate (EBS: 'detaching') still shows the old
+    attachment when the relaunch attaches: the old machine is ours and gone, so it is detached."""
+    lost = machines.up(app, experiment()).machine
+    sandbox = app.provider("sandbox")
+    clock.advance(timedelta(hours=1))
+    machines.down(app, "exp")
+    vol = volumes.find(app, "ckpt", "demo")
+    with sandbox._db() as db:  # type: ignore[attr-defined]  # as the cloud still reports it
+        db.execute(
+            "UPDATE volumes SET state = 'in-use', attached_to = ? WHERE id = ?",
+            (lost.instance_id, vol.volume_id),
+        )
+    clock.advance(timedelta(minutes=5))
+    new = machines.up(app, experiment()).machine
+    assert sandbox_volumes(app)[0]["attached_to"] == new.instance_id
+    with sandbox._db() as db:  # type: ignore[attr-defined]  # now a stranger's instance
+        db.execute("UPDATE volumes SET attached_to = 'i-foreign' WHERE id = ?", (vol.volume_id,))
+    with pytest.raises(OperationFailed, match="i-foreign, which no machine of provisioner is"):
+        machines.start(app, "exp")

@@ -296,8 +296,9 @@ def mounts(app: App, ready: Sequence[Ready]) -> list[tuple[str, str]]:
 
 def attach(app: App, machine_id: str, experiment: Experiment) -> list[str]:
     """Attach each of the experiment's volumes to the machine (idempotent: one attached there
-    already is left). A volume still attached to an instance no live machine owns (one just
-    terminated) is detached from it first. Returns the volumes attached."""
+    already is left). A volume the cloud still shows attached to a machine of ours that is
+    terminated (a cloud detaches after the terminate, not at once) is detached from it first;
+    one attached to any other instance is refused. Returns the volumes attached."""
     if not experiment.volumes:
         return []
     with app.db.session() as s:
@@ -322,7 +323,12 @@ def attach(app: App, machine_id: str, experiment: Experiment) -> list[str]:
             cv = provider.get_volume(vref(v))
             if cv.attached_to and cv.attached_to != m.instance_id:
                 name, status = owners.get(cv.attached_to, (None, None))
-                if name is not None and status not in (S.TERMINATED, S.FAILED):
+                if name is None:  # not ours to detach
+                    raise OperationFailed(
+                        f"{m.name}: volume {v.name} is attached to {cv.attached_to}, which no "
+                        f"machine of provisioner is: detach it in the cloud's console"
+                    )
+                if status not in (S.TERMINATED, S.FAILED):
                     raise OperationFailed(
                         f"{m.name}: volume {v.name} is attached to {name} ({status})"
                     )
