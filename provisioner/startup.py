@@ -83,21 +83,24 @@ def startup_data(
     )
 
 
-def mount_script(mounts: Sequence[tuple[str, str]]) -> str:
+def mount_script(mounts: Sequence[tuple[str, str]], owner: str = "") -> str:
     """The shell script that mounts each volume: ``mounts`` are (device path the machine sees
-    it at, mount path), in the order they are attached."""
+    it at, mount path), in the order they are attached; ``owner`` (the login user) is given a
+    disk it formats."""
     return _render(
-        "templates/mount-volumes.sh", mounts=[(_sh(dev), _sh(path)) for dev, path in mounts]
+        "templates/mount-volumes.sh",
+        mounts=[(_sh(dev), _sh(path)) for dev, path in mounts],
+        owner=_sh(owner),
     )
 
 
-def with_mounts(data: str | None, mounts: Sequence[tuple[str, str]]) -> str | None:
+def with_mounts(data: str | None, mounts: Sequence[tuple[str, str]], owner: str = "") -> str | None:
     """``data`` (the startup data :func:`startup_data` made, or the user's script) with the
     volumes mounted first: inside a shell script, after its first line; beside a
     ``#cloud-config`` or MIME document, as the first part cloud-init runs."""
     if not mounts:
         return data
-    script = mount_script(mounts)
+    script = mount_script(mounts, owner)
     if not data:
         return script
     if not data.startswith("#!"):

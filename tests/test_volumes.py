@@ -126,7 +126,7 @@ def test_up_creates_the_volume_in_the_machines_zone_attaches_and_mounts_it(app):
     assert json.loads(cv["labels"])["managed-by"] == "provisioner"
     # the startup data waits for the disk where the machine sees it, then mounts it at /data
     data = user_data(app, m.instance_id or "")
-    assert f"pv_mount '/dev/disk/by-id/virtio-{cv['id']}' '/data'" in data
+    assert f"pv_mount '/dev/disk/by-id/virtio-{cv['id']}' '/data' 'provisioner'" in data
     with app.db.session() as s:
         (v,) = volumes.live(s, "demo")
         assert (v.status, v.attached_machine_id, v.volume_id) == ("in-use", m.id, cv["id"])
@@ -351,7 +351,8 @@ def test_a_new_volume_counts_in_the_budget_until_the_period_ends(app):
 )
 def test_the_mount_script_formats_a_blank_disk_once_and_never_again(tmp_path):
     """The rendered script on a file standing in for the disk (mkfs and blkid work on files
-    without root); ``mount`` and ``mountpoint`` are stand-ins that record what they are asked."""
+    without root); ``mount``, ``mountpoint`` and ``chown`` are stand-ins that record what they
+    are asked."""
     disk = tmp_path / "disk.img"
     disk.write_bytes(b"\0" * 8 * 1024 * 1024)
     link = tmp_path / "by-id" / "virtio-sbv-1"
@@ -361,11 +362,13 @@ def test_the_mount_script_formats_a_blank_disk_once_and_never_again(tmp_path):
     bin_.mkdir()
     (bin_ / "mount").write_text(f'#!/bin/sh\necho "$@" >> {tmp_path}/mounted\n')
     (bin_ / "mountpoint").write_text("#!/bin/sh\nexit 1\n")
+    (bin_ / "chown").write_text(f'#!/bin/sh\necho "$@" >> {tmp_path}/chowned\n')
     for f in bin_.iterdir():
         f.chmod(0o755)
     fstab = tmp_path / "fstab"
     script = tmp_path / "mount.sh"
-    script.write_text(startup.mount_script([(str(link), str(tmp_path / "data"))]))
+    me = subprocess.run(["id", "-un"], capture_output=True, text=True).stdout.strip()
+    script.write_text(startup.mount_script([(str(link), str(tmp_path / "data"))], me))
     env = {
         **os.environ,
         "PATH": f"{bin_}:/usr/sbin:/sbin:{os.environ['PATH']}",
@@ -401,6 +404,8 @@ def test_the_mount_script_formats_a_blank_disk_once_and_never_again(tmp_path):
     ]
     assert (tmp_path / "mounted").read_text().split("\n")[0] == f"{disk} {tmp_path / 'data'}"
     assert (tmp_path / "data").is_dir()
+    # the disk it formatted went to the login user, once: a disk with data keeps its owners
+    assert (tmp_path / "chowned").read_text() == f"{me}: {tmp_path / 'data'}\n"
 
     # a disk that never appears: said, nothing else done
     script.write_text(startup.mount_script([(str(tmp_path / "nodisk"), str(tmp_path / "d2"))]))
@@ -573,3 +578,17 @@ def test_a_volume_the_cloud_shows_on_a_terminated_machine_is_detached_first(app,
         db.execute("UPDATE volumes SET attached_to = 'i-foreign' WHERE id = ?", (vol.volume_id,))
     with pytest.raises(OperationFailed, match="i-foreign, which no machine of provisioner is"):
         machines.start(app, "exp")
+
+
+def test_a_volume_deleted_outside_provisioner_is_said_and_forgotten_by_volume_rm(app, clock):
+    machines.up(app, experiment())
+    clock.advance(timedelta(hours=1))
+    machines.down(app, "exp")
+    sandbox = app.provider("sandbox")
+    sandbox.delete_volume(volumes.vref(volumes.find(app, "ckpt", "demo")))  # from its console
+    with pytest.raises(OperationFailed, match="is gone from sandbox, deleted outside"):
+        machines.up(app, experiment("again"))
+    machines.down(app, "again")  # the intent the refusal left
+    volumes.remove(app, volumes.find(app, "ckpt", "demo"))
+    assert machines.up(app, experiment("again")).machine.status == "running"
+    assert len(sandbox_volumes(app)) == 1

@@ -201,6 +201,7 @@ def _launch(
         user_data = startup.with_mounts(
             _startup_data(app, machine.id, experiment, token, o.cloud),
             volumes.mounts(app, ready),
+            app.provider(o.cloud).ssh_user,
         )
         request = _launch_request(machine, experiment, cand, user_data, app.settings.money_rates)
         record_event(app, machine.id, "launch-attempt", detail=attempt.to_json())

@@ -31,6 +31,7 @@ from providers.base import (
     TAG_OWNER,
     TAG_PROJECT,
     InstanceRef,
+    NotFound,
     ProviderError,
     VolumeRef,
     VolumeRequest,
@@ -130,7 +131,7 @@ def prepare(app: App, machine: Machine, experiment: Experiment, cand: Candidate)
     try:
         for i, spec in enumerate(experiment.volumes):
             out.append(_ready(app, machine, experiment, cand, spec, i))
-    except ProviderError:
+    except (ProviderError, OperationFailed):
         discard(app, out)
         raise
     return out
@@ -151,7 +152,14 @@ def _ready(
     # never attached to a machine, it holds no data: removed again if this launch fails
     empty = v.attached_machine_id is None
     if v.status != "creating":
-        cv = app.provider(v.cloud).get_volume(vref(v))
+        try:
+            cv = app.provider(v.cloud).get_volume(vref(v))
+        except NotFound:
+            raise OperationFailed(
+                f"volume {v.name} ({v.volume_id}) is gone from {v.cloud}, deleted outside "
+                f"provisioner: `provisioner volume rm {v.name} --project {v.project}` forgets "
+                f"it (its billing ends), then `provisioner up` makes a new, empty one"
+            ) from None
         return Ready(spec, index, v.id, v.cloud, cv, created=empty)
     return Ready(spec, index, v.id, v.cloud, _create(app, v), created=empty)
 
