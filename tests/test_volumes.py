@@ -592,3 +592,23 @@ def test_a_volume_deleted_outside_provisioner_is_said_and_forgotten_by_volume_rm
     volumes.remove(app, volumes.find(app, "ckpt", "demo"))
     assert machines.up(app, experiment("again")).machine.status == "running"
     assert len(sandbox_volumes(app)) == 1
+
+
+def test_volume_rm_on_a_terminal_asks_and_a_no_keeps_it(cli, home, monkeypatch):
+    import io
+    import sys
+
+    cfg = write_settings(home)
+    a = App(load_settings(cfg), ManualClock(_cli_now()))
+    machines.up(a, experiment())
+    machines.down(a, "exp")
+    a.close()
+    for answer, code, left in (("n\n", 1, 1), ("y\n", 0, 0)):
+        stdin = io.StringIO(answer)
+        stdin.isatty = lambda: True  # type: ignore[method-assign]
+        monkeypatch.setattr(sys, "stdin", stdin)
+        r = cli("--config", str(cfg), "volume", "rm", "ckpt")
+        assert r.code == code, r.err
+        assert "delete volume ckpt of project demo (73 GB in sandbox sandbox-us-1a)" in r.err
+        ls = json.loads(cli("--config", str(cfg), "volume", "ls", "-o", "json").out)
+        assert len(ls["volumes"]) == left
