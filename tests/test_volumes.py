@@ -270,10 +270,19 @@ def test_status_and_up_show_the_volume(cli, home, tmp_path):
     )
     r = cli("--config", str(cfg), "status", "exp", "--no-refresh")
     assert "ckpt at /data: 73 GB in sandbox sandbox-us-1a, in-use (exp)" in r.out
+    assert cli("--config", str(cfg), "down", "exp", "--yes").code == 0
+    spec2 = write_yaml(tmp_path / "next.yaml", experiment("next").to_json())
+    r = cli("--config", str(cfg), "up", str(spec2), "--no-wait", "-o", "json")
+    up = json.loads(r.out)
+    assert [p["message"] for p in up["pinned"]] == [
+        "pinned to sandbox sandbox-us-1a by volume ckpt"
+    ]
+    assert [(v["name"], v["path"], v["attached_to"]) for v in up["volumes"]] == [
+        ("ckpt", "/data", "next")
+    ]
     r = cli("--config", str(cfg), "status", "-a", "-o", "json")
-    assert [m["name"] for m in json.loads(r.out)] == [
-        "exp"
-    ]  # the volume's ledger row is no machine
+    names = sorted(m["name"] for m in json.loads(r.out))
+    assert names == ["exp", "next"]  # the volume's ledger row is no machine
 
 
 # --- relaunch, start, gc ------------------------------------------------------------------------
