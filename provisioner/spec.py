@@ -218,6 +218,7 @@ SYSTEM_DIRS = (
     "/usr",
     "/var",
 )
+# per experiment: well inside every cloud's disks per machine, and one device each to wait for
 MAX_VOLUMES = 8
 _VOLUME_NAME_RE = re.compile(r"^[a-z][a-z0-9-]{0,22}[a-z0-9]$")
 _PATH_RE = re.compile(r"^(/[A-Za-z0-9._-]+)+/?$")
