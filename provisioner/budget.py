@@ -200,15 +200,29 @@ def _lifetime(policy: Policy, spec_lifetime: timedelta | None) -> timedelta | No
     return min(limits) if limits else None
 
 
-def candidate_cost(app: App, c: Candidate, disk_gb: int, hours: Decimal, currency: str) -> Money:
-    """Compute plus disk at the candidate's rates for ``hours``, in ``currency``."""
+def candidate_cost(
+    app: App,
+    c: Candidate,
+    disk_gb: int,
+    hours: Decimal,
+    currency: str,
+    *,
+    volume_gb: int = 0,
+    volume_hours: Decimal = Decimal(0),
+) -> Money:
+    """Compute plus disk at the candidate's rates for ``hours``, and new volumes of
+    ``volume_gb`` at the disk rate for ``volume_hours`` (they outlive the machine), in
+    ``currency``."""
     per_gb_month, hours_per_month, _ = catalog.disk_price(
         app.settings, c.offer.cloud, c.price.currency
     )
-    rate = c.price.amount
+    rate, cost = c.price.amount, Decimal(0)
     if per_gb_month is not None:
         rate += per_gb_month * disk_gb / hours_per_month
-    return app.settings.money_rates.convert(Money(rate * hours, c.price.currency), currency)
+        if volume_gb:
+            cost = per_gb_month * volume_gb / hours_per_month * volume_hours
+    cost += rate * hours
+    return app.settings.money_rates.convert(Money(cost, c.price.currency), currency)
 
 
 def projections(
@@ -231,8 +245,23 @@ def projections(
             until = min(until, now + life)
         hours = ledger.hours(max(until - now, timedelta(0)))
         disk = e.resources.disk_gb if disk_gb is None else disk_gb
+        # a new volume bills until it is removed: to the end of the period, whatever the
+        # machine's lifetime
+        volume_hours = ledger.hours(max(st.period.end - now, timedelta(0)))
         costs = [
-            (c, candidate_cost(app, c, disk, hours, st.amount.currency)) for c in plan.candidates
+            (
+                c,
+                candidate_cost(
+                    app,
+                    c,
+                    disk,
+                    hours,
+                    st.amount.currency,
+                    volume_gb=plan.new_volume_gb,
+                    volume_hours=volume_hours,
+                ),
+            )
+            for c in plan.candidates
         ]
         out.append(Projection(st, hours, costs))
     return out

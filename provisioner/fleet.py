@@ -135,8 +135,12 @@ def _row(r: Sequence[Any]) -> Row:
 
 
 def shown_condition(all_: bool) -> str:
-    """Which machines a listing shows: all, or those not done with (:data:`ACTIVE_EXCLUDED`)."""
-    return "" if all_ else f"status NOT IN ({', '.join(repr(s) for s in ACTIVE_EXCLUDED)})"
+    """Which machines a listing shows: all, or those not done with (:data:`ACTIVE_EXCLUDED`).
+    A volume's ledger row (``market`` volume, never live) is no machine: ``volume ls`` lists
+    volumes."""
+    if all_:
+        return "(market IS NULL OR market != 'volume')"
+    return f"status NOT IN ({', '.join(repr(s) for s in ACTIVE_EXCLUDED)})"
 
 
 def read(sql: Sql, *, all_: bool, now: datetime, seen_since: datetime) -> Fleet:

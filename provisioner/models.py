@@ -268,3 +268,56 @@ class Notice(Base):
     __table_args__ = (
         UniqueConstraint("policy", "kind", "period_start", "mark", name="uq_budget_notice"),
     )
+
+
+# --- volumes (0006) -------------------------------------------------------------------------
+
+VOLUME_STATUSES = ("creating", "available", "in-use", "deleted")
+#: the ``market`` of a volume's ledger row (see :class:`Volume`)
+VOLUME_MARKET = "volume"
+
+
+class Volume(Base):
+    """A network disk of a project, by name: written as an intent (``creating``, with its
+    ``token``) before the cloud is asked, created idempotently by that token, deleted only by
+    ``volume rm``. Its ``rate`` (per hour) is fixed at creation.
+
+    Billing: the ledger prices ``usage_intervals``, whose rows belong to a machine and are
+    summed by the machine's project, owner and cloud (``ledger.sums``). A volume bills with no
+    machine at all, so each volume has a ledger row in ``machines`` of the same id — name
+    ``volume:NAME`` (no machine name has a colon), ``market`` ``volume``, status
+    ``terminated`` (never live: no listing, reconcile or limit counts it) — and one
+    ``volume`` interval on it from creation to deletion. Every report, budget and forecast
+    then counts volumes by project, owner and cloud unchanged; the alternative, intervals
+    that name a machine or a volume, would rewrite every ledger query and its indexes."""
+
+    __tablename__ = "volumes"
+
+    id: Mapped[str] = mapped_column(ForeignKey("machines.id"), primary_key=True)
+    project: Mapped[str] = mapped_column(String(64), index=True)
+    name: Mapped[str] = mapped_column(String(64))
+    owner: Mapped[str] = mapped_column(String(128))
+    cloud: Mapped[str] = mapped_column(String(16))
+    region: Mapped[str] = mapped_column(String(64))
+    zone: Mapped[str] = mapped_column(String(64))
+    size_gb: Mapped[int] = mapped_column(Integer)
+    token: Mapped[str] = mapped_column(String(64))
+    volume_id: Mapped[str | None] = mapped_column(String(128))  # the cloud's
+    status: Mapped[str] = mapped_column(String(16), index=True)  # VOLUME_STATUSES
+    attached_machine_id: Mapped[str | None] = mapped_column(ForeignKey("machines.id"))
+    rate: Mapped[Decimal | None] = mapped_column(DecimalText)  # per hour, fixed at creation
+    currency: Mapped[str] = mapped_column(String(3))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    deleted_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+
+    __table_args__ = (
+        # one live volume per project and name: a second concurrent create fails to insert
+        Index(
+            "uq_volumes_live_name",
+            "project",
+            "name",
+            unique=True,
+            sqlite_where=text("status != 'deleted'"),
+            postgresql_where=text("status != 'deleted'"),
+        ),
+    )

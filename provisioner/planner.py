@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from decimal import Decimal
 from typing import Any, Generic, Literal, TypeVar
 
@@ -83,6 +83,21 @@ class Plan:
     rates: str = ""
     checks: list[Any] = field(default_factory=list)  # policy decision, budget projection, …
     unpriced: list[Offer] = field(default_factory=list)  # fit the request, but no price is known
+    new_volume_gb: int = 0  # the experiment's volumes not created yet: budgets count them
+
+    def pin(self, pin: VolumePin) -> None:
+        """Keep only the candidates where ``pin``'s volume is: a volume attaches only to a
+        machine in its zone."""
+        keep = []
+        for c in self.candidates:
+            if not pin.admits(c.offer):
+                self.reject(str(pin), c.offer)
+            elif pin.zone and not c.offer.zone:  # priced per region: launched in its zone
+                keep.append(replace(c, offer=replace(c.offer, zone=pin.zone)))
+            else:
+                keep.append(c)
+        self.candidates = keep
+        self.checks.append(pin)
 
     def summary_reasons(self) -> list[tuple[str, int]]:
         return self.rejected.most_common()
@@ -91,6 +106,36 @@ class Plan:
         self.rejected[reason] += 1
         if reason not in self.examples:
             self.examples[reason] = f"{o.cloud}/{o.zone or o.region} {o.instance_type}"
+
+
+@dataclass(frozen=True)
+class VolumePin:
+    """The experiment's project already has a volume it names: only that volume's cloud and
+    zone can use it. An offer priced per region (zone "") is admitted in the volume's region:
+    its cloud places the machine (and must place it in the volume's zone)."""
+
+    cloud: str
+    region: str
+    zone: str
+    volume: str
+
+    def admits(self, o: Offer) -> bool:
+        if (o.cloud, o.region) != (self.cloud, self.region):
+            return False
+        return not self.zone or not o.zone or o.zone == self.zone
+
+    def __str__(self) -> str:
+        return f"pinned to {self.cloud} {self.zone or self.region} by volume {self.volume}"
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "check": "volume-pin",
+            "cloud": self.cloud,
+            "region": self.region,
+            "zone": self.zone,
+            "volume": self.volume,
+            "message": str(self),
+        }
 
 
 @dataclass(frozen=True, slots=True)

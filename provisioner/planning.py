@@ -31,6 +31,8 @@ def plan(app: App, experiment: Experiment) -> planner.Plan:
     if decision.rejected:  # policy turned offers down: say whether any is left
         decision.candidates_allowed = len(p.candidates)
     p.checks.append(decision)
+    if experiment.volumes:
+        _volumes(app, experiment, p)
     if any(policy.budget is not None for policy in app.policies):
         from provisioner import budget  # the ledger costs SQLAlchemy (~0.2 s): only with budgets
 
@@ -53,6 +55,45 @@ def check_known(app: App, experiment: Experiment, candidate: planner.Candidate) 
 
         p.checks.extend(budget.projections(app, p, disk_gb=0))
     return p
+
+
+def _volumes(app: App, experiment: Experiment, p: planner.Plan) -> None:
+    """Only clouds with volumes; the volumes the project has already (live, in any state):
+    the first pins the plan to its cloud and zone; the others the budget counts as new."""
+    from sqlalchemy import select  # SQLAlchemy (~0.2 s): only for an experiment with volumes
+
+    from provisioner.models import Volume  # as above
+
+    lacking: dict[str, str] = {}
+    for cloud in {c.offer.cloud for c in p.candidates}:
+        caps = providers.spec(cloud).capabilities
+        if not caps.volumes:
+            lacking[cloud] = f"no volumes on {cloud}: {caps.why.get('volumes', 'not supported')}"
+    if lacking:
+        keep: list[planner.Candidate] = []
+        for c in p.candidates:
+            if c.offer.cloud in lacking:
+                p.reject(lacking[c.offer.cloud], c.offer)
+            else:
+                keep.append(c)
+        p.candidates = keep
+    names = [v.name for v in experiment.volumes]
+    with app.db.session() as s:
+        found = {
+            v.name: v
+            for v in s.scalars(
+                select(Volume).where(
+                    Volume.project == experiment.project,
+                    Volume.name.in_(names),
+                    Volume.status != "deleted",
+                )
+            )
+        }
+    p.new_volume_gb = sum(v.size_gb for v in experiment.volumes if v.name not in found)
+    for name in names:  # the experiment's order: the first volume found says where
+        if (v := found.get(name)) is not None:
+            p.pin(planner.VolumePin(v.cloud, v.region, v.zone, v.name))
+            return
 
 
 def _policy(app: App, experiment: Experiment) -> tuple[pe.Decision, planner.PolicyCheck]:

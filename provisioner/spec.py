@@ -203,6 +203,58 @@ class Lifecycle(_Strict):
         return d
 
 
+#: Where a volume may not be mounted: the system's own directories (and / itself).
+SYSTEM_DIRS = (
+    "/bin",
+    "/boot",
+    "/dev",
+    "/etc",
+    "/lib",
+    "/lib64",
+    "/proc",
+    "/run",
+    "/sbin",
+    "/sys",
+    "/usr",
+    "/var",
+)
+# per experiment: well inside every cloud's disks per machine, and one device each to wait for
+MAX_VOLUMES = 8
+_VOLUME_NAME_RE = re.compile(r"^[a-z][a-z0-9-]{0,22}[a-z0-9]$")
+_PATH_RE = re.compile(r"^(/[A-Za-z0-9._-]+)+/?$")
+
+
+class VolumeSpec(_Strict):
+    """A network disk kept per project and name: created once, in the machine's zone, mounted
+    at ``path`` on every machine of the experiment, removed only by ``volume rm``."""
+
+    name: str
+    size_gb: int = Field(ge=1, le=65536)
+    path: str
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not _VOLUME_NAME_RE.match(v):
+            raise ValueError(
+                "use 2–24 lowercase letters, digits and dashes, starting with a letter "
+                "(it becomes part of the cloud disk name)"
+            )
+        return v
+
+    @field_validator("path")
+    @classmethod
+    def _path(cls, v: str) -> str:
+        if not _PATH_RE.match(v) or any(p in (".", "..") for p in v.split("/")):
+            raise ValueError(
+                "an absolute path of letters, digits, dots, dashes and underscores (/data)"
+            )
+        v = v.rstrip("/")
+        if any(v == d or v.startswith(d + "/") for d in SYSTEM_DIRS):
+            raise ValueError(f"{v} is a system directory; mount volumes elsewhere (/data)")
+        return v
+
+
 class Experiment(_Strict):
     name: str
     project: str = Field(min_length=1, max_length=63)
@@ -214,6 +266,7 @@ class Experiment(_Strict):
     # https://docs.aws.amazon.com/tag-editor/latest/userguide/tagging.html
     labels: dict[LabelKey, LabelValue] = Field(default_factory=dict, max_length=40)
     lifecycle: Lifecycle = Field(default_factory=Lifecycle)
+    volumes: list[VolumeSpec] = Field(default_factory=list, max_length=MAX_VOLUMES)
 
     @field_validator("name")
     @classmethod
@@ -234,8 +287,23 @@ class Experiment(_Strict):
             raise ValueError("not an OpenSSH public key (expected 'ssh-ed25519 AAAA…')")
         return v.strip() if v else v
 
+    @field_validator("volumes")
+    @classmethod
+    def _volumes(cls, v: list[VolumeSpec]) -> list[VolumeSpec]:
+        for field in ("name", "path"):
+            seen: set[str] = set()
+            for vol in v:
+                value = getattr(vol, field)
+                if value in seen:
+                    raise ValueError(f"two volumes with the {field} {value}")
+                seen.add(value)
+        return v
+
     def to_json(self) -> dict[str, Any]:
-        return self.model_dump(mode="json")
+        # a spec without volumes is stored as before (`up` compares the stored spec)
+        return self.model_dump(mode="json", exclude={"volumes"}) | (
+            {"volumes": [v.model_dump(mode="json") for v in self.volumes]} if self.volumes else {}
+        )
 
 
 def did_you_mean(word: str, known: Collection[str]) -> str:

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import json
 import secrets
+from collections.abc import Sequence
 from importlib import resources
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from providers.userdata import combine
 from provisioner import agent
@@ -82,10 +83,43 @@ def startup_data(
     )
 
 
+def mount_script(mounts: Sequence[tuple[str, str]], owner: str = "") -> str:
+    """The shell script that mounts each volume: ``mounts`` are (device path the machine sees
+    it at, mount path), in the order they are attached; ``owner`` (the login user) is given a
+    disk it formats."""
+    return _render(
+        "templates/mount-volumes.sh",
+        mounts=[(_sh(dev), _sh(path)) for dev, path in mounts],
+        owner=_sh(owner),
+    )
+
+
+def with_mounts(data: str | None, mounts: Sequence[tuple[str, str]], owner: str = "") -> str | None:
+    """``data`` (the startup data :func:`startup_data` made, or the user's script) with the
+    volumes mounted first: inside a shell script, after its first line; beside a
+    ``#cloud-config`` or MIME document, as the first part cloud-init runs."""
+    if not mounts:
+        return data
+    script = mount_script(mounts, owner)
+    if not data:
+        return script
+    if not data.startswith("#!"):
+        if data.lstrip().startswith("#cloud-config") or data.startswith("Content-Type:"):
+            return combine(script, data)
+        data = "#!/bin/bash\n" + data
+    shebang, _, rest = data.partition("\n")
+    body = script.partition("\n")[2]
+    return f"{shebang}\n{body}{rest}"
+
+
 def _render_install(**values: str) -> str:
+    return _render("templates/agent-install.sh", **values)
+
+
+def _render(name: str, **values: Any) -> str:
     from jinja2 import Environment, StrictUndefined  # only when a machine is launched
 
-    template = resources.files("provisioner").joinpath("templates/agent-install.sh")
+    template = resources.files("provisioner").joinpath(name)
     env = Environment(undefined=StrictUndefined, keep_trailing_newline=True, autoescape=False)
     return env.from_string(template.read_text(encoding="utf-8")).render(**values)
 

@@ -46,6 +46,7 @@ ORDER = [
     "provisioner.idle",
     "provisioner.machines.record",  # a machine's life: events, transitions, its cloud's calls
     "provisioner.machines.attempts",  # the typed launch attempt and what failures block
+    "provisioner.machines.volumes",  # network disks: created, attached, mounted, removed
     "provisioner.machines.launch",  # up: intent, attempts, adoption
     "provisioner.machines.actions",  # stop, start, down, many at once, wait until ready
     "provisioner.machines.reconcile",  # observations, orphans, gc
@@ -76,6 +77,7 @@ ORDER = [
     "provisioner.cli",  # the Typer app and what every command shares
     "provisioner.cli.catalog",
     "provisioner.cli.machines",
+    "provisioner.cli.volumes",  # volume ls, volume rm
     "provisioner.cli.status",  # status (fleet and detail), events
     "provisioner.cli.report",
     "provisioner.cli.scheduler",

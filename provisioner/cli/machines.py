@@ -182,6 +182,7 @@ def up(
                 "already": False,
                 "machine": machine_json(m),
                 "attempts": [a.to_json() for a in result.attempts],
+                **_volumes_json(application, m, result),
             }
         )
         return
@@ -195,6 +196,7 @@ def up(
             f"  disk {m.disk_gb} GB: {_money(m.disk_rate, m.currency)}/h while it exists",
             soft_wrap=True,
         )
+    _volume_lines(application, m, result)
     out.print(
         f"  instance {m.instance_id}" + (f", address {m.public_ip}" if m.public_ip else ""),
         soft_wrap=True,
@@ -214,6 +216,45 @@ def up(
         f"  stop it with `provisioner stop {m.name}`, remove it with `provisioner down {m.name}`",
         soft_wrap=True,
     )
+
+
+def _pins(result: Any) -> list[Any]:
+    from provisioner.planner import VolumePin
+
+    return [c for c in (result.plan.checks if result.plan else []) if isinstance(c, VolumePin)]
+
+
+def _volumes_json(application: Any, m: Any, result: Any) -> dict[str, Any]:
+    if not (m.spec or {}).get("volumes"):
+        return {}
+    from provisioner.machines import volumes
+
+    names = {v["name"]: v["path"] for v in m.spec["volumes"]}
+    listed = [v for v in volumes.listing(application, m.project) if v.volume.name in names]
+    return {
+        "volumes": [{**v.as_json(), "path": names[v.volume.name]} for v in listed],
+        "pinned": [p.as_json() for p in _pins(result)],
+    }
+
+
+def _volume_lines(application: Any, m: Any, result: Any) -> None:
+    """Each volume: where it is mounted, its size and rate; the pin, when one chose the zone."""
+    if not (m.spec or {}).get("volumes"):
+        return
+    from provisioner.machines import volumes
+
+    for pin in _pins(result):
+        out.print(f"  {pin}", highlight=False, soft_wrap=True)
+    names = {v["name"]: v["path"] for v in m.spec["volumes"]}
+    for v in volumes.listing(application, m.project):
+        if v.volume.name in names:
+            out.print(
+                f"  volume {v.volume.name} {v.volume.size_gb} GB at {names[v.volume.name]} "
+                f"({v.status}): {volumes.rate_text(v.volume)} until `provisioner volume rm "
+                f"{v.volume.name}`",
+                highlight=False,
+                soft_wrap=True,
+            )
 
 
 def _existing(application: Any, name: str) -> Any:
@@ -460,9 +501,10 @@ def gc(
     yes: bool = typer.Option(False, "--yes", "-y", help="do not ask before terminating"),
     output: Output = OUTPUT,
 ) -> None:
-    """Machines carrying our tag that the state does not know (they bill, unseen), and network
-    pieces of ours no machine uses. Lists them; --terminate removes them, after confirmation
-    for machines."""
+    """Machines carrying our tag that the state does not know (they bill, unseen), network
+    pieces of ours no machine uses, and volumes of ours no experiment uses. Lists them;
+    --terminate removes the machines (after confirmation) and network pieces; a volume is
+    removed only by `provisioner volume rm`."""
     from provisioner import machines  # SQLAlchemy: not for --help
 
     application = get_app(ctx)
@@ -474,6 +516,9 @@ def gc(
             _confirm(f"terminate {plural(len(doomed), 'orphaned machine')}?")
         done = machines.collect(application, found)
     network = machines.unused_network(application, cloud or None, errors, remove=terminate)
+    from provisioner.machines import volumes
+
+    stray = volumes.strays(application, cloud or None, errors)
     if output is Output.json:
         print_json(
             {
@@ -492,6 +537,17 @@ def gc(
                 "terminated": [o.instance.id for o in done],
                 "unused_network": network,
                 "network_removed": terminate,
+                "volumes": [
+                    {
+                        "cloud": v.cloud,
+                        "id": v.id,
+                        "name": v.name,
+                        "zone": v.zone,
+                        "size_gb": v.size_gb,
+                        "why": v.why,
+                    }
+                    for v in stray
+                ],
                 "not_asked": errors,
             }
         )
@@ -507,6 +563,8 @@ def gc(
             out.print(
                 f"{'[red]removed[/] ' if terminate else 'unused: '}{cl} {piece}", soft_wrap=True
             )
+    for v in stray:  # listed only, never removed here: a volume holds data
+        out.print(f"unused: {v}", highlight=False, markup=False, soft_wrap=True)
     for c, why in errors.items():
         err.print(
             f"[yellow]{c}[/]: not asked: {why.removeprefix(f'{c}: ')}",

@@ -22,6 +22,7 @@ from provisioner.cli import (  # noqa: F401  (commands)
     report,
     scheduler,
     status,
+    volumes,
 )
 from provisioner.errors import ConfigError, ProvisionerError
 

@@ -81,6 +81,7 @@ def _detail_json(d: Any) -> dict[str, Any]:
         "kept_until": m.kept_until,
         "why": d.why,
         "held": d.held,
+        "volumes": [{**v.as_json(), "path": path} for path, v in d.volumes],
         "events": [_event_json(e, m.name) for e in d.events],
     }
 
@@ -112,6 +113,15 @@ def _detail_lines(d: Any) -> list[tuple[str, str]]:
     if m.instance_id:
         lines.append(("address", f"{m.public_ip or 'none'}, instance {m.instance_id}"))
     lines.append(("idle", d.idle.text))
+    for path, v in d.volumes:
+        vol = v.volume
+        lines.append(
+            (
+                "volume",
+                f"{vol.name} at {path}: {vol.size_gb} GB in {vol.cloud} {vol.zone or vol.region}, "
+                f"{v.status}" + (f" ({v.attached_to})" if v.attached_to else ""),
+            )
+        )
     lines += [(k, v) for k, v in (("next", d.next), ("held", d.held), ("failed", d.why)) if v]
     w = max(len(k) for k, _ in lines)
     return [(k.ljust(w), v) for k, v in lines]

@@ -17,6 +17,7 @@ from provisioner import budget, ledger, planning
 from provisioner.app import App
 from provisioner.crashpoints import crashpoint
 from provisioner.errors import OperationFailed, UserError
+from provisioner.machines import volumes
 from provisioner.machines.launch import adopt, refuse_by_policy
 from provisioner.machines.record import (
     can_stop,
@@ -62,6 +63,7 @@ def start(app: App, name: str, *, reason: str = "user") -> tuple[Machine, bool]:
     start are serialised with other ``up``s and ``start``s (the ``intents`` lock)."""
     m = find(app, name)
     if m.status in (S.RUNNING, S.PENDING):
+        _attach(app, m)  # a volume an earlier attach missed
         return m, False
     require_launched(m)
     with app.db.lock(f"intent-{m.id}"), app.db.lock("intents"):
@@ -70,8 +72,14 @@ def start(app: App, name: str, *, reason: str = "user") -> tuple[Machine, bool]:
         if m.status in (S.RUNNING, S.PENDING):  # a concurrent start did it
             return m, False
         check_start(app, m)
+        _attach(app, m)  # before the boot, which mounts what fstab names
         provider_call(app, m, "start")
         return transition(app, m.id, S.RUNNING, event="started", reason=reason)
+
+
+def _attach(app: App, m: Machine) -> None:
+    """The volumes of the machine's experiment attached to it, if they are not."""
+    volumes.attach(app, m.id, Experiment.model_validate(m.spec))
 
 
 def check_start(app: App, m: Machine) -> None:

@@ -46,6 +46,7 @@ from provisioner import budget, ledger, planning, startup
 from provisioner.app import App
 from provisioner.crashpoints import crashpoint
 from provisioner.errors import OperationFailed, UserError
+from provisioner.machines import volumes
 from provisioner.machines.attempts import Blocklist, LaunchAttempt, launch_token
 from provisioner.machines.record import disk_rate, provider_call, record_event, transition
 from provisioner.models import Event, Machine, new_id
@@ -109,6 +110,7 @@ def check(app: App, experiment: Experiment) -> Plan:
     plan = planning.plan(app, experiment)
     refuse_by_policy(plan)
     budget.guard(plan)
+    volumes.check_free(app, experiment)
     if not plan.candidates:
         reasons = "; ".join(f"{r} ({n})" for r, n in plan.summary_reasons()[:6])
         raise UserError(f"no offer fits {experiment.name}: {reasons or 'the catalog is empty'}")
@@ -176,7 +178,7 @@ def _launch(
 
     adopted = adopt(app, machine, progress)
     if adopted is not None:
-        return UpResult(_unless_cancelled(app, adopted), plan=plan)
+        return UpResult(_finish(app, adopted, experiment), plan=plan)
 
     # the agent's token, once per launch (never logged or recorded)
     token = startup.issue_token(app, machine.id) if app.settings.scheduler.endpoint_url else None
@@ -190,7 +192,17 @@ def _launch(
             continue
         o = cand.offer
         progress(f"trying {cand.where} {o.instance_type} {cand.market} at {cand.price}/h")
-        user_data = _startup_data(app, machine.id, experiment, token, o.cloud)
+        try:
+            ready = volumes.prepare(app, machine, experiment, cand)
+        except ProviderError as err:
+            attempts.append(_failed(app, machine, attempt, blocked.add(cand, err), err))
+            progress(f"  {attempts[-1].outcome}: volume: {err}")
+            continue
+        user_data = startup.with_mounts(
+            _startup_data(app, machine.id, experiment, token, o.cloud),
+            volumes.mounts(app, ready),
+            app.provider(o.cloud).ssh_user,
+        )
         request = _launch_request(machine, experiment, cand, user_data, app.settings.money_rates)
         record_event(app, machine.id, "launch-attempt", detail=attempt.to_json())
         crashpoint("before-launch")
@@ -202,22 +214,16 @@ def _launch(
                 attempts.append(attempt.ended(AttemptOutcome.LAUNCHED))
                 adopted = _record(app, machine.id, found[0], attempt, "adopted")
                 _end_duplicates(app, adopted, found[1:])
-                return UpResult(_unless_cancelled(app, adopted), attempts=attempts, plan=plan)
-            failed = attempt.ended(blocked.add(cand, err), str(err))
-            attempts.append(failed)
-            record_event(
-                app,
-                machine.id,
-                "launch-failed",
-                reason=failed.outcome,
-                detail={**failed.to_json(), "error": str(err), "code": err.code},
-            )
-            progress(f"  {failed.outcome}: {err}")
+                return UpResult(_finish(app, adopted, experiment), attempts=attempts, plan=plan)
+            attempts.append(_failed(app, machine, attempt, blocked.add(cand, err), err))
+            progress(f"  {attempts[-1].outcome}: {err}")
+            for left in volumes.discard(app, ready):  # not stranded in a zone left behind
+                progress(f"  could not remove the new {left}")
             continue
         crashpoint("after-launch")
         attempts.append(attempt.ended(AttemptOutcome.LAUNCHED))
         launched = _record(app, machine.id, instance, attempt, "launched")
-        return UpResult(_unless_cancelled(app, launched), attempts=attempts, plan=plan)
+        return UpResult(_finish(app, launched, experiment), attempts=attempts, plan=plan)
 
     with app.db.session() as s:
         m = machine_row(s, machine.id)
@@ -228,6 +234,34 @@ def _launch(
         f"could not launch {experiment.name} on any of {len(tried)} "
         f"{'candidate' if len(tried) == 1 else 'candidates'} tried: {summary}"
     )
+
+
+def _failed(
+    app: App, machine: Machine, attempt: LaunchAttempt, outcome: AttemptOutcome, err: Exception
+) -> LaunchAttempt:
+    """A failed attempt, with the cloud's words, recorded as a ``launch-failed`` event."""
+    failed = attempt.ended(outcome, str(err))
+    record_event(
+        app,
+        machine.id,
+        "launch-failed",
+        reason=failed.outcome,
+        detail={**failed.to_json(), "error": str(err), "code": getattr(err, "code", None)},
+    )
+    return failed
+
+
+def _finish(app: App, m: Machine, experiment: Experiment) -> Machine:
+    """A machine launched or adopted: terminated if `down` came meanwhile, else its volumes
+    attached (the startup data waits for them)."""
+    m = _unless_cancelled(app, m)
+    try:
+        volumes.attach(app, m.id, experiment)
+    except OperationFailed as e:
+        raise OperationFailed(
+            f"{e}; {m.name} runs without it: `provisioner start {m.name}` attaches it again"
+        ) from None
+    return m
 
 
 # --- cancellation: `down` of an intent still launching ----------------------------------------

@@ -139,6 +139,7 @@ class MachineDetail:
     next: str | None  # the scheduler's next action, or why none is due
     why: str | None  # why it failed
     held: str | None = None  # held after a refused relaunch: by what, the numbers, next try
+    volumes: list[tuple[str, Any]] = field(default_factory=list)  # (mount path, volumes.Listed)
 
     @property
     def spec(self) -> dict[str, Any]:
@@ -189,7 +190,22 @@ def machine_detail(app: App, key: str, *, by_id: bool = False) -> MachineDetail 
         next=_next_action(app, m, now),
         why=why,
         held=_held(m, [e for e in events if e.machine_id == m.id], now),
+        volumes=_volumes(app, m, now),
     )
+
+
+def _volumes(app: App, m: Machine, now: datetime) -> list[tuple[str, Any]]:
+    """The machine's experiment's volumes that exist, each with its mount path."""
+    paths = {v["name"]: v["path"] for v in (m.spec or {}).get("volumes") or []}
+    if not paths:
+        return []
+    from provisioner.machines import volumes
+
+    return [
+        (paths[v.volume.name], v)
+        for v in volumes.listing(app, m.project, now)
+        if v.volume.name in paths
+    ]
 
 
 def _parts(ivs: list[Any], spent: Mapping[str, Decimal], now: datetime) -> list[Part]:

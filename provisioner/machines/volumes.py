@@ -1,0 +1,521 @@
+"""Volumes: network disks kept per project and name, outliving the machines that mount them.
+
+A volume is created once, in the zone of the first machine that names it (``prepare``, just
+before that machine's launch; removed again, still empty, if the launch fails there), attached
+after every launch, adoption and start (``attach``), mounted by the startup data (``mounts``),
+and deleted only by ``provisioner volume rm`` (``remove``). ``down`` never touches it: the
+clouds leave a volume attached after launch, detached, when its machine is terminated.
+
+Crash safety as for machines: the row is written first (``creating``, with a token), then the
+cloud is asked to create by that token, so a rerun finds the same disk. The ledger bills it
+from creation to deletion at the rate fixed at creation (see :class:`provisioner.models.Volume`
+for how its usage joins the ledger). "Attached to" is the last machine it was attached to, and
+counts only while that machine is live: however a machine ends, its volumes are free.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from decimal import Decimal
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from providers.base import (
+    TAG_MANAGED_BY,
+    TAG_MANAGED_BY_VALUE,
+    TAG_OWNER,
+    TAG_PROJECT,
+    InstanceRef,
+    NotFound,
+    ProviderError,
+    VolumeRef,
+    VolumeRequest,
+    VolumeState,
+)
+from providers.base import Volume as CloudVolume
+from provisioner.app import App
+from provisioner.crashpoints import crashpoint
+from provisioner.errors import OperationFailed, UserError
+from provisioner.ledger.record import spend
+from provisioner.machines.record import disk_rate, record_event, ref
+from provisioner.models import (
+    VOLUME_MARKET,
+    Machine,
+    UsageInterval,
+    Volume,
+    new_id,
+)
+from provisioner.money import Money
+from provisioner.planner import Candidate
+from provisioner.schema import MachineStatus
+from provisioner.spec import Experiment, VolumeSpec
+
+S = MachineStatus
+TAG_VOLUME = "provisioner-volume"  # the state's id of a volume, on the cloud's disk
+KIND = "volume"  # its usage intervals' kind
+
+
+@dataclass(frozen=True)
+class Ready:
+    """One of an experiment's volumes, ready for a launch attempt."""
+
+    spec: VolumeSpec
+    index: int  # its place in the experiment's list: the attach index and the device
+    row_id: str
+    cloud: str
+    disk: CloudVolume
+    created: bool  # new (never attached, so empty): removed if the launch fails
+
+
+# --- reading ------------------------------------------------------------------------------------
+
+
+def live(
+    s: Session, project: str | None = None, names: Iterable[str] | None = None
+) -> list[Volume]:
+    """The volumes not deleted, of ``project`` (every project: None) and ``names``."""
+    q = select(Volume).where(Volume.status != "deleted")
+    if project is not None:
+        q = q.where(Volume.project == project)
+    if names is not None:
+        q = q.where(Volume.name.in_(list(names)))
+    return list(s.scalars(q.order_by(Volume.project, Volume.name)))
+
+
+def holder(s: Session, v: Volume) -> Machine | None:
+    """The live machine ``v`` is attached to, if any."""
+    if v.attached_machine_id is None:
+        return None
+    m = s.get(Machine, v.attached_machine_id)
+    return m if m is not None and m.is_live else None
+
+
+def vref(v: Volume) -> VolumeRef:
+    return VolumeRef(id=v.volume_id or "", region=v.region, zone=v.zone, name=cloud_name(v))
+
+
+def cloud_name(v: Volume) -> str:
+    return f"{v.name}-{v.id[:6]}"
+
+
+def check_free(app: App, experiment: Experiment) -> None:
+    """Before anything is launched: no volume the experiment names may be attached to a live
+    machine of another name (the same name is the machine ``up`` replaces after a
+    preemption)."""
+    if not experiment.volumes:
+        return
+    with app.db.session() as s:
+        for v in live(s, experiment.project, [x.name for x in experiment.volumes]):
+            m = holder(s, v)
+            if m is not None and m.name != experiment.name:
+                raise UserError(
+                    f"volume {v.name} of project {v.project} is attached to {m.name} "
+                    f"({m.status}); a volume is mounted by one machine at a time: "
+                    f"`provisioner down {m.name}` first"
+                )
+
+
+# --- before a launch: the volumes in the candidate's zone ---------------------------------------
+
+
+def prepare(app: App, machine: Machine, experiment: Experiment, cand: Candidate) -> list[Ready]:
+    """Each of the experiment's volumes in ``cand``'s zone: found, or created there now (the
+    planner keeps only candidates where an existing one is). Raises the cloud's
+    :class:`ProviderError` when one cannot be created; those created before it are removed."""
+    out: list[Ready] = []
+    try:
+        for i, spec in enumerate(experiment.volumes):
+            out.append(_ready(app, machine, experiment, cand, spec, i))
+    except (ProviderError, OperationFailed):
+        discard(app, out)
+        raise
+    return out
+
+
+def _ready(
+    app: App, machine: Machine, e: Experiment, cand: Candidate, spec: VolumeSpec, index: int
+) -> Ready:
+    o = cand.offer
+    with app.db.session() as s:
+        found = live(s, e.project, [spec.name])
+    v = found[0] if found else _write_intent(app, machine, e, cand, spec)
+    if (v.cloud, v.region) != (o.cloud, o.region) or (v.zone and o.zone and v.zone != o.zone):
+        raise OperationFailed(  # the planner pins the plan: this is a race with another `up`
+            f"volume {v.name} is in {v.cloud} {v.zone or v.region}, not {cand.where}: run "
+            f"`provisioner up` again"
+        )
+    # never attached to a machine, it holds no data: removed again if this launch fails
+    empty = v.attached_machine_id is None
+    if v.status != "creating":
+        try:
+            cv = app.provider(v.cloud).get_volume(vref(v))
+        except NotFound:
+            raise OperationFailed(
+                f"volume {v.name} ({v.volume_id}) is gone from {v.cloud}, deleted outside "
+                f"provisioner: `provisioner volume rm {v.name} --project {v.project}` forgets "
+                f"it (its billing ends), then `provisioner up` makes a new, empty one"
+            ) from None
+        return Ready(spec, index, v.id, v.cloud, cv, created=empty)
+    return Ready(spec, index, v.id, v.cloud, _create(app, v), created=empty)
+
+
+def _write_intent(
+    app: App, machine: Machine, e: Experiment, cand: Candidate, spec: VolumeSpec
+) -> Volume:
+    """The volume's row (``creating``, with its token) and its ledger row, before the cloud
+    is asked. Another `up` of the project that wrote it first wins: its row is used."""
+    o = cand.offer
+    now = app.clock.now()
+    currency = cand.price.currency
+    rate = disk_rate(app, o.cloud, currency, spec.size_gb)
+    vid = new_id()
+    try:
+        with app.db.session() as s:
+            s.add(
+                Machine(
+                    id=vid,
+                    name=f"volume:{spec.name}",
+                    project=e.project,
+                    owner=e.owner,
+                    status=S.TERMINATED,
+                    spec={"volume": spec.model_dump(mode="json"), "machine": machine.name},
+                    created_at=now,
+                    cloud=o.cloud,
+                    region=o.region,
+                    zone=o.zone,
+                    market=VOLUME_MARKET,
+                    currency=currency,
+                    disk_gb=spec.size_gb,
+                    disk_rate=rate,
+                )
+            )
+            s.flush()
+            v = Volume(
+                id=vid,
+                project=e.project,
+                name=spec.name,
+                owner=e.owner,
+                cloud=o.cloud,
+                region=o.region,
+                zone=o.zone,
+                size_gb=spec.size_gb,
+                token=f"pv-{vid}",
+                status="creating",
+                rate=rate,
+                currency=currency,
+                created_at=now,
+            )
+            s.add(v)
+        return v
+    except IntegrityError:
+        with app.db.session() as s:
+            found = live(s, e.project, [spec.name])
+        if not found:
+            raise OperationFailed(
+                f"volume {spec.name} changed while this `up` wrote it; run `provisioner up` again"
+            ) from None
+        return found[0]
+
+
+def _create(app: App, v: Volume) -> CloudVolume:
+    """Create ``v`` in its cloud by its token (a rerun after a crash gets the same disk), then
+    record it and open its usage."""
+    request = VolumeRequest(
+        name=cloud_name(v),
+        token=v.token,
+        region=v.region,
+        zone=v.zone,
+        size_gb=v.size_gb,
+        labels={
+            TAG_MANAGED_BY: TAG_MANAGED_BY_VALUE,
+            TAG_VOLUME: v.id,
+            TAG_PROJECT: v.project,
+            TAG_OWNER: v.owner,
+        },
+    )
+    crashpoint("before-volume-create")
+    cv = app.provider(v.cloud).create_volume(request)
+    crashpoint("after-volume-create")
+    now = app.clock.now()
+    with app.db.session() as s:
+        row = s.get(Volume, v.id)
+        assert row is not None
+        row.volume_id, row.region, row.zone = cv.id, cv.region, cv.zone or row.zone
+        row.status = "available"
+        if row.rate is not None:
+            s.add(
+                UsageInterval(
+                    machine_id=row.id,
+                    kind=KIND,
+                    started_at=now,
+                    rate=row.rate,
+                    currency=row.currency,
+                )
+            )
+    return cv
+
+
+def discard(app: App, ready: Sequence[Ready]) -> list[str]:
+    """Remove the volumes made for a launch attempt that failed (they are empty), so none is
+    stranded in a zone the machine did not go to. Returns what could not be removed."""
+    left = []
+    for r in ready:
+        if not r.created:
+            continue
+        try:
+            app.provider(r.cloud).delete_volume(r.disk.ref)
+        except ProviderError as e:
+            left.append(f"volume {r.spec.name} ({r.disk.id} in {r.disk.zone}): {e}")
+            continue
+        _deleted(app, r.row_id)
+    return left
+
+
+def _deleted(app: App, row_id: str) -> None:
+    """The volume is gone: its row deleted, its usage closed now."""
+    now = app.clock.now()
+    with app.db.session() as s:
+        v = s.get(Volume, row_id)
+        assert v is not None
+        v.status, v.deleted_at = "deleted", now
+        m = s.get(Machine, row_id)
+        if m is not None:
+            m.terminated_at = now
+        for iv in s.scalars(
+            select(UsageInterval).where(
+                UsageInterval.machine_id == row_id, UsageInterval.ended_at.is_(None)
+            )
+        ):
+            iv.ended_at = max(now, iv.started_at)
+
+
+def mounts(app: App, ready: Sequence[Ready]) -> list[tuple[str, str]]:
+    """(device the machine will see, mount path) of each volume, for the startup data."""
+    return [(app.provider(r.cloud).volume_device(r.disk, r.index), r.spec.path) for r in ready]
+
+
+# --- after a launch, an adoption or a start ---------------------------------------------------
+
+
+def attach(app: App, machine_id: str, experiment: Experiment) -> list[str]:
+    """Attach each of the experiment's volumes to the machine (idempotent: one attached there
+    already is left). A volume the cloud still shows attached to a machine of ours that is
+    terminated (a cloud detaches after the terminate, not at once) is detached from it first;
+    one attached to any other instance is refused. Returns the volumes attached."""
+    if not experiment.volumes:
+        return []
+    with app.db.session() as s:
+        m = s.get(Machine, machine_id)
+        assert m is not None
+        by_name = {v.name: v for v in live(s, m.project, [x.name for x in experiment.volumes])}
+        owners = {
+            iid: (name, status)
+            for iid, name, status in s.execute(
+                select(Machine.instance_id, Machine.name, Machine.status).where(
+                    Machine.cloud == m.cloud, Machine.instance_id.is_not(None)
+                )
+            )
+        }
+    provider = app.provider(m.cloud or "")
+    done = []
+    for i, spec in enumerate(experiment.volumes):
+        v = by_name.get(spec.name)
+        if v is None or not v.volume_id:
+            raise OperationFailed(f"{m.name}: volume {spec.name} does not exist (yet)")
+        try:
+            cv = provider.get_volume(vref(v))
+            if cv.attached_to and cv.attached_to != m.instance_id:
+                name, status = owners.get(cv.attached_to, (None, None))
+                if name is None:  # not ours to detach
+                    raise OperationFailed(
+                        f"{m.name}: volume {v.name} is attached to {cv.attached_to}, which no "
+                        f"machine of provisioner is: detach it in the cloud's console"
+                    )
+                if status not in (S.TERMINATED, S.FAILED):
+                    raise OperationFailed(
+                        f"{m.name}: volume {v.name} is attached to {name} ({status})"
+                    )
+                stale = InstanceRef(id=cv.attached_to, region=v.region, zone=v.zone)
+                provider.detach_volume(cv.ref, stale)
+            if cv.attached_to != m.instance_id or cv.state is not VolumeState.IN_USE:
+                provider.attach_volume(cv.ref, ref(m), i)
+        except ProviderError as e:
+            raise OperationFailed(f"{m.name}: volume {v.name} could not be attached: {e}") from e
+        with app.db.session() as s:
+            row = s.get(Volume, v.id)
+            assert row is not None
+            row.status, row.attached_machine_id = "in-use", m.id
+        record_event(app, m.id, "volume-attached", detail={"volume": v.name, "id": v.volume_id})
+        done.append(v.name)
+    return done
+
+
+# --- `provisioner volume ls` and `rm` ---------------------------------------------------------
+
+
+@dataclass
+class Listed:
+    """One volume as ``volume ls`` shows it."""
+
+    volume: Volume
+    attached_to: str | None  # the live machine's name
+    spent: list[Money]
+
+    @property
+    def status(self) -> str:
+        if self.volume.status == "creating":
+            return "creating"
+        return "in-use" if self.attached_to else "available"
+
+    def as_json(self) -> dict[str, Any]:
+        v = self.volume
+        return {
+            "name": v.name,
+            "project": v.project,
+            "owner": v.owner,
+            "cloud": v.cloud,
+            "region": v.region,
+            "zone": v.zone,
+            "size_gb": v.size_gb,
+            "status": self.status,
+            "volume_id": v.volume_id,
+            "attached_to": self.attached_to,
+            "rate_per_hour": None
+            if v.rate is None
+            else {"amount": str(v.rate), "currency": v.currency},
+            "spent": [{"amount": str(m.amount), "currency": m.currency} for m in self.spent],
+            "created_at": v.created_at.isoformat(),
+        }
+
+
+def listing(app: App, project: str | None = None, now: datetime | None = None) -> list[Listed]:
+    now = now or app.clock.now()
+    with app.db.session() as s:
+        out = []
+        for v in live(s, project):
+            m = holder(s, v)
+            ivs = s.scalars(select(UsageInterval).where(UsageInterval.machine_id == v.id))
+            spent = spend(ivs, v.created_at, now)
+            out.append(Listed(v, m.name if m else None, sorted(spent.values(), key=str)))
+        return out
+
+
+def find(app: App, name: str, project: str | None) -> Volume:
+    with app.db.session() as s:
+        found = live(s, project, [name])
+    if not found:
+        where = f" in project {project}" if project else ""
+        raise UserError(f"no volume named {name!r}{where} (see `provisioner volume ls`)")
+    if len(found) > 1:
+        projects = ", ".join(v.project for v in found)
+        raise UserError(f"volume {name!r} exists in projects {projects}: add --project")
+    return found[0]
+
+
+def remove(app: App, v: Volume) -> Volume:
+    """Delete ``v`` in its cloud, then in the state (its usage ends now). Refused while it is
+    attached to a live machine; a disk already gone in the cloud is no error."""
+    with app.db.session() as s:
+        m = holder(s, v)
+    if m is not None:
+        raise UserError(
+            f"volume {v.name} is attached to {m.name} ({m.status}): "
+            f"`provisioner down {m.name}` first (a stopped machine keeps it attached)"
+        )
+    provider = app.provider(v.cloud)
+    try:
+        for target in _cloud_volumes(app, v):
+            provider.delete_volume(target)
+    except ProviderError as e:
+        raise OperationFailed(f"volume {v.name}: delete failed: {e}") from None
+    crashpoint("after-volume-delete")
+    _deleted(app, v.id)
+    with app.db.session() as s:
+        row = s.get(Volume, v.id)
+        assert row is not None
+        return row
+
+
+def _cloud_volumes(app: App, v: Volume) -> list[VolumeRef]:
+    """The cloud's disk of ``v``: by its id, or for a row a crash left ``creating``, any disk
+    carrying its id in our tag."""
+    if v.volume_id:
+        return [vref(v)]
+    found = app.provider(v.cloud).list_volumes([v.region])
+    return [cv.ref for cv in found if cv.labels.get(TAG_VOLUME) == v.id]
+
+
+# --- gc ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Stray:
+    """A volume of ours nobody uses: in the cloud but unknown to the state, or in the state
+    but named by no live machine's experiment."""
+
+    cloud: str
+    id: str
+    name: str
+    zone: str
+    size_gb: int
+    why: str
+
+    def __str__(self) -> str:
+        where = f"{self.cloud}/{self.zone} {self.id}"
+        return f"volume {where} ({self.name}, {self.size_gb} GB): {self.why}"
+
+
+def strays(app: App, clouds: Iterable[str] | None, errors: dict[str, str]) -> list[Stray]:
+    """Volumes of ours no state row knows (each asked cloud that can list volumes), and
+    volumes in the state that no live machine's experiment names. Only listed: a volume holds
+    data, so it is removed only by ``provisioner volume rm``."""
+    import providers
+
+    asked = [c for c in (clouds or app.settings.enabled_clouds) if c not in errors]
+    with app.db.session() as s:
+        rows = live(s)
+        named = {
+            (m.project, v.get("name"))
+            for m in s.scalars(
+                select(Machine).where(Machine.status.not_in((S.TERMINATED, S.FAILED)))
+            )
+            for v in (m.spec or {}).get("volumes") or []
+        }
+    known = {v.volume_id for v in rows if v.volume_id} | {v.id for v in rows}
+    out = []
+    for cloud in asked:
+        if not providers.spec(cloud).capabilities.volumes:
+            continue
+        try:
+            listed = app.provider(cloud).list_volumes()
+        except (ProviderError, NotImplementedError) as e:
+            errors[cloud] = str(e)
+            continue
+        for cv in listed:
+            if cv.id not in known and cv.labels.get(TAG_VOLUME) not in known:
+                out.append(
+                    Stray(cloud, cv.id, cv.name, cv.zone, cv.size_gb, "no state row knows it")
+                )
+    for v in rows:
+        if v.cloud in asked and (v.project, v.name) not in named:
+            out.append(
+                Stray(
+                    v.cloud,
+                    v.volume_id or "-",
+                    f"{v.name} of {v.project}",
+                    v.zone,
+                    v.size_gb,
+                    f"no live machine names it; bills {v.rate} {v.currency}/h: "
+                    f"`provisioner volume rm {v.name} --project {v.project}`",
+                )
+            )
+    return out
+
+
+def rate_text(v: Volume) -> str:
+    return "price unknown" if v.rate is None else f"{Money(Decimal(v.rate), v.currency)}/h"
