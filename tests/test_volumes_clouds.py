@@ -67,3 +67,27 @@ def test_a_lost_create_answer_retried_is_one_volume_under_one_key(
             assert keys == ["vtok-1"]
         if name == "azure":
             assert keys[0] == "vol-1 *"
+
+
+def test_aws_attaches_to_a_machine_still_booting_once_it_runs(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """EC2 refuses AttachVolume while the instance is pending (IncorrectState); right after
+    `up` launches it, it is: the adapter waits out the boot and attaches once."""
+    from botocore.exceptions import ClientError
+
+    with open_harness("aws", monkeypatch, tmp_path) as cloud:
+        emu = cloud.emu  # type: ignore[attr-defined]
+        provider = cloud.provider()
+        volume = provider.create_volume(volume_request(cloud))
+        emu.faults.boot_describes = 3
+        booting = provider.launch(cloud.launch_request("1"))
+        region = volume.region
+        with pytest.raises(ClientError, match="IncorrectState"):  # the rule, asked directly
+            provider._client("ec2", region).attach_volume(
+                VolumeId=volume.id, InstanceId=booting.id, Device="/dev/sdf"
+            )
+        provider.attach_volume(volume.ref, booting.ref, 0)
+        assert provider.get_volume(volume.ref).attached_to == booting.id
+        answers = [c.answer for c in emu.calls("AttachVolume")]
+        assert answers == ["IncorrectState", "forwarded"]  # ours: one call, after the boot

@@ -6,7 +6,7 @@ import re
 
 from pydantic import Field
 
-from providers.spec import Capabilities, CloudSpec, Name, Names, Options, Seconds, Url
+from providers.spec import Capabilities, CloudSpec, Name, Names, Options, Seconds, Url, Wait
 
 
 class AWSOptions(Options):
@@ -26,6 +26,7 @@ class AWSOptions(Options):
     iam_instance_profile: Name | None = None  # a name, or an ARN
     connect_timeout_seconds: Seconds = 10
     timeout_seconds: Seconds = 60  # reading one API answer
+    poll_seconds: Wait = 2  # between reads while a volume or a booting instance settles
 
     def allows(self, region: str, zone: str) -> bool:
         """Local Zones and Wavelength Zones (``usw2-lax1-az1``) are opt-in, with their own

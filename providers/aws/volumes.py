@@ -23,6 +23,7 @@ from providers.base import (
     TAG_MANAGED_BY_VALUE,
     InstanceRef,
     InvalidRequest,
+    MachineState,
     NotFound,
     Throttled,
     Volume,
@@ -55,8 +56,7 @@ _STATES = {
     "error": VolumeState.ERROR,
 }
 _ATTACHED = ("attaching", "attached", "busy")  # VolumeAttachmentState, botocore's ec2 model
-WAIT_SECONDS = 300  # a volume is available or attached within seconds on EC2
-POLL_SECONDS = 2
+WAIT_SECONDS = 300  # a volume is available or attached, an instance booted, within minutes
 
 
 class EbsVolumes:
@@ -128,6 +128,7 @@ class EbsVolumes:
             raise InvalidRequest(
                 f"aws: volume index {index} is past /dev/sdp", code="InvalidParameterValue"
             )
+        self._await_instance(instance)
         ec2 = self.p._client("ec2", volume.region)
         device = f"/dev/sd{DEVICE_LETTERS[index]}"
         # EC2 refuses another AZ (InvalidVolume.ZoneMismatch) and a volume attached elsewhere
@@ -182,12 +183,30 @@ class EbsVolumes:
             )
         return dict(found[0])
 
+    def _await_instance(self, ref: InstanceRef) -> None:
+        """EC2 attaches only to a running or stopped instance ("IncorrectState: Instance 'i-…'
+        is not 'running'." right after RunInstances, ansible-collections/amazon.aws#497): wait
+        out its boot (or its stop); any other state is left to AttachVolume to answer."""
+        moving = (MachineState.PENDING, MachineState.STOPPING)
+        instance, done = wait_until(
+            lambda: self.p.get(ref),
+            lambda i: i.state not in moving,
+            timeout=WAIT_SECONDS,
+            interval=self.p.options.poll_seconds,
+        )
+        if not done:
+            raise Throttled(
+                f"aws: {ref.id} still {instance.state} after {WAIT_SECONDS} s: volumes attach "
+                "only to a running or stopped instance",
+                code="IncorrectState",
+            )
+
     def _await(self, region: str, volume_id: str, states: tuple[str, ...]) -> dict[str, Any]:
         raw, done = wait_until(
             lambda: self._describe(region, volume_id),
             lambda raw: raw["State"] in states,
             timeout=WAIT_SECONDS,
-            interval=POLL_SECONDS,
+            interval=self.p.options.poll_seconds,
         )
         if not done:
             raise Throttled(

@@ -75,6 +75,7 @@ def make_provider(emu: AwsEmulator, **options: object) -> AWSProvider:
             "endpoint": emu.endpoint_url,
             "retry_base_seconds": 0.001,
             "retry_max_seconds": 0.01,
+            "poll_seconds": 0.01,
             **options,
         }
     )

@@ -15,7 +15,8 @@ strictly, records it, and forwards it to moto unchanged except where it adds wha
   stopped on interruption is started again when capacity returns (:meth:`restore_capacity`);
   ``CancelSpotInstanceRequests`` is answered here;
 - the AttachVolume rules moto lacks (:meth:`AwsEmulator._check_attach`): a volume attaches only
-  to an instance in its AZ, and only to one;
+  to an instance in its AZ, only to one, and not while the instance is still booting
+  (``Faults.boot_describes``: moto's instances run at once, EC2's are ``pending`` a while);
 - preemption of a spot instance (:meth:`AwsEmulator.preempt`): moto stops/terminates it and the
   proxy rewrites its DescribeInstances StateReason to the spot interruption code; an instance
   terminated elsewhere long ago (:meth:`AwsEmulator.forget`) is no longer known;
@@ -106,6 +107,8 @@ class Faults:
             self.quota: dict[str, str] = {}
             self.auth_code: str | None = None
             self.page_size: int | None = None
+            # a new instance answers `pending` to this many DescribeInstances (moto runs at once)
+            self.boot_describes = 0
             self._throttles: list[_Throttle] = []
             self._slow: list[_Slow] = []
             self._drops: dict[str, int] = {}
@@ -280,6 +283,7 @@ class AwsEmulator:
         self._tokens: dict[tuple[str, str], tuple[dict[str, str], bytes]] = {}
         self._token_locks: dict[tuple[str, str], threading.Lock] = {}
         self._preempted: dict[str, tuple[str, str, datetime]] = {}
+        self._booting: dict[str, int] = {}  # instance id → DescribeInstances left as pending
         self.spot_requests: dict[str, SpotRequest] = {}
         self._clients: dict[tuple[str, str], Any] = {}
         self._zone_ids: dict[str, dict[str, str]] = {}
@@ -313,6 +317,7 @@ class AwsEmulator:
             self._tokens.clear()
             self._token_locks.clear()
             self._preempted.clear()
+            self._booting.clear()
             self.spot_requests.clear()
         self._load_defaults()
 
@@ -472,6 +477,12 @@ class AwsEmulator:
         )
         if volume is None or instance is None:
             return
+        if self._booting.get(iid, 0) > 0:
+            # EC2 attaches only to a running or stopped instance: "IncorrectState ... Instance
+            # 'i-…' is not 'running'." (EC2's answer quoted in ansible-collections/amazon.aws#497
+            # and dstackai/dstack#3603, both attaching right after RunInstances)
+            rec.answer = "IncorrectState"
+            raise ec2_error("IncorrectState", f"Instance '{iid}' is not 'running'.", 400)
         if volume.attachment is not None and not volume.multi_attach_enabled:
             rec.answer = "VolumeInUse"
             raise ec2_error("VolumeInUse", f"{vid} is already attached to an instance", 400)
@@ -679,6 +690,8 @@ class AwsEmulator:
             data = _MOTO_REASON_TIME.sub(rb"\1 GMT)", data)
             if self._preempted:
                 data = self._rewrite_preempted(data)
+            if self._booting:
+                data = self._rewrite_booting(data)
         if self.faults.take_drop(action):
             rec.answer = "dropped"
             raise _Dropped
@@ -742,6 +755,10 @@ class AwsEmulator:
         rec.answer = "forwarded" if status == 200 else f"moto {status}"
         if status == 200 and params.get("InstanceMarketOptions.MarketType") == "spot":
             self._open_spot_requests(h, region, params, data)
+        if status == 200 and self.faults.boot_describes:
+            with self._lock:
+                for iid in _instance_ids(data):
+                    self._booting[iid] = self.faults.boot_describes
         return _Reply(status, data, ctype, rec.answer)
 
     def _open_spot_requests(
@@ -835,6 +852,31 @@ class AwsEmulator:
             rec.answer = "dropped"
             raise _Dropped
         return reply
+
+    def _rewrite_booting(self, data: bytes) -> bytes:
+        """A booting instance reads ``pending`` (code 0, botocore's ec2 model InstanceState),
+        one DescribeInstances fewer each time, as EC2's take the first seconds after launch."""
+        with self._lock:
+            shown = [iid for iid, left in self._booting.items() if left > 0]
+        if not any(iid.encode() in data for iid in shown):
+            return data
+        root = ET.fromstring(data)
+        ns = root.tag[1:].split("}")[0] if root.tag.startswith("{") else ""
+        q = (lambda tag: f"{{{ns}}}{tag}") if ns else (lambda tag: tag)
+        if ns:
+            ET.register_namespace("", ns)
+        for item in root.iter(q("item")):
+            iid = item.findtext(q("instanceId"))
+            state = item.find(q("instanceState"))
+            if iid not in shown or state is None:
+                continue
+            for tag, text in (("code", "0"), ("name", "pending")):
+                node = state.find(q(tag))
+                if node is not None:
+                    node.text = text
+            with self._lock:
+                self._booting[iid] -= 1
+        return ET.tostring(root, encoding="utf-8", xml_declaration=True)
 
     def _rewrite_preempted(self, data: bytes) -> bytes:
         with self._lock:
