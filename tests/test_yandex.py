@@ -33,6 +33,7 @@ from providers.base import (
     MachineState,
     QuotaError,
     Throttled,
+    VolumeRequest,
 )
 from providers.yandex.adapter import YandexProvider
 from tests.contract.yandex import make_provider, running_emulator, tls_material, yc_env
@@ -795,3 +796,76 @@ def test_a_restarted_machine_s_new_address_is_what_status_and_ssh_use(emu, tls, 
 
 def yc_address(app, instance_id: str) -> str | None:
     return app.provider("yandex").get(InstanceRef(id=instance_id, region="ru-central1")).public_ip
+
+
+# --- volumes -----------------------------------------------------------------------------------
+
+
+def volume_request(name: str = "data", zone: str = "ru-central1-a", **kw) -> VolumeRequest:
+    fields = {
+        "name": name,
+        "token": f"vol-{name}",
+        "region": "ru-central1",
+        "zone": zone,
+        "size_gb": 64,
+        "labels": {TAG_MANAGED_BY: "provisioner", TAG_PROJECT: "vision"},
+    }
+    return VolumeRequest(**(fields | kw))
+
+
+def test_a_volume_is_a_network_disk_in_the_zone_attached_read_write_by_its_id(emu, yc):
+    machine = yc.launch(request())
+    volume = yc.create_volume(volume_request())
+    [create] = emu.calls("DiskService.Create")
+    sent = create.request
+    assert (sent.folder_id, sent.zone_id, sent.type_id) == (FOLDER, "ru-central1-a", "network-ssd")
+    assert sent.size == 64 * GIB and sent.name == "data"
+    assert sent.labels[TAG_MANAGED_BY] == "provisioner" and sent.labels[TAG_PROJECT] == "vision"
+    assert uuid.UUID(create.metadata["idempotency-key"])
+
+    device = yc.volume_device(volume, 0)
+    yc.attach_volume(volume.ref, machine.ref, 0)
+    [attach] = emu.calls("InstanceService.AttachDisk")
+    spec = attach.request.attached_disk_spec
+    assert (spec.disk_id, spec.auto_delete, spec.mode) == (volume.id, False, spec.READ_WRITE)
+    # the machine sees the device name Yandex reflects into /dev/disk/by-id as virtio-<name>
+    assert device == f"/dev/disk/by-id/virtio-{spec.device_name}"
+    [seen] = [d for d in emu.instances[machine.id].secondary_disks if d.disk_id == volume.id]
+    assert seen.device_name == spec.device_name
+
+
+def test_a_volume_is_found_by_name_when_the_idempotency_key_is_long_forgotten(emu, yc):
+    first = yc.create_volume(volume_request())
+    emu._by_key.clear()  # Yandex keeps keys for a time it does not document
+    again = yc.create_volume(volume_request())
+    assert again.id == first.id and len(emu.calls("DiskService.Create")) == 1
+    [lookup, *_] = emu.calls("DiskService.List")
+    assert lookup.request.filter == 'name = "data"'
+
+
+def test_a_disk_of_that_name_made_for_something_else_is_refused_not_taken(emu, yc):
+    emu.add_disk(name="data", zone="ru-central1-a", size=GIB, type_id="network-hdd", labels={})
+    with pytest.raises(InvalidRequest, match="already exists"):
+        yc.create_volume(volume_request())
+    assert emu.calls("DiskService.Create") == []
+
+
+def test_list_volumes_reads_every_page_and_keeps_only_ours(emu, yc):
+    ours = [yc.create_volume(volume_request(f"data-{i}")).id for i in range(3)]
+    yc.launch(request())  # its boot disk is in the same list, unlabelled
+    emu.add_disk(name="scratch", zone="ru-central1-b", size=GIB, type_id="network-hdd", labels={})
+    emu.page_size_cap = 2
+    assert sorted(v.id for v in yc.list_volumes()) == sorted(ours)
+    assert len([c for c in emu.calls("DiskService.List") if not c.request.filter]) == 3
+    assert yc.list_volumes(regions=["kz1"]) == []
+
+
+def test_a_volume_kept_through_its_machine_deleted_bills_until_deleted(emu, yc):
+    machine = yc.launch(request())
+    volume = yc.create_volume(volume_request())
+    yc.attach_volume(volume.ref, machine.ref, 0)
+    yc.terminate(machine.ref)
+    assert emu.instances == {} and list(emu.disks) == [volume.id]  # the boot disk went with it
+    assert emu.billed() == [volume.id]
+    yc.delete_volume(volume.ref)
+    assert emu.billed() == []

@@ -8,7 +8,7 @@ import os
 import re
 import uuid
 import warnings
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -30,11 +30,15 @@ from providers.base import (
     Provider,
     ProviderError,
     Throttled,
+    Volume,
+    VolumeRef,
+    VolumeRequest,
     paginate,
 )
 from providers.retry import wait_until
 from providers.userdata import cloud_init
 from providers.yandex import SPEC, YandexOptions, errors
+from providers.yandex.labels import idempotency_key, sanitise_label, sanitise_labels
 from providers.yandex.network import Network
 from providers.yandex.prices import (
     REGION,
@@ -43,9 +47,9 @@ from providers.yandex.prices import (
     current_rates,
     parse_instance_type,
 )
+from providers.yandex.volumes import Volumes
 
 SSH_USER = "provisioner"
-_IDEMPOTENCY_NS = uuid.UUID("8d6f0f1e-2b47-5a8e-9a3c-6e0d1c5b7a01")
 _IMAGE_ID = re.compile(r"[a-z0-9]{20}")
 _NO_CREDENTIALS = (
     "yandex: no credentials found (set YC_IAM_TOKEN, YC_SERVICE_ACCOUNT_KEY_FILE or YC_TOKEN, "
@@ -74,25 +78,6 @@ _PREEMPTED = {"PreemptInstanceMetadata"}
 _STARTED = {"CreateInstanceMetadata", "StartInstanceMetadata", "RestartInstanceMetadata"}
 
 
-def _sanitise_label(text: str, *, key: bool) -> str:
-    """Yandex labels: lowercase ``[a-z0-9_-]`` (keys start with a letter), at most 63 chars."""
-    out = re.sub(r"[^a-z0-9_-]", "_", text.lower())[:63]
-    if key and not out[:1].isalpha():
-        out = ("l" + out)[:63]
-    return out
-
-
-def sanitise_labels(labels: Mapping[str, str]) -> dict[str, str]:
-    return {_sanitise_label(k, key=True): _sanitise_label(v, key=False) for k, v in labels.items()}
-
-
-def idempotency_key(token: str) -> str:
-    """Yandex wants a UUID: the same token always gives the same one. (Yandex answers a reused
-    key with the first operation, failed or not: a new placement needs a new token, as
-    lifecycle's per-candidate tokens are.)"""
-    return str(uuid.uuid5(_IDEMPOTENCY_NS, token))
-
-
 # The GPU image family per platform, from Yandex's "Create a VM with a GPU" docs
 # (compute/operations/vm-create/create-vm-with-gpu, recorded in shared/reference/clouds.md):
 # the driver in `ubuntu-2004-lts-gpu` serves V100 and T4 only; A100 and T4i need the CUDA 12.2
@@ -116,6 +101,7 @@ class YandexProvider(Provider):
         super().__init__(options, **kwargs)
         self._sdk_obj: Any = None
         self._network = Network(self)
+        self._volumes = Volumes(self)
         self._image_cache: dict[str, str] = {}
 
     # --- configuration -----------------------------------------------------------------------
@@ -344,7 +330,7 @@ class YandexProvider(Provider):
         folder_id = self._require_folder()
         wanted = {TAG_MANAGED_BY: TAG_MANAGED_BY_VALUE}
         if machine_id is not None:
-            wanted[TAG_MACHINE] = _sanitise_label(machine_id, key=False)
+            wanted[TAG_MACHINE] = sanitise_label(machine_id, key=False)
         return [
             self._to_instance(i)
             for i in self._instances_raw(folder_id)
@@ -399,6 +385,29 @@ class YandexProvider(Provider):
                 return
             if state is not MachineState.TERMINATED:
                 raise
+
+    # --- volumes: network disks (providers/yandex/volumes.py says what Yandex allows) ------
+
+    def create_volume(self, request: VolumeRequest) -> Volume:
+        return self._volumes.create(request)
+
+    def get_volume(self, ref: VolumeRef) -> Volume:
+        return self._volumes.get(ref)
+
+    def list_volumes(self, regions: Sequence[str] | None = None) -> list[Volume]:
+        return self._volumes.list(regions)
+
+    def attach_volume(self, volume: VolumeRef, instance: InstanceRef, index: int) -> None:
+        self._volumes.attach(volume, instance)
+
+    def detach_volume(self, volume: VolumeRef, instance: InstanceRef) -> None:
+        self._volumes.detach(volume, instance)
+
+    def delete_volume(self, ref: VolumeRef) -> None:
+        self._volumes.delete(ref)
+
+    def volume_device(self, volume: Volume, index: int) -> str:
+        return self._volumes.device(volume)
 
     def fetch_offers(self) -> list[Offer]:
         """Billing SkuService.List (all pages, RUB incl. VAT) → the street price in force now

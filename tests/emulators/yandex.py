@@ -8,7 +8,8 @@ Control surface for tests: ``capacity_exhausted`` (zones, with ``capacity_code``
 ``lose_responses(method, n)``, ``slow_polls``, ``preempt(id)``, ``add_instance(...)``,
 ``page_size_cap``, ``console_stop(id)``, ``console_delete(id)``, ``default_group_ssh_cidrs``;
 ``calls(method)`` gives what went on the wire (request + metadata); ``reachable(id)``,
-``billed()`` and ``disks`` are the books a test reads.
+``billed()`` and ``disks`` are the books a test reads. Disks (DiskService, with AttachDisk and
+DetachDisk of InstanceService) follow the attach rules of ``_Disks`` below.
 Requests are checked strictly: a malformed one gets INVALID_ARGUMENT and is kept in ``rejected``.
 """
 
@@ -31,7 +32,14 @@ from google.protobuf.message import Message
 from google.protobuf.timestamp_pb2 import Timestamp
 from google.rpc import status_pb2
 from yandex.cloud.billing.v1 import sku_pb2, sku_service_pb2, sku_service_pb2_grpc
-from yandex.cloud.compute.v1 import image_pb2, image_service_pb2_grpc, instance_pb2
+from yandex.cloud.compute.v1 import (
+    disk_pb2,
+    disk_service_pb2,
+    disk_service_pb2_grpc,
+    image_pb2,
+    image_service_pb2_grpc,
+    instance_pb2,
+)
 from yandex.cloud.compute.v1 import instance_service_pb2 as isvc
 from yandex.cloud.compute.v1 import instance_service_pb2_grpc as isvc_grpc
 from yandex.cloud.endpoint import (
@@ -173,9 +181,10 @@ class YandexEmulator:
     requests: list[Call] = field(default_factory=list)
     rejected: list[tuple[str, str]] = field(default_factory=list)
     instances: dict[str, instance_pb2.Instance] = field(default_factory=dict)
-    # Boot disks: id → {"instance_id", "auto_delete"}; a disk outlives its instance unless
-    # auto_delete ("Specifies whether the disk will be auto-deleted when the instance is
-    # deleted", AttachedDiskSpec.auto_delete in yandex/cloud/compute/v1/instance_service.proto).
+    # Every disk, boot or not: id → {"instance_id", "auto_delete", "pb" (its Disk)}; a disk
+    # outlives its instance unless auto_delete ("Specifies whether the disk will be auto-deleted
+    # when the instance is deleted", AttachedDiskSpec.auto_delete in
+    # yandex/cloud/compute/v1/instance_service.proto).
     disks: dict[str, dict] = field(default_factory=dict)
     # Who reaches TCP 22 through the network's default security group, which every VM without
     # a group of its own gets. Yandex creates it admitting SSH (22/TCP) from 0.0.0.0/0, RDP,
@@ -210,6 +219,7 @@ class YandexEmulator:
         isvc_grpc.add_InstanceServiceServicer_to_server(_Instances(self), server)
         operation_service_pb2_grpc.add_OperationServiceServicer_to_server(_Operations(self), server)
         image_service_pb2_grpc.add_ImageServiceServicer_to_server(_Images(self), server)
+        disk_service_pb2_grpc.add_DiskServiceServicer_to_server(_Disks(self), server)
         subnet_service_pb2_grpc.add_SubnetServiceServicer_to_server(_Subnets(self), server)
         security_group_service_pb2_grpc.add_SecurityGroupServiceServicer_to_server(
             _SecurityGroups(self), server
@@ -288,8 +298,9 @@ class YandexEmulator:
             if disk["instance_id"] == instance_id:
                 if disk["auto_delete"]:
                     del self.disks[disk_id]
-                else:
+                else:  # "they will be disabled when the VM is deleted. Disk data is preserved"
                     disk["instance_id"] = None
+                    del disk["pb"].instance_ids[:]
 
     def assign_public_address(self, inst: instance_pb2.Instance) -> None:
         """A dynamic one-to-one NAT address for an interface that asked for one."""
@@ -397,6 +408,58 @@ class YandexEmulator:
         platform = self.instances[instance_id].platform_id
         family = next(f for (_, f), i in self.images.items() if i == self.boot_images[instance_id])
         return family == DOCUMENTED_GPU_IMAGE.get(platform)
+
+    def add_disk(
+        self, *, name: str, zone: str, size: int, type_id: str, labels: dict[str, str]
+    ) -> disk_pb2.Disk:
+        """A READY disk in the folder (a boot disk, or one made outside provisioner)."""
+        with self._lock:
+            disk = disk_pb2.Disk(
+                id=f"fhm{next(self._ids):017d}",  # 20 characters, as Yandex ids are
+                folder_id=FOLDER,
+                created_at=self.now(),
+                name=name,
+                labels=labels,
+                type_id=type_id,
+                zone_id=zone,
+                size=size,
+                block_size=4096,
+                status=disk_pb2.Disk.READY,
+            )
+            self.disks[disk.id] = {"instance_id": None, "auto_delete": False, "pb": disk}
+            return disk
+
+    def attach(
+        self,
+        disk_id: str,
+        inst: instance_pb2.Instance,
+        *,
+        auto_delete: bool,
+        boot: bool = False,
+        device_name: str = "",
+    ) -> None:
+        """The disk is attached to the instance: both sides of the books."""
+        disk = self.disks[disk_id]
+        disk.update(instance_id=inst.id, auto_delete=auto_delete)
+        disk["pb"].instance_ids[:] = [inst.id]
+        attached = instance_pb2.AttachedDisk(
+            mode=instance_pb2.AttachedDisk.READ_WRITE,
+            device_name=device_name or disk_id,
+            auto_delete=auto_delete,
+            disk_id=disk_id,
+        )
+        if boot:
+            inst.boot_disk.CopyFrom(attached)
+        else:
+            inst.secondary_disks.append(attached)
+
+    def detach(self, disk_id: str, inst: instance_pb2.Instance) -> None:
+        disk = self.disks[disk_id]
+        disk["instance_id"] = None
+        del disk["pb"].instance_ids[:]
+        kept = [d for d in inst.secondary_disks if d.disk_id != disk_id]
+        del inst.secondary_disks[:]
+        inst.secondary_disks.extend(kept)
 
     def calls(self, method: str) -> list[Call]:
         return [c for c in self.requests if c.method == method]
@@ -669,11 +732,11 @@ class _Instances(isvc_grpc.InstanceServiceServicer):
                 metadata=dict(request.metadata),
             )
             emu.boot_images[inst.id] = request.boot_disk_spec.disk_spec.image_id
-            disk_id = emu.new_id("fhmdisk")
-            emu.disks[disk_id] = {
-                "instance_id": inst.id,
-                "auto_delete": request.boot_disk_spec.auto_delete,
-            }
+            disk = request.boot_disk_spec.disk_spec
+            disk_id = emu.add_disk(
+                name="", zone=request.zone_id, size=disk.size, type_id=disk.type_id, labels={}
+            ).id
+            emu.attach(disk_id, inst, auto_delete=request.boot_disk_spec.auto_delete, boot=True)
             inst.boot_disk.disk_id = disk_id
             inst.boot_disk.auto_delete = request.boot_disk_spec.auto_delete
             nat_spec = spec.primary_v4_address_spec.one_to_one_nat_spec
@@ -802,6 +865,75 @@ class _Instances(isvc_grpc.InstanceServiceServicer):
             response="empty",
         )
 
+    # --- disks: AttachDisk / DetachDisk (the rules are _Disks's) ---------------------------
+
+    def AttachDisk(self, request, context):
+        emu = self.emu
+        method = "InstanceService.AttachDisk"
+        emu.begin(method, request, context)
+        spec = request.attached_disk_spec
+        if spec.WhichOneof("disk") != "disk_id":
+            emu.invalid(method, context, "attached_disk_spec.disk_id is required here")
+        if spec.device_name and not _DEVICE_NAME.fullmatch(spec.device_name):
+            emu.invalid(method, context, f"device_name {spec.device_name!r} is invalid")
+        key = dict(context.invocation_metadata()).get("idempotency-key")
+        with emu._lock:
+            if key and key in emu._by_key:
+                return emu.reply(method, _copy(emu._ops[emu._by_key[key]].pb), context)
+            inst = self._find(request.instance_id, context)
+            disk = _Disks.find(emu, spec.disk_id, context)
+            if disk["instance_id"] is not None:
+                context.abort(grpc.StatusCode.FAILED_PRECONDITION, _attached(spec.disk_id))
+            if disk["pb"].zone_id != inst.zone_id:
+                context.abort(
+                    grpc.StatusCode.FAILED_PRECONDITION,
+                    f"Disk {spec.disk_id} is in zone {disk['pb'].zone_id}, instance {inst.id} "
+                    f"in {inst.zone_id}",
+                )
+            names = {d.device_name for d in (inst.boot_disk, *inst.secondary_disks)}
+            if (spec.device_name or spec.disk_id) in names:
+                emu.invalid(method, context, f"device_name {spec.device_name!r} is taken")
+            emu.attach(
+                spec.disk_id, inst, auto_delete=spec.auto_delete, device_name=spec.device_name
+            )
+            meta = isvc.AttachInstanceDiskMetadata(instance_id=inst.id, disk_id=spec.disk_id)
+            op = emu._new_op("Attach disk", meta, inst.id)
+            op.finish = lambda: op.pb.response.Pack(inst)
+            if key:
+                emu._by_key[key] = op.pb.id
+            return emu.reply(method, _copy(op.pb), context)
+
+    def DetachDisk(self, request, context):
+        emu = self.emu
+        method = "InstanceService.DetachDisk"
+        emu.begin(method, request, context)
+        key = dict(context.invocation_metadata()).get("idempotency-key")
+        with emu._lock:
+            if key and key in emu._by_key:
+                return emu.reply(method, _copy(emu._ops[emu._by_key[key]].pb), context)
+            inst = self._find(request.instance_id, context)
+            attached = next(
+                (
+                    d
+                    for d in inst.secondary_disks
+                    if request.disk_id in ("", d.disk_id)
+                    and request.device_name in ("", d.device_name)
+                ),
+                None,
+            )
+            if attached is None or not (request.disk_id or request.device_name):
+                # what Yandex answers here is not documented: a test failing on it says the
+                # adapter asked to detach a disk it had not checked was attached there
+                emu.invalid(method, context, "the disk is not a secondary disk of the instance")
+            disk_id = attached.disk_id
+            emu.detach(disk_id, inst)
+            meta = isvc.DetachInstanceDiskMetadata(instance_id=inst.id, disk_id=disk_id)
+            op = emu._new_op("Detach disk", meta, inst.id)
+            op.finish = lambda: op.pb.response.Pack(inst)
+            if key:
+                emu._by_key[key] = op.pb.id
+            return emu.reply(method, _copy(op.pb), context)
+
 
 def _create_problem(emu: YandexEmulator, r: isvc.CreateInstanceRequest) -> str | None:
     """What the real API would refuse in a CreateInstanceRequest, or None."""
@@ -848,6 +980,135 @@ def _create_problem(emu: YandexEmulator, r: isvc.CreateInstanceRequest) -> str |
         ),
     ]
     return next((msg for ok, msg in checks if not ok), None)
+
+
+# --- disks ----------------------------------------------------------------------------------
+# The rules, each from Yandex's own words:
+#  * "Disks can only be attached to one VM at a time. The disk and VM must be located in the same
+#    availability zone." and "If previously created disks were connected to the VM, they will be
+#    disabled when the VM is deleted. Disk data is preserved" (yandex-cloud/docs
+#    en/compute/concepts/disk.md, "Attaching and detaching disks"); ``remove_instance`` keeps
+#    every disk not attached with auto_delete.
+#  * Deleting an attached disk: FAILED_PRECONDITION 'Disk "<id>" has an invalid state for this
+#    operation: attached to instance' (seen live: yandex-cloud/terraform-provider-yandex#222).
+#    AttachDisk of a disk attached elsewhere is answered the same way here: the same state
+#    check is assumed, its text is not documented for AttachDisk. Nor is the answer to a disk of
+#    another zone: FAILED_PRECONDITION with a text of ours is assumed.
+#  * Field rules from the SDK's compute/v1 protos: disk name ``|[a-z]([-_a-z0-9]{0,61}[a-z0-9])?``,
+#    size 4194304..28587302322176 bytes (CreateDiskRequest); device_name
+#    ``[a-z][a-z0-9-_]{,19}`` (AttachedDiskSpec); ListDisks "filtering only on the limited number
+#    of fields" (served: ``name = "<name>"``). Disk types: network-ssd, network-hdd,
+#    network-ssd-nonreplicated (en/compute/concepts/disk.md, "Disk types"), network-ssd-io-m3.
+_DISK_NAME = re.compile(r"([a-z]([-_a-z0-9]{0,61}[a-z0-9])?)?")
+_DEVICE_NAME = re.compile(r"[a-z][a-z0-9-_]{0,19}")
+_DISK_TYPES = {"network-ssd", "network-hdd", "network-ssd-nonreplicated", "network-ssd-io-m3"}
+_NAME_FILTER = re.compile(r"""name\s*=\s*(["'])(.*)\1""")
+
+
+def _attached(disk_id: str) -> str:
+    return f'Disk "{disk_id}" has an invalid state for this operation: attached to instance'
+
+
+class _Disks(disk_service_pb2_grpc.DiskServiceServicer):
+    def __init__(self, emu: YandexEmulator) -> None:
+        self.emu = emu
+
+    @staticmethod
+    def find(emu: YandexEmulator, disk_id: str, context) -> dict:
+        disk = emu.disks.get(disk_id)
+        if disk is None:
+            context.abort(grpc.StatusCode.NOT_FOUND, f"Disk {disk_id} not found")
+        return disk
+
+    def Get(self, request, context):
+        self.emu.begin("DiskService.Get", request, context)
+        with self.emu._lock:
+            return _copy(self.find(self.emu, request.disk_id, context)["pb"])
+
+    def List(self, request, context):
+        emu = self.emu
+        emu.begin("DiskService.List", request, context)
+        if request.folder_id != FOLDER:
+            context.abort(grpc.StatusCode.PERMISSION_DENIED, f"folder {request.folder_id}")
+        name = None
+        if request.filter:
+            m = _NAME_FILTER.fullmatch(request.filter.strip())
+            if m is None:
+                emu.invalid("DiskService.List", context, f"filter {request.filter!r}")
+            name = m.group(2)
+        with emu._lock:
+            items = [
+                _copy(d["pb"]) for d in emu.disks.values() if name is None or d["pb"].name == name
+            ]
+        page, token = _page(items, request.page_size, request.page_token, emu.page_size_cap)
+        return disk_service_pb2.ListDisksResponse(disks=page, next_page_token=token)
+
+    def Create(self, request, context):
+        emu = self.emu
+        method = "DiskService.Create"
+        emu.begin(method, request, context)
+        r = request
+        checks = [
+            (r.folder_id == FOLDER, f"folder_id {r.folder_id!r} is unknown"),
+            (bool(_DISK_NAME.fullmatch(r.name)), f"name {r.name!r} is invalid"),
+            (r.zone_id in ZONES, f"zone_id {r.zone_id!r} is unknown"),
+            (r.type_id in _DISK_TYPES, f"type_id {r.type_id!r} is unknown"),
+            (4194304 <= r.size <= 28587302322176, f"size {r.size} is out of range"),
+            (len(r.labels) <= 64, "at most 64 labels"),
+            (all(_LABEL_KEY.fullmatch(k) for k in r.labels), f"bad label key in {dict(r.labels)}"),
+            (
+                all(_LABEL_VALUE.fullmatch(v) for v in r.labels.values()),
+                f"bad label value in {dict(r.labels)}",
+            ),
+        ]
+        problem = next((msg for ok, msg in checks if not ok), None)
+        if problem:
+            emu.invalid(method, context, problem)
+        key = dict(context.invocation_metadata()).get("idempotency-key")
+        with emu._lock:
+            if key and key in emu._by_key:
+                return emu.reply(method, _copy(emu._ops[emu._by_key[key]].pb), context)
+            if r.name and any(d["pb"].name == r.name for d in emu.disks.values()):
+                context.abort(
+                    grpc.StatusCode.ALREADY_EXISTS, f"Disk with name {r.name} already exists"
+                )
+            disk = emu.add_disk(
+                name=r.name, zone=r.zone_id, size=r.size, type_id=r.type_id, labels=dict(r.labels)
+            )
+            disk.status = disk_pb2.Disk.CREATING
+
+            def finish() -> None:
+                disk.status = disk_pb2.Disk.READY
+                op.pb.response.Pack(disk)
+
+            meta = disk_service_pb2.CreateDiskMetadata(disk_id=disk.id)
+            op = emu._new_op("Create disk", meta, "", finish=finish)
+            if key:
+                emu._by_key[key] = op.pb.id
+            return emu.reply(method, _copy(op.pb), context)
+
+    def Delete(self, request, context):
+        emu = self.emu
+        method = "DiskService.Delete"
+        emu.begin(method, request, context)
+        key = dict(context.invocation_metadata()).get("idempotency-key")
+        with emu._lock:
+            if key and key in emu._by_key:
+                return emu.reply(method, _copy(emu._ops[emu._by_key[key]].pb), context)
+            disk = self.find(emu, request.disk_id, context)
+            if disk["instance_id"] is not None:
+                context.abort(grpc.StatusCode.FAILED_PRECONDITION, _attached(request.disk_id))
+            disk["pb"].status = disk_pb2.Disk.DELETING
+
+            def finish() -> None:
+                emu.disks.pop(request.disk_id, None)
+                op.pb.response.Pack(empty_pb2.Empty())
+
+            meta = disk_service_pb2.DeleteDiskMetadata(disk_id=request.disk_id)
+            op = emu._new_op("Delete disk", meta, "", finish=finish)
+            if key:
+                emu._by_key[key] = op.pb.id
+            return emu.reply(method, _copy(op.pb), context)
 
 
 class _Operations(operation_service_pb2_grpc.OperationServiceServicer):
