@@ -27,6 +27,8 @@ from providers.base import (
     NotFound,
     QuotaError,
     Throttled,
+    VolumeRequest,
+    VolumeState,
 )
 from providers.sbercloud.adapter import STOP_MARKER, SberCloudProvider
 from providers.sbercloud.errors import by_code
@@ -765,3 +767,79 @@ def test_first_real_run_through_the_cli_leaves_nothing_billed(emu, env, home, tm
         assert server["publicip"]["delete_on_termination"] is True
         assert server["security_groups"] == launches[0]["security_groups"]
         assert server["security_groups"][0]["id"] != "default"
+
+
+# -- volumes ------------------------------------------------------------------------------
+
+
+def volume_request(name: str = "data", **kw: Any) -> VolumeRequest:
+    fields = {
+        "name": name,
+        "token": f"vol-{name}",
+        "region": "ru-moscow-1",
+        "zone": ZONES[0],
+        "size_gb": 100,
+        "labels": {TAG_MANAGED_BY: "provisioner", "provisioner-project": "vision"},
+    }
+    return VolumeRequest(**(fields | kw))
+
+
+def test_a_volume_is_an_evs_disk_created_once_by_its_client_token(emu, sc):
+    volume = sc.create_volume(volume_request())
+    sc.create_volume(volume_request())  # the answer was lost: the same token, the same disk
+    posts = emu.received("POST", r"/v2\.1/[^/]+/cloudvolumes$")
+    assert [p.headers["X-Client-Token"] for p in posts] == ["vol-data", "vol-data"]
+    sent = posts[0].body["volume"]
+    assert (sent["availability_zone"], sent["size"], sent["volume_type"]) == (ZONES[0], 100, "SSD")
+    assert sent["tags"] == {TAG_MANAGED_BY: "provisioner", "provisioner-project": "vision"}
+    assert list(emu.volumes) == [volume.id]
+    assert emu.volumes[volume.id]["status"] == "available"
+    # a KVM server sees a VBD disk by its serial, the first 20 characters of its id
+    assert sc.volume_device(volume, 0) == f"/dev/disk/by-id/virtio-{volume.id[:20]}"
+
+
+def test_down_keeps_our_volume_and_lets_other_data_disks_go_with_the_server(emu, sc):
+    machine = sc.launch(request())
+    ours = sc.create_volume(volume_request())
+    theirs = sc.create_volume(volume_request("scratch", labels={"team": "infra"}))
+    sc.attach_volume(ours.ref, machine.ref, 0)
+    sc.attach_volume(theirs.ref, machine.ref, 1)
+    sc.terminate(machine.ref)
+    [delete] = emu.received("POST", r"/cloudservers/delete$")
+    assert delete.body["delete_volume"] is True  # the server's other disks still go with it
+    assert list(emu.volumes) == [ours.id]
+    assert (emu.volumes[ours.id]["status"], emu.volumes[ours.id]["attachments"]) == (
+        "available",
+        [],
+    )
+
+
+def test_a_batch_down_keeps_every_machines_volume(emu, sc):
+    machines = [sc.launch(request(f"t-{i}", machine=f"m-{i}")) for i in range(2)]
+    volumes = [sc.create_volume(volume_request(f"data-{i}")) for i in range(2)]
+    for volume, machine in zip(volumes, machines, strict=True):
+        sc.attach_volume(volume.ref, machine.ref, 0)
+    assert sc.terminate_many([m.ref for m in machines]) == {m.ref: None for m in machines}
+    assert alive(emu) == []
+    assert {v.id: v.state for v in sc.list_volumes()} == {
+        v.id: VolumeState.AVAILABLE for v in volumes
+    }
+
+
+def test_an_attached_volume_is_not_deleted_and_says_evs_s_code(emu, sc):
+    machine = sc.launch(request())
+    volume = sc.create_volume(volume_request())
+    sc.attach_volume(volume.ref, machine.ref, 0)
+    with pytest.raises(InvalidRequest) as refused:
+        sc.delete_volume(volume.ref)
+    assert refused.value.code == "EVS.1046"
+    assert sc.get_volume(volume.ref).attached_to == machine.id
+
+
+def test_list_volumes_pages_by_volume_offset(emu, env):
+    sc = SberCloudProvider(options(emu, page_size=2))
+    ours = [sc.create_volume(volume_request(f"data-{i}")).id for i in range(4)]
+    sc.create_volume(volume_request("scratch", labels={}))
+    assert sorted(v.id for v in sc.list_volumes()) == sorted(ours)
+    pages = emu.received("GET", r"/cloudvolumes/detail$")
+    assert [p.query["offset"] for p in pages] == ["0", "2", "4"]

@@ -25,6 +25,8 @@ class SberCloudOptions(Options):
     # The security group servers join. Unset: our own, provisioner-ssh (tagged managed-by, found
     # again or created once), admitting 22/tcp from `ssh_cidrs` only, as AWS's SSH group does.
     security_group_id: Name | None = None
+    evs_endpoint: Url | None = None  # volumes; default https://evs.<region>.hc.sbercloud.ru
+    volume_type: Name = "SSD"  # EVS type of volumes: SSD (ultra-high I/O), GPSSD, ESSD, SAS…
     ssh_cidrs: Names = ("0.0.0.0/0",)  # who may reach port 22, as SkyPilot's and dstack's default
     # A public address is an EIP made with the server and released with it
     # (publicip.delete_on_termination), so nothing of it bills after `down`.
@@ -48,7 +50,7 @@ SPEC = CloudSpec(
     adapter="providers.sbercloud.adapter:SberCloudProvider",
     ssh_user="provisioner",  # made by cloud-init on every cloud: one SSH user everywhere
     extra="sbercloud",
-    sdk=("huaweicloudsdkecs", "huaweicloudsdkvpc"),
+    sdk=("huaweicloudsdkecs", "huaweicloudsdkvpc", "huaweicloudsdkevs"),
     # Spot servers can be stopped; extendparam takes a spot_price cap; BatchStopServers,
     # BatchStartServers and DeleteServers take many servers.
     capabilities=Capabilities(

@@ -36,11 +36,15 @@ from providers.base import (
     Provider,
     ProviderError,
     Throttled,
+    Volume,
+    VolumeRef,
+    VolumeRequest,
     paginate,
 )
 from providers.retry import wait_until
 from providers.sbercloud import SPEC, SberCloudOptions, batch, errors, flavors, tags, userdata
 from providers.sbercloud.network import GONE, SshGroup
+from providers.sbercloud.volumes import Volumes
 
 T = TypeVar("T")
 
@@ -121,6 +125,7 @@ class SberCloudProvider(Provider):
         self._ecs: Any = None
         self._vpc_client: Any = None
         self._network = SshGroup(self)
+        self._volumes = Volumes(self)
 
     # -- plumbing -------------------------------------------------------------------------
 
@@ -473,11 +478,15 @@ class SberCloudProvider(Provider):
             )
 
     def terminate(self, ref: InstanceRef) -> None:
-        """Deletes the server and its volumes. Idempotent: a server already gone is fine."""
+        """Deletes the server and its disks, our volumes detached first (they outlive it).
+        Idempotent: a server already gone is fine."""
         from huaweicloudsdkecs.v2 import model as m
 
         s = self._server_or_none(ref.id)
-        if s is None or s.status in GONE or not self._mark_stopped(ref.id):
+        if s is None or s.status in GONE:
+            return
+        self._volumes.keep(s)
+        if not self._mark_stopped(ref.id):
             return
         body = m.DeleteServersRequestBody(servers=[m.ServerId(id=ref.id)], delete_volume=True)
         where = f"delete server {ref.id}"
@@ -504,7 +513,8 @@ class SberCloudProvider(Provider):
     def terminate_many(
         self, refs: Sequence[InstanceRef]
     ) -> dict[InstanceRef, ProviderError | None]:
-        """As :meth:`stop_many`, with DeleteServers (volumes deleted too)."""
+        """As :meth:`stop_many`, with DeleteServers (disks deleted too, once our volumes are
+        detached: a server whose volumes cannot be detached is not deleted)."""
         from huaweicloudsdkecs.v2 import model as m
 
         def call(c: Any, ids: list[str]) -> Any:
@@ -512,7 +522,38 @@ class SberCloudProvider(Provider):
             body = m.DeleteServersRequestBody(servers=servers, delete_volume=True)
             return c.delete_servers(m.DeleteServersRequest(body=body))
 
-        return batch.run(self, refs, "delete", call)
+        refused: dict[InstanceRef, ProviderError | None] = {}
+        for ref in dict.fromkeys(refs):
+            try:
+                if (s := self._server_or_none(ref.id)) is not None:
+                    self._volumes.keep(s)
+            except ProviderError as e:
+                refused[ref] = e
+        done = batch.run(self, [r for r in refs if r not in refused], "delete", call)
+        return {ref: refused[ref] if ref in refused else done[ref] for ref in dict.fromkeys(refs)}
+
+    # -- volumes: EVS disks (providers/sbercloud/volumes.py says what Huawei allows) -------
+
+    def create_volume(self, request: VolumeRequest) -> Volume:
+        return self._volumes.create(request)
+
+    def get_volume(self, ref: VolumeRef) -> Volume:
+        return self._volumes.get(ref)
+
+    def list_volumes(self, regions: Sequence[str] | None = None) -> list[Volume]:
+        return self._volumes.ours(regions)
+
+    def attach_volume(self, volume: VolumeRef, instance: InstanceRef, index: int) -> None:
+        self._volumes.attach(volume, instance)
+
+    def detach_volume(self, volume: VolumeRef, instance: InstanceRef) -> None:
+        self._volumes.detach(volume, instance)
+
+    def delete_volume(self, ref: VolumeRef) -> None:
+        self._volumes.delete(ref)
+
+    def volume_device(self, volume: Volume, index: int) -> str:
+        return self._volumes.device(volume)
 
     # -- our SSH security group ----------------------------------------------------------------
 

@@ -40,6 +40,7 @@ def options(emu: EcsEmulator, **extra: object) -> dict:
         "endpoint": emu.endpoint,
         "iam_endpoint": f"{emu.endpoint}/v3",
         "vpc_endpoint": emu.endpoint,  # the same emulator serves the VPC API
+        "evs_endpoint": emu.endpoint,  # and EVS
         "project_id": PROJECT_ID,
         "vpc_id": "vpc-0001",
         "subnet_id": "subnet-0001",

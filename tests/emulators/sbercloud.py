@@ -24,6 +24,13 @@ Security groups (VPC API v1/v2.0 paths of huaweicloudsdkvpc.v2, the same endpoin
 create, delete, rules list/create/delete, tags show/create; see ``_vpc``. The project starts with
 its ``default`` group; ``reachable_on_22`` says whether a server's groups admit SSH from an address.
 
+Volumes (EVS through huaweicloudsdkevs.v2, the same endpoint here): ``POST /v2.1/{p}/cloudvolumes``
+(honours ``X-Client-Token``), ``GET /v2/{p}/cloudvolumes/detail`` (``limit``, row ``offset``,
+``server_id``), ``GET``/``DELETE /v2/{p}/cloudvolumes/{id}``, and ECS's
+``POST /v1/{p}/cloudservers/{id}/attachvolume`` and
+``DELETE /v1/{p}/cloudservers/{id}/detachvolume/{volume_id}``; every change is a job. Their rules
+and codes are cited at ``_evs`` below.
+
 Elastic IPs are kept in their own books (``eips``): one made with a server (``publicip.eip``)
 exists, and bills, until it is deleted; deleting the server deletes it only when it was made with
 ``delete_on_termination`` (or the delete asks ``delete_publicip``), else it is only unbound.
@@ -146,6 +153,7 @@ class _Job:
     polls_left: int
     fail: tuple[str, str] | None = None  # (error_code, fail_reason)
     status: str = "RUNNING"
+    entities: dict[str, Any] | None = None  # an EVS job's (volume_id, …) instead of sub-jobs
 
 
 @dataclass
@@ -232,6 +240,8 @@ class EcsEmulator:
         self.faults = Faults()
         self.servers: dict[str, dict[str, Any]] = {}
         self.eips: dict[str, dict[str, Any]] = {}  # every EIP here exists and bills
+        self.volumes: dict[str, dict[str, Any]] = {}  # EVS disks: every one here bills
+        self._volume_tokens: dict[str, dict[str, Any]] = {}  # X-Client-Token → first answer
         self.security_groups: dict[str, dict[str, Any]] = {
             "default": _new_group("default", "default")
         }
@@ -397,7 +407,7 @@ class EcsEmulator:
             if rec.method == "GET" and path == "/v3/projects":
                 _only(rec.query, {"name"})
                 return 200, {"projects": [{"id": self.project_id, "name": rec.query["name"]}]}
-            m = re.fullmatch(r"/(v1|v1\.1|v2\.0)/([^/]+)/(.+)", path)
+            m = re.fullmatch(r"/(v1|v1\.1|v2|v2\.0|v2\.1)/([^/]+)/(.+)", path)
             if not m:
                 raise _gateway_error(404, "APIGW.0101", "The API does not exist")
             version, project, rest = m.groups()
@@ -406,6 +416,21 @@ class EcsEmulator:
             route = (rec.method, version, rest)
             if rest.startswith(("security-groups", "security-group-rules")):
                 return self._vpc(rec, version, rest)
+            if rest.startswith("cloudvolumes"):
+                return self._evs(rec, version, rest)
+            if version == "v1" and (
+                a := re.fullmatch(r"cloudservers/([^/]+)/(attachvolume|detachvolume/([^/]+))", rest)
+            ):
+                server = self._server(a.group(1))
+                if server["status"] == "DELETED":
+                    raise _ecs_error(
+                        404, "Ecs.0114", f"Instance[{server['id']}] could not be found."
+                    )
+                if rec.method == "POST" and a.group(2) == "attachvolume":
+                    return self._attach_volume(server, rec.body)
+                if rec.method == "DELETE" and a.group(3):
+                    _only(rec.query, {"delete_flag"})
+                    return self._detach_volume(server, a.group(3))
             if route == ("POST", "v1.1", "cloudservers"):
                 return self._create(rec)
             if route == ("GET", "v1", "cloudservers/detail"):
@@ -571,6 +596,243 @@ class EcsEmulator:
         if len(option.get("description", "")) > 255:
             raise bad("description")
         return _rule(group_id, **{k: v for k, v in option.items() if k != "security_group_id"})
+
+    # -- EVS volumes, attached by ECS ------------------------------------------------------
+    # Rules and codes, from Huawei's EVS and ECS API references as Open Telekom Cloud publishes
+    # them (opentelekomcloud-docs/elastic-volume-service api-ref appendix/error_codes.rst and
+    # evs_disk_status.rst; .../elastic-cloud-server api-ref appendix/error_codes.rst) and the SDK
+    # models (huaweicloudsdkevs 3.1.219):
+    #  * create: availability_zone must exist, else 400 EVS.1036 "invalid availability zone!";
+    #    a data disk is 10..32768 GB (CreateVolumeOption.size), else 400 EVS.1010 "invalid
+    #    volume size!"; volume_type one of SATA, SAS, GPSSD, SSD, ESSD, GPSSD2, ESSD2
+    #    (CreateVolumeOption.volume_type); at most 10 tags, EVS.1061 "The Volume Tags is Exceed
+    #    Max Limit Num.", a bad key or value EVS.1062 "invalid tag!" (key 1..36, value 0..43
+    #    characters, as a server's, tags.py). ``X-Client-Token`` is the request's idempotency
+    #    mark ("请求的幂等标识", CreateVolumeRequest): the same token gets the first answer.
+    #    ``volume_ids`` is in the answer only with metadata ``create_for_volume_id: "true"``.
+    #  * a volume that does not exist: 404 EVS.5404 "Resource(Volume, Snapshot, Backup .etc)
+    #    cound not be found." (sic).
+    #  * delete: only "available, error, error_extending, error_restoring, error_rollbacking",
+    #    else 400 EVS.1046 with those words.
+    #  * attach: "Disks and the server you attach the disks to must be in the same AZ" (EVS FAQ
+    #    "Can I Attach a Disk to a Server in a Different AZ?"); what the API answers is not
+    #    documented: 400 Ecs.0121 ("The disk cannot be attached to the ECS because the disk and
+    #    the ECS are in different failure domains", the nearest documented code) is assumed.
+    #    Attached there already: 400 Ecs.0057 "The disk has already been attached to the ECS and
+    #    you cannot repeatedly attach it."; not available (attached elsewhere): 400 Ecs.0103
+    #    "The disk can be attached to a server only when it exists and is in the Available
+    #    state. Check the disk status and try again." (EVS disks here are not shareable.)
+    #  * detach of a disk not attached there: 400 Ecs.0111 "The EVS disk has been detached from
+    #    the ECS. Refresh the disk list and check the disk."
+    VOLUME_TYPES = frozenset({"SATA", "SAS", "GPSSD", "SSD", "ESSD", "GPSSD2", "ESSD2"})
+    VOLUME_FIELDS = frozenset(
+        {
+            "availability_zone",
+            "backup_id",
+            "count",
+            "description",
+            "enterprise_project_id",
+            "imageRef",
+            "metadata",
+            "multiattach",
+            "name",
+            "size",
+            "snapshot_id",
+            "volume_type",
+            "tags",
+            "iops",
+            "throughput",
+        }
+    )
+    DELETABLE = ("available", "error", "error_extending", "error_restoring", "error_rollbacking")
+
+    def _evs(self, rec: Recorded, version: str, rest: str) -> tuple[int, dict[str, Any] | None]:
+        route = (rec.method, version, rest)
+        if route == ("POST", "v2.1", "cloudvolumes"):
+            return self._create_volume(rec)
+        if route == ("GET", "v2", "cloudvolumes/detail"):
+            return self._list_volumes(rec.query)
+        if version == "v2" and (v := re.fullmatch(r"cloudvolumes/([^/]+)", rest)):
+            volume = self._volume(v.group(1))
+            if rec.method == "GET":
+                return 200, {"volume": dict(volume)}
+            if rec.method == "DELETE":
+                if volume["status"] not in self.DELETABLE:
+                    raise _ecs_error(
+                        400,
+                        "EVS.1046",
+                        "volume status must be available, error, error_extending, "
+                        "error_restoring, error_rollbacking when delete volume!",
+                    )
+                volume["status"] = "deleting"
+                job = self._new_job(
+                    "deleteVolume",
+                    [],
+                    lambda: self.volumes.pop(volume["id"], None),
+                    entities={"volume_id": volume["id"]},
+                )
+                return 200, {"job_id": job.id}
+        raise _gateway_error(404, "APIGW.0101", "The API does not exist")
+
+    def _volume(self, volume_id: str) -> dict[str, Any]:
+        volume = self.volumes.get(volume_id)
+        if volume is None:
+            raise _ecs_error(
+                404, "EVS.5404", "Resource(Volume, Snapshot, Backup .etc) cound not be found."
+            )
+        return volume
+
+    @staticmethod
+    def _attached(volume: dict[str, Any], server_id: str) -> bool:
+        return any(a["server_id"] == server_id for a in volume["attachments"])
+
+    def _create_volume(self, rec: Recorded) -> tuple[int, dict[str, Any]]:
+        token = rec.headers.get("X-Client-Token")
+        if token in self._volume_tokens:
+            return 200, self._volume_tokens[token]
+        body = rec.body
+        _only(body, {"volume", "bss_param", "server_id", "OS-SCH-HNT:scheduler_hints"})
+        option = _required(body, "volume", dict)
+        _only(option, set(self.VOLUME_FIELDS))
+        zone = option.get("availability_zone")
+        if zone not in ZONES:
+            raise _ecs_error(400, "EVS.1036", "invalid availability zone!")
+        size = option.get("size")
+        if not isinstance(size, int) or not 10 <= size <= 32768:
+            raise _ecs_error(400, "EVS.1010", "invalid volume size!")
+        if option.get("volume_type") not in self.VOLUME_TYPES:
+            raise _invalid(f"volume_type {option.get('volume_type')!r}")
+        if option.get("count", 1) != 1 or option.get("multiattach", False):
+            raise _invalid("one volume, not shareable, here")
+        volume_tags = option.get("tags", {})
+        metadata = option.get("metadata", {})
+        for what in (volume_tags, metadata):
+            if not isinstance(what, dict) or not all(
+                isinstance(k, str) and isinstance(v, str) for k, v in what.items()
+            ):
+                raise _invalid("tags and metadata map strings to strings")
+        if len(volume_tags) > 10:
+            raise _ecs_error(400, "EVS.1061", "The Volume Tags is Exceed Max Limit Num.")
+        for key, value in volume_tags.items():
+            if not 1 <= len(key) <= 36 or len(value) > 43 or _TAG_FORBIDDEN.search(key + value):
+                raise _ecs_error(400, "EVS.1062", "invalid tag!")
+        vid = str(uuid.uuid4())
+        volume = self.volumes[vid] = {
+            "id": vid,
+            "name": option.get("name", ""),
+            "status": "creating",
+            "availability_zone": zone,
+            "size": size,
+            "volume_type": option["volume_type"],
+            "attachments": [],
+            "tags": dict(volume_tags),
+            "metadata": dict(metadata),
+            "multiattach": False,
+            "bootable": "false",
+            "created_at": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%f"),
+        }
+        job = self._new_job(
+            "createVolume",
+            [],
+            lambda: volume.update(status="available"),
+            entities={"volume_id": vid, "name": volume["name"], "size": size},
+        )
+        answer: dict[str, Any] = {"job_id": job.id}
+        if metadata.get("create_for_volume_id") == "true":
+            answer["volume_ids"] = [vid]
+        if token is not None:
+            self._volume_tokens[token] = answer
+        return 200, answer
+
+    def _list_volumes(self, query: dict[str, str]) -> tuple[int, dict[str, Any]]:
+        _only(query, {"limit", "offset", "server_id", "name", "availability_zone", "status"})
+        try:
+            limit = int(query.get("limit", 1000))
+            offset = int(query.get("offset", 0))
+        except ValueError:
+            raise _invalid("limit and offset must be integers") from None
+        if not 1 <= limit <= 1000 or offset < 0:
+            raise _invalid("limit must be 1..1000, offset not negative")
+        matched = [
+            v
+            for v in self.volumes.values()
+            if ("server_id" not in query or self._attached(v, query["server_id"]))
+            and all(v[k] == query[k] for k in ("name", "availability_zone", "status") if k in query)
+        ]
+        rows = matched[offset : offset + limit]
+        return 200, {"count": len(matched), "volumes": [dict(v) for v in rows]}
+
+    def _attach_volume(self, server: dict[str, Any], body: Any) -> tuple[int, dict[str, Any]]:
+        _only(body, {"volumeAttachment", "dry_run"})
+        attachment = _required(body, "volumeAttachment", dict)
+        _only(attachment, {"volumeId", "device", "volume_type", "count", "hw:passthrough"})
+        volume = self.volumes.get(_required(attachment, "volumeId", str))
+        sid = server["id"]
+        if volume is not None and self._attached(volume, sid):
+            raise _ecs_error(
+                400,
+                "Ecs.0057",
+                "The disk has already been attached to the ECS and you cannot repeatedly "
+                "attach it.",
+            )
+        if volume is None or volume["status"] != "available":
+            raise _ecs_error(
+                400,
+                "Ecs.0103",
+                "The disk can be attached to a server only when it exists and is in the "
+                "Available state. Check the disk status and try again.",
+            )
+        if volume["availability_zone"] != server["zone"]:
+            raise _ecs_error(
+                400,
+                "Ecs.0121",
+                "The disk cannot be attached to the ECS because the disk and the ECS are in "
+                "different failure domains.",
+            )
+        taken = {
+            a["device"]
+            for v in self.volumes.values()
+            for a in v["attachments"]
+            if a["server_id"] == sid
+        }
+        device = next(
+            f"/dev/vd{c}" for c in "bcdefghijklmnopqrstuvwxyz" if f"/dev/vd{c}" not in taken
+        )
+        volume["status"] = "attaching"
+
+        def finish() -> None:
+            volume["status"] = "in-use"
+            volume["attachments"] = [
+                {
+                    "server_id": sid,
+                    "attachment_id": str(uuid.uuid4()),
+                    "attached_at": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%f"),
+                    "host_name": None,
+                    "volume_id": volume["id"],
+                    "device": device,
+                    "id": volume["id"],
+                }
+            ]
+
+        job = self._new_job("attachVolume", [sid], finish)
+        return 200, {"job_id": job.id}
+
+    def _detach_volume(self, server: dict[str, Any], volume_id: str) -> tuple[int, dict[str, Any]]:
+        volume = self.volumes.get(volume_id)
+        if volume is None or not self._attached(volume, server["id"]):
+            raise _ecs_error(
+                400,
+                "Ecs.0111",
+                "The EVS disk has been detached from the ECS. Refresh the disk list and check "
+                "the disk.",
+            )
+        volume["status"] = "detaching"
+        job = self._new_job(
+            "detachVolume",
+            [server["id"]],
+            lambda: volume.update(status="available", attachments=[]),
+        )
+        return 200, {"job_id": job.id}
 
     # -- ECS operations -------------------------------------------------------------------
 
@@ -770,8 +1032,18 @@ class EcsEmulator:
         server_ids: list[str],
         finish: Callable[[], None],
         fail: tuple[str, str] | None = None,
+        entities: dict[str, Any] | None = None,
     ) -> _Job:
-        job = _Job(uuid.uuid4().hex, job_type, server_ids, finish, self.faults.job_polls, fail)
+        job = _Job(
+            uuid.uuid4().hex,
+            job_type,
+            server_ids,
+            finish,
+            self.faults.job_polls,
+            fail,
+            "RUNNING",
+            entities,
+        )
         self._jobs[job.id] = job
         return job
 
@@ -805,7 +1077,11 @@ class EcsEmulator:
             "job_id": job.id,
             "job_type": job.type,
             "status": job.status,
-            "entities": {"sub_jobs_total": len(sub_jobs), "sub_jobs": sub_jobs},
+            "entities": (
+                job.entities
+                if job.entities is not None
+                else {"sub_jobs_total": len(sub_jobs), "sub_jobs": sub_jobs}
+            ),
             "error_code": code,
             "fail_reason": reason,
             "begin_time": "2026-11-30T10:00:00.000Z",
@@ -858,6 +1134,16 @@ class EcsEmulator:
             for s in servers:
                 _set_status(s, "DELETED")
                 self._release_eips(s["id"], delete_publicip=body.get("delete_publicip", False))
+                # delete_volume: "Specifies whether to delete the data disks attached to an ECS
+                # when deleting the ECS. If you set the parameter value to false, the system only
+                # detaches the disks from the ECS and reserves the disks." (ECS API reference,
+                # "Deleting ECSs", opentelekomcloud-docs/elastic-cloud-server)
+                for volume in list(self.volumes.values()):
+                    if self._attached(volume, s["id"]):
+                        if body.get("delete_volume", False):
+                            del self.volumes[volume["id"]]
+                        else:
+                            volume.update(status="available", attachments=[])
 
         job = self._new_job("deleteServers", [s["id"] for s in servers], finish)
         return 200, {"job_id": job.id}
@@ -915,6 +1201,18 @@ class EcsEmulator:
                 ]
             },
             "metadata": dict(s["metadata"]),
+            # the system disk is not modelled: data disks only, bootIndex "-1" (huaweicloudsdkecs
+            # ServerExtendVolumeAttachment: "0" the boot disk, "-1" any other)
+            "os-extended-volumes:volumes_attached": [
+                {
+                    "id": v["id"],
+                    "delete_on_termination": "false",
+                    "bootIndex": "-1",
+                    "device": v["attachments"][0]["device"],
+                }
+                for v in self.volumes.values()
+                if self._attached(v, s["id"])
+            ],
             "tags": [f"{k}={v}" for k, v in s["tags"].items()],
             "security_groups": [{"name": g, "id": g} for g in s["security_groups"]],
             "created": s["created"],
