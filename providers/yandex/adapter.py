@@ -395,7 +395,7 @@ class YandexProvider(Provider):
         return self._volumes.get(ref)
 
     def list_volumes(self, regions: Sequence[str] | None = None) -> list[Volume]:
-        return self._volumes.list(regions)
+        return self._volumes.ours(regions)
 
     def attach_volume(self, volume: VolumeRef, instance: InstanceRef, index: int) -> None:
         self._volumes.attach(volume, instance)

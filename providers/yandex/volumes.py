@@ -107,7 +107,7 @@ class Volumes:
     def get(self, ref: VolumeRef) -> Volume:
         return self._to_volume(self._get_raw(ref.id))
 
-    def list(self, regions: Sequence[str] | None) -> list[Volume]:
+    def ours(self, regions: Sequence[str] | None) -> list[Volume]:
         """Every page of the folder's disks, ours kept (label ``managed-by=provisioner``): boot
         disks and other people's disks are in the same list."""
         if regions is not None and REGION not in regions:
