@@ -843,11 +843,13 @@ def test_a_volume_is_found_by_name_when_the_idempotency_key_is_long_forgotten(em
     assert lookup.request.filter == 'name = "data"'
 
 
-def test_a_disk_of_that_name_made_for_something_else_is_refused_not_taken(emu, yc):
-    emu.add_disk(name="data", zone="ru-central1-a", size=GIB, type_id="network-hdd", labels={})
-    with pytest.raises(InvalidRequest, match="already exists"):
-        yc.create_volume(volume_request())
-    assert emu.calls("DiskService.Create") == []
+def test_a_disk_of_that_name_made_for_something_else_is_never_taken(emu, yc):
+    foreign = emu.add_disk(
+        name="data", zone="ru-central1-a", size=GIB, type_id="network-hdd", labels={}
+    )
+    volume = yc.create_volume(volume_request())
+    assert volume.id != foreign.id and len(emu.calls("DiskService.Create")) == 1
+    assert emu.disks[foreign.id]["pb"].size == GIB  # left as it was
 
 
 def test_list_volumes_reads_every_page_and_keeps_only_ours(emu, yc):

@@ -1,5 +1,6 @@
 """SberCloud (cloud.ru Advanced), Huawei-ECS-compatible (huaweicloudsdkecs, imported lazily by
-:mod:`providers.sbercloud.adapter`)."""
+:mod:`providers.sbercloud.adapter`). Volumes are EVS disks (huaweicloudsdkevs, ``volume_type``),
+attached by ECS: :mod:`providers.sbercloud.volumes` gives Huawei's rules and the sources."""
 
 from __future__ import annotations
 

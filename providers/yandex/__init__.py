@@ -16,6 +16,9 @@ token; stop/start/delete send one random key reused across their own retries. La
 to Yandex's rules (lowercase ``[a-z0-9_-]``, ≤ 63). User data goes in as cloud-init with our
 ``provisioner`` user and the SSH key; the key is also in ``ssh-keys``.
 
+Volumes are Compute network disks (``disk_type``), attached with the disk id as device name:
+:mod:`providers.yandex.volumes` gives Yandex's rules and the sources.
+
 Errors (gRPC status of a call, or ``Operation.error``; code kept in ``.code``). The code decides,
 refined only by texts Yandex is documented or seen to send (the capacity text wins over any code
 but the auth ones, since its code is not documented):

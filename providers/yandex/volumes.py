@@ -22,7 +22,9 @@ Facts this relies on (yandex-cloud/docs; the SDK's compute/v1 protos):
     created. If so, the server returns the Operation object",
     en/api-design-guide/concepts/idempotency.md), a UUIDv5 of the token; and, since how long a
     key is kept is not written down, the folder is first searched for a disk of that name
-    (names are unique in a folder) carrying our token label.
+    carrying our token label. (Whether Yandex refuses a second disk of a name is not written
+    down either: a disk of that name made for something else is left alone, and Create
+    decides.)
   * ListDisks filters on a few fields only (its ``filter`` doc): labels are checked here.
 """
 
@@ -36,7 +38,6 @@ from providers.base import (
     TAG_MANAGED_BY,
     TAG_MANAGED_BY_VALUE,
     InstanceRef,
-    InvalidRequest,
     NotFound,
     Volume,
     VolumeRef,
@@ -75,14 +76,8 @@ class Volumes:
         folder_id = self.cloud._require_folder()
         token = sanitise_label(idempotency_key(request.token), key=False)
         for disk in self._disks(folder_id, f'name = "{request.name}"'):
-            if disk.name == request.name:
-                if disk.labels.get(TOKEN_LABEL) != token:
-                    raise InvalidRequest(
-                        f"yandex: a disk named {request.name} ({disk.id}) already exists in "
-                        f"folder {folder_id} and was not made for this volume",
-                        code="ALREADY_EXISTS",
-                    )
-                return self._to_volume(disk)
+            if disk.name == request.name and disk.labels.get(TOKEN_LABEL) == token:
+                return self._to_volume(disk)  # made for this token already
         what = f"create disk {request.name} in {request.zone}"
         operation = self.cloud._rpc(
             DiskServiceStub,

@@ -881,6 +881,12 @@ class _Instances(isvc_grpc.InstanceServiceServicer):
             if key and key in emu._by_key:
                 return emu.reply(method, _copy(emu._ops[emu._by_key[key]].pb), context)
             inst = self._find(request.instance_id, context)
+            s = instance_pb2.Instance
+            if inst.status not in (s.RUNNING, s.STOPPED):  # "either a running or stopped VM"
+                context.abort(
+                    grpc.StatusCode.FAILED_PRECONDITION,
+                    f"Instance {inst.id} is {s.Status.Name(inst.status)}",
+                )
             disk = _Disks.find(emu, spec.disk_id, context)
             if disk["instance_id"] is not None:
                 context.abort(grpc.StatusCode.FAILED_PRECONDITION, _attached(spec.disk_id))
@@ -984,6 +990,9 @@ def _create_problem(emu: YandexEmulator, r: isvc.CreateInstanceRequest) -> str |
 
 # --- disks ----------------------------------------------------------------------------------
 # The rules, each from Yandex's own words:
+#  * "You can attach a secondary disk to either a running or stopped VM" (yandex-cloud/docs
+#    en/compute/operations/vm-control/vm-attach-disk.md); another status: FAILED_PRECONDITION
+#    as for Start/Stop here.
 #  * "Disks can only be attached to one VM at a time. The disk and VM must be located in the same
 #    availability zone." and "If previously created disks were connected to the VM, they will be
 #    disabled when the VM is deleted. Disk data is preserved" (yandex-cloud/docs
@@ -998,10 +1007,10 @@ def _create_problem(emu: YandexEmulator, r: isvc.CreateInstanceRequest) -> str |
 #    size 4194304..28587302322176 bytes (CreateDiskRequest); device_name
 #    ``[a-z][a-z0-9-_]{,19}`` (AttachedDiskSpec); ListDisks "filtering only on the limited number
 #    of fields" (served: ``name = "<name>"``). Disk types: network-ssd, network-hdd,
-#    network-ssd-nonreplicated (en/compute/concepts/disk.md, "Disk types"), network-ssd-io-m3.
+#    network-ssd-nonreplicated (en/compute/concepts/disk.md, "Disk types").
 _DISK_NAME = re.compile(r"([a-z]([-_a-z0-9]{0,61}[a-z0-9])?)?")
 _DEVICE_NAME = re.compile(r"[a-z][a-z0-9-_]{0,19}")
-_DISK_TYPES = {"network-ssd", "network-hdd", "network-ssd-nonreplicated", "network-ssd-io-m3"}
+_DISK_TYPES = {"network-ssd", "network-hdd", "network-ssd-nonreplicated"}
 _NAME_FILTER = re.compile(r"""name\s*=\s*(["'])(.*)\1""")
 
 
@@ -1068,10 +1077,7 @@ class _Disks(disk_service_pb2_grpc.DiskServiceServicer):
         with emu._lock:
             if key and key in emu._by_key:
                 return emu.reply(method, _copy(emu._ops[emu._by_key[key]].pb), context)
-            if r.name and any(d["pb"].name == r.name for d in emu.disks.values()):
-                context.abort(
-                    grpc.StatusCode.ALREADY_EXISTS, f"Disk with name {r.name} already exists"
-                )
+            # whether a second disk of a name is refused is not documented: not enforced
             disk = emu.add_disk(
                 name=r.name, zone=r.zone_id, size=r.size, type_id=r.type_id, labels=dict(r.labels)
             )
