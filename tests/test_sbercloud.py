@@ -785,13 +785,15 @@ def volume_request(name: str = "data", **kw: Any) -> VolumeRequest:
 
 
 def test_a_volume_is_an_evs_disk_created_once_by_its_client_token(emu, sc):
-    volume = sc.create_volume(volume_request())
-    sc.create_volume(volume_request())  # the answer was lost: the same token, the same disk
+    labels = {TAG_MANAGED_BY: "provisioner", "provisioner-owner": "ana@example.com"}
+    volume = sc.create_volume(volume_request(labels=labels))
+    sc.create_volume(volume_request(labels=labels))  # a lost answer: same token, same disk
     posts = emu.received("POST", r"/v2\.1/[^/]+/cloudvolumes$")
     assert [p.headers["X-Client-Token"] for p in posts] == ["vol-data", "vol-data"]
     sent = posts[0].body["volume"]
     assert (sent["availability_zone"], sent["size"], sent["volume_type"]) == (ZONES[0], 100, "SSD")
-    assert sent["tags"] == {TAG_MANAGED_BY: "provisioner", "provisioner-project": "vision"}
+    # EVS takes only digits, letters, - and _ in a disk's tags
+    assert sent["tags"] == {TAG_MANAGED_BY: "provisioner", "provisioner-owner": "ana_example_com"}
     assert list(emu.volumes) == [volume.id]
     assert emu.volumes[volume.id]["status"] == "available"
     # a KVM server sees a VBD disk by its serial, the first 20 characters of its id

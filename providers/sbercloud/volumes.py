@@ -18,8 +18,8 @@ opentelekomcloud-docs/elastic-volume-service and .../elastic-cloud-server, and t
   * The device: on KVM servers a VBD disk's serial "is the first 20 digits of a disk UUID", seen
     as ``/dev/disk/by-id/virtio-<serial>`` (ECS FAQ, "How Do I Obtain My Disk Name in the ECS OS
     Using the Device Identifier Provided on the Console?").
-Tags are folded as the server's are (:func:`.tags.server_tags`: EVS takes the same 36/43
-characters and at most 10 tags, EVS.1061/EVS.1062).
+Labels become tags EVS accepts (:func:`.tags.volume_tags`: 36/43 characters of digits, letters,
+``-`` and ``_``, at most 10; else EVS.1061/EVS.1062).
 """
 
 from __future__ import annotations
@@ -78,7 +78,7 @@ class Volumes:
             name=request.name,
             size=request.size_gb,
             volume_type=self.cloud.options.volume_type,
-            tags=tags.server_tags(request.labels),
+            tags=tags.volume_tags(request.labels),
             metadata={"create_for_volume_id": "true"},
         )
         create = e.CreateVolumeRequest(

@@ -607,7 +607,8 @@ class EcsEmulator:
     #    volume size!"; volume_type one of SATA, SAS, GPSSD, SSD, ESSD, GPSSD2, ESSD2
     #    (CreateVolumeOption.volume_type); at most 10 tags, EVS.1061 "The Volume Tags is Exceed
     #    Max Limit Num.", a bad key or value EVS.1062 "invalid tag!" (key 1..36, value 0..43
-    #    characters, as a server's, tags.py). ``X-Client-Token`` is the request's idempotency
+    #    characters; both "Can contain only digits, letters, hyphens (-), and underscores (_)":
+    #    api-ref "Creating EVS Disks"). ``X-Client-Token`` is the request's idempotency
     #    mark ("请求的幂等标识", CreateVolumeRequest): the same token gets the first answer.
     #    ``volume_ids`` is in the answer only with metadata ``create_for_volume_id: "true"``.
     #  * a volume that does not exist: 404 EVS.5404 "Resource(Volume, Snapshot, Backup .etc)
@@ -714,7 +715,7 @@ class EcsEmulator:
         if len(volume_tags) > 10:
             raise _ecs_error(400, "EVS.1061", "The Volume Tags is Exceed Max Limit Num.")
         for key, value in volume_tags.items():
-            if not 1 <= len(key) <= 36 or len(value) > 43 or _TAG_FORBIDDEN.search(key + value):
+            if not (_EVS_TAG_KEY.fullmatch(key) and _EVS_TAG_VALUE.fullmatch(value)):
                 raise _ecs_error(400, "EVS.1062", "invalid tag!")
         vid = str(uuid.uuid4())
         volume = self.volumes[vid] = {
@@ -1256,6 +1257,8 @@ def _required(obj: dict[str, Any], key: str, kind: type) -> Any:
 # greater than 10.", Ecs.0906 "Invalid tag attribute" ("Invalid tag key."), Ecs.0907 "Tag key [%s]
 # contains invalid characters.", Ecs.0908 "The tag key cannot be duplicate.".
 _TAG_FORBIDDEN = re.compile(r"[\x00-\x1f=*<>\\,|/]")
+_EVS_TAG_KEY = re.compile(r"[0-9A-Za-z_-]{1,36}")  # EVS disks: see EcsEmulator._evs
+_EVS_TAG_VALUE = re.compile(r"[0-9A-Za-z_-]{0,43}")
 
 
 def _server_tags(tags: Any) -> dict[str, str]:
