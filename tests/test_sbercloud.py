@@ -845,3 +845,15 @@ def test_list_volumes_pages_by_volume_offset(emu, env):
     assert sorted(v.id for v in sc.list_volumes()) == sorted(ours)
     pages = emu.received("GET", r"/cloudvolumes/detail$")
     assert [p.query["offset"] for p in pages] == ["0", "2", "4"]
+
+
+@pytest.mark.parametrize("how", ["delete", "vanish"])
+def test_a_volume_of_a_spot_server_taken_back_can_be_attached_again(emu, sc, how):
+    first = sc.launch(request(spot=True))
+    volume = sc.create_volume(volume_request())
+    sc.attach_volume(volume.ref, first.ref, 0)
+    emu.preempt(first.id, how=how)
+    assert sc.get_volume(volume.ref).state is VolumeState.AVAILABLE
+    second = sc.launch(request("pv-token-2", machine="m-2"))
+    sc.attach_volume(volume.ref, second.ref, 0)
+    assert sc.get_volume(volume.ref).attached_to == second.id

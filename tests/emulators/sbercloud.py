@@ -294,6 +294,12 @@ class EcsEmulator:
         with self._lock:
             if how != "stop":
                 self._release_eips(server_id, delete_publicip=False)
+                # its data disks stay, detached: "竞享计费型实例在中断回收时，数据盘和弹性公网IP默认
+                # 不释放" (Huawei ECS docs, spot-priced ECSs, constraints: ecs_03_0190) — written
+                # for that kind of spot server, taken here for any server gone without a delete
+                for volume in self.volumes.values():
+                    if self._attached(volume, server_id):
+                        volume.update(status="available", attachments=[])
             if how == "vanish":
                 del self.servers[server_id]
             else:
