@@ -857,3 +857,16 @@ def test_a_volume_of_a_spot_server_taken_back_can_be_attached_again(emu, sc, how
     second = sc.launch(request("pv-token-2", machine="m-2"))
     sc.attach_volume(volume.ref, second.ref, 0)
     assert sc.get_volume(volume.ref).attached_to == second.id
+
+
+def test_an_attach_or_detach_whose_answer_was_lost_is_not_an_error(emu, sc):
+    machine = sc.launch(request())
+    volume = sc.create_volume(volume_request())
+    emu.faults.drop_volume_responses = 1
+    sc.attach_volume(volume.ref, machine.ref, 0)  # the retry is refused: it is attaching
+    assert len(emu.received("POST", r"/attachvolume$")) == 2
+    assert sc.get_volume(volume.ref).attached_to == machine.id
+    emu.faults.drop_volume_responses = 1
+    sc.detach_volume(volume.ref, machine.ref)
+    assert len(emu.received("DELETE", r"/detachvolume/")) == 2
+    assert sc.get_volume(volume.ref).state is VolumeState.AVAILABLE

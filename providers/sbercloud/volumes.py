@@ -33,6 +33,7 @@ from providers.base import (
     TAG_MANAGED_BY,
     TAG_MANAGED_BY_VALUE,
     InstanceRef,
+    InvalidRequest,
     NotFound,
     Throttled,
     Volume,
@@ -117,12 +118,18 @@ class Volumes:
         body = m.AttachServerVolumeRequestBody(
             volume_attachment=m.AttachServerVolumeOption(volume_id=volume.id)
         )
-        job = self.cloud._call(
-            where,
-            lambda c: c.attach_server_volume(
-                m.AttachServerVolumeRequest(server_id=instance.id, body=body)
-            ),
-        )
+        try:
+            job = self.cloud._call(
+                where,
+                lambda c: c.attach_server_volume(
+                    m.AttachServerVolumeRequest(server_id=instance.id, body=body)
+                ),
+            )
+        except InvalidRequest:
+            # a retried call whose first answer was lost finds the disk attaching or attached
+            if instance.id in _servers(self._settled(volume.id)):
+                return
+            raise
         self.cloud._finish(job.job_id, where)
 
     def detach(self, volume: VolumeRef, instance: InstanceRef) -> None:
@@ -133,12 +140,18 @@ class Volumes:
             if instance.id not in _servers(self._show(volume.id)):
                 return
             where = f"detach volume {volume.id} from server {instance.id}"
-            job = self.cloud._call(
-                where,
-                lambda c: c.detach_server_volume(
-                    m.DetachServerVolumeRequest(server_id=instance.id, volume_id=volume.id)
-                ),
-            )
+            try:
+                job = self.cloud._call(
+                    where,
+                    lambda c: c.detach_server_volume(
+                        m.DetachServerVolumeRequest(server_id=instance.id, volume_id=volume.id)
+                    ),
+                )
+            except InvalidRequest:
+                # as for attach: a retry after a lost answer finds it detaching or detached
+                if instance.id not in _servers(self._settled(volume.id)):
+                    return
+                raise
             self.cloud._finish(job.job_id, where)
         except NotFound:
             return
@@ -207,6 +220,16 @@ class Volumes:
                 None, job.error_code, f"job {job_id} failed: {reason}", where=where
             )
         return job if finished else None
+
+    def _settled(self, volume_id: str) -> Any:
+        """The volume once no attach or detach is under way (within the job deadline)."""
+        volume, _ = wait_until(
+            lambda: self._show(volume_id),
+            lambda v: v.status not in ("attaching", "detaching"),
+            timeout=self.cloud.options.operation_timeout_seconds,
+            interval=self.cloud.options.poll_seconds,
+        )
+        return volume
 
     def _show(self, volume_id: str) -> Any:
         from huaweicloudsdkevs.v2 import model as e

@@ -154,6 +154,7 @@ class _Job:
     fail: tuple[str, str] | None = None  # (error_code, fail_reason)
     status: str = "RUNNING"
     entities: dict[str, Any] | None = None  # an EVS job's (volume_id, …) instead of sub-jobs
+    volume_id: str = ""  # the volume an attach/detach job changes
 
 
 @dataclass
@@ -166,6 +167,7 @@ class Faults:
     job_polls: int = 0  # RUNNING answers before a job completes
     drop_create_responses: int = 0
     drop_action_responses: int = 0  # os-start / os-stop carried out, the answer lost
+    drop_volume_responses: int = 0  # attachvolume / detachvolume carried out, the answer lost
     max_eips: int | None = None  # EIP quota of the project
 
 
@@ -662,6 +664,8 @@ class EcsEmulator:
         if version == "v2" and (v := re.fullmatch(r"cloudvolumes/([^/]+)", rest)):
             volume = self._volume(v.group(1))
             if rec.method == "GET":
+                for job in [j for j in self._jobs.values() if j.volume_id == volume["id"]]:
+                    self._advance(job)
                 return 200, {"volume": dict(volume)}
             if rec.method == "DELETE":
                 if volume["status"] not in self.DELETABLE:
@@ -822,6 +826,7 @@ class EcsEmulator:
             ]
 
         job = self._new_job("attachVolume", [sid], finish)
+        job.volume_id = volume["id"]
         return 200, {"job_id": job.id}
 
     def _detach_volume(self, server: dict[str, Any], volume_id: str) -> tuple[int, dict[str, Any]]:
@@ -839,6 +844,7 @@ class EcsEmulator:
             [server["id"]],
             lambda: volume.update(status="available", attachments=[]),
         )
+        job.volume_id = volume_id
         return 200, {"job_id": job.id}
 
     # -- ECS operations -------------------------------------------------------------------
@@ -1054,10 +1060,8 @@ class EcsEmulator:
         self._jobs[job.id] = job
         return job
 
-    def _job(self, job_id: str) -> tuple[int, dict[str, Any]]:
-        job = self._jobs.get(job_id)
-        if job is None:
-            raise _ecs_error(404, "Ecs.0000", f"job {job_id} not found")
+    def _advance(self, job: _Job) -> None:
+        """A job moves on each time it is looked at (polled, or its volume read): time passes."""
         if job.status == "RUNNING":
             if job.polls_left > 0:
                 job.polls_left -= 1
@@ -1068,6 +1072,12 @@ class EcsEmulator:
             else:
                 job.status = "SUCCESS"
                 job.finish()
+
+    def _job(self, job_id: str) -> tuple[int, dict[str, Any]]:
+        job = self._jobs.get(job_id)
+        if job is None:
+            raise _ecs_error(404, "Ecs.0000", f"job {job_id} not found")
+        self._advance(job)
         code, reason = job.fail if job.status == "FAIL" else (None, None)
         sub_jobs = [
             {
@@ -1349,6 +1359,13 @@ class _Handler(BaseHTTPRequestHandler):
         if is_action and status == 200 and emu.faults.drop_action_responses > 0:
             emu.faults.drop_action_responses -= 1
             self.close_connection = True  # the stop/start job was made; the answer is lost
+            return
+        is_volume_action = re.search(
+            r"/cloudservers/[^/]+/(attachvolume|detachvolume/)", parts.path
+        )
+        if is_volume_action and status == 200 and emu.faults.drop_volume_responses > 0:
+            emu.faults.drop_volume_responses -= 1
+            self.close_connection = True  # the attach/detach job was made; the answer is lost
             return
         data = b"" if body is None else json.dumps(body).encode()
         self.send_response(status)
