@@ -859,7 +859,7 @@ def test_a_volume_of_a_spot_server_taken_back_can_be_attached_again(emu, sc, how
     assert sc.get_volume(volume.ref).attached_to == second.id
 
 
-def test_an_attach_or_detach_whose_answer_was_lost_is_not_an_error(emu, sc):
+def test_an_attach_detach_or_delete_whose_answer_was_lost_is_not_an_error(emu, sc):
     machine = sc.launch(request())
     volume = sc.create_volume(volume_request())
     emu.faults.drop_volume_responses = 1
@@ -870,3 +870,8 @@ def test_an_attach_or_detach_whose_answer_was_lost_is_not_an_error(emu, sc):
     sc.detach_volume(volume.ref, machine.ref)
     assert len(emu.received("DELETE", r"/detachvolume/")) == 2
     assert sc.get_volume(volume.ref).state is VolumeState.AVAILABLE
+    emu.faults.drop_volume_responses = 1
+    sc.delete_volume(volume.ref)  # the retry is refused: it is deleting
+    assert len(emu.received("DELETE", r"/cloudvolumes/")) == 2
+    with pytest.raises(NotFound):
+        sc.get_volume(volume.ref)

@@ -166,6 +166,14 @@ class Volumes:
             )
         except NotFound:
             return
+        except InvalidRequest as refused:
+            # a retry after a lost answer finds it deleting (EVS.1046): the first call's job runs
+            try:
+                if self._show(ref.id).status != "deleting":
+                    raise refused from None
+            except NotFound:
+                pass
+            return
         if self._wait(job.job_id, where) is None:
             raise Throttled(
                 f"sbercloud: {where}: job {job.job_id} still running", code="JobTimeout"

@@ -167,7 +167,7 @@ class Faults:
     job_polls: int = 0  # RUNNING answers before a job completes
     drop_create_responses: int = 0
     drop_action_responses: int = 0  # os-start / os-stop carried out, the answer lost
-    drop_volume_responses: int = 0  # attachvolume / detachvolume carried out, the answer lost
+    drop_volume_responses: int = 0  # attach / detach / delete of a volume done, the answer lost
     max_eips: int | None = None  # EIP quota of the project
 
 
@@ -682,6 +682,7 @@ class EcsEmulator:
                     lambda: self.volumes.pop(volume["id"], None),
                     entities={"volume_id": volume["id"]},
                 )
+                job.volume_id = volume["id"]
                 return 200, {"job_id": job.id}
         raise _gateway_error(404, "APIGW.0101", "The API does not exist")
 
@@ -1361,11 +1362,11 @@ class _Handler(BaseHTTPRequestHandler):
             self.close_connection = True  # the stop/start job was made; the answer is lost
             return
         is_volume_action = re.search(
-            r"/cloudservers/[^/]+/(attachvolume|detachvolume/)", parts.path
-        )
+            r"/cloudservers/[^/]+/(attachvolume|detachvolume/)|/cloudvolumes/[^/]+$", parts.path
+        ) and self.command in ("POST", "DELETE")
         if is_volume_action and status == 200 and emu.faults.drop_volume_responses > 0:
             emu.faults.drop_volume_responses -= 1
-            self.close_connection = True  # the attach/detach job was made; the answer is lost
+            self.close_connection = True  # the volume's job was made; the answer is lost
             return
         data = b"" if body is None else json.dumps(body).encode()
         self.send_response(status)
