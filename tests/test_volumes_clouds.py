@@ -1,4 +1,4 @@
-"""Volumes on AWS, GCP and Azure where the contract suite (tests/contract/test_volumes.py) cannot
+"""Volumes on every real cloud where the contract suite (tests/contract/test_volumes.py) cannot
 reach: an answer to the create lost on the wire must not leave a second, billed disk, and what
 each cloud is sent carries the intent's key."""
 
@@ -26,6 +26,23 @@ def _lose_azure(emu: Any) -> None:
     emu.lose_responses(1, method="PUT", path_contains="/disks/")
 
 
+def _lose_yandex(emu: Any) -> None:
+    emu.lose_responses("DiskService.Create", 1)
+
+
+def _lose_sbercloud(emu: Any) -> None:
+    emu.faults.drop_volume_responses = 1
+
+
+def _yandex_keys(emu: Any) -> list[str]:
+    return [c.metadata.get("idempotency-key", "") for c in emu.calls("DiskService.Create")]
+
+
+def _sbercloud_keys(emu: Any) -> list[str]:
+    posts = emu.received("POST", r"/cloudvolumes$")
+    return [r.headers.get("X-Client-Token", "") for r in posts]
+
+
 def _aws_keys(emu: Any) -> list[str]:
     return [c.params.get("ClientToken", "") for c in emu.calls("CreateVolume")]
 
@@ -40,11 +57,19 @@ def _azure_keys(emu: Any) -> list[str]:
     return [f"{r.path.rsplit('/', 1)[-1]} {r.headers.get('if-none-match')}" for r in puts]
 
 
-LOSE: dict[str, Callable[[Any], None]] = {"aws": _lose_aws, "gcp": _lose_gcp, "azure": _lose_azure}
+LOSE: dict[str, Callable[[Any], None]] = {
+    "aws": _lose_aws,
+    "gcp": _lose_gcp,
+    "azure": _lose_azure,
+    "yandex": _lose_yandex,
+    "sbercloud": _lose_sbercloud,
+}
 KEYS: dict[str, Callable[[Any], list[str]]] = {
     "aws": _aws_keys,
     "gcp": _gcp_keys,
     "azure": _azure_keys,
+    "yandex": _yandex_keys,
+    "sbercloud": _sbercloud_keys,
 }
 
 
@@ -67,6 +92,8 @@ def test_a_lost_create_answer_retried_is_one_volume_under_one_key(
             assert keys == ["vtok-1"]
         if name == "azure":
             assert keys[0] == "vol-1 *"
+        if name == "sbercloud":
+            assert keys[0] == "vtok-1"  # EVS's X-Client-Token is the token itself
 
 
 def test_aws_attaches_to_a_machine_still_booting_once_it_runs(

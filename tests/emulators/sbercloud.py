@@ -167,7 +167,7 @@ class Faults:
     job_polls: int = 0  # RUNNING answers before a job completes
     drop_create_responses: int = 0
     drop_action_responses: int = 0  # os-start / os-stop carried out, the answer lost
-    drop_volume_responses: int = 0  # attach / detach / delete of a volume done, the answer lost
+    drop_volume_responses: int = 0  # create/attach/detach/delete of a volume done, answer lost
     max_eips: int | None = None  # EIP quota of the project
 
 
@@ -1362,7 +1362,7 @@ class _Handler(BaseHTTPRequestHandler):
             self.close_connection = True  # the stop/start job was made; the answer is lost
             return
         is_volume_action = re.search(
-            r"/cloudservers/[^/]+/(attachvolume|detachvolume/)|/cloudvolumes/[^/]+$", parts.path
+            r"/cloudservers/[^/]+/(attachvolume|detachvolume/)|/cloudvolumes(/[^/]+)?$", parts.path
         ) and self.command in ("POST", "DELETE")
         if is_volume_action and status == 200 and emu.faults.drop_volume_responses > 0:
             emu.faults.drop_volume_responses -= 1
