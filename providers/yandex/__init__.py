@@ -77,7 +77,7 @@ class YandexOptions(Options):
     # the experiment's `image` wins. None: the GPU image Yandex documents for the platform.
     image: Name | None = None
     image_folder_id: Name = "standard-images"
-    disk_type: Name = "network-ssd"
+    disk_type: Name = "network-ssd"  # boot disks and volumes: network-ssd, network-hdd, …
     # Who may reach port 22. As it is by default (anywhere, as SkyPilot's and dstack's), a
     # machine joins no group of its own: the network's default security group, which Yandex
     # creates admitting 22/tcp from 0.0.0.0/0, applies. Anything else: our group
