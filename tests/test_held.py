@@ -39,7 +39,7 @@ def day_of_passes(app: App, span: timedelta = timedelta(days=1)) -> list[datetim
     while app.clock.now() < end:
         sweep.run(app)  # its reconcile reads the cloud's answer about the held machine
         p = recover.run(app)
-        tried += [app.clock.now() for a in p.actions if a.action == "relaunch"]
+        tried += [app.clock.now() for a in p.actions if a.action in ("start", "relaunch")]
         app.clock.advance(SWEEP)
     return tried
 

@@ -74,6 +74,25 @@ def start(app: App, name: str, *, reason: str = "user") -> tuple[Machine, bool]:
         return transition(app, m.id, S.RUNNING, event="started", reason=reason)
 
 
+def restart(app: App, m: Machine, *, detail: dict[str, Any] | None = None) -> Machine:
+    """Start a preempted machine again in place — the same machine with the same disk, where its
+    cloud kept it stopped — within policy and budget as :func:`start` (refused: UserError).
+    The cloud's own refusal is raised as the adapter gives it (``CapacityError``: no stock to
+    start it in its zone now), so the caller can launch anew instead. Compute bills again from
+    now; the disk billed throughout."""
+    with app.db.lock(f"intent-{m.id}"), app.db.lock("intents"):
+        with app.db.session() as s:
+            m = machine_row(s, m.id)
+        if m.status in (S.RUNNING, S.PENDING):  # a concurrent start did it
+            return m
+        check_start(app, m)
+        app.provider(m.cloud or "").start(ref(m))
+        crashpoint("after-start")  # the cloud acted, the state does not know yet
+        return transition(app, m.id, S.RUNNING, event="started", reason="preempted", detail=detail)[
+            0
+        ]
+
+
 def check_start(app: App, m: Machine) -> None:
     """The machine's stored experiment checked as ``up`` checks it, for the machine's own
     offer at its launch-time rate (its disk is already counted: it bills while stopped)."""
