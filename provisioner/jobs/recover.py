@@ -153,7 +153,7 @@ def run(
                 act(app, action)
                 continue
             if action.action in ("start", "relaunch"):
-                _relaunch(app, m, stored_experiment(m), action, t, when)
+                _recover(app, m, action, t, when)
                 if action.done or t.attempts + 1 < MAX_ATTEMPTS:
                     continue
             _give_up(app, m, action, when)
@@ -286,35 +286,56 @@ def _near(m: Machine) -> Callable[[Any], int]:
     return rank
 
 
-def _relaunch(
-    app: App, m: Machine, exp: Experiment, action: Action, t: Tries, now: datetime
-) -> None:
-    """Start the machine in place where its cloud kept it (``start``); else, or when the cloud
-    has no room to start it, check the relaunch against policy and budget (refused: the lost
-    machine is held, see :func:`machines.hold`), free the name (the lost machine is
-    terminated: its disk still bills) and ``up`` with the lost zone and region first."""
-    attempt = t.attempts + 1
-    no_room: str | None = None
+def _recover(app: App, m: Machine, action: Action, t: Tries, now: datetime) -> None:
+    """Start the machine in place where its cloud kept it (``start``); relaunch it where the
+    cloud did not, or no longer has it, or has no room to start it."""
+    instead = None
     if action.action == "start":
-        try:  # checked against policy and budget inside, for its own offer at its rate
-            if _kept(app, m):
-                machines.restart(app, m, detail={"why": "started in place after its preemption"})
-                action.done = True
-                action.why += " → started in place"
-                return
-            action.why += "; the cloud no longer has it"
-        except UserError as e:
-            _hold(app, m, action, t, e, now)
+        instead = _start_in_place(app, m, action, t, now)
+        if instead is None:
             return
-        except CapacityError as e:
-            no_room = " ".join(str(e).split())
-            action.why += f"; no room to start it in place ({no_room})"
-        except NotFound:  # gone between the look and the start
-            action.why += "; the cloud no longer has it"
-        except (ProviderError, ProvisionerError) as e:
-            _failed(app, m, action, attempt, e)
-            return
-        action.action = "relaunch"  # what is done instead
+        action.action, action.why = "relaunch", f"{action.why}; {instead}"  # what is done
+    _relaunch(app, m, stored_experiment(m), action, t, now, instead)
+
+
+def _start_in_place(app: App, m: Machine, action: Action, t: Tries, now: datetime) -> str | None:
+    """Start the preempted machine again where its cloud keeps it, stopped with its disk: the
+    same machine, within policy and budget for its own offer at its rate. None: settled here
+    (started, held by a refusal, or a failed try); else why a new machine is launched instead."""
+    gone = "the cloud no longer has it"
+    try:
+        if not _kept(app, m):
+            return gone
+        machines.restart(app, m, detail={"why": "started in place after its preemption"})
+    except UserError as e:
+        _hold(app, m, action, t, e, now)
+        return None
+    except CapacityError as e:
+        return "no room to start it in place: " + " ".join(str(e).split())
+    except NotFound:  # gone between the look and the start
+        return gone
+    except (ProviderError, ProvisionerError) as e:
+        _failed(app, m, action, t.attempts + 1, e)
+        return None
+    action.done = True
+    action.why += " → started in place"
+    return None
+
+
+def _relaunch(
+    app: App,
+    m: Machine,
+    exp: Experiment,
+    action: Action,
+    t: Tries,
+    now: datetime,
+    instead: str | None = None,
+) -> None:
+    """Check the relaunch against policy and budget first (refused: the lost machine is held,
+    see :func:`machines.hold`); then free the name (the lost machine is terminated: its disk
+    still bills) and ``up`` with the lost zone and region first. ``instead``: why the machine
+    was not started in place."""
+    attempt = t.attempts + 1
     try:  # before anything is terminated: a refused relaunch keeps the machine and disk
         machines.check(app, exp)
     except UserError as e:
@@ -331,10 +352,10 @@ def _relaunch(
     new = result.machine
     where = f"{new.cloud}/{new.zone or new.region}"
     action.done = True
-    action.why += f" → relaunched, {where}" if no_room else f" → {where}"
+    action.why += f" → relaunched, {where}" if instead else f" → {where}"
     detail: dict[str, Any] = {"machine": new.id, "where": where}
-    if no_room:
-        detail["why"] = f"no room to start it in place: {no_room}"
+    if instead:
+        detail["why"] = instead
     machines.record_event(app, m.id, "relaunched", reason="preempted", detail=detail)
     machines.record_event(
         app, new.id, "recovered", reason="recovered", detail={"replaces": m.id, "lost_zone": m.zone}
