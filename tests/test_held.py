@@ -129,8 +129,10 @@ def test_a_relaunch_allowed_again_relaunches_the_held_machine(sched):  # noqa: F
     app = held_spot(sched)
     recover.run(app)
     free = sched(ANY, start=app.clock.now() + timedelta(minutes=1))
+    held = machines.find(free, "spot")
     p = recover.run(free)
     assert p.actions[0].done and status(free, "spot") == "running"
+    assert machines.find(free, "spot").id == held.id  # started again in place, its disk kept
     assert machine_detail(free, "spot").held is None
     assert recover.run(free).actions == []
 
