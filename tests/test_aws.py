@@ -367,6 +367,7 @@ def test_spot_up_preemption_recovery_and_down_leave_nothing_billed(
         machines.reconcile(app)
         done = recover.run(app)
         assert [(a.action, a.done) for a in done.actions] == [("relaunch", True)]
+        assert emu.calls("StartInstances") == []  # EC2 keeps no one-time spot: no start tried
         second = machines.find(app, "train")
         assert second.instance_id != first.instance_id
         assert emu.billed_instances(second.region) == [second.instance_id]

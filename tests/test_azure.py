@@ -752,7 +752,8 @@ def tls_emulator(tmp_path, monkeypatch):
 
 @pytest.mark.slow  # an end-to-end run through the CLI's processes
 def test_first_real_run_through_the_cli_leaves_nothing_billed(tls_emulator, home, tmp_path):
-    """`up`, a Spot eviction, the sweep's recovery, a night's idle stop and `down`, each through
+    """`up`, a Spot eviction, the sweep's recovery (no room to start the VM again in place: a
+    new one), a night's idle stop and `down`, each through
     the real CLI signed in as a service principal; then the emulator's own books: no VM left
     running or stopped-but-allocated, no NIC, public IP or disk after `down`, and every VM had
     a Standard static public IP, our NSG admitting 22 from ssh_cidrs, admin user provisioner."""
@@ -792,10 +793,15 @@ def test_first_real_run_through_the_cli_leaves_nothing_billed(tls_emulator, home
     first = cli("up", str(spec), "--no-wait", at=noon)["machine"]
     assert emu.reachable(vm_name(first), source="198.51.100.9")
     assert not emu.reachable(vm_name(first), source="203.0.113.7")  # not in ssh_cidrs
-    emu.evict(vm_name(first))  # Azure takes the Spot VM back
+    emu.evict(vm_name(first))  # Azure takes the Spot VM back: deallocated, its disk kept
+    emu.fail_capacity("eastus", code="AllocationFailed", times=1)  # no room to start it again
     swept = cli("sweep", at=noon + timedelta(minutes=5))
     [relaunch] = [a for p in swept["passes"] for a in p["actions"]]
     assert (relaunch["action"], relaunch["done"]) == ("relaunch", True)
+    assert (
+        "no room to start it in place" in relaunch["why"] and "AllocationFailed" in relaunch["why"]
+    )
+    assert len(emu.requests_to("POST", f"/virtualMachines/{vm_name(first)}/start")) == 1
     [replacement] = emu.vms.values()  # the evicted VM is deleted, not kept (its disk bills)
     assert replacement.power == "running"
     second = replacement.body["name"]

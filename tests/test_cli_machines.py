@@ -112,6 +112,7 @@ def test_spent_does_not_restart_at_zero_after_a_recovery(cli, home, monkeypatch)
     a.clock.advance(timedelta(hours=2))
     a.provider("sandbox").preempt(machines.ref(lost))
     reconcile.run(a)
+    a.provider("sandbox").terminate(machines.ref(lost))  # the cloud kept nothing: relaunched
     assert [x.done for x in recover.run(a).actions] == [True]
     new = machines.find(a, "spot")
     a.clock.advance(timedelta(hours=1))

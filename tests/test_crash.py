@@ -128,6 +128,7 @@ def test_recovery_killed_at_each_step_converges(world, point):
     first = machines.up(app, Experiment.model_validate(sandbox_experiment("spotty"))).machine
     app.provider("sandbox").preempt(machines.ref(first))
     machines.reconcile(app)
+    app.provider("sandbox").terminate(machines.ref(first))  # not kept: a new machine
     app.close()
     at = T0 + timedelta(minutes=3)  # before the idle rule could act on the new machine
     r = run_job(cfg, "recover", at, crash=point)
@@ -136,5 +137,26 @@ def test_recovery_killed_at_each_step_converges(world, point):
     assert rerun.returncode == 0, rerun.stderr
     m, _ = consistent(settings, "spotty")
     assert m.status == "running" and m.id != first.id
+    again = json.loads(run_job(cfg, "recover", at + timedelta(minutes=2)).stdout)
+    assert not [a for a in again["actions"] if a.get("done")]  # nothing left to do
+
+
+@pytest.mark.parametrize("point", ["after-start", None])
+def test_a_start_in_place_killed_after_the_cloud_started_converges(world, point):
+    cfg, settings = world
+    app = App(settings, ManualClock(T0))
+    first = machines.up(app, Experiment.model_validate(sandbox_experiment("spotty"))).machine
+    app.provider("sandbox").preempt(machines.ref(first))  # kept stopped, with its disk
+    machines.reconcile(app)
+    app.close()
+    at = T0 + timedelta(minutes=3)
+    r = run_job(cfg, "recover", at, crash=point)
+    assert r.returncode == (-9 if point else 0), r.stderr
+    rerun = run_job(cfg, "recover", at + timedelta(minutes=1))
+    assert rerun.returncode == 0, rerun.stderr
+    m, ivs = consistent(settings, "spotty")
+    assert (m.id, m.status) == (first.id, "running")  # the same machine, started once
+    compute = [iv for iv in ivs if iv.kind == "compute"]
+    assert len(compute) == 2 and compute[0].ended_at == T0  # stopped when the cloud took it
     again = json.loads(run_job(cfg, "recover", at + timedelta(minutes=2)).stdout)
     assert not [a for a in again["actions"] if a.get("done")]  # nothing left to do

@@ -29,6 +29,7 @@ def test_costs_launches_and_warnings_are_the_ledgers_on_each_database(app):
     machines.down_many(app, ["gone"])
     app.provider("sandbox").preempt(machines.ref(machines.find(app, "run")))
     reconcile.run(app)
+    app.provider("sandbox").terminate(machines.ref(machines.find(app, "run")))  # not kept
     assert [x.done for x in recover.run(app).actions] == [True]
     app.clock.advance(timedelta(hours=1, minutes=13))
     now = app.clock.now()

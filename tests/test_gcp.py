@@ -888,7 +888,8 @@ def test_first_real_run_through_the_cli_leaves_nothing_billed(
     machine: str,
     disk: str,
 ) -> None:
-    """`catalog refresh`, `up`, a preemption, the sweep's recovery, a night's idle stop, `down`
+    """`catalog refresh`, `up`, a preemption, the sweep's recovery (the VM started again in
+    place with its boot disk), a night's idle stop, `down`
     and `gc --terminate`, each through the real CLI against the emulator; then the emulator's
     own books: nothing billing, every machine reachable (external address, our rule admitting
     ssh_cidrs to our tag, the metadata key honoured in an OS Login project) on the boot disk its
@@ -935,12 +936,16 @@ def test_first_real_run_through_the_cli_leaves_nothing_billed(
     first = cli("up", str(spec), "--no-wait", at=noon)["machine"]
     [(zone, name)] = emu.instances
     assert reachable(zone, name)
-    emu.preempt(zone, name)
+    [boot_disk] = [d["source"] for d in emu.instances[(zone, name)]["disks"]]
+    emu.preempt(zone, name)  # stopped (instanceTerminationAction STOP), its disk kept
     swept = cli("sweep", at=noon + timedelta(minutes=5))
-    [relaunch] = [a for p in swept["passes"] for a in p["actions"]]
-    assert (relaunch["action"], relaunch["done"]) == ("relaunch", True)
-    [(zone2, name2)] = emu.instances  # the preempted one is gone, its replacement runs
-    assert emu.instances[(zone2, name2)]["id"] != first["instance_id"]
+    [restart] = [a for p in swept["passes"] for a in p["actions"]]
+    assert (restart["action"], restart["done"]) == ("start", True)
+    assert "started in place" in restart["why"]
+    [(zone2, name2)] = emu.instances  # the same VM runs again, with the same boot disk
+    again = emu.instances[(zone2, name2)]
+    assert (again["id"], again["status"]) == (first["instance_id"], "RUNNING")
+    assert [d["source"] for d in emu.instances[(zone, name)]["disks"]] == [boot_disk]
     assert reachable(zone2, name2)
     night = datetime(2026, 11, 7, 2, 0, tzinfo=UTC)  # Friday 21:00 in New York, no heartbeat
     swept = cli("sweep", at=night)
@@ -959,7 +964,7 @@ def test_first_real_run_through_the_cli_leaves_nothing_billed(
     assert [n for n in emu.firewalls if n.startswith("provisioner")] == []
 
     launches = [r.body for r in inserts(emu)]
-    assert len(launches) == 2  # the first machine and its replacement, nothing more
+    assert len(launches) == 1  # the machine, started again in place: no replacement
     for body in launches:
         [nic] = body["networkInterfaces"]
         assert [a["type"] for a in nic["accessConfigs"]] == ["ONE_TO_ONE_NAT"]

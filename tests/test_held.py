@@ -39,7 +39,7 @@ def day_of_passes(app: App, span: timedelta = timedelta(days=1)) -> list[datetim
     while app.clock.now() < end:
         sweep.run(app)  # its reconcile reads the cloud's answer about the held machine
         p = recover.run(app)
-        tried += [app.clock.now() for a in p.actions if a.action == "relaunch"]
+        tried += [app.clock.now() for a in p.actions if a.action in ("start", "relaunch")]
         app.clock.advance(SWEEP)
     return tried
 
@@ -129,8 +129,10 @@ def test_a_relaunch_allowed_again_relaunches_the_held_machine(sched):  # noqa: F
     app = held_spot(sched)
     recover.run(app)
     free = sched(ANY, start=app.clock.now() + timedelta(minutes=1))
+    held = machines.find(free, "spot")
     p = recover.run(free)
     assert p.actions[0].done and status(free, "spot") == "running"
+    assert machines.find(free, "spot").id == held.id  # started again in place, its disk kept
     assert machine_detail(free, "spot").held is None
     assert recover.run(free).actions == []
 

@@ -236,6 +236,7 @@ def test_preempted_spot_machine_is_relaunched_in_its_zone_first(sched):
     preempt(app, "spot")
     reconcile.run(app)
     assert status(app, "spot") == "preempted"
+    forget(app, "spot")  # the cloud did not keep it: nothing to start in place
     p = recover.run(app)
     assert [(a.action, a.reason, a.done) for a in p.actions] == [("relaunch", "preempted", True)]
     new = machines.find(app, "spot")
@@ -592,11 +593,20 @@ def test_a_pass_longer_than_the_lease_keeps_it(sched, monkeypatch):
 
 
 def _preempted(app: App, names: list[str], **spec) -> None:
+    """Machines preempted, recorded so, and then gone from the cloud: each is relaunched (a
+    new machine), not started again in place."""
     for name in names:
         up(app, name, lifecycle={"on_preemption": "relaunch"}, **spec)
         preempt(app, name)
     reconcile.run(app)
     assert [status(app, n) for n in names] == ["preempted"] * len(names)
+    for name in names:
+        forget(app, name)
+
+
+def forget(app: App, name: str) -> None:
+    """The sandbox no longer has the machine (ended outside provisioner, not yet reconciled)."""
+    app.provider("sandbox").terminate(machines.ref(machines.find(app, name)))
 
 
 def test_a_recover_pass_longer_than_the_lease_keeps_it(sched, monkeypatch):

@@ -140,6 +140,7 @@ def test_a_relaunched_machine_costs_every_launch_on_its_pages_as_in_status(cli, 
     a.clock.advance(timedelta(hours=2))
     a.provider("sandbox").preempt(machines.ref(machines.find(a, "spot")))
     reconcile.run(a)
+    a.provider("sandbox").terminate(machines.ref(machines.find(a, "spot")))  # not kept
     assert [x.done for x in recover.run(a).actions] == [True]
     a.clock.advance(timedelta(hours=1))
     at = a.clock.now()

@@ -613,8 +613,8 @@ def test_importing_the_adapter_loads_no_sdk():
 
 def test_preemption_recovery_and_down_leave_nothing_on_the_books(emu, tls, env, home, clock):
     """The first real run, on the emulator's own books: a preemptible T4 is taken back (Yandex
-    stops it), the scheduler relaunches it, the user downs it — nothing of ours is left, and
-    each machine booted the image whose driver serves its GPUs."""
+    stops it, its disk kept), the scheduler starts it again in place, the user downs it —
+    nothing of ours is left, and the machine booted the image whose driver serves its GPUs."""
     from provisioner import machines
     from provisioner.jobs import recover
 
@@ -623,14 +623,23 @@ def test_preemption_recovery_and_down_leave_nothing_on_the_books(emu, tls, env, 
     try:
         first = machines.up(app, experiment).machine
         assert emu.gpu_driver_works(first.instance_id)
+        clock.advance(dt.timedelta(hours=2))
         emu.preempt(first.instance_id)
         machines.reconcile(app)
+        clock.advance(dt.timedelta(minutes=5))
+        disk = emu.instances[first.instance_id].boot_disk.disk_id
         done = recover.run(app)
-        assert [(a.action, a.done) for a in done.actions] == [("relaunch", True)]
+        assert [(a.action, a.done) for a in done.actions] == [("start", True)]
         second = machines.find(app, "t4-run")
-        assert second.instance_id != first.instance_id
+        assert (second.id, second.instance_id, second.status) == (
+            first.id,
+            first.instance_id,
+            "running",
+        )
         assert emu.gpu_driver_works(second.instance_id)
-        assert set(emu.instances) == {second.instance_id}  # the stopped one was deleted
+        assert set(emu.instances) == {first.instance_id}  # the same VM, its boot disk kept
+        assert emu.instances[first.instance_id].boot_disk.disk_id == disk and len(emu.disks) == 1
+        assert len(emu.calls("InstanceService.Create")) == 1
         machines.down(app, "t4-run")
     finally:
         app.close()
@@ -646,7 +655,8 @@ idle: {gpu_util_below: 5, for_minutes: 30, unknown_counts_as_idle: true}
 
 @pytest.mark.slow  # an end-to-end run through the CLI's processes
 def test_first_real_run_through_the_cli_leaves_nothing_billed(emu, tls, env, home, tmp_path):
-    """`up`, a preemption (Yandex stops the VM), the sweep's recovery, a night's idle stop and
+    """`up`, a preemption (Yandex stops the VM), the sweep's recovery (started in place), a
+    night's idle stop and
     `down`, each through the real CLI; then the emulator's own books. `down` deletes: no
     instance is left, stopped or not, and no disk. Every machine had a public (one-to-one NAT)
     address, SSH open through the network's default security group, and booted the image
@@ -682,10 +692,10 @@ def test_first_real_run_through_the_cli_leaves_nothing_billed(emu, tls, env, hom
     emu.preempt(first)  # Yandex takes the preemptible VM back: STOPPED, its address released
     assert not emu.reachable(first)
     swept = cli("sweep", at=noon + timedelta(minutes=5))
-    [relaunch] = [a for p in swept["passes"] for a in p["actions"]]
-    assert (relaunch["action"], relaunch["done"]) == ("relaunch", True)
-    [second] = emu.instances  # the preempted one was deleted, with its disk
-    assert second != first and emu.reachable(second) and emu.gpu_driver_works(second)
+    [restart] = [a for p in swept["passes"] for a in p["actions"]]
+    assert (restart["action"], restart["done"]) == ("start", True)
+    [second] = emu.instances  # the preempted one started again in place, with its disk
+    assert second == first and emu.reachable(second) and emu.gpu_driver_works(second)
     assert len(emu.disks) == 1
     night = datetime(2026, 11, 6, 18, 0, tzinfo=UTC)  # Friday 21:00 in Moscow, no heartbeat
     swept = cli("sweep", at=night)
@@ -698,7 +708,7 @@ def test_first_real_run_through_the_cli_leaves_nothing_billed(emu, tls, env, hom
     swept = cli("gc", at=night + timedelta(minutes=2))  # nothing of ours left to collect
     assert (swept["orphans"], swept["unused_network"], swept["not_asked"]) == ([], {}, {})
     creates = [c.request for c in emu.calls("InstanceService.Create")]
-    assert len(creates) == 2  # the first machine and its replacement, nothing more
+    assert len(creates) == 1  # the machine, started again in place: no replacement
     for create in creates:
         assert create.scheduling_policy.preemptible
         assert create.boot_disk_spec.auto_delete

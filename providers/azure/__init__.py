@@ -43,6 +43,10 @@ SPEC = CloudSpec(
     sdk=("azure.mgmt.compute", "azure.mgmt.network", "azure.identity"),
     # Spot VMs with evictionPolicy Deallocate can be deallocated and started; billingProfile
     # takes a maxPrice.
+    # restart_preempted: a Spot VM with evictionPolicy Deallocate is "deallocated/stopped" when
+    # evicted (learn.microsoft.com, EvictionPolicy.Deallocate), its disks kept; starting it can
+    # fail "with an allocation failure" (MicrosoftDocs/SupportArticles-docs,
+    # virtual-machines/windows/restart-resize-error-troubleshooting.md).
     capabilities=Capabilities(
         stop_spot=True,
         cap_spot_price=True,

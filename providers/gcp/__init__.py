@@ -37,6 +37,10 @@ SPEC = CloudSpec(
     extra="gcp",
     sdk=("google.cloud.compute_v1",),
     # Spot VMs with instanceTerminationAction=STOP stop and start again.
+    # restart_preempted: a Spot VM launched with instanceTerminationAction STOP is stopped, not
+    # deleted ("Compute Engine either stops (default) or deletes your Spot VMs depending on your
+    # specified termination action", compute/docs/instances/spot), disks kept, and starts again
+    # unless the zone lacks capacity "to create, restart, or update" (compute/docs/resource-error).
     capabilities=Capabilities(
         stop_spot=True,
         cap_spot_price=False,

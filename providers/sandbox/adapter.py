@@ -212,6 +212,21 @@ class SandboxProvider(Provider):
             _release_volumes(db, row["id"])
         return db.execute("SELECT * FROM machines WHERE id = ?", (row["id"],)).fetchone()
 
+    def _check_capacity(self, db: sqlite3.Connection, zone: str, instance_type: str) -> None:
+        """A launch, or the start of a stopped machine, in a zone whose injected capacity is
+        used up: a capacity error (a stopped machine holds no capacity, as on the clouds)."""
+        cap = (self._fault(db, "capacity") or {}).get(zone)
+        if cap is None:
+            return
+        used = db.execute(
+            f"SELECT COUNT(*) FROM machines WHERE zone = ? AND state IN {_OCCUPYING}", (zone,)
+        ).fetchone()[0]
+        if used >= int(cap):
+            raise CapacityError(
+                f"sandbox: zone {zone} has no {instance_type} capacity",
+                code="SandboxZoneExhausted",
+            )
+
     def _row(self, db: sqlite3.Connection, ref: InstanceRef) -> sqlite3.Row:
         row = db.execute("SELECT * FROM machines WHERE id = ?", (ref.id,)).fetchone()
         if row is None:
@@ -240,17 +255,7 @@ class SandboxProvider(Provider):
             row = db.execute("SELECT * FROM machines WHERE token = ?", (request.token,)).fetchone()
             if row is not None:  # the same intent again: the same machine
                 return self._instance(db, row)
-            cap = (self._fault(db, "capacity") or {}).get(request.zone)
-            if cap is not None:
-                used = db.execute(
-                    f"SELECT COUNT(*) FROM machines WHERE zone = ? AND state IN {_OCCUPYING}",
-                    (request.zone,),
-                ).fetchone()[0]
-                if used >= int(cap):
-                    raise CapacityError(
-                        f"sandbox: zone {request.zone} has no {request.instance_type} capacity",
-                        code="SandboxZoneExhausted",
-                    )
+            self._check_capacity(db, request.zone, request.instance_type)
             quota = (self._fault(db, "quota_gpus") or {}).get(request.region)
             if quota is not None:
                 used = db.execute(
@@ -327,6 +332,8 @@ class SandboxProvider(Provider):
                 raise NotFound(f"sandbox: machine {ref.id} is terminated", code="SandboxNotFound")
             if row["state"] in allowed_from:
                 halted = state != "running"
+                if not halted:  # a start takes a place in its zone again
+                    self._check_capacity(db, row["zone"], row["instance_type"])
                 db.execute(
                     "UPDATE machines SET state = ?, reason = ?, stopped_at = ? WHERE id = ?",
                     (

@@ -60,9 +60,16 @@ SPEC = CloudSpec(
         zones=True,
         batch=True,
         console_stop_of_spot=False,
+        restart_preempted=False,
         why={
             "console_stop_of_spot": "sbercloud: Huawei ECS records no reason for a stop, so a "
             "spot server stopped in the console cannot be told from a preempted one",
+            "restart_preempted": "sbercloud: Huawei ECS releases a spot server it takes back "
+            '("If inventory resources are insufficient or the market price exceeds your expected '
+            "price, your ECS resources will be automatically released and the spot instance will "
+            'be reclaimed", support.huaweicloud.com/eu/price-ecs/ecs_billing_2004.html), and the '
+            'disks bought with it go too ("the data disk and EIP will be released when the ECS is '
+            'released", support.huaweicloud.com/intl/en-us/price-cce/cce_03_0026.html)',
         },
     ),
     prices_from="its GPU flavors (ECS ListFlavors), unpriced; needs SberCloud AK/SK",

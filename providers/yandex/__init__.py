@@ -101,6 +101,8 @@ SPEC = CloudSpec(
     extra="yandex",
     sdk=("yandexcloud",),
     # Preemptible VMs are stopped, never deleted, and can be started again.
+    # restart_preempted: "The instance isn't deleted after it's stopped and all its data is saved.
+    # When you need the instance again, start it again." (en/compute/concepts/preemptible-vm.md)
     capabilities=Capabilities(
         stop_spot=True,
         cap_spot_price=False,

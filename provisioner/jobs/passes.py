@@ -18,7 +18,7 @@ REASONS = ("off-hours-idle", "idle", "max-lifetime", "preempted", "recovered")
 @dataclass
 class Action:
     machine: str
-    action: str  # stop | terminate | relaunch | record | keep (left alone)
+    action: str  # stop | terminate | start (in place) | relaunch | record | keep (left alone)
     reason: str
     why: str
     done: bool = False
@@ -30,7 +30,9 @@ class Action:
         return dict(self.__dict__)
 
     def __str__(self) -> str:
-        verb = {"keep": "left alone", "warn": "owner warned"}.get(self.action, self.action)
+        verb = {"keep": "left alone", "warn": "owner warned", "start": "start in place"}.get(
+            self.action, self.action
+        )
         state = "" if self.done or self.action == "keep" else " (dry run)"
         if self.error:
             state = f" FAILED: {self.error}"

@@ -1,5 +1,9 @@
-"""Recover: a preempted spot machine → relaunched per its spec's ``on_preemption``: its zone and
-region first, then the planner's next candidates, within policy and budget, with backoff.
+"""Recover: a preempted spot machine → relaunched per its spec's ``on_preemption``, within policy
+and budget, with backoff. Where its cloud kept it stopped with its disk
+(``Capabilities.restart_preempted`` and the cloud still has it) it is started again in place:
+the same machine, the same disk. Only when the cloud has no room to start it (CapacityError), or
+no longer has it, is a new machine launched: its zone and region first, then the planner's next
+candidates.
 
 Tries are counted from the machine's events since its last preemption (so a restart or another
 scheduler continues the count): each capacity failure is a ``recover-failed`` event; a refusal by
@@ -17,6 +21,8 @@ from typing import Any
 
 from sqlalchemy import select
 
+import providers
+from providers.base import CapacityError, MachineState, NotFound, ProviderError
 from provisioner import machines
 from provisioner.app import App
 from provisioner.crashpoints import crashpoint
@@ -70,7 +76,7 @@ def tries(events: Sequence[Event]) -> Tries:
             t.refusal = e
         elif e.kind == "relaunch-gave-up":
             t.gave_up = e
-        elif e.kind in ("relaunched", "started") or (
+        elif e.kind in ("relaunched", "started") or (  # started: also in place after preemption
             e.kind == "terminated" and e.reason not in ("preempted", "relaunch-refused")
         ):
             t.refusal = None  # relaunched, started or ended by hand: nothing is held any more
@@ -146,8 +152,8 @@ def run(
             if action.action == "terminate":
                 act(app, action)
                 continue
-            if action.action == "relaunch":
-                _relaunch(app, m, stored_experiment(m), action, t, when)
+            if action.action in ("start", "relaunch"):
+                _recover(app, m, action, t, when)
                 if action.done or t.attempts + 1 < MAX_ATTEMPTS:
                     continue
             _give_up(app, m, action, when)
@@ -169,8 +175,36 @@ def _decide(m: Machine, t: Tries, now: datetime) -> Action | None:
     if t.next_try is not None and now < t.next_try:
         return None
     near = m.zone or m.region or "?"
-    why = f"on_preemption: relaunch, {near} first (try {t.attempts + 1} of {MAX_ATTEMPTS})"
-    return Action(m.name, "relaunch", "preempted", why)
+    try_n = f"(try {t.attempts + 1} of {MAX_ATTEMPTS})"
+    if _restartable(m):
+        why = (
+            f"on_preemption: relaunch, start in place in {near} (same machine, same disk); "
+            f"relaunch, {near} first, if it has no room {try_n}"
+        )
+        return Action(m.name, "start", "preempted", why)
+    return Action(m.name, "relaunch", "preempted", f"on_preemption: relaunch, {near} first {try_n}")
+
+
+def _restartable(m: Machine) -> bool:
+    """Whether ``m`` is a preempted machine its cloud keeps, stopped with its disk, and can
+    start again (per the cloud's capabilities; whether it still has it, ``get`` says)."""
+    return (
+        m.status == S.PREEMPTED
+        and m.cloud in providers.REGISTRY
+        and providers.spec(m.cloud).capabilities.restart_preempted
+    )
+
+
+def _kept(app: App, m: Machine) -> bool:
+    """Whether the cloud still has the preempted machine (stopped, or already started again):
+    not deleted, not terminated. An error other than NotFound is left to the start to meet."""
+    try:
+        inst = app.provider(m.cloud or "").get(machines.ref(m))
+    except NotFound:
+        return False
+    except (ProviderError, UserError):
+        return True
+    return inst.state is not MachineState.TERMINATED
 
 
 def _give_up(app: App, m: Machine, action: Action, now: datetime) -> None:
@@ -252,27 +286,60 @@ def _near(m: Machine) -> Callable[[Any], int]:
     return rank
 
 
+def _recover(app: App, m: Machine, action: Action, t: Tries, now: datetime) -> None:
+    """Start the machine in place where its cloud kept it (``start``); relaunch it where the
+    cloud did not, or no longer has it, or has no room to start it."""
+    instead = None
+    if action.action == "start":
+        instead = _start_in_place(app, m, action, t, now)
+        if instead is None:
+            return
+        action.action, action.why = "relaunch", f"{action.why}; {instead}"  # what is done
+    _relaunch(app, m, stored_experiment(m), action, t, now, instead)
+
+
+def _start_in_place(app: App, m: Machine, action: Action, t: Tries, now: datetime) -> str | None:
+    """Start the preempted machine again where its cloud keeps it, stopped with its disk: the
+    same machine, within policy and budget for its own offer at its rate. None: settled here
+    (started, held by a refusal, or a failed try); else why a new machine is launched instead."""
+    gone = "the cloud no longer has it"
+    try:
+        if not _kept(app, m):
+            return gone
+        machines.restart(app, m, detail={"why": "started in place after its preemption"})
+    except UserError as e:
+        _hold(app, m, action, t, e, now)
+        return None
+    except CapacityError as e:
+        return "no room to start it in place: " + " ".join(str(e).split())
+    except NotFound:  # gone between the look and the start
+        return gone
+    except (ProviderError, ProvisionerError) as e:
+        _failed(app, m, action, t.attempts + 1, e)
+        return None
+    action.done = True
+    action.why += " → started in place"
+    return None
+
+
 def _relaunch(
-    app: App, m: Machine, exp: Experiment, action: Action, t: Tries, now: datetime
+    app: App,
+    m: Machine,
+    exp: Experiment,
+    action: Action,
+    t: Tries,
+    now: datetime,
+    instead: str | None = None,
 ) -> None:
     """Check the relaunch against policy and budget first (refused: the lost machine is held,
     see :func:`machines.hold`); then free the name (the lost machine is terminated: its disk
-    still bills) and ``up`` with the lost zone and region first."""
+    still bills) and ``up`` with the lost zone and region first. ``instead``: why the machine
+    was not started in place."""
     attempt = t.attempts + 1
     try:  # before anything is terminated: a refused relaunch keeps the machine and disk
         machines.check(app, exp)
     except UserError as e:
-        action.error = str(e)
-        before = (t.refusal.detail or {}) if t.refusal is not None else {}
-        same = t.refusal if refused_by(before.get("refused", "")) == refused_by(str(e)) else None
-        detail: dict[str, Any] = {
-            "by": refused_by(str(e)),
-            "attempts": int(before.get("attempts", 1)) + 1 if same is not None else 1,
-            "last_try": now.isoformat(),
-        }
-        if attempt < MAX_ATTEMPTS:
-            detail["next_try"] = (now + backoff(attempt)).isoformat()
-        machines.hold(app, m, str(e), detail, event_id=same.id if same is not None else None)
+        _hold(app, m, action, t, e, now)
         return
     try:
         if m.status == S.PREEMPTED:
@@ -280,22 +347,48 @@ def _relaunch(
             crashpoint("recover-after-down")
         result = machines.up(app, exp, spec_path=m.spec_path, prefer=_near(m))
     except ProvisionerError as e:
-        action.error = str(e)
-        machines.record_event(
-            app,
-            m.id,
-            "recover-failed",
-            reason="preempted",
-            detail={"attempt": attempt, "error": str(e)},
-        )
+        _failed(app, m, action, attempt, e)
         return
     new = result.machine
     where = f"{new.cloud}/{new.zone or new.region}"
     action.done = True
-    action.why += f" → {where}"
-    machines.record_event(
-        app, m.id, "relaunched", reason="preempted", detail={"machine": new.id, "where": where}
-    )
+    action.why += f" → relaunched, {where}" if instead else f" → {where}"
+    detail: dict[str, Any] = {"machine": new.id, "where": where}
+    if instead:
+        detail["why"] = instead
+    machines.record_event(app, m.id, "relaunched", reason="preempted", detail=detail)
     machines.record_event(
         app, new.id, "recovered", reason="recovered", detail={"replaces": m.id, "lost_zone": m.zone}
+    )
+
+
+def _hold(app: App, m: Machine, action: Action, t: Tries, e: UserError, now: datetime) -> None:
+    """Policy or budget refused the try: the machine is held (one ``relaunch-refused`` event, a
+    refusal alike updating it in place), with the next try's time."""
+    action.error = str(e)
+    attempt = t.attempts + 1
+    before = (t.refusal.detail or {}) if t.refusal is not None else {}
+    same = t.refusal if refused_by(before.get("refused", "")) == refused_by(str(e)) else None
+    detail: dict[str, Any] = {
+        "by": refused_by(str(e)),
+        "attempts": int(before.get("attempts", 1)) + 1 if same is not None else 1,
+        "last_try": now.isoformat(),
+    }
+    if attempt < MAX_ATTEMPTS:
+        detail["next_try"] = (now + backoff(attempt)).isoformat()
+    machines.hold(app, m, str(e), detail, event_id=same.id if same is not None else None)
+
+
+def _failed(
+    app: App, m: Machine, action: Action, attempt: int, e: ProviderError | ProvisionerError
+) -> None:
+    """A try that failed (no room anywhere, the cloud refused): one ``recover-failed`` event; the
+    next try waits the backoff."""
+    action.error = str(e)
+    machines.record_event(
+        app,
+        m.id,
+        "recover-failed",
+        reason="preempted",
+        detail={"attempt": attempt, "error": str(e)},
     )

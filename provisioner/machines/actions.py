@@ -66,6 +66,28 @@ def start(app: App, name: str, *, reason: str = "user") -> tuple[Machine, bool]:
         _attach(app, m)  # a volume an earlier attach missed
         return m, False
     require_launched(m)
+    try:
+        return _start(app, m, reason=reason)
+    except NotFound:
+        raise OperationFailed(f"{m.name}: the cloud no longer has {m.instance_id}") from None
+    except ProviderError as e:
+        raise OperationFailed(f"{m.name}: start failed: {e}") from None
+
+
+def restart(app: App, m: Machine, *, detail: dict[str, Any] | None = None) -> Machine:
+    """Start a preempted machine again in place — the same machine with the same disk, where its
+    cloud kept it stopped — within policy and budget as :func:`start` (refused: UserError).
+    The cloud's own refusal is raised as the adapter gives it (``CapacityError``: no stock to
+    start it in its zone now; ``NotFound``: gone), so the caller can launch anew instead.
+    Compute bills again from now; the disk billed throughout."""
+    return _start(app, m, reason="preempted", detail=detail)[0]
+
+
+def _start(
+    app: App, m: Machine, *, reason: str, detail: dict[str, Any] | None = None
+) -> tuple[Machine, bool]:
+    """The one start: under the intent's and the ``intents`` lock, checked as ``up`` checks,
+    started by its cloud (a ``ProviderError`` raised as the adapter gives it), recorded."""
     with app.db.lock(f"intent-{m.id}"), app.db.lock("intents"):
         with app.db.session() as s:
             m = machine_row(s, m.id)
@@ -73,8 +95,9 @@ def start(app: App, name: str, *, reason: str = "user") -> tuple[Machine, bool]:
             return m, False
         check_start(app, m)
         _attach(app, m)  # before the boot, which mounts what fstab names
-        provider_call(app, m, "start")
-        return transition(app, m.id, S.RUNNING, event="started", reason=reason)
+        app.provider(m.cloud or "").start(ref(m))
+        crashpoint("after-start")  # the cloud acted, the state does not know yet
+        return transition(app, m.id, S.RUNNING, event="started", reason=reason, detail=detail)
 
 
 def _attach(app: App, m: Machine) -> None:

@@ -184,6 +184,19 @@ class AwsHarness:
             ]
         return found
 
+    def boot_disk(self, instance: Instance) -> str:
+        ec2 = self.emu.client("ec2", instance.region)
+        [reservation] = ec2.describe_instances(InstanceIds=[instance.id])["Reservations"]
+        [found] = reservation["Instances"]
+        root = found.get("RootDeviceName")
+        return str(
+            next(
+                m["Ebs"]["VolumeId"]
+                for m in found["BlockDeviceMappings"]
+                if m["DeviceName"] == root or root is None
+            )
+        )
+
     def calls(self) -> int:
         return len(self.emu.requests)
 

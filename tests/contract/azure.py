@@ -133,6 +133,10 @@ class AzureHarness:
     def machines(self) -> list[str]:
         return [vm.body["id"] for vm in self.emu.vms.values()]
 
+    def boot_disk(self, instance: Instance) -> str:
+        os_disk = self.emu.vm(instance.name)["properties"]["storageProfile"]["osDisk"]
+        return str(os_disk["managedDisk"]["id"])
+
     def calls(self) -> int:
         return len(self.emu.requests)
 

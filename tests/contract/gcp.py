@@ -125,6 +125,10 @@ class GCPHarness:
     def machines(self) -> list[str]:
         return [i["id"] for i in self.emu.instances.values()]
 
+    def boot_disk(self, instance: Instance) -> str:
+        disks = self.emu.instances[(instance.zone, instance.name)]["disks"]
+        return str(next(d["source"] for d in disks if d.get("boot")))
+
     def calls(self) -> int:
         return len(self.emu.requests)
 

@@ -156,6 +156,9 @@ class Harness(Protocol):
     def machines(self) -> list[str]:
         """Ids of every live machine in the cloud (ours and foreign; not deleted ones)."""
 
+    def boot_disk(self, instance: Instance) -> str:
+        """The id or name of the boot disk the cloud has attached to ``instance`` now."""
+
     def calls(self) -> int:
         """How many API requests the cloud received in all."""
 

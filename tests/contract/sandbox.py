@@ -124,6 +124,12 @@ class SandboxHarness:
             rows = db.execute("SELECT id FROM machines WHERE state != 'terminated'").fetchall()
         return [r[0] for r in rows]
 
+    def boot_disk(self, instance: Instance) -> str:
+        # the sandbox simulates no disks apart from its machines: a machine's disk is its own
+        with self._db() as db:
+            row = db.execute("SELECT id FROM machines WHERE id = ?", (instance.id,)).fetchone()
+        return f"{row[0]}-boot"
+
     def calls(self) -> int:
         return self._admin.api_calls
 

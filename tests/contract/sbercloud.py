@@ -137,6 +137,11 @@ class SberCloudHarness:
     def machines(self) -> list[str]:
         return [s["id"] for s in self.emu.servers.values() if s["status"] != "DELETED"]
 
+    def boot_disk(self, instance: Instance) -> str:
+        raise NotImplementedError(  # never asked: the contract suite skips it (see the spec)
+            "sbercloud: the emulator keeps no volumes; Huawei releases a taken spot server"
+        )
+
     def calls(self) -> int:
         return len(self.emu.requests)
 

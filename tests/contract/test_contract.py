@@ -290,6 +290,34 @@ def test_preemption_and_user_stops_are_told_apart_across_restarts(cloud: Harness
     assert provider.get(inst.ref).state is MachineState.STOPPED
 
 
+def test_a_preempted_machine_comes_back_with_its_disk(cloud: Harness) -> None:
+    needs(cloud, "restart_preempted")
+    provider = cloud.provider()
+    inst = provider.launch(cloud.launch_request(spot=True, preemption_action="stop"))
+    disk = cloud.boot_disk(inst)
+    cloud.preempt(inst)
+    assert provider.get(inst.ref).state is MachineState.PREEMPTED
+    assert cloud.boot_disk(inst) == disk  # kept, stopped, with its disk
+    provider.start(inst.ref)
+    back = provider.get(inst.ref)
+    assert back.id == inst.id and back.state in LIVE
+    assert cloud.boot_disk(back) == disk
+    assert cloud.machines() == [inst.id]
+
+
+def test_a_preempted_machine_without_room_to_start_is_a_capacity_error(cloud: Harness) -> None:
+    needs(cloud, "restart_preempted")
+    provider = cloud.provider()
+    inst = provider.launch(cloud.launch_request(spot=True, preemption_action="stop"))
+    cloud.preempt(inst)
+    cloud.exhaust_capacity(inst.zone or cloud.places[0][1])
+    with pytest.raises(CapacityError) as err:
+        provider.start(inst.ref)
+    assert_code(cloud, "capacity", err.value)  # the cloud's own word for no stock
+    got = provider.get(inst.ref)  # still there, still stopped: it can be started later
+    assert got.id == inst.id and got.state is MachineState.PREEMPTED
+
+
 def test_a_spot_machine_deleted_on_preemption_is_preempted_or_gone(cloud: Harness) -> None:
     needs(cloud, "delete_on_preemption")
     provider = cloud.provider()

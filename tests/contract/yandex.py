@@ -148,6 +148,9 @@ class YandexHarness:
     def machines(self) -> list[str]:
         return list(self.emu.instances)
 
+    def boot_disk(self, instance: Instance) -> str:
+        return str(self.emu.instances[instance.id].boot_disk.disk_id)
+
     def calls(self) -> int:
         return len(self.emu.requests)
 

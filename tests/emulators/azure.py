@@ -1067,6 +1067,11 @@ class AzureEmulator:
         vm.power = during
 
         def complete() -> dict | None:
+            # A start allocates the VM again and can fail for capacity as a create does: "When
+            # you try to start a stopped Azure Virtual Machine (VM) ... the common error you
+            # encounter is an allocation failure" (MicrosoftDocs/SupportArticles-docs,
+            # support/azure/virtual-machines/windows/restart-resize-error-troubleshooting.md).
+            # The VM stays deallocated, its disks kept.
             failure = self._fault(region, zone, synchronous=False) if action == "start" else None
             if failure:
                 vm.power = before

@@ -279,7 +279,7 @@ class GCPEmulator:
     # --- control surface -------------------------------------------------------------------
 
     def exhaust(self, zone: str, code: str = "ZONE_RESOURCE_POOL_EXHAUSTED") -> None:
-        """Inserts in ``zone`` end in an operation DONE with this error (as on GCP)."""
+        """Inserts and starts in ``zone`` end in an operation DONE with this error (as on GCP)."""
         self._exhausted[zone] = code
 
     def exceed_quota(self, quota: str, *, via: str = "http", region: str | None = None) -> None:
@@ -724,12 +724,7 @@ class GCPEmulator:
             self._request_ids[request_id] = (zone, op["name"])
         if zone in self._exhausted:
             code = self._exhausted[zone]
-            error = {
-                "code": code,
-                "message": f"The zone 'projects/{self.project}/zones/{zone}' does not have enough "
-                "resources available to fulfill the request.  Try a different zone, or try again "
-                "later.",
-            }
+            error = {"code": code, "message": _no_resources(self.project, zone)}
             return self._schedule(zone, op, lambda: {"errors": [error]})
         if quota and quota[2] in (None, region):
             error = {"code": "QUOTA_EXCEEDED", "message": _quota_message(quota[0], region)}
@@ -778,6 +773,14 @@ class GCPEmulator:
             nic.update(name=f"nic{nic_index}", networkIP=f"10.128.0.{number}")
             for access in nic.get("accessConfigs", []):
                 access["natIP"] = f"34.1.{number // 250}.{number % 250}"
+        # The boot disk is made from initializeParams under the instance's name unless it
+        # names one (compute_v1.AttachedDiskInitializeParams.disk_name: "If not specified, the
+        # default is to use the name of the instance"); the instance links it by URL
+        # (AttachedDisk.source). It stays with a stopped instance and is deleted with it.
+        for disk in instance.get("disks", []):
+            if disk.get("boot") and "source" not in disk:
+                disk_name = disk.get("initializeParams", {}).get("diskName") or name
+                disk["source"] = f"{API}/projects/{self.project}/zones/{zone}/disks/{disk_name}"
         instance.update(
             kind="compute#instance",
             id=instance_id or _new_id(),
@@ -826,6 +829,14 @@ class GCPEmulator:
             return self._schedule(zone, op, stopped)
         if instance["status"] == "RUNNING":
             return self._schedule(zone, op, lambda: None)
+        if zone in self._exhausted:
+            # A zone without stock refuses a restart as it refuses a create: "A resource
+            # availability error occurs when a zone doesn't have enough available capacity to
+            # provision the compute resources you requested to create, restart, or update
+            # Compute Engine instances" (cloud.google.com/compute/docs/resource-error); the
+            # operation ends DONE with the error and the instance stays stopped.
+            error = {"code": self._exhausted[zone], "message": _no_resources(self.project, zone)}
+            return self._schedule(zone, op, lambda: {"errors": [error]})
         instance["status"] = "STAGING"
 
         def started() -> None:
@@ -1567,6 +1578,13 @@ def parse_filter(text: str) -> list[Callable[[dict[str, Any]], bool]]:
 def _quota_message(quota: str, region: str) -> str:
     where = "globally" if quota.endswith("ALL_REGIONS") else f"in region {region}"
     return f"Quota '{quota}' exceeded.  Limit: 0.0 {where}."
+
+
+def _no_resources(project: str, zone: str) -> str:
+    return (
+        f"The zone 'projects/{project}/zones/{zone}' does not have enough resources available "
+        "to fulfill the request.  Try a different zone, or try again later."
+    )
 
 
 def _new_id() -> str:
