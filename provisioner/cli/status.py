@@ -81,6 +81,7 @@ def _detail_json(d: Any) -> dict[str, Any]:
         "kept_until": m.kept_until,
         "why": d.why,
         "held": d.held,
+        "waiting": d.waiting,
         "events": [_event_json(e, m.name) for e in d.events],
     }
 
@@ -112,7 +113,8 @@ def _detail_lines(d: Any) -> list[tuple[str, str]]:
     if m.instance_id:
         lines.append(("address", f"{m.public_ip or 'none'}, instance {m.instance_id}"))
     lines.append(("idle", d.idle.text))
-    lines += [(k, v) for k, v in (("next", d.next), ("held", d.held), ("failed", d.why)) if v]
+    extra = (("next", d.next), ("held", d.held), ("waiting", d.waiting), ("failed", d.why))
+    lines += [(k, v) for k, v in extra if v]
     w = max(len(k) for k, _ in lines)
     return [(k.ljust(w), v) for k, v in lines]
 
