@@ -208,7 +208,8 @@ def _refused(app: App, m: Machine, err: UserError) -> NoReturn:
         _tell(
             app,
             m,
-            f"provisioner: {m.name} not launched: {head}",
+            f"provisioner: {m.name} not launched: "
+            + ("no offer fits" if by == "no-offer" else f"refused by {by}"),
             f"{m.name} (project {m.project}) waited for capacity and was not launched:\n"
             f"{err}\n\nNothing of it bills.\n",
         )
@@ -333,7 +334,7 @@ def up_until_up(
     wait: timedelta,
     spec_path: str | None = None,
     progress: launch.Progress = lambda _: None,
-    sleep: Callable[[float], None] = time.sleep,
+    sleep: Callable[[float], None] | None = None,
 ) -> launch.UpResult:
     """``up``; while every candidate lacks capacity, the intent waits (``wait`` from its
     request) and is tried again here with :func:`backoff`, one ``progress`` line per round —
@@ -360,10 +361,12 @@ def follow(
     machine_id: str,
     *,
     progress: launch.Progress = lambda _: None,
-    sleep: Callable[[float], None] = time.sleep,
+    sleep: Callable[[float], None] | None = None,
 ) -> launch.UpResult:
     """Try the queued intent whenever its next try is due, until it is launched (here or by
-    the scheduler) or its wait ends (:class:`OperationFailed`, :class:`UserError`)."""
+    the scheduler) or its wait ends (:class:`OperationFailed`, :class:`UserError`). ``sleep``
+    (seconds; default :func:`time.sleep`) waits for the next try."""
+    sleep = sleep or time.sleep
     while True:
         m, events = _events(app, machine_id)
         w = wait_of(events)
