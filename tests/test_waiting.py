@@ -15,6 +15,7 @@ from sqlalchemy import select
 
 from provisioner import budget, machines
 from provisioner.app import App
+from provisioner.dashboard import make_app
 from provisioner.errors import ConfigError, OperationFailed, UserError
 from provisioner.jobs import waiting as waiting_pass
 from provisioner.machines import launch, waiting
@@ -22,6 +23,7 @@ from provisioner.models import Event, Machine, UsageInterval
 from provisioner.spec import Experiment, load_experiment
 from tests.conftest import make_settings, sandbox_experiment, write_yaml
 from tests.test_cli import answered_both_ways
+from tests.test_dashboard import call
 from tests.test_mail import smtp_server  # noqa: F401  (fixture)
 
 pytest_plugins = ["tests.cli_runner"]  # the `cli` fixture
@@ -157,6 +159,13 @@ def test_the_scheduler_tries_when_due_and_launches_when_capacity_returns(
     smtp_server,  # noqa: F811
 ):
     m = queue(wapp)
+    # the dashboard shows the wait, on the fleet page and the machine's
+    wsgi = make_app(wapp)
+    line = "waiting for capacity since 09:00 UTC, next try 09:01 UTC, gives up at 15:00 UTC"
+    fleet = call(wsgi, "/")[2]
+    assert ">waiting</span>" in fleet and line in fleet
+    page = call(wsgi, f"/machine/{m.id}")[2]
+    assert f'<p id="machine-waiting">{line}</p>' in page and "<td>waiting for capacity</td>" in page
     wapp.clock.advance(timedelta(seconds=30))
     p = waiting_pass.run(wapp)
     assert (p.checked, p.actions) == (1, [])  # the next try is due a minute after the first
