@@ -347,3 +347,27 @@ def test_the_cli_queues_says_so_on_ctrl_c_shows_the_wait_and_down_cancels(
     r = cli("down", "exp")
     assert r.code == 0
     assert "exp was waiting for capacity and was never launched" in r.out
+
+
+def test_only_a_want_of_capacity_waits_other_failures_fail_at_once(wapp):
+    sandbox = wapp.provider("sandbox")
+    sandbox.inject(capacity={}, quota_gpus={"sandbox-us": 0, "sandbox-eu": 0, "sandbox-ru": 0})
+
+    def never(seconds: float) -> None:
+        pytest.fail("a quota refusal is not waited out")
+
+    with pytest.raises(OperationFailed, match="quota"):
+        waiting.up_until_up(wapp, experiment("quota"), wait=SIX_HOURS, sleep=never)
+    sandbox.inject(quota_gpus={}, auth_fail=True)
+    with pytest.raises(OperationFailed, match="auth"):
+        waiting.up_until_up(wapp, experiment("auth"), wait=SIX_HOURS, sleep=never)
+    assert [r.status for r in machines_listed(wapp)] == ["failed", "failed"]
+
+
+def test_an_intent_another_process_is_trying_is_left_to_it(wapp):
+    m = queue(wapp)
+    wapp.clock.advance(timedelta(minutes=1))
+    with wapp.db.lock(f"intent-{m.id}"):  # a foreground `up` (or `down`) holds it
+        [a] = waiting_pass.run(wapp).actions
+    assert "another process holds it" in a.why and a.error is None
+    assert kinds(wapp, m).count("waiting") == 1  # nothing tried meanwhile
