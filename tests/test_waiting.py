@@ -371,3 +371,17 @@ def test_an_intent_another_process_is_trying_is_left_to_it(wapp):
         [a] = waiting_pass.run(wapp).actions
     assert "another process holds it" in a.why and a.error is None
     assert kinds(wapp, m).count("waiting") == 1  # nothing tried meanwhile
+
+
+def test_up_again_of_a_queued_intent_follows_it(wapp):
+    m = queue(wapp)
+    wapp.provider("sandbox").inject(capacity={})
+    slept: list[float] = []
+
+    def sleep(seconds: float) -> None:
+        slept.append(seconds)
+        wapp.clock.advance(timedelta(seconds=seconds))
+
+    r = waiting.up_until_up(wapp, experiment(), wait=SIX_HOURS, sleep=sleep)
+    assert r.machine.id == m.id and r.machine.status == "running"
+    assert slept == [60]  # its next try was due a minute after the first, as recorded

@@ -44,7 +44,7 @@ from provisioner.models import Event, Machine
 from provisioner.planner import Candidate
 from provisioner.schema import INTENTS, AttemptOutcome, MachineStatus
 from provisioner.spec import Experiment
-from provisioner.state import LockBusy
+from provisioner.state import LockBusy, live_machine
 from provisioner.state import machine as machine_row
 
 S = MachineStatus
@@ -340,6 +340,10 @@ def up_until_up(
     request) and is tried again here with :func:`backoff`, one ``progress`` line per round —
     or by the scheduler, whichever comes first. An intent already waiting (an earlier run
     interrupted) is followed. Ctrl-C leaves the intent queued for the scheduler."""
+    with app.db.session() as s:
+        queued_before = live_machine(s, experiment.name)
+    if queued_before is not None and state(app, queued_before.id)[1] is not None:
+        return follow(app, queued_before.id, progress=progress, sleep=sleep)
     try:
         result = launch.up(
             app,
