@@ -385,3 +385,14 @@ def test_up_again_of_a_queued_intent_follows_it(wapp):
     r = waiting.up_until_up(wapp, experiment(), wait=SIX_HOURS, sleep=sleep)
     assert r.machine.id == m.id and r.machine.status == "running"
     assert slept == [60]  # its next try was due a minute after the first, as recorded
+
+
+def test_a_down_asked_while_a_try_held_the_intent_is_finished_by_the_next_try(wapp):
+    m = queue(wapp)
+    machines.record_event(wapp, m.id, "cancel-requested", reason="user")  # its `down` gave up
+    wapp.provider("sandbox").inject(capacity={})
+    wapp.clock.advance(timedelta(minutes=1))
+    [a] = waiting_pass.run(wapp).actions
+    assert "taken down before it was launched" in a.why and a.error is None
+    assert status(wapp, m) == "failed" and kinds(wapp, m)[-1] == "cancelled"
+    assert wapp.provider("sandbox").list_managed() == []

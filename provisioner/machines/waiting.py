@@ -39,7 +39,7 @@ from provisioner.errors import OperationFailed, ProvisionerError, UserError
 from provisioner.fleet import at_text, failure, waiting_line
 from provisioner.machines import launch
 from provisioner.machines.attempts import LaunchAttempt
-from provisioner.machines.record import disk_rate, transition
+from provisioner.machines.record import disk_rate, provider_call, transition
 from provisioner.models import Event, Machine
 from provisioner.planner import Candidate
 from provisioner.schema import INTENTS, AttemptOutcome, MachineStatus
@@ -280,8 +280,10 @@ def try_once(
 
 def _try(app: App, machine_id: str, progress: launch.Progress) -> launch.UpResult | None:
     m, w = state(app, machine_id)
-    if m.status not in INTENTS or w is None or launch.cancel_requested(app, m.id):
-        return None  # launched or ended meanwhile, or a `down` waits for the lock to end it
+    if m.status not in INTENTS or w is None:
+        return None  # launched or ended meanwhile
+    if launch.cancel_requested(app, m.id):
+        _cancelled(app, m, progress)
     if m.status == S.REQUESTED:  # a try that stopped midway: what it launched comes first
         adopted = launch.adopt(app, m, progress)
         if adopted is not None:
@@ -303,6 +305,19 @@ def _try(app: App, machine_id: str, progress: launch.Progress) -> launch.UpResul
     result = launch.launch_intent(app, m, experiment, plan, progress, settle(app, None))
     _launched(app, result.machine, w)
     return result
+
+
+def _cancelled(app: App, m: Machine, progress: launch.Progress) -> NoReturn:
+    """`down` was asked (it waits for this lock, or gave up waiting): the intent ends here as
+    `down` ends it — what a stopped try launched is terminated, else it fails — and the `down`
+    then finds it done."""
+    adopted = launch.adopt(app, m, progress) if m.status == S.REQUESTED else None
+    if adopted is None:
+        transition(app, m.id, S.FAILED, event="cancelled", reason="down")
+        raise OperationFailed(f"{m.name}: taken down before it was launched")
+    provider_call(app, adopted, "terminate")
+    transition(app, m.id, S.TERMINATED, event="terminated", reason="down")
+    raise OperationFailed(f"{m.name}: taken down; {adopted.instance_id} is terminated")
 
 
 def _requested(app: App, m: Machine, first: Candidate, w: Wait) -> Machine:
