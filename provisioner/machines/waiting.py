@@ -67,11 +67,7 @@ class Wait:
     until: datetime  # the deadline: given up from then on
     rounds: int  # rounds that found no capacity
     next_try: datetime  # never after ``until``
-    detail: dict[str, Any]
-
-    def line(self, now: datetime) -> str:
-        """``waiting for capacity since X, next try Y, gives up at Z``."""
-        return waiting_line(self.detail, now)
+    detail: dict[str, Any]  # the event's: :func:`provisioner.fleet.waiting_line` reads it
 
 
 class StillWaiting(OperationFailed):
