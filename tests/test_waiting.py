@@ -21,8 +21,9 @@ from provisioner.jobs import waiting as waiting_pass
 from provisioner.machines import launch, waiting
 from provisioner.models import Event, Machine, UsageInterval
 from provisioner.spec import Experiment, load_experiment
-from tests.conftest import make_settings, sandbox_experiment, write_yaml
+from tests.conftest import make_settings, sandbox_experiment, write_settings, write_yaml
 from tests.test_cli import answered_both_ways
+from tests.test_crash import run_job
 from tests.test_dashboard import call
 from tests.test_mail import smtp_server  # noqa: F401  (fixture)
 
@@ -396,3 +397,29 @@ def test_a_down_asked_while_a_try_held_the_intent_is_finished_by_the_next_try(wa
     assert "taken down before it was launched" in a.why and a.error is None
     assert status(wapp, m) == "failed" and kinds(wapp, m)[-1] == "cancelled"
     assert wapp.provider("sandbox").list_managed() == []
+
+
+@pytest.mark.slow  # real processes killed
+@pytest.mark.parametrize("point", ["after-intent", "before-launch", "after-launch"])
+def test_a_wait_pass_killed_at_each_step_of_a_try_ends_with_one_machine(
+    wapp,
+    home,
+    db_url,
+    smtp_server,  # noqa: F811
+    point,
+):
+    m = queue(wapp)
+    wapp.provider("sandbox").inject(capacity={})
+    cfg = write_settings(home, state_url=db_url, smtp=smtp_server.smtp.model_dump())
+    at = wapp.clock.now() + timedelta(minutes=1)
+    killed = run_job(cfg, "waiting", at, crash=point)
+    assert killed.returncode == -9, killed.stderr
+    assert status(wapp, m) == "requested"  # the try stopped midway: counted, not waiting
+    rerun = run_job(cfg, "waiting", at + timedelta(seconds=30))
+    assert rerun.returncode == 0, rerun.stderr
+    [action] = json.loads(rerun.stdout)["actions"]
+    assert "stopped midway: resumed" in action["why"] and "launched on sandbox" in action["why"]
+    assert status(wapp, m) == "running"
+    assert len(wapp.provider("sandbox").list_managed()) == 1
+    assert len(smtp_server.inbox.messages) == 1
+    assert json.loads(run_job(cfg, "waiting", at + timedelta(minutes=1)).stdout)["checked"] == 0
