@@ -155,7 +155,7 @@ def _as_recorded(sql: Sql, settings: Callable[[], Settings], now: Callable[[], d
     by_cloud: dict[str, list[Any]] = {}
     for row in sql.all(
         "SELECT cloud, region, instance_id, status, public_ip FROM machines"
-        f" WHERE status NOT IN ('{S.REQUESTED}', '{S.TERMINATED}', '{S.FAILED}')"
+        f" WHERE status NOT IN ('{S.REQUESTED}', '{S.WAITING}', '{S.TERMINATED}', '{S.FAILED}')"
     ):
         by_cloud.setdefault(row[0], []).append(row)
     if not by_cloud:

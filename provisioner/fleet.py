@@ -166,12 +166,14 @@ def read(sql: Sql, *, all_: bool, now: datetime, seen_since: datetime) -> Fleet:
     held = (S.STOPPED, S.PREEMPTED)
     notes = stopped_notes(sql) if any(m.status in held for m in rows) else {}
     failed = _failed_events(sql) if any(m.status == S.FAILED for m in rows) else {}
+    waits = waiting_notes(sql, now) if any(m.status == S.WAITING for m in rows) else {}
     for m in rows:
         for mid in chains[m.id]:
             for c, v in cost.get(mid, {}).items():
                 m.spent[c] = m.spent.get(c, 0) + v
         m.launches = len(chains[m.id])
         m.why = failure(failed.get(m.id, [])) if m.status == S.FAILED else notes.get(m.id)
+        m.why = waits.get(m.id, m.why)
     warnings = gpus_not_seen(sql, seen_since)
     warnings.update({m.name: m.why for m in rows if m.why and m.status in held})
     return Fleet(rows, warnings)
@@ -242,6 +244,38 @@ def stopped_notes(sql: Sql) -> dict[str, str]:
     }
 
 
+def waiting_notes(sql: Sql, now: datetime) -> dict[str, str]:
+    """Each waiting machine's :func:`waiting_line`, from its latest ``waiting`` event: one
+    query; by machine id."""
+    rows = sql.all(
+        "SELECT e.machine_id, e.detail FROM events e JOIN (SELECT max(id) AS eid FROM events"
+        " WHERE kind = 'waiting' AND machine_id IN (SELECT id FROM machines"
+        f" WHERE status = '{S.WAITING}') GROUP BY machine_id) latest ON latest.eid = e.id"
+    )
+    return {mid: waiting_line(_json(detail) or {}, now) for mid, detail in rows}
+
+
+def waiting_line(detail: dict[str, Any], now: datetime) -> str:
+    """``waiting for capacity since X, next try Y, gives up at Z``, from a ``waiting`` event's
+    detail (:mod:`provisioner.machines.waiting` writes it)."""
+    since, nxt, until = (_time(detail.get(k)) for k in ("since", "next_try", "until"))
+    text = "waiting for capacity"
+    if since is not None:
+        text += f" since {at_text(since, now)}"
+    if nxt is not None:
+        text += f", next try {at_text(nxt, now)}"
+    if until is not None:
+        text += f", gives up at {at_text(until, now)}"
+    return text
+
+
+def at_text(at: datetime, now: datetime) -> str:
+    """``14:05 UTC`` on ``now``'s day, else with the date."""
+    at = at.astimezone(UTC)
+    same = at.date() == now.astimezone(UTC).date()
+    return f"{at:%H:%M} UTC" if same else f"{at:%Y-%m-%d %H:%M} UTC"
+
+
 @dataclass
 class _Event:
     kind: str
@@ -267,6 +301,8 @@ def failure(events: Sequence[Any]) -> str | None:
     last = events[-1]
     if last.kind == "cancelled":
         return "cancelled by `down` before it was launched"
+    if last.kind in ("wait-gave-up", "wait-refused") and (last.detail or {}).get("why"):
+        return str(last.detail["why"])
     tried = [e for e in events if e.kind == "launch-failed"]
     if tried:
         outcomes: dict[str, int] = {}
@@ -389,5 +425,7 @@ def show(fleet: Fleet, *, as_json: bool, all_: bool) -> None:
                 out.print(
                     f"{m.name} failed: {m.why}", highlight=False, markup=False, soft_wrap=True
                 )
+            elif m.why and m.status == S.WAITING:
+                out.print(f"{m.name}: {m.why}", highlight=False, markup=False, soft_wrap=True)
     for n, problem in fleet.warnings.items():
         err.print(f"[yellow]warning:[/] {n}: {problem}", highlight=False, soft_wrap=True)

@@ -107,10 +107,12 @@ def _policy(app: App, experiment: Experiment) -> tuple[pe.Decision, planner.Poli
 
         from provisioner.models import ACTIVE_EXCLUDED, Machine  # as above
 
+        # an intent waiting for capacity holds no machine: its own try counts it (requested)
+        idle = (*ACTIVE_EXCLUDED, "waiting")
         with app.db.session() as s:
             rows = s.execute(
                 select(Machine.project, Machine.owner).where(
-                    Machine.status.not_in(ACTIVE_EXCLUDED), Machine.name != experiment.name
+                    Machine.status.not_in(idle), Machine.name != experiment.name
                 )
             )
             active = tuple((project, owner) for project, owner in rows)

@@ -19,11 +19,13 @@ MIGRATIONS = Path(__file__).parent / "migrations"
 
 class MachineStatus(enum.StrEnum):
     """Where a machine is in its life. The cloud-side states are providers' ``MachineState``;
-    ``requested`` (the intent is written, nothing launched yet) and ``failed`` (no candidate
-    launched, or ``down`` before any did) are provisioner's own. A ``StrEnum``: the database,
-    the fleet's plain SQL and JSON hold the value itself."""
+    ``requested`` (the intent is written, nothing launched yet), ``waiting`` (every candidate
+    lacked capacity and the intent waits for some: nothing launched, nothing committed) and
+    ``failed`` (no candidate launched, or ``down`` before any did) are provisioner's own. A
+    ``StrEnum``: the database, the fleet's plain SQL and JSON hold the value itself."""
 
     REQUESTED = "requested"
+    WAITING = "waiting"
     PENDING = "pending"
     RUNNING = "running"
     STOPPING = "stopping"
@@ -37,13 +39,18 @@ S = MachineStatus
 #: What the cloud can report of a launched machine (reconcile records whatever it sees).
 _CLOUD_SIDE = frozenset({S.PENDING, S.RUNNING, S.STOPPING, S.STOPPED, S.PREEMPTED, S.TERMINATED})
 #: The legal moves, from → to. A machine is born ``requested``; only an intent fails; nothing
-#: leaves ``terminated`` or ``failed`` (a relaunch is a new row, its name reused).
+#: leaves ``terminated`` or ``failed`` (a relaunch is a new row, its name reused). A waiting
+#: intent's try makes it ``requested`` again (counted by budgets while it launches, resumed
+#: after a crash like any intent), and the try ends launched, waiting again, or failed.
 TRANSITIONS: dict[MachineStatus, frozenset[MachineStatus]] = {
-    S.REQUESTED: frozenset({S.PENDING, S.RUNNING, S.FAILED}),
+    S.REQUESTED: frozenset({S.PENDING, S.RUNNING, S.WAITING, S.FAILED}),
+    S.WAITING: frozenset({S.REQUESTED, S.FAILED}),
     **{s: _CLOUD_SIDE - {s} for s in _CLOUD_SIDE - {S.TERMINATED}},
     S.TERMINATED: frozenset(),
     S.FAILED: frozenset(),
 }
+#: Intents: nothing of them is recorded as launched (no instance, no cloud, no bill).
+INTENTS = frozenset({S.REQUESTED, S.WAITING})
 #: Statuses a machine is done with: not shown by default; its name may be reused.
 ACTIVE_EXCLUDED = (S.TERMINATED.value, S.FAILED.value)
 #: Statuses in which the cloud charges for compute, and for the boot disk.

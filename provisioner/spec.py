@@ -186,11 +186,27 @@ class PreemptionNotice(_Strict):
         return {"signal": str(self.signal), "to": str(self.to)}
 
 
+class OnNoCapacity(_Strict):
+    """``{wait: 6h}``: when every candidate lacks capacity, ``up`` keeps the intent queued as
+    ``waiting`` and retries it this long (leave it out: ``up`` fails at once)."""
+
+    wait: timedelta
+
+    @field_validator("wait", mode="before")
+    @classmethod
+    def _duration(cls, v: Any) -> Any:
+        d = parse_duration(v)
+        if d <= timedelta(0):
+            raise ValueError("must be longer than zero (leave on_no_capacity out to fail at once)")
+        return d
+
+
 class Lifecycle(_Strict):
     idle: IdleRule | None = None
     max_lifetime: timedelta | None = None
     on_preemption: Literal["relaunch", "terminate", "leave"] = "relaunch"
     on_preemption_notice: PreemptionNotice | None = None
+    on_no_capacity: OnNoCapacity | None = None
 
     @field_validator("max_lifetime", mode="before")
     @classmethod

@@ -197,6 +197,15 @@ def test_ctrl_c_during_up_says_what_it_left_and_exits_130(home, tmp_path):
     code, err = _interrupt_when(["--config", str(cfg), "up", str(spec2)], "trying sandbox/", env)
     assert code == 130 and "Traceback" not in err, err
     assert "interrupted: slow is requested" in err and f"`provisioner up {spec2}`" in err
+    # while it waits for capacity: the intent stays queued, and `down` cancels it
+    zones = ("sandbox-us-1a", "sandbox-us-1b", "sandbox-us-1c", "sandbox-eu-1a", "sandbox-ru-1a")
+    cfg = write_settings(home, sandbox={"capacity": dict.fromkeys(zones, 0)})
+    spec3 = write_yaml(tmp_path / "full.yaml", sandbox_experiment("full"))
+    argv = ["--config", str(cfg), "up", str(spec3), "--retry-until-up", "--timeout", "3h"]
+    code, err = _interrupt_when(argv, "round 1:", env)
+    assert code == 130 and "Traceback" not in err, err
+    assert "interrupted: full stays queued (waiting for capacity until 12:00 UTC)" in err
+    assert "the scheduler keeps trying" in err and "cancel with `provisioner down full`" in err
 
 
 def test_down_of_an_unfinished_up_says_it_was_never_launched(cli, home, tmp_path):

@@ -49,6 +49,7 @@ ORDER = [
     "provisioner.machines.volumes",  # network disks: created, attached, mounted, removed
     "provisioner.machines.launch",  # up: intent, attempts, adoption
     "provisioner.machines.actions",  # stop, start, down, many at once, wait until ready
+    "provisioner.machines.waiting",  # an intent queued for capacity: its tries, its end
     "provisioner.machines.reconcile",  # observations, orphans, gc
     "provisioner.machines",
     "provisioner.reports",  # the report model: numbers
@@ -60,6 +61,7 @@ ORDER = [
     "provisioner.jobs.sweep",
     "provisioner.jobs.outlook",  # what the sweep will do next, and why not yet
     "provisioner.jobs.recover",
+    "provisioner.jobs.waiting",  # the scheduler's tries of intents waiting for capacity
     "provisioner.jobs.reconcile",
     "provisioner.jobs.enforce",
     "provisioner.jobs.scheduled_reports",

@@ -140,19 +140,36 @@ def up(
     spec: str = typer.Argument(..., help="experiment file"),
     wait: bool = typer.Option(True, help="wait until the machine runs and answers SSH"),
     wait_timeout: float = typer.Option(600, min=1, help="seconds to wait at most"),
+    retry_until_up: bool = typer.Option(
+        False,
+        "--retry-until-up",
+        help="when every candidate lacks capacity, stay queued (`waiting`) and retry until "
+        "launched or --timeout",
+    ),
+    timeout: str = typer.Option(
+        None,
+        "--timeout",
+        help="how long --retry-until-up waits, e.g. 6h (default: the experiment's "
+        "lifecycle.on_no_capacity.wait, else 6h)",
+        show_default=False,
+    ),
     output: Output = OUTPUT,
 ) -> None:
     """Launch the cheapest allowed offer, failing over across zones, regions and clouds, and
     wait until it is ready to use."""
     from provisioner import machines  # SQLAlchemy: not for --help
+    from provisioner.machines import waiting  # as above
     from provisioner.spec import load_experiment  # pydantic: not for --help
 
     application = get_app(ctx)
     experiment = load_experiment(spec, application.settings.money_rates.per_base)
+    capacity_wait = _capacity_wait(experiment, retry_until_up, timeout)
     application.policies  # noqa: B018  (a bad policy file is reported before the state is opened)
     quiet = output is Output.json
     existing = _existing(application, experiment.name)
-    if existing is not None and existing.status != "requested":  # "requested": resume it
+    # "requested": resume it; "waiting" with a wait asked: follow it
+    resume = ("requested", "waiting") if capacity_wait is not None else ("requested",)
+    if existing is not None and existing.status not in resume:
         _already(existing, experiment.to_json(), spec, output)
         return
     say = (
@@ -162,7 +179,12 @@ def up(
     )
     try:
         with err.status(f"launching {experiment.name}…") if not quiet else nullcontext():
-            result = machines.up(application, experiment, spec_path=spec, progress=say)
+            if capacity_wait is None:
+                result = machines.up(application, experiment, spec_path=spec, progress=say)
+            else:
+                result = waiting.up_until_up(
+                    application, experiment, wait=capacity_wait, spec_path=spec, progress=say
+                )
         m = result.machine
         if result.already:  # another `up` of this name won the race
             _already(m, experiment.to_json(), spec, output)
@@ -257,6 +279,29 @@ def _volume_lines(application: Any, m: Any, result: Any) -> None:
             )
 
 
+def _capacity_wait(experiment: Any, retry: bool, timeout: str | None) -> Any:
+    """How long ``up`` waits for capacity (a timedelta), or None: fail at once. The flag with
+    its --timeout, else the file's ``lifecycle.on_no_capacity.wait``, else 6 h."""
+    from policies.duration import parse_duration
+    from provisioner.errors import UserError
+    from provisioner.machines.waiting import DEFAULT_WAIT
+
+    asked = experiment.lifecycle.on_no_capacity
+    if timeout is not None and not retry:
+        raise UserError("--timeout is how long --retry-until-up waits: give both, or neither")
+    if not retry:
+        return asked.wait if asked is not None else None
+    if timeout is None:
+        return asked.wait if asked is not None else DEFAULT_WAIT
+    try:
+        wait = parse_duration(timeout)
+    except ValueError as e:
+        raise UserError(f"--timeout {timeout!r}: {e}") from None
+    if wait.total_seconds() <= 0:
+        raise UserError(f"--timeout {timeout!r}: must be longer than zero")
+    return wait
+
+
 def _existing(application: Any, name: str) -> Any:
     from provisioner.state import live_machine  # SQLAlchemy: not for --help
 
@@ -285,7 +330,7 @@ def _already(m: Any, new_spec: dict[str, Any], path: str, output: Output) -> Non
     """``up`` of a name that exists: nothing launched. The same spec is no error (say how to
     use it); a changed one is (exit 2), with what differs and what to run."""
     diffs = spec_differences(m.spec or {}, new_spec)
-    where = f"{m.status} on {m.cloud or '—'}"
+    where = "waiting for capacity" if m.status == "waiting" else f"{m.status} on {m.cloud or '—'}"
     if output is Output.json:
         print_json({"already": True, "machine": machine_json(m), "differences": diffs})
     elif diffs:
@@ -312,6 +357,9 @@ def _already(m: Any, new_spec: dict[str, Any], path: str, output: Output) -> Non
         hint = (
             f"start it with `provisioner start {m.name}`"
             if m.status == "stopped"
+            else f"follow it with `provisioner up {path} --retry-until-up`, or cancel it with "
+            f"`provisioner down {m.name}`"
+            if m.status == "waiting"
             else f"see `provisioner status {m.name}`"
         )
         out.print(
@@ -331,6 +379,9 @@ def _interrupted_up(application: Any, name: str, path: str) -> str:
         m = None
     if m is None:
         return f"interrupted: nothing of {name} was written; run `provisioner up {path}`"
+    queued = _queued(application, m)
+    if queued is not None:
+        return queued
     if m.status == "requested":
         return (
             f"interrupted: {name} is requested (recorded, launch not finished; a machine may "
@@ -341,6 +392,31 @@ def _interrupted_up(application: Any, name: str, path: str) -> str:
         f"interrupted: {name} is {m.status} on {m.cloud} {m.zone or m.region} "
         f"({m.instance_id}) and bills. See `provisioner status {name}`, connect with "
         f"`provisioner ssh {name}` once it answers, or remove it with `provisioner down {name}`"
+    )
+
+
+def _queued(application: Any, m: Any) -> str | None:
+    """The Ctrl-C message of an intent waiting for capacity (None: it is not): it stays
+    queued, the scheduler keeps trying, and how to cancel it."""
+    from provisioner.fleet import at_text
+    from provisioner.machines import waiting
+
+    try:
+        m, w = waiting.state(application, m.id)
+    except Exception:  # the state itself was mid-write: the plain message
+        return None
+    if w is None or m.status not in ("waiting", "requested"):
+        return None
+    until = at_text(w.until, application.clock.now())
+    midway = (
+        " (a try was under way: the next one adopts whatever it launched)"
+        if m.status == "requested"
+        else ""
+    )
+    return (
+        f"interrupted: {m.name} stays queued (waiting for capacity until {until}){midway}; the "
+        f"scheduler keeps trying (`provisioner scheduler run`, or `provisioner sweep` from "
+        f"cron); cancel with `provisioner down {m.name}`"
     )
 
 
@@ -419,7 +495,14 @@ def _fleet(verb: str, fn_name: str, done: str, same: str, applies: tuple[str, ..
             results.append({"name": name, "changed": changed, "machine": machine_json(m)})
             if output is Output.json:
                 continue
-            if before == "requested" and m.status == "failed":
+            if before == "waiting" and m.status == "failed":
+                out.print(
+                    f"{m.name} was waiting for capacity and was never launched: the wait is "
+                    "cancelled and marked failed; nothing of it bills",
+                    highlight=False,
+                    soft_wrap=True,
+                )
+            elif before == "requested" and m.status == "failed":
                 out.print(
                     f"{m.name} was never launched (an unfinished `up`): its request is "
                     "cancelled and marked failed; nothing of it bills",
@@ -487,7 +570,7 @@ _fleet(
     "down",
     "terminated",
     "was already gone",
-    ("requested", "pending", "running", "stopping", "stopped", "preempted"),
+    ("requested", "waiting", "pending", "running", "stopping", "stopped", "preempted"),
 )
 
 

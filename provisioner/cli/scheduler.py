@@ -70,15 +70,18 @@ def sweep(
     output: Output = OUTPUT,
 ) -> None:
     """One scheduler pass, for cron, systemd timers and Kubernetes CronJobs: stop idle machines
-    out of hours and those past their lifetime, relaunch preempted ones (and enforce budgets)."""
+    out of hours and those past their lifetime, relaunch preempted ones, try intents waiting for
+    capacity (and enforce budgets)."""
     from provisioner.jobs import daemon, recover  # SQLAlchemy and the policies: not for --help
     from provisioner.jobs import sweep as sweeping  # as above
+    from provisioner.jobs import waiting as queued  # as above
     from provisioner.jobs.passes import describe  # as above
 
     application = get_app(ctx)
     passes = [
         sweeping.run(application, dry_run=dry_run),
         recover.run(application, dry_run=dry_run),
+        queued.run(application, dry_run=dry_run),
     ]
     extra = []
     if not dry_run:

@@ -82,6 +82,7 @@ def _detail_json(d: Any) -> dict[str, Any]:
         "why": d.why,
         "held": d.held,
         "volumes": [{**v.as_json(), "path": path} for path, v in d.volumes],
+        "waiting": d.waiting,
         "events": [_event_json(e, m.name) for e in d.events],
     }
 
@@ -122,7 +123,8 @@ def _detail_lines(d: Any) -> list[tuple[str, str]]:
                 f"{v.status}" + (f" ({v.attached_to})" if v.attached_to else ""),
             )
         )
-    lines += [(k, v) for k, v in (("next", d.next), ("held", d.held), ("failed", d.why)) if v]
+    extra = (("next", d.next), ("held", d.held), ("waiting", d.waiting), ("failed", d.why))
+    lines += [(k, v) for k, v in extra if v]
     w = max(len(k) for k, _ in lines)
     return [(k.ljust(w), v) for k, v in lines]
 

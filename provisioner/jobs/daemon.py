@@ -13,7 +13,7 @@ from typing import Any
 from provisioner import idle
 from provisioner.app import App
 from provisioner.errors import UserError
-from provisioner.jobs import enforce, reconcile, recover, scheduled_reports, sweep
+from provisioner.jobs import enforce, reconcile, recover, scheduled_reports, sweep, waiting
 from provisioner.jobs.metrics import Metrics
 from provisioner.jobs.passes import Pass, describe
 
@@ -29,6 +29,7 @@ def schedule(app: App) -> list[Job]:
     return [
         ("sweep", lambda: sweep.run(app), cfg.sweep_interval_seconds),
         ("recover", lambda: recover.run(app), cfg.recover_interval_seconds),
+        ("wait", lambda: waiting.run(app), cfg.recover_interval_seconds),
         ("reconcile", lambda: reconcile.run(app), cfg.reconcile_interval_seconds),
         *((name, call, 60) for name, call in housekeeping(app)),
     ]

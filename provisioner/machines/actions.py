@@ -31,7 +31,7 @@ from provisioner.machines.record import (
 from provisioner.models import ACTIVE_EXCLUDED, Event, Machine
 from provisioner.money import Money
 from provisioner.planner import Candidate
-from provisioner.schema import MachineStatus
+from provisioner.schema import INTENTS, MachineStatus
 from provisioner.spec import Experiment
 from provisioner.state import LockBusy, named_machine
 from provisioner.state import machine as machine_row
@@ -165,16 +165,18 @@ def hold(
 def down(
     app: App, name: str, *, reason: str = "user", detail: dict[str, Any] | None = None
 ) -> tuple[Machine, bool]:
-    """Terminate and close every usage interval. An intent that never launched is closed too."""
+    """Terminate and close every usage interval. An intent that never launched (requested, or
+    waiting for capacity) is closed too."""
     with app.db.session() as s:
         m = named_machine(s, name)
     if m is None:
         raise UserError(f"no machine named {name!r} (see `provisioner status --all`)")
     if not m.is_live:
         return m, False
-    if m.status == S.REQUESTED:
-        # an `up` may be launching it right now: it will see this and terminate what it
-        # launches; we wait for it on the intent's lock (at once if no `up` runs)
+    if m.status in INTENTS:
+        # an `up` (or a try of a waiting intent) may be launching it right now: it will see
+        # this and terminate what it launches; we wait for it on the intent's lock (at once
+        # if no `up` runs)
         record_event(app, m.id, "cancel-requested", reason=reason)
         try:
             with app.db.lock(f"intent-{m.id}", timeout=DOWN_WAIT_SECONDS):
@@ -182,7 +184,7 @@ def down(
                     m = machine_row(s, m.id)
                 if not m.is_live:  # the launching `up` settled it
                     return m, True
-                if m.status == S.REQUESTED:
+                if m.status in INTENTS:
                     adopted = adopt(app, m, lambda _: None)
                     if adopted is None:
                         return transition(app, m.id, S.FAILED, event="cancelled", reason=reason)
@@ -225,13 +227,13 @@ def down_many(
 
     def terminate(ms: list[Machine]) -> dict[str, Outcome]:
         out = {}
-        for m in [m for m in ms if m.status == S.REQUESTED]:
+        for m in [m for m in ms if m.status in INTENTS]:
             try:
                 done, changed = down(app, m.name, reason=reason)
                 out[m.id] = Outcome(done, changed)
             except (UserError, OperationFailed) as e:
                 out[m.id] = Outcome(m, error=str(e))
-        rest = [m for m in ms if m.status != S.REQUESTED]
+        rest = [m for m in ms if m.status not in INTENTS]
         return {**out, **act_many(app, rest, "terminate", reason=reason)}
 
     return _by_name(app, names, terminate)
@@ -301,6 +303,8 @@ def _settled(m: Machine, op: str) -> Outcome | None:
     """``m``'s outcome when its cloud need not or cannot be asked; None: ask it."""
     if (op == "stop" and m.status in (S.STOPPED, S.PREEMPTED)) or not m.is_live:
         return Outcome(m)
+    if m.status == S.WAITING:
+        return Outcome(m, error=f"{m.name} is waiting for capacity: nothing is launched")
     if m.status == S.REQUESTED or not m.instance_id:
         return Outcome(m, error=f"{m.name} is still being launched")
     if op == "stop" and not can_stop(m):

@@ -11,6 +11,10 @@ intervals at the launch-time rate.
 ``down`` of an intent still launching wins: it records ``cancel-requested`` (a second ``up`` of
 the name is refused meanwhile), the launching ``up`` sees it and terminates what it launched,
 and ``down`` waits for that on the intent's lock.
+
+When every candidate tried lacked capacity and the caller asked to wait (``on_no_capacity``),
+the intent is settled by :mod:`provisioner.machines.waiting` (queued as ``waiting``) rather
+than failed.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from decimal import ROUND_DOWN, Decimal
-from typing import Any
+from typing import Any, NoReturn
 
 from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
@@ -59,6 +63,9 @@ from provisioner.state import machine as machine_row
 
 log = logging.getLogger("provisioner")
 Progress = Callable[[str], None]
+#: Settles an intent every tried candidate of which lacked capacity (waiting, or given up): it
+#: raises, so the launch ends there.
+NoCapacity = Callable[[Machine, list[LaunchAttempt]], NoReturn]
 S = MachineStatus
 
 
@@ -81,9 +88,10 @@ def up(
     spec_path: str | None = None,
     progress: Progress = lambda _: None,
     prefer: Callable[[Candidate], Any] | None = None,
+    on_no_capacity: NoCapacity | None = None,
 ) -> UpResult:
     """``prefer`` reorders the candidates (stable): recovery tries the lost machine's zone and
-    region first."""
+    region first. ``on_no_capacity``: see :data:`NoCapacity` (None: such an intent fails)."""
     # The limits (max_machines, budgets) are read and the intent written under one lock:
     # otherwise six concurrent `up`s each count the same machines and all go ahead.
     with app.db.lock("intents"):
@@ -101,7 +109,7 @@ def up(
             if not current.is_live:
                 raise OperationFailed(f"{experiment.name}: taken down while it was launched")
             return UpResult(current, already=True, plan=plan)
-        return _launch(app, machine, experiment, plan, progress)
+        return launch_intent(app, machine, experiment, plan, progress, on_no_capacity)
 
 
 def check(app: App, experiment: Experiment) -> Plan:
@@ -169,8 +177,13 @@ def _write_intent(
         return m, True
 
 
-def _launch(
-    app: App, machine: Machine, experiment: Experiment, plan: Plan, progress: Progress
+def launch_intent(
+    app: App,
+    machine: Machine,
+    experiment: Experiment,
+    plan: Plan,
+    progress: Progress,
+    on_no_capacity: NoCapacity | None = None,
 ) -> UpResult:
     """Launch the intent ``machine`` (its lock held): adopt, else walk the candidates."""
     crashpoint("after-intent")
@@ -225,10 +238,12 @@ def _launch(
         launched = _record(app, machine.id, instance, attempt, "launched")
         return UpResult(_finish(app, launched, experiment), attempts=attempts, plan=plan)
 
+    tried = [a for a in attempts if a.outcome != AttemptOutcome.SKIPPED]
+    if on_no_capacity and tried and all(a.outcome == AttemptOutcome.CAPACITY for a in tried):
+        on_no_capacity(machine, attempts)
     with app.db.session() as s:
         m = machine_row(s, machine.id)
         ledger.record_transition(s, m, S.FAILED, app.clock.now(), reason="no-candidate-launched")
-    tried = [a for a in attempts if a.outcome != AttemptOutcome.SKIPPED]
     summary = "; ".join(f"{a.where} {a.instance_type}: {a.outcome}" for a in tried[:8])
     raise OperationFailed(
         f"could not launch {experiment.name} on any of {len(tried)} "

@@ -18,7 +18,7 @@ from provisioner.app import App
 from provisioner.idle import NOTICE_EVENT
 from provisioner.machines.record import ref
 from provisioner.models import ACTIVE_EXCLUDED, Event, Heartbeat, Machine, UsageInterval
-from provisioner.schema import COMPUTE_BILLED, MachineStatus, observed
+from provisioner.schema import COMPUTE_BILLED, INTENTS, MachineStatus, observed
 
 log = logging.getLogger("provisioner")
 S = MachineStatus
@@ -60,7 +60,7 @@ def _orphans(app: App, cloud: str, listed: Iterable[Instance]) -> list[Orphan]:
             )
         ).all()
     owned = {iid for _, _, status, iid in rows if iid and status not in ACTIVE_EXCLUDED}
-    launching = {mid: name for mid, name, status, _ in rows if status == S.REQUESTED}
+    launching = {mid: name for mid, name, status, _ in rows if status in INTENTS}
     return [
         Orphan(cloud, i, launching.get(i.machine_id or ""))
         for i in listed
@@ -132,7 +132,7 @@ def reconcile(
     now = now or app.clock.now()
     with app.db.session() as s:
         live = s.scalars(
-            select(Machine).where(Machine.status.not_in((S.TERMINATED, S.FAILED, S.REQUESTED)))
+            select(Machine).where(Machine.status.not_in((S.TERMINATED, S.FAILED, *INTENTS)))
         )
         by_cloud: dict[str, list[Machine]] = {}
         for m in live:

@@ -70,6 +70,11 @@ def transition(app: App, machine_id: str, status: MachineStatus, **kw: Any) -> t
 
 
 def require_launched(m: Machine) -> None:
+    if m.status == MachineStatus.WAITING:
+        raise UserError(
+            f"{m.name} is waiting for capacity (nothing is launched; see `provisioner status "
+            f"{m.name}`); `provisioner down {m.name}` cancels it"
+        )
     if m.status == MachineStatus.REQUESTED or not m.instance_id:
         raise UserError(
             f"{m.name} is still being launched; run `provisioner up` again to finish, or `down` it"

@@ -85,9 +85,13 @@ def fleet(app: App, now: datetime, f: Fmt, filters: Mapping[str, str]) -> Fleet:
     for a in assessed:
         m = a.machine
         next_action, next_at = _next(a, now, f)
-        rows.append(
-            Row(m, spent(m), beats.get(m.id, []), _why_up(a, now, f), next_action, next_at, _tz(a))
+        listed_row = listed.get(m.id)
+        why = (
+            listed_row.why
+            if m.status == "waiting" and listed_row is not None and listed_row.why
+            else _why_up(a, now, f)
         )
+        rows.append(Row(m, spent(m), beats.get(m.id, []), why, next_action, next_at, _tz(a)))
     shown = {m.id for m in machines}
     return Fleet(
         rows,

@@ -11,9 +11,9 @@ from datetime import datetime, timedelta
 from decimal import ROUND_HALF_UP, Decimal
 from typing import TYPE_CHECKING, Any
 
-from provisioner.fleet import Fleet, Row, Sql, costs_of, failure, launches, read
+from provisioner.fleet import Fleet, Row, Sql, costs_of, failure, launches, read, waiting_line
 from provisioner.money import CENT, US_PER_HOUR, Money, allocate
-from provisioner.schema import ACTIVE_EXCLUDED, epoch_us
+from provisioner.schema import ACTIVE_EXCLUDED, INTENTS, epoch_us
 
 if TYPE_CHECKING:
     from provisioner.app import App
@@ -63,7 +63,7 @@ def status_list(app: App, *, all_: bool, refresh: bool) -> StatusList:
     if known_empty(app.settings.database_url, all_):
         return StatusList(Fleet([], {}))
     fleet = read_fleet(app, all_)
-    asked = {m.id for m in fleet.rows if m.status not in ("requested", *ACTIVE_EXCLUDED)}
+    asked = {m.id for m in fleet.rows if m.status not in (*INTENTS, *ACTIVE_EXCLUDED)}
     if not (refresh and asked):
         return StatusList(fleet)
     observed = reconcile(app)
@@ -140,6 +140,7 @@ class MachineDetail:
     why: str | None  # why it failed
     held: str | None = None  # held after a refused relaunch: by what, the numbers, next try
     volumes: list[tuple[str, Any]] = field(default_factory=list)  # (mount path, volumes.Listed)
+    waiting: str | None = None  # waiting for capacity: since, next try, gives up at
 
     @property
     def spec(self) -> dict[str, Any]:
@@ -191,6 +192,7 @@ def machine_detail(app: App, key: str, *, by_id: bool = False) -> MachineDetail 
         why=why,
         held=_held(m, [e for e in events if e.machine_id == m.id], now),
         volumes=_volumes(app, m, now),
+        waiting=_waiting(m, events, now),
     )
 
 
@@ -265,6 +267,14 @@ def _held(m: Machine, events: list[Event], now: datetime) -> str | None:
     from provisioner.jobs import recover  # the scheduler's rules: only here
 
     return recover.held_line(recover.tries(events), now)
+
+
+def _waiting(m: Machine, events: list[Event], now: datetime) -> str | None:
+    """``waiting for capacity since X, next try Y, gives up at Z`` for a waiting intent."""
+    if m.status != "waiting":
+        return None
+    latest = next((e for e in reversed(events) if e.kind == "waiting"), None)
+    return waiting_line(latest.detail or {}, now) if latest is not None else None
 
 
 def _next_action(app: App, m: Machine, now: datetime) -> str | None:
