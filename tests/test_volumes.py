@@ -290,12 +290,26 @@ def test_status_and_up_show_the_volume(cli, home, tmp_path):
 # --- relaunch, start, gc ------------------------------------------------------------------------
 
 
+def test_a_machine_started_in_place_after_a_preemption_keeps_its_volume(app, clock):
+    m = machines.up(app, experiment(lifecycle={"on_preemption": "relaunch"})).machine
+    clock.advance(timedelta(hours=1))
+    app.provider("sandbox").preempt(machines.ref(m))  # stopped, the volume still attached
+    reconcile.run(app)
+    clock.advance(timedelta(minutes=5))
+    assert [(a.action, a.done) for a in recover.run(app).actions] == [("start", True)]
+    again = machines.find(app, "exp")
+    assert (again.id, again.status) == (m.id, "running")
+    (cv,) = sandbox_volumes(app)
+    assert cv["attached_to"] == m.instance_id
+
+
 def test_a_relaunch_after_a_preemption_attaches_the_volume_to_the_new_machine(app, clock):
     lost = machines.up(app, experiment(lifecycle={"on_preemption": "relaunch"})).machine
     clock.advance(timedelta(hours=1))
     app.provider("sandbox").preempt(machines.ref(lost))  # stopped, the volume still attached
     reconcile.run(app)
-    assert [a.done for a in recover.run(app).actions] == [True]
+    app.provider("sandbox").terminate(machines.ref(lost))  # … and then gone from the cloud
+    assert [(a.action, a.done) for a in recover.run(app).actions] == [("relaunch", True)]
     new = machines.find(app, "exp")
     assert new.id != lost.id and new.zone == lost.zone
     (cv,) = sandbox_volumes(app)
