@@ -288,7 +288,7 @@ def test_plan_a100x8_spot_offline_spans_all_five_clouds(home):
     # AWS launches spot as one-time requests, which it cannot stop: the plan says so in words
     assert [w for w in plan["warnings"] if w.startswith("aws ")] == [
         "aws cannot stop a spot machine: an out-of-hours idle stop terminates it and its boot "
-        "disk (its owner is warned first); `provisioner down` is how it ends"
+        "disk, not its volumes (its owner is warned first); `provisioner down` is how it ends"
     ]
     assert not any(w.startswith(("gcp ", "azure ", "yandex ")) for w in plan["warnings"])
 

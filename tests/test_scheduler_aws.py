@@ -163,7 +163,7 @@ def test_first_real_run_through_the_cli_leaves_nothing_billed(emu, home: Path, t
     said = " ".join(r.stdout.split())  # `up` says what an idle stop will do to it
     assert (
         "a spot machine on aws cannot be stopped: an out-of-hours idle stop terminates it and "
-        "its boot disk (the owner is warned 15 minutes before)"
+        "its boot disk, not its volumes (the owner is warned 15 minutes before)"
     ) in said
     assert "provisioner stop" not in said
     [instance_id] = re.findall(r"instance (i-[0-9a-f]+)", said)

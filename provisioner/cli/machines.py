@@ -229,7 +229,8 @@ def up(
 
         out.print(
             f"  a spot machine on {m.cloud} cannot be stopped: an out-of-hours idle stop "
-            f"terminates it and its boot disk (the owner is warned {UNSTOPPABLE_WARN_MINUTES} "
+            f"terminates it and its boot disk, not its volumes (the owner is warned "
+            f"{UNSTOPPABLE_WARN_MINUTES} "
             f"minutes before); remove it with `provisioner down {m.name}`",
             soft_wrap=True,
         )

@@ -144,7 +144,8 @@ def _stoppable(m: Machine, how: str, why: str) -> tuple[str, str]:
     instead: left running it would bill all night, and its cloud may take it back any time."""
     if how == "stop" and m.market == "spot" and not machines.can_stop(m):
         return "terminate", (
-            f"{why}; spot machine on {m.cloud} cannot be stopped: terminated with its boot disk"
+            f"{why}; spot machine on {m.cloud} cannot be stopped: terminated with its boot disk "
+            "(its volumes survive)"
         )
     return how, why
 

@@ -156,7 +156,10 @@ def hold(
             if e is not None:
                 e.detail = {**(e.detail or {}), **detail}
     if m.is_live and not can_stop(m):
-        why = f"spot machine on {m.cloud} cannot be stopped: terminated with its boot disk"
+        why = (
+            f"spot machine on {m.cloud} cannot be stopped: terminated with its boot disk "
+            "(its volumes survive)"
+        )
         return down(app, m.name, reason="relaunch-refused", detail={"why": why})[0]
     with app.db.session() as s:
         return machine_row(s, m.id)

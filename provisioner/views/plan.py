@@ -88,7 +88,7 @@ def unstoppable_spot(candidates: list[Candidate]) -> list[str]:
     )
     return [
         f"{cloud} cannot stop a spot machine: an out-of-hours idle stop terminates it and its "
-        f"boot disk (its owner is warned first); `provisioner down` is how it ends"
+        f"boot disk, not its volumes (its owner is warned first); `provisioner down` is how it ends"
         for cloud in clouds
     ]
 
