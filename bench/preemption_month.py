@@ -7,7 +7,8 @@ On the sandbox cloud and a manual clock (no wall time involved): a fleet of spot
 A100 and one 8×H100), preempted at seeded random instants between the scheduler's 5-minute ticks,
 plus one 8×H100 taken a minute into a 6-hour scheduler outage. Every tick runs the reconcile and
 recover passes as the daemon does. At the end each preemption's compute usage in the ledger is
-compared with the instant the cloud took the machine.
+compared with the instant the cloud took the machine: the run it cut short must end there (a
+machine started again in place opens a new run, which bills as it should).
 
 Printed: preemptions, compute billed past the cloud's instant (the ledger), and what closing
 usage at the moment the scheduler noticed would have billed (the behaviour before #23).
@@ -114,9 +115,10 @@ def main() -> None:
                     UsageInterval.machine_id == mid, UsageInterval.kind == "compute"
                 )
             ):
+                began = u.started_at if u.started_at.tzinfo else u.started_at.replace(tzinfo=UTC)
                 last = u.ended_at or end
                 last = last if last.tzinfo else last.replace(tzinfo=UTC)
-                if last > at:
+                if began <= at < last:  # the run the cloud cut short: it must end at `at`
                     past += m.rate * Decimal((last - at).total_seconds()) / 3600
             before += m.rate * Decimal((noticed - at).total_seconds()) / 3600
     app.close()
