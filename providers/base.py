@@ -317,9 +317,16 @@ class Provider(ABC):
         Clouds that hold nothing open between calls have nothing to do."""
         return None
 
+    @property
+    def ssh_port(self) -> int:
+        """The port its machines answer SSH on."""
+        return 22
+
     def accepts_ssh(self, instance: Instance, timeout: float = 3) -> bool:
         """Whether the machine's SSH port answers at its public address (a TCP connect)."""
-        return bool(instance.public_ip) and port_open(instance.public_ip or "", 22, timeout)
+        return bool(instance.public_ip) and port_open(
+            instance.public_ip or "", self.ssh_port, timeout
+        )
 
     def check(self) -> CheckResult:
         """Are credentials present and valid? The one skeleton: :meth:`missing_setup` (nothing

@@ -44,6 +44,7 @@ ORDER = [
     "provisioner.web",  # the HTTP server: WSGI apps under path prefixes (waitress)
     "provisioner.startup",  # what a machine is given at boot: the agent and its token
     "provisioner.idle",
+    "provisioner.keys",  # the SSH key a machine gets and `ssh` uses; the ssh-config
     "provisioner.machines.record",  # a machine's life: events, transitions, its cloud's calls
     "provisioner.machines.attempts",  # the typed launch attempt and what failures block
     "provisioner.machines.volumes",  # network disks: created, attached, mounted, removed

@@ -239,6 +239,10 @@ class SandboxProvider(Provider):
     def ssh_user(self) -> str:
         return self.options.ssh_user or self.spec.ssh_user
 
+    @property
+    def ssh_port(self) -> int:
+        return self.options.ssh_port
+
     def accepts_ssh(self, instance: Instance, timeout: float = 3) -> bool:
         """A simulated machine answers at once; one pointed at a real host is asked."""
         if self.options.public_ip is None:

@@ -186,6 +186,7 @@ def up(
                     application, experiment, wait=capacity_wait, spec_path=spec, progress=say
                 )
         m = result.machine
+        _refresh_ssh_config(application)  # before waiting: a wait that times out leaves it
         if result.already:  # another `up` of this name won the race
             _already(m, experiment.to_json(), spec, output)
             return
@@ -198,6 +199,7 @@ def up(
         if quiet:
             print_json({"error": said, "exit_code": 130})
         raise typer.Exit(130) from None
+    _refresh_ssh_config(application)
     if quiet:
         print_json(
             {
@@ -429,12 +431,14 @@ def ssh(
 ) -> None:
     """Log in on a machine (or run a command there) as its cloud's user, at its address.
 
-    Runs OpenSSH's `ssh` — $PROVISIONER_SSH_COMMAND instead when set (e.g. "ssh -i KEY -p
-    2222", like GIT_SSH_COMMAND) — so keys come from your agent or ~/.ssh/config."""
+    Runs OpenSSH's `ssh` — $PROVISIONER_SSH_COMMAND instead when set (e.g. "ssh -p 2222",
+    like GIT_SSH_COMMAND) — with the key `up` launched it with (your agent or ~/.ssh/config
+    decides for an experiment's own ssh_public_key). An address that does not answer within
+    15 s is reported with what to check."""
     import os
     import shlex
 
-    from provisioner import machines  # SQLAlchemy: not for --help
+    from provisioner import keys, machines  # SQLAlchemy: not for --help
     from provisioner.errors import UserError
 
     application = get_app(ctx)
@@ -442,12 +446,19 @@ def ssh(
     if m.status != "running" or not m.public_ip:
         hint = f"`provisioner start {m.name}`" if m.status == "stopped" else "`provisioner status`"
         raise UserError(f"{m.name} is {m.status} with no address to connect to (see {hint})")
-    user = application.provider(m.cloud).ssh_user
+    provider = application.provider(m.cloud)
+    keys.check_reachable(application, m)
+    key = keys.private_key(application, m)
+    # after the user's own options: for -o, OpenSSH keeps the first value it is given
     argv = [
         *shlex.split(os.environ.get("PROVISIONER_SSH_COMMAND") or "ssh"),
-        "-o",
-        "StrictHostKeyChecking=accept-new",
-        f"{user}@{m.public_ip}",
+        *(["-i", str(key), "-o", "IdentitiesOnly=yes"] if key else []),
+        *("-o", f"Port={provider.ssh_port}"),
+        *("-o", f"ConnectTimeout={keys.probe_seconds():g}"),
+        *("-o", "StrictHostKeyChecking=accept-new"),
+        *("-o", f"UserKnownHostsFile={keys.known_hosts(application)}"),
+        *("-o", f"HostKeyAlias={keys.host_alias(m)}"),
+        f"{provider.ssh_user}@{m.public_ip}",
         *(command or []),
     ]
     sys.stdout.flush()
@@ -457,6 +468,43 @@ def ssh(
         raise UserError(
             f"cannot run {argv[0]}: {e.strerror} (is the OpenSSH client installed?)"
         ) from None
+
+
+@app.command("ssh-config")
+def ssh_config(
+    ctx: typer.Context,
+    install: bool = typer.Option(
+        False,
+        "--install",
+        help="write it to the provisioner home and Include it from ~/.ssh/config; up, start, "
+        "stop and down keep it current",
+    ),
+) -> None:
+    """An OpenSSH config with a Host per running machine, so plain `ssh NAME`, `scp` and VS Code
+    Remote reach machines by name (with the key `up` launched them with)."""
+    from provisioner import keys  # SQLAlchemy: not for --help
+
+    application = get_app(ctx)
+    if not install:
+        write(keys.ssh_config(application).rstrip("\n"))
+        return
+    for line in keys.install(application):
+        out.print(line, highlight=False, markup=False, soft_wrap=True)
+
+
+def _refresh_ssh_config(application: Any) -> None:
+    """Keep an installed ssh-config current after a machine came, went or moved."""
+    from provisioner import keys
+
+    try:
+        keys.refresh(application)
+    except OSError as e:
+        err.print(
+            f"warning: could not rewrite {keys.config_path(application)}: {e}",
+            highlight=False,
+            markup=False,
+            soft_wrap=True,
+        )
 
 
 def _fleet(verb: str, fn_name: str, done: str, same: str, applies: tuple[str, ...]) -> None:
@@ -512,6 +560,7 @@ def _fleet(verb: str, fn_name: str, done: str, same: str, applies: tuple[str, ..
                 )
             else:
                 out.print(f"{m.name} {done if changed else same}", highlight=False, soft_wrap=True)
+        _refresh_ssh_config(application)
         if output is Output.json:
             one = len(results) == 1 and names
             print_json(results[0] if one else results)

@@ -46,7 +46,7 @@ from providers.base import (
     QuotaError,
 )
 from providers.retry import call_with_retry
-from provisioner import budget, ledger, planning, startup
+from provisioner import budget, keys, ledger, planning, startup
 from provisioner.app import App
 from provisioner.crashpoints import crashpoint
 from provisioner.errors import OperationFailed, UserError
@@ -195,6 +195,7 @@ def launch_intent(
 
     # the agent's token, once per launch (never logged or recorded)
     token = startup.issue_token(app, machine.id) if app.settings.scheduler.endpoint_url else None
+    key = keys.choose(app, experiment, progress)
     attempts: list[LaunchAttempt] = []
     blocked = Blocklist()
     for cand in plan.candidates:
@@ -216,7 +217,9 @@ def launch_intent(
             volumes.mounts(app, ready),
             app.provider(o.cloud).ssh_user,
         )
-        request = _launch_request(machine, experiment, cand, user_data, app.settings.money_rates)
+        request = _launch_request(
+            machine, experiment, cand, user_data, app.settings.money_rates, key.public_key
+        )
         record_event(app, machine.id, "launch-attempt", detail=attempt.to_json())
         crashpoint("before-launch")
         try:
@@ -225,7 +228,7 @@ def launch_intent(
             found = _launched_after_all(app, machine, cand, err, progress)
             if found:
                 attempts.append(attempt.ended(AttemptOutcome.LAUNCHED))
-                adopted = _record(app, machine.id, found[0], attempt, "adopted")
+                adopted = _record(app, machine.id, found[0], attempt, "adopted", key)
                 _end_duplicates(app, adopted, found[1:])
                 return UpResult(_finish(app, adopted, experiment), attempts=attempts, plan=plan)
             attempts.append(_failed(app, machine, attempt, blocked.add(cand, err), err))
@@ -235,7 +238,7 @@ def launch_intent(
             continue
         crashpoint("after-launch")
         attempts.append(attempt.ended(AttemptOutcome.LAUNCHED))
-        launched = _record(app, machine.id, instance, attempt, "launched")
+        launched = _record(app, machine.id, instance, attempt, "launched", key)
         return UpResult(_finish(app, launched, experiment), attempts=attempts, plan=plan)
 
     tried = [a for a in attempts if a.outcome != AttemptOutcome.SKIPPED]
@@ -442,7 +445,12 @@ def _startup_data(
 
 
 def _launch_request(
-    m: Machine, experiment: Experiment, c: Candidate, user_data: str | None, rates: Rates
+    m: Machine,
+    experiment: Experiment,
+    c: Candidate,
+    user_data: str | None,
+    rates: Rates,
+    ssh_public_key: str | None = None,  # the key chosen (keys.choose); else the experiment's
 ) -> LaunchRequest:
     o = c.offer
     res = experiment.resources
@@ -472,7 +480,7 @@ def _launch_request(
         accelerator=o.accelerator,
         image=res.image.get(o.cloud),
         user_data=user_data,
-        ssh_public_key=experiment.ssh_public_key,
+        ssh_public_key=ssh_public_key or experiment.ssh_public_key,
         labels=labels,
         max_price=max_price,
         preemption_action="terminate"
@@ -482,10 +490,16 @@ def _launch_request(
 
 
 def _record(
-    app: App, machine_id: str, inst: Instance, attempt: LaunchAttempt, event: str
+    app: App,
+    machine_id: str,
+    inst: Instance,
+    attempt: LaunchAttempt,
+    event: str,
+    key: keys.Key | None = None,
 ) -> Machine:
     """The machine ``attempt`` launched (``event``: launched, or adopted after a lost answer
-    or a crash), recorded with the attempt's rate: usage opens now."""
+    or a crash), recorded with the attempt's rate (usage opens now) and the SSH key it was
+    given (``provisioner ssh`` connects with it)."""
     now = app.clock.now()
     with app.db.session() as s:
         m = machine_row(s, machine_id)
@@ -502,6 +516,11 @@ def _record(
             status,
             now,
             event=event,
-            detail={**attempt.to_json(), "instance_id": inst.id, "public_ip": inst.public_ip},
+            detail={
+                **attempt.to_json(),
+                "instance_id": inst.id,
+                "public_ip": inst.public_ip,
+                **({keys.DETAIL: key.detail()} if key else {}),
+            },
         )
         return m
