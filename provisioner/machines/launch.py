@@ -189,13 +189,13 @@ def launch_intent(
     crashpoint("after-intent")
     _unless_cancelled_before(app, machine)
 
-    adopted = adopt(app, machine, progress)
+    key = keys.choose(app, experiment, progress)  # an interrupted run chose the same
+    adopted = adopt(app, machine, progress, key)
     if adopted is not None:
         return UpResult(_finish(app, adopted, experiment), plan=plan)
 
     # the agent's token, once per launch (never logged or recorded)
     token = startup.issue_token(app, machine.id) if app.settings.scheduler.endpoint_url else None
-    key = keys.choose(app, experiment, progress)
     attempts: list[LaunchAttempt] = []
     blocked = Blocklist()
     for cand in plan.candidates:
@@ -363,7 +363,9 @@ def _launched_after_all(
     return live
 
 
-def adopt(app: App, machine: Machine, progress: Progress) -> Machine | None:
+def adopt(
+    app: App, machine: Machine, progress: Progress, key: keys.Key | None = None
+) -> Machine | None:
     """Find a machine that an interrupted run of this intent launched but never recorded: the
     ``launch-attempt`` events say where to look and what each attempt was."""
     with app.db.session() as s:
@@ -396,7 +398,7 @@ def adopt(app: App, machine: Machine, progress: Progress) -> Machine | None:
             if attempt is None:
                 continue
             progress(f"found {inst.id} launched by an interrupted run; adopting it")
-            adopted = _record(app, machine.id, inst, attempt, "adopted")
+            adopted = _record(app, machine.id, inst, attempt, "adopted", key)
             _end_duplicates(app, adopted, [i for i in live if i.id != inst.id])
             return adopted
     return None
