@@ -447,7 +447,8 @@ def ssh(
         hint = f"`provisioner start {m.name}`" if m.status == "stopped" else "`provisioner status`"
         raise UserError(f"{m.name} is {m.status} with no address to connect to (see {hint})")
     provider = application.provider(m.cloud)
-    keys.check_reachable(application, m)
+    with err.status(f"checking that {m.name} answers at {m.public_ip}…"):
+        keys.check_reachable(application, m)
     key = keys.private_key(application, m)
     # after the user's own options: for -o, OpenSSH keeps the first value it is given
     argv = [
