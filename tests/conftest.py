@@ -29,6 +29,17 @@ ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "configs" / "examples"
 
 
+@pytest.fixture(autouse=True)
+def user_home(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """HOME is an empty directory of the test run's, for every test and the CLI processes it
+    starts: what `up` takes from ``~/.ssh`` (a key) or any SDK from ``~/.aws``/``~/.config``
+    never depends on the machine the suite runs on. A test that wants a key puts it there."""
+    home = tmp_path_factory.getbasetemp() / "user-home"
+    home.mkdir(exist_ok=True)
+    monkeypatch.setenv("HOME", str(home))
+    return home
+
+
 @pytest.fixture
 def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A private PROVISIONER_HOME; no user config file leaks in."""
