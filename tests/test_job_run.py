@@ -135,6 +135,11 @@ def test_keep_a_failing_run_then_exec_and_a_restart_after_preemption(app, clock,
     assert _wait_ended(app, "job", "exec-1").exit_code == 5
     assert jobs.output(app, m, "exec-1") == b"exec fast\n"
     assert jobs.named(app, "job").status == "running"  # an exec job's end stops nothing
+    from provisioner.dashboard import make_app
+    from tests.test_dashboard import call
+
+    page = call(make_app(app, listen="127.0.0.1:8765"), "/machine/job")[2]
+    assert "job run: exited 3 at" in page and "job exec-1: exited 5 at" in page
 
     sandbox = app.provider("sandbox")
     clock.advance(timedelta(minutes=5))
@@ -269,3 +274,22 @@ def test_the_readme_first_command_shows_the_loop_and_ends(home):
     assert up.returncode == 0, up.stderr
     assert "step 3/3\ndone\n" in up.stdout
     assert "run exited 0: quickstart stopped, compute billing ended" in up.stdout
+
+
+def test_a_git_workdir_is_copied_as_git_ls_files_lists_it(app, tmp_path):
+    import shutil
+    import subprocess
+
+    if shutil.which("git") is None:
+        pytest.skip("no git on this machine")
+    work = _workdir(tmp_path)
+    (work / "untracked.txt").write_text("new\n")
+    subprocess.run(["git", "init", "-q", str(work)], check=True)
+    subprocess.run(["git", "-C", str(work), "add", "train.sh", ".gitignore"], check=True)
+    files, how = jobs.workdir_files(str(work))
+    assert how == "git ls-files"
+    assert files == [".gitignore", "notes.txt", "train.sh", "untracked.txt"]
+    exp = load_experiment(_experiment(tmp_path, workdir="project", run="ls -A"))
+    m = machines.up(app, exp).machine
+    _wait_ended(app, "job")
+    assert jobs.output(app, m, "run").decode().split() == files

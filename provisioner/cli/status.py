@@ -125,19 +125,11 @@ def _detail_lines(d: Any) -> list[tuple[str, str]]:
                 f"{v.status}" + (f" ({v.attached_to})" if v.attached_to else ""),
             )
         )
-    lines += [(f"job {j.id}", job_text(j)) for j in d.jobs]
+    lines += [(f"job {j.id}", j.text) for j in d.jobs]
     extra = (("next", d.next), ("held", d.held), ("waiting", d.waiting), ("failed", d.why))
     lines += [(k, v) for k, v in extra if v]
     w = max(len(k) for k, _ in lines)
     return [(k.ljust(w), v) for k, v in lines]
-
-
-def job_text(j: Any) -> str:
-    """``running since …``, ``exited 0 at …``, ``killed at …`` (with its machine)."""
-    at = (j.finished_at or j.started_at).strftime("%Y-%m-%d %H:%M:%S UTC")
-    if j.running:
-        return f"running since {at}: {j.command.splitlines()[0] if j.command else ''}"
-    return f"exited {j.exit_code} at {at}" if j.exit_code is not None else f"killed at {at}"
 
 
 def _gpu(g: Any) -> str:

@@ -48,6 +48,17 @@ class Job:
     def running(self) -> bool:
         return self.finished_at is None
 
+    @property
+    def text(self) -> str:
+        """``running since …: CMD``, ``exited 0 at …``, ``killed at …`` (with its machine)."""
+        at = (self.finished_at or self.started_at).strftime("%Y-%m-%d %H:%M:%S UTC")
+        if self.running:
+            first = self.command.strip().splitlines()[0] if self.command.strip() else ""
+            return f"running since {at}: {first}"
+        if self.exit_code is None:
+            return f"killed at {at}"
+        return f"exited {self.exit_code} at {at}"
+
     def to_json(self) -> dict[str, Any]:
         return {
             "job": self.id,
@@ -62,13 +73,13 @@ class Job:
 def refuse_unsupported(app: App, experiment: Experiment, clouds: list[str]) -> None:
     """``run:``/``setup:`` for a cloud that cannot run jobs yet: refused (exit 2) before any
     launch, rather than a machine that bills while its job never starts."""
-    if not (experiment.run or experiment.setup):
+    if not (experiment.run or experiment.setup or experiment.workdir):
         return
     cannot = sorted({c for c in clouds if not app.provider(c).runs_jobs})
     if cannot:
         raise UserError(
-            f"{experiment.name}: run: and setup: are supported on the sandbox only so far "
-            f"(running them on {', '.join(cannot)} over SSH is not built yet); "
+            f"{experiment.name}: workdir:, setup: and run: are supported on the sandbox only "
+            f"so far (running them on {', '.join(cannot)} over SSH is not built yet); "
             f"set resources.clouds: [sandbox], or start the job yourself with `provisioner ssh`"
         )
 
