@@ -293,3 +293,37 @@ def test_a_git_workdir_is_copied_as_git_ls_files_lists_it(app, tmp_path):
     m = machines.up(app, exp).machine
     _wait_ended(app, "job")
     assert jobs.output(app, m, "run").decode().split() == files
+
+
+def test_a_relaunch_after_preemption_runs_the_job_again(app, clock, tmp_path):
+    from provisioner.jobs import recover
+
+    exp = load_experiment(
+        _experiment(
+            tmp_path,
+            setup="echo setup",
+            run="echo working; sleep 600",
+            lifecycle={"on_preemption": "relaunch"},
+        )
+    )
+    old = machines.up(app, exp).machine
+    clock.advance(timedelta(hours=1))
+    sandbox = app.provider("sandbox")
+    sandbox.preempt(machines.ref(old))
+    assert not jobs.state(app, old, "run").running  # killed with the machine
+    sandbox.inject(capacity={old.zone: 0})  # no room in place: a new machine
+    clock.advance(timedelta(minutes=5))
+    reconcile_job.run(app)
+    [done] = recover.run(app).actions
+    assert (done.action, done.done) == ("relaunch", True), done
+    new = jobs.named(app, "job")
+    assert new.id != old.id
+    assert [e.detail["job"] for e in _events(app, new.id, "job-started")] == ["run"]
+    for _ in range(600):
+        if b"working" in jobs.output(app, new, "run"):
+            break
+        time.sleep(0.05)
+    assert jobs.output(app, new, "run") == b"setup\nworking\n"  # setup again on a new machine
+    assert jobs.state(app, new, "run").running
+    machines.down(app, "job")
+    assert not jobs.state(app, new, "run").running  # down kills it
