@@ -172,13 +172,14 @@ def exec_job(app: App, name: str, command: str) -> str:
     provider = app.provider(m.cloud or "")
     if not provider.runs_jobs:
         raise UserError(f"{m.name}: exec is supported on the sandbox only so far")
-    job_id = f"exec-{sum(j.startswith('exec-') for j in jobs_of(app, m)) + 1}"
     env = Experiment.model_validate(m.spec).env
-    try:
-        provider.start_job(ref(m), job_id, command, env=env)
-    except ProviderError as e:
-        raise OperationFailed(f"{m.name}: could not start {job_id}: {e}") from None
-    record_event(app, m.id, STARTED, detail={"job": job_id, "command": command})
+    with app.db.lock(f"jobs-{m.id}"):  # concurrent execs: one id each
+        job_id = f"exec-{sum(j.startswith('exec-') for j in jobs_of(app, m)) + 1}"
+        try:
+            provider.start_job(ref(m), job_id, command, env=env)
+        except ProviderError as e:
+            raise OperationFailed(f"{m.name}: could not start {job_id}: {e}") from None
+        record_event(app, m.id, STARTED, detail={"job": job_id, "command": command})
     return job_id
 
 
@@ -213,7 +214,13 @@ def state(app: App, m: Machine, job_id: str) -> JobState:
 
 def check_ended(app: App, m: Machine) -> list[Job]:
     """Ask the machine about its jobs the events say run; each found ended gets its
-    ``job-finished`` event. Returns those."""
+    ``job-finished`` event. Returns those. Under the machine's jobs lock: when the scheduler
+    and a ``logs -f`` look at once, one of them records (and acts on) the end."""
+    with app.db.lock(f"jobs-{m.id}"):
+        return _check_ended(app, m)
+
+
+def _check_ended(app: App, m: Machine) -> list[Job]:
     ended = []
     for job in jobs_of(app, m).values():
         if not job.running:
