@@ -327,3 +327,29 @@ def test_a_relaunch_after_preemption_runs_the_job_again(app, clock, tmp_path):
     assert jobs.state(app, new, "run").running
     machines.down(app, "job")
     assert not jobs.state(app, new, "run").running  # down kills it
+
+
+def test_up_again_starts_a_run_an_interrupted_up_never_started(home, clock, tmp_path, monkeypatch):
+    from providers.sandbox.adapter import SandboxProvider
+    from provisioner.app import App
+
+    cfg = write_settings(home)
+    path = _experiment(tmp_path, name="again", run="echo the job")
+    app = App(make_settings(home), clock)
+
+    def killed(*args, **kwargs):
+        raise KeyboardInterrupt  # the `up` dies between the launch and the job
+
+    monkeypatch.setattr(SandboxProvider, "start_job", killed)
+    with pytest.raises(KeyboardInterrupt):
+        machines.up(app, load_experiment(path))
+    m = jobs.named(app, "again")
+    assert m.status == "running" and jobs.jobs_of(app, m) == {}
+    app.close()
+
+    up = run_cli("--config", str(cfg), "up", str(path))
+    assert up.returncode == 0, up.stderr
+    assert "its run had not started: started now" in up.stdout
+    assert "the job\n" in up.stdout and "run exited 0: again stopped" in up.stdout
+    again = run_cli("--config", str(cfg), "up", str(path))  # nothing more to start
+    assert again.returncode == 0 and "the job" not in again.stdout

@@ -177,6 +177,8 @@ def up(
     # "requested": resume it; "waiting" with a wait asked: follow it
     resume = ("requested", "waiting") if capacity_wait is not None else ("requested",)
     if existing is not None and existing.status not in resume:
+        if not quiet and not detach and _run_resumed(application, existing):
+            return
         _already(existing, experiment.to_json(), spec, output)
         return
     say = (
@@ -251,6 +253,20 @@ def up(
         f"  stop it with `provisioner stop {m.name}`, remove it with `provisioner down {m.name}`",
         soft_wrap=True,
     )
+
+
+def _run_resumed(application: Any, m: Any) -> bool:
+    """A running machine whose stored experiment has a ``run`` that never started (an earlier
+    `up` was interrupted between the launch and the job): started now and followed."""
+    from provisioner.machines import jobs
+    from provisioner.spec import Experiment
+
+    stored = Experiment.model_validate(m.spec)
+    if m.status != "running" or not stored.run or not jobs.ensure_run(application, m, stored):
+        return False
+    out.print(f"{m.name} was launched before; its run had not started: started now")
+    _follow_run(application, m.name, stored)
+    return True
 
 
 def _follow_run(application: Any, name: str, experiment: Any) -> None:

@@ -164,6 +164,18 @@ def start_run(app: App, m: Machine, experiment: Experiment, progress: Any = None
     return jobs_of(app, m)[RUN]
 
 
+def ensure_run(app: App, m: Machine, experiment: Experiment) -> Job | None:
+    """``run`` started unless it was already (once per launch, whoever asks: the launching
+    ``up``, a second ``up`` of the same intent, an ``up`` again after one interrupted before
+    it started the job). The new job, or None."""
+    if not (experiment.run or experiment.setup or experiment.workdir):
+        return None
+    with app.db.lock(f"jobs-{m.id}"):
+        if RUN in jobs_of(app, m):
+            return None
+        return start_run(app, m, experiment)
+
+
 def exec_job(app: App, name: str, command: str) -> str:
     """Another detached job on a running machine, with the experiment's env; its id."""
     m = find(app, name)

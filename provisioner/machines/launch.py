@@ -52,7 +52,6 @@ from provisioner.crashpoints import crashpoint
 from provisioner.errors import OperationFailed, UserError
 from provisioner.machines import jobs, volumes
 from provisioner.machines.attempts import Blocklist, LaunchAttempt, launch_token
-from provisioner.machines.jobs import RUN
 from provisioner.machines.record import disk_rate, provider_call, record_event, transition
 from provisioner.models import Event, Machine, new_id
 from provisioner.money import Rates
@@ -278,8 +277,7 @@ def _finish(app: App, m: Machine, experiment: Experiment) -> Machine:
         raise OperationFailed(
             f"{e}; {m.name} runs without it: `provisioner start {m.name}` attaches it again"
         ) from None
-    if RUN not in jobs.jobs_of(app, m):  # adopted after a crash: started already, maybe
-        jobs.start_run(app, m, experiment)
+    jobs.ensure_run(app, m, experiment)  # adopted after a crash: started already, maybe
     return m
 
 
