@@ -8,8 +8,6 @@ Looked at by the reconcile pass, and by ``status``/``logs`` when they look at a 
 
 from __future__ import annotations
 
-from datetime import datetime
-
 from sqlalchemy import select
 
 from provisioner import machines
@@ -24,7 +22,8 @@ REASON = "on-finish"
 
 
 def watched(app: App, names: list[str] | None = None) -> list[Machine]:
-    """Running machines with a job the events say still runs."""
+    """Running machines that started a job (:func:`jobs.check_ended` asks only about those
+    the events say still run)."""
     with app.db.session() as s:
         q = select(Machine).where(
             Machine.status.in_(("running", "pending")),
@@ -35,9 +34,9 @@ def watched(app: App, names: list[str] | None = None) -> list[Machine]:
         return list(s.scalars(q))
 
 
-def check(app: App, names: list[str] | None = None, now: datetime | None = None) -> list[Action]:
-    """Jobs found ended are recorded; a ``run`` that exited gets its ``on_finish``."""
-    del now  # events are stamped by the application's clock
+def check(app: App, names: list[str] | None = None) -> list[Action]:
+    """Jobs found ended are recorded (at the application clock's now: when they were seen to
+    have ended); a ``run`` that exited gets its ``on_finish``."""
     out: list[Action] = []
     for m in watched(app, names):
         try:
