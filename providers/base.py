@@ -191,6 +191,15 @@ class Instance:
         return self.labels.get(TAG_MACHINE)
 
 
+@dataclass(frozen=True)
+class JobState:
+    """A job on a machine: running, or ended with ``exit_code`` (None: it ended without one —
+    killed with its machine, or its output lost)."""
+
+    running: bool
+    exit_code: int | None = None
+
+
 class VolumeState(enum.StrEnum):
     """A network disk's state, in every cloud's words mapped to these."""
 
@@ -431,6 +440,41 @@ class Provider(ABC):
         ``/dev/disk/by-id/…`` link named from the volume's id or the device name the adapter
         gave it), known before the attach so the startup script can wait for it."""
         raise NotImplementedError(f"{self.name}: no volumes")
+
+    # --- jobs: the experiment's setup/run and `exec`, detached on the machine ------------------
+    # Only the sandbox runs them so far (as local processes); a real cloud's will run over SSH
+    # under a supervisor, which is not built yet: they raise NotImplementedError, and `up`
+    # refuses an experiment with `run:` for such a cloud before launching anything.
+
+    @property
+    def runs_jobs(self) -> bool:
+        """Whether this adapter implements the job calls below."""
+        return type(self).start_job is not Provider.start_job
+
+    def put_files(self, ref: InstanceRef, source: str, paths: Sequence[str]) -> None:
+        """Copy ``paths`` (relative to the local folder ``source``) into the machine's workdir."""
+        raise NotImplementedError(f"{self.name}: jobs are not supported yet")
+
+    def start_job(
+        self,
+        ref: InstanceRef,
+        job_id: str,
+        command: str,
+        *,
+        env: Mapping[str, str],
+        setup: str | None = None,
+    ) -> None:
+        """Start ``command`` (shell) detached in the machine's workdir with ``env``; its output
+        and exit code are kept on the machine under ``job_id``. ``setup`` (shell) runs first,
+        once per machine: a failing setup ends the job with its exit code."""
+        raise NotImplementedError(f"{self.name}: jobs are not supported yet")
+
+    def job_state(self, ref: InstanceRef, job_id: str) -> JobState:
+        raise NotImplementedError(f"{self.name}: jobs are not supported yet")
+
+    def job_output(self, ref: InstanceRef, job_id: str, offset: int = 0) -> bytes:
+        """The job's output (stdout and stderr) from byte ``offset``."""
+        raise NotImplementedError(f"{self.name}: jobs are not supported yet")
 
     def unused_network(self, *, remove: bool = False) -> list[str]:
         """Network pieces this adapter created (tagged as ours: a security group, a firewall

@@ -34,6 +34,7 @@ _NAME_RE = re.compile(r"^[a-z][a-z0-9-]{0,38}[a-z0-9]$")
 
 LabelKey = Annotated[str, StringConstraints(min_length=1, max_length=128)]
 LabelValue = Annotated[str, StringConstraints(max_length=256)]
+EnvKey = Annotated[str, StringConstraints(pattern=r"^[A-Z_][A-Z0-9_]*$", max_length=128)]
 
 
 class _Strict(BaseModel):
@@ -207,6 +208,9 @@ class Lifecycle(_Strict):
     on_preemption: Literal["relaunch", "terminate", "leave"] = "relaunch"
     on_preemption_notice: PreemptionNotice | None = None
     on_no_capacity: OnNoCapacity | None = None
+    #: what is done to the machine when its ``run`` exits (None: ``stop`` when the experiment
+    #: has a ``run``, so billing ends with the job; else ``keep``) — see Experiment.on_finish
+    on_finish: Literal["stop", "terminate", "keep"] | None = None
 
     @field_validator("max_lifetime", mode="before")
     @classmethod
@@ -283,6 +287,32 @@ class Experiment(_Strict):
     labels: dict[LabelKey, LabelValue] = Field(default_factory=dict, max_length=40)
     lifecycle: Lifecycle = Field(default_factory=Lifecycle)
     volumes: list[VolumeSpec] = Field(default_factory=list, max_length=MAX_VOLUMES)
+    # the job: ``workdir`` (relative to the experiment file) is copied to the machine at `up`,
+    # ``setup`` runs once per machine, then ``run`` (both shell, in the copy, with ``env``)
+    workdir: str | None = None
+    setup: str | None = Field(None, min_length=1, max_length=65536)
+    run: str | None = Field(None, min_length=1, max_length=65536)
+    env: dict[EnvKey, Annotated[str, StringConstraints(max_length=32768)]] = Field(
+        default_factory=dict, max_length=200
+    )
+
+    @field_validator("workdir")
+    @classmethod
+    def _workdir(cls, v: str | None, info: ValidationInfo) -> str | None:
+        """Resolved against the experiment file's folder (stored absolute); it must exist."""
+        base = (info.context or {}).get("base_dir")
+        if v is None or base is None:  # read back from the state: as it was stored
+            return v
+        path = (Path(base) / Path(v).expanduser()).resolve()
+        if not path.is_dir():
+            raise ValueError(f"no directory {path} (a workdir is relative to the experiment file)")
+        return str(path)
+
+    @property
+    def on_finish(self) -> str:
+        """What ends the machine when ``run`` exits: ``stop`` by default when there is a
+        ``run`` (billing ends with the job), ``keep`` when there is none."""
+        return self.lifecycle.on_finish or ("stop" if self.run else "keep")
 
     @field_validator("name")
     @classmethod
@@ -316,10 +346,23 @@ class Experiment(_Strict):
         return v
 
     def to_json(self) -> dict[str, Any]:
-        # a spec without volumes is stored as before (`up` compares the stored spec)
-        return self.model_dump(mode="json", exclude={"volumes"}) | (
-            {"volumes": [v.model_dump(mode="json") for v in self.volumes]} if self.volumes else {}
+        # a spec without volumes or a job is stored as before (`up` compares the stored spec)
+        out = self.model_dump(mode="json", exclude={"volumes", *_JOB_FIELDS})
+        if self.lifecycle.on_finish is None:
+            out["lifecycle"].pop("on_finish", None)
+        job = {k: getattr(self, k) for k in _JOB_FIELDS if getattr(self, k)}
+        return (
+            out
+            | (
+                {"volumes": [v.model_dump(mode="json") for v in self.volumes]}
+                if self.volumes
+                else {}
+            )
+            | job
         )
+
+
+_JOB_FIELDS = ("workdir", "setup", "run", "env")
 
 
 def did_you_mean(word: str, known: Collection[str]) -> str:
@@ -334,7 +377,9 @@ def load_experiment(path: str | Path, currencies: Collection[str] | None = None)
     """``currencies``: those settings have rates for; an amount in another is an error here,
     with its line, rather than when the plan converts it."""
     data, lines = yamlfile.load_document(path)
-    context = {"currencies": set(currencies)} if currencies else None
+    context: dict[str, Any] = {"base_dir": str(Path(path).parent)}
+    if currencies:
+        context["currencies"] = set(currencies)
     return yamlfile.validate(
         Experiment, data, lines, str(path), what="experiment file", context=context
     )

@@ -339,11 +339,13 @@ def test_quickstart_end_to_end_through_the_cli(home):
     assert up.returncode == 0, up.stderr
     assert "launched quickstart on sandbox" in up.stdout and "USD/h" in up.stdout
     assert "trying sandbox/" in up.stderr  # progress while it tries candidates
+    assert "step 3/3" in up.stdout and "run exited 0: quickstart stopped" in up.stdout
     st = run_cli("--config", str(cfg), "status", "-o", "json")
-    assert [m["status"] for m in json.loads(st.stdout)] == ["running"]
+    assert [m["status"] for m in json.loads(st.stdout)] == ["stopped"]  # on_finish: stop
     for cmd, word in (
-        ("stop", "stopped"),
         ("stop", "already"),
+        ("start", "started"),
+        ("stop", "stopped"),
         ("start", "started"),
         ("down", "terminated"),
         ("down", "already gone"),

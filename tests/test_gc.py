@@ -52,4 +52,5 @@ def test_gc_finds_and_terminates_orphans_only(home, db_url):
     again = json.loads(run_cli("--config", str(cfg), "gc", "-o", "json").stdout)
     assert again["orphans"] == []
     status = json.loads(run_cli("--config", str(cfg), "status", "-o", "json").stdout)
-    assert [m["status"] for m in status] == ["running"]  # the known machine is untouched
+    # the known machine is untouched (stopped by its own run's on_finish, not terminated)
+    assert [m["status"] for m in status] == ["stopped"]

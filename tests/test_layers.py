@@ -48,6 +48,7 @@ ORDER = [
     "provisioner.machines.record",  # a machine's life: events, transitions, its cloud's calls
     "provisioner.machines.attempts",  # the typed launch attempt and what failures block
     "provisioner.machines.volumes",  # network disks: created, attached, mounted, removed
+    "provisioner.machines.jobs",  # the experiment's job: workdir, setup, run, exec, their ends
     "provisioner.machines.launch",  # up: intent, attempts, adoption
     "provisioner.machines.actions",  # stop, start, down, many at once, wait until ready
     "provisioner.machines.waiting",  # an intent queued for capacity: its tries, its end
@@ -57,6 +58,7 @@ ORDER = [
     "provisioner.render",  # the report as text, HTML, chart, CSV and mail
     "provisioner.jobs",
     "provisioner.jobs.passes",
+    "provisioner.jobs.finish",  # lifecycle.on_finish: billing ends with the job
     "provisioner.jobs.lease",
     "provisioner.jobs.notices",
     "provisioner.jobs.sweep",
@@ -79,6 +81,7 @@ ORDER = [
     "provisioner.dashboard",
     "provisioner.cli",  # the Typer app and what every command shares
     "provisioner.cli.catalog",
+    "provisioner.cli.jobs",  # logs, exec; following a job
     "provisioner.cli.machines",
     "provisioner.cli.volumes",  # volume ls, volume rm
     "provisioner.cli.status",  # status (fleet and detail), events

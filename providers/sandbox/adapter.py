@@ -14,10 +14,14 @@ import contextlib
 import json
 import os
 import secrets
+import shlex
+import shutil
+import signal
 import sqlite3
+import subprocess
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -32,6 +36,7 @@ from providers.base import (
     Instance,
     InstanceRef,
     InvalidRequest,
+    JobState,
     LaunchRequest,
     MachineState,
     NotFound,
@@ -81,6 +86,7 @@ class SandboxProvider(Provider):
         self.db_path.parent.mkdir(parents=True, exist_ok=True)
         self._lock = threading.RLock()
         self._conn: sqlite3.Connection | None = None
+        self._procs: dict[Path, subprocess.Popen[bytes]] = {}  # jobs this process started
         with self._db() as db:
             if not db.execute("SELECT 1 FROM calls").fetchone():
                 db.execute("INSERT INTO calls VALUES (0)")
@@ -210,6 +216,7 @@ class SandboxProvider(Provider):
         )
         if state == "terminated":
             _release_volumes(db, row["id"])
+        self._kill_jobs(row["id"])
         return db.execute("SELECT * FROM machines WHERE id = ?", (row["id"],)).fetchone()
 
     def _check_capacity(self, db: sqlite3.Connection, zone: str, instance_type: str) -> None:
@@ -349,6 +356,8 @@ class SandboxProvider(Provider):
                 )
                 if state == "terminated":
                     _release_volumes(db, ref.id)
+                if halted:
+                    self._kill_jobs(ref.id)
 
         self._call(update)
 
@@ -386,6 +395,7 @@ class SandboxProvider(Provider):
                     )
                     if state == "terminated":
                         _release_volumes(db, ref.id)
+                    self._kill_jobs(ref.id)
                 out[ref] = None
             return out
 
@@ -518,6 +528,107 @@ class SandboxProvider(Provider):
         """As a virtio disk shows its serial (the volume's id) under /dev/disk/by-id."""
         return f"/dev/disk/by-id/virtio-{volume.id}"
 
+    # -- jobs: local processes in the machine's own directory -------------------------------
+    # <sandbox db folder>/machines/<id>/: workdir/ (the copy, where jobs run), setup.sh and
+    # setup.done (setup once per machine), jobs/<job>/{command.sh, output.log, pid, exit_code}.
+    # Each job is a detached process group (its own session: it outlives the `up` that started
+    # it); stopping, terminating or preempting the machine kills its groups.
+
+    def machine_dir(self, machine_id: str) -> Path:
+        return self.db_path.parent / "machines" / machine_id
+
+    def _running_dir(self, ref: InstanceRef) -> Path:
+        def look(db: sqlite3.Connection) -> str:
+            return str(self._instance(db, self._row(db, ref)).state)
+
+        state = self._call(look)
+        if state != MachineState.RUNNING:
+            raise InvalidRequest(
+                f"sandbox: machine {ref.id} is {state}, not running", code="SandboxNotRunning"
+            )
+        return self.machine_dir(ref.id)
+
+    def put_files(self, ref: InstanceRef, source: str, paths: Sequence[str]) -> None:
+        work = self._running_dir(ref) / "workdir"
+        for rel in paths:
+            src, dst = Path(source) / rel, work / rel
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dst)
+
+    def start_job(
+        self,
+        ref: InstanceRef,
+        job_id: str,
+        command: str,
+        *,
+        env: Mapping[str, str],
+        setup: str | None = None,
+    ) -> None:
+        home = self._running_dir(ref)
+        job = home / "jobs" / job_id
+        if job.exists():  # a job of that id again (a relaunched `run`): its output starts anew
+            shutil.rmtree(job)
+        job.mkdir(parents=True)
+        (home / "workdir").mkdir(exist_ok=True)
+        (job / "command.sh").write_text(command + "\n")
+        q = shlex.quote
+        lines = []
+        if setup is not None:
+            (home / "setup.sh").write_text(setup + "\n")
+            done = q(str(home / "setup.done"))
+            lines.append(
+                f"if [ ! -e {done} ]; then sh {q(str(home / 'setup.sh'))} || "
+                f"{{ echo $? > {q(str(job / 'exit_code'))}; exit; }}; touch {done}; fi"
+            )
+        tmp, final = q(str(job / "exit_code.tmp")), q(str(job / "exit_code"))
+        lines.append(f"sh {q(str(job / 'command.sh'))}; echo $? > {tmp} && mv {tmp} {final}")
+        with (job / "output.log").open("wb") as log:
+            proc = subprocess.Popen(
+                ["sh", "-c", "\n".join(lines)],
+                cwd=home / "workdir",
+                env={**os.environ, **env},
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        (job / "pid").write_text(str(proc.pid))
+        self._procs[job] = proc
+
+    def _job_dir(self, ref: InstanceRef, job_id: str) -> Path:
+        job = self.machine_dir(ref.id) / "jobs" / job_id
+        if not (job / "pid").exists():
+            raise NotFound(f"sandbox: no job {job_id} on {ref.id}", code="SandboxNoJob")
+        return job
+
+    def job_state(self, ref: InstanceRef, job_id: str) -> JobState:
+        job = self._job_dir(ref, job_id)
+        code = job / "exit_code"
+        if code.exists():
+            return JobState(False, int(code.read_text().strip()))
+        proc = self._procs.get(job)
+        alive = proc.poll() is None if proc is not None else _alive(int((job / "pid").read_text()))
+        if not alive and code.exists():  # it wrote its code between the two looks
+            return JobState(False, int(code.read_text().strip()))
+        return JobState(alive, None)
+
+    def job_output(self, ref: InstanceRef, job_id: str, offset: int = 0) -> bytes:
+        with (self._job_dir(ref, job_id) / "output.log").open("rb") as f:
+            f.seek(offset)
+            return f.read()
+
+    def _kill_jobs(self, machine_id: str) -> None:
+        """Every job of a machine that stops: its process group is killed, as a halt would."""
+        jobs = self.machine_dir(machine_id) / "jobs"
+        for pid_file in jobs.glob("*/pid") if jobs.is_dir() else ():
+            if (pid_file.parent / "exit_code").exists():
+                continue
+            with contextlib.suppress(ProcessLookupError, PermissionError, ValueError):
+                os.killpg(int(pid_file.read_text()), signal.SIGKILL)
+            proc = self._procs.pop(pid_file.parent, None)
+            if proc is not None:
+                proc.wait()
+
     # -- simulation hooks ------------------------------------------------------------------
 
     def preempt(self, ref: InstanceRef) -> None:
@@ -586,6 +697,19 @@ def _volume(row: sqlite3.Row) -> Volume:
         attached_to=row["attached_to"],
         created_at=datetime.fromisoformat(row["created_at"]),
     )
+
+
+def _alive(pid: int) -> bool:
+    """Whether a job started by another process still runs."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    with contextlib.suppress(OSError):  # a zombie has exited
+        return "\nState:\tZ" not in Path(f"/proc/{pid}/status").read_text()
+    return True
 
 
 def _release_volumes(db: sqlite3.Connection, machine_id: str) -> None:

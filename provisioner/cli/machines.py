@@ -140,6 +140,12 @@ def up(
     spec: str = typer.Argument(..., help="experiment file"),
     wait: bool = typer.Option(True, help="wait until the machine runs and answers SSH"),
     wait_timeout: float = typer.Option(600, min=1, help="seconds to wait at most"),
+    detach: bool = typer.Option(
+        False,
+        "--detach",
+        "-d",
+        help="return once launched: neither wait for SSH nor follow the job's output",
+    ),
     retry_until_up: bool = typer.Option(
         False,
         "--retry-until-up",
@@ -156,7 +162,8 @@ def up(
     output: Output = OUTPUT,
 ) -> None:
     """Launch the cheapest allowed offer, failing over across zones, regions and clouds, and
-    wait until it is ready to use."""
+    wait until it is ready to use. With a `run:`, its output follows until it exits and
+    lifecycle.on_finish acts (exit 1 when the run failed); --detach returns at once."""
     from provisioner import machines  # SQLAlchemy: not for --help
     from provisioner.machines import waiting  # as above
     from provisioner.spec import load_experiment  # pydantic: not for --help
@@ -170,6 +177,8 @@ def up(
     # "requested": resume it; "waiting" with a wait asked: follow it
     resume = ("requested", "waiting") if capacity_wait is not None else ("requested",)
     if existing is not None and existing.status not in resume:
+        if not quiet and not detach and _run_resumed(application, existing):
+            return
         _already(existing, experiment.to_json(), spec, output)
         return
     say = (
@@ -190,7 +199,7 @@ def up(
         if result.already:  # another `up` of this name won the race
             _already(m, experiment.to_json(), spec, output)
             return
-        if wait and m.status in ("pending", "running"):
+        if wait and not detach and m.status in ("pending", "running"):
             with err.status(f"waiting for {m.name}…") if not quiet else nullcontext():
                 m = machines.wait_ready(application, m.name, timeout=wait_timeout, progress=say)
     except KeyboardInterrupt:
@@ -225,6 +234,11 @@ def up(
         f"  instance {m.instance_id}" + (f", address {m.public_ip}" if m.public_ip else ""),
         soft_wrap=True,
     )
+    if experiment.run and not detach:
+        _follow_run(application, m.name, experiment)
+        return
+    if experiment.run:
+        out.print(f"  job run started: `provisioner logs {m.name} -f`", soft_wrap=True)
     out.print(f"  connect with `provisioner ssh {m.name}`", soft_wrap=True)
     if not machines.can_stop(m):
         from provisioner.jobs.sweep import UNSTOPPABLE_WARN_MINUTES
@@ -241,6 +255,45 @@ def up(
         f"  stop it with `provisioner stop {m.name}`, remove it with `provisioner down {m.name}`",
         soft_wrap=True,
     )
+
+
+def _run_resumed(application: Any, m: Any) -> bool:
+    """A running machine whose stored experiment has a ``run`` that never started (an earlier
+    `up` was interrupted between the launch and the job): started now and followed."""
+    from provisioner.machines import jobs
+    from provisioner.spec import Experiment
+
+    stored = Experiment.model_validate(m.spec)
+    if m.status != "running" or not stored.run or not jobs.ensure_run(application, m, stored):
+        return False
+    out.print(f"{m.name} was launched before; its run had not started: started now")
+    _follow_run(application, m.name, stored)
+    return True
+
+
+def _follow_run(application: Any, name: str, experiment: Any) -> None:
+    """The run's output as it comes, then what on_finish did; exit 1 when the run failed.
+    Ctrl-C leaves the job running."""
+    from provisioner.cli import jobs
+
+    out.print(
+        f"  job run (on_finish: {experiment.on_finish}); its output follows "
+        f"(Ctrl-C leaves it running: `provisioner logs {name} -f`)",
+        soft_wrap=True,
+    )
+    try:
+        job = jobs.follow(application, name, "run")
+    except KeyboardInterrupt:
+        err.print(
+            f"{name}: the job keeps running; `provisioner logs {name} -f` follows it again",
+            highlight=False,
+            markup=False,
+            soft_wrap=True,
+        )
+        raise typer.Exit(130) from None
+    out.print(jobs.outcome_line(application, name, job), highlight=False, soft_wrap=True)
+    if job is None or job.exit_code != 0:
+        raise typer.Exit(1)
 
 
 def _pins(result: Any) -> list[Any]:

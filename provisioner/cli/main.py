@@ -17,6 +17,7 @@ from provisioner.cli import (  # noqa: F401  (commands)
     catalog,
     dashboard,
     err,
+    jobs,
     json_requested,
     machines,
     report,

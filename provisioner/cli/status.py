@@ -56,6 +56,7 @@ def _detail(application: Any, name: str, refresh: bool, output: Output) -> None:
 
     if refresh:
         views.reconcile(application)
+        views.jobs_ended(application, [name])
     d = views.machine_detail(application, name)
     if d is None:
         raise UserError(f"no machine named {name!r} (see `provisioner status --all`)")
@@ -83,6 +84,7 @@ def _detail_json(d: Any) -> dict[str, Any]:
         "held": d.held,
         "volumes": [{**v.as_json(), "path": path} for path, v in d.volumes],
         "waiting": d.waiting,
+        "jobs": [j.to_json() for j in d.jobs],
         "events": [_event_json(e, m.name) for e in d.events],
     }
 
@@ -123,6 +125,7 @@ def _detail_lines(d: Any) -> list[tuple[str, str]]:
                 f"{v.status}" + (f" ({v.attached_to})" if v.attached_to else ""),
             )
         )
+    lines += [(f"job {j.id}", j.text) for j in d.jobs]
     extra = (("next", d.next), ("held", d.held), ("waiting", d.waiting), ("failed", d.why))
     lines += [(k, v) for k, v in extra if v]
     w = max(len(k) for k, _ in lines)
@@ -140,6 +143,13 @@ def _gpu(g: Any) -> str:
 def _summary(detail: dict[str, Any]) -> str:
     keys = ("why", "error", "where", "observed", "cloud_reason", "until", "instance_id")
     parts = [f"{detail[k]}" for k in keys if detail.get(k)]
+    if not parts and detail.get("job"):  # job-started, job-finished
+        if "exit_code" in detail:
+            parts.append(f"job {detail['job']}: exit code {detail['exit_code']}")
+        else:
+            parts.append(
+                f"job {detail['job']}: {' '.join(str(detail.get('command')).split())[:60]}"
+            )
     if not parts and detail.get("cloud"):
         parts.append(
             f"{detail['cloud']}/{detail.get('zone') or detail.get('region')} "

@@ -6,6 +6,7 @@ from datetime import datetime
 
 from provisioner import machines
 from provisioner.app import App
+from provisioner.jobs import finish
 from provisioner.jobs.lease import HOLDER, Held, run_pass
 from provisioner.jobs.passes import Action, Pass
 
@@ -34,6 +35,7 @@ def run(app: App, now: datetime | None = None, *, holder: str = HOLDER) -> Pass:
             for o in orphans
             if not o.adoptable_by
         ]
+        result.actions += finish.check(app)  # a job that ended: its on_finish
         return result
 
     return run_pass(app, "reconcile", when, body, holder=holder)

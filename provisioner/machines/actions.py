@@ -17,7 +17,7 @@ from provisioner import budget, ledger, planning
 from provisioner.app import App
 from provisioner.crashpoints import crashpoint
 from provisioner.errors import OperationFailed, UserError
-from provisioner.machines import volumes
+from provisioner.machines import jobs, volumes
 from provisioner.machines.launch import adopt, refuse_by_policy
 from provisioner.machines.record import (
     can_stop,
@@ -80,7 +80,10 @@ def restart(app: App, m: Machine, *, detail: dict[str, Any] | None = None) -> Ma
     The cloud's own refusal is raised as the adapter gives it (``CapacityError``: no stock to
     start it in its zone now; ``NotFound``: gone), so the caller can launch anew instead.
     Compute bills again from now; the disk billed throughout."""
-    return _start(app, m, reason="preempted", detail=detail)[0]
+    started, changed = _start(app, m, reason="preempted", detail=detail)
+    if changed:  # `run` starts again (it was killed with the machine)
+        jobs.start_run(app, started, Experiment.model_validate(started.spec))
+    return started
 
 
 def _start(

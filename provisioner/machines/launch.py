@@ -50,7 +50,7 @@ from provisioner import budget, keys, ledger, planning, startup
 from provisioner.app import App
 from provisioner.crashpoints import crashpoint
 from provisioner.errors import OperationFailed, UserError
-from provisioner.machines import volumes
+from provisioner.machines import jobs, volumes
 from provisioner.machines.attempts import Blocklist, LaunchAttempt, launch_token
 from provisioner.machines.record import disk_rate, provider_call, record_event, transition
 from provisioner.models import Event, Machine, new_id
@@ -119,6 +119,7 @@ def check(app: App, experiment: Experiment) -> Plan:
     refuse_by_policy(plan)
     budget.guard(plan)
     volumes.check_free(app, experiment)
+    jobs.refuse_unsupported(app, experiment, [c.offer.cloud for c in plan.candidates])
     if not plan.candidates:
         reasons = "; ".join(f"{r} ({n})" for r, n in plan.summary_reasons()[:6])
         raise UserError(f"no offer fits {experiment.name}: {reasons or 'the catalog is empty'}")
@@ -271,7 +272,7 @@ def _failed(
 
 def _finish(app: App, m: Machine, experiment: Experiment) -> Machine:
     """A machine launched or adopted: terminated if `down` came meanwhile, else its volumes
-    attached (the startup data waits for them)."""
+    attached (the startup data waits for them) and its job started (``run:``)."""
     m = _unless_cancelled(app, m)
     try:
         volumes.attach(app, m.id, experiment)
@@ -279,6 +280,7 @@ def _finish(app: App, m: Machine, experiment: Experiment) -> Machine:
         raise OperationFailed(
             f"{e}; {m.name} runs without it: `provisioner start {m.name}` attaches it again"
         ) from None
+    jobs.ensure_run(app, m, experiment)  # adopted after a crash: started already, maybe
     return m
 
 

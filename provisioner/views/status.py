@@ -67,12 +67,13 @@ def status_list(app: App, *, all_: bool, refresh: bool) -> StatusList:
     if not (refresh and asked):
         return StatusList(fleet)
     observed = reconcile(app)
+    ended = jobs_ended(app)
     problems = [
         f"could not ask {o.machine.cloud} about {o.machine.name}: {o.error}"
         for o in observed
         if o.error
     ]
-    if _moved(fleet.rows, asked, observed):
+    if ended or _moved(fleet.rows, asked, observed):
         fleet = read_fleet(app, all_)
     return StatusList(fleet, problems)
 
@@ -90,6 +91,13 @@ def reconcile(app: App) -> list[Any]:
     from provisioner import machines  # the providers and planning: only when asking the clouds
 
     return machines.reconcile(app)
+
+
+def jobs_ended(app: App, names: list[str] | None = None) -> list[Any]:
+    """Jobs found ended: each recorded, its ``on_finish`` done (:mod:`provisioner.jobs.finish`)."""
+    from provisioner.jobs import finish
+
+    return finish.check(app, names)
 
 
 def _moved(rows: list[Row], asked: set[str], observed: list[Any]) -> bool:
@@ -141,6 +149,7 @@ class MachineDetail:
     held: str | None = None  # held after a refused relaunch: by what, the numbers, next try
     volumes: list[tuple[str, Any]] = field(default_factory=list)  # (mount path, volumes.Listed)
     waiting: str | None = None  # waiting for capacity: since, next try, gives up at
+    jobs: list[Any] = field(default_factory=list)  # machines.jobs.Job, in order of start
 
     @property
     def spec(self) -> dict[str, Any]:
@@ -193,7 +202,14 @@ def machine_detail(app: App, key: str, *, by_id: bool = False) -> MachineDetail 
         held=_held(m, [e for e in events if e.machine_id == m.id], now),
         volumes=_volumes(app, m, now),
         waiting=_waiting(m, events, now),
+        jobs=_jobs(app, m),
     )
+
+
+def _jobs(app: App, m: Machine) -> list[Any]:
+    from provisioner.machines import jobs
+
+    return list(jobs.jobs_of(app, m).values())  # in the order they first started
 
 
 def _volumes(app: App, m: Machine, now: datetime) -> list[tuple[str, Any]]:

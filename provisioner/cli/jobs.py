@@ -1,0 +1,143 @@
+"""logs and exec: the job's output, and another job beside it; ``follow`` is what ``up`` shows
+while the experiment's ``run`` runs."""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import typer
+
+from provisioner.cli import app, err, get_app, out
+
+POLL_SECONDS = 0.5  # how often a followed job's output is read
+
+
+def follow(
+    application: Any,
+    name: str,
+    job_id: str,
+    *,
+    offset: int = 0,
+    write: Callable[[bytes], None] | None = None,
+    sleep: Callable[[float], None] = time.sleep,
+) -> Any:
+    """Write the job's output from ``offset`` as it comes, until the job ends (its end is
+    recorded and, for ``run``, its ``on_finish`` done on the way). Returns the ended Job."""
+    from provisioner.jobs import finish
+    from provisioner.machines import jobs
+
+    write = write or _stdout
+    m = jobs.named(application, name)
+    while True:
+        finish.check(application, [m.name])
+        m = jobs.named(application, name)
+        if m.status not in ("running", "pending"):  # stopped under it: the job was killed
+            jobs.check_ended(application, m)
+        job = jobs.jobs_of(application, m).get(job_id)
+        chunk = jobs.output(application, m, job_id, offset)
+        if chunk:
+            write(chunk)
+            offset += len(chunk)
+        if job is None or not job.running:
+            return job
+        sleep(POLL_SECONDS)
+
+
+def _stdout(chunk: bytes) -> None:
+    sys.stdout.buffer.write(chunk)
+    sys.stdout.flush()
+
+
+def tail(data: bytes, lines: int | None) -> bytes:
+    """The last ``lines`` lines of ``data`` (all when None)."""
+    if lines is None:
+        return data
+    if lines <= 0:
+        return b""
+    parts = data.splitlines(keepends=True)
+    return b"".join(parts[-lines:])
+
+
+@app.command()
+def logs(
+    ctx: typer.Context,
+    name: str = typer.Argument(..., help="machine"),
+    follow_: bool = typer.Option(False, "--follow", "-f", help="keep writing until the job ends"),
+    lines: int = typer.Option(None, "--tail", "-n", min=0, help="only the last N lines first"),
+    job: str = typer.Option("run", "--job", "-j", help="which job: run, exec-1, exec-2…"),
+) -> None:
+    """The output of the machine's job (its experiment's `run`, or an `exec` job with --job),
+    kept on the machine; with -f, followed until the job ends."""
+    from provisioner.jobs import finish
+    from provisioner.machines import jobs
+
+    application = get_app(ctx)
+    finish.check(application, [name])
+    m = jobs.named(application, name)
+    known = jobs.jobs_of(application, m)
+    if job not in known:
+        have = ", ".join(known) or "none"
+        raise _user_error(f"{m.name} has no job {job!r} (its jobs: {have})")
+    data = jobs.output(application, m, job)
+    _stdout(tail(data, lines))
+    ended = known[job]
+    if follow_ and ended.running:
+        ended = follow(application, name, job, offset=len(data))
+    if not ended.running:
+        err.print(f"job {job}: {_end(ended)}", highlight=False, markup=False, soft_wrap=True)
+
+
+def _end(job: Any) -> str:
+    return f"exited {job.exit_code}" if job.exit_code is not None else "killed with its machine"
+
+
+def _user_error(msg: str) -> Exception:
+    from provisioner.errors import UserError
+
+    return UserError(msg)
+
+
+@app.command("exec", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def exec_(
+    ctx: typer.Context,
+    name: str = typer.Argument(..., help="machine"),
+    command: list[str] = typer.Argument(..., help="the command, after --"),
+) -> None:
+    """Start another job on the machine, detached, with the experiment's env; prints its id
+    (`provisioner logs NAME --job ID` shows its output)."""
+    import shlex
+
+    from provisioner.machines import jobs
+
+    application = get_app(ctx)
+    text = command[0] if len(command) == 1 else shlex.join(command)
+    job_id = jobs.exec_job(application, name, text)
+    out.print(job_id, highlight=False, markup=False)
+    err.print(
+        f"started {job_id} on {name}: `provisioner logs {name} --job {job_id} -f`",
+        highlight=False,
+        markup=False,
+        soft_wrap=True,
+    )
+
+
+def outcome_line(application: Any, name: str, job: Any) -> str:
+    """What `up` says when the followed run ended: the exit code and what on_finish did."""
+    from provisioner.machines import jobs
+
+    m = jobs.named(application, name)
+    if job is None:
+        return f"{name}: its job is gone"
+    if job.exit_code is None:
+        return f"run was killed: {name} is {m.status}"
+    if m.status == "stopped":
+        return (
+            f"run exited {job.exit_code}: {name} stopped, compute billing ended "
+            f"(its disk bills until `provisioner down {name}`)"
+        )
+    if m.status == "terminated":
+        return f"run exited {job.exit_code}: {name} terminated, billing ended"
+    return f"run exited {job.exit_code}: {name} is {m.status} (on_finish: keep)"

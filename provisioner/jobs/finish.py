@@ -1,0 +1,76 @@
+"""Billing ends with the job: when a machine's ``run`` exits, ``lifecycle.on_finish`` acts at
+once, at any hour — ``stop`` (the default with a ``run``), ``terminate``, or ``keep``. Its
+``job-finished`` event carries the exit code; the stop or terminate has reason ``on-finish``
+and the exit code in its detail. A job killed with its machine (no exit code) is recorded but
+not acted on: the machine is already down, or was started again by hand.
+
+Looked at by the reconcile pass, and by ``status``/``logs`` when they look at a machine."""
+
+from __future__ import annotations
+
+from sqlalchemy import select
+
+from provisioner import machines
+from provisioner.app import App
+from provisioner.errors import ProvisionerError
+from provisioner.jobs.passes import Action
+from provisioner.machines import jobs
+from provisioner.models import Event, Machine
+from provisioner.spec import Experiment
+
+REASON = "on-finish"
+
+
+def watched(app: App, names: list[str] | None = None) -> list[Machine]:
+    """Running machines that started a job (:func:`jobs.check_ended` asks only about those
+    the events say still run)."""
+    with app.db.session() as s:
+        q = select(Machine).where(
+            Machine.status.in_(("running", "pending")),
+            Machine.id.in_(select(Event.machine_id).where(Event.kind == jobs.STARTED)),
+        )
+        if names is not None:
+            q = q.where(Machine.name.in_(names))
+        return list(s.scalars(q))
+
+
+def check(app: App, names: list[str] | None = None) -> list[Action]:
+    """Jobs found ended are recorded (at the application clock's now: when they were seen to
+    have ended); a ``run`` that exited gets its ``on_finish``."""
+    out: list[Action] = []
+    for m in watched(app, names):
+        try:
+            ended = jobs.check_ended(app, m)
+        except ProvisionerError as e:
+            out.append(Action(m.name, "skip", "error", f"could not ask about its jobs: {e}"))
+            continue
+        for job in ended:
+            if job.id != jobs.RUN or job.exit_code is None:
+                why = f"job {job.id} " + (
+                    f"exited {job.exit_code}" if job.exit_code is not None else "was killed"
+                )
+                out.append(Action(m.name, "record", "job-finished", why, True))
+                continue
+            out.append(act(app, m, job.exit_code))
+    return out
+
+
+def act(app: App, m: Machine, exit_code: int) -> Action:
+    policy = Experiment.model_validate(m.spec).on_finish
+    why = f"run exited {exit_code}; on_finish: {policy}"
+    action = Action(
+        m.name, {"stop": "stop", "terminate": "terminate"}.get(policy, "keep"), REASON, why
+    )
+    if policy == "keep":
+        return action
+    detail = {"job": jobs.RUN, "exit_code": exit_code, "why": why}
+    try:
+        if policy == "stop" and machines.can_stop(m):
+            machines.stop(app, m.name, reason=REASON, detail=detail)
+        else:  # terminate, or a spot machine its cloud cannot stop
+            action.action = "terminate"
+            machines.down(app, m.name, reason=REASON, detail=detail)
+        action.done = True
+    except ProvisionerError as e:
+        action.error = str(e)
+    return action

@@ -1,0 +1,268 @@
+"""The experiment's job on its machine: ``workdir`` copied, ``setup`` once, ``run`` detached;
+``exec`` jobs beside it; their output and ends read back from the machine.
+
+Jobs are named ``run`` (the experiment's), ``exec-1``, ``exec-2``… Each start is a
+``job-started`` event (detail ``{"job", "command"}``), each end a ``job-finished`` event (detail
+``{"job", "exit_code"}``; reason ``exited``, or ``killed`` with exit code None when the job ended
+without one — its machine was stopped or taken). Only the sandbox runs jobs so far (local
+processes); ``up`` refuses a ``run:``/``setup:`` for the other clouds, whose SSH path is not
+built yet. What ``lifecycle.on_finish`` does at the end is :mod:`provisioner.jobs.finish`.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+import subprocess
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import select
+
+from providers.base import JobState, NotFound, ProviderError
+from provisioner.app import App
+from provisioner.errors import OperationFailed, UserError
+from provisioner.machines.record import find, record_event, ref
+from provisioner.models import Event, Machine
+from provisioner.spec import Experiment
+
+RUN = "run"
+STARTED, FINISHED = "job-started", "job-finished"
+MAX_FILES = 10_000  # a workdir is code and configs; data belongs on a volume
+
+
+@dataclass
+class Job:
+    """A job as the events tell it: started, and maybe finished with an exit code."""
+
+    id: str
+    command: str
+    started_at: datetime
+    finished_at: datetime | None = None
+    exit_code: int | None = None
+    reason: str | None = None  # exited | killed
+
+    @property
+    def running(self) -> bool:
+        return self.finished_at is None
+
+    @property
+    def text(self) -> str:
+        """``running since …: CMD``, ``exited 0 at …``, ``killed at …`` (with its machine)."""
+        at = (self.finished_at or self.started_at).strftime("%Y-%m-%d %H:%M:%S UTC")
+        if self.running:
+            first = self.command.strip().splitlines()[0] if self.command.strip() else ""
+            return f"running since {at}: {first}"
+        if self.exit_code is None:
+            return f"killed at {at}"
+        return f"exited {self.exit_code} at {at}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "job": self.id,
+            "command": self.command,
+            "state": "running" if self.running else self.reason,
+            "started_at": self.started_at.isoformat(),
+            "finished_at": self.finished_at.isoformat() if self.finished_at else None,
+            "exit_code": self.exit_code,
+        }
+
+
+def refuse_unsupported(app: App, experiment: Experiment, clouds: list[str]) -> None:
+    """``run:``/``setup:`` for a cloud that cannot run jobs yet: refused (exit 2) before any
+    launch, rather than a machine that bills while its job never starts."""
+    if not (experiment.run or experiment.setup or experiment.workdir):
+        return
+    cannot = sorted({c for c in clouds if not app.provider(c).runs_jobs})
+    if cannot:
+        raise UserError(
+            f"{experiment.name}: workdir:, setup: and run: are supported on the sandbox only "
+            f"so far (running them on {', '.join(cannot)} over SSH is not built yet); "
+            f"set resources.clouds: [sandbox], or start the job yourself with `provisioner ssh`"
+        )
+
+
+def workdir_files(workdir: str) -> tuple[list[str], str]:
+    """The files of ``workdir`` to copy, relative, and how they were chosen: ``git ls-files``
+    (tracked and untracked, less what .gitignore excludes) in a git work tree, else a walk
+    skipping what the top-level .gitignore's simple patterns match (``name``, ``*.ext``,
+    ``dir/``, ``/rooted``; no ``!`` negation) and ``.git``."""
+    root = Path(workdir)
+    try:
+        listed = subprocess.run(
+            ["git", "-C", workdir, "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+            capture_output=True,
+            check=True,
+            timeout=60,
+        ).stdout
+        files = [f for f in listed.decode().split("\0") if f and (root / f).is_file()]
+        how = "git ls-files"
+    except (OSError, subprocess.SubprocessError):
+        files, how = _walk(root), ".gitignore (simple patterns)"
+    if len(files) > MAX_FILES:
+        raise UserError(
+            f"workdir {workdir} has {len(files)} files to copy ({MAX_FILES} at most): "
+            "keep data on a volume, or list it in .gitignore"
+        )
+    return sorted(files), how
+
+
+def _walk(root: Path) -> list[str]:
+    patterns = []
+    ignore = root / ".gitignore"
+    if ignore.is_file():
+        for line in ignore.read_text().splitlines():
+            line = line.strip()
+            if line and not line.startswith(("#", "!")):
+                patterns.append(line)
+
+    def ignored(rel: str, is_dir: bool) -> bool:
+        name = rel.rsplit("/", 1)[-1]
+        for p in patterns:
+            dir_only = p.endswith("/")
+            p = p.rstrip("/")
+            if dir_only and not is_dir:
+                continue
+            if p.startswith("/") or "/" in p:
+                if fnmatch.fnmatchcase(rel, p.lstrip("/")):
+                    return True
+            elif fnmatch.fnmatchcase(name, p):
+                return True
+        return False
+
+    out: list[str] = []
+    for here, dirs, names in os.walk(root):
+        base = Path(here).relative_to(root).as_posix()
+        prefix = "" if base == "." else base + "/"
+        dirs[:] = sorted(d for d in dirs if d != ".git" and not ignored(prefix + d, True))
+        out += [prefix + n for n in names if not ignored(prefix + n, False)]
+    return out
+
+
+def start_run(app: App, m: Machine, experiment: Experiment, progress: Any = None) -> Job | None:
+    """On a machine just launched, or started again after a preemption: the workdir copied,
+    then ``setup`` (once per machine) and ``run`` started as job ``run``. None: nothing to run."""
+    if not (experiment.run or experiment.setup or experiment.workdir):
+        return None
+    provider = app.provider(m.cloud or "")
+    say = progress or (lambda _: None)
+    try:
+        if experiment.workdir:
+            files, how = workdir_files(experiment.workdir)
+            provider.put_files(ref(m), experiment.workdir, files)
+            say(f"copied {len(files)} files of {experiment.workdir} ({how})")
+        if not (experiment.run or experiment.setup):
+            return None
+        command = experiment.run or "true"  # setup alone: the job is the setup
+        provider.start_job(ref(m), RUN, command, env=experiment.env, setup=experiment.setup)
+    except ProviderError as e:
+        record_event(app, m.id, "job-failed", detail={"job": RUN, "error": str(e)})
+        raise OperationFailed(f"{m.name}: could not start its job: {e}") from None
+    record_event(app, m.id, STARTED, detail={"job": RUN, "command": command})
+    return jobs_of(app, m)[RUN]
+
+
+def ensure_run(app: App, m: Machine, experiment: Experiment) -> Job | None:
+    """``run`` started unless it was already (once per launch, whoever asks: the launching
+    ``up``, a second ``up`` of the same intent, an ``up`` again after one interrupted before
+    it started the job). The new job, or None."""
+    if not (experiment.run or experiment.setup or experiment.workdir):
+        return None
+    with app.db.lock(f"jobs-{m.id}"):
+        if RUN in jobs_of(app, m):
+            return None
+        return start_run(app, m, experiment)
+
+
+def exec_job(app: App, name: str, command: str) -> str:
+    """Another detached job on a running machine, with the experiment's env; its id."""
+    m = find(app, name)
+    if m.status != "running":
+        raise UserError(f"{m.name} is {m.status}: `exec` needs it running")
+    provider = app.provider(m.cloud or "")
+    if not provider.runs_jobs:
+        raise UserError(f"{m.name}: exec is supported on the sandbox only so far")
+    env = Experiment.model_validate(m.spec).env
+    with app.db.lock(f"jobs-{m.id}"):  # concurrent execs: one id each
+        job_id = f"exec-{sum(j.startswith('exec-') for j in jobs_of(app, m)) + 1}"
+        try:
+            provider.start_job(ref(m), job_id, command, env=env)
+        except ProviderError as e:
+            raise OperationFailed(f"{m.name}: could not start {job_id}: {e}") from None
+        record_event(app, m.id, STARTED, detail={"job": job_id, "command": command})
+    return job_id
+
+
+def jobs_of(app: App, m: Machine) -> dict[str, Job]:
+    """The machine's jobs by id, as its events tell (a job started again: its latest run)."""
+    with app.db.session() as s:
+        events = list(
+            s.scalars(
+                select(Event)
+                .where(Event.machine_id == m.id, Event.kind.in_((STARTED, FINISHED)))
+                .order_by(Event.id)
+            )
+        )
+    jobs: dict[str, Job] = {}
+    for e in events:
+        d = e.detail or {}
+        jid = str(d.get("job"))
+        if e.kind == STARTED:
+            jobs[jid] = Job(jid, str(d.get("command", "")), e.at)
+        elif jid in jobs and jobs[jid].running:
+            j = jobs[jid]
+            j.finished_at, j.exit_code, j.reason = e.at, d.get("exit_code"), e.reason
+    return jobs
+
+
+def state(app: App, m: Machine, job_id: str) -> JobState:
+    try:
+        return app.provider(m.cloud or "").job_state(ref(m), job_id)
+    except NotFound:
+        return JobState(False, None)
+
+
+def check_ended(app: App, m: Machine) -> list[Job]:
+    """Ask the machine about its jobs the events say run; each found ended gets its
+    ``job-finished`` event. Returns those. Under the machine's jobs lock: when the scheduler
+    and a ``logs -f`` look at once, one of them records (and acts on) the end."""
+    with app.db.lock(f"jobs-{m.id}"):
+        return _check_ended(app, m)
+
+
+def _check_ended(app: App, m: Machine) -> list[Job]:
+    ended = []
+    for job in jobs_of(app, m).values():
+        if not job.running:
+            continue
+        st = state(app, m, job.id)
+        if st.running:
+            continue
+        reason = "exited" if st.exit_code is not None else "killed"
+        record_event(
+            app, m.id, FINISHED, reason=reason, detail={"job": job.id, "exit_code": st.exit_code}
+        )
+        job.finished_at, job.exit_code, job.reason = app.clock.now(), st.exit_code, reason
+        ended.append(job)
+    return ended
+
+
+def output(app: App, m: Machine, job_id: str, offset: int = 0) -> bytes:
+    try:
+        return app.provider(m.cloud or "").job_output(ref(m), job_id, offset)
+    except NotFound:
+        raise UserError(f"{m.name} has no job {job_id!r}") from None
+
+
+def named(app: App, name: str) -> Machine:
+    """The machine of that name whose jobs are asked about: the live one, else the newest (a
+    machine its ``on_finish`` terminated keeps its output)."""
+    from provisioner.state import named_machine
+
+    with app.db.session() as s:
+        m = named_machine(s, name)
+    if m is None:
+        raise UserError(f"no machine named {name!r} (see `provisioner status --all`)")
+    return m
