@@ -39,6 +39,18 @@ def parse_duration(value: Any) -> timedelta:
     return d
 
 
+#: The shortest and longest autostop (experiment file, `provisioner autostop`, a policy's cap).
+AUTOSTOP_MIN, AUTOSTOP_MAX = timedelta(minutes=1), timedelta(days=7)
+
+
+def autostop_duration(value: Any) -> timedelta:
+    """An autostop duration (``30m``, ``2h``): from one minute to seven days."""
+    d = parse_duration(value)
+    if not AUTOSTOP_MIN <= d <= AUTOSTOP_MAX:
+        raise ValueError(f"{value!r}: autostop must be from 1 min to 7 days")
+    return d
+
+
 def _bounded(seconds: float, value: Any) -> timedelta:
     if seconds < 0:
         raise ValueError(f"{value!r} is negative")

@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from policies.duration import parse_duration
+from policies.duration import autostop_duration, parse_duration
 
 Action = Literal["stop", "terminate"]
 Market = Literal["spot", "reserved"]
@@ -306,6 +306,12 @@ class Policy(_Strict):
     off_hours: OffHours | None = None
     idle: IdleRule | None = None
     max_lifetime: MaxLifetime | None = None
+    max_autostop: timedelta | None = None  # caps a machine's autostop (and gives one to all)
+
+    @field_validator("max_autostop", mode="before")
+    @classmethod
+    def _max_autostop(cls, v: Any) -> Any:
+        return None if v is None else autostop_duration(v)
 
     @property
     def timezone(self) -> str:

@@ -20,7 +20,7 @@ from pydantic import (
 )
 
 from policies import yamlfile
-from policies.duration import parse_duration
+from policies.duration import autostop_duration, parse_duration
 from policies.schema import MINUTES_MAX
 from providers import gpus
 from providers.gpus import GPUS
@@ -207,6 +207,8 @@ class Lifecycle(_Strict):
     on_preemption: Literal["relaunch", "terminate", "leave"] = "relaunch"
     on_preemption_notice: PreemptionNotice | None = None
     on_no_capacity: OnNoCapacity | None = None
+    # stop when idle (GPUs, jobs, SSH) this long, at any hour: provisioner.jobs.autostop
+    autostop: timedelta | None = None
 
     @field_validator("max_lifetime", mode="before")
     @classmethod
@@ -217,6 +219,11 @@ class Lifecycle(_Strict):
         if d <= timedelta(0):
             raise ValueError("must be longer than zero (leave it out for no limit)")
         return d
+
+    @field_validator("autostop", mode="before")
+    @classmethod
+    def _autostop(cls, v: Any) -> Any:
+        return None if v is None else autostop_duration(v)
 
 
 #: Where a volume may not be mounted: the system's own directories (and / itself).

@@ -58,6 +58,7 @@ ORDER = [
     "provisioner.jobs.passes",
     "provisioner.jobs.lease",
     "provisioner.jobs.notices",
+    "provisioner.jobs.autostop",  # stop when idle (GPUs, jobs, SSH) for that long, any hour
     "provisioner.jobs.sweep",
     "provisioner.jobs.outlook",  # what the sweep will do next, and why not yet
     "provisioner.jobs.recover",

@@ -135,6 +135,20 @@ def _plan_text(v: Any, top: int) -> None:
 
 
 @app.command()
+def _autostop_line(application: Any, m: Any) -> None:
+    """At ``up``: the autostop that applies, and a policy's cap of it."""
+    from provisioner.jobs import autostop
+
+    st = autostop.setting(application.policies, m)
+    if st.duration is not None:
+        out.print(
+            f"  autostop: {st.note}: stopped once idle (GPUs, jobs, SSH) that long, any hour; "
+            f"change it with `provisioner autostop {m.name} 1h` or `--cancel`",
+            highlight=False,
+            soft_wrap=True,
+        )
+
+
 def up(
     ctx: typer.Context,
     spec: str = typer.Argument(..., help="experiment file"),
@@ -224,6 +238,7 @@ def up(
         soft_wrap=True,
     )
     out.print(f"  connect with `provisioner ssh {m.name}`", soft_wrap=True)
+    _autostop_line(application, m)
     if not machines.can_stop(m):
         from provisioner.jobs.sweep import UNSTOPPABLE_WARN_MINUTES
 

@@ -141,6 +141,7 @@ class MachineDetail:
     held: str | None = None  # held after a refused relaunch: by what, the numbers, next try
     volumes: list[tuple[str, Any]] = field(default_factory=list)  # (mount path, volumes.Listed)
     waiting: str | None = None  # waiting for capacity: since, next try, gives up at
+    autostop: dict[str, Any] | None = None  # provisioner.jobs.autostop.show; None: no autostop
 
     @property
     def spec(self) -> dict[str, Any]:
@@ -193,7 +194,18 @@ def machine_detail(app: App, key: str, *, by_id: bool = False) -> MachineDetail 
         held=_held(m, [e for e in events if e.machine_id == m.id], now),
         volumes=_volumes(app, m, now),
         waiting=_waiting(m, events, now),
+        autostop=_autostop(app, m),
     )
+
+
+def _autostop(app: App, m: Machine) -> dict[str, Any] | None:
+    """The machine's autostop and how long it has been idle so far; None when it has none."""
+    if m.status not in ("running", "stopped", "pending"):
+        return None
+    from provisioner.jobs import autostop  # the policies and the heartbeats: only here
+
+    shown = autostop.show(app, m)
+    return shown if shown["autostop"] else None
 
 
 def _volumes(app: App, m: Machine, now: datetime) -> list[tuple[str, Any]]:
