@@ -20,7 +20,7 @@ from provisioner.jobs import autostop, sweep
 from provisioner.models import Event, Heartbeat, Machine
 from provisioner.spec import Experiment
 from tests.conftest import make_settings, run_cli, sandbox_experiment, write_settings
-from tests.test_scheduler import BERLIN_NIGHTS, events, sched, status, up  # noqa: F401
+from tests.test_scheduler import BERLIN_NIGHTS, events, status, up
 
 LAB = """
 name: lab
@@ -30,6 +30,23 @@ CAPPED = LAB + "max_autostop: 1h\n"
 
 WED_NOON = datetime(2026, 11, 11, 11, 0, tzinfo=UTC)  # Wednesday 12:00 in Berlin: in hours
 SUN_0300 = datetime(2026, 11, 15, 2, 0, tzinfo=UTC)  # Sunday 03:00 in Berlin
+
+
+@pytest.fixture
+def sched(home, db_url, tmp_path):
+    """make(policy_text, start) -> App on a ManualClock at ``start`` (as test_scheduler's)."""
+    apps: list[App] = []
+
+    def make(policy: str, start: datetime) -> App:
+        path = tmp_path / "policy.yaml"
+        path.write_text(policy)
+        app = App(make_settings(home, state_url=db_url, policies=[str(path)]), ManualClock(start))
+        apps.append(app)
+        return app
+
+    yield make
+    for a in apps:
+        a.close()
 
 
 def beats(app: App, m: Machine, spans: list[tuple[int, int, float, int | None]]) -> None:
