@@ -134,7 +134,6 @@ def _plan_text(v: Any, top: int) -> None:
         )
 
 
-@app.command()
 def _autostop_line(application: Any, m: Any) -> None:
     """At ``up``: the autostop that applies, and a policy's cap of it."""
     from provisioner.jobs import autostop
@@ -149,6 +148,7 @@ def _autostop_line(application: Any, m: Any) -> None:
         )
 
 
+@app.command()
 def up(
     ctx: typer.Context,
     spec: str = typer.Argument(..., help="experiment file"),
