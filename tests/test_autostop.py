@@ -19,8 +19,10 @@ from provisioner.errors import ConfigError, UserError
 from provisioner.jobs import autostop, sweep
 from provisioner.models import Event, Heartbeat, Machine
 from provisioner.spec import Experiment
-from tests.conftest import make_settings, run_cli, sandbox_experiment, write_settings
+from tests.conftest import make_settings, run_cli, sandbox_experiment, write_settings, write_yaml
 from tests.test_scheduler import BERLIN_NIGHTS, events, status, up
+
+pytest_plugins = ["tests.cli_runner"]  # the `cli` fixture
 
 LAB = """
 name: lab
@@ -319,3 +321,33 @@ def test_the_endpoint_stores_the_ssh_count_and_refuses_a_bad_one(agent_app):
     for bad in (-1, "2", True, 1.5):
         with pytest.raises(idle.BadHeartbeat, match="ssh_sessions"):
             idle.parse_heartbeat(json.dumps({"gpus": [], "ssh_sessions": bad}).encode())
+
+
+def test_plan_and_up_say_the_policy_caps_the_files_autostop(cli, home, tmp_path):
+    policy = tmp_path / "p.yaml"
+    policy.write_text(CAPPED)
+    cfg = write_settings(home, policies=[str(policy)])
+    data = sandbox_experiment("capped")
+    data["lifecycle"] = {"autostop": "4h"}
+    spec = write_yaml(tmp_path / "capped.yaml", data)
+    r = cli("--config", str(cfg), "plan", str(spec))
+    assert r.code == 0, r.err
+    assert "policy lab: max_autostop 1h: lifecycle.autostop 4h" in " ".join(r.out.split())
+    r = cli("--config", str(cfg), "up", str(spec), "--no-wait")
+    assert r.code == 0, r.err
+    assert "autostop: 1h (capped from 4h by policy lab)" in " ".join(r.out.split())
+    r = cli("--config", str(cfg), "autostop", "capped", "-o", "json")
+    shown = json.loads(r.out)
+    assert (shown["machine"], shown["autostop"], shown["own"]) == ("capped", "1h", "4h")
+
+
+def test_heartbeats_are_kept_as_long_as_the_longest_autostop_needs(sched):
+    app, m = launched(sched, LAB, WED_NOON, autostop_="2d")
+    beats(app, m, [(30 * 60, 30 * 60, 0.0, 0), (0, 0, 0.0, 0)])  # 30 h ago, and now
+    sweep.run(app)
+    with app.db.session() as s:
+        assert len(list(s.scalars(select(Heartbeat.id)))) == 2  # a day is not enough for 2d
+    autostop.cancel_autostop(app, "m1")
+    sweep.run(app)
+    with app.db.session() as s:
+        assert len(list(s.scalars(select(Heartbeat.id)))) == 1  # a day again

@@ -267,10 +267,18 @@ def run(
                 todo.append((action, m))
         _act(app, lease, todo)
         if not dry_run and lease:
-            idle.prune(app, now - HEARTBEAT_RETENTION)
+            idle.prune(app, now - _retention(app, assessed))
         return result
 
     return run_pass(app, "sweep", pass_now, body, holder=holder, dry_run=dry_run)
+
+
+def _retention(app: App, assessed: list[Assessment]) -> timedelta:
+    """How long heartbeats are kept: a day, or as long as the longest autostop in force needs
+    to be proven (up to seven days)."""
+    grace = timedelta(seconds=app.settings.scheduler.heartbeat_grace_seconds)
+    longest = max((a.autostop.autostop for a in assessed if a.autostop), default=timedelta(0))
+    return max(HEARTBEAT_RETENTION, longest + grace)
 
 
 def _machines(app: App, now: datetime, lease: Held) -> list[Machine]:
