@@ -15,11 +15,13 @@ from sqlalchemy import select
 from provisioner import agent, idle, machines
 from provisioner.app import App
 from provisioner.clock import ManualClock
+from provisioner.dashboard import make_app
 from provisioner.errors import ConfigError, UserError
 from provisioner.jobs import autostop, sweep
 from provisioner.models import Event, Heartbeat, Machine
 from provisioner.spec import Experiment
 from tests.conftest import make_settings, run_cli, sandbox_experiment, write_settings, write_yaml
+from tests.test_dashboard import call
 from tests.test_scheduler import BERLIN_NIGHTS, events, status, up
 
 pytest_plugins = ["tests.cli_runner"]  # the `cli` fixture
@@ -124,6 +126,8 @@ def test_idle_29_min_is_not_stopped_and_status_says_how_long_so_far(sched):
     shown = autostop.show(app, machines.find(app, "m1"))
     assert shown["text"] == "30m (idle 29 min so far)"
     assert (shown["seconds"], shown["idle_seconds"]) == (1800, 29 * 60)
+    page = call(make_app(app), f"/machine/{m.id}")[2]  # the dashboard's machine page says it too
+    assert '<dd id="machine-autostop">30m (idle 29 min so far)</dd>' in page
     # two minutes later, still idle: due
     app.clock.set(WED_NOON + timedelta(minutes=2))
     beats(app, m, [(1, 0, 2.0, 0)])
