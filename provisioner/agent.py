@@ -1,5 +1,6 @@
-"""The on-machine agent: GPU utilisation heartbeats to the scheduler's endpoint, and the cloud's
-preemption notice passed on to the job and to the scheduler.
+"""The on-machine agent: GPU utilisation heartbeats to the scheduler's endpoint (with the SSH
+sessions open, for autostop), and the cloud's preemption notice passed on to the job and to the
+scheduler.
 
 Standalone on purpose: it imports only the standard library (and NVML through nvidia-ml-py,
 lazily), so the startup script can copy this one file onto a fresh machine and run it with any

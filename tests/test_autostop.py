@@ -20,7 +20,14 @@ from provisioner.errors import ConfigError, UserError
 from provisioner.jobs import autostop, sweep
 from provisioner.models import Event, Heartbeat, Machine
 from provisioner.spec import Experiment
-from tests.conftest import make_settings, run_cli, sandbox_experiment, write_settings, write_yaml
+from tests.conftest import (
+    TEST_START,
+    make_settings,
+    run_cli,
+    sandbox_experiment,
+    write_settings,
+    write_yaml,
+)
 from tests.test_dashboard import call
 from tests.test_scheduler import BERLIN_NIGHTS, events, status, up
 
@@ -355,3 +362,29 @@ def test_heartbeats_are_kept_as_long_as_the_longest_autostop_needs(sched):
     sweep.run(app)
     with app.db.session() as s:
         assert len(list(s.scalars(select(Heartbeat.id)))) == 1  # a day again
+
+
+def test_the_agent_posts_its_ssh_count_and_the_endpoint_keeps_it(agent_app, tmp_path, monkeypatch):
+    from tests.test_heartbeat import launch, token_in, user_data
+
+    m = launch(agent_app, "e2")
+    token_file = tmp_path / "token"
+    token_file.write_text(token_in(user_data(agent_app, m)) + "\n")
+    tables = (tmp_path / "tcp", tmp_path / "tcp6")
+    tables[0].write_text(TCP)
+    tables[1].write_text(TCP6)
+    real = agent.ssh_sessions
+    monkeypatch.setattr(agent, "ssh_sessions", lambda: real(tuple(map(str, tables))))
+    sleeps: list[float] = []
+    with idle.Endpoint(agent_app, port=0) as ep:
+        agent.run(
+            ep.url,
+            m.id,
+            str(token_file),
+            30,
+            sleep=sleeps.append,
+            stop=lambda: len(sleeps) >= 1,
+            now=lambda: TEST_START.timestamp(),
+        )
+    with agent_app.db.session() as s:
+        assert list(s.scalars(select(Heartbeat.ssh_sessions))) == [2]
