@@ -288,7 +288,9 @@ def verdicts(
     grace: timedelta,
 ) -> dict[str, Verdict]:
     """Each running machine's :class:`Verdict`: ``wanted`` maps a machine id to its (autostop,
-    idle threshold, silence counts as idle). Three queries in all."""
+    idle threshold, silence counts as idle). Three queries in all. The idle span is looked for
+    only as far back as it must be to be due (autostop + grace): one idle for longer shows
+    that much."""
     if not wanted:
         return {}
     since = {mid: now - d - grace for mid, (d, _, _) in wanted.items()}
