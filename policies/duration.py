@@ -75,3 +75,12 @@ def format_duration(d: timedelta) -> str:
         return f"{h} h {m} min" if m else f"{h} h"
     days, h = divmod(round(minutes / 60), 24)
     return f"{days} d {h} h" if h else f"{days} d"
+
+
+def short_duration(d: timedelta) -> str:
+    """``30m``, ``2h``, ``1d``, ``90s``: as a file or a command writes it."""
+    s = round(d.total_seconds())
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if s % size == 0:
+            return f"{s // size}{unit}"
+    return f"{s}s"

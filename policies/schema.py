@@ -327,3 +327,9 @@ class Policy(_Strict):
 def matching(policies: list[Policy], project: str, owner: str) -> list[Policy]:
     """The policies that apply to ``project`` and ``owner``, in the order given."""
     return [p for p in policies if p.applies_to.matches(project, owner)]
+
+
+def autostop_cap(policies: list[Policy], project: str, owner: str) -> tuple[timedelta, str] | None:
+    """The shortest ``max_autostop`` of the policies that apply, and its policy's name."""
+    caps = [(p.max_autostop, p.name) for p in matching(policies, project, owner) if p.max_autostop]
+    return min(caps, key=lambda c: c[0]) if caps else None

@@ -23,8 +23,8 @@ from typing import Any
 
 from sqlalchemy import select
 
-from policies.duration import autostop_duration, format_duration
-from policies.schema import IdleRule, Policy, matching
+from policies.duration import autostop_duration, format_duration, short_duration
+from policies.schema import IdleRule, Policy, autostop_cap, matching
 from provisioner import idle, machines
 from provisioner.app import App
 from provisioner.errors import UserError
@@ -36,13 +36,7 @@ JOB_STARTED, JOB_FINISHED = "job-started", "job-finished"
 DEFAULT_BELOW = IdleRule().gpu_util_below
 
 
-def short(d: timedelta) -> str:
-    """``30m``, ``2h``, ``1d``, ``90s``: as the command and the file write it."""
-    s = round(d.total_seconds())
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if s % size == 0:
-            return f"{s // size}{unit}"
-    return f"{s}s"
+short = short_duration  # 30m, 2h
 
 
 # --- the setting -------------------------------------------------------------------------------
@@ -80,10 +74,7 @@ class Setting:
         return f"{short(d)} (capped from {short(self.own)} by policy {self.cap_policy})"
 
 
-def cap(policies: list[Policy], project: str, owner: str) -> tuple[timedelta, str] | None:
-    """The shortest ``max_autostop`` of the policies that apply, and its policy."""
-    caps = [(p.max_autostop, p.name) for p in matching(policies, project, owner) if p.max_autostop]
-    return min(caps, key=lambda c: c[0]) if caps else None
+cap = autostop_cap  # the shortest max_autostop of the policies that apply, and its policy
 
 
 def setting(policies: list[Policy], m: Machine) -> Setting:

@@ -74,16 +74,17 @@ def plan(app: App, experiment: Experiment) -> PlanView:
 
 def autostop_cap(app: App, experiment: Experiment) -> list[str]:
     """A policy's ``max_autostop`` over the file's ``lifecycle.autostop`` (or none), in words."""
-    from provisioner.jobs import autostop
+    from policies.duration import short_duration as short
+    from policies.schema import autostop_cap
 
-    cap = autostop.cap(app.policies, experiment.project, experiment.owner)
+    cap = autostop_cap(app.policies, experiment.project, experiment.owner)
     own = experiment.lifecycle.autostop
     if cap is None or (own is not None and own <= cap[0]):
         return []
-    was = f"lifecycle.autostop {autostop.short(own)}" if own else "no lifecycle.autostop"
+    was = f"lifecycle.autostop {short(own)}" if own else "no lifecycle.autostop"
     return [
-        f"policy {cap[1]}: max_autostop {autostop.short(cap[0])}: {was}, so it is stopped once "
-        f"idle (GPUs, jobs, SSH) for {autostop.short(cap[0])}, at any hour"
+        f"policy {cap[1]}: max_autostop {short(cap[0])}: {was}, so it is stopped once "
+        f"idle (GPUs, jobs, SSH) for {short(cap[0])}, at any hour"
     ]
 
 
