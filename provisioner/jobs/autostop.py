@@ -226,6 +226,34 @@ def _busy(b: Beat, below: float) -> str | None:
     return None
 
 
+NO_BEAT = "no recent heartbeat (not counted as idle)"
+
+
+def _heard(
+    beats: list[Beat], now: datetime, below: float, grace: timedelta
+) -> tuple[datetime | None, str]:
+    """(start of the idle run of beats that ends now, else None; why not idle): silence
+    longer than ``grace`` breaks the run."""
+    start, later = None, now
+    for b in reversed(beats):
+        why = NO_BEAT if later - b.at > grace else _busy(b, below)
+        if why is not None:
+            return start, why
+        start = later = b.at
+    return start, NO_BEAT
+
+
+def _silent(beats: list[Beat], since: datetime, below: float) -> tuple[datetime | None, str]:
+    """The same where silence (and an agent that sees no GPU) counts as idle: only busy GPUs
+    or an SSH session break the run, which otherwise goes back to ``since``."""
+    start = None
+    for b in reversed(beats):
+        if b.ssh_sessions or (b.max_util is not None and b.max_util >= below):
+            return start, _busy(b, below) or ""
+        start = b.at
+    return since, ""
+
+
 def judge(
     beats: list[Beat],
     *,
@@ -240,35 +268,17 @@ def judge(
     """The current idle span of one machine (``beats`` oldest first): every beat idle (GPUs
     below ``below``, no SSH session), none further than ``grace`` from the next nor from now,
     from after the last job's end and the machine's last start."""
-
-    def no(why: str) -> Verdict:
-        return Verdict(autostop, None, timedelta(0), why)
-
     if job is not None and job.running:
-        return no(f"job {', '.join(job.running)} running")
-    floor = max(
-        (t for t in (running_since, job.last_end if job else None) if t is not None), default=None
-    )
-    start: datetime | None = None
-    later = now  # the time of the beat after the one looked at (now for the last)
-    for b in reversed(beats):
-        if later - b.at > grace and not silence_is_idle:
-            if start is None:
-                return no("no recent heartbeat (not counted as idle)")
-            break
-        why = _busy(b, below)
-        if why is not None and not (silence_is_idle and b.max_util is None and not b.ssh_sessions):
-            if start is None:
-                return no(why)
-            break
-        start, later = b.at, b.at
+        return Verdict(autostop, None, timedelta(0), f"job {', '.join(job.running)} running")
+    if silence_is_idle:
+        start, why = _silent(beats, now - autostop - grace, below)
     else:
-        if silence_is_idle:  # idle or silent since the first beat looked at
-            start = now - autostop - grace
+        start, why = _heard(beats, now, below, grace)
     if start is None:
-        return no("no recent heartbeat (not counted as idle)")
-    if floor is not None and floor > start:
-        start = floor
+        return Verdict(autostop, None, timedelta(0), why)
+    for floor in (running_since, job.last_end if job else None):
+        if floor is not None and floor > start:
+            start = floor
     return Verdict(autostop, start, max(now - start, timedelta(0)), None)
 
 
