@@ -17,7 +17,7 @@ from provisioner.app import App
 from provisioner.clock import ManualClock
 from provisioner.dashboard import make_app
 from provisioner.errors import ConfigError, UserError
-from provisioner.jobs import autostop, sweep
+from provisioner.jobs import autostop, outlook, sweep
 from provisioner.models import Event, Heartbeat, Machine
 from provisioner.spec import Experiment
 from tests.conftest import (
@@ -40,7 +40,7 @@ applies_to: {projects: ["demo"]}
 CAPPED = LAB + "max_autostop: 1h\n"
 
 WED_NOON = datetime(2026, 11, 11, 11, 0, tzinfo=UTC)  # Wednesday 12:00 in Berlin: in hours
-SUN_0300 = datetime(2026, 11, 15, 2, 0, tzinfo=UTC)  # Sunday 03:00 in Berlin
+SUN_0300 = datetime(2026, 11, 15, 3, 0, tzinfo=UTC)  # Sunday 03:00 (LAB has no calendar: UTC)
 
 
 @pytest.fixture
@@ -133,6 +133,8 @@ def test_idle_29_min_is_not_stopped_and_status_says_how_long_so_far(sched):
     shown = autostop.show(app, machines.find(app, "m1"))
     assert shown["text"] == "30m (idle 29 min so far)"
     assert (shown["seconds"], shown["idle_seconds"]) == (1800, 29 * 60)
+    said = outlook.outlook(app, [machines.find(app, "m1")])["m1"]  # sweep --dry-run, status
+    assert said == "nothing due: autostop 30m: idle 29 min so far"
     page = call(make_app(app), f"/machine/{m.id}")[2]  # the dashboard's machine page says it too
     assert '<dd id="machine-autostop">30m (idle 29 min so far)</dd>' in page
     # two minutes later, still idle: due
