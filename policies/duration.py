@@ -39,6 +39,18 @@ def parse_duration(value: Any) -> timedelta:
     return d
 
 
+#: The shortest and longest autostop (experiment file, `provisioner autostop`, a policy's cap).
+AUTOSTOP_MIN, AUTOSTOP_MAX = timedelta(minutes=1), timedelta(days=7)
+
+
+def autostop_duration(value: Any) -> timedelta:
+    """An autostop duration (``30m``, ``2h``): from one minute to seven days."""
+    d = parse_duration(value)
+    if not AUTOSTOP_MIN <= d <= AUTOSTOP_MAX:
+        raise ValueError(f"{value!r}: autostop must be from 1 min to 7 days")
+    return d
+
+
 def _bounded(seconds: float, value: Any) -> timedelta:
     if seconds < 0:
         raise ValueError(f"{value!r} is negative")
@@ -63,3 +75,12 @@ def format_duration(d: timedelta) -> str:
         return f"{h} h {m} min" if m else f"{h} h"
     days, h = divmod(round(minutes / 60), 24)
     return f"{days} d {h} h" if h else f"{days} d"
+
+
+def short_duration(d: timedelta) -> str:
+    """``30m``, ``2h``, ``1d``, ``90s``: as a file or a command writes it."""
+    s = round(d.total_seconds())
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if s % size == 0:
+            return f"{s // size}{unit}"
+    return f"{s}s"

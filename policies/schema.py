@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from policies.duration import parse_duration
+from policies.duration import autostop_duration, parse_duration
 
 Action = Literal["stop", "terminate"]
 Market = Literal["spot", "reserved"]
@@ -306,6 +306,12 @@ class Policy(_Strict):
     off_hours: OffHours | None = None
     idle: IdleRule | None = None
     max_lifetime: MaxLifetime | None = None
+    max_autostop: timedelta | None = None  # caps a machine's autostop (and gives one to all)
+
+    @field_validator("max_autostop", mode="before")
+    @classmethod
+    def _max_autostop(cls, v: Any) -> Any:
+        return None if v is None else autostop_duration(v)
 
     @property
     def timezone(self) -> str:
@@ -321,3 +327,9 @@ class Policy(_Strict):
 def matching(policies: list[Policy], project: str, owner: str) -> list[Policy]:
     """The policies that apply to ``project`` and ``owner``, in the order given."""
     return [p for p in policies if p.applies_to.matches(project, owner)]
+
+
+def autostop_cap(policies: list[Policy], project: str, owner: str) -> tuple[timedelta, str] | None:
+    """The shortest ``max_autostop`` of the policies that apply, and its policy's name."""
+    caps = [(p.max_autostop, p.name) for p in matching(policies, project, owner) if p.max_autostop]
+    return min(caps, key=lambda c: c[0]) if caps else None

@@ -1,5 +1,6 @@
-"""The on-machine agent: GPU utilisation heartbeats to the scheduler's endpoint, and the cloud's
-preemption notice passed on to the job and to the scheduler.
+"""The on-machine agent: GPU utilisation heartbeats to the scheduler's endpoint (with the SSH
+sessions open, for autostop), and the cloud's preemption notice passed on to the job and to the
+scheduler.
 
 Standalone on purpose: it imports only the standard library (and NVML through nvidia-ml-py,
 lazily), so the startup script can copy this one file onto a fresh machine and run it with any
@@ -73,6 +74,41 @@ class GPUReader:
         except Exception as e:  # no nvidia-ml-py, no driver, a GPU fell off the bus…
             self._nvml = None
             return [], f"no gpu: {type(e).__name__}: {e}"[:200]
+
+
+SSH_PORT = 22
+TCP_ESTABLISHED = "01"  # the kernel's TCP state numbers: include/net/tcp_states.h
+
+
+def ssh_sessions(paths=("/proc/net/tcp", "/proc/net/tcp6")):  # -> int | None
+    """Established TCP connections to local port 22, counted in the kernel's socket tables
+    (``/proc/net/tcp`` and ``tcp6``: local address ``HEX:PORT`` in hex, state ``01``). None
+    when neither table can be read (not Linux)."""
+    count, read = 0, False
+    for path in paths:
+        try:
+            with open(path, encoding="ascii") as f:
+                count += count_ssh(f.read())
+            read = True
+        except OSError:
+            continue
+    return count if read else None
+
+
+def count_ssh(table: str, port: int = SSH_PORT) -> int:
+    """The established connections to local ``port`` in one ``/proc/net/tcp*`` table."""
+    n = 0
+    for line in table.splitlines()[1:]:  # the first line names the columns
+        fields = line.split()
+        if len(fields) < 4 or ":" not in fields[1]:
+            continue
+        try:
+            local_port = int(fields[1].rsplit(":", 1)[1], 16)
+        except ValueError:
+            continue
+        if local_port == port and fields[3] == TCP_ESTABLISHED:
+            n += 1
+    return n
 
 
 SCHEME = "PV1-HMAC-SHA256"
@@ -466,6 +502,9 @@ def run(
                 token = f.read().strip()
             gpus, note = reader.read()
             body = {"gpus": gpus}
+            sessions = ssh_sessions()
+            if sessions is not None:
+                body["ssh_sessions"] = sessions
             if note:
                 body["note"] = note
             status = post(endpoint, machine, token, body, clock.ms())

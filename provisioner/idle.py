@@ -71,6 +71,24 @@ def parse_body(raw: bytes) -> list[dict[str, Any]]:
     return gpus
 
 
+def parse_heartbeat(raw: bytes) -> dict[str, Any]:
+    """A heartbeat body: its GPUs (:func:`parse_body`) and ``ssh_sessions``, the established
+    SSH connections the agent counted. An older agent sends none: None, which autostop reads
+    as no evidence of a session (it cannot block a stop it never reported)."""
+    gpus = parse_body(raw)
+    sessions = json.loads(raw).get("ssh_sessions")
+    if sessions is not None and (
+        isinstance(sessions, bool) or not isinstance(sessions, int) or not 0 <= sessions < 2**31
+    ):
+        raise BadHeartbeat("ssh_sessions must be a count")
+    return {"gpus": gpus, "ssh_sessions": sessions}
+
+
+def record_heartbeat(app: App, machine_id: str, body: dict[str, Any]) -> Machine | None:
+    """:func:`record` of a parsed :func:`parse_heartbeat` body."""
+    return record(app, machine_id, body["gpus"], ssh_sessions=body["ssh_sessions"])
+
+
 def _num(v: Any) -> float | None:
     return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
 
@@ -81,14 +99,17 @@ def _live(s: Any, machine_id: str) -> Machine | None:
     ).first()
 
 
-def record(app: App, machine_id: str, gpus: list[dict[str, Any]]) -> Machine | None:
+def record(
+    app: App, machine_id: str, gpus: list[dict[str, Any]], ssh_sessions: int | None = None
+) -> Machine | None:
     """Store one heartbeat of ``machine_id``; None when it is no longer live."""
     with app.db.session() as s:
         m = _live(s, machine_id)
         if m is None:
             return None
         top = max((g["util"] for g in gpus), default=None)
-        s.add(Heartbeat(machine_id=m.id, at=app.clock.now(), gpus=gpus, max_util=top))
+        at = app.clock.now()
+        s.add(Heartbeat(machine_id=m.id, at=at, gpus=gpus, max_util=top, ssh_sessions=ssh_sessions))
         return m
 
 
@@ -429,7 +450,7 @@ class HeartbeatApp:
         return 200, machine_id, raw
 
     def _heartbeat(self, environ: dict[str, Any]) -> tuple[int, Any]:
-        return self._signed(environ, agent.HEARTBEAT, parse_body, record)
+        return self._signed(environ, agent.HEARTBEAT, parse_heartbeat, record_heartbeat)
 
     def _notice(self, environ: dict[str, Any]) -> tuple[int, Any]:
         return self._signed(environ, agent.NOTICE, parse_notice, record_notice)

@@ -123,6 +123,8 @@ class Machine(Base):
     # scheduler (0002): sha256 of the agent's heartbeat token; `provisioner keep NAME --until`
     agent_token_hash: Mapped[str | None] = mapped_column(String(64), unique=True, index=True)
     kept_until: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    # 0007: `lifecycle.autostop` / `provisioner autostop NAME 30m`; None: no autostop of its own
+    autostop_seconds: Mapped[int | None] = mapped_column(Integer)
 
     events: Mapped[list[Event]] = relationship(
         back_populates="machine", order_by="Event.id", cascade="all, delete-orphan"
@@ -234,6 +236,7 @@ class Heartbeat(Base):
     at: Mapped[datetime] = mapped_column(UTCDateTime, index=True)  # the scheduler's clock
     gpus: Mapped[list[dict[str, Any]]] = mapped_column(JSON)
     max_util: Mapped[float | None] = mapped_column(Float)  # None: the agent saw no GPU
+    ssh_sessions: Mapped[int | None] = mapped_column(Integer)  # 0007; None: an older agent
 
     __table_args__ = (Index("ix_heartbeats_machine_at", "machine_id", "at"),)
 

@@ -20,7 +20,7 @@ from pydantic import (
 )
 
 from policies import yamlfile
-from policies.duration import parse_duration
+from policies.duration import autostop_duration, parse_duration
 from policies.schema import MINUTES_MAX
 from providers import gpus
 from providers.gpus import GPUS
@@ -211,6 +211,8 @@ class Lifecycle(_Strict):
     #: what is done to the machine when its ``run`` exits (None: ``stop`` when the experiment
     #: has a ``run``, so billing ends with the job; else ``keep``) — see Experiment.on_finish
     on_finish: Literal["stop", "terminate", "keep"] | None = None
+    # stop when idle (GPUs, jobs, SSH) this long, at any hour: provisioner.jobs.autostop
+    autostop: timedelta | None = None
 
     @field_validator("max_lifetime", mode="before")
     @classmethod
@@ -221,6 +223,11 @@ class Lifecycle(_Strict):
         if d <= timedelta(0):
             raise ValueError("must be longer than zero (leave it out for no limit)")
         return d
+
+    @field_validator("autostop", mode="before")
+    @classmethod
+    def _autostop(cls, v: Any) -> Any:
+        return None if v is None else autostop_duration(v)
 
 
 #: Where a volume may not be mounted: the system's own directories (and / itself).

@@ -118,6 +118,7 @@ SAMPLES = {
     "name": "exp",
     "names": "exp",
     "until": "23:00",
+    "duration": "30m",  # autostop NAME 30m
     "cloud": "sandbox",
     "command": None,  # ssh's trailing command: optional
     "endpoint": None,  # agent and scheduler run are daemons: not run here

@@ -134,6 +134,20 @@ def _plan_text(v: Any, top: int) -> None:
         )
 
 
+def _autostop_line(application: Any, m: Any) -> None:
+    """At ``up``: the autostop that applies, and a policy's cap of it."""
+    from provisioner.jobs import autostop
+
+    st = autostop.setting(application.policies, m)
+    if st.duration is not None:
+        out.print(
+            f"  autostop: {st.note}: stopped once idle (GPUs, jobs, SSH) that long, any hour; "
+            f"change it with `provisioner autostop {m.name} 1h` or `--cancel`",
+            highlight=False,
+            soft_wrap=True,
+        )
+
+
 @app.command()
 def up(
     ctx: typer.Context,
@@ -240,6 +254,7 @@ def up(
     if experiment.run:
         out.print(f"  job run started: `provisioner logs {m.name} -f`", soft_wrap=True)
     out.print(f"  connect with `provisioner ssh {m.name}`", soft_wrap=True)
+    _autostop_line(application, m)
     if not machines.can_stop(m):
         from provisioner.jobs.sweep import UNSTOPPABLE_WARN_MINUTES
 

@@ -1,4 +1,4 @@
-"""keep, sweep, scheduler run, agent."""
+"""keep, autostop, sweep, scheduler run, agent."""
 
 from __future__ import annotations
 
@@ -61,6 +61,39 @@ def keep(
             highlight=False,
             soft_wrap=True,
         )
+
+
+@app.command()
+def autostop(
+    ctx: typer.Context,
+    name: str = typer.Argument(..., help="machine name"),
+    duration: str = typer.Argument(None, help="e.g. 30m, 2h (1 min to 7 days)"),
+    cancel: bool = typer.Option(False, "--cancel", help="clear the machine's own autostop"),
+    output: Output = OUTPUT,
+) -> None:
+    """Stop a machine once its GPUs were idle, no job ran and no SSH session was open for
+    DURATION, at any hour (a policy's max_autostop caps it). Without DURATION: show it."""
+    from provisioner import machines
+    from provisioner.errors import UserError
+    from provisioner.jobs import autostop as auto  # SQLAlchemy and the policies: not for --help
+
+    if duration is not None and cancel:
+        raise UserError("give a duration (e.g. 30m) or --cancel, not both")
+    application = get_app(ctx)
+    if cancel:
+        m, st, had = auto.cancel_autostop(application, name)
+        said = f"{m.name}: its autostop is cancelled" if had else f"{m.name} had no autostop"
+    elif duration is not None:
+        m, st = auto.set_autostop(application, name, duration)
+        said = f"{m.name}: autostop set"
+    else:
+        m = machines.find(application, name)
+        st, said = auto.setting(application.policies, m), m.name
+    view = auto.show(application, m, st)
+    if output is Output.json:
+        print_json({"machine": m.name, **view})
+        return
+    out.print(f"{said}; autostop: {view['text']}", highlight=False, soft_wrap=True)
 
 
 @app.command()

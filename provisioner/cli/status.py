@@ -80,6 +80,7 @@ def _detail_json(d: Any) -> dict[str, Any]:
         "idle": {"signal": idle.signal, **({"at": idle.at} if idle.at else {}), "text": idle.text},
         "next": d.next,
         "kept_until": m.kept_until,
+        "autostop": d.autostop,
         "why": d.why,
         "held": d.held,
         "volumes": [{**v.as_json(), "path": path} for path, v in d.volumes],
@@ -126,6 +127,8 @@ def _detail_lines(d: Any) -> list[tuple[str, str]]:
             )
         )
     lines += [(f"job {j.id}", j.text) for j in d.jobs]
+    if d.autostop:
+        lines.append(("autostop", d.autostop["text"]))
     extra = (("next", d.next), ("held", d.held), ("waiting", d.waiting), ("failed", d.why))
     lines += [(k, v) for k, v in extra if v]
     w = max(len(k) for k, _ in lines)

@@ -62,8 +62,10 @@ def why_not(a: sweep.Assessment, now: datetime) -> str:
             }.get(signal or "", f"signal {signal}")
             + f" ({check.source})"
         )
-    if not r.idle and not r.lifetime:
-        parts.append("no idle rule or lifetime applies")
+    if a.autostop is not None:
+        parts.append(f"autostop {sweep.autostop.short(a.autostop.autostop)}: {a.autostop.text()}")
+    if not r.idle and not r.lifetime and a.autostop is None:
+        parts.append("no idle rule, lifetime or autostop applies")
     return "; ".join(parts)
 
 

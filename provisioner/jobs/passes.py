@@ -12,7 +12,15 @@ from provisioner.app import App
 from provisioner.errors import ProvisionerError
 
 # event reasons the scheduler writes (reports and /metrics count them)
-REASONS = ("off-hours-idle", "idle", "max-lifetime", "preempted", "recovered", "on-finish")
+REASONS = (
+    "off-hours-idle",
+    "idle",
+    "autostop",
+    "max-lifetime",
+    "preempted",
+    "recovered",
+    "on-finish",
+)
 
 
 @dataclass

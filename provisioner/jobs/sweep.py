@@ -1,6 +1,7 @@
-"""The sweep: out of hours AND idle → stop/terminate per policy; max lifetime reached → act; a
-machine kept by ``provisioner keep`` is left alone until then (and ``keep`` itself). An owner
-whose rule asks for it is mailed before the machine is acted on.
+"""The sweep: out of hours AND idle → stop/terminate per policy; max lifetime reached → act;
+idle (GPUs, jobs, SSH) for its autostop → stop, at any hour (:mod:`.autostop`); a machine kept by
+``provisioner keep`` is left alone until then (and ``keep`` itself). An owner whose rule asks
+for it is mailed before the machine is acted on.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from policies.schema import IdleRule, Policy, matching
 from provisioner import idle, machines, mail
 from provisioner.app import App
 from provisioner.errors import ProvisionerError, UserError
+from provisioner.jobs import autostop
 from provisioner.jobs.lease import HOLDER, Held, run_pass
 from provisioner.jobs.passes import Action, Pass
 from provisioner.models import Event, Machine
@@ -83,6 +85,7 @@ class Assessment:
     machine: Machine
     rules: Rules
     signals: dict[IdleCheck, idle.Signal]
+    autostop: autostop.Verdict | None = None  # a running machine with an autostop
 
 
 def assess(
@@ -113,6 +116,7 @@ def assess(
         busy_at = max(c.rule.gpu_util_below for c in checks)
         evidence = idle.evidence(app, list(lookback), now, windows, grace, busy_at)
         since = idle.running_since(app, list(lookback))
+    stops = _autostops(app, now, machines, rules, failed, grace)
     none = idle.Evidence(None, None, None, 0, None)
     out = []
     for m in machines:
@@ -135,8 +139,31 @@ def assess(
         except Exception as e:
             failed[m.id] = e
             continue
-        out.append(Assessment(m, r, signals))
+        out.append(Assessment(m, r, signals, stops.get(m.id)))
     return out, failed
+
+
+def _autostops(
+    app: App,
+    now: datetime,
+    machines: list[Machine],
+    rules: dict[str, Rules],
+    failed: dict[str, Exception],
+    grace: timedelta,
+) -> dict[str, autostop.Verdict]:
+    """The autostop verdict of each running machine that has an autostop (its own or its
+    policy's), judged on its idle rules' threshold."""
+    wanted: dict[str, tuple[timedelta, float, bool]] = {}
+    for m in machines:
+        if m.status != S.RUNNING or m.id in failed:
+            continue
+        try:
+            d = autostop.setting(app.policies, m).duration
+            if d is not None:
+                wanted[m.id] = (d, *autostop.threshold(c.rule for c in rules[m.id].idle))
+        except Exception as e:  # one machine's failure is its own
+            failed[m.id] = e
+    return autostop.verdicts(app, now, wanted, grace)
 
 
 def _stoppable(m: Machine, how: str, why: str) -> tuple[str, str]:
@@ -177,7 +204,7 @@ def decide(a: Assessment, now: datetime) -> Action | None:
         if signal == "idle" or (signal == "unknown" and check.rule.unknown_counts_as_idle):
             fired.append((check, off, signal))
     if not fired:
-        return None
+        return _autostop(a)
     check, off, signal = fired[0]
     how = "terminate" if any(c.rule.action == "terminate" for c, _, _ in fired) else "stop"
     activity = (
@@ -194,6 +221,16 @@ def decide(a: Assessment, now: datetime) -> Action | None:
     return Action(
         m.name, how, "off-hours-idle" if off else "idle", why, idle_since=since, warn_minutes=warn
     )
+
+
+def _autostop(a: Assessment) -> Action | None:
+    """Stop a machine idle for its autostop (terminated where its cloud cannot stop it)."""
+    v = a.autostop
+    if v is None or not v.due or a.machine.status != S.RUNNING:
+        return None
+    how, why = _stoppable(a.machine, "stop", v.text())
+    warn = _unstoppable_warning(how, "stop", 0)
+    return Action(a.machine.name, how, "autostop", why, idle_since=v.idle_since, warn_minutes=warn)
 
 
 #: Machines acted on per batch call and per transaction; the lease is kept before each.
@@ -230,10 +267,18 @@ def run(
                 todo.append((action, m))
         _act(app, lease, todo)
         if not dry_run and lease:
-            idle.prune(app, now - HEARTBEAT_RETENTION)
+            idle.prune(app, now - _retention(app, assessed))
         return result
 
     return run_pass(app, "sweep", pass_now, body, holder=holder, dry_run=dry_run)
+
+
+def _retention(app: App, assessed: list[Assessment]) -> timedelta:
+    """How long heartbeats are kept: a day, or as long as the longest autostop in force needs
+    to be proven (up to seven days)."""
+    grace = timedelta(seconds=app.settings.scheduler.heartbeat_grace_seconds)
+    longest = max((a.autostop.autostop for a in assessed if a.autostop), default=timedelta(0))
+    return max(HEARTBEAT_RETENTION, longest + grace)
 
 
 def _machines(app: App, now: datetime, lease: Held) -> list[Machine]:

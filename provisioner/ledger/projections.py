@@ -22,7 +22,7 @@ from provisioner.money import Amounts
 
 # Stops that were not the scheduler's doing, so they count for no savings.
 NOT_SCHEDULER_STOPS = frozenset({"user", "outside-provisioner", "preempted"})
-IDLE_REASONS = ("idle", "off-hours-idle")  # the scheduler's stops of idle machines
+IDLE_REASONS = ("idle", "off-hours-idle", "autostop")  # the scheduler's stops of idle machines
 DEFAULT_IDLE_MINUTES = 30  # when neither the event nor the spec says how long it was idle
 MIN_TREND_HISTORY = DAY  # a trend from the first minutes of a period would be noise
 

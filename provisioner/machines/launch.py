@@ -22,6 +22,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import timedelta
 from decimal import ROUND_DOWN, Decimal
 from typing import Any, NoReturn
 
@@ -158,6 +159,7 @@ def _write_intent(
                 spec_path=spec_path,
                 created_at=now,
                 disk_gb=experiment.resources.disk_gb,
+                autostop_seconds=_seconds(experiment.lifecycle.autostop),
                 rate=first.price.amount,
                 currency=first.price.currency,
                 disk_rate=disk_rate(
@@ -176,6 +178,11 @@ def _write_intent(
                 f"{experiment.name} changed while this `up` wrote it; run `provisioner up` again"
             ) from None
         return m, True
+
+
+def _seconds(d: timedelta | None) -> int | None:
+    """``lifecycle.autostop`` as ``machines.autostop_seconds``: the machine's initial one."""
+    return None if d is None else round(d.total_seconds())
 
 
 def launch_intent(

@@ -68,8 +68,24 @@ def plan(app: App, experiment: Experiment) -> PlanView:
         sorted(((cl, best[cl].price_base) for cl in sorted(best)), key=lambda x: x[1].amount),
         {cl: sorted(types) for cl, types in sorted(unpriced.items())},
         [Reject(r, n, p.examples.get(r, "")) for r, n in p.summary_reasons()],
-        unstoppable_spot(p.candidates),
+        unstoppable_spot(p.candidates) + autostop_cap(app, experiment),
     )
+
+
+def autostop_cap(app: App, experiment: Experiment) -> list[str]:
+    """A policy's ``max_autostop`` over the file's ``lifecycle.autostop`` (or none), in words."""
+    from policies.duration import short_duration as short
+    from policies.schema import autostop_cap
+
+    cap = autostop_cap(app.policies, experiment.project, experiment.owner)
+    own = experiment.lifecycle.autostop
+    if cap is None or (own is not None and own <= cap[0]):
+        return []
+    was = f"lifecycle.autostop {short(own)}" if own else "no lifecycle.autostop"
+    return [
+        f"policy {cap[1]}: max_autostop {short(cap[0])}: {was}, so it is stopped once "
+        f"idle (GPUs, jobs, SSH) for {short(cap[0])}, at any hour"
+    ]
 
 
 def unstoppable_spot(candidates: list[Candidate]) -> list[str]:

@@ -150,6 +150,7 @@ class MachineDetail:
     volumes: list[tuple[str, Any]] = field(default_factory=list)  # (mount path, volumes.Listed)
     waiting: str | None = None  # waiting for capacity: since, next try, gives up at
     jobs: list[Any] = field(default_factory=list)  # machines.jobs.Job, in order of start
+    autostop: dict[str, Any] | None = None  # provisioner.jobs.autostop.show; None: no autostop
 
     @property
     def spec(self) -> dict[str, Any]:
@@ -203,6 +204,7 @@ def machine_detail(app: App, key: str, *, by_id: bool = False) -> MachineDetail 
         volumes=_volumes(app, m, now),
         waiting=_waiting(m, events, now),
         jobs=_jobs(app, m),
+        autostop=_autostop(app, m),
     )
 
 
@@ -210,6 +212,16 @@ def _jobs(app: App, m: Machine) -> list[Any]:
     from provisioner.machines import jobs
 
     return list(jobs.jobs_of(app, m).values())  # in the order they first started
+
+
+def _autostop(app: App, m: Machine) -> dict[str, Any] | None:
+    """The machine's autostop and how long it has been idle so far; None when it has none."""
+    if m.status not in ("running", "stopped", "pending"):
+        return None
+    from provisioner.jobs import autostop  # the policies and the heartbeats: only here
+
+    shown = autostop.show(app, m)
+    return shown if shown["autostop"] else None
 
 
 def _volumes(app: App, m: Machine, now: datetime) -> list[tuple[str, Any]]:
