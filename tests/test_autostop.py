@@ -262,6 +262,7 @@ def test_a_bad_max_autostop_names_the_policy_file_and_line(home, tmp_path):
         app.close()
 
 
+@pytest.mark.slow  # a CLI run end to end: README command and CI, not the quick loop
 def test_cli_autostop_set_show_cancel_and_status(home, tmp_path):
     (tmp_path / "p.yaml").write_text(CAPPED)
     cfg = write_settings(home, policies=[str(tmp_path / "p.yaml")])

@@ -198,6 +198,7 @@ def test_run_is_refused_before_launch_on_a_cloud_without_jobs(home, clock, tmp_p
 # ---- through the CLI ---------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # a CLI run end to end: README command and CI, not the quick loop
 def test_up_follows_the_run_logs_exec_and_status(home, tmp_path):
     cfg = write_settings(home)
     _workdir(tmp_path)
@@ -232,6 +233,7 @@ def test_up_follows_the_run_logs_exec_and_status(home, tmp_path):
     assert [(j["job"], j["exit_code"]) for j in detail["jobs"]] == [("run", 3), ("exec-1", 0)]
 
 
+@pytest.mark.slow  # a CLI run end to end: README command and CI, not the quick loop
 def test_up_detach_returns_at_once_and_logs_follow_to_the_stop(home, tmp_path):
     cfg = write_settings(home)
     path = _experiment(tmp_path, name="det", run="sleep 1; echo finished")
@@ -267,6 +269,7 @@ def test_bad_job_fields_are_exit_2_with_line(home, tmp_path, field, value, where
     assert any(f"{path}:{n}: {where}" in r.stderr for n in (line, line + 1)), r.stderr
 
 
+@pytest.mark.slow  # a CLI run end to end: README command and CI, not the quick loop
 def test_the_readme_first_command_shows_the_loop_and_ends(home):
     assert ".venv/bin/provisioner up configs/examples/quickstart.yaml" in ROOT_README.read_text()
     cfg = write_settings(home)

@@ -133,6 +133,7 @@ idle: {gpu_util_below: 5, for_minutes: 30, unknown_counts_as_idle: true}
 """
 
 
+@pytest.mark.slow  # end to end on moto: README command and CI, not the quick loop
 def test_first_real_run_through_the_cli_leaves_nothing_billed(emu, home: Path, tmp_path):
     """`up`, a preemption, the sweep's recovery, a night's idle stop and `down`, each through
     the real CLI against the AWS emulator; then the emulator's own books: no open spot
@@ -194,6 +195,7 @@ def test_first_real_run_through_the_cli_leaves_nothing_billed(emu, home: Path, t
         assert any(p.get("FromPort") == 22 for p in group["IpPermissions"])
 
 
+@pytest.mark.slow  # end to end on moto: README command and CI, not the quick loop
 def test_status_over_aws_asks_once_and_needs_no_orm_while_aws_agrees(emu, home: Path, tmp_path):
     """`status` asks AWS first (one DescribeInstances for the region). The first one records
     the launch's boot (the Typer app reconciles and writes); once AWS lists every machine as
@@ -310,6 +312,7 @@ def _fleet_app(emu: AwsEmulator, home: Path, tmp_path: Path, regions: list[str],
     return App(settings, ManualClock(datetime(2026, 11, 6, 13, 0, tzinfo=UTC)))  # 08:00 NY
 
 
+@pytest.mark.slow  # end to end on moto: README command and CI, not the quick loop
 def test_a_night_sweep_over_1200_machines_makes_pages_plus_one_stop_per_1000(
     emu, home: Path, tmp_path
 ):

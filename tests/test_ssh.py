@@ -19,10 +19,13 @@ import pytest
 from tests.conftest import run_cli, sandbox_experiment, write_settings, write_yaml
 
 SSHD = shutil.which("sshd") or ("/usr/sbin/sshd" if Path("/usr/sbin/sshd").exists() else None)
-pytestmark = pytest.mark.skipif(
-    SSHD is None or shutil.which("ssh") is None,
-    reason="OpenSSH server/client not installed (Debian: openssh-server; .ci/run installs it)",
-)
+pytestmark = [
+    pytest.mark.slow,  # a real sshd and the CLI end to end: README command and CI
+    pytest.mark.skipif(
+        SSHD is None or shutil.which("ssh") is None,
+        reason="OpenSSH server/client not installed (Debian: openssh-server; .ci/run installs it)",
+    ),
+]
 
 
 def _free_port() -> int:
