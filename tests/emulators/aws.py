@@ -857,41 +857,26 @@ class AwsEmulator:
         """A booting instance reads ``pending`` (code 0, botocore's ec2 model InstanceState),
         one DescribeInstances fewer each time, as EC2's take the first seconds after launch."""
         with self._lock:
-            shown = [iid for iid, left in self._booting.items() if left > 0]
-        if not any(iid.encode() in data for iid in shown):
-            return data
-        root = ET.fromstring(data)
-        ns = root.tag[1:].split("}")[0] if root.tag.startswith("{") else ""
-        q = (lambda tag: f"{{{ns}}}{tag}") if ns else (lambda tag: tag)
-        if ns:
-            ET.register_namespace("", ns)
-        for item in root.iter(q("item")):
-            iid = item.findtext(q("instanceId"))
+            shown = {iid for iid, left in self._booting.items() if left > 0}
+
+        def boot(iid: str, item: ET.Element, q: Any) -> None:
             state = item.find(q("instanceState"))
-            if iid not in shown or state is None:
-                continue
+            if state is None:
+                return
             for tag, text in (("code", "0"), ("name", "pending")):
                 node = state.find(q(tag))
                 if node is not None:
                     node.text = text
             with self._lock:
                 self._booting[iid] -= 1
-        return ET.tostring(root, encoding="utf-8", xml_declaration=True)
+
+        return _edit_instances(data, shown, boot)
 
     def _rewrite_preempted(self, data: bytes) -> bytes:
         with self._lock:
             preempted = dict(self._preempted)
-        if not any(iid.encode() in data for iid in preempted):
-            return data
-        root = ET.fromstring(data)
-        ns = root.tag[1:].split("}")[0] if root.tag.startswith("{") else ""
-        q = (lambda tag: f"{{{ns}}}{tag}") if ns else (lambda tag: tag)
-        if ns:
-            ET.register_namespace("", ns)
-        for item in root.iter(q("item")):
-            iid = item.findtext(q("instanceId"))
-            if iid not in preempted:
-                continue
+
+        def take(iid: str, item: ET.Element, q: Any) -> None:
             code, message, when = preempted[iid]
             reason = item.find(q("stateReason"))
             if reason is None:
@@ -905,7 +890,8 @@ class AwsEmulator:
             if transition is None:
                 transition = ET.SubElement(item, q("reason"))
             transition.text = f"Service initiated ({when:%Y-%m-%d %H:%M:%S} GMT)"
-        return ET.tostring(root, encoding="utf-8", xml_declaration=True)
+
+        return _edit_instances(data, set(preempted), take)
 
     def _spot_history(self, region: str, params: dict[str, str], rec: Recorded) -> _Reply:
         unknown = [k for k in params if not _SPOT_PARAMS.match(k)]
@@ -1074,6 +1060,23 @@ def _parse_json(body: bytes) -> dict[str, Any]:
     if not isinstance(payload, dict):
         raise json_error("SerializationException", "body is not a JSON object")
     return payload
+
+
+def _edit_instances(data: bytes, ids: set[str], edit: Any) -> bytes:
+    """A DescribeInstances answer with ``edit(instance_id, item, q)`` applied to the items of
+    ``ids`` (``q`` names a tag in the answer's namespace); unchanged when none is in it."""
+    if not any(iid.encode() in data for iid in ids):
+        return data
+    root = ET.fromstring(data)
+    ns = root.tag[1:].split("}")[0] if root.tag.startswith("{") else ""
+    q = (lambda tag: f"{{{ns}}}{tag}") if ns else (lambda tag: tag)
+    if ns:
+        ET.register_namespace("", ns)
+    for item in root.iter(q("item")):
+        iid = item.findtext(q("instanceId"))
+        if iid in ids:
+            edit(iid, item, q)
+    return ET.tostring(root, encoding="utf-8", xml_declaration=True)
 
 
 def _instance_ids(data: bytes) -> list[str]:
