@@ -134,7 +134,10 @@ def test_idle_29_min_is_not_stopped_and_status_says_how_long_so_far(sched):
     assert shown["text"] == "30m (idle 29 min so far)"
     assert (shown["seconds"], shown["idle_seconds"]) == (1800, 29 * 60)
     said = outlook.outlook(app, [machines.find(app, "m1")])["m1"]  # sweep --dry-run, status
-    assert said == "nothing due: autostop 30m: idle 29 min so far"
+    assert said == (
+        "nothing due: autostop 30m: idle 29 min so far; "
+        "next: stop [autostop] at 2026-11-11 11:01 UTC if idle then"
+    )
     page = call(make_app(app), f"/machine/{m.id}")[2]  # the dashboard's machine page says it too
     assert '<dd id="machine-autostop">30m (idle 29 min so far)</dd>' in page
     # two minutes later, still idle: due

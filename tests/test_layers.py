@@ -63,9 +63,9 @@ ORDER = [
     "provisioner.jobs.notices",
     "provisioner.jobs.autostop",  # stop when idle (GPUs, jobs, SSH) for that long, any hour
     "provisioner.jobs.sweep",
-    "provisioner.jobs.outlook",  # what the sweep will do next, and why not yet
     "provisioner.jobs.recover",
     "provisioner.jobs.waiting",  # the scheduler's tries of intents waiting for capacity
+    "provisioner.jobs.outlook",  # the next move on each machine: one decision for all
     "provisioner.jobs.reconcile",
     "provisioner.jobs.enforce",
     "provisioner.jobs.scheduled_reports",

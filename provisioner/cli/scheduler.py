@@ -127,6 +127,7 @@ def sweep(
             {
                 "passes": [p.as_json() for p in passes],
                 "not_due": waiting,
+                **({"next": _next_moves(application)} if dry_run else {}),
                 "other": {n: describe(r) for n, r in extra},
             }
         )
@@ -167,6 +168,19 @@ def _not_due(application: Any, p: Any) -> dict[str, str]:
             if m.name not in acted
         ]
     return outlook.outlook(application, machines)
+
+
+def _next_moves(application: Any) -> dict[str, Any]:
+    """Each live machine's next move: the decision the dashboard shows."""
+    from sqlalchemy import select
+
+    from provisioner.jobs import outlook
+    from provisioner.models import ACTIVE_EXCLUDED, Machine
+
+    with application.db.session() as s:
+        live = list(s.scalars(select(Machine).where(Machine.status.not_in(ACTIVE_EXCLUDED))))
+    moves = outlook.next_moves(application, live, application.clock.now())
+    return {name: move.to_json() for name, move in sorted(moves.items())}
 
 
 @scheduler_app.command("run")

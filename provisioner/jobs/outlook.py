@@ -1,18 +1,50 @@
-"""What the sweep will do next to each machine, and why not yet: for ``sweep --dry-run`` (why
-nothing is due) and ``status NAME`` (next scheduled action). Read-only: the sweep's own rules
-(:func:`provisioner.jobs.sweep.assess` and ``decide``), asked about the future."""
+"""The scheduler's next move on each machine — what, when and why — decided once, for
+``sweep --dry-run``, ``status NAME`` and the dashboard's fleet page alike. Read-only: the
+scheduler's own rules (:func:`provisioner.jobs.sweep.decide`, the recovery's
+``_decide`` and its backoff, an intent's wait), asked about the future."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from datetime import datetime, time, timedelta
 from functools import lru_cache
+from typing import Any
 
 from policies.calendar import Calendar
 from policies.duration import format_duration
 from provisioner.app import App
-from provisioner.jobs import sweep
+from provisioner.jobs import recover, sweep
+from provisioner.machines import waiting
 from provisioner.models import Machine
 from provisioner.schema import MachineStatus as S
+
+
+@dataclass(frozen=True)
+class Move:
+    """One machine's next move. ``action``: stop, terminate, start, relaunch, try (an intent
+    waiting for capacity), keep (left alone until ``at``) or none. ``at``: when it is due (at or
+    before now: at the next pass); None: not scheduled. ``conditional``: only if the machine is
+    then idle. ``key``/``params``: the dashboard's words for it; ``why``: the CLI's."""
+
+    action: str
+    at: datetime | None
+    reason: str
+    why: str
+    conditional: bool = False
+    key: str = "dash_next_none"
+    params: dict[str, Any] = field(default_factory=dict)
+
+    def due(self, now: datetime) -> bool:
+        return self.action not in ("none", "keep") and self.at is not None and self.at <= now
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "action": self.action,
+            "at": self.at.isoformat() if self.at else None,
+            "reason": self.reason,
+            "why": self.why,
+            "conditional": self.conditional,
+        }
 
 
 @lru_cache(maxsize=64)  # one answer per policy calendar per pass, not one per machine
@@ -70,19 +102,142 @@ def why_not(a: sweep.Assessment, now: datetime) -> str:
 
 
 def outlook(app: App, machines: list[Machine], now: datetime | None = None) -> dict[str, str]:
-    """Per machine name: the action due now (as the sweep would say it), or why none is."""
+    """Per machine name: the action due now (as the sweep would say it), or why none is and
+    what comes next."""
     now = now or app.clock.now()
     out: dict[str, str] = {}
     assessed, failed = sweep.assess(app, now, machines)
     names = {m.id: m.name for m in machines}
     for machine_id, e in failed.items():
         out[names[machine_id]] = f"its rules cannot be evaluated: {e}"
+    decided = moves(app, now, assessed)
     for a in assessed:
-        action = sweep.decide(a, now)
-        if action is None:
-            out[a.machine.name] = "nothing due: " + why_not(a, now)
-        elif action.action == "keep":
-            out[a.machine.name] = f"left alone: {action.why}"
+        move = decided[a.machine.id]
+        if move.due(now):
+            out[a.machine.name] = f"{move.action} due now [{move.reason}]: {move.why}"
+        elif move.action == "keep":
+            out[a.machine.name] = f"left alone: {move.why}"
         else:
-            out[a.machine.name] = f"{action.action} due now [{action.reason}]: {action.why}"
+            text = "nothing due: " + (
+                why_not(a, now) if a.machine.status in (S.RUNNING, S.STOPPED) else move.why
+            )
+            if move.at is not None and move.action != "none":
+                text += f"; next: {move.action} [{move.reason}] at {move.at:%Y-%m-%d %H:%M} UTC"
+                text += " if idle then" if move.conditional else ""
+            out[a.machine.name] = text
     return out
+
+
+def next_moves(app: App, machines: list[Machine], now: datetime) -> dict[str, Move]:
+    """Per machine name: its next move (rules that cannot be evaluated: ``none`` with why)."""
+    assessed, failed = sweep.assess(app, now, machines)
+    decided = moves(app, now, assessed)
+    out = {a.machine.name: decided[a.machine.id] for a in assessed}
+    for m in machines:
+        if m.id in failed:
+            out[m.name] = Move(
+                "none", None, "error", f"its rules cannot be evaluated: {failed[m.id]}"
+            )
+    return out
+
+
+def moves(app: App, now: datetime, assessed: list[sweep.Assessment]) -> dict[str, Move]:
+    """Per machine id: its next move (see :class:`Move`)."""
+    out: dict[str, Move] = {}
+    for a in assessed:
+        m = a.machine
+        if m.status == S.WAITING:
+            out[m.id] = _waiting(app, m, now)
+        elif m.status == S.PREEMPTED:
+            out[m.id] = _recovery(app, m, now)
+        elif m.status in (S.RUNNING, S.STOPPED):
+            out[m.id] = _swept(a, now)
+        else:
+            out[m.id] = Move("none", None, "", f"{m.status}: nothing scheduled")
+    return out
+
+
+def _now_move(action: str, reason: str, why: str, now: datetime) -> Move:
+    return Move(
+        action, now, reason, why, key="dash_next_now", params={"action": action, "why": why}
+    )
+
+
+def _swept(a: sweep.Assessment, now: datetime) -> Move:
+    """A running or stopped machine: what the sweep does now, else the earliest of its
+    lifetime's end, the start of off hours for an idle rule and its autostop."""
+    m = a.machine
+    act = sweep.decide(a, now)
+    if act is not None and act.action == "keep":
+        return Move("keep", m.kept_until, "kept", act.why, key="dash_next_keep_ends")
+    if act is not None:
+        return _now_move(act.action, act.reason, act.why, now)
+    timed: list[Move] = []
+    anytime: list[Move] = []
+    if a.rules.lifetime and m.launched_at:
+        after, how, source = a.rules.lifetime
+        if how == "terminate" or m.status == S.RUNNING:
+            how, _ = sweep._stoppable(m, how, "")
+            why = f"{how}: max lifetime {format_duration(after)} ({source})"
+            at = max(m.launched_at + after, now)
+            said = {"action": how, "source": source}
+            timed.append(Move(how, at, "max-lifetime", why, False, "dash_next_lifetime", said))
+    if m.status == S.RUNNING:
+        for c in a.rules.idle:
+            how, _ = sweep._stoppable(m, c.rule.action, "")
+            below = f"{c.rule.gpu_util_below:g}"
+            why = f"{how} if GPUs stay below {below}% for {c.rule.for_minutes} min ({c.source})"
+            params: dict[str, Any] = {"action": how, "minutes": c.rule.for_minutes}
+            params |= {"below": below, "policy": c.source}
+            if c.calendar is not None and c.calendar.why_off(now) is None:
+                if (start := next_off(c.calendar, now)) is not None:
+                    why += f", out of hours from {_local(c.calendar, start, now)}"
+                    reason = "off-hours-idle"
+                    timed.append(Move(how, start, reason, why, True, "dash_next_idle", params))
+                continue
+            reason = "off-hours-idle" if c.calendar is not None else "idle"
+            anytime.append(Move(how, None, reason, why, True, "dash_next_idle", params))
+        if a.autostop is not None:
+            v = a.autostop
+            how, _ = sweep._stoppable(m, "stop", "")
+            limit = sweep.autostop.short(v.autostop)
+            why = f"{how} after {limit} idle (autostop): {v.text()}"
+            params = {"action": how, "autostop": limit}
+            due = v.idle_since + v.autostop if v.idle_since is not None else None
+            move = Move(how, due, "autostop", why, True, "dash_next_autostop", params)
+            (timed if due is not None else anytime).append(move)
+    if timed:
+        return min(timed, key=lambda x: x.at or now)
+    if anytime:
+        return anytime[0]
+    return Move("none", None, "", why_not(a, now))
+
+
+def _recovery(app: App, m: Machine, now: datetime) -> Move:
+    """A preempted machine: what recovery does at its next pass, or when its next try is due
+    after a failed or refused one, or that it is left (``on_preemption: leave``, given up)."""
+    with app.db.session() as s:
+        t = recover.tries(recover._events(s, m.id))
+    act = recover._decide(m, t, now)
+    if act is not None and act.action != "give-up":
+        return _now_move(act.action, "preempted", act.why, now)
+    held = recover.held_line(t, now)
+    mode = recover.stored_experiment(m).lifecycle.on_preemption
+    if mode == "leave":
+        return Move("none", None, "preempted", "on_preemption: leave", key="dash_next_left")
+    if t.gave_up is not None or act is not None:
+        why = held or "relaunch given up"
+        return Move("none", None, "preempted", why, key="dash_next_gave_up")
+    how = "start" if recover._restartable(m) else "relaunch"
+    why = held or f"{how} after a failed try"
+    return Move(how, t.next_try, "preempted", why, key="dash_next_retry", params={"action": how})
+
+
+def _waiting(app: App, m: Machine, now: datetime) -> Move:
+    from provisioner.fleet import waiting_line
+
+    _, w = waiting.state(app, m.id)
+    if w is None:
+        return Move("none", None, "waiting", "waiting for capacity")
+    why = waiting_line(w.detail, now)
+    return Move("try", max(min(w.next_try, w.until), now), "waiting", why, key="dash_next_try")

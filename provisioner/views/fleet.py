@@ -7,13 +7,12 @@ from __future__ import annotations
 import functools
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import date, datetime, time, timedelta
+from datetime import date, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 from zoneinfo import ZoneInfo
 
-from policies.calendar import Calendar
 from provisioner import idle
-from provisioner.jobs import sweep
+from provisioner.jobs import outlook, sweep
 from provisioner.money import Money
 from provisioner.render import Fmt
 from provisioner.views.status import MachineDetail, fleet_totals, machine_detail, monies, read_fleet
@@ -35,6 +34,7 @@ class Row:
     next_action: str
     next_at: datetime | None
     tz: ZoneInfo | None  # the policy calendar's: times are shown in it
+    move: outlook.Move | None = None  # the decision behind ``next_action``
 
 
 @dataclass
@@ -73,6 +73,7 @@ def fleet(app: App, now: datetime, f: Fmt, filters: Mapping[str, str]) -> Fleet:
     beats = spark_points(app, ids, start, SPARK_STEP) if ids else {}
     rows = []
     assessed, failed = sweep.assess(app, now, machines)
+    decided = outlook.moves(app, now, assessed)
 
     def spent(m: Machine) -> list[Money]:
         r = listed.get(m.id)
@@ -84,14 +85,15 @@ def fleet(app: App, now: datetime, f: Fmt, filters: Mapping[str, str]) -> Fleet:
             rows.append(Row(m, spent(m), [], why, "", None, None))
     for a in assessed:
         m = a.machine
-        next_action, next_at = _next(a, now, f)
+        next_action, next_at = _next(decided[m.id], now, f)
         listed_row = listed.get(m.id)
         why = (
             listed_row.why
             if m.status == "waiting" and listed_row is not None and listed_row.why
             else _why_up(a, now, f)
         )
-        rows.append(Row(m, spent(m), beats.get(m.id, []), why, next_action, next_at, _tz(a)))
+        move = decided[m.id]
+        rows.append(Row(m, spent(m), beats.get(m.id, []), why, next_action, next_at, _tz(a), move))
     shown = {m.id for m in machines}
     return Fleet(
         rows,
@@ -182,58 +184,16 @@ def _tz(a: sweep.Assessment) -> ZoneInfo | None:
     return None
 
 
-def _next(a: sweep.Assessment, now: datetime, f: Fmt) -> tuple[str, datetime | None]:
-    """The scheduler's next move on this machine and when: what the sweep would do now, the
-    end of a keep, the max lifetime, or the start of off hours for an idle rule."""
-    m = a.machine
-    act = sweep.decide(a, now)
-    if act is not None and act.action in ("stop", "terminate"):
-        return f.t("dash_next_now", action=f.t(f"dash_act_{act.action}"), why=act.why), now
-    found: list[tuple[datetime, str]] = []
-    if m.kept_until is not None and m.kept_until > now:
-        found.append((m.kept_until, f.t("dash_next_keep_ends")))
-    if a.rules.lifetime and m.launched_at:
-        after, how, source = a.rules.lifetime
-        if how == "terminate" or m.status == "running":
-            how, _ = sweep._stoppable(m, how, "")
-            found.append(
-                (
-                    max(m.launched_at + after, now),
-                    f.t("dash_next_lifetime", action=f.t(f"dash_act_{how}"), source=source),
-                )
-            )
-    anytime = None
-    if m.status == "running":
-        for c in a.rules.idle:
-            text = f.t(
-                "dash_next_idle",
-                action=f.t(f"dash_act_{c.rule.action}"),
-                minutes=c.rule.for_minutes,
-                below=f"{c.rule.gpu_util_below:g}",
-                policy=c.source,
-            )
-            if c.calendar is None:
-                anytime = anytime or text
-            elif c.calendar.why_off(now) is None and (start := off_hours_start(c.calendar, now)):
-                found.append((start, text))
-    if found:
-        at, text = min(found, key=lambda x: x[0])
-        return text, at
-    return (anytime or "—"), None
-
-
-def off_hours_start(cal: Calendar, now: datetime) -> datetime | None:
-    """The next instant out of hours after ``now`` (within a week): a window's start or a
-    day off's midnight."""
-    today = cal.local(now).date()
-    starts = {w.start for w in cal.spec.windows} | {time(0)}
-    candidates = sorted(
-        at
-        for d in (today + timedelta(days=i) for i in range(9))
-        for t in starts
-        if (at := cal.to_instant(d, t)) > now
-    )
-    return next((at for at in candidates if cal.is_off(at)), None)
+def _next(move: outlook.Move, now: datetime, f: Fmt) -> tuple[str, datetime | None]:
+    """The scheduler's next move in the page's words, and when
+    (:func:`provisioner.jobs.outlook.moves`: the decision ``sweep --dry-run`` prints)."""
+    params = dict(move.params)
+    if "action" in params:
+        params["action"] = f.t(f"dash_act_{params['action']}")
+    if move.due(now):
+        action = f.t(f"dash_act_{move.action}")
+        return f.t("dash_next_now", action=action, why=move.why), now
+    return f.t(move.key, **params), move.at
 
 
 def when(f: Fmt, at: datetime, now: datetime, tz: ZoneInfo | None = None) -> str:

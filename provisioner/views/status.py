@@ -306,7 +306,9 @@ def _waiting(m: Machine, events: list[Event], now: datetime) -> str | None:
 
 
 def _next_action(app: App, m: Machine, now: datetime) -> str | None:
-    if m.status not in ("running", "stopped") or not m.instance_id:
+    if m.status not in ("running", "stopped", "preempted", "waiting"):
+        return None
+    if m.status in ("running", "stopped") and not m.instance_id:
         return None
     from provisioner.jobs import outlook  # the policies and the sweep's rules: only here
 
