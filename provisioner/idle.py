@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from sqlalchemy import delete, func, select
 
+from policies.schema import IdleRule, Policy, matching
 from provisioner import agent
 from provisioner.models import ACTIVE_EXCLUDED, Event, Heartbeat, Machine, UTCDateTime, epoch_us
 from provisioner.web import MAX_BODY, Server, WSGIApp, respond
@@ -372,6 +373,92 @@ def running_since(app: App, machine_ids: Iterable[str]) -> dict[str, datetime]:
             .group_by(Event.machine_id)
         )
         return {mid: at for mid, at in rows if mid in wanted}
+
+
+def threshold(rules: Iterable[IdleRule]) -> tuple[float, bool]:
+    """The machine's idle threshold (its rules' lowest, else the default) and whether silence
+    counts as idle (a rule of its says so)."""
+    rules = list(rules)
+    below = min((r.gpu_util_below for r in rules), default=IdleRule().gpu_util_below)
+    return below, any(r.unknown_counts_as_idle for r in rules)
+
+
+def idle_rules(policies: list[Policy], m: Machine) -> list[IdleRule]:
+    """The machine's idle rules: its matching policies' and its experiment's own."""
+    rules = [p.idle_rule for p in matching(policies, m.project, m.owner) if p.idle_rule]
+    own = ((m.spec or {}).get("lifecycle") or {}).get("idle")
+    return rules + ([IdleRule(**own)] if own else [])
+
+
+IDLE_NOW = timedelta(minutes=10)  # GPUs below the threshold this long: flagged "idle now"
+
+
+@dataclass(frozen=True)
+class IdleNow:
+    """A running machine whose GPUs have stayed below ``below`` % since ``since``."""
+
+    machine_id: str
+    since: datetime
+    below: float
+
+
+def idle_now(
+    app: App, now: datetime, thresholds: dict[str, float], grace: timedelta
+) -> dict[str, IdleNow]:
+    """Of the running machines in ``thresholds`` (id: its idle threshold), those idle now: heard
+    within ``grace``, every GPU below the threshold in every heartbeat since the last busy one,
+    for :data:`IDLE_NOW` at least. ``since``: the first heartbeat after the last busy one (or,
+    with none in the day of heartbeats kept, when the machine came up, else its first
+    heartbeat). A heartbeat without GPUs (``max_util`` None) counts as busy: not judged. Two
+    queries per distinct threshold, summed up by the database."""
+    from sqlalchemy import or_
+
+    by_below: dict[float, list[str]] = {}
+    for mid, below in thresholds.items():
+        by_below.setdefault(below, []).append(mid)
+    h = Heartbeat
+    latest: dict[str, datetime] = {}
+    first_idle: dict[str, datetime] = {}
+    with app.db.session() as s:
+        for below, ids in by_below.items():
+            for k in range(0, len(ids), 500):
+                chunk = ids[k : k + 500]
+                latest.update(
+                    s.execute(
+                        select(h.machine_id, func.max(h.at))
+                        .where(h.machine_id.in_(chunk))
+                        .group_by(h.machine_id)
+                    ).all()
+                )
+                busy = (
+                    select(h.machine_id.label("mid"), func.max(h.at).label("busy_at"))
+                    .where(h.machine_id.in_(chunk), or_(h.max_util.is_(None), h.max_util >= below))
+                    .group_by(h.machine_id)
+                    .subquery()
+                )
+                rows = s.execute(
+                    select(h.machine_id, func.min(h.at))
+                    .outerjoin(busy, busy.c.mid == h.machine_id)
+                    .where(
+                        h.machine_id.in_(chunk),
+                        or_(busy.c.busy_at.is_(None), h.at > busy.c.busy_at),
+                    )
+                    .group_by(h.machine_id)
+                )
+                first_idle.update(rows.all())
+    came_up = running_since(app, [m for m in first_idle if m in latest])
+    out: dict[str, IdleNow] = {}
+    for mid, first in first_idle.items():
+        last = latest.get(mid)
+        if last is None or now - last > grace:
+            continue
+        since = first
+        up = came_up.get(mid)
+        if up is not None and up > since:  # beats of an earlier run: from when it came up
+            since = up
+        if now - since >= IDLE_NOW:
+            out[mid] = IdleNow(mid, since, thresholds[mid])
+    return out
 
 
 # --- the endpoint ----------------------------------------------------------------------------

@@ -225,6 +225,32 @@ def _fields(by: str) -> tuple[str, ...]:
     return USAGE if by in USAGE else (*USAGE, by)
 
 
+def _add_idle_now(
+    app: App, waste: Amounts, period: ledger.Period, now: datetime, scope: Scope
+) -> None:
+    """Add to ``waste`` what machines idle now have cost since they went idle (within the
+    period): the idle time no stop has closed yet, which :func:`ledger.idle_waste` cannot see."""
+    from datetime import timedelta
+
+    from provisioner import idle
+
+    with app.db.session() as s:
+        q = select(Machine).where(Machine.status == "running", Machine.rate.is_not(None))
+        admits = scope.admitter()
+        running = [m for m in s.scalars(q.where(*scope.clauses())) if admits(m.project, m.owner)]
+    if not running:
+        return
+    thresholds = {m.id: idle.threshold(idle.idle_rules(app.policies, m))[0] for m in running}
+    grace = timedelta(seconds=app.settings.scheduler.heartbeat_grace_seconds)
+    found = idle.idle_now(app, now, thresholds, grace)
+    to = period.clip(now)
+    for m in running:
+        if m.id in found and m.rate is not None and m.currency:
+            lo = max(found[m.id].since, period.start)
+            if to > lo:
+                waste.add(m.currency, m.rate * ledger.hours(to - lo))
+
+
 @dataclass
 class _Sums:
     """What the database adds up (usage per machine and kind, per day) and the event queries
@@ -284,6 +310,7 @@ def build(
             ledger.savings(s, period, now, scope),
             ledger.idle_waste(s, period, now, scope),
         )
+    _add_idle_now(app, sums.waste, period, now, scope)
     st = None
     if budget_policy is not None and budget_policy.budget is not None:
         own = scope == Scope() and scope.covers == budget_policy.applies_to.matches

@@ -30,14 +30,21 @@ def status(
     name: str = typer.Argument(None, help="one machine, in detail", show_default=False),
     all_: bool = typer.Option(False, "--all", "-a", help="include terminated and failed machines"),
     refresh: bool = typer.Option(True, help="ask the clouds first (reconcile)"),
+    summary: bool = typer.Option(
+        False, "--summary", help="money burning now, counts, budgets, machines idle now"
+    ),
     output: Output = OUTPUT,
 ) -> None:
     """Machines and their state, reconciled with what the clouds report, with what each has
     cost so far (compute and disk, at its launch-time rate, across relaunches). With a NAME:
-    that machine in detail, with its next scheduled action and its events."""
+    that machine in detail, with its next scheduled action and its events. With --summary:
+    what the dashboard's fleet page opens with."""
     from provisioner.views import status as views  # SQLAlchemy: not for --help
 
     application = get_app(ctx)
+    if summary:
+        _fleet_summary(application, refresh, output)
+        return
     if name:
         _detail(application, name, refresh, output)
         return
@@ -45,6 +52,43 @@ def status(
     show(listed.fleet, as_json=output is Output.json, all_=all_)
     for problem in listed.problems:
         err.print(f"[yellow]warning:[/] {problem}", soft_wrap=True)
+
+
+def _fleet_summary(application: Any, refresh: bool, output: Output) -> None:
+    from provisioner.views import status as views
+    from provisioner.views.summary import summary
+
+    if refresh:
+        views.reconcile(application)
+        views.jobs_ended(application)
+    now = application.clock.now()
+    sm = summary(application, now)
+    if output is Output.json:
+        print_json(sm.to_json())
+        return
+    per_hour = " + ".join(f"{_money(m.amount, m.currency)}/h" for m in sm.burning) or "nothing"
+    if len(sm.burning) > 1:
+        per_hour += f" (≈ {_money(sm.burning_total.amount, sm.burning_total.currency)}/h)"
+    c = sm.counts
+    lines = [
+        f"burning now: {per_hour}",
+        f"machines: {c['running']} running ({c['idle']} idle now), {c['stopped']} stopped, "
+        f"{c['preempted']} preempted, {c['held']} held, {c['waiting']} waiting",
+    ]
+    for b in sm.budgets:
+        lines.append(
+            f"budget {b.policy.name} {b.period.label}: spent {b.spent} of {b.amount} "
+            f"({b.pct:.0f} %), committed {b.committed}, forecast {b.forecast} "
+            f"({b.forecast_pct:.0f} %)"
+        )
+    for i in sm.idle:
+        lines.append(
+            f"idle now: {i.machine.name} since {i.since:%Y-%m-%d %H:%M} UTC, "
+            f"wasting {_money(i.rate.amount, i.rate.currency)}/h, "
+            f"{_money(i.wasted.amount, i.wasted.currency)} so far"
+        )
+    for line in lines:
+        out.print(line, highlight=False, markup=False, soft_wrap=True)
 
 
 # --- one machine ------------------------------------------------------------------------------

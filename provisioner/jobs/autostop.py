@@ -24,7 +24,7 @@ from typing import Any
 from sqlalchemy import select
 
 from policies.duration import autostop_duration, format_duration, short_duration
-from policies.schema import IdleRule, Policy, autostop_cap, matching
+from policies.schema import Policy, autostop_cap
 from provisioner import idle, machines
 from provisioner.app import App
 from provisioner.errors import UserError
@@ -33,7 +33,6 @@ from provisioner.schema import MachineStatus as S
 from provisioner.state import machine as machine_row
 
 JOB_STARTED, JOB_FINISHED = "job-started", "job-finished"
-DEFAULT_BELOW = IdleRule().gpu_util_below
 
 
 short = short_duration  # 30m, 2h
@@ -313,21 +312,6 @@ def verdicts(
     return out
 
 
-def threshold(rules: Iterable[IdleRule]) -> tuple[float, bool]:
-    """The machine's idle threshold (its rules' lowest, else the default) and whether silence
-    counts as idle (a rule of its says so)."""
-    rules = list(rules)
-    below = min((r.gpu_util_below for r in rules), default=DEFAULT_BELOW)
-    return below, any(r.unknown_counts_as_idle for r in rules)
-
-
-def idle_rules(policies: list[Policy], m: Machine) -> list[IdleRule]:
-    """The machine's idle rules: its matching policies' and its experiment's own."""
-    rules = [p.idle_rule for p in matching(policies, m.project, m.owner) if p.idle_rule]
-    own = ((m.spec or {}).get("lifecycle") or {}).get("idle")
-    return rules + ([IdleRule(**own)] if own else [])
-
-
 def show(app: App, m: Machine, st: Setting | None = None) -> dict[str, Any]:
     """What ``autostop NAME`` and ``status NAME`` say of a machine's autostop: the setting,
     its cap, and (running) how long it has been idle so far."""
@@ -348,7 +332,9 @@ def show(app: App, m: Machine, st: Setting | None = None) -> dict[str, Any]:
         return {**out, "text": f"{st.note} (counts once it runs)"}
     now = app.clock.now()
     grace = timedelta(seconds=app.settings.scheduler.heartbeat_grace_seconds)
-    v = verdicts(app, now, {m.id: (d, *threshold(idle_rules(app.policies, m)))}, grace)[m.id]
+    v = verdicts(app, now, {m.id: (d, *idle.threshold(idle.idle_rules(app.policies, m)))}, grace)[
+        m.id
+    ]
     out.update(
         idle_seconds=round(v.idle.total_seconds()) if v.idle_since else None,
         idle_since=v.idle_since,

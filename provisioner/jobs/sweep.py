@@ -160,7 +160,7 @@ def _autostops(
         try:
             d = autostop.setting(app.policies, m).duration
             if d is not None:
-                wanted[m.id] = (d, *autostop.threshold(c.rule for c in rules[m.id].idle))
+                wanted[m.id] = (d, *idle.threshold(c.rule for c in rules[m.id].idle))
         except Exception as e:  # one machine's failure is its own
             failed[m.id] = e
     return autostop.verdicts(app, now, wanted, grace)

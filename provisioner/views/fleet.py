@@ -16,6 +16,7 @@ from provisioner.jobs import outlook, sweep
 from provisioner.money import Money
 from provisioner.render import Fmt
 from provisioner.views.status import MachineDetail, fleet_totals, machine_detail, monies, read_fleet
+from provisioner.views.summary import IdleMachine, Summary, summary
 
 if TYPE_CHECKING:
     from provisioner.app import App
@@ -35,6 +36,7 @@ class Row:
     next_at: datetime | None
     tz: ZoneInfo | None  # the policy calendar's: times are shown in it
     move: outlook.Move | None = None  # the decision behind ``next_action``
+    idle: IdleMachine | None = None  # idle now: since when, what it has wasted
 
 
 @dataclass
@@ -48,6 +50,7 @@ class Fleet:
     spark_start: datetime
     at: datetime  # as of
     spent: list[Money]  # the rows' spend, per currency
+    summary: Summary | None = None  # what burns now, counts, budgets, idle now
 
 
 def fleet(app: App, now: datetime, f: Fmt, filters: Mapping[str, str]) -> Fleet:
@@ -74,6 +77,8 @@ def fleet(app: App, now: datetime, f: Fmt, filters: Mapping[str, str]) -> Fleet:
     rows = []
     assessed, failed = sweep.assess(app, now, machines)
     decided = outlook.moves(app, now, assessed)
+    sm = summary(app, now, machines)
+    idle_now = {i.machine.id: i for i in sm.idle}
 
     def spent(m: Machine) -> list[Money]:
         r = listed.get(m.id)
@@ -92,8 +97,11 @@ def fleet(app: App, now: datetime, f: Fmt, filters: Mapping[str, str]) -> Fleet:
             if m.status == "waiting" and listed_row is not None and listed_row.why
             else _why_up(a, now, f)
         )
-        move = decided[m.id]
-        rows.append(Row(m, spent(m), beats.get(m.id, []), why, next_action, next_at, _tz(a), move))
+        move, idle_row = decided[m.id], idle_now.get(m.id)
+        row = Row(
+            m, spent(m), beats.get(m.id, []), why, next_action, next_at, _tz(a), move, idle_row
+        )
+        rows.append(row)
     shown = {m.id for m in machines}
     return Fleet(
         rows,
@@ -105,6 +113,7 @@ def fleet(app: App, now: datetime, f: Fmt, filters: Mapping[str, str]) -> Fleet:
         start,
         now,
         fleet_totals([r for i, r in listed.items() if i in shown]),
+        sm,
     )
 
 

@@ -1,0 +1,153 @@
+"""What a team lead looks at first, made once for ``provisioner status --summary`` and the top of
+the dashboard's fleet page: money burning now, the machines by state, every budget's standing,
+and the machines idle now with what they waste."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from decimal import Decimal
+from typing import TYPE_CHECKING, Any
+
+from provisioner.money import Amounts, Money
+from provisioner.schema import MachineStatus as S
+
+if TYPE_CHECKING:
+    from provisioner.app import App
+    from provisioner.budget import Status
+    from provisioner.models import Machine
+
+#: The counts, in the order shown. ``idle`` is of the running ones; ``held``: preempted machines
+#: whose relaunch was refused or given up (the rest of the preempted are being relaunched).
+COUNTS = ("running", "idle", "stopped", "preempted", "held", "waiting")
+HOUR = timedelta(hours=1)
+
+
+@dataclass
+class IdleMachine:
+    machine: Machine
+    since: datetime
+    rate: Money  # its compute per hour: what stopping it saves (its disk bills either way)
+    wasted: Money  # at that rate since ``since``
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.machine.name,
+            "project": self.machine.project,
+            "owner": self.machine.owner,
+            "since": self.since.isoformat(),
+            "rate_per_hour": _money_json(self.rate),
+            "wasted": _money_json(self.wasted),
+        }
+
+
+@dataclass
+class Summary:
+    at: datetime
+    burning: list[Money]  # per hour, per currency: compute of running machines, every disk
+    burning_total: Money  # the same in the settings' currency
+    counts: dict[str, int]
+    budgets: list[Status]
+    idle: list[IdleMachine]  # most wasteful per hour first
+
+    @property
+    def idle_per_hour(self) -> list[Money]:
+        a = Amounts()
+        for i in self.idle:
+            a.add(i.rate.currency, i.rate.amount)
+        return a.monies()
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "at": self.at.isoformat(),
+            "burning_per_hour": [_money_json(m) for m in self.burning],
+            "burning_per_hour_total": _money_json(self.burning_total),
+            "counts": self.counts,
+            "budgets": [
+                {
+                    "policy": b.policy.name,
+                    "period": b.period.label,
+                    "amount": _money_json(b.amount),
+                    "spent": _money_json(b.spent),
+                    "committed": _money_json(b.committed),
+                    "forecast": _money_json(b.forecast),
+                    "spent_pct": str(b.pct),
+                    "forecast_pct": str(b.forecast_pct),
+                }
+                for b in self.budgets
+            ],
+            "idle_now": [i.to_json() for i in self.idle],
+        }
+
+
+def _money_json(m: Money) -> dict[str, str]:
+    return {"amount": str(m.amount), "currency": m.currency}
+
+
+def summary(
+    app: App,
+    now: datetime,
+    live: Iterable[Machine] | None = None,
+    budgets: list[Status] | None = None,
+) -> Summary:
+    """The summary at ``now`` over ``live`` (default: every machine not terminated or failed)
+    and ``budgets`` (default: every budget's standing in its running period)."""
+    from provisioner import idle
+    from provisioner.jobs import recover
+    from provisioner.views.spend import standings
+
+    machines = list(live) if live is not None else _live(app)
+    counts = dict.fromkeys(COUNTS, 0)
+    burning = Amounts()
+    for m in machines:
+        if m.status in (S.RUNNING, S.PENDING):
+            counts["running"] += m.status == S.RUNNING
+            if m.rate is not None and m.currency:
+                burning.add(m.currency, m.rate)
+        elif m.status == S.STOPPED:
+            counts["stopped"] += 1
+        elif m.status == S.WAITING:
+            counts["waiting"] += 1
+        if m.disk_rate is not None and m.currency and m.status in _DISK_BILLS:
+            burning.add(m.currency, m.disk_rate)
+    preempted = [m for m in machines if m.status == S.PREEMPTED]
+    if preempted:
+        with app.db.session() as s:
+            for m in preempted:
+                t = recover.tries(recover._events(s, m.id))
+                counts["held" if (t.refusal or t.gave_up) else "preempted"] += 1
+    running = [m for m in machines if m.status == S.RUNNING and m.rate is not None]
+    thresholds = {m.id: idle.threshold(idle.idle_rules(app.policies, m))[0] for m in running}
+    grace = timedelta(seconds=app.settings.scheduler.heartbeat_grace_seconds)
+    found = idle.idle_now(app, now, thresholds, grace)
+    idle_list = []
+    for m in running:
+        if m.id in found and m.currency and m.rate is not None:
+            since = found[m.id].since
+            hours = Decimal((now - since) // timedelta(microseconds=1)) / Decimal(3_600_000_000)
+            rate = Money(m.rate, m.currency)
+            idle_list.append(IdleMachine(m, since, rate, Money(m.rate * hours, m.currency)))
+    counts["idle"] = len(idle_list)
+    idle_list.sort(key=lambda i: (-i.rate.amount, i.machine.name))
+    rates = app.settings.money_rates
+    return Summary(
+        at=now,
+        burning=burning.monies(),
+        burning_total=burning.total(rates, app.settings.currency),
+        counts=counts,
+        budgets=standings(app, now) if budgets is None else budgets,
+        idle=idle_list,
+    )
+
+
+_DISK_BILLS = (S.PENDING, S.RUNNING, S.STOPPING, S.STOPPED, S.PREEMPTED)
+
+
+def _live(app: App) -> list[Machine]:
+    from sqlalchemy import select
+
+    from provisioner.models import ACTIVE_EXCLUDED, Machine
+
+    with app.db.session() as s:
+        return list(s.scalars(select(Machine).where(Machine.status.not_in(ACTIVE_EXCLUDED))))
