@@ -32,18 +32,20 @@ def follow(
     write = write or _stdout
     m = jobs.named(application, name)
     while True:
-        finish.check(application, [m.name])
-        m = jobs.named(application, name)
-        if m.status not in ("running", "pending"):  # stopped under it: the job was killed
-            jobs.check_ended(application, m)
+        # the end seen first, then the last output read, then on_finish (a cloud machine
+        # stopped by it keeps its output out of reach)
+        ended = jobs.check_ended(application, m)
         job = jobs.jobs_of(application, m).get(job_id)
-        chunk = jobs.output(application, m, job_id, offset)
-        if chunk:
-            write(chunk)
-            offset += len(chunk)
+        if m.status in ("running", "pending") or application.provider(m.cloud).runs_jobs:
+            chunk = jobs.output(application, m, job_id, offset)
+            if chunk:
+                write(chunk)
+                offset += len(chunk)
+        finish.on_ended(application, m, ended)
         if job is None or not job.running:
             return job
         sleep(POLL_SECONDS)
+        m = jobs.named(application, name)
 
 
 def _stdout(chunk: bytes) -> None:
@@ -122,6 +124,16 @@ def exec_(
         markup=False,
         soft_wrap=True,
     )
+
+
+@app.command()
+def sync(ctx: typer.Context, name: str = typer.Argument(..., help="machine")) -> None:
+    """Copy the experiment's workdir to its running machine again (rsync over SSH on a cloud,
+    honouring .gitignore), where its jobs run."""
+    from provisioner.machines import jobs
+
+    count, how, workdir = jobs.sync(get_app(ctx), name)
+    out.print(f"copied {count} files of {workdir} to {name} ({how})", highlight=False, markup=False)
 
 
 def outcome_line(application: Any, name: str, job: Any) -> str:

@@ -216,6 +216,7 @@ def up(
         if wait and not detach and m.status in ("pending", "running"):
             with err.status(f"waiting for {m.name}…") if not quiet else nullcontext():
                 m = machines.wait_ready(application, m.name, timeout=wait_timeout, progress=say)
+                _start_due_run(application, m, experiment, say)
     except KeyboardInterrupt:
         said = _interrupted_up(application, experiment.name, spec)
         err.print(said, highlight=False, markup=False, soft_wrap=True)
@@ -270,6 +271,14 @@ def up(
         f"  stop it with `provisioner stop {m.name}`, remove it with `provisioner down {m.name}`",
         soft_wrap=True,
     )
+
+
+def _start_due_run(application: Any, m: Any, experiment: Any, say: Any) -> None:
+    """A cloud machine's job starts once it answers SSH: now, after the wait."""
+    from provisioner.machines import jobs
+
+    if m.status == "running" and (experiment.run or experiment.setup):
+        jobs.ensure_run(application, m, experiment, progress=say)
 
 
 def _run_resumed(application: Any, m: Any) -> bool:

@@ -81,8 +81,11 @@ def restart(app: App, m: Machine, *, detail: dict[str, Any] | None = None) -> Ma
     start it in its zone now; ``NotFound``: gone), so the caller can launch anew instead.
     Compute bills again from now; the disk billed throughout."""
     started, changed = _start(app, m, reason="preempted", detail=detail)
-    if changed:  # `run` starts again (it was killed with the machine)
-        jobs.start_run(app, started, Experiment.model_validate(started.spec))
+    if changed:  # `run` starts again (it was killed with the machine); on a cloud once
+        experiment = Experiment.model_validate(started.spec)  # it answers SSH
+        if experiment.run or experiment.setup:
+            record_event(app, started.id, jobs.DUE, reason="preempted", detail={"job": jobs.RUN})
+        jobs.ensure_run(app, started, experiment)
     return started
 
 
