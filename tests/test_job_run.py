@@ -13,7 +13,6 @@ import pytest
 from sqlalchemy import select
 
 from provisioner import machines
-from provisioner.errors import UserError
 from provisioner.jobs import finish
 from provisioner.jobs import reconcile as reconcile_job
 from provisioner.machines import jobs
@@ -180,19 +179,6 @@ def test_stopping_the_machine_kills_its_job(app, tmp_path):
     assert not st.running and st.exit_code is None
     [ended] = jobs.check_ended(app, jobs.named(app, "job"))
     assert ended.reason == "killed" and ended.exit_code is None
-
-
-def test_run_is_refused_before_launch_on_a_cloud_without_jobs(home, clock, tmp_path):
-    from provisioner.app import App
-
-    app = App(make_settings(home, clouds={"aws": {}}), clock)
-    spec = sandbox_experiment("gpu", clouds=["aws", "sandbox"])
-    spec["run"] = "python train.py"
-    with pytest.raises(UserError, match=r"sandbox only so far.*aws"):
-        machines.up(app, load_experiment(write_yaml(tmp_path / "e.yaml", spec)))
-    with app.db.session() as s:
-        assert s.scalars(select(Machine)).first() is None  # nothing launched, no intent
-    app.close()
 
 
 # ---- through the CLI ---------------------------------------------------------------------------

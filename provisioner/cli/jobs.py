@@ -76,14 +76,20 @@ def logs(
     from provisioner.jobs import finish
     from provisioner.machines import jobs
 
+    from provisioner.errors import ProvisionerError
+
     application = get_app(ctx)
-    finish.check(application, [name])
     m = jobs.named(application, name)
+    try:  # the end seen, the output read, then on_finish (it may stop a cloud machine)
+        ended = jobs.check_ended(application, m)
+    except ProvisionerError:
+        ended = []  # could not ask: the output read below says why
     known = jobs.jobs_of(application, m)
     if job not in known:
         have = ", ".join(known) or "none"
         raise _user_error(f"{m.name} has no job {job!r} (its jobs: {have})")
     data = jobs.output(application, m, job)
+    finish.on_ended(application, m, ended)
     _stdout(tail(data, lines))
     ended = known[job]
     if follow_ and ended.running:
