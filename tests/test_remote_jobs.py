@@ -10,6 +10,7 @@ sshd's port, the user it admits, as a user would with a non-standard port), and
 from __future__ import annotations
 
 import base64
+import contextlib
 import getpass
 import os
 import shutil
@@ -17,7 +18,7 @@ import signal
 import subprocess
 import time
 from collections.abc import Iterator
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -66,12 +67,15 @@ def emu(monkeypatch: pytest.MonkeyPatch) -> Iterator[AwsEmulator]:
 
 
 @pytest.fixture
-def machine_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+def machine_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     """The cloud machine's home (where its jobs and workdir live)."""
     h = tmp_path / "machine-home"
     h.mkdir()
     monkeypatch.setenv("PROVISIONER_REMOTE_HOME", str(h))
-    return h
+    yield h
+    for pid in (h / ".provisioner" / "jobs").glob("*/pid"):  # a job left running: ended
+        with contextlib.suppress(OSError, ValueError):
+            os.killpg(int(pid.read_text()), signal.SIGKILL)
 
 
 @pytest.fixture
@@ -278,7 +282,7 @@ def test_run_starts_again_after_a_preempted_machine_is_relaunched(
     finish.check(app)
     _until(lambda: (machine_home / "starts.log").exists())
 
-    emu.preempt(first.instance_id)  # one-time spot: EC2 terminates it
+    emu.preempt(first.instance_id, first.region)  # one-time spot: EC2 terminates it
     machines.reconcile(app)
     [done] = recover.run(app).actions
     assert done.action == "relaunch" and done.done, done
@@ -288,6 +292,30 @@ def test_run_starts_again_after_a_preempted_machine_is_relaunched(
     second = jobs.named(app, "spot")
     assert second.id != first.id and jobs.jobs_of(app, second)["run"].running
     assert (machine_home / "starts.log").read_text() == "started\nstarted\n"
+    app.close()
+
+
+def test_run_starts_again_when_its_machine_is_started_again_in_place(
+    emu, sshd, user_key, machine_home, home, tmp_path
+):
+    """The restart a preempted machine gets where its cloud kept it (GCP, Azure, Yandex):
+    ``run`` is due again, and starts once the machine answers SSH."""
+    app, _ = _app(home, emu)
+    spec = _spec(tmp_path, "box", market="reserved", run="echo started >> ../starts.log")
+    m = machines.up(app, load_experiment(spec)).machine
+    machines.reconcile(app)
+    finish.check(app)
+    _until(lambda: not jobs.state(app, jobs.named(app, "box"), "run").running)
+    assert (machine_home / "starts.log").read_text() == "started\n"
+    app.clock.advance(timedelta(minutes=5))
+    machines.stop(app, "box")
+
+    app.clock.advance(timedelta(minutes=5))
+    machines.restart(app, jobs.named(app, "box"))
+    [due] = _events(app, m.id, jobs.DUE)
+    assert due.reason == "preempted"
+    assert (machine_home / "starts.log").read_text() == "started\nstarted\n"
+    assert finish.check(app) == [] or not jobs.run_due(app, m)  # started once, not again
     app.close()
 
 

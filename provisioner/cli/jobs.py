@@ -73,10 +73,9 @@ def logs(
 ) -> None:
     """The output of the machine's job (its experiment's `run`, or an `exec` job with --job),
     kept on the machine; with -f, followed until the job ends."""
+    from provisioner.errors import ProvisionerError
     from provisioner.jobs import finish
     from provisioner.machines import jobs
-
-    from provisioner.errors import ProvisionerError
 
     application = get_app(ctx)
     m = jobs.named(application, name)

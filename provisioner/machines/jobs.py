@@ -193,21 +193,11 @@ def start_run(app: App, m: Machine, experiment: Experiment, progress: Any = None
 def _answers(app: App, m: Machine) -> bool:
     """A cloud machine that runs with an address whose SSH port accepts a connection."""
     from providers.base import port_open
+    from provisioner.machines.remote import ssh_port
 
     if m.status != "running" or not m.public_ip:
         return False
-    return port_open(m.public_ip, _ssh_port(app, m), 3)
-
-
-def _ssh_port(app: App, m: Machine) -> int:
-    """The port jobs reach the machine on: ``-p`` in $PROVISIONER_SSH_COMMAND, else its cloud's."""
-    import shlex
-
-    words = shlex.split(os.environ.get("PROVISIONER_SSH_COMMAND") or "ssh")
-    for i, w in enumerate(words[:-1]):
-        if w == "-p" and words[i + 1].isdigit():
-            return int(words[i + 1])
-    return app.provider(m.cloud or "").ssh_port
+    return port_open(m.public_ip, ssh_port(app.provider(m.cloud or "")), 3)
 
 
 DUE = "run-due"  # the machine was started again in place: its `run` starts anew

@@ -18,13 +18,14 @@ machine that does not answer raises :class:`Unreachable` — "could not ask", ne
 from __future__ import annotations
 
 import base64
+import itertools
 import os
 import shlex
 import subprocess
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from providers.base import JobState, NotFound, ProviderError
+from providers.base import JobState, NotFound, Provider, ProviderError
 from provisioner import keys
 from provisioner.app import App
 from provisioner.models import Machine
@@ -42,6 +43,16 @@ class Unreachable(ProviderError):
 
 def _remote_home() -> str | None:
     return os.environ.get("PROVISIONER_REMOTE_HOME") or None
+
+
+def ssh_port(provider: Provider) -> int:
+    """The port SSH reaches the cloud's machines on: ``-p`` in $PROVISIONER_SSH_COMMAND (its
+    options come first: OpenSSH keeps the first), else the cloud's."""
+    words = shlex.split(os.environ.get("PROVISIONER_SSH_COMMAND") or "ssh")
+    for flag, value in itertools.pairwise(words):
+        if flag == "-p" and value.isdigit():
+            return int(value)
+    return provider.ssh_port
 
 
 class Remote:
@@ -104,7 +115,7 @@ class Remote:
         if done.returncode == 255:
             why = done.stderr.decode(errors="replace").strip().splitlines()
             raise Unreachable(
-                f"{self.m.name} at {self.m.public_ip}:{self.provider.ssh_port} did not answer "
+                f"{self.m.name} at {self.m.public_ip}:{ssh_port(self.provider)} did not answer "
                 f"SSH ({why[-1] if why else 'ssh exited 255'})"
             )
         return done
