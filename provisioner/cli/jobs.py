@@ -80,15 +80,15 @@ def logs(
     application = get_app(ctx)
     m = jobs.named(application, name)
     try:  # the end seen, the output read, then on_finish (it may stop a cloud machine)
-        ended = jobs.check_ended(application, m)
+        seen = jobs.check_ended(application, m)
     except ProvisionerError:
-        ended = []  # could not ask: the output read below says why
+        seen = []  # could not ask: the output read below says why
     known = jobs.jobs_of(application, m)
     if job not in known:
         have = ", ".join(known) or "none"
         raise _user_error(f"{m.name} has no job {job!r} (its jobs: {have})")
     data = jobs.output(application, m, job)
-    finish.on_ended(application, m, ended)
+    finish.on_ended(application, m, seen)
     _stdout(tail(data, lines))
     ended = known[job]
     if follow_ and ended.running:
