@@ -22,6 +22,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
+import yaml
 from sqlalchemy import select
 
 from provisioner import catalog, machines
@@ -327,9 +328,20 @@ def test_the_startup_data_installs_the_supervisor_on_a_cloud(emu, home, tmp_path
     machines.up(app, load_experiment(_spec(tmp_path, "plain")))
     with_job, plain = (
         base64.b64decode(r["UserData"]).decode() if r.get("UserData") else ""
-        for r in emu.run_instances_requests()
+        for r in [c.params for c in emu.calls("RunInstances")]
     )
-    body = base64.b64encode(supervisor_script().encode()).decode()
-    assert f"echo {body} | base64 -d > {SUPERVISOR_PATH}.tmp" in with_job
     assert SUPERVISOR_PATH not in plain
+    # cloud-init writes the startup script and runs it (write_files + runcmd)
+    config = yaml.safe_load(with_job)
+    [script] = [base64.b64decode(f["content"]).decode() for f in config["write_files"]]
+    assert config["runcmd"] == [[config["write_files"][0]["path"]]]
+    # run as it would be, into a folder of the test's instead of /usr/local/bin
+    target = tmp_path / "bin" / "provisioner-job"
+    target.parent.mkdir()
+    boot = tmp_path / "boot.sh"
+    boot.write_text(script.replace(SUPERVISOR_PATH, str(target)))
+    assert subprocess.run(["sh", str(boot)], capture_output=True).returncode == 0
+    assert target.read_text() == supervisor_script()
+    assert target.stat().st_mode & 0o777 == 0o755
+    assert subprocess.run(["sh", "-n", str(target)]).returncode == 0
     app.close()
