@@ -342,3 +342,15 @@ def test_up_again_starts_a_run_an_interrupted_up_never_started(home, clock, tmp_
     assert "the job\n" in up.stdout and "run exited 0: again stopped" in up.stdout
     again = run_cli("--config", str(cfg), "up", str(path))  # nothing more to start
     assert again.returncode == 0 and "the job" not in again.stdout
+
+
+def test_sync_copies_the_workdir_again_to_a_sandbox_machine(app, tmp_path):
+    work = _workdir(tmp_path)
+    exp = load_experiment(_experiment(tmp_path, workdir="project", run="true"))
+    m = machines.up(app, exp).machine
+    copy = Path(app.provider("sandbox").machine_dir(m.instance_id)) / "workdir"
+    assert (copy / "train.sh").exists() and not (copy / "data").exists()
+    (work / "eval.sh").write_text("echo eval\n")
+    (work / "data" / "more.bin").write_text("big\n")
+    assert jobs.sync(app, "job") == (4, ".gitignore (simple patterns)", str(work))
+    assert (copy / "eval.sh").read_text() == "echo eval\n" and not (copy / "data").exists()

@@ -189,6 +189,16 @@ def test_a_cloud_machine_runs_the_experiment_over_ssh_and_stops_when_it_ends(
     r = run_cli("--config", str(cfg), "logs", "train", "--tail", "1")
     assert r.returncode == 0 and r.stdout == "greeting=it's me in workdir\n", r.stderr
 
+    # sync: the workdir again, what changed, .gitignore still honoured
+    (work / "train.sh").write_text("echo v2\n")
+    (work / "eval.sh").write_text("echo eval\n")
+    (work / "data" / "more.bin").write_text("big\n")
+    r = run_cli("--config", str(cfg), "sync", "train")
+    assert r.returncode == 0, r.stderr
+    assert f"copied 3 files of {work} to train" in r.stdout
+    assert (copied / "train.sh").read_text() == "echo v2\n"
+    assert (copied / "eval.sh").exists() and not (copied / "data").exists()
+
     # a machine that does not answer: "could not ask", never "ended"
     os.environ["PROVISIONER_SSH_COMMAND"] = f"ssh -p {free_port()} -l {getpass.getuser()}"
     try:
