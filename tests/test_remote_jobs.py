@@ -330,6 +330,24 @@ def test_run_starts_again_when_its_machine_is_started_again_in_place(
     app.close()
 
 
+def test_a_start_the_machine_refuses_is_an_event_and_not_retried_every_pass(
+    emu, sshd, user_key, machine_home, home, tmp_path, monkeypatch
+):
+    app, _ = _app(home, emu)
+    blocked = tmp_path / "a-file"
+    blocked.write_text("not a folder\n")
+    monkeypatch.setenv("PROVISIONER_REMOTE_HOME", str(blocked))  # nowhere to keep a job
+    m = machines.up(app, load_experiment(_spec(tmp_path, "box", run="true"))).machine
+    machines.reconcile(app)
+    [failed] = finish.check(app)
+    assert failed.action == "skip" and "could not start its job" in failed.why
+    [event] = _events(app, m.id, "job-failed")
+    assert event.detail["job"] == "run"
+    assert finish.check(app) == []  # the scheduler leaves it; the event says why
+    assert len(_events(app, m.id, "job-failed")) == 1
+    app.close()
+
+
 def test_the_startup_data_installs_the_supervisor_on_a_cloud(emu, home, tmp_path):
     """AWS gets the supervisor in its user data (cloud-init runs it as root at first boot);
     an experiment without a job gets nothing extra."""

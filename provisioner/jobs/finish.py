@@ -45,7 +45,7 @@ def due(app: App, names: list[str] | None = None) -> list[Machine]:
     out = []
     for m in running:
         spec = m.spec or {}
-        if (spec.get("run") or spec.get("setup")) and jobs.run_due(app, m):
+        if (spec.get("run") or spec.get("setup")) and jobs.run_due(app, m, after_failure=False):
             out.append(m)
     return out
 

@@ -29,7 +29,7 @@ from provisioner.models import Event, Machine
 from provisioner.spec import Experiment
 
 RUN = "run"
-STARTED, FINISHED = "job-started", "job-finished"
+STARTED, FINISHED, FAILED = "job-started", "job-finished", "job-failed"
 MAX_FILES = 10_000  # a workdir is code and configs; data belongs on a volume
 
 
@@ -184,7 +184,7 @@ def start_run(app: App, m: Machine, experiment: Experiment, progress: Any = None
         if isinstance(e, Unreachable):  # booting still, or gone: tried again later
             say(f"{m.name}: its job starts once it answers SSH ({e})")
             return None
-        record_event(app, m.id, "job-failed", detail={"job": RUN, "error": str(e)})
+        record_event(app, m.id, FAILED, detail={"job": RUN, "error": str(e)})
         raise OperationFailed(f"{m.name}: could not start its job: {e}") from None
     record_event(app, m.id, STARTED, detail={"job": RUN, "command": command})
     return jobs_of(app, m)[RUN]
@@ -203,12 +203,16 @@ def _answers(app: App, m: Machine) -> bool:
 DUE = "run-due"  # the machine was started again in place: its `run` starts anew
 
 
-def run_due(app: App, m: Machine) -> bool:
-    """``run`` not started since the machine's launch or its last start in place."""
+def run_due(app: App, m: Machine, *, after_failure: bool = True) -> bool:
+    """``run`` not started since the machine's launch or its last start in place. With
+    ``after_failure`` False, a start that failed (``job-failed``: not a machine that did not
+    answer yet, but rsync or the supervisor refusing) counts as started: the scheduler does
+    not retry it every pass; an ``up`` of the experiment does."""
+    kinds = (STARTED, DUE) if after_failure else (STARTED, DUE, FAILED)
     with app.db.session() as s:
         events = s.scalars(
             select(Event)
-            .where(Event.machine_id == m.id, Event.kind.in_((STARTED, DUE)))
+            .where(Event.machine_id == m.id, Event.kind.in_(kinds))
             .order_by(Event.id.desc())
         ).all()
     for e in events:
