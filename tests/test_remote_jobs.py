@@ -251,6 +251,27 @@ def _clock_env() -> dict[str, str]:
     return {CLOCK_ENV: NOW.isoformat()}
 
 
+def test_up_on_a_cloud_waits_for_ssh_runs_the_job_follows_it_and_stops_the_machine(
+    emu, sshd, user_key, machine_home, home, tmp_path
+):
+    """The README's loop on a cloud, through the CLI: `up` says which key, waits for the
+    machine to answer SSH, copies the workdir, starts `run`, shows its output as it comes, and
+    stops the machine when it exits (on_finish: stop, the default with a run)."""
+    _, options = _app(home, emu)
+    cfg = write_settings(home, clouds={"aws": options})
+    work = _workdir(tmp_path)
+    spec = _spec(tmp_path, "loop", market="reserved", workdir=str(work), run="sh train.sh")
+    spec.write_text(spec.read_text() + "env: {GREETING: hi}\n")
+    up = run_cli("--config", str(cfg), "up", str(spec), "--wait-timeout", "120")
+    assert up.returncode == 0, up.stderr
+    assert "key: ~/.ssh/id_ed25519.pub" in up.stderr
+    assert "copied 2 files of" in up.stderr
+    assert "greeting=hi in workdir\n" in up.stdout
+    assert "run exited 0: loop stopped, compute billing ended" in up.stdout.replace("\n", " ")
+    status = run_cli("--config", str(cfg), "status", "loop", "--no-refresh")
+    assert "stopped" in status.stdout, status.stderr
+
+
 def test_a_detached_job_survives_its_ssh_client_being_killed(
     emu, sshd, user_key, machine_home, home, tmp_path
 ):

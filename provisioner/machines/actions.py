@@ -339,6 +339,18 @@ def _batch(
     return [(m, results.get(refs[m.id], ProviderError("no answer for it"))) for m in ms]
 
 
+def _accepts_ssh(provider: Any, inst: Any) -> bool:
+    """The machine's SSH port answers: its cloud's, or the ``-p`` of $PROVISIONER_SSH_COMMAND
+    (what ``provisioner ssh`` and the job runner connect to)."""
+    from providers.base import port_open
+    from provisioner.machines.remote import ssh_port
+
+    port = ssh_port(provider)
+    if port == provider.ssh_port or not inst.public_ip:
+        return bool(provider.accepts_ssh(inst))
+    return port_open(inst.public_ip, port, 3)
+
+
 def wait_ready(
     app: App,
     name: str,
@@ -370,7 +382,7 @@ def wait_ready(
         progress(f"{m.name} runs at {inst.public_ip}; waiting for SSH…")
         left = max(deadline - time.monotonic(), 0)
         _, up = wait_until(
-            lambda: provider.accepts_ssh(inst), bool, timeout=left, interval=interval
+            lambda: _accepts_ssh(provider, inst), bool, timeout=left, interval=interval
         )
         waiting_for = "SSH to answer"
     else:
