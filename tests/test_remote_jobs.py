@@ -156,6 +156,9 @@ def test_a_cloud_machine_runs_the_experiment_over_ssh_and_stops_when_it_ends(
     assert m.cloud == "aws" and m.status == "pending"
     assert jobs.jobs_of(app, m) == {}  # no address yet: the job is due, not failed
     assert _events(app, m.id, "job-failed") == []
+    cfg = write_settings(home, clouds={"aws": options})
+    r = run_cli("--config", str(cfg), "logs", "train")
+    assert r.returncode == 2 and "run has not started: it starts once" in r.stderr, r.stderr
 
     machines.reconcile(app)  # the cloud says running, at its address
     actions = finish.check(app)
@@ -181,7 +184,6 @@ def test_a_cloud_machine_runs_the_experiment_over_ssh_and_stops_when_it_ends(
     # exec: another detached job with the experiment's env; `logs --job` reads it
     assert jobs.exec_job(app, "train", 'echo "exec says $GREETING"') == "exec-1"
     _until(lambda: not jobs.state(app, m, "exec-1").running)
-    cfg = write_settings(home, clouds={"aws": options})
     r = run_cli("--config", str(cfg), "logs", "train", "--job", "exec-1")
     assert r.returncode == 0, r.stderr
     assert r.stdout == "exec says it's me\n"

@@ -85,6 +85,12 @@ def logs(
         seen = []  # could not ask: the output read below says why
     known = jobs.jobs_of(application, m)
     if job not in known:
+        due = (m.spec or {}).get("run") and jobs.run_due(application, m, after_failure=False)
+        if job == jobs.RUN and m.status in ("pending", "running") and due:
+            raise _user_error(
+                f"{m.name}'s run has not started: it starts once the machine answers SSH "
+                "(the scheduler's reconcile pass starts it)"
+            )
         have = ", ".join(known) or "none"
         raise _user_error(f"{m.name} has no job {job!r} (its jobs: {have})")
     data = jobs.output(application, m, job)

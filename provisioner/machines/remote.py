@@ -90,7 +90,7 @@ class Remote:
         body = base64.b64encode(supervisor().encode()).decode()
         mine = '"$PV_HOME/.provisioner/bin/provisioner-job"'
         return (
-            f"{top}; export PV_HOME; sup={SYSTEM_COPY}\n"
+            f"umask 077; {top}; export PV_HOME; sup={SYSTEM_COPY}\n"  # env, output: the user's
             f"grep -qs '{MARK}' \"$sup\" || {{ sup={mine}; grep -qs '{MARK}' \"$sup\" || {{ "
             'mkdir -p "$PV_HOME/.provisioner/bin" && '
             f'echo {body} | base64 -d > "$sup.tmp" && chmod 0755 "$sup.tmp" '
