@@ -4,6 +4,7 @@ SHA-256 is stored; the token itself travels once, in the startup data."""
 
 from __future__ import annotations
 
+import base64
 import json
 import secrets
 from collections.abc import Sequence
@@ -83,6 +84,30 @@ def startup_data(
     )
 
 
+SUPERVISOR_PATH = "/usr/local/bin/provisioner-job"  # where the startup data installs it
+
+
+def supervisor_script() -> str:
+    """``provisioner-job``: runs a job detached on a cloud machine, keeps its output and exit
+    code (see :mod:`provisioner.machines.remote`)."""
+    return resources.files("provisioner").joinpath("templates/provisioner-job.sh").read_text()
+
+
+def supervisor_install() -> str:
+    """The shell script (run as root at boot) that installs ``provisioner-job``."""
+    body = base64.b64encode(supervisor_script().encode()).decode()
+    path = SUPERVISOR_PATH
+    return (
+        "#!/bin/sh\n# provisioner-job: the supervisor of provisioner's jobs\n"
+        f"echo {body} | base64 -d > {path}.tmp && chmod 0755 {path}.tmp && mv {path}.tmp {path}\n"
+    )
+
+
+def with_supervisor(data: str | None) -> str:
+    """``data`` with ``provisioner-job`` installed first (as :func:`with_mounts` does)."""
+    return _prepend(data, supervisor_install())
+
+
 def mount_script(mounts: Sequence[tuple[str, str]], owner: str = "") -> str:
     """The shell script that mounts each volume: ``mounts`` are (device path the machine sees
     it at, mount path), in the order they are attached; ``owner`` (the login user) is given a
@@ -100,12 +125,17 @@ def with_mounts(data: str | None, mounts: Sequence[tuple[str, str]], owner: str 
     ``#cloud-config`` or MIME document, as the first part cloud-init runs."""
     if not mounts:
         return data
-    script = mount_script(mounts, owner)
+    return _prepend(data, mount_script(mounts, owner))
+
+
+def _prepend(data: str | None, script: str) -> str:
+    """``script`` run before ``data``: inside a shell script, after its first line; beside a
+    ``#cloud-config`` or MIME document, as the first part cloud-init runs."""
     if not data:
         return script
     if not data.startswith("#!"):
         if data.lstrip().startswith("#cloud-config") or data.startswith("Content-Type:"):
-            return combine(script, data)
+            return combine(script, data) or script
         data = "#!/bin/bash\n" + data
     shebang, _, rest = data.partition("\n")
     body = script.partition("\n")[2]

@@ -13,7 +13,6 @@ import pytest
 from sqlalchemy import select
 
 from provisioner import machines
-from provisioner.errors import UserError
 from provisioner.jobs import finish
 from provisioner.jobs import reconcile as reconcile_job
 from provisioner.machines import jobs
@@ -182,19 +181,6 @@ def test_stopping_the_machine_kills_its_job(app, tmp_path):
     assert ended.reason == "killed" and ended.exit_code is None
 
 
-def test_run_is_refused_before_launch_on_a_cloud_without_jobs(home, clock, tmp_path):
-    from provisioner.app import App
-
-    app = App(make_settings(home, clouds={"aws": {}}), clock)
-    spec = sandbox_experiment("gpu", clouds=["aws", "sandbox"])
-    spec["run"] = "python train.py"
-    with pytest.raises(UserError, match=r"sandbox only so far.*aws"):
-        machines.up(app, load_experiment(write_yaml(tmp_path / "e.yaml", spec)))
-    with app.db.session() as s:
-        assert s.scalars(select(Machine)).first() is None  # nothing launched, no intent
-    app.close()
-
-
 # ---- through the CLI ---------------------------------------------------------------------------
 
 
@@ -356,3 +342,15 @@ def test_up_again_starts_a_run_an_interrupted_up_never_started(home, clock, tmp_
     assert "the job\n" in up.stdout and "run exited 0: again stopped" in up.stdout
     again = run_cli("--config", str(cfg), "up", str(path))  # nothing more to start
     assert again.returncode == 0 and "the job" not in again.stdout
+
+
+def test_sync_copies_the_workdir_again_to_a_sandbox_machine(app, tmp_path):
+    work = _workdir(tmp_path)
+    exp = load_experiment(_experiment(tmp_path, workdir="project", run="true"))
+    m = machines.up(app, exp).machine
+    copy = Path(app.provider("sandbox").machine_dir(m.instance_id)) / "workdir"
+    assert (copy / "train.sh").exists() and not (copy / "data").exists()
+    (work / "eval.sh").write_text("echo eval\n")
+    (work / "data" / "more.bin").write_text("big\n")
+    assert jobs.sync(app, "job") == (4, ".gitignore (simple patterns)", str(work))
+    assert (copy / "eval.sh").read_text() == "echo eval\n" and not (copy / "data").exists()

@@ -48,6 +48,7 @@ ORDER = [
     "provisioner.machines.record",  # a machine's life: events, transitions, its cloud's calls
     "provisioner.machines.attempts",  # the typed launch attempt and what failures block
     "provisioner.machines.volumes",  # network disks: created, attached, mounted, removed
+    "provisioner.machines.remote",  # jobs on a cloud machine over SSH (rsync, supervisor)
     "provisioner.machines.jobs",  # the experiment's job: workdir, setup, run, exec, their ends
     "provisioner.machines.launch",  # up: intent, attempts, adoption
     "provisioner.machines.actions",  # stop, start, down, many at once, wait until ready

@@ -6,73 +6,26 @@ from __future__ import annotations
 
 import getpass
 import json
-import os
 import shutil
-import socket
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import run_cli, sandbox_experiment, write_settings, write_yaml
+from tests.sshd import NO_SSHD, SSHD, run_sshd
+from tests.sshd import free_port as _free_port
 
-SSHD = shutil.which("sshd") or ("/usr/sbin/sshd" if Path("/usr/sbin/sshd").exists() else None)
 pytestmark = [
     pytest.mark.slow,  # a real sshd and the CLI end to end: README command and CI
-    pytest.mark.skipif(
-        SSHD is None or shutil.which("ssh") is None,
-        reason="OpenSSH server/client not installed (Debian: openssh-server; .ci/run installs it)",
-    ),
+    pytest.mark.skipif(SSHD is None or shutil.which("ssh") is None, reason=NO_SSHD),
 ]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture
 def sshd(tmp_path: Path) -> Iterator[tuple[int, Path]]:
-    """An sshd on 127.0.0.1 admitting the current user with a key made for the test."""
-    d = tmp_path / "sshd"
-    d.mkdir()
-    for name in ("host", "user"):
-        subprocess.run(
-            ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(d / name)], check=True
-        )
-    (d / "authorized_keys").write_text((d / "user.pub").read_text())
-    port = _free_port()
-    (d / "sshd_config").write_text(
-        f"Port {port}\nListenAddress 127.0.0.1\nHostKey {d / 'host'}\n"
-        f"AuthorizedKeysFile {d / 'authorized_keys'}\nPidFile {d / 'sshd.pid'}\n"
-        "StrictModes no\nUsePAM no\nPasswordAuthentication no\nKbdInteractiveAuthentication no\n"
-        "PubkeyAuthentication yes\nPermitRootLogin prohibit-password\n"
-        f"AllowUsers {getpass.getuser()}\n"
-    )
-    if os.geteuid() == 0:
-        Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # its privilege-separation directory
-    proc = subprocess.Popen(
-        [str(SSHD), "-D", "-e", "-f", str(d / "sshd_config")],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
-    try:
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            if proc.poll() is not None:
-                pytest.fail(f"sshd exited: {proc.stderr.read().decode() if proc.stderr else ''}")
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                time.sleep(0.05)
-        yield port, d
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
+    yield from run_sshd(tmp_path)
 
 
 def test_ssh_connects_as_the_clouds_user_at_the_machines_address(sshd, home, tmp_path):

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import base64
 import email
+import subprocess
 
+import pytest
 import yaml
 
 from providers.userdata import cloud_init, combine
@@ -72,3 +74,51 @@ def test_agent_install_keeps_the_token_to_the_agents_own_user(tmp_path):
     script = tmp_path / "boot.sh"
     script.write_text(boot)
     assert subprocess.run(["bash", "-n", str(script)], capture_output=True).returncode == 0
+
+
+# --- the job supervisor in the startup data (issue #24: jobs on clouds over SSH) ---------------
+
+
+def _install_line() -> str:
+    import base64 as b64
+
+    from provisioner.startup import SUPERVISOR_PATH, supervisor_script
+
+    body = b64.b64encode(supervisor_script().encode()).decode()
+    return f"echo {body} | base64 -d > {SUPERVISOR_PATH}.tmp"
+
+
+def test_the_supervisor_is_installed_first_whatever_the_users_startup_data(tmp_path):
+    from provisioner.startup import with_supervisor
+
+    alone = with_supervisor(None)
+    assert alone.startswith("#!/bin/sh\n") and _install_line() in alone
+    # inside the user's shell script, before its own lines, its shebang kept
+    mine = with_supervisor("#!/bin/bash\necho mine\n")
+    assert mine.startswith("#!/bin/bash\n") and mine.index(_install_line()) < mine.index("mine")
+    # beside a cloud-config: the first part cloud-init runs
+    doc = with_supervisor("#cloud-config\npackages: [htop]\n")
+    (kind, first), (kind2, _) = parts(doc)
+    assert (kind, kind2) == ("x-shellscript", "cloud-config") and _install_line() in first
+    # and beside the agent install, as every cloud but GCP gets it (GCP: the same script)
+    boot = with_supervisor(startup_data(None, "http://10.0.0.1:8787", "tok", 30, "m-1"))
+    script = tmp_path / "boot.sh"
+    script.write_text(boot)
+    assert subprocess.run(["bash", "-n", str(script)], capture_output=True).returncode == 0
+    assert boot.index(_install_line()) < boot.index("provisioner agent")
+
+
+@pytest.mark.parametrize("cloud", ["aws", "gcp", "azure", "yandex", "sbercloud", "sandbox"])
+def test_every_cloud_but_the_sandbox_gets_the_supervisor_with_a_job(home, clock, cloud):
+    from provisioner.app import App
+    from provisioner.machines.launch import _with_supervisor
+    from provisioner.spec import Experiment
+    from tests.conftest import make_settings, sandbox_experiment
+
+    app = App(make_settings(home, clouds={cloud: {}} if cloud != "sandbox" else {}), clock)
+    job = Experiment.model_validate(sandbox_experiment("exp", clouds=[cloud]) | {"run": "true"})
+    plain = Experiment.model_validate(sandbox_experiment("exp", clouds=[cloud]))
+    with_job = _with_supervisor(app, job, cloud, None, "m-1") or ""
+    assert (_install_line() in with_job) is (cloud != "sandbox")  # the sandbox runs jobs itself
+    assert _with_supervisor(app, plain, cloud, None, "m-1") is None
+    app.close()

@@ -32,18 +32,20 @@ def follow(
     write = write or _stdout
     m = jobs.named(application, name)
     while True:
-        finish.check(application, [m.name])
-        m = jobs.named(application, name)
-        if m.status not in ("running", "pending"):  # stopped under it: the job was killed
-            jobs.check_ended(application, m)
+        # the end seen first, then the last output read, then on_finish (a cloud machine
+        # stopped by it keeps its output out of reach)
+        ended = jobs.check_ended(application, m)
         job = jobs.jobs_of(application, m).get(job_id)
-        chunk = jobs.output(application, m, job_id, offset)
-        if chunk:
-            write(chunk)
-            offset += len(chunk)
+        if m.status in ("running", "pending") or application.provider(m.cloud).runs_jobs:
+            chunk = jobs.output(application, m, job_id, offset)
+            if chunk:
+                write(chunk)
+                offset += len(chunk)
+        finish.on_ended(application, m, ended)
         if job is None or not job.running:
             return job
         sleep(POLL_SECONDS)
+        m = jobs.named(application, name)
 
 
 def _stdout(chunk: bytes) -> None:
@@ -71,17 +73,28 @@ def logs(
 ) -> None:
     """The output of the machine's job (its experiment's `run`, or an `exec` job with --job),
     kept on the machine; with -f, followed until the job ends."""
+    from provisioner.errors import ProvisionerError
     from provisioner.jobs import finish
     from provisioner.machines import jobs
 
     application = get_app(ctx)
-    finish.check(application, [name])
     m = jobs.named(application, name)
+    try:  # the end seen, the output read, then on_finish (it may stop a cloud machine)
+        seen = jobs.check_ended(application, m)
+    except ProvisionerError:
+        seen = []  # could not ask: the output read below says why
     known = jobs.jobs_of(application, m)
     if job not in known:
+        due = (m.spec or {}).get("run") and jobs.run_due(application, m, after_failure=False)
+        if job == jobs.RUN and m.status in ("pending", "running") and due:
+            raise _user_error(
+                f"{m.name}'s run has not started: it starts once the machine answers SSH "
+                "(the scheduler's reconcile pass starts it)"
+            )
         have = ", ".join(known) or "none"
         raise _user_error(f"{m.name} has no job {job!r} (its jobs: {have})")
     data = jobs.output(application, m, job)
+    finish.on_ended(application, m, seen)
     _stdout(tail(data, lines))
     ended = known[job]
     if follow_ and ended.running:
@@ -122,6 +135,16 @@ def exec_(
         markup=False,
         soft_wrap=True,
     )
+
+
+@app.command()
+def sync(ctx: typer.Context, name: str = typer.Argument(..., help="machine")) -> None:
+    """Copy the experiment's workdir to its running machine again (rsync over SSH on a cloud,
+    honouring .gitignore), where its jobs run."""
+    from provisioner.machines import jobs
+
+    count, how, workdir = jobs.sync(get_app(ctx), name)
+    out.print(f"copied {count} files of {workdir} to {name} ({how})", highlight=False, markup=False)
 
 
 def outcome_line(application: Any, name: str, job: Any) -> str:

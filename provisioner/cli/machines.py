@@ -216,6 +216,7 @@ def up(
         if wait and not detach and m.status in ("pending", "running"):
             with err.status(f"waiting for {m.name}…") if not quiet else nullcontext():
                 m = machines.wait_ready(application, m.name, timeout=wait_timeout, progress=say)
+                _start_due_run(application, m, experiment, say, wait_timeout)
     except KeyboardInterrupt:
         said = _interrupted_up(application, experiment.name, spec)
         err.print(said, highlight=False, markup=False, soft_wrap=True)
@@ -248,9 +249,15 @@ def up(
         f"  instance {m.instance_id}" + (f", address {m.public_ip}" if m.public_ip else ""),
         soft_wrap=True,
     )
-    if experiment.run and not detach:
+    if experiment.run and not detach and _run_started(application, m):
         _follow_run(application, m.name, experiment)
         return
+    if experiment.run and not _run_started(application, m):
+        out.print(
+            f"  job run starts once {m.name} answers SSH (the scheduler's reconcile pass starts "
+            f"it; `provisioner logs {m.name} -f` then)",
+            soft_wrap=True,
+        )
     if experiment.run:
         out.print(f"  job run started: `provisioner logs {m.name} -f`", soft_wrap=True)
     out.print(f"  connect with `provisioner ssh {m.name}`", soft_wrap=True)
@@ -270,6 +277,30 @@ def up(
         f"  stop it with `provisioner stop {m.name}`, remove it with `provisioner down {m.name}`",
         soft_wrap=True,
     )
+
+
+def _start_due_run(application: Any, m: Any, experiment: Any, say: Any, timeout: float) -> None:
+    """A cloud machine's job starts once it answers SSH: now, after the wait; tried again
+    (bounded by ``timeout``) while its SSH port is open but the login is not ready yet
+    (cloud-init still installing the key)."""
+    import time
+
+    from provisioner.machines import jobs
+
+    if m.status != "running" or not (experiment.run or experiment.setup):
+        return
+    deadline = time.monotonic() + timeout
+    while jobs.run_due(application, m):
+        jobs.ensure_run(application, m, experiment, progress=say)
+        if not jobs.run_due(application, m) or time.monotonic() + 5 > deadline:
+            return
+        time.sleep(5)
+
+
+def _run_started(application: Any, m: Any) -> bool:
+    from provisioner.machines import jobs
+
+    return jobs.RUN in jobs.jobs_of(application, m)
 
 
 def _run_resumed(application: Any, m: Any) -> bool:

@@ -34,24 +34,54 @@ def watched(app: App, names: list[str] | None = None) -> list[Machine]:
         return list(s.scalars(q))
 
 
+def due(app: App, names: list[str] | None = None) -> list[Machine]:
+    """Running machines whose experiment's ``run`` is due: a cloud machine launched (or
+    started again in place) before it answered SSH."""
+    with app.db.session() as s:
+        q = select(Machine).where(Machine.status == "running")
+        if names is not None:
+            q = q.where(Machine.name.in_(names))
+        running = list(s.scalars(q))
+    out = []
+    for m in running:
+        spec = m.spec or {}
+        if (spec.get("run") or spec.get("setup")) and jobs.run_due(app, m, after_failure=False):
+            out.append(m)
+    return out
+
+
 def check(app: App, names: list[str] | None = None) -> list[Action]:
     """Jobs found ended are recorded (at the application clock's now: when they were seen to
-    have ended); a ``run`` that exited gets its ``on_finish``."""
+    have ended); a ``run`` that exited gets its ``on_finish``. A due ``run`` is started."""
     out: list[Action] = []
+    for m in due(app, names):
+        try:
+            if jobs.ensure_run(app, m, Experiment.model_validate(m.spec)):
+                out.append(Action(m.name, "start-job", "run-due", "run started", True))
+        except ProvisionerError as e:
+            out.append(Action(m.name, "skip", "error", f"could not start its job: {e}"))
     for m in watched(app, names):
         try:
             ended = jobs.check_ended(app, m)
         except ProvisionerError as e:
             out.append(Action(m.name, "skip", "error", f"could not ask about its jobs: {e}"))
             continue
-        for job in ended:
-            if job.id != jobs.RUN or job.exit_code is None:
-                why = f"job {job.id} " + (
-                    f"exited {job.exit_code}" if job.exit_code is not None else "was killed"
-                )
-                out.append(Action(m.name, "record", "job-finished", why, True))
-                continue
-            out.append(act(app, m, job.exit_code))
+        out += on_ended(app, m, ended)
+    return out
+
+
+def on_ended(app: App, m: Machine, ended: list[jobs.Job]) -> list[Action]:
+    """What :func:`check` does with the jobs :func:`jobs.check_ended` found ended: a ``run``
+    that exited gets its ``on_finish``; the others are recorded only."""
+    out: list[Action] = []
+    for job in ended:
+        if job.id != jobs.RUN or job.exit_code is None:
+            why = f"job {job.id} " + (
+                f"exited {job.exit_code}" if job.exit_code is not None else "was killed"
+            )
+            out.append(Action(m.name, "record", "job-finished", why, True))
+            continue
+        out.append(act(app, m, job.exit_code))
     return out
 
 

@@ -81,8 +81,11 @@ def restart(app: App, m: Machine, *, detail: dict[str, Any] | None = None) -> Ma
     start it in its zone now; ``NotFound``: gone), so the caller can launch anew instead.
     Compute bills again from now; the disk billed throughout."""
     started, changed = _start(app, m, reason="preempted", detail=detail)
-    if changed:  # `run` starts again (it was killed with the machine)
-        jobs.start_run(app, started, Experiment.model_validate(started.spec))
+    if changed:  # `run` starts again (it was killed with the machine); on a cloud once
+        experiment = Experiment.model_validate(started.spec)  # it answers SSH
+        if experiment.run or experiment.setup:
+            record_event(app, started.id, jobs.DUE, reason="preempted", detail={"job": jobs.RUN})
+        jobs.ensure_run(app, started, experiment)
     return started
 
 
@@ -336,6 +339,18 @@ def _batch(
     return [(m, results.get(refs[m.id], ProviderError("no answer for it"))) for m in ms]
 
 
+def _accepts_ssh(provider: Any, inst: Any) -> bool:
+    """The machine's SSH port answers: its cloud's, or the ``-p`` of $PROVISIONER_SSH_COMMAND
+    (what ``provisioner ssh`` and the job runner connect to)."""
+    from providers.base import port_open
+    from provisioner.machines.remote import ssh_port
+
+    port = ssh_port(provider)
+    if port == provider.ssh_port or not inst.public_ip:
+        return bool(provider.accepts_ssh(inst))
+    return port_open(inst.public_ip, port, 3)
+
+
 def wait_ready(
     app: App,
     name: str,
@@ -367,7 +382,7 @@ def wait_ready(
         progress(f"{m.name} runs at {inst.public_ip}; waiting for SSH…")
         left = max(deadline - time.monotonic(), 0)
         _, up = wait_until(
-            lambda: provider.accepts_ssh(inst), bool, timeout=left, interval=interval
+            lambda: _accepts_ssh(provider, inst), bool, timeout=left, interval=interval
         )
         waiting_for = "SSH to answer"
     else:

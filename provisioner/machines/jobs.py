@@ -4,9 +4,9 @@
 Jobs are named ``run`` (the experiment's), ``exec-1``, ``exec-2``… Each start is a
 ``job-started`` event (detail ``{"job", "command"}``), each end a ``job-finished`` event (detail
 ``{"job", "exit_code"}``; reason ``exited``, or ``killed`` with exit code None when the job ended
-without one — its machine was stopped or taken). Only the sandbox runs jobs so far (local
-processes); ``up`` refuses a ``run:``/``setup:`` for the other clouds, whose SSH path is not
-built yet. What ``lifecycle.on_finish`` does at the end is :mod:`provisioner.jobs.finish`.
+without one — its machine was stopped or taken). The sandbox runs jobs as local processes
+(its adapter's calls); every other cloud over SSH (:mod:`provisioner.machines.remote`). What
+``lifecycle.on_finish`` does at the end is :mod:`provisioner.jobs.finish`.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from provisioner.models import Event, Machine
 from provisioner.spec import Experiment
 
 RUN = "run"
-STARTED, FINISHED = "job-started", "job-finished"
+STARTED, FINISHED, FAILED = "job-started", "job-finished", "job-failed"
 MAX_FILES = 10_000  # a workdir is code and configs; data belongs on a volume
 
 
@@ -70,18 +70,34 @@ class Job:
         }
 
 
-def refuse_unsupported(app: App, experiment: Experiment, clouds: list[str]) -> None:
-    """``run:``/``setup:`` for a cloud that cannot run jobs yet: refused (exit 2) before any
-    launch, rather than a machine that bills while its job never starts."""
-    if not (experiment.run or experiment.setup or experiment.workdir):
-        return
-    cannot = sorted({c for c in clouds if not app.provider(c).runs_jobs})
-    if cannot:
-        raise UserError(
-            f"{experiment.name}: workdir:, setup: and run: are supported on the sandbox only "
-            f"so far (running them on {', '.join(cannot)} over SSH is not built yet); "
-            f"set resources.clouds: [sandbox], or start the job yourself with `provisioner ssh`"
-        )
+class _Local:
+    """The adapter's own job calls (the sandbox: local processes), as :class:`remote.Remote`."""
+
+    def __init__(self, app: App, m: Machine) -> None:
+        self.provider, self.ref = app.provider(m.cloud or ""), ref(m)
+
+    def put_files(self, source: str, paths: list[str]) -> None:
+        self.provider.put_files(self.ref, source, paths)
+
+    def start_job(
+        self, job_id: str, command: str, *, env: dict[str, str], setup: str | None = None
+    ) -> None:
+        self.provider.start_job(self.ref, job_id, command, env=env, setup=setup)
+
+    def job_state(self, job_id: str) -> JobState:
+        return self.provider.job_state(self.ref, job_id)
+
+    def job_output(self, job_id: str, offset: int = 0) -> bytes:
+        return self.provider.job_output(self.ref, job_id, offset)
+
+
+def runner(app: App, m: Machine) -> _Local | Any:
+    """Who runs ``m``'s jobs: its adapter when it can (the sandbox), else SSH."""
+    if app.provider(m.cloud or "").runs_jobs:
+        return _Local(app, m)
+    from provisioner.machines.remote import Remote
+
+    return Remote(app, m)
 
 
 def workdir_files(workdir: str) -> tuple[list[str], str]:
@@ -143,37 +159,98 @@ def _walk(root: Path) -> list[str]:
 
 def start_run(app: App, m: Machine, experiment: Experiment, progress: Any = None) -> Job | None:
     """On a machine just launched, or started again after a preemption: the workdir copied,
-    then ``setup`` (once per machine) and ``run`` started as job ``run``. None: nothing to run."""
+    then ``setup`` (once per machine) and ``run`` started as job ``run``. None: nothing to run,
+    or a cloud machine that does not answer SSH yet (its start is due: the next ``up``, ``logs``
+    or scheduler pass starts it, :func:`ensure_run`)."""
     if not (experiment.run or experiment.setup or experiment.workdir):
         return None
-    provider = app.provider(m.cloud or "")
     say = progress or (lambda _: None)
+    if not app.provider(m.cloud or "").runs_jobs and not _answers(app, m):
+        say(f"{m.name}: its job starts once it answers SSH")
+        return None
     try:
+        jobs = runner(app, m)
         if experiment.workdir:
             files, how = workdir_files(experiment.workdir)
-            provider.put_files(ref(m), experiment.workdir, files)
+            jobs.put_files(experiment.workdir, files)
             say(f"copied {len(files)} files of {experiment.workdir} ({how})")
         if not (experiment.run or experiment.setup):
             return None
         command = experiment.run or "true"  # setup alone: the job is the setup
-        provider.start_job(ref(m), RUN, command, env=experiment.env, setup=experiment.setup)
+        jobs.start_job(RUN, command, env=experiment.env, setup=experiment.setup)
     except ProviderError as e:
-        record_event(app, m.id, "job-failed", detail={"job": RUN, "error": str(e)})
+        from provisioner.machines.remote import Unreachable
+
+        if isinstance(e, Unreachable):  # booting still, or gone: tried again later
+            say(f"{m.name}: its job starts once it answers SSH ({e})")
+            return None
+        record_event(app, m.id, FAILED, detail={"job": RUN, "error": str(e)})
         raise OperationFailed(f"{m.name}: could not start its job: {e}") from None
     record_event(app, m.id, STARTED, detail={"job": RUN, "command": command})
     return jobs_of(app, m)[RUN]
 
 
-def ensure_run(app: App, m: Machine, experiment: Experiment) -> Job | None:
-    """``run`` started unless it was already (once per launch, whoever asks: the launching
-    ``up``, a second ``up`` of the same intent, an ``up`` again after one interrupted before
-    it started the job). The new job, or None."""
+def _answers(app: App, m: Machine) -> bool:
+    """A cloud machine that runs with an address whose SSH port accepts a connection."""
+    from providers.base import port_open
+    from provisioner.machines.remote import ssh_port
+
+    if m.status != "running" or not m.public_ip:
+        return False
+    return port_open(m.public_ip, ssh_port(app.provider(m.cloud or "")), 3)
+
+
+DUE = "run-due"  # the machine was started again in place: its `run` starts anew
+
+
+def run_due(app: App, m: Machine, *, after_failure: bool = True) -> bool:
+    """``run`` not started since the machine's launch or its last start in place. With
+    ``after_failure`` False, a start that failed (``job-failed``: not a machine that did not
+    answer yet, but rsync or the supervisor refusing) counts as started: the scheduler does
+    not retry it every pass; an ``up`` of the experiment does."""
+    kinds = (STARTED, DUE) if after_failure else (STARTED, DUE, FAILED)
+    with app.db.session() as s:
+        events = s.scalars(
+            select(Event)
+            .where(Event.machine_id == m.id, Event.kind.in_(kinds))
+            .order_by(Event.id.desc())
+        ).all()
+    for e in events:
+        if e.kind == DUE:
+            return True
+        if (e.detail or {}).get("job") == RUN:
+            return False
+    return True
+
+
+def ensure_run(app: App, m: Machine, experiment: Experiment, progress: Any = None) -> Job | None:
+    """``run`` started unless it was already (once per launch or start in place, whoever asks:
+    the launching ``up``, a second ``up`` of the same intent, an ``up`` again after one
+    interrupted before it started the job, the scheduler once a cloud machine answers SSH).
+    The new job, or None."""
     if not (experiment.run or experiment.setup or experiment.workdir):
         return None
     with app.db.lock(f"jobs-{m.id}"):
-        if RUN in jobs_of(app, m):
+        if not run_due(app, m):
             return None
-        return start_run(app, m, experiment)
+        return start_run(app, m, experiment, progress)
+
+
+def sync(app: App, name: str) -> tuple[int, str, str]:
+    """The experiment's ``workdir`` copied again to its running machine (rsync over SSH on a
+    cloud: only what changed travels). (files, how they were chosen, the folder)."""
+    m = find(app, name)
+    if m.status != "running":
+        raise UserError(f"{m.name} is {m.status}: `sync` needs it running")
+    workdir = Experiment.model_validate(m.spec).workdir
+    if not workdir:
+        raise UserError(f"{m.name}'s experiment has no workdir: to sync")
+    files, how = workdir_files(workdir)
+    try:
+        runner(app, m).put_files(workdir, files)
+    except ProviderError as e:
+        raise OperationFailed(f"{m.name}: could not copy {workdir}: {e}") from None
+    return len(files), how, workdir
 
 
 def exec_job(app: App, name: str, command: str) -> str:
@@ -181,14 +258,11 @@ def exec_job(app: App, name: str, command: str) -> str:
     m = find(app, name)
     if m.status != "running":
         raise UserError(f"{m.name} is {m.status}: `exec` needs it running")
-    provider = app.provider(m.cloud or "")
-    if not provider.runs_jobs:
-        raise UserError(f"{m.name}: exec is supported on the sandbox only so far")
     env = Experiment.model_validate(m.spec).env
     with app.db.lock(f"jobs-{m.id}"):  # concurrent execs: one id each
         job_id = f"exec-{sum(j.startswith('exec-') for j in jobs_of(app, m)) + 1}"
         try:
-            provider.start_job(ref(m), job_id, command, env=env)
+            runner(app, m).start_job(job_id, command, env=env)
         except ProviderError as e:
             raise OperationFailed(f"{m.name}: could not start {job_id}: {e}") from None
         record_event(app, m.id, STARTED, detail={"job": job_id, "command": command})
@@ -218,10 +292,16 @@ def jobs_of(app: App, m: Machine) -> dict[str, Job]:
 
 
 def state(app: App, m: Machine, job_id: str) -> JobState:
+    """The job's state, from the machine. A cloud machine that is down killed its jobs; one
+    that does not answer raises OperationFailed ("could not ask"), never "ended"."""
+    if m.status not in ("running", "pending") and not app.provider(m.cloud or "").runs_jobs:
+        return JobState(False, None)
     try:
-        return app.provider(m.cloud or "").job_state(ref(m), job_id)
+        return runner(app, m).job_state(job_id)
     except NotFound:
         return JobState(False, None)
+    except ProviderError as e:
+        raise OperationFailed(f"{m.name}: could not ask about job {job_id}: {e}") from None
 
 
 def check_ended(app: App, m: Machine) -> list[Job]:
@@ -250,10 +330,18 @@ def _check_ended(app: App, m: Machine) -> list[Job]:
 
 
 def output(app: App, m: Machine, job_id: str, offset: int = 0) -> bytes:
+    """The job's output from ``offset``, kept on the machine (a cloud machine must be up)."""
+    if m.status not in ("running", "pending") and not app.provider(m.cloud or "").runs_jobs:
+        raise UserError(
+            f"{m.name} is {m.status}: its jobs' output is kept on the machine "
+            + (f"(`provisioner start {m.name}` to read it)" if m.status == "stopped" else "")
+        )
     try:
-        return app.provider(m.cloud or "").job_output(ref(m), job_id, offset)
+        return runner(app, m).job_output(job_id, offset)
     except NotFound:
         raise UserError(f"{m.name} has no job {job_id!r}") from None
+    except ProviderError as e:
+        raise OperationFailed(f"{m.name}: could not read the output of {job_id}: {e}") from None
 
 
 def named(app: App, name: str) -> Machine:

@@ -120,7 +120,6 @@ def check(app: App, experiment: Experiment) -> Plan:
     refuse_by_policy(plan)
     budget.guard(plan)
     volumes.check_free(app, experiment)
-    jobs.refuse_unsupported(app, experiment, [c.offer.cloud for c in plan.candidates])
     if not plan.candidates:
         reasons = "; ".join(f"{r} ({n})" for r, n in plan.summary_reasons()[:6])
         raise UserError(f"no offer fits {experiment.name}: {reasons or 'the catalog is empty'}")
@@ -221,7 +220,7 @@ def launch_intent(
             progress(f"  {attempts[-1].outcome}: volume: {err}")
             continue
         user_data = startup.with_mounts(
-            _startup_data(app, machine.id, experiment, token, o.cloud),
+            _with_supervisor(app, experiment, o.cloud, token, machine.id),
             volumes.mounts(app, ready),
             app.provider(o.cloud).ssh_user,
         )
@@ -453,6 +452,18 @@ def _startup_data(
         cloud=cloud,
         on_notice=notice.for_agent() if notice else None,
     )
+
+
+def _with_supervisor(
+    app: App, experiment: Experiment, cloud: str, token: str | None, machine_id: str
+) -> str | None:
+    """The startup data, with ``provisioner-job`` installed first when the experiment runs a
+    job on a cloud that runs it over SSH (the sandbox runs jobs itself)."""
+    data = _startup_data(app, machine_id, experiment, token, cloud)
+    wants = experiment.run or experiment.setup or experiment.workdir
+    if not wants or app.provider(cloud).runs_jobs:
+        return data
+    return startup.with_supervisor(data)
 
 
 def _launch_request(

@@ -284,6 +284,10 @@ class AwsEmulator:
         self._token_locks: dict[tuple[str, str], threading.Lock] = {}
         self._preempted: dict[str, tuple[str, str, datetime]] = {}
         self._booting: dict[str, int] = {}  # instance id → DescribeInstances left as pending
+        # Test infra, not EC2: every instance's public address (DescribeInstances ipAddress,
+        # botocore ec2 model Instance.PublicIpAddress) read as this one, e.g. 127.0.0.1 where
+        # a test's sshd listens; None: moto's own addresses.
+        self.public_address: str | None = None
         self.spot_requests: dict[str, SpotRequest] = {}
         self._clients: dict[tuple[str, str], Any] = {}
         self._zone_ids: dict[str, dict[str, str]] = {}
@@ -319,6 +323,7 @@ class AwsEmulator:
             self._preempted.clear()
             self._booting.clear()
             self.spot_requests.clear()
+            self.public_address = None
         self._load_defaults()
 
     def stop(self) -> None:
@@ -692,6 +697,8 @@ class AwsEmulator:
                 data = self._rewrite_preempted(data)
             if self._booting:
                 data = self._rewrite_booting(data)
+            if self.public_address:
+                data = self._rewrite_address(data, self.public_address)
         if self.faults.take_drop(action):
             rec.answer = "dropped"
             raise _Dropped
@@ -871,6 +878,16 @@ class AwsEmulator:
                 self._booting[iid] -= 1
 
         return _edit_instances(data, shown, boot)
+
+    def _rewrite_address(self, data: bytes, address: str) -> bytes:
+        """Every instance with a public address answers at ``address`` (the test knob)."""
+
+        def point(iid: str, item: ET.Element, q: Any) -> None:
+            node = item.find(q("ipAddress"))
+            if node is not None:
+                node.text = address
+
+        return _edit_instances(data, set(_instance_ids(data)), point)
 
     def _rewrite_preempted(self, data: bytes) -> bytes:
         with self._lock:
