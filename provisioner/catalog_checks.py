@@ -154,7 +154,12 @@ def check(rows: list[dict[str, str]], file: str = "") -> list[Finding]:
         median = values[len(values) // 2]
         ratio = p / median
         if not OUTLIER_LOW <= ratio <= OUTLIER_HIGH:
-            flag("outlier", i, "price", f"{ratio:.2f}x the median {median} of its {len(values)} regions")
+            flag(
+                "outlier",
+                i,
+                "price",
+                f"{ratio:.2f}x the median {median} of its {len(values)} regions",
+            )
 
     for i, r in enumerate(rows):
         spot, price = value(i, "spot_price"), value(i, "price")

@@ -356,7 +356,11 @@ def catalog_rows(_: Path) -> list[dict[str, Any]]:
         for gpus, cpus, ram in shapes:
 
             def hourly(
-                r: tuple[str, str, str], gpus: int = gpus, cpus: int = cpus, ram: int = ram
+                r: tuple[str, str, str],
+                gpus: int = gpus,
+                cpus: int = cpus,
+                ram: int = ram,
+                vat: int = vat,
             ) -> str:
                 total = gpus * Decimal(r[0]) + cpus * Decimal(r[1]) + ram * Decimal(r[2])
                 if vat != VAT:

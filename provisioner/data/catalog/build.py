@@ -42,20 +42,19 @@ def write(cloud: str, rows: list[dict]) -> None:
     for r in rows:
         r["gpu_count"] = str(r["gpu_count"])
     findings = catalog_checks.check(rows, f"{cloud}.csv")
+    where = ("cloud", "region", "zone", "instance_type")
     flags = [
-        [f.file, f.line, f.check, r["cloud"], r["region"], r["zone"], r["instance_type"]]
-        + [f.field, r[f.field], f.reason]
+        [f.file, f.line, f.check, *(f.row[c] for c in where), f.field, f.row[f.field], f.reason]
         for f in findings
-        for r in [f.row]
     ]
-    for f in findings:
-        f.row[f.field] = ""
-    with (HERE / f"{cloud}.csv").open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=COLUMNS, lineterminator="\n")
+    for finding in findings:
+        finding.row[finding.field] = ""
+    with (HERE / f"{cloud}.csv").open("w", newline="") as out:
+        w = csv.DictWriter(out, fieldnames=COLUMNS, lineterminator="\n")
         w.writeheader()
         w.writerows(rows)
-    with CHECKS.open("a", newline="") as f:
-        csv.writer(f, lineterminator="\n").writerows(flags)
+    with CHECKS.open("a", newline="") as out:
+        csv.writer(out, lineterminator="\n").writerows(flags)
     counts = ", ".join(f"{k} {n}" for k, n in catalog_checks.summary(findings).items())
     print(f"{cloud}: {len(rows)} offers, {len(flags)} prices emptied ({counts or 'none'})")
 
