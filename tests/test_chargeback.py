@@ -126,3 +126,22 @@ def test_report_cli_by_team_and_label(home, clock):
     r = report("--by", "color")
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert "cannot report by 'color'" in r.stderr and "label:KEY" in r.stderr
+
+
+def test_dashboard_spend_page_by_team_and_by_label(tapp, clock):
+    from provisioner.dashboard import make_app
+    from tests.test_dashboard import call
+
+    fleet(tapp, clock)
+    clock.set(END)
+    wsgi = make_app(tapp)
+    status, _, html = call(wsgi, "/spend?period=2026-11&by=team")
+    assert status == 200
+    assert '<option value="team" selected>Team</option>' in html
+    assert '<h2>Team</h2>' in html and 'data-key="ml-platform"' in html
+    assert 'data-key="vision"' in html and 'data-key="—"' in html
+    status, _, html = call(wsgi, "/spend?period=2026-11&by=label:cost-center")
+    assert status == 200 and "<h2>Label cost-center</h2>" in html
+    assert 'data-key="cc-1"' in html and 'data-key="cc-2"' in html
+    status, _, body = call(wsgi, "/spend.csv?period=2026-11&by=team")
+    assert status == 200 and body.splitlines()[0].startswith("period,team,kind")
