@@ -64,10 +64,6 @@ def _read(path: Path, keep: Keep | None = None) -> Iterator[Offer]:
             get = [(c, index.get(c), _CONVERT.get(c, str)) for c in COLUMNS]
             test = keep(index) if keep else None
             for row in rows:
-                if len(row) != len(header):
-                    raise CatalogError(
-                        f"{path}:{rows.line_num}: {len(row)} fields, the header has {len(header)}"
-                    )
                 if test is None or test(row):
                     try:
                         values: dict[str, Any] = {
@@ -76,6 +72,10 @@ def _read(path: Path, keep: Keep | None = None) -> Iterator[Offer]:
                     except (InvalidOperation, ValueError):
                         raise _bad_value(path, rows.line_num, row, get) from None
                     yield Offer(**values)
+        except IndexError:  # a row shorter than the header (checked only when it fails: hot path)
+            raise CatalogError(
+                f"{path}:{rows.line_num}: {len(row)} fields, the header has {len(header or [])}"
+            ) from None
         except (UnicodeDecodeError, csv.Error) as e:
             line = rows.line_num + 1 if isinstance(e, UnicodeDecodeError) else rows.line_num
             raise CatalogError(

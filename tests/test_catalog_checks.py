@@ -233,3 +233,14 @@ def test_a_binary_catalog_file_is_refused_with_its_path(home, content):
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert f"{path}:" in r.stderr and "not a catalog" in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_a_short_row_is_refused_with_its_line(home):
+    cfg = write_settings(home, clouds={"aws": {}})
+    path = home / "catalog" / "aws.csv"
+    path.parent.mkdir(parents=True)
+    header = (DATA / "aws.csv").read_text().splitlines()[0]
+    path.write_text(header + "\n" + P5 + "aws,us-east-1\n")
+    r = run_cli("--config", str(cfg), "catalog", now=NOW)
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert r.stderr.strip() == f"error: {path}:3: 2 fields, the header has 15"

@@ -138,7 +138,7 @@ def test_dashboard_spend_page_by_team_and_by_label(tapp, clock):
     status, _, html = call(wsgi, "/spend?period=2026-11&by=team")
     assert status == 200
     assert '<option value="team" selected>Team</option>' in html
-    assert '<h2>Team</h2>' in html and 'data-key="ml-platform"' in html
+    assert "<h2>Team</h2>" in html and 'data-key="ml-platform"' in html
     assert 'data-key="vision"' in html and 'data-key="—"' in html
     status, _, html = call(wsgi, "/spend?period=2026-11&by=label:cost-center")
     assert status == 200 and "<h2>Label cost-center</h2>" in html
