@@ -20,6 +20,7 @@ from typing import Any
 import providers
 from providers import gpus
 from providers.base import Offer
+from provisioner import catalog_checks
 from provisioner.errors import UserError
 from provisioner.money import LIMIT
 from provisioner.settings import Settings
@@ -261,10 +262,18 @@ def _keep(
     return factory
 
 
-def refresh(settings: Settings, cloud: str, fetched: list[Offer], as_of: str = "") -> Path:
+def refresh(
+    settings: Settings,
+    cloud: str,
+    fetched: list[Offer],
+    as_of: str = "",
+    findings: list[catalog_checks.Finding] | None = None,
+) -> Path:
     """Store freshly fetched offers for ``cloud``, dated ``as_of`` (the day they were fetched)
     unless the source dates them. An empty result keeps the old data; an offer the source lists
-    without a price keeps the price (and date) the catalog had for it, saying so."""
+    without a price keeps the price (and date) the catalog had for it, saying so. The prices
+    :mod:`provisioner.catalog_checks` flags are emptied, as the build does, the reason in the
+    row's source (and each finding appended to ``findings``)."""
     if not fetched:
         raise ValueError(f"{cloud}: the price source returned no offers; keeping the old catalog")
     old_path = source_of(settings, cloud)
@@ -288,8 +297,29 @@ def refresh(settings: Settings, cloud: str, fetched: list[Offer], as_of: str = "
             o = replace(o, as_of=as_of)
         merged.append(o)
     path = refreshed_path(settings, cloud)
-    write_csv(path, merged)
+    write_csv(path, _checked(merged, path.name, findings))
     return path
+
+
+def _checked(
+    offers: list[Offer], name: str, findings: list[catalog_checks.Finding] | None
+) -> list[Offer]:
+    """``offers`` with each price the checks flag emptied, saying why in its source."""
+    rows = [
+        {c: "" if getattr(o, c) is None else str(getattr(o, c)) for c in COLUMNS} for o in offers
+    ]
+    found = catalog_checks.check(rows, name)
+    for f in found:
+        i = f.line - 2
+        o = offers[i]
+        why = f"{o.source}; {f.field} {f.row[f.field]} emptied: {f.reason}"
+        if f.field == "price":
+            offers[i] = replace(o, price=None, source=why)
+        else:
+            offers[i] = replace(o, spot_price=None, source=why)
+    if findings is not None:
+        findings.extend(found)
+    return offers
 
 
 def stale(offers: Iterable[Offer], today: date) -> list[str]:

@@ -244,3 +244,22 @@ def test_a_short_row_is_refused_with_its_line(home):
     r = run_cli("--config", str(cfg), "catalog", now=NOW)
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert r.stderr.strip() == f"error: {path}:3: 2 fields, the header has 15"
+
+
+def test_refresh_runs_the_checks_and_empties_what_they_flag(settings):
+    """A refreshed catalog is checked as the shipped one is built: a spot price equal to
+    on-demand is dropped, saying why in the row's source, and the finding is reported."""
+    from dataclasses import replace
+
+    old = [o for o in catalog.load(settings, ["aws"]) if o.spot_price and o.price]
+    same = replace(old[0], spot_price=old[0].price, as_of="")
+    found: list = []
+    path = catalog.refresh(settings, "aws", [same, *old[1:5]], as_of="2026-12-03", findings=found)
+    [f] = found
+    assert (f.check, f.line, f.field) == ("spot", 2, "spot_price")
+    rows = list(catalog.read_csv(path))
+    assert rows[0].spot_price is None and rows[0].price == same.price
+    assert (
+        "spot_price" in rows[0].source and "emptied: equal to the on-demand price" in rows[0].source
+    )
+    assert [o.spot_price for o in rows[1:]] == [o.spot_price for o in old[1:5]]

@@ -143,6 +143,7 @@ def refresh(
     import providers
     from providers.base import AuthError, ProviderError
     from provisioner import catalog as cat
+    from provisioner import catalog_checks
     from provisioner.errors import OperationFailed, UserError
 
     application = get_app(ctx)
@@ -155,7 +156,8 @@ def refresh(
     try:
         offers = application.provider(cloud).fetch_offers()
         today = application.clock.now().date().isoformat()
-        path = cat.refresh(application.settings, cloud, offers, as_of=today)
+        flagged: list[Any] = []
+        path = cat.refresh(application.settings, cloud, offers, as_of=today, findings=flagged)
     except NotImplementedError:
         raise UserError(f"{cloud} has no price source to refresh: {source}") from None
     except AuthError as e:
@@ -167,6 +169,14 @@ def refresh(
             f"{cloud}: price refresh failed, keeping the old catalog: {e}"
         ) from None
     out.print(f"{cloud}: {len(offers):,} offers written to {path}", soft_wrap=True)
+    if flagged:
+        counts = ", ".join(f"{k} {n}" for k, n in catalog_checks.summary(flagged).items())
+        err.print(
+            f"{cloud}: {len(flagged)} prices failed the catalog checks and were emptied "
+            f"({counts}), e.g. {flagged[0]}",
+            highlight=False,
+            soft_wrap=True,
+        )
 
 
 @app.command()
