@@ -230,7 +230,7 @@ def check_by(by: str) -> str:
     key = by.removeprefix(ledger.LABEL)
     if by in BY or (by.startswith(ledger.LABEL) and 0 < len(key) <= 128):
         return by
-    raise UserError(f"cannot report by {by!r}; use {', '.join(BY)} or label:KEY")
+    raise UserError(f"by: use one of {', '.join(BY)} or label:KEY (not {by!r})")
 
 
 def _fields(by: str) -> tuple[str, ...]:

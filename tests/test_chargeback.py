@@ -99,7 +99,7 @@ def test_rounded_lines_add_up_to_the_rounded_total_with_many_small_lines(tapp, c
 
 def test_bad_groupings_and_team_maps_are_refused(tapp, home):
     for by in ("label:", "teams", "label"):
-        with pytest.raises(UserError, match="cannot report by"):
+        with pytest.raises(UserError, match="by: use one of"):
             reports.build(tapp, NOV, by=by, now=END)
     with pytest.raises(ValidationError, match=r"'A@x\.io' is in two teams: one and two"):
         make_settings(home, teams={"one": ["a@x.io"], "two": ["A@x.io"]})
@@ -125,7 +125,8 @@ def test_report_cli_by_team_and_label(home, clock):
     assert "Label cost-center" in r.stdout and "cc-1" in r.stdout and "cc-2" in r.stdout
     r = report("--by", "color")
     assert r.returncode == 2 and "Traceback" not in r.stderr
-    assert "cannot report by 'color'" in r.stderr and "label:KEY" in r.stderr
+    assert "by: use one of project, owner, cloud, gpu, machine, team or label:KEY" in r.stderr
+    assert "(not 'color')" in r.stderr
 
 
 def test_dashboard_spend_page_by_team_and_by_label(tapp, clock):
