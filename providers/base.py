@@ -129,6 +129,7 @@ class Offer:
     currency: str
     accelerator: str = ""  # GCP attachable GPU (nvidia-tesla-t4) on an n1 host, else ""
     source: str = ""  # where the price came from
+    as_of: str = ""  # ISO date the price was read from its source; "" where not known
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,8 @@ from decimal import Decimal
 from providers.gpus import GPUS
 
 GPU_MEMORY = {n: g.memory_gb for n, g in GPUS.items()} | {"H100-MEGA": 80}
-SKYPILOT = "SkyPilot catalog v8 ({path} @ {commit}), copied 2026-11-30"
+COPIED = "2026-11-30"  # the day the SkyPilot rows were read: the shipped rows' ``as_of``
+SKYPILOT = "SkyPilot catalog v8 ({path} @ {commit}), copied " + COPIED
 
 
 def dec(v: str) -> str:

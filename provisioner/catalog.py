@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import csv
 import os
+import re
 import tempfile
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import fields, replace
-from decimal import Decimal
+from datetime import date, timedelta
+from decimal import Decimal, InvalidOperation
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -18,9 +20,17 @@ from typing import Any
 import providers
 from providers import gpus
 from providers.base import Offer
+from provisioner import catalog_checks
+from provisioner.errors import UserError
+from provisioner.money import LIMIT
 from provisioner.settings import Settings
 
 COLUMNS = [f.name for f in fields(Offer)]
+STALE_DAYS = 90  # rows older than this: `plan` and `catalog` say to refresh
+
+
+class CatalogError(UserError):
+    """A catalog file that cannot be read as one: its path and line, one line, exit code 2."""
 
 
 def _shipped(cloud: str) -> Path:
@@ -44,29 +54,84 @@ def _read(path: Path, keep: Keep | None = None) -> Iterator[Offer]:
     plan reads a 100,000-row catalog for one GPU type, and converting is what costs."""
     with path.open(newline="", encoding="utf-8") as f:
         rows = csv.reader(f)
-        header = next(rows, None)
-        if header is None:
-            return
-        index = {name: i for i, name in enumerate(header)}
-        missing = [c for c in COLUMNS if c not in index and c not in _OPTIONAL]
-        if missing:
-            raise ValueError(f"{path}: catalog without column(s) {', '.join(missing)}")
-        get = [(c, index.get(c), _CONVERT.get(c, str)) for c in COLUMNS]
-        test = keep(index) if keep else None
-        for row in rows:
-            if test is None or test(row):
-                values: dict[str, Any] = {
-                    c: conv(row[i]) if i is not None else "" for c, i, conv in get
-                }
-                yield Offer(**values)
+        try:
+            header = next(rows, None)
+            if header is None:
+                return
+            index = {name: i for i, name in enumerate(header)}
+            missing = [c for c in COLUMNS if c not in index and c not in _OPTIONAL]
+            if missing:
+                raise CatalogError(f"{path}:1: catalog without column(s) {', '.join(missing)}")
+            get = [(c, index.get(c), _CONVERT.get(c, str)) for c in COLUMNS]
+            test = keep(index) if keep else None
+            for row in rows:
+                if test is None or test(row):
+                    try:
+                        values: dict[str, Any] = {
+                            c: conv(row[i]) if i is not None else "" for c, i, conv in get
+                        }
+                    except (InvalidOperation, ValueError):
+                        raise _bad_value(path, rows.line_num, row, get) from None
+                    yield Offer(**values)
+        except IndexError:  # a row shorter than the header (checked only when it fails: hot path)
+            raise CatalogError(
+                f"{path}:{rows.line_num}: {len(row)} fields, the header has {len(header or [])}"
+            ) from None
+        except (UnicodeDecodeError, csv.Error) as e:
+            line = rows.line_num + 1 if isinstance(e, UnicodeDecodeError) else rows.line_num
+            raise CatalogError(
+                f"{path}:{line}: not a catalog (CSV text in UTF-8): {type(e).__name__}: "
+                f"{str(e)[:80]}"
+            ) from None
+
+
+def _bad_value(
+    path: Path, line: int, row: list[str], get: list[tuple[str, int | None, Callable[[str], Any]]]
+) -> CatalogError:
+    """The error of a row whose conversion failed: its file, line, column and value."""
+    for c, i, conv in get:
+        value = row[i] if i is not None else ""
+        try:
+            conv(value)
+        except (InvalidOperation, ValueError) as e:
+            ours = isinstance(e, ValueError) and not isinstance(e, InvalidOperation) and str(e)
+            why = str(e) if ours else f"{value[:40]!r} is not a number"
+            return CatalogError(f"{path}:{line}: column {c}: {why}")
+    return CatalogError(f"{path}:{line}: a row that cannot be read")
 
 
 def _price(value: str) -> Decimal | None:
-    return Decimal(value) if value else None
+    if not value:
+        return None
+    d = Decimal(value)
+    if not (d.is_finite() and 0 <= d < LIMIT):
+        raise ValueError(f"{value[:40]!r} is not a price (a number, 0 or more)")
+    return d
 
 
 def _int(value: str) -> int:
     return int(value) if value.isdigit() else int(Decimal(value))
+
+
+def _currency(value: str) -> str:
+    if value not in CURRENCIES:
+        raise ValueError(
+            f"{value[:40]!r} is not a currency this catalog knows ({', '.join(sorted(CURRENCIES))})"
+        )
+    return value
+
+
+def _date(value: str) -> str:
+    if value and not _ISO_DATE.fullmatch(value):
+        raise ValueError(f"{value[:40]!r} is not a date (YYYY-MM-DD)")
+    return value
+
+
+_ISO_DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
+# ISO 4217 codes of the currencies clouds price in (and neighbours): a typo such as "USd" or
+# "RUR" (withdrawn in 1998) is refused rather than priced as an unknown money.
+_CODES = "USD EUR GBP CHF JPY CNY KRW INR SGD HKD AUD NZD CAD BRL MXN ZAR AED SAR ILS TRY SEK NOK"
+CURRENCIES = frozenset(f"{_CODES} DKK PLN CZK RUB KZT BYN UZS AMD GEL AZN KGS".split(" "))
 
 
 _CONVERT: dict[str, Callable[[str], Any]] = {
@@ -76,8 +141,10 @@ _CONVERT: dict[str, Callable[[str], Any]] = {
     "memory_gb": Decimal,
     "price": _price,
     "spot_price": _price,
+    "currency": _currency,
+    "as_of": _date,
 }
-_OPTIONAL = {"accelerator", "source"}
+_OPTIONAL = {"accelerator", "source", "as_of"}
 
 
 def write_csv(path: Path, offers: Iterable[Offer]) -> int:
@@ -144,6 +211,7 @@ def load(
                     price=p.price if p.price is not None else o.price,
                     spot_price=p.spot_price if p.spot_price is not None else o.spot_price,
                     source=f"{o.source}; price from settings" if o.source else "settings",
+                    as_of="",
                 )
             offers.append(o)
     return offers
@@ -194,9 +262,18 @@ def _keep(
     return factory
 
 
-def refresh(settings: Settings, cloud: str, fetched: list[Offer]) -> Path:
-    """Store freshly fetched offers for ``cloud``. An empty result keeps the old data; an offer
-    the source lists without a price keeps the price the catalog had for it, saying so."""
+def refresh(
+    settings: Settings,
+    cloud: str,
+    fetched: list[Offer],
+    as_of: str = "",
+    findings: list[catalog_checks.Finding] | None = None,
+) -> Path:
+    """Store freshly fetched offers for ``cloud``, dated ``as_of`` (the day they were fetched)
+    unless the source dates them. An empty result keeps the old data; an offer the source lists
+    without a price keeps the price (and date) the catalog had for it, saying so. The prices
+    :mod:`provisioner.catalog_checks` flags are emptied, as the build does, the reason in the
+    row's source (and each finding appended to ``findings``)."""
     if not fetched:
         raise ValueError(f"{cloud}: the price source returned no offers; keeping the old catalog")
     old_path = source_of(settings, cloud)
@@ -214,11 +291,64 @@ def refresh(settings: Settings, cloud: str, fetched: list[Offer]) -> Path:
                 price=before.price,
                 spot_price=before.spot_price,
                 source=f"{o.source}; price kept from the previous catalog ({before.source})",
+                as_of=before.as_of,
             )
+        elif not o.as_of:
+            o = replace(o, as_of=as_of)
         merged.append(o)
     path = refreshed_path(settings, cloud)
-    write_csv(path, merged)
+    write_csv(path, _checked(merged, path.name, findings))
     return path
+
+
+def _checked(
+    offers: list[Offer], name: str, findings: list[catalog_checks.Finding] | None
+) -> list[Offer]:
+    """``offers`` with each price the checks flag emptied, saying why in its source."""
+    rows = [
+        {c: "" if getattr(o, c) is None else str(getattr(o, c)) for c in COLUMNS} for o in offers
+    ]
+    found = catalog_checks.check(rows, name)
+    for f in found:
+        i = f.line - 2
+        o = offers[i]
+        why = f"{o.source}; {f.field} {f.row[f.field]} emptied: {f.reason}"
+        if f.field == "price":
+            offers[i] = replace(o, price=None, source=why)
+        else:
+            offers[i] = replace(o, spot_price=None, source=why)
+    if findings is not None:
+        findings.extend(found)
+    return offers
+
+
+def stale(offers: Iterable[Offer], today: date) -> list[str]:
+    """Per cloud, the priced offers among ``offers`` dated more than :data:`STALE_DAYS` before
+    ``today`` (or not dated), in words naming ``catalog refresh``. Simulated clouds and prices
+    from settings are not dated by a source: never stale."""
+    limit = (today - timedelta(days=STALE_DAYS)).isoformat()
+    per_cloud: dict[str, tuple[int, int, str]] = {}  # cloud: old, undated, oldest
+    for o in offers:
+        if (o.price is None and o.spot_price is None) or "settings" in o.source:
+            continue
+        if o.cloud in providers.REGISTRY and providers.spec(o.cloud).simulated:
+            continue
+        if o.as_of and o.as_of >= limit:
+            continue
+        old, undated, oldest = per_cloud.get(o.cloud, (0, 0, ""))
+        if o.as_of:
+            per_cloud[o.cloud] = (old + 1, undated, min(oldest or o.as_of, o.as_of))
+        else:
+            per_cloud[o.cloud] = (old, undated + 1, oldest)
+    lines = []
+    for cloud, (old, undated, oldest) in sorted(per_cloud.items()):
+        parts = [f"{old} priced as of {oldest}, more than {STALE_DAYS} days ago"] if old else []
+        parts += [f"{undated} with no date"] if undated else []
+        lines.append(
+            f"{cloud}: catalog rows used: {' and '.join(parts)}; prices may have changed: "
+            f"run `provisioner catalog refresh --cloud {cloud}`"
+        )
+    return lines
 
 
 def disk_price(settings: Settings, cloud: str, currency: str) -> tuple[Decimal | None, int, str]:

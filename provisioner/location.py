@@ -29,6 +29,7 @@ FIELDS = (
     "dashboard",
     "home",
     "timezone",
+    "teams",
 )
 
 

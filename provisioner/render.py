@@ -61,6 +61,8 @@ class Fmt:
         self.locale = LOCALES[language]
 
     def t(self, key: str, **kw: Any) -> str:
+        if key.startswith("label:"):  # a report by label:KEY
+            return messages(self.language)["label_key"].format(key=key.removeprefix("label:"))
         text = messages(self.language)[key]
         return text.format(**kw) if kw else text
 

@@ -221,8 +221,20 @@ def _q(d: Decimal | None) -> str | None:
 USAGE = ("machine", "owner", "gpu", "gpu_count", "kind", "project")
 
 
+#: What a report can group by: these, a team (settings.teams, by owner) or ``label:KEY``.
+BY = ("project", "owner", "cloud", "gpu", "machine", "team")
+
+
+def check_by(by: str) -> str:
+    """``by`` if a report can group by it, else a :class:`UserError` saying what can."""
+    key = by.removeprefix(ledger.LABEL)
+    if by in BY or (by.startswith(ledger.LABEL) and 0 < len(key) <= 128):
+        return by
+    raise UserError(f"by: use one of {', '.join(BY)} or label:KEY (not {by!r})")
+
+
 def _fields(by: str) -> tuple[str, ...]:
-    return USAGE if by in USAGE else (*USAGE, by)
+    return USAGE if by in (*USAGE, "team") else (*USAGE, by)
 
 
 def _add_idle_now(
@@ -281,8 +293,7 @@ def build(
     mail and the dashboard build theirs here). The database clamps the intervals to the period
     and groups them (:func:`ledger.tally`, :func:`ledger.day_tally`); Python prices the groups.
     With ``budget_policy``, the budget's own status (over the budget's whole scope) is shown."""
-    if by not in ("project", "owner", "cloud", "gpu", "machine"):
-        raise UserError(f"cannot report by {by!r}; use project, owner, cloud, gpu or machine")
+    check_by(by)
     if language not in ALL_PROJECTS:
         raise UserError(f"unknown language {language!r}; use {', '.join(ALL_PROJECTS)}")
     now = now or app.clock.now()
@@ -358,11 +369,13 @@ def _assemble(
 ) -> Report:
     rates, cur = app.settings.money_rates, currency
     fields = _fields(by)
-    at_by = fields.index(by)
+    at_by = fields.index("owner" if by == "team" else by)
+    team = app.settings.team_of() if by == "team" else None
     group_kind, per_machine, gpus = Tally(), Tally(), Tally()
     for (key, c, rate), us in sums.usage.items():
-        name, _, gpu, count, kind = key[:5]  # type: ignore[index]
-        group_kind.add((key[at_by] or "—", kind), c, rate, us)  # type: ignore[index]
+        name, owner, gpu, count, kind = key[:5]  # type: ignore[index]
+        group = team(owner) if team else key[at_by]  # type: ignore[index]
+        group_kind.add((group or "—", kind), c, rate, us)
         per_machine.add(name, c, rate, us)
         if kind == "compute" and gpu:
             gpus.add((gpu, count or 1), c, rate, us)

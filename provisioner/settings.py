@@ -14,6 +14,7 @@ import re
 from collections.abc import Callable
 from datetime import datetime
 from decimal import Decimal
+from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import Annotated, Any, Literal
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
@@ -206,6 +207,42 @@ class Settings(BaseSettings):
     # IANA zone of times given without one where no policy calendar applies
     # (`keep --until HH:MM`); never this computer's offset, which DST changes under us
     timezone: str = "UTC"
+    # chargeback: team → its owners (emails as experiments write them, or globs such as
+    # "*@ml.example.com"); `report --by team`. An owner in no team is reported under "—".
+    teams: dict[str, list[str]] = Field(default_factory=dict)
+
+    @field_validator("teams")
+    @classmethod
+    def _one_team_each(cls, v: dict[str, list[str]]) -> dict[str, list[str]]:
+        """An owner (or glob) listed under two teams would be charged to one of them at random:
+        refused, naming both."""
+        seen: dict[str, str] = {}
+        for team, owners in v.items():
+            if not team.strip():
+                raise ValueError("a team needs a name")
+            for owner in owners:
+                key = owner.strip().lower()
+                if key in seen and seen[key] != team:
+                    raise ValueError(f"{owner!r} is in two teams: {seen[key]} and {team}")
+                seen[key] = team
+        return v
+
+    def team_of(self) -> Callable[[str], str | None]:
+        """Who is charged to which team: a function of the owner giving the team naming it,
+        else the first whose glob matches it (in the order of settings), else None."""
+        exact = {o.strip().lower(): t for t, owners in self.teams.items() for o in owners}
+        globs = [(o, t) for o, t in exact.items() if any(ch in o for ch in "*?[")]
+        known: dict[str, str | None] = {}
+
+        def team(owner: str) -> str | None:
+            if owner not in known:
+                who = owner.lower()
+                known[owner] = exact.get(who) or next(
+                    (t for o, t in globs if fnmatchcase(who, o)), None
+                )
+            return known[owner]
+
+        return team
 
     @field_validator("timezone")
     @classmethod

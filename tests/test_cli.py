@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 from datetime import timedelta
+from decimal import Decimal
 
 import pytest
 
@@ -281,8 +282,8 @@ def test_plan_a100x8_spot_offline_spans_all_five_clouds(home):
     yandex = next(c for c in plan["candidates"] if c["cloud"] == "yandex")
     assert yandex["price_per_hour"]["currency"] == "RUB"
     assert (
-        float(yandex["price_per_hour_base"]["amount"])
-        == float(yandex["price_per_hour"]["amount"]) / 80
+        Decimal(yandex["price_per_hour_base"]["amount"])
+        == Decimal(yandex["price_per_hour"]["amount"]) / 80
     )
     assert plan["rejected"]["other GPU type"] > 0
     # AWS launches spot as one-time requests, which it cannot stop: the plan says so in words

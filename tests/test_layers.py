@@ -30,6 +30,7 @@ ORDER = [
     "provisioner.fleet",  # the fleet as `status` lists it: plain SQL, no ORM
     "provisioner.models",  # every table
     "provisioner.state",  # the database: engine, sessions, migrations
+    "provisioner.catalog_checks",  # price checks of catalog rows: GPU facts only
     "provisioner.catalog",
     "provisioner.planner",  # pure ranking: offers × spec × policy check
     "provisioner.mail",
@@ -101,7 +102,7 @@ SCRIPTS = {
     "provisioner/migrations/env.py": {"provisioner.models"},  # Alembic sees every table
     # the catalog build: each cloud's builder through the registry, GPU facts, and which GCP
     # shapes are sold as Spot only
-    "provisioner/data/catalog/build.py": {"providers", "providers.gpus", "providers.gcp.prices"},
+    "provisioner/data/catalog/build.py": {"providers", "provisioner.catalog_checks"},
 }
 
 PACKAGES = ("provisioner", "providers", "policies")

@@ -228,6 +228,7 @@ def catalog_rows(ref: Path) -> list[dict[str, Any]]:
                 currency="USD",
                 accelerator="",
                 source=src + "; zone is the AZ id",
+                as_of=reference.COPIED,
             )
         )
     return rows

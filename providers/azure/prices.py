@@ -137,7 +137,7 @@ def catalog_rows(ref: Path) -> list[dict[str, Any]]:
     """The shipped catalog's rows (built by provisioner/data/catalog/build.py)."""
     src = (
         "SkyPilot catalog v8 fork coopslarhette/skypilot-catalog (azure/vms.csv @ 20291d7e), "
-        "copied 2026-11-30"
+        "copied " + reference.COPIED
     )
     rows: list[dict[str, Any]] = []
     for r in csv.DictReader((ref / "azure_gpu_vms.csv").open()):
@@ -166,6 +166,7 @@ def catalog_rows(ref: Path) -> list[dict[str, Any]]:
                 currency="USD",
                 accelerator="",
                 source=src + note,
+                as_of=reference.COPIED,
             )
         )
     return rows

@@ -462,6 +462,7 @@ def catalog_rows(ref: Path) -> list[dict[str, Any]]:
                 currency="USD",
                 accelerator=accel,
                 source=src,
+                as_of=reference.COPIED,
             )
         )
 

@@ -258,8 +258,28 @@ def build_offers(
 
 # Yandex Cloud (RU_CLOUDS.md §1): per-GPU + per-vCPU + per-GB rates, RUB/h incl. VAT.
 # (regular gpu, vcpu, ram), (preemptible gpu, vcpu, ram), gpu, memory, zones, shapes, source
-YC_2022 = "Yandex Cloud docs presets.yaml sku|RUB|compute.vm.* (rates from 2022-04-13, VAT 20%)"
-YC_2026 = "Yandex Cloud docs ru/_pricing/compute/rub-from-23-01-2026.md (VAT 22%)"
+# (source, the date its rates took effect: the rows' as_of, the VAT % its prices include)
+YC_2022 = (
+    "Yandex Cloud docs presets.yaml sku|RUB|compute.vm.* (rates from 2022-04-13, VAT 20%)",
+    "2022-04-13",
+    20,
+)
+YC_T4I = ("Yandex Cloud docs ru/_pricing/compute/rub-instance-resources.md @0a247371", "", 20)
+YC_2026 = (
+    "Yandex Cloud docs ru/_pricing/compute/rub-from-23-01-2026.md (VAT 22%)",
+    "2026-01-23",
+    22,
+)
+# Russia's VAT is 22 % since 2026-01-01 (Federal law 425-FZ of 2025-11-28, amending Tax Code
+# art. 164). Rates published with 20 % VAT are re-based to 22 %: that part is a fact; the base
+# price under it is the old one (a third-party list built from the Billing API,
+# kbespalov/cloudfinops prices/yandex-cloud/iaas/compute/gpu.yaml @7935541b, shows V100/A100/T4
+# about 8 % higher again from 2026-05-01), so those rows keep their old date and `plan` says so.
+VAT = 22
+VAT_NOTE = (
+    "; re-based from 20% to 22% VAT (425-FZ, from 2026-01-01): the base price is the old one, "
+    "not current - run `provisioner catalog refresh --cloud yandex`"
+)
 YANDEX = {
     "gpu-standard-v1": (
         ("249.52", "1.12", "0.39"),
@@ -304,7 +324,7 @@ YANDEX = {
         24,
         "d",
         [(1, 4, 16), (1, 8, 32), (1, 16, 64), (1, 32, 128)],
-        "Yandex Cloud docs ru/_pricing/compute/rub-instance-resources.md",
+        YC_T4I,
     ),
     # Yandex does not name the chip of Gen2 / V4: listed under its own names, never as A100/H100.
     "gpu-standard-v3i": (
@@ -331,13 +351,21 @@ YANDEX = {
 def catalog_rows(_: Path) -> list[dict[str, Any]]:
     """The shipped catalog's rows (built by provisioner/data/catalog/build.py)."""
     rows: list[dict[str, Any]] = []
-    for platform, (reg, pre, gpu, mem, zones, shapes, src) in YANDEX.items():
+    for platform, (reg, pre, gpu, mem, zones, shapes, (src, as_of, vat)) in YANDEX.items():
+        note = VAT_NOTE if vat != VAT else ""
         for gpus, cpus, ram in shapes:
 
             def hourly(
-                r: tuple[str, str, str], gpus: int = gpus, cpus: int = cpus, ram: int = ram
+                r: tuple[str, str, str],
+                gpus: int = gpus,
+                cpus: int = cpus,
+                ram: int = ram,
+                vat: int = vat,
             ) -> str:
-                return str(gpus * Decimal(r[0]) + cpus * Decimal(r[1]) + ram * Decimal(r[2]))
+                total = gpus * Decimal(r[0]) + cpus * Decimal(r[1]) + ram * Decimal(r[2])
+                if vat != VAT:
+                    total = (total / (100 + vat) * (100 + VAT)).quantize(Decimal("0.01"))
+                return str(total)
 
             for z in zones:
                 rows.append(
@@ -355,7 +383,8 @@ def catalog_rows(_: Path) -> list[dict[str, Any]]:
                         spot_price=hourly(pre),
                         currency="RUB",
                         accelerator="",
-                        source=src + "; GPUs×GPU + vCPU×vCPU + GB×RAM rate",
+                        source=src + "; GPUs×GPU + vCPU×vCPU + GB×RAM rate" + note,
+                        as_of=as_of,
                     )
                 )
     return rows

@@ -59,6 +59,8 @@ def catalog(
             if market not in row or base.amount < row[market][0].amount:
                 row[market] = (base, price, o)
     keys = sorted(best)
+    shown = [o for row in best.values() for _, _, o in row.values()]
+    stale = cat.stale(shown, application.clock.now().date())
     if output is Output.json:
         print_json(
             [
@@ -72,6 +74,7 @@ def catalog(
                             "currency": price.currency,
                             "instance_type": o.instance_type,
                             "where": o.zone or o.region,
+                            "as_of": o.as_of,
                         }
                         for m, (_, price, o) in best[(g, n, cl)].items()
                     },
@@ -79,6 +82,8 @@ def catalog(
                 for g, n, cl in keys
             ]
         )
+        for line in stale:
+            err.print(f"note: {line}", highlight=False, soft_wrap=True)
         return
     out.print(
         f"GPU offers, cheapest per cloud (prices per hour; ranked in {rates.base})", soft_wrap=True
@@ -109,6 +114,8 @@ def catalog(
         f"[dim]{rates.describe()}; data: {', '.join(f'{k}={v}' for k, v in sources.items())}[/]",
         soft_wrap=True,
     )
+    for line in stale:
+        out.print(f"[yellow]note[/]: {line}", highlight=False, soft_wrap=True)
 
 
 def shown_clouds(settings: Any) -> list[str]:
@@ -136,6 +143,7 @@ def refresh(
     import providers
     from providers.base import AuthError, ProviderError
     from provisioner import catalog as cat
+    from provisioner import catalog_checks
     from provisioner.errors import OperationFailed, UserError
 
     application = get_app(ctx)
@@ -147,7 +155,9 @@ def refresh(
     err.print(f"{cloud}: reading {source}", highlight=False, soft_wrap=True)
     try:
         offers = application.provider(cloud).fetch_offers()
-        path = cat.refresh(application.settings, cloud, offers)
+        today = application.clock.now().date().isoformat()
+        flagged: list[Any] = []
+        path = cat.refresh(application.settings, cloud, offers, as_of=today, findings=flagged)
     except NotImplementedError:
         raise UserError(f"{cloud} has no price source to refresh: {source}") from None
     except AuthError as e:
@@ -159,6 +169,14 @@ def refresh(
             f"{cloud}: price refresh failed, keeping the old catalog: {e}"
         ) from None
     out.print(f"{cloud}: {len(offers):,} offers written to {path}", soft_wrap=True)
+    if flagged:
+        counts = ", ".join(f"{k} {n}" for k, n in catalog_checks.summary(flagged).items())
+        err.print(
+            f"{cloud}: {len(flagged)} prices failed the catalog checks and were emptied "
+            f"({counts}), e.g. {flagged[0]}",
+            highlight=False,
+            soft_wrap=True,
+        )
 
 
 @app.command()

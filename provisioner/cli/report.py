@@ -20,14 +20,6 @@ class ReportOutput(StrEnum):
     html = "html"
 
 
-class By(StrEnum):
-    project = "project"
-    owner = "owner"
-    cloud = "cloud"
-    gpu = "gpu"
-    machine = "machine"
-
-
 @app.command()
 def report(
     ctx: typer.Context,
@@ -40,7 +32,12 @@ def report(
     owner: str = typer.Option(None, help="one owner (globs work)"),
     cloud: str = typer.Option(None),
     gpu: str = typer.Option(None, help="GPU type: A100, H100, T4…"),
-    by: By = typer.Option(By.project, "--by", help="group spend by"),
+    by: str = typer.Option(
+        "project",
+        "--by",
+        help="group spend by project, owner, cloud, gpu, machine, team (settings.teams) or "
+        "label:KEY (the experiment's label KEY)",
+    ),
     policy: str = typer.Option(
         None, help="compare with this policy's budget (default: the budget of --project)"
     ),
@@ -61,7 +58,7 @@ def report(
     recipients = [_address(a) for a in to or []]
     mail = email or bool(recipients)
     application = get_app(ctx)
-    q = spend.Query(period, project, owner, cloud, gpu, by.value, policy, False, currency, language)
+    q = spend.Query(period, project, owner, cloud, gpu, by, policy, False, currency, language)
     v = spend.report(application, q)
     if mail:
         _mail(application, v.report, recipients or v.recipients)

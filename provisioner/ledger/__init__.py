@@ -27,12 +27,13 @@ from provisioner.ledger.record import (
     record_transitions,
     spend,
 )
-from provisioner.ledger.sums import BY, FIELDS, Scope, day_tally, spend_by, tally, total
+from provisioner.ledger.sums import BY, FIELDS, LABEL, Scope, day_tally, spend_by, tally, total
 
 __all__ = [
     "BY",
     "DAY",
     "FIELDS",
+    "LABEL",
     "SECONDS_PER_HOUR",
     "Forecast",
     "Period",

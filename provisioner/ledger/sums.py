@@ -108,6 +108,15 @@ FIELDS: dict[str, Any] = {
     "kind": UsageInterval.kind,
 }
 BY = ("project", "owner", "cloud", "gpu", "machine", "kind", "day")
+LABEL = "label:"  # ``label:KEY``: the value of the experiment's label KEY (None: no such label)
+
+
+def column_of(name: str) -> Any:
+    """The column of :data:`FIELDS` named ``name``, or for ``label:KEY`` the label's value as
+    stored in the machine's spec (JSON path ``labels.KEY``; SQLite and PostgreSQL alike)."""
+    if name.startswith(LABEL):
+        return Machine.spec[("labels", name.removeprefix(LABEL))].as_string()
+    return FIELDS[name]
 
 
 def _machines(s: Session, scope: Scope) -> Any:
@@ -217,7 +226,7 @@ def tally(
         .group_by(u.c.machine_id, u.c.kind, u.c.currency, u.c.rate)
         .subquery("pm")
     )
-    keys = [per_machine.c.kind if f == "kind" else FIELDS[f] for f in by]
+    keys = [per_machine.c.kind if f == "kind" else column_of(f) for f in by]
     total_us = func.sum(per_machine.c.us)
     q = (
         # PostgreSQL sums bigints as numeric: 40,000 Decimals to parse, were it not cast back

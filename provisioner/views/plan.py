@@ -53,7 +53,7 @@ class PlanView:
 
 
 def plan(app: App, experiment: Experiment) -> PlanView:
-    from provisioner import planning  # policies and the catalog: not for --help
+    from provisioner import catalog, planning  # policies and the catalog: not for --help
 
     p = planning.plan(app, experiment)
     best: dict[str, Candidate] = {}
@@ -68,7 +68,9 @@ def plan(app: App, experiment: Experiment) -> PlanView:
         sorted(((cl, best[cl].price_base) for cl in sorted(best)), key=lambda x: x[1].amount),
         {cl: sorted(types) for cl, types in sorted(unpriced.items())},
         [Reject(r, n, p.examples.get(r, "")) for r, n in p.summary_reasons()],
-        unstoppable_spot(p.candidates) + autostop_cap(app, experiment),
+        unstoppable_spot(p.candidates)
+        + autostop_cap(app, experiment)
+        + catalog.stale([c.offer for c in p.candidates], app.clock.now().date()),
     )
 
 

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from policies.schema import Policy
     from provisioner.app import App
 
-BY = ("project", "owner", "cloud", "gpu", "machine")
+BY = reports.BY  # and label:KEY
 
 
 @dataclass
@@ -109,8 +109,7 @@ def choose_policy(app: App, q: Query) -> Policy | None:
 def report(app: App, q: Query, now: datetime | None = None) -> ReportView:
     """The report ``q`` asks for, up to ``now``: its period by default the budget's running
     one, else this month (in the budget's time zone, else UTC)."""
-    if q.by not in BY:
-        raise UserError(f"by: use one of {', '.join(BY)}")
+    reports.check_by(q.by)
     now = now or app.clock.now()
     policy = choose_policy(app, q)
     language = q.language or (policy.budget.language if policy and policy.budget else "en")

@@ -1,0 +1,189 @@
+"""Checks of catalog prices, each finding located by file, line and row.
+
+``provisioner/data/catalog/build.py`` runs them on every cloud's rows and empties what they flag
+(recording why in ``checks.csv``); the tests run them over the shipped CSVs, which must come out
+clean. A flagged price is never guessed at: it is emptied, so the planner skips the offer unless
+settings price it.
+
+The checks, in the order they run (a price one check flags is not used by the later ones):
+
+- ``spot-only``: GCP sells a3-highgpu-1g/2g/4g as Spot or Flex-start only: no on-demand price.
+- ``variant``: a bigger-memory variant (A100-80GB) below its family's base (A100) per card in
+  the same region (the source has GCP A100-80GB below A100-40GB in us-central1).
+- ``band``: the on-demand price per GPU outside its GPU model's band (:data:`BANDS`). This is
+  what catches a wrong price that most regions share, which a median cannot: 6 of the 9 GCP
+  H200 rows are ~42 % below the other 3.
+- ``outlier``: an on-demand price far from the median of its type's regions (at least 3).
+- ``spot``: a spot price not strictly below the on-demand one: preemption risk for no discount.
+"""
+
+from __future__ import annotations
+
+import csv
+from collections.abc import Iterable
+from dataclasses import dataclass
+from decimal import Decimal, InvalidOperation
+from pathlib import Path
+
+from providers.gpus import family
+
+# GCP sells these as Spot / Flex-start only (providers.gcp.prices SHAPES' spot_only; listed here
+# so the checks import no cloud's module).
+GCP_SPOT_ONLY = frozenset({"a3-highgpu-1g", "a3-highgpu-2g", "a3-highgpu-4g"})
+
+# On-demand price per GPU-hour, USD, per GPU model: (low, high). Derived from the shipped AWS,
+# GCP and Azure rows (SkyPilot catalog v8, 2026-11-30) that no other check flags: low = about
+# 0.8 × the cheapest list price per card of that model on any of the three clouds, high = about
+# 1.25 × the dearest (a small GPU on a big host: g4dn.16xlarge is $6.70 per T4). Cheapest /
+# dearest per card in that data: T4 0.53 / 6.70, L4 0.70 / 4.93, A10G 1.01 / 6.31, V100
+# 2.58 / 4.38, A100 2.22 / 4.33, A100-80GB 3.43 / 6.20, H100 6.88 / 15.98, H200 7.91 / 10.92.
+# H200's low is not derived from its own rows (most GCP H200 rows are the suspect ones): it is
+# the cheapest H100 list price per card (AWS p5.48xlarge 55.04 / 8 = 6.88), since no cloud lists
+# an H200 (141 GB) below an H100 (80 GB). Other currencies (Yandex's RUB) are not banded.
+BANDS: dict[str, tuple[Decimal, Decimal]] = {
+    gpu: (Decimal(low), Decimal(high))
+    for gpu, low, high in (
+        ("T4", "0.40", "8.50"),
+        ("L4", "0.55", "6.20"),
+        ("A10G", "0.80", "8.00"),
+        ("V100", "2.00", "5.50"),
+        ("A100", "1.75", "5.50"),
+        ("A100-80GB", "2.75", "7.75"),
+        ("H100", "5.50", "20.00"),
+        ("H200", "6.88", "13.75"),
+    )
+}
+BAND_CURRENCY = "USD"
+# What a flagged row of that model should cost instead, where a dated source says it.
+BAND_NOTES = {
+    "H200": "Google Cloud Billing Catalog API as of 2026-10-13 (Hugging Face dataset "
+    "tanod/cloud-gpu-list-prices): a3-ultragpu-8g us-central1 10.4365 USD a card on demand"
+}
+# An on-demand price this far from its type's median over the regions that sell it is not
+# trusted (the source has committed-use prices in some regions: GCP H100 at ~40 % of list).
+OUTLIER_LOW, OUTLIER_HIGH = Decimal("0.65"), Decimal("1.8")
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One price a check does not trust: where it is, which field, and why."""
+
+    check: str
+    file: str
+    line: int  # in the CSV, the header being line 1
+    row: dict[str, str]
+    field: str  # price | spot_price
+    reason: str
+
+    @property
+    def where(self) -> str:
+        r = self.row
+        return f"{r['cloud']}/{r['zone'] or r['region']} {r['instance_type']}"
+
+    def __str__(self) -> str:
+        value = self.row[self.field]
+        return f"{self.file}:{self.line}: {self.where}: {self.field} {value}: {self.reason}"
+
+
+def check(rows: list[dict[str, str]], file: str = "") -> list[Finding]:
+    """Every finding over ``rows`` (the file's rows in order: row i is on line i + 2). The rows
+    are not changed; a price flagged by one check is not used by the ones after it."""
+    findings: list[Finding] = []
+    flagged: set[tuple[int, str]] = set()
+
+    def value(i: int, field: str) -> Decimal | None:
+        if (i, field) in flagged or not rows[i].get(field):
+            return None
+        try:
+            return Decimal(rows[i][field])
+        except InvalidOperation:
+            return None
+
+    def flag(name: str, i: int, field: str, reason: str) -> None:
+        flagged.add((i, field))
+        findings.append(Finding(name, file, i + 2, rows[i], field, reason))
+
+    for i, r in enumerate(rows):
+        if r["cloud"] == "gcp" and r["instance_type"] in GCP_SPOT_ONLY and value(i, "price"):
+            flag("spot-only", i, "price", "GCP sells this type as Spot/Flex-start only")
+
+    def card(i: int) -> Decimal | None:
+        price, count = value(i, "price"), _count(rows[i])
+        return price / count if price is not None and count else None
+
+    base_card: dict[tuple[str, str, str, str], Decimal] = {}
+    for i, r in enumerate(rows):
+        c = card(i)
+        if c is not None and family(r["gpu"]) == r["gpu"]:
+            key = (r["cloud"], r["region"], r["gpu"], r["currency"])
+            base_card[key] = min(c, base_card.get(key, c))
+    for i, r in enumerate(rows):
+        fam, c = family(r["gpu"]), card(i)
+        base = base_card.get((r["cloud"], r["region"], fam, r["currency"]))
+        if c is not None and fam != r["gpu"] and base is not None and c < base:
+            flag("variant", i, "price", f"{c:.4f} a card, below the {fam}'s {base:.4f} here")
+
+    for i, r in enumerate(rows):
+        band, c = BANDS.get(r["gpu"]), card(i)
+        if band and c is not None and r["currency"] == BAND_CURRENCY:
+            low, high = band
+            if not low <= c <= high:
+                flag(
+                    "band",
+                    i,
+                    "price",
+                    f"{c:.4f} {BAND_CURRENCY} a card, outside the {r['gpu']} band {low}-{high}"
+                    + (f"; {BAND_NOTES[r['gpu']]}" if r["gpu"] in BAND_NOTES else ""),
+                )
+
+    by_shape: dict[tuple[str, ...], dict[str, Decimal]] = {}
+
+    def shape(r: dict[str, str]) -> tuple[str, ...]:
+        # an n1 host carries T4s or V100s; the sandbox prices one region in RUB
+        return r["cloud"], r["instance_type"], r["gpu"], str(r["gpu_count"]), r["currency"]
+
+    for i, r in enumerate(rows):
+        p = value(i, "price")
+        if p is not None:
+            by_shape.setdefault(shape(r), {})[r["region"]] = p
+    for i, r in enumerate(rows):
+        regions, p = by_shape.get(shape(r), {}), value(i, "price")
+        if p is None or len(regions) < 3:
+            continue
+        values = sorted(regions.values())
+        median = values[len(values) // 2]
+        ratio = p / median
+        if not OUTLIER_LOW <= ratio <= OUTLIER_HIGH:
+            flag(
+                "outlier",
+                i,
+                "price",
+                f"{ratio:.2f}x the median {median} of its {len(values)} regions",
+            )
+
+    for i, r in enumerate(rows):
+        spot, price = value(i, "spot_price"), value(i, "price")
+        if spot is not None and price is not None and spot >= price:
+            what = "equal to" if spot == price else "above"
+            flag("spot", i, "spot_price", f"{what} the on-demand price {r['price']}: no discount")
+    return sorted(findings, key=lambda f: (f.line, f.field))
+
+
+def check_file(path: Path) -> list[Finding]:
+    with path.open(newline="", encoding="utf-8") as f:
+        return check(list(csv.DictReader(f)), path.name)
+
+
+def summary(findings: Iterable[Finding]) -> dict[str, int]:
+    """Findings per check."""
+    counts: dict[str, int] = {}
+    for f in findings:
+        counts[f.check] = counts.get(f.check, 0) + 1
+    return counts
+
+
+def _count(r: dict[str, str]) -> int:
+    try:
+        return int(Decimal(str(r["gpu_count"])))
+    except InvalidOperation:
+        return 0
