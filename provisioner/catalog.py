@@ -9,7 +9,7 @@ import os
 import tempfile
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import fields, replace
+from dataclasses import dataclass, fields, replace
 from decimal import Decimal
 from importlib import resources
 from pathlib import Path
@@ -231,6 +231,34 @@ def disk_price(settings: Settings, cloud: str, currency: str) -> tuple[Decimal |
     if not row.get("price_gb_month"):
         return None, hours, "unknown"
     return Decimal(row["price_gb_month"]), hours, row["source"]
+
+
+@dataclass(frozen=True)
+class AddressPrice:
+    """What a machine's public IPv4 address costs per hour in one currency (None: unknown,
+    priced nowhere until ``address_prices.<cloud>`` is set), and while it is billed:
+    ``running`` (released at stop, as an auto-assigned or ephemeral address) or ``held``
+    (kept, and billed, until the machine is deleted, as a static address or an EIP); ``free``:
+    not billed (the sandbox)."""
+
+    rate: Decimal | None
+    billed: str
+    source: str
+
+
+def address_price(settings: Settings, cloud: str, currency: str) -> AddressPrice:
+    """The public IPv4 price of ``cloud`` in ``currency`` (the machine's), from the shipped
+    ``addresses.csv`` (each row cites its source) or ``address_prices`` in settings."""
+    with _shipped("addresses").open(newline="", encoding="utf-8") as f:
+        rows = {(r["cloud"], r["currency"]): r for r in csv.DictReader(f)}
+    row = rows.get((cloud, currency)) or next((r for (c, _), r in rows.items() if c == cloud), {})
+    billed = row.get("billed") or "running"
+    if cloud in settings.address_prices:
+        billed = "running" if billed == "free" else billed
+        return AddressPrice(settings.address_prices[cloud], billed, "settings")
+    if not row.get("price_hour") or row.get("currency") != currency:
+        return AddressPrice(None, billed, row.get("source") or "unknown")
+    return AddressPrice(Decimal(row["price_hour"]), billed, row["source"])
 
 
 def _disk_rows() -> dict[tuple[str, str], dict[str, str]]:

@@ -243,6 +243,12 @@ def up(
             f"  disk {m.disk_gb} GB: {_money(m.disk_rate, m.currency)}/h while it exists",
             soft_wrap=True,
         )
+    if m.address_rate is not None:
+        out.print(
+            f"  public IPv4: {_money(m.address_rate, m.currency)}/h "
+            + ("while it runs" if m.address_billed == "running" else "until it is deleted"),
+            soft_wrap=True,
+        )
     _volume_lines(application, m, result)
     out.print(
         f"  instance {m.instance_id}" + (f", address {m.public_ip}" if m.public_ip else ""),

@@ -94,6 +94,24 @@ def provider_call(app: App, m: Machine, op: str) -> None:
     crashpoint(f"after-{op}")  # the cloud acted, the state does not know yet
 
 
+def address_rate(app: App, cloud: str, currency: str) -> tuple[Decimal | None, str]:
+    """Its public IPv4 address per hour, fixed at launch like the compute rate, and while it
+    bills (``running`` or ``held``: :data:`provisioner.schema.ADDRESS_BILLED`; ``none``: the
+    machine gets no public address, its cloud's ``public_ip`` off). None when not billed or the
+    price is unknown."""
+    price = catalog.address_price(app.settings, cloud, currency)
+    options = getattr(app.settings.clouds, cloud, None)
+    if not getattr(options, "public_ip", True):
+        return None, "none"
+    return price.rate, price.billed
+
+
+def set_rates(app: App, m: Machine, cloud: str, currency: str) -> None:
+    """A machine's disk and address rates, for ``cloud`` in ``currency`` (its compute rate's)."""
+    m.disk_rate = disk_rate(app, cloud, currency, m.disk_gb or 0)
+    m.address_rate, m.address_billed = address_rate(app, cloud, currency)
+
+
 def disk_rate(app: App, cloud: str, currency: str, disk_gb: int) -> Decimal | None:
     """Per hour, fixed at launch like the compute rate. None when the price is unknown."""
     per_gb_month, hours, _ = catalog.disk_price(app.settings, cloud, currency)
