@@ -1,13 +1,13 @@
 """pieces: a machine's public IPv4 address priced in the ledger (rate fixed at launch)
 
-Revision ID: 0008_h-pieces
+Revision ID: 0008_h_pieces
 Revises: 0007
 """
 
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0008_h-pieces"
+revision = "0008_h_pieces"
 down_revision = "0007"
 branch_labels = None
 depends_on = None
