@@ -245,7 +245,7 @@ def up(
         )
     if m.address_rate is not None:
         out.print(
-            f"  public IPv4: {_money(m.address_rate, m.currency)}/h "
+            f"  public IPv4: {m.address_rate.normalize():f} {m.currency}/h "
             + ("while it runs" if m.address_billed == "running" else "until it is deleted"),
             soft_wrap=True,
         )
