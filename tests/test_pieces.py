@@ -109,3 +109,48 @@ def test_up_status_plan_and_report_show_the_address(cli, home, tmp_path, monkeyp
     assert r.code == 0, r.err
     report = json.loads(r.out)
     assert report["by_kind"]["address"]["amount"] == "0.05"  # 10 h at 0.005
+
+
+# --- a SberCloud EIP: kept by a stopped server, deleted by `down` ------------------------------
+
+
+@pytest.fixture
+def sber(monkeypatch):
+    from tests.contract.sbercloud import AK, SK, sber_env
+    from tests.emulators.sbercloud import EcsEmulator
+
+    sber_env(monkeypatch)
+    e = EcsEmulator(AK, SK).start()
+    yield e
+    e.stop()
+
+
+def test_an_idle_stopped_sbercloud_server_keeps_its_eip_billing_until_down(sber, home, clock):
+    from tests.contract.sbercloud import options
+
+    eip = Decimal("0.55")  # RUB per hour: cloud.ru publishes none here, so set as a user would
+    settings = make_settings(
+        home,
+        clouds={"sbercloud": options(sber)},
+        prices={"sbercloud": {"pi2.2xlarge.4": {"price": "95", "spot_price": "30"}}},
+        address_prices={"sbercloud": eip},
+    )
+    e = sandbox_experiment("train", clouds=["sbercloud"], market="reserved")
+    app = App(settings, clock)
+    try:
+        m = machines.up(app, Experiment.model_validate(e)).machine
+        assert (m.address_rate, m.address_billed, m.currency) == (eip, "held", "RUB")
+        clock.advance(2 * H)
+        machines.stop(app, "train", reason="idle")
+        [kept] = sber.eips.values()  # stopped, the server keeps its EIP: it bills
+        assert kept["server_id"] == m.instance_id
+        clock.advance(10 * H)
+        machines.down(app, "train")
+        assert sber.eips == {}  # deleted with the server: nothing bills
+        clock.advance(5 * H)
+        with app.db.session() as s:
+            sums = ledger.spend_by(s, TEST_START, clock.now(), ("kind",))
+    finally:
+        app.close()
+    assert sums[("address",)]["RUB"] == 12 * eip  # 2 h running + 10 h stopped
+    assert sums[("compute",)]["RUB"] == 2 * Decimal("95")
