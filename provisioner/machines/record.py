@@ -101,7 +101,7 @@ def address_rate(app: App, cloud: str, currency: str) -> tuple[Decimal | None, s
     price is unknown."""
     price = catalog.address_price(app.settings, cloud, currency)
     options = getattr(app.settings.clouds, cloud, None)
-    if getattr(options, "public_ip", True) is False:  # SberCloud's switch
+    if False in (getattr(options, "public_ip", True), getattr(options, "external_ip", True)):
         return None, "none"
     return price.rate, price.billed
 
