@@ -25,6 +25,7 @@ from providers.base import (
     TAG_MANAGED_BY_VALUE,
     AuthError,
     CapacityError,
+    ConfigurationError,
     Instance,
     InstanceRef,
     InvalidRequest,
@@ -107,12 +108,15 @@ class GCPProvider(Provider):
         image = self.image_status(self.options.image)
         return f"gcp: credentials accepted for project {project}{note}; {image}"
 
-    def image_status(self, source: str) -> str:
+    def image_status(self, source: str, *, setting: bool = True) -> str:
         """``source`` resolved as a launch would (an image family to its newest image not
         deprecated, ``images.getFromFamily``; an image by name, ``images.get``), in words. Raises
         :class:`InvalidRequest` (code ``NoImage``) when it does not resolve or is OBSOLETE or
         DELETED ("Operations which use OBSOLETE or DELETED resources will be rejected", compute_v1
-        DeprecationStatus.state); DEPRECATED still launches, and is said."""
+        DeprecationStatus.state); DEPRECATED still launches, and is said. The settings' image
+        (``setting``) failing is a :class:`ConfigurationError`: every zone of the cloud is out,
+        said once by `up`."""
+        error = ConfigurationError if setting else InvalidRequest
         m = re.search(r"projects/([^/]+)/global/images/(family/)?([^/]+)$", source)
         if m is None:
             return f"image {source} (not checked: not a projects/…/global/images/… path)"
@@ -125,7 +129,7 @@ class GCPProvider(Provider):
                 image = self.call(lambda: images.get(project=project, image=name))
         except NotFound:
             what = "image family" if family else "image"
-            raise InvalidRequest(
+            raise error(
                 f"gcp: {what} {name} of project {project} does not resolve"
                 + (" (every image in it is deprecated, or it never existed)" if family else "")
                 + f": set clouds.gcp.image to a current one, e.g. {DEFAULT_IMAGE}",
@@ -133,7 +137,7 @@ class GCPProvider(Provider):
             ) from None
         state = image.deprecated.state if image.deprecated else ""
         if state in ("OBSOLETE", "DELETED"):
-            raise InvalidRequest(
+            raise error(
                 f"gcp: image {image.name} is {state}: GCP refuses to launch from it; set "
                 f"clouds.gcp.image to a current one, e.g. {DEFAULT_IMAGE}",
                 code="NoImage",
@@ -163,7 +167,7 @@ class GCPProvider(Provider):
         ref = InstanceRef(
             id=request.name, region=request.region, zone=request.zone, name=request.name
         )
-        self.image_status(request.image or self.options.image)  # a clear error, before anything
+        self.image_status(request.image or self.options.image, setting=not request.image)
         insert = compute_v1.InsertInstanceRequest(
             project=self._project(),
             zone=request.zone,
