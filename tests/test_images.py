@@ -5,6 +5,7 @@ Deep Learning VM family list, cited in tests/emulators/gcp.py)."""
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -96,3 +97,46 @@ def test_up_launches_from_the_default_family(cli, emu, home, tmp_path):
     [boot] = [d for d in instance["disks"] if d.get("boot")]
     assert boot["initializeParams"]["sourceImage"] == DEFAULT_IMAGE
     assert cli("--config", str(cfg), "down", "train", "--yes").code == 0
+
+
+# --- AWS: the DLAMI's public SSM parameter, then DescribeImages ---------------------------------
+
+
+@pytest.fixture
+def aws(monkeypatch):
+    from tests.contract.aws import clean_emulator
+
+    with clean_emulator(monkeypatch) as emulator:
+        yield emulator
+
+
+def test_aws_check_resolves_the_dlami_parameter_to_an_image_that_exists(aws):
+    from tests.contract.aws import make_provider
+
+    result = make_provider(aws).check()
+    assert result.ok, result.message
+    ami = aws.ubuntu_ami("us-east-1")  # what the emulator's parameter names
+    assert re.search(rf"; image {ami} \(ubuntu/images/[^)]+\) in us-east-1$", result.message)
+
+
+def test_aws_check_says_plainly_when_the_default_image_cannot_be_resolved(aws):
+    from tests.contract.aws import make_provider
+    from tests.emulators.aws import DLAMI_PARAMETER
+
+    del aws.public_parameters[DLAMI_PARAMETER]  # the parameter is gone (the family retired)
+    result = make_provider(aws).check()
+    assert not result.ok
+    assert result.message.startswith(
+        f"aws: no default GPU image in us-east-1: SSM parameter {DLAMI_PARAMETER} could not be "
+        "read; set images: {us-east-1: ami-…} in the aws settings"
+    )
+
+
+def test_aws_check_says_when_the_ami_named_in_settings_does_not_exist(aws):
+    from tests.contract.aws import make_provider
+
+    result = make_provider(aws, image="ami-0123456789abcdef0").check()
+    assert not result.ok
+    assert result.message.startswith(
+        "aws: image ami-0123456789abcdef0 not found in us-east-1 (InvalidAMIID.NotFound): set image"
+    )

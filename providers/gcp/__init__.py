@@ -9,7 +9,10 @@ from providers.spec import Capabilities, CloudSpec, Name, Names, Options, Second
 # an image"): the base CUDA 12.8 family on Ubuntu 22.04 with the NVIDIA 570 driver. Families are
 # supported about two years and a deprecated one stops resolving: `check` and every launch resolve
 # it (images.getFromFamily) and say so. Was common-cu124-debian-11 (Debian 11, LTS ended 2026-08).
-DEFAULT_IMAGE = "projects/deeplearning-platform-release/global/images/family/common-cu128-ubuntu-2204-nvidia-570"
+DEFAULT_IMAGE = (
+    "projects/deeplearning-platform-release/global/images/family/"
+    "common-cu128-ubuntu-2204-nvidia-570"
+)
 
 
 class GCPOptions(Options):
