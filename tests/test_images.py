@@ -140,3 +140,38 @@ def test_aws_check_says_when_the_ami_named_in_settings_does_not_exist(aws):
     assert result.message.startswith(
         "aws: image ami-0123456789abcdef0 not found in us-east-1 (InvalidAMIID.NotFound): set image"
     )
+
+
+# --- Yandex: ImageService.GetLatestByFamily ------------------------------------------------------
+
+
+@pytest.fixture
+def yandex(monkeypatch):
+    from tests.contract.yandex import running_emulator, yc_env
+
+    yc_env(monkeypatch)
+    with running_emulator() as emulator:
+        yield emulator
+
+
+def test_yandex_check_resolves_each_documented_gpu_family(yandex):
+    from tests.contract.yandex import make_provider
+
+    result = make_provider(yandex).check()
+    assert result.ok, result.message
+    assert result.message.endswith(
+        "; images ubuntu-2004-lts-gpu → fd8gpuimage000000001, ubuntu-2204-lts-cuda-12-2 → "
+        "fd8cuda122image00002, ubuntu-2004-lts-secureboot-cuda-12-2 → fd8sbcuda122image003"
+    )
+
+
+def test_yandex_check_says_plainly_when_a_family_is_gone(yandex):
+    from tests.contract.yandex import make_provider
+
+    del yandex.images[("standard-images", "ubuntu-2204-lts-cuda-12-2")]  # retired
+    result = make_provider(yandex).check()
+    assert not result.ok
+    assert result.message == (
+        "yandex: image family ubuntu-2204-lts-cuda-12-2 not found in standard-images (NOT_FOUND): "
+        "set clouds.yandex.image to a family or image id that exists"
+    )
