@@ -97,7 +97,9 @@ def test_up_status_plan_and_report_show_the_address(cli, home, tmp_path, monkeyp
     spec = write_yaml(tmp_path / "ip.yaml", sandbox_experiment("ip"))
     r = cli("--config", str(cfg), "plan", str(spec))
     assert r.code == 0, r.err
-    assert "sandbox: + 0.005 USD/h for the public IPv4 address, while it runs" in r.out
+    assert "public IPv4: sandbox + 0.005 USD/h, while it runs" in r.out
+    r = cli("--config", str(cfg), "plan", str(spec), "-o", "json")
+    assert "sandbox + 0.005 USD/h, while it runs" in json.loads(r.out)["addresses"]
     r = cli("--config", str(cfg), "up", str(spec), "--no-wait")
     assert r.code == 0, r.err
     assert "public IPv4: 0.005 USD/h while it runs" in " ".join(r.out.split())

@@ -96,14 +96,8 @@ def provider_call(app: App, m: Machine, op: str) -> None:
 
 def address_rate(app: App, cloud: str, currency: str) -> tuple[Decimal | None, str]:
     """Its public IPv4 address per hour, fixed at launch like the compute rate, and while it
-    bills (``running`` or ``held``: :data:`provisioner.schema.ADDRESS_BILLED`; ``none``: the
-    machine gets no public address, its cloud's ``public_ip`` off). None when not billed or the
-    price is unknown."""
-    price = catalog.address_price(app.settings, cloud, currency)
-    options = getattr(app.settings.clouds, cloud, None)
-    if False in (getattr(options, "public_ip", True), getattr(options, "external_ip", True)):
-        return None, "none"
-    return price.rate, price.billed
+    bills (:data:`provisioner.schema.ADDRESS_BILLED`): :func:`provisioner.catalog.address_rate`."""
+    return catalog.address_rate(app.settings, cloud, currency)
 
 
 def set_rates(app: App, m: Machine, cloud: str, currency: str) -> None:

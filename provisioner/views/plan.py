@@ -32,6 +32,7 @@ class PlanView:
     unpriced: dict[str, list[str]]  # cloud: the instance types that fit but have no price
     rejects: list[Reject]  # most frequent first
     warnings: list[str] = field(default_factory=list)  # what a candidate's cloud will do to it
+    addresses: list[str] = field(default_factory=list)  # what a public IPv4 adds, per cloud
 
     @property
     def candidates(self) -> list[Candidate]:
@@ -68,9 +69,8 @@ def plan(app: App, experiment: Experiment) -> PlanView:
         sorted(((cl, best[cl].price_base) for cl in sorted(best)), key=lambda x: x[1].amount),
         {cl: sorted(types) for cl, types in sorted(unpriced.items())},
         [Reject(r, n, p.examples.get(r, "")) for r, n in p.summary_reasons()],
-        unstoppable_spot(p.candidates)
-        + autostop_cap(app, experiment)
-        + address_rates(app, p.candidates),
+        unstoppable_spot(p.candidates) + autostop_cap(app, experiment),
+        address_rates(app, p.candidates),
     )
 
 
@@ -78,7 +78,7 @@ def address_rates(app: App, candidates: list[Candidate]) -> list[str]:
     """What each candidate cloud's public IPv4 address adds to a machine's rate (the ledger
     counts it apart from compute, at the rate fixed at launch), or that it is billed at a rate
     not known here."""
-    from provisioner.machines.record import address_rate
+    from provisioner.catalog import address_rate
 
     out, seen = [], set()
     for c in candidates:
@@ -86,17 +86,17 @@ def address_rates(app: App, candidates: list[Candidate]) -> list[str]:
         if key in seen:
             continue
         seen.add(key)
-        rate, billed = address_rate(app, *key)
+        rate, billed = address_rate(app.settings, *key)
         if billed in ("none", "free"):
             continue
         when = "while it runs" if billed == "running" else "until it is deleted, stopped or not"
         if rate is None:
             out.append(
-                f"{key[0]} bills a public IPv4 address {when}, at a rate not known here: "
-                f"set address_prices.{key[0]} in settings to count it"
+                f"{key[0]} billed {when}, at a rate not known here: set "
+                f"address_prices.{key[0]} in settings to count it"
             )
         elif rate:
-            out.append(f"{key[0]}: + {rate} {key[1]}/h for the public IPv4 address, {when}")
+            out.append(f"{key[0]} + {rate} {key[1]}/h, {when}")
     return out
 
 
