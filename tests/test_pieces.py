@@ -71,6 +71,23 @@ def test_an_address_released_at_stop_bills_only_while_the_machine_runs(home, clo
     assert set(spent) == {"compute", "disk", "address"}
 
 
+def test_a_batch_stop_and_down_close_the_addresses_too(home, clock, db_url):
+    """The sweep stops and takes down many machines in one batch (``record_transitions``)."""
+    app = App(make_settings(home, state_url=db_url, address_prices={"sandbox": IPV4}), clock)
+    try:
+        for name in ("ma", "mb"):
+            machines.up(app, Experiment.model_validate(sandbox_experiment(name)))
+        clock.advance(3 * H)
+        machines.stop_many(app, ["ma", "mb"], reason="idle")
+        clock.advance(4 * H)
+        machines.down_many(app, ["ma", "mb"])
+        clock.advance(2 * H)
+        spent = [by_kind(app, name)["address"] for name in ("ma", "mb")]
+    finally:
+        app.close()
+    assert spent == [3 * IPV4, 3 * IPV4]
+
+
 def test_a_rate_changed_after_launch_does_not_change_what_a_machine_pays(home, clock, db_url):
     app = App(make_settings(home, state_url=db_url, address_prices={"sandbox": IPV4}), clock)
     try:
