@@ -128,6 +128,11 @@ def test_up_status_plan_and_report_show_the_address(cli, home, tmp_path, monkeyp
     assert r.code == 0, r.err
     report = json.loads(r.out)
     assert report["by_kind"]["address"]["amount"] == "0.05"  # 10 h at 0.005
+    r = cli("--config", str(cfg), "report", "--period", "2026-11", "--by", "machine")
+    assert r.code == 0, r.err
+    assert "Public IPv4" in r.out  # its own column beside compute and disks
+    r = cli("--config", str(cfg), "report", "--period", "2026-11", "--language", "ru")
+    assert r.code == 0 and "Публичные IPv4" in r.out, r.err
 
 
 # --- a SberCloud EIP: kept by a stopped server, deleted by `down` ------------------------------
