@@ -10,7 +10,7 @@ import re
 import tempfile
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import fields, replace
+from dataclasses import dataclass, fields, replace
 from datetime import date, timedelta
 from decimal import Decimal, InvalidOperation
 from importlib import resources
@@ -361,6 +361,47 @@ def disk_price(settings: Settings, cloud: str, currency: str) -> tuple[Decimal |
     if not row.get("price_gb_month"):
         return None, hours, "unknown"
     return Decimal(row["price_gb_month"]), hours, row["source"]
+
+
+@dataclass(frozen=True)
+class AddressPrice:
+    """What a machine's public IPv4 address costs per hour in one currency (None: unknown,
+    priced nowhere until ``address_prices.<cloud>`` is set), and while it is billed:
+    ``running`` (released at stop, as an auto-assigned or ephemeral address) or ``held``
+    (kept, and billed, until the machine is deleted, as a static address or an EIP); ``free``:
+    not billed (the sandbox)."""
+
+    rate: Decimal | None
+    billed: str
+    source: str
+
+
+def address_price(settings: Settings, cloud: str, currency: str) -> AddressPrice:
+    """The public IPv4 price of ``cloud`` in ``currency`` (the machine's), from the shipped
+    ``addresses.csv`` (each row cites its source) or ``address_prices`` in settings (in the
+    cloud's own currency: USD for AWS, RUB for SberCloud…)."""
+    with _shipped("addresses").open(newline="", encoding="utf-8") as f:
+        rows = {(r["cloud"], r["currency"]): r for r in csv.DictReader(f)}
+    row = rows.get((cloud, currency)) or next((r for (c, _), r in rows.items() if c == cloud), {})
+    billed = row.get("billed") or "running"
+    own = providers.spec(cloud).currency if cloud in providers.REGISTRY else currency
+    if cloud in settings.address_prices and currency == own:  # set in the cloud's own currency
+        billed = "running" if billed == "free" else billed
+        return AddressPrice(settings.address_prices[cloud], billed, "settings")
+    if not row.get("price_hour") or row.get("currency") != currency:
+        return AddressPrice(None, billed, row.get("source") or "unknown")
+    return AddressPrice(Decimal(row["price_hour"]), billed, row["source"])
+
+
+def address_rate(settings: Settings, cloud: str, currency: str) -> tuple[Decimal | None, str]:
+    """A machine's public IPv4 rate per hour on ``cloud`` in ``currency``, and while it bills
+    (``running``, ``held``, ``free``; ``none``: the machine gets no public address, its cloud's
+    ``public_ip``/``external_ip`` off). None when not billed or the price is unknown."""
+    price = address_price(settings, cloud, currency)
+    options = getattr(settings.clouds, cloud, None)
+    if False in (getattr(options, "public_ip", True), getattr(options, "external_ip", True)):
+        return None, "none"
+    return price.rate, price.billed
 
 
 def _disk_rows() -> dict[tuple[str, str], dict[str, str]]:

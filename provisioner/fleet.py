@@ -35,7 +35,7 @@ from provisioner.schema import ACTIVE_EXCLUDED, MachineStatus, epoch_us
 COLUMNS = (
     "id", "name", "project", "owner", "status", "cloud", "region", "zone", "instance_type",
     "gpu", "gpu_count", "market", "instance_id", "public_ip", "rate", "currency", "disk_rate",
-    "created_at", "launched_at", "terminated_at",
+    "address_rate", "created_at", "launched_at", "terminated_at",
 )  # fmt: skip
 S = MachineStatus
 _CHUNK = 500  # ids per IN (…): SQLite before 3.32 takes 999 parameters
@@ -63,6 +63,7 @@ class Row:
     rate: Decimal | None
     currency: str | None
     disk_rate: Decimal | None
+    address_rate: Decimal | None
     created_at: datetime
     launched_at: datetime | None
     terminated_at: datetime | None
@@ -127,7 +128,7 @@ def _decimal(v: Any) -> Decimal | None:
 def _row(r: Sequence[Any]) -> Row:
     v = dict(zip(COLUMNS, r, strict=True))
     v["status"] = MachineStatus(v["status"])
-    for k in ("rate", "disk_rate"):
+    for k in ("rate", "disk_rate", "address_rate"):
         v[k] = _decimal(v[k])
     for k in ("created_at", "launched_at", "terminated_at"):
         v[k] = _time(v[k])
@@ -361,6 +362,9 @@ def machine_json(m: Any) -> dict[str, Any]:
         else None,
         "disk_rate_per_hour": {"amount": amount(m.disk_rate), "currency": m.currency}
         if m.disk_rate is not None
+        else None,
+        "address_rate_per_hour": {"amount": amount(m.address_rate), "currency": m.currency}
+        if m.address_rate is not None
         else None,
         "created_at": m.created_at,
         "launched_at": m.launched_at,

@@ -22,6 +22,7 @@ FIELDS = (
     "rates",
     "prices",
     "disk_prices",
+    "address_prices",
     "policies",
     "smtp",
     "scheduler",

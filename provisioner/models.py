@@ -125,6 +125,10 @@ class Machine(Base):
     kept_until: Mapped[datetime | None] = mapped_column(UTCDateTime)
     # 0007: `lifecycle.autostop` / `provisioner autostop NAME 30m`; None: no autostop of its own
     autostop_seconds: Mapped[int | None] = mapped_column(Integer)
+    # 0008: its public IPv4 per hour, fixed at launch (None: none, or its price is unknown), and
+    # while the cloud bills it: "running" (released at stop) or "held" (until deleted)
+    address_rate: Mapped[Decimal | None] = mapped_column(DecimalText)
+    address_billed: Mapped[str | None] = mapped_column(String(8))
 
     events: Mapped[list[Event]] = relationship(
         back_populates="machine", order_by="Event.id", cascade="all, delete-orphan"
@@ -188,7 +192,7 @@ class UsageInterval(Base):
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     machine_id: Mapped[str] = mapped_column(ForeignKey("machines.id"), index=True)
-    kind: Mapped[str] = mapped_column(String(8))  # compute | disk
+    kind: Mapped[str] = mapped_column(String(8))  # compute | disk | address | volume
     started_at: Mapped[datetime] = mapped_column(UTCDateTime)
     ended_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     rate: Mapped[Decimal] = mapped_column(DecimalText)  # per hour

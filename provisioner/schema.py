@@ -56,6 +56,10 @@ ACTIVE_EXCLUDED = (S.TERMINATED.value, S.FAILED.value)
 #: Statuses in which the cloud charges for compute, and for the boot disk.
 COMPUTE_BILLED = frozenset({S.PENDING, S.RUNNING, S.STOPPING})
 DISK_BILLED = COMPUTE_BILLED | {S.STOPPED, S.PREEMPTED}
+#: Statuses in which a public IPv4 address bills, by how its cloud bills it (``machines.
+#: address_billed``): ``running``, released at stop (AWS auto-assigned, GCP ephemeral, Yandex
+#: dynamic); ``held``, kept by a stopped machine until it is deleted (Azure static, an EIP).
+ADDRESS_BILLED = {"running": COMPUTE_BILLED, "held": DISK_BILLED}
 
 
 class IllegalTransition(RuntimeError):

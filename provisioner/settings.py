@@ -198,6 +198,7 @@ class Settings(BaseSettings):
     rates: dict[str, Annotated[Amount, Field(gt=0)]] = Field(None, validate_default=True)
     prices: dict[str, dict[str, PriceOverride]] = Field(default_factory=dict)
     disk_prices: dict[str, Amount] = Field(default_factory=dict)  # cloud → per GB-month
+    address_prices: dict[str, Amount] = Field(default_factory=dict)  # cloud → per public IPv4-hour
     policies: list[str] = Field(default_factory=list)  # policy files or directories
     smtp: SmtpSettings = Field(default_factory=SmtpSettings)
     scheduler: SchedulerSettings = Field(default_factory=SchedulerSettings)

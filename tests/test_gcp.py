@@ -167,6 +167,7 @@ def test_without_external_ip_the_instance_gets_no_access_config(emu: GCPEmulator
 def test_spot_that_should_terminate_is_deleted_on_preemption(
     emu: GCPEmulator, gcp: GCPProvider
 ) -> None:
+    emu.add_image("p", "x")
     inst = gcp.launch(request(preemption_action="terminate", image="projects/p/global/images/x"))
     (sent,) = inserts(emu)
     assert sent.body["scheduling"]["instanceTerminationAction"] == "DELETE"

@@ -299,13 +299,38 @@ def test_without_public_ip_no_eip_is_made(emu, env):
     assert emu.eips == {}
 
 
-def test_an_eip_not_released_with_its_server_stays_and_bills(emu, sc):
+def raw_eip_server(sc: SberCloudProvider) -> str:
+    """A server whose EIP was made without delete_on_termination (as an older launch, or one
+    made elsewhere): only a delete that asks delete_publicip deletes it."""
     made = raw_create(sc, publicip=eip(delete_on_termination=False))
     sc._wait(made.job_id, "raw create", 5)
     [sid] = made.server_ids
-    sc.terminate(InstanceRef(id=sid, region="ru-moscow-1", zone=ZONES[0]))
+    return sid
+
+
+def test_an_eip_not_released_with_its_server_stays_and_bills(emu, sc):
+    """The SDK's documented default: DeleteServers without delete_publicip only unbinds."""
+    from huaweicloudsdkecs.v2 import model as m
+
+    sid = raw_eip_server(sc)
+    body = m.DeleteServersRequestBody(servers=[m.ServerId(id=sid)])
+    job = sc._call("raw delete", lambda c: c.delete_servers(m.DeleteServersRequest(body=body)))
+    sc._wait(job.job_id, "raw delete", 5)
     [left] = emu.eips.values()
     assert (left["server_id"], left["status"]) == (None, "DOWN")
+
+
+@pytest.mark.parametrize("batch", [False, True], ids=["one", "batch"])
+def test_down_deletes_the_eip_even_one_not_made_to_go_with_its_server(emu, sc, batch):
+    sid = raw_eip_server(sc)
+    ref = InstanceRef(id=sid, region="ru-moscow-1", zone=ZONES[0])
+    if batch:
+        assert sc.terminate_many([ref]) == {ref: None}
+    else:
+        sc.terminate(ref)
+    assert emu.eips == {}  # nothing left billing
+    [delete] = emu.received("POST", r"/v1/[^/]+/cloudservers/delete$")
+    assert delete.body["delete_publicip"] is True
 
 
 @pytest.mark.parametrize("how", ["delete", "vanish"])

@@ -80,6 +80,7 @@ class AWSProvider(Provider):
         self._boto_session: Any = None
         self._clients: dict[tuple[str, str], Any] = {}
         self._images: dict[str, str] = {}
+        self._described: dict[tuple[str, str], dict[str, Any]] = {}  # DescribeImages' answer
         self._root_devices: dict[tuple[str, str], str] = {}
         self._zone_ids: dict[str, dict[str, str]] = {}  # region → {AZ name: AZ id}
         self._network = SshGroups(self)
@@ -101,9 +102,37 @@ class AWSProvider(Provider):
     def probe(self) -> str:
         sts = self._client("sts", self.regions[0])
         ident = self.call(sts.get_caller_identity, "verify credentials")
-        return f"aws: credentials OK for account {ident['Account']} ({ident['Arn']})"
+        return (
+            f"aws: credentials OK for account {ident['Account']} ({ident['Arn']}); "
+            + self.image_status(self.regions[0])
+        )
+
+    def image_status(self, region: str) -> str:
+        """The image a launch in ``region`` would use, resolved as the launch resolves it (the
+        DLAMI's public SSM parameter unless settings name an AMI, then DescribeImages), in
+        words. Raises :class:`InvalidRequest` (code ``NoImage``) when it does not resolve."""
+        try:
+            image = self._image_for(region)
+        except InvalidRequest as exc:
+            raise InvalidRequest(str(exc), code="NoImage") from exc
+        try:
+            self._root_device(region, image)
+        except InvalidRequest as exc:
+            raise InvalidRequest(
+                f"aws: image {image} not found in {region} ({exc.code}): set image, or images: "
+                f"{{{region}: ami-…}}, in the aws settings to an AMI that exists there",
+                code="NoImage",
+            ) from exc
+        found = self._described.get((region, image), {})
+        name = f" ({found['Name']})" if found.get("Name") else ""
+        # DescribeImages' DeprecationTime: "The date and time to deprecate the AMI" (botocore
+        # ec2 model, Image); a deprecated AMI still launches by id
+        when = found.get("DeprecationTime")
+        return f"image {image}{name} in {region}" + (f", deprecated from {when}" if when else "")
 
     def refusal(self, exc: ProviderError) -> str:
+        if exc.code == "NoImage":
+            return str(exc.args[0])
         if isinstance(exc, AuthError):
             return f"aws: credentials were refused [{exc.code}]"
         return f"aws: credentials found but could not be verified [{exc.code}]"
@@ -359,11 +388,14 @@ class AWSProvider(Provider):
         return _instance(raw, region, zone)
 
     def _image(self, request: LaunchRequest) -> str:
-        image = request.image or self.options.images.get(request.region) or self.options.image
+        return self._image_for(request.region, request.image)
+
+    def _image_for(self, region: str, explicit: str | None = None) -> str:
+        image = explicit or self.options.images.get(region) or self.options.image
         if image:
             return str(image)
-        if request.region not in self._images:
-            ssm = self._client("ssm", request.region)
+        if region not in self._images:
+            ssm = self._client("ssm", region)
             try:
                 value = self.call(
                     lambda: ssm.get_parameter(Name=DEFAULT_IMAGE_PARAMETER)["Parameter"]["Value"],
@@ -373,13 +405,13 @@ class AWSProvider(Provider):
                 raise
             except ProviderError as exc:
                 raise InvalidRequest(
-                    f"aws: no default GPU image in {request.region}: SSM parameter "
+                    f"aws: no default GPU image in {region}: SSM parameter "
                     f"{DEFAULT_IMAGE_PARAMETER} could not be read; set images: "
-                    f"{{{request.region}: ami-…}} in the aws settings",
+                    f"{{{region}: ami-…}} in the aws settings",
                     code=exc.code,
                 ) from exc
-            self._images[request.region] = value
-        return self._images[request.region]
+            self._images[region] = value
+        return self._images[region]
 
     def _root_device(self, region: str, image: str) -> str:
         """The image's root device name, so the root volume mapping resizes the right disk."""
@@ -393,6 +425,7 @@ class AWSProvider(Provider):
                     f"aws: image {image} not found in {region}", code="InvalidAMIID.NotFound"
                 )
             self._root_devices[(region, image)] = images[0].get("RootDeviceName") or "/dev/sda1"
+            self._described[(region, image)] = images[0]
         return self._root_devices[(region, image)]
 
     def _run_params(

@@ -5,7 +5,14 @@ from __future__ import annotations
 
 from providers.spec import Capabilities, CloudSpec, Name, Names, Options, Seconds, Url
 
-DEFAULT_IMAGE = "projects/deeplearning-platform-release/global/images/family/common-cu124-debian-11"
+# Google's Deep Learning VM image families (cloud.google.com/deep-learning-vm/docs/images, "Choose
+# an image"): the base CUDA 12.8 family on Ubuntu 22.04 with the NVIDIA 570 driver. Families are
+# supported about two years and a deprecated one stops resolving: `check` and every launch resolve
+# it (images.getFromFamily) and say so. Was common-cu124-debian-11 (Debian 11, LTS ended 2026-08).
+DEFAULT_IMAGE = (
+    "projects/deeplearning-platform-release/global/images/family/"
+    "common-cu128-ubuntu-2204-nvidia-570"
+)
 
 
 class GCPOptions(Options):

@@ -25,6 +25,7 @@ from providers.base import (
     TAG_MANAGED_BY_VALUE,
     AuthError,
     CapacityError,
+    ConfigurationError,
     Instance,
     InstanceRef,
     InvalidRequest,
@@ -39,7 +40,7 @@ from providers.base import (
     VolumeRef,
     VolumeRequest,
 )
-from providers.gcp import SPEC, GCPOptions, errors, prices
+from providers.gcp import DEFAULT_IMAGE, SPEC, GCPOptions, errors, prices
 from providers.gcp.network import SSH_TAG, Firewall, last
 from providers.gcp.volumes import PersistentDisks
 from providers.retry import wait_until
@@ -104,9 +105,51 @@ class GCPProvider(Provider):
                     "provisioner's key works, unless the organization enforces it "
                     "(constraints/compute.requireOsLogin: then ask for this project's exemption)"
                 )
-        return f"gcp: credentials accepted for project {project}{note}"
+        image = self.image_status(self.options.image)
+        return f"gcp: credentials accepted for project {project}{note}; {image}"
+
+    def image_status(self, source: str, *, setting: bool = True) -> str:
+        """``source`` resolved as a launch would (an image family to its newest image not
+        deprecated, ``images.getFromFamily``; an image by name, ``images.get``), in words. Raises
+        :class:`InvalidRequest` (code ``NoImage``) when it does not resolve or is OBSOLETE or
+        DELETED ("Operations which use OBSOLETE or DELETED resources will be rejected", compute_v1
+        DeprecationStatus.state); DEPRECATED still launches, and is said. The settings' image
+        (``setting``) failing is a :class:`ConfigurationError`: every zone of the cloud is out,
+        said once by `up`."""
+        error = ConfigurationError if setting else InvalidRequest
+        m = re.search(r"projects/([^/]+)/global/images/(family/)?([^/]+)$", source)
+        if m is None:
+            return f"image {source} (not checked: not a projects/…/global/images/… path)"
+        project, family, name = m.group(1), bool(m.group(2)), m.group(3)
+        images = self._client("images")
+        try:
+            if family:
+                image = self.call(lambda: images.get_from_family(project=project, family=name))
+            else:
+                image = self.call(lambda: images.get(project=project, image=name))
+        except NotFound:
+            what = "image family" if family else "image"
+            raise error(
+                f"gcp: {what} {name} of project {project} does not resolve"
+                + (" (every image in it is deprecated, or it never existed)" if family else "")
+                + f": set clouds.gcp.image to a current one, e.g. {DEFAULT_IMAGE}",
+                code="NoImage",
+            ) from None
+        state = image.deprecated.state if image.deprecated else ""
+        if state in ("OBSOLETE", "DELETED"):
+            raise error(
+                f"gcp: image {image.name} is {state}: GCP refuses to launch from it; set "
+                f"clouds.gcp.image to a current one, e.g. {DEFAULT_IMAGE}",
+                code="NoImage",
+            )
+        if state == "DEPRECATED":
+            instead = image.deprecated.replacement or DEFAULT_IMAGE
+            return f"image {image.name} is DEPRECATED (use {instead})"
+        return f"image {name} resolves to {image.name}"
 
     def refusal(self, exc: ProviderError) -> str:
+        if isinstance(exc, InvalidRequest) and exc.code == "NoImage":
+            return str(exc.args[0])
         if isinstance(exc, AuthError) and exc.code in ("noCredentials", "noProject"):
             return str(exc.args[0])
         return f"gcp: check failed: {str(exc).removeprefix('gcp: ')}"
@@ -124,6 +167,7 @@ class GCPProvider(Provider):
         ref = InstanceRef(
             id=request.name, region=request.region, zone=request.zone, name=request.name
         )
+        self.image_status(request.image or self.options.image, setting=not request.image)
         insert = compute_v1.InsertInstanceRequest(
             project=self._project(),
             zone=request.zone,
@@ -480,6 +524,7 @@ class GCPProvider(Provider):
                 "firewalls": compute_v1.FirewallsClient(**common),
                 "global_operations": compute_v1.GlobalOperationsClient(**common),
                 "projects": compute_v1.ProjectsClient(**common),
+                "images": compute_v1.ImagesClient(**common),
             }
         return self._clients
 

@@ -478,8 +478,8 @@ class SberCloudProvider(Provider):
             )
 
     def terminate(self, ref: InstanceRef) -> None:
-        """Deletes the server and its disks, our volumes detached first (they outlive it).
-        Idempotent: a server already gone is fine."""
+        """Deletes the server, its disks and its EIP, our volumes detached first (they outlive
+        it). Idempotent: a server already gone is fine."""
         from huaweicloudsdkecs.v2 import model as m
 
         s = self._server_or_none(ref.id)
@@ -488,7 +488,7 @@ class SberCloudProvider(Provider):
         self._volumes.keep(s)
         if not self._mark_stopped(ref.id):
             return
-        body = m.DeleteServersRequestBody(servers=[m.ServerId(id=ref.id)], delete_volume=True)
+        body = _delete_body(m, [m.ServerId(id=ref.id)])
         where = f"delete server {ref.id}"
         try:
             job = self._call(where, lambda c: c.delete_servers(m.DeleteServersRequest(body=body)))
@@ -519,7 +519,7 @@ class SberCloudProvider(Provider):
 
         def call(c: Any, ids: list[str]) -> Any:
             servers = [m.ServerId(id=i) for i in ids]
-            body = m.DeleteServersRequestBody(servers=servers, delete_volume=True)
+            body = _delete_body(m, servers)
             return c.delete_servers(m.DeleteServersRequest(body=body))
 
         refused: dict[InstanceRef, ProviderError | None] = {}
@@ -573,3 +573,15 @@ class SberCloudProvider(Provider):
             listed = self._call(f"list flavors in {zone}", list_flavors)
             out.extend(flavors.offers(listed.flavors or [], self.region, zone))
         return out
+
+
+def _delete_body(m: Any, servers: list[Any]) -> Any:
+    """DeleteServers for ``servers``, their EIPs and data disks deleted with them (our volumes
+    are detached before). Both flags must be sent: huaweicloudsdkecs DeleteServersRequestBody
+    (huaweicloud-sdk-go-v3 services/ecs/v2/model/model_delete_servers_request_body.go):
+    ``delete_publicip`` "默认为false … false：删除云服务器时，
+    仅解绑定在云服务器上的弹性IP，不删除弹性IP" (default false: the EIP is only unbound, and
+    kept, billing); ``delete_volume`` likewise.
+    ``delete_on_termination``, sent at create, is not relied on: a server made without it (an
+    older launch, a server adopted) would otherwise leave its EIP billing."""
+    return m.DeleteServersRequestBody(servers=servers, delete_publicip=True, delete_volume=True)

@@ -250,9 +250,29 @@ class YandexProvider(Provider):
         )
         source = self._credential_source()
         note = " (Yandex deprecates OAuth tokens: prefer a key)" if "OAuth" in source else ""
-        return f"yandex: {source} accepted for folder {folder_id}{note}"
+        return f"yandex: {source} accepted for folder {folder_id}{note}; {self.image_status()}"
+
+    def image_status(self) -> str:
+        """The images launches would boot, resolved as they resolve them
+        (``ImageService.GetLatestByFamily`` in ``image_folder_id``): the ``image`` setting, else
+        each GPU family Yandex documents per platform. Raises :class:`InvalidRequest` (code
+        ``NoImage``) naming one that does not resolve."""
+        images = [self.options.image] if self.options.image else GPU_IMAGE_FAMILIES.values()
+        found = []
+        for image in dict.fromkeys(images):
+            try:
+                found.append(f"{image} → {self._image_id(image, '')}")
+            except NotFound as exc:
+                raise InvalidRequest(
+                    f"yandex: image family {image} not found in {self.options.image_folder_id}"
+                    f" ({exc.code}): set clouds.yandex.image to a family or image id that exists",
+                    code="NoImage",
+                ) from exc
+        return "images " + ", ".join(found)
 
     def refusal(self, exc: ProviderError) -> str:
+        if exc.code == "NoImage":
+            return str(exc.args[0])
         return f"{exc} (credentials: {self._credential_source()})"
 
     def _credential_source(self) -> str:

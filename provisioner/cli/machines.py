@@ -69,6 +69,7 @@ def _plan_json(v: Any, top: int) -> dict[str, Any]:
         "rejected_examples": p.examples,
         "checks": [getattr(c, "as_json", lambda c=c: c)() for c in p.checks],
         "warnings": v.warnings,
+        "addresses": v.addresses,
     }
 
 
@@ -127,6 +128,8 @@ def _plan_text(v: Any, top: int) -> None:
         out.print(str(check))
     for warning in v.warnings:
         out.print(f"[yellow]note[/]: {warning}", soft_wrap=True)
+    for line in v.addresses:
+        out.print(f"[dim]public IPv4[/]: {line}", soft_wrap=True)
     if v.rejects:
         out.print(
             "[bold]turned down[/]: "
@@ -242,6 +245,12 @@ def up(
     if m.disk_rate is not None:
         out.print(
             f"  disk {m.disk_gb} GB: {_money(m.disk_rate, m.currency)}/h while it exists",
+            soft_wrap=True,
+        )
+    if m.address_rate is not None:
+        out.print(
+            f"  public IPv4: {m.address_rate.normalize():f} {m.currency}/h "
+            + ("while it runs" if m.address_billed == "running" else "until it is deleted"),
             soft_wrap=True,
         )
     _volume_lines(application, m, result)

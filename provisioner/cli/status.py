@@ -153,6 +153,8 @@ def _detail_lines(d: Any) -> list[tuple[str, str]]:
         rate = f"{_money(m.rate, m.currency)}/h compute"
         if m.disk_rate is not None:
             rate += f" + {_money(m.disk_rate, m.currency)}/h disk"
+        if m.address_rate is not None:
+            rate += f" + {m.address_rate.normalize():f} {m.currency}/h public IPv4"
         lines.append(("rate", rate + " (fixed at launch)"))
     total = " + ".join(str(x) for x in d.spent) or "nothing yet"
     if d.launches > 1:

@@ -89,6 +89,7 @@ def commitments(s: Session, period: Period, now: datetime, scope: Scope = Scope(
         select(
             Machine.rate,
             Machine.disk_rate,
+            Machine.address_rate,
             Machine.currency,
             Machine.project,
             Machine.owner,
@@ -96,7 +97,7 @@ def commitments(s: Session, period: Period, now: datetime, scope: Scope = Scope(
             Machine.spec,
         ).where(Machine.status == "requested", Machine.rate.is_not(None), *scope.clauses())
     )
-    for rate, disk_rate, currency, project, owner, created_at, spec in launching:
+    for rate, disk_rate, address_rate, currency, project, owner, created_at, spec in launching:
         if not admits(project, owner):
             continue
         until = period.end
@@ -104,7 +105,7 @@ def commitments(s: Session, period: Period, now: datetime, scope: Scope = Scope(
         if ttl is not None:
             until = min(until, created_at + ttl)
         if until > frm:
-            out.add(currency, (rate + (disk_rate or 0)) * hours(until - frm))
+            out.add(currency, (rate + (disk_rate or 0) + (address_rate or 0)) * hours(until - frm))
     return out
 
 

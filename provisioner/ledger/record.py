@@ -15,7 +15,7 @@ from sqlalchemy.orm import Session
 from provisioner.ledger.periods import _US, SECONDS_PER_HOUR
 from provisioner.models import Event, Machine, UsageInterval
 from provisioner.money import Money
-from provisioner.schema import COMPUTE_BILLED, DISK_BILLED, MachineStatus
+from provisioner.schema import ADDRESS_BILLED, COMPUTE_BILLED, DISK_BILLED, MachineStatus
 
 
 def record_transition(
@@ -36,6 +36,7 @@ def record_transition(
     s.add(Event(machine_id=m.id, at=at, kind=event or status, reason=reason, detail=detail or {}))
     _bill(s, m, "compute", m.rate, status in COMPUTE_BILLED, at)
     _bill(s, m, "disk", m.disk_rate, status in DISK_BILLED, at)
+    _bill(s, m, "address", m.address_rate, _address_billed(m, status), at)
     if status == "terminated":
         m.terminated_at = at
     return True
@@ -70,6 +71,7 @@ def record_transitions(
         for kind, rate, billed in (
             ("compute", m.rate, status in COMPUTE_BILLED),
             ("disk", m.disk_rate, status in DISK_BILLED),
+            ("address", m.address_rate, _address_billed(m, status)),
         ):
             iv = open_.get((m.id, kind))
             if billed and iv is None and rate is not None:
@@ -85,6 +87,10 @@ def record_transitions(
     s.flush()
     changed = {m.id for m in moving}
     return {m.id: m.id in changed for m in machines}
+
+
+def _address_billed(m: Machine, status: MachineStatus) -> bool:
+    return status in ADDRESS_BILLED.get(m.address_billed or "running", COMPUTE_BILLED)
 
 
 def _bill(

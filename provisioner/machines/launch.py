@@ -53,7 +53,7 @@ from provisioner.crashpoints import crashpoint
 from provisioner.errors import OperationFailed, UserError
 from provisioner.machines import jobs, volumes
 from provisioner.machines.attempts import Blocklist, LaunchAttempt, launch_token
-from provisioner.machines.record import disk_rate, provider_call, record_event, transition
+from provisioner.machines.record import provider_call, record_event, set_rates, transition
 from provisioner.models import Event, Machine, new_id
 from provisioner.money import Rates
 from provisioner.planner import Candidate, Plan
@@ -161,10 +161,8 @@ def _write_intent(
                 autostop_seconds=_seconds(experiment.lifecycle.autostop),
                 rate=first.price.amount,
                 currency=first.price.currency,
-                disk_rate=disk_rate(
-                    app, first.offer.cloud, first.price.currency, experiment.resources.disk_gb
-                ),
             )
+            set_rates(app, m, first.offer.cloud, first.price.currency)
             s.add(m)
             s.flush()
             s.add(Event(machine_id=m.id, at=now, kind="requested", detail={"spec_path": spec_path}))
@@ -529,7 +527,7 @@ def _record(
         m.instance_type, m.gpu, m.gpu_count = inst.instance_type, attempt.gpu, attempt.gpu_count
         m.market, m.instance_id, m.resource_name = attempt.market, inst.id, inst.name
         m.rate, m.currency = attempt.rate.amount, attempt.rate.currency
-        m.disk_rate = disk_rate(app, attempt.cloud, m.currency, m.disk_gb or 0)
+        set_rates(app, m, attempt.cloud, m.currency)
         m.public_ip, m.launched_at = inst.public_ip, now
         status = S.PENDING if inst.state == MachineState.PENDING else S.RUNNING
         ledger.record_transition(

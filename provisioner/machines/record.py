@@ -94,6 +94,18 @@ def provider_call(app: App, m: Machine, op: str) -> None:
     crashpoint(f"after-{op}")  # the cloud acted, the state does not know yet
 
 
+def address_rate(app: App, cloud: str, currency: str) -> tuple[Decimal | None, str]:
+    """Its public IPv4 address per hour, fixed at launch like the compute rate, and while it
+    bills (:data:`provisioner.schema.ADDRESS_BILLED`): :func:`provisioner.catalog.address_rate`."""
+    return catalog.address_rate(app.settings, cloud, currency)
+
+
+def set_rates(app: App, m: Machine, cloud: str, currency: str) -> None:
+    """A machine's disk and address rates, for ``cloud`` in ``currency`` (its compute rate's)."""
+    m.disk_rate = disk_rate(app, cloud, currency, m.disk_gb or 0)
+    m.address_rate, m.address_billed = address_rate(app, cloud, currency)
+
+
 def disk_rate(app: App, cloud: str, currency: str, disk_gb: int) -> Decimal | None:
     """Per hour, fixed at launch like the compute rate. None when the price is unknown."""
     per_gb_month, hours, _ = catalog.disk_price(app.settings, cloud, currency)

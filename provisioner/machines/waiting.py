@@ -39,7 +39,7 @@ from provisioner.errors import OperationFailed, ProvisionerError, UserError
 from provisioner.fleet import at_text, failure, waiting_line
 from provisioner.machines import launch
 from provisioner.machines.attempts import LaunchAttempt
-from provisioner.machines.record import disk_rate, provider_call, transition
+from provisioner.machines.record import provider_call, set_rates, transition
 from provisioner.models import Event, Machine
 from provisioner.planner import Candidate
 from provisioner.schema import INTENTS, AttemptOutcome, MachineStatus
@@ -322,7 +322,7 @@ def _requested(app: App, m: Machine, first: Candidate, w: Wait) -> Machine:
     with app.db.session() as s:
         row = machine_row(s, m.id)
         row.rate, row.currency = first.price.amount, first.price.currency
-        row.disk_rate = disk_rate(app, first.offer.cloud, first.price.currency, row.disk_gb or 0)
+        set_rates(app, row, first.offer.cloud, first.price.currency)
         ledger.record_transition(
             s,
             row,

@@ -32,6 +32,7 @@ class PlanView:
     unpriced: dict[str, list[str]]  # cloud: the instance types that fit but have no price
     rejects: list[Reject]  # most frequent first
     warnings: list[str] = field(default_factory=list)  # what a candidate's cloud will do to it
+    addresses: list[str] = field(default_factory=list)  # what a public IPv4 adds, per cloud
 
     @property
     def candidates(self) -> list[Candidate]:
@@ -71,7 +72,34 @@ def plan(app: App, experiment: Experiment) -> PlanView:
         unstoppable_spot(p.candidates)
         + autostop_cap(app, experiment)
         + catalog.stale([c.offer for c in p.candidates], app.clock.now().date()),
+        address_rates(app, p.candidates),
     )
+
+
+def address_rates(app: App, candidates: list[Candidate]) -> list[str]:
+    """What each candidate cloud's public IPv4 address adds to a machine's rate (the ledger
+    counts it apart from compute, at the rate fixed at launch), or that it is billed at a rate
+    not known here."""
+    from provisioner.catalog import address_rate
+
+    out, seen = [], set()
+    for c in candidates:
+        key = (c.offer.cloud, c.price.currency)
+        if key in seen:
+            continue
+        seen.add(key)
+        rate, billed = address_rate(app.settings, *key)
+        if billed in ("none", "free"):
+            continue
+        when = "while it runs" if billed == "running" else "until it is deleted, stopped or not"
+        if rate is None:
+            out.append(
+                f"{key[0]} billed {when}, at a rate not known here: set "
+                f"address_prices.{key[0]} in settings to count it"
+            )
+        elif rate:
+            out.append(f"{key[0]} + {rate} {key[1]}/h, {when}")
+    return out
 
 
 def autostop_cap(app: App, experiment: Experiment) -> list[str]:

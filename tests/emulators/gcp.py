@@ -46,6 +46,30 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 API = "https://www.googleapis.com/compute/v1"
+# Deep Learning VM images: Google's image family list (cloud.google.com/deep-learning-vm/docs/
+# images, "Choose an image": common-cu128-ubuntu-2204-nvidia-570 is its current base CUDA family,
+# with the NVIDIA 570 driver). Families are supported about two years; the Debian 11 family
+# common-cu124-debian-11 is modelled retired (Debian 11 LTS ended 2026-08: the repo's reference
+# notes, clouds.md), its last image DEPRECATED (compute_v1 DeprecationStatus), so getFromFamily no
+# longer resolves it. Image names (the -vYYYYMMDD suffix) are made up; families are Google's.
+DLVM_PROJECT = "deeplearning-platform-release"
+DLVM_IMAGES = (
+    {
+        "name": "common-cu128-ubuntu-2204-nvidia-570-v20261105",
+        "family": "common-cu128-ubuntu-2204-nvidia-570",
+        "status": "READY",
+    },
+    {
+        "name": "common-cu124-v20250325-debian-11",
+        "family": "common-cu124-debian-11",
+        "status": "READY",
+        "deprecated": {
+            "state": "DEPRECATED",
+            "replacement": f"{API}/projects/{DLVM_PROJECT}/global/images/family/"
+            "common-cu128-ubuntu-2204-nvidia-570",
+        },
+    },
+)
 BILLING_SERVICE = "6F81-5844-456A"
 PREEMPTED_TYPE = "compute.instances.preempted"
 NAME_RE = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
@@ -222,6 +246,10 @@ class GCPEmulator:
         self.project_metadata: dict[str, str] = {}
         self.constraints: set[str] = set()
         self.accelerator_zones = {k: frozenset(v) for k, v in ACCELERATOR_ZONES.items()}
+        # public images by (project, name), as images.get and images.getFromFamily read them
+        self.images: dict[tuple[str, str], dict[str, Any]] = {
+            (DLVM_PROJECT, i["name"]): dict(i) for i in DLVM_IMAGES
+        }
         self._preempt_on_create: set[str] = set()
         self._pending: dict[tuple[str, str], _Pending] = {}
         self._request_ids: dict[str, tuple[str, str]] = {}
@@ -508,6 +536,10 @@ class GCPEmulator:
             return 200, answer
 
     def _route(self, method: str, path: str, query: dict[str, str], body: Any) -> Any:
+        image = re.fullmatch(r"/compute/v1/projects/([^/]+)/global/images/(family/)?([^/]+)", path)
+        if image and method == "GET":  # an image of any project: public images are readable
+            _allow(query, set())
+            return self._image(image.group(1), image.group(3), family=bool(image.group(2)))
         base = f"/compute/v1/projects/{self.project}"
         if path != base and not path.startswith(base + "/"):
             raise ApiError(404, "notFound", f"The resource '{path}' was not found")
@@ -697,12 +729,64 @@ class GCPEmulator:
 
     # --- instances -------------------------------------------------------------------------
 
+    def add_image(self, project: str, name: str, family: str | None = None, **deprecated: str):
+        """A public image someone published (``deprecated``: a DeprecationStatus, e.g.
+        ``state="DEPRECATED"``)."""
+        image = {"name": name, "family": family, "status": "READY"}
+        if deprecated:
+            image["deprecated"] = deprecated
+        self.images[(project, name)] = {k: v for k, v in image.items() if v is not None}
+
+    def _image(self, project: str, name: str, *, family: bool) -> dict[str, Any]:
+        """images.get, or images.getFromFamily: "Returns the latest image that is part of an
+        image family and is not deprecated" (compute_v1 ImagesClient.get_from_family); a family
+        with none such is not found, so a deprecated family stops resolving."""
+        kind = "images/family" if family else "images"
+        if family:
+            live = [
+                i
+                for (p, _), i in sorted(self.images.items())
+                if p == project and i.get("family") == name and "deprecated" not in i
+            ]
+            found = live[-1] if live else None
+        else:
+            found = self.images.get((project, name))
+        if found is None:
+            raise ApiError(
+                404,
+                "notFound",
+                f"The resource 'projects/{project}/global/{kind}/{name}' was not found",
+            )
+        return {
+            "kind": "compute#image",
+            "id": str(int(uuid.uuid5(uuid.NAMESPACE_URL, f"{project}/{found['name']}")) % 10**18),
+            "selfLink": f"{API}/projects/{project}/global/images/{found['name']}",
+            **found,
+        }
+
+    def _boot_image(self, resource: dict[str, Any]) -> None:
+        """The boot disk's sourceImage must resolve; one OBSOLETE or DELETED is refused: "Operations
+        which use OBSOLETE or DELETED resources will be rejected and result in an error"
+        (compute_v1 DeprecationStatus.state)."""
+        boot = next(d for d in resource["disks"] if d.get("boot"))
+        source = boot["initializeParams"]["sourceImage"]
+        m = re.search(r"projects/([^/]+)/global/images/(family/)?([^/]+)$", source)
+        if m is None:
+            raise invalid(
+                "Invalid value for field 'resource.disks[0].initializeParams.sourceImage': "
+                f"'{source}'."
+            )
+        image = self._image(m.group(1), m.group(3), family=bool(m.group(2)))
+        if image.get("deprecated", {}).get("state") in ("OBSOLETE", "DELETED"):
+            raise invalid(f"The resource '{source}' is {image['deprecated']['state'].lower()}.")
+
     def _insert(self, zone: str, request_id: str | None, body: Any) -> dict[str, Any]:
         _check_request_id(request_id)
         if request_id in self._request_ids:
             return self._poll(*self._request_ids[request_id])
         resource = _parse_instance(body, zone, self.project, self.networks, self.accelerator_zones)
         self._enforce_os_login(resource)
+        self._boot_image(resource)
         name = resource["name"]
         if (zone, name) in self.instances:
             raise ApiError(

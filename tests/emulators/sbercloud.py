@@ -1151,6 +1151,10 @@ class EcsEmulator:
         def finish() -> None:
             for s in servers:
                 _set_status(s, "DELETED")
+                # delete_publicip: "默认为false … false：删除云服务器时，
+                # 仅解绑定在云服务器上的弹性IP，不删除弹性IP" — by default the EIP is
+                # only unbound and kept (huaweicloudsdkecs DeleteServersRequestBody;
+                # huaweicloud-sdk-go-v3 services/ecs/v2/model/model_delete_servers_request_body.go)
                 self._release_eips(s["id"], delete_publicip=body.get("delete_publicip", False))
                 # delete_volume: "Specifies whether to delete the data disks attached to an ECS
                 # when deleting the ECS. If you set the parameter value to false, the system only
