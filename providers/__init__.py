@@ -86,7 +86,7 @@ def catalog_rows(name: str) -> Callable[[Path], list[dict[str, Any]]] | None:
     return _load(target) if target else None
 
 
-def billing(name: str) -> Callable[..., Any]:
+def billing_source(name: str) -> Callable[..., Any]:
     """The cloud's billing source (the spec's ``billing``): ``fetch(provider, start, end)``
     returning a :class:`providers.billing.Bill`. Raises BillingUnsupported with the reason."""
     from providers.billing import BillingUnsupported

@@ -118,7 +118,7 @@ def bill(app: App, period_text: str | None, cloud: str | None, by: str) -> BillR
         period = Period.parse(period_text) if period_text else Period.month(now)
     except ValueError as e:
         raise UserError(f"--period: {e}") from None
-    names = [cloud] if cloud else [c for c in app.settings.enabled_clouds() if c != "sandbox"]
+    names = [cloud] if cloud else [c for c in app.settings.enabled_clouds if c != "sandbox"]
     if cloud and cloud not in providers.ALL:
         raise UserError(f"--cloud: unknown cloud {cloud!r} (one of {', '.join(providers.ALL)})")
     out, unsupported = [], {}
@@ -127,7 +127,7 @@ def bill(app: App, period_text: str | None, cloud: str | None, by: str) -> BillR
             unsupported[name] = f"{name}: a simulated cloud sends no bill"
             continue
         try:
-            fetch = providers.billing(name)
+            fetch = providers.billing_source(name)
         except BillingUnsupported as e:
             unsupported[name] = str(e)
             continue
