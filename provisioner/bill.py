@@ -134,6 +134,9 @@ def bill(app: App, period_text: str | None, cloud: str | None, by: str) -> BillR
         start, end = period.start.date(), min(period.end, now + _DAY).date()
         try:
             got: Bill = fetch(app.provider(name), start, max(end, start + _DAY))
+        except BillingUnsupported as e:  # e.g. GCP without its export table named
+            unsupported[name] = str(e)
+            continue
         except ProviderError as e:
             raise OperationFailed(f"{name}: reading the bill failed: {e}") from None
         cb = reconcile(app, period, got, by)

@@ -21,6 +21,7 @@ from provisioner.models import Machine, UsageInterval
 from tests.conftest import make_settings, write_settings
 from tests.contract.aws import clean_emulator
 from tests.emulators.aws import AwsEmulator
+from tests.emulators.bigquery import BigQueryEmulator
 
 pytest_plugins = ["tests.cli_runner"]  # the `cli` fixture
 
@@ -30,10 +31,10 @@ G4DN = Decimal("0.526")  # g4dn.xlarge on demand in us-east-1, the shipped catal
 P3 = Decimal("3.06")  # p3.2xlarge on demand in us-east-1, the shipped catalog's price
 
 
-def seed(app: App, cloud: str, rows: list[tuple[str, str, str, Decimal, datetime, datetime | None]]):
-    """Machines as a launch leaves them: (id, name, instance type, rate, up, down)."""
+def seed(app: App, cloud: str, rows: list[tuple]):
+    """Machines as a launch leaves them: (id, name, instance type, rate, up, down[, market])."""
     with app.db.session() as s:
-        for mid, name, itype, rate, up, down in rows:
+        for mid, name, itype, rate, up, down, *market in rows:
             s.add(
                 Machine(
                     id=mid,
@@ -48,7 +49,7 @@ def seed(app: App, cloud: str, rows: list[tuple[str, str, str, Decimal, datetime
                     instance_type=itype,
                     gpu="T4",
                     gpu_count=1,
-                    market="reserved",
+                    market=market[0] if market else "reserved",
                     rate=rate,
                     currency="USD",
                     created_at=up,
@@ -227,3 +228,122 @@ def test_bill_of_a_cloud_without_a_source_says_why(home: Path, cli) -> None:
     r = cli("--config", str(cfg), "bill", "--period", "2026-13")
     assert r.code == 2 and "--period" in r.err
 
+
+
+# --- GCP -------------------------------------------------------------------------------------
+
+A2 = Decimal("3.67339")  # a2-highgpu-1g on demand in us-central1, the shipped catalog's price
+A2_SPOT = Decimal("1.80385")  # its spot price there
+TABLE = "demo-proj.billing.gcp_billing_export_v1_000000_000000_000000"
+
+
+def export_row(
+    d: int, sku: str, cost: str, machine: str | None = None, *, spec: str | None = None,
+    credit: str | None = None, cost_type: str = "regular", month: int = 11,
+) -> dict:  # fmt: skip
+    """One row of the standard usage cost export, in its schema."""
+    return {
+        "service": {"id": "6F81-5844-456A", "description": "Compute Engine"},
+        "sku": {"id": "0000-0000-0000", "description": sku},
+        "usage_start_time": datetime(2026, month, d, 0, tzinfo=UTC),
+        "usage_end_time": datetime(2026, month, d, 1, tzinfo=UTC),
+        "labels": [{"key": "provisioner-machine", "value": machine}] if machine else [],
+        "system_labels": [{"key": "compute.googleapis.com/machine_spec", "value": spec}]
+        if spec
+        else [],
+        "cost": cost,
+        "currency": "USD",
+        "usage": {"amount_in_pricing_units": "24", "pricing_unit": "hour"},
+        "credits": [{"name": "Sustained use discount", "amount": credit,
+                     "type": "SUSTAINED_USAGE_DISCOUNT"}] if credit else [],  # fmt: skip
+        "cost_type": cost_type,
+    }
+
+
+@pytest.fixture
+def gcp_bill(home: Path, cli, monkeypatch: pytest.MonkeyPatch):
+    """gpu-a  a2-highgpu-1g on demand at 3.67339/h, Nov 2 00:00 → Nov 4 00:00: 48 h, billed at
+            the catalog's price in three SKUs a day, an external IP (0.12 a day) and an
+            8.00 USD sustained use credit;
+    gpu-b   a2-highgpu-1g spot at 1.80385/h from Nov 3 00:00, running; billed Nov 3–4 at
+            2.00/h (10.9 % over the catalog); Nov 5 and 6 not billed yet;
+    and a tax row and an unlabelled VM's core hours; an October row outside the period."""
+    emu = BigQueryEmulator(page_size=4)  # several pages: jobs.getQueryResults is read too
+    a2 = lambda d, sku, cost, **kw: export_row(d, sku, cost, "ga", spec="a2-highgpu-1g", **kw)  # noqa: E731
+    emu.tables[TABLE] = [
+        export_row(31, "A2 Instance Core running in Americas", "99", "ga", month=10),
+        *(
+            row
+            for d in (2, 3)
+            for row in (
+                a2(d, "Nvidia Tesla A100 GPU running in Americas", "70.0",
+                   credit="-8.00" if d == 3 else None),  # fmt: skip
+                a2(d, "A2 Instance Core running in Americas", "12.0"),
+                a2(d, "A2 Instance Ram running in Americas", "6.16136"),
+                export_row(d, "External IP Charge on a Standard VM", "0.12", "ga"),
+            )
+        ),
+        *(
+            export_row(d, "Nvidia Tesla A100 GPU running in Americas for Spot Preemptible VMs",
+                       "48.00", "gb", spec="a2-highgpu-1g")  # fmt: skip
+            for d in (3, 4)
+        ),
+        export_row(4, "N1 Predefined Instance Core running in Americas", "1.50"),
+        export_row(4, "Tax: Compute Engine", "9.00", cost_type="tax"),
+    ]
+    options = {
+        "project": "demo-proj",
+        "anonymous": True,
+        "regions": ["us-central1"],
+        "billing_table": TABLE,
+        "bigquery_endpoint": emu.url,
+    }
+    app = App(make_settings(home, clouds={"gcp": options}), ManualClock(NOW))
+    seed(
+        app,
+        "gcp",
+        [
+            ("ga", "gpu-a", "a2-highgpu-1g", A2, T(2), T(4)),
+            ("gb", "gpu-b", "a2-highgpu-1g", A2_SPOT, T(3), None, "spot"),
+        ],
+    )
+    app.close()
+    monkeypatch.setenv(CLOCK_ENV, NOW.isoformat())
+    cfg = write_settings(home, clouds={"gcp": options})
+    yield lambda *args: cli("--config", str(cfg), "bill", "--period", "2026-11", *args)
+    emu.stop()
+
+
+def test_gcp_bill_from_the_bigquery_export(gcp_bill) -> None:
+    r = gcp_bill("--cloud", "gcp", "-o", "json")
+    assert r.code == 0, r.err
+    [gcp] = json.loads(r.out)["clouds"]
+    assert gcp["through"] == "2026-11-04"
+    usd = lambda a: {"amount": a, "currency": "USD"}  # noqa: E731
+    lines = {ln["key"]: ln for ln in gcp["lines"]}
+    a = lines["gpu-a"]
+    # billed 2 × 88.16136 + 2 × 0.12 − 8.00 = 168.56272; ledger 48 × 3.67339 = 176.32272
+    assert (a["billed"], a["ledger"], a["difference"]) == (
+        usd("168.56"), usd("176.32"), usd("-7.76")
+    )  # fmt: skip
+    assert a["reasons"] == {"credit": usd("-8.00"), "unpriced": usd("0.24")}
+    b = lines["gpu-b"]
+    # billed 96.00; ledger 84 h × 1.80385 = 151.5234, shown 151.53 so that the ledger's lines
+    # add up to its total (176.32272 + 151.5234 = 327.84612 → 327.85); on billed days 48 h:
+    # 86.5848, so drift 9.4152 and not billed yet 64.9386, shares of −55.53
+    assert (b["billed"], b["ledger"]) == (usd("96.00"), usd("151.53"))
+    assert b["reasons"] == {"drift": usd("9.41"), "not_billed_yet": usd("-64.94")}
+    u = lines["(untagged)"]
+    assert u["reasons"] == {"tax": usd("9.00"), "untagged": usd("1.50")}
+    # October's row is outside the period: 168.56272 + 96 + 10.50 = 275.06272
+    assert gcp["totals"]["USD"]["billed"] == usd("275.06")
+    [drift] = gcp["drift"]
+    assert (drift["machine"], drift["market"], drift["pct"]) == ("gpu-b", "spot", "10.9")
+    assert drift["billed"] == usd("2.0000") and drift["catalog"] == usd("1.80385")
+
+
+def test_gcp_bill_without_its_export_table_says_what_to_set(home: Path, cli) -> None:
+    cfg = write_settings(home, clouds={"gcp": {"project": "p", "anonymous": True}})
+    r = cli("--config", str(cfg), "bill", "--cloud", "gcp")
+    assert r.code == 2, r.out
+    assert "clouds.gcp.billing_table" in r.err
