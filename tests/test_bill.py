@@ -347,3 +347,100 @@ def test_gcp_bill_without_its_export_table_says_what_to_set(home: Path, cli) -> 
     r = cli("--config", str(cfg), "bill", "--cloud", "gcp")
     assert r.code == 2, r.out
     assert "clouds.gcp.billing_table" in r.err
+
+
+# --- Azure -----------------------------------------------------------------------------------
+
+NC4 = Decimal("0.526")  # Standard_NC4as_T4_v3 in eastus, the shipped catalog's price
+
+
+@pytest.fixture
+def azure_bill(home: Path, cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """vm-a  Standard_NC4as_T4_v3 at 0.526/h, Nov 2 00:00 → Nov 4 00:00, billed at that price,
+          with its public IP (Virtual Network, 0.12 a day) and a 2.00 USD refund;
+    vm-b  the same type from Nov 3 00:00, running; billed Nov 3–4 at 0.5523/h (5 % over);
+    and an untagged VM's 0.50. The ARM emulator over TLS signs the CLI in as a service
+    principal (azure-identity's EnvironmentCredential), as tests/test_azure.py does."""
+    import sys
+
+    from tests.contract.azure import scrub_credentials
+    from tests.emulators.azure import CLIENT_ID, CLIENT_SECRET, TENANT, AzureEmulator
+    from tests.emulators.azure_cost import record
+    from tests.emulators.tls import self_signed_localhost
+
+    cert, key = self_signed_localhost()
+    ca = tmp_path / "emulator-ca.pem"
+    ca.write_bytes(cert)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    scrub_credentials(monkeypatch, bin_dir)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{Path(sys.executable).parent}")
+    env = {
+        "AZURE_CLIENT_ID": CLIENT_ID,
+        "AZURE_CLIENT_SECRET": CLIENT_SECRET,
+        "AZURE_TENANT_ID": TENANT,
+        "REQUESTS_CA_BUNDLE": str(ca),
+    }
+    with AzureEmulator(tls=(cert, key)) as emu:
+        for k, v in {**env, "AZURE_AUTHORITY_HOST": emu.base_url}.items():
+            monkeypatch.setenv(k, v)
+        d = lambda n: date(2026, 11, n)  # noqa: E731
+        emu.cost_records = [
+            record(d(2), "12.624", "Virtual Machines", "za"),
+            record(d(3), "12.624", "Virtual Machines", "za"),
+            record(d(2), "0.12", "Virtual Network", "za"),
+            record(d(3), "0.12", "Virtual Network", "za"),
+            record(d(3), "-2.00", "Virtual Machines", "za", charge="Refund"),
+            record(d(3), "13.2552", "Virtual Machines", "zb"),
+            record(d(4), "13.2552", "Virtual Machines", "zb"),
+            record(d(4), "0.50", "Virtual Machines"),
+            record(date(2026, 10, 31), "99", "Virtual Machines", "za"),  # outside the period
+        ]
+        options = {
+            "subscription_id": emu.subscription_id,
+            "endpoint": emu.base_url,
+            "regions": ["eastus"],
+            "disable_instance_discovery": True,
+            "retry_base_seconds": 0.001,
+        }
+        app = App(make_settings(home, clouds={"azure": options}), ManualClock(NOW))
+        seed(
+            app,
+            "azure",
+            [
+                ("za", "vm-a", "Standard_NC4as_T4_v3", NC4, T(2), T(4)),
+                ("zb", "vm-b", "Standard_NC4as_T4_v3", NC4, T(3), None),
+            ],
+        )
+        app.close()
+        monkeypatch.setenv(CLOCK_ENV, NOW.isoformat())
+        cfg = write_settings(home, clouds={"azure": options})
+        yield emu, lambda *args: cli("--config", str(cfg), "bill", "--period", "2026-11", *args)
+
+
+def test_azure_bill_from_cost_management(azure_bill) -> None:
+    emu, run = azure_bill
+    r = run("--cloud", "azure", "-o", "json")
+    assert r.code == 0, r.err
+    [az] = json.loads(r.out)["clouds"]
+    assert az["through"] == "2026-11-04"
+    usd = lambda a: {"amount": a, "currency": "USD"}  # noqa: E731
+    lines = {ln["key"]: ln for ln in az["lines"]}
+    a = lines["vm-a"]
+    # billed 2 × 12.624 + 2 × 0.12 − 2.00 = 23.488; ledger 48 × 0.526 = 25.248
+    assert (a["billed"], a["ledger"], a["difference"]) == (usd("23.49"), usd("25.25"), usd("-1.76"))
+    assert a["reasons"] == {"credit": usd("-2.00"), "unpriced": usd("0.24")}
+    b = lines["vm-b"]
+    # billed 26.5104; ledger 84 h × 0.526 = 44.184; on billed days 48 h: 25.248
+    assert (b["billed"], b["ledger"]) == (usd("26.51"), usd("44.18"))
+    assert b["reasons"] == {"drift": usd("1.26"), "not_billed_yet": usd("-18.93")}
+    assert lines["(untagged)"]["reasons"] == {"untagged": usd("0.50")}
+    [drift] = az["drift"]
+    assert (drift["machine"], drift["pct"]) == ("vm-b", "5.0")
+    # the two queries Cost Management was asked: usage by meter category, the rest by charge
+    asked = [q.body for q in emu.requests if q.path.lower().endswith("costmanagement/query")]
+    assert [q["dataset"]["grouping"][1]["name"] for q in asked] == ["MeterCategory", "ChargeType"]
+    assert asked[0]["timePeriod"] == {
+        "from": "2026-11-01T00:00:00+00:00",
+        "to": "2026-11-06T23:59:59+00:00",  # up to today: later days cannot be billed yet
+    }
