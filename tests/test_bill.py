@@ -444,3 +444,42 @@ def test_azure_bill_from_cost_management(azure_bill) -> None:
         "from": "2026-11-01T00:00:00+00:00",
         "to": "2026-11-06T23:59:59+00:00",  # up to today: later days cannot be billed yet
     }
+
+
+# --- what else shows it ----------------------------------------------------------------------
+
+
+def test_dashboard_spend_page_shows_the_last_bill_beside_the_ledger(aws_bill, home: Path) -> None:
+    import io
+    from wsgiref.util import setup_testing_defaults
+
+    from provisioner.dashboard import make_app
+
+    app = App(make_settings(home, clouds={"aws": {"regions": ["us-east-1"]}}), ManualClock(NOW))
+    try:
+        wsgi = make_app(app, listen="127.0.0.1:8765")
+
+        def spend_page() -> str:
+            env: dict = {"REQUEST_METHOD": "GET", "PATH_INFO": "/spend", "QUERY_STRING": ""}
+            setup_testing_defaults(env)
+            env["wsgi.input"] = io.BytesIO(b"")
+            got: dict = {}
+            body = b"".join(wsgi(env, lambda s, h, e=None: got.update(status=s)))
+            assert got["status"].startswith("200")
+            return body.decode()
+
+        assert "billed by the cloud" not in spend_page()  # `bill` never ran: nothing claimed
+        assert aws_bill().code == 0
+        wsgi = make_app(app, listen="127.0.0.1:8765")  # a new app: no cached page
+        html = spend_page()
+        assert "billed by the cloud (aws, through 2026-11-04)" in html
+        assert "190.81 USD" in html and "ledger 294.91 USD" in html
+    finally:
+        app.close()
+
+
+def test_check_says_the_tag_must_be_a_cost_allocation_tag(emu: AwsEmulator, home: Path, cli):
+    cfg = write_settings(home, clouds={"aws": {"endpoint": emu.endpoint_url}})
+    r = cli("--config", str(cfg), "check")
+    said = " ".join(r.out.split())
+    assert "'provisioner-machine' must be activated as a cost allocation tag" in said
