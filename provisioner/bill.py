@@ -154,9 +154,7 @@ def reconcile(app: App, period: Period, got: Bill, by: str) -> CloudBill:
     now = app.clock.now()
     through = got.through(now.date())
     with app.db.session() as s:
-        machines = {
-            m.id: m for m in s.scalars(select(Machine).where(Machine.cloud == got.cloud))
-        }
+        machines = {m.id: m for m in s.scalars(select(Machine).where(Machine.cloud == got.cloud))}
         intervals = list(
             s.scalars(
                 select(UsageInterval).where(
@@ -201,21 +199,23 @@ def reconcile(app: App, period: Period, got: Bill, by: str) -> CloudBill:
     # the bill
     usage: dict[tuple[str, str], list[Any]] = defaultdict(list)  # (machine, type) → items
     for item in got.items:
-        m = machines.get(item.machine) if item.machine else None
-        ln = line(key_of(m, item.machine, item.day), item.currency)
+        owner = machines.get(item.machine) if item.machine else None
+        ln = line(key_of(owner, item.machine, item.day), item.currency)
         ln.billed += item.amount
         if item.kind in ("tax",):
             ln.reasons["tax"] += item.amount
         elif item.kind in ("credit", "discount"):
             ln.reasons["credit"] += item.amount
-        elif m is None:
+        elif owner is None:
             ln.reasons["untagged"] += item.amount
         elif item.kind == "other":
             ln.reasons["unpriced"] += item.amount
+        elif through is None or item.day > through:  # a day the bill has only in part
+            ln.reasons["not_billed_yet"] += item.amount
         else:
             ln.reasons["drift"] += item.amount
-            if item.kind == "compute" and through is not None and item.day <= through:
-                usage[(m.id, item.instance_type or m.instance_type or "")].append(item)
+            if item.kind == "compute":
+                usage[(owner.id, item.instance_type or owner.instance_type or "")].append(item)
     drift = _drift(app, got.cloud, machines, usage, billed_hours)
     ordered = sorted(lines.values(), key=lambda ln: (ln.currency, ln.key == UNTAGGED, ln.key))
     return CloudBill(got.cloud, got.source, got.lag, through, ordered, drift, got.notes)
@@ -248,9 +248,16 @@ def _drift(
             continue
         unit = cost / hours
         d = Drift(
-            m.name, m.region or "", itype, m.market or "", items[0].currency, listed, unit,
-            hours, m.rate,
-        )  # fmt: skip
+            m.name,
+            m.region or "",
+            itype,
+            m.market or "",
+            items[0].currency,
+            listed,
+            unit,
+            hours,
+            m.rate,
+        )
         if abs(d.pct) > DRIFT_PCT:
             out.append(d)
     return out

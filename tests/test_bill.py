@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import urllib.request
 from collections.abc import Iterator
-from datetime import UTC, date, datetime, timedelta
+from datetime import UTC, date, datetime
 from decimal import Decimal
 from pathlib import Path
 
@@ -60,10 +60,14 @@ def seed(app: App, cloud: str, rows: list[tuple]):
             s.flush()
             s.add(
                 UsageInterval(
-                    machine_id=mid, kind="compute", started_at=up, ended_at=down, rate=rate,
+                    machine_id=mid,
+                    kind="compute",
+                    started_at=up,
+                    ended_at=down,
+                    rate=rate,
                     currency="USD",
                 )
-            )  # fmt: skip
+            )
 
 
 # --- AWS -------------------------------------------------------------------------------------
@@ -152,7 +156,10 @@ def aws_bill(emu: AwsEmulator, home: Path, cli, monkeypatch: pytest.MonkeyPatch)
         "DimensionValueAttributes": [],
     }
     others = {
-        "ResultsByTime": [day(3, [("ma", "Credit", "-5.00", None)]), day(4, [("", "Tax", "3.10", None)])],
+        "ResultsByTime": [
+            day(3, [("ma", "Credit", "-5.00", None)]),
+            day(4, [("", "Tax", "3.10", None)]),
+        ],
         "DimensionValueAttributes": [],
     }
     ce_results(emu, usage, others)
@@ -191,7 +198,11 @@ def test_aws_bill_by_machine_names_every_difference(aws_bill) -> None:
     assert tot["billed"] == usd("190.81")  # 33.232 + 154.224 + 3.35, exact sum rounded
     # the billed unit price of train-b's type is 5 % over the catalog: said, with the fix
     [drift] = aws["drift"]
-    assert (drift["machine"], drift["instance_type"], drift["pct"]) == ("train-b", "p3.2xlarge", "5.0")
+    assert (drift["machine"], drift["instance_type"], drift["pct"]) == (
+        "train-b",
+        "p3.2xlarge",
+        "5.0",
+    )
     assert drift["billed"] == usd("3.2130") and drift["catalog"] == usd("3.06")
     assert drift["fix"] == "provisioner catalog refresh"
 
@@ -229,7 +240,6 @@ def test_bill_of_a_cloud_without_a_source_says_why(home: Path, cli) -> None:
     assert r.code == 2 and "--period" in r.err
 
 
-
 # --- GCP -------------------------------------------------------------------------------------
 
 A2 = Decimal("3.67339")  # a2-highgpu-1g on demand in us-central1, the shipped catalog's price
@@ -238,9 +248,16 @@ TABLE = "demo-proj.billing.gcp_billing_export_v1_000000_000000_000000"
 
 
 def export_row(
-    d: int, sku: str, cost: str, machine: str | None = None, *, spec: str | None = None,
-    credit: str | None = None, cost_type: str = "regular", month: int = 11,
-) -> dict:  # fmt: skip
+    d: int,
+    sku: str,
+    cost: str,
+    machine: str | None = None,
+    *,
+    spec: str | None = None,
+    credit: str | None = None,
+    cost_type: str = "regular",
+    month: int = 11,
+) -> dict:
     """One row of the standard usage cost export, in its schema."""
     return {
         "service": {"id": "6F81-5844-456A", "description": "Compute Engine"},
@@ -254,8 +271,11 @@ def export_row(
         "cost": cost,
         "currency": "USD",
         "usage": {"amount_in_pricing_units": "24", "pricing_unit": "hour"},
-        "credits": [{"name": "Sustained use discount", "amount": credit,
-                     "type": "SUSTAINED_USAGE_DISCOUNT"}] if credit else [],  # fmt: skip
+        "credits": [
+            {"name": "Sustained use discount", "amount": credit, "type": "SUSTAINED_USAGE_DISCOUNT"}
+        ]
+        if credit
+        else [],
         "cost_type": cost_type,
     }
 
@@ -276,16 +296,25 @@ def gcp_bill(home: Path, cli, monkeypatch: pytest.MonkeyPatch):
             row
             for d in (2, 3)
             for row in (
-                a2(d, "Nvidia Tesla A100 GPU running in Americas", "70.0",
-                   credit="-8.00" if d == 3 else None),  # fmt: skip
+                a2(
+                    d,
+                    "Nvidia Tesla A100 GPU running in Americas",
+                    "70.0",
+                    credit="-8.00" if d == 3 else None,
+                ),
                 a2(d, "A2 Instance Core running in Americas", "12.0"),
                 a2(d, "A2 Instance Ram running in Americas", "6.16136"),
                 export_row(d, "External IP Charge on a Standard VM", "0.12", "ga"),
             )
         ),
         *(
-            export_row(d, "Nvidia Tesla A100 GPU running in Americas for Spot Preemptible VMs",
-                       "48.00", "gb", spec="a2-highgpu-1g")  # fmt: skip
+            export_row(
+                d,
+                "Nvidia Tesla A100 GPU running in Americas for Spot Preemptible VMs",
+                "48.00",
+                "gb",
+                spec="a2-highgpu-1g",
+            )
             for d in (3, 4)
         ),
         export_row(4, "N1 Predefined Instance Core running in Americas", "1.50"),
@@ -324,8 +353,10 @@ def test_gcp_bill_from_the_bigquery_export(gcp_bill) -> None:
     a = lines["gpu-a"]
     # billed 2 × 88.16136 + 2 × 0.12 − 8.00 = 168.56272; ledger 48 × 3.67339 = 176.32272
     assert (a["billed"], a["ledger"], a["difference"]) == (
-        usd("168.56"), usd("176.32"), usd("-7.76")
-    )  # fmt: skip
+        usd("168.56"),
+        usd("176.32"),
+        usd("-7.76"),
+    )
     assert a["reasons"] == {"credit": usd("-8.00"), "unpriced": usd("0.24")}
     b = lines["gpu-b"]
     # billed 96.00; ledger 84 h × 1.80385 = 151.5234, shown 151.53 so that the ledger's lines

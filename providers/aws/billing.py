@@ -7,8 +7,9 @@ different dimensions", GetCostAndUsage API reference, GroupBy):
   with ``UnblendedCost`` and ``UsageQuantity``: the usage type names what was billed
   (``BoxUsage:<type>``/``SpotUsage:<type>`` an instance hour, ``EBS:VolumeUsage.<class>`` a
   volume, anything else — ``PublicIPv4:InUseAddress``, data transfer — a piece the ledger does not
-  price); EC2 usage types as the AWS Billing user guide names them ("Understanding your usage
-  types", https://docs.aws.amazon.com/cur/latest/userguide/product-columns.html, lineItem/UsageType);
+  price); EC2 usage types as the AWS Billing user guide names them ("Understanding your
+  usage types"; the CUR column lineItem/UsageType,
+  https://docs.aws.amazon.com/cur/latest/userguide/product-columns.html);
 - the other record types (tax, credits, refunds, discounts), grouped by the tag × ``RECORD_TYPE``.
 
 A group's tag key comes back as ``<tag key>$<value>``, and ``<tag key>$`` for resources without
@@ -78,10 +79,14 @@ def fetch(provider: Any, start: date, end: date) -> Bill:
         cost = metrics["UnblendedCost"]
         items.append(
             BilledItem(
-                day, Decimal(cost["Amount"]), cost["Unit"], record_kind(keys[1]), _machine(keys[0]),
+                day,
+                Decimal(cost["Amount"]),
+                cost["Unit"],
+                record_kind(keys[1]),
+                _machine(keys[0]),
                 keys[1],
             )
-        )  # fmt: skip
+        )
     return Bill(
         "aws",
         [i for i in items if i.amount],

@@ -16,7 +16,8 @@ Machines`` an instance, ``Storage`` a managed disk, anything else — ``Virtual 
 addresses, ``Bandwidth`` — a piece the ledger does not price), and the other charge types by tag ×
 ``ChargeType`` (``Refund`` a credit; ``Purchase``, ``UnusedReservation``, ``UnusedSavingsPlan``
 pieces the ledger does not price). Charge types and meter categories as the cost details fields
-name them (learn.microsoft.com/azure/cost-management-billing/automate/understand-usage-details-fields).
+name them (learn.microsoft.com/azure/cost-management-billing/automate/
+understand-usage-details-fields).
 """
 
 from __future__ import annotations

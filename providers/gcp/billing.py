@@ -36,9 +36,18 @@ LAG = (
     '"Frequency of data loads"): days from yesterday on are taken as not billed yet'
 )
 COLUMNS = (
-    "machine", "day", "cost_type", "service", "sku", "machine_spec", "cost", "currency",
-    "usage_amount", "pricing_unit", "credits",
-)  # fmt: skip
+    "machine",
+    "day",
+    "cost_type",
+    "service",
+    "sku",
+    "machine_spec",
+    "cost",
+    "currency",
+    "usage_amount",
+    "pricing_unit",
+    "credits",
+)
 
 
 def query_text(table: str) -> str:
@@ -86,17 +95,26 @@ def fetch(provider: Any, start: date, end: date) -> Bill:
         kind = row_kind(r["cost_type"], r["service"] or "", r["sku"] or "")
         items.append(
             BilledItem(
-                d, Decimal(r["cost"]), r["currency"], kind, r["machine"] or None, r["sku"] or "",
+                d,
+                Decimal(r["cost"]),
+                r["currency"],
+                kind,
+                r["machine"] or None,
+                r["sku"] or "",
                 r["machine_spec"] if kind == "compute" else None,
             )
-        )  # fmt: skip
+        )
         if r["credits"] and Decimal(r["credits"]):
             items.append(
                 BilledItem(
-                    d, Decimal(r["credits"]), r["currency"], "credit", r["machine"] or None,
+                    d,
+                    Decimal(r["credits"]),
+                    r["currency"],
+                    "credit",
+                    r["machine"] or None,
                     f"credits on {r['sku']}",
                 )
-            )  # fmt: skip
+            )
     return Bill(
         "gcp",
         [i for i in items if i.amount],

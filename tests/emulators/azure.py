@@ -260,7 +260,7 @@ class AzureEmulator:
         self._tls = tls
         self.token = TOKEN
         self.page_size = page_size
-        self.cost_records: list[dict] = []  # Cost Management's books (tests/emulators/azure_cost.py)
+        self.cost_records: list[dict] = []  # Cost Management's (tests/emulators/azure_cost.py)
         self.prices_page_size = prices_page_size
         self.prices: list[dict] = list(prices)
         self.resource_groups = {rg.lower() for rg in resource_groups}

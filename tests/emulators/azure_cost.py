@@ -38,7 +38,9 @@ def query(records: list[dict[str, Any]], api_version: str, body: Any) -> dict[st
     if api_version not in API_VERSIONS:
         raise QueryError(f"The api-version '{api_version}' is invalid.")
     if not isinstance(body, dict) or body.get("type") not in TYPES:
-        raise QueryError("Invalid query definition: type must be Usage, ActualCost or AmortizedCost")
+        raise QueryError(
+            "Invalid query definition: type must be Usage, ActualCost or AmortizedCost"
+        )
     if body.get("timeframe") != "Custom" or "timePeriod" not in body:
         raise QueryError("Invalid query definition: a Custom timeframe needs timePeriod")
     lo = datetime.fromisoformat(body["timePeriod"]["from"]).date()
@@ -74,7 +76,10 @@ def query(records: list[dict[str, Any]], api_version: str, body: Any) -> dict[st
     columns = [{"name": "Cost", "type": "Number"}, {"name": "UsageDate", "type": "Number"}]
     for g in grouping:
         if g["type"] == "TagKey":
-            columns += [{"name": "TagKey", "type": "String"}, {"name": "TagValue", "type": "String"}]
+            columns += [
+                {"name": "TagKey", "type": "String"},
+                {"name": "TagValue", "type": "String"},
+            ]
         else:
             columns.append({"name": g["name"], "type": "String"})
     columns.append({"name": "Currency", "type": "String"})

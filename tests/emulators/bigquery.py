@@ -125,7 +125,9 @@ class BigQueryEmulator:
         if table not in self.tables:
             raise LookupError(f"Not found: Table {table.replace('.', ':', 1)} was not found")
         params = {
-            p["name"]: p for p in body.get("queryParameters", []) if body["parameterMode"] == "NAMED"
+            p["name"]: p
+            for p in body.get("queryParameters", [])
+            if body["parameterMode"] == "NAMED"
         }
         w = _WHERE.fullmatch(m["where"].strip())
         if not w:
@@ -194,8 +196,9 @@ def _projection(part: str) -> tuple[str, Callable[[dict[str, Any]], Any]]:
             (lb["value"] for lb in r.get(field, []) if lb["key"] == key), None
         )
     if _CREDITS.fullmatch(expr):
-        return alias, lambda r: (
-            sum(float(c["amount"]) for c in r["credits"]) if r.get("credits") else None
+        return (
+            alias,
+            lambda r: sum(float(c["amount"]) for c in r["credits"]) if r.get("credits") else None,
         )
     raise BadQuery(f"the emulator does not evaluate {expr!r}")
 
