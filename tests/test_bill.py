@@ -113,7 +113,7 @@ def day(d: int, groups: list[tuple[str, str, str, str | None]]) -> dict:
 
 
 @pytest.fixture
-def aws_bill(emu: AwsEmulator, home: Path, cli, monkeypatch: pytest.MonkeyPatch):
+def aws_bill(emu: AwsEmulator, home: Path, cli, monkeypatch: pytest.MonkeyPatch, db_url):
     """Two machines in the ledger and November's bill so far in Cost Explorer:
     train-a  g4dn.xlarge at 0.526/h, Nov 2 00:00 → Nov 5 00:00: 72 h = 37.872 USD, billed at
              the same price, plus its public IPv4 address (0.005/h) and a 5.00 USD credit;
@@ -121,7 +121,7 @@ def aws_bill(emu: AwsEmulator, home: Path, cli, monkeypatch: pytest.MonkeyPatch)
              Nov 3–4 at 3.2130/h (5 % over the catalog); Nov 5 and 6 not billed yet;
     and, untagged, a t3.micro of somebody else's (0.25) and the month's tax (3.10)."""
     options = {"endpoint": emu.endpoint_url, "regions": ["us-east-1"]}
-    app = App(make_settings(home, clouds={"aws": options}), ManualClock(NOW))
+    app = App(make_settings(home, clouds={"aws": options}, state_url=db_url), ManualClock(NOW))
     seed(
         app,
         "aws",
@@ -164,7 +164,7 @@ def aws_bill(emu: AwsEmulator, home: Path, cli, monkeypatch: pytest.MonkeyPatch)
     }
     ce_results(emu, usage, others)
     monkeypatch.setenv(CLOCK_ENV, NOW.isoformat())
-    cfg = write_settings(home, clouds={"aws": options})
+    cfg = write_settings(home, clouds={"aws": options}, state_url=db_url)
     return lambda *args: cli("--config", str(cfg), "bill", "--period", "2026-11", *args)
 
 
@@ -480,13 +480,16 @@ def test_azure_bill_from_cost_management(azure_bill) -> None:
 # --- what else shows it ----------------------------------------------------------------------
 
 
-def test_dashboard_spend_page_shows_the_last_bill_beside_the_ledger(aws_bill, home: Path) -> None:
+def test_dashboard_spend_page_shows_the_last_bill_beside_the_ledger(
+    aws_bill, home: Path, db_url
+) -> None:
     import io
     from wsgiref.util import setup_testing_defaults
 
     from provisioner.dashboard import make_app
 
-    app = App(make_settings(home, clouds={"aws": {"regions": ["us-east-1"]}}), ManualClock(NOW))
+    settings = make_settings(home, clouds={"aws": {"regions": ["us-east-1"]}}, state_url=db_url)
+    app = App(settings, ManualClock(NOW))
     try:
         wsgi = make_app(app, listen="127.0.0.1:8765")
 
