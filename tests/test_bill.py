@@ -515,5 +515,6 @@ def test_dashboard_spend_page_shows_the_last_bill_beside_the_ledger(
 def test_check_says_the_tag_must_be_a_cost_allocation_tag(emu: AwsEmulator, home: Path, cli):
     cfg = write_settings(home, clouds={"aws": {"endpoint": emu.endpoint_url}})
     r = cli("--config", str(cfg), "check")
-    said = " ".join(r.out.split())
+    assert r.out.startswith("ok") and len(r.out.splitlines()) == 2  # aws, sandbox: one line each
+    said = " ".join(r.err.split())
     assert "'provisioner-machine' must be activated as a cost allocation tag" in said

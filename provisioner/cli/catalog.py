@@ -185,10 +185,10 @@ def check(ctx: typer.Context, output: Output = OUTPUT) -> None:
             mark = "[green]ok[/]  " if r.ok else "[red]no[/]  "
             message = r.message.removeprefix(f"{r.cloud}: ")
             out.print(f"{mark}{r.cloud:<10} {escape(message)}", highlight=False, soft_wrap=True)
-        if "aws" in application.settings.enabled_clouds:  # `provisioner bill` needs it
-            from providers.aws.billing import ACTIVATE  # no SDK: the advice text only
+        if any(r.ok and r.cloud == "aws" for r in results):  # for `provisioner bill`; on
+            from providers.aws.billing import ACTIVATE  # stderr: stdout is one line per cloud
 
-            out.print(f"[dim]note: {escape(ACTIVATE)}[/]", highlight=False, soft_wrap=True)
+            err.print(f"note: {escape(ACTIVATE)}", highlight=False, soft_wrap=True)
     if not any(r.ok for r in results):  # nothing can be launched: a script must notice
         raise OperationFailed(
             f"no cloud can be used: all {len(results)} failed the check"
