@@ -24,7 +24,7 @@ import json
 from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
-from decimal import Decimal
+from decimal import ROUND_HALF_UP, Decimal
 from pathlib import Path
 from typing import Any
 
@@ -291,10 +291,7 @@ def rounded(lines: list[Line]) -> list[dict[str, Any]]:
         ledger = allocate([ln.ledger for ln in group])
         for ln, b, led in zip(group, billed, ledger, strict=True):
             parts = [ln.reasons.get(r, Decimal(0)) for r in REASONS]
-            try:
-                shares = _signed_allocate(parts, b - led)
-            except ValueError:
-                shares = [p.quantize(CENT) for p in parts]
+            shares = _signed_allocate(parts, b - led)
             out.append(
                 {
                     "key": ln.key,
@@ -321,8 +318,19 @@ def totals(rows: list[dict[str, Any]]) -> dict[str, dict[str, Decimal]]:
 
 
 def _signed_allocate(parts: list[Decimal], total: Decimal) -> list[Decimal]:
-    """:func:`allocate` for parts of either sign adding up to ``total``."""
-    return allocate(parts, total)
+    """``parts`` (of either sign) to the cent, adding up to ``total``: each rounded half up,
+    then the cents still missing (or over) moved one at a time onto the nonzero parts that
+    rounding moved furthest the other way."""
+    out = [p.quantize(CENT, ROUND_HALF_UP) for p in parts]
+    missing = int((total - sum(out, Decimal(0))) / CENT)
+    live = [i for i, p in enumerate(parts) if p]
+    if not live:
+        return out
+    order = sorted(live, key=lambda i: parts[i] - out[i], reverse=missing > 0)
+    step = CENT if missing > 0 else -CENT
+    for n in range(abs(missing)):
+        out[order[n % len(order)]] += step
+    return out
 
 
 # --- the last fetch, for the dashboard -------------------------------------------------------

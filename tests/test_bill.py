@@ -10,14 +10,18 @@ import json
 import urllib.request
 from collections.abc import Iterator
 from datetime import UTC, date, datetime
-from decimal import Decimal
+from decimal import ROUND_HALF_UP, Decimal
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from provisioner.app import App
+from provisioner.bill import Line, rounded, totals
 from provisioner.clock import CLOCK_ENV, ManualClock
 from provisioner.models import Machine, UsageInterval
+from provisioner.money import CENT
 from tests.conftest import make_settings, write_settings
 from tests.contract.aws import clean_emulator
 from tests.emulators.aws import AwsEmulator
@@ -518,3 +522,38 @@ def test_check_says_the_tag_must_be_a_cost_allocation_tag(emu: AwsEmulator, home
     assert r.out.startswith("ok") and len(r.out.splitlines()) == 2  # aws, sandbox: one line each
     said = " ".join(r.err.split())
     assert "'provisioner-machine' must be activated as a cost allocation tag" in said
+
+
+# --- rounding ----------------------------------------------------------------------------------
+
+
+@given(
+    st.lists(
+        st.tuples(*[st.decimals(-1000, 1000, places=6, allow_nan=False, allow_infinity=False)] * 6),
+        min_size=1,
+        max_size=8,
+    )
+)
+def test_rounded_lines_add_up_and_reasons_add_up_to_each_difference(raw) -> None:
+    """Whatever the amounts: the shown lines add up to the shown totals, which are the exact
+    totals rounded, and each line's shown reasons add up to its shown difference."""
+    lines = []
+    for n, (ledger_on_billed, ledger_later, tax, credit, unpriced, usage) in enumerate(raw):
+        ln = Line(f"m{n}", "USD")
+        ln.ledger = abs(ledger_on_billed) + abs(ledger_later)
+        ln.billed = tax + credit + unpriced + usage
+        ln.reasons.update(
+            tax=tax,
+            credit=credit,
+            unpriced=unpriced,
+            drift=usage - abs(ledger_on_billed),
+            not_billed_yet=-abs(ledger_later),
+        )
+        lines.append(ln)
+    rows = rounded(lines)
+    cents = lambda d: d.quantize(CENT, ROUND_HALF_UP)  # noqa: E731
+    t = totals(rows)["USD"]
+    assert t["billed"] == cents(sum((ln.billed for ln in lines), Decimal(0)))
+    assert t["ledger"] == cents(sum((ln.ledger for ln in lines), Decimal(0)))
+    for r in rows:
+        assert sum(r["reasons"].values(), Decimal(0)) == r["difference"]
