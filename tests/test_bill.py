@@ -242,6 +242,8 @@ def test_bill_of_a_cloud_without_a_source_says_why(home: Path, cli) -> None:
     assert "yandex" in r.err and "Traceback" not in r.err
     r = cli("--config", str(cfg), "bill", "--period", "2026-13")
     assert r.code == 2 and "--period" in r.err
+    r = cli("--config", str(cfg), "bill")  # the sandbox only: no bill to read, and it says so
+    assert r.code == 0 and "no cloud that sends a bill is enabled" in r.out
 
 
 # --- GCP -------------------------------------------------------------------------------------

@@ -104,3 +104,5 @@ def _table(report: Any) -> None:
             write(f"note: {note}")
     for cloud, why in report.unsupported.items():
         write(f"\n{cloud}: not supported: {why}")
+    if not report.clouds and not report.unsupported:
+        write("no cloud that sends a bill is enabled in settings (clouds:)")
