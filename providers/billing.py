@@ -14,10 +14,11 @@ from decimal import Decimal
 from typing import Literal
 
 #: What a billed line is, as the ledger sees it: ``compute`` and ``disk`` the ledger prices;
-#: ``other`` a billed piece it does not (a public IPv4 address, egress); ``tax``, ``credit``
-#: and ``discount`` lines of the bill that are not usage at all.
-Kind = Literal["compute", "disk", "other", "tax", "credit", "discount"]
-KINDS: tuple[Kind, ...] = ("compute", "disk", "other", "tax", "credit", "discount")
+#: ``usage`` a machine's usage not split by what it was (Yandex's label report); ``other`` a
+#: billed piece it does not price (a public IPv4 address, egress); ``tax``, ``credit`` and
+#: ``discount`` lines of the bill that are not usage at all.
+Kind = Literal["compute", "disk", "usage", "other", "tax", "credit", "discount"]
+KINDS: tuple[Kind, ...] = ("compute", "disk", "usage", "other", "tax", "credit", "discount")
 
 
 @dataclass(frozen=True)

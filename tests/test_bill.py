@@ -48,14 +48,19 @@ def seed(app: App, cloud: str, rows: list[tuple]):
                     status="terminated" if down else "running",
                     spec={},
                     cloud=cloud,
-                    region={"aws": "us-east-1", "gcp": "us-central1", "azure": "eastus"}[cloud],
+                    region={
+                        "aws": "us-east-1",
+                        "gcp": "us-central1",
+                        "azure": "eastus",
+                        "yandex": "ru-central1",
+                    }[cloud],
                     zone=None,
                     instance_type=itype,
                     gpu="T4",
                     gpu_count=1,
                     market=market[0] if market else "reserved",
                     rate=rate,
-                    currency="USD",
+                    currency="RUB" if cloud == "yandex" else "USD",
                     created_at=up,
                     launched_at=up,
                     terminated_at=down,
@@ -69,7 +74,7 @@ def seed(app: App, cloud: str, rows: list[tuple]):
                     started_at=up,
                     ended_at=down,
                     rate=rate,
-                    currency="USD",
+                    currency="RUB" if cloud == "yandex" else "USD",
                 )
             )
 
@@ -237,9 +242,9 @@ def test_aws_bill_by_project(aws_bill) -> None:
 
 def test_bill_of_a_cloud_without_a_source_says_why(home: Path, cli) -> None:
     cfg = write_settings(home)
-    r = cli("--config", str(cfg), "bill", "--cloud", "yandex")
+    r = cli("--config", str(cfg), "bill", "--cloud", "sbercloud")
     assert r.code == 2
-    assert "yandex" in r.err and "Traceback" not in r.err
+    assert "huaweicloudsdkbss" in r.err and "Traceback" not in r.err
     r = cli("--config", str(cfg), "bill", "--period", "2026-13")
     assert r.code == 2 and "--period" in r.err
     r = cli("--config", str(cfg), "bill")  # the sandbox only: no bill to read, and it says so
@@ -559,3 +564,50 @@ def test_rounded_lines_add_up_and_reasons_add_up_to_each_difference(raw) -> None
     assert t["ledger"] == cents(sum((ln.ledger for ln in lines), Decimal(0)))
     for r in rows:
         assert sum(r["reasons"].values(), Decimal(0)) == r["difference"]
+
+
+# --- Yandex ----------------------------------------------------------------------------------
+
+
+def test_yandex_bill_from_the_label_usage_report(home: Path, cli, monkeypatch) -> None:
+    """yc-a at 100 RUB/h, Nov 2 00:00 → Nov 4 00:00 (4,800 RUB in the ledger); the Billing usage
+    API has 2,400 for Nov 2 and 2,450 with a 100 credit for Nov 3 under its label (its VM, disk
+    and address in one sum), and an unlabelled resource it cannot show per label."""
+    from tests.contract.yandex import running_emulator, tls_material, yc_env
+    from tests.emulators.yandex_billing import BILLING_ACCOUNT, record
+
+    yc_env(monkeypatch)
+    with running_emulator() as emu:
+        ours = {"provisioner-machine": "ya", "managed-by": "provisioner"}
+        emu.usage_records = [
+            record(date(2026, 10, 31), "999", ours),  # before the period
+            record(date(2026, 11, 2), "2400", ours),
+            record(date(2026, 11, 3), "2450", ours, credit="-100"),
+            record(date(2026, 11, 3), "77", {}),  # no label: not in the label report
+        ]
+        options = {
+            "folder_id": "b1gfolder00000000000",
+            "endpoint": emu.endpoint,
+            "root_certificates_file": str(tls_material()[2]),
+            "billing_account_id": BILLING_ACCOUNT,
+        }
+        app = App(make_settings(home, clouds={"yandex": options}), ManualClock(NOW))
+        seed(app, "yandex", [("ya", "yc-a", "gpu-standard-v3", Decimal(100), T(2), T(4))])
+        app.close()
+        monkeypatch.setenv(CLOCK_ENV, NOW.isoformat())
+        cfg = write_settings(home, clouds={"yandex": options})
+        r = cli(
+            "--config", str(cfg), "bill", "--period", "2026-11", "--cloud", "yandex", "-o", "json"
+        )
+        asked = [c.request for c in emu.requests if c.method.endswith("GetLabelKeyUsageReport")]
+    assert r.code == 0, r.err
+    [yc] = json.loads(r.out)["clouds"]
+    rub = lambda a: {"amount": a, "currency": "RUB"}  # noqa: E731
+    [line] = yc["lines"]
+    assert line["key"] == "yc-a"
+    assert (line["billed"], line["ledger"]) == (rub("4750.00"), rub("4800.00"))
+    assert line["reasons"] == {"credit": rub("-100.00"), "drift": rub("50.00")}
+    assert yc["through"] == "2026-11-03"
+    assert "nothing for unlabelled usage" in " ".join(yc["notes"])
+    [req] = asked
+    assert req.end_date.ToDatetime().date() == date(2026, 11, 6)  # inclusive: up to today
