@@ -86,6 +86,17 @@ def catalog_rows(name: str) -> Callable[[Path], list[dict[str, Any]]] | None:
     return _load(target) if target else None
 
 
+def billing_source(name: str) -> Callable[..., Any]:
+    """The cloud's billing source (the spec's ``billing``): ``fetch(provider, start, end)``
+    returning a :class:`providers.billing.Bill`. Raises BillingUnsupported with the reason."""
+    from providers.billing import BillingUnsupported
+
+    s = spec(name)
+    if not s.billing:
+        raise BillingUnsupported(s.billing_why or f"{name}: no billing source")
+    return _load(s.billing)
+
+
 def create(
     name: str,
     options: Options | Mapping[str, Any] | None = None,

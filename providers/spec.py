@@ -121,3 +121,7 @@ class CloudSpec:
     # "module:function" (reference price files → the shipped catalog's rows, imported only by
     # provisioner/data/catalog/build.py); None: its catalog file is kept by hand
     catalog_rows: str | None = None
+    # "module:function" (provider, first day, day after the last) → providers.billing.Bill:
+    # the cloud's own billing data for `provisioner bill`; None: `billing_why` says why not
+    billing: str | None = None
+    billing_why: str = ""

@@ -58,6 +58,7 @@ ORDER = [
     "provisioner.machines",
     "provisioner.reports",  # the report model: numbers
     "provisioner.render",  # the report as text, HTML, chart, CSV and mail
+    "provisioner.bill",  # the ledger beside each cloud's own bill
     "provisioner.jobs",
     "provisioner.jobs.passes",
     "provisioner.jobs.finish",  # lifecycle.on_finish: billing ends with the job
@@ -90,6 +91,7 @@ ORDER = [
     "provisioner.cli.volumes",  # volume ls, volume rm
     "provisioner.cli.status",  # status (fleet and detail), events
     "provisioner.cli.report",
+    "provisioner.cli.bill",
     "provisioner.cli.scheduler",
     "provisioner.cli.dashboard",
     "provisioner.cli.main",  # the entry point: registers the commands and runs one

@@ -74,4 +74,5 @@ SPEC = CloudSpec(
     prices_from="the Price List API (pricing:GetProducts) and EC2 spot price history; "
     "needs AWS credentials",
     catalog_rows="providers.aws.prices:catalog_rows",
+    billing="providers.aws.billing:fetch",
 )

@@ -60,4 +60,5 @@ SPEC = CloudSpec(
     ),
     prices_from="the Retail Prices API; public, no credentials",
     catalog_rows="providers.azure.prices:catalog_rows",
+    billing="providers.azure.billing:fetch",
 )

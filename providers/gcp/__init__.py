@@ -30,6 +30,10 @@ class GCPOptions(Options):
     image: Name = DEFAULT_IMAGE
     endpoint: Url | None = None  # the Compute API root (a private endpoint, an emulator)
     pricing_endpoint: Url | None = None  # the Cloud Billing Catalog API root
+    # `provisioner bill`: the Cloud Billing standard usage cost export table
+    # (PROJECT.DATASET.gcp_billing_export_v1_BILLING_ACCOUNT_ID) and the BigQuery API root
+    billing_table: Name | None = None
+    bigquery_endpoint: Url | None = None
     anonymous: bool = False  # no credentials at all: only for a local emulator
     operation_timeout_seconds: Seconds = 900
 
@@ -61,4 +65,5 @@ SPEC = CloudSpec(
     ),
     prices_from="the Cloud Billing Catalog API; needs an API key in PROVISIONER_GCP_API_KEY",
     catalog_rows="providers.gcp.prices:catalog_rows",
+    billing="providers.gcp.billing:fetch",
 )

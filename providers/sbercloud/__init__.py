@@ -74,4 +74,6 @@ SPEC = CloudSpec(
     ),
     prices_from="its GPU flavors (ECS ListFlavors), unpriced; needs SberCloud AK/SK",
     catalog_rows="providers.sbercloud.flavors:catalog_rows",
+    billing_why="sbercloud: reading the bill is not built: the Huawei BSS resource-records API's "
+    "SDK (huaweicloudsdkbss, ListCustomerBillsFeeRecords) is not installed here",
 )

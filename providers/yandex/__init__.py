@@ -85,6 +85,7 @@ class YandexOptions(Options):
     ssh_cidrs: Names = ("0.0.0.0/0",)
     endpoint: Name = "api.cloud.yandex.net:443"
     root_certificates_file: File | None = None  # PEM, for a private endpoint
+    billing_account_id: Name | None = None  # `provisioner bill`: the account to report on
     use_metadata_service: bool = False
     timeout_seconds: Seconds = 30  # one call
     poll_seconds: Wait = 2
@@ -118,4 +119,5 @@ SPEC = CloudSpec(
     ),
     prices_from="the billing API (SkuService.List); needs Yandex Cloud credentials",
     catalog_rows="providers.yandex.prices:catalog_rows",
+    billing="providers.yandex.billing:fetch",
 )

@@ -203,6 +203,10 @@ def check(ctx: typer.Context, output: Output = OUTPUT) -> None:
             mark = "[green]ok[/]  " if r.ok else "[red]no[/]  "
             message = r.message.removeprefix(f"{r.cloud}: ")
             out.print(f"{mark}{r.cloud:<10} {escape(message)}", highlight=False, soft_wrap=True)
+        if any(r.ok and r.cloud == "aws" for r in results):  # for `provisioner bill`; on
+            from providers.aws.billing import ACTIVATE  # stderr: stdout is one line per cloud
+
+            err.print(f"note: {escape(ACTIVATE)}", highlight=False, soft_wrap=True)
     if not any(r.ok for r in results):  # nothing can be launched: a script must notice
         raise OperationFailed(
             f"no cloud can be used: all {len(results)} failed the check"

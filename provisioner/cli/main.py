@@ -14,6 +14,7 @@ import typer
 
 from provisioner.cli import (  # noqa: F401  (commands)
     app,
+    bill,
     catalog,
     dashboard,
     err,

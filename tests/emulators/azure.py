@@ -260,6 +260,7 @@ class AzureEmulator:
         self._tls = tls
         self.token = TOKEN
         self.page_size = page_size
+        self.cost_records: list[dict] = []  # Cost Management's (tests/emulators/azure_cost.py)
         self.prices_page_size = prices_page_size
         self.prices: list[dict] = list(prices)
         self.resource_groups = {rg.lower() for rg in resource_groups}
@@ -717,6 +718,13 @@ class AzureEmulator:
             return self._poll(m["op"], monitor="monitor" in query)
         if rest.lower() == "/providers/microsoft.insights/eventtypes/management/values":
             return self._activity(query)
+        if rest.lower() == "/providers/microsoft.costmanagement/query" and method == "POST":
+            from tests.emulators import azure_cost  # Cost Management: `provisioner bill`
+
+            try:
+                return 200, {}, azure_cost.query(self.cost_records, query["api-version"], body)
+            except azure_cost.QueryError as e:
+                raise _bad(e.message, "BadRequest") from None
         m = _RG.match(rest)
         if not m:
             raise ArmError(404, "InvalidResourceType", f"Unknown path {rest}")

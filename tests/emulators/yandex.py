@@ -193,6 +193,8 @@ class YandexEmulator:
     # as a user editing that group would.
     default_group_ssh_cidrs: tuple[str, ...] = ("0.0.0.0/0",)
     security_groups: dict[str, security_group_pb2.SecurityGroup] = field(default_factory=dict)
+    # the Billing usage API's books (tests/emulators/yandex_billing.py): `provisioner bill`
+    usage_records: list[dict[str, Any]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self._lock = threading.RLock()
@@ -225,6 +227,11 @@ class YandexEmulator:
             _SecurityGroups(self), server
         )
         sku_service_pb2_grpc.add_SkuServiceServicer_to_server(_Skus(self), server)
+        from tests.emulators import yandex_billing  # the Billing usage API
+
+        yandex_billing.consumption_core_service_pb2_grpc.add_ConsumptionCoreServiceServicer_to_server(
+            yandex_billing.Consumption(self), server
+        )
         server.start()
         self._server = server
         return self
