@@ -4,7 +4,9 @@ files (``provisioner`` imports it; this layer imports nothing from there)."""
 
 from __future__ import annotations
 
+import os
 import re
+import stat
 import types as types_module
 import typing
 from pathlib import Path
@@ -128,7 +130,17 @@ def read_text(path: str | Path, what: str = "file") -> str:
     """The text of a YAML input file, at most :data:`MAX_BYTES`; DocumentError otherwise."""
     file = str(path)
     try:
-        with open(path, "rb") as f:
+        # O_NONBLOCK: opening a FIFO nobody writes to returns at once instead of hanging; the
+        # descriptor's own type is checked (not the path's, which could be swapped meanwhile)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+        with open(fd, "rb") as f:
+            mode = os.fstat(fd).st_mode
+            if stat.S_ISDIR(mode):
+                raise IsADirectoryError
+            if not stat.S_ISREG(mode):
+                raise DocumentError(
+                    [Problem(file, None, None, f"not a regular file (a pipe or device), not a {what}")]
+                )
             raw = f.read(MAX_BYTES + 1)
     except FileNotFoundError:
         raise DocumentError([Problem(file, None, None, "file not found")]) from None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import os
 import sys
 from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
@@ -511,6 +512,81 @@ HOSTILE = [
         {},
         "rates: no rate for USD",
     ),
+    # ---- issue 26, point 7: names and text fields at the spec boundary
+    (
+        "name-trailing-newline",  # was a second machine beside `quickstart`
+        None,
+        _exp("name: quickstart", 'name: "quickstart\\n"'),
+        [],
+        {},
+        "name: use 2–40 lowercase letters",
+    ),
+    ("name-trailing-space", None, _exp("name: quickstart", 'name: "quickstart "'), [], {}, "name"),
+    (
+        "project-ansi-escape",  # reached teammates' terminals through `report`
+        None,
+        _exp("project: demo", 'project: "demo\\e[2J\\e[31m"'),
+        [],
+        {},
+        "project: control characters",
+    ),
+    (
+        "owner-nul",  # crashed `up` on PostgreSQL
+        None,
+        _exp("owner: you@example.com", 'owner: "you\\0@example.com"'),
+        [],
+        {},
+        "owner: control characters",
+    ),
+    (
+        "label-ansi-escape",
+        None,
+        QUICKSTART + 'labels: {team: "\\e]0;owned\\a"}\n',
+        [],
+        {},
+        "labels.team: control characters",
+    ),
+    (
+        "env-nul",
+        None,
+        _exp('STEPS: "3"', 'STEPS: "3\\0"'),
+        [],
+        {},
+        "env.STEPS: control characters",
+    ),
+    (
+        "run-nul",
+        None,
+        QUICKSTART.split("run: |")[0] + 'run: "echo done\\0"\n',
+        [],
+        {},
+        "run",
+    ),
+    # ---- extreme clock values: 1970-01-01 .. 9000-12-31 (provisioner.clock.EARLIEST/LATEST)
+    (
+        "clock-9999",
+        None,
+        QUICKSTART,
+        [],
+        {"PROVISIONER_CLOCK": "9999-12-31T23:59:59+00:00"},
+        "PROVISIONER_CLOCK",
+    ),
+    ("clock-year-1", None, QUICKSTART, [], {"PROVISIONER_CLOCK": "0001-01-01T00:00:00+00:00"}, "PROVISIONER_CLOCK"),
+    (
+        "period-to-9999",
+        None,
+        None,
+        ["report", "--period", "2026-01-01..9999-12-31"],
+        {},
+        "9999-12-31",
+    ),
+    # ---- non-regular files: refused, never read (a FIFO hung)
+    ("experiment-fifo", None, None, ["up", "FIFO"], {}, "not a regular file"),
+    ("experiment-device", None, None, ["up", "/dev/zero"], {}, "not a regular file"),
+    ("settings-fifo", "FIFO", QUICKSTART, [], {}, "not a regular file"),
+    ("policy-fifo", SANDBOX + "policies: [FIFO]\n", QUICKSTART, [], {}, "not a regular file"),
+    # ---- exit codes
+    ("catalog-unknown-gpu", None, None, ["catalog", "--gpu", "A10O"], {}, "did you mean 'A100'"),
 ]
 PREPARE = {
     "state-db-corrupt": _corrupt,
@@ -543,8 +619,15 @@ def test_hostile_input_is_one_line_exit_2_and_writes_nothing(
         text = SANDBOX + _policy_file(home, text.removeprefix("POLICY:"))
     if "home:" not in text:
         text += f"home: {home}\n"
+    fifo = tmp_path / "fifo.yaml"  # "FIFO": a named pipe nobody writes to (reading it hangs)
+    os.mkfifo(fifo)
+    text = text.replace("FIFO", str(fifo))
+    args = [str(fifo) if a == "FIFO" else a for a in args]
     cfg = tmp_path / "settings.yaml"
-    cfg.write_text(text)
+    if settings_text == "FIFO":
+        cfg, env = fifo, {**env, "PROVISIONER_HOME": str(home)}
+    else:
+        cfg.write_text(text)
     spec = tmp_path / "exp.yaml"
     if experiment is not None:
         spec.write_text(experiment)
