@@ -399,11 +399,16 @@ class Experiment(_Strict):
 _JOB_FIELDS = ("workdir", "setup", "run", "env")
 
 
+_LOOKALIKE = str.maketrans("OIL", "011")
+
+
 def did_you_mean(word: str, known: Collection[str]) -> str:
     """``did you mean 'A100'?`` for a near miss, else the list of what is known."""
     import difflib
 
-    near = difflib.get_close_matches(word, known, n=1, cutoff=0.5)
+    # a letter typed for the digit it looks like (A10O, A1OO: A100) before the nearest spelling
+    look = [k for k in known if k.upper().translate(_LOOKALIKE) == word.upper().translate(_LOOKALIKE)]
+    near = look or difflib.get_close_matches(word, known, n=1, cutoff=0.5)
     return f"did you mean {near[0]!r}?" if near else f"known: {', '.join(known)}"
 
 
