@@ -80,9 +80,25 @@ def _parser() -> tuple[Any, ...]:
     return (yaml.reader.Reader, yaml.scanner.Scanner, yaml.parser.Parser)  # pragma: no cover
 
 
+class _Resolver(yaml.resolver.Resolver):
+    """YAML 1.2's booleans (https://yaml.org/spec/1.2.2/#1032-tag-resolution): only true and
+    false. YAML 1.1's yes/no/on/off stay words, so a policy named ``off`` or the holidays of
+    Norway (``country: NO``) are strings, not False; a boolean field still takes them (pydantic
+    reads yes/no/on/off as booleans)."""
+
+
+_BOOL = "tag:yaml.org,2002:bool"
+_Resolver.yaml_implicit_resolvers = {
+    first: [(tag, rx) for tag, rx in rules if tag != _BOOL]
+    for first, rules in yaml.resolver.Resolver.yaml_implicit_resolvers.items()
+}
+_Resolver.add_implicit_resolver(
+    _BOOL, re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF")
+)
+
 _Base: Any = type(
     "_Base",
-    (yaml.composer.Composer, *_parser(), yaml.constructor.SafeConstructor, yaml.resolver.Resolver),
+    (yaml.composer.Composer, *_parser(), yaml.constructor.SafeConstructor, _Resolver),
     {},
 )
 
@@ -99,7 +115,7 @@ class _Loader(_Base):
             else:
                 base.__init__(self, text)
         yaml.constructor.SafeConstructor.__init__(self)
-        yaml.resolver.Resolver.__init__(self)
+        _Resolver.__init__(self)
         yaml.composer.Composer.__init__(self)
         self._depth = 0
 
