@@ -118,8 +118,26 @@ def seed(home: Path, clock, db_url: str | None = None) -> tuple[App, Path]:
     return dash, pdir
 
 
-def call(wsgi, path: str, method: str = "GET", body: str = "", remote="127.0.0.1", **headers: str):
-    """One request through the WSGI callable from ``remote``: (status code, headers, text)."""
+CSRF = "t" * 43  # the double-submit pair a page's form sends: its cookie and its hidden field
+
+
+def call(
+    wsgi,
+    path: str,
+    method: str = "GET",
+    body: str = "",
+    remote="127.0.0.1",
+    csrf: bool = True,
+    **headers: str,
+):
+    """One request through the WSGI callable from ``remote``: (status code, headers, text).
+    A POST carries the form's CSRF token and its cookie, as a page's form does (``csrf=False``:
+    as a form on another site would, without them)."""
+    if method == "POST" and csrf:
+        body += ("&" if body else "") + f"csrf={CSRF}"
+        headers["cookie"] = "; ".join(
+            c for c in (headers.get("cookie"), f"provisioner_csrf={CSRF}") if c
+        )
     env: dict = {"REQUEST_METHOD": method, "REMOTE_ADDR": remote}
     path, _, query = path.partition("?")
     env["PATH_INFO"], env["QUERY_STRING"] = path, query
@@ -192,7 +210,7 @@ def test_token_once_on_the_login_form_becomes_a_strict_session_cookie(seeded, mo
     assert status == 401 and "not the dashboard" in body
     status, headers, _ = call(wsgi, "/login", "POST", urlencode({"token": token}))
     assert status == 303
-    cookie = dict(headers)["Set-Cookie"]
+    [cookie] = [v for k, v in headers if k == "Set-Cookie" and v.startswith("provisioner_session=")]
     assert "HttpOnly" in cookie and "SameSite=Strict" in cookie
     assert token not in cookie  # a signature over an expiry, not the token
     session = cookie.split(";")[0]
