@@ -154,9 +154,8 @@ def read_text(path: str | Path, what: str = "file") -> str:
             if stat.S_ISDIR(mode):
                 raise IsADirectoryError
             if not stat.S_ISREG(mode):
-                raise DocumentError(
-                    [Problem(file, None, None, f"not a regular file (a pipe or device), not a {what}")]
-                )
+                reason = f"not a regular file (a pipe or device), not a {what}"
+                raise DocumentError([Problem(file, None, None, reason)])
             raw = f.read(MAX_BYTES + 1)
     except FileNotFoundError:
         raise DocumentError([Problem(file, None, None, "file not found")]) from None

@@ -407,7 +407,8 @@ def did_you_mean(word: str, known: Collection[str]) -> str:
     import difflib
 
     # a letter typed for the digit it looks like (A10O, A1OO: A100) before the nearest spelling
-    look = [k for k in known if k.upper().translate(_LOOKALIKE) == word.upper().translate(_LOOKALIKE)]
+    folded = word.upper().translate(_LOOKALIKE)
+    look = [k for k in known if k.upper().translate(_LOOKALIKE) == folded]
     near = look or difflib.get_close_matches(word, known, n=1, cutoff=0.5)
     return f"did you mean {near[0]!r}?" if near else f"known: {', '.join(known)}"
 

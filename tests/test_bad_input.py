@@ -571,7 +571,14 @@ HOSTILE = [
         {"PROVISIONER_CLOCK": "9999-12-31T23:59:59+00:00"},
         "PROVISIONER_CLOCK",
     ),
-    ("clock-year-1", None, QUICKSTART, [], {"PROVISIONER_CLOCK": "0001-01-01T00:00:00+00:00"}, "PROVISIONER_CLOCK"),
+    (
+        "clock-year-1",
+        None,
+        QUICKSTART,
+        [],
+        {"PROVISIONER_CLOCK": "0001-01-01T00:00:00+00:00"},
+        "PROVISIONER_CLOCK",
+    ),
     (
         "period-to-9999",
         None,

@@ -348,7 +348,7 @@ def test_language_from_the_browser_and_bad_input_in_a_query(seeded):
 def bare(home, clock):
     """A state with one machine whose project is a spreadsheet formula."""
     a = App(make_settings(home), clock)
-    up(a, "sheet", project="=HYPERLINK(\"http://evil.example\",\"x\")", owner="@ana")
+    up(a, "sheet", project='=HYPERLINK("http://evil.example","x")', owner="@ana")
     clock.advance(timedelta(hours=5))  # some spend to report
     yield a
     a.close()
@@ -369,7 +369,7 @@ def test_a_name_the_dashboard_was_not_given_is_refused_against_dns_rebinding(bar
 def test_a_post_from_another_site_is_refused(bare, monkeypatch):
     wsgi = make_app(bare)
     form = urlencode({"text": "name: x\n"})
-    status, headers, page = call(wsgi, "/plan")
+    _, headers, page = call(wsgi, "/plan")
     [cookie] = [v for k, v in headers if k == "Set-Cookie" and v.startswith("provisioner_csrf=")]
     assert "HttpOnly" in cookie and "SameSite=Strict" in cookie
     token = cookie.split(";")[0].partition("=")[2]
@@ -382,8 +382,15 @@ def test_a_post_from_another_site_is_refused(bare, monkeypatch):
     stale = call(wsgi, "/plan", "POST", form + "&csrf=" + "u" * 43, csrf=False, cookie=cookie)
     assert stale[0] == 403
     # its own form: the pair, from its own origin
-    ok = call(wsgi, "/plan", "POST", form + f"&csrf={token}", csrf=False, cookie=cookie,
-              origin="http://127.0.0.1")
+    ok = call(
+        wsgi,
+        "/plan",
+        "POST",
+        form + f"&csrf={token}",
+        csrf=False,
+        cookie=cookie,
+        origin="http://127.0.0.1",
+    )
     assert ok[0] == 200 and 'id="plan-result"' in ok[2]
     # a script with the token needs no form token; the login form does
     monkeypatch.setenv("PROVISIONER_DASHBOARD_TOKEN", "s3cret-dashboard-token")
@@ -428,7 +435,14 @@ def test_csv_cells_cannot_become_formulas(bare):
         [row] = list(csv.DictReader(io.StringIO(body)))[:1]
         assert row[field][0] == "'" and row[field][1] in "=@", row
     assert [csv_cell(c) for c in ("=1", "+1", "-1", "@a", "\tx", "\rx", "a=b", "")] == [
-        "'=1", "'+1", "'-1", "'@a", "'\tx", "'\rx", "a=b", ""
+        "'=1",
+        "'+1",
+        "'-1",
+        "'@a",
+        "'\tx",
+        "'\rx",
+        "a=b",
+        "",
     ]
 
 

@@ -63,9 +63,7 @@ class Period:
             raise ValueError(f"period ends ({last}) before it starts ({first})")
         for d in (first, last):
             if not EARLIEST.date() <= d < LATEST.date():
-                raise ValueError(
-                    f"{d} is outside {EARLIEST:%Y-%m-%d}..{LATEST - DAY:%Y-%m-%d}"
-                )
+                raise ValueError(f"{d} is outside {EARLIEST:%Y-%m-%d}..{LATEST - DAY:%Y-%m-%d}")
         return cls(midnight(first, tz), midnight(last + DAY, tz), f"{first}..{last}", tz)
 
     @classmethod
