@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import sys
@@ -752,3 +753,110 @@ def test_an_experiment_without_clouds_hears_which_are_enabled(home):
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert "real clouds enabled in settings, and only sandbox is" in r.stderr
     assert "list clouds: [CLOUD] in the experiment" in r.stderr
+
+
+# ---- the state database failing under a command (issue 26, point 7) ---------------------------
+
+
+@pytest.mark.slow  # waits out SQLite's 30 s busy timeout
+def test_a_locked_sqlite_state_on_up_is_one_line_and_writes_nothing(home, tmp_path, clock):
+    import sqlite3
+
+    from provisioner.app import App
+    from tests.conftest import make_settings, run_cli, write_settings
+
+    App(make_settings(home), clock).db.migrate()  # a state at the current schema
+    cfg = write_settings(home)
+    spec = tmp_path / "exp.yaml"
+    spec.write_text(QUICKSTART)
+    holder = sqlite3.connect(home / "state.db", isolation_level=None)
+    holder.execute("BEGIN EXCLUSIVE")  # another process writing, and writing, and writing
+    try:
+        r = run_cli("--config", str(cfg), "up", str(spec), "--detach", timeout=120)
+    finally:
+        holder.execute("ROLLBACK")
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert r.returncode == 1 and "Traceback" not in r.stderr + r.stdout, r.stderr[-2000:]
+    assert len(lines) == 1 and "the state database is locked" in lines[0], lines
+    assert holder.execute("SELECT count(*) FROM machines").fetchone() == (0,)
+    holder.close()
+
+
+class CutProxy:
+    """A TCP proxy to PostgreSQL that, once a client sends ``cut_on`` (a table's name in a
+    query), closes every connection and stops listening: the server gone mid-command."""
+
+    def __init__(self, target: tuple[str, int], cut_on: bytes) -> None:
+        import socket
+        import threading
+
+        self.target, self.cut_on, self.cut = target, cut_on, threading.Event()
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.socks: list = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        import socket
+        import threading
+
+        while not self.cut.is_set():
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            server = socket.create_connection(self.target)
+            self.socks += [client, server]
+            threading.Thread(target=self._pump, args=(client, server, True), daemon=True).start()
+            threading.Thread(target=self._pump, args=(server, client, False), daemon=True).start()
+
+    def _pump(self, src, dst, from_client: bool) -> None:
+        try:
+            while data := src.recv(65536):
+                if from_client and self.cut_on in data:
+                    self.close()
+                    return
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (src, dst):
+                with contextlib.suppress(OSError):
+                    s.close()
+
+    def close(self) -> None:
+        import socket
+
+        self.cut.set()
+        with contextlib.suppress(OSError):
+            self.listener.close()
+        for s in self.socks:
+            with contextlib.suppress(OSError):
+                s.shutdown(socket.SHUT_RDWR)
+                s.close()
+
+
+@pytest.mark.parametrize("db_url", ["postgresql"], indirect=True)
+def test_the_database_lost_mid_sweep_is_one_line_not_a_traceback(home, clock, db_url):
+    from urllib.parse import urlsplit
+
+    from provisioner import machines
+    from provisioner.app import App
+    from provisioner.spec import Experiment
+    from tests.conftest import make_settings, run_cli, sandbox_experiment, write_settings
+
+    a = App(make_settings(home, state_url=db_url), clock)
+    machines.up(a, Experiment.model_validate(sandbox_experiment("busy")))
+    a.close()
+    where = urlsplit(db_url)
+    proxy = CutProxy((where.hostname, where.port or 5432), b"scheduler_leases")
+    try:
+        via = db_url.replace(where.netloc, f"{where.username}@127.0.0.1:{proxy.port}", 1)
+        cfg = write_settings(home, state_url=via)
+        r = run_cli("--config", str(cfg), "sweep", timeout=120)
+    finally:
+        proxy.close()
+    assert proxy.cut.is_set()  # the server went away during the sweep, not before it
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert r.returncode == 1 and "Traceback" not in r.stderr + r.stdout, r.stderr[-3000:]
+    assert len(lines) == 1 and "the state database failed" in lines[0], lines
