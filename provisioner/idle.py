@@ -460,17 +460,18 @@ class HeartbeatApp:
         from sqlalchemy import insert, update
         from sqlalchemy.exc import IntegrityError
 
-        mark = SignedMark.__table__
+        mark = SignedMark
         for _ in range(2):  # the first of a machine: inserted; a racing insert: updated
             with self.app.db.session() as s:
                 done = s.execute(
                     update(mark)
                     .where(
-                        mark.c.route == route,
-                        mark.c.machine_id == machine_id,
-                        mark.c.at_ms < at_ms,
+                        mark.route == route,
+                        mark.machine_id == machine_id,
+                        mark.at_ms < at_ms,
                     )
                     .values(at_ms=at_ms)
+                    .execution_options(synchronize_session=False)
                 )
                 if done.rowcount:  # type: ignore[attr-defined]
                     return True
