@@ -836,6 +836,7 @@ class CutProxy:
                 s.close()
 
 
+@pytest.mark.slow  # a sandbox launch and a sweep on PostgreSQL, through a proxy
 @pytest.mark.parametrize("db_url", ["postgresql"], indirect=True)
 def test_the_database_lost_mid_sweep_is_one_line_not_a_traceback(home, clock, db_url):
     from urllib.parse import urlsplit
@@ -860,3 +861,30 @@ def test_the_database_lost_mid_sweep_is_one_line_not_a_traceback(home, clock, db
     lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
     assert r.returncode == 1 and "Traceback" not in r.stderr + r.stdout, r.stderr[-3000:]
     assert len(lines) == 1 and "the state database failed" in lines[0], lines
+
+
+@pytest.mark.slow  # four CLI runs
+def test_escapes_stored_before_the_spec_checked_them_never_reach_the_terminal(home, clock):
+    """A project and owner with ANSI escapes, as an older provisioner stored them: `report`
+    shows them with ``?``, never the escape itself."""
+    from datetime import timedelta
+
+    from provisioner import machines
+    from provisioner.app import App
+    from provisioner.spec import Experiment
+    from tests.conftest import make_settings, run_cli, sandbox_experiment, write_settings
+
+    a = App(make_settings(home), clock)
+    e = Experiment.model_validate(sandbox_experiment("old"))
+    machines.up(
+        a, e.model_copy(update={"project": "x\x1b[2J\x1b[31m", "owner": "[bold]o\x1b]0;t\a"})
+    )
+    clock.advance(timedelta(hours=3))
+    a.close()
+    cfg = write_settings(home)
+    for by in ("project", "owner", "machine"):
+        r = run_cli("--config", str(cfg), "report", "--by", by, now=clock.now())
+        assert r.returncode == 0, r.stderr
+        assert "\x1b" not in r.stdout and "\a" not in r.stdout, r.stdout
+    r = run_cli("--config", str(cfg), "report", "--project", "x\x1b[2J\x1b[31m", now=clock.now())
+    assert "\x1b" not in r.stdout and "x?[2J?[31m" in r.stdout, r.stdout
