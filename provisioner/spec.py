@@ -41,13 +41,15 @@ _CONTROL_IN_TEXT = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
 
 
 def _one_line(v: str) -> str:
-    """A name or label as shown in tables: no control characters; surrounding spaces
-    dropped (``"ana@x.org "`` is ``ana@x.org``, not a second owner)."""
-    if m := _CONTROL.search(v):
+    """A name or label as shown in tables: surrounding whitespace dropped (``"ana@x.org "``
+    or a block scalar's final newline: ``ana@x.org``, not a second owner); no control
+    character within."""
+    line = v.strip()
+    if m := _CONTROL.search(line):
         raise ValueError(f"control characters are not allowed here ({m[0]!r})")
-    if v and not v.strip():
+    if v and not line:
         raise ValueError("only spaces: write a value or leave the field out")
-    return v.strip()
+    return line
 
 
 def _text(v: str) -> str:

@@ -888,3 +888,33 @@ def test_escapes_stored_before_the_spec_checked_them_never_reach_the_terminal(ho
         assert "\x1b" not in r.stdout and "\a" not in r.stdout, r.stdout
     r = run_cli("--config", str(cfg), "report", "--project", "x\x1b[2J\x1b[31m", now=clock.now())
     assert "\x1b" not in r.stdout and "x?[2J?[31m" in r.stdout, r.stdout
+
+
+def test_surrounding_whitespace_is_dropped_from_names_and_control_characters_refused(tmp_path):
+    """``owner: " ana@example.com "`` or a block scalar's final newline is the same owner (not
+    a second one beside it); a control character inside is an error at its line."""
+    doc = {
+        **VALID,
+        "project": "nlp\n",
+        "owner": " ana@example.com ",
+        "labels": {" team": "nlp\t"},
+        "ssh_public_key": "ssh-ed25519 AAAAC3Nza ana@laptop\n",
+    }
+    f = tmp_path / "e.yaml"
+    f.write_text(yaml.safe_dump(doc))
+    e = load_experiment(f)
+    assert (e.project, e.owner, e.labels) == ("nlp", "ana@example.com", {"team": "nlp"})
+    assert e.ssh_public_key == "ssh-ed25519 AAAAC3Nza ana@laptop"
+    for field, value in [
+        ("project", "nlp\x1b[31m"),
+        ("owner", "ana\x00@example.com"),
+        ("project", "a\u0085b"),
+        ("owner", "   "),
+    ]:
+        f.write_text(yaml.safe_dump({**VALID, field: value}))
+        with pytest.raises(ConfigError) as err:
+            load_experiment(f)
+        assert err.value.problems[0].field == field, err.value
+    f.write_text(yaml.safe_dump({**VALID, "name": "llama\n"}))
+    with pytest.raises(ConfigError, match="name: use 2–40"):
+        load_experiment(f)
