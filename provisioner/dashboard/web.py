@@ -356,7 +356,9 @@ class Dashboard:
         here = (env.get("HTTP_HOST") or "").strip().lower()
         origin = env.get("HTTP_ORIGIN")
         source = origin if origin is not None else env.get("HTTP_REFERER")
-        if source is not None and here:
+        # "null": what a browser sends for its own form under our Referrer-Policy no-referrer
+        # (https://fetch.spec.whatwg.org/#serializing-a-request-origin): the token decides
+        if source is not None and source.strip() != "null" and here:
             try:
                 there = urlsplit(source.strip()).netloc.lower()
             except ValueError:
