@@ -364,6 +364,14 @@ def test_a_name_the_dashboard_was_not_given_is_refused_against_dns_rebinding(bar
     named = Dashboard(bare, token=None, open_access=True, hosts=["GPU.lab.example"])
     assert call(named, "/", host="gpu.lab.example:8765")[0] == 200
     assert call(named, "/", host="other.lab.example")[0] == 421
+    # behind a TLS proxy that sends its own Host: a form from the configured name is ours
+    form = urlencode({"text": "name: x\n"})
+    proxied = {"host": "127.0.0.1:8765", "origin": "https://gpu.lab.example"}
+    assert call(named, "/plan", "POST", form, **proxied)[0] == 200
+    assert (
+        call(named, "/plan", "POST", form, host="127.0.0.1:8765", origin="https://x.example")[0]
+        == 403
+    )
 
 
 def test_a_post_from_another_site_is_refused(bare, monkeypatch):

@@ -313,7 +313,7 @@ class Dashboard:
         return resp(start_response, accepts_gzip(environ.get("HTTP_ACCEPT_ENCODING", "")))
 
     def handle(self, req: Request) -> Response:
-        host = host_name(req.environ.get("HTTP_HOST") or req.environ.get("SERVER_NAME") or "")
+        host = host_name(req.environ.get("HTTP_HOST") or "")  # every browser sends one
         if host and not host_allowed(host, self.hosts):
             return Response(
                 f"this dashboard does not answer to {host!r}: add it to dashboard.hosts in "
@@ -363,7 +363,8 @@ class Dashboard:
                 there = urlsplit(source.strip()).netloc.lower()
             except ValueError:
                 there = ""
-            if there != here:
+            # its own host, or a name of ours (a TLS proxy may send the dashboard another Host)
+            if there != here and host_name(there) not in {h.lower() for h in self.hosts}:
                 return "refused: a form sent from another site"
         if req.bearer is not None:
             return None  # a script with its token: no browser sends one by itself
