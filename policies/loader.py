@@ -50,6 +50,8 @@ def _files(paths: Iterable[str | Path], problems: list[Problem]) -> list[Path]:
             out.extend(sorted(p for p in path.iterdir() if p.suffix in (".yaml", ".yml")))
         elif path.is_file():
             out.append(path)
+        elif path.exists():
+            problems.append(Problem(str(path), None, None, "not a regular file (a pipe or device)"))
         else:
             problems.append(Problem(str(path), None, None, "no such file or directory"))
     return out

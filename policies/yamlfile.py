@@ -4,7 +4,9 @@ files (``provisioner`` imports it; this layer imports nothing from there)."""
 
 from __future__ import annotations
 
+import os
 import re
+import stat
 import types as types_module
 import typing
 from pathlib import Path
@@ -78,9 +80,25 @@ def _parser() -> tuple[Any, ...]:
     return (yaml.reader.Reader, yaml.scanner.Scanner, yaml.parser.Parser)  # pragma: no cover
 
 
+class _Resolver(yaml.resolver.Resolver):
+    """YAML 1.2's booleans (https://yaml.org/spec/1.2.2/#1032-tag-resolution): only true and
+    false. YAML 1.1's yes/no/on/off stay words, so a policy named ``off`` or the holidays of
+    Norway (``country: NO``) are strings, not False; a boolean field still takes them (pydantic
+    reads yes/no/on/off as booleans)."""
+
+
+_BOOL = "tag:yaml.org,2002:bool"
+_Resolver.yaml_implicit_resolvers = {
+    first: [(tag, rx) for tag, rx in rules if tag != _BOOL]
+    for first, rules in yaml.resolver.Resolver.yaml_implicit_resolvers.items()
+}
+_Resolver.add_implicit_resolver(
+    _BOOL, re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF")
+)
+
 _Base: Any = type(
     "_Base",
-    (yaml.composer.Composer, *_parser(), yaml.constructor.SafeConstructor, yaml.resolver.Resolver),
+    (yaml.composer.Composer, *_parser(), yaml.constructor.SafeConstructor, _Resolver),
     {},
 )
 
@@ -97,7 +115,7 @@ class _Loader(_Base):
             else:
                 base.__init__(self, text)
         yaml.constructor.SafeConstructor.__init__(self)
-        yaml.resolver.Resolver.__init__(self)
+        _Resolver.__init__(self)
         yaml.composer.Composer.__init__(self)
         self._depth = 0
 
@@ -128,7 +146,16 @@ def read_text(path: str | Path, what: str = "file") -> str:
     """The text of a YAML input file, at most :data:`MAX_BYTES`; DocumentError otherwise."""
     file = str(path)
     try:
-        with open(path, "rb") as f:
+        # O_NONBLOCK: opening a FIFO nobody writes to returns at once instead of hanging; the
+        # descriptor's own type is checked (not the path's, which could be swapped meanwhile)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+        with open(fd, "rb") as f:
+            mode = os.fstat(fd).st_mode
+            if stat.S_ISDIR(mode):
+                raise IsADirectoryError
+            if not stat.S_ISREG(mode):
+                reason = f"not a regular file (a pipe or device), not a {what}"
+                raise DocumentError([Problem(file, None, None, reason)])
             raw = f.read(MAX_BYTES + 1)
     except FileNotFoundError:
         raise DocumentError([Problem(file, None, None, "file not found")]) from None

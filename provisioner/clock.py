@@ -10,6 +10,12 @@ from datetime import UTC, datetime, timedelta
 #: no test depends on the day it runs.
 CLOCK_ENV = "PROVISIONER_CLOCK"
 
+#: The instants a clock, a period or a report may name: [EARLIEST, LATEST). Far enough either
+#: way for any what-if run, and far from datetime's year-9999 edge, where a month or a day
+#: added to a date overflows.
+EARLIEST = datetime(2000, 1, 1, tzinfo=UTC)
+LATEST = datetime(2200, 1, 1, tzinfo=UTC)
+
 
 class Clock:
     def now(self) -> datetime:
@@ -62,5 +68,11 @@ def clock_from_env() -> Clock:
         raise UserError(
             f"{CLOCK_ENV}: {raw!r} is not an ISO 8601 instant with a UTC offset"
             " (e.g. 2026-11-02T09:00:00+00:00)"
+        )
+    if not EARLIEST <= start < LATEST:
+        from provisioner.errors import UserError
+
+        raise UserError(
+            f"{CLOCK_ENV}: {raw!r} is outside {EARLIEST:%Y-%m-%d}..{LATEST - timedelta(1):%Y-%m-%d}"
         )
     return ShiftedClock(start)

@@ -2,9 +2,18 @@
 
 from __future__ import annotations
 
+import sys
+
 from policies.problems import DocumentError, Problem
 
-__all__ = ["ConfigError", "OperationFailed", "Problem", "ProvisionerError", "UserError"]
+__all__ = [
+    "ConfigError",
+    "OperationFailed",
+    "Problem",
+    "ProvisionerError",
+    "UserError",
+    "database_failure",
+]
 
 
 class ProvisionerError(Exception):
@@ -25,3 +34,25 @@ ConfigError = DocumentError
 
 class OperationFailed(ProvisionerError):
     """A cloud operation could not be completed (every candidate failed, provider error…)."""
+
+
+def database_failure(e: BaseException) -> str | None:
+    """One line for the state database failing under a command (its server gone or
+    restarting, the SQLite file locked by another process past the 30 s busy timeout, the
+    disk full); None for any other error, a bug to show. SQLAlchemy is not imported for it:
+    when it is not loaded, no database error can have been raised."""
+    exc = sys.modules.get("sqlalchemy.exc")
+    if exc is None or not isinstance(e, exc.OperationalError | exc.InterfaceError):
+        return None
+    orig = getattr(e, "orig", None)
+    lines = str(orig or "").strip().splitlines()
+    reason = lines[0].strip() if lines else type(orig or e).__name__
+    if "database is locked" in reason:
+        return (
+            "the state database is locked: another provisioner process has been writing to it "
+            "for over 30 s; nothing was changed, try again when it is done"
+        )
+    return (
+        f"the state database failed: {reason}; check that its server runs and state_url in "
+        "settings, then run the command again"
+    )

@@ -14,7 +14,6 @@ import hmac
 import itertools
 import json
 import logging
-import threading
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
@@ -24,7 +23,15 @@ from sqlalchemy import delete, func, select
 
 from policies.schema import IdleRule, Policy, matching
 from provisioner import agent
-from provisioner.models import ACTIVE_EXCLUDED, Event, Heartbeat, Machine, UTCDateTime, epoch_us
+from provisioner.models import (
+    ACTIVE_EXCLUDED,
+    Event,
+    Heartbeat,
+    Machine,
+    SignedMark,
+    UTCDateTime,
+    epoch_us,
+)
 from provisioner.web import MAX_BODY, Server, WSGIApp, respond
 
 if TYPE_CHECKING:
@@ -483,8 +490,6 @@ class HeartbeatApp:
         self.app = app
         self.metrics = metrics
         self.metrics_token = metrics_token
-        self._last: dict[tuple[str, str], int] = {}  # (route, machine id) → latest time
-        self._lock = threading.Lock()
 
     def __call__(self, environ: dict[str, Any], start_response: Any) -> Iterable[bytes]:
         path = environ.get("SCRIPT_NAME", "") + (environ.get("PATH_INFO") or "")
@@ -530,11 +535,47 @@ class HeartbeatApp:
         raw = environ["wsgi.input"].read(int(length))
         if not hmac.compare_digest(sig, agent.signature(key, machine_id, at_ms, raw, route)):
             return 401, {"error": "unknown machine or token"}, b""
-        with self._lock:  # the check and the update as one: two copies cannot both pass
-            if at_ms <= self._last.get((route, machine_id), 0):
-                return 409, {"error": "replayed or out-of-order request"}, b""
-            self._last[route, machine_id] = at_ms
+        if not self._newer(route, machine_id, at_ms):
+            return 409, {"error": "replayed or out-of-order request"}, b""
         return 200, machine_id, raw
+
+    def _newer(self, route: str, machine_id: str, at_ms: int) -> bool:
+        """Whether ``at_ms`` is newer than any this route accepted from the machine, recording
+        it if so: in the state database (a restart forgets nothing, and every scheduler process
+        shares it), check and update as one conditional statement, so two copies of one request
+        cannot both pass."""
+        from sqlalchemy import insert, update
+        from sqlalchemy.exc import IntegrityError
+
+        mark = SignedMark
+        for _ in range(2):  # the first of a machine: inserted; a racing insert: updated
+            with self.app.db.session() as s:
+                done = s.execute(
+                    update(mark)
+                    .where(
+                        mark.route == route,
+                        mark.machine_id == machine_id,
+                        mark.at_ms < at_ms,
+                    )
+                    .values(at_ms=at_ms)
+                    .execution_options(synchronize_session=False)
+                )
+                if done.rowcount:  # type: ignore[attr-defined]
+                    return True
+                seen = s.scalar(
+                    select(SignedMark.at_ms).where(
+                        SignedMark.route == route, SignedMark.machine_id == machine_id
+                    )
+                )
+                if seen is not None:
+                    return False  # as old as one accepted, or older: a replay
+            try:
+                with self.app.db.session() as s:
+                    s.execute(insert(mark).values(route=route, machine_id=machine_id, at_ms=at_ms))
+                return True
+            except IntegrityError:
+                continue  # another request of the machine inserted it first: compare with it
+        return False
 
     def _heartbeat(self, environ: dict[str, Any]) -> tuple[int, Any]:
         return self._signed(environ, agent.HEARTBEAT, parse_heartbeat, record_heartbeat)

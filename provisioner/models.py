@@ -245,6 +245,17 @@ class Heartbeat(Base):
     __table_args__ = (Index("ix_heartbeats_machine_at", "machine_id", "at"),)
 
 
+class SignedMark(Base):
+    """The newest signed ``time`` an agent's route accepted from a machine: a request not
+    newer is a replay (409), also after the scheduler restarts (0008)."""
+
+    __tablename__ = "signed_marks"
+
+    route: Mapped[str] = mapped_column(String(32), primary_key=True)
+    machine_id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    at_ms: Mapped[int] = mapped_column(BigInteger)
+
+
 class Lease(Base):
     """Who leads one scheduler job, until when (see :mod:`provisioner.jobs.lease`)."""
 

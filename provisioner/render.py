@@ -134,6 +134,16 @@ def subject(r: Report, alert: Alert | None = None) -> str:
     return f.t("subject_budget", **kw)
 
 
+_FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+
+
+def csv_cell(text: str) -> str:
+    """A text cell a spreadsheet shows as text: one starting with ``= + - @``, a tab or a
+    carriage return gets a leading ``'`` (OWASP, https://owasp.org/www-community/attacks/
+    CSV_Injection), so ``=HYPERLINK(...)`` in a project or owner is not a live formula."""
+    return "'" + text if text.startswith(_FORMULA_START) else text
+
+
 def csv(r: Report) -> str:
     """One row per (group, kind, currency): the amount billed and its conversion."""
     buf = io.StringIO()
@@ -147,7 +157,7 @@ def csv(r: Report) -> str:
                 w.writerow(
                     [
                         r.period.label,
-                        line.key,
+                        csv_cell(line.key),
                         kind,
                         m.currency,
                         _csv_amount(m.amount),

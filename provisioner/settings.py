@@ -161,6 +161,9 @@ class DashboardSettings(BaseModel):
     listen: str = "127.0.0.1:8765"
     language: str | None = Field(None, pattern="^(en|ru)$")  # None: the browser's choice
     token: SecretStr | None = None
+    # names (besides IP addresses and localhost) browsers may reach it by: any other Host is
+    # refused, so a DNS-rebinding page cannot read it
+    hosts: list[str] = Field(default_factory=list)
     experiments: list[str] = Field(
         default_factory=list
     )  # files or directories the Plan page offers

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -32,8 +33,36 @@ _GPU_RE = re.compile(r"^(?P<type>[A-Za-z0-9-]+?)(?::(?P<mem>\d+)GB)?(?::(?P<coun
 _NAME_RE = re.compile(r"^[a-z][a-z0-9-]{0,38}[a-z0-9]$")
 
 
-LabelKey = Annotated[str, StringConstraints(min_length=1, max_length=128)]
-LabelValue = Annotated[str, StringConstraints(max_length=256)]
+# C0 and C1 controls and DEL: a NUL (PostgreSQL refuses it in text), an ESC starting an ANSI
+# sequence that would reach a teammate's terminal through `report`, a newline or a tab
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+# in a script or an environment value: all of them but tab, newline and carriage return
+_CONTROL_IN_TEXT = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
+
+
+def _one_line(v: str) -> str:
+    """A name or label as shown in tables: surrounding whitespace dropped (``"ana@x.org "``
+    or a block scalar's final newline: ``ana@x.org``, not a second owner); no control
+    character within."""
+    line = v.strip()
+    if m := _CONTROL.search(line):
+        raise ValueError(f"control characters are not allowed here ({m[0]!r})")
+    if v and not line:
+        raise ValueError("only spaces: write a value or leave the field out")
+    return line
+
+
+def _text(v: str) -> str:
+    """A script or an environment value: lines and tabs, but no other control characters."""
+    if m := _CONTROL_IN_TEXT.search(v):
+        raise ValueError(f"control characters are not allowed here ({m[0]!r})")
+    return v
+
+
+Line = Annotated[str, AfterValidator(_one_line)]
+Text = Annotated[str, AfterValidator(_text)]
+LabelKey = Annotated[Line, StringConstraints(min_length=1, max_length=128)]
+LabelValue = Annotated[Line, StringConstraints(max_length=256)]
 EnvKey = Annotated[str, StringConstraints(pattern=r"^[A-Z_][A-Z0-9_]*$", max_length=128)]
 
 
@@ -92,13 +121,13 @@ class Resources(_Strict):
     gpu: GPU
     market: Literal["spot", "reserved", "any"] = "any"
     clouds: list[str] | None = None  # None: every enabled real cloud
-    regions: list[str] = Field(default_factory=list)
-    zones: list[str] = Field(default_factory=list)
+    regions: list[Line] = Field(default_factory=list)
+    zones: list[Line] = Field(default_factory=list)
     max_price_per_hour: Money | None = None
     min_vcpus: int = Field(0, ge=0, le=100_000)
     min_memory_gb: Decimal = Field(Decimal(0), ge=0, le=1_000_000, allow_inf_nan=False)
     disk_gb: int = Field(100, ge=10, le=65536)
-    image: dict[str, str] = Field(default_factory=dict)  # cloud → image
+    image: dict[str, Line] = Field(default_factory=dict)  # cloud → image
 
     @field_validator("max_price_per_hour", mode="before")
     @classmethod
@@ -142,8 +171,8 @@ class PreemptionNotice(_Strict):
     (not waited for; PROVISIONER_NOTICE_CLOUD, _ACTION and _NOT_BEFORE in its environment)."""
 
     signal: str | None = None
-    to: str | None = Field(None, min_length=1, max_length=512)
-    run: str | None = Field(None, min_length=1, max_length=4096)
+    to: Text | None = Field(None, min_length=1, max_length=512)
+    run: Text | None = Field(None, min_length=1, max_length=4096)
 
     @field_validator("signal")
     @classmethod
@@ -262,7 +291,7 @@ class VolumeSpec(_Strict):
     @field_validator("name")
     @classmethod
     def _name(cls, v: str) -> str:
-        if not _VOLUME_NAME_RE.match(v):
+        if not _VOLUME_NAME_RE.fullmatch(v):
             raise ValueError(
                 "use 2–24 lowercase letters, digits and dashes, starting with a letter "
                 "(it becomes part of the cloud disk name)"
@@ -272,7 +301,7 @@ class VolumeSpec(_Strict):
     @field_validator("path")
     @classmethod
     def _path(cls, v: str) -> str:
-        if not _PATH_RE.match(v) or any(p in (".", "..") for p in v.split("/")):
+        if not _PATH_RE.fullmatch(v) or any(p in (".", "..") for p in v.split("/")):
             raise ValueError(
                 "an absolute path of letters, digits, dots, dashes and underscores (/data)"
             )
@@ -284,11 +313,11 @@ class VolumeSpec(_Strict):
 
 class Experiment(_Strict):
     name: str
-    project: str = Field(min_length=1, max_length=63)
-    owner: str = Field(min_length=1, max_length=128)
+    project: Line = Field(min_length=1, max_length=63)
+    owner: Line = Field(min_length=1, max_length=128)
     resources: Resources
-    startup_script: str | None = None
-    ssh_public_key: str | None = None
+    startup_script: Text | None = None
+    ssh_public_key: Line | None = None
     # AWS allows 50 tags of 128/256 characters (we add four):
     # https://docs.aws.amazon.com/tag-editor/latest/userguide/tagging.html
     labels: dict[LabelKey, LabelValue] = Field(default_factory=dict, max_length=40)
@@ -297,9 +326,9 @@ class Experiment(_Strict):
     # the job: ``workdir`` (relative to the experiment file) is copied to the machine at `up`,
     # ``setup`` runs once per machine, then ``run`` (both shell, in the copy, with ``env``)
     workdir: str | None = None
-    setup: str | None = Field(None, min_length=1, max_length=65536)
-    run: str | None = Field(None, min_length=1, max_length=65536)
-    env: dict[EnvKey, Annotated[str, StringConstraints(max_length=32768)]] = Field(
+    setup: Text | None = Field(None, min_length=1, max_length=65536)
+    run: Text | None = Field(None, min_length=1, max_length=65536)
+    env: dict[EnvKey, Annotated[Text, StringConstraints(max_length=32768)]] = Field(
         default_factory=dict, max_length=200
     )
 
@@ -324,7 +353,7 @@ class Experiment(_Strict):
     @field_validator("name")
     @classmethod
     def _name(cls, v: str) -> str:
-        if not _NAME_RE.match(v):
+        if not _NAME_RE.fullmatch(v):  # match() let "name\\n" through: a second machine
             raise ValueError(
                 "use 2–40 lowercase letters, digits and dashes, starting with a letter "
                 "(it becomes part of the cloud machine name)"
@@ -372,11 +401,17 @@ class Experiment(_Strict):
 _JOB_FIELDS = ("workdir", "setup", "run", "env")
 
 
+_LOOKALIKE = str.maketrans("OIL", "011")
+
+
 def did_you_mean(word: str, known: Collection[str]) -> str:
     """``did you mean 'A100'?`` for a near miss, else the list of what is known."""
     import difflib
 
-    near = difflib.get_close_matches(word, known, n=1, cutoff=0.5)
+    # a letter typed for the digit it looks like (A10O, A1OO: A100) before the nearest spelling
+    folded = word.upper().translate(_LOOKALIKE)
+    look = [k for k in known if k.upper().translate(_LOOKALIKE) == folded]
+    near = look or difflib.get_close_matches(word, known, n=1, cutoff=0.5)
     return f"did you mean {near[0]!r}?" if near else f"known: {', '.join(known)}"
 
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
+import os
 import sys
 from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
@@ -511,6 +513,88 @@ HOSTILE = [
         {},
         "rates: no rate for USD",
     ),
+    # ---- issue 26, point 7: names and text fields at the spec boundary
+    (
+        "name-trailing-newline",  # was a second machine beside `quickstart`
+        None,
+        _exp("name: quickstart", 'name: "quickstart\\n"'),
+        [],
+        {},
+        "name: use 2–40 lowercase letters",
+    ),
+    ("name-trailing-space", None, _exp("name: quickstart", 'name: "quickstart "'), [], {}, "name"),
+    (
+        "project-ansi-escape",  # reached teammates' terminals through `report`
+        None,
+        _exp("project: demo", 'project: "demo\\e[2J\\e[31m"'),
+        [],
+        {},
+        "project: control characters",
+    ),
+    (
+        "owner-nul",  # crashed `up` on PostgreSQL
+        None,
+        _exp("owner: you@example.com", 'owner: "you\\0@example.com"'),
+        [],
+        {},
+        "owner: control characters",
+    ),
+    (
+        "label-ansi-escape",
+        None,
+        QUICKSTART + 'labels: {team: "\\e]0;owned\\a"}\n',
+        [],
+        {},
+        "labels.team: control characters",
+    ),
+    (
+        "env-nul",
+        None,
+        _exp('STEPS: "3"', 'STEPS: "3\\0"'),
+        [],
+        {},
+        "env.STEPS: control characters",
+    ),
+    (
+        "run-nul",
+        None,
+        QUICKSTART.split("run: |")[0] + 'run: "echo done\\0"\n',
+        [],
+        {},
+        "run",
+    ),
+    # ---- extreme clock values: 1970-01-01 .. 9000-12-31 (provisioner.clock.EARLIEST/LATEST)
+    (
+        "clock-9999",
+        None,
+        QUICKSTART,
+        [],
+        {"PROVISIONER_CLOCK": "9999-12-31T23:59:59+00:00"},
+        "PROVISIONER_CLOCK",
+    ),
+    (
+        "clock-year-1",
+        None,
+        QUICKSTART,
+        [],
+        {"PROVISIONER_CLOCK": "0001-01-01T00:00:00+00:00"},
+        "PROVISIONER_CLOCK",
+    ),
+    (
+        "period-to-9999",
+        None,
+        None,
+        ["report", "--period", "2026-01-01..9999-12-31"],
+        {},
+        "9999-12-31",
+    ),
+    # ---- non-regular files: refused, never read (a FIFO hung)
+    ("experiment-fifo", None, None, ["up", "FIFO"], {}, "not a regular file"),
+    ("experiment-device", None, None, ["up", "/dev/zero"], {}, "not a regular file"),
+    ("settings-fifo", "FIFO", QUICKSTART, [], {}, "not a regular file"),
+    ("policy-fifo", SANDBOX + "policies: [FIFO]\n", QUICKSTART, [], {}, "not a regular file"),
+    # ---- exit codes
+    ("catalog-unknown-gpu", None, None, ["catalog", "--gpu", "A10O"], {}, "did you mean 'A100'"),
 ]
 PREPARE = {
     "state-db-corrupt": _corrupt,
@@ -543,8 +627,15 @@ def test_hostile_input_is_one_line_exit_2_and_writes_nothing(
         text = SANDBOX + _policy_file(home, text.removeprefix("POLICY:"))
     if "home:" not in text:
         text += f"home: {home}\n"
+    fifo = tmp_path / "fifo.yaml"  # "FIFO": a named pipe nobody writes to (reading it hangs)
+    os.mkfifo(fifo)
+    text = text.replace("FIFO", str(fifo))
+    args = [str(fifo) if a == "FIFO" else a for a in args]
     cfg = tmp_path / "settings.yaml"
-    cfg.write_text(text)
+    if settings_text == "FIFO":
+        cfg, env = fifo, {**env, "PROVISIONER_HOME": str(home)}
+    else:
+        cfg.write_text(text)
     spec = tmp_path / "exp.yaml"
     if experiment is not None:
         spec.write_text(experiment)
@@ -662,3 +753,168 @@ def test_an_experiment_without_clouds_hears_which_are_enabled(home):
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert "real clouds enabled in settings, and only sandbox is" in r.stderr
     assert "list clouds: [CLOUD] in the experiment" in r.stderr
+
+
+# ---- the state database failing under a command (issue 26, point 7) ---------------------------
+
+
+@pytest.mark.slow  # waits out SQLite's 30 s busy timeout
+def test_a_locked_sqlite_state_on_up_is_one_line_and_writes_nothing(home, tmp_path, clock):
+    import sqlite3
+
+    from provisioner.app import App
+    from tests.conftest import make_settings, run_cli, write_settings
+
+    App(make_settings(home), clock).db.migrate()  # a state at the current schema
+    cfg = write_settings(home)
+    spec = tmp_path / "exp.yaml"
+    spec.write_text(QUICKSTART)
+    holder = sqlite3.connect(home / "state.db", isolation_level=None)
+    holder.execute("BEGIN EXCLUSIVE")  # another process writing, and writing, and writing
+    try:
+        r = run_cli("--config", str(cfg), "up", str(spec), "--detach", timeout=120)
+    finally:
+        holder.execute("ROLLBACK")
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert r.returncode == 1 and "Traceback" not in r.stderr + r.stdout, r.stderr[-2000:]
+    assert len(lines) == 1 and "the state database is locked" in lines[0], lines
+    assert holder.execute("SELECT count(*) FROM machines").fetchone() == (0,)
+    holder.close()
+
+
+class CutProxy:
+    """A TCP proxy to PostgreSQL that, once a client sends ``cut_on`` (a table's name in a
+    query), closes every connection and stops listening: the server gone mid-command."""
+
+    def __init__(self, target: tuple[str, int], cut_on: bytes) -> None:
+        import socket
+        import threading
+
+        self.target, self.cut_on, self.cut = target, cut_on, threading.Event()
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.socks: list = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        import socket
+        import threading
+
+        while not self.cut.is_set():
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            server = socket.create_connection(self.target)
+            self.socks += [client, server]
+            threading.Thread(target=self._pump, args=(client, server, True), daemon=True).start()
+            threading.Thread(target=self._pump, args=(server, client, False), daemon=True).start()
+
+    def _pump(self, src, dst, from_client: bool) -> None:
+        try:
+            while data := src.recv(65536):
+                if from_client and self.cut_on in data:
+                    self.close()
+                    return
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (src, dst):
+                with contextlib.suppress(OSError):
+                    s.close()
+
+    def close(self) -> None:
+        import socket
+
+        self.cut.set()
+        with contextlib.suppress(OSError):
+            self.listener.close()
+        for s in self.socks:
+            with contextlib.suppress(OSError):
+                s.shutdown(socket.SHUT_RDWR)
+                s.close()
+
+
+@pytest.mark.slow  # a sandbox launch and a sweep on PostgreSQL, through a proxy
+@pytest.mark.parametrize("db_url", ["postgresql"], indirect=True)
+def test_the_database_lost_mid_sweep_is_one_line_not_a_traceback(home, clock, db_url):
+    from urllib.parse import urlsplit
+
+    from provisioner import machines
+    from provisioner.app import App
+    from provisioner.spec import Experiment
+    from tests.conftest import make_settings, run_cli, sandbox_experiment, write_settings
+
+    a = App(make_settings(home, state_url=db_url), clock)
+    machines.up(a, Experiment.model_validate(sandbox_experiment("busy")))
+    a.close()
+    where = urlsplit(db_url)
+    proxy = CutProxy((where.hostname, where.port or 5432), b"scheduler_leases")
+    try:
+        via = db_url.replace(where.netloc, f"{where.username}@127.0.0.1:{proxy.port}", 1)
+        cfg = write_settings(home, state_url=via)
+        r = run_cli("--config", str(cfg), "sweep", timeout=120)
+    finally:
+        proxy.close()
+    assert proxy.cut.is_set()  # the server went away during the sweep, not before it
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert r.returncode == 1 and "Traceback" not in r.stderr + r.stdout, r.stderr[-3000:]
+    assert len(lines) == 1 and "the state database failed" in lines[0], lines
+
+
+@pytest.mark.slow  # four CLI runs
+def test_escapes_stored_before_the_spec_checked_them_never_reach_the_terminal(home, clock):
+    """A project and owner with ANSI escapes, as an older provisioner stored them: `report`
+    shows them with ``?``, never the escape itself."""
+    from datetime import timedelta
+
+    from provisioner import machines
+    from provisioner.app import App
+    from provisioner.spec import Experiment
+    from tests.conftest import make_settings, run_cli, sandbox_experiment, write_settings
+
+    a = App(make_settings(home), clock)
+    e = Experiment.model_validate(sandbox_experiment("old"))
+    machines.up(
+        a, e.model_copy(update={"project": "x\x1b[2J\x1b[31m", "owner": "[bold]o\x1b]0;t\a"})
+    )
+    clock.advance(timedelta(hours=3))
+    a.close()
+    cfg = write_settings(home)
+    for by in ("project", "owner", "machine"):
+        r = run_cli("--config", str(cfg), "report", "--by", by, now=clock.now())
+        assert r.returncode == 0, r.stderr
+        assert "\x1b" not in r.stdout and "\a" not in r.stdout, r.stdout
+    r = run_cli("--config", str(cfg), "report", "--project", "x\x1b[2J\x1b[31m", now=clock.now())
+    assert "\x1b" not in r.stdout and "x?[2J?[31m" in r.stdout, r.stdout
+
+
+def test_surrounding_whitespace_is_dropped_from_names_and_control_characters_refused(tmp_path):
+    """``owner: " ana@example.com "`` or a block scalar's final newline is the same owner (not
+    a second one beside it); a control character inside is an error at its line."""
+    doc = {
+        **VALID,
+        "project": "nlp\n",
+        "owner": " ana@example.com ",
+        "labels": {" team": "nlp\t"},
+        "ssh_public_key": "ssh-ed25519 AAAAC3Nza ana@laptop\n",
+    }
+    f = tmp_path / "e.yaml"
+    f.write_text(yaml.safe_dump(doc))
+    e = load_experiment(f)
+    assert (e.project, e.owner, e.labels) == ("nlp", "ana@example.com", {"team": "nlp"})
+    assert e.ssh_public_key == "ssh-ed25519 AAAAC3Nza ana@laptop"
+    for field, value in [
+        ("project", "nlp\x1b[31m"),
+        ("owner", "ana\x00@example.com"),
+        ("project", "a\u0085b"),
+        ("owner", "   "),
+    ]:
+        f.write_text(yaml.safe_dump({**VALID, field: value}))
+        with pytest.raises(ConfigError) as err:
+            load_experiment(f)
+        assert err.value.problems[0].field == field, err.value
+    f.write_text(yaml.safe_dump({**VALID, "name": "llama\n"}))
+    with pytest.raises(ConfigError, match="name: use 2–40"):
+        load_experiment(f)

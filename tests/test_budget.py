@@ -127,7 +127,8 @@ def test_up_refusal_exits_2_from_the_cli(home, tmp_path, policy_dir):
     assert r.returncode == 2, r.stderr
     assert "refused by budget demo-budget" in r.stderr and "1.00 USD budget" in r.stderr
     planned = run_cli("--config", str(cfg), "plan", str(spec))
-    assert planned.returncode == 0 and "budget demo-budget" in planned.stdout
+    # refused, as `up` is: exit 2 (the plan and the verdict still shown)
+    assert planned.returncode == 2 and "budget demo-budget" in planned.stdout
     assert "OVER by" in planned.stdout
 
 

@@ -27,7 +27,7 @@ import pytest
 from provisioner import idle, machines, startup
 from provisioner.app import App
 from provisioner.clock import CLOCK_ENV
-from provisioner.dashboard import make_app
+from provisioner.dashboard import Dashboard, make_app
 from provisioner.spec import Experiment
 from tests.conftest import (
     TEST_START,
@@ -118,8 +118,26 @@ def seed(home: Path, clock, db_url: str | None = None) -> tuple[App, Path]:
     return dash, pdir
 
 
-def call(wsgi, path: str, method: str = "GET", body: str = "", remote="127.0.0.1", **headers: str):
-    """One request through the WSGI callable from ``remote``: (status code, headers, text)."""
+CSRF = "t" * 43  # the double-submit pair a page's form sends: its cookie and its hidden field
+
+
+def call(
+    wsgi,
+    path: str,
+    method: str = "GET",
+    body: str = "",
+    remote="127.0.0.1",
+    csrf: bool = True,
+    **headers: str,
+):
+    """One request through the WSGI callable from ``remote``: (status code, headers, text).
+    A POST carries the form's CSRF token and its cookie, as a page's form does (``csrf=False``:
+    as a form on another site would, without them)."""
+    if method == "POST" and csrf:
+        body += ("&" if body else "") + f"csrf={CSRF}"
+        headers["cookie"] = "; ".join(
+            c for c in (headers.get("cookie"), f"provisioner_csrf={CSRF}") if c
+        )
     env: dict = {"REQUEST_METHOD": method, "REMOTE_ADDR": remote}
     path, _, query = path.partition("?")
     env["PATH_INFO"], env["QUERY_STRING"] = path, query
@@ -192,7 +210,7 @@ def test_token_once_on_the_login_form_becomes_a_strict_session_cookie(seeded, mo
     assert status == 401 and "not the dashboard" in body
     status, headers, _ = call(wsgi, "/login", "POST", urlencode({"token": token}))
     assert status == 303
-    cookie = dict(headers)["Set-Cookie"]
+    [cookie] = [v for k, v in headers if k == "Set-Cookie" and v.startswith("provisioner_session=")]
     assert "HttpOnly" in cookie and "SameSite=Strict" in cookie
     assert token not in cookie  # a signature over an expiry, not the token
     session = cookie.split(";")[0]
@@ -321,6 +339,174 @@ def test_language_from_the_browser_and_bad_input_in_a_query(seeded):
     assert status == 400 and "by: use one of project, owner, cloud, gpu, machine" in html
     assert call(wsgi, "/machine/nope")[0] == 404
     assert call(wsgi, "/plan", "POST", "text=" + "x" * 300_000)[0] == 413
+
+
+# --- hostile requests (issue 26, point 6) ---------------------------------------------------
+
+
+@pytest.fixture
+def bare(home, clock):
+    """A state with one machine whose project is a spreadsheet formula."""
+    a = App(make_settings(home), clock)
+    up(a, "sheet", project='=HYPERLINK("http://evil.example","x")', owner="@ana")
+    clock.advance(timedelta(hours=5))  # some spend to report
+    yield a
+    a.close()
+
+
+def test_a_name_the_dashboard_was_not_given_is_refused_against_dns_rebinding(bare):
+    wsgi = make_app(bare)  # loopback: open to this computer, and only through its own names
+    status, _, body = call(wsgi, "/", host="rebind.evil.example:8765")
+    assert status == 421 and "sheet" not in body and "dashboard.hosts" in body
+    assert call(wsgi, "/spend.csv", host="rebind.evil.example")[0] == 421
+    for host in ("127.0.0.1:8765", "localhost:8765", "[::1]:8765", "app.localhost", "10.0.0.5"):
+        assert call(wsgi, "/", host=host)[0] == 200, host
+    named = Dashboard(bare, token=None, open_access=True, hosts=["GPU.lab.example"])
+    assert call(named, "/", host="gpu.lab.example:8765")[0] == 200
+    assert call(named, "/", host="other.lab.example")[0] == 421
+    # behind a TLS proxy that sends its own Host: a form from the configured name is ours
+    form = urlencode({"text": "name: x\n"})
+    proxied = {"host": "127.0.0.1:8765", "origin": "https://gpu.lab.example"}
+    assert call(named, "/plan", "POST", form, **proxied)[0] == 200
+    assert (
+        call(named, "/plan", "POST", form, host="127.0.0.1:8765", origin="https://x.example")[0]
+        == 403
+    )
+
+
+def test_a_post_from_another_site_is_refused(bare, monkeypatch):
+    wsgi = make_app(bare)
+    form = urlencode({"text": "name: x\n"})
+    _, headers, page = call(wsgi, "/plan")
+    [cookie] = [v for k, v in headers if k == "Set-Cookie" and v.startswith("provisioner_csrf=")]
+    assert "HttpOnly" in cookie and "SameSite=Strict" in cookie
+    token = cookie.split(";")[0].partition("=")[2]
+    assert f'name="csrf" value="{token}"' in page  # the form carries the cookie's double
+    # a page elsewhere posting to it: no token, or another origin, or a stale pair
+    assert call(wsgi, "/plan", "POST", form, csrf=False)[0] == 403
+    assert call(wsgi, "/plan", "POST", form, origin="http://evil.example")[0] == 403
+    assert call(wsgi, "/plan", "POST", form, origin="null", csrf=False)[0] == 403
+    assert call(wsgi, "/plan", "POST", form, referer="http://evil.example/x")[0] == 403
+    stale = call(wsgi, "/plan", "POST", form + "&csrf=" + "u" * 43, csrf=False, cookie=cookie)
+    assert stale[0] == 403
+    # its own form: the pair, from its own origin
+    ok = call(
+        wsgi,
+        "/plan",
+        "POST",
+        form + f"&csrf={token}",
+        csrf=False,
+        cookie=cookie,
+        origin="http://127.0.0.1",
+    )
+    assert ok[0] == 200 and 'id="plan-result"' in ok[2]
+    # as a browser sends it under Referrer-Policy: no-referrer, "Origin: null": the pair decides
+    pair = {"csrf": False, "cookie": cookie.split(";")[0], "origin": "null"}
+    assert call(wsgi, "/plan", "POST", form + f"&csrf={token}", **pair)[0] == 200
+    # a script with the token needs no form token; the login form does
+    monkeypatch.setenv("PROVISIONER_DASHBOARD_TOKEN", "s3cret-dashboard-token")
+    wide = make_app(bare, listen="10.1.2.3:8765")
+    assert call(wide, "/login", "POST", "token=s3cret-dashboard-token", csrf=False)[0] == 403
+    bearer = {"authorization": "Bearer s3cret-dashboard-token"}
+    assert call(wide, "/plan", "POST", form, csrf=False, **bearer)[0] == 200
+
+
+@pytest.mark.parametrize(
+    "back",
+    [
+        "/%5Cevil.example",
+        "//evil.example",
+        "/%5C/evil.example",
+        "https://evil.example/",
+        "/%09/evil.example",
+        "%2F%2Fevil.example",
+        "javascript:alert(1)",
+        "/%0d%0aSet-Cookie:x=1",
+    ],
+)
+def test_the_language_switch_never_leaves_the_site(bare, monkeypatch, back):
+    for wsgi in (make_app(bare), _token_app(bare, monkeypatch)):
+        status, headers, _ = call(wsgi, f"/lang?to=ru&back={back}")
+        assert status == 303 and dict(headers)["Location"] == "/", back
+    status, headers, _ = call(make_app(bare), "/lang?to=ru&back=/spend%3Fby%3Downer")
+    assert dict(headers)["Location"] == "/spend?by=owner"
+
+
+def _token_app(a, monkeypatch):
+    monkeypatch.setenv("PROVISIONER_DASHBOARD_TOKEN", "s3cret-dashboard-token")
+    return make_app(a, listen="10.1.2.3:8765")
+
+
+def test_csv_cells_cannot_become_formulas(bare):
+    from provisioner.render import csv_cell
+
+    for by, field in (("project", "project"), ("owner", "owner")):
+        status, _, body = call(make_app(bare), f"/spend.csv?by={by}")
+        assert status == 200
+        [row] = list(csv.DictReader(io.StringIO(body)))[:1]
+        assert row[field][0] == "'" and row[field][1] in "=@", row
+    assert [csv_cell(c) for c in ("=1", "+1", "-1", "@a", "\tx", "\rx", "a=b", "")] == [
+        "'=1",
+        "'+1",
+        "'-1",
+        "'@a",
+        "'\tx",
+        "'\rx",
+        "a=b",
+        "",
+    ]
+
+
+def test_a_wrong_bearer_token_is_401_on_every_page(bare, monkeypatch):
+    wsgi = _token_app(bare, monkeypatch)
+    for path in ("/", "/spend", "/spend.csv", "/machine/sheet"):
+        status, headers, body = call(wsgi, path, authorization="Bearer nope")
+        assert status == 401 and "sheet" not in body, path
+        assert dict(headers)["WWW-Authenticate"].startswith("Bearer")
+    assert call(wsgi, "/", authorization="Bearer s3cret-dashboard-token")[0] == 200
+
+
+def test_a_guesser_behind_the_teams_proxy_does_not_lock_out_a_browser_that_logged_in(
+    bare, clock, monkeypatch
+):
+    wsgi = _token_app(bare, monkeypatch)
+    proxy = "198.51.100.7"
+    right, wrong = urlencode({"token": "s3cret-dashboard-token"}), "token=guess"
+    status, headers, _ = call(wsgi, "/login", "POST", right, remote=proxy)
+    assert status == 303
+    [device] = [v.split(";")[0] for k, v in headers if v.startswith("provisioner_device=")]
+    for _ in range(5):  # someone else behind the same proxy guesses
+        assert call(wsgi, "/login", "POST", wrong, remote=proxy)[0] == 401
+    assert call(wsgi, "/login", "POST", right, remote=proxy)[0] == 429  # a new browser waits
+    # the browser that logged in before is counted on its own: the right token passes
+    assert call(wsgi, "/login", "POST", right, remote=proxy, cookie=device)[0] == 303
+    # and its own wrong guesses are limited like anyone's
+    for _ in range(5):
+        assert call(wsgi, "/login", "POST", wrong, remote=proxy, cookie=device)[0] == 401
+    assert call(wsgi, "/login", "POST", right, remote=proxy, cookie=device)[0] == 429
+    forged = device[:-4] + "beef"  # a device cookie not signed with the token: the address
+    assert call(wsgi, "/login", "POST", right, remote="192.0.2.1", cookie=forged)[0] == 303
+    clock.advance(timedelta(seconds=61))
+    assert call(wsgi, "/login", "POST", right, remote=proxy)[0] == 303
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/static/\x00",
+        "/static/dashboard.css\x00.png",
+        "/static/../web.py",
+        "/static/../../dashboard/web.py",
+        "/static/..\\..\\settings.py",
+        "/static/%2e%2e/web.py",
+        "/static/",
+        "/static/\udcff",
+        "/static/" + "a" * 5000,
+    ],
+)
+def test_static_paths_outside_its_folder_are_404_never_500(bare, path):
+    assert call(make_app(bare), path)[0] == 404
+    assert call(make_app(bare), "/static/dashboard.css")[0] == 200
 
 
 # --- the browser -----------------------------------------------------------------------------

@@ -150,6 +150,26 @@ def test_replayed_stale_and_future_heartbeats_are_refused(agent_app):
     assert count_beats(agent_app) == 2
 
 
+def test_a_replay_is_refused_after_the_scheduler_restarts(agent_app):
+    """The newest signed time per machine is kept in the state database, not in the process:
+    a heartbeat captured before a restart is refused after it (issue 26)."""
+    m = launch(agent_app)
+    token = token_in(user_data(agent_app, m))
+    ms = int(TEST_START.timestamp() * 1000)
+    body = {"gpus": [{"index": 0, "util": 3.0}]}
+    with idle.Endpoint(agent_app, port=0) as ep:
+        assert post(ep.url, m, token, body, ms)[0] == 200
+    restarted = App(agent_app.settings, agent_app.clock)  # another process on the same state
+    try:
+        with idle.Endpoint(restarted, port=0) as ep:
+            assert post(ep.url, m, token, body, ms)[0] == 409  # captured, sent again
+            assert post(ep.url, m, token, body, ms - 1)[0] == 409
+            assert post(ep.url, m, token, body, ms + 1)[0] == 200  # the agent's next one
+    finally:
+        restarted.close()
+    assert count_beats(agent_app) == 2
+
+
 def raw_request(ep: idle.Endpoint, head: bytes, wait: float = 30) -> bytes:
     """Send ``head`` as it is and read until the server closes (bounded by ``wait``)."""
     import socket

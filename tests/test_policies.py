@@ -267,7 +267,7 @@ def test_cli_plan_and_up_show_the_policy(home, tmp_path):
     cfg = write_settings(home, policies=[str(path)])
     spec = write(tmp_path, "e.yaml", json.dumps(sandbox_experiment("big", gpu="T4:4")))
     r = run_cli("--config", str(cfg), "plan", str(spec), "--output", "json")
-    assert r.returncode == 0, r.stderr
+    assert r.returncode == 2, r.stderr  # refused, as `up` is (the plan is still shown)
     check = next(c for c in json.loads(r.stdout)["checks"] if c.get("check") == "policy")
     assert check["allowed"] is False and check["violations"][0]["policy"] == "tiny"
     r = run_cli("--config", str(cfg), "up", str(spec))
@@ -276,3 +276,26 @@ def test_cli_plan_and_up_show_the_policy(home, tmp_path):
     bad = write(tmp_path, "p.yaml", "name: tiny\nmax_gpus_per_machine: 1\nidle: {for_minutes: 0}\n")
     r = run_cli("--config", str(cfg), "plan", str(spec))
     assert r.returncode == 2 and f"{bad}:3: idle.for_minutes" in r.stderr
+
+
+def test_plan_refused_by_policy_exits_2_and_allowed_exits_0(home, tmp_path):
+    path = write(tmp_path, "p.yaml", "name: tiny\nmax_gpus_per_machine: 1\n")
+    cfg = write_settings(home, policies=[str(path)])
+    spec = write(tmp_path, "e.yaml", json.dumps(sandbox_experiment("big", gpu="T4:4")))
+    r = run_cli("--config", str(cfg), "plan", str(spec))
+    assert r.returncode == 2, r.stderr
+    assert "policy: refused — policy tiny: max_gpus_per_machine" in r.stdout
+    assert "Traceback" not in r.stderr
+    ok = write(tmp_path, "e1.yaml", json.dumps(sandbox_experiment("small", gpu="T4:1")))
+    r = run_cli("--config", str(cfg), "plan", str(ok))
+    assert r.returncode == 0 and "policy: allowed by tiny" in r.stdout, r.stdout + r.stderr
+
+
+@pytest.mark.parametrize("word", ["off", "on", "yes", "no", "y", "n", "NO"])
+def test_a_policy_named_like_a_yaml_1_1_boolean_is_a_name(tmp_path, word):
+    """YAML 1.1 reads off/on/yes/no as booleans; the files are read as YAML 1.2 (true/false)."""
+    from policies.loader import load
+
+    f = write(tmp_path, "p.yaml", f"name: {word}\napplies_to: {{projects: [{word}]}}\n")
+    [policy] = load([f])
+    assert policy.name == word and policy.applies_to.projects == [word]

@@ -27,6 +27,17 @@ catalog_app = typer.Typer(
 app.add_typer(catalog_app, name="catalog")
 
 
+def _known_gpu(gpu: str) -> str:
+    """``--gpu`` as a known type, or exit 2 with "did you mean" (as an experiment file gets)."""
+    from provisioner.errors import UserError
+    from provisioner.spec import GPU_TYPES, did_you_mean
+
+    up = gpu.strip().upper()
+    if up not in GPU_TYPES:
+        raise UserError(f"--gpu: unknown GPU type {gpu!r}; {did_you_mean(up, GPU_TYPES)}")
+    return up
+
+
 @catalog_app.callback()
 def catalog(
     ctx: typer.Context,
@@ -39,6 +50,8 @@ def catalog(
     from provisioner import catalog as cat
     from provisioner.money import Money
 
+    if gpu is not None:
+        gpu = _known_gpu(gpu)
     application = get_app(ctx)
     rates = application.settings.money_rates
     clouds = shown_clouds(application.settings)

@@ -44,6 +44,8 @@ def plan(
         print_json(_plan_json(v, top))
     else:
         _plan_text(v, top)
+    if v.refused:  # what `up` would refuse: exit 2, as for any refusal (the plan is shown above)
+        raise typer.Exit(2)
 
 
 def _plan_json(v: Any, top: int) -> dict[str, Any]:

@@ -26,7 +26,7 @@ from provisioner.cli import (  # noqa: F401  (commands)
     status,
     volumes,
 )
-from provisioner.errors import ConfigError, ProvisionerError
+from provisioner.errors import ConfigError, ProvisionerError, database_failure
 
 
 def _short_helps(typer_app: typer.Typer) -> None:
@@ -73,6 +73,8 @@ def main() -> None:
     except SystemExit:
         raise
     except Exception as e:  # usage errors arrive here in non-standalone mode
+        if (lost := database_failure(e)) is not None:
+            fail([lost], 1)  # an operation failed: the state database, not the input
         if not _is_click_error(e):
             raise
         e.show()  # type: ignore[attr-defined]  # a ClickException: its own one-line usage text

@@ -87,6 +87,15 @@ def _write(r: Any, output: ReportOutput, *, table: bool) -> None:
 _ADDRESS = re.compile(r"[^@\s<>,;\"]+@[^@\s<>,;\"]+\.[^@\s<>,;\".]+")
 
 
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def _plain(text: str) -> str:
+    """A name as the terminal shows it: a control character (an ANSI escape stored before
+    names were checked at the spec boundary) as ``?``, never sent to a teammate's terminal."""
+    return _CONTROL.sub("?", text)
+
+
 def _address(text: str) -> str:
     """One email address (``ana@example.com``), else a usage error naming it."""
     if not _ADDRESS.fullmatch(text.strip()):
@@ -116,7 +125,10 @@ def _table(r: Any) -> None:
 
 def _standing(r: Any, f: Any) -> None:
     """The title, the total, and the budget's standing with its forecast (else the report's)."""
-    out.print(f"[bold]{f.t('report')}: {r.title}[/] — {f.period(r.period)}", highlight=False)
+    from rich.markup import escape
+
+    title = escape(_plain(str(r.title)))
+    out.print(f"[bold]{f.t('report')}: {title}[/] — {f.period(r.period)}", highlight=False)
     billed = ""
     if r.billed_differs:  # only when it says more than the total: another currency, or several
         billed = f"  ({f.t('billed')} {' + '.join(f.money(m) for m in r.native.monies())})"
@@ -144,7 +156,7 @@ def _groups(r: Any, f: Any) -> Any:
     t.add_column(f.t("total"), justify="right", footer=f.money(r.shown_total))
     for ln in r.lines:
         t.add_row(
-            ln.key,
+            _plain(ln.key),
             *(f.money(ln.shown_by_kind[k]) if k in ln.shown_by_kind else "—" for k in r.by_kind),
             f.money(ln.shown),
         )
@@ -165,8 +177,8 @@ def _top(r: Any, f: Any) -> Any:
     for i, m in enumerate(r.top_machines, 1):
         top.add_row(
             str(i),
-            m.key,
-            m.owner,
+            _plain(m.key),
+            _plain(m.owner),
             f.machine_gpu(m),
             f.num(m.hours, 1),
             ", ".join(f.rate(x) for x in m.rates) or "—",

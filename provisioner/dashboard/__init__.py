@@ -21,4 +21,4 @@ def make_app(app: App, *, listen: str | None = None, token: str | None = None) -
     ``$PROVISIONER_DASHBOARD_TOKEN``) — with none set, every request is refused."""
     cfg = app.settings.dashboard
     host = (listen or cfg.listen).rpartition(":")[0] or "127.0.0.1"
-    return Dashboard(app, token=token or cfg.secret, open_access=is_loopback(host))
+    return Dashboard(app, token=token or cfg.secret, open_access=is_loopback(host), hosts=cfg.hosts)

@@ -6,8 +6,18 @@ Access: on a loopback address anyone on this computer may look. Bound wider, eve
 needs the token (``dashboard.token`` in settings or ``$PROVISIONER_DASHBOARD_TOKEN``): entered
 once on the login form, it becomes an HttpOnly, SameSite=Strict session cookie signed with the
 token (so it survives restarts and several workers, and dies when the token changes); scripts
-may send it as ``Authorization: Bearer``. It never appears in a page or a URL. Guessing is
-slowed per client address (:class:`Throttle`: five wrong tokens a minute, then 429).
+may send it as ``Authorization: Bearer`` (a wrong one: 401). It never appears in a page or a URL.
+Guessing is slowed per client (:class:`Throttle`: five wrong tokens a minute, then 429): per
+address, except for a browser that has logged in before, which holds a signed device cookie and
+is counted on its own, so a guesser behind a team's proxy does not lock the team out (OWASP,
+https://owasp.org/www-community/Slow_Down_Online_Guessing_Attacks_with_Device_Cookies).
+
+Against other sites and rebinding names, open or not: a request naming a host other than an IP
+address, ``localhost`` or one of ``dashboard.hosts`` is refused (421: a DNS-rebinding page
+names its own host); every POST must come from this site (``Origin``/``Referer``) and carry
+the form's CSRF token, the double of a SameSite=Strict cookie (OWASP, https://cheatsheetseries.
+owasp.org/cheatsheets/Cross-Site_Request_Forgery_Prevention_Cheat_Sheet.html), unless it
+authenticates with a Bearer token (which no browser adds by itself).
 """
 
 from __future__ import annotations
@@ -19,6 +29,8 @@ import ipaddress
 import logging
 import math
 import mimetypes
+import re
+import secrets
 import threading
 import time
 from collections import deque
@@ -29,7 +41,7 @@ from http import HTTPStatus
 from http.cookies import SimpleCookie
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qsl, urlencode
+from urllib.parse import parse_qsl, urlencode, urlsplit
 
 from provisioner import bill, budget, render, reports
 from provisioner.app import App
@@ -46,7 +58,15 @@ TEMPLATES = Path(__file__).resolve().parent.parent / "templates" / "dashboard"
 STATIC = Path(__file__).resolve().parent.parent / "static" / "dashboard"
 COOKIE = "provisioner_session"
 LANG_COOKIE = "provisioner_lang"
+CSRF_COOKIE = "provisioner_csrf"
+DEVICE_COOKIE = "provisioner_device"
 SESSION_SECONDS = 12 * 3600
+DEVICE_SECONDS = 90 * 24 * 3600  # a browser that logged in keeps its own guess count this long
+_CSRF_RE = re.compile(r"[A-Za-z0-9_-]{32,128}")
+# where /lang may send the browser back to: a path on this site. Not "//host" or "/\host"
+# (a browser reads both as another host), nor a control character or space (a browser drops
+# tabs and newlines from a URL, so "/\t/host" is "//host")
+_BACK_RE = re.compile(r"/(?![/\\])[^\\\x00-\x20\x7f]*")
 MAX_FORM = 256 * 1024  # a pasted experiment file is a few kB
 REFRESH_SECONDS = 30
 FLEET_SECONDS = 15  # a fleet page serves every request within this slice of the clock
@@ -75,6 +95,34 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False  # a name: whatever it resolves to, treat it as wide
+
+
+def host_name(header: str) -> str:
+    """The name in a ``Host`` header, without port or brackets, lowercase."""
+    h = header.strip().lower()
+    if h.startswith("["):
+        return h[1:].partition("]")[0]
+    if h.count(":") == 1:
+        h = h.partition(":")[0]
+    return h.rstrip(".")
+
+
+def host_allowed(name: str, hosts: Iterable[str]) -> bool:
+    """An IP address (no page can rebind a name to it: its origin is the address itself),
+    ``localhost`` and its subdomains (RFC 6761 §6.3: loopback, never resolved elsewhere), or a
+    configured name."""
+    if name == "localhost" or name.endswith(".localhost"):
+        return True
+    try:
+        ipaddress.ip_address(name)
+        return True
+    except ValueError:
+        return name in {h.lower().rstrip(".") for h in hosts}
+
+
+def safe_back(back: str) -> str:
+    """``back`` when it is a path on this site, else ``/``."""
+    return back if _BACK_RE.fullmatch(back) else "/"
 
 
 class TooLarge(ValueError):
@@ -194,6 +242,14 @@ class Request:
             cookies = SimpleCookie()
         self.cookies = {k: v.value for k, v in cookies.items()}
         self._form: dict[str, str] | None = None
+        given = self.cookies.get(CSRF_COOKIE, "")
+        self.new_csrf = not _CSRF_RE.fullmatch(given)  # to be set with this response
+        self.csrf = secrets.token_urlsafe(32) if self.new_csrf else given
+
+    @property
+    def bearer(self) -> str | None:
+        auth = self.environ.get("HTTP_AUTHORIZATION", "")
+        return auth[7:].strip() if auth[:7].lower() == "bearer " else None
 
     def form(self) -> dict[str, str]:
         if self._form is None:
@@ -215,10 +271,13 @@ class Request:
 class Dashboard:
     """The WSGI callable (see :func:`provisioner.dashboard.make_app`)."""
 
-    def __init__(self, app: App, *, token: str | None, open_access: bool) -> None:
+    def __init__(
+        self, app: App, *, token: str | None, open_access: bool, hosts: Iterable[str] = ()
+    ) -> None:
         self.app = app
         self.token = token
         self.open = open_access
+        self.hosts = list(hosts)
         self.env = _env()
         self._cache: dict[Any, Any] = {}
         self._lock = threading.Lock()
@@ -243,16 +302,41 @@ class Dashboard:
         except Exception:
             log.exception("dashboard: %s %s failed", req.method, req.path)
             resp = Response("internal error", 500, "text/plain; charset=utf-8")
+        if req.new_csrf and resp.headers[0][1].startswith("text/html"):  # a page: its forms
+            resp.headers.append(
+                (
+                    "Set-Cookie",
+                    f"{CSRF_COOKIE}={req.csrf}; Path={req.root or '/'}; HttpOnly; "
+                    "SameSite=Strict" + self._secure(req),
+                )
+            )
         return resp(start_response, accepts_gzip(environ.get("HTTP_ACCEPT_ENCODING", "")))
 
     def handle(self, req: Request) -> Response:
+        host = host_name(req.environ.get("HTTP_HOST") or "")  # every browser sends one
+        if host and not host_allowed(host, self.hosts):
+            return Response(
+                f"this dashboard does not answer to {host!r}: add it to dashboard.hosts in "
+                "settings",
+                421,
+                "text/plain; charset=utf-8",
+            )
         if req.path.startswith("/static/"):
             return _static(req.path.removeprefix("/static/"))
         if req.path == "/lang":
             return self.set_language(req)
+        if req.method == "POST" and (refused := self._cross_site(req)):
+            return Response(refused, 403, "text/plain; charset=utf-8")
         if req.path != "/login" and (wait := self._held(req)):
             return self.too_many(req, wait)
         if req.path != "/login" and not self.allowed(req):
+            if req.bearer is not None:  # RFC 6750 §3.1: a wrong token is 401, not a redirect
+                return Response(
+                    "wrong token",
+                    401,
+                    "text/plain; charset=utf-8",
+                    [("WWW-Authenticate", 'Bearer error="invalid_token"')],
+                )
             if req.method == "GET" and not req.path.endswith(".csv"):
                 return Response(status=303, headers=[("Location", req.url("/login"))])
             return Response("authentication required", 401, "text/plain; charset=utf-8")
@@ -265,25 +349,73 @@ class Dashboard:
 
     # --- access ---------------------------------------------------------------------------
 
+    def _cross_site(self, req: Request) -> str | None:
+        """Why a POST is refused as cross-site (None: it is not): its ``Origin`` (or, without
+        one, its ``Referer``) names another host, or it lacks the form's CSRF token."""
+        env = req.environ
+        here = (env.get("HTTP_HOST") or "").strip().lower()
+        origin = env.get("HTTP_ORIGIN")
+        source = origin if origin is not None else env.get("HTTP_REFERER")
+        # "null": what a browser sends for its own form under our Referrer-Policy no-referrer
+        # (https://fetch.spec.whatwg.org/#serializing-a-request-origin): the token decides
+        if source is not None and source.strip() != "null" and here:
+            try:
+                there = urlsplit(source.strip()).netloc.lower()
+            except ValueError:
+                there = ""
+            # its own host, or a name of ours (a TLS proxy may send the dashboard another Host)
+            if there != here and host_name(there) not in {h.lower() for h in self.hosts}:
+                return "refused: a form sent from another site"
+        if req.bearer is not None:
+            return None  # a script with its token: no browser sends one by itself
+        given = req.form().get("csrf", "")
+        if req.new_csrf or not hmac.compare_digest(given.encode(), req.csrf.encode()):
+            return "refused: the form's security token is missing or stale; reload the page"
+        return None
+
+    def _who(self, req: Request) -> str:
+        """Whose wrong guesses a request counts with: its browser's own when it has logged in
+        before (a valid device cookie), else its address."""
+        device = req.cookies.get(DEVICE_COOKIE, "")
+        exp, _, rest = device.partition(".")
+        nonce, _, _ = rest.partition(".")
+        if self.token and exp.isdigit() and int(exp) >= time.time() and nonce:
+            mac = hmac.new(self.token.encode(), f"device:{exp}.{nonce}".encode(), hashlib.sha256)
+            if hmac.compare_digest(device.encode(), f"{exp}.{nonce}.{mac.hexdigest()}".encode()):
+                return "device:" + nonce
+        return req.client
+
+    def _device_cookie(self, req: Request) -> str:
+        assert self.token
+        exp, nonce = int(time.time()) + DEVICE_SECONDS, secrets.token_urlsafe(16)
+        mac = hmac.new(self.token.encode(), f"device:{exp}.{nonce}".encode(), hashlib.sha256)
+        return (
+            f"{DEVICE_COOKIE}={exp}.{nonce}.{mac.hexdigest()}; Path={req.root or '/'}; HttpOnly; "
+            f"SameSite=Strict; Max-Age={DEVICE_SECONDS}" + self._secure(req)
+        )
+
+    @staticmethod
+    def _secure(req: Request) -> str:
+        return "; Secure" if req.environ.get("wsgi.url_scheme") == "https" else ""
+
     def allowed(self, req: Request) -> bool:
         if self.open:
             return True
         if not self.token:  # bound wide with no token: nobody
             return False
-        auth = req.environ.get("HTTP_AUTHORIZATION", "")
-        if auth[:7].lower() == "bearer ":  # a script's token: its guesses count as a form's
-            if same_secret(auth[7:].strip(), self.token):
+        if req.bearer is not None:  # a script's token: its guesses count as a form's
+            if same_secret(req.bearer, self.token):
                 return True
-            self.throttle.failed(req.client, self.now().timestamp())
+            self.throttle.failed(self._who(req), self.now().timestamp())
             return False
         return self._valid_session(req.cookies.get(COOKIE, ""))
 
     def _held(self, req: Request) -> int:
         """Seconds a request offering a token must wait (0: none), when its address has
         guessed wrong too often."""
-        if self.open or req.environ.get("HTTP_AUTHORIZATION", "")[:7].lower() != "bearer ":
+        if self.open or req.bearer is None:
             return 0
-        return self.throttle.wait(req.client, self.now().timestamp())
+        return self.throttle.wait(self._who(req), self.now().timestamp())
 
     def _sign(self, expires: int) -> str:
         assert self.token
@@ -300,8 +432,8 @@ class Dashboard:
         if self.open:
             return Response(status=303, headers=[("Location", req.url("/"))])
         if req.method == "POST":
-            now = self.now().timestamp()
-            if wait := self.throttle.wait(req.client, now):
+            now, who = self.now().timestamp(), self._who(req)
+            if wait := self.throttle.wait(who, now):
                 return self.too_many(req, wait)
             given = req.form().get("token", "")
             if self.token and same_secret(given, self.token):
@@ -310,12 +442,16 @@ class Dashboard:
                     f"{COOKIE}={value}; Path={req.root or '/'}; HttpOnly; SameSite=Strict; "
                     f"Max-Age={SESSION_SECONDS}"
                 )
-                if req.environ.get("wsgi.url_scheme") == "https":
-                    cookie += "; Secure"
+                cookie += self._secure(req)
                 return Response(
-                    status=303, headers=[("Location", req.url("/")), ("Set-Cookie", cookie)]
+                    status=303,
+                    headers=[
+                        ("Location", req.url("/")),
+                        ("Set-Cookie", cookie),
+                        ("Set-Cookie", self._device_cookie(req)),
+                    ],
                 )
-            self.throttle.failed(req.client, now)
+            self.throttle.failed(who, now)
             return self.page(
                 req, "login.html", status=401, failed=True, configured=bool(self.token)
             )
@@ -352,9 +488,7 @@ class Dashboard:
 
     def set_language(self, req: Request) -> Response:
         to = req.query.get("to", "")
-        back = req.query.get("back", "/")
-        if not back.startswith("/") or back.startswith("//"):
-            back = "/"
+        back = safe_back(req.query.get("back", "/"))
         headers = [("Location", req.root + back)]
         if to in render.LOCALES:
             headers.append(
@@ -400,6 +534,7 @@ class Dashboard:
             req=req,
             url=req.url,
             here=here,
+            csrf=req.csrf,
             auth=not self.open,
             now=self.now(),
             when=lambda at, tz=None: pages.when(f, at, self.now(), tz),
@@ -535,9 +670,17 @@ def accept_language(header: str) -> str:
 
 
 def _static(name: str) -> Response:
-    path = (STATIC / name).resolve()
-    if not path.is_relative_to(STATIC) or not path.is_file():
-        return Response("not found", 404, "text/plain; charset=utf-8")
+    """A file of the dashboard's own folder; anything else (``..``, a NUL, a backslash, a
+    control character, a folder) is 404, never an error."""
+    missing = Response("not found", 404, "text/plain; charset=utf-8")
+    if not name or re.search(r"[\x00-\x1f\x7f\\]", name) or ".." in name.split("/"):
+        return missing
+    try:
+        path = (STATIC / name).resolve()
+        if not path.is_relative_to(STATIC) or not path.is_file():
+            return missing
+    except (OSError, ValueError):
+        return missing
     ctype = mimetypes.guess_type(path.name)[0] or "application/octet-stream"
     return Response(path.read_bytes(), ctype=ctype, headers=[("Cache-Control", "max-age=3600")])
 

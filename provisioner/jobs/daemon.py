@@ -12,7 +12,7 @@ from typing import Any
 
 from provisioner import idle
 from provisioner.app import App
-from provisioner.errors import UserError
+from provisioner.errors import UserError, database_failure
 from provisioner.jobs import enforce, reconcile, recover, scheduled_reports, sweep, waiting
 from provisioner.jobs.metrics import Metrics
 from provisioner.jobs.passes import Pass, describe
@@ -95,8 +95,11 @@ def _guarded(name: str, call: Callable[[], Any]) -> Callable[[], None]:
     def job() -> None:
         try:
             result = call()
-        except Exception:  # a job that fails is logged and runs again next interval
-            log.exception("job %s failed", name)
+        except Exception as e:  # a job that fails is logged and runs again next interval
+            if (lost := database_failure(e)) is not None:  # one line, no traceback
+                log.error("job %s failed: %s", name, lost)
+            else:
+                log.exception("job %s failed", name)
             return
         log_outcome(name, result)
 

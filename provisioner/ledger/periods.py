@@ -10,6 +10,7 @@ from decimal import Decimal
 from functools import lru_cache
 from zoneinfo import ZoneInfo
 
+from provisioner.clock import EARLIEST, LATEST
 from provisioner.money import US_PER_HOUR
 
 SECONDS_PER_HOUR = Decimal(3600)
@@ -39,6 +40,8 @@ class Period:
 
     @classmethod
     def month(cls, at: datetime, tz: str = "UTC") -> Period:
+        if not EARLIEST <= at < LATEST:
+            raise ValueError(f"{at:%Y-%m} is outside {EARLIEST:%Y-%m}..{LATEST - DAY:%Y-%m}")
         local = at.astimezone(ZoneInfo(tz))
         first = date(local.year, local.month, 1)
         nxt = date(local.year + local.month // 12, local.month % 12 + 1, 1)
@@ -46,6 +49,8 @@ class Period:
 
     @classmethod
     def week(cls, at: datetime, tz: str = "UTC") -> Period:
+        if not EARLIEST <= at < LATEST:
+            raise ValueError(f"{at:%Y-%m-%d} is outside {EARLIEST:%Y}..{LATEST - DAY:%Y}")
         day = at.astimezone(ZoneInfo(tz)).date()
         monday = day - timedelta(days=day.weekday())
         y, w, _ = monday.isocalendar()
@@ -56,6 +61,9 @@ class Period:
         """Whole days ``first`` to ``last``, both included."""
         if last < first:
             raise ValueError(f"period ends ({last}) before it starts ({first})")
+        for d in (first, last):
+            if not EARLIEST.date() <= d < LATEST.date():
+                raise ValueError(f"{d} is outside {EARLIEST:%Y-%m-%d}..{LATEST - DAY:%Y-%m-%d}")
         return cls(midnight(first, tz), midnight(last + DAY, tz), f"{first}..{last}", tz)
 
     @classmethod
@@ -69,7 +77,7 @@ class Period:
                 return cls.week(midnight(date.fromisocalendar(int(m[1]), int(m[2]), 1), tz), tz)
             if m := _RANGE.match(text):
                 return cls.between(date.fromisoformat(m[1]), date.fromisoformat(m[2]), tz)
-        except ValueError as e:
+        except (ValueError, OverflowError) as e:
             raise ValueError(f"not a period: {text!r} ({e})") from None
         raise ValueError(
             f"not a period: {text!r} (write 2026-11, 2026-W48 or 2026-11-01..2026-11-15)"

@@ -48,6 +48,13 @@ class PlanView:
         return self.plan.checks
 
     @property
+    def refused(self) -> bool:
+        """Whether ``up`` would refuse it: a policy's verdict, or a budget it would overrun."""
+        return self.over_budget or any(
+            getattr(c, "allowed", True) is False for c in self.plan.checks
+        )
+
+    @property
     def over_budget(self) -> bool:
         """The budget verdict: whether the cheapest candidate would overrun a budget."""
         return any(getattr(c, "over", False) for c in self.plan.checks)

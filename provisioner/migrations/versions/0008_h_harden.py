@@ -1,0 +1,27 @@
+"""signed_marks: the newest signed time per agent route and machine, so a replayed heartbeat
+or notice is refused across scheduler restarts (it was kept in memory only)
+
+Revision ID: 0008_h_harden
+Revises: 0007
+"""
+
+import sqlalchemy as sa
+from alembic import op
+
+revision = "0008_h_harden"
+down_revision = "0007"
+branch_labels = None
+depends_on = None
+
+
+def upgrade() -> None:
+    op.create_table(
+        "signed_marks",
+        sa.Column("route", sa.String(32), primary_key=True),
+        sa.Column("machine_id", sa.String(32), primary_key=True),
+        sa.Column("at_ms", sa.BigInteger, nullable=False),
+    )
+
+
+def downgrade() -> None:
+    op.drop_table("signed_marks")
