@@ -1,15 +1,15 @@
 """signed_marks: the newest signed time per agent route and machine, so a replayed heartbeat
 or notice is refused across scheduler restarts (it was kept in memory only)
 
-Revision ID: 0008_h_harden
-Revises: 0007
+Revision ID: 0009
+Revises: 0008
 """
 
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0008_h_harden"
-down_revision = "0007"
+revision = "0009"
+down_revision = "0008"
 branch_labels = None
 depends_on = None
 
