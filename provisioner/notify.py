@@ -74,17 +74,17 @@ def channels_for(app: App, project: str | None, owner: str | None) -> list[tuple
     if project is not None and owner is not None:
         for p in app.policies:
             if p.notify and p.applies_to.matches(project, owner):
-                lang = p.budget.language if p.budget else "en"
+                lang: str = p.budget.language if p.budget else "en"
                 out += [(c, c.language or lang) for c in p.notify]
     for pattern, chans in app.settings.notify.owners.items():
         if owner is not None and fnmatchcase(owner, pattern):
             out += [(c, c.language or "en") for c in chans]
     seen: set[tuple[str, str]] = set()
     unique: list[tuple[Channel, str]] = []
-    for c, lang in out:
-        if (c.kind, c.target) not in seen:
-            seen.add((c.kind, c.target))
-            unique.append((c, lang))
+    for item in out:
+        if (item[0].kind, item[0].target) not in seen:
+            seen.add((item[0].kind, item[0].target))
+            unique.append(item)
     return unique
 
 
