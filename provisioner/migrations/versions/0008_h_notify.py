@@ -1,13 +1,13 @@
 """deliveries: each notice to each notify channel (telegram, slack, webhook, email) and how it went
 
-Revision ID: 0008_h-notify
+Revision ID: 0008_h_notify
 Revises: 0007
 """
 
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0008_h-notify"
+revision = "0008_h_notify"
 down_revision = "0007"
 branch_labels = None
 depends_on = None
