@@ -383,3 +383,27 @@ def test_a_channel_needs_exactly_one_kind(tmp_path, home):
     assert r.returncode == 2
     assert "give exactly one of telegram, slack, webhook, email" in r.stdout + r.stderr
     assert "Traceback" not in r.stderr
+
+
+def test_the_dashboard_lists_recent_notices(home, clock, db_url, tmp_path, rx, secrets):
+    from provisioner.dashboard import make_app as dashboard
+    from tests.test_dashboard import call
+
+    only = [
+        {"slack": {"webhook_env": "SLACK_URL"}},
+        {"webhook": {"url": rx.url + "/hook?<b>", "secret_env": "NOPE"}},
+    ]
+    app = make_app(home, clock, db_url, tmp_path, rx, policy(rx, only))
+    launch(app)
+    clock.advance(timedelta(hours=1))
+    enforce.run(app, clock.now())
+    notify.deliver(app, clock.now())
+    status, _, html = call(dashboard(app, listen="127.0.0.1:8765"), "/spend")
+    assert status == 200
+    section = html[html.index('<table id="notices"') :]
+    section = section[: section.index("</table>")]
+    assert section.count("<tr ") == 2
+    assert 'data-status="sent"' in section and 'data-status="failed"' in section
+    assert "$NOPE is not set" in section and "<b>" not in section
+    assert "Budget demo-budget: forecast 378 %" in section
+    app.close()

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, urlencode
 
-from provisioner import budget, render, reports
+from provisioner import budget, notify, render, reports
 from provisioner.app import App
 from provisioner.dashboard import pages, svg
 from provisioner.errors import ProvisionerError
@@ -454,6 +454,7 @@ class Dashboard:
             budget_names=[p.name for p in pages.budget_policies(self.app)],
             ownership=lambda o: render.ownership_text(data.report, o),
             chart=_burndown(data, f),
+            notices=notify.recent(self.app, 20),
         )
 
     def spend_csv(self, req: Request) -> Response:
