@@ -20,6 +20,7 @@ from provisioner.spec import Experiment
 from tests.conftest import make_settings, run_cli, sandbox_experiment, write_settings, write_yaml
 from tests.emulators.notify import Receivers
 from tests.test_mail import free_port, smtp_server  # noqa: F401  (fixture)
+from tests.test_scheduler import sched  # noqa: F401  (fixture)
 
 
 @pytest.fixture
@@ -407,3 +408,28 @@ def test_the_dashboard_lists_recent_notices(home, clock, db_url, tmp_path, rx, s
     assert "$NOPE is not set" in section and "<b>" not in section
     assert "Budget demo-budget: forecast 378 %" in section
     app.close()
+
+
+def test_preemption_and_a_refused_relaunch_reach_the_owners_channel(sched, rx, secrets):  # noqa: F811
+    """The owner's Telegram hears the preemption (reconcile) and, once, that policy refused the
+    relaunch (recover), however many passes keep it held."""
+    from provisioner.jobs import reconcile
+    from tests.test_held import A100_ONLY, ANY, day_of_passes
+    from tests.test_scheduler import preempt, up
+
+    owners = {"ana@example.com": [{"telegram": {"chat_id": 9, "token_env": "TG_TOKEN"}}]}
+    settings = {"notify": {"telegram_api": rx.url, "owners": owners}}
+    first = sched(ANY, **settings)
+    up(first, "spot", lifecycle={"on_preemption": "relaunch"})
+    preempt(first, "spot")
+    reconcile.run(first)
+    app = sched(A100_ONLY, start=first.clock.now(), **settings)
+    day_of_passes(app, timedelta(hours=2))
+    notify.deliver(app, app.clock.now())
+    got = [m["text"].split("\n")[0] for m in rx.telegram]
+    assert got == ["spot was preempted", "Relaunch of spot refused"]
+    assert all(m["chat_id"] == 9 for m in rx.telegram)
+    assert "policy" in rx.telegram[1]["text"]
+    day_of_passes(app, timedelta(hours=1))  # further passes queue nothing new
+    notify.deliver(app, app.clock.now())
+    assert len(rx.telegram) == 2
