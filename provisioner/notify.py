@@ -37,6 +37,7 @@ Texts = Callable[[str], tuple[str, str]]
 
 BACKOFF_FIRST = 60  # seconds before the second try; doubled each try, at most BACKOFF_MAX
 BACKOFF_MAX = 3600
+TELEGRAM_MAX = 4096  # https://core.telegram.org/bots/api#sendmessage
 CLAIM = timedelta(minutes=5)  # a row being sent is not taken by another scheduler meanwhile
 
 
@@ -248,7 +249,9 @@ def _send(app: App, d: Delivery) -> None:
     if ch.telegram:
         token = _secret(ch.telegram.token_env)
         url = f"{app.settings.notify.telegram_api.rstrip('/')}/bot{token}/sendMessage"
-        _telegram(app, url, {"chat_id": ch.telegram.chat_id, "text": _text(d)}, token)
+        # sendMessage: "Text of the message to be sent, 1-4096 characters"
+        text = _text(d)[:TELEGRAM_MAX]
+        _telegram(app, url, {"chat_id": ch.telegram.chat_id, "text": text}, token)
     elif ch.slack:
         url = _secret(ch.slack.webhook_env)
         _slack(app, url, {"text": _text(d)})
@@ -450,6 +453,13 @@ TEXTS: dict[str, dict[str, tuple[str, str]]] = {
         "ru": (
             "Перезапуск {machine} не удался (попытка {attempt})",
             "Перезапуск машины {machine} не удался: {why}",
+        ),
+    },
+    "relaunch-gave-up": {
+        "en": ("Gave up relaunching {machine}", "{machine} ({where}): {why}."),
+        "ru": (
+            "Перезапуск {machine} прекращён",
+            "{machine} ({where}): попытки перезапуска исчерпаны, машина оставлена как есть.",
         ),
     },
     "launched": {

@@ -424,12 +424,12 @@ def test_preemption_and_a_refused_relaunch_reach_the_owners_channel(sched, rx, s
     preempt(first, "spot")
     reconcile.run(first)
     app = sched(A100_ONLY, start=first.clock.now(), **settings)
-    day_of_passes(app, timedelta(hours=2))
+    day_of_passes(app, timedelta(hours=5))  # every try refused, then given up
     notify.deliver(app, app.clock.now())
     got = [m["text"].split("\n")[0] for m in rx.telegram]
-    assert got == ["spot was preempted", "Relaunch of spot refused"]
+    assert got == ["spot was preempted", "Relaunch of spot refused", "Gave up relaunching spot"]
     assert all(m["chat_id"] == 9 for m in rx.telegram)
     assert "policy" in rx.telegram[1]["text"]
     day_of_passes(app, timedelta(hours=1))  # further passes queue nothing new
     notify.deliver(app, app.clock.now())
-    assert len(rx.telegram) == 2
+    assert len(rx.telegram) == 3

@@ -224,6 +224,7 @@ def _give_up(app: App, m: Machine, action: Action, now: datetime) -> None:
         **({"refused": refused} if refused else {}),
     }
     machines.record_event(app, m.id, "relaunch-gave-up", reason="preempted", detail=detail)
+    _tell(app, m, "relaunch-gave-up", f"relaunch-gave-up:{m.id}", why=detail["why"])
     action.why += f"; gave up after {t.attempts} tries"
     action.done = action.done or action.action == "give-up"
 
