@@ -433,3 +433,43 @@ def test_preemption_and_a_refused_relaunch_reach_the_owners_channel(sched, rx, s
     day_of_passes(app, timedelta(hours=1))  # further passes queue nothing new
     notify.deliver(app, app.clock.now())
     assert len(rx.telegram) == 3
+
+
+def test_a_launch_after_waiting_reaches_the_project_channel_in_russian(
+    home,
+    clock,
+    db_url,
+    tmp_path,
+    rx,
+    secrets,
+    smtp_server,  # noqa: F811
+):
+    from provisioner.jobs import waiting as waiting_pass
+    from tests.test_waiting import FULL, queue
+
+    pol = {
+        "name": "demo-team",
+        "applies_to": {"projects": ["demo"]},
+        "notify": [{"slack": {"webhook_env": "SLACK_URL"}, "language": "ru"}],
+    }
+    app = make_app(home, clock, db_url, tmp_path, rx, pol, smtp=smtp_server.smtp.model_dump())
+    app.provider("sandbox").inject(capacity=FULL)
+    m = queue(app)
+    clock.advance(timedelta(minutes=1))
+    waiting_pass.run(app)
+    notify.deliver(app, clock.now())
+    assert rx.slack == []  # still waiting: nothing to tell
+    app.provider("sandbox").inject(capacity={})
+    clock.advance(timedelta(minutes=2))
+    [a] = waiting_pass.run(app).actions
+    assert a.done
+    notify.deliver(app, clock.now())
+    [sl] = rx.slack
+    assert sl["text"].startswith(f"{m.name} запущена после ожидания мощностей")
+    assert (
+        "(проект demo) запущена в sandbox sandbox-us-1a после ожидания с 2026-11-02 09:00 UTC"
+        in sl["text"]
+    )
+    got = {(d.topic, d.kind, d.status) for d in rows(app)}
+    assert got == {("launched", "slack", "sent"), ("launched", "email", "sent")}
+    app.close()
