@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import http.client
 import json
 import os
 import urllib.error
@@ -223,6 +224,8 @@ def deliver(app: App, now: datetime | None = None) -> list[str]:
                 status = "retrying"
                 wait = min(BACKOFF_FIRST * 2 ** (attempt - 1), BACKOFF_MAX)
                 next_at = now + timedelta(seconds=max(wait, e.after or 0))
+        except Exception as e:  # a bug, or a stored channel this version cannot read: say so
+            status, error = "failed", f"{type(e).__name__}: {e}"
         with app.db.session() as s:
             s.execute(
                 update(Delivery)
@@ -289,7 +292,7 @@ def _post(
             return r.status, r.read(), dict(r.headers)
     except urllib.error.HTTPError as e:
         return e.code, e.read(), dict(e.headers or {})
-    except (urllib.error.URLError, OSError, ValueError) as e:
+    except (urllib.error.URLError, OSError, ValueError, http.client.HTTPException) as e:
         msg = str(getattr(e, "reason", e))
         raise Retry(msg.replace(secret, "***") if secret else msg) from None
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from datetime import datetime, timedelta
 from typing import Any
@@ -10,10 +11,13 @@ from sqlalchemy import func, select
 
 from provisioner import budget, idle, ledger
 from provisioner.app import App
+from provisioner.errors import ProvisionerError
 from provisioner.jobs.passes import REASONS
 from provisioner.jobs.sweep import IdleCheck, assess
 from provisioner.models import ACTIVE_EXCLUDED, Delivery, Event, Machine
 from provisioner.schema import MachineStatus as S
+
+log = logging.getLogger("provisioner.metrics")
 
 
 class Metrics:
@@ -131,18 +135,23 @@ def _budgets(app: App, now: datetime) -> Iterator[Any]:
     }
     rates = app.settings.money_rates
     for policy in app.policies:
-        if policy.budget is None or (st := budget.status(app, policy, now)) is None:
+        try:
+            if policy.budget is None or (st := budget.status(app, policy, now)) is None:
+                continue
+            cur = st.amount.currency
+            with app.db.session() as s:
+                waste = ledger.idle_waste(s, st.period, now, budget.scope_of(policy))
+            wasted = waste.total(rates, cur)
+        except (ProvisionerError, ValueError) as e:  # no rate for a currency: the others count
+            log.warning("metrics: budget %s: %s", policy.name, e)
             continue
-        cur = st.amount.currency
         key = [policy.name, cur, st.period.label]
-        with app.db.session() as s:
-            waste = ledger.idle_waste(s, st.period, now, budget.scope_of(policy))
         for k, m in (
             ("amount", st.amount),
             ("spent", st.spent),
             ("committed", st.committed),
             ("forecast", st.forecast),
-            ("idle_waste", waste.total(rates, cur)),
+            ("idle_waste", wasted),
         ):
             families[k].add_metric(key, float(m.amount))
         families["percent"].add_metric(key, float(st.pct))
