@@ -155,13 +155,27 @@ def record_mail(
     retried: bool,
     policy: str | None = None,
     machine: str | None = None,
+    supersedes: str | None = None,
 ) -> None:
     """A mail sent elsewhere (the budget's recipients, an owner's warning), recorded as a
-    delivery: sent, or the failure (``retrying`` where the caller tries again next pass)."""
+    delivery: sent, or the failure (``retrying`` where the caller tries again next pass).
+    ``supersedes``: a key prefix whose other mails still retrying are given up, this one
+    taking their place (a budget's higher threshold)."""
     now = app.clock.now()
     status = "sent" if error is None else ("retrying" if retried else "failed")
     key = f"{key}|mail"[:255]
     with app.db.session() as s:
+        if supersedes:
+            s.execute(
+                update(Delivery)
+                .where(
+                    Delivery.key.startswith(supersedes, autoescape=True),
+                    Delivery.key != key,
+                    Delivery.kind == "email",
+                    Delivery.status == "retrying",
+                )
+                .values(status="failed", error=Delivery.error + f"; superseded by “{subject}”")
+            )
         row = s.scalars(select(Delivery).where(Delivery.key == key)).first()
         if row is None:
             row = Delivery(

@@ -473,3 +473,23 @@ def test_a_launch_after_waiting_reaches_the_project_channel_in_russian(
     got = {(d.topic, d.kind, d.status) for d in rows(app)}
     assert got == {("launched", "slack", "sent"), ("launched", "email", "sent")}
     app.close()
+
+
+def test_a_higher_threshold_supersedes_the_mail_still_retrying(home, clock, db_url, tmp_path, rx):
+    dead = {"host": "127.0.0.1", "port": free_port(), "security": "none", "timeout_seconds": 2}
+    pol = policy(rx, [], recipients=["lead@example.com"])
+    pol["budget"]["alerts"] = {"actual": [1, 2], "forecast": []}
+    app = make_app(home, clock, db_url, tmp_path, rx, pol, smtp=dead)
+    launch(app)
+    clock.advance(timedelta(hours=2, minutes=30))  # 27.5 USD: 1.4 %
+    [a] = enforce.run(app, clock.now())
+    assert a.error and "(threshold 1 %)" in a.detail
+    clock.advance(timedelta(hours=1, minutes=30))  # 44 USD: 2.2 %: the mail now says 2 %
+    [a] = enforce.run(app, clock.now())
+    assert a.error and "(threshold 2 %)" in a.detail
+    first, second = rows(app)
+    assert first.status == "failed" and first.error.endswith(
+        "; superseded by “budget demo-budget: actual 2 % (threshold 2 %)”"
+    )
+    assert second.status == "retrying"
+    app.close()

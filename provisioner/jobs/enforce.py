@@ -101,7 +101,7 @@ def run(app: App, now: datetime | None = None, *, holder: str = HOLDER) -> list[
                 subject = f"budget {policy.name}: {a.detail}"
                 notify.record_mail(
                     app, key, "budget-alert", b.recipients, subject, a.error, retried=True,
-                    policy=policy.name,
+                    policy=policy.name, supersedes=key.rpartition(":")[0] + ":",
                 )  # fmt: skip
             actions.append(a)
         if not st.exhausted:
