@@ -16,6 +16,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from policies.channels import Channel
 from policies.duration import autostop_duration, parse_duration
 
 Action = Literal["stop", "terminate"]
@@ -307,6 +308,7 @@ class Policy(_Strict):
     idle: IdleRule | None = None
     max_lifetime: MaxLifetime | None = None
     max_autostop: timedelta | None = None  # caps a machine's autostop (and gives one to all)
+    notify: list[Channel] = Field(default_factory=list)  # where its notices go, beside mail
 
     @field_validator("max_autostop", mode="before")
     @classmethod

@@ -339,3 +339,32 @@ class Volume(Base):
             postgresql_where=text("status != 'deleted'"),
         ),
     )
+
+
+# --- notify (0008) --------------------------------------------------------------------------
+
+
+class Delivery(Base):
+    """One notice to one channel (telegram, slack, webhook, email): ``sent``, ``retrying`` (at
+    ``next_at``) or ``failed`` with the reason, and its attempts. ``key`` names the notice and
+    channel, so a notice is queued once. ``channel`` keeps the channel's settings without any
+    secret (only the names of the variables holding them)."""
+
+    __tablename__ = "deliveries"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    key: Mapped[str] = mapped_column(String(255), unique=True)
+    at: Mapped[datetime] = mapped_column(UTCDateTime, index=True)
+    topic: Mapped[str] = mapped_column(String(32))
+    kind: Mapped[str] = mapped_column(String(16))  # telegram | slack | webhook | email
+    target: Mapped[str] = mapped_column(String(255))
+    channel: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    subject: Mapped[str] = mapped_column(Text)
+    text: Mapped[str] = mapped_column(Text)
+    policy: Mapped[str | None] = mapped_column(String(128))
+    machine: Mapped[str | None] = mapped_column(String(128))
+    status: Mapped[str] = mapped_column(String(16), index=True)  # pending|sent|retrying|failed
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    next_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    error: Mapped[str | None] = mapped_column(Text)
+    done_at: Mapped[datetime | None] = mapped_column(UTCDateTime)

@@ -38,6 +38,7 @@ from pydantic_settings import (
 
 import providers
 from policies import yamlfile
+from policies.channels import Channel
 from providers.base import Provider
 from providers.gpus import GPUS
 from providers.spec import Options
@@ -174,6 +175,18 @@ class DashboardSettings(BaseModel):
         return env or (self.token.get_secret_value() if self.token else None)
 
 
+class NotifySettings(BaseModel):
+    """Notify channels per owner (beside each policy's ``notify:``), the dashboard's address for
+    links in notices, and the services' base URLs (overridable for a proxy or tests)."""
+
+    model_config = ConfigDict(extra="forbid")
+    owners: dict[str, list[Channel]] = Field(default_factory=dict)  # a machine's owner → channels
+    dashboard_url: str | None = Field(None, pattern=r"^https?://\S+$")
+    telegram_api: str = Field("https://api.telegram.org", pattern=r"^https?://\S+$")
+    max_attempts: int = Field(6, ge=1, le=50)  # then the delivery is failed
+    timeout_seconds: float = Field(10, gt=0, le=120)
+
+
 def _clouds_model() -> type[BaseModel]:
     """``clouds:``: one optional section per registered cloud, typed by the cloud's own
     options model, so a misspelt cloud or option is an error with its file and line. A cloud
@@ -207,6 +220,7 @@ class Settings(BaseSettings):
     scheduler: SchedulerSettings = Field(default_factory=SchedulerSettings)
     ownership: OwnershipSettings = Field(default_factory=OwnershipSettings)  # rent or buy
     dashboard: DashboardSettings = Field(default_factory=DashboardSettings)
+    notify: NotifySettings = Field(default_factory=NotifySettings)
     home: Path = Field(default_factory=data_dir)  # state, sandbox cloud, refreshed catalog
     # IANA zone of times given without one where no policy calendar applies
     # (`keep --until HH:MM`); never this computer's offset, which DST changes under us

@@ -35,6 +35,7 @@ ORDER = [
     "provisioner.planner",  # pure ranking: offers × spec × policy check
     "provisioner.mail",
     "provisioner.app",  # the context: settings, clock, database, providers, policies
+    "provisioner.notify",  # notices to Telegram, Slack, webhooks, mail: queued, then delivered
     "provisioner.ledger.periods",  # the ledger: periods, intervals, sums, projections
     "provisioner.ledger.record",
     "provisioner.ledger.sums",

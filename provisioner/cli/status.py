@@ -236,16 +236,24 @@ def events(
     ctx: typer.Context,
     name: str = typer.Argument(None, help="only this machine (every launch of its name)"),
     last: int = typer.Option(50, "--last", "-n", min=1, help="how many of the latest events"),
+    notices: bool = typer.Option(
+        False,
+        "--notices",
+        help="the notices to Telegram, Slack, webhooks and mail, and how each went",
+    ),
     output: Output = OUTPUT,
 ) -> None:
     """What happened to machines, and why: each launch attempt, stop, start, preemption,
-    relaunch and scheduler action, with its reason."""
+    relaunch and scheduler action, with its reason. ``--notices``: each notice delivered,
+    retrying or failed, with the reason."""
     from sqlalchemy import select
 
     from provisioner.errors import UserError
     from provisioner.models import Event, Machine
 
     application = get_app(ctx)
+    if notices:
+        return _notices(application, last, output)
     q = select(Event, Machine.name).join(Machine, Machine.id == Event.machine_id)
     if name:
         q = q.where(Machine.name == name)
@@ -264,3 +272,69 @@ def events(
         out.print("no events", soft_wrap=True)
     else:
         write(_events_table([(e, n) for e, n in rows]))
+    if output is not Output.json and not name:
+        _undelivered(application)
+
+
+def _delivery_json(d: Any) -> dict[str, Any]:
+    return {
+        "at": d.at,
+        "topic": d.topic,
+        "channel": d.kind,
+        "target": d.target,
+        "subject": d.subject,
+        "policy": d.policy,
+        "machine": d.machine,
+        "status": d.status,
+        "attempts": d.attempts,
+        "next_try": d.next_at if d.status in ("pending", "retrying") else None,
+        "error": d.error,
+    }
+
+
+def _notices(application: Any, last: int, output: Output) -> None:
+    from provisioner import notify
+
+    rows = list(reversed(notify.recent(application, last)))
+    if output is Output.json:
+        print_json([_delivery_json(d) for d in rows])
+        return
+    if not rows:
+        out.print("no notices", soft_wrap=True)
+        return
+    columns = [
+        (h, "<", 0)
+        for h in ("time (UTC)", "notice", "channel", "to", "status", "tries", "subject / error")
+    ]
+    table = [
+        [
+            f"{d.at:%Y-%m-%d %H:%M:%S}",
+            d.topic,
+            d.kind,
+            d.target,
+            d.status,
+            str(d.attempts),
+            d.subject + (f" — {d.error}" if d.error else ""),
+        ]
+        for d in rows
+    ]
+    write(text_table(columns, table, max_width=10_000))
+
+
+def _undelivered(application: Any) -> None:
+    """One line under the events when notices are failing: nothing fails unseen."""
+    from sqlalchemy import func, select
+
+    from provisioner.models import Delivery
+
+    with application.db.session() as s:
+        counts = dict(
+            s.execute(
+                select(Delivery.status, func.count())
+                .where(Delivery.status.in_(("failed", "retrying")))
+                .group_by(Delivery.status)
+            ).all()
+        )
+    if counts:
+        said = ", ".join(f"{n} {k}" for k, n in sorted(counts.items()))
+        out.print(f"notices: {said} (see `provisioner events --notices`)", soft_wrap=True)

@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit
 
-from provisioner import bill, budget, render, reports
+from provisioner import bill, budget, notify, render, reports
 from provisioner.app import App
 from provisioner.dashboard import pages, svg
 from provisioner.errors import ProvisionerError
@@ -590,6 +590,7 @@ class Dashboard:
             ownership=lambda o: render.ownership_text(data.report, o),
             chart=_burndown(data, f),
             billed=bill.last_fetch(self.app, data.report.period.label),
+            notices=notify.recent(self.app, 20),
         )
 
     def spend_csv(self, req: Request) -> Response:

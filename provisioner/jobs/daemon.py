@@ -10,7 +10,7 @@ from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
-from provisioner import idle
+from provisioner import idle, notify
 from provisioner.app import App
 from provisioner.errors import UserError, database_failure
 from provisioner.jobs import enforce, reconcile, recover, scheduled_reports, sweep, waiting
@@ -36,11 +36,12 @@ def schedule(app: App) -> list[Job]:
 
 
 def housekeeping(app: App) -> list[tuple[str, Callable[[], Any]]]:
-    """Budget enforcement and scheduled reports: every minute under the daemon, and once after
-    its passes in ``provisioner sweep``."""
+    """Budget enforcement, scheduled reports and notices' deliveries: every minute under the
+    daemon, and once after its passes in ``provisioner sweep``."""
     return [
         ("budget.enforce", lambda: enforce.run(app, app.clock.now())),
         ("reports.run_scheduled", lambda: scheduled_reports.run(app, app.clock.now())),
+        ("notify.deliver", lambda: notify.deliver(app, app.clock.now())),
     ]
 
 

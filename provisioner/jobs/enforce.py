@@ -12,7 +12,7 @@ from decimal import Decimal
 from sqlalchemy import select
 
 from policies.schema import Policy
-from provisioner import machines, render, reports
+from provisioner import machines, notify, render, reports
 from provisioner.app import App
 from provisioner.budget import Status, status
 from provisioner.errors import OperationFailed
@@ -75,6 +75,8 @@ def run(app: App, now: datetime | None = None, *, holder: str = HOLDER) -> list[
                 f"{kind} {st.pct if kind == 'actual' else st.forecast_pct:.0f} % "
                 f"(threshold {_shown(top)} %)",
             )
+            key = f"budget:{policy.name}:{st.period.start.isoformat()}:{kind}:{_mark(top)}"
+            notify.tell_policy(app, _alert_notice(st, kind, top, value, key), policy.name)
             send = None
             if b.recipients:
 
@@ -95,6 +97,12 @@ def run(app: App, now: datetime | None = None, *, holder: str = HOLDER) -> list[
                     continue
             except OperationFailed as e:
                 a.mailed, a.error = False, str(e)
+            if send is not None:  # the mail's fate is a delivery too (a failure is tried again)
+                subject = f"budget {policy.name}: {a.detail}"
+                notify.record_mail(
+                    app, key, "budget-alert", b.recipients, subject, a.error, retried=True,
+                    policy=policy.name, supersedes=key.rpartition(":")[0] + ":",
+                )  # fmt: skip
             actions.append(a)
         if not st.exhausted:
             continue
@@ -110,6 +118,20 @@ def run(app: App, now: datetime | None = None, *, holder: str = HOLDER) -> list[
             actions.append(
                 Action("exhausted", policy.name, f"{st.spent} of {st.amount}; launches blocked")
             )
+            notice = notify.Notice(
+                "budget-exhausted",
+                f"budget:{policy.name}:{st.period.start.isoformat()}:exhausted",
+                notify.texts(
+                    "budget-exhausted",
+                    policy=policy.name,
+                    spent=st.spent,
+                    amount=st.amount,
+                    period=st.period.label,
+                    action=b.on_exhausted,
+                ),
+                policy=policy.name,
+            )
+            notify.tell_policy(app, notice, policy.name)
         if b.on_exhausted in ("stop", "terminate"):
             stops.append((policy, b.on_exhausted, st))
     if stops:
@@ -141,6 +163,31 @@ def _send_alert(app: App, st: Status, kind: str, threshold: Decimal, now: dateti
     policy = st.policy
     r = reports.for_budget(app, policy, now, st.period)
     render.email(app, r, policy.budget.recipients, alert=(kind, threshold))  # type: ignore[union-attr]
+
+
+def _alert_notice(st: Status, kind: str, top: Decimal, value: Decimal, key: str) -> notify.Notice:
+    what = (
+        {"en": "spent", "ru": "потрачено"}
+        if kind == "actual"
+        else {"en": "forecast", "ru": "прогноз"}
+    )
+    return notify.Notice(
+        "budget-alert",
+        key,
+        notify.texts(
+            "budget-alert",
+            policy=st.policy.name,
+            what=what,
+            pct=f"{value:.0f}",
+            threshold=_shown(top),
+            spent=st.spent.rounded(),
+            amount=st.amount,
+            forecast=st.forecast.rounded(),
+            period=st.period.label,
+        ),
+        policy=st.policy.name,
+        extra={"percent": str(value), "threshold": _shown(top), "kind": kind},
+    )
 
 
 def _stop_in_scope(app: App, policy: Policy, how: str, st: Status) -> list[Action]:

@@ -2,18 +2,22 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import func, select
 
-from provisioner import idle
+from provisioner import budget, idle, ledger
 from provisioner.app import App
+from provisioner.errors import ProvisionerError
 from provisioner.jobs.passes import REASONS
 from provisioner.jobs.sweep import IdleCheck, assess
-from provisioner.models import ACTIVE_EXCLUDED, Event, Machine
+from provisioner.models import ACTIVE_EXCLUDED, Delivery, Event, Machine
 from provisioner.schema import MachineStatus as S
+
+log = logging.getLogger("provisioner.metrics")
 
 
 class Metrics:
@@ -95,6 +99,63 @@ class Metrics:
             "Running machines idle under one of their rules",
             value=counts["idle"],
         )
+        yield from _budgets(app, now)
+        deliveries = GaugeMetricFamily(
+            "provisioner_notify_deliveries",
+            "Notices to notify channels and mail by channel kind and status (sent, pending, "
+            "retrying, failed)",
+            labels=["kind", "status"],
+        )
+        with app.db.session() as s:
+            for kind, outcome, n in s.execute(
+                select(Delivery.kind, Delivery.status, func.count()).group_by(
+                    Delivery.kind, Delivery.status
+                )
+            ):
+                deliveries.add_metric([kind, outcome], n)
+        yield deliveries
+
+
+def _budgets(app: App, now: datetime) -> Iterator[Any]:
+    """Each budget's standing in its period, as ``provisioner report`` and the budget checks
+    compute it (:func:`provisioner.budget.status`), in the budget's currency."""
+    from prometheus_client.core import GaugeMetricFamily
+
+    labels = ["policy", "currency", "period"]
+    families = {
+        k: GaugeMetricFamily(f"provisioner_budget_{k}", what, labels=labels)
+        for k, what in (
+            ("amount", "The budget for its period"),
+            ("spent", "Spent in the budget's period so far"),
+            ("committed", "What live machines will cost until the period ends, at their rates"),
+            ("forecast", "Spent, committed and the trend of other usage by the period's end"),
+            ("percent", "Spent as a percent of the budget"),
+            ("idle_waste", "What machines cost while idle before they were stopped"),
+        )
+    }
+    rates = app.settings.money_rates
+    for policy in app.policies:
+        try:
+            if policy.budget is None or (st := budget.status(app, policy, now)) is None:
+                continue
+            cur = st.amount.currency
+            with app.db.session() as s:
+                waste = ledger.idle_waste(s, st.period, now, budget.scope_of(policy))
+            wasted = waste.total(rates, cur)
+        except (ProvisionerError, ValueError) as e:  # no rate for a currency: the others count
+            log.warning("metrics: budget %s: %s", policy.name, e)
+            continue
+        key = [policy.name, cur, st.period.label]
+        for k, m in (
+            ("amount", st.amount),
+            ("spent", st.spent),
+            ("committed", st.committed),
+            ("forecast", st.forecast),
+            ("idle_waste", wasted),
+        ):
+            families[k].add_metric(key, float(m.amount))
+        families["percent"].add_metric(key, float(st.pct))
+    yield from families.values()
 
 
 def _strictest(signals: dict[IdleCheck, idle.Signal]) -> idle.Signal:

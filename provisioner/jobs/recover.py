@@ -23,7 +23,7 @@ from sqlalchemy import select
 
 import providers
 from providers.base import CapacityError, MachineState, NotFound, ProviderError
-from provisioner import machines
+from provisioner import machines, notify
 from provisioner.app import App
 from provisioner.crashpoints import crashpoint
 from provisioner.errors import ProvisionerError, UserError
@@ -224,6 +224,7 @@ def _give_up(app: App, m: Machine, action: Action, now: datetime) -> None:
         **({"refused": refused} if refused else {}),
     }
     machines.record_event(app, m.id, "relaunch-gave-up", reason="preempted", detail=detail)
+    _tell(app, m, "relaunch-gave-up", f"relaunch-gave-up:{m.id}", why=detail["why"])
     action.why += f"; gave up after {t.attempts} tries"
     action.done = action.done or action.action == "give-up"
 
@@ -360,6 +361,21 @@ def _relaunch(
     machines.record_event(
         app, new.id, "recovered", reason="recovered", detail={"replaces": m.id, "lost_zone": m.zone}
     )
+    _tell(app, m, "relaunched", f"relaunched:{m.id}:{new.id}", where=where)
+
+
+def _tell(app: App, m: Machine, topic: str, key: str, **values: Any) -> None:
+    """The owner's and policies' channels told what became of a preempted machine."""
+    where = values.pop("where", f"{m.cloud} {m.zone or m.region}")
+    notice = notify.Notice(
+        topic,
+        key,
+        notify.texts(topic, machine=m.name, where=where, **values),
+        machine=m.name,
+        link=f"/machine/{m.name}",
+        extra=values,
+    )
+    notify.tell(app, notice, m.project, m.owner)
 
 
 def _hold(app: App, m: Machine, action: Action, t: Tries, e: UserError, now: datetime) -> None:
@@ -377,6 +393,7 @@ def _hold(app: App, m: Machine, action: Action, t: Tries, e: UserError, now: dat
     if attempt < MAX_ATTEMPTS:
         detail["next_try"] = (now + backoff(attempt)).isoformat()
     machines.hold(app, m, str(e), detail, event_id=same.id if same is not None else None)
+    _tell(app, m, "relaunch-refused", f"relaunch-refused:{m.id}:{detail['by']}", why=str(e))
 
 
 def _failed(
@@ -392,3 +409,5 @@ def _failed(
         reason="preempted",
         detail={"attempt": attempt, "error": str(e)},
     )
+    why = " ".join(str(e).split())
+    _tell(app, m, "relaunch-failed", f"relaunch-failed:{m.id}:{attempt}", why=why, attempt=attempt)

@@ -6,7 +6,7 @@ from datetime import datetime, timedelta
 from zoneinfo import ZoneInfo
 
 from policies.schema import Policy
-from provisioner import budget, mail, render, reports
+from provisioner import budget, mail, notify, render, reports
 from provisioner.app import App
 from provisioner.jobs.notices import claim, claimed
 from provisioner.ledger import Period
@@ -34,7 +34,7 @@ def run(app: App, now: datetime | None = None) -> list[str]:
     out = []
     for policy in app.policies:
         b = policy.budget
-        if b is None or b.report is None or not b.recipients:
+        if b is None or b.report is None or not (b.recipients or policy.notify):
             continue
         due = due_time(b.report.cron, policy.timezone, now)
         period = budget.period_of(policy, now)
@@ -43,14 +43,45 @@ def run(app: App, now: datetime | None = None) -> list[str]:
         mark = due.astimezone(ZoneInfo("UTC")).isoformat(timespec="minutes")
         if ("report", mark) in claimed(app, policy.name, period):
             continue
+        key = f"report:{policy.name}:{mark}"
+        if policy.notify and (st := budget.status(app, policy, now, period=period)) is not None:
+            notice = notify.Notice(
+                "report",
+                key,
+                notify.texts(
+                    "report",
+                    policy=policy.name,
+                    period=period.label,
+                    spent=st.spent.rounded(),
+                    amount=st.amount,
+                    pct=f"{st.pct:.0f}",
+                    committed=st.committed.rounded(),
+                    forecast=st.forecast.rounded(),
+                ),
+                policy=policy.name,
+                extra={"budget": st.as_json()},
+            )
+            if notify.tell_policy(app, notice, policy.name):
+                out.append(f"report {policy.name} due {mark}: queued for its notify channels")
 
         def send(policy: Policy = policy, period: Period = period) -> None:
             r = reports.for_budget(app, policy, now, period)
             render.email(app, r, policy.budget.recipients)  # type: ignore[union-attr]
 
+        subject = f"report {policy.name} due {mark}"
         try:
-            if claim(app, policy.name, period, [("report", mark)], now, send):
-                out.append(f"report {policy.name} due {mark}: sent to {', '.join(b.recipients)}")
+            sent = claim(
+                app, policy.name, period, [("report", mark)], now, send if b.recipients else None
+            )
+            if sent and b.recipients:
+                notify.record_mail(
+                    app, key, "report", b.recipients, subject, None, retried=True,
+                    policy=policy.name,
+                )  # fmt: skip
+                out.append(f"{subject}: sent to {', '.join(b.recipients)}")
         except mail.MailError as e:
-            out.append(f"report {policy.name} due {mark}: not sent: {e}")
+            notify.record_mail(
+                app, key, "report", b.recipients, subject, str(e), retried=True, policy=policy.name
+            )
+            out.append(f"{subject}: not sent: {e}")
     return out

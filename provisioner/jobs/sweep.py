@@ -16,7 +16,7 @@ from sqlalchemy import select
 from policies.calendar import Calendar
 from policies.duration import format_duration, parse_duration
 from policies.schema import IdleRule, Policy, matching
-from provisioner import idle, machines, mail
+from provisioner import idle, machines, mail, notify
 from provisioner.app import App
 from provisioner.errors import ProvisionerError, UserError
 from provisioner.jobs import autostop
@@ -370,8 +370,36 @@ def _warned_first(app: App, m: Machine, action: Action, now: datetime, dry_run: 
         detail["mail_error"] = str(e)
         pending.error = str(e)
     machines.record_event(app, m.id, "stop-warning", reason=action.reason, detail=detail)
+    key = f"stop-warning:{m.id}:{when.isoformat(timespec='seconds')}"
+    done = "stopped" if action.action == "stop" else "terminated"
+    subject = f"{m.name} will be {done} at {when:%H:%M} UTC"
+    notify.record_mail(
+        app, key, "stop-warning", [m.owner], subject, pending.error, retried=False, machine=m.name
+    )
+    notify.tell(app, _warning_notice(m, action, when, key), m.project, m.owner)
     pending.done = pending.error is None
     return pending
+
+
+def _warning_notice(m: Machine, action: Action, when: datetime, key: str) -> notify.Notice:
+    done = "stopped" if action.action == "stop" else "terminated"
+    return notify.Notice(
+        "stop-warning",
+        key,
+        notify.texts(
+            "stop-warning",
+            machine=m.name,
+            where=f"{m.cloud} {m.zone or m.region}, {m.gpu_count}×{m.gpu}",
+            done=done,
+            done_ru="остановлена" if action.action == "stop" else "удалена",
+            when=f"{when:%Y-%m-%d %H:%M}",
+            why=action.why,
+            keep=(when + timedelta(hours=2)).strftime("%H:%M"),
+        ),
+        machine=m.name,
+        link=f"/machine/{m.name}",
+        extra={"act_at": when.isoformat(), "action": action.action, "reason": action.reason},
+    )
 
 
 def _mail_warning(app: App, m: Machine, action: Action, when: datetime) -> None:

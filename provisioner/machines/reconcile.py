@@ -13,7 +13,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from providers.base import Instance, MachineState, NotFound, ProviderError
-from provisioner import ledger
+from provisioner import ledger, notify
 from provisioner.app import App
 from provisioner.idle import NOTICE_EVENT
 from provisioner.machines.record import ref
@@ -200,7 +200,18 @@ def _record(app: App, m: Machine, inst: Instance | None, now: datetime) -> Obser
         changed = ledger.record_transition(
             s, row, status, at, event="booted" if booted else None, reason=reason, detail=detail
         )
-        return Observation(row, status, changed)
+        who = (row.id, row.name, f"{row.cloud} {row.zone or row.region}", row.project, row.owner)
+        seen = Observation(row, status, changed)
+    if changed and status == S.PREEMPTED:
+        notice = notify.Notice(
+            "preempted",
+            f"preempted:{who[0]}:{at.isoformat()}",
+            notify.texts("preempted", machine=who[1], where=who[2]),
+            machine=who[1],
+            link=f"/machine/{who[1]}",
+        )
+        notify.tell(app, notice, who[3], who[4])
+    return seen
 
 
 def halted_at(

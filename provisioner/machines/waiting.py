@@ -32,7 +32,7 @@ from typing import Any, NoReturn
 
 from sqlalchemy import select
 
-from provisioner import ledger, mail
+from provisioner import ledger, mail, notify
 from provisioner.app import App
 from provisioner.console import plural
 from provisioner.errors import OperationFailed, ProvisionerError, UserError
@@ -236,6 +236,25 @@ def _launched(app: App, m: Machine, w: Wait) -> None:
     )
     with app.db.session() as s:
         s.add(Event(machine_id=m.id, at=now, kind="wait-ended", reason="launched", detail=detail))
+    key = f"launched:{m.id}"
+    notify.record_mail(
+        app, key, "launched", [m.owner], f"{m.name} launched after waiting for capacity",
+        detail.get("mail_error"), retried=False, machine=m.name,
+    )  # fmt: skip
+    notice = notify.Notice(
+        "launched",
+        key,
+        notify.texts(
+            "launched",
+            machine=m.name,
+            project=m.project,
+            where=f"{m.cloud} {m.zone or m.region}",
+            since=f"{w.since:%Y-%m-%d %H:%M} UTC",
+        ),
+        machine=m.name,
+        link=f"/machine/{m.name}",
+    )
+    notify.tell(app, notice, m.project, m.owner)
 
 
 def _tell(app: App, m: Machine, subject: str, text: str) -> dict[str, str]:

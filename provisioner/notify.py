@@ -1,0 +1,504 @@
+"""Notices to where the team reads: Telegram, Slack, a signed webhook, e-mail.
+
+A notice is queued as one ``deliveries`` row per channel (its key makes it once), and
+:func:`deliver` — a scheduler pass — sends the rows that are due. A delivery that fails for a
+reason that may pass (a timeout, a 5xx, Telegram's 429 with ``retry_after``) is ``retrying`` at
+a later pass, with backoff; one the receiver refuses for good, or after ``notify.max_attempts``,
+is ``failed`` with the reason. Nothing sleeps in a pass.
+
+Secrets (bot token, Slack webhook URL, signing key) are read from the environment when sending;
+rows hold only the variables' names, and errors never carry the secret.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import http.client
+import json
+import os
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from fnmatch import fnmatchcase
+from typing import Any
+
+from sqlalchemy import select, update
+from sqlalchemy.exc import IntegrityError
+
+from policies.channels import Channel
+from provisioner import mail
+from provisioner.app import App
+from provisioner.models import Delivery
+
+#: what one topic says: (language) → (subject, text)
+Texts = Callable[[str], tuple[str, str]]
+
+BACKOFF_FIRST = 60  # seconds before the second try; doubled each try, at most BACKOFF_MAX
+BACKOFF_MAX = 3600
+TELEGRAM_MAX = 4096  # https://core.telegram.org/bots/api#sendmessage
+CLAIM = timedelta(minutes=5)  # a row being sent is not taken by another scheduler meanwhile
+
+
+@dataclass
+class Notice:
+    topic: str  # budget-alert | report | stop-warning | preempted | relaunch-refused | …
+    key: str  # one notice: the same key is queued once per channel
+    texts: Texts
+    policy: str | None = None
+    machine: str | None = None
+    language: str = "en"  # where the channel names none
+    link: str = ""  # path under the dashboard's URL, when settings know it
+    extra: dict[str, Any] = field(default_factory=dict)  # in the webhook's JSON
+
+
+class Retry(Exception):
+    """A failure that may pass: try again after ``after`` seconds (None: the backoff)."""
+
+    def __init__(self, message: str, after: int | None = None) -> None:
+        super().__init__(message)
+        self.after = after
+
+
+class Refused(Exception):
+    """The receiver refused for good (bad token, unknown chat, missing secret)."""
+
+
+# --- who is told -------------------------------------------------------------------------------
+
+
+def channels_for(app: App, project: str | None, owner: str | None) -> list[tuple[Channel, str]]:
+    """The channels of the policies that apply to (project, owner), then the owner's own from
+    settings (keys may be globs), each with its language; the same channel once."""
+    out: list[tuple[Channel, str]] = []
+    if project is not None and owner is not None:
+        for p in app.policies:
+            if p.notify and p.applies_to.matches(project, owner):
+                lang: str = p.budget.language if p.budget else "en"
+                out += [(c, c.language or lang) for c in p.notify]
+    for pattern, chans in app.settings.notify.owners.items():
+        if owner is not None and fnmatchcase(owner, pattern):
+            out += [(c, c.language or "en") for c in chans]
+    seen: set[tuple[str, str]] = set()
+    unique: list[tuple[Channel, str]] = []
+    for item in out:
+        if (item[0].kind, item[0].target) not in seen:
+            seen.add((item[0].kind, item[0].target))
+            unique.append(item)
+    return unique
+
+
+def queue(app: App, notice: Notice, channels: Iterable[tuple[Channel, str]]) -> int:
+    """One ``pending`` row per channel (none where the notice's key already has one); how many
+    were queued."""
+    now = app.clock.now()
+    base = app.settings.notify.dashboard_url
+    n = 0
+    for channel, lang in channels:
+        subject, text = notice.texts(lang)
+        if base:
+            text += f"\n\n{base.rstrip('/')}{notice.link or '/'}"
+        key = f"{notice.key}|{channel.kind}|{channel.target}"
+        if len(key) > 255:
+            key = key[:190] + "#" + hashlib.sha256(key.encode()).hexdigest()
+        config = channel.model_dump(mode="json", exclude_none=True)
+        config["extra"] = notice.extra
+        try:
+            with app.db.session() as s:
+                s.add(
+                    Delivery(
+                        key=key,
+                        at=now,
+                        topic=notice.topic,
+                        kind=channel.kind,
+                        target=channel.target[:255],
+                        channel=config,
+                        subject=subject,
+                        text=text,
+                        policy=notice.policy,
+                        machine=notice.machine,
+                        status="pending",
+                        attempts=0,
+                        next_at=now,
+                    )
+                )
+            n += 1
+        except IntegrityError:
+            continue
+    return n
+
+
+def tell(app: App, notice: Notice, project: str | None, owner: str | None) -> int:
+    """Queue ``notice`` for the channels of (project, owner); never raises for a channel."""
+    return queue(app, notice, channels_for(app, project, owner))
+
+
+def tell_policy(app: App, notice: Notice, policy_name: str) -> int:
+    """Queue ``notice`` for one policy's own channels (budget alerts and reports)."""
+    for p in app.policies:
+        if p.name == policy_name:
+            lang = p.budget.language if p.budget else "en"
+            return queue(app, notice, [(c, c.language or lang) for c in p.notify])
+    return 0
+
+
+def record_mail(
+    app: App,
+    key: str,
+    topic: str,
+    to: list[str],
+    subject: str,
+    error: str | None,
+    *,
+    retried: bool,
+    policy: str | None = None,
+    machine: str | None = None,
+    supersedes: str | None = None,
+) -> None:
+    """A mail sent elsewhere (the budget's recipients, an owner's warning), recorded as a
+    delivery: sent, or the failure (``retrying`` where the caller tries again next pass).
+    ``supersedes``: a key prefix whose other mails still retrying are given up, this one
+    taking their place (a budget's higher threshold)."""
+    now = app.clock.now()
+    status = "sent" if error is None else ("retrying" if retried else "failed")
+    key = f"{key}|mail"[:255]
+    with app.db.session() as s:
+        if supersedes:
+            s.execute(
+                update(Delivery)
+                .where(
+                    Delivery.key.startswith(supersedes, autoescape=True),
+                    Delivery.key != key,
+                    Delivery.kind == "email",
+                    Delivery.status == "retrying",
+                )
+                .values(status="failed", error=Delivery.error + f"; superseded by “{subject}”")
+            )
+        row = s.scalars(select(Delivery).where(Delivery.key == key)).first()
+        if row is None:
+            row = Delivery(
+                key=key,
+                at=now,
+                topic=topic,
+                kind="email",
+                target=", ".join(to)[:255],
+                channel={"email": to},
+                subject=subject,
+                text="",
+                policy=policy,
+                machine=machine,
+                attempts=0,
+            )
+            s.add(row)
+        row.attempts = (row.attempts or 0) + 1
+        row.status, row.error, row.next_at = status, error, None
+        row.done_at = now if status != "retrying" else None
+
+
+# --- sending -----------------------------------------------------------------------------------
+
+
+def deliver(app: App, now: datetime | None = None) -> list[str]:
+    """Send every delivery that is due; what happened to each, one line apiece."""
+    now = now or app.clock.now()
+    cfg = app.settings.notify
+    with app.db.session() as s:
+        due = list(
+            s.scalars(
+                select(Delivery)
+                .where(Delivery.status.in_(("pending", "retrying")), Delivery.next_at <= now)
+                .order_by(Delivery.id)
+                .limit(200)
+            )
+        )
+    out = []
+    for d in due:
+        with app.db.session() as s:  # claimed: another scheduler skips it meanwhile
+            took = s.execute(
+                update(Delivery)
+                .where(Delivery.id == d.id, Delivery.next_at == d.next_at)
+                .values(next_at=now + CLAIM)
+            ).rowcount  # type: ignore[attr-defined]
+        if not took:
+            continue
+        attempt = d.attempts + 1
+        status, error, next_at = "sent", None, None
+        try:
+            _send(app, d)
+        except Refused as e:
+            status, error = "failed", str(e)
+        except Retry as e:
+            error = str(e)
+            if attempt >= cfg.max_attempts:
+                status = "failed"
+                error += f" (gave up after {attempt} attempts)"
+            else:
+                status = "retrying"
+                wait = min(BACKOFF_FIRST * 2 ** (attempt - 1), BACKOFF_MAX)
+                next_at = now + timedelta(seconds=max(wait, e.after or 0))
+        except Exception as e:  # a bug, or a stored channel this version cannot read: say so
+            status, error = "failed", f"{type(e).__name__}: {e}"
+        with app.db.session() as s:
+            s.execute(
+                update(Delivery)
+                .where(Delivery.id == d.id)
+                .values(
+                    status=status,
+                    attempts=attempt,
+                    error=error,
+                    next_at=next_at,
+                    done_at=None if status == "retrying" else now,
+                )
+            )
+        line = f"{d.kind} {d.target}: {d.topic} {status}"
+        if error:
+            line += f": {error}"
+        if next_at:
+            line += f"; next try {next_at:%H:%M:%S} UTC"
+        out.append(line)
+    return out
+
+
+def _send(app: App, d: Delivery) -> None:
+    ch = Channel.model_validate({k: v for k, v in d.channel.items() if k != "extra"})
+    if ch.telegram:
+        token = _secret(ch.telegram.token_env)
+        url = f"{app.settings.notify.telegram_api.rstrip('/')}/bot{token}/sendMessage"
+        # sendMessage: "Text of the message to be sent, 1-4096 characters"
+        text = _text(d)[:TELEGRAM_MAX]
+        _telegram(app, url, {"chat_id": ch.telegram.chat_id, "text": text}, token)
+    elif ch.slack:
+        url = _secret(ch.slack.webhook_env)
+        _slack(app, url, {"text": _text(d)})
+    elif ch.webhook:
+        key = _secret(ch.webhook.secret_env) if ch.webhook.secret_env else None
+        _webhook(app, ch.webhook.url, d, key)
+    else:
+        smtp = app.settings.smtp
+        msg = mail.compose(sender=smtp.sender, to=ch.email or [], subject=d.subject, text=d.text)
+        try:
+            mail.send(smtp, msg)
+        except mail.MailError as e:
+            raise Retry(str(e)) from None
+
+
+def _text(d: Delivery) -> str:
+    return f"{d.subject}\n\n{d.text}"
+
+
+def _secret(name: str) -> str:
+    value = os.environ.get(name)
+    if not value:
+        raise Refused(f"${name} is not set")
+    return value
+
+
+def _post(
+    app: App, url: str, body: bytes, headers: dict[str, str], secret: str | None
+) -> tuple[int, bytes, dict[str, str]]:
+    """POST ``body``: (status, response body, headers); a network failure is a :class:`Retry`
+    whose message never holds ``secret``."""
+    req = urllib.request.Request(url, data=body, method="POST", headers=headers)
+    try:
+        with urllib.request.urlopen(req, timeout=app.settings.notify.timeout_seconds) as r:
+            return r.status, r.read(), dict(r.headers)
+    except urllib.error.HTTPError as e:
+        return e.code, e.read(), dict(e.headers or {})
+    except (urllib.error.URLError, OSError, ValueError, http.client.HTTPException) as e:
+        msg = str(getattr(e, "reason", e))
+        raise Retry(msg.replace(secret, "***") if secret else msg) from None
+
+
+def _json(body: bytes) -> dict[str, Any]:
+    try:
+        v = json.loads(body)
+    except ValueError:
+        return {}
+    return v if isinstance(v, dict) else {}
+
+
+def _telegram(app: App, url: str, payload: dict[str, Any], token: str) -> None:
+    """https://core.telegram.org/bots/api#making-requests: the answer is JSON with ``ok``; on
+    failure ``error_code`` and ``description``, and on flood control (429)
+    ``parameters.retry_after`` seconds (https://core.telegram.org/bots/api#responseparameters)."""
+    body = json.dumps(payload).encode()
+    code, raw, _ = _post(app, url, body, {"Content-Type": "application/json"}, token)
+    ans = _json(raw)
+    if 200 <= code < 300 and ans.get("ok") is True:
+        return
+    why = f"Telegram {code}: {ans.get('description') or raw[:200].decode(errors='replace')}"
+    why = why.replace(token, "***")
+    if code == 429:
+        params = ans.get("parameters") or {}
+        raise Retry(why, int(params.get("retry_after") or 0) or None)
+    if code >= 500:
+        raise Retry(why)
+    raise Refused(why)
+
+
+def _slack(app: App, url: str, payload: dict[str, Any]) -> None:
+    """https://api.slack.com/messaging/webhooks#handling_errors: 200 ``ok``; errors such as 400
+    ``invalid_payload``, 403 ``invalid_token``, 404 ``no_service``, 410 ``channel_is_archived``
+    are for good; 429 (rate limited, ``Retry-After``) and 5xx may pass."""
+    body = json.dumps(payload).encode()
+    code, raw, headers = _post(app, url, body, {"Content-Type": "application/json"}, url)
+    text = raw[:200].decode(errors="replace").strip()
+    if code == 200:
+        return
+    why = f"Slack {code}: {text or 'no body'}"
+    if code == 429:
+        after = headers.get("Retry-After") or headers.get("retry-after") or ""
+        raise Retry(why, int(after) if after.isdigit() else None)
+    if code >= 500:
+        raise Retry(why)
+    raise Refused(why)
+
+
+def signature(key: str, body: bytes) -> str:
+    """The ``X-Provisioner-Signature`` header: ``sha256=`` and the hex HMAC-SHA256 of the body."""
+    return "sha256=" + hmac.new(key.encode(), body, hashlib.sha256).hexdigest()
+
+
+def _webhook(app: App, url: str, d: Delivery, key: str | None) -> None:
+    """A JSON POST; 2xx is delivered, 408, 429 and 5xx are tried again, other codes refuse."""
+    payload = {
+        "id": d.id,
+        "topic": d.topic,
+        "subject": d.subject,
+        "text": d.text,
+        "policy": d.policy,
+        "machine": d.machine,
+        "at": d.at.isoformat(),
+        **(d.channel.get("extra") or {}),
+    }
+    body = json.dumps(payload, sort_keys=True).encode()
+    headers = {"Content-Type": "application/json", "X-Provisioner-Delivery": str(d.id)}
+    if key:
+        headers["X-Provisioner-Signature"] = signature(key, body)
+    code, raw, _ = _post(app, url, body, headers, key)
+    if 200 <= code < 300:
+        return
+    why = f"webhook {code}: {raw[:200].decode(errors='replace').strip() or 'no body'}"
+    if code in (408, 429) or code >= 500:
+        raise Retry(why)
+    raise Refused(why)
+
+
+# --- what is shown -----------------------------------------------------------------------------
+
+
+def recent(app: App, limit: int = 50) -> list[Delivery]:
+    """The latest deliveries, newest first (events, the dashboard's alert history)."""
+    with app.db.session() as s:
+        rows = list(s.scalars(select(Delivery).order_by(Delivery.id.desc()).limit(limit)))
+        s.expunge_all()
+    return rows
+
+
+# --- texts -------------------------------------------------------------------------------------
+
+#: topic → language → (subject, text); ``{…}`` filled from the notice's values, a value given
+#: as {"en": …, "ru": …} per language
+TEXTS: dict[str, dict[str, tuple[str, str]]] = {
+    "budget-alert": {
+        "en": (
+            "Budget {policy}: {what} {pct} % (threshold {threshold} %)",
+            "Spent {spent} of {amount} this period ({period}); forecast {forecast}.",
+        ),
+        "ru": (
+            "Бюджет {policy}: {what} {pct} % (порог {threshold} %)",
+            "Потрачено {spent} из {amount} за период {period}; прогноз {forecast}.",
+        ),
+    },
+    "budget-exhausted": {
+        "en": (
+            "Budget {policy} exhausted: {spent} of {amount}",
+            "New launches are blocked until the period ends ({period}); on exhaustion: {action}.",
+        ),
+        "ru": (
+            "Бюджет {policy} исчерпан: {spent} из {amount}",
+            "Новые запуски запрещены до конца периода ({period}); при исчерпании: {action}.",
+        ),
+    },
+    "report": {
+        "en": (
+            "Report {policy}, {period}: {spent} of {amount} ({pct} %)",
+            "Spent {spent} of {amount}; committed {committed}; forecast {forecast}.",
+        ),
+        "ru": (
+            "Отчёт {policy}, {period}: {spent} из {amount} ({pct} %)",
+            "Потрачено {spent} из {amount}; обязательства {committed}; прогноз {forecast}.",
+        ),
+    },
+    "stop-warning": {
+        "en": (
+            "{machine} will be {done} at {when} UTC",
+            "{machine} ({where}): {why}.\nTo keep it running: provisioner keep {machine} "
+            "--until {keep}",
+        ),
+        "ru": (
+            "{machine} будет {done_ru} в {when} UTC",
+            "{machine} ({where}): {why}.\nЧтобы оставить её работать: provisioner keep "
+            "{machine} --until {keep}",
+        ),
+    },
+    "preempted": {
+        "en": ("{machine} was preempted", "{machine} ({where}) was preempted by its cloud."),
+        "ru": ("{machine} вытеснена", "Облако вытеснило машину {machine} ({where})."),
+    },
+    "relaunched": {
+        "en": (
+            "{machine} relaunched on {where}",
+            "{machine} was preempted; relaunched on {where}.",
+        ),
+        "ru": (
+            "{machine} перезапущена в {where}",
+            "Машина {machine} была вытеснена; перезапущена в {where}.",
+        ),
+    },
+    "relaunch-refused": {
+        "en": ("Relaunch of {machine} refused", "Relaunching {machine} was refused: {why}"),
+        "ru": ("Перезапуск {machine} запрещён", "Перезапуск машины {machine} запрещён: {why}"),
+    },
+    "relaunch-failed": {
+        "en": (
+            "Relaunch of {machine} failed (try {attempt})",
+            "Relaunching {machine} failed: {why}",
+        ),
+        "ru": (
+            "Перезапуск {machine} не удался (попытка {attempt})",
+            "Перезапуск машины {machine} не удался: {why}",
+        ),
+    },
+    "relaunch-gave-up": {
+        "en": ("Gave up relaunching {machine}", "{machine} ({where}): {why}."),
+        "ru": (
+            "Перезапуск {machine} прекращён",
+            "{machine} ({where}): попытки перезапуска исчерпаны, машина оставлена как есть.",
+        ),
+    },
+    "launched": {
+        "en": (
+            "{machine} launched after waiting for capacity",
+            "{machine} (project {project}) launched on {where} after waiting since {since}.",
+        ),
+        "ru": (
+            "{machine} запущена после ожидания мощностей",
+            "{machine} (проект {project}) запущена в {where} после ожидания с {since}.",
+        ),
+    },
+}
+
+
+def texts(topic: str, **values: Any) -> Texts:
+    """The topic's words in a language, filled with ``values``."""
+
+    def render(lang: str) -> tuple[str, str]:
+        lang = lang if lang in TEXTS[topic] else "en"
+        v = {k: (x.get(lang, x.get("en")) if isinstance(x, dict) else x) for k, x in values.items()}
+        subject, text = TEXTS[topic][lang]
+        return subject.format(**v), text.format(**v)
+
+    return render
