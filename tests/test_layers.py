@@ -61,6 +61,7 @@ ORDER = [
     "provisioner.jobs.finish",  # lifecycle.on_finish: billing ends with the job
     "provisioner.jobs.lease",
     "provisioner.jobs.notices",
+    "provisioner.jobs.reload",  # policy and settings edits reach the running scheduler
     "provisioner.jobs.autostop",  # stop when idle (GPUs, jobs, SSH) for that long, any hour
     "provisioner.jobs.sweep",
     "provisioner.jobs.outlook",  # what the sweep will do next, and why not yet

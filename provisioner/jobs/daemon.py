@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import signal
+import threading
 from collections.abc import Callable
 from dataclasses import replace
 from datetime import UTC, datetime
@@ -13,7 +14,15 @@ from typing import Any
 from provisioner import idle
 from provisioner.app import App
 from provisioner.errors import UserError
-from provisioner.jobs import enforce, reconcile, recover, scheduled_reports, sweep, waiting
+from provisioner.jobs import (
+    enforce,
+    reconcile,
+    recover,
+    reload,
+    scheduled_reports,
+    sweep,
+    waiting,
+)
 from provisioner.jobs.metrics import Metrics
 from provisioner.jobs.passes import Pass, describe
 
@@ -23,16 +32,28 @@ log = logging.getLogger("provisioner.scheduler")
 Job = tuple[str, Callable[[], Any], int]  # name, call, interval in seconds
 
 
-def schedule(app: App) -> list[Job]:
-    """Every job ``scheduler run`` schedules, with its interval."""
+def schedule(app: App, watcher: reload.Watcher | None = None) -> list[Job]:
+    """Every job ``scheduler run`` schedules, with its interval; with a ``watcher``, each pass
+    first takes up edited policy and settings files."""
     cfg = app.settings.scheduler
-    return [
+    jobs: list[Job] = [
         ("sweep", lambda: sweep.run(app), cfg.sweep_interval_seconds),
         ("recover", lambda: recover.run(app), cfg.recover_interval_seconds),
         ("wait", lambda: waiting.run(app), cfg.recover_interval_seconds),
         ("reconcile", lambda: reconcile.run(app), cfg.reconcile_interval_seconds),
         *((name, call, 60) for name, call in housekeeping(app)),
     ]
+    if watcher is None:
+        return jobs
+    return [(name, _after_check(watcher, call), every) for name, call, every in jobs]
+
+
+def _after_check(watcher: reload.Watcher, call: Callable[[], Any]) -> Callable[[], Any]:
+    def job() -> Any:
+        watcher.check()
+        return call()
+
+    return job
 
 
 def housekeeping(app: App) -> list[tuple[str, Callable[[], Any]]]:
@@ -44,10 +65,11 @@ def housekeeping(app: App) -> list[tuple[str, Callable[[], Any]]]:
     ]
 
 
-def run(app: App, apps: dict[str, idle.WSGIApp] | None = None) -> None:
+def run(app: App, apps: dict[str, idle.WSGIApp] | None = None, config: str | None = None) -> None:
     """``provisioner scheduler run``: the jobs on their intervals, and the heartbeat and
     metrics endpoint (with other WSGI ``apps`` by path prefix: the dashboard), until SIGTERM
-    or Ctrl-C."""
+    or Ctrl-C. Edits of the settings file (``config``, as ``--config`` names it) and of the
+    policy files are taken up at each pass and on SIGHUP (:mod:`provisioner.jobs.reload`)."""
     from apscheduler.schedulers.blocking import BlockingScheduler
 
     app.policies  # noqa: B018  (refuse to start with a bad policy rather than act on half)
@@ -69,8 +91,9 @@ def run(app: App, apps: dict[str, idle.WSGIApp] | None = None) -> None:
             f"scheduler.listen: cannot listen on {cfg.listen}: {e.strerror or e}"
         ) from None
     log.info("heartbeats, /metrics%s on %s", " and the dashboard" if apps else "", endpoint.url)
+    watcher = reload.Watcher(app, config)
     sched = BlockingScheduler(timezone=UTC)
-    for name, call, every in schedule(app):
+    for name, call, every in schedule(app, watcher):
         sched.add_job(
             _guarded(name, call),
             "interval",
@@ -83,6 +106,11 @@ def run(app: App, apps: dict[str, idle.WSGIApp] | None = None) -> None:
             misfire_grace_time=every,
         )
     signal.signal(signal.SIGTERM, lambda *_: sched.shutdown(wait=False))
+    # the handler runs on the main thread, inside the scheduler's wait: the reload on its own
+    signal.signal(
+        signal.SIGHUP,
+        lambda *_: threading.Thread(target=watcher.check, args=("SIGHUP",), daemon=True).start(),
+    )
     try:
         sched.start()
     except (KeyboardInterrupt, SystemExit):
