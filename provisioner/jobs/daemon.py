@@ -85,6 +85,7 @@ def run(app: App, apps: dict[str, idle.WSGIApp] | None = None, config: str | Non
             metrics_token=token,
             apps=apps,
             connection_limit=cfg.max_connections,
+            per_address_limit=cfg.max_connections_per_address,
         ).start()
     except OSError as e:  # the port is taken, the address is not this machine's…
         raise UserError(
