@@ -112,6 +112,7 @@ class Server:
             ident="provisioner",
             clear_untrusted_proxy_headers=True,
             expose_tracebacks=False,
+            asyncore_use_poll=True,
         )
         dispatcher = ThreadedTaskDispatcher()
         dispatcher.set_thread_count(threads)
@@ -146,7 +147,12 @@ class Server:
         from waitress import wasyncore
 
         while not self._stopping.is_set():
-            wasyncore.loop(timeout=self.server.adj.asyncore_loop_timeout, map=self._map, count=1)
+            wasyncore.loop(
+                timeout=self.server.adj.asyncore_loop_timeout,
+                map=self._map,
+                use_poll=True,  # select() fails on a descriptor past 1023: a flood's reach
+                count=1,
+            )
 
     def stop(self) -> None:
         from waitress import wasyncore
