@@ -11,7 +11,7 @@ from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
-from provisioner import idle
+from provisioner import idle, outages
 from provisioner.app import App
 from provisioner.errors import UserError
 from provisioner.jobs import (
@@ -23,6 +23,7 @@ from provisioner.jobs import (
     sweep,
     waiting,
 )
+from provisioner.jobs.lease import HOLDER
 from provisioner.jobs.metrics import Metrics
 from provisioner.jobs.passes import Pass, describe
 
@@ -32,17 +33,28 @@ log = logging.getLogger("provisioner.scheduler")
 Job = tuple[str, Callable[[], Any], int]  # name, call, interval in seconds
 
 
-def schedule(app: App, watcher: reload.Watcher | None = None) -> list[Job]:
+def schedule(
+    app: App, watcher: reload.Watcher | None = None, recorder: outages.Recorder | None = None
+) -> list[Job]:
     """Every job ``scheduler run`` schedules, with its interval; with a ``watcher``, each pass
-    first takes up edited policy and settings files."""
+    first takes up edited policy and settings files; with the endpoint's ``recorder``, its
+    outages are written every few seconds and before each sweep (which reads them)."""
     cfg = app.settings.scheduler
+
+    def sweeping() -> Any:
+        if recorder is not None:
+            recorder.flush()
+        return sweep.run(app)
+
     jobs: list[Job] = [
-        ("sweep", lambda: sweep.run(app), cfg.sweep_interval_seconds),
+        ("sweep", sweeping, cfg.sweep_interval_seconds),
         ("recover", lambda: recover.run(app), cfg.recover_interval_seconds),
         ("wait", lambda: waiting.run(app), cfg.recover_interval_seconds),
         ("reconcile", lambda: reconcile.run(app), cfg.reconcile_interval_seconds),
         *((name, call, 60) for name, call in housekeeping(app)),
     ]
+    if recorder is not None:
+        jobs.append(("endpoint.outages", recorder.flush, outages.FLUSH_SECONDS))
     if watcher is None:
         return jobs
     return [(name, _after_check(watcher, call), every) for name, call, every in jobs]
@@ -76,6 +88,7 @@ def run(app: App, apps: dict[str, idle.WSGIApp] | None = None, config: str | Non
     cfg = app.settings.scheduler
     host, port = cfg.host_port
     token = cfg.metrics_token.get_secret_value() if cfg.metrics_token else None
+    recorder = outages.Recorder(app, HOLDER)
     try:
         endpoint = idle.Endpoint(
             app,
@@ -86,15 +99,22 @@ def run(app: App, apps: dict[str, idle.WSGIApp] | None = None, config: str | Non
             apps=apps,
             connection_limit=cfg.max_connections,
             per_address_limit=cfg.max_connections_per_address,
+            on_refuse=recorder.refused,
         ).start()
     except OSError as e:  # the port is taken, the address is not this machine's…
         raise UserError(
             f"scheduler.listen: cannot listen on {cfg.listen}: {e.strerror or e}"
         ) from None
     log.info("heartbeats, /metrics%s on %s", " and the dashboard" if apps else "", endpoint.url)
+    down = recorder.started()
+    if down is not None:
+        log.warning(
+            "the endpoint was down from %s: silence then does not count as idle",
+            f"{down.started_at:%Y-%m-%d %H:%M:%S} UTC",
+        )
     watcher = reload.Watcher(app, config)
     sched = BlockingScheduler(timezone=UTC)
-    for name, call, every in schedule(app, watcher):
+    for name, call, every in schedule(app, watcher, recorder):
         sched.add_job(
             _guarded(name, call),
             "interval",
@@ -118,6 +138,7 @@ def run(app: App, apps: dict[str, idle.WSGIApp] | None = None, config: str | Non
         pass
     finally:
         endpoint.stop()
+        recorder.stopped()
 
 
 def _guarded(name: str, call: Callable[[], Any]) -> Callable[[], None]:

@@ -129,7 +129,9 @@ class Watcher:
             changes = diff_settings(old_settings, settings) + diff_policies(old_policies, policies)
             self.app.settings = settings
             self.app.__dict__["policies"] = policies  # the cached property's value, swapped
-            if old_settings.clouds != settings.clouds:
+            if old_settings.model_dump(include={"clouds"}) != settings.model_dump(
+                include={"clouds"}
+            ):
                 self.app._providers.clear()  # adapters are built from the clouds' options
             self._digest, self._broken = digest, None
             self._stats = self._stat_all()  # a new policy directory's files
