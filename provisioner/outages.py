@@ -13,6 +13,7 @@ runs, the span since it was last seen counts as one too.
 
 from __future__ import annotations
 
+import logging
 import threading
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
@@ -26,6 +27,8 @@ if TYPE_CHECKING:
     from sqlalchemy.orm import Session
 
     from provisioner.app import App
+
+log = logging.getLogger("provisioner.scheduler")
 
 QUIET = timedelta(seconds=60)  # a saturation is over this long after its last refusal
 FLUSH_SECONDS = 15  # the daemon writes refusals and its liveness this often
@@ -91,8 +94,16 @@ class Recorder:
                 if row is None:
                     row = EndpointOutage(started_at=sp.first, reason=why, holder=self.holder)
                     s.add(row)
+                    log.warning(
+                        "the endpoint refuses connections (%s) since %s: silence does not "
+                        "count as idle meanwhile",
+                        why,
+                        f"{sp.first:%Y-%m-%d %H:%M:%S} UTC",
+                    )
                 row.refused = sp.refused
                 row.ended_at = sp.last if now - sp.last > QUIET else None
+                if row.ended_at is not None:
+                    log.warning("the endpoint refused %d connections (%s)", sp.refused, why)
                 s.flush()
                 ids[why] = row.id
             self._alive(s, s.get(Lease, ALIVE), now)

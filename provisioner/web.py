@@ -222,9 +222,15 @@ def _guarded_class() -> type:
     class Guarded(TcpWSGIServer):
         channel_class = Channel
         limits: _Limits
+        next_channel_cleanup: float
 
         def readable(self) -> bool:
-            super().readable()  # its maintenance; its cap is ours, enforced on accept
+            """Always accepting (waitress stops at its cap, leaving everyone in the backlog;
+            here a connection over a cap is closed at once), with waitress's maintenance."""
+            now = time.time()
+            if now >= self.next_channel_cleanup:
+                self.next_channel_cleanup = now + self.adj.cleanup_interval
+                self.maintenance(now)
             return bool(self.accepting)
 
         def handle_accept(self) -> None:
