@@ -5,6 +5,7 @@ back and answering is."""
 
 from __future__ import annotations
 
+import socket
 from datetime import timedelta
 
 import pytest
@@ -12,10 +13,12 @@ from sqlalchemy import select
 
 from provisioner import idle, outages
 from provisioner.app import App
-from provisioner.jobs import sweep
+from provisioner.jobs import autostop, sweep
 from provisioner.models import EndpointOutage, Heartbeat, Machine
 from tests.conftest import make_settings, write_yaml
+from tests.test_autostop import WED_NOON, beats, launched, sched  # noqa: F401  (fixture)
 from tests.test_heartbeat import launch, post, token_in, user_data
+from tests.test_scheduler import BERLIN_NIGHTS
 
 SILENCE_IS_IDLE = {
     "name": "always-off",
@@ -53,8 +56,6 @@ def busy_hour(app: App, m: Machine) -> None:
 
 
 def test_heartbeats_refused_in_a_flood_do_not_make_a_busy_machine_idle(oapp, clock):
-    import socket
-
     m = launch(oapp)
     token = token_in(user_data(oapp, m))
     rec = outages.Recorder(oapp, "test")
@@ -138,3 +139,70 @@ def test_without_any_outage_silence_follows_the_policy(oapp, clock):
     with oapp.db.session() as s:
         assert s.scalars(select(EndpointOutage)).all() == []
         assert s.scalars(select(Heartbeat)).all()  # it had been heard, then went silent
+
+
+def test_autostop_does_not_count_silence_the_endpoint_caused(sched):  # noqa: F811
+    """A machine's own autostop under a policy that counts silence as idle: busy, then silent
+    for 45 minutes while the endpoint refused connections — kept; the same without the
+    refusals is stopped (as test_autostop shows)."""
+    silent = BERLIN_NIGHTS.replace("unknown_counts_as_idle: false", "unknown_counts_as_idle: true")
+    app, m = launched(sched, silent, WED_NOON)
+    beats(app, m, [(90, 45, 80.0, 0)])  # busy, then silent for 45 minutes
+    rec = outages.Recorder(app, "test")
+    rec.started()
+    app.clock.advance(timedelta(minutes=-20))
+    rec.refused("connection-limit")  # a flood 20 minutes ago, going on
+    app.clock.advance(timedelta(minutes=20))
+    rec.refused("connection-limit")
+    rec.flush()
+    assert sweep.run(app).actions == []
+    assert autostop.show(app, m)["why_not"] is not None
+    assert status(app, m) == "running"
+
+
+@pytest.mark.slow
+def test_a_restarted_scheduler_records_the_time_it_was_down(home, tmp_path):
+    import signal
+    import sqlite3
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+
+    from tests.conftest import ROOT, write_settings
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    write_yaml(tmp_path / "p.yaml", SILENCE_IS_IDLE)
+    cfg = write_settings(
+        home, policies=[str(tmp_path / "p.yaml")], scheduler={"listen": f"127.0.0.1:{port}"}
+    )
+    logs = []
+    for run in range(2):
+        log = tmp_path / f"run{run}.log"
+        with log.open("wb") as err:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "provisioner", "--config", str(cfg), "scheduler", "run"],
+                cwd=ROOT,
+                stdout=subprocess.DEVNULL,
+                stderr=err,
+            )
+        try:
+            for _ in range(600):
+                try:
+                    urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2).close()
+                    break
+                except OSError:
+                    assert proc.poll() is None, log.read_text()
+                    time.sleep(0.1)
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=60)
+        assert proc.returncode == 0, log.read_text()
+        logs.append(log.read_text())
+    assert "the endpoint was down from" not in logs[0]  # the first start: nothing before it
+    assert "the endpoint was down from" in logs[1]
+    with sqlite3.connect(home / "state.db") as db:
+        rows = db.execute("SELECT reason, started_at < ended_at FROM endpoint_outages").fetchall()
+    assert rows == [("down", 1)]

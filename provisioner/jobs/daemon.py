@@ -89,6 +89,27 @@ def run(app: App, apps: dict[str, idle.WSGIApp] | None = None, config: str | Non
     host, port = cfg.host_port
     token = cfg.metrics_token.get_secret_value() if cfg.metrics_token else None
     recorder = outages.Recorder(app, HOLDER)
+    watcher = reload.Watcher(app, config)
+    sched = BlockingScheduler(timezone=UTC)
+
+    def terminate(*_: Any) -> None:
+        if sched.running:
+            sched.shutdown(wait=False)
+        else:  # still starting: unwind, stopping the endpoint on the way out
+            raise SystemExit(0)
+
+    signal.signal(signal.SIGTERM, terminate)
+    # the handler runs on the main thread, inside the scheduler's wait: the reload on its own
+    signal.signal(
+        signal.SIGHUP,
+        lambda *_: threading.Thread(target=watcher.check, args=("SIGHUP",), daemon=True).start(),
+    )
+    down = recorder.started()  # the span since an endpoint last ran: heartbeats had nowhere to go
+    if down is not None:
+        log.warning(
+            "the endpoint was down from %s: silence then does not count as idle",
+            f"{down.started_at:%Y-%m-%d %H:%M:%S} UTC",
+        )
     try:
         endpoint = idle.Endpoint(
             app,
@@ -105,40 +126,29 @@ def run(app: App, apps: dict[str, idle.WSGIApp] | None = None, config: str | Non
         raise UserError(
             f"scheduler.listen: cannot listen on {cfg.listen}: {e.strerror or e}"
         ) from None
-    log.info("heartbeats, /metrics%s on %s", " and the dashboard" if apps else "", endpoint.url)
-    down = recorder.started()
-    if down is not None:
-        log.warning(
-            "the endpoint was down from %s: silence then does not count as idle",
-            f"{down.started_at:%Y-%m-%d %H:%M:%S} UTC",
-        )
-    watcher = reload.Watcher(app, config)
-    sched = BlockingScheduler(timezone=UTC)
-    for name, call, every in schedule(app, watcher, recorder):
-        sched.add_job(
-            _guarded(name, call),
-            "interval",
-            seconds=every,
-            id=name,
-            name=name,
-            next_run_time=datetime.now(UTC),
-            coalesce=True,
-            max_instances=1,
-            misfire_grace_time=every,
-        )
-    signal.signal(signal.SIGTERM, lambda *_: sched.shutdown(wait=False))
-    # the handler runs on the main thread, inside the scheduler's wait: the reload on its own
-    signal.signal(
-        signal.SIGHUP,
-        lambda *_: threading.Thread(target=watcher.check, args=("SIGHUP",), daemon=True).start(),
-    )
     try:
+        log.info("heartbeats, /metrics%s on %s", " and the dashboard" if apps else "", endpoint.url)
+        for name, call, every in schedule(app, watcher, recorder):
+            sched.add_job(
+                _guarded(name, call),
+                "interval",
+                seconds=every,
+                id=name,
+                name=name,
+                next_run_time=datetime.now(UTC),
+                coalesce=True,
+                max_instances=1,
+                misfire_grace_time=every,
+            )
         sched.start()
     except (KeyboardInterrupt, SystemExit):
         pass
     finally:
         endpoint.stop()
-        recorder.stopped()
+        try:
+            recorder.stopped()  # when it was last running, for the next start
+        except Exception:
+            log.exception("the endpoint's last refusals could not be recorded")
 
 
 def _guarded(name: str, call: Callable[[], Any]) -> Callable[[], None]:
