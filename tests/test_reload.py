@@ -228,3 +228,16 @@ def test_sighup_makes_the_running_scheduler_read_the_policies(home, tmp_path):
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=60)
     assert proc.returncode == 0, log.read_text()
+
+
+def test_a_changed_secret_is_never_logged(home):
+    old = make_settings(home, state_url="postgresql://ana:old-pass@db.example/prov")
+    new = make_settings(
+        home,
+        state_url="postgresql://ana:new-p@ss@db.example/prov",
+        dashboard={"token": "t0ken-value"},
+    )
+    lines = "\n".join(reload.diff_settings(old, new))
+    assert "old-pass" not in lines and "new-p@ss" not in lines and "t0ken-value" not in lines
+    assert "state_url: postgresql://ana:***@db.example/prov → postgresql://ana:***@" in lines
+    assert "settings dashboard.token: (unset) → **********" in lines

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import re
 import threading
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -119,7 +120,8 @@ class Watcher:
                 return None
             self._stats = stats
             digest = _digest(stats)
-            if digest == self._digest:  # touched, not changed
+            if digest == self._digest:  # touched, or put back as it was
+                self._broken = None
                 return None
             try:
                 settings, policies = self._read()
@@ -231,5 +233,6 @@ def _flat(data: Any, prefix: str = "") -> dict[str, Any]:
 
 
 def _show(v: Any) -> str:
-    """A value as read in a log line; secrets (SecretStr dumps as ``**********``) stay masked."""
-    return "(unset)" if v is None else str(v)
+    """A value as read in a log line; secrets stay masked (SecretStr dumps as ``**********``,
+    and a URL's password, e.g. in ``state_url``, is starred out)."""
+    return "(unset)" if v is None else re.sub(r"(://[^:/@\s]+:)\S+@", r"\1***@", str(v))
