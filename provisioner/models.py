@@ -266,6 +266,21 @@ class Lease(Base):
     expires_at: Mapped[datetime] = mapped_column(UTCDateTime)
 
 
+class EndpointOutage(Base):
+    """A span in which the heartbeat endpoint refused connections (``address-limit``,
+    ``connection-limit``) or was not running (``down``): heartbeats may have been lost, so
+    silence then is never counted as idle (0008). ``ended_at`` None: still going on."""
+
+    __tablename__ = "endpoint_outages"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    started_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    ended_at: Mapped[datetime | None] = mapped_column(UTCDateTime, index=True)
+    reason: Mapped[str] = mapped_column(String(32))
+    holder: Mapped[str] = mapped_column(String(128))
+    refused: Mapped[int] = mapped_column(Integer, default=0)
+
+
 # --- budgets (0003) -------------------------------------------------------------------------
 
 

@@ -128,6 +128,7 @@ class SchedulerSettings(BaseModel):
     # sees them (prefer $PROVISIONER_SCHEDULER__METRICS_TOKEN to writing it in the file)
     metrics_token: SecretStr | None = None
     max_connections: int = Field(100, ge=1, le=10_000)  # open connections to the endpoint
+    max_connections_per_address: int = Field(32, ge=1, le=10_000)  # of one client address
 
     @field_validator("listen")
     @classmethod

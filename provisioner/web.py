@@ -6,6 +6,14 @@ threads, so a slow or stalled client costs a socket, never a thread: ``connectio
 the sockets, ``channel_timeout`` closes idle ones, ``max_request_body_size`` answers 413 to a
 larger ``Content-Length`` before reading it, and a malformed one (``-1``, ``abc``) gets 400.
 
+No client can fill the server (:class:`_Guarded`): one address holds at most
+``per_address_limit`` sockets, a request's headers must be in within ``header_timeout`` of its
+first byte and its body within ``body_timeout`` (a byte a second does not keep a socket), and a
+connection over either cap is accepted and closed at once — waitress would instead stop
+accepting at its cap and leave every other client, heartbeats and ``/healthz`` too, waiting in
+the listen backlog. Each refusal is told to ``on_refuse`` (the endpoint records it as an
+outage: heartbeats may have been lost then).
+
     server = serve({"/v1/heartbeat": hb, "/metrics": hb, "/": dashboard}, "127.0.0.1", 8787)
     ...
     server.stop()
@@ -26,6 +34,10 @@ WSGIApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
 THREADS = 4  # workers: requests are short (one indexed query each)
 CONNECTION_LIMIT = 100  # open sockets; more wait in the listen backlog
 CHANNEL_TIMEOUT = 10  # seconds a connection may sit silent before it is closed
+PER_ADDRESS_LIMIT = 32  # open sockets of one client address
+HEADER_TIMEOUT = 5.0  # seconds from a request's first byte to the end of its headers
+BODY_TIMEOUT = 10.0  # seconds from a request's first byte to the end of its body
+REFUSED = b"HTTP/1.1 503 Service Unavailable\r\nConnection: close\r\nContent-Length: 0\r\n\r\n"
 MAX_BODY = 64 * 1024  # no request this server handles is larger
 
 
@@ -80,23 +92,38 @@ class Server:
         connection_limit: int = CONNECTION_LIMIT,
         threads: int = THREADS,
         channel_timeout: float = CHANNEL_TIMEOUT,
+        per_address_limit: int = PER_ADDRESS_LIMIT,
+        header_timeout: float = HEADER_TIMEOUT,
+        body_timeout: float = BODY_TIMEOUT,
+        on_refuse: Callable[[str], None] | None = None,
     ) -> None:
-        from waitress.server import create_server
+        from waitress.adjustments import Adjustments
+        from waitress.task import ThreadedTaskDispatcher
 
-        self.server: Any = create_server(
-            mount(apps),
+        adj = Adjustments(
             host=host,
             port=port,
             threads=threads,
             connection_limit=connection_limit,
             channel_timeout=channel_timeout,
-            cleanup_interval=max(1, int(channel_timeout) // 2),
+            cleanup_interval=1,  # the deadlines are checked each second
             max_request_body_size=MAX_BODY,
             max_request_header_size=16 * 1024,
             ident="provisioner",
             clear_untrusted_proxy_headers=True,
             expose_tracebacks=False,
+            asyncore_use_poll=True,
         )
+        dispatcher = ThreadedTaskDispatcher()
+        dispatcher.set_thread_count(threads)
+        limits = _Limits(per_address_limit, header_timeout, body_timeout, on_refuse)
+        server_class = _guarded_class()
+        self._map: dict[int, Any] = {}
+        for sockinfo in adj.listen:  # one per address the host resolves to; they share the map
+            self.server: Any = server_class(
+                mount(apps), self._map, dispatcher=dispatcher, adj=adj, sockinfo=sockinfo
+            )
+            self.server.limits = limits
         self._thread: threading.Thread | None = None
         self._stopping = threading.Event()
 
@@ -121,7 +148,10 @@ class Server:
 
         while not self._stopping.is_set():
             wasyncore.loop(
-                timeout=self.server.adj.asyncore_loop_timeout, map=self.server._map, count=1
+                timeout=self.server.adj.asyncore_loop_timeout,
+                map=self._map,
+                use_poll=True,  # select() fails on a descriptor past 1023: a flood's reach
+                count=1,
             )
 
     def stop(self) -> None:
@@ -132,13 +162,119 @@ class Server:
         if self._thread:
             self._thread.join()
         self.server.task_dispatcher.shutdown()
-        wasyncore.close_all(self.server._map)
+        wasyncore.close_all(self._map)
 
     def __enter__(self) -> Server:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+class _Limits:
+    """The per-address cap, the request deadlines and who hears of refusals, with the count
+    of each address's open sockets (kept on the I/O thread only)."""
+
+    def __init__(
+        self,
+        per_address: int,
+        header_timeout: float,
+        body_timeout: float,
+        on_refuse: Callable[[str], None] | None,
+    ) -> None:
+        self.per_address = per_address
+        self.header_timeout = header_timeout
+        self.body_timeout = body_timeout
+        self.on_refuse = on_refuse
+        self.open: dict[str, int] = {}
+        self.refused = 0
+
+
+def _guarded_class() -> type:
+    """waitress's TCP server with the caps and deadlines (built on first use: waitress is
+    imported only when a server is)."""
+    import time
+
+    from waitress.channel import HTTPChannel
+    from waitress.server import TcpWSGIServer
+
+    class Channel(HTTPChannel):
+        begun: float | None = None  # when the request being read sent its first byte
+        peer: str = ""
+
+        def received(self, data: bytes) -> bool:
+            if self.request is None and data:
+                self.begun = time.monotonic()
+            done = super().received(data)
+            if self.request is None:  # complete (handed to a worker), or nothing pending
+                self.begun = None
+            return bool(done)
+
+        def del_channel(self, map: Any = None) -> None:
+            opened = self.server.limits.open
+            if self.peer in opened:
+                opened[self.peer] -= 1
+                if opened[self.peer] <= 0:
+                    del opened[self.peer]
+                self.peer = ""
+            super().del_channel(map)
+
+    class Guarded(TcpWSGIServer):
+        channel_class = Channel
+        limits: _Limits
+        next_channel_cleanup: float
+
+        def readable(self) -> bool:
+            """Always accepting (waitress stops at its cap, leaving everyone in the backlog;
+            here a connection over a cap is closed at once), with waitress's maintenance."""
+            now = time.time()
+            if now >= self.next_channel_cleanup:
+                self.next_channel_cleanup = now + self.adj.cleanup_interval
+                self.maintenance(now)
+            return bool(self.accepting)
+
+        def handle_accept(self) -> None:
+            try:
+                pair = self.accept()
+                if pair is None:
+                    return
+                conn, addr = pair
+            except OSError:  # the client left before accept, or out of descriptors
+                return
+            peer = str(addr[0]) if isinstance(addr, tuple) else str(addr)
+            lim = self.limits
+            why = None
+            if len(self._map) >= self.adj.connection_limit:
+                why = "connection-limit"
+            elif lim.open.get(peer, 0) >= lim.per_address:
+                why = "address-limit"
+            if why:
+                lim.refused += 1
+                try:  # a word before closing; never a wait
+                    conn.setblocking(False)
+                    conn.send(REFUSED)
+                except OSError:
+                    pass
+                conn.close()
+                if lim.on_refuse:
+                    lim.on_refuse(why)
+                return
+            channel = self.channel_class(self, conn, self.fix_addr(addr), self.adj, map=self._map)
+            channel.peer = peer
+            lim.open[peer] = lim.open.get(peer, 0) + 1
+
+        def maintenance(self, now: float) -> None:
+            super().maintenance(now)  # idle sockets: channel_timeout
+            mono, lim = time.monotonic(), self.limits
+            for channel in list(self.active_channels.values()):
+                begun, request = getattr(channel, "begun", None), channel.request
+                if begun is None or request is None or channel.requests:
+                    continue
+                limit = lim.body_timeout if request.headers_finished else lim.header_timeout
+                if mono - begun > limit:
+                    channel.will_close = True
+
+    return Guarded
 
 
 def serve(apps: Mapping[str, WSGIApp], host: str, port: int, **options: Any) -> Server:

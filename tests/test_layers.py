@@ -44,6 +44,7 @@ ORDER = [
     "provisioner.budget",  # budget rules and standing; no enforcement
     "provisioner.planning",  # an experiment's plan: offers, policy decision, budget projection
     "provisioner.web",  # the HTTP server: WSGI apps under path prefixes (waitress)
+    "provisioner.outages",  # when the heartbeat endpoint refused or was down: silence not idle
     "provisioner.startup",  # what a machine is given at boot: the agent and its token
     "provisioner.idle",
     "provisioner.keys",  # the SSH key a machine gets and `ssh` uses; the ssh-config
@@ -65,6 +66,7 @@ ORDER = [
     "provisioner.jobs.finish",  # lifecycle.on_finish: billing ends with the job
     "provisioner.jobs.lease",
     "provisioner.jobs.notices",
+    "provisioner.jobs.reload",  # policy and settings edits reach the running scheduler
     "provisioner.jobs.autostop",  # stop when idle (GPUs, jobs, SSH) for that long, any hour
     "provisioner.jobs.sweep",
     "provisioner.jobs.recover",

@@ -202,7 +202,7 @@ def run(ctx: typer.Context) -> None:
     )
     # the dashboard beside the endpoint: open on loopback, behind dashboard.token beyond it
     dashboard = make_app(application, listen=application.settings.scheduler.listen)
-    daemon.run(application, apps={"/": dashboard})
+    daemon.run(application, apps={"/": dashboard}, config=(ctx.find_root().obj or {}).get("config"))
 
 
 @app.command()

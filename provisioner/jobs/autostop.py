@@ -25,7 +25,7 @@ from sqlalchemy import select
 
 from policies.duration import autostop_duration, format_duration, short_duration
 from policies.schema import Policy, autostop_cap
-from provisioner import idle, machines
+from provisioner import idle, machines, outages
 from provisioner.app import App
 from provisioner.errors import UserError
 from provisioner.models import Event, Heartbeat, Machine
@@ -297,6 +297,7 @@ def verdicts(
     seen = beats(app, since)
     running = jobs(app, wanted)
     started = idle.running_since(app, wanted)
+    spans = outages.overlapping(app, min(since.values()), now)
     out: dict[str, Verdict] = {}
     for mid, (d, below, silence) in wanted.items():
         out[mid] = judge(
@@ -305,7 +306,8 @@ def verdicts(
             autostop=d,
             below=below,
             grace=grace,
-            silence_is_idle=silence,
+            # silence the heartbeat endpoint caused (refusing, or down) is not idleness
+            silence_is_idle=silence and not outages.overlaps(spans, since[mid], now),
             running_since=started.get(mid),
             job=running.get(mid),
         )

@@ -5,15 +5,25 @@ from __future__ import annotations
 
 import logging
 import signal
+import threading
 from collections.abc import Callable
 from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
-from provisioner import idle, notify
+from provisioner import idle, notify, outages
 from provisioner.app import App
 from provisioner.errors import UserError, database_failure
-from provisioner.jobs import enforce, reconcile, recover, scheduled_reports, sweep, waiting
+from provisioner.jobs import (
+    enforce,
+    reconcile,
+    recover,
+    reload,
+    scheduled_reports,
+    sweep,
+    waiting,
+)
+from provisioner.jobs.lease import HOLDER
 from provisioner.jobs.metrics import Metrics
 from provisioner.jobs.passes import Pass, describe
 
@@ -23,16 +33,39 @@ log = logging.getLogger("provisioner.scheduler")
 Job = tuple[str, Callable[[], Any], int]  # name, call, interval in seconds
 
 
-def schedule(app: App) -> list[Job]:
-    """Every job ``scheduler run`` schedules, with its interval."""
+def schedule(
+    app: App, watcher: reload.Watcher | None = None, recorder: outages.Recorder | None = None
+) -> list[Job]:
+    """Every job ``scheduler run`` schedules, with its interval; with a ``watcher``, each pass
+    first takes up edited policy and settings files; with the endpoint's ``recorder``, its
+    outages are written every few seconds and before each sweep (which reads them)."""
     cfg = app.settings.scheduler
-    return [
-        ("sweep", lambda: sweep.run(app), cfg.sweep_interval_seconds),
+
+    def sweeping() -> Any:
+        if recorder is not None:
+            recorder.flush()
+        return sweep.run(app)
+
+    jobs: list[Job] = [
+        ("sweep", sweeping, cfg.sweep_interval_seconds),
         ("recover", lambda: recover.run(app), cfg.recover_interval_seconds),
         ("wait", lambda: waiting.run(app), cfg.recover_interval_seconds),
         ("reconcile", lambda: reconcile.run(app), cfg.reconcile_interval_seconds),
         *((name, call, 60) for name, call in housekeeping(app)),
     ]
+    if recorder is not None:
+        jobs.append(("endpoint.outages", recorder.flush, outages.FLUSH_SECONDS))
+    if watcher is None:
+        return jobs
+    return [(name, _after_check(watcher, call), every) for name, call, every in jobs]
+
+
+def _after_check(watcher: reload.Watcher, call: Callable[[], Any]) -> Callable[[], Any]:
+    def job() -> Any:
+        watcher.check()
+        return call()
+
+    return job
 
 
 def housekeeping(app: App) -> list[tuple[str, Callable[[], Any]]]:
@@ -45,16 +78,39 @@ def housekeeping(app: App) -> list[tuple[str, Callable[[], Any]]]:
     ]
 
 
-def run(app: App, apps: dict[str, idle.WSGIApp] | None = None) -> None:
+def run(app: App, apps: dict[str, idle.WSGIApp] | None = None, config: str | None = None) -> None:
     """``provisioner scheduler run``: the jobs on their intervals, and the heartbeat and
     metrics endpoint (with other WSGI ``apps`` by path prefix: the dashboard), until SIGTERM
-    or Ctrl-C."""
+    or Ctrl-C. Edits of the settings file (``config``, as ``--config`` names it) and of the
+    policy files are taken up at each pass and on SIGHUP (:mod:`provisioner.jobs.reload`)."""
     from apscheduler.schedulers.blocking import BlockingScheduler
 
     app.policies  # noqa: B018  (refuse to start with a bad policy rather than act on half)
     cfg = app.settings.scheduler
     host, port = cfg.host_port
     token = cfg.metrics_token.get_secret_value() if cfg.metrics_token else None
+    recorder = outages.Recorder(app, HOLDER)
+    watcher = reload.Watcher(app, config)
+    sched = BlockingScheduler(timezone=UTC)
+
+    def terminate(*_: Any) -> None:
+        if sched.running:
+            sched.shutdown(wait=False)
+        else:  # still starting: unwind, stopping the endpoint on the way out
+            raise SystemExit(0)
+
+    signal.signal(signal.SIGTERM, terminate)
+    # the handler runs on the main thread, inside the scheduler's wait: the reload on its own
+    signal.signal(
+        signal.SIGHUP,
+        lambda *_: threading.Thread(target=watcher.check, args=("SIGHUP",), daemon=True).start(),
+    )
+    down = recorder.started()  # the span since an endpoint last ran: heartbeats had nowhere to go
+    if down is not None:
+        log.warning(
+            "the endpoint was down from %s: silence then does not count as idle",
+            f"{down.started_at:%Y-%m-%d %H:%M:%S} UTC",
+        )
     try:
         endpoint = idle.Endpoint(
             app,
@@ -64,32 +120,36 @@ def run(app: App, apps: dict[str, idle.WSGIApp] | None = None) -> None:
             metrics_token=token,
             apps=apps,
             connection_limit=cfg.max_connections,
+            per_address_limit=cfg.max_connections_per_address,
+            on_refuse=recorder.refused,
         ).start()
     except OSError as e:  # the port is taken, the address is not this machine's…
         raise UserError(
             f"scheduler.listen: cannot listen on {cfg.listen}: {e.strerror or e}"
         ) from None
-    log.info("heartbeats, /metrics%s on %s", " and the dashboard" if apps else "", endpoint.url)
-    sched = BlockingScheduler(timezone=UTC)
-    for name, call, every in schedule(app):
-        sched.add_job(
-            _guarded(name, call),
-            "interval",
-            seconds=every,
-            id=name,
-            name=name,
-            next_run_time=datetime.now(UTC),
-            coalesce=True,
-            max_instances=1,
-            misfire_grace_time=every,
-        )
-    signal.signal(signal.SIGTERM, lambda *_: sched.shutdown(wait=False))
     try:
+        log.info("heartbeats, /metrics%s on %s", " and the dashboard" if apps else "", endpoint.url)
+        for name, call, every in schedule(app, watcher, recorder):
+            sched.add_job(
+                _guarded(name, call),
+                "interval",
+                seconds=every,
+                id=name,
+                name=name,
+                next_run_time=datetime.now(UTC),
+                coalesce=True,
+                max_instances=1,
+                misfire_grace_time=every,
+            )
         sched.start()
     except (KeyboardInterrupt, SystemExit):
         pass
     finally:
         endpoint.stop()
+        try:
+            recorder.stopped()  # when it was last running, for the next start
+        except Exception:
+            log.exception("the endpoint's last refusals could not be recorded")
 
 
 def _guarded(name: str, call: Callable[[], Any]) -> Callable[[], None]:

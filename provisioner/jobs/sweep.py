@@ -16,7 +16,7 @@ from sqlalchemy import select
 from policies.calendar import Calendar
 from policies.duration import format_duration, parse_duration
 from policies.schema import IdleRule, Policy, matching
-from provisioner import idle, machines, mail, notify
+from provisioner import idle, machines, mail, notify, outages
 from provisioner.app import App
 from provisioner.errors import ProvisionerError, UserError
 from provisioner.jobs import autostop
@@ -86,6 +86,8 @@ class Assessment:
     rules: Rules
     signals: dict[IdleCheck, idle.Signal]
     autostop: autostop.Verdict | None = None  # a running machine with an autostop
+    # checks whose window overlaps an outage of the heartbeat endpoint: silence is not idle
+    blinded: frozenset[IdleCheck] = frozenset()
 
 
 def assess(
@@ -116,6 +118,7 @@ def assess(
         busy_at = max(c.rule.gpu_util_below for c in checks)
         evidence = idle.evidence(app, list(lookback), now, windows, grace, busy_at)
         since = idle.running_since(app, list(lookback))
+    spans = outages.overlapping(app, min(lookback.values()), now) if lookback else []
     stops = _autostops(app, now, machines, rules, failed, grace)
     none = idle.Evidence(None, None, None, 0, None)
     out = []
@@ -124,6 +127,7 @@ def assess(
             continue
         r = rules[m.id]
         signals: dict[IdleCheck, idle.Signal] = {}
+        blinded: set[IdleCheck] = set()
         try:
             if m.id in lookback:
                 for c in r.idle:
@@ -136,10 +140,12 @@ def assess(
                         window=window,
                         grace=grace,
                     )
+                    if outages.overlaps(spans, now - window - grace, now):
+                        blinded.add(c)
         except Exception as e:
             failed[m.id] = e
             continue
-        out.append(Assessment(m, r, signals, stops.get(m.id)))
+        out.append(Assessment(m, r, signals, stops.get(m.id), frozenset(blinded)))
     return out, failed
 
 
@@ -201,7 +207,11 @@ def decide(a: Assessment, now: datetime) -> Action | None:
         off = check.calendar.why_off(now) if check.calendar else None
         if check.calendar and off is None:
             continue
-        if signal == "idle" or (signal == "unknown" and check.rule.unknown_counts_as_idle):
+        if signal == "idle" or (
+            signal == "unknown"
+            and check.rule.unknown_counts_as_idle
+            and check not in a.blinded  # silence the endpoint caused is not idleness
+        ):
             fired.append((check, off, signal))
     if not fired:
         return _autostop(a)
