@@ -30,7 +30,16 @@ class App:
 
         db = Database(self.settings.database_url)
         db.migrate()
+        db.actor = lambda: self.actor  # every event records who caused it
         return db
+
+    @cached_property
+    def actor(self) -> str:
+        """Who runs this process, as an e-mail (:mod:`provisioner.identity`); the scheduler
+        sets ``app.actor = identity.SCHEDULER`` for its own actions."""
+        from provisioner import identity
+
+        return identity.actor(self)
 
     def provider(self, cloud: str) -> Provider:
         """The adapter for ``cloud``, built once with its options from settings."""

@@ -12,7 +12,7 @@ import json
 import os
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -23,7 +23,7 @@ from sqlalchemy.exc import DBAPIError, InvalidRequestError
 from sqlalchemy.orm import Session, sessionmaker
 
 from provisioner.errors import OperationFailed, UserError
-from provisioner.models import ACTIVE_EXCLUDED, Machine
+from provisioner.models import ACTIVE_EXCLUDED, Event, Machine
 from provisioner.schema import MIGRATIONS, _revisions, schema_head
 
 
@@ -36,6 +36,16 @@ class Database:
         self.url = url
         self.engine = _engine(url)
         self.sessions = sessionmaker(self.engine, expire_on_commit=False)
+        #: who causes what this process writes (the App sets it): every new event records it
+        self.actor: Callable[[], str] | None = None
+        event.listen(self.sessions, "before_flush", self._stamp_actor)
+
+    def _stamp_actor(self, session: Session, _ctx: Any, _instances: Any) -> None:
+        if self.actor is None:
+            return
+        for obj in session.new:
+            if isinstance(obj, Event) and obj.actor is None:
+                obj.actor = self.actor()
 
     def migrate(self) -> None:
         """Bring the schema to the newest Alembic revision. Idempotent, and safe when several

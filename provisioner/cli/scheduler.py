@@ -108,9 +108,11 @@ def sweep(
     from provisioner.jobs import daemon, recover  # SQLAlchemy and the policies: not for --help
     from provisioner.jobs import sweep as sweeping  # as above
     from provisioner.jobs import waiting as queued  # as above
+    from provisioner import identity  # as above
     from provisioner.jobs.passes import describe  # as above
 
     application = get_app(ctx)
+    application.actor = identity.SCHEDULER  # what the passes do is the scheduler's doing
     passes = [
         sweeping.run(application, dry_run=dry_run),
         recover.run(application, dry_run=dry_run),
@@ -175,6 +177,7 @@ def run(ctx: typer.Context) -> None:
     /healthz and the team dashboard on `scheduler.listen`, until stopped."""
     from provisioner.dashboard import make_app  # as below
     from provisioner.jobs import daemon  # SQLAlchemy, the policies, APScheduler: not for --help
+    from provisioner import identity  # as above
     from provisioner.jobs.lease import HOLDER  # as above
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
@@ -183,6 +186,7 @@ def run(ctx: typer.Context) -> None:
     logging.getLogger("apscheduler").setLevel(logging.WARNING)
     logging.getLogger("alembic").setLevel(logging.WARNING)  # a migration's plugin roll call
     application = get_app(ctx)
+    application.actor = identity.SCHEDULER  # what the passes do is the scheduler's doing
     err.print(
         f"scheduler {HOLDER} listening on {application.settings.scheduler.listen}", soft_wrap=True
     )
