@@ -123,3 +123,13 @@ def by_id(app: App, token_id: str) -> Token | None:
     with app.db.session() as s:
         t = s.get(Token, token_id)
     return t if t is not None and usable(app, t) else None
+
+
+def any_usable(app: App) -> bool:
+    """Whether a live token exists (the dashboard's login form is then worth showing)."""
+    now = app.clock.now()
+    with app.db.session() as s:
+        q = select(Token.id).where(
+            Token.revoked_at.is_(None), (Token.expires_at.is_(None)) | (Token.expires_at > now)
+        )
+        return s.scalars(q.limit(1)).first() is not None

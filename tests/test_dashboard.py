@@ -61,6 +61,7 @@ POLICIES = [
 
 def up(app, name, project="demo", owner="ana@example.com", **res) -> None:
     e = sandbox_experiment(name, **res) | {"project": project, "owner": owner}
+    app.actor = owner  # each owner launches their own (provisioner.identity)
     machines.up(app, Experiment.model_validate(e))
 
 

@@ -31,10 +31,12 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, urlencode
 
-from provisioner import budget, render, reports
+from provisioner import budget, render, reports, tokens
 from provisioner.app import App
 from provisioner.dashboard import pages, svg
 from provisioner.errors import ProvisionerError
+from provisioner.identity import email_of
+from provisioner.models import Token
 from provisioner.money import Money
 from provisioner.views import fleet as fleet_view
 from provisioner.views import plan as plan_view
@@ -45,6 +47,7 @@ log = logging.getLogger("provisioner.dashboard")
 TEMPLATES = Path(__file__).resolve().parent.parent / "templates" / "dashboard"
 STATIC = Path(__file__).resolve().parent.parent / "static" / "dashboard"
 COOKIE = "provisioner_session"
+SHARED = "dashboard.token"  # the user of the shared token (settings), whoever holds it
 LANG_COOKIE = "provisioner_lang"
 SESSION_SECONDS = 12 * 3600
 MAX_FORM = 256 * 1024  # a pasted experiment file is a few kB
@@ -117,6 +120,14 @@ class Throttle:
         if not seen:
             self._failures.pop(who, None)
         return seen
+
+
+def _trusted(client: str, networks: list[str]) -> bool:
+    try:
+        addr = ipaddress.ip_address(client)
+    except ValueError:
+        return False
+    return any(addr in ipaddress.ip_network(n, strict=False) for n in networks)
 
 
 def same_secret(given: str, secret: str) -> bool:
@@ -194,6 +205,7 @@ class Request:
             cookies = SimpleCookie()
         self.cookies = {k: v.value for k, v in cookies.items()}
         self._form: dict[str, str] | None = None
+        self.user: str | None = None  # who is asking, when known (Dashboard.allowed)
 
     def form(self) -> dict[str, str]:
         if self._form is None:
@@ -266,17 +278,41 @@ class Dashboard:
     # --- access ---------------------------------------------------------------------------
 
     def allowed(self, req: Request) -> bool:
-        if self.open:
+        """Whether ``req`` may look, and who asks (``req.user``): a trusted proxy's header, a
+        personal token (Bearer or its session cookie), or the shared ``dashboard.token``
+        (user :data:`SHARED`). On loopback anyone may look; a credential still names them."""
+        req.user = self._proxy_user(req)
+        if req.user is not None:
             return True
-        if not self.token:  # bound wide with no token: nobody
-            return False
         auth = req.environ.get("HTTP_AUTHORIZATION", "")
         if auth[:7].lower() == "bearer ":  # a script's token: its guesses count as a form's
-            if same_secret(auth[7:].strip(), self.token):
-                return True
-            self.throttle.failed(req.client, self.now().timestamp())
-            return False
-        return self._valid_session(req.cookies.get(COOKIE, ""))
+            req.user = self._token_user(auth[7:].strip())
+            if req.user is None and not self.open:
+                self.throttle.failed(req.client, self.now().timestamp())
+        else:
+            req.user = self._session_user(req.cookies.get(COOKIE, ""))
+        return self.open or req.user is not None
+
+    def _token_user(self, given: str) -> str | None:
+        """The user a token names: the shared token's, or a live personal token's."""
+        if self.token and same_secret(given, self.token):
+            return SHARED
+        if given.startswith(tokens.PREFIX):
+            t = tokens.verify(self.app, given)
+            return t.user if t is not None else None
+        return None
+
+    def _proxy_user(self, req: Request) -> str | None:
+        """The user an authenticating proxy names in ``identity.proxy_header``, believed only
+        from an address in ``identity.trusted_proxies`` (anyone else may write the header)."""
+        ident = self.app.settings.identity
+        key = "HTTP_" + ident.proxy_header.upper().replace("-", "_")
+        value = req.environ.get(key, "").strip()
+        if not value or not ident.trusted_proxies or not _trusted(req.client, ident.trusted_proxies):
+            return None
+        if len(value) > 128 or not value.isprintable() or " " in value:
+            return None
+        return value if "@" in value else email_of(self.app.settings, value)
 
     def _held(self, req: Request) -> int:
         """Seconds a request offering a token must wait (0: none), when its address has
@@ -285,16 +321,32 @@ class Dashboard:
             return 0
         return self.throttle.wait(req.client, self.now().timestamp())
 
-    def _sign(self, expires: int) -> str:
+    def _sign(self, expires: int, token: Token | None = None) -> str:
+        """A session cookie's value: signed with the shared token, or for a personal
+        ``token`` with its stored hash (revoking the token ends its sessions)."""
+        if token is not None:
+            msg = f"session:{expires}:{token.id}".encode()
+            mac = hmac.new(token.hash.encode(), msg, hashlib.sha256)
+            return f"{expires}.{token.id}.{mac.hexdigest()}"
         assert self.token
         mac = hmac.new(self.token.encode(), f"session:{expires}".encode(), hashlib.sha256)
         return f"{expires}.{mac.hexdigest()}"
 
-    def _valid_session(self, value: str) -> bool:
-        exp, _, _ = value.partition(".")
+    def _session_user(self, value: str) -> str | None:
+        exp, _, rest = value.partition(".")
         if not exp.isdigit() or int(exp) < time.time():
-            return False
-        return hmac.compare_digest(value.encode(), self._sign(int(exp)).encode())
+            return None
+        token_id, dot, _ = rest.partition(".")
+        if dot:  # a personal token's session
+            t = tokens.by_id(self.app, token_id)
+            if t is None:
+                return None
+            good = hmac.compare_digest(value.encode(), self._sign(int(exp), t).encode())
+            return t.user if good else None
+        if not self.token:
+            return None
+        good = hmac.compare_digest(value.encode(), self._sign(int(exp)).encode())
+        return SHARED if good else None
 
     def login(self, req: Request) -> Response:
         if self.open:
@@ -303,9 +355,10 @@ class Dashboard:
             now = self.now().timestamp()
             if wait := self.throttle.wait(req.client, now):
                 return self.too_many(req, wait)
-            given = req.form().get("token", "")
-            if self.token and same_secret(given, self.token):
-                value = self._sign(int(time.time()) + SESSION_SECONDS)
+            given = req.form().get("token", "").strip()
+            personal = tokens.verify(self.app, given) if given.startswith(tokens.PREFIX) else None
+            if personal is not None or (self.token and same_secret(given, self.token)):
+                value = self._sign(int(time.time()) + SESSION_SECONDS, personal)
                 cookie = (
                     f"{COOKIE}={value}; Path={req.root or '/'}; HttpOnly; SameSite=Strict; "
                     f"Max-Age={SESSION_SECONDS}"
@@ -317,15 +370,20 @@ class Dashboard:
                 )
             self.throttle.failed(req.client, now)
             return self.page(
-                req, "login.html", status=401, failed=True, configured=bool(self.token)
+                req, "login.html", status=401, failed=True, configured=self.configured
             )
-        return self.page(req, "login.html", failed=False, configured=bool(self.token))
+        return self.page(req, "login.html", failed=False, configured=self.configured)
+
+    @property
+    def configured(self) -> bool:
+        """Whether any token can log in: the shared one, or a personal one."""
+        return bool(self.token) or tokens.any_usable(self.app)
 
     def too_many(self, req: Request, wait: int) -> Response:
         """429 with ``Retry-After``: the form says how long; a script gets it in plain text."""
         if req.path == "/login":
             resp = self.page(
-                req, "login.html", status=429, failed=False, configured=bool(self.token), wait=wait
+                req, "login.html", status=429, failed=False, configured=self.configured, wait=wait
             )
         else:
             resp = Response(
