@@ -55,7 +55,7 @@ def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.delenv("PROVISIONER_CONFIG", raising=False)
     monkeypatch.delenv("PROVISIONER_STATE_URL", raising=False)
     # who runs the suite launches as the experiments' usual owner (provisioner.identity)
-    monkeypatch.setenv(MEMBERS_ENV, json.dumps({os_user(): TEST_OWNER}))
+    monkeypatch.setenv(MEMBERS_ENV, json.dumps({os_user(): TEST_OWNER, _pg_role(): TEST_OWNER}))
     return h
 
 
@@ -83,6 +83,13 @@ def make_settings(home: Path, **overrides: object) -> Settings:
 #: The PostgreSQL server the ``postgres`` half writes to (a schema per test), only when named:
 #: nothing writes to a database the user did not name. `.ci/run` sets it.
 PG_URL = os.environ.get("PROVISIONER_TEST_POSTGRES_URL", "")
+
+
+def _pg_role() -> str:
+    """The role the PostgreSQL half connects as (its actor: provisioner.identity)."""
+    from sqlalchemy.engine import make_url
+
+    return (make_url(PG_URL).username if PG_URL else None) or "postgres"
 
 
 def _postgres_problem() -> str | None:
