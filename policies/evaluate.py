@@ -143,7 +143,11 @@ def _request_violations(r: Request, p: Policy) -> list[Violation]:
                 f"{running} machines already run in its scope, at most {p.max_machines}",
             )
     if p.per_owner is not None:
-        mine = [gpus for proj, gpus in r.owned if any(fnmatchcase(proj, g) for g in p.applies_to.projects)]
+        mine = [
+            gpus
+            for proj, gpus in r.owned
+            if any(fnmatchcase(proj, g) for g in p.applies_to.projects)
+        ]
         cap = p.per_owner.max_machines
         if cap is not None and len(mine) + 1 > cap:
             v(

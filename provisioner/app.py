@@ -39,7 +39,7 @@ class App:
         sets ``app.actor = identity.SCHEDULER`` for its own actions."""
         from provisioner import identity
 
-        return identity.actor(self)
+        return identity.actor(self.settings, lambda: self.db)
 
     def provider(self, cloud: str) -> Provider:
         """The adapter for ``cloud``, built once with its options from settings."""

@@ -14,6 +14,7 @@ An experiment's ``owner`` is the actor unless a policy that applies to it grants
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from fnmatch import fnmatchcase
 from typing import TYPE_CHECKING
 
@@ -21,9 +22,10 @@ from policies.schema import matching
 from provisioner.errors import UserError
 
 if TYPE_CHECKING:
-    from provisioner.app import App
+    from policies.schema import Policy
     from provisioner.settings import Settings
     from provisioner.spec import Experiment
+    from provisioner.state import Database
 
 #: the actor of what the scheduler does on its own (sweeps, relaunches, budget stops)
 SCHEDULER = "scheduler"
@@ -41,15 +43,14 @@ def os_user() -> str:
         return f"uid{os.geteuid()}"
 
 
-def database_role(app: App) -> str:
+def database_role(db: Database) -> str:
     """The PostgreSQL role this process connects as (cached per database URL)."""
-    url = app.settings.database_url
-    if url not in _roles:
+    if db.url not in _roles:
         from sqlalchemy import text
 
-        with app.db.engine.connect() as conn:
-            _roles[url] = str(conn.execute(text("SELECT current_user")).scalar())
-    return _roles[url]
+        with db.engine.connect() as conn:
+            _roles[db.url] = str(conn.execute(text("SELECT current_user")).scalar())
+    return _roles[db.url]
 
 
 def email_of(settings: Settings, name: str) -> str:
@@ -59,30 +60,35 @@ def email_of(settings: Settings, name: str) -> str:
     return ident.members.get(name) or f"{name}@{ident.domain}"
 
 
-def actor(app: App) -> str:
-    """The e-mail of who runs this process (see the module's doc)."""
-    if app.settings.database_url.startswith("postgresql"):
-        return email_of(app.settings, database_role(app))
-    return email_of(app.settings, os_user())
+def actor(settings: Settings, db: Callable[[], Database]) -> str:
+    """The e-mail of who runs this process (see the module's doc); ``db`` is asked only on
+    PostgreSQL."""
+    if settings.database_url.startswith("postgresql"):
+        return email_of(settings, database_role(db()))
+    return email_of(settings, os_user())
 
 
-def may_act_as(app: App, experiment: Experiment, who: str) -> bool:
-    """Whether ``who`` may launch ``experiment`` for its owner: they are its owner, or a
-    policy that applies to the experiment grants them ``act_as`` that owner."""
-    owner = experiment.owner
-    if who in (owner, SCHEDULER):
-        return True
-    for p in matching(app.policies, experiment.project, owner):
+def grants(policies: list[Policy], who: str, owner: str) -> bool:
+    """Whether one of ``policies`` lets ``who`` act as ``owner`` (``act_as``)."""
+    for p in policies:
         for actor_glob, owners in p.act_as.items():
             if fnmatchcase(who, actor_glob) and any(fnmatchcase(owner, o) for o in owners):
                 return True
     return False
 
 
-def check_owner(app: App, experiment: Experiment) -> None:
+def may_act_as(policies: list[Policy], experiment: Experiment, who: str) -> bool:
+    """Whether ``who`` may launch ``experiment`` for its owner: they are its owner, or a
+    policy that applies to the experiment grants them ``act_as`` that owner."""
+    owner = experiment.owner
+    if who in (owner, SCHEDULER):
+        return True
+    return grants(matching(policies, experiment.project, owner), who, owner)
+
+
+def check_owner(policies: list[Policy], experiment: Experiment, who: str) -> None:
     """Refuse (exit 2) a launch for an owner who is not the actor, unless ``act_as`` grants it."""
-    who = app.actor
-    if not may_act_as(app, experiment, who):
+    if not may_act_as(policies, experiment, who):
         raise UserError(
             f"{experiment.name}: owner {experiment.owner} is not you ({who}); launching for "
             "someone else needs a policy's act_as (e.g. act_as: {" + who + ": ['*']}), or "

@@ -199,7 +199,9 @@ class IdentitySettings(BaseModel):
             try:
                 ipaddress.ip_network(n, strict=False)
             except ValueError:
-                raise ValueError(f"not an address or network: {n!r} (e.g. 10.0.0.5 or 10.0.0.0/24)") from None
+                raise ValueError(
+                    f"not an address or network: {n!r} (e.g. 10.0.0.5 or 10.0.0.0/24)"
+                ) from None
         return v
 
 

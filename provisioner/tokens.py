@@ -18,6 +18,7 @@ from datetime import datetime, timedelta
 
 from sqlalchemy import select
 
+from provisioner import identity
 from provisioner.app import App
 from provisioner.errors import UserError
 from provisioner.models import Token
@@ -84,14 +85,8 @@ def revoke(app: App, token_id: str) -> Token:
 
 def _may_manage(app: App, user: str) -> None:
     who = app.actor
-    if user == who:
+    if user == who or identity.grants(app.policies, who, user):
         return
-    from fnmatch import fnmatchcase
-
-    for p in app.policies:
-        for actor_glob, owners in p.act_as.items():
-            if fnmatchcase(who, actor_glob) and any(fnmatchcase(user, o) for o in owners):
-                return
     raise UserError(
         f"{user} is not you ({who}): a token of another user needs a policy's act_as "
         f"granting you that user"

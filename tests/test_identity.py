@@ -22,7 +22,6 @@ from provisioner.dashboard import Dashboard
 from provisioner.errors import ProvisionerError, UserError
 from provisioner.models import Event, Machine, Token
 from provisioner.spec import Experiment
-from tests.cli_runner import cli  # noqa: F401  (fixture)
 from tests.conftest import (
     MEMBERS_ENV,
     PG_URL,
@@ -34,6 +33,8 @@ from tests.conftest import (
     write_yaml,
 )
 from tests.test_dashboard import call
+
+pytest_plugins = ["tests.cli_runner"]  # the `cli` fixture
 
 
 def experiment(name: str, owner: str | None = TEST_OWNER, **res: object) -> Experiment:
@@ -142,7 +143,7 @@ def test_act_as_granted_by_a_policy_launches_for_that_owner_only(home, tmp_path,
     m = machines.up(app, experiment("for-bob", owner="bob@example.com")).machine
     assert m.owner == "bob@example.com"
     assert {e.actor for e in rows(app, Event)} == {TEST_OWNER}  # who did it, not for whom
-    with pytest.raises(UserError, match="owner eve@elsewhere.org is not you"):
+    with pytest.raises(UserError, match=r"owner eve@elsewhere\.org is not you"):
         machines.up(app, experiment("for-eve", owner="eve@elsewhere.org"))
     other = sandbox_experiment("vision-bob") | {"project": "vision", "owner": "bob@example.com"}
     with pytest.raises(UserError, match="is not you"):  # the grant holds in its scope only
@@ -175,8 +176,7 @@ def alice_url(db_url):
     schema = db_url.split("search_path%3D")[1].split("&")[0]
     with psycopg.connect(PG_URL, autocommit=True) as conn:
         conn.execute(
-            "DO $$ BEGIN CREATE ROLE alice LOGIN; EXCEPTION WHEN duplicate_object THEN NULL; "
-            "END $$"
+            "DO $$ BEGIN CREATE ROLE alice LOGIN; EXCEPTION WHEN duplicate_object THEN NULL; END $$"
         )
         conn.execute(f'GRANT USAGE ON SCHEMA "{schema}" TO alice')
     yield db_url.replace("postgresql://postgres@", "postgresql://alice@", 1), schema
@@ -198,7 +198,7 @@ def test_on_postgresql_the_actor_is_the_database_role(home, db_url, alice_url, c
     admin.db  # noqa: B018  (migrated by the schema's owner)
     _grant(schema)
     app = App(make_settings(home, state_url=url, identity={"members": members}), clock)
-    assert identity.database_role(app) == "alice"
+    assert identity.database_role(app.db) == "alice"
     assert app.actor == "alice@example.com"
     with pytest.raises(UserError, match=r"owner ana@example.com is not you \(alice@example"):
         machines.up(app, experiment("hers"))
@@ -216,9 +216,7 @@ def test_on_postgresql_the_actor_is_the_database_role(home, db_url, alice_url, c
 
 
 @pytest.mark.slow  # six launches racing
-def test_six_concurrent_ups_by_one_owner_under_a_per_owner_cap_of_3_leave_3(
-    home, tmp_path, db_url
-):
+def test_six_concurrent_ups_by_one_owner_under_a_per_owner_cap_of_3_leave_3(home, tmp_path, db_url):
     pol = policy_file(
         tmp_path,
         applies_to={"projects": ["demo"]},

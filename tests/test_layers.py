@@ -30,10 +30,12 @@ ORDER = [
     "provisioner.fleet",  # the fleet as `status` lists it: plain SQL, no ORM
     "provisioner.models",  # every table
     "provisioner.state",  # the database: engine, sessions, migrations
+    "provisioner.identity",  # who runs provisioner (OS user, database role), act_as
     "provisioner.catalog",
     "provisioner.planner",  # pure ranking: offers × spec × policy check
     "provisioner.mail",
     "provisioner.app",  # the context: settings, clock, database, providers, policies
+    "provisioner.tokens",  # personal tokens, stored hashed
     "provisioner.ledger.periods",  # the ledger: periods, intervals, sums, projections
     "provisioner.ledger.record",
     "provisioner.ledger.sums",
@@ -89,6 +91,7 @@ ORDER = [
     "provisioner.cli.report",
     "provisioner.cli.scheduler",
     "provisioner.cli.dashboard",
+    "provisioner.cli.tokens",  # token create, list, revoke
     "provisioner.cli.main",  # the entry point: registers the commands and runs one
     "provisioner.entry",  # the console entry point: `status` without Typer if it can, else cli
     "provisioner.__main__",

@@ -105,10 +105,10 @@ def sweep(
     """One scheduler pass, for cron, systemd timers and Kubernetes CronJobs: stop idle machines
     out of hours and those past their lifetime, relaunch preempted ones, try intents waiting for
     capacity (and enforce budgets)."""
+    from provisioner import identity  # as above
     from provisioner.jobs import daemon, recover  # SQLAlchemy and the policies: not for --help
     from provisioner.jobs import sweep as sweeping  # as above
     from provisioner.jobs import waiting as queued  # as above
-    from provisioner import identity  # as above
     from provisioner.jobs.passes import describe  # as above
 
     application = get_app(ctx)
@@ -175,9 +175,9 @@ def _not_due(application: Any, p: Any) -> dict[str, str]:
 def run(ctx: typer.Context) -> None:
     """Run sweep, recover and reconcile on their intervals and serve heartbeats, /metrics,
     /healthz and the team dashboard on `scheduler.listen`, until stopped."""
+    from provisioner import identity  # as above
     from provisioner.dashboard import make_app  # as below
     from provisioner.jobs import daemon  # SQLAlchemy, the policies, APScheduler: not for --help
-    from provisioner import identity  # as above
     from provisioner.jobs.lease import HOLDER  # as above
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")

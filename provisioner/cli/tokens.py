@@ -84,9 +84,7 @@ def listing(ctx: typer.Context, output: Output = OUTPUT) -> None:
 
     columns = [("id", "<", 0), ("user", "<", 0), ("created (UTC)", "<", 0), ("by", "<", 0)]
     columns.append(("state (UTC)", "<", 0))
-    table = [
-        [t.id, t.user, f"{t.created_at:%Y-%m-%d %H:%M}", t.created_by, state(t)] for t in rows
-    ]
+    table = [[t.id, t.user, f"{t.created_at:%Y-%m-%d %H:%M}", t.created_by, state(t)] for t in rows]
     write(text_table(columns, table))
 
 

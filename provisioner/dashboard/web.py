@@ -308,7 +308,11 @@ class Dashboard:
         ident = self.app.settings.identity
         key = "HTTP_" + ident.proxy_header.upper().replace("-", "_")
         value = req.environ.get(key, "").strip()
-        if not value or not ident.trusted_proxies or not _trusted(req.client, ident.trusted_proxies):
+        if (
+            not value
+            or not ident.trusted_proxies
+            or not _trusted(req.client, ident.trusted_proxies)
+        ):
             return None
         if len(value) > 128 or not value.isprintable() or " " in value:
             return None
@@ -369,9 +373,7 @@ class Dashboard:
                     status=303, headers=[("Location", req.url("/")), ("Set-Cookie", cookie)]
                 )
             self.throttle.failed(req.client, now)
-            return self.page(
-                req, "login.html", status=401, failed=True, configured=self.configured
-            )
+            return self.page(req, "login.html", status=401, failed=True, configured=self.configured)
         return self.page(req, "login.html", failed=False, configured=self.configured)
 
     @property

@@ -117,7 +117,7 @@ def check(app: App, experiment: Experiment) -> Plan:
     """The plan, refused (exit 2) as ``up`` refuses it: by policy, by budget (with the numbers;
     failover keeps only candidates every budget can afford), or for want of an offer, or
     when its owner is not who runs it and no policy grants ``act_as``."""
-    identity.check_owner(app, experiment)
+    identity.check_owner(app.policies, experiment, app.actor)
     plan = planning.plan(app, experiment)
     refuse_by_policy(plan)
     budget.guard(plan)
