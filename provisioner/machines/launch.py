@@ -117,7 +117,6 @@ def check(app: App, experiment: Experiment) -> Plan:
     """The plan, refused (exit 2) as ``up`` refuses it: by policy, by budget (with the numbers;
     failover keeps only candidates every budget can afford), or for want of an offer, or
     when its owner is not who runs it and no policy grants ``act_as``."""
-    identity.check_owner(app.policies, experiment, app.actor)
     plan = planning.plan(app, experiment)
     refuse_by_policy(plan)
     budget.guard(plan)
@@ -126,6 +125,7 @@ def check(app: App, experiment: Experiment) -> Plan:
     if not plan.candidates:
         reasons = "; ".join(f"{r} ({n})" for r, n in plan.summary_reasons()[:6])
         raise UserError(f"no offer fits {experiment.name}: {reasons or 'the catalog is empty'}")
+    identity.check_owner(app.policies, experiment, app.actor)
     return plan
 
 
