@@ -293,6 +293,10 @@ class Dashboard:
             req.user = self._session_user(req.cookies.get(COOKIE, ""))
         return self.open or req.user is not None
 
+    def viewer(self, req: Request) -> Callable[[], str]:
+        """Who a plan without ``owner`` is for: the signed-in user, else who serves this."""
+        return lambda: req.user if req.user and "@" in req.user else self.app.actor
+
     def _token_user(self, given: str) -> str | None:
         """The user a token names: the shared token's, or a live personal token's."""
         if self.token and same_secret(given, self.token):
@@ -544,9 +548,9 @@ class Dashboard:
                     picked, problems=[self.t(req, "dash_plan_unknown_file")]
                 )
             elif picked:
-                result = plan_view.plan_page(self.app, path=picked)
+                result = plan_view.plan_page(self.app, path=picked, owner=self.viewer(req))
             elif text.strip():
-                result = plan_view.plan_page(self.app, text=text)
+                result = plan_view.plan_page(self.app, text=text, owner=self.viewer(req))
         return self.page(req, "plan.html", files=files, result=result, text=text, section="plan")
 
 
