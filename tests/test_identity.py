@@ -358,3 +358,29 @@ def test_a_proxy_header_counts_only_from_an_allowlisted_address(home, clock):
     assert status == 401
     status, _, _ = call(dash, "/spend.csv", remote="10.0.0.5", X_FORWARDED_USER="")
     assert status == 401
+
+
+def test_metrics_take_a_personal_token_beside_the_metrics_token(home, clock):
+    import urllib.error
+    import urllib.request
+
+    from provisioner import idle
+    from provisioner.jobs.metrics import Metrics
+
+    app = App(make_settings(home), clock)
+    issued = tokens.create(app, TEST_OWNER)
+
+    def scrape(url: str, token: str) -> int:
+        req = urllib.request.Request(url + "/metrics", headers={"Authorization": f"Bearer {token}"})
+        try:
+            with urllib.request.urlopen(req, timeout=10) as r:
+                return r.status
+        except urllib.error.HTTPError as e:
+            return e.code
+
+    with idle.Endpoint(app, port=0, metrics=Metrics(app), metrics_token="scrape-me") as ep:
+        assert scrape(ep.url, issued.token) == 200
+        assert scrape(ep.url, issued.token + "x") == 401
+        tokens.revoke(app, issued.id)
+        assert scrape(ep.url, issued.token) == 401
+    app.close()
