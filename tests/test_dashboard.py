@@ -535,7 +535,8 @@ def test_the_command_refuses_to_listen_wide_without_a_token(home):
     assert r.returncode == 2
     assert r.stderr.strip() == (
         "error: --listen 0.0.0.0:8765: reachable beyond this computer, so a token is required; "
-        "set PROVISIONER_DASHBOARD_TOKEN (or dashboard.token in settings)"
+        "set PROVISIONER_DASHBOARD_TOKEN (or dashboard.token in settings), or create personal "
+        "ones (`provisioner token create`)"
     )
     assert not (home / "state.db").exists()  # nothing written
 

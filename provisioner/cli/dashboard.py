@@ -55,8 +55,14 @@ def dashboard(
 def _personal_access(application: object) -> bool:
     """Whether anyone could log in without the shared token: a trusted proxy names users, or
     a personal token is live."""
+    from pathlib import Path
+
     from provisioner import tokens
 
-    if application.settings.identity.trusted_proxies:  # type: ignore[attr-defined]
+    settings = application.settings  # type: ignore[attr-defined]
+    if settings.identity.trusted_proxies:
         return True
+    url = settings.database_url
+    if url.startswith("sqlite") and not Path(url.split("///", 1)[-1]).is_file():
+        return False  # no state yet, so no token: and nothing is written to find that out
     return tokens.any_usable(application)  # type: ignore[arg-type]
