@@ -335,6 +335,17 @@ def test_the_dashboard_knows_a_user_by_a_personal_token(home, clock):
     assert issued.token.split(".")[1] not in cookie
     status, _, html = call(dash, "/", Cookie=cookie)
     assert status == 200 and f'id="user">{TEST_OWNER}<' in html
+    # what the database holds cannot forge a session (any member may read it)
+    import hashlib
+    import hmac
+
+    (row,) = rows(app, Token)
+    exp = cookie.split("=", 1)[1].split(".")[0]
+    for key in (row.hash.encode(), row.salt.encode()):
+        msg = f"session:{exp}:{row.id}:{row.hash}".encode()
+        forged = f"{exp}.{row.id}.{hmac.new(key, msg, hashlib.sha256).hexdigest()}"
+        assert call(dash, "/", Cookie=f"provisioner_session={forged}")[0] == 303
+    assert (home / "dashboard-session.key").stat().st_mode & 0o777 == 0o600
     tokens.revoke(app, issued.id)
     status, _, _ = call(dash, "/", Cookie=cookie)
     assert status == 303  # to the login page

@@ -19,6 +19,8 @@ import ipaddress
 import logging
 import math
 import mimetypes
+import os
+import secrets
 import threading
 import time
 from collections import deque
@@ -329,12 +331,29 @@ class Dashboard:
             return 0
         return self.throttle.wait(req.client, self.now().timestamp())
 
+    @functools.cached_property
+    def session_key(self) -> bytes:
+        """What signs the sessions of personal tokens: a random key in a 0600 file in the
+        home, made once (sessions survive restarts and several workers). Never in the state:
+        every member may read the database, and must not be able to forge a session."""
+        path = self.app.settings.home / "dashboard-session.key"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+        except FileExistsError:
+            return path.read_bytes()
+        with os.fdopen(fd, "wb") as f:
+            key = secrets.token_bytes(32)
+            f.write(key)
+        return key
+
     def _sign(self, expires: int, token: Token | None = None) -> str:
         """A session cookie's value: signed with the shared token, or for a personal
-        ``token`` with its stored hash (revoking the token ends its sessions)."""
+        ``token`` with :attr:`session_key` over its id and stored hash (revoking the token
+        ends its sessions)."""
         if token is not None:
-            msg = f"session:{expires}:{token.id}".encode()
-            mac = hmac.new(token.hash.encode(), msg, hashlib.sha256)
+            msg = f"session:{expires}:{token.id}:{token.hash}".encode()
+            mac = hmac.new(self.session_key, msg, hashlib.sha256)
             return f"{expires}.{token.id}.{mac.hexdigest()}"
         assert self.token
         mac = hmac.new(self.token.encode(), f"session:{expires}".encode(), hashlib.sha256)
