@@ -28,6 +28,7 @@ class Request:
     market: str = "any"  # spot | reserved | any
     clouds: tuple[str, ...] | None = None  # None: any cloud
     active: tuple[tuple[str, str], ...] = ()  # (project, owner) of every live machine
+    owned: tuple[tuple[str, int], ...] = ()  # (project, GPUs) of the owner's live machines
 
 
 @dataclass(frozen=True)
@@ -140,6 +141,25 @@ def _request_violations(r: Request, p: Policy) -> list[Violation]:
             v(
                 "max_machines",
                 f"{running} machines already run in its scope, at most {p.max_machines}",
+            )
+    if p.per_owner is not None:
+        mine = [
+            gpus
+            for proj, gpus in r.owned
+            if any(fnmatchcase(proj, g) for g in p.applies_to.projects)
+        ]
+        cap = p.per_owner.max_machines
+        if cap is not None and len(mine) + 1 > cap:
+            v(
+                "per_owner.max_machines",
+                f"{r.owner} already runs {len(mine)} machines in its scope, at most {cap} each",
+            )
+        cap = p.per_owner.max_gpus
+        if cap is not None and sum(mine) + r.gpu_count > cap:
+            v(
+                "per_owner.max_gpus",
+                f"{r.owner} already runs {sum(mine)} GPUs in its scope and asks for "
+                f"{r.gpu_count}, at most {cap} each",
             )
     return out
 

@@ -293,6 +293,18 @@ class MaxLifetime(_Strict):
         return d
 
 
+# ---- who may do what -----------------------------------------------------------------
+
+
+class PerOwner(_Strict):
+    """Caps each owner in the policy's scope separately (the policy's own caps count everyone
+    in the scope together): live machines, their GPUs, and a budget of the owner's spend."""
+
+    max_machines: int | None = Field(None, ge=0, le=1_000_000)
+    max_gpus: int | None = Field(None, ge=0, le=1_000_000)
+    budget: Budget | None = None
+
+
 # ---- the policy ------------------------------------------------------------------------
 
 
@@ -309,6 +321,18 @@ class Policy(_Strict):
     max_lifetime: MaxLifetime | None = None
     max_autostop: timedelta | None = None  # caps a machine's autostop (and gives one to all)
     notify: list[Channel] = Field(default_factory=list)  # where its notices go, beside mail
+    per_owner: PerOwner | None = None
+    # who may launch for whom in this policy's scope: actor glob → owner globs
+    act_as: dict[str, list[str]] = Field(default_factory=dict)
+
+    @field_validator("act_as", mode="before")
+    @classmethod
+    def _act_as(cls, v: Any) -> Any:
+        """``{lead@x.org: ["*"]}``: that actor (a glob of e-mails) may launch for these owners
+        (globs) in the policy's scope; one owner may be written without the list."""
+        if isinstance(v, dict):
+            return {k: [o] if isinstance(o, str) else o for k, o in v.items()}
+        return v
 
     @field_validator("max_autostop", mode="before")
     @classmethod

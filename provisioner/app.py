@@ -23,6 +23,7 @@ class App:
         self.settings = settings
         self.clock = clock or Clock()
         self._providers: dict[str, Provider] = {}
+        self._actor: str | None = None
 
     @cached_property
     def db(self) -> Database:
@@ -30,7 +31,30 @@ class App:
 
         db = Database(self.settings.database_url)
         db.migrate()
+        if self._actor is None:  # every event records who caused it
+            from provisioner import identity
+
+            self._actor = identity.actor(self.settings, lambda: db)
+        db.actor = self._actor
         return db
+
+    @property
+    def actor(self) -> str:
+        """Who runs this process, as an e-mail (:mod:`provisioner.identity`; on PostgreSQL
+        one query per process); the scheduler sets ``app.actor = identity.SCHEDULER`` for its
+        own actions."""
+        if self._actor is None:
+            from provisioner import identity
+
+            self.actor = identity.actor(self.settings, lambda: self.db)
+        assert self._actor is not None
+        return self._actor
+
+    @actor.setter
+    def actor(self, who: str) -> None:
+        self._actor = who
+        if "db" in self.__dict__:
+            self.db.actor = who
 
     def provider(self, cloud: str) -> Provider:
         """The adapter for ``cloud``, built once with its options from settings."""

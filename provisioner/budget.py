@@ -233,9 +233,7 @@ def projections(
     now = now or app.clock.now()
     e = plan.experiment
     out = []
-    for policy in app.policies:
-        if policy.budget is None or not policy.applies_to.matches(e.project, e.owner):
-            continue
+    for policy in budgets_for(app.policies, e.project, e.owner):
         st = status(app, policy, now)
         if st is None:
             continue
@@ -265,6 +263,34 @@ def projections(
         ]
         out.append(Projection(st, hours, costs))
     return out
+
+
+def budgets_for(policies: list[Policy], project: str, owner: str) -> list[Policy]:
+    """The budgets that apply to ``project`` and ``owner``: each policy's own, and its
+    ``per_owner.budget`` as a policy of its own whose scope is this owner alone."""
+    out = []
+    for p in policies:
+        if not p.applies_to.matches(project, owner):
+            continue
+        if p.budget is not None:
+            out.append(p)
+        if p.per_owner is not None and p.per_owner.budget is not None:
+            alone = p.applies_to.model_copy(update={"owners": [_literal(owner)]})
+            out.append(
+                p.model_copy(
+                    update={
+                        "name": f"{p.name} (per owner {owner})",
+                        "budget": p.per_owner.budget,
+                        "applies_to": alone,
+                    }
+                )
+            )
+    return out
+
+
+def _literal(text: str) -> str:
+    """A glob matching ``text`` only (fnmatch has no escape character: brackets do it)."""
+    return "".join(f"[{c}]" if c in "*?[" else c for c in text)
 
 
 def guard(plan: Plan) -> Plan:

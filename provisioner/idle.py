@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from sqlalchemy import delete, func, select
 
 from policies.schema import IdleRule, Policy, matching
-from provisioner import agent
+from provisioner import agent, tokens
 from provisioner.models import (
     ACTIVE_EXCLUDED,
     Event,
@@ -483,8 +483,8 @@ class HeartbeatApp:
     now — all before the body is read — and then unless the signature over the body matches;
     ``time`` must also grow from one request of a machine to the next on the same route (409:
     a replay). A notice is signed the same way over its own route.
-    ``/metrics`` needs ``Authorization: Bearer <metrics_token>`` when one is set; without one
-    it is public and names no machine."""
+    ``/metrics`` needs ``Authorization: Bearer <metrics_token>`` (or a personal token) when one
+    is set; without one it is public and names no machine."""
 
     def __init__(self, app: App, metrics: Any = None, metrics_token: str | None = None) -> None:
         self.app = app
@@ -617,7 +617,9 @@ class HeartbeatApp:
         if self.metrics_token:
             auth = environ.get("HTTP_AUTHORIZATION", "")
             given = auth[7:].strip() if auth[:7].lower() == "bearer " else ""
-            if not hmac.compare_digest(given.encode(), self.metrics_token.encode()):
+            if not hmac.compare_digest(given.encode(), self.metrics_token.encode()) and not (
+                given.startswith(tokens.PREFIX) and tokens.verify(self.app, given)
+            ):  # the metrics token, or a member's personal token
                 return respond(start_response, 401, {"error": "a metrics token is required"})
             named = True
         body, ctype = self.metrics.render(names=named)

@@ -28,6 +28,7 @@ FIELDS = (
     "scheduler",
     "ownership",
     "dashboard",
+    "identity",
     "home",
     "timezone",
     "teams",
@@ -89,6 +90,8 @@ def plain_database_url(config: str | None = None) -> str | None:
         field = name.lower().removeprefix(PREFIX.lower())
         if field == name.lower() or field.split("__")[0] not in FIELDS:
             continue  # not a setting: PROVISIONER_CONFIG, PROVISIONER_CLOCK, …
+        if field.split("__")[0] == "identity":
+            continue  # who runs it: this path writes nothing, so no event records them
         if field not in ("home", "state_url") or name != name.upper() or not value:
             return None
         given[field] = value

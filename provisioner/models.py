@@ -168,6 +168,8 @@ class Event(Base):
     kind: Mapped[str] = mapped_column(String(32))
     reason: Mapped[str | None] = mapped_column(String(64))
     detail: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    # 0008: who caused it, an e-mail or "scheduler" (provisioner.identity); filled on insert
+    actor: Mapped[str | None] = mapped_column(String(128))
 
     machine: Mapped[Machine] = relationship(back_populates="events")
 
@@ -301,6 +303,25 @@ class Notice(Base):
     __table_args__ = (
         UniqueConstraint("policy", "kind", "period_start", "mark", name="uq_budget_notice"),
     )
+
+
+# --- personal tokens (0008) ------------------------------------------------------------------
+
+
+class Token(Base):
+    """A personal token of a user (``provisioner token create``): only its salted scrypt hash
+    is kept, never the token. The token is ``<id>.<secret>``: the id finds the row."""
+
+    __tablename__ = "tokens"
+
+    id: Mapped[str] = mapped_column(String(16), primary_key=True)
+    user: Mapped[str] = mapped_column(String(128), index=True)
+    salt: Mapped[str] = mapped_column(String(32))
+    hash: Mapped[str] = mapped_column(String(128))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    created_by: Mapped[str] = mapped_column(String(128))
+    expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
 
 
 # --- volumes (0006) -------------------------------------------------------------------------

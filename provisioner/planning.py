@@ -6,6 +6,7 @@ with what the cheapest candidate would add to each budget. ``plan`` shows it; ``
 from __future__ import annotations
 
 from decimal import Decimal
+from typing import Any
 
 import providers
 from policies import evaluate as pe
@@ -33,7 +34,7 @@ def plan(app: App, experiment: Experiment) -> planner.Plan:
     p.checks.append(decision)
     if experiment.volumes:
         _volumes(app, experiment, p)
-    if any(policy.budget is not None for policy in app.policies):
+    if any(policy.budget is not None or policy.per_owner for policy in app.policies):
         from provisioner import budget  # the ledger costs SQLAlchemy (~0.2 s): only with budgets
 
         # what the new machine would add to each budget that applies
@@ -50,7 +51,7 @@ def check_known(app: App, experiment: Experiment, candidate: planner.Candidate) 
         p.candidates = []
     decision.candidates_allowed = len(p.candidates)
     p.checks.append(decision)
-    if any(policy.budget is not None for policy in app.policies):
+    if any(policy.budget is not None or policy.per_owner for policy in app.policies):
         from provisioner import budget
 
         p.checks.extend(budget.projections(app, p, disk_gb=0))
@@ -102,7 +103,9 @@ def _policy(app: App, experiment: Experiment) -> tuple[pe.Decision, planner.Poli
     res = experiment.resources
     applied = matching(app.policies, experiment.project, experiment.owner)
     active: tuple[tuple[str, str], ...] = ()
-    if any(p.max_machines is not None for p in applied):
+    owned: tuple[tuple[str, int], ...] = ()
+    per_owner = any(p.per_owner is not None for p in applied)
+    if per_owner or any(p.max_machines is not None for p in applied):
         from sqlalchemy import select  # SQLAlchemy (~0.2 s): only when a policy counts machines
 
         from provisioner.models import ACTIVE_EXCLUDED, Machine  # as above
@@ -110,12 +113,20 @@ def _policy(app: App, experiment: Experiment) -> tuple[pe.Decision, planner.Poli
         # an intent waiting for capacity holds no machine: its own try counts it (requested)
         idle = (*ACTIVE_EXCLUDED, "waiting")
         with app.db.session() as s:
-            rows = s.execute(
-                select(Machine.project, Machine.owner).where(
-                    Machine.status.not_in(idle), Machine.name != experiment.name
+            rows = list(
+                s.execute(
+                    select(Machine.project, Machine.owner, Machine.gpu_count, Machine.spec).where(
+                        Machine.status.not_in(idle), Machine.name != experiment.name
+                    )
                 )
             )
-            active = tuple((project, owner) for project, owner in rows)
+        active = tuple((project, owner) for project, owner, _, _ in rows)
+        if per_owner:  # an intent has no GPUs recorded yet: its experiment's count
+            owned = tuple(
+                (project, gpus or _spec_gpus(spec))
+                for project, owner, gpus, spec in rows
+                if owner == experiment.owner
+            )
     request = pe.Request(
         project=experiment.project,
         owner=experiment.owner,
@@ -124,6 +135,7 @@ def _policy(app: App, experiment: Experiment) -> tuple[pe.Decision, planner.Poli
         market=res.market,
         clouds=tuple(res.clouds) if res.clouds else None,
         active=active,
+        owned=owned,
     )
     decision = pe.evaluate(request, applied)
     rates = app.settings.money_rates
@@ -143,3 +155,10 @@ def _policy(app: App, experiment: Experiment) -> tuple[pe.Decision, planner.Poli
         return str(broken[0])
 
     return decision, check
+
+
+def _spec_gpus(spec: dict[str, Any]) -> int:
+    try:
+        return int(spec["resources"]["gpu"]["count"])
+    except (KeyError, TypeError, ValueError):
+        return 1  # the experiment model's default

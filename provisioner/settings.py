@@ -188,6 +188,41 @@ class NotifySettings(BaseModel):
     timeout_seconds: float = Field(10, gt=0, le=120)
 
 
+class IdentitySettings(BaseModel):
+    """Who runs provisioner, as an e-mail: the database role on PostgreSQL (each member
+    connects as their own role), the OS user on SQLite; ``members`` maps either to an e-mail,
+    an unmapped name is ``<name>@<domain>``. The dashboard trusts ``proxy_header`` (a user
+    name or e-mail set by an authenticating proxy) only from ``trusted_proxies``."""
+
+    model_config = ConfigDict(extra="forbid")
+    members: dict[str, str] = Field(default_factory=dict)  # role or OS user → e-mail
+    domain: str = Field("localhost", pattern=r"^[A-Za-z0-9.-]+$")
+    proxy_header: str = Field("X-Forwarded-User", pattern=r"^[A-Za-z0-9-]+$")
+    trusted_proxies: list[str] = Field(default_factory=list)  # addresses or networks (CIDR)
+
+    @field_validator("members")
+    @classmethod
+    def _emails(cls, v: dict[str, str]) -> dict[str, str]:
+        for name, email in v.items():
+            if not re.match(r"^[^@\s]+@[^@\s]+$", email):
+                raise ValueError(f"{name}: not an e-mail address: {email!r}")
+        return v
+
+    @field_validator("trusted_proxies")
+    @classmethod
+    def _networks(cls, v: list[str]) -> list[str]:
+        import ipaddress
+
+        for n in v:
+            try:
+                ipaddress.ip_network(n, strict=False)
+            except ValueError:
+                raise ValueError(
+                    f"not an address or network: {n!r} (e.g. 10.0.0.5 or 10.0.0.0/24)"
+                ) from None
+        return v
+
+
 def _clouds_model() -> type[BaseModel]:
     """``clouds:``: one optional section per registered cloud, typed by the cloud's own
     options model, so a misspelt cloud or option is an error with its file and line. A cloud
@@ -222,6 +257,7 @@ class Settings(BaseSettings):
     ownership: OwnershipSettings = Field(default_factory=OwnershipSettings)  # rent or buy
     dashboard: DashboardSettings = Field(default_factory=DashboardSettings)
     notify: NotifySettings = Field(default_factory=NotifySettings)
+    identity: IdentitySettings = Field(default_factory=IdentitySettings)
     home: Path = Field(default_factory=data_dir)  # state, sandbox cloud, refreshed catalog
     # IANA zone of times given without one where no policy calendar applies
     # (`keep --until HH:MM`); never this computer's offset, which DST changes under us

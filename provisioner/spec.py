@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from datetime import timedelta
 from decimal import Decimal
 from pathlib import Path
@@ -344,6 +344,16 @@ class Experiment(_Strict):
             raise ValueError(f"no directory {path} (a workdir is relative to the experiment file)")
         return str(path)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _owner(cls, v: Any, info: ValidationInfo) -> Any:
+        """No ``owner`` in the file: whoever runs provisioner (``actor`` in the context, a
+        callable: on PostgreSQL it asks the database)."""
+        actor = (info.context or {}).get("actor")
+        if isinstance(v, dict) and v.get("owner") is None and actor is not None:
+            return {**v, "owner": actor()}
+        return v
+
     @property
     def on_finish(self) -> str:
         """What ends the machine when ``run`` exits: ``stop`` by default when there is a
@@ -415,11 +425,16 @@ def did_you_mean(word: str, known: Collection[str]) -> str:
     return f"did you mean {near[0]!r}?" if near else f"known: {', '.join(known)}"
 
 
-def load_experiment(path: str | Path, currencies: Collection[str] | None = None) -> Experiment:
+def load_experiment(
+    path: str | Path,
+    currencies: Collection[str] | None = None,
+    actor: Callable[[], str] | None = None,
+) -> Experiment:
     """``currencies``: those settings have rates for; an amount in another is an error here,
-    with its line, rather than when the plan converts it."""
+    with its line, rather than when the plan converts it. ``actor``: who runs provisioner,
+    the owner when the file names none."""
     data, lines = yamlfile.load_document(path)
-    context: dict[str, Any] = {"base_dir": str(Path(path).parent)}
+    context: dict[str, Any] = {"base_dir": str(Path(path).parent), "actor": actor}
     if currencies:
         context["currencies"] = set(currencies)
     return yamlfile.validate(

@@ -23,7 +23,7 @@ from sqlalchemy.exc import DBAPIError, InvalidRequestError
 from sqlalchemy.orm import Session, sessionmaker
 
 from provisioner.errors import OperationFailed, UserError
-from provisioner.models import ACTIVE_EXCLUDED, Machine
+from provisioner.models import ACTIVE_EXCLUDED, Event, Machine
 from provisioner.schema import MIGRATIONS, _revisions, schema_head
 
 
@@ -35,7 +35,18 @@ class Database:
     def __init__(self, url: str) -> None:
         self.url = url
         self.engine = _engine(url)
-        self.sessions = sessionmaker(self.engine, expire_on_commit=False)
+        self.sessions = sessionmaker(self.engine, expire_on_commit=False, info={})
+        event.listen(self.sessions, "before_flush", _stamp_actor)
+
+    @property
+    def actor(self) -> str | None:
+        """Who causes what this process writes (the App sets it): every new event records it."""
+        actor: str | None = self.sessions.kw["info"].get("actor")
+        return actor
+
+    @actor.setter
+    def actor(self, who: str | None) -> None:
+        self.sessions.kw["info"]["actor"] = who
 
     def migrate(self) -> None:
         """Bring the schema to the newest Alembic revision. Idempotent, and safe when several
@@ -165,6 +176,17 @@ class Database:
 
     def dispose(self) -> None:
         self.engine.dispose()
+
+
+def _stamp_actor(session: Session, _ctx: Any, _instances: Any) -> None:
+    """Each new event records the session's actor (a module function: a listener bound to
+    the Database would keep it, its engine and a SQLite file's WAL alive past its use)."""
+    actor = session.info.get("actor")
+    if actor is None:
+        return
+    for obj in session.new:
+        if isinstance(obj, Event) and obj.actor is None:
+            obj.actor = actor
 
 
 class LockBusy(OperationFailed):

@@ -3,6 +3,7 @@ a manual clock, and a way to run the real CLI."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -16,6 +17,7 @@ import yaml
 
 from provisioner.app import App
 from provisioner.clock import CLOCK_ENV, ManualClock
+from provisioner.identity import os_user
 from provisioner.settings import Settings
 
 os.environ.setdefault("GRPC_VERBOSITY", "ERROR")  # an emulator stopping is not news
@@ -40,6 +42,11 @@ def user_home(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.Monk
     return home
 
 
+#: the owner of the tests' experiments: the OS user running the suite is mapped to it
+TEST_OWNER = "ana@example.com"
+MEMBERS_ENV = "PROVISIONER_IDENTITY__MEMBERS"
+
+
 @pytest.fixture
 def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A private PROVISIONER_HOME; no user config file leaks in."""
@@ -47,6 +54,8 @@ def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("PROVISIONER_HOME", str(h))
     monkeypatch.delenv("PROVISIONER_CONFIG", raising=False)
     monkeypatch.delenv("PROVISIONER_STATE_URL", raising=False)
+    # who runs the suite launches as the experiments' usual owner (provisioner.identity)
+    monkeypatch.setenv(MEMBERS_ENV, json.dumps({os_user(): TEST_OWNER, _pg_role(): TEST_OWNER}))
     return h
 
 
@@ -74,6 +83,13 @@ def make_settings(home: Path, **overrides: object) -> Settings:
 #: The PostgreSQL server the ``postgres`` half writes to (a schema per test), only when named:
 #: nothing writes to a database the user did not name. `.ci/run` sets it.
 PG_URL = os.environ.get("PROVISIONER_TEST_POSTGRES_URL", "")
+
+
+def _pg_role() -> str:
+    """The role the PostgreSQL half connects as (its actor: provisioner.identity)."""
+    from sqlalchemy.engine import make_url
+
+    return (make_url(PG_URL).username if PG_URL else None) or "postgres"
 
 
 def _postgres_problem() -> str | None:

@@ -443,8 +443,7 @@ def test_a_cloud_whose_sdk_is_missing_names_the_extra(home, tmp_path):
     cfg = write_settings(home, clouds={"aws": {}})
     spec = tmp_path / "exp.yaml"
     spec.write_text(
-        "name: tiny\nproject: p\nowner: o@example.com\n"
-        "resources: {gpu: 'T4:1', market: spot, clouds: [aws]}\n"
+        "name: tiny\nproject: p\nresources: {gpu: 'T4:1', market: spot, clouds: [aws]}\n"
     )
 
     def run(*args: str) -> subprocess.CompletedProcess[str]:

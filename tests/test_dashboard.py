@@ -61,6 +61,7 @@ POLICIES = [
 
 def up(app, name, project="demo", owner="ana@example.com", **res) -> None:
     e = sandbox_experiment(name, **res) | {"project": project, "owner": owner}
+    app.actor = owner  # each owner launches their own (provisioner.identity)
     machines.up(app, Experiment.model_validate(e))
 
 
@@ -720,7 +721,8 @@ def test_the_command_refuses_to_listen_wide_without_a_token(home):
     assert r.returncode == 2
     assert r.stderr.strip() == (
         "error: --listen 0.0.0.0:8765: reachable beyond this computer, so a token is required; "
-        "set PROVISIONER_DASHBOARD_TOKEN (or dashboard.token in settings)"
+        "set PROVISIONER_DASHBOARD_TOKEN (or dashboard.token in settings), or create personal "
+        "ones (`provisioner token create`)"
     )
     assert not (home / "state.db").exists()  # nothing written
 

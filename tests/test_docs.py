@@ -29,7 +29,8 @@ def test_readme_yaml_examples_load(tmp_path, monkeypatch):
         else:
             load_settings(f)
             kinds.append("settings")
-    assert sorted(kinds) == ["experiment", "policy", "settings", "settings"]  # + scheduler:
+    # + scheduler:, + identity: and a policy with per_owner
+    assert sorted(kinds) == ["experiment", "policy", "policy", "settings", "settings", "settings"]
 
 
 def test_shipped_configs_load(tmp_path, monkeypatch):
@@ -38,4 +39,4 @@ def test_shipped_configs_load(tmp_path, monkeypatch):
         load_settings(f)
     assert load_policies([ROOT / "configs/policies"])
     for f in sorted((ROOT / "configs/examples").glob("*.yaml")):
-        load_experiment(f)
+        load_experiment(f, actor=lambda: "you@example.com")  # the quickstart names no owner

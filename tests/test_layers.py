@@ -31,11 +31,13 @@ ORDER = [
     "provisioner.models",  # every table
     "provisioner.state",  # the database: engine, sessions, migrations
     "provisioner.catalog_checks",  # price checks of catalog rows: GPU facts only
+    "provisioner.identity",  # who runs provisioner (OS user, database role), act_as
     "provisioner.catalog",
     "provisioner.planner",  # pure ranking: offers × spec × policy check
     "provisioner.mail",
     "provisioner.app",  # the context: settings, clock, database, providers, policies
     "provisioner.notify",  # notices to Telegram, Slack, webhooks, mail: queued, then delivered
+    "provisioner.tokens",  # personal tokens, stored hashed
     "provisioner.ledger.periods",  # the ledger: periods, intervals, sums, projections
     "provisioner.ledger.record",
     "provisioner.ledger.sums",
@@ -97,6 +99,7 @@ ORDER = [
     "provisioner.cli.bill",
     "provisioner.cli.scheduler",
     "provisioner.cli.dashboard",
+    "provisioner.cli.tokens",  # token create, list, revoke
     "provisioner.cli.main",  # the entry point: registers the commands and runs one
     "provisioner.entry",  # the console entry point: `status` without Typer if it can, else cli
     "provisioner.__main__",

@@ -41,7 +41,8 @@ def test_examples_load():
     assert (exp.resources.gpu.type, exp.resources.gpu.count) == ("A100", 8)
     assert exp.resources.max_price_per_hour.amount == 40
     assert exp.lifecycle.max_lifetime == timedelta(hours=48)
-    assert load_experiment(EXAMPLES / "quickstart.yaml").resources.clouds == ["sandbox"]
+    quick = load_experiment(EXAMPLES / "quickstart.yaml", actor=lambda: "you@example.com")
+    assert quick.resources.clouds == ["sandbox"] and quick.owner == "you@example.com"
 
 
 @pytest.mark.parametrize(

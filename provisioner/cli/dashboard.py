@@ -27,10 +27,11 @@ def dashboard(
     host = host.strip("[]") or "127.0.0.1"
     if not port.isdigit() or not 0 <= int(port) <= 65535:
         raise UserError(f"--listen {listen!r}: write host:port, e.g. 127.0.0.1:8765")
-    if not is_loopback(host) and not cfg.secret:
+    if not is_loopback(host) and not cfg.secret and not _personal_access(application):
         raise UserError(
             f"--listen {listen}: reachable beyond this computer, so a token is required; "
-            "set PROVISIONER_DASHBOARD_TOKEN (or dashboard.token in settings)"
+            "set PROVISIONER_DASHBOARD_TOKEN (or dashboard.token in settings), or create "
+            "personal ones (`provisioner token create`)"
         )
     application.db  # noqa: B018  (migrate, and fail on a bad state URL, before listening)
     wsgi = make_app(application, listen=listen)
@@ -49,3 +50,19 @@ def dashboard(
         pass
     finally:
         server.close()
+
+
+def _personal_access(application: object) -> bool:
+    """Whether anyone could log in without the shared token: a trusted proxy names users, or
+    a personal token is live."""
+    from pathlib import Path
+
+    from provisioner import tokens
+
+    settings = application.settings  # type: ignore[attr-defined]
+    if settings.identity.trusted_proxies:
+        return True
+    url = settings.database_url
+    if url.startswith("sqlite") and not Path(url.split("///", 1)[-1]).is_file():
+        return False  # no state yet, so no token: and nothing is written to find that out
+    return tokens.any_usable(application)  # type: ignore[arg-type]

@@ -37,7 +37,9 @@ def plan(
     from provisioner.views import plan as views  # policies and the catalog: not for --help
 
     application = get_app(ctx)
-    experiment = load_experiment(spec, application.settings.money_rates.per_base)
+    experiment = load_experiment(
+        spec, application.settings.money_rates.per_base, lambda: application.actor
+    )
     application.policies  # noqa: B018  (a bad policy file is reported before the state is opened)
     v = views.plan(application, experiment)
     if output is Output.json:
@@ -188,7 +190,9 @@ def up(
     from provisioner.spec import load_experiment  # pydantic: not for --help
 
     application = get_app(ctx)
-    experiment = load_experiment(spec, application.settings.money_rates.per_base)
+    experiment = load_experiment(
+        spec, application.settings.money_rates.per_base, lambda: application.actor
+    )
     capacity_wait = _capacity_wait(experiment, retry_until_up, timeout)
     application.policies  # noqa: B018  (a bad policy file is reported before the state is opened)
     quiet = output is Output.json

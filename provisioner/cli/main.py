@@ -24,6 +24,7 @@ from provisioner.cli import (  # noqa: F401  (commands)
     report,
     scheduler,
     status,
+    tokens,
     volumes,
 )
 from provisioner.errors import ConfigError, ProvisionerError, database_failure

@@ -105,12 +105,14 @@ def sweep(
     """One scheduler pass, for cron, systemd timers and Kubernetes CronJobs: stop idle machines
     out of hours and those past their lifetime, relaunch preempted ones, try intents waiting for
     capacity (and enforce budgets)."""
+    from provisioner import identity  # as above
     from provisioner.jobs import daemon, recover  # SQLAlchemy and the policies: not for --help
     from provisioner.jobs import sweep as sweeping  # as above
     from provisioner.jobs import waiting as queued  # as above
     from provisioner.jobs.passes import describe  # as above
 
     application = get_app(ctx)
+    application.actor = identity.SCHEDULER  # what the passes do is the scheduler's doing
     passes = [
         sweeping.run(application, dry_run=dry_run),
         recover.run(application, dry_run=dry_run),
@@ -187,6 +189,7 @@ def _next_moves(application: Any) -> dict[str, Any]:
 def run(ctx: typer.Context) -> None:
     """Run sweep, recover and reconcile on their intervals and serve heartbeats, /metrics,
     /healthz and the team dashboard on `scheduler.listen`, until stopped."""
+    from provisioner import identity  # as above
     from provisioner.dashboard import make_app  # as below
     from provisioner.jobs import daemon  # SQLAlchemy, the policies, APScheduler: not for --help
     from provisioner.jobs.lease import HOLDER  # as above
@@ -197,6 +200,7 @@ def run(ctx: typer.Context) -> None:
     logging.getLogger("apscheduler").setLevel(logging.WARNING)
     logging.getLogger("alembic").setLevel(logging.WARNING)  # a migration's plugin roll call
     application = get_app(ctx)
+    application.actor = identity.SCHEDULER  # what the passes do is the scheduler's doing
     err.print(
         f"scheduler {HOLDER} listening on {application.settings.scheduler.listen}", soft_wrap=True
     )

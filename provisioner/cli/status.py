@@ -214,15 +214,23 @@ def _event_json(e: Any, name: str) -> dict[str, Any]:
         "at": e.at,
         "event": e.kind,
         "reason": e.reason,
+        "actor": getattr(e, "actor", None),
         "detail": e.detail or {},
     }
 
 
 def _events_table(events: list[tuple[Any, str]], *, with_machine: bool = True) -> str:
     columns = [("time (UTC)", "<", 0), ("machine", "<", 0), ("event", "<", 0), ("reason", "<", 0)]
-    columns.append(("detail", "<", 0))
+    columns += [("by", "<", 0), ("detail", "<", 0)]
     rows = [
-        [f"{e.at:%Y-%m-%d %H:%M:%S}", name, e.kind, e.reason or "", _summary(e.detail or {})]
+        [
+            f"{e.at:%Y-%m-%d %H:%M:%S}",
+            name,
+            e.kind,
+            e.reason or "",
+            getattr(e, "actor", None) or "",
+            _summary(e.detail or {}),
+        ]
         for e, name in events
     ]
     if not with_machine:

@@ -29,6 +29,7 @@ import ipaddress
 import logging
 import math
 import mimetypes
+import os
 import re
 import secrets
 import threading
@@ -43,10 +44,12 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit
 
-from provisioner import bill, budget, notify, render, reports
+from provisioner import bill, budget, notify, render, reports, tokens
 from provisioner.app import App
 from provisioner.dashboard import pages, svg
 from provisioner.errors import ProvisionerError
+from provisioner.identity import email_of
+from provisioner.models import Token
 from provisioner.money import Money
 from provisioner.views import fleet as fleet_view
 from provisioner.views import plan as plan_view
@@ -57,6 +60,7 @@ log = logging.getLogger("provisioner.dashboard")
 TEMPLATES = Path(__file__).resolve().parent.parent / "templates" / "dashboard"
 STATIC = Path(__file__).resolve().parent.parent / "static" / "dashboard"
 COOKIE = "provisioner_session"
+SHARED = "dashboard.token"  # the user of the shared token (settings), whoever holds it
 LANG_COOKIE = "provisioner_lang"
 CSRF_COOKIE = "provisioner_csrf"
 DEVICE_COOKIE = "provisioner_device"
@@ -167,6 +171,14 @@ class Throttle:
         return seen
 
 
+def _trusted(client: str, networks: list[str]) -> bool:
+    try:
+        addr = ipaddress.ip_address(client)
+    except ValueError:
+        return False
+    return any(addr in ipaddress.ip_network(n, strict=False) for n in networks)
+
+
 def same_secret(given: str, secret: str) -> bool:
     """Constant time, whatever the lengths: the digests are compared, not the strings."""
     return hmac.compare_digest(
@@ -242,6 +254,7 @@ class Request:
             cookies = SimpleCookie()
         self.cookies = {k: v.value for k, v in cookies.items()}
         self._form: dict[str, str] | None = None
+        self.user: str | None = None  # who is asking, when known (Dashboard.allowed)
         given = self.cookies.get(CSRF_COOKIE, "")
         self.new_csrf = not _CSRF_RE.fullmatch(given)  # to be set with this response
         self.csrf = secrets.token_urlsafe(32) if self.new_csrf else given
@@ -379,16 +392,15 @@ class Dashboard:
         device = req.cookies.get(DEVICE_COOKIE, "")
         exp, _, rest = device.partition(".")
         nonce, _, _ = rest.partition(".")
-        if self.token and exp.isdigit() and int(exp) >= time.time() and nonce:
-            mac = hmac.new(self.token.encode(), f"device:{exp}.{nonce}".encode(), hashlib.sha256)
+        if exp.isdigit() and int(exp) >= time.time() and nonce:
+            mac = hmac.new(self.session_key, f"device:{exp}.{nonce}".encode(), hashlib.sha256)
             if hmac.compare_digest(device.encode(), f"{exp}.{nonce}.{mac.hexdigest()}".encode()):
                 return "device:" + nonce
         return req.client
 
     def _device_cookie(self, req: Request) -> str:
-        assert self.token
         exp, nonce = int(time.time()) + DEVICE_SECONDS, secrets.token_urlsafe(16)
-        mac = hmac.new(self.token.encode(), f"device:{exp}.{nonce}".encode(), hashlib.sha256)
+        mac = hmac.new(self.session_key, f"device:{exp}.{nonce}".encode(), hashlib.sha256)
         return (
             f"{DEVICE_COOKIE}={exp}.{nonce}.{mac.hexdigest()}; Path={req.root or '/'}; HttpOnly; "
             f"SameSite=Strict; Max-Age={DEVICE_SECONDS}" + self._secure(req)
@@ -399,16 +411,49 @@ class Dashboard:
         return "; Secure" if req.environ.get("wsgi.url_scheme") == "https" else ""
 
     def allowed(self, req: Request) -> bool:
-        if self.open:
+        """Whether ``req`` may look, and who asks (``req.user``): a trusted proxy's header, a
+        personal token (Bearer or its session cookie), or the shared ``dashboard.token``
+        (user :data:`SHARED`). On loopback anyone may look; a credential still names them."""
+        req.user = self._proxy_user(req)
+        if req.user is not None:
             return True
-        if not self.token:  # bound wide with no token: nobody
-            return False
         if req.bearer is not None:  # a script's token: its guesses count as a form's
-            if same_secret(req.bearer, self.token):
-                return True
-            self.throttle.failed(self._who(req), self.now().timestamp())
-            return False
-        return self._valid_session(req.cookies.get(COOKIE, ""))
+            req.user = self._token_user(req.bearer)
+            if req.user is None and not self.open:
+                self.throttle.failed(self._who(req), self.now().timestamp())
+                return False
+        else:
+            req.user = self._session_user(req.cookies.get(COOKIE, ""))
+        return self.open or req.user is not None
+
+    def viewer(self, req: Request) -> Callable[[], str]:
+        """Who a plan without ``owner`` is for: the signed-in user, else who serves this."""
+        return lambda: req.user if req.user and "@" in req.user else self.app.actor
+
+    def _token_user(self, given: str) -> str | None:
+        """The user a token names: the shared token's, or a live personal token's."""
+        if self.token and same_secret(given, self.token):
+            return SHARED
+        if given.startswith(tokens.PREFIX):
+            t = tokens.verify(self.app, given)
+            return t.user if t is not None else None
+        return None
+
+    def _proxy_user(self, req: Request) -> str | None:
+        """The user an authenticating proxy names in ``identity.proxy_header``, believed only
+        from an address in ``identity.trusted_proxies`` (anyone else may write the header)."""
+        ident = self.app.settings.identity
+        key = "HTTP_" + ident.proxy_header.upper().replace("-", "_")
+        value = req.environ.get(key, "").strip()
+        if (
+            not value
+            or not ident.trusted_proxies
+            or not _trusted(req.client, ident.trusted_proxies)
+        ):
+            return None
+        if len(value) > 128 or not value.isprintable() or " " in value:
+            return None
+        return value if "@" in value else email_of(self.app.settings, value)
 
     def _held(self, req: Request) -> int:
         """Seconds a request offering a token must wait (0: none), when its address has
@@ -417,16 +462,49 @@ class Dashboard:
             return 0
         return self.throttle.wait(self._who(req), self.now().timestamp())
 
-    def _sign(self, expires: int) -> str:
+    @functools.cached_property
+    def session_key(self) -> bytes:
+        """What signs the sessions of personal tokens: a random key in a 0600 file in the
+        home, made once (sessions survive restarts and several workers). Never in the state:
+        every member may read the database, and must not be able to forge a session."""
+        path = self.app.settings.home / "dashboard-session.key"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+        except FileExistsError:
+            return path.read_bytes()
+        with os.fdopen(fd, "wb") as f:
+            key = secrets.token_bytes(32)
+            f.write(key)
+        return key
+
+    def _sign(self, expires: int, token: Token | None = None) -> str:
+        """A session cookie's value: signed with the shared token, or for a personal
+        ``token`` with :attr:`session_key` over its id and stored hash (revoking the token
+        ends its sessions)."""
+        if token is not None:
+            msg = f"session:{expires}:{token.id}:{token.hash}".encode()
+            mac = hmac.new(self.session_key, msg, hashlib.sha256)
+            return f"{expires}.{token.id}.{mac.hexdigest()}"
         assert self.token
         mac = hmac.new(self.token.encode(), f"session:{expires}".encode(), hashlib.sha256)
         return f"{expires}.{mac.hexdigest()}"
 
-    def _valid_session(self, value: str) -> bool:
-        exp, _, _ = value.partition(".")
+    def _session_user(self, value: str) -> str | None:
+        exp, _, rest = value.partition(".")
         if not exp.isdigit() or int(exp) < time.time():
-            return False
-        return hmac.compare_digest(value.encode(), self._sign(int(exp)).encode())
+            return None
+        token_id, dot, _ = rest.partition(".")
+        if dot:  # a personal token's session
+            t = tokens.by_id(self.app, token_id)
+            if t is None:
+                return None
+            good = hmac.compare_digest(value.encode(), self._sign(int(exp), t).encode())
+            return t.user if good else None
+        if not self.token:
+            return None
+        good = hmac.compare_digest(value.encode(), self._sign(int(exp)).encode())
+        return SHARED if good else None
 
     def login(self, req: Request) -> Response:
         if self.open:
@@ -435,9 +513,10 @@ class Dashboard:
             now, who = self.now().timestamp(), self._who(req)
             if wait := self.throttle.wait(who, now):
                 return self.too_many(req, wait)
-            given = req.form().get("token", "")
-            if self.token and same_secret(given, self.token):
-                value = self._sign(int(time.time()) + SESSION_SECONDS)
+            given = req.form().get("token", "").strip()
+            personal = tokens.verify(self.app, given) if given.startswith(tokens.PREFIX) else None
+            if personal is not None or (self.token and same_secret(given, self.token)):
+                value = self._sign(int(time.time()) + SESSION_SECONDS, personal)
                 cookie = (
                     f"{COOKIE}={value}; Path={req.root or '/'}; HttpOnly; SameSite=Strict; "
                     f"Max-Age={SESSION_SECONDS}"
@@ -452,16 +531,19 @@ class Dashboard:
                     ],
                 )
             self.throttle.failed(who, now)
-            return self.page(
-                req, "login.html", status=401, failed=True, configured=bool(self.token)
-            )
-        return self.page(req, "login.html", failed=False, configured=bool(self.token))
+            return self.page(req, "login.html", status=401, failed=True, configured=self.configured)
+        return self.page(req, "login.html", failed=False, configured=self.configured)
+
+    @property
+    def configured(self) -> bool:
+        """Whether any token can log in: the shared one, or a personal one."""
+        return bool(self.token) or tokens.any_usable(self.app)
 
     def too_many(self, req: Request, wait: int) -> Response:
         """429 with ``Retry-After``: the form says how long; a script gets it in plain text."""
         if req.path == "/login":
             resp = self.page(
-                req, "login.html", status=429, failed=False, configured=bool(self.token), wait=wait
+                req, "login.html", status=429, failed=False, configured=self.configured, wait=wait
             )
         else:
             resp = Response(
@@ -621,9 +703,9 @@ class Dashboard:
                     picked, problems=[self.t(req, "dash_plan_unknown_file")]
                 )
             elif picked:
-                result = plan_view.plan_page(self.app, path=picked)
+                result = plan_view.plan_page(self.app, path=picked, owner=self.viewer(req))
             elif text.strip():
-                result = plan_view.plan_page(self.app, text=text)
+                result = plan_view.plan_page(self.app, text=text, owner=self.viewer(req))
         return self.page(req, "plan.html", files=files, result=result, text=text, section="plan")
 
 

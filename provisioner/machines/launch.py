@@ -47,7 +47,7 @@ from providers.base import (
     QuotaError,
 )
 from providers.retry import call_with_retry
-from provisioner import budget, keys, ledger, planning, startup
+from provisioner import budget, identity, keys, ledger, planning, startup
 from provisioner.app import App
 from provisioner.crashpoints import crashpoint
 from provisioner.errors import OperationFailed, UserError
@@ -115,7 +115,8 @@ def up(
 
 def check(app: App, experiment: Experiment) -> Plan:
     """The plan, refused (exit 2) as ``up`` refuses it: by policy, by budget (with the numbers;
-    failover keeps only candidates every budget can afford), or for want of an offer."""
+    failover keeps only candidates every budget can afford), or for want of an offer, or
+    when its owner is not who runs it and no policy grants ``act_as``."""
     plan = planning.plan(app, experiment)
     refuse_by_policy(plan)
     budget.guard(plan)
@@ -123,6 +124,7 @@ def check(app: App, experiment: Experiment) -> Plan:
     if not plan.candidates:
         reasons = "; ".join(f"{r} ({n})" for r, n in plan.summary_reasons()[:6])
         raise UserError(f"no offer fits {experiment.name}: {reasons or 'the catalog is empty'}")
+    identity.check_owner(app.policies, experiment, app.actor)
     return plan
 
 

@@ -6,6 +6,7 @@ Loads no database code unless a rule needs the state (``plan`` stays quick)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -156,7 +157,14 @@ class PlanPage:
     problems: list[str] = field(default_factory=list)
 
 
-def plan_page(app: App, *, path: str | None = None, text: str | None = None) -> PlanPage:
+def plan_page(
+    app: App,
+    *,
+    path: str | None = None,
+    text: str | None = None,
+    owner: Callable[[], str] | None = None,
+) -> PlanPage:
+    """``owner``: whose plan it is when the file names no owner (the viewer)."""
     from policies import yamlfile
     from provisioner.errors import ConfigError, ProvisionerError
     from provisioner.spec import Experiment, load_experiment
@@ -164,10 +172,12 @@ def plan_page(app: App, *, path: str | None = None, text: str | None = None) -> 
     source = path or "pasted"
     try:
         if path:
-            e = load_experiment(path, app.settings.money_rates.per_base)
+            e = load_experiment(path, app.settings.money_rates.per_base, owner)
         else:
             data, lines = yamlfile.load_document(source, text or "")
-            e = yamlfile.validate(Experiment, data, lines, source, what="experiment file")
+            e = yamlfile.validate(
+                Experiment, data, lines, source, what="experiment file", context={"actor": owner}
+            )
         return PlanPage(source, plan(app, e))
     except ConfigError as err:
         return PlanPage(source, problems=[str(p) for p in err.problems])
