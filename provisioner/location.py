@@ -28,6 +28,7 @@ FIELDS = (
     "scheduler",
     "ownership",
     "dashboard",
+    "notify",
     "identity",
     "home",
     "timezone",

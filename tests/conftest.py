@@ -39,6 +39,8 @@ def user_home(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.Monk
     home = tmp_path_factory.getbasetemp() / "user-home"
     home.mkdir(exist_ok=True)
     monkeypatch.setenv("HOME", str(home))
+    # who runs the suite launches as the experiments' usual owner (provisioner.identity)
+    monkeypatch.setenv(MEMBERS_ENV, json.dumps({os_user(): TEST_OWNER, _pg_role(): TEST_OWNER}))
     return home
 
 
@@ -54,8 +56,6 @@ def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("PROVISIONER_HOME", str(h))
     monkeypatch.delenv("PROVISIONER_CONFIG", raising=False)
     monkeypatch.delenv("PROVISIONER_STATE_URL", raising=False)
-    # who runs the suite launches as the experiments' usual owner (provisioner.identity)
-    monkeypatch.setenv(MEMBERS_ENV, json.dumps({os_user(): TEST_OWNER, _pg_role(): TEST_OWNER}))
     return h
 
 

@@ -534,7 +534,7 @@ HOSTILE = [
     (
         "owner-nul",  # crashed `up` on PostgreSQL
         None,
-        _exp("owner: you@example.com", 'owner: "you\\0@example.com"'),
+        _exp("project: demo\n", 'project: demo\nowner: "you\\0@example.com"\n'),
         [],
         {},
         "owner: control characters",
@@ -876,6 +876,7 @@ def test_escapes_stored_before_the_spec_checked_them_never_reach_the_terminal(ho
 
     a = App(make_settings(home), clock)
     e = Experiment.model_validate(sandbox_experiment("old"))
+    a.actor = "[bold]o\x1b]0;t\a"  # stored before the checks: its owner launched it
     machines.up(
         a, e.model_copy(update={"project": "x\x1b[2J\x1b[31m", "owner": "[bold]o\x1b]0;t\a"})
     )

@@ -30,6 +30,7 @@ def tapp(home, clock, db_url):
 
 def _up(app, name: str, owner: str, labels: dict[str, str], hours: int, **res) -> None:
     spec = {**sandbox_experiment(name, **res), "owner": owner, "labels": labels}
+    app.actor = owner  # each owner launches their own (provisioner.identity)
     machines.up(app, Experiment.model_validate(spec))
     app.clock.advance(timedelta(hours=hours))
     machines.down(app, name)

@@ -331,7 +331,11 @@ def test_the_dashboard_knows_a_user_by_a_personal_token(home, clock):
     # the login form takes it too; its cookie names the token and dies with it
     status, headers, _ = call(dash, "/login", "POST", body=f"token={issued.token}")
     assert status == 303
-    cookie = dict(headers)["Set-Cookie"].split(";")[0]
+    from provisioner.dashboard.web import COOKIE
+
+    [cookie] = [
+        v.split(";")[0] for k, v in headers if k == "Set-Cookie" and v.startswith(COOKIE + "=")
+    ]
     assert issued.token.split(".")[1] not in cookie
     status, _, html = call(dash, "/", Cookie=cookie)
     assert status == 200 and f'id="user">{TEST_OWNER}<' in html
