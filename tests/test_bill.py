@@ -622,14 +622,12 @@ def sber_bill(home: Path, cli, monkeypatch: pytest.MonkeyPatch):
     """sb-a at 100 RUB/h, server srv-a, Nov 2 00:00 → Nov 4 00:00 (4,800 RUB in the ledger);
     sb-b at 50 RUB/h, server srv-b, Nov 5 12:00 → Nov 6 06:00 (900 RUB in the ledger).
     The BSS fee records, by day: srv-a 2,400 on Nov 2 and 2,500 less a 100 discount and 30 paid
-    by a voucher on Nov 3; srv-b 600 on Nov 5 and 250 so far on Nov 6 (today: inside the lag); an EIP of srv-a
-    (its own resource id, 40) and a server not ours (77); and one record of October."""
+    by a voucher on Nov 3; srv-b 600 on Nov 5 and 250 so far on Nov 6 (today: inside the lag);
+    an EIP of srv-a (its own resource id, 40) and a server not ours (77); and one of October."""
+    from tests.contract.sbercloud import AK, SK, sber_env
     from tests.contract.sbercloud import options as sber_options
-    from tests.contract.sbercloud import sber_env
     from tests.emulators.sbercloud import EcsEmulator
     from tests.emulators.sbercloud_billing import DOMAIN_ID, fee_record
-
-    from tests.contract.sbercloud import AK, SK
 
     sber_env(monkeypatch)
     emu = EcsEmulator(AK, SK).start()
@@ -664,7 +662,9 @@ def sber_bill(home: Path, cli, monkeypatch: pytest.MonkeyPatch):
 
 def test_sbercloud_bill_from_the_bss_fee_records(sber_bill, cli) -> None:
     emu, cfg, _ = sber_bill
-    r = cli("--config", str(cfg), "bill", "--period", "2026-11", "--cloud", "sbercloud", "-o", "json")
+    r = cli(
+        "--config", str(cfg), "bill", "--period", "2026-11", "--cloud", "sbercloud", "-o", "json"
+    )
     assert r.code == 0, r.err
     [sc] = json.loads(r.out)["clouds"]
     rub = lambda a: {"amount": a, "currency": "RUB"}  # noqa: E731
@@ -678,7 +678,9 @@ def test_sbercloud_bill_from_the_bss_fee_records(sber_bill, cli) -> None:
     # Nov 6 is inside the one-day lag: what is billed of it so far is not the whole day
     assert (b["billed"], b["ledger"]) == (rub("850.00"), rub("900.00"))
     assert b["reasons"] == {"not_billed_yet": rub("-50.00")}
-    assert untagged["billed"] == rub("117.00") and untagged["reasons"] == {"untagged": rub("117.00")}
+    assert untagged["billed"] == rub("117.00") and untagged["reasons"] == {
+        "untagged": rub("117.00")
+    }
     assert sc["through"] == "2026-11-05"
     asked = emu.received("GET", r"^/v2/bills/customer-bills/res-fee-records$")
     assert [q.query["cycle"] for q in asked] == ["2026-11"]
@@ -708,7 +710,9 @@ def test_sbercloud_bill_by_day_reads_every_page(sber_bill, cli) -> None:
 
 def test_sbercloud_bill_without_the_bss_endpoint_says_what_to_set(sber_bill, cli, home) -> None:
     emu, _, opts = sber_bill
-    cfg = write_settings(home, clouds={"sbercloud": {k: v for k, v in opts.items() if k != "bss_endpoint"}})
+    cfg = write_settings(
+        home, clouds={"sbercloud": {k: v for k, v in opts.items() if k != "bss_endpoint"}}
+    )
     r = cli("--config", str(cfg), "bill", "--cloud", "sbercloud")
     assert r.code == 2
     assert "clouds.sbercloud.bss_endpoint" in r.err and "Traceback" not in r.err

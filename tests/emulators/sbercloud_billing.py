@@ -1,6 +1,7 @@
-"""The Huawei BSS resource fee records for the SberCloud emulator: ``GET
-/v2/bills/customer-bills/res-fee-records``, the path and query of ``ListCustomerselfResourceRecords``
-in huaweicloudsdkbss 3.1.219 (``v2/bss_client.py``); query names from
+"""The Huawei BSS resource fee records for the SberCloud emulator:
+``GET /v2/bills/customer-bills/res-fee-records``, the path and query of
+``ListCustomerselfResourceRecords`` in huaweicloudsdkbss 3.1.219 (``v2/bss_client.py``);
+query names from
 ``v2/model/list_customerself_resource_records_request.py`` ``attribute_map``, the answer's from
 ``list_customerself_resource_records_response.py`` and ``res_fee_record_v2.py``.
 
