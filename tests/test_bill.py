@@ -717,3 +717,19 @@ def test_sbercloud_bill_without_the_bss_endpoint_says_what_to_set(sber_bill, cli
     assert r.code == 2
     assert "clouds.sbercloud.bss_endpoint" in r.err and "Traceback" not in r.err
     assert not emu.received("GET", "res-fee-records")
+
+
+def test_sbercloud_bill_finds_the_account_in_iam_and_rides_out_throttling(sber_bill, cli, home):
+    """Without ``domain_id`` the SDK asks IAM for the account; a throttled call is retried."""
+    from tests.emulators.sbercloud_billing import DOMAIN_ID
+
+    emu, _, opts = sber_bill
+    cfg = write_settings(home, clouds={"sbercloud": {**opts, "domain_id": None}})
+    emu.throttle(1)
+    r = cli("--config", str(cfg), "bill", "--period", "2026-11", "--cloud", "sbercloud")
+    assert r.code == 0, r.err
+    assert "sb-a" in r.out and "RUB" in r.out
+    # the lookup was throttled once and asked again; every BSS call names the account
+    assert [q.status for q in emu.received("GET", r"^/v3/auth/domains$")] == [429, 200]
+    asked = emu.received("GET", r"^/v2/bills/customer-bills/res-fee-records$")
+    assert asked and all(q.headers.get("X-Domain-Id") == DOMAIN_ID for q in asked)

@@ -48,7 +48,13 @@ def fetch(provider: Any, start: date, end: date) -> Bill:
             "sbercloud: name the BSS endpoint in settings (clouds.sbercloud.bss_endpoint): the "
             "resource fee records are read from the billing service, not from ECS"
         )
-    client = _client(provider, endpoint)
+    clients: list[Any] = []  # built on the first call, inside its retries: IAM may throttle
+
+    def ask(request: Any) -> Any:
+        if not clients:
+            clients.append(_client(provider, endpoint))
+        return clients[0].list_customerself_resource_records(request)
+
     items: list[BilledItem] = []
     currency = provider.spec.currency
     for first, last in _months(start, end):
@@ -64,7 +70,7 @@ def fetch(provider: Any, start: date, end: date) -> Bill:
                 limit=PAGE,
             )
             page = provider.call(
-                lambda r=request: client.list_customerself_resource_records(r),
+                lambda r=request: ask(r),
                 "bss:ListCustomerselfResourceRecords",
             )
             currency = page.currency or currency
@@ -123,13 +129,16 @@ def _months(start: date, end: date) -> list[tuple[date, date]]:
 
 def _client(provider: Any, endpoint: str) -> Any:
     """A BssClient on ``endpoint``: a global service, signed with GlobalCredentials (the SDK's
-    ``BssClient.new_builder`` asks for them); without a domain id the SDK looks it up in IAM."""
+    ``BssClient.new_builder`` asks for them), which send the account's domain id as
+    ``X-Domain-Id``; without one in settings the SDK looks it up in IAM (``GET /v3/auth/domains``,
+    huaweicloudsdkcore ``auth/credentials.py`` ``GlobalCredentials.process_auth_params``)."""
     from huaweicloudsdkbss.v2 import BssClient
     from huaweicloudsdkcore.auth.credentials import GlobalCredentials
     from huaweicloudsdkcore.exceptions.exceptions import SdkException
     from huaweicloudsdkcore.http.http_config import HttpConfig
+    from huaweicloudsdkcore.region.region import Region
 
-    from providers.base import AuthError
+    from providers.base import AuthError, Throttled
     from providers.sbercloud.adapter import ENV_AK, ENV_SK, _env
 
     ak, sk = _env(ENV_AK), _env(ENV_SK)
@@ -145,12 +154,16 @@ def _client(provider: Any, endpoint: str) -> Any:
         (os.environ[n] for n in ENV_DOMAIN if os.environ.get(n)), None
     )
     credentials = GlobalCredentials(ak, sk, domain)
-    if not domain:
-        credentials.with_iam_endpoint(provider.iam_endpoint)
     builder = BssClient.new_builder().with_http_config(config).with_credentials(credentials)
-    builder.with_endpoints([endpoint])
+    if domain:
+        builder.with_endpoints([endpoint])
+    else:  # the SDK asks IAM (KeystoneListAuthDomains) for the domain while building
+        credentials.with_iam_endpoint(provider.iam_endpoint)
+        builder.with_region(Region(provider.region, endpoint))
     try:
         return builder.build()
     except SdkException as e:
-        err = provider.map_error(e, "find the account's domain id via IAM")
-        raise AuthError(str(err), code=getattr(err, "code", None) or "NoDomain") from e
+        # the SDK wraps IAM's answer in a plain SdkException; the answer is its context
+        cause = e.__context__ if isinstance(e.__context__, SdkException) else e
+        err = provider.map_error(cause, "find the account's domain id via IAM")
+        raise (err if isinstance(err, Throttled) else AuthError(str(err), code=err.code)) from e

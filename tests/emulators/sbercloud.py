@@ -420,6 +420,8 @@ class EcsEmulator:
                     return 200, billing.answer(self.fee_records, rec.query, "RUB")
                 except billing.BssReject as e:
                     return 400, e.body
+            if rec.method == "GET" and path == "/v3/auth/domains":
+                return 200, billing.auth_domains()
             if rec.method == "GET" and path == "/v3/projects":
                 _only(rec.query, {"name"})
                 return 200, {"projects": [{"id": self.project_id, "name": rec.query["name"]}]}

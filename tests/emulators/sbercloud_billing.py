@@ -68,6 +68,19 @@ def fee_record(
     }
 
 
+def auth_domains() -> dict[str, Any]:
+    """IAM ``KeystoneListAuthDomains`` (``GET /v3/auth/domains``): the account the AK/SK belongs
+    to, whose ``domains[0].id`` the SDK's GlobalCredentials take (huaweicloudsdkcore
+    ``auth/credentials.py``); fields from huaweicloudsdkiam 3.1.219
+    ``v3/model/keystone_list_auth_domains_response.py`` and ``v3/model/domains.py``."""
+    links = {"self": "https://iam.example/v3/auth/domains", "previous": None, "next": None}
+    domain = {"enabled": True, "id": DOMAIN_ID, "name": "sbercloud-acct", "description": ""}
+    return {
+        "domains": [{**domain, "links": {"self": "https://iam.example/v3/domains"}}],
+        "links": links,
+    }
+
+
 def answer(records: list[dict[str, Any]], query: dict[str, str], currency: str) -> dict[str, Any]:
     """The page of ``records`` the query asks for, by day (``statistic_type=2``) only."""
     unknown = set(query) - QUERY
