@@ -719,11 +719,17 @@ def test_sbercloud_bill_without_the_bss_endpoint_says_what_to_set(sber_bill, cli
     assert not emu.received("GET", "res-fee-records")
 
 
-def test_sbercloud_bill_finds_the_account_in_iam_and_rides_out_throttling(sber_bill, cli, home):
+def test_sbercloud_bill_finds_the_account_in_iam_and_rides_out_throttling(
+    sber_bill, cli, home, monkeypatch
+):
     """Without ``domain_id`` the SDK asks IAM for the account; a throttled call is retried."""
+    from huaweicloudsdkcore.auth.credentials import GlobalCredentials
+
     from tests.emulators.sbercloud_billing import DOMAIN_ID
 
     emu, _, opts = sber_bill
+    # the SDK keeps looked-up domain ids per AK for the process: start without one
+    monkeypatch.setattr(GlobalCredentials, "_CACHE", {})
     cfg = write_settings(home, clouds={"sbercloud": {**opts, "domain_id": None}})
     emu.throttle(1)
     r = cli("--config", str(cfg), "bill", "--period", "2026-11", "--cloud", "sbercloud")

@@ -28,9 +28,14 @@ from typing import Any
 
 from providers.billing import Bill, BilledItem, BillingUnsupported, Kind
 
-#: The records' documentation gives no figure for how late a day's fees show; a day is taken as
-#: complete one day after it ends, as on the other clouds.
-LAG = "the BSS resource fee records document no delay: today is taken as not billed yet"
+#: Huawei bills a pay-per-use hour about an hour after it ends ("if a pay-per-use ECS (which is
+#: billed on an hourly basis) is deleted at 08:30 … you will not be billed for the 08:00 to 09:00
+#: hour until about 10:00", support.huaweicloud.com/intl/pt-br/price-cce/cce_03_0016.html, "Bill
+#: Generation"); a GMT+08:00 day ends at 16:00 UTC, so yesterday is complete, today is not.
+LAG = (
+    "Huawei bills a pay-per-use hour about an hour after it ends (Huawei Cloud pricing docs, "
+    "'Bill Generation'): today is taken as not billed yet"
+)
 ENV_DOMAIN = ("SBERCLOUD_DOMAIN_ID", "HUAWEICLOUD_SDK_DOMAIN_ID")
 VM = "hws.resource.type.vm"  # an ECS server (ResFeeRecordV2.resource_type docstring)
 BY_DAY = 2  # statistic_type: by day
