@@ -739,3 +739,17 @@ def test_sbercloud_bill_finds_the_account_in_iam_and_rides_out_throttling(
     assert [q.status for q in emu.received("GET", r"^/v3/auth/domains$")] == [429, 200]
     asked = emu.received("GET", r"^/v2/bills/customer-bills/res-fee-records$")
     assert asked and all(q.headers.get("X-Domain-Id") == DOMAIN_ID for q in asked)
+
+
+def test_sbercloud_asks_month_by_month() -> None:
+    """BSS takes bill dates within one ``cycle`` month only: a period across months is split."""
+    from providers.sbercloud.billing import _months
+
+    assert _months(date(2026, 10, 30), date(2026, 12, 2)) == [
+        (date(2026, 10, 30), date(2026, 10, 31)),
+        (date(2026, 11, 1), date(2026, 11, 30)),
+        (date(2026, 12, 1), date(2026, 12, 1)),
+    ]
+    assert _months(date(2026, 11, 1), date(2026, 12, 1)) == [
+        (date(2026, 11, 1), date(2026, 11, 30))
+    ]
