@@ -241,7 +241,7 @@ def test_aws_bill_by_project(aws_bill) -> None:
     assert keys == ["vision", "(untagged)"]
 
 
-def test_bill_of_a_cloud_without_a_source_says_why(home: Path, cli) -> None:
+def test_bill_of_a_cloud_not_enabled_or_a_bad_period_exits_2(home: Path, cli) -> None:
     cfg = write_settings(home)
     r = cli("--config", str(cfg), "bill", "--cloud", "sbercloud")  # every cloud has a source now
     assert r.code == 2
