@@ -34,6 +34,9 @@ class BilledItem:
     what: str = ""  # the cloud's own name: usage type, SKU, meter, record type
     instance_type: str | None = None  # for compute lines where the source names it
     usage_hours: Decimal | None = None  # for compute lines where the source gives usage
+    # the cloud's id of the billed resource, for sources that carry no tag (SberCloud's BSS):
+    # ``provisioner bill`` matches it to the machine whose instance id it is
+    resource_id: str | None = None
 
 
 @dataclass(frozen=True)

@@ -198,8 +198,11 @@ def reconcile(app: App, period: Period, got: Bill, by: str) -> CloudBill:
                 ln.reasons["not_billed_yet"] -= cost
     # the bill
     usage: dict[tuple[str, str], list[Any]] = defaultdict(list)  # (machine, type) → items
+    by_instance = {m.instance_id: m for m in machines.values() if m.instance_id}
     for item in got.items:
         owner = machines.get(item.machine) if item.machine else None
+        if owner is None and item.machine is None and item.resource_id:
+            owner = by_instance.get(item.resource_id)
         ln = line(key_of(owner, item.machine, item.day), item.currency)
         ln.billed += item.amount
         if item.kind in ("tax",):

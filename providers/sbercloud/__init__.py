@@ -27,6 +27,9 @@ class SberCloudOptions(Options):
     # again or created once), admitting 22/tcp from `ssh_cidrs` only, as AWS's SSH group does.
     security_group_id: Name | None = None
     evs_endpoint: Url | None = None  # volumes; default https://evs.<region>.hc.sbercloud.ru
+    # `provisioner bill`: the BSS (billing) endpoint, a global service; no default is documented
+    bss_endpoint: Url | None = None
+    domain_id: Name | None = None  # the account's; default $SBERCLOUD_DOMAIN_ID, else from IAM
     volume_type: Name = "SSD"  # EVS type of volumes: SSD (ultra-high I/O), GPSSD, ESSD, SAS…
     ssh_cidrs: Names = ("0.0.0.0/0",)  # who may reach port 22, as SkyPilot's and dstack's default
     # A public address is an EIP made with the server and released with it
@@ -51,7 +54,7 @@ SPEC = CloudSpec(
     adapter="providers.sbercloud.adapter:SberCloudProvider",
     ssh_user="provisioner",  # made by cloud-init on every cloud: one SSH user everywhere
     extra="sbercloud",
-    sdk=("huaweicloudsdkecs", "huaweicloudsdkvpc", "huaweicloudsdkevs"),
+    sdk=("huaweicloudsdkecs", "huaweicloudsdkvpc", "huaweicloudsdkevs", "huaweicloudsdkbss"),
     # Spot servers can be stopped; extendparam takes a spot_price cap; BatchStopServers,
     # BatchStartServers and DeleteServers take many servers.
     capabilities=Capabilities(
@@ -74,6 +77,5 @@ SPEC = CloudSpec(
     ),
     prices_from="its GPU flavors (ECS ListFlavors), unpriced; needs SberCloud AK/SK",
     catalog_rows="providers.sbercloud.flavors:catalog_rows",
-    billing_why="sbercloud: reading the bill is not built: the Huawei BSS resource-records API's "
-    "SDK (huaweicloudsdkbss, ListCustomerBillsFeeRecords) is not installed here",
+    billing="providers.sbercloud.billing:fetch",
 )

@@ -54,6 +54,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qsl, quote, unquote, urlsplit
 
+from tests.emulators import sbercloud_billing as billing
+
 PROJECT_ID = "0a1b2c3d4e5f60718293a4b5c6d7e8f9"
 REGION = "ru-moscow-1"
 ZONES = ("ru-moscow-1a", "ru-moscow-1b", "ru-moscow-1c")
@@ -248,6 +250,7 @@ class EcsEmulator:
             "default": _new_group("default", "default")
         }
         self.requests: list[Recorded] = []
+        self.fee_records: list[dict[str, Any]] = []  # BSS: tests/emulators/sbercloud_billing.py
         self._jobs: dict[str, _Job] = {}
         self._tokens: dict[str, tuple[str, list[str]]] = {}
         self._lock = threading.RLock()
@@ -412,6 +415,13 @@ class EcsEmulator:
                 self.faults.throttle_left -= 1
                 raise _gateway_error(429, "APIGW.0308", "The throttling threshold has been reached")
             path = rec.path
+            if rec.method == "GET" and path == billing.PATH:
+                try:
+                    return 200, billing.answer(self.fee_records, rec.query, "RUB")
+                except billing.BssReject as e:
+                    return 400, e.body
+            if rec.method == "GET" and path == "/v3/auth/domains":
+                return 200, billing.auth_domains()
             if rec.method == "GET" and path == "/v3/projects":
                 _only(rec.query, {"name"})
                 return 200, {"projects": [{"id": self.project_id, "name": rec.query["name"]}]}
