@@ -5,7 +5,6 @@ CSRF token, a policy's or budget's refusal each refused, the refusal in the CLI'
 
 from __future__ import annotations
 
-
 import threading
 from datetime import timedelta
 

@@ -758,9 +758,7 @@ class Dashboard:
         with self._lock:
             self._cache.clear()  # the fleet shows what was just done
         log.info("dashboard: %s %s by %s: %s", do, m.name, who, done)
-        return Response(
-            status=303, headers=[("Location", req.url(f"/machine/{m.id}", done=done))]
-        )
+        return Response(status=303, headers=[("Location", req.url(f"/machine/{m.id}", done=done))])
 
     def _do(self, do: str, name: str, form: dict[str, str]) -> str:
         """The CLI's own call for ``do`` (``provisioner stop``, ``keep``, ``autostop``…);
