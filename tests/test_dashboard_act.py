@@ -19,7 +19,7 @@ from provisioner.models import Event, Machine
 from provisioner.spec import Experiment
 from tests.conftest import TEST_OWNER, make_settings, run_cli, sandbox_experiment, write_settings
 from tests.conftest import write_yaml as write_policy
-from tests.test_dashboard import call
+from tests.test_dashboard import browser, call, go  # noqa: F401  (browser: a fixture)
 
 PROXY = "10.0.0.5"  # the team's authenticating proxy: its X-Forwarded-User names the user
 LEAD = "lead@example.com"  # a policy grants them act_as over ana's machines
@@ -231,3 +231,66 @@ def test_a_threads_actor_is_its_own():
         seen["main"] = acting.current()
     t.join()
     assert seen == {"other": None, "main": LEAD} and acting.current() is None
+
+
+@pytest.mark.slow  # a real browser against a real server
+def test_stop_and_keep_keyboard_only_in_chromium(team, browser):  # noqa: F811
+    """Tab to a form, Enter; the confirmation's button has the focus, Enter again."""
+    from selenium.webdriver.common.action_chains import ActionChains
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
+    from selenium.webdriver.support.ui import WebDriverWait
+    from waitress.server import create_server
+
+    app, _, _ = team
+    local = Dashboard(app, token=None, open_access=True)
+    server = create_server(local, host="127.0.0.1", port=0, threads=2)
+    t = threading.Thread(target=server.run, daemon=True)
+    t.start()
+    drv = browser
+    try:
+        drv.get(f"http://127.0.0.1:{server.effective_port}/machine/{machine(app, 'train').id}")
+
+        def tab_to(form_id: str) -> None:
+            for _ in range(80):
+                ActionChains(drv).send_keys(Keys.TAB).perform()
+                here = drv.execute_script(
+                    "const e = document.activeElement; return e.form ? e.form.id : e.id"
+                )
+                if here == form_id:
+                    return
+            raise AssertionError(f"Tab never reached #{form_id}")
+
+        def enter_and_wait() -> None:
+            old = drv.find_element(By.TAG_NAME, "html")
+            ActionChains(drv).send_keys(Keys.ENTER).perform()
+            WebDriverWait(drv, 30).until(lambda _: _stale(old))
+
+        tab_to("act-keep")  # the field of the keep form: type, Enter submits it
+        assert drv.switch_to.active_element.get_attribute("id") == "keep-until"
+        ActionChains(drv).send_keys("23:00").perform()
+        enter_and_wait()
+        assert "train is kept" in drv.find_element(By.ID, "flash").text
+        tab_to("act-stop")
+        enter_and_wait()
+        assert drv.switch_to.active_element.get_attribute("id") == "confirm-yes"
+        enter_and_wait()
+        assert drv.find_element(By.ID, "flash").text == "train stopped"
+    finally:
+        server.close()
+        t.join(5)
+    assert machine(app, "train").status == "stopped"
+    assert [e for e in events(app, "train") if e[0] in ("kept", "stopped")] == [
+        ("kept", TEST_OWNER),
+        ("stopped", TEST_OWNER),
+    ]
+
+
+def _stale(element) -> bool:
+    from selenium.common.exceptions import WebDriverException
+
+    try:
+        element.tag_name  # noqa: B018  (chromedriver answers stale once the page is replaced)
+    except WebDriverException:
+        return True
+    return False
