@@ -19,7 +19,7 @@ from provisioner.models import Event, Machine
 from provisioner.spec import Experiment
 from tests.conftest import TEST_OWNER, make_settings, run_cli, sandbox_experiment, write_settings
 from tests.conftest import write_yaml as write_policy
-from tests.test_dashboard import browser, call, go  # noqa: F401  (browser: a fixture)
+from tests.test_dashboard import browser, call  # noqa: F401  (browser: a fixture)
 
 PROXY = "10.0.0.5"  # the team's authenticating proxy: its X-Forwarded-User names the user
 LEAD = "lead@example.com"  # a policy grants them act_as over ana's machines

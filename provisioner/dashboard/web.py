@@ -18,6 +18,10 @@ names its own host); every POST must come from this site (``Origin``/``Referer``
 the form's CSRF token, the double of a SameSite=Strict cookie (OWASP, https://cheatsheetseries.
 owasp.org/cheatsheets/Cross-Site_Request_Forgery_Prevention_Cheat_Sheet.html), unless it
 authenticates with a Bearer token (which no browser adds by itself).
+
+Acting (a machine page's forms, :meth:`Dashboard.act`): the CLI's own calls, as the signed-in
+user (:func:`provisioner.acting.acting_as`: this request's thread only), allowed to the
+machine's owner and to whom a policy grants ``act_as`` over them.
 """
 
 from __future__ import annotations
