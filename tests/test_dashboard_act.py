@@ -294,3 +294,21 @@ def _stale(element) -> bool:
     except WebDriverException:
         return True
     return False
+
+
+def test_a_script_acts_with_a_personal_token(team):
+    from provisioner import tokens
+
+    app, dash, _ = team
+    issued = tokens.create(app, TEST_OWNER)
+    page = f"/machine/{machine(app, 'train').id}"
+    bearer = {"Authorization": f"Bearer {issued.token}"}
+    status, _, _ = call(dash, page, "POST", "do=stop&confirm=yes", csrf=False, **bearer)
+    assert status == 303 and events(app, "train")[-1] == ("stopped", TEST_OWNER)
+    # the shared token names no one a policy lets act as ana
+    shared = Dashboard(app, token="s3cret-shared", open_access=False)
+    status, _, body = call(
+        shared, page, "POST", "do=start", csrf=False, Authorization="Bearer s3cret-shared"
+    )
+    assert status == 403 and "dashboard.token is not the owner" in body
+    assert machine(app, "train").status == "stopped"
