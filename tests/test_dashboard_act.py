@@ -71,6 +71,14 @@ def machine(app: App, name: str) -> Machine:
         return s.scalars(select(Machine).where(Machine.name == name)).one()
 
 
+def said(headers) -> str | None:
+    """The flash cookie a response sets (name=value), if any."""
+    for k, v in headers:
+        if k == "Set-Cookie" and v.startswith("provisioner_done="):
+            return v.split(";")[0]
+    return None
+
+
 def events(app: App, name: str) -> list[tuple[str, str | None]]:
     """(kind, actor) of the machine's events, oldest first."""
     m = machine(app, name)
@@ -92,11 +100,16 @@ def test_the_owner_stops_after_confirming_and_the_event_names_them(team):
     assert machine(app, "train").status == "running"
     # confirmed: done, then back to the page with what was done
     status, headers, _ = as_user(dash, TEST_OWNER, page, "POST", "do=stop&confirm=yes")
-    assert status == 303 and dict(headers)["Location"] == f"{page}?done=stop"
+    assert status == 303 and dict(headers)["Location"] == page
     assert machine(app, "train").status == "stopped"
     assert events(app, "train")[-1] == ("stopped", TEST_OWNER)
-    status, _, body = as_user(dash, TEST_OWNER, f"{page}?done=stop")
+    flash = said(headers)
+    assert flash == f"provisioner_done={m.id}.stop"
+    status, headers, body = as_user(dash, TEST_OWNER, page, cookie=flash)
     assert 'id="flash" role="status">train stopped<' in body
+    assert said(headers) == "provisioner_done="  # said once
+    # a link from elsewhere cannot make the page claim what was not done
+    assert 'id="flash"' not in as_user(dash, TEST_OWNER, f"{page}?done=down")[2]
     assert '<td class="actor">ana@example.com</td>' in body  # the events table says who
     # the page offers what fits a stopped machine: start, not stop
     assert 'id="act-start"' in body and 'id="act-stop"' not in body
@@ -104,7 +117,8 @@ def test_the_owner_stops_after_confirming_and_the_event_names_them(team):
 
 def test_each_action_as_a_user_a_policy_lets_act_as_the_owner(team, clock):
     app, dash, _ = team
-    page = f"/machine/{machine(app, 'train').id}"
+    mid = machine(app, "train").id
+    page = f"/machine/{mid}"
     steps = [
         ("do=keep&until=23:00", "keep", "kept"),
         ("do=unkeep", "unkeep", "keep-cancelled"),
@@ -117,7 +131,8 @@ def test_each_action_as_a_user_a_policy_lets_act_as_the_owner(team, clock):
     for form, done, kind in steps:
         status, headers, _ = as_user(dash, LEAD, page, "POST", form)
         assert status == 303, form
-        assert dict(headers)["Location"] == f"{page}?done={done}"
+        assert dict(headers)["Location"] == page
+        assert said(headers) == f"provisioner_done={mid}.{done}"
         assert events(app, "train")[-1] == (kind, LEAD), form
         if done == "keep":
             kept = machine(app, "train").kept_until
@@ -128,7 +143,7 @@ def test_each_action_as_a_user_a_policy_lets_act_as_the_owner(team, clock):
     # the process serving the page still acts as itself: the user was this request's only
     assert app.actor == TEST_OWNER
     # a second cancel changes nothing, and says so
-    status, _, body = as_user(dash, LEAD, f"{page}?done=down-same")
+    status, _, body = as_user(dash, LEAD, page, cookie=f"provisioner_done={mid}.down-same")
     assert "train was already gone" in body and 'id="act"' not in body  # gone: no forms
 
 

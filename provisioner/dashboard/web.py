@@ -69,6 +69,7 @@ SHARED = "dashboard.token"  # the user of the shared token (settings), whoever h
 LANG_COOKIE = "provisioner_lang"
 CSRF_COOKIE = "provisioner_csrf"
 DEVICE_COOKIE = "provisioner_device"
+FLASH_COOKIE = "provisioner_done"  # what a machine page's action did, said once on the page
 SESSION_SECONDS = 12 * 3600
 DEVICE_SECONDS = 90 * 24 * 3600  # a browser that logged in keeps its own guess count this long
 _CSRF_RE = re.compile(r"[A-Za-z0-9_-]{32,128}")
@@ -702,8 +703,10 @@ class Dashboard:
             return self.page(req, "error.html", status=404, message=self.t(req, "dash_not_found"))
         if req.method == "POST" and refused is None:
             return self.act(req, data.machine)
-        done = req.query.get("done", "")
-        return self.page(
+        # what the action just done did: from a cookie only this site sets (a link to
+        # ?done=… from elsewhere could otherwise claim a stop that never happened)
+        mid, _, done = req.cookies.get(FLASH_COOKIE, "").partition(".")
+        resp = self.page(
             req,
             "machine.html",
             status=status,
@@ -711,9 +714,17 @@ class Dashboard:
             d=data,
             section="fleet",
             may_act=self.may_act(req, data.machine),
-            acts=ACTS,
-            done=done if done in DONE else None,
+            done=done if done in DONE and mid == data.machine.id else None,
             refused=refused,
+        )
+        if FLASH_COOKIE in req.cookies:  # said once
+            resp.headers.append(("Set-Cookie", self._flash(req, "", 0)))
+        return resp
+
+    def _flash(self, req: Request, value: str, seconds: int) -> str:
+        return (
+            f"{FLASH_COOKIE}={value}; Path={req.root or '/'}; HttpOnly; SameSite=Strict; "
+            f"Max-Age={seconds}" + self._secure(req)
         )
 
     # --- acting on a machine ----------------------------------------------------------------
@@ -737,7 +748,7 @@ class Dashboard:
 
     def act(self, req: Request, m: Any) -> Response:
         """A form's action on machine ``m``, as the signed-in user (every event it writes
-        records them); then back to the machine's page (303) with what was done. Stop and
+        records them); then back to the machine's page (303), which says what was done. Stop and
         down ask first: a page whose form sends ``confirm=yes``. A refusal (policy, budget,
         state) is the CLI's own words on the page: 409; not the owner: 403."""
         form = req.form()
@@ -762,7 +773,13 @@ class Dashboard:
         with self._lock:
             self._cache.clear()  # the fleet shows what was just done
         log.info("dashboard: %s %s by %s: %s", do, m.name, who, done)
-        return Response(status=303, headers=[("Location", req.url(f"/machine/{m.id}", done=done))])
+        return Response(
+            status=303,
+            headers=[
+                ("Location", req.url(f"/machine/{m.id}")),
+                ("Set-Cookie", self._flash(req, f"{m.id}.{done}", 60)),
+            ],
+        )
 
     def _do(self, do: str, name: str, form: dict[str, str]) -> str:
         """The CLI's own call for ``do`` (``provisioner stop``, ``keep``, ``autostop``…);
