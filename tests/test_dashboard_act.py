@@ -15,6 +15,7 @@ from sqlalchemy import select
 from provisioner import acting, machines
 from provisioner.app import App
 from provisioner.dashboard.web import Dashboard
+from provisioner.identity import SCHEDULER
 from provisioner.models import Event, Machine
 from provisioner.spec import Experiment
 from tests.conftest import TEST_OWNER, make_settings, run_cli, sandbox_experiment, write_settings
@@ -215,6 +216,11 @@ def test_on_loopback_without_a_credential_the_local_user_acts(team):
     page = f"/machine/{machine(app, 'train').id}"
     status, _, _ = call(local, page, "POST", "do=autostop&duration=1h")
     assert status == 303 and events(app, "train")[-1] == ("autostop-set", TEST_OWNER)
+    # the scheduler daemon serves the dashboard as itself: no one acts as the scheduler
+    app.actor = SCHEDULER
+    status, _, body = call(local, page, "POST", "do=unautostop")
+    assert status == 403 and "refused: sign in (a personal token) to act on a machine" in body
+    assert machine(app, "train").autostop_seconds == 3600
 
 
 def test_russian_words_on_the_page_and_its_confirmation(team):

@@ -53,7 +53,7 @@ from provisioner import acting, bill, budget, notify, render, reports, tokens
 from provisioner.app import App
 from provisioner.dashboard import pages, svg
 from provisioner.errors import ProvisionerError
-from provisioner.identity import email_of, grants
+from provisioner.identity import SCHEDULER, email_of, grants
 from provisioner.models import Token
 from provisioner.money import Money
 from provisioner.views import fleet as fleet_view
@@ -731,10 +731,13 @@ class Dashboard:
 
     def acting_user(self, req: Request) -> str | None:
         """Who a POST acts as: the signed-in user; on loopback without a credential, who
-        serves this (the OS user or database role, as at the terminal)."""
+        serves this (the OS user or database role, as at the terminal) — not the scheduler
+        daemon's own actor: what a page does is a person's doing."""
         if req.user is not None:
             return req.user
-        return self.app.actor if self.open else None
+        if not self.open or self.app.actor == SCHEDULER:
+            return None
+        return self.app.actor
 
     def may_act(self, req: Request, m: Any) -> bool:
         """The machine's owner may act on it, and whom a policy that applies to it grants
@@ -758,8 +761,10 @@ class Dashboard:
                 req, m.id, status=400, refused=self.t(req, "dash_do_unknown", do=do[:40])
             )
         who = self.acting_user(req)
-        if who is None or not self.may_act(req, m):
-            words = self.t(req, "dash_do_forbidden", who=who or "?", owner=m.owner or "?")
+        if who is None:
+            return self.machine(req, m.id, status=403, refused=self.t(req, "dash_do_sign_in"))
+        if not self.may_act(req, m):
+            words = self.t(req, "dash_do_forbidden", who=who, owner=m.owner or "?")
             return self.machine(req, m.id, status=403, refused=words)
         if do in CONFIRM and form.get("confirm") != "yes":
             return self.page(req, "confirm.html", m=m, do=do, section="fleet")
