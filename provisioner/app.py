@@ -9,7 +9,7 @@ from functools import cached_property
 from typing import TYPE_CHECKING
 
 from providers.base import Provider
-from provisioner import catalog
+from provisioner import acting, catalog
 from provisioner.clock import Clock
 from provisioner.settings import Settings
 
@@ -42,7 +42,9 @@ class App:
     def actor(self) -> str:
         """Who runs this process, as an e-mail (:mod:`provisioner.identity`; on PostgreSQL
         one query per process); the scheduler sets ``app.actor = identity.SCHEDULER`` for its
-        own actions."""
+        own actions. Within :func:`provisioner.acting.acting_as`, that thread's actor."""
+        if (who := acting.current()) is not None:
+            return who
         if self._actor is None:
             from provisioner import identity
 

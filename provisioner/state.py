@@ -22,6 +22,7 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.exc import DBAPIError, InvalidRequestError
 from sqlalchemy.orm import Session, sessionmaker
 
+from provisioner import acting
 from provisioner.errors import OperationFailed, UserError
 from provisioner.models import ACTIVE_EXCLUDED, Event, Machine
 from provisioner.schema import MIGRATIONS, _revisions, schema_head
@@ -181,7 +182,7 @@ class Database:
 def _stamp_actor(session: Session, _ctx: Any, _instances: Any) -> None:
     """Each new event records the session's actor (a module function: a listener bound to
     the Database would keep it, its engine and a SQLite file's WAL alive past its use)."""
-    actor = session.info.get("actor")
+    actor = acting.current() or session.info.get("actor")
     if actor is None:
         return
     for obj in session.new:

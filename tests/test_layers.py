@@ -23,6 +23,7 @@ ORDER = [
     "provisioner.errors",
     "provisioner.clock",
     "provisioner.crashpoints",
+    "provisioner.acting",  # who acts in this thread (a dashboard request's user)
     "provisioner.location",  # where settings and state live: the standard library only
     "provisioner.settings",
     "provisioner.spec",

@@ -18,6 +18,10 @@ names its own host); every POST must come from this site (``Origin``/``Referer``
 the form's CSRF token, the double of a SameSite=Strict cookie (OWASP, https://cheatsheetseries.
 owasp.org/cheatsheets/Cross-Site_Request_Forgery_Prevention_Cheat_Sheet.html), unless it
 authenticates with a Bearer token (which no browser adds by itself).
+
+Acting (a machine page's forms, :meth:`Dashboard.act`): the CLI's own calls, as the signed-in
+user (:func:`provisioner.acting.acting_as`: this request's thread only), allowed to the
+machine's owner and to whom a policy grants ``act_as`` over them.
 """
 
 from __future__ import annotations
@@ -44,11 +48,12 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit
 
-from provisioner import bill, budget, notify, render, reports, tokens
+from policies.schema import matching
+from provisioner import acting, bill, budget, notify, render, reports, tokens
 from provisioner.app import App
 from provisioner.dashboard import pages, svg
 from provisioner.errors import ProvisionerError
-from provisioner.identity import email_of
+from provisioner.identity import SCHEDULER, email_of, grants
 from provisioner.models import Token
 from provisioner.money import Money
 from provisioner.views import fleet as fleet_view
@@ -64,6 +69,7 @@ SHARED = "dashboard.token"  # the user of the shared token (settings), whoever h
 LANG_COOKIE = "provisioner_lang"
 CSRF_COOKIE = "provisioner_csrf"
 DEVICE_COOKIE = "provisioner_device"
+FLASH_COOKIE = "provisioner_done"  # what a machine page's action did, said once on the page
 SESSION_SECONDS = 12 * 3600
 DEVICE_SECONDS = 90 * 24 * 3600  # a browser that logged in keeps its own guess count this long
 _CSRF_RE = re.compile(r"[A-Za-z0-9_-]{32,128}")
@@ -77,6 +83,11 @@ FLEET_SECONDS = 15  # a fleet page serves every request within this slice of the
 SPEND_SECONDS = 300  # spend and budget standings: a pass over a big ledger takes a while
 CACHE_ENTRIES = 64
 GZIP_FROM = 2048  # bytes: smaller pages are not worth compressing
+#: what a machine page's forms do: the CLI's ``stop``, ``start``, ``keep --until``, ``keep
+#: --cancel``, ``autostop DURATION``, ``autostop --cancel`` and ``down``
+ACTS = ("stop", "start", "keep", "unkeep", "autostop", "unautostop", "down")
+CONFIRM = {"stop", "down"}  # asked once more before they are done
+DONE = {*ACTS, *(f"{a}-same" for a in ("stop", "start", "down", "unkeep", "unautostop"))}
 HEADERS = [
     (
         "Content-Security-Policy",
@@ -684,11 +695,116 @@ class Dashboard:
             headers=[("Content-Disposition", f'attachment; filename="{name}"')],
         )
 
-    def machine(self, req: Request, key: str) -> Response:
+    def machine(
+        self, req: Request, key: str, *, status: int = 200, refused: str | None = None
+    ) -> Response:
         data = fleet_view.machine_page(self.app, self.now(), key)
         if data is None:
             return self.page(req, "error.html", status=404, message=self.t(req, "dash_not_found"))
-        return self.page(req, "machine.html", m=data.machine, d=data, section="fleet")
+        if req.method == "POST" and refused is None:
+            return self.act(req, data.machine)
+        # what the action just done did: from a cookie only this site sets (a link to
+        # ?done=… from elsewhere could otherwise claim a stop that never happened)
+        mid, _, done = req.cookies.get(FLASH_COOKIE, "").partition(".")
+        resp = self.page(
+            req,
+            "machine.html",
+            status=status,
+            m=data.machine,
+            d=data,
+            section="fleet",
+            may_act=self.may_act(req, data.machine),
+            done=done if done in DONE and mid == data.machine.id else None,
+            refused=refused,
+        )
+        if FLASH_COOKIE in req.cookies:  # said once
+            resp.headers.append(("Set-Cookie", self._flash(req, "", 0)))
+        return resp
+
+    def _flash(self, req: Request, value: str, seconds: int) -> str:
+        return (
+            f"{FLASH_COOKIE}={value}; Path={req.root or '/'}; HttpOnly; SameSite=Strict; "
+            f"Max-Age={seconds}" + self._secure(req)
+        )
+
+    # --- acting on a machine ----------------------------------------------------------------
+
+    def acting_user(self, req: Request) -> str | None:
+        """Who a POST acts as: the signed-in user; on loopback without a credential, who
+        serves this (the OS user or database role, as at the terminal) — not the scheduler
+        daemon's own actor: what a page does is a person's doing."""
+        if req.user is not None:
+            return req.user
+        if not self.open or self.app.actor == SCHEDULER:
+            return None
+        return self.app.actor
+
+    def may_act(self, req: Request, m: Any) -> bool:
+        """The machine's owner may act on it, and whom a policy that applies to it grants
+        ``act_as`` its owner (:func:`provisioner.identity.grants`)."""
+        who = self.acting_user(req)
+        if who is None:
+            return False
+        if who == m.owner:
+            return True
+        return grants(matching(self.app.policies, m.project, m.owner), who, m.owner)
+
+    def act(self, req: Request, m: Any) -> Response:
+        """A form's action on machine ``m``, as the signed-in user (every event it writes
+        records them); then back to the machine's page (303), which says what was done. Stop and
+        down ask first: a page whose form sends ``confirm=yes``. A refusal (policy, budget,
+        state) is the CLI's own words on the page: 409; not the owner: 403."""
+        form = req.form()
+        do = form.get("do", "")
+        if do not in ACTS:
+            return self.machine(
+                req, m.id, status=400, refused=self.t(req, "dash_do_unknown", do=do[:40])
+            )
+        who = self.acting_user(req)
+        if who is None:
+            return self.machine(req, m.id, status=403, refused=self.t(req, "dash_do_sign_in"))
+        if not self.may_act(req, m):
+            words = self.t(req, "dash_do_forbidden", who=who, owner=m.owner or "?")
+            return self.machine(req, m.id, status=403, refused=words)
+        if do in CONFIRM and form.get("confirm") != "yes":
+            return self.page(req, "confirm.html", m=m, do=do, section="fleet")
+        try:
+            with acting.acting_as(who):
+                done = self._do(do, m.name, form)
+        except ProvisionerError as e:
+            log.info("dashboard: %s %s by %s refused: %s", do, m.name, who, e)
+            status = 409 if e.exit_code == 2 else 502
+            return self.machine(req, m.id, status=status, refused=str(e))
+        with self._lock:
+            self._cache.clear()  # the fleet shows what was just done
+        log.info("dashboard: %s %s by %s: %s", do, m.name, who, done)
+        return Response(
+            status=303,
+            headers=[
+                ("Location", req.url(f"/machine/{m.id}")),
+                ("Set-Cookie", self._flash(req, f"{m.id}.{done}", 60)),
+            ],
+        )
+
+    def _do(self, do: str, name: str, form: dict[str, str]) -> str:
+        """The CLI's own call for ``do`` (``provisioner stop``, ``keep``, ``autostop``…);
+        what happened, a key of :data:`DONE`."""
+        from provisioner import machines
+        from provisioner.jobs import autostop, sweep
+
+        a = self.app
+        if do in ("stop", "start", "down"):
+            _, changed = getattr(machines, do)(a, name)
+            return do if changed else f"{do}-same"
+        if do == "keep":
+            sweep.keep(a, name, form.get("until", "").strip())
+            return do
+        if do == "unkeep":
+            return do if sweep.unkeep(a, name)[1] else "unkeep-same"
+        if do == "autostop":
+            autostop.set_autostop(a, name, form.get("duration", "").strip())
+            return do
+        return do if autostop.cancel_autostop(a, name)[2] else "unautostop-same"
 
     def plan(self, req: Request) -> Response:
         files = pages.experiment_files(self.app, self.app.settings.dashboard.experiments)
