@@ -18,6 +18,7 @@ from providers.base import (
     TAG_MANAGED_BY,
     AuthError,
     CapacityError,
+    ConfigurationError,
     InvalidRequest,
     LaunchRequest,
     MachineState,
@@ -130,6 +131,7 @@ def test_spot_cap_and_delete_on_eviction_reach_the_wire(emulator, provider):
 
 
 def test_an_image_from_options_or_request_is_used(emulator):
+    emulator.marketplace[("canonical", "ubuntu-24_04-lts", "server")] = ["24.04.202511050"]
     provider = make_provider(emulator, image="canonical:ubuntu-24_04-lts:server:latest")
     provider.launch(request())
     provider.launch(
@@ -151,6 +153,24 @@ def test_an_image_from_options_or_request_is_used(emulator):
         "version": "latest",
     }
     assert second["id"].endswith("/images/cuda/versions/1.0.0")
+
+
+def test_check_resolves_the_marketplace_image_and_says_when_it_is_gone(emulator, provider):
+    said = provider.probe()
+    assert "microsoft-dsvm:ubuntu-hpc:2204:latest resolves to version 22.04.2025111401" in said
+    emulator.marketplace.clear()  # the offer withdrawn from the marketplace
+    with pytest.raises(ConfigurationError, match="Artifact: VMImage was not found"):
+        provider.probe()
+
+
+def test_a_gone_image_fails_the_launch_before_anything_is_made(emulator):
+    provider = make_provider(emulator, image="microsoft-dsvm:ubuntu-hpc:1804:latest")
+    with pytest.raises(ConfigurationError, match=r"clouds\.azure\.image"):
+        provider.launch(request())
+    assert not emulator.vms and not emulator.nics and not emulator.public_ips
+    pinned = make_provider(emulator, image="microsoft-dsvm:ubuntu-hpc:2204:22.04.2025090801")
+    pinned.launch(request())  # a pinned version that exists: _Get, then the VM
+    assert len(emulator.vms) == 1
 
 
 def test_no_ssh_key_is_refused_before_anything_is_created(emulator, provider):

@@ -26,6 +26,7 @@ from providers.base import (
     TAG_MANAGED_BY_VALUE,
     AuthError,
     CapacityError,
+    ConfigurationError,
     Instance,
     InstanceRef,
     InvalidRequest,
@@ -220,7 +221,51 @@ class AzureProvider(Provider):
             raise err
         if err is not None:
             raise ProviderError(str(err).strip() or type(err).__name__)
-        return f"azure: OK, {self._credential_source()} reaches {self._where()}"
+        return (
+            f"azure: OK, {self._credential_source()} reaches {self._where()}; "
+            + self.image_status(self.regions[0])
+        )
+
+    def _check_image(self, region: str, image: str) -> None:
+        """Once per region and image in this process: a gone image fails the launch before a
+        public IP or NIC is made for it."""
+        key = (region, image)
+        checked: set[tuple[str, str]] = self.__dict__.setdefault("_images_checked", set())
+        if key not in checked:
+            self.image_status(region, image)
+            checked.add(key)
+
+    def image_status(self, region: str, image: str | None = None) -> str:
+        """The marketplace image resolved as a launch would (``VirtualMachineImages_List``,
+        newest version first, or ``_Get`` of a pinned version), in words. A marketplace image
+        that is gone answers 404 NotFound "Artifact: VMImage was not found." (as recorded in
+        Get-AzVMImageSku's and the Go SDK tests' answers): a :class:`ConfigurationError`, every
+        region of the cloud is out. An image resource id (custom, gallery) is not checked."""
+        source = image or self.options.image
+        ref = _image_reference(source)
+        if "id" in ref:
+            return f"image {source} (not checked: an image resource id)"
+        compute, _ = self._clients()
+        images = compute.virtual_machine_images
+        pub, offer, sku, version = ref["publisher"], ref["offer"], ref["sku"], ref["version"]
+        gone = ConfigurationError(
+            f"azure: marketplace image {source} is not offered in {region} (Artifact: VMImage "
+            "was not found): set clouds.azure.image to a current publisher:offer:sku:version",
+            code="NoImage",
+        )
+        try:
+            if version == "latest":
+                found = self.call(
+                    lambda: images.list(region, pub, offer, sku, top=1, orderby="name desc"),
+                    f"image {source}",
+                )
+                if not found:
+                    raise gone
+                return f"image {source} resolves to version {found[0].name} in {region}"
+            self.call(lambda: images.get(region, pub, offer, sku, version), f"image {source}")
+        except NotFound:
+            raise gone from None
+        return f"image {source} exists in {region}"
 
     def refusal(self, exc: ProviderError) -> str:
         source, where = self._credential_source(), self._where()
@@ -247,6 +292,7 @@ class AzureProvider(Provider):
         compute, network = self._clients()
         rg, name = self.resource_group, request.name
         vm_body = self._vm_body(request)  # validates before anything is created
+        self._check_image(request.region, request.image or self.options.image)
         create_ip = partial(
             network.public_ip_addresses.begin_create_or_update,
             rg,

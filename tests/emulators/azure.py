@@ -64,6 +64,12 @@ _SUBNET_ID = re.compile(
 )
 # Enums whose SDK list is frozen while ARM keeps adding values (new VM sizes).
 _OPEN_ENUMS = {"VirtualMachineSizeTypes"}
+_VM_IMAGES = re.compile(
+    r"^/providers/microsoft\.compute/locations/(?P<loc>[^/]+)/publishers/(?P<pub>[^/]+)"
+    r"/artifacttypes/vmimage/offers/(?P<offer>[^/]+)/skus/(?P<sku>[^/]+)/versions"
+    r"(?:/(?P<version>[^/]+))?$",
+    re.I,
+)
 _FILTER_CLAUSE = re.compile(r"^\s*(\w+)\s+(eq|ge|le)\s+'([^']*)'\s*$")
 _OPENID = re.compile(r"^/(?P<tenant>[^/]+)/v2\.0/\.well-known/openid-configuration$")
 _TOKEN = re.compile(r"^/(?P<tenant>[^/]+)/oauth2/v2\.0/token$")
@@ -261,6 +267,11 @@ class AzureEmulator:
         self.token = TOKEN
         self.page_size = page_size
         self.cost_records: list[dict] = []  # Cost Management's (tests/emulators/azure_cost.py)
+        # marketplace images (publisher, offer, sku) -> versions, in every location: the
+        # adapter's default, the Data Science VM team's Ubuntu 22.04 HPC image
+        self.marketplace: dict[tuple[str, str, str], list[str]] = {
+            ("microsoft-dsvm", "ubuntu-hpc", "2204"): ["22.04.2025090801", "22.04.2025111401"]
+        }
         self.prices_page_size = prices_page_size
         self.prices: list[dict] = list(prices)
         self.resource_groups = {rg.lower() for rg in resource_groups}
@@ -706,6 +717,36 @@ class AzureEmulator:
             raise ArmError(404, "SubscriptionNotFound", "The subscription was not found.")
         return self._route(method, m["rest"] or "", query, headers, body)
 
+    def _vm_images(self, m: re.Match[str], query: dict) -> tuple[int, dict[str, str], Any]:
+        """VirtualMachineImages_List / _Get (Request Path .../locations/{location}/publishers/
+        {publisherName}/artifacttypes/vmimage/offers/{offer}/skus/{skus}/versions[/{version}],
+        learn.microsoft.com Azure.ResourceManager.Compute GetVirtualMachineImages). The list is
+        a bare JSON array of {location, name, id}, and an image that is not offered answers 404
+        NotFound "Artifact: VMImage was not found." — both as recorded in public answers
+        (Get-AzVMImageSku's error output; a Go SDK test's recorded responses). ``$top`` and
+        ``$orderby=name desc`` as the list operation's parameters say. The version names are
+        the emulator's own."""
+        key = (m["pub"].lower(), m["offer"].lower(), m["sku"].lower())
+        versions = sorted(self.marketplace.get(key, []))
+        loc = m["loc"].lower()
+        if not versions:
+            raise ArmError(404, "NotFound", "Artifact: VMImage was not found.")
+        base = (
+            f"/Subscriptions/{self.subscription_id}/Providers/Microsoft.Compute/Locations/{loc}"
+            f"/Publishers/{m['pub']}/ArtifactTypes/VMImage/Offers/{m['offer']}/Skus/{m['sku']}"
+            "/Versions/"
+        )
+        if m["version"]:
+            if m["version"] not in versions:
+                raise ArmError(404, "NotFound", "Artifact: VMImage was not found.")
+            body = {"location": loc, "name": m["version"], "id": base + m["version"]}
+            return 200, {}, {**body, "properties": {"osImage": {"operatingSystem": "Linux"}}}
+        if "name desc" in str(query.get("$orderby", "")).lower():
+            versions.reverse()
+        if "$top" in query:
+            versions = versions[: int(query["$top"])]
+        return 200, {}, [{"location": loc, "name": v, "id": base + v} for v in versions]
+
     def _route(
         self,
         method: str,
@@ -725,6 +766,8 @@ class AzureEmulator:
                 return 200, {}, azure_cost.query(self.cost_records, query["api-version"], body)
             except azure_cost.QueryError as e:
                 raise _bad(e.message, "BadRequest") from None
+        if (m := _VM_IMAGES.match(rest)) and method == "GET":
+            return self._vm_images(m, query)
         m = _RG.match(rest)
         if not m:
             raise ArmError(404, "InvalidResourceType", f"Unknown path {rest}")
