@@ -1,10 +1,10 @@
 """The console entry point. ``provisioner status`` — the command a team runs most, often a new
 user's first — is answered here, when it can be, without Typer, SQLAlchemy or the ORM (~0.6 s of
 start-up on a 2-core machine, ~3/4 of `status` over 1,000 machines: bench/bench_status.py): a
-SQLite state at the current schema whose machines every cloud lists as recorded, so reconciling
-would write nothing. Settings are read with pydantic only when a file or variable asks for it or
+state at the current schema, SQLite (sqlite3) or PostgreSQL (psycopg, the driver SQLAlchemy
+uses), whose machines every cloud lists as recorded, so reconciling would write nothing. Settings are read with pydantic only when a file or variable asks for it or
 a cloud is to be asked. It reads and draws with :mod:`provisioner.fleet`, as the Typer command
-does. Anything else — a state to migrate or on PostgreSQL, a machine the clouds moved, a cloud
+does. Anything else — a state to migrate or on another database, a machine the clouds moved, a cloud
 that cannot be asked — goes to the Typer app (:mod:`provisioner.cli.main`), which reconciles and
 gives the same answer, or the error with its file, line or variable."""
 
@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from provisioner.location import HEARTBEAT_GRACE_SECONDS, plain_database_url
 from provisioner.schema import MachineStatus as S
-from provisioner.schema import current_sqlite, holds_none
+from provisioner.schema import current_postgres, current_sqlite, holds_none
 
 if TYPE_CHECKING:
     from provisioner.fleet import Sql
@@ -89,9 +89,10 @@ def _status(argv: list[str]) -> bool:
         except (ConfigError, ProvisionerError, OSError):
             return False  # the Typer app reports it, as for any command
         url = settings.database_url
-    conn = current_sqlite(url)
+    postgres = not url.startswith("sqlite")
+    conn = current_postgres(url) if postgres else current_sqlite(url)
     if conn is None:
-        return False  # PostgreSQL, or a state to migrate: SQLAlchemy's
+        return False  # a state to migrate, or a server to explain: SQLAlchemy's
     if holds_none(conn, all_):  # one query, and nothing more to load
         conn.close()
         from provisioner.console import no_machines, print_json, say
@@ -104,7 +105,7 @@ def _status(argv: list[str]) -> bool:
     from provisioner.fleet import Sql, read, show
 
     try:
-        sql = Sql(conn, postgres=False)
+        sql = Sql(conn, postgres=postgres)
         if refresh and not _as_recorded(sql, lambda: settings or _settings(config), clock.now):
             return False  # the clouds moved something: reconciling writes it (SQLAlchemy)
         now = clock.now()
@@ -122,8 +123,9 @@ def _status(argv: list[str]) -> bool:
 
 def _expected(e: Exception) -> bool:
     """The failures the Typer app reports in words: a state it cannot read (locked, damaged: a
-    value not of its type), settings to report, a cloud it cannot ask (its errors' module is
-    loaded by then: not imported here, it costs pydantic)."""
+    value not of its type; psycopg's errors when the state is on PostgreSQL), settings to
+    report, a cloud it cannot ask (its errors' module is loaded by then: not imported here, it
+    costs pydantic)."""
     import sqlite3
 
     from provisioner.errors import ConfigError, ProvisionerError
@@ -135,6 +137,8 @@ def _expected(e: Exception) -> bool:
         ConfigError,
         ProvisionerError,
     )
+    if "psycopg" in sys.modules:
+        kinds += (sys.modules["psycopg"].Error,)
     if "providers.base" in sys.modules:
         kinds += (sys.modules["providers.base"].ProviderError,)
     return isinstance(e, kinds)

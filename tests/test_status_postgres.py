@@ -1,0 +1,93 @@
+"""`status` of a team's PostgreSQL state answered as quickly as a laptop's SQLite one: psycopg
+and plain SQL, no SQLAlchemy, the same answer as the Typer command (bench/bench_status.py
+times both). Each test runs on SQLite and on PostgreSQL (``db_url``)."""
+
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+
+import pytest
+
+from tests.conftest import TEST_START, run_cli, sandbox_experiment, write_yaml
+from tests.test_cli import answered_both_ways, modules_loaded_by
+
+pytest_plugins = ["tests.cli_runner"]  # the `cli` fixture
+
+STATE = ("sqlalchemy", "alembic", "provisioner.state", "provisioner.models")
+
+
+@pytest.fixture
+def state_url(db_url, monkeypatch):
+    """The state where `status` finds it: PROVISIONER_STATE_URL (a schema of its own on the
+    PostgreSQL server), or the home's SQLite file."""
+    if db_url:
+        monkeypatch.setenv("PROVISIONER_STATE_URL", db_url)
+    return db_url
+
+
+def test_status_loads_no_sqlalchemy_while_the_clouds_agree(home, state_url):
+    """A state at the current schema is read with the database's own driver; a state to
+    create, or a machine the sandbox preempted, goes the full way, which writes it."""
+    import providers
+    from providers.base import InstanceRef
+
+    assert modules_loaded_by("status", prefixes=STATE)  # a new state: created and migrated
+    assert modules_loaded_by("status", prefixes=STATE) == []
+    assert run_cli("status", "-o", "json").stdout.strip() == "[]"
+    spec = write_yaml(home.parent / "exp.yaml", sandbox_experiment("one"))
+    assert run_cli("up", str(spec)).returncode == 0
+    assert modules_loaded_by("status", prefixes=STATE) == []
+    assert modules_loaded_by("status", "--all", "-o", "json", prefixes=STATE) == []
+    [machine] = json.loads(run_cli("status", "-o", "json").stdout)
+    assert (machine["name"], machine["status"]) == ("one", "running")
+    sandbox = providers.create("sandbox", {"db_path": str(home / "sandbox.db")})
+    sandbox.preempt(  # type: ignore[attr-defined]
+        InstanceRef(machine["instance_id"], machine["region"], machine["zone"])
+    )
+    sandbox.close()  # type: ignore[attr-defined]
+    assert "provisioner.models" in modules_loaded_by("status", prefixes=STATE)
+    [machine] = json.loads(run_cli("status", "-o", "json").stdout)
+    assert machine["status"] == "preempted"  # recorded: the next status reads it as it is
+    assert modules_loaded_by("status", prefixes=STATE) == []
+
+
+def test_status_says_what_the_full_command_says(cli, home, state_url, monkeypatch):
+    """Running, stopped, terminated and failed machines, costs at one instant, the failure's
+    reason: the quick answer is the Typer command's, byte for byte, table and JSON."""
+    import providers
+    from provisioner.clock import ShiftedClock
+
+    for n in ("m-a", "m-b", "m-c", "m-d"):
+        assert cli("up", str(write_yaml(home.parent / f"{n}.yml", sandbox_experiment(n)))).code == 0
+    assert cli("stop", "m-b").code == 0
+    assert cli("down", "m-c").code == 0
+    sandbox = providers.create("sandbox", {"db_path": str(home / "sandbox.db")})
+    sandbox.inject(auth_fail=True)  # type: ignore[attr-defined]
+    assert cli("up", str(write_yaml(home.parent / "e.yml", sandbox_experiment("m-e")))).code != 0
+    sandbox.inject(auth_fail=False)  # type: ignore[attr-defined]
+    sandbox.close()  # type: ignore[attr-defined]
+    later = TEST_START + timedelta(hours=5, seconds=7, microseconds=1)
+    monkeypatch.setattr(ShiftedClock, "now", lambda self: later)
+    answers = {
+        argv: answered_both_ways(cli, monkeypatch, *argv)
+        for argv in [
+            ("status",),
+            ("status", "--all"),
+            ("status", "-o", "json"),
+            ("status", "-a", "--no-refresh", "-o", "json"),
+            ("status", "--no-refresh"),
+        ]
+    }
+    shown = {
+        r["name"]: r for r in json.loads(answers["status", "-a", "--no-refresh", "-o", "json"].out)
+    }
+    assert {n: r["status"] for n, r in shown.items()} == {
+        "m-a": "running",
+        "m-b": "stopped",
+        "m-c": "terminated",
+        "m-d": "running",
+        "m-e": "failed",
+    }
+    assert shown["m-a"]["spent"] and shown["m-e"]["why"]
+    assert "m-c" not in answers["status",].out and "m-c" in answers["status", "--all"].out
