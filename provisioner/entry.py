@@ -2,10 +2,11 @@
 user's first — is answered here, when it can be, without Typer, SQLAlchemy or the ORM (~0.6 s of
 start-up on a 2-core machine, ~3/4 of `status` over 1,000 machines: bench/bench_status.py): a
 state at the current schema, SQLite (sqlite3) or PostgreSQL (psycopg, the driver SQLAlchemy
-uses), whose machines every cloud lists as recorded, so reconciling would write nothing. Settings are read with pydantic only when a file or variable asks for it or
-a cloud is to be asked. It reads and draws with :mod:`provisioner.fleet`, as the Typer command
-does. Anything else — a state to migrate or on another database, a machine the clouds moved, a cloud
-that cannot be asked — goes to the Typer app (:mod:`provisioner.cli.main`), which reconciles and
+uses), whose machines every cloud lists as recorded, so reconciling would write nothing.
+Settings are read with pydantic only when a file or variable asks for it or a cloud is to be
+asked. It reads and draws with :mod:`provisioner.fleet`, as the Typer command does. Anything
+else — a state to migrate, a server that refuses, a machine the clouds moved, a cloud that
+cannot be asked — goes to the Typer app (:mod:`provisioner.cli.main`), which reconciles and
 gives the same answer, or the error with its file, line or variable."""
 
 from __future__ import annotations
