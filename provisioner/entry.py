@@ -1,13 +1,13 @@
 """The console entry point. ``provisioner status`` — the command a team runs most, often a new
 user's first — is answered here, when it can be, without Typer, SQLAlchemy or the ORM (~0.6 s of
 start-up on a 2-core machine, ~3/4 of `status` over 1,000 machines: bench/bench_status.py): a
-state at the current schema, SQLite (sqlite3) or PostgreSQL (psycopg, the driver SQLAlchemy
-uses), whose machines every cloud lists as recorded, so reconciling would write nothing.
-Settings are read with pydantic only when a file or variable asks for it or a cloud is to be
-asked. It reads and draws with :mod:`provisioner.fleet`, as the Typer command does. Anything
-else — a state to migrate, a server that refuses, a machine the clouds moved, a cloud that
-cannot be asked — goes to the Typer app (:mod:`provisioner.cli.main`), which reconciles and
-gives the same answer, or the error with its file, line or variable."""
+state at the current schema, SQLite (sqlite3) or PostgreSQL (libpq, as psycopg calls it:
+:mod:`provisioner.pq`), whose machines every cloud lists as recorded, so reconciling would
+write nothing. Settings are read with pydantic only when a file or variable asks for it or a
+cloud is to be asked. It reads and draws with :mod:`provisioner.fleet`, as the Typer command
+does. Anything else — a state to migrate, a server that refuses, a machine the clouds moved, a
+cloud that cannot be asked — goes to the Typer app (:mod:`provisioner.cli.main`), which
+reconciles and gives the same answer, or the error with its file, line or variable."""
 
 from __future__ import annotations
 
@@ -124,7 +124,7 @@ def _status(argv: list[str]) -> bool:
 
 def _expected(e: Exception) -> bool:
     """The failures the Typer app reports in words: a state it cannot read (locked, damaged: a
-    value not of its type; psycopg's errors when the state is on PostgreSQL), settings to
+    value not of its type; libpq's errors when the state is on PostgreSQL), settings to
     report, a cloud it cannot ask (its errors' module is loaded by then: not imported here, it
     costs pydantic)."""
     import sqlite3
@@ -138,8 +138,8 @@ def _expected(e: Exception) -> bool:
         ConfigError,
         ProvisionerError,
     )
-    if "psycopg" in sys.modules:
-        kinds += (sys.modules["psycopg"].Error,)
+    if "provisioner.pq" in sys.modules:
+        kinds += (sys.modules["provisioner.pq"].Error,)
     if "providers.base" in sys.modules:
         kinds += (sys.modules["providers.base"].ProviderError,)
     return isinstance(e, kinds)

@@ -1,5 +1,5 @@
 """The state schema's revisions, read from the migration files themselves, and its vocabulary:
-the standard library only (and psycopg, for a state on PostgreSQL), so a command can tell
+the standard library only (and libpq, for a state on PostgreSQL), so a command can tell
 whether a database is current (and whether it holds any machine) before loading SQLAlchemy."""
 
 from __future__ import annotations
@@ -152,27 +152,24 @@ def current_sqlite(url: str) -> sqlite3.Connection | None:
 
 
 def current_postgres(url: str) -> Any | None:
-    """A read-only psycopg connection to a PostgreSQL state at the current schema, without
-    SQLAlchemy (~0.25 s of start-up and 600 modules): the URL as settings give it, which libpq
-    reads as SQLAlchemy's psycopg dialect passes it (user, password, host, port, database and
-    libpq options such as ``options`` or ``application_name`` in its query). None for anything
-    else (SQLite, an older schema, a server that refuses or is not there): the full way
-    migrates or explains."""
+    """A read-only connection (:mod:`provisioner.pq`: libpq, without psycopg's or SQLAlchemy's
+    start-up) to a PostgreSQL state at the current schema: the URL as settings give it, which
+    libpq reads as SQLAlchemy's psycopg dialect passes it (user, password, host, port,
+    database, and libpq's own options in its query, such as ``options`` or
+    ``application_name``). None for anything else (SQLite, an older schema, a server that
+    refuses or is not there, no libpq to load): the full way migrates or explains."""
     scheme, sep, rest = url.partition("://")
     if not sep or scheme not in ("postgresql", "postgresql+psycopg"):
         return None
+    from provisioner import pq
+
     try:
-        import psycopg
-    except ImportError:  # SQLAlchemy's driver missing: the full way says so
+        conn = pq.connect(f"postgresql://{rest}")
+    except pq.Error:
         return None
     try:
-        conn = psycopg.connect(f"postgresql://{rest}")
-    except (psycopg.Error, ValueError):  # ValueError: a URL libpq reads otherwise
-        return None
-    try:
-        conn.read_only = True  # nothing this path does writes; one transaction, as a session
         row = conn.execute("SELECT version_num FROM alembic_version").fetchone()
-    except psycopg.Error:
+    except pq.Error:
         row = None
     if row is None or row[0] != schema_head():
         conn.close()
@@ -193,15 +190,15 @@ def known_empty(url: str, all_: bool) -> bool:
 
 
 def holds_none(conn: Any, all_: bool) -> bool:
-    """Whether the state on ``conn`` (sqlite3's, or psycopg's from :func:`current_postgres`)
+    """Whether the state on ``conn`` (sqlite3's, or :func:`current_postgres`'s)
     holds no machine to show (any, with ``all_``)."""
     import sqlite3
 
     errors: tuple[type[Exception], ...] = (sqlite3.Error,)
     if not isinstance(conn, sqlite3.Connection):
-        import psycopg
+        from provisioner import pq
 
-        errors = (psycopg.Error,)
+        errors = (pq.Error,)
     where = "" if all_ else f" WHERE status NOT IN {ACTIVE_EXCLUDED!r}"
     try:
         (machines,) = conn.execute(f"SELECT count(*) FROM machines{where}").fetchone()
