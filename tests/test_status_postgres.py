@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from datetime import timedelta
+from decimal import Decimal
 
 import pytest
 
@@ -91,3 +92,35 @@ def test_status_says_what_the_full_command_says(cli, home, state_url, monkeypatc
     }
     assert shown["m-a"]["spent"] and shown["m-e"]["why"]
     assert "m-c" not in answers["status",].out and "m-c" in answers["status", "--all"].out
+
+
+def test_libpq_reads_values_as_psycopg_does(db_url):
+    """provisioner.pq gives each type the value psycopg gives (what the full way reads):
+    integers, exact decimals, aware and naive times, JSON, booleans, text, NULL, parameters."""
+    if not db_url:
+        pytest.skip("PostgreSQL only")
+    import psycopg
+
+    from provisioner import pq
+
+    query = (
+        "SELECT 1::int4, 9007199254740993::int8, 3.10::numeric, (SELECT sum(2::int8)),"
+        " '2026-11-02 09:00:00.5+02'::timestamptz, '2026-11-02 09:00'::timestamp,"
+        """ '{"a": [1, "é"]}'::json, '{"b": null}'::jsonb, true, 'naïve ''q''', NULL::text,"""
+        " %s::int8 + 1, %s::text, %s::timestamptz"
+    )
+    params = (2**40, "m-1", TEST_START)
+    conn = pq.connect(db_url)
+    try:
+        ours = conn.execute(query, params).fetchall()
+    finally:
+        conn.close()
+    with psycopg.connect(db_url) as c:
+        theirs = c.execute(query, params).fetchall()
+    assert ours == theirs
+    assert ours[0][2] == Decimal("3.10") and ours[0][4].utcoffset() == timedelta(0)
+    assert len(ours[0]) == 14 and ours[0][10] is None and ours[0][11] == 2**40 + 1
+    conn = pq.connect(db_url)
+    with pytest.raises(pq.Error):  # the full way explains
+        conn.execute("SELECT * FROM no_such_table")
+    conn.close()
