@@ -28,10 +28,6 @@ class Error(Exception):
     """libpq refused or failed: the full way says why, in words."""
 
 
-def _text(v: bytes) -> str:
-    return v.decode()
-
-
 #: How each type's text form reads, by OID (PostgreSQL's src/include/catalog/pg_type.dat);
 #: any other type is kept as text.
 _READ: dict[int, Any] = {
@@ -183,10 +179,18 @@ def _param(v: Any) -> bytes | None:
 
 
 def _rows(lib: Any, res: int) -> list[tuple[Any, ...]]:
-    fields = range(lib.PQnfields(res))
-    read = [_READ.get(lib.PQftype(res, f), _text) for f in fields]
+    """Every row, read column by column: one libpq call a value (NULL and '' both come back
+    empty: only those are asked which they are)."""
+    rows = range(lib.PQntuples(res))
     get, isnull = lib.PQgetvalue, lib.PQgetisnull
-    return [
-        tuple(None if isnull(res, r, f) else read[f](get(res, r, f)) for f in fields)
-        for r in range(lib.PQntuples(res))
-    ]
+    columns = []
+    for f in range(lib.PQnfields(res)):
+        read = _READ.get(lib.PQftype(res, f))
+        values = [get(res, r, f) for r in rows]
+        columns.append(
+            [
+                None if not v and isnull(res, r, f) else v.decode() if read is None else read(v)
+                for r, v in zip(rows, values, strict=True)
+            ]
+        )
+    return list(zip(*columns, strict=True)) if columns else [() for _ in rows]
