@@ -11,6 +11,7 @@ reconciles and gives the same answer, or the error with its file, line or variab
 
 from __future__ import annotations
 
+import json
 import sys
 from collections.abc import Callable
 from datetime import datetime, timedelta
@@ -109,6 +110,8 @@ def _status(argv: list[str]) -> bool:
         sql = Sql(conn, postgres=postgres)
         if refresh and not _as_recorded(sql, lambda: settings or _settings(config), clock.now):
             return False  # the clouds moved something: reconciling writes it (SQLAlchemy)
+        if refresh and not _jobs_quiet(sql):
+            return False  # a job to ask about or a run to start: the full way does both
         now = clock.now()
         grace = settings.scheduler.heartbeat_grace_seconds if settings else HEARTBEAT_GRACE_SECONDS
         fleet = read(sql, all_=all_, now=now, seen_since=now - timedelta(seconds=grace))
@@ -177,3 +180,41 @@ def _as_recorded(sql: Sql, settings: Callable[[], Settings], now: Callable[[], d
             if inst is None or observed(inst, public_ip) != (status, public_ip):
                 return False  # to write, or to ask about directly (not listed)
     return True
+
+
+#: provisioner.machines.jobs's event kinds (not imported: it loads SQLAlchemy).
+_STARTED, _FINISHED, _FAILED, _DUE, _RUN = (
+    "job-started",
+    "job-finished",
+    "job-failed",
+    "run-due",
+    "run",
+)
+
+
+def _jobs_quiet(sql: Sql) -> bool:
+    """Whether :func:`provisioner.jobs.finish.check`, which the full way runs after reconciling,
+    would find nothing to do: no live machine with a job its events say still runs (more
+    starts than ends), and no running machine whose experiment's ``run`` is due (the rule of
+    :func:`provisioner.machines.jobs.run_due`: its latest ``run-due``, or no start or failure
+    of its ``run`` since)."""
+    live = f"SELECT id FROM machines WHERE status IN ('{S.RUNNING}', '{S.PENDING}')"
+    runs: dict[str, int] = {}
+    mark: dict[str, str] = {}  # each machine's latest event that decides whether its run is due
+    for mid, kind, detail in sql.all(
+        "SELECT machine_id, kind, detail FROM events WHERE kind IN (?, ?, ?, ?)"
+        f" AND machine_id IN ({live}) ORDER BY id",
+        [_STARTED, _FINISHED, _FAILED, _DUE],
+    ):
+        runs[mid] = runs.get(mid, 0) + {_STARTED: 1, _FINISHED: -1}.get(kind, 0)
+        job = (json.loads(detail) if isinstance(detail, str | bytes) else detail or {}).get("job")
+        if kind == _DUE or (kind in (_STARTED, _FAILED) and job == _RUN):
+            mark[mid] = kind
+    if any(n > 0 for n in runs.values()):
+        return False
+    key = "spec->>'{}'" if sql.postgres else "json_extract(spec, '$.{}')"
+    with_run = sql.all(
+        f"SELECT id FROM machines WHERE status = '{S.RUNNING}' AND"
+        f" ({key.format('run')} IS NOT NULL OR {key.format('setup')} IS NOT NULL)"
+    )
+    return all(mark.get(mid, _DUE) != _DUE for (mid,) in with_run)

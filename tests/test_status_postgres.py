@@ -124,3 +124,20 @@ def test_libpq_reads_values_as_psycopg_does(db_url):
     with pytest.raises(pq.Error):  # the full way explains
         conn.execute("SELECT * FROM no_such_table")
     conn.close()
+
+
+def test_status_with_a_job_to_ask_about_goes_the_full_way(home, state_url):
+    """The full way asks a machine about its jobs the events say still run (and records their
+    end, with ``on_finish``): the quick answer, which would not, steps aside while one does;
+    once its end is recorded `status` is quick again."""
+    spec = write_yaml(home.parent / "exp.yaml", sandbox_experiment("one"))
+    assert run_cli("up", str(spec)).returncode == 0
+    assert modules_loaded_by("status", prefixes=STATE) == []
+    ex = run_cli("exec", "one", "--", "true")
+    assert ex.returncode == 0 and ex.stdout.strip() == "exec-1", ex.stderr
+    assert "provisioner.models" in modules_loaded_by("status", prefixes=STATE)
+    assert modules_loaded_by("status", "--no-refresh", prefixes=STATE) == []  # asks nobody
+    followed = run_cli("logs", "one", "--job", "exec-1", "-f")
+    assert followed.returncode == 0 and "job exec-1: exited 0" in followed.stderr
+    run_cli("status")  # records the end, if following did not
+    assert modules_loaded_by("status", prefixes=STATE) == []
