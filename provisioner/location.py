@@ -32,6 +32,7 @@ FIELDS = (
     "home",
     "timezone",
     "teams",
+    "notify",
 )
 
 
