@@ -27,6 +27,7 @@ def state_url(db_url, monkeypatch):
     return db_url
 
 
+@pytest.mark.slow  # ~10 fresh interpreters
 def test_status_loads_no_sqlalchemy_while_the_clouds_agree(home, state_url):
     """A state at the current schema is read with the database's own driver; a state to
     create, or a machine the sandbox preempted, goes the full way, which writes it."""
@@ -126,6 +127,7 @@ def test_libpq_reads_values_as_psycopg_does(db_url):
     conn.close()
 
 
+@pytest.mark.slow  # ~10 fresh interpreters
 def test_status_with_a_job_to_ask_about_goes_the_full_way(home, state_url):
     """The full way asks a machine about its jobs the events say still run (and records their
     end, with ``on_finish``): the quick answer, which would not, steps aside while one does;
