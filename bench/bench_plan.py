@@ -2,15 +2,25 @@
 over synthetic zones with varied prices), written as refreshed per-cloud catalogs, then planned
 for configs/examples/experiment.yaml as ``provisioner plan`` does (read the experiment's GPU
 family, count the rest, rank). Side by side in the same run: reading every row into offers (the
-format's full cost) and a bare ``csv.reader`` pass over the same files (the floor).
+format's full cost) and a bare ``csv.reader`` pass over the same files (the floor); then
+``provisioner plan`` as a user runs it, a whole fresh process (start-up included; after one
+warm-up run that writes the bytecode caches an install has), beside ``python -c pass``: the
+median wall and CPU time of ``--runs`` processes.
 
-    .venv/bin/python bench/bench_plan.py
+    .venv/bin/python bench/bench_plan.py [--runs 5]
 """
 
 from __future__ import annotations
 
+import argparse
 import csv
+import json
+import os
 import random
+import resource
+import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from collections import defaultdict
@@ -55,7 +65,24 @@ def best(fn, runs: int = 3) -> tuple[float, object]:
     return min(times), result
 
 
+def command(cmd: list[str], env: dict[str, str], runs: int) -> tuple[float, float]:
+    """The median wall and CPU time (user + system) of ``runs`` fresh processes."""
+    walls, cpus = [], []
+    subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, check=True)
+    for _ in range(runs):
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        t = time.perf_counter()
+        subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, check=True)
+        walls.append(time.perf_counter() - t)
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpus.append(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime)
+    return statistics.median(walls), statistics.median(cpus)
+
+
 def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--runs", type=int, default=5)
+    args = ap.parse_args()
     experiment = load_experiment(ROOT / "configs/examples/experiment.yaml")
     clouds = [c for c in providers.CLOUDS if c != "sandbox"]
     base = catalog.load(Settings(home=Path(tempfile.mkdtemp())), clouds)
@@ -64,11 +91,32 @@ def main() -> None:
         f"{'offers':>8} {'csv.reader s':>13} {'read all s':>11} {'plan s':>8} "
         f"{'converted':>10} {'candidates':>11}"
     )
-    for n in (10_000, 100_000):
-        measure(n, base, experiment, clouds)
+    homes = {n: measure(n, base, experiment, clouds) for n in (10_000, 100_000)}
+    env = {k: v for k, v in os.environ.items() if not k.upper().startswith("PROVISIONER_")}
+    env.pop("PYTHONDONTWRITEBYTECODE", None)  # as installed: modules load from bytecode
+    env.update(PYTHONPATH=str(ROOT), PROVISIONER_CLOCK="2026-11-02T09:00:00+00:00")
+    print(
+        f"nproc {os.cpu_count()}; load average {os.getloadavg()[0]:.2f} before;"
+        f" median of {args.runs} fresh processes"
+    )
+    print(f"{'command':<40} {'wall s':>7} {'CPU s':>7} {'CPU × python':>13}")
+    wall, python = command([sys.executable, "-c", "pass"], env, args.runs)
+    print(f"{'python -c pass':<40} {wall:>7.3f} {python:>7.3f} {1:>13.1f}")
+    for n, home in homes.items():
+        cfg = home / "settings.yaml"
+        cfg.write_text(
+            f"home: {json.dumps(str(home))}\nclouds: {json.dumps({c: {} for c in clouds})}\n"
+        )
+        cmd = [sys.executable, "-m", "provisioner", "-c", str(cfg), "plan"]
+        wall, cpu = command([*cmd, str(ROOT / "configs/examples/experiment.yaml")], env, args.runs)
+        print(
+            f"{f'provisioner plan, {n:,} offers':<40} {wall:>7.3f} {cpu:>7.3f}"
+            f" {cpu / python:>13.1f}"
+        )
+    print(f"load average {os.getloadavg()[0]:.2f} after")
 
 
-def measure(n: int, base: list, experiment, clouds: list[str]) -> None:
+def measure(n: int, base: list, experiment, clouds: list[str]) -> Path:
     home = Path(tempfile.mkdtemp())
     by_cloud = defaultdict(list)
     for o in synthetic(n, base):
@@ -96,6 +144,7 @@ def measure(n: int, base: list, experiment, clouds: list[str]) -> None:
         f"{n:>8} {t_floor:>13.3f} {t_all:>11.3f} {t_plan:>8.3f} {converted:>10} "
         f"{len(p.candidates):>11}"
     )
+    return home
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 beside `python -c pass` and `provisioner --help` measured in the same run (the anchors).
 
     .venv/bin/python bench/bench_status.py [--runs 7] [--machines 0 1000 10000] [--source DIR]
+        [--database-url postgresql://USER@HOST:PORT/DB]
 
 Each state is a SQLite file in a home of its own (``PROVISIONER_HOME``, no settings file: a new
 user's set-up), filled with bulk inserts: running sandbox machines in USD and RUB, each with an
@@ -9,6 +10,10 @@ open compute and disk interval and a closed earlier one, every tenth relaunched 
 preemption (its cost is summed across both launches). The sandbox cloud holds the same
 instances, so `status` (which asks the clouds first) finds each machine as recorded: it measures
 provisioner's work, the list call being local. `--no-refresh` skips asking the clouds.
+With ``--database-url`` each state is also written to PostgreSQL (a schema ``bench_<n>`` of
+that database, dropped and made again; ``PROVISIONER_STATE_URL`` names it, beside a home of its
+own for the sandbox) and `status` on it is timed beside SQLite's: the ratio is the wall time
+(the server's CPU is not the command's) and the command's CPU time.
 Prints the median wall and CPU time of N runs (after a warm-up run, which writes bytecode
 caches as an install does: with $PYTHONDONTWRITEBYTECODE every run would compile the project
 from source) and the 10x growth ratio.
@@ -39,14 +44,24 @@ RATES = [("USD", "0.52"), ("USD", "3.06"), ("USD", "32.77"), ("RUB", "142.50"), 
 GPUS = [("T4", 1, "g4dn.xlarge"), ("A100", 8, "p4d.24xlarge"), ("H100", 8, "p5.48xlarge")]
 
 
-def populate(home: Path, n: int) -> None:
+def pg_schema(url: str, n: int) -> str:
+    """A new schema ``bench_<n>`` in the database ``url`` names: the URL that uses it."""
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(f"DROP SCHEMA IF EXISTS bench_{n} CASCADE")
+        conn.execute(f"CREATE SCHEMA bench_{n}")
+    return f"{url}{'&' if '?' in url else '?'}options=-csearch_path%3Dbench_{n}"
+
+
+def populate(home: Path, n: int, url: str | None = None) -> None:
     from sqlalchemy import insert
 
     from provisioner.app import App
     from provisioner.models import Event, Machine, UsageInterval, epoch_us
     from provisioner.settings import Settings
 
-    app = App(Settings(home=home))
+    app = App(Settings(home=home, state_url=url))
     machines, usage, events, instances = [], [], [], []
     for i in range(n):
         cur, rate = RATES[i % len(RATES)]
@@ -123,7 +138,7 @@ def populate(home: Path, n: int) -> None:
         instances.append(
             (iid, f"exp-{i}", f"tok-{i}", "sandbox-1", "sandbox-1a", itype, gpu, count, 1,
              "stop", "running", None, json.dumps(labels), None, start.isoformat(),
-             row["public_ip"])
+             row["public_ip"], None)
         )  # fmt: skip
     with app.db.engine.begin() as conn:
         if machines:
@@ -135,7 +150,7 @@ def populate(home: Path, n: int) -> None:
     sandbox.close()  # type: ignore[attr-defined]
     app.close()
     with sqlite3.connect(home / "sandbox.db") as db:
-        db.executemany(f"INSERT INTO machines VALUES ({', '.join('?' * 16)})", instances)
+        db.executemany(f"INSERT INTO machines VALUES ({', '.join('?' * 17)})", instances)
 
 
 def timed(cmd: list[str], env: dict[str, str], runs: int) -> tuple[float, float, str]:
@@ -163,6 +178,7 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=7)
     ap.add_argument("--machines", type=int, nargs="+", default=[0, 1_000, 10_000])
     ap.add_argument("--source", default=str(ROOT), help="the checkout whose provisioner runs")
+    ap.add_argument("--database-url", help="PostgreSQL too: postgresql://USER@HOST:PORT/DB")
     args = ap.parse_args()
     py = sys.executable
     status = [py, "-m", "provisioner", "status"]
@@ -172,44 +188,69 @@ def main() -> None:
     base.pop("PYTHONDONTWRITEBYTECODE", None)  # as installed: modules load from bytecode
     base["PROVISIONER_CLOCK"] = NOW.isoformat()
     base["PYTHONPATH"] = args.source  # also the working directory: `-m provisioner` is its
-    homes = {}
+    backends = ["SQLite"] + (["PostgreSQL"] if args.database_url else [])
+    envs: dict[tuple[str, int], dict[str, str]] = {}
     for n in args.machines:
-        homes[n] = Path(tempfile.mkdtemp()) / "home"
-        t = time.perf_counter()
-        populate(homes[n], n)
-        print(f"built a state of {n:,} live machines in {time.perf_counter() - t:.1f} s")
-    anchor_env = {**base, "PROVISIONER_HOME": homes[args.machines[0]].as_posix()}
-    print(f"load average {os.getloadavg()[0]:.2f}; median of {args.runs} fresh processes")
-    print(f"{'command':<44} {'wall s':>7} {'CPU s':>7} {'CPU × python':>13}")
+        for backend in backends:
+            home = Path(tempfile.mkdtemp()) / "home"
+            env = {**base, "PROVISIONER_HOME": home.as_posix()}
+            if backend == "PostgreSQL":
+                env["PROVISIONER_STATE_URL"] = pg_schema(args.database_url, n)
+            t = time.perf_counter()
+            populate(home, n, env.get("PROVISIONER_STATE_URL"))
+            print(
+                f"built a {backend} state of {n:,} live machines in {time.perf_counter() - t:.1f} s"
+            )
+            envs[backend, n] = env
+    anchor_env = envs["SQLite", args.machines[0]]
+    print(
+        f"nproc {os.cpu_count()}; load average {os.getloadavg()[0]:.2f} before;"
+        f" median of {args.runs} fresh processes"
+    )
+    print(f"{'command':<56} {'wall s':>7} {'CPU s':>7} {'CPU × python':>13}")
     python, python_cpu, _ = timed([py, "-c", "pass"], anchor_env, args.runs)
 
     def show(label: str, wall: float, cpu: float) -> None:
-        print(f"{label:<44} {wall:>7.3f} {cpu:>7.3f} {cpu / python_cpu:>13.1f}")
+        print(f"{label:<56} {wall:>7.3f} {cpu:>7.3f} {cpu / python_cpu:>13.1f}")
 
     show("python -c pass", python, python_cpu)
     show(
         "provisioner --help", *timed([py, "-m", "provisioner", "--help"], anchor_env, args.runs)[:2]
     )
-    cpus: dict[tuple[int, bool], float] = {}
+    cpus: dict[tuple[str, int, bool], float] = {}
+    walls: dict[tuple[str, int, bool], float] = {}
     for n in args.machines:
-        env = {**base, "PROVISIONER_HOME": homes[n].as_posix()}
         for refresh in (True, False):
             if n == 0 and not refresh:
                 continue
-            cmd = status if refresh else [*status, "--no-refresh"]
-            wall, cpu, out = timed(cmd, env, args.runs)
-            rows = len(out.splitlines()) - 1 if n else 0
-            assert rows == n, (n, rows, out[-500:])  # every machine drawn, none asked away
-            cpus[n, refresh] = cpu
-            show(f"status, {n:,} machines" + ("" if refresh else " --no-refresh"), wall, cpu)
+            for backend in backends:
+                cmd = status if refresh else [*status, "--no-refresh"]
+                wall, cpu, out = timed(cmd, envs[backend, n], args.runs)
+                rows = len(out.splitlines()) - 1 if n else 0
+                assert rows == n, (n, rows, out[-500:])  # every machine drawn, none asked away
+                cpus[backend, n, refresh], walls[backend, n, refresh] = cpu, wall
+                label = f"status, {n:,} machines" + ("" if refresh else " --no-refresh")
+                show(f"{label}, {backend}", wall, cpu)
+    print(f"load average {os.getloadavg()[0]:.2f} after")
     for refresh in (True, False):
-        sizes = sorted(n for n, r in cpus if r == refresh and n)
+        sizes = sorted({n for _, n, r in cpus if r == refresh and n})
         for small, big in itertools.pairwise(sizes):
-            growth = cpus[big, refresh] / cpus[small, refresh]
+            growth = cpus["SQLite", big, refresh] / cpus["SQLite", small, refresh]
             print(
                 f"{big:,} / {small:,} machines"
                 + ("" if refresh else " (--no-refresh)")
-                + f": {growth:.2f}x the CPU time"
+                + f", SQLite: {growth:.2f}x the CPU time"
+            )
+    if "PostgreSQL" in backends:
+        for (_, n, refresh), wall in walls.items():
+            if _ != "PostgreSQL":
+                continue
+            key = ("SQLite", n, refresh)
+            print(
+                f"PostgreSQL / SQLite, status, {n:,} machines"
+                + ("" if refresh else " --no-refresh")
+                + f": {wall / walls[key]:.2f}x the wall time,"
+                f" {cpus['PostgreSQL', n, refresh] / cpus[key]:.2f}x the CPU time"
             )
 
 

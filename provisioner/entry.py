@@ -1,15 +1,17 @@
 """The console entry point. ``provisioner status`` — the command a team runs most, often a new
 user's first — is answered here, when it can be, without Typer, SQLAlchemy or the ORM (~0.6 s of
 start-up on a 2-core machine, ~3/4 of `status` over 1,000 machines: bench/bench_status.py): a
-SQLite state at the current schema whose machines every cloud lists as recorded, so reconciling
-would write nothing. Settings are read with pydantic only when a file or variable asks for it or
-a cloud is to be asked. It reads and draws with :mod:`provisioner.fleet`, as the Typer command
-does. Anything else — a state to migrate or on PostgreSQL, a machine the clouds moved, a cloud
-that cannot be asked — goes to the Typer app (:mod:`provisioner.cli.main`), which reconciles and
-gives the same answer, or the error with its file, line or variable."""
+state at the current schema, SQLite (sqlite3) or PostgreSQL (libpq, as psycopg calls it:
+:mod:`provisioner.pq`), whose machines every cloud lists as recorded, so reconciling would
+write nothing. Settings are read with pydantic only when a file or variable asks for it or a
+cloud is to be asked. It reads and draws with :mod:`provisioner.fleet`, as the Typer command
+does. Anything else — a state to migrate, a server that refuses, a machine the clouds moved, a
+cloud that cannot be asked — goes to the Typer app (:mod:`provisioner.cli.main`), which
+reconciles and gives the same answer, or the error with its file, line or variable."""
 
 from __future__ import annotations
 
+import json
 import sys
 from collections.abc import Callable
 from datetime import datetime, timedelta
@@ -17,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from provisioner.location import HEARTBEAT_GRACE_SECONDS, plain_database_url
 from provisioner.schema import MachineStatus as S
-from provisioner.schema import current_sqlite, holds_none
+from provisioner.schema import current_postgres, current_sqlite, holds_none
 
 if TYPE_CHECKING:
     from provisioner.fleet import Sql
@@ -89,9 +91,10 @@ def _status(argv: list[str]) -> bool:
         except (ConfigError, ProvisionerError, OSError):
             return False  # the Typer app reports it, as for any command
         url = settings.database_url
-    conn = current_sqlite(url)
+    postgres = not url.startswith("sqlite")
+    conn = current_postgres(url) if postgres else current_sqlite(url)
     if conn is None:
-        return False  # PostgreSQL, or a state to migrate: SQLAlchemy's
+        return False  # a state to migrate, or a server to explain: SQLAlchemy's
     if holds_none(conn, all_):  # one query, and nothing more to load
         conn.close()
         from provisioner.console import no_machines, print_json, say
@@ -104,9 +107,11 @@ def _status(argv: list[str]) -> bool:
     from provisioner.fleet import Sql, read, show
 
     try:
-        sql = Sql(conn, postgres=False)
+        sql = Sql(conn, postgres=postgres)
         if refresh and not _as_recorded(sql, lambda: settings or _settings(config), clock.now):
             return False  # the clouds moved something: reconciling writes it (SQLAlchemy)
+        if refresh and not _jobs_quiet(sql):
+            return False  # a job to ask about or a run to start: the full way does both
         now = clock.now()
         grace = settings.scheduler.heartbeat_grace_seconds if settings else HEARTBEAT_GRACE_SECONDS
         fleet = read(sql, all_=all_, now=now, seen_since=now - timedelta(seconds=grace))
@@ -122,8 +127,9 @@ def _status(argv: list[str]) -> bool:
 
 def _expected(e: Exception) -> bool:
     """The failures the Typer app reports in words: a state it cannot read (locked, damaged: a
-    value not of its type), settings to report, a cloud it cannot ask (its errors' module is
-    loaded by then: not imported here, it costs pydantic)."""
+    value not of its type; libpq's errors when the state is on PostgreSQL), settings to
+    report, a cloud it cannot ask (its errors' module is loaded by then: not imported here, it
+    costs pydantic)."""
     import sqlite3
 
     from provisioner.errors import ConfigError, ProvisionerError
@@ -135,6 +141,8 @@ def _expected(e: Exception) -> bool:
         ConfigError,
         ProvisionerError,
     )
+    if "provisioner.pq" in sys.modules:
+        kinds += (sys.modules["provisioner.pq"].Error,)
     if "providers.base" in sys.modules:
         kinds += (sys.modules["providers.base"].ProviderError,)
     return isinstance(e, kinds)
@@ -172,3 +180,41 @@ def _as_recorded(sql: Sql, settings: Callable[[], Settings], now: Callable[[], d
             if inst is None or observed(inst, public_ip) != (status, public_ip):
                 return False  # to write, or to ask about directly (not listed)
     return True
+
+
+#: provisioner.machines.jobs's event kinds (not imported: it loads SQLAlchemy).
+_STARTED, _FINISHED, _FAILED, _DUE, _RUN = (
+    "job-started",
+    "job-finished",
+    "job-failed",
+    "run-due",
+    "run",
+)
+
+
+def _jobs_quiet(sql: Sql) -> bool:
+    """Whether :func:`provisioner.jobs.finish.check`, which the full way runs after reconciling,
+    would find nothing to do: no live machine with a job its events say still runs (more
+    starts than ends), and no running machine whose experiment's ``run`` is due (the rule of
+    :func:`provisioner.machines.jobs.run_due`: its latest ``run-due``, or no start or failure
+    of its ``run`` since)."""
+    live = f"SELECT id FROM machines WHERE status IN ('{S.RUNNING}', '{S.PENDING}')"
+    runs: dict[str, int] = {}
+    mark: dict[str, str] = {}  # each machine's latest event that decides whether its run is due
+    for mid, kind, detail in sql.all(
+        "SELECT machine_id, kind, detail FROM events WHERE kind IN (?, ?, ?, ?)"
+        f" AND machine_id IN ({live}) ORDER BY id",
+        [_STARTED, _FINISHED, _FAILED, _DUE],
+    ):
+        runs[mid] = runs.get(mid, 0) + {_STARTED: 1, _FINISHED: -1}.get(kind, 0)
+        job = (json.loads(detail) if isinstance(detail, str | bytes) else detail or {}).get("job")
+        if kind == _DUE or (kind in (_STARTED, _FAILED) and job == _RUN):
+            mark[mid] = kind
+    if any(n > 0 for n in runs.values()):
+        return False
+    key = "spec->>'{}'" if sql.postgres else "json_extract(spec, '$.{}')"
+    with_run = sql.all(
+        f"SELECT id FROM machines WHERE status = '{S.RUNNING}' AND"
+        f" ({key.format('run')} IS NOT NULL OR {key.format('setup')} IS NOT NULL)"
+    )
+    return all(mark.get(mid, _DUE) != _DUE for (mid,) in with_run)

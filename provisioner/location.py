@@ -33,6 +33,7 @@ FIELDS = (
     "home",
     "timezone",
     "teams",
+    "notify",
 )
 
 

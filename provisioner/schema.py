@@ -1,6 +1,6 @@
 """The state schema's revisions, read from the migration files themselves, and its vocabulary:
-the standard library only, so a command can tell whether a database is current (and whether it
-holds any machine) before loading SQLAlchemy."""
+the standard library only (and libpq, for a state on PostgreSQL), so a command can tell
+whether a database is current (and whether it holds any machine) before loading SQLAlchemy."""
 
 from __future__ import annotations
 
@@ -151,6 +151,32 @@ def current_sqlite(url: str) -> sqlite3.Connection | None:
     return conn
 
 
+def current_postgres(url: str) -> Any | None:
+    """A read-only connection (:mod:`provisioner.pq`: libpq, without psycopg's or SQLAlchemy's
+    start-up) to a PostgreSQL state at the current schema: the URL as settings give it, which
+    libpq reads as SQLAlchemy's psycopg dialect passes it (user, password, host, port,
+    database, and libpq's own options in its query, such as ``options`` or
+    ``application_name``). None for anything else (SQLite, an older schema, a server that
+    refuses or is not there, no libpq to load): the full way migrates or explains."""
+    scheme, sep, rest = url.partition("://")
+    if not sep or scheme not in ("postgresql", "postgresql+psycopg"):
+        return None
+    from provisioner import pq
+
+    try:
+        conn = pq.connect(f"postgresql://{rest}")
+    except pq.Error:
+        return None
+    try:
+        row = conn.execute("SELECT version_num FROM alembic_version").fetchone()
+    except pq.Error:
+        row = None
+    if row is None or row[0] != schema_head():
+        conn.close()
+        return None
+    return conn
+
+
 def known_empty(url: str, all_: bool) -> bool:
     """Whether a SQLite state at the current schema holds no machine to show, asked in one
     query with the standard library (:func:`current_sqlite`)."""
@@ -163,13 +189,19 @@ def known_empty(url: str, all_: bool) -> bool:
         conn.close()
 
 
-def holds_none(conn: sqlite3.Connection, all_: bool) -> bool:
-    """Whether the state on ``conn`` holds no machine to show (any, with ``all_``)."""
+def holds_none(conn: Any, all_: bool) -> bool:
+    """Whether the state on ``conn`` (sqlite3's, or :func:`current_postgres`'s)
+    holds no machine to show (any, with ``all_``)."""
     import sqlite3
 
+    errors: tuple[type[Exception], ...] = (sqlite3.Error,)
+    if not isinstance(conn, sqlite3.Connection):
+        from provisioner import pq
+
+        errors = (pq.Error,)
     where = "" if all_ else f" WHERE status NOT IN {ACTIVE_EXCLUDED!r}"
     try:
         (machines,) = conn.execute(f"SELECT count(*) FROM machines{where}").fetchone()
-    except sqlite3.Error:
+    except errors:
         return False
     return bool(machines == 0)

@@ -27,6 +27,7 @@ ORDER = [
     "provisioner.location",  # where settings and state live: the standard library only
     "provisioner.settings",
     "provisioner.spec",
+    "provisioner.pq",  # libpq through ctypes: status's reads of a PostgreSQL state
     "provisioner.schema",  # the migrations' revisions, without SQLAlchemy
     "provisioner.fleet",  # the fleet as `status` lists it: plain SQL, no ORM
     "provisioner.models",  # every table
