@@ -42,6 +42,7 @@ from http import HTTPStatus
 from http.cookies import SimpleCookie
 from pathlib import Path
 from typing import Any
+from zoneinfo import ZoneInfo
 from urllib.parse import parse_qsl, urlencode, urlsplit
 
 from provisioner import bill, budget, notify, render, reports, tokens
@@ -72,7 +73,6 @@ _CSRF_RE = re.compile(r"[A-Za-z0-9_-]{32,128}")
 # tabs and newlines from a URL, so "/\t/host" is "//host")
 _BACK_RE = re.compile(r"/(?![/\\])[^\\\x00-\x20\x7f]*")
 MAX_FORM = 256 * 1024  # a pasted experiment file is a few kB
-REFRESH_SECONDS = 30
 FLEET_SECONDS = 15  # a fleet page serves every request within this slice of the clock
 SPEND_SECONDS = 300  # spend and budget standings: a pass over a big ledger takes a while
 CACHE_ENTRIES = 64
@@ -336,6 +336,8 @@ class Dashboard:
             )
         if req.path.startswith("/static/"):
             return _static(req.path.removeprefix("/static/"))
+        if req.path == "/favicon.ico":  # every browser asks; no icon, and nothing secret
+            return Response(status=204, headers=[("Cache-Control", "max-age=86400")])
         if req.path == "/lang":
             return self.set_language(req)
         if req.method == "POST" and (refused := self._cross_site(req)):
@@ -607,6 +609,7 @@ class Dashboard:
         here = req.path + (
             ("?" + req.environ["QUERY_STRING"]) if req.environ.get("QUERY_STRING") else ""
         )
+        zone = ZoneInfo(self.app.settings.timezone)  # the team's, where no calendar says
         html = self.env.get_template(name).render(
             f=f,
             rate=lambda amount, currency: rate_text(f, amount, currency),
@@ -619,7 +622,9 @@ class Dashboard:
             csrf=req.csrf,
             auth=not self.open,
             now=self.now(),
-            when=lambda at, tz=None: pages.when(f, at, self.now(), tz),
+            when=lambda at, tz=None: pages.when(f, at, self.now(), tz or zone),
+            at=lambda at, tz=None: _at(pages.when(f, at, self.now(), tz or zone), at),
+            utc=_utc,
             svg=svg,
             **kw,
         )
@@ -636,7 +641,7 @@ class Dashboard:
             req,
             "fleet.html",
             fleet=data,
-            refresh=REFRESH_SECONDS,
+            spark_step=fleet_view.SPARK_STEP,
             section="fleet",
         )
 
@@ -766,6 +771,19 @@ def _static(name: str) -> Response:
         return missing
     ctype = mimetypes.guess_type(path.name)[0] or "application/octet-stream"
     return Response(path.read_bytes(), ctype=ctype, headers=[("Cache-Control", "max-age=3600")])
+
+
+def _utc(at: datetime) -> str:
+    return at.astimezone(ZoneInfo("UTC")).strftime("%Y-%m-%d %H:%M UTC")
+
+
+def _at(text: str, at: datetime) -> Any:
+    """A time in the team's zone, the same instant in UTC on hover."""
+    from markupsafe import Markup, escape
+
+    return Markup(
+        f'<time datetime="{escape(at.isoformat())}" title="{escape(_utc(at))}">{escape(text)}</time>'
+    )
 
 
 def rate_text(f: render.Fmt, amount: Any, currency: str | None) -> str:
