@@ -751,3 +751,92 @@ def test_the_command_serves_the_dashboard_on_loopback(home):
     finally:
         proc.terminate()
         proc.wait(30)
+
+
+# --- fits, stays put, accessible ------------------------------------------------------------
+
+AXE = Path(__file__).resolve().parent / "vendor" / "axe-core" / "axe.min.js"  # npm axe-core
+
+
+def window(drv, width: int, height: int, scale: float) -> None:
+    """What a ``width`` × ``height`` window shows at browser zoom ``scale``: a viewport of
+    width/scale CSS pixels drawn at ``scale`` device pixels each (as Ctrl-+ does, media
+    queries included)."""
+    drv.execute_cdp_cmd(
+        "Emulation.setDeviceMetricsOverride",
+        {
+            "width": round(width / scale),
+            "height": round(height / scale),
+            "deviceScaleFactor": scale,
+            "mobile": False,
+        },
+    )
+
+
+def axe_problems(drv) -> list[str]:
+    """axe-core's critical and serious violations on the page shown: rule, impact, elements."""
+    drv.set_script_timeout(120)
+    drv.execute_script(AXE.read_text())
+    found = drv.execute_async_script(
+        "const done = arguments[arguments.length - 1];"
+        "axe.run(document, {resultTypes: ['violations']}).then("
+        " r => done(r.violations.map(v => [v.id, v.impact,"
+        "  v.nodes.slice(0, 3).map(n => n.target.join(' ')).join(', ')])),"
+        " e => done([['axe-failed', 'critical', String(e)]]));"
+    )
+    return [" ".join(v) for v in found if v[1] in ("critical", "serious")]
+
+
+@pytest.mark.slow  # a real browser
+def test_the_fleet_fits_1280_and_150_percent_stays_put_and_axe_finds_nothing_serious(
+    served, browser, screens
+):
+    from selenium.webdriver.common.by import By
+
+    base, a, pdir = served
+    drv = browser
+    for width, height, scale, name in ((1280, 800, 1.0, "fit-1280"), (1280, 800, 1.5, "fit-150")):
+        window(drv, width, height, scale)
+        drv.get(base + "/")
+        sizes = drv.execute_script(
+            "const t = document.getElementById('fleet');"
+            "return [t.scrollWidth, t.parentElement.clientWidth,"
+            " document.documentElement.scrollWidth, document.documentElement.clientWidth,"
+            " Math.max(...[...t.querySelectorAll('th, td')].map("
+            "  c => c.getBoundingClientRect().right))];"
+        )
+        table, box, page, view, right = sizes
+        # nothing to scroll sideways: the table in its box, the page in the window, every
+        # cell's right edge inside the window
+        assert table <= box and page <= view and right <= view, (name, sizes)
+        drv.save_screenshot(str(screens / f"{name}.png"))
+        drv.execute_script("document.getElementById('fleet').scrollIntoView()")
+        drv.save_screenshot(str(screens / f"{name}-table.png"))
+        train = drv.find_element(By.CSS_SELECTOR, 'tr[data-machine="train-a"]')
+        for shown in ("train-a", "demo", "ana@example.com", "spot", "$90.50", "19:20"):
+            assert shown in train.text, (name, shown, train.text)
+    drv.execute_cdp_cmd("Emulation.clearDeviceMetricsOverride", {})
+
+    # no meta refresh: nothing reloads under a reader; a link reloads, keeping the filter
+    drv.get(base + "/?project=demo")
+    assert not drv.find_elements(By.CSS_SELECTOR, 'meta[http-equiv="refresh"]')
+    assert drv.find_element(By.ID, "refresh").get_attribute("href").endswith("/?project=demo")
+    assert "as of 10:00 UTC" in drv.find_element(By.ID, "updated").text
+    # the team's time zone (the policy calendar's), the same instant in UTC on hover
+    nxt = drv.find_element(By.CSS_SELECTOR, 'tr[data-machine="train-a"] td.next time')
+    assert nxt.text == "19:20 Europe/Berlin"
+    assert nxt.get_attribute("title") == "2026-11-26 18:20 UTC"
+
+    problems = {}
+    for path in ("/", "/spend?budget=demo-budget", "/machine/train-a", "/machine/seg-2", "/plan"):
+        drv.get(base + path)
+        problems[path] = axe_problems(drv)
+    assert problems == {path: [] for path in problems}
+    # the Plan page with a result on it
+    drv.find_element(By.ID, "plan-text").send_keys(
+        "name: try\nproject: demo\nowner: ana@example.com\nresources:\n  gpu: T4:1\n"
+        "  market: spot\n  clouds: [sandbox]\n"
+    )
+    go(drv, drv.find_element(By.ID, "plan-go"))
+    assert drv.find_elements(By.CSS_SELECTOR, "#candidates tbody tr")
+    assert axe_problems(drv) == [], "/plan with candidates"
