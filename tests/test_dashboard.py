@@ -607,7 +607,7 @@ def test_each_page_in_chromium_matches_the_report(served, browser, home, screens
     assert "19:20 Europe/Berlin" in train.text
     # cost so far, by hand: 577 h (Nov 2 09:00 → Nov 26 10:00) at 0.15 USD/h, plus the
     # 50 GB disk at 0.10 USD per GB-month: 86.55 + 3.95 USD
-    assert train.find_element(By.CSS_SELECTOR, "td.cost").text == "$90.50"
+    assert train.find_element(By.CSS_SELECTOR, ".cost").text == "$90.50"
     shoot(drv, screens, "fleet")
     # filter by project, then follow a machine link
     Select(drv.find_element(By.ID, "filter-project")).select_by_value("vision")
