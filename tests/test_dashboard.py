@@ -793,7 +793,7 @@ def test_the_fleet_fits_1280_and_150_percent_stays_put_and_axe_finds_nothing_ser
 ):
     from selenium.webdriver.common.by import By
 
-    base, a, pdir = served
+    base, _, _ = served
     drv = browser
     for width, height, scale, name in ((1280, 800, 1.0, "fit-1280"), (1280, 800, 1.5, "fit-150")):
         window(drv, width, height, scale)

@@ -44,7 +44,9 @@ def test_times_are_the_teams_with_utc_on_hover(berlin, clock):
     ), page
     assert "09:00 UTC<" not in page  # never shown as the text, only in the title
     _, _, fleet = call(make_app(berlin), "/")
-    assert re.search(r'id="updated">as of <time [^>]*title="2026-11-02 10:00 UTC">11:00 Europe', fleet)
+    assert re.search(
+        r'id="updated">as of <time [^>]*title="2026-11-02 10:00 UTC">11:00 Europe', fleet
+    )
 
 
 def test_a_sparkline_breaks_where_the_agent_was_silent_and_has_a_time_axis(berlin, clock):
@@ -84,7 +86,7 @@ def test_points_a_step_apart_make_one_line():
 def test_the_favicon_answers_without_a_login(home, clock):
     a = App(make_settings(home), clock)
     wsgi = make_app(a, listen="0.0.0.0:8765", token="s3cret-token-of-the-team")
-    status, headers, body = call(wsgi, "/favicon.ico")
+    status, _, body = call(wsgi, "/favicon.ico")
     assert status == 204 and body == ""
     assert call(wsgi, "/")[0] == 303  # the pages still need the login
     a.close()

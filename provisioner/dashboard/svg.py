@@ -4,6 +4,7 @@ burn-down. No script, no library, nothing fetched; presentation attributes and C
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
@@ -82,7 +83,7 @@ def sparkline(
 
 def _median_gap(points: Sequence[tuple[datetime, float | None]]) -> timedelta:
     """The usual time between two points (zero when there are fewer than two)."""
-    gaps = sorted(b[0] - a[0] for a, b in zip(points, points[1:], strict=False))
+    gaps = sorted(b[0] - a[0] for a, b in itertools.pairwise(points))
     return gaps[len(gaps) // 2] if gaps else timedelta(0)
 
 

@@ -42,8 +42,8 @@ from http import HTTPStatus
 from http.cookies import SimpleCookie
 from pathlib import Path
 from typing import Any
-from zoneinfo import ZoneInfo
 from urllib.parse import parse_qsl, urlencode, urlsplit
+from zoneinfo import ZoneInfo
 
 from provisioner import bill, budget, notify, render, reports, tokens
 from provisioner.app import App
@@ -781,9 +781,8 @@ def _at(text: str, at: datetime) -> Any:
     """A time in the team's zone, the same instant in UTC on hover."""
     from markupsafe import Markup, escape
 
-    return Markup(
-        f'<time datetime="{escape(at.isoformat())}" title="{escape(_utc(at))}">{escape(text)}</time>'
-    )
+    iso, utc = escape(at.isoformat()), escape(_utc(at))
+    return Markup(f'<time datetime="{iso}" title="{utc}">{escape(text)}</time>')
 
 
 def rate_text(f: render.Fmt, amount: Any, currency: str | None) -> str:
