@@ -840,3 +840,31 @@ def test_the_fleet_fits_1280_and_150_percent_stays_put_and_axe_finds_nothing_ser
     go(drv, drv.find_element(By.ID, "plan-go"))
     assert drv.find_elements(By.CSS_SELECTOR, "#candidates tbody tr")
     assert axe_problems(drv) == [], "/plan with candidates"
+
+
+@pytest.mark.slow  # a real browser
+def test_the_fleet_updates_in_place_keeping_scroll_and_focus(served, browser, clock):
+    """live.js: the page's live parts swapped for fresh ones, the reader left where they were;
+    nothing swapped while they are in a form."""
+    from selenium.webdriver.common.by import By
+
+    base, _, _ = served
+    drv = browser
+    window(drv, 1280, 400, 1.0)  # a short window: the reader scrolls down to the table
+    drv.get(base + "/")
+    updated = drv.find_element(By.ID, "updated").text
+    assert "10:00 UTC" in updated
+    drv.execute_script("window.scrollTo(0, 200)")
+    y = drv.execute_script("return window.scrollY")
+    assert y == 200
+    clock.advance(timedelta(minutes=1))  # the server's clock: a fresh fleet
+    # in a form (a filter focused): nothing is swapped under the reader
+    drv.find_element(By.ID, "filter-owner").click()
+    assert drv.execute_async_script("window.provisionerRefresh().then(arguments[0])") is False
+    assert drv.find_element(By.ID, "updated").text == updated
+    drv.execute_script("document.activeElement.blur(); window.scrollTo(0, arguments[0])", y)
+    assert drv.execute_async_script("window.provisionerRefresh().then(arguments[0])") is True
+    assert "10:01 UTC" in drv.find_element(By.ID, "updated").text
+    assert drv.execute_script("return window.scrollY") == y  # still where the reader was
+    assert len(drv.find_elements(By.CSS_SELECTOR, "#fleet tbody tr")) == 4
+    drv.execute_cdp_cmd("Emulation.clearDeviceMetricsOverride", {})

@@ -80,7 +80,8 @@ GZIP_FROM = 2048  # bytes: smaller pages are not worth compressing
 HEADERS = [
     (
         "Content-Security-Policy",
-        "default-src 'none'; style-src 'self'; img-src 'self' data:; form-action 'self'; "
+        "default-src 'none'; style-src 'self'; script-src 'self'; connect-src 'self'; "
+        "img-src 'self' data:; form-action 'self'; "
         "frame-ancestors 'none'; base-uri 'none'",
     ),
     ("X-Content-Type-Options", "nosniff"),
