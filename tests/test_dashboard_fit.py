@@ -45,7 +45,7 @@ def test_times_are_the_teams_with_utc_on_hover(berlin, clock):
     assert "09:00 UTC<" not in page  # never shown as the text, only in the title
     _, _, fleet = call(make_app(berlin), "/")
     assert re.search(
-        r'id="updated">as of <time [^>]*title="2026-11-02 10:00 UTC">11:00 Europe', fleet
+        r'id="updated"[^>]*>as of <time [^>]*title="2026-11-02 10:00 UTC">11:00 Europe', fleet
     )
 
 
