@@ -815,6 +815,13 @@ def test_the_fleet_fits_1280_and_150_percent_stays_put_and_axe_finds_nothing_ser
         train = drv.find_element(By.CSS_SELECTOR, 'tr[data-machine="train-a"]')
         for shown in ("train-a", "demo", "ana@example.com", "spot", "$90.50", "19:20"):
             assert shown in train.text, (name, shown, train.text)
+    window(drv, 400, 900, 1.0)  # a phone: each machine a card, the page never wider than it
+    drv.get(base + "/")
+    wide = drv.execute_script(
+        "return [document.documentElement.scrollWidth, document.documentElement.clientWidth]"
+    )
+    assert wide[0] <= wide[1], wide
+    drv.save_screenshot(str(screens / "fit-400.png"))
     drv.execute_cdp_cmd("Emulation.clearDeviceMetricsOverride", {})
 
     # no meta refresh: nothing reloads under a reader; a link reloads, keeping the filter
@@ -831,6 +838,11 @@ def test_the_fleet_fits_1280_and_150_percent_stays_put_and_axe_finds_nothing_ser
     for path in ("/", "/spend?budget=demo-budget", "/machine/train-a", "/machine/seg-2", "/plan"):
         drv.get(base + path)
         problems[path] = axe_problems(drv)
+    drv.get(base + "/lang?to=ru&back=/")  # the Russian pages too
+    for path in ("/", "/spend?budget=vision-budget"):
+        drv.get(base + path)
+        problems["ru " + path] = axe_problems(drv)
+    drv.get(base + "/lang?to=en&back=/plan")
     assert problems == {path: [] for path in problems}
     # the Plan page with a result on it
     drv.find_element(By.ID, "plan-text").send_keys(
