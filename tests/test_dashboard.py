@@ -879,4 +879,13 @@ def test_the_fleet_updates_in_place_keeping_scroll_and_focus(served, browser, cl
     assert "10:01 UTC" in drv.find_element(By.ID, "updated").text
     assert drv.execute_script("return window.scrollY") == y  # still where the reader was
     assert len(drv.find_elements(By.CSS_SELECTOR, "#fleet tbody tr")) == 4
+    # the spend page too: its figures and its time, the reader's place kept
+    drv.get(base + "/spend?budget=demo-budget")
+    assert "10:01 UTC" in drv.find_element(By.ID, "spend-asof").text
+    drv.execute_script("window.scrollTo(0, 300)")
+    clock.advance(timedelta(minutes=10))  # past the spend page's five-minute cache
+    assert drv.execute_async_script("window.provisionerRefresh().then(arguments[0])") is True
+    assert "10:11 UTC" in drv.find_element(By.ID, "spend-asof").text
+    assert drv.execute_script("return window.scrollY") == 300
+    assert drv.find_element(By.ID, "total").text.startswith("$")
     drv.execute_cdp_cmd("Emulation.clearDeviceMetricsOverride", {})
