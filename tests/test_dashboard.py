@@ -625,7 +625,10 @@ def test_each_page_in_chromium_matches_the_report(served, browser, home, screens
     shoot(drv, screens, "machine")
     drv.get(base + "/machine/train-a")  # a running one: its heartbeats, newest first
     beats = drv.find_elements(By.CSS_SELECTOR, "#heartbeats tbody tr")
-    assert len(beats) == 24 and beats[0].text.startswith("09:55 UTC")  # today: the time alone
+    # today: the time alone, in the demo-budget calendar's zone (Berlin), UTC on hover
+    assert len(beats) == 24 and beats[0].text.startswith("10:55 Europe/Berlin")
+    first = beats[0].find_element(By.TAG_NAME, "time")
+    assert first.get_attribute("title") == "2026-11-26 09:55 UTC"
     assert drv.find_elements(By.CSS_SELECTOR, "svg.sparkline polyline")
     shoot(drv, screens, "machine-running")
 

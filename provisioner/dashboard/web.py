@@ -604,13 +604,17 @@ class Dashboard:
             self._cache[k] = value
         return value
 
-    def page(self, req: Request, name: str, status: int = 200, **kw: Any) -> Response:
+    def page(
+        self, req: Request, name: str, status: int = 200, tz: ZoneInfo | None = None, **kw: Any
+    ) -> Response:
+        """``name`` rendered; its times in ``tz`` (a machine's policy calendar), else the
+        team's (``timezone`` in settings)."""
         lang = self.language(req)
         f = render.Fmt(lang)
         here = req.path + (
             ("?" + req.environ["QUERY_STRING"]) if req.environ.get("QUERY_STRING") else ""
         )
-        zone = ZoneInfo(self.app.settings.timezone)  # the team's, where no calendar says
+        zone = tz or ZoneInfo(self.app.settings.timezone)
         html = self.env.get_template(name).render(
             f=f,
             rate=lambda amount, currency: rate_text(f, amount, currency),
@@ -694,7 +698,8 @@ class Dashboard:
         data = fleet_view.machine_page(self.app, self.now(), key)
         if data is None:
             return self.page(req, "error.html", status=404, message=self.t(req, "dash_not_found"))
-        return self.page(req, "machine.html", m=data.machine, d=data, section="fleet")
+        zone = _calendar_zone(self.app, data.machine)
+        return self.page(req, "machine.html", m=data.machine, d=data, section="fleet", tz=zone)
 
     def plan(self, req: Request) -> Response:
         files = pages.experiment_files(self.app, self.app.settings.dashboard.experiments)
@@ -772,6 +777,18 @@ def _static(name: str) -> Response:
         return missing
     ctype = mimetypes.guess_type(path.name)[0] or "application/octet-stream"
     return Response(path.read_bytes(), ctype=ctype, headers=[("Cache-Control", "max-age=3600")])
+
+
+def _calendar_zone(app: App, m: Any) -> ZoneInfo | None:
+    """The time zone of the policy calendar a machine's idle rules follow, as on the fleet
+    (None: none, or rules that cannot be read; the fleet says why)."""
+    from provisioner.jobs.sweep import RuleBook
+
+    try:
+        rules = RuleBook(app.policies).for_machine(m)
+    except (ProvisionerError, ValueError):
+        return None
+    return next((c.calendar.tz for c in rules.idle if c.calendar is not None), None)
 
 
 def _utc(at: datetime) -> str:
