@@ -607,7 +607,7 @@ def test_each_page_in_chromium_matches_the_report(served, browser, home, screens
     assert "19:20 Europe/Berlin" in train.text
     # cost so far, by hand: 577 h (Nov 2 09:00 → Nov 26 10:00) at 0.15 USD/h, plus the
     # 50 GB disk at 0.10 USD per GB-month: 86.55 + 3.95 USD
-    assert train.find_element(By.CSS_SELECTOR, "td.cost").text == "$90.50"
+    assert train.find_element(By.CSS_SELECTOR, ".cost").text == "$90.50"
     shoot(drv, screens, "fleet")
     # filter by project, then follow a machine link
     Select(drv.find_element(By.ID, "filter-project")).select_by_value("vision")
@@ -625,7 +625,10 @@ def test_each_page_in_chromium_matches_the_report(served, browser, home, screens
     shoot(drv, screens, "machine")
     drv.get(base + "/machine/train-a")  # a running one: its heartbeats, newest first
     beats = drv.find_elements(By.CSS_SELECTOR, "#heartbeats tbody tr")
-    assert len(beats) == 24 and beats[0].text.startswith("09:55 UTC")  # today: the time alone
+    # today: the time alone, in the demo-budget calendar's zone (Berlin), UTC on hover
+    assert len(beats) == 24 and beats[0].text.startswith("10:55 Europe/Berlin")
+    first = beats[0].find_element(By.TAG_NAME, "time")
+    assert first.get_attribute("title") == "2026-11-26 09:55 UTC"
     assert drv.find_elements(By.CSS_SELECTOR, "svg.sparkline polyline")
     shoot(drv, screens, "machine-running")
 
@@ -751,3 +754,141 @@ def test_the_command_serves_the_dashboard_on_loopback(home):
     finally:
         proc.terminate()
         proc.wait(30)
+
+
+# --- fits, stays put, accessible ------------------------------------------------------------
+
+AXE = Path(__file__).resolve().parent / "vendor" / "axe-core" / "axe.min.js"  # npm axe-core
+
+
+def window(drv, width: int, height: int, scale: float) -> None:
+    """What a ``width`` × ``height`` window shows at browser zoom ``scale``: a viewport of
+    width/scale CSS pixels drawn at ``scale`` device pixels each (as Ctrl-+ does, media
+    queries included)."""
+    drv.execute_cdp_cmd(
+        "Emulation.setDeviceMetricsOverride",
+        {
+            "width": round(width / scale),
+            "height": round(height / scale),
+            "deviceScaleFactor": scale,
+            "mobile": False,
+        },
+    )
+
+
+def axe_problems(drv) -> list[str]:
+    """axe-core's critical and serious violations on the page shown: rule, impact, elements."""
+    drv.set_script_timeout(120)
+    drv.execute_script(AXE.read_text())
+    found = drv.execute_async_script(
+        "const done = arguments[arguments.length - 1];"
+        "axe.run(document, {resultTypes: ['violations']}).then("
+        " r => done(r.violations.map(v => [v.id, v.impact,"
+        "  v.nodes.slice(0, 3).map(n => n.target.join(' ')).join(', ')])),"
+        " e => done([['axe-failed', 'critical', String(e)]]));"
+    )
+    return [" ".join(v) for v in found if v[1] in ("critical", "serious")]
+
+
+@pytest.mark.slow  # a real browser
+def test_the_fleet_fits_1280_and_150_percent_stays_put_and_axe_finds_nothing_serious(
+    served, browser, screens
+):
+    from selenium.webdriver.common.by import By
+
+    base, _, _ = served
+    drv = browser
+    for width, height, scale, name in ((1280, 800, 1.0, "fit-1280"), (1280, 800, 1.5, "fit-150")):
+        window(drv, width, height, scale)
+        drv.get(base + "/")
+        sizes = drv.execute_script(
+            "const t = document.getElementById('fleet');"
+            "return [t.scrollWidth, t.parentElement.clientWidth,"
+            " document.documentElement.scrollWidth, document.documentElement.clientWidth,"
+            " Math.max(...[...t.querySelectorAll('th, td')].map("
+            "  c => c.getBoundingClientRect().right))];"
+        )
+        table, box, page, view, right = sizes
+        # nothing to scroll sideways: the table in its box, the page in the window, every
+        # cell's right edge inside the window
+        assert table <= box and page <= view and right <= view, (name, sizes)
+        drv.save_screenshot(str(screens / f"{name}.png"))
+        drv.execute_script("document.getElementById('fleet').scrollIntoView()")
+        drv.save_screenshot(str(screens / f"{name}-table.png"))
+        train = drv.find_element(By.CSS_SELECTOR, 'tr[data-machine="train-a"]')
+        for shown in ("train-a", "demo", "ana@example.com", "spot", "$90.50", "19:20"):
+            assert shown in train.text, (name, shown, train.text)
+    window(drv, 400, 900, 1.0)  # a phone: each machine a card, the page never wider than it
+    drv.get(base + "/")
+    wide = drv.execute_script(
+        "return [document.documentElement.scrollWidth, document.documentElement.clientWidth]"
+    )
+    assert wide[0] <= wide[1], wide
+    drv.save_screenshot(str(screens / "fit-400.png"))
+    drv.execute_cdp_cmd("Emulation.clearDeviceMetricsOverride", {})
+
+    # no meta refresh: nothing reloads under a reader; a link reloads, keeping the filter
+    drv.get(base + "/?project=demo")
+    assert not drv.find_elements(By.CSS_SELECTOR, 'meta[http-equiv="refresh"]')
+    assert drv.find_element(By.ID, "refresh").get_attribute("href").endswith("/?project=demo")
+    assert "as of 10:00 UTC" in drv.find_element(By.ID, "updated").text
+    # the team's time zone (the policy calendar's), the same instant in UTC on hover
+    nxt = drv.find_element(By.CSS_SELECTOR, 'tr[data-machine="train-a"] td.next time')
+    assert nxt.text == "19:20 Europe/Berlin"
+    assert nxt.get_attribute("title") == "2026-11-26 18:20 UTC"
+
+    problems = {}
+    for path in ("/", "/spend?budget=demo-budget", "/machine/train-a", "/machine/seg-2", "/plan"):
+        drv.get(base + path)
+        problems[path] = axe_problems(drv)
+    drv.get(base + "/lang?to=ru&back=/")  # the Russian pages too
+    for path in ("/", "/spend?budget=vision-budget"):
+        drv.get(base + path)
+        problems["ru " + path] = axe_problems(drv)
+    drv.get(base + "/lang?to=en&back=/plan")
+    assert problems == {path: [] for path in problems}
+    # the Plan page with a result on it
+    drv.find_element(By.ID, "plan-text").send_keys(
+        "name: try\nproject: demo\nowner: ana@example.com\nresources:\n  gpu: T4:1\n"
+        "  market: spot\n  clouds: [sandbox]\n"
+    )
+    go(drv, drv.find_element(By.ID, "plan-go"))
+    assert drv.find_elements(By.CSS_SELECTOR, "#candidates tbody tr")
+    assert axe_problems(drv) == [], "/plan with candidates"
+
+
+@pytest.mark.slow  # a real browser
+def test_the_fleet_updates_in_place_keeping_scroll_and_focus(served, browser, clock):
+    """live.js: the page's live parts swapped for fresh ones, the reader left where they were;
+    nothing swapped while they are in a form."""
+    from selenium.webdriver.common.by import By
+
+    base, _, _ = served
+    drv = browser
+    window(drv, 1280, 400, 1.0)  # a short window: the reader scrolls down to the table
+    drv.get(base + "/")
+    updated = drv.find_element(By.ID, "updated").text
+    assert "10:00 UTC" in updated
+    drv.execute_script("window.scrollTo(0, 200)")
+    y = drv.execute_script("return window.scrollY")
+    assert y == 200
+    clock.advance(timedelta(minutes=1))  # the server's clock: a fresh fleet
+    # in a form (a filter focused): nothing is swapped under the reader
+    drv.find_element(By.ID, "filter-owner").click()
+    assert drv.execute_async_script("window.provisionerRefresh().then(arguments[0])") is False
+    assert drv.find_element(By.ID, "updated").text == updated
+    drv.execute_script("document.activeElement.blur(); window.scrollTo(0, arguments[0])", y)
+    assert drv.execute_async_script("window.provisionerRefresh().then(arguments[0])") is True
+    assert "10:01 UTC" in drv.find_element(By.ID, "updated").text
+    assert drv.execute_script("return window.scrollY") == y  # still where the reader was
+    assert len(drv.find_elements(By.CSS_SELECTOR, "#fleet tbody tr")) == 4
+    # the spend page too: its figures and its time, the reader's place kept
+    drv.get(base + "/spend?budget=demo-budget")
+    assert "10:01 UTC" in drv.find_element(By.ID, "spend-asof").text
+    drv.execute_script("window.scrollTo(0, 300)")
+    clock.advance(timedelta(minutes=10))  # past the spend page's five-minute cache
+    assert drv.execute_async_script("window.provisionerRefresh().then(arguments[0])") is True
+    assert "10:11 UTC" in drv.find_element(By.ID, "spend-asof").text
+    assert drv.execute_script("return window.scrollY") == 300
+    assert drv.find_element(By.ID, "total").text.startswith("$")
+    drv.execute_cdp_cmd("Emulation.clearDeviceMetricsOverride", {})

@@ -70,7 +70,7 @@ def test_each_machine_costs_the_same_in_status_and_on_its_pages(both):
     listed = {m["name"]: m for m in run("status", "--no-refresh")}
     fleet = page("/")
     costs = dict(
-        re.findall(r'<tr data-machine="([^"]+)">.*?<td class="n cost"[^>]*>(.*?)</td>', fleet, re.S)
+        re.findall(r'<tr data-machine="([^"]+)">.*?<span class="cost">(.*?)</span>', fleet, re.S)
     )
     assert sorted(costs) == sorted(listed) == ["eval-ru", "seg-1", "seg-2", "train-a"]
     total: dict[str, Decimal] = {}
@@ -152,7 +152,7 @@ def test_a_relaunched_machine_costs_every_launch_on_its_pages_as_in_status(cli, 
     (spent,) = d["spent"]
     wsgi = make_app(a)
     _, _, fleet = call(wsgi, "/")
-    assert cells(fleet, r'<td class="n cost"[^>]*>(.*?)</td>') == [money_text(spent)]
+    assert cells(fleet, r'<span class="cost">(.*?)</span>') == [money_text(spent)]
     _, _, page = call(wsgi, "/machine/spot")
     assert cells(page, r'<dd id="machine-spent">(.*?)</dd>') == [money_text(spent)]
     parts = [amount(c) for c in cells(page, r'class="n part-cost"[^>]*>(.*?)</td>')]

@@ -4,9 +4,10 @@ burn-down. No script, no library, nothing fetched; presentation attributes and C
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable, Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 from decimal import Decimal
 from html import escape
 
@@ -22,19 +23,32 @@ def sparkline(
     height: int = 24,
     label: str = "",
     scale: bool = False,
+    step: timedelta | None = None,
+    times: tuple[str, str] | None = None,
 ) -> Markup:
     """Max GPU utilisation (0–100 %) over [start, end): a line per run of known values; an
-    agent that saw no GPU (None) breaks the line. ``scale``: with 0/50/100 % grid lines and
-    their labels (a chart to read, not a glance in a table row)."""
+    agent that saw no GPU (None) breaks the line, and so does silence: two points more than
+    two ``step`` apart (default: the median gap between points) are not joined, so hours
+    without heartbeats show as a gap, not a straight line. ``scale``: with 0/50/100 % grid
+    lines and their labels (a chart to read, not a glance in a table row); ``times``: the
+    start and end labels of its time axis, drawn under it."""
     left = 40 if scale else 0
     top = 6 if scale else 1
-    plot_w, bottom = width - left, height - (7 if scale else 1)
+    axis = 16 if times else 0
+    height += axis
+    plot_w, bottom = width - left, height - axis - (7 if scale else 1)
     span = (end - start).total_seconds() or 1.0
+    gap = 2 * (step or _median_gap(points)).total_seconds()
     runs: list[list[str]] = [[]]
+    last: datetime | None = None
     for at, util in points:
         if util is None:
             runs.append([])
+            last = None
             continue
+        if last is not None and gap and (at - last).total_seconds() > gap:
+            runs.append([])
+        last = at
         x = left + (at - start).total_seconds() / span * plot_w
         y = bottom - max(0.0, min(util, 100.0)) / 100 * (bottom - top)
         runs[-1].append(f"{_n(x)},{_n(y)}")
@@ -52,12 +66,25 @@ def sparkline(
                 f'<text class="spark-axis" x="{left - 6}" y="{gy}" text-anchor="end" '
                 f'dominant-baseline="middle">{pct} %</text>'
             )
+    if times:
+        ty = height - 3
+        grid += (
+            f'<text class="spark-axis spark-start" x="{left}" y="{ty}">{escape(times[0])}</text>'
+            f'<text class="spark-axis spark-end" x="{width}" y="{ty}" text-anchor="end">'
+            f"{escape(times[1])}</text>"
+        )
     return Markup(
         f'<svg class="sparkline" viewBox="0 0 {width} {height}" width="{width}" '
         f'height="{height}" role="img" aria-label="{escape(label)}">{grid}'
         f'<path class="spark-base" d="M{left} {bottom}H{width}"/>'
         f"{lines}</svg>"
     )
+
+
+def _median_gap(points: Sequence[tuple[datetime, float | None]]) -> timedelta:
+    """The usual time between two points (zero when there are fewer than two)."""
+    gaps = sorted(b[0] - a[0] for a, b in itertools.pairwise(points))
+    return gaps[len(gaps) // 2] if gaps else timedelta(0)
 
 
 def _n(v: float) -> str:

@@ -47,6 +47,7 @@ from http.cookies import SimpleCookie
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit
+from zoneinfo import ZoneInfo
 
 from policies.schema import matching
 from provisioner import acting, bill, budget, notify, render, reports, tokens
@@ -78,7 +79,6 @@ _CSRF_RE = re.compile(r"[A-Za-z0-9_-]{32,128}")
 # tabs and newlines from a URL, so "/\t/host" is "//host")
 _BACK_RE = re.compile(r"/(?![/\\])[^\\\x00-\x20\x7f]*")
 MAX_FORM = 256 * 1024  # a pasted experiment file is a few kB
-REFRESH_SECONDS = 30
 FLEET_SECONDS = 15  # a fleet page serves every request within this slice of the clock
 SPEND_SECONDS = 300  # spend and budget standings: a pass over a big ledger takes a while
 CACHE_ENTRIES = 64
@@ -91,7 +91,8 @@ DONE = {*ACTS, *(f"{a}-same" for a in ("stop", "start", "down", "unkeep", "unaut
 HEADERS = [
     (
         "Content-Security-Policy",
-        "default-src 'none'; style-src 'self'; img-src 'self' data:; form-action 'self'; "
+        "default-src 'none'; style-src 'self'; script-src 'self'; connect-src 'self'; "
+        "img-src 'self' data:; form-action 'self'; "
         "frame-ancestors 'none'; base-uri 'none'",
     ),
     ("X-Content-Type-Options", "nosniff"),
@@ -347,6 +348,8 @@ class Dashboard:
             )
         if req.path.startswith("/static/"):
             return _static(req.path.removeprefix("/static/"))
+        if req.path == "/favicon.ico":  # every browser asks; no icon, and nothing secret
+            return Response(status=204, headers=[("Cache-Control", "max-age=86400")])
         if req.path == "/lang":
             return self.set_language(req)
         if req.method == "POST" and (refused := self._cross_site(req)):
@@ -612,12 +615,17 @@ class Dashboard:
             self._cache[k] = value
         return value
 
-    def page(self, req: Request, name: str, status: int = 200, **kw: Any) -> Response:
+    def page(
+        self, req: Request, name: str, status: int = 200, tz: ZoneInfo | None = None, **kw: Any
+    ) -> Response:
+        """``name`` rendered; its times in ``tz`` (a machine's policy calendar), else the
+        team's (``timezone`` in settings)."""
         lang = self.language(req)
         f = render.Fmt(lang)
         here = req.path + (
             ("?" + req.environ["QUERY_STRING"]) if req.environ.get("QUERY_STRING") else ""
         )
+        zone = tz or ZoneInfo(self.app.settings.timezone)
         html = self.env.get_template(name).render(
             f=f,
             rate=lambda amount, currency: rate_text(f, amount, currency),
@@ -630,7 +638,9 @@ class Dashboard:
             csrf=req.csrf,
             auth=not self.open,
             now=self.now(),
-            when=lambda at, tz=None: pages.when(f, at, self.now(), tz),
+            when=lambda at, tz=None: pages.when(f, at, self.now(), tz or zone),
+            at=lambda at, tz=None: _at(pages.when(f, at, self.now(), tz or zone), at),
+            utc=_utc,
             svg=svg,
             **kw,
         )
@@ -647,7 +657,7 @@ class Dashboard:
             req,
             "fleet.html",
             fleet=data,
-            refresh=REFRESH_SECONDS,
+            spark_step=fleet_view.SPARK_STEP,
             section="fleet",
         )
 
@@ -706,6 +716,7 @@ class Dashboard:
         # what the action just done did: from a cookie only this site sets (a link to
         # ?done=… from elsewhere could otherwise claim a stop that never happened)
         mid, _, done = req.cookies.get(FLASH_COOKIE, "").partition(".")
+        zone = _calendar_zone(self.app, data.machine)
         resp = self.page(
             req,
             "machine.html",
@@ -716,6 +727,7 @@ class Dashboard:
             may_act=self.may_act(req, data.machine),
             done=done if done in DONE and mid == data.machine.id else None,
             refused=refused,
+            tz=zone,
         )
         if FLASH_COOKIE in req.cookies:  # said once
             resp.headers.append(("Set-Cookie", self._flash(req, "", 0)))
@@ -882,6 +894,30 @@ def _static(name: str) -> Response:
         return missing
     ctype = mimetypes.guess_type(path.name)[0] or "application/octet-stream"
     return Response(path.read_bytes(), ctype=ctype, headers=[("Cache-Control", "max-age=3600")])
+
+
+def _calendar_zone(app: App, m: Any) -> ZoneInfo | None:
+    """The time zone of the policy calendar a machine's idle rules follow, as on the fleet
+    (None: none, or rules that cannot be read; the fleet says why)."""
+    from provisioner.jobs.sweep import RuleBook
+
+    try:
+        rules = RuleBook(app.policies).for_machine(m)
+    except (ProvisionerError, ValueError):
+        return None
+    return next((c.calendar.tz for c in rules.idle if c.calendar is not None), None)
+
+
+def _utc(at: datetime) -> str:
+    return at.astimezone(ZoneInfo("UTC")).strftime("%Y-%m-%d %H:%M UTC")
+
+
+def _at(text: str, at: datetime) -> Any:
+    """A time in the team's zone, the same instant in UTC on hover."""
+    from markupsafe import Markup, escape
+
+    iso, utc = escape(at.isoformat()), escape(_utc(at))
+    return Markup(f'<time datetime="{iso}" title="{utc}">{escape(text)}</time>')
 
 
 def rate_text(f: render.Fmt, amount: Any, currency: str | None) -> str:
