@@ -442,7 +442,18 @@ def _json_variables(field: str | None) -> list[str]:
         for k, v in os.environ.items()
         if k.upper().startswith("PROVISIONER_") and v.lstrip()[:1] in ("[", "{")
     ]
-    return sorted(found) or ["PROVISIONER_*"]
+    bad = [k for k in found if not _decodes(os.environ[k])]
+    return sorted(bad or found) or ["PROVISIONER_*"]
+
+
+def _decodes(text: str) -> bool:
+    import json
+
+    try:
+        json.loads(text)
+    except (ValueError, RecursionError):
+        return False
+    return True
 
 
 def _from_environment(p: Problem) -> Problem:

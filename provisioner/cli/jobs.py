@@ -144,7 +144,12 @@ def sync(ctx: typer.Context, name: str = typer.Argument(..., help="machine")) ->
     from provisioner.machines import jobs
 
     count, how, workdir = jobs.sync(get_app(ctx), name)
-    out.print(f"copied {count} files of {workdir} to {name} ({how})", highlight=False, markup=False)
+    out.print(
+        f"copied {count} files of {workdir} to {name} ({how})",
+        highlight=False,
+        markup=False,
+        soft_wrap=True,  # a path is copied whole, not wrapped at 80 columns
+    )
 
 
 def outcome_line(application: Any, name: str, job: Any) -> str:
