@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import signal
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import replace
 from datetime import UTC, datetime
@@ -83,7 +84,7 @@ def run(app: App, apps: dict[str, idle.WSGIApp] | None = None, config: str | Non
     metrics endpoint (with other WSGI ``apps`` by path prefix: the dashboard), until SIGTERM
     or Ctrl-C. Edits of the settings file (``config``, as ``--config`` names it) and of the
     policy files are taken up at each pass and on SIGHUP (:mod:`provisioner.jobs.reload`)."""
-    from apscheduler.schedulers.blocking import BlockingScheduler
+    from apscheduler.schedulers.background import BackgroundScheduler
 
     app.policies  # noqa: B018  (refuse to start with a bad policy rather than act on half)
     cfg = app.settings.scheduler
@@ -91,15 +92,12 @@ def run(app: App, apps: dict[str, idle.WSGIApp] | None = None, config: str | Non
     token = cfg.metrics_token.get_secret_value() if cfg.metrics_token else None
     recorder = outages.Recorder(app, HOLDER)
     watcher = reload.Watcher(app, config)
-    sched = BlockingScheduler(timezone=UTC)
-
-    def terminate(*_: Any) -> None:
-        if sched.running:
-            sched.shutdown(wait=False)
-        else:  # still starting: unwind, stopping the endpoint on the way out
-            raise SystemExit(0)
-
-    signal.signal(signal.SIGTERM, terminate)
+    sched = BackgroundScheduler(timezone=UTC)
+    # SIGTERM only raises a flag the main thread looks at: raising from the handler could
+    # unwind APScheduler (or anything) halfway through a critical section and leave a lock
+    # held that a job thread then waits on forever — the process would never exit
+    stopping: list[bool] = []
+    signal.signal(signal.SIGTERM, lambda *_: stopping.append(True))
     # the handler runs on the main thread, inside the scheduler's wait: the reload on its own
     signal.signal(
         signal.SIGHUP,
@@ -142,9 +140,13 @@ def run(app: App, apps: dict[str, idle.WSGIApp] | None = None, config: str | Non
                 misfire_grace_time=every,
             )
         sched.start()
+        while not stopping:  # a sleep, not a timed wait: libfaketime can stall those
+            time.sleep(0.2)
     except (KeyboardInterrupt, SystemExit):
         pass
     finally:
+        if sched.running:
+            sched.shutdown(wait=False)  # a pass under way finishes; no new one starts
         endpoint.stop()
         try:
             recorder.stopped()  # when it was last running, for the next start
