@@ -6,6 +6,7 @@ CSRF token, a policy's or budget's refusal each refused, the refusal in the CLI'
 from __future__ import annotations
 
 import threading
+import time
 from datetime import timedelta
 
 import pytest
@@ -299,7 +300,10 @@ def test_stop_and_keep_keyboard_only_in_chromium(team, browser):  # noqa: F811
         assert drv.find_element(By.ID, "flash").text == "train stopped"
     finally:
         server.close()
-        t.join(5)
+        for _ in range(50):  # a sleep, not a timed join: libfaketime can stall those
+            if not t.is_alive():
+                break
+            time.sleep(0.1)
     assert machine(app, "train").status == "stopped"
     assert [e for e in events(app, "train") if e[0] in ("kept", "stopped")] == [
         ("kept", TEST_OWNER),
