@@ -304,3 +304,8 @@ def live_machine(s: Session, name: str) -> Machine | None:
     return s.scalars(
         select(Machine).where(Machine.name == name, Machine.status.not_in(ACTIVE_EXCLUDED))
     ).first()
+
+
+def live_machines(s: Session) -> list[Machine]:
+    """Every machine not terminated or failed (intents and waiting ones included)."""
+    return list(s.scalars(select(Machine).where(Machine.status.not_in(ACTIVE_EXCLUDED))))

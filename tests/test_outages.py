@@ -16,6 +16,7 @@ from provisioner.app import App
 from provisioner.jobs import autostop, sweep
 from provisioner.models import EndpointOutage, Heartbeat, Machine
 from tests.conftest import make_settings, write_yaml
+from tests.daemon import start_scheduler
 from tests.test_autostop import WED_NOON, beats, launched, sched  # noqa: F401  (fixture)
 from tests.test_heartbeat import launch, post, token_in, user_data
 from tests.test_scheduler import BERLIN_NIGHTS
@@ -164,12 +165,8 @@ def test_autostop_does_not_count_silence_the_endpoint_caused(sched):  # noqa: F8
 def test_a_restarted_scheduler_records_the_time_it_was_down(home, tmp_path):
     import signal
     import sqlite3
-    import subprocess
-    import sys
-    import time
-    import urllib.request
 
-    from tests.conftest import ROOT, write_settings
+    from tests.conftest import write_settings
 
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -181,24 +178,9 @@ def test_a_restarted_scheduler_records_the_time_it_was_down(home, tmp_path):
     logs = []
     for run in range(2):
         log = tmp_path / f"run{run}.log"
-        with log.open("wb") as err:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "provisioner", "--config", str(cfg), "scheduler", "run"],
-                cwd=ROOT,
-                stdout=subprocess.DEVNULL,
-                stderr=err,
-            )
-        try:
-            for _ in range(600):
-                try:
-                    urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2).close()
-                    break
-                except OSError:
-                    assert proc.poll() is None, log.read_text()
-                    time.sleep(0.1)
-        finally:
-            proc.send_signal(signal.SIGTERM)
-            proc.wait(timeout=60)
+        proc = start_scheduler(cfg, port, log)
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
         assert proc.returncode == 0, log.read_text()
         logs.append(log.read_text())
     assert "the endpoint was down from" not in logs[0]  # the first start: nothing before it

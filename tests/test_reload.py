@@ -7,8 +7,6 @@ from __future__ import annotations
 import logging
 import signal
 import sqlite3
-import subprocess
-import sys
 import time
 from datetime import timedelta
 
@@ -20,7 +18,8 @@ from provisioner.app import App
 from provisioner.jobs import daemon, reload
 from provisioner.models import Machine, Notice
 from provisioner.spec import Experiment
-from tests.conftest import ROOT, make_settings, sandbox_experiment, write_settings, write_yaml
+from tests.conftest import make_settings, sandbox_experiment, write_settings, write_yaml
+from tests.daemon import start_scheduler
 from tests.test_mail import smtp_server  # noqa: F401  (fixture)
 
 
@@ -156,7 +155,6 @@ def test_policies_added_and_removed_and_settings_are_reported(home, clock, tmp_p
 @pytest.mark.slow
 def test_sighup_makes_the_running_scheduler_read_the_policies(home, tmp_path):
     import socket
-    import urllib.request
 
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -174,21 +172,8 @@ def test_sighup_makes_the_running_scheduler_read_the_policies(home, tmp_path):
         .replace("reconcile_interval_seconds: 600", "reconcile_interval_seconds: 3600")
     )
     log = tmp_path / "scheduler.log"
-    with log.open("wb") as stderr:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "provisioner", "--config", str(cfg), "scheduler", "run"],
-            cwd=ROOT,
-            stdout=subprocess.DEVNULL,
-            stderr=stderr,
-        )
+    proc = start_scheduler(cfg, port, log)  # until it listens (imports, migrations)
     try:
-        for _ in range(600):  # until it listens (imports, migrations)
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2).close()
-                break
-            except OSError:
-                assert proc.poll() is None, log.read_text()
-                time.sleep(0.1)
         # its first passes (each reads the files first) took their leases: they are done reading
         state = home / "state.db"
         for _ in range(600):

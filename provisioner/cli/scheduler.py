@@ -174,13 +174,11 @@ def _not_due(application: Any, p: Any) -> dict[str, str]:
 
 def _next_moves(application: Any) -> dict[str, Any]:
     """Each live machine's next move: the decision the dashboard shows."""
-    from sqlalchemy import select
-
     from provisioner.jobs import outlook
-    from provisioner.models import ACTIVE_EXCLUDED, Machine
+    from provisioner.state import live_machines
 
     with application.db.session() as s:
-        live = list(s.scalars(select(Machine).where(Machine.status.not_in(ACTIVE_EXCLUDED))))
+        live = live_machines(s)
     moves = outlook.next_moves(application, live, application.clock.now())
     return {name: move.to_json() for name, move in sorted(moves.items())}
 

@@ -145,9 +145,7 @@ _DISK_BILLS = (S.PENDING, S.RUNNING, S.STOPPING, S.STOPPED, S.PREEMPTED)
 
 
 def _live(app: App) -> list[Machine]:
-    from sqlalchemy import select
-
-    from provisioner.models import ACTIVE_EXCLUDED, Machine
+    from provisioner.state import live_machines
 
     with app.db.session() as s:
-        return list(s.scalars(select(Machine).where(Machine.status.not_in(ACTIVE_EXCLUDED))))
+        return live_machines(s)
