@@ -68,7 +68,8 @@ class Status:
     amount: Money
     spent: Money
     committed: Money  # live machines until the period ends, at their rates
-    forecast: Money  # spent + committed + the trend of the period's other usage
+    relaunches: Money  # what preempted machines being relaunched will add to the period's end
+    forecast: Money  # spent + committed + relaunches
     rates: str
 
     @property
@@ -95,6 +96,7 @@ class Status:
             "budget": _money_json(self.amount),
             "spent": _money_json(self.spent),
             "committed": _money_json(self.committed),
+            "relaunches": _money_json(self.relaunches),
             "forecast": _money_json(self.forecast),
             "percent": str(self.pct.quantize(Decimal("0.1"))),
             "forecast_percent": str(self.forecast_pct.quantize(Decimal("0.1"))),
@@ -125,13 +127,17 @@ def status(
     with app.db.session(snapshot=True) as s:  # a launch between two reads counts once
         fc = ledger.forecast(s, period, now, scope_of(policy), actual=actual)
     seen = set(fc.total) | {cur}
+    spent, committed, relaunches = (
+        a.total(rates, cur).rounded() for a in (fc.actual, fc.committed, fc.relaunches)
+    )
     return Status(
         policy=policy,
         period=period,
         amount=amount_of(policy),
-        spent=fc.actual.total(rates, cur),
-        committed=fc.run_rate.total(rates, cur),
-        forecast=fc.total.total(rates, cur),
+        spent=spent,
+        committed=committed,
+        relaunches=relaunches,
+        forecast=spent + committed + relaunches,  # the parts shown add up to it
         rates=describe_rates(rates, seen),
     )
 

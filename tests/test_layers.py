@@ -32,6 +32,7 @@ ORDER = [
     "provisioner.fleet",  # the fleet as `status` lists it: plain SQL, no ORM
     "provisioner.models",  # every table
     "provisioner.state",  # the database: engine, sessions, migrations
+    "provisioner.tries",  # a preempted machine's relaunch tries, from its events
     "provisioner.catalog_checks",  # price checks of catalog rows: GPU facts only
     "provisioner.identity",  # who runs provisioner (OS user, database role), act_as
     "provisioner.catalog",

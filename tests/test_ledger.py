@@ -151,12 +151,36 @@ def test_savings_count_only_the_schedulers_stops(app, clock):
     assert saved == {"off-hours": {"USD": 36 * Decimal("0.15"), "RUB": 60 * Decimal("47.50")}}
 
 
-def test_forecast_is_run_rate_plus_trend_and_respects_max_lifetime(app, clock):
+def test_forecast_is_spent_plus_committed_plus_relaunches_and_nothing_extrapolated(app, clock):
+    """The forecast is what was spent, what live machines commit to the period's end (or their
+    max lifetime) and what preempted machines being relaunched will add: a machine that came
+    and went adds nothing more, nor does a preempted one held by a refusal or left alone."""
     clock.set(T(1))
     steady = up(app, "steady")
     brief = up(app, "brief")
+    lost = up(app, "lost")
+    held = up(app, "held")
+    left = machines.up(
+        app,
+        Experiment.model_validate(
+            {**sandbox_experiment("left"), "lifecycle": {"on_preemption": "leave"}}
+        ),
+    ).machine
     clock.set(T(6))
     machines.down(app, "brief")
+    for m in (lost, held, left):
+        app.provider("sandbox").preempt(machines.ref(m))
+    machines.reconcile(app)
+    with app.db.session() as s:  # the scheduler's recovery was refused by a policy
+        s.add(
+            Event(
+                machine_id=held.id,
+                kind="relaunch-refused",
+                reason="preempted",
+                at=T(6),
+                detail={"refused": "refused by policy p: no", "attempts": 1},
+            )
+        )
     clock.set(T(10))
     short = machines.up(
         app,
@@ -168,12 +192,20 @@ def test_forecast_is_run_rate_plus_trend_and_respects_max_lifetime(app, clock):
     per_h = Decimal("0.15") + USD_DISK
     with app.db.session() as s:
         fc = ledger.forecast(s, NOV, clock.now())
-    assert q(fc.actual) == q({"USD": (240 + 120 + 24) * per_h})
-    # live machines to the month's end (480 h), the short one only to its 48 h lifetime
-    assert q(fc.run_rate) == q({"USD": (480 + 24) * per_h})
-    # what came and went (brief: 120 h in 240 h) carries on at that pace for the 480 h left
-    assert q(fc.trend) == q({"USD": 120 * per_h * 2})
+    # steady 240 h, brief 120 h, the three preempted 120 h each (then their disks 120 h), short 24 h
+    spent = (240 + 120 + 24) * per_h + 3 * 120 * per_h + 3 * 120 * USD_DISK
+    assert q(fc.actual) == q({"USD": spent})
+    # live machines to the month's end (480 h), the short one only to its 48 h lifetime; the
+    # preempted ones' disks bill on (480 h each)
+    assert q(fc.committed) == q({"USD": (480 + 24) * per_h + 3 * 480 * USD_DISK})
+    # only `lost` is being relaunched: its compute for the 480 h left
+    assert q(fc.relaunches) == q({"USD": 480 * Decimal("0.15")})
+    assert q(fc.total) == q({"USD": spent + (480 + 24) * per_h + 3 * 480 * USD_DISK + 72})
     assert steady.rate == brief.rate == short.rate
+    clock.set(datetime(2026, 12, 1, 3, tzinfo=UTC))  # the month is over: what was spent
+    with app.db.session() as s:
+        over = ledger.forecast(s, NOV, clock.now())
+    assert not over.committed and not over.relaunches
 
 
 @pytest.mark.parametrize("reason", ["idle", "off-hours-idle"])

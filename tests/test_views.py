@@ -160,15 +160,68 @@ def test_a_relaunched_machine_costs_every_launch_on_its_pages_as_in_status(cli, 
     a.close()
 
 
+def test_report_policy_covers_what_its_budget_covers(both):
+    """`report --policy demo-budget` totals what demo's budget counts (project demo), not every
+    project beside it: its total is the budget's spend, its lines only demo, its forecast the
+    budget's — in the CLI and on the Spend page (budget=) alike."""
+    run, page = both
+    r = run("report", "--policy", "demo-budget")
+    assert [ln["key"] for ln in r["lines"]] == ["demo"]
+    assert r["total"] == r["budget"]["spent"] and r["forecast"] == r["budget"]["forecast"]
+    everything = run("report")
+    assert {ln["key"] for ln in everything["lines"]} == {"demo", "vision"}
+    spend = page("/spend?budget=demo-budget")
+    (total,) = cells(spend, r'<span class="big" id="total">(.*?)</span>')
+    assert total == money_text(r["total"])
+
+
+def test_each_budget_card_adds_up_and_nothing_running_forecasts_what_was_spent(both, home):
+    """A card's spent + committed (+ relaunches) is its forecast, to the cent, as shown; with
+    nothing running, the forecast is what was spent (it used to extrapolate the average burn:
+    132 % beside spent + committed at 113 %)."""
+    run, page = both
+
+    def cards(html_text: str) -> dict[str, dict[str, Decimal]]:
+        out = {}
+        for name, body in re.findall(r'data-budget="([^"]+)">(.*?)</a>', html_text, re.S):
+            fields = re.findall(r'data-field="(\w+)">(.*?)</span>', body)
+            out[name] = {k: amount(v) for k, v in fields}
+        return out
+
+    shown = cards(page("/"))
+    assert sorted(shown) == ["demo-budget", "vision-budget"]
+    for name, c in shown.items():
+        assert c["spent"] + c["committed"] + c.get("relaunches", 0) == c["forecast"], name
+        assert c["committed"] > 0, name  # each has a machine running
+    summary = run("status", "--summary")
+    for b in summary["budgets"]:
+        parts = sum(Decimal(b[k]["amount"]) for k in ("spent", "committed", "relaunches"))
+        assert parts == Decimal(b["forecast"]["amount"]), b["policy"]
+
+
+def test_with_nothing_running_a_budgets_forecast_is_its_spend(home, clock):
+    from provisioner import budget
+    from provisioner.views import spend
+
+    a, _ = seed(home, clock)
+    for name in ("train-a", "eval-ru", "seg-1", "seg-2"):
+        machines.down(a, name)
+    (demo,) = [st for st in spend.standings(a, NOW) if st.policy.name == "demo-budget"]
+    assert demo.committed.amount == 0 and demo.relaunches.amount == 0
+    assert demo.forecast == demo.spent and demo.forecast_pct == demo.pct
+    assert budget.status(a, demo.policy, NOW) == demo
+    a.close()
+
+
 def test_a_mailed_report_and_its_chart_give_one_forecast_for_its_budget(home, clock):
-    """`report --policy demo-budget` covers every project against demo's budget: its words gave
-    the budget's forecast and its chart the forecast of every project."""
+    """A mailed report's words and its chart give its budget's one forecast (the chart drew
+    another, of the report's own scope)."""
     pytest.importorskip("matplotlib")
     from provisioner import render
     from provisioner.views import spend
 
     a, _ = seed(home, clock)
-    r = spend.report(a, spend.Query(policy="demo-budget"), NOW).report
+    r = spend.report(a, spend.Query(project="demo", owner="bob@example.com"), NOW).report
     assert r.budget is not None and r.forecast is not None
     assert r.forecast.rounded() != r.budget.forecast.rounded()  # two scopes: two forecasts
     f = render.fmt(r)
@@ -180,4 +233,44 @@ def test_a_mailed_report_and_its_chart_give_one_forecast_for_its_budget(home, cl
         json.loads(json.dumps(r.as_json(), default=str))["forecast"]
         == r.budget.as_json()["forecast"]
     )
+    a.close()
+
+
+def test_plan_over_budget_offers_no_candidate_on_the_page_or_in_the_cli(
+    home, clock, cli, monkeypatch
+):
+    """An 8×A100 for the rest of November overruns demo's budget: the page no longer lists ten
+    candidates under a verdict that says `up` would refuse — it says none may launch and why,
+    as `plan` does (exit 2), with the same words."""
+    from urllib.parse import urlencode
+
+    a, pdir = seed(home, clock)
+    monkeypatch.setenv(CLOCK_ENV, NOW.isoformat())
+    monkeypatch.setattr(ShiftedClock, "now", lambda self: NOW)
+    exp = home / "big.yaml"
+    exp.write_text(
+        "name: big\nproject: demo\nowner: ana@example.com\nresources:\n  gpu: A100:8\n"
+        "  market: reserved\n  clouds: [sandbox]\n"
+    )
+    cfg = write_settings(home, policies=[str(pdir)], state_url=a.settings.state_url)
+    r = cli("--config", str(cfg), "plan", str(exp), "-o", "json")
+    assert r.code == 2
+    said = json.loads(r.out)
+    assert said["candidate_count"] > 0 and said["launchable_count"] == 0
+    assert said["refused"].startswith("budget demo-budget (2026-11) overrun by ")
+    status, _, body = call(make_app(a), "/plan", "POST", urlencode({"text": exp.read_text()}))
+    assert status == 200
+    body = html.unescape(body)
+    (verdict,) = cells(body, r'<h2 id="plan-verdict">(.*?)</h2>')
+    assert verdict.endswith(
+        f"{said['candidate_count']} offers fit, none may launch: {said['refused']}"
+    )
+    assert '<table id="candidates" class="refused">' in body
+    text = cli("--config", str(cfg), "plan", str(exp))
+    assert f"none may launch: {said['refused']}" in " ".join(text.out.split())
+    # within the budget: every candidate may launch, and the page says so
+    small = exp.read_text().replace("A100:8", "T4:1").replace("reserved", "spot")
+    status, _, body = call(make_app(a), "/plan", "POST", urlencode({"text": small}))
+    (verdict,) = cells(html.unescape(body), r'<h2 id="plan-verdict">(.*?)</h2>')
+    assert "candidates, cheapest first" in verdict and "none may launch" not in verdict
     a.close()

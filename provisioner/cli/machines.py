@@ -60,6 +60,8 @@ def _plan_json(v: Any, top: int) -> dict[str, Any]:
         "rates": p.rates,
         "candidates": [c.to_json() for c in p.candidates[:top]],
         "candidate_count": len(p.candidates),
+        "launchable_count": len(v.launchable),  # 0 when `up` would refuse: see "refused"
+        "refused": v.refusal,
         "unpriced": [
             {
                 "cloud": o.cloud,
@@ -92,13 +94,13 @@ _PLAN_COLUMNS = [
 
 def _plan_text(v: Any, top: int) -> None:
     res, shown, every = v.experiment.resources, v.candidates[:top], v.candidates
-    out.print(
-        f"[bold]{v.experiment.name}[/]: {res.gpu} {res.market} — "
-        f"{plural(len(every), 'candidate')}, cheapest first"
-        + (f" (top {len(shown)})" if len(shown) < len(every) else ""),
-        highlight=False,
-        soft_wrap=True,
-    )
+    head = f"[bold]{v.experiment.name}[/]: {res.gpu} {res.market} — "
+    if v.refused:
+        head += f"{plural(len(every), 'offer')} fit, none may launch: {v.refusal}"
+    else:
+        head += f"{plural(len(every), 'candidate')}, cheapest first"
+    top_n = f" (top {len(shown)})" if len(shown) < len(every) else ""
+    out.print(head + top_n, highlight=False, soft_wrap=True)
     if shown:
         rows = [
             [

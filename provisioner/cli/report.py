@@ -39,7 +39,9 @@ def report(
         "label:KEY (the experiment's label KEY)",
     ),
     policy: str = typer.Option(
-        None, help="compare with this policy's budget (default: the budget of --project)"
+        None,
+        help="report what this policy's budget covers, against it (default: the budget of "
+        "--project, against the project's spend)",
     ),
     currency: str = typer.Option(None, help="report in this currency (default: the budget's)"),
     language: str = typer.Option(None, help="en or ru (default: the budget's, else en)"),
@@ -58,7 +60,7 @@ def report(
     recipients = [_address(a) for a in to or []]
     mail = email or bool(recipients)
     application = get_app(ctx)
-    q = spend.Query(period, project, owner, cloud, gpu, by, policy, False, currency, language)
+    q = spend.Query(period, project, owner, cloud, gpu, by, policy, currency, language)
     v = spend.report(application, q)
     if mail:
         _mail(application, v.report, recipients or v.recipients)

@@ -78,7 +78,9 @@ def _fleet_summary(application: Any, refresh: bool, output: Output) -> None:
     for b in sm.budgets:
         lines.append(
             f"budget {b.policy.name} {b.period.label}: spent {b.spent} of {b.amount} "
-            f"({b.pct:.0f} %), committed {b.committed}, forecast {b.forecast} "
+            f"({b.pct:.0f} %), committed {b.committed}"
+            + (f", relaunches {b.relaunches}" if b.relaunches.amount else "")
+            + f", forecast {b.forecast} "
             f"({b.forecast_pct:.0f} %)"
         )
     for i in sm.idle:

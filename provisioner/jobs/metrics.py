@@ -128,7 +128,8 @@ def _budgets(app: App, now: datetime) -> Iterator[Any]:
             ("amount", "The budget for its period"),
             ("spent", "Spent in the budget's period so far"),
             ("committed", "What live machines will cost until the period ends, at their rates"),
-            ("forecast", "Spent, committed and the trend of other usage by the period's end"),
+            ("relaunches", "What preempted machines being relaunched will cost to the end"),
+            ("forecast", "Spent + committed + relaunches: the period's end"),
             ("percent", "Spent as a percent of the budget"),
             ("idle_waste", "What machines cost while idle before they were stopped"),
         )
@@ -150,6 +151,7 @@ def _budgets(app: App, now: datetime) -> Iterator[Any]:
             ("amount", st.amount),
             ("spent", st.spent),
             ("committed", st.committed),
+            ("relaunches", st.relaunches),
             ("forecast", st.forecast),
             ("idle_waste", wasted),
         ):

@@ -17,6 +17,7 @@ from provisioner.jobs import recover, sweep
 from provisioner.machines import waiting
 from provisioner.models import Machine
 from provisioner.schema import MachineStatus as S
+from provisioner.tries import events, tries
 
 
 @dataclass(frozen=True)
@@ -217,7 +218,7 @@ def _recovery(app: App, m: Machine, now: datetime) -> Move:
     """A preempted machine: what recovery does at its next pass, or when its next try is due
     after a failed or refused one, or that it is left (``on_preemption: leave``, given up)."""
     with app.db.session() as s:
-        t = recover.tries(recover._events(s, m.id))
+        t = tries(events(s, m.id))
     act = recover._decide(m, t, now)
     if act is not None and act.action != "give-up":
         return _now_move(act.action, "preempted", act.why, now)

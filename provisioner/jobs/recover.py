@@ -14,9 +14,8 @@ in place (see :func:`provisioner.machines.hold`). Try n+1 waits ``backoff(n)`` a
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from collections.abc import Callable
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy import select
@@ -33,59 +32,7 @@ from provisioner.models import ACTIVE_EXCLUDED, Event, Machine
 from provisioner.schema import MachineStatus as S
 from provisioner.spec import Experiment
 from provisioner.state import machine as machine_row
-
-BACKOFF = timedelta(minutes=1)  # after the first failed try; doubled per try …
-BACKOFF_MAX = timedelta(hours=1)  # … up to this
-MAX_ATTEMPTS = 10  # then: given up (about 4 h after the preemption), the machine stays held
-
-
-def backoff(attempts: int) -> timedelta:
-    """The wait after ``attempts`` failed tries before the next: 1, 2, 4 … 60 minutes."""
-    return min(BACKOFF * 2 ** max(attempts - 1, 0), BACKOFF_MAX)
-
-
-@dataclass
-class Tries:
-    """A lost machine's relaunch tries since its last preemption, read from its events."""
-
-    attempts: int = 0
-    last: datetime | None = None  # when the latest try failed or was refused
-    refusal: Event | None = None  # the standing `relaunch-refused` (no other try since)
-    gave_up: Event | None = None
-
-    @property
-    def next_try(self) -> datetime | None:
-        """When the next try is due; None: given up (or none failed yet: at once)."""
-        if self.gave_up is not None or self.last is None:
-            return None
-        return self.last + backoff(self.attempts)
-
-
-def tries(events: Sequence[Event]) -> Tries:
-    """The tries in one machine's ``events`` (oldest first) since it was last preempted."""
-    t = Tries()
-    for e in events:
-        d = e.detail or {}
-        if e.kind == "preempted":
-            t = Tries()
-        elif e.kind == "recover-failed":
-            t.attempts, t.last, t.refusal = t.attempts + 1, _utc(e.at), None
-        elif e.kind == "relaunch-refused":
-            t.attempts += int(d.get("attempts", 1))
-            t.last = _utc(datetime.fromisoformat(d["last_try"])) if "last_try" in d else _utc(e.at)
-            t.refusal = e
-        elif e.kind == "relaunch-gave-up":
-            t.gave_up = e
-        elif e.kind in ("relaunched", "started") or (  # started: also in place after preemption
-            e.kind == "terminated" and e.reason not in ("preempted", "relaunch-refused")
-        ):
-            t.refusal = None  # relaunched, started or ended by hand: nothing is held any more
-    return t
-
-
-def _utc(at: datetime) -> datetime:
-    """SQLite gives back naive UTC date-times."""
-    return at if at.tzinfo else at.replace(tzinfo=UTC)
+from provisioner.tries import MAX_ATTEMPTS, Tries, backoff, events, tries, utc
 
 
 def refused_by(error: str) -> str:
@@ -121,7 +68,7 @@ def _times(n: int) -> str:
 
 
 def _at(at: datetime, now: datetime) -> str:
-    at = _utc(at)
+    at = utc(at)
     return f"{at:%H:%M} UTC" if at.date() == now.date() else f"{at:%Y-%m-%d %H:%M} UTC"
 
 
@@ -210,7 +157,7 @@ def _kept(app: App, m: Machine) -> bool:
 def _give_up(app: App, m: Machine, action: Action, now: datetime) -> None:
     """One ``relaunch-gave-up`` event with the numbers; the machine stays held as it is."""
     with app.db.session() as s:
-        t = tries(_events(s, m.id))
+        t = tries(events(s, m.id))
     if t.gave_up is not None:
         return
     last = action.error or ""
@@ -227,10 +174,6 @@ def _give_up(app: App, m: Machine, action: Action, now: datetime) -> None:
     _tell(app, m, "relaunch-gave-up", f"relaunch-gave-up:{m.id}", why=detail["why"])
     action.why += f"; gave up after {t.attempts} tries"
     action.done = action.done or action.action == "give-up"
-
-
-def _events(s: Any, machine_id: str) -> list[Event]:
-    return list(s.scalars(select(Event).where(Event.machine_id == machine_id).order_by(Event.id)))
 
 
 def _to_recover(app: App) -> list[tuple[Machine, Tries]]:
@@ -254,16 +197,16 @@ def _to_recover(app: App) -> list[tuple[Machine, Tries]]:
         out: list[tuple[Machine, Tries]] = []
         for mid in sorted(set(preempted) | lost, key=lambda i: (i not in preempted, i)):
             m = preempted.get(mid) or machine_row(s, mid)
-            events = _events(s, mid)
-            t = tries(events)
-            if t.gave_up is not None or not events:
+            evs = events(s, mid)
+            t = tries(evs)
+            if t.gave_up is not None or not evs:
                 continue
             if m.status == S.PREEMPTED:
                 out.append((m, t))
                 continue
             if m.status != S.TERMINATED:
                 continue
-            latest = events[-1]
+            latest = evs[-1]
             interrupted = latest.kind == "terminated" and (latest.detail or {}).get("relaunching")
             held = latest.kind == "terminated" and latest.reason == "relaunch-refused"
             live = s.scalars(

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from decimal import Decimal
 from typing import Any
 
 from sqlalchemy import (
@@ -24,7 +23,6 @@ from provisioner.money import Amounts
 NOT_SCHEDULER_STOPS = frozenset({"user", "outside-provisioner", "preempted"})
 IDLE_REASONS = ("idle", "off-hours-idle", "autostop")  # the scheduler's stops of idle machines
 DEFAULT_IDLE_MINUTES = 30  # when neither the event nor the spec says how long it was idle
-MIN_TREND_HISTORY = DAY  # a trend from the first minutes of a period would be noise
 
 # --- forecast, commitments, savings, idle waste --------------------------------------------
 
@@ -38,16 +36,17 @@ def max_lifetime(spec: dict[str, Any] | None) -> timedelta | None:
 @dataclass
 class Forecast:
     """Spend to the end of a period: what is spent, what live machines will add at their
-    launch-time rates until the period ends (or their max lifetime does), and the trend of the
-    period's other usage (machines that came and went) carried on at its daily average."""
+    launch-time rates until the period ends (or their max lifetime does), and what preempted
+    machines being relaunched will add likewise. Nothing is extrapolated: with nothing running
+    and nothing to relaunch, the forecast is what was spent."""
 
     actual: Amounts
-    run_rate: Amounts
-    trend: Amounts
+    committed: Amounts
+    relaunches: Amounts
 
     @property
     def total(self) -> Amounts:
-        return Amounts().merge(self.actual).merge(self.run_rate).merge(self.trend)
+        return Amounts().merge(self.actual).merge(self.committed).merge(self.relaunches)
 
 
 def _open_intervals(s: Session, now: datetime, scope: Scope) -> list[tuple[Any, ...]]:
@@ -118,24 +117,55 @@ def forecast(
     actual: Amounts | None = None,
 ) -> Forecast:
     """``actual``, when the caller has already summed the period to ``now``, saves a pass."""
-    to = period.clip(now)
     if actual is None:
-        actual = total(s, period.start, to, scope)
-    if to >= period.end:
+        actual = total(s, period.start, period.clip(now), scope)
+    if period.clip(now) >= period.end:
         return Forecast(actual, Amounts(), Amounts())
-    open_spend = Amounts()
-    for started_at, rate, currency, *_ in _open_intervals(s, now, scope):
-        lo = max(started_at, period.start)
-        if to > lo:
-            open_spend.add(currency, rate * hours(to - lo))
-    history = max(to - period.start, MIN_TREND_HISTORY)
-    k = hours(period.end - to) / hours(history)
-    trend = Amounts()
-    for c, a in actual.items():
-        other = a - open_spend.get(c, Decimal(0))
-        if other > 0:
-            trend.add(c, other * k)
-    return Forecast(actual, commitments(s, period, now, scope), trend)
+    return Forecast(actual, commitments(s, period, now, scope), relaunches(s, period, now, scope))
+
+
+def relaunches(s: Session, period: Period, now: datetime, scope: Scope = Scope()) -> Amounts:
+    """What preempted machines the scheduler is relaunching (``on_preemption: relaunch``, not
+    held by a refusal, not given up) will cost from ``now`` to the end of ``period`` at their
+    launch-time compute rates, each until its max lifetime ends if that comes first. Their
+    disks bill already: they are open intervals, counted by :func:`commitments`."""
+    from provisioner.tries import tries
+
+    out = Amounts()
+    frm = period.clip(now)
+    admits = scope.admitter()
+    rows = [
+        r
+        for r in s.execute(
+            select(
+                Machine.id,
+                Machine.rate,
+                Machine.currency,
+                Machine.project,
+                Machine.owner,
+                Machine.launched_at,
+                Machine.spec,
+            ).where(Machine.status == "preempted", Machine.rate.is_not(None), *scope.clauses())
+        )
+        if admits(r.project, r.owner)
+        and ((r.spec or {}).get("lifecycle") or {}).get("on_preemption", "relaunch") == "relaunch"
+    ]
+    if not rows:
+        return out
+    evs: dict[str, list[Event]] = {r.id: [] for r in rows}
+    for e in s.scalars(select(Event).where(Event.machine_id.in_(evs)).order_by(Event.id)):
+        evs[e.machine_id].append(e)
+    for r in rows:
+        t = tries(evs[r.id])
+        if t.refusal is not None or t.gave_up is not None:
+            continue  # held: not relaunched until someone acts
+        until = period.end
+        ttl = max_lifetime(r.spec)
+        if ttl is not None and r.launched_at is not None:
+            until = min(until, r.launched_at + ttl)
+        if until > frm:
+            out.add(r.currency, r.rate * hours(until - frm))
+    return out
 
 
 def _overlap(lo: datetime, hi: datetime, start: datetime, end: datetime) -> timedelta:

@@ -49,16 +49,25 @@ class PlanView:
         return self.plan.checks
 
     @property
-    def refused(self) -> bool:
-        """Whether ``up`` would refuse it: a policy's verdict, or a budget it would overrun."""
-        return self.over_budget or any(
-            getattr(c, "allowed", True) is False for c in self.plan.checks
-        )
+    def refusal(self) -> str | None:
+        """Why ``up`` would launch none of the candidates — a policy's verdict, or a budget the
+        cheapest would overrun (so would every dearer one) — or None: it tries them in order."""
+        for c in self.plan.checks:
+            if getattr(c, "allowed", True) is False:
+                return str(c)
+            if getattr(c, "over", False):
+                st, (_, cost) = c.status, c.cheapest
+                return f"budget {st.policy.name} ({st.period.label}) overrun by {cost - st.left}"
+        return None
 
     @property
-    def over_budget(self) -> bool:
-        """The budget verdict: whether the cheapest candidate would overrun a budget."""
-        return any(getattr(c, "over", False) for c in self.plan.checks)
+    def refused(self) -> bool:
+        return self.refusal is not None
+
+    @property
+    def launchable(self) -> list[Candidate]:
+        """What ``up`` would try, in order: the candidates, or none when it would refuse."""
+        return [] if self.refused else self.candidates
 
 
 def plan(app: App, experiment: Experiment) -> PlanView:

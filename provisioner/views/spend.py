@@ -28,8 +28,10 @@ class Query:
     """What to report: the options of ``provisioner report`` and the Spend page's query, read
     alike (the page with ``project=demo`` is ``report --project demo``).
 
-    ``policy`` is the budget to compare with (by name); ``within_budget`` reports over that
-    budget's own projects (the Spend page's ``budget=``), not over every machine."""
+    ``policy`` names the budget to compare with; the report then covers what that budget
+    covers (its projects and owners, within the other filters), as the budget's own standing
+    does — so ``report --policy P`` and the Spend page's ``budget=P`` total what P's budget
+    counts. Without it, ``project``'s budget is compared with the project's spend."""
 
     period: str | None = None
     project: str | None = None
@@ -38,7 +40,6 @@ class Query:
     gpu: str | None = None
     by: str = "project"
     policy: str | None = None
-    within_budget: bool = False
     currency: str | None = None
     language: str | None = None
 
@@ -54,7 +55,6 @@ class Query:
             gpu=q.get("gpu") or None,
             by=q.get("by") or "project",
             policy=q.get("budget") or None,
-            within_budget=bool(q.get("budget")),
             language=language,
         )
 
@@ -121,10 +121,10 @@ def report(app: App, q: Query, now: datetime | None = None) -> ReportView:
             owner=q.owner,
             cloud=q.cloud,
             gpu=q.gpu and q.gpu.upper(),
-            covers=policy.applies_to.matches if policy and q.within_budget else None,
+            covers=policy.applies_to.matches if policy and q.policy else None,
         ),
         by=q.by,
-        title=policy.name if policy and (q.within_budget or not q.project) else q.project,
+        title=policy.name if policy and (q.policy or not q.project) else q.project,
         budget_policy=policy,
         currency=q.currency,
         language=language,

@@ -293,8 +293,9 @@ def _held(m: Machine, events: list[Event], now: datetime) -> str | None:
     if m.status not in ("preempted", "stopped", "terminated"):
         return None
     from provisioner.jobs import recover  # the scheduler's rules: only here
+    from provisioner.tries import tries
 
-    return recover.held_line(recover.tries(events), now)
+    return recover.held_line(tries(events), now)
 
 
 def _waiting(m: Machine, events: list[Event], now: datetime) -> str | None:

@@ -71,6 +71,7 @@ class Summary:
                     "amount": _money_json(b.amount),
                     "spent": _money_json(b.spent),
                     "committed": _money_json(b.committed),
+                    "relaunches": _money_json(b.relaunches),
                     "forecast": _money_json(b.forecast),
                     "spent_pct": str(b.pct),
                     "forecast_pct": str(b.forecast_pct),
@@ -94,7 +95,7 @@ def summary(
     """The summary at ``now`` over ``live`` (default: every machine not terminated or failed)
     and ``budgets`` (default: every budget's standing in its running period)."""
     from provisioner import idle
-    from provisioner.jobs import recover
+    from provisioner.tries import events, tries
     from provisioner.views.spend import standings
 
     machines = list(live) if live is not None else _live(app)
@@ -115,7 +116,7 @@ def summary(
     if preempted:
         with app.db.session() as s:
             for m in preempted:
-                t = recover.tries(recover._events(s, m.id))
+                t = tries(events(s, m.id))
                 counts["held" if (t.refusal or t.gave_up) else "preempted"] += 1
     running = [m for m in machines if m.status == S.RUNNING and m.rate is not None]
     thresholds = {m.id: idle.threshold(idle.idle_rules(app.policies, m))[0] for m in running}

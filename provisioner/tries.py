@@ -1,0 +1,72 @@
+"""A preempted machine's relaunch tries, read from its events since its last preemption: the
+scheduler's recovery counts them, ``status``, the summary and the budget forecast read whether
+the machine is held (a refusal stands or the tries gave up) or still to be relaunched."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from sqlalchemy import select
+
+from provisioner.models import Event
+
+BACKOFF = timedelta(minutes=1)  # after the first failed try; doubled per try …
+BACKOFF_MAX = timedelta(hours=1)  # … up to this
+MAX_ATTEMPTS = 10  # then: given up (about 4 h after the preemption), the machine stays held
+
+
+def backoff(attempts: int) -> timedelta:
+    """The wait after ``attempts`` failed tries before the next: 1, 2, 4 … 60 minutes."""
+    return min(BACKOFF * 2 ** max(attempts - 1, 0), BACKOFF_MAX)
+
+
+@dataclass
+class Tries:
+    """A lost machine's relaunch tries since its last preemption, read from its events."""
+
+    attempts: int = 0
+    last: datetime | None = None  # when the latest try failed or was refused
+    refusal: Event | None = None  # the standing `relaunch-refused` (no other try since)
+    gave_up: Event | None = None
+
+    @property
+    def next_try(self) -> datetime | None:
+        """When the next try is due; None: given up (or none failed yet: at once)."""
+        if self.gave_up is not None or self.last is None:
+            return None
+        return self.last + backoff(self.attempts)
+
+
+def tries(events: Sequence[Event]) -> Tries:
+    """The tries in one machine's ``events`` (oldest first) since it was last preempted."""
+    t = Tries()
+    for e in events:
+        d = e.detail or {}
+        if e.kind == "preempted":
+            t = Tries()
+        elif e.kind == "recover-failed":
+            t.attempts, t.last, t.refusal = t.attempts + 1, utc(e.at), None
+        elif e.kind == "relaunch-refused":
+            t.attempts += int(d.get("attempts", 1))
+            t.last = utc(datetime.fromisoformat(d["last_try"])) if "last_try" in d else utc(e.at)
+            t.refusal = e
+        elif e.kind == "relaunch-gave-up":
+            t.gave_up = e
+        elif e.kind in ("relaunched", "started") or (  # started: also in place after preemption
+            e.kind == "terminated" and e.reason not in ("preempted", "relaunch-refused")
+        ):
+            t.refusal = None  # relaunched, started or ended by hand: nothing is held any more
+    return t
+
+
+def utc(at: datetime) -> datetime:
+    """SQLite gives back naive UTC date-times."""
+    return at if at.tzinfo else at.replace(tzinfo=UTC)
+
+
+def events(s: Any, machine_id: str) -> list[Event]:
+    """One machine's events, oldest first."""
+    return list(s.scalars(select(Event).where(Event.machine_id == machine_id).order_by(Event.id)))
