@@ -665,7 +665,7 @@ def test_each_page_in_chromium_matches_the_report(served, browser, home, screens
         for field in ("spent", "amount", "committed", "forecast"):
             got = card.find_element(By.CSS_SELECTOR, f'[data-field="{field}"]').text
             assert got == money_text(want["budget" if field == "amount" else field])
-    go(drv, card)
+    go(drv, card.find_element(By.CSS_SELECTOR, "a.to-spend"))
     assert "budget=vision-budget" in drv.current_url
     savings = drv.find_element(By.ID, "savings").text
     vcli = report_json(a, pdir, "--project", "vision")
