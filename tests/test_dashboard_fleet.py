@@ -105,10 +105,22 @@ def test_columns_sort_on_the_server_keeping_the_filters(seeded):  # noqa: F811
         for _, cost in shown
     ]
     assert usd == sorted(usd, reverse=True) and len(usd) == 4
+    usd_names = [n for n, _ in shown]
     # a filtered page's headers keep its filter
     _, _, page = call(wsgi, "/?project=vision&sort=burn")
     assert 'data-sort="cost" href="/?project=vision&amp;sort=cost&amp;dir=desc"' in page
     assert 'name="sort" value="burn"' in page  # the filter form keeps the sort
+    for key in fleet_view.SORTS:  # every column, both ways, in both languages
+        for way in ("asc", "desc"):
+            for lang in ("en", "ru"):
+                status, _, page = call(
+                    wsgi, f"/?sort={key}&dir={way}", cookie=f"provisioner_lang={lang}"
+                )
+                assert status == 200 and sorted(rows(page)) == sorted(usd_names), (key, way)
+    # nothing in a state: said, with the way back
+    status, _, page = call(wsgi, "/?state=held", cookie="provisioner_lang=ru")
+    assert status == 200 and 'id="filtered"' in page and "сбросить фильтры" in page
+    assert rows(page) == []
 
 
 def test_names_sort_naturally_and_rows_without_a_value_come_last():

@@ -834,9 +834,10 @@ class Dashboard:
 
     def act(self, req: Request, m: Any) -> Response:
         """A form's action on machine ``m``, as the signed-in user (every event it writes
-        records them); then back to the machine's page (303), which says what was done. Stop and
-        down ask first: a page whose form sends ``confirm=yes``. A refusal (policy, budget,
-        state) is the CLI's own words on the page: 409; not the owner: 403."""
+        records them); then back to the machine's page (303), or to the page the form names in
+        ``back`` (a fleet row's: the list with its filters and sort), which says what was done.
+        Stop and down ask first: a page whose form sends ``confirm=yes``. A refusal (policy,
+        budget, state) is the CLI's own words on the machine's page: 409; not the owner: 403."""
         form = req.form()
         do = form.get("do", "")
         if do not in ACTS:
