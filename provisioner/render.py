@@ -146,24 +146,36 @@ def csv_cell(text: str) -> str:
 
 def csv(r: Report) -> str:
     """One row per (group, kind, currency): the amount billed and its conversion."""
+    rates = r.conversion
+    return csv_table(
+        ["period", r.by, "kind", "currency", "amount", f"amount_{r.currency}"],
+        (
+            [r.period.label, line.key, kind, m.currency, m.amount, conv.amount]
+            for line in r.lines
+            for kind, amounts in sorted(line.by_kind.items())
+            for m in amounts.monies()
+            for conv in (rates.convert(m, r.currency),)
+        ),
+    )
+
+
+def csv_table(header: list[str], rows: Iterable[Iterable[Any]]) -> str:
+    """A CSV file of ``rows``: text through :func:`csv_cell`, amounts (Decimal) to
+    :data:`CSV_PLACES`, nothing (None) empty."""
     buf = io.StringIO()
     w = csvlib.writer(buf, lineterminator="\n")
-    w.writerow(["period", r.by, "kind", "currency", "amount", f"amount_{r.currency}"])
-    rates = r.conversion
-    for line in r.lines:
-        for kind, amounts in sorted(line.by_kind.items()):
-            for m in amounts.monies():
-                conv = rates.convert(m, r.currency)
-                w.writerow(
-                    [
-                        r.period.label,
-                        csv_cell(line.key),
-                        kind,
-                        m.currency,
-                        _csv_amount(m.amount),
-                        _csv_amount(conv.amount),
-                    ]
-                )
+    w.writerow(header)
+    for row in rows:
+        w.writerow(
+            [
+                _csv_amount(v)
+                if isinstance(v, Decimal)
+                else csv_cell(v)
+                if isinstance(v, str)
+                else ("" if v is None else v)
+                for v in row
+            ]
+        )
     return buf.getvalue()
 
 

@@ -311,6 +311,7 @@ class Dashboard:
             "/": self.fleet,
             "/spend": self.spend,
             "/spend.csv": self.spend_csv,
+            "/fleet.csv": self.fleet_csv,
             "/plan": self.plan,
             "/login": self.login,
             "/logout": self.logout,
@@ -646,19 +647,83 @@ class Dashboard:
         )
         return Response(html, status)
 
-    def fleet(self, req: Request) -> Response:
+    def _fleet(self, req: Request) -> fleet_view.Fleet:
         now = self.now()
         f = render.Fmt(self.language(req))
         key = ("fleet", f.language, tuple(sorted(req.query.items())))
-        data = self.cached(
+        return self.cached(
             key, FLEET_SECONDS, lambda: fleet_view.fleet(self.app, now, f, req.query)
         )
-        return self.page(
+
+    def fleet(self, req: Request) -> Response:
+        data = self._fleet(req)
+        # what a row's act button just did (set by :meth:`act`, as on a machine page)
+        mid, _, done = req.cookies.get(FLASH_COOKIE, "").partition(".")
+        flash = None
+        if done in DONE and mid:
+            name = next((r.machine.name for r in data.rows if r.machine.id == mid), None)
+            flash = self.t(req, f"dash_done_{done}", name=name or self._name(mid))
+        resp = self.page(
             req,
             "fleet.html",
             fleet=data,
             spark_step=fleet_view.SPARK_STEP,
             section="fleet",
+            states=fleet_view.STATES,
+            may_act=lambda m: self.may_act(req, m),
+            done=flash,
+        )
+        if FLASH_COOKIE in req.cookies:  # said once
+            resp.headers.append(("Set-Cookie", self._flash(req, "", 0)))
+        return resp
+
+    def _name(self, mid: str) -> str:
+        from provisioner.models import Machine
+
+        with self.app.db.session() as s:
+            m = s.get(Machine, mid)
+            return m.name if m is not None else mid
+
+    def fleet_csv(self, req: Request) -> Response:
+        """The fleet page's rows, filtered and sorted as the page is: one line per machine and
+        currency, amounts as exact numbers (what a spreadsheet sums)."""
+        data = self._fleet(req)
+        lines = []
+        for r in data.rows:
+            m = r.machine
+            currencies = sorted(
+                {mo.currency for mo in r.spent} | ({r.burn.currency} if r.burn else set())
+            )
+            for c in currencies or [m.currency or ""]:
+                cost = next((mo.amount for mo in r.spent if mo.currency == c), None)
+                per_hour = r.burn.amount if r.burn is not None and r.burn.currency == c else None
+                lines.append(
+                    [
+                        m.name,
+                        m.project,
+                        m.owner,
+                        m.cloud,
+                        m.zone or m.region,
+                        m.gpu,
+                        m.gpu_count if m.gpu else None,
+                        m.market,
+                        m.status,
+                        r.idle.since.isoformat() if r.idle else None,
+                        c,
+                        cost,
+                        per_hour,
+                        r.move.action if r.move else None,
+                        r.next_at.isoformat() if r.next_at else None,
+                    ]
+                )
+        header = [
+            "machine", "project", "owner", "cloud", "where", "gpu", "gpu_count", "market",
+            "state", "idle_since", "currency", "cost", "per_hour", "next_action", "next_at",
+        ]  # fmt: skip
+        return Response(
+            render.csv_table(header, lines),
+            ctype="text/csv; charset=utf-8",
+            headers=[("Content-Disposition", 'attachment; filename="fleet.csv"')],
         )
 
     def _spend(self, req: Request) -> spend_view.Spend:
@@ -725,6 +790,12 @@ class Dashboard:
             d=data,
             section="fleet",
             may_act=self.may_act(req, data.machine),
+            budgets=[
+                p.name
+                for p in pages.budget_policies(self.app)
+                if p.applies_to.matches(data.machine.project, data.machine.owner)
+            ],
+            back=_back(req),
             done=done if done in DONE and mid == data.machine.id else None,
             refused=refused,
             tz=zone,
@@ -763,9 +834,10 @@ class Dashboard:
 
     def act(self, req: Request, m: Any) -> Response:
         """A form's action on machine ``m``, as the signed-in user (every event it writes
-        records them); then back to the machine's page (303), which says what was done. Stop and
-        down ask first: a page whose form sends ``confirm=yes``. A refusal (policy, budget,
-        state) is the CLI's own words on the page: 409; not the owner: 403."""
+        records them); then back to the machine's page (303), or to the page the form names in
+        ``back`` (a fleet row's: the list with its filters and sort), which says what was done.
+        Stop and down ask first: a page whose form sends ``confirm=yes``. A refusal (policy,
+        budget, state) is the CLI's own words on the machine's page: 409; not the owner: 403."""
         form = req.form()
         do = form.get("do", "")
         if do not in ACTS:
@@ -778,8 +850,9 @@ class Dashboard:
         if not self.may_act(req, m):
             words = self.t(req, "dash_do_forbidden", who=who, owner=m.owner or "?")
             return self.machine(req, m.id, status=403, refused=words)
+        back = _back(req)
         if do in CONFIRM and form.get("confirm") != "yes":
-            return self.page(req, "confirm.html", m=m, do=do, section="fleet")
+            return self.page(req, "confirm.html", m=m, do=do, section="fleet", back=back)
         try:
             with acting.acting_as(who):
                 done = self._do(do, m.name, form)
@@ -793,7 +866,7 @@ class Dashboard:
         return Response(
             status=303,
             headers=[
-                ("Location", req.url(f"/machine/{m.id}")),
+                ("Location", req.root + back if back else req.url(f"/machine/{m.id}")),
                 ("Set-Cookie", self._flash(req, f"{m.id}.{done}", 60)),
             ],
         )
@@ -835,6 +908,13 @@ class Dashboard:
             elif text.strip():
                 result = plan_view.plan_page(self.app, text=text, owner=self.viewer(req))
         return self.page(req, "plan.html", files=files, result=result, text=text, section="plan")
+
+
+def _back(req: Request) -> str | None:
+    """Where an act form sends the user when done: the page it was on (the fleet, with its
+    filters and sort), a path on this site; None: the machine's page."""
+    back = (req.form() if req.method == "POST" else req.query).get("back", "")
+    return safe_back(back) if back else None
 
 
 def _burndown(data: spend_view.Spend, f: render.Fmt) -> Any:

@@ -5,18 +5,21 @@ it is up and the next thing the scheduler will do to it, in the page's words."""
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping
-from dataclasses import dataclass
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from datetime import date, datetime, timedelta
+from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 from zoneinfo import ZoneInfo
 
 from provisioner import idle
+from provisioner.errors import UserError
 from provisioner.jobs import outlook, sweep
-from provisioner.money import Money
+from provisioner.money import Money, Rates, allocate
 from provisioner.render import Fmt
-from provisioner.views.status import MachineDetail, fleet_totals, machine_detail, monies, read_fleet
-from provisioner.views.summary import IdleMachine, Summary, summary
+from provisioner.views.status import MachineDetail, machine_detail, monies, read_fleet
+from provisioner.views.summary import COUNTS, IdleMachine, Summary, burn, summary
 
 if TYPE_CHECKING:
     from provisioner.app import App
@@ -37,6 +40,19 @@ class Row:
     tz: ZoneInfo | None  # the policy calendar's: times are shown in it
     move: outlook.Move | None = None  # the decision behind ``next_action``
     idle: IdleMachine | None = None  # idle now: since when, what it has wasted
+    burn: Money | None = None  # per hour now (:func:`provisioner.views.summary.burn`)
+    #: ``spent`` and ``burn`` as shown: rounded so that the rows add up to the totals
+    spent_shown: list[Money] = field(default_factory=list)
+    burn_shown: Money | None = None
+
+
+#: ``state=``: the summary's counts (``idle``: running and idle now)
+STATES = COUNTS
+#: ``sort=``: the fleet's columns. Money sorts by its amount converted to the settings'
+#: currency (``rates``), names naturally (gpu-2 before gpu-10); a row without the value last.
+SORTS = ("name", "project", "owner", "gpu", "state", "util", "cost", "burn", "next")
+FILTERS = ("budget", "project", "owner", "cloud", "state")
+RATE_STEP = Decimal("0.0001")  # rates per hour are shown to 1/100 of a cent
 
 
 @dataclass
@@ -51,16 +67,35 @@ class Fleet:
     at: datetime  # as of
     spent: list[Money]  # the rows' spend, per currency
     summary: Summary | None = None  # what burns now, counts, budgets, idle now
+    burning: list[Money] = field(default_factory=list)  # the rows' burn per hour, per currency
+    budgets: list[str] = field(default_factory=list)  # the policies with a budget
+    sort: str = ""
+    desc: bool = False
 
 
-def fleet(app: App, now: datetime, f: Fmt, filters: Mapping[str, str]) -> Fleet:
-    """Every live machine (filtered by exact project, owner, cloud), with what it has cost, its
-    GPU utilisation, why it is up and the next thing the scheduler will do to it."""
+def fleet(app: App, now: datetime, f: Fmt, query: Mapping[str, str]) -> Fleet:
+    """Every live machine, filtered (``budget``: those that policy's budget covers; exact
+    ``project``, ``owner``, ``cloud``; ``state``: one of the summary's counts) and sorted
+    (``sort``, ``dir``), with what it has cost, its GPU utilisation, why it is up and the next
+    thing the scheduler will do to it. Bad input: :class:`UserError`."""
     from sqlalchemy import select
 
     from provisioner.models import ACTIVE_EXCLUDED, Machine
 
-    chosen = {k: filters[k] for k in ("project", "owner", "cloud") if filters.get(k)}
+    chosen = {k: query[k] for k in FILTERS if query.get(k)}
+    sort, desc = _sort_of(query)
+    budgets = {p.name: p for p in app.policies if p.budget is not None}
+    covers = None
+    if "budget" in chosen:
+        if chosen["budget"] not in budgets:
+            raise UserError(
+                f"no policy {chosen['budget']!r} with a budget (budgets: "
+                f"{', '.join(sorted(budgets)) or 'none'})"
+            )
+        covers = budgets[chosen["budget"]].applies_to.matches
+    state = chosen.get("state")
+    if state is not None and state not in STATES:
+        raise UserError(f"state {state!r}: one of {', '.join(STATES)}")
     listed = {r.id: r for r in read_fleet(app, all_=False).rows}
     with app.db.session() as s:
         live = list(
@@ -70,14 +105,22 @@ def fleet(app: App, now: datetime, f: Fmt, filters: Mapping[str, str]) -> Fleet:
                 .order_by(Machine.project, Machine.name)
             )
         )
-    machines = [m for m in live if all(getattr(m, k) == v for k, v in chosen.items())]
+    exact = {k: v for k, v in chosen.items() if k in ("project", "owner", "cloud")}
+    machines = [
+        m
+        for m in live
+        if all(getattr(m, k) == v for k, v in exact.items())
+        and (covers is None or covers(m.project, m.owner))
+    ]
+    sm = summary(app, now, machines)  # the summary: of the machines in any state
+    if state is not None:
+        machines = [m for m in machines if sm.in_state(m, state)]
     ids = [m.id for m in machines]
     start = now - SPARK_SPAN
     beats = spark_points(app, ids, start, SPARK_STEP) if ids else {}
     rows = []
     assessed, failed = sweep.assess(app, now, machines)
     decided = outlook.moves(app, now, assessed)
-    sm = summary(app, now, machines)
     idle_now = {i.machine.id: i for i in sm.idle}
 
     def spent(m: Machine) -> list[Money]:
@@ -87,7 +130,7 @@ def fleet(app: App, now: datetime, f: Fmt, filters: Mapping[str, str]) -> Fleet:
     for m in machines:
         if m.id in failed:  # shown, with why the scheduler cannot judge it
             why = f"rules cannot be evaluated: {failed[m.id]}"
-            rows.append(Row(m, spent(m), [], why, "", None, None))
+            rows.append(Row(m, spent(m), [], why, "", None, None, burn=burn(m)))
     for a in assessed:
         m = a.machine
         next_action, next_at = _next(decided[m.id], now, f)
@@ -101,8 +144,11 @@ def fleet(app: App, now: datetime, f: Fmt, filters: Mapping[str, str]) -> Fleet:
         row = Row(
             m, spent(m), beats.get(m.id, []), why, next_action, next_at, _tz(a), move, idle_row
         )
+        row.burn = burn(m)
         rows.append(row)
-    shown = {m.id for m in machines}
+    if sort:
+        rows = sort_rows(rows, sort, desc, app.settings.money_rates)
+    spent_total = _share(rows)
     return Fleet(
         rows,
         sorted({m.project for m in live}),
@@ -112,9 +158,82 @@ def fleet(app: App, now: datetime, f: Fmt, filters: Mapping[str, str]) -> Fleet:
         len(live),
         start,
         now,
-        fleet_totals([r for i, r in listed.items() if i in shown]),
+        spent_total,
         sm,
+        _share_burn(rows),
+        sorted(budgets),
+        sort,
+        desc,
     )
+
+
+def _sort_of(query: Mapping[str, str]) -> tuple[str, bool]:
+    sort, way = query.get("sort", ""), query.get("dir", "") or "asc"
+    if sort and sort not in SORTS:
+        raise UserError(f"sort {sort!r}: one of {', '.join(SORTS)}")
+    if way not in ("asc", "desc"):
+        raise UserError(f"dir {way!r}: asc or desc")
+    return sort, way == "desc"
+
+
+def natural(text: str | None) -> tuple[Any, ...]:
+    """``gpu-2`` before ``gpu-10``: runs of digits compared as numbers."""
+    return tuple(
+        (0, int(p), "") if p.isdigit() else (1, 0, p.casefold())
+        for p in re.split(r"(\d+)", text or "")
+        if p
+    )
+
+
+def sort_rows(rows: list[Row], by: str, desc: bool, rates: Rates) -> list[Row]:
+    """``rows`` by column ``by``, ties by name; rows without a value (no cost, no heartbeat,
+    nothing scheduled) last either way."""
+
+    def convert(monies: list[Money]) -> Decimal:
+        return sum((rates.convert(mo, rates.base).amount for mo in monies), Decimal(0))
+
+    keys: dict[str, Callable[[Row], Any]] = {
+        "name": lambda r: natural(r.machine.name),
+        "project": lambda r: natural(r.machine.project),
+        "owner": lambda r: natural(r.machine.owner),
+        "gpu": lambda r: (natural(r.machine.gpu), r.machine.gpu_count) if r.machine.gpu else None,
+        "state": lambda r: r.machine.status,
+        "util": lambda r: r.beats[-1][1] if r.beats else None,
+        "cost": lambda r: convert(r.spent) if r.spent else None,
+        "burn": lambda r: convert([r.burn]) if r.burn else None,
+        "next": lambda r: r.next_at,
+    }
+    key = keys[by]
+    rows = sorted(rows, key=lambda r: natural(r.machine.name))
+    valued = [r for r in rows if key(r) is not None]
+    return sorted(valued, key=key, reverse=desc) + [r for r in rows if key(r) is None]
+
+
+def _share(rows: list[Row]) -> list[Money]:
+    """Each row's cost rounded to the cent so that, per currency, the rows add up to their
+    total (:func:`provisioner.money.allocate`); the totals."""
+    totals = []
+    for c in sorted({mo.currency for r in rows for mo in r.spent}):
+        having = [(r, mo.amount) for r in rows for mo in r.spent if mo.currency == c]
+        shares = allocate([a for _, a in having])
+        for (r, _), share in zip(having, shares, strict=True):
+            r.spent_shown.append(Money(share, c))
+        totals.append(Money(sum(shares, Decimal(0)), c))
+    for r in rows:
+        r.spent_shown.sort(key=lambda mo: mo.currency)
+    return totals
+
+
+def _share_burn(rows: list[Row]) -> list[Money]:
+    """The same for what the rows burn per hour, to 1/100 of a cent."""
+    totals = []
+    for c in sorted({r.burn.currency for r in rows if r.burn is not None}):
+        having = [r for r in rows if r.burn is not None and r.burn.currency == c]
+        shares = allocate([r.burn.amount for r in having if r.burn is not None], step=RATE_STEP)
+        for r, share in zip(having, shares, strict=True):
+            r.burn_shown = Money(share, c)
+        totals.append(Money(sum(shares, Decimal(0)), c))
+    return totals
 
 
 def spark_points(

@@ -5,7 +5,7 @@ and the machines idle now with what they waste."""
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any
@@ -50,6 +50,14 @@ class Summary:
     counts: dict[str, int]
     budgets: list[Status]
     idle: list[IdleMachine]  # most wasteful per hour first
+    #: each machine's count it is in (by id; idle ones are also ``running``): the fleet's
+    #: ``state=`` filter
+    state_of: dict[str, str] = field(default_factory=dict)
+
+    def in_state(self, m: Machine, state: str) -> bool:
+        if state == "idle":
+            return any(i.machine.id == m.id for i in self.idle)
+        return self.state_of.get(m.id) == state
 
     @property
     def idle_per_hour(self) -> list[Money]:
@@ -100,24 +108,21 @@ def summary(
 
     machines = list(live) if live is not None else _live(app)
     counts = dict.fromkeys(COUNTS, 0)
+    state_of: dict[str, str] = {}
     burning = Amounts()
     for m in machines:
-        if m.status in (S.RUNNING, S.PENDING):
-            counts["running"] += m.status == S.RUNNING
-            if m.rate is not None and m.currency:
-                burning.add(m.currency, m.rate)
-        elif m.status == S.STOPPED:
-            counts["stopped"] += 1
-        elif m.status == S.WAITING:
-            counts["waiting"] += 1
-        if m.disk_rate is not None and m.currency and m.status in _DISK_BILLS:
-            burning.add(m.currency, m.disk_rate)
+        if m.status in (S.RUNNING, S.STOPPED, S.WAITING):
+            state_of[m.id] = m.status
+        if (b := burn(m)) is not None:
+            burning.add(b.currency, b.amount)
     preempted = [m for m in machines if m.status == S.PREEMPTED]
     if preempted:
         with app.db.session() as s:
             for m in preempted:
                 t = tries(events(s, m.id))
-                counts["held" if (t.refusal or t.gave_up) else "preempted"] += 1
+                state_of[m.id] = "held" if (t.refusal or t.gave_up) else "preempted"
+    for state in state_of.values():
+        counts[state] += 1
     running = [m for m in machines if m.status == S.RUNNING and m.rate is not None]
     thresholds = {m.id: idle.threshold(idle.idle_rules(app.policies, m))[0] for m in running}
     grace = timedelta(seconds=app.settings.scheduler.heartbeat_grace_seconds)
@@ -139,7 +144,21 @@ def summary(
         counts=counts,
         budgets=standings(app, now) if budgets is None else budgets,
         idle=idle_list,
+        state_of=state_of,
     )
+
+
+def burn(m: Machine) -> Money | None:
+    """What ``m`` costs per hour now: its compute while running or starting, its disk while
+    that bills (None: nothing, or no rate known)."""
+    if not m.currency:
+        return None
+    amount = Decimal(0)
+    if m.status in (S.RUNNING, S.PENDING) and m.rate is not None:
+        amount += m.rate
+    if m.disk_rate is not None and m.status in _DISK_BILLS:
+        amount += m.disk_rate
+    return Money(amount, m.currency) if amount else None
 
 
 _DISK_BILLS = (S.PENDING, S.RUNNING, S.STOPPING, S.STOPPED, S.PREEMPTED)
