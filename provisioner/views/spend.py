@@ -272,9 +272,12 @@ class Choice:
     on: bool = False  # the period shown
 
 
-def choices(now: datetime, tz: str, shown: ledger.Period, budget_period: bool) -> list[Choice]:
-    """This budget period (with a budget), this and last month, the last 7 and 30 days (today
-    included), this quarter and year — the days in ``tz``, the report's zone."""
+def choices(
+    now: datetime, tz: str, shown: ledger.Period, budget_period: ledger.Period | None
+) -> list[Choice]:
+    """This budget period (with a budget: ``budget_period``), this and last month, the last 7
+    and 30 days (today included), this quarter and year — the days in ``tz``, the report's
+    zone."""
     today = now.astimezone(ZoneInfo(tz)).date()
     first = today.replace(day=1)
     last_month = (first - timedelta(days=1)).replace(day=1)
@@ -290,8 +293,8 @@ def choices(now: datetime, tz: str, shown: ledger.Period, budget_period: bool) -
         Choice("dash_p_year", f"{today.year}-01-01..{today.year}-12-31"),
     ]
     for c in out:
-        p = ledger.Period.parse(c.period, tz) if c.period else shown
-        c.on = (p.start, p.end) == (shown.start, shown.end)
+        p = ledger.Period.parse(c.period, tz) if c.period else budget_period
+        c.on = p is not None and (p.start, p.end) == (shown.start, shown.end)
     if budget_period and out[0].on:  # the budget's period: one choice lit, not two
         for c in out[1:]:
             c.on = False
@@ -356,7 +359,8 @@ def spend(
         today = -1
     params = {k: q.get(k, "") for k in ("budget", "by", "project", "owner", "cloud", "gpu")}
     params["period"] = page_period(q) or ""
-    picks = choices(now, r.period.tz, r.period, r.budget is not None)
+    own = v.policy if r.budget is not None else None
+    picks = choices(now, r.period.tz, r.period, own and _period(Query(), own, now))
     return Spend(
         r, v.policy, v.previous, shown, {k: v for k, v in params.items() if v}, today, picks
     )
