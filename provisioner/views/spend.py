@@ -140,8 +140,7 @@ class Previous:
         p = self.report.period
         return {
             "period": {"label": p.label, "start": p.start, "end": p.end, "timezone": p.tz},
-            **self.total.as_json(),
-            "key": None,
+            **{k: v for k, v in self.total.as_json().items() if k != "key"},
             "lines": [c.as_json() for c in self.lines],
         }
 
@@ -359,8 +358,8 @@ def spend(
         today = -1
     params = {k: q.get(k, "") for k in ("budget", "by", "project", "owner", "cloud", "gpu")}
     params["period"] = page_period(q) or ""
-    own = v.policy if r.budget is not None else None
-    picks = choices(now, r.period.tz, r.period, own and _period(Query(), own, now))
+    default = _period(Query(), v.policy, now) if r.budget is not None else None
+    picks = choices(now, r.period.tz, r.period, default)
     return Spend(
         r, v.policy, v.previous, shown, {k: v for k, v in params.items() if v}, today, picks
     )
