@@ -25,7 +25,9 @@ from tests.test_dashboard import (  # noqa: F401  (fixtures)
     browser,
     call,
     money_text,
+    screens,
     seed,
+    shoot,
 )
 from tests.test_notify import channels, launch, rx, secrets  # noqa: F401  (fixtures)
 
@@ -340,6 +342,7 @@ def served_december(state, clock):
 def test_last_month_keyboard_only_shows_the_previous_column_and_alerts_pass_axe(
     served_december,
     browser,  # noqa: F811
+    screens,  # noqa: F811
 ):
     from selenium.webdriver.common.action_chains import ActionChains
     from selenium.webdriver.common.by import By
@@ -376,11 +379,13 @@ def test_last_month_keyboard_only_shows_the_previous_column_and_alerts_pass_axe(
     assert drv.find_element(By.ID, "lines-previous").text == "$0.00"
     assert drv.find_element(By.ID, "p-last-month").get_attribute("aria-current") == "true"
     assert axe_problems(drv) == [], "/spend with the previous column"
+    shoot(drv, screens, "spend-last-month")
     # the alert history: no critical or serious axe violation, in English and Russian
     drv.get(base + "/alerts")
     rows = drv.find_elements(By.CSS_SELECTOR, "#alerts tbody tr")
     assert sorted(r.get_attribute("data-status") for r in rows) == ["failed", "retrying", "sent"]
     assert axe_problems(drv) == [], "/alerts"
+    shoot(drv, screens, "alerts")
     drv.get(base + "/lang?to=ru&back=/alerts?status=failed")
     assert len(drv.find_elements(By.CSS_SELECTOR, "#alerts tbody tr")) == 1
     assert axe_problems(drv) == [], "ru /alerts"
