@@ -28,6 +28,7 @@ from tests.test_dashboard import (  # noqa: F401  (fixtures)
     screens,
     seed,
     shoot,
+    window,
 )
 from tests.test_notify import channels, launch, rx, secrets  # noqa: F401  (fixtures)
 
@@ -144,6 +145,24 @@ def test_one_day_of_two_is_400(state):
 
 
 # --- the previous period -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "period, tz, before",
+    [
+        ("2026-03", "Europe/Berlin", "2026-02"),
+        ("2026-01", "UTC", "2025-12"),
+        ("2026-W01", "UTC", "2025-W52"),
+        ("2026-11-20..2026-11-26", "UTC", "2026-11-13..2026-11-19"),
+        ("2026-10-01..2026-12-31", "UTC", "2026-07-01..2026-09-30"),  # a quarter: 92 days
+        ("2026-03-29..2026-03-29", "Europe/Berlin", "2026-03-28..2026-03-28"),  # DST: 23 h
+    ],
+)
+def test_the_period_before_is_of_the_same_kind_and_length(period, tz, before):
+    from provisioner.ledger import Period
+
+    p = Period.parse(period, tz).previous()
+    assert p == Period.parse(before, tz) and p.end == Period.parse(period, tz).start
 
 
 def test_the_previous_period_is_the_report_of_the_days_before(state):
@@ -389,6 +408,14 @@ def test_last_month_keyboard_only_shows_the_previous_column_and_alerts_pass_axe(
     drv.get(base + "/lang?to=ru&back=/alerts?status=failed")
     assert len(drv.find_elements(By.CSS_SELECTOR, "#alerts tbody tr")) == 1
     assert axe_problems(drv) == [], "ru /alerts"
+    window(drv, 400, 900, 1.0)  # a phone: neither page scrolls sideways
+    for path in ("/spend?by=owner&period=2026-11", "/alerts"):
+        drv.get(base + path)
+        wide = drv.execute_script(
+            "return [document.documentElement.scrollWidth, document.documentElement.clientWidth]"
+        )
+        assert wide[0] <= wide[1], (path, wide)
+    drv.execute_cdp_cmd("Emulation.clearDeviceMetricsOverride", {})
 
 
 def _alive(el) -> bool:
