@@ -86,6 +86,7 @@ ORDER = [
     "provisioner.views.status",
     "provisioner.views.plan",
     "provisioner.views.spend",
+    "provisioner.views.alerts",  # alert history: notices and their deliveries
     "provisioner.views.summary",  # what burns now, counts, budgets, idle now
     "provisioner.views.fleet",  # the dashboard's fleet and machine pages
     "provisioner.dashboard.svg",  # the team dashboard: charts, page data, the WSGI app

@@ -51,6 +51,12 @@ def report(
     to: list[str] = typer.Option(
         None, "--to", help="mail it to this address (repeat for several); implies --email"
     ),
+    compare: bool = typer.Option(
+        False,
+        "--compare",
+        help="the previous period beside it (the month, week or as many days before), per "
+        "line and in total, with the change",
+    ),
     output: ReportOutput = typer.Option(ReportOutput.table, "--output", "-o"),
 ) -> None:
     """Spend for a period: by project/owner/cloud/GPU/machine, against the budget, with the
@@ -60,11 +66,13 @@ def report(
     recipients = [_address(a) for a in to or []]
     mail = email or bool(recipients)
     application = get_app(ctx)
-    q = spend.Query(period, project, owner, cloud, gpu, by, policy, currency, language)
+    if compare and output in (ReportOutput.csv, ReportOutput.html):
+        raise UserError("--compare: shown in the table and in -o json, not in csv or html")
+    q = spend.Query(period, project, owner, cloud, gpu, by, policy, currency, language, compare)
     v = spend.report(application, q)
     if mail:
         _mail(application, v.report, recipients or v.recipients)
-    _write(v.report, output, table=not mail)
+    _write(v, output, table=not mail)
 
 
 def _mail(application: Any, r: Any, recipients: list[str]) -> None:
@@ -74,16 +82,17 @@ def _mail(application: Any, r: Any, recipients: list[str]) -> None:
     err.print(f"sent “{render.subject(r)}” to {', '.join(recipients)}", highlight=False)
 
 
-def _write(r: Any, output: ReportOutput, *, table: bool) -> None:
+def _write(v: Any, output: ReportOutput, *, table: bool) -> None:
     """The report as ``output`` asks; a table only when it was not mailed instead."""
     from provisioner import render
 
+    r = v.report
     if output is ReportOutput.json:
-        print_json(r.as_json())
+        print_json(v.as_json())
     elif output is not ReportOutput.table:
         sys.stdout.write(render.csv(r) if output is ReportOutput.csv else render.html_page(r))
     elif table:
-        _table(r)
+        _table(r, v.previous)
 
 
 _ADDRESS = re.compile(r"[^@\s<>,;\"]+@[^@\s<>,;\"]+\.[^@\s<>,;\".]+")
@@ -105,12 +114,19 @@ def _address(text: str) -> str:
     return text.strip()
 
 
-def _table(r: Any) -> None:
+def _table(r: Any, previous: Any = None) -> None:
     from provisioner import render  # as in report(): SQLAlchemy, not for --help
 
     f = render.fmt(r)
     _standing(r, f)
-    out.print(_groups(r, f))
+    if previous is not None:
+        p = previous.report
+        out.print(
+            f"{f.t('previous')}: {f.period(p.period)} — {f.money(p.shown_total)}; "
+            f"{f.t('change')} {previous.total.text(f)}",
+            highlight=False,
+        )
+    out.print(_groups(r, f, previous))
     if r.top_machines:
         out.print(_top(r, f))
     saved = ", ".join(f"{f.reason(reason)} {f.money(m)}" for reason, m in r.savings) or f.t("none")
@@ -148,7 +164,7 @@ def _standing(r: Any, f: Any) -> None:
         out.print(f"{f.t('forecast')}: {f.money(r.shown_forecast)}", highlight=False)
 
 
-def _groups(r: Any, f: Any) -> Any:
+def _groups(r: Any, f: Any, previous: Any = None) -> Any:
     from rich.table import Table  # rich's tables only for a table: not for --help
 
     t = Table(title=f.t(r.by), show_footer=True)
@@ -156,12 +172,22 @@ def _groups(r: Any, f: Any) -> Any:
     for kind, m in r.shown_by_kind.items():
         t.add_column(f.t(kind), justify="right", footer=f.money(m))
     t.add_column(f.t("total"), justify="right", footer=f.money(r.shown_total))
+    if previous is not None:
+        t.add_column(f.t("previous"), justify="right", footer=f.money(previous.total.before))
+        t.add_column(f.t("change"), justify="right", footer=previous.total.text(f))
     for ln in r.lines:
+        c = previous.line(ln.key) if previous is not None else None
         t.add_row(
             _plain(ln.key),
             *(f.money(ln.shown_by_kind[k]) if k in ln.shown_by_kind else "—" for k in r.by_kind),
             f.money(ln.shown),
+            *((f.money(c.before), c.text(f)) if c is not None else ()),
         )
+    for c in previous.only_before if previous is not None else []:
+        t.add_row(
+            _plain(c.key), *("—" for _ in r.by_kind), f.money(c.now), f.money(c.before),
+            c.text(f),
+        )  # fmt: skip
     return t
 
 

@@ -1,34 +1,18 @@
-"""What the pages offer to pick from (months, experiment files). What each page shows is a view
+"""What the pages offer to pick from (experiment files). What each page shows is a view
 model of :mod:`provisioner.views`, the CLI's own: the fleet and a machine
 (:mod:`provisioner.views.fleet`), spend (:mod:`provisioner.views.spend`) and a plan
 (:mod:`provisioner.views.plan`)."""
 
 from __future__ import annotations
 
-from datetime import datetime
-
 from sqlalchemy import select
 
-from provisioner import ledger
 from provisioner.app import App
 from provisioner.models import Machine
 from provisioner.views.fleet import when
 from provisioner.views.spend import BY, budget_policies, standings
 
-__all__ = ["BY", "budget_policies", "experiment_files", "month_choices", "standings", "when"]
-
-
-def month_choices(now: datetime, n: int = 4) -> list[str]:
-    """This month and the ones before it, for the period picker."""
-    y, m, out = now.year, now.month, []
-    for _ in range(n):
-        out.append(f"{y:04d}-{m:02d}")
-        y, m = (y - 1, 12) if m == 1 else (y, m - 1)
-    return out
-
-
-def week_label(now: datetime) -> str:
-    return ledger.Period.week(now).label
+__all__ = ["BY", "budget_policies", "experiment_files", "standings", "when"]
 
 
 def experiment_files(app: App, dirs: list[str]) -> list[str]:

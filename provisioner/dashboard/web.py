@@ -50,13 +50,14 @@ from urllib.parse import parse_qsl, urlencode, urlsplit
 from zoneinfo import ZoneInfo
 
 from policies.schema import matching
-from provisioner import acting, bill, budget, notify, render, reports, tokens
+from provisioner import acting, bill, budget, render, reports, tokens
 from provisioner.app import App
 from provisioner.dashboard import pages, svg
 from provisioner.errors import ProvisionerError
 from provisioner.identity import SCHEDULER, email_of, grants
 from provisioner.models import Token
 from provisioner.money import Money
+from provisioner.views import alerts as alerts_view
 from provisioner.views import fleet as fleet_view
 from provisioner.views import plan as plan_view
 from provisioner.views import spend as spend_view
@@ -312,6 +313,7 @@ class Dashboard:
             "/spend": self.spend,
             "/spend.csv": self.spend_csv,
             "/fleet.csv": self.fleet_csv,
+            "/alerts": self.alerts,
             "/plan": self.plan,
             "/login": self.login,
             "/logout": self.logout,
@@ -672,6 +674,7 @@ class Dashboard:
             states=fleet_view.STATES,
             may_act=lambda m: self.may_act(req, m),
             done=flash,
+            undelivered=alerts_view.undelivered(self.app),
         )
         if FLASH_COOKIE in req.cookies:  # said once
             resp.headers.append(("Set-Cookie", self._flash(req, "", 0)))
@@ -743,22 +746,31 @@ class Dashboard:
 
     def spend(self, req: Request) -> Response:
         data = self._spend(req)
-        now = self.now()
         f = render.Fmt(self.language(req))
+        r = data.report
         return self.page(
             req,
             "spend.html",
             s=data,
-            r=data.report,
+            r=r,
+            prev=data.previous,
+            days=(
+                r.period.start.astimezone(ZoneInfo(r.period.tz)).date(),
+                r.period.days()[-1],
+            ),
             section="spend",
             by_choices=pages.BY,
-            months=pages.month_choices(now),
-            this_week=pages.week_label(now),
             budget_names=[p.name for p in pages.budget_policies(self.app)],
-            ownership=lambda o: render.ownership_text(data.report, o),
+            ownership=lambda o: render.ownership_text(r, o),
             chart=_burndown(data, f),
-            billed=bill.last_fetch(self.app, data.report.period.label),
-            notices=notify.recent(self.app, 20),
+            billed=bill.last_fetch(self.app, r.period.label),
+            notices=alerts_view.recent(self.app, data.params.get("budget")),
+        )
+
+    def alerts(self, req: Request) -> Response:
+        data = alerts_view.alerts(self.app, req.query)
+        return self.page(
+            req, "alerts.html", a=data, statuses=alerts_view.STATUSES, section="alerts"
         )
 
     def spend_csv(self, req: Request) -> Response:

@@ -83,6 +83,16 @@ class Period:
             f"not a period: {text!r} (write 2026-11, 2026-W48 or 2026-11-01..2026-11-15)"
         )
 
+    def previous(self) -> Period:
+        """The period of the same kind just before: the month, the ISO week, or as many whole
+        days (``ValueError`` before the earliest date)."""
+        if _MONTH.match(self.label):
+            return Period.month(self.start - _US, self.tz)
+        if _WEEK.match(self.label):
+            return Period.week(self.start - DAY, self.tz)
+        days = self.days()
+        return Period.between(days[0] - len(days) * DAY, days[0] - DAY, self.tz)
+
     def clip(self, at: datetime) -> datetime:
         return min(max(at, self.start), self.end)
 

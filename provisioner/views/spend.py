@@ -8,8 +8,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import date, datetime
-from typing import TYPE_CHECKING
+from datetime import date, datetime, timedelta
+from decimal import Decimal
+from typing import TYPE_CHECKING, Any
 from zoneinfo import ZoneInfo
 
 from provisioner import budget, ledger, reports
@@ -19,6 +20,7 @@ from provisioner.money import Money
 if TYPE_CHECKING:
     from policies.schema import Policy
     from provisioner.app import App
+    from provisioner.render import Fmt
 
 BY = reports.BY  # and label:KEY
 
@@ -42,13 +44,16 @@ class Query:
     policy: str | None = None
     currency: str | None = None
     language: str | None = None
+    compare: bool = False  # the previous period beside it
 
     @classmethod
     def of_page(cls, q: dict[str, str] | None, language: str) -> Query:
-        """The Spend page's query string (``budget``, ``period``, ``by``, the filters)."""
+        """The Spend page's query string (``budget``, ``period``, ``by``, the filters; ``from``
+        and ``to``, the picker's own days, are the period ``from..to``), with the previous
+        period beside it."""
         q = q or {}
         return cls(
-            period=q.get("period") or None,
+            period=page_period(q),
             project=q.get("project") or None,
             owner=q.get("owner") or None,
             cloud=q.get("cloud") or None,
@@ -56,7 +61,19 @@ class Query:
             by=q.get("by") or "project",
             policy=q.get("budget") or None,
             language=language,
+            compare=True,
         )
+
+
+def page_period(q: dict[str, str]) -> str | None:
+    """The ``period`` a page's query asks for: the picker's ``from`` and ``to`` days as
+    ``from..to`` (the words ``report --period`` reads), else ``period``."""
+    first, last = (q.get(k, "").strip() for k in ("from", "to"))
+    if first or last:
+        if not (first and last):
+            raise UserError("period: give both days, from and to")
+        return f"{first}..{last}"
+    return q.get("period") or None
 
 
 @dataclass
@@ -66,9 +83,107 @@ class Day:
 
 
 @dataclass
+class Change:
+    """One line (or the total) now and in the previous period, as each report shows it."""
+
+    key: str
+    now: Money
+    before: Money
+
+    @property
+    def diff(self) -> Money:
+        return self.now - self.before
+
+    @property
+    def pct(self) -> Decimal | None:
+        """The change in per cent; None when there was nothing before (new, or nothing)."""
+        if self.before.amount == 0:
+            return None
+        return self.diff.amount * 100 / self.before.amount
+
+    def text(self, f: Fmt) -> str:
+        """As people read it: ``+$12.00 (+25 %)``; ``new`` when there was nothing before."""
+        if self.before.amount == 0:
+            return f.t("new") if self.now.amount else "—"
+        sign = "+" if self.diff.amount > 0 else ""
+        return f"{sign}{f.money(self.diff)} ({sign}{f.pct(self.pct or Decimal(0))})"
+
+    def as_json(self) -> dict[str, Any]:
+        pct = self.pct
+        return {
+            "key": self.key,
+            "total": _money(self.before),
+            "change": _money(self.diff),
+            "change_pct": None if pct is None else str(pct.quantize(Decimal("0.1"))),
+            "new": self.before.amount == 0 and self.now.amount != 0,
+        }
+
+
+@dataclass
+class Previous:
+    """The same-length period just before, reported over the same scope by the same
+    :func:`provisioner.reports.build`: its lines add up to its total."""
+
+    report: reports.Report
+    lines: list[Change]  # the report's lines, then those spent only before
+    total: Change
+
+    def line(self, key: str) -> Change | None:
+        return next((c for c in self.lines if c.key == key), None)
+
+    @property
+    def only_before(self) -> list[Change]:
+        """Lines with spend before and none now (the current report has no line for them)."""
+        return [c for c in self.lines if c.now.amount == 0 and c.before.amount != 0]
+
+    def as_json(self) -> dict[str, Any]:
+        p = self.report.period
+        return {
+            "period": {"label": p.label, "start": p.start, "end": p.end, "timezone": p.tz},
+            **{k: v for k, v in self.total.as_json().items() if k != "key"},
+            "lines": [c.as_json() for c in self.lines],
+        }
+
+
+def _money(m: Money) -> dict[str, str]:
+    return {"amount": str(m.amount), "currency": m.currency}
+
+
+def previous(app: App, r: reports.Report) -> Previous | None:
+    """``r``'s previous period beside it (None before the earliest date the ledger knows)."""
+    try:
+        period = r.period.previous()
+    except ValueError:
+        return None
+    p = reports.build(
+        app,
+        period,
+        r.scope,
+        by=r.by,
+        title=r.title,
+        currency=r.currency,
+        language=r.language,
+        now=r.now,
+    )
+    zero = Money.zero(r.currency)
+    before = {ln.key: ln.shown or zero for ln in p.lines}
+    now = {ln.key: ln.shown or zero for ln in r.lines}
+    keys = [ln.key for ln in r.lines] + [ln.key for ln in p.lines if ln.key not in now]
+    lines = [Change(k, now.get(k, zero), before.get(k, zero)) for k in keys]
+    return Previous(p, lines, Change("", r.shown_total, p.shown_total))
+
+
+@dataclass
 class ReportView:
     report: reports.Report
     policy: Policy | None  # the budget compared with
+    previous: Previous | None = None  # asked for: the same-length period just before
+
+    def as_json(self) -> dict[str, Any]:
+        out = self.report.as_json()
+        if self.previous is not None:
+            out["previous"] = self.previous.as_json()
+        return out
 
     @property
     def days(self) -> list[Day]:
@@ -130,7 +245,7 @@ def report(app: App, q: Query, now: datetime | None = None) -> ReportView:
         language=language,
         now=now,
     )
-    return ReportView(r, policy)
+    return ReportView(r, policy, previous(app, r) if q.compare else None)
 
 
 def _period(q: Query, policy: Policy | None, now: datetime) -> ledger.Period:
@@ -147,10 +262,50 @@ def _period(q: Query, policy: Policy | None, now: datetime) -> ledger.Period:
 
 
 @dataclass
+class Choice:
+    """A quick choice of the period picker: its words' key and the ``period`` it asks for
+    (empty: the default, the budget's running period)."""
+
+    key: str
+    period: str
+    on: bool = False  # the period shown
+
+
+def choices(
+    now: datetime, tz: str, shown: ledger.Period, budget_period: ledger.Period | None
+) -> list[Choice]:
+    """This budget period (with a budget: ``budget_period``), this and last month, the last 7
+    and 30 days (today included), this quarter and year — the days in ``tz``, the report's
+    zone."""
+    today = now.astimezone(ZoneInfo(tz)).date()
+    first = today.replace(day=1)
+    last_month = (first - timedelta(days=1)).replace(day=1)
+    q = (today.month - 1) // 3 * 3 + 1
+    quarter_end = date(today.year + q // 10, (q + 2) % 12 + 1, 1) - timedelta(days=1)
+    out = [Choice("dash_p_budget", "")] if budget_period else []
+    out += [
+        Choice("dash_p_month", f"{first:%Y-%m}"),
+        Choice("dash_p_last_month", f"{last_month:%Y-%m}"),
+        Choice("dash_p_7", f"{today - timedelta(days=6)}..{today}"),
+        Choice("dash_p_30", f"{today - timedelta(days=29)}..{today}"),
+        Choice("dash_p_quarter", f"{today.replace(month=q, day=1)}..{quarter_end}"),
+        Choice("dash_p_year", f"{today.year}-01-01..{today.year}-12-31"),
+    ]
+    for c in out:
+        p = ledger.Period.parse(c.period, tz) if c.period else budget_period
+        c.on = p is not None and (p.start, p.end) == (shown.start, shown.end)
+    if budget_period and out[0].on:  # the budget's period: one choice lit, not two
+        for c in out[1:]:
+            c.on = False
+    return out
+
+
+@dataclass
 class Spend(ReportView):
     budgets: list[budget.Status] = field(default_factory=list)  # every budget's standing
     params: dict[str, str] = field(default_factory=dict)  # the query, to link with
     today: int | None = None  # today's index in the days; None: the period is over (-1: ahead)
+    picks: list[Choice] = field(default_factory=list)  # the period picker's quick choices
 
     @property
     def days_so_far(self) -> list[Day]:
@@ -201,7 +356,10 @@ def spend(
     today = days.index(local_today) if local_today in days and now < r.period.end else None
     if today is None and now < r.period.start:
         today = -1
-    params = {
-        k: q.get(k, "") for k in ("budget", "period", "by", "project", "owner", "cloud", "gpu")
-    }
-    return Spend(r, v.policy, shown, {k: v for k, v in params.items() if v}, today)
+    params = {k: q.get(k, "") for k in ("budget", "by", "project", "owner", "cloud", "gpu")}
+    params["period"] = page_period(q) or ""
+    default = _period(Query(), v.policy, now) if r.budget is not None else None
+    picks = choices(now, r.period.tz, r.period, default)
+    return Spend(
+        r, v.policy, v.previous, shown, {k: v for k, v in params.items() if v}, today, picks
+    )
