@@ -19,7 +19,7 @@ from provisioner.app import App
 from provisioner.clock import CLOCK_ENV, ManualClock, ShiftedClock
 from provisioner.dashboard import make_app
 from provisioner.jobs import reconcile, recover
-from provisioner.money import CENT, allocate
+from provisioner.money import CENT
 from provisioner.settings import load_settings
 from provisioner.spec import Experiment
 from tests.conftest import TEST_START, sandbox_experiment, write_settings
@@ -73,25 +73,12 @@ def test_each_machine_costs_the_same_in_status_and_on_its_pages(both):
         re.findall(r'<tr data-machine="([^"]+)">.*?<span class="cost">(.*?)</span>', fleet, re.S)
     )
     assert sorted(costs) == sorted(listed) == ["eval-ru", "seg-1", "seg-2", "train-a"]
-    # the rows as `status` costs them, rounded to add up to the total (largest remainder):
-    # each within a cent of `status NAME`'s own rounding
-    order = list(costs)
-    shares: dict[str, list[str]] = {name: [] for name in order}
+    # each row as `status` rounds it; the totals row adds up the rows as shown
     total: dict[str, Decimal] = {}
-    for c in sorted({s["currency"] for m in listed.values() for s in m["spent"]}):
-        having = [
-            (n, Decimal(s["amount"]))
-            for n in order
-            for s in listed[n]["spent"]
-            if s["currency"] == c
-        ]
-        rounded = allocate([a for _, a in having])
-        for (n, exact), r in zip(having, rounded, strict=True):
-            assert abs(r - exact) < CENT
-            shares[n].append(money_text({"amount": str(r), "currency": c}))
-        total[c] = sum(rounded, Decimal(0))
-        assert total[c] == cents(str(sum(a for _, a in having)))
-    assert costs == {n: " + ".join(v) for n, v in shares.items()}
+    for name, m in listed.items():
+        assert costs[name] == " + ".join(money_text(s) for s in m["spent"])
+        for s in m["spent"]:
+            total[s["currency"]] = total.get(s["currency"], Decimal(0)) + cents(s["amount"])
     (shown,) = cells(fleet, r'<span id="fleet-total">(.*?)</span><br>')
     assert shown == " + ".join(
         money_text({"amount": str(v), "currency": c}) for c, v in sorted(total.items())

@@ -9,14 +9,14 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import date, datetime, timedelta
-from decimal import Decimal
+from decimal import ROUND_HALF_UP, Decimal
 from typing import TYPE_CHECKING, Any
 from zoneinfo import ZoneInfo
 
 from provisioner import idle
 from provisioner.errors import UserError
 from provisioner.jobs import outlook, sweep
-from provisioner.money import Money, Rates, allocate
+from provisioner.money import Money, Rates
 from provisioner.render import Fmt
 from provisioner.views.status import MachineDetail, machine_detail, monies, read_fleet
 from provisioner.views.summary import COUNTS, IdleMachine, Summary, burn, summary
@@ -41,7 +41,7 @@ class Row:
     move: outlook.Move | None = None  # the decision behind ``next_action``
     idle: IdleMachine | None = None  # idle now: since when, what it has wasted
     burn: Money | None = None  # per hour now (:func:`provisioner.views.summary.burn`)
-    #: ``spent`` and ``burn`` as shown: rounded so that the rows add up to the totals
+    #: ``spent`` and ``burn`` as shown (rounded alone); the totals row sums these
     spent_shown: list[Money] = field(default_factory=list)
     burn_shown: Money | None = None
 
@@ -210,30 +210,25 @@ def sort_rows(rows: list[Row], by: str, desc: bool, rates: Rates) -> list[Row]:
 
 
 def _share(rows: list[Row]) -> list[Money]:
-    """Each row's cost rounded to the cent so that, per currency, the rows add up to their
-    total (:func:`provisioner.money.allocate`); the totals."""
-    totals = []
-    for c in sorted({mo.currency for r in rows for mo in r.spent}):
-        having = [(r, mo.amount) for r in rows for mo in r.spent if mo.currency == c]
-        shares = allocate([a for _, a in having])
-        for (r, _), share in zip(having, shares, strict=True):
-            r.spent_shown.append(Money(share, c))
-        totals.append(Money(sum(shares, Decimal(0)), c))
+    """Each row's cost to the cent as ``status NAME`` and the machine page show it; the totals
+    are the sums of the rows as shown, so the table adds up (per currency)."""
+    totals: dict[str, Decimal] = {}
     for r in rows:
-        r.spent_shown.sort(key=lambda mo: mo.currency)
-    return totals
+        r.spent_shown = sorted((mo.rounded() for mo in r.spent), key=lambda mo: mo.currency)
+        for mo in r.spent_shown:
+            totals[mo.currency] = totals.get(mo.currency, Decimal(0)) + mo.amount
+    return [Money(a, c) for c, a in sorted(totals.items())]
 
 
 def _share_burn(rows: list[Row]) -> list[Money]:
     """The same for what the rows burn per hour, to 1/100 of a cent."""
-    totals = []
-    for c in sorted({r.burn.currency for r in rows if r.burn is not None}):
-        having = [r for r in rows if r.burn is not None and r.burn.currency == c]
-        shares = allocate([r.burn.amount for r in having if r.burn is not None], step=RATE_STEP)
-        for r, share in zip(having, shares, strict=True):
-            r.burn_shown = Money(share, c)
-        totals.append(Money(sum(shares, Decimal(0)), c))
-    return totals
+    totals: dict[str, Decimal] = {}
+    for r in rows:
+        if r.burn is not None:
+            r.burn_shown = Money(r.burn.amount.quantize(RATE_STEP, ROUND_HALF_UP), r.burn.currency)
+            c = r.burn.currency
+            totals[c] = totals.get(c, Decimal(0)) + r.burn_shown.amount
+    return [Money(a, c) for c, a in sorted(totals.items())]
 
 
 def spark_points(
