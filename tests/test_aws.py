@@ -604,7 +604,7 @@ def test_the_time_ec2_stopped_or_took_a_machine_is_read_and_billed_to(
 )
 def test_response_timestamps_are_the_instants_botocore_reads(value):
     """EC2's ISO 8601 times are read by the standard library (botocore's dateutil parser took
-    0.6 s of a 1,000-machine sweep's listing); every form gives botocore's instant."""
+    0.11 s of a 1,000-machine sweep's listing); every form gives botocore's instant."""
     from botocore.utils import parse_timestamp
 
     from providers.aws.adapter import _timestamp

@@ -575,8 +575,8 @@ _TRANSITION_TIME = re.compile(r"\((\d{4}-\d\d-\d\d \d\d:\d\d:\d\d) (?:GMT|UTC)\)
 
 def _timestamp(value: Any) -> datetime:
     """A response's timestamp: ISO 8601 with its zone (what EC2 sends) by the standard
-    library; anything else by botocore's parser (dateutil: ~0.2 ms each, three per instance, so
-    0.6 s of a 1,000-machine sweep's listing)."""
+    library; anything else by botocore's parser (dateutil: ~40 µs each, three per instance, so
+    0.11 s of a 1,000-machine sweep's listing)."""
     if isinstance(value, str):
         try:
             at = datetime.fromisoformat(value)
