@@ -3,6 +3,7 @@
     .venv/bin/python bench/bench_sweep.py                       # both parts, default sizes
     .venv/bin/python bench/bench_sweep.py --sandbox 500 5000    # sandbox cloud only
     .venv/bin/python bench/bench_sweep.py --aws 100 1000        # moto, with Cloud Custodian
+    .venv/bin/python bench/bench_sweep.py --aws 1000 --database-url postgresql://postgres@127.0.0.1:5432/test
 
 Sandbox: every machine idle at night (no heartbeat, counted as idle); one pass stops them all.
 Printed: the pass's time, the sandbox API calls and the state database's write transactions.
@@ -11,22 +12,26 @@ AWS: a fleet of idle g4dn machines in moto server, behind the test suite's reque
 proxy (tests/emulators/aws.py), one reservation per machine as `up` makes them. Each tool gets a
 fresh fleet and acts once:
 
-- provisioner: ``sweep.run`` with a fresh App (clients built inside the timing) at 21:00 in New
-  York, under a nights policy that counts a silent machine as idle;
+- provisioner: ``provisioner sweep``, a whole fresh process (interpreter, imports, settings,
+  clients), its clock at 21:00 in New York (``PROVISIONER_CLOCK``), under a nights policy that
+  counts a silent machine as idle; its state a SQLite file, and with ``--database-url`` a fresh
+  PostgreSQL schema too (a fresh fleet each);
 - Cloud Custodian 0.9.53 (installed into its own venv on first use, /tmp/c7n-venv):
   ``custodian run`` of an ``offhour`` (opt-out, this UTC hour) + ``stop`` policy, with
   AWS_ENDPOINT_URL at the same proxy; it lists with the same tag filter (``tag:managed-by``).
 
-Printed for each: EC2 requests by action, wall time, and own time outside moto (wall minus the
-time the proxy spent answering). Custodian's wall includes its interpreter start-up, printed
-separately (``custodian version``).
+Printed for each: EC2 requests by action, wall time, own time outside moto (wall minus the
+time the proxy spent answering) and the process's CPU time. Both walls include the interpreter's
+start-up; Custodian's alone is printed first (``custodian version``).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
+import resource
 import subprocess
 import sys
 import tempfile
@@ -48,6 +53,7 @@ from provisioner.jobs import sweep
 from provisioner.models import Event, Machine, new_id
 from provisioner.settings import Settings
 
+ROOT = Path(__file__).resolve().parent.parent
 C7N_VENV = Path("/tmp/c7n-venv")
 C7N_VERSION = "0.9.53"
 BERLIN_NIGHTS = """
@@ -221,33 +227,46 @@ def stopped(emu: Any, rows: list[dict[str, Any]]) -> int:
     )
 
 
-def measure(emu: Any, act: Any) -> tuple[float, float, Counter[str]]:
+def measure(emu: Any, act: Any) -> tuple[float, float, float, Counter[str]]:
+    """Wall time, own time (wall minus moto's answering), the process's CPU, EC2 requests."""
     emu.wait_idle()
     before = len(emu.requests)
+    cpu = resource.getrusage(resource.RUSAGE_CHILDREN)
     t = time.perf_counter()
     act()
     wall = time.perf_counter() - t
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     emu.wait_idle()
     sent = emu.requests[before:]
     in_moto = sum(r.seconds for r in sent)
-    return wall, wall - in_moto, Counter(r.action for r in sent if r.service == "ec2")
+    used = after.ru_utime + after.ru_stime - cpu.ru_utime - cpu.ru_stime
+    return wall, wall - in_moto, used, Counter(r.action for r in sent if r.service == "ec2")
 
 
-def provisioner_pass(emu: Any, home: Path, rows: list[dict[str, Any]]) -> None:
+def provisioner_pass(emu: Any, home: Path, rows: list[dict[str, Any]], url: str | None) -> None:
+    """``provisioner sweep`` as a user runs it: a whole fresh process (start-up included), its
+    clock at 21:00 in New York (``PROVISIONER_CLOCK``, as the CLI tests fix an instant)."""
     (home / "policy.yaml").write_text(NY_NIGHTS)
     settings = Settings(
         home=home,
+        state_url=url,
         policies=[str(home / "policy.yaml")],
         clouds={"aws": {"endpoint": emu.endpoint_url, "regions": ["us-east-1"]}},
     )
     app = App(settings, ManualClock(LAUNCH))
     record(app, rows)
     app.close()
+    cfg = home / "settings.yaml"
+    cfg.write_text(json.dumps(settings.model_dump(mode="json", exclude_defaults=True)))
+    env = custodian_env(emu)
+    env.pop("PYTHONDONTWRITEBYTECODE", None)  # as installed: modules load from bytecode
+    env.update(PYTHONPATH=str(ROOT), PROVISIONER_CLOCK=NIGHT_NY.isoformat())
+    cmd = [sys.executable, "-m", "provisioner", "-c", str(cfg), "sweep"]
 
     def act() -> None:
-        app = App(settings, ManualClock(NIGHT_NY))
-        sweep.run(app)
-        app.close()
+        done = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True)
+        if done.returncode:
+            raise SystemExit(f"provisioner sweep failed:\n{done.stderr[-2000:]}")
 
     report(emu, "provisioner", rows, *measure(emu, act))
 
@@ -275,7 +294,7 @@ def custodian_env(emu: Any) -> dict[str, str]:
     return env
 
 
-def custodian_pass(emu: Any, home: Path, rows: list[dict[str, Any]]) -> None:
+def custodian_pass(emu: Any, home: Path, rows: list[dict[str, Any]], url: str | None) -> None:
     custodian = ensure_custodian()
     policy = home / "custodian.yml"
     policy.write_text(
@@ -308,34 +327,57 @@ policies:
 
 
 def report(
-    emu: Any, tool: str, rows: list[dict[str, Any]], wall: float, own: float, n: Counter[str]
+    emu: Any,
+    tool: str,
+    rows: list[dict[str, Any]],
+    wall: float,
+    own: float,
+    cpu: float,
+    n: Counter[str],
 ) -> None:
     acted = stopped(emu, rows)
     requests = ", ".join(f"{k} {v}" for k, v in sorted(n.items()))
     print(
         f"  {len(rows):5d} machines  {tool:<16} wall {wall:7.2f} s   own {own:6.2f} s   "
+        f"CPU {cpu:5.2f} s   "
         f"EC2 requests {sum(n.values()):5d} ({requests})   stopped {acted}"
     )
 
 
-def run_aws(sizes: list[int]) -> None:
+def pg_schema(url: str, name: str) -> str:
+    """A new, empty schema ``name`` in the database ``url`` names: the URL that uses it."""
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(f"DROP SCHEMA IF EXISTS {name} CASCADE")
+        conn.execute(f"CREATE SCHEMA {name}")
+    return f"{url}{'&' if '?' in url else '?'}options=-csearch_path%3D{name}"
+
+
+def run_aws(sizes: list[int], database_url: str | None) -> None:
     from tests.emulators.aws import start_aws_emulator
 
     os.environ.update(
         AWS_ACCESS_KEY_ID="bench", AWS_SECRET_ACCESS_KEY="bench", AWS_DEFAULT_REGION="us-east-1"
     )
     custodian = ensure_custodian()
+    compile_ = [sys.executable, "-m", "compileall", "-q", "provisioner", "providers", "policies"]
+    subprocess.run(compile_, cwd=ROOT, check=True)  # bytecode, as an install has
     emu = start_aws_emulator()
     try:
         t = time.perf_counter()
         subprocess.run([str(custodian), "version"], env=custodian_env(emu), capture_output=True)
         print(f"aws (moto): `custodian version` takes {time.perf_counter() - t:.2f} s (start-up)")
+        states = [None] + ([database_url] if database_url else [])
         for n in sizes:
-            for tool in (provisioner_pass, custodian_pass):
-                emu.reset()
-                rows = seed_moto(emu, n)
-                with tempfile.TemporaryDirectory() as d:
-                    tool(emu, Path(d), rows)
+            for url in states:
+                print(f"  provisioner's state: {'PostgreSQL' if url else 'SQLite file (WAL)'}")
+                for tool in (provisioner_pass, custodian_pass):
+                    emu.reset()
+                    rows = seed_moto(emu, n)
+                    with tempfile.TemporaryDirectory() as d:
+                        state = url and pg_schema(url, f"bench_sweep_{n}")
+                        tool(emu, Path(d), rows, state)
     finally:
         emu.stop()
 
@@ -344,18 +386,19 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--sandbox", type=int, nargs="*", help="machines (default 500 5000)")
     ap.add_argument("--aws", type=int, nargs="*", help="machines (default 100 1000)")
+    ap.add_argument("--database-url", help="provisioner's state on PostgreSQL too (moto part)")
     args = ap.parse_args()
     both = args.sandbox is None and args.aws is None
     print(
         f"python {platform.python_version()} on {platform.machine()}, "
-        f"{platform.system()} {platform.release()}; load {os.getloadavg()[0]:.2f}; "
-        "state: SQLite file (WAL)"
+        f"{platform.system()} {platform.release()}; nproc {os.cpu_count()}; "
+        f"load {os.getloadavg()[0]:.2f}"
     )
     if args.sandbox is not None or both:
         for n in args.sandbox or [500, 5000]:
             run_sandbox(n)
     if args.aws is not None or both:
-        run_aws(args.aws or [100, 1000])
+        run_aws(args.aws or [100, 1000], args.database_url)
 
 
 if __name__ == "__main__":

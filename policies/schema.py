@@ -27,7 +27,7 @@ MINUTES_MAX = 10 * 366 * 24 * 60  # ten years, as a duration's bound (policies.d
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
 
 
 class Amount(_Strict):

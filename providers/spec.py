@@ -47,7 +47,7 @@ class Options(BaseModel):
     ``timeout_seconds`` (one API call), ``operation_timeout_seconds`` (waiting for a long
     operation), ``poll_seconds``."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
 
     enabled: bool = True
     retry_attempts: int = Field(6, ge=1, le=20)  # a throttled call is tried at most this often

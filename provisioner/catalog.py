@@ -5,8 +5,10 @@ from settings."""
 from __future__ import annotations
 
 import csv
+import marshal
 import os
 import re
+import sys
 import tempfile
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
@@ -58,36 +60,49 @@ def _read(path: Path, keep: Keep | None = None) -> Iterator[Offer]:
             header = next(rows, None)
             if header is None:
                 return
-            index = {name: i for i, name in enumerate(header)}
-            missing = [c for c in COLUMNS if c not in index and c not in _OPTIONAL]
-            if missing:
-                raise CatalogError(f"{path}:1: catalog without column(s) {', '.join(missing)}")
-            get = [(c, index.get(c), _CONVERT.get(c, str)) for c in COLUMNS]
-            test = keep(index) if keep else None
+            get = _columns(path, header)
+            test = keep({name: i for i, name in enumerate(header)}) if keep else None
             for row in rows:
                 if test is None or test(row):
-                    try:
-                        values: dict[str, Any] = {
-                            c: conv(row[i]) if i is not None else "" for c, i, conv in get
-                        }
-                    except (InvalidOperation, ValueError):
-                        raise _bad_value(path, rows.line_num, row, get) from None
-                    yield Offer(**values)
+                    yield _offer(path, rows.line_num, row, get)
         except IndexError:  # a row shorter than the header (checked only when it fails: hot path)
-            raise CatalogError(
-                f"{path}:{rows.line_num}: {len(row)} fields, the header has {len(header or [])}"
-            ) from None
+            raise _short(path, rows.line_num, row, header) from None
         except (UnicodeDecodeError, csv.Error) as e:
-            line = rows.line_num + 1 if isinstance(e, UnicodeDecodeError) else rows.line_num
-            raise CatalogError(
-                f"{path}:{line}: not a catalog (CSV text in UTF-8): {type(e).__name__}: "
-                f"{str(e)[:80]}"
-            ) from None
+            raise _unreadable(path, rows.line_num, e) from None
 
 
-def _bad_value(
-    path: Path, line: int, row: list[str], get: list[tuple[str, int | None, Callable[[str], Any]]]
-) -> CatalogError:
+Columns = list[tuple[str, int | None, Callable[[str], Any]]]
+
+
+def _columns(path: Path, header: list[str]) -> Columns:
+    """(column, its position in ``header``, its conversion) for each field of an offer."""
+    index = {name: i for i, name in enumerate(header)}
+    missing = [c for c in COLUMNS if c not in index and c not in _OPTIONAL]
+    if missing:
+        raise CatalogError(f"{path}:1: catalog without column(s) {', '.join(missing)}")
+    return [(c, index.get(c), _CONVERT.get(c, str)) for c in COLUMNS]
+
+
+def _offer(path: Path, line: int, row: list[str], get: Columns) -> Offer:
+    try:
+        values: dict[str, Any] = {c: conv(row[i]) if i is not None else "" for c, i, conv in get}
+    except (InvalidOperation, ValueError):
+        raise _bad_value(path, line, row, get) from None
+    return Offer(**values)
+
+
+def _short(path: Path, line: int, row: list[str], header: list[str] | None) -> CatalogError:
+    return CatalogError(f"{path}:{line}: {len(row)} fields, the header has {len(header or [])}")
+
+
+def _unreadable(path: Path, line: int, e: Exception) -> CatalogError:
+    line = line + 1 if isinstance(e, UnicodeDecodeError) else line
+    return CatalogError(
+        f"{path}:{line}: not a catalog (CSV text in UTF-8): {type(e).__name__}: {str(e)[:80]}"
+    )
+
+
+def _bad_value(path: Path, line: int, row: list[str], get: Columns) -> CatalogError:
     """The error of a row whose conversion failed: its file, line, column and value."""
     for c, i, conv in get:
         value = row[i] if i is not None else ""
@@ -203,7 +218,9 @@ def load(
         if not path.exists():
             continue
         overrides = settings.prices.get(cloud, {})
-        for o in _read(path, _keep(settings, cloud, gpu_family, gpu_count, offers)):
+        keep = _Keep(settings, cloud, gpu_family, gpu_count, offers)
+        refreshed = gpu_family is not None and path == refreshed_path(settings, cloud)
+        for o in _read_indexed(path, keep) if refreshed else _read(path, keep):
             p = overrides.get(o.instance_type)
             if p is not None:
                 o = replace(
@@ -217,33 +234,44 @@ def load(
     return offers
 
 
-def _keep(
-    settings: Settings,
-    cloud: str,
-    gpu_family: str | None,
-    gpu_count: int | None,
-    offers: Offers,
-) -> Keep:
+class _Keep:
     """The raw-row test for one cloud's file: inside the places settings enable (one answer
-    per place), of ``gpu_family`` and ``gpu_count`` (other rows counted on ``offers``)."""
-    options = settings.cloud(cloud) or providers.spec(cloud).options()
-    places: dict[tuple[str, str], bool] = {}
-    families: dict[str, str] = {}
+    per place), of ``gpu_family`` and ``gpu_count`` (other rows counted on ``offers``).
+    Called with the header's column positions, it gives the test of a row (:data:`Keep`)."""
 
-    def factory(at: dict[str, int]) -> Callable[[list[str]], bool]:
+    def __init__(
+        self,
+        settings: Settings,
+        cloud: str,
+        gpu_family: str | None,
+        gpu_count: int | None,
+        offers: Offers,
+    ) -> None:
+        self.options = settings.cloud(cloud) or providers.spec(cloud).options()
+        self.cloud, self.family, self.count, self.offers = cloud, gpu_family, gpu_count, offers
+        self.places: dict[tuple[str, str], bool] = {}
+
+    def allowed(self, region: str, zone: str) -> bool:
+        place = (region, zone)
+        allowed = self.places.get(place)
+        if allowed is None:
+            allowed = self.places[place] = self.options.allows(region, zone)
+        return allowed
+
+    def skip(self, reason: str, n: int, example: str) -> None:
+        self.offers.skipped[reason] += n
+        self.offers.examples.setdefault(reason, f"{self.cloud}/{example}")
+
+    def __call__(self, at: dict[str, int]) -> Callable[[list[str]], bool]:
         region, zone, gpu, itype = at["region"], at["zone"], at["gpu"], at["instance_type"]
         count = at["gpu_count"]
-
-        def skip(reason: str, row: list[str]) -> bool:
-            offers.skipped[reason] += 1
-            offers.examples.setdefault(reason, f"{cloud}/{row[zone] or row[region]} {row[itype]}")
-            return False
+        gpu_family, gpu_count, places = self.family, self.count, self.places
+        families: dict[str, str] = {}
 
         def keep(row: list[str]) -> bool:
-            place = (row[region], row[zone])
-            allowed = places.get(place)
+            allowed = places.get((row[region], row[zone]))
             if allowed is None:
-                allowed = places[place] = options.allows(*place)
+                allowed = self.allowed(row[region], row[zone])
             if not allowed:
                 return False
             if gpu_family is None:
@@ -252,14 +280,163 @@ def _keep(
             if fam is None:
                 fam = families[row[gpu]] = gpus.family(row[gpu])
             if fam != gpu_family:
-                return skip(OTHER_GPU, row)
+                self.skip(OTHER_GPU, 1, f"{row[zone] or row[region]} {row[itype]}")
+                return False
             if gpu_count is not None and _int(row[count]) != gpu_count:
-                return skip(OTHER_COUNT, row)
+                self.skip(OTHER_COUNT, 1, f"{row[zone] or row[region]} {row[itype]}")
+                return False
             return True
 
         return keep
 
-    return factory
+
+# A refreshed catalog's index, beside it (``.aws.csv.index``): its rows by GPU name, and per GPU
+# name and place the rows' count, first line and an example, valid while the file's size,
+# modification time and inode are those it was made from. ``plan`` reads the index and the rows
+# of the asked GPU family only (a 100,000-row catalog: ~0.3 s of CSV to ~0.05 s). ``catalog
+# refresh`` makes it; after an edit by hand, the first plan does, as Python writes bytecode.
+_INDEX_FORMAT = 1
+_MAGIC = b"PVCATIX\n"
+Places = dict[str, list[tuple[str, str, int, int, str]]]  # gpu: region, zone, rows, line, e.g.
+
+
+def _read_indexed(path: Path, keep: _Keep) -> Iterator[Offer]:
+    """What ``_read(path, keep)`` gives, from the index: the same offers in the same order,
+    the same counts and examples of the rows turned down."""
+    header, places, rows_of = _index(path)
+    if not header:
+        return
+    get = _columns(path, header)
+    at = {name: i for i, name in enumerate(header)}
+    region, zone, itype, count = at["region"], at["zone"], at["instance_type"], at["gpu_count"]
+    wanted = [g for g in places if gpus.family(g) == keep.family]
+    allowed = keep.allowed
+    first: dict[str, tuple[int, str]] = {}  # reason: the line and example of its first row
+    turned: dict[str, int] = {}  # reason: rows
+
+    def skip(reason: str, n: int, line: int, example: str) -> None:
+        turned[reason] = turned.get(reason, 0) + n
+        if line < first.get(reason, (line + 1,))[0]:
+            first[reason] = (line, example)
+
+    for g, at_places in places.items():
+        if g not in wanted:
+            for r, z, n, line, e in at_places:
+                if allowed(r, z):
+                    skip(OTHER_GPU, n, line, e)
+    kept = []
+    for line, row in sorted(r for g in wanted for r in rows_of(g)):
+        if not allowed(row[region], row[zone]):
+            continue
+        try:
+            other = keep.count is not None and _int(row[count]) != keep.count
+        except (InvalidOperation, ValueError):
+            raise _bad_value(path, line, row, get) from None
+        if other:
+            skip(OTHER_COUNT, 1, line, f"{row[zone] or row[region]} {row[itype]}")
+        else:
+            kept.append((line, row))
+    for reason in sorted(first, key=first.__getitem__):  # counted in the file's order
+        keep.skip(reason, turned[reason], first[reason][1])
+    for line, row in kept:
+        yield _offer(path, line, row, get)
+
+
+def _index(
+    path: Path,
+) -> tuple[list[str], Places, Callable[[str], list[tuple[int, list[str]]]]]:
+    """(header, places, the rows of a GPU name with their lines) of a refreshed catalog, from
+    its index when it is the file's, else read from the file (and the index written)."""
+    st = path.stat()
+    stamp = (st.st_size, st.st_mtime_ns, st.st_ino)
+    index = path.with_name(f".{path.name}.index")
+    try:
+        with index.open("rb") as f:
+            head = f.read(16)
+            size = int.from_bytes(head[8:], "little")
+            if head[:8] != _MAGIC or size > os.fstat(f.fileno()).st_size:
+                raise ValueError("not an index")
+            form, made_from, header, places, spans = marshal.loads(f.read(size))
+        if (form, made_from) == (_INDEX_FORMAT, stamp):
+
+            def rows_of(gpu: str) -> list[tuple[int, list[str]]]:
+                start, length = spans[gpu]
+                with index.open("rb") as g:
+                    g.seek(16 + size + start)
+                    rows: list[tuple[int, list[str]]] = marshal.loads(g.read(length))
+                return rows
+
+            return header, places, rows_of
+    except (OSError, EOFError, ValueError, TypeError):  # none, or not of this format: made again
+        pass
+    header, places, by_gpu = _scan(path)
+    _write_index(index, stamp, header, places, by_gpu)
+    return header, places, by_gpu.__getitem__
+
+
+def _scan(path: Path) -> tuple[list[str], Places, dict[str, list[tuple[int, list[str]]]]]:
+    """Every row of a catalog file by GPU name, with its line, and the places of each GPU."""
+    counts: dict[tuple[str, str, str], list[Any]] = {}
+    by_gpu: dict[str, list[tuple[int, list[str]]]] = {}
+    header: list[str] = []
+    with path.open(newline="", encoding="utf-8") as f:
+        rows = csv.reader(f)
+        try:
+            header = next(rows, [])
+            if not header:
+                return [], {}, {}
+            _columns(path, header)
+            at = {name: i for i, name in enumerate(header)}
+            region, zone, gpu, itype = at["region"], at["zone"], at["gpu"], at["instance_type"]
+            width = len(header)
+            for row in rows:
+                if len(row) < width:
+                    raise IndexError
+                row = [sys.intern(v) for v in row]  # repeated values: stored and loaded once
+                line = rows.line_num
+                key = (row[gpu], row[region], row[zone])
+                c = counts.get(key)
+                if c is None:
+                    counts[key] = [1, line, f"{row[zone] or row[region]} {row[itype]}"]
+                else:
+                    c[0] += 1
+                by_gpu.setdefault(row[gpu], []).append((line, row))
+        except IndexError:
+            raise _short(path, rows.line_num, row, header) from None
+        except (UnicodeDecodeError, csv.Error) as e:
+            raise _unreadable(path, rows.line_num, e) from None
+    places: Places = {}
+    for (g, r, z), (n, line, example) in counts.items():
+        places.setdefault(g, []).append((r, z, n, line, example))
+    return header, places, by_gpu
+
+
+def _write_index(
+    index: Path,
+    stamp: tuple[int, int, int],
+    header: list[str],
+    places: Places,
+    by_gpu: dict[str, list[tuple[int, list[str]]]],
+) -> None:
+    """Written whole or not at all; a directory it cannot be written to only costs speed."""
+    blobs = {g: marshal.dumps(rows) for g, rows in by_gpu.items()}
+    spans, at = {}, 0
+    for g, blob in blobs.items():
+        spans[g] = (at, len(blob))
+        at += len(blob)
+    try:
+        fd, tmp = tempfile.mkstemp(dir=index.parent, suffix=".tmp")
+    except OSError:
+        return
+    try:
+        with os.fdopen(fd, "wb") as f:
+            meta = marshal.dumps((_INDEX_FORMAT, stamp, header, places, spans))
+            f.write(_MAGIC + len(meta).to_bytes(8, "little") + meta)
+            for blob in blobs.values():
+                f.write(blob)
+        os.replace(tmp, index)
+    except OSError:
+        os.unlink(tmp)
 
 
 def refresh(
@@ -298,6 +475,7 @@ def refresh(
         merged.append(o)
     path = refreshed_path(settings, cloud)
     write_csv(path, _checked(merged, path.name, findings))
+    _index(path)  # made here, so the first plan after a refresh does not pay for it
     return path
 
 

@@ -416,9 +416,9 @@ def idle_now(
     within ``grace``, every GPU below the threshold in every heartbeat since the last busy one,
     for :data:`IDLE_NOW` at least. ``since``: the first heartbeat after the last busy one (or,
     with none in the day of heartbeats kept, when the machine came up, else its first
-    heartbeat). A heartbeat without GPUs (``max_util`` None) counts as busy: not judged. Two
-    queries per distinct threshold, summed up by the database."""
-    from sqlalchemy import or_
+    heartbeat). A heartbeat without GPUs (``max_util`` None) counts as busy: not judged. One
+    query (two passes) per distinct threshold, summed up by the database."""
+    from sqlalchemy import case, or_
 
     by_below: dict[float, list[str]] = {}
     for mid, below in thresholds.items():
@@ -430,29 +430,28 @@ def idle_now(
         for below, ids in by_below.items():
             for k in range(0, len(ids), 500):
                 chunk = ids[k : k + 500]
-                latest.update(
-                    s.execute(
-                        select(h.machine_id, func.max(h.at))
-                        .where(h.machine_id.in_(chunk))
-                        .group_by(h.machine_id)
-                    ).all()
-                )
-                busy = (
-                    select(h.machine_id.label("mid"), func.max(h.at).label("busy_at"))
-                    .where(h.machine_id.in_(chunk), or_(h.max_util.is_(None), h.max_util >= below))
+                busy = or_(h.max_util.is_(None), h.max_util >= below)
+                marks = (  # each machine's latest heartbeat and latest busy one, in one pass
+                    select(
+                        h.machine_id.label("mid"),
+                        func.max(h.at).label("last_at"),
+                        func.max(case((busy, h.at))).label("busy_at"),
+                    )
+                    .where(h.machine_id.in_(chunk))
                     .group_by(h.machine_id)
                     .subquery()
                 )
                 rows = s.execute(
-                    select(h.machine_id, func.min(h.at))
-                    .outerjoin(busy, busy.c.mid == h.machine_id)
+                    select(h.machine_id, marks.c.last_at, func.min(h.at))
+                    .join(marks, marks.c.mid == h.machine_id)
                     .where(
                         h.machine_id.in_(chunk),
-                        or_(busy.c.busy_at.is_(None), h.at > busy.c.busy_at),
+                        or_(marks.c.busy_at.is_(None), h.at > marks.c.busy_at),
                     )
-                    .group_by(h.machine_id)
+                    .group_by(h.machine_id, marks.c.last_at)
                 )
-                first_idle.update(rows.all())
+                for mid, last, first in rows:
+                    latest[mid], first_idle[mid] = last, first
     came_up = running_since(app, [m for m in first_idle if m in latest])
     out: dict[str, IdleNow] = {}
     for mid, first in first_idle.items():

@@ -62,13 +62,13 @@ class PriceOverride(BaseModel):
     """A price the catalog lacks (e.g. cloud.ru Advanced publishes none), per hour, in the
     cloud's currency."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", defer_build=True)
     price: Amount | None = None
     spot_price: Amount | None = None
 
 
 class SmtpSettings(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", defer_build=True)
     host: str = "localhost"
     port: int = Field(587, ge=1, le=65535)
     security: Literal["starttls", "ssl", "none"] = "starttls"
@@ -81,7 +81,7 @@ class SmtpSettings(BaseModel):
 class GpuOwnership(BaseModel):
     """Owning one card: its purchase price range and its power draw."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", defer_build=True)
     price_low: Amount = Field(gt=0)
     price_high: Amount = Field(gt=0)
     power_watts: int = Field(gt=0, le=100_000)
@@ -101,7 +101,7 @@ class OwnershipSettings(BaseModel):
     """The report's rent-or-buy comparison: what owning a card would cost instead. Defaults are
     rules of thumb (card only, no server or staff); set your own quotes here."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", defer_build=True)
     currency: str = "USD"  # of prices and electricity
     electricity_per_kwh: Amount = Decimal("0.15")  # a typical commercial tariff
     amortisation_months: int = Field(36, ge=1, le=600)  # a common depreciation horizon for GPUs
@@ -112,7 +112,7 @@ DAY = 86_400
 
 
 class SchedulerSettings(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", defer_build=True)
     sweep_interval_seconds: int = Field(300, ge=10, le=DAY)
     recover_interval_seconds: int = Field(120, ge=10, le=DAY)
     reconcile_interval_seconds: int = Field(600, ge=10, le=DAY)
@@ -159,7 +159,7 @@ class DashboardSettings(BaseModel):
     """``provisioner dashboard``. Beyond loopback it asks for a token: ``token`` here or
     ``$PROVISIONER_DASHBOARD_TOKEN`` (which wins), entered once on its login page."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", defer_build=True)
     listen: str = "127.0.0.1:8765"
     language: str | None = Field(None, pattern="^(en|ru)$")  # None: the browser's choice
     token: SecretStr | None = None
@@ -180,7 +180,7 @@ class NotifySettings(BaseModel):
     """Notify channels per owner (beside each policy's ``notify:``), the dashboard's address for
     links in notices, and the services' base URLs (overridable for a proxy or tests)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", defer_build=True)
     owners: dict[str, list[Channel]] = Field(default_factory=dict)  # a machine's owner → channels
     dashboard_url: str | None = Field(None, pattern=r"^https?://\S+$")
     telegram_api: str = Field("https://api.telegram.org", pattern=r"^https?://\S+$")
@@ -194,7 +194,7 @@ class IdentitySettings(BaseModel):
     an unmapped name is ``<name>@<domain>``. The dashboard trusts ``proxy_header`` (a user
     name or e-mail set by an authenticating proxy) only from ``trusted_proxies``."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", defer_build=True)
     members: dict[str, str] = Field(default_factory=dict)  # role or OS user → e-mail
     domain: str = Field("localhost", pattern=r"^[A-Za-z0-9.-]+$")
     proxy_header: str = Field("X-Forwarded-User", pattern=r"^[A-Za-z0-9-]+$")
@@ -228,7 +228,9 @@ def _clouds_model() -> type[BaseModel]:
     options model, so a misspelt cloud or option is an error with its file and line. A cloud
     absent from a settings file that has ``clouds:`` is not enabled."""
     fields: dict[str, Any] = {s.name: (s.options | None, None) for s in providers.specs()}
-    return create_model("Clouds", __config__=ConfigDict(extra="forbid", frozen=True), **fields)
+    return create_model(
+        "Clouds", __config__=ConfigDict(extra="forbid", frozen=True, defer_build=True), **fields
+    )
 
 
 Clouds = _clouds_model()

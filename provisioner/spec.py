@@ -25,7 +25,6 @@ from policies.duration import autostop_duration, parse_duration
 from policies.schema import MINUTES_MAX
 from providers import gpus
 from providers.gpus import GPUS
-from provisioner.agent import SIGNALS
 from provisioner.money import Money
 
 GPU_TYPES = tuple(GPUS)
@@ -65,9 +64,13 @@ LabelKey = Annotated[Line, StringConstraints(min_length=1, max_length=128)]
 LabelValue = Annotated[Line, StringConstraints(max_length=256)]
 EnvKey = Annotated[str, StringConstraints(pattern=r"^[A-Z_][A-Z0-9_]*$", max_length=128)]
 
+# The signals the agent sends (provisioner.agent.SIGNALS, tested equal): importing the standalone
+# agent costs `plan` its HTTP client.
+SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2", "SIGKILL")
+
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
 
 
 class GPU(_Strict):

@@ -149,3 +149,34 @@ def test_a_plan_that_reads_only_its_gpu_ranks_and_counts_as_one_reading_everythi
     assert narrow.candidates == whole.candidates and whole.candidates
     assert narrow.rejected == whole.rejected
     assert narrow.examples == whole.examples
+
+
+def test_a_refreshed_catalog_plans_from_its_index_as_from_every_row(settings):
+    """A refreshed catalog is planned from its index (made by the first plan, beside the file):
+    the same offers in the same order, the same counts and examples of the rows turned down,
+    as reading every row; once the file changes, the file is read again, not the old index."""
+    import shutil
+
+    clouds = ["aws", "gcp", "azure"]
+
+    def narrow():
+        offers = catalog.load(settings, clouds, gpu_family="A100", gpu_count=8)
+        return list(offers), list(offers.skipped.items()), list(offers.examples.items())
+
+    shipped = narrow()  # read row by row
+    for cloud in clouds:
+        path = catalog.refreshed_path(settings, cloud)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(catalog._shipped(cloud), path)
+    assert narrow() == shipped  # made the index
+    index = settings.home / "catalog" / ".aws.csv.index"
+    assert index.exists()
+    assert narrow() == shipped  # read it
+    aws = catalog.refreshed_path(settings, "aws")
+    rows = aws.read_text().splitlines(keepends=True)
+    aws.write_text("".join(r for r in rows if ",A100" not in r and ",T4," not in r))
+    offers, skipped, examples = narrow()
+    assert {o.cloud for o in offers} == {o.cloud for o in shipped[0]} - {"aws"}
+    assert dict(skipped)[catalog.OTHER_GPU] < dict(shipped[1])[catalog.OTHER_GPU]
+    index.write_bytes(b"not an index")
+    assert narrow() == (offers, skipped, examples)

@@ -75,6 +75,16 @@ def test_help_and_plan_load_no_database_code(home):
     assert modules_loaded_by("plan", str(EXAMPLES / "experiment.yaml"), prefixes=state) == []
 
 
+def test_plan_loads_no_http_client(home):
+    """``plan`` validates an experiment's signals without importing the on-machine agent, whose
+    HTTP client it does not need (bench/bench_plan.py times the command)."""
+    from provisioner import agent, spec
+
+    assert spec.SIGNALS == agent.SIGNALS
+    http = ("provisioner.agent", "urllib.request", "http.client")
+    assert modules_loaded_by("plan", str(EXAMPLES / "experiment.yaml"), prefixes=http) == []
+
+
 def test_help_loads_no_renderer_reader_or_validator(home):
     """`--help` is Typer and our command list: no rich console or markdown, no YAML reader, no
     pydantic (bench/bench_cli.py times it against `sky --help`)."""

@@ -324,6 +324,9 @@ class AWSProvider(Provider):
                 # Off EC2 the instance-metadata probe must fail fast, not hang `check`.
                 core.set_config_variable("metadata_service_timeout", 1)
                 core.set_config_variable("metadata_service_num_attempts", 1)
+                core.get_component("response_parser_factory").set_parser_defaults(
+                    timestamp_parser=_timestamp
+                )
                 self._boto_session = boto3.session.Session(botocore_session=core)
             return self._boto_session
 
@@ -568,6 +571,23 @@ def _instance(raw: Mapping[str, Any], region: str, zone: str) -> Instance:
 # (2020-03-05 04:45:19 GMT)" for a user's, "Service initiated (… GMT)" for EC2's own, a spot
 # interruption among them (its code is in StateReason). moto writes "UTC" for "GMT".
 _TRANSITION_TIME = re.compile(r"\((\d{4}-\d\d-\d\d \d\d:\d\d:\d\d) (?:GMT|UTC)\)")
+
+
+def _timestamp(value: Any) -> datetime:
+    """A response's timestamp: ISO 8601 with its zone (what EC2 sends) by the standard
+    library; anything else by botocore's parser (dateutil: ~40 µs each, three per instance, so
+    0.11 s of a 1,000-machine sweep's listing)."""
+    if isinstance(value, str):
+        try:
+            at = datetime.fromisoformat(value)
+        except ValueError:
+            pass
+        else:
+            if at.tzinfo is not None:
+                return at
+    from botocore.utils import parse_timestamp
+
+    return parse_timestamp(value)
 
 
 def _transition_time(reason: str) -> datetime | None:

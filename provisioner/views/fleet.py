@@ -326,7 +326,7 @@ def when(f: Fmt, at: datetime, now: datetime, tz: ZoneInfo | None = None) -> str
 
 
 @functools.lru_cache(maxsize=4096)
-def _when(locale: str, at: datetime, today: date, zone: ZoneInfo) -> str:
+def _when(locale: Any, at: datetime, today: date, zone: ZoneInfo) -> str:
     """Formatted once per instant: a fleet's machines share their next stops (19:20 …)."""
     from babel.dates import format_datetime
 
