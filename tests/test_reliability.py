@@ -554,9 +554,9 @@ def test_a_launch_between_a_budget_s_two_reads_counts_once(home, tmp_path, db_ur
         def launch_meanwhile(*args, **kw):
             rows = reads(*args, **kw)
             calls.append(1)
-            # the forecast reads running machines twice (spend so far, then commitments): the
-            # launch lands right after the second, before the launching intents are read
-            if len(calls) == 2:
+            # the commitments read running machines, then the intents still launching: the
+            # launch lands right after the first read, before the second
+            if len(calls) == 1:
                 machines.up(launcher, late)  # resumes the intent: launched, intervals opened
             return rows
 
