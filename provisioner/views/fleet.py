@@ -9,7 +9,7 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import date, datetime, timedelta
-from decimal import ROUND_HALF_UP, Decimal
+from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 from zoneinfo import ZoneInfo
 
@@ -52,7 +52,6 @@ STATES = COUNTS
 #: currency (``rates``), names naturally (gpu-2 before gpu-10); a row without the value last.
 SORTS = ("name", "project", "owner", "gpu", "state", "util", "cost", "burn", "next")
 FILTERS = ("budget", "project", "owner", "cloud", "state")
-RATE_STEP = Decimal("0.0001")  # rates per hour are shown to 1/100 of a cent
 
 
 @dataclass
@@ -221,11 +220,12 @@ def _share(rows: list[Row]) -> list[Money]:
 
 
 def _share_burn(rows: list[Row]) -> list[Money]:
-    """The same for what the rows burn per hour, to 1/100 of a cent."""
+    """The same for what the rows burn per hour: the totals are the landing summary's
+    "burning now" when nothing is filtered out."""
     totals: dict[str, Decimal] = {}
     for r in rows:
         if r.burn is not None:
-            r.burn_shown = Money(r.burn.amount.quantize(RATE_STEP, ROUND_HALF_UP), r.burn.currency)
+            r.burn_shown = r.burn  # to 1/100 of a cent already (:func:`burn`)
             c = r.burn.currency
             totals[c] = totals.get(c, Decimal(0)) + r.burn_shown.amount
     return [Money(a, c) for c, a in sorted(totals.items())]

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from decimal import Decimal
+from decimal import ROUND_HALF_UP, Decimal
 from typing import TYPE_CHECKING, Any
 
 from provisioner.money import Amounts, Money
@@ -22,6 +22,7 @@ if TYPE_CHECKING:
 #: whose relaunch was refused or given up (the rest of the preempted are being relaunched).
 COUNTS = ("running", "idle", "stopped", "preempted", "held", "waiting")
 HOUR = timedelta(hours=1)
+RATE_STEP = Decimal("0.0001")  # rates per hour are shown to 1/100 of a cent
 
 
 @dataclass
@@ -150,7 +151,8 @@ def summary(
 
 def burn(m: Machine) -> Money | None:
     """What ``m`` costs per hour now: its compute while running or starting, its disk while
-    that bills (None: nothing, or no rate known)."""
+    that bills (None: nothing, or no rate known), to 1/100 of a cent as shown — so "burning
+    now" is the sum of the fleet's rows as they show it."""
     if not m.currency:
         return None
     amount = Decimal(0)
@@ -158,7 +160,7 @@ def burn(m: Machine) -> Money | None:
         amount += m.rate
     if m.disk_rate is not None and m.status in _DISK_BILLS:
         amount += m.disk_rate
-    return Money(amount, m.currency) if amount else None
+    return Money(amount.quantize(RATE_STEP, ROUND_HALF_UP), m.currency) if amount else None
 
 
 _DISK_BILLS = (S.PENDING, S.RUNNING, S.STOPPING, S.STOPPED, S.PREEMPTED)
