@@ -649,12 +649,12 @@ class Dashboard:
         )
         return Response(html, status)
 
-    def _fleet(self, req: Request) -> fleet_view.Fleet:
+    def _fleet(self, req: Request, paged: bool = True) -> fleet_view.Fleet:
         now = self.now()
         f = render.Fmt(self.language(req))
-        key = ("fleet", f.language, tuple(sorted(req.query.items())))
+        key = ("fleet", f.language, paged, tuple(sorted(req.query.items())))
         return self.cached(
-            key, FLEET_SECONDS, lambda: fleet_view.fleet(self.app, now, f, req.query)
+            key, FLEET_SECONDS, lambda: fleet_view.fleet(self.app, now, f, req.query, paged)
         )
 
     def fleet(self, req: Request) -> Response:
@@ -688,9 +688,9 @@ class Dashboard:
             return m.name if m is not None else mid
 
     def fleet_csv(self, req: Request) -> Response:
-        """The fleet page's rows, filtered and sorted as the page is: one line per machine and
-        currency, amounts as exact numbers (what a spreadsheet sums)."""
-        data = self._fleet(req)
+        """The fleet page's rows, filtered and sorted as the page is, over every page: one line
+        per machine and currency, amounts as exact numbers (what a spreadsheet sums)."""
+        data = self._fleet(req, paged=False)
         lines = []
         for r in data.rows:
             m = r.machine
