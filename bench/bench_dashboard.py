@@ -242,7 +242,7 @@ def measure(args: argparse.Namespace, state_url: Callable[[], str | None]) -> No
         (spend_home / "policies" / f"{p['name']}.yaml").write_text(yaml.safe_dump(p))
     bench_report.populate(spend_home, spend_url, args.intervals)
     for home, url, paths in (
-        (fleet_home, fleet_url, ["/", "/?project=proj-7"]),
+        (fleet_home, fleet_url, ["/", "/?sort=cost&dir=desc", "/?project=proj-7"]),
         (spend_home, spend_url, ["/spend?period=2026-11", "/spend?budget=nlp&period=2026-11"]),
     ):
         child = [sys.executable, __file__, "--run", str(home), "--paths", *paths]

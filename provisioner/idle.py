@@ -314,6 +314,8 @@ def evidence(
     silent: set[str] = set()  # machines whose silences decide some window's verdict
     with app.db.session() as s:
         query = select(*cols).where(at >= since).group_by(machine)
+        if len(wanted) <= 500:  # a page of the fleet: by its machines' index, not the whole
+            query = query.where(Heartbeat.machine_id.in_(wanted))
         for row in s.execute(query):
             if row[0] not in wanted:
                 continue

@@ -654,8 +654,16 @@ class Dashboard:
         f = render.Fmt(self.language(req))
         key = ("fleet", f.language, paged, tuple(sorted(req.query.items())))
         return self.cached(
-            key, FLEET_SECONDS, lambda: fleet_view.fleet(self.app, now, f, req.query, paged)
+            key,
+            FLEET_SECONDS,
+            lambda: fleet_view.fleet(self.app, now, f, req.query, paged, self._standings),
         )
+
+    def _standings(self) -> list[budget.Status]:
+        """Every budget's standing, shared by the pages of the same slice (the spend page's
+        and the fleet's summary: one forecast per budget)."""
+        now = self.now()
+        return self.cached("standings", SPEND_SECONDS, lambda: spend_view.standings(self.app, now))
 
     def fleet(self, req: Request) -> Response:
         data = self._fleet(req)

@@ -23,6 +23,7 @@ from provisioner.views.summary import COUNTS, IdleMachine, Summary, burn, summar
 
 if TYPE_CHECKING:
     from provisioner.app import App
+    from provisioner.budget import Status
     from provisioner.models import Heartbeat, Machine
 
 SPARK_SPAN = timedelta(hours=2)  # the sparklines: the last two hours of heartbeats
@@ -80,14 +81,22 @@ class Fleet:
     first: int = 0  # the rows shown are ``first``-th to ``first + len(rows) - 1``-th (from 1)
 
 
-def fleet(app: App, now: datetime, f: Fmt, query: Mapping[str, str], paged: bool = True) -> Fleet:
+def fleet(
+    app: App,
+    now: datetime,
+    f: Fmt,
+    query: Mapping[str, str],
+    paged: bool = True,
+    budgets: Callable[[], list[Status]] | None = None,
+) -> Fleet:
     """Every live machine, filtered (``budget``: those that policy's budget covers; exact
     ``project``, ``owner``, ``cloud``; ``state``: one of the summary's counts) and sorted
     (``sort``, ``dir``), with what it has cost, its GPU utilisation, why it is up and the next
     thing the scheduler will do to it. ``paged``: only :data:`PER_PAGE` rows (``page``, from
     1; past the last: the last), the only ones given sparklines and next moves (the costly
     parts); the totals are over every filtered machine either way. Not paged (the CSV): every
-    row with its next move, without sparklines. Bad input: :class:`UserError`."""
+    row with its next move, without sparklines. ``budgets``: every budget's standing, as other
+    pages share it (default: made anew). Bad input: :class:`UserError`."""
     from sqlalchemy import select
 
     from provisioner.models import ACTIVE_EXCLUDED, Machine
@@ -95,15 +104,15 @@ def fleet(app: App, now: datetime, f: Fmt, query: Mapping[str, str], paged: bool
     chosen = {k: query[k] for k in FILTERS if query.get(k)}
     sort, desc = _sort_of(query)
     page = _page_of(query)
-    budgets = {p.name: p for p in app.policies if p.budget is not None}
+    with_budget = {p.name: p for p in app.policies if p.budget is not None}
     covers = None
     if "budget" in chosen:
-        if chosen["budget"] not in budgets:
+        if chosen["budget"] not in with_budget:
             raise UserError(
                 f"no policy {chosen['budget']!r} with a budget (budgets: "
-                f"{', '.join(sorted(budgets)) or 'none'})"
+                f"{', '.join(sorted(with_budget)) or 'none'})"
             )
-        covers = budgets[chosen["budget"]].applies_to.matches
+        covers = with_budget[chosen["budget"]].applies_to.matches
     state = chosen.get("state")
     if state is not None and state not in STATES:
         raise UserError(f"state {state!r}: one of {', '.join(STATES)}")
@@ -123,7 +132,7 @@ def fleet(app: App, now: datetime, f: Fmt, query: Mapping[str, str], paged: bool
         if all(getattr(m, k) == v for k, v in exact.items())
         and (covers is None or covers(m.project, m.owner))
     ]
-    sm = summary(app, now, machines)  # the summary: of the machines in any state
+    sm = summary(app, now, machines, budgets() if budgets else None)  # of machines in any state
     if state is not None:
         machines = [m for m in machines if sm.in_state(m, state)]
     idle_now = {i.machine.id: i for i in sm.idle}
@@ -137,7 +146,7 @@ def fleet(app: App, now: datetime, f: Fmt, query: Mapping[str, str], paged: bool
     if every:
         _moves(app, now, f, rows, listed)
     if sort == "util":
-        utils = latest_util(app, [r.machine.id for r in rows], start, SPARK_STEP)
+        utils = latest_util(app, [r.machine.id for r in rows], start, now, SPARK_STEP)
         for r in rows:
             r.util = utils.get(r.machine.id)
     if sort:
@@ -167,7 +176,7 @@ def fleet(app: App, now: datetime, f: Fmt, query: Mapping[str, str], paged: bool
         spent_total,
         sm,
         burn_total,
-        sorted(budgets),
+        sorted(with_budget),
         sort,
         desc,
         count,
@@ -320,32 +329,32 @@ def spark_points(
 
 
 def latest_util(
-    app: App, ids: list[str], start: datetime, step: timedelta
+    app: App, ids: list[str], start: datetime, now: datetime, step: timedelta
 ) -> dict[str, float | None]:
-    """The last point of each machine's sparkline (:func:`spark_points`), the figure shown
-    beside it, without the sparklines: each machine's latest heartbeat since ``start``, then
-    the highest utilisation from the start of that heartbeat's step on."""
+    """The last point of each machine's sparkline since ``start`` (:func:`spark_points`), the
+    figure shown beside it, without the sparklines: each machine's latest heartbeat (looked
+    for in the last ``step`` first: a fleet at work is found there), then the highest
+    utilisation from the start of that heartbeat's step on."""
     from sqlalchemy import and_, func, or_, select
 
-    from provisioner.models import Heartbeat
+    from provisioner.models import Heartbeat as h
 
-    if not ids:
-        return {}
-    wanted, machine = set(ids), idle.beat_machine(app)
     secs, base = int(step.total_seconds()), int(start.timestamp())
     steps: dict[datetime, list[str]] = {}  # the start of each machine's latest step
+    wanted, machine = set(ids), idle.beat_machine(app)
     with app.db.session() as s:
-        last = s.execute(
-            select(machine, func.max(Heartbeat.at)).where(Heartbeat.at >= start).group_by(machine)
-        )
-        for mid, at in last:
-            if mid in wanted:
-                k = int((at.timestamp() - base) // secs)
-                begin = max(start, datetime.fromtimestamp(base + k * secs, start.tzinfo))
-                steps.setdefault(begin, []).append(mid)
+        for since in (max(start, now - step), start):
+            if not wanted:
+                break
+            last = s.execute(select(machine, func.max(h.at)).where(h.at >= since).group_by(machine))
+            for mid, at in last:
+                if mid in wanted:
+                    wanted.discard(mid)
+                    k = int((at.timestamp() - base) // secs)
+                    begin = max(start, datetime.fromtimestamp(base + k * secs, start.tzinfo))
+                    steps.setdefault(begin, []).append(mid)
         if not steps:
             return {}
-        h = Heartbeat
         within = or_(*(and_(h.at >= b, h.machine_id.in_(mids)) for b, mids in steps.items()))
         rows = s.execute(
             select(h.machine_id, func.max(h.max_util)).where(within).group_by(h.machine_id)
