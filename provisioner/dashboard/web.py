@@ -319,6 +319,13 @@ class Dashboard:
             "/logout": self.logout,
         }
 
+    def warm(self) -> Dashboard:
+        """Every template compiled, as a server does before it listens (the fleet's three take
+        0.13 s, else paid by the first visitor)."""
+        for name in sorted(p.name for p in TEMPLATES.glob("*.html")):
+            self.env.get_template(name)
+        return self
+
     def __call__(self, environ: Environ, start_response: StartResponse) -> Iterable[bytes]:
         req = Request(environ)
         try:
