@@ -19,7 +19,7 @@ from provisioner.dashboard import make_app
 from provisioner.money import CENT, Money
 from provisioner.views import fleet as fleet_view
 from tests.conftest import TEST_OWNER, make_settings
-from tests.test_dashboard import call
+from tests.test_dashboard import browser, call, go  # noqa: F401
 from tests.test_dashboard_fleet import monies, rows
 
 N = 250
@@ -253,3 +253,41 @@ def test_sorting_by_utilisation_ranks_the_whole_fleet_by_the_figure_shown(big):
         shown = re.findall(r'<tr data-machine="([^"]+)">.*?<span class="util">(\d+)', page, re.S)
         assert [(name, f"{util(int(name[2:])):.0f}") for name, _ in shown] == shown
         assert len(shown) == len(rows(page))
+
+
+@pytest.mark.slow  # a real browser
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_a_page_refreshes_in_place_and_leads_to_the_next(big, browser, clock):  # noqa: F811
+    """live.js fetches the page's own address again, page and all: the reader stays on page 2;
+    its "next page" link leads on with the sort kept."""
+    import threading
+
+    from selenium.webdriver.common.by import By
+    from waitress.server import create_server
+
+    server = create_server(make_app(big), host="127.0.0.1", port=0, threads=2)
+    t = threading.Thread(target=server.run, daemon=True)
+    t.start()
+    try:
+        drv = browser
+        drv.get(f"http://127.0.0.1:{server.effective_port}/?sort=name&page=2")
+
+        def shown() -> list[str]:
+            return [
+                tr.get_attribute("data-machine")
+                for tr in drv.find_elements(By.CSS_SELECTOR, "#fleet tbody tr")
+            ]
+
+        assert shown() == [f"m-{i}" for i in range(100, 200)]
+        updated = drv.find_element(By.ID, "updated").text
+        clock.advance(timedelta(minutes=1))
+        assert drv.execute_async_script("window.provisionerRefresh().then(arguments[0])") is True
+        assert drv.find_element(By.ID, "updated").text != updated
+        assert shown() == [f"m-{i}" for i in range(100, 200)]
+        assert drv.find_element(By.ID, "pages").text.startswith("rows 101–200 of 250")
+        go(drv, drv.find_element(By.CSS_SELECTOR, "#pages a[rel=next]"))
+        assert shown() == [f"m-{i}" for i in range(200, 250)]
+        assert drv.current_url.endswith("/?page=3&sort=name")
+    finally:
+        server.close()
+        t.join(5)
