@@ -265,7 +265,7 @@ def test_a_page_refreshes_in_place_and_leads_to_the_next(big, browser, clock):  
     from selenium.webdriver.common.by import By
     from waitress.server import create_server
 
-    server = create_server(make_app(big), host="127.0.0.1", port=0, threads=2)
+    server = create_server(make_app(big).warm(), host="127.0.0.1", port=0, threads=2)
     t = threading.Thread(target=server.run, daemon=True)
     t.start()
     try:
