@@ -314,6 +314,8 @@ def evidence(
     silent: set[str] = set()  # machines whose silences decide some window's verdict
     with app.db.session() as s:
         query = select(*cols).where(at >= since).group_by(machine)
+        if len(wanted) <= 500:  # a page of the fleet: by its machines' index, not the whole
+            query = query.where(Heartbeat.machine_id.in_(wanted))
         for row in s.execute(query):
             if row[0] not in wanted:
                 continue
@@ -417,12 +419,14 @@ def idle_now(
     for :data:`IDLE_NOW` at least. ``since``: the first heartbeat after the last busy one (or,
     with none in the day of heartbeats kept, when the machine came up, else its first
     heartbeat). A heartbeat without GPUs (``max_util`` None) counts as busy: not judged. One
-    query (two passes) per distinct threshold, summed up by the database."""
+    query over the last minutes of every machine's heartbeats (:func:`_idle_candidates`), then
+    one (two passes) per distinct threshold over the day of the machines still in question,
+    summed up by the database."""
     from sqlalchemy import case, or_
 
     by_below: dict[float, list[str]] = {}
-    for mid, below in thresholds.items():
-        by_below.setdefault(below, []).append(mid)
+    for mid in _idle_candidates(app, now, thresholds, grace):
+        by_below.setdefault(thresholds[mid], []).append(mid)
     h = Heartbeat
     latest: dict[str, datetime] = {}
     first_idle: dict[str, datetime] = {}
@@ -464,6 +468,37 @@ def idle_now(
             since = up
         if now - since >= IDLE_NOW:
             out[mid] = IdleNow(mid, since, thresholds[mid])
+    return out
+
+
+def _idle_candidates(
+    app: App, now: datetime, thresholds: dict[str, float], grace: timedelta
+) -> list[str]:
+    """The machines :func:`idle_now` must look into, found in the last minutes alone: heard
+    within ``grace`` and not busy within :data:`IDLE_NOW` (a busy heartbeat then means idle
+    for less than that). A fleet at work is mostly left out, without a pass over its day."""
+    from sqlalchemy import case, or_
+
+    if not thresholds:
+        return []
+    h, recent = Heartbeat, now - IDLE_NOW
+    belows = sorted(set(thresholds.values()))
+    col = {below: 2 + i for i, below in enumerate(belows)}
+    machine = beat_machine(app)
+    cols: list[Any] = [machine, func.max(h.at)]
+    cols += [
+        func.max(case((or_(h.max_util.is_(None), h.max_util >= below), h.at))) for below in belows
+    ]
+    out = []
+    with app.db.session() as s:
+        rows = s.execute(select(*cols).where(h.at >= recent - grace).group_by(machine))
+        for row in rows:
+            below = thresholds.get(row[0])
+            if below is None or now - row[1] > grace:
+                continue
+            busy = row[col[below]]
+            if busy is None or busy < recent:
+                out.append(row[0])
     return out
 
 

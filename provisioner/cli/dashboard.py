@@ -34,7 +34,7 @@ def dashboard(
             "personal ones (`provisioner token create`)"
         )
     application.db  # noqa: B018  (migrate, and fail on a bad state URL, before listening)
-    wsgi = make_app(application, listen=listen)
+    wsgi = make_app(application, listen=listen).warm()
     from waitress.server import create_server
 
     try:

@@ -203,7 +203,7 @@ def run(ctx: typer.Context) -> None:
         f"scheduler {HOLDER} listening on {application.settings.scheduler.listen}", soft_wrap=True
     )
     # the dashboard beside the endpoint: open on loopback, behind dashboard.token beyond it
-    dashboard = make_app(application, listen=application.settings.scheduler.listen)
+    dashboard = make_app(application, listen=application.settings.scheduler.listen).warm()
     daemon.run(application, apps={"/": dashboard}, config=(ctx.find_root().obj or {}).get("config"))
 
 

@@ -319,6 +319,17 @@ class Dashboard:
             "/logout": self.logout,
         }
 
+    def warm(self) -> Dashboard:
+        """Every template compiled and each language's words and number formats read, as a
+        server does before it listens (the fleet's templates take 0.13 s, the rest 0.04 s,
+        else paid by the first visitor)."""
+        for name in sorted(p.name for p in TEMPLATES.glob("*.html")):
+            self.env.get_template(name)
+        for lang in render.LOCALES:
+            render.messages(lang)
+            render.Fmt(lang).money(Money(Decimal(0), self.app.settings.currency))
+        return self
+
     def __call__(self, environ: Environ, start_response: StartResponse) -> Iterable[bytes]:
         req = Request(environ)
         try:
@@ -649,13 +660,21 @@ class Dashboard:
         )
         return Response(html, status)
 
-    def _fleet(self, req: Request) -> fleet_view.Fleet:
+    def _fleet(self, req: Request, paged: bool = True) -> fleet_view.Fleet:
         now = self.now()
         f = render.Fmt(self.language(req))
-        key = ("fleet", f.language, tuple(sorted(req.query.items())))
+        key = ("fleet", f.language, paged, tuple(sorted(req.query.items())))
         return self.cached(
-            key, FLEET_SECONDS, lambda: fleet_view.fleet(self.app, now, f, req.query)
+            key,
+            FLEET_SECONDS,
+            lambda: fleet_view.fleet(self.app, now, f, req.query, paged, self._standings),
         )
+
+    def _standings(self) -> list[budget.Status]:
+        """Every budget's standing, shared by the pages of the same slice (the spend page's
+        and the fleet's summary: one forecast per budget)."""
+        now = self.now()
+        return self.cached("standings", SPEND_SECONDS, lambda: spend_view.standings(self.app, now))
 
     def fleet(self, req: Request) -> Response:
         data = self._fleet(req)
@@ -688,9 +707,9 @@ class Dashboard:
             return m.name if m is not None else mid
 
     def fleet_csv(self, req: Request) -> Response:
-        """The fleet page's rows, filtered and sorted as the page is: one line per machine and
-        currency, amounts as exact numbers (what a spreadsheet sums)."""
-        data = self._fleet(req)
+        """The fleet page's rows, filtered and sorted as the page is, over every page: one line
+        per machine and currency, amounts as exact numbers (what a spreadsheet sums)."""
+        data = self._fleet(req, paged=False)
         lines = []
         for r in data.rows:
             m = r.machine

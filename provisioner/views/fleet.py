@@ -23,10 +23,12 @@ from provisioner.views.summary import COUNTS, IdleMachine, Summary, burn, summar
 
 if TYPE_CHECKING:
     from provisioner.app import App
+    from provisioner.budget import Status
     from provisioner.models import Heartbeat, Machine
 
 SPARK_SPAN = timedelta(hours=2)  # the sparklines: the last two hours of heartbeats
 SPARK_STEP = timedelta(minutes=5)
+PER_PAGE = 100  # rows on a page: sparklines, next moves and act forms are made for these only
 
 
 @dataclass
@@ -44,6 +46,8 @@ class Row:
     #: ``spent`` and ``burn`` as shown (rounded alone); the totals row sums these
     spent_shown: list[Money] = field(default_factory=list)
     burn_shown: Money | None = None
+    #: the highest GPU utilisation in its latest sparkline step (the figure shown beside it)
+    util: float | None = None
 
 
 #: ``state=``: the summary's counts (``idle``: running and idle now)
@@ -70,28 +74,44 @@ class Fleet:
     budgets: list[str] = field(default_factory=list)  # the policies with a budget
     sort: str = ""
     desc: bool = False
+    count: int = 0  # the machines filtered: the totals are theirs, over every page
+    page: int = 1
+    pages: int = 1
+    first: int = 0  # the rows shown are ``first``-th to ``first + len(rows) - 1``-th (from 1)
 
 
-def fleet(app: App, now: datetime, f: Fmt, query: Mapping[str, str]) -> Fleet:
+def fleet(
+    app: App,
+    now: datetime,
+    f: Fmt,
+    query: Mapping[str, str],
+    paged: bool = True,
+    budgets: Callable[[], list[Status]] | None = None,
+) -> Fleet:
     """Every live machine, filtered (``budget``: those that policy's budget covers; exact
     ``project``, ``owner``, ``cloud``; ``state``: one of the summary's counts) and sorted
     (``sort``, ``dir``), with what it has cost, its GPU utilisation, why it is up and the next
-    thing the scheduler will do to it. Bad input: :class:`UserError`."""
+    thing the scheduler will do to it. ``paged``: only :data:`PER_PAGE` rows (``page``, from
+    1; past the last: the last), the only ones given sparklines and next moves (the costly
+    parts); the totals are over every filtered machine either way. Not paged (the CSV): every
+    row with its next move, without sparklines. ``budgets``: every budget's standing, as other
+    pages share it (default: made anew). Bad input: :class:`UserError`."""
     from sqlalchemy import select
 
     from provisioner.models import ACTIVE_EXCLUDED, Machine
 
     chosen = {k: query[k] for k in FILTERS if query.get(k)}
     sort, desc = _sort_of(query)
-    budgets = {p.name: p for p in app.policies if p.budget is not None}
+    page = _page_of(query)
+    with_budget = {p.name: p for p in app.policies if p.budget is not None}
     covers = None
     if "budget" in chosen:
-        if chosen["budget"] not in budgets:
+        if chosen["budget"] not in with_budget:
             raise UserError(
                 f"no policy {chosen['budget']!r} with a budget (budgets: "
-                f"{', '.join(sorted(budgets)) or 'none'})"
+                f"{', '.join(sorted(with_budget)) or 'none'})"
             )
-        covers = budgets[chosen["budget"]].applies_to.matches
+        covers = with_budget[chosen["budget"]].applies_to.matches
     state = chosen.get("state")
     if state is not None and state not in STATES:
         raise UserError(f"state {state!r}: one of {', '.join(STATES)}")
@@ -111,43 +131,38 @@ def fleet(app: App, now: datetime, f: Fmt, query: Mapping[str, str]) -> Fleet:
         if all(getattr(m, k) == v for k, v in exact.items())
         and (covers is None or covers(m.project, m.owner))
     ]
-    sm = summary(app, now, machines)  # the summary: of the machines in any state
+    sm = summary(app, now, machines, budgets() if budgets else None)  # of machines in any state
     if state is not None:
         machines = [m for m in machines if sm.in_state(m, state)]
-    ids = [m.id for m in machines]
-    start = now - SPARK_SPAN
-    beats = spark_points(app, ids, start, SPARK_STEP) if ids else {}
-    rows = []
-    assessed, failed = sweep.assess(app, now, machines)
-    decided = outlook.moves(app, now, assessed)
     idle_now = {i.machine.id: i for i in sm.idle}
-
-    def spent(m: Machine) -> list[Money]:
-        r = listed.get(m.id)
-        return monies(r.spent) if r is not None else []
-
+    rows = []
     for m in machines:
-        if m.id in failed:  # shown, with why the scheduler cannot judge it
-            why = f"rules cannot be evaluated: {failed[m.id]}"
-            rows.append(Row(m, spent(m), [], why, "", None, None, burn=burn(m)))
-    for a in assessed:
-        m = a.machine
-        next_action, next_at = _next(decided[m.id], now, f)
-        listed_row = listed.get(m.id)
-        why = (
-            listed_row.why
-            if m.status == "waiting" and listed_row is not None and listed_row.why
-            else _why_up(a, now, f)
-        )
-        move, idle_row = decided[m.id], idle_now.get(m.id)
-        row = Row(
-            m, spent(m), beats.get(m.id, []), why, next_action, next_at, _tz(a), move, idle_row
-        )
-        row.burn = burn(m)
-        rows.append(row)
+        lr = listed.get(m.id)
+        spent = monies(lr.spent) if lr is not None else []
+        rows.append(Row(m, spent, [], "", "", None, None, idle=idle_now.get(m.id), burn=burn(m)))
+    start = now - SPARK_SPAN
+    every = sort == "next" or not paged  # every row's next move: the sort needs it, the CSV too
+    if every:
+        _moves(app, now, f, rows, listed)
+    if sort == "util":
+        utils = latest_util(app, [r.machine.id for r in rows], start, now, SPARK_STEP)
+        for r in rows:
+            r.util = utils.get(r.machine.id)
     if sort:
         rows = sort_rows(rows, sort, desc, app.settings.money_rates)
-    spent_total = _share(rows)
+    spent_total, burn_total = _share(rows), _share_burn(rows)
+    count, pages, first = len(rows), 1, 0
+    if paged:
+        pages = max(1, -(-count // PER_PAGE))
+        page = min(page, pages)
+        first = (page - 1) * PER_PAGE
+        rows = rows[first : first + PER_PAGE]
+        if not every:
+            _moves(app, now, f, rows, listed)
+        beats = spark_points(app, [r.machine.id for r in rows], start, SPARK_STEP)
+        for r in rows:
+            r.beats = beats.get(r.machine.id, [])
+            r.util = r.beats[-1][1] if r.beats else None
     return Fleet(
         rows,
         sorted({m.project for m in live}),
@@ -159,11 +174,45 @@ def fleet(app: App, now: datetime, f: Fmt, query: Mapping[str, str]) -> Fleet:
         now,
         spent_total,
         sm,
-        _share_burn(rows),
-        sorted(budgets),
+        burn_total,
+        sorted(with_budget),
         sort,
         desc,
+        count,
+        page if paged else 1,
+        pages,
+        first + 1 if rows else 0,
     )
+
+
+def _moves(app: App, now: datetime, f: Fmt, rows: list[Row], listed: Mapping[str, Any]) -> None:
+    """``rows``' next moves (``sweep --dry-run``'s decisions), why each is up and its calendar's
+    time zone."""
+    if not rows:
+        return
+    by_id = {r.machine.id: r for r in rows}
+    assessed, failed = sweep.assess(app, now, [r.machine for r in rows])
+    decided = outlook.moves(app, now, assessed)
+    for mid, e in failed.items():  # shown, with why the scheduler cannot judge it
+        by_id[mid].why = f"rules cannot be evaluated: {e}"
+    for a in assessed:
+        m, row = a.machine, by_id[a.machine.id]
+        row.move = decided[m.id]
+        row.next_action, row.next_at = _next(row.move, now, f)
+        listed_row = listed.get(m.id)
+        row.why = (
+            listed_row.why
+            if m.status == "waiting" and listed_row is not None and listed_row.why
+            else _why_up(a, now, f)
+        )
+        row.tz = _tz(a)
+
+
+def _page_of(query: Mapping[str, str]) -> int:
+    text = query.get("page", "") or "1"
+    if not (text.isascii() and text.isdigit()) or int(text) < 1:
+        raise UserError(f"page {text!r}: a whole number from 1")
+    return int(text)
 
 
 def _sort_of(query: Mapping[str, str]) -> tuple[str, bool]:
@@ -197,7 +246,7 @@ def sort_rows(rows: list[Row], by: str, desc: bool, rates: Rates) -> list[Row]:
         "owner": lambda r: natural(r.machine.owner),
         "gpu": lambda r: (natural(r.machine.gpu), r.machine.gpu_count) if r.machine.gpu else None,
         "state": lambda r: r.machine.status,
-        "util": lambda r: r.beats[-1][1] if r.beats else None,
+        "util": lambda r: r.util,
         "cost": lambda r: convert(r.spent) if r.spent else None,
         "burn": lambda r: convert([r.burn]) if r.burn else None,
         "next": lambda r: r.next_at,
@@ -231,45 +280,86 @@ def _share_burn(rows: list[Row]) -> list[Money]:
     return [Money(a, c) for c, a in sorted(totals.items())]
 
 
-def spark_points(
-    app: App, ids: list[str], start: datetime, step: timedelta
-) -> dict[str, list[tuple[datetime, float | None]]]:
-    """Each machine's highest GPU utilisation per ``step`` since ``start``, summed up by the
-    database (a sparkline needs 24 points, not the 240 heartbeats of two hours)."""
-    from sqlalchemy import Integer, cast, func, select
+def _bucket(app: App, start: datetime, step: timedelta) -> Any:
+    """A heartbeat's sparkline step since ``start`` (0, 1, …) in SQL."""
+    from sqlalchemy import Integer, cast, func
 
     from provisioner.models import Heartbeat
 
     col = Heartbeat.__table__.c.at  # the raw column: no datetime per heartbeat in Python
     secs = step.total_seconds()
     base = int(start.timestamp())
-    bucket: Any
     if app.db.engine.dialect.name == "sqlite":
         import sqlite3
 
         # unixepoch() (SQLite 3.38) is a fifth cheaper than strftime('%s') over 240,000 rows
         fn = func.unixepoch if sqlite3.sqlite_version_info >= (3, 38) else _strftime_s
-        bucket = ((cast(fn(col), Integer) - base) // int(secs)).label("bucket")  # whole seconds
-    else:
-        bucket = func.floor((func.extract("epoch", col) - base) / secs).label("bucket")
-    machine = idle.beat_machine(app)
+        return (cast(fn(col), Integer) - base) // int(secs)  # whole seconds
+    return func.floor((func.extract("epoch", col) - base) / secs)
+
+
+def spark_points(
+    app: App, ids: list[str], start: datetime, step: timedelta
+) -> dict[str, list[tuple[datetime, float | None]]]:
+    """Each machine's highest GPU utilisation per ``step`` since ``start``, summed up by the
+    database (a sparkline needs 24 points, not the 240 heartbeats of two hours)."""
+    from sqlalchemy import func, select
+
+    from provisioner.models import Heartbeat
+
+    if not ids:
+        return {}
+    bucket = _bucket(app, start, step).label("bucket")
+    machine = Heartbeat.machine_id
     q = (
         select(machine, bucket, func.max(Heartbeat.max_util))
-        .where(Heartbeat.at >= start)
+        .where(Heartbeat.at >= start, machine.in_(ids))  # a page of machines: by their index
         .group_by(machine, bucket)
         .order_by(machine, bucket)
     )
-    wanted = set(ids)
     out: dict[str, list[tuple[datetime, float | None]]] = {}
     middle: dict[int, datetime] = {}  # each bucket's time, made once, not once per machine
     with app.db.session() as s:
         for mid, k, util in s.execute(q):
-            if mid in wanted:
-                k = int(k)
-                if k not in middle:
-                    middle[k] = start + step * k + step / 2
-                out.setdefault(mid, []).append((middle[k], None if util is None else float(util)))
+            k = int(k)
+            if k not in middle:
+                middle[k] = start + step * k + step / 2
+            out.setdefault(mid, []).append((middle[k], None if util is None else float(util)))
     return out
+
+
+def latest_util(
+    app: App, ids: list[str], start: datetime, now: datetime, step: timedelta
+) -> dict[str, float | None]:
+    """The last point of each machine's sparkline since ``start`` (:func:`spark_points`), the
+    figure shown beside it, without the sparklines: each machine's latest heartbeat (looked
+    for in the last ``step`` first: a fleet at work is found there), then the highest
+    utilisation from the start of that heartbeat's step on."""
+    from sqlalchemy import and_, func, or_, select
+
+    from provisioner.models import Heartbeat as h
+
+    secs, base = int(step.total_seconds()), int(start.timestamp())
+    steps: dict[datetime, list[str]] = {}  # the start of each machine's latest step
+    wanted, machine = set(ids), idle.beat_machine(app)
+    with app.db.session() as s:
+        for since in (max(start, now - step), start):
+            if not wanted:
+                break
+            last = s.execute(select(machine, func.max(h.at)).where(h.at >= since).group_by(machine))
+            for mid, at in last:
+                if mid in wanted:
+                    wanted.discard(mid)
+                    k = int((at.timestamp() - base) // secs)
+                    begin = max(start, datetime.fromtimestamp(base + k * secs, start.tzinfo))
+                    steps.setdefault(begin, []).append(mid)
+        if not steps:
+            return {}
+        within = or_(*(and_(h.at >= b, h.machine_id.in_(mids)) for b, mids in steps.items()))
+        rows = s.execute(
+            select(h.machine_id, func.max(h.max_util)).where(within).group_by(h.machine_id)
+        )
+        return {mid: None if u is None else float(u) for mid, u in rows}
 
 
 def _strftime_s(col: Any) -> Any:
