@@ -542,8 +542,19 @@ def served(seeded):
     t = threading.Thread(target=server.run, daemon=True)
     t.start()
     yield f"http://127.0.0.1:{server.effective_port}", a, pdir
+    stop_server(server, t)
+
+
+def stop_server(server, thread: threading.Thread) -> None:
+    """Close a waitress server and wait up to 5 s for its thread, with sleeps: a timed join
+    can stall under libfaketime (the CI's edge-date run)."""
+    import time
+
     server.close()
-    t.join(5)
+    for _ in range(50):
+        if not thread.is_alive():
+            break
+        time.sleep(0.1)
 
 
 def go(drv, element) -> None:

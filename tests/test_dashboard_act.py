@@ -6,7 +6,6 @@ CSRF token, a policy's or budget's refusal each refused, the refusal in the CLI'
 from __future__ import annotations
 
 import threading
-import time
 from datetime import timedelta
 
 import pytest
@@ -21,7 +20,7 @@ from provisioner.models import Event, Machine
 from provisioner.spec import Experiment
 from tests.conftest import TEST_OWNER, make_settings, run_cli, sandbox_experiment, write_settings
 from tests.conftest import write_yaml as write_policy
-from tests.test_dashboard import browser, call  # noqa: F401  (browser: a fixture)
+from tests.test_dashboard import browser, call, stop_server  # noqa: F401  (browser: a fixture)
 
 PROXY = "10.0.0.5"  # the team's authenticating proxy: its X-Forwarded-User names the user
 LEAD = "lead@example.com"  # a policy grants them act_as over ana's machines
@@ -299,11 +298,7 @@ def test_stop_and_keep_keyboard_only_in_chromium(team, browser):  # noqa: F811
         enter_and_wait()
         assert drv.find_element(By.ID, "flash").text == "train stopped"
     finally:
-        server.close()
-        for _ in range(50):  # a sleep, not a timed join: libfaketime can stall those
-            if not t.is_alive():
-                break
-            time.sleep(0.1)
+        stop_server(server, t)
     assert machine(app, "train").status == "stopped"
     assert [e for e in events(app, "train") if e[0] in ("kept", "stopped")] == [
         ("kept", TEST_OWNER),

@@ -19,7 +19,7 @@ from provisioner.dashboard import make_app
 from provisioner.money import CENT, Money
 from provisioner.views import fleet as fleet_view
 from tests.conftest import TEST_OWNER, make_settings
-from tests.test_dashboard import browser, call, go  # noqa: F401
+from tests.test_dashboard import browser, call, go, stop_server  # noqa: F401
 from tests.test_dashboard_fleet import monies, rows
 
 N = 250
@@ -289,5 +289,4 @@ def test_a_page_refreshes_in_place_and_leads_to_the_next(big, browser, clock):  
         assert shown() == [f"m-{i}" for i in range(200, 250)]
         assert drv.current_url.endswith("/?page=3&sort=name")
     finally:
-        server.close()
-        t.join(5)
+        stop_server(server, t)

@@ -28,6 +28,7 @@ from tests.test_dashboard import (  # noqa: F401  (fixtures)
     screens,
     seed,
     shoot,
+    stop_server,
     window,
 )
 from tests.test_notify import channels, launch, rx, secrets  # noqa: F401  (fixtures)
@@ -353,8 +354,7 @@ def served_december(state, clock):
     t = threading.Thread(target=server.run, daemon=True)
     t.start()
     yield f"http://127.0.0.1:{server.effective_port}", a, pdir
-    server.close()
-    t.join(5)
+    stop_server(server, t)
 
 
 @pytest.mark.slow  # a real browser
