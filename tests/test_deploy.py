@@ -1,0 +1,586 @@
+"""The deployment files in configs/deploy/ run as shipped, as far as a container allows.
+
+- Each systemd unit passes ``systemd-analyze verify`` and ``security --offline``; then its
+  ``ExecStart=`` runs as written under ``bwrap`` with the unit's sandboxing emulated (root file
+  system read-only but the ``StateDirectory=``, ``ProtectHome=`` hiding /home and /root, a
+  private /tmp, the unit's ``User=``, the environment systemd and the unit give, nothing else).
+  No PID 1 runs here, so what the kernel enforces for systemd alone (system call filter, address
+  families, namespaces, …) is checked by ``systemd-analyze`` only: every directive is either
+  emulated or named in ``KERNEL_ONLY``, so a new one is never taken on trust unnoticed.
+- The crontab line runs with ``sh -c`` in the environment cron gives, as an ordinary user who
+  can write nothing but their home.
+- The CronJob validates against the Kubernetes schema (offline, ``kubernetes-validate``), and
+  its container's command runs as the pod spec writes it: its user, its environment, a
+  read-only root with the emptyDirs and the Secret mounted where it says.
+
+Each runs the sandbox cloud, on SQLite and on PostgreSQL, with a launched machine the sweep
+stops; nothing needs credentials.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+import uuid
+from datetime import datetime, timedelta
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.conftest import ROOT, TEST_START
+
+DEPLOY = ROOT / "configs" / "deploy"
+UNITS = ("provisioner-sweep.service", "provisioner-scheduler.service")
+#: the installed console script: where the units and the pod expect `provisioner`, this one is
+#: mounted (the package as `pip install` would put it, from the tree under test)
+CONSOLE_SCRIPT = Path(sys.executable).with_name("provisioner")
+#: Added to every sandboxed environment, for the test only: the tree under test first (as
+#: pyproject's pythonpath does for pytest; an editable install points there anyway), and the
+#: test's clock (house rule: no wall clock).
+TEST_ENV = {"PYTHONPATH": str(ROOT)}
+LATER = TEST_START + timedelta(hours=1)
+#: A policy under which the launched machine, silent, is idle out of hours at any time: the sweep
+#: must stop it, which proves it read the state and acted on the cloud.
+NIGHTS = "name: nights\noff_hours: {timezone: UTC, weekends: mon-sun}\n"
+NIGHTS += "idle: {unknown_counts_as_idle: true}\n"
+EXPERIMENT = "name: exp\nproject: demo\nresources:\n  gpu: T4:1\n  market: spot\n"
+EXPERIMENT += "  clouds: [sandbox]\n  disk_gb: 50\n"
+
+needs_bwrap = pytest.mark.skipif(not shutil.which("bwrap"), reason="bubblewrap not installed")
+needs_systemd = pytest.mark.skipif(
+    not shutil.which("systemd-analyze"), reason="systemd-analyze not installed"
+)
+
+
+# --- unit files ------------------------------------------------------------------------------
+
+
+class Unit:
+    """A unit file as systemd reads it: sections of (key, value) in order, ``%`` specifiers of a
+    system unit resolved (an unknown one fails: the test must learn what it means)."""
+
+    SPECIFIERS = {"%S": "/var/lib", "%%": "%"}
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.sections: dict[str, list[tuple[str, str]]] = {}
+        section = ""
+        for raw in path.read_text().splitlines():
+            line = raw.strip()
+            if not line or line[0] in "#;":
+                continue
+            if line.startswith("["):
+                section = line.strip("[]")
+                self.sections.setdefault(section, [])
+                continue
+            key, _, value = line.partition("=")
+            self.sections[section].append((key.strip(), self._resolve(value.strip())))
+
+    def _resolve(self, value: str) -> str:
+        out, i = "", 0
+        while i < len(value):
+            if value[i] == "%":
+                spec = value[i : i + 2]
+                assert spec in self.SPECIFIERS, f"{self.path.name}: specifier {spec} not emulated"
+                out, i = out + self.SPECIFIERS[spec], i + 2
+            else:
+                out, i = out + value[i], i + 1
+        return out
+
+    def all(self, key: str, section: str = "Service") -> list[str]:
+        return [v for k, v in self.sections.get(section, []) if k == key]
+
+    def get(self, key: str, default: str = "", section: str = "Service") -> str:
+        values = self.all(key, section)
+        return values[-1] if values else default
+
+    def keys(self, section: str = "Service") -> set[str]:
+        return {k for k, _ in self.sections.get(section, [])}
+
+
+#: [Service] directives the sandbox below reproduces (or that only tell systemd how to supervise)
+EMULATED = {
+    "Type", "User", "Group", "StateDirectory", "StateDirectoryMode", "Environment",
+    "EnvironmentFile", "ExecStart", "UMask", "ProtectSystem", "ProtectHome", "PrivateTmp",
+    "PrivateDevices", "NoNewPrivileges", "CapabilityBoundingSet", "AmbientCapabilities",
+    "ReadWritePaths", "ExecReload", "KillSignal", "Restart", "RestartSec", "TimeoutStopSec",
+}  # fmt: skip
+#: ... and those the kernel enforces for systemd only (seccomp, namespaces, /proc options):
+#: `systemd-analyze verify` parses them and `security` scores them; no container runs them.
+KERNEL_ONLY = {
+    "RestrictSUIDSGID", "ProtectKernelTunables", "ProtectKernelModules", "ProtectKernelLogs",
+    "ProtectControlGroups", "ProtectClock", "ProtectHostname", "ProtectProc", "RestrictNamespaces",
+    "RestrictRealtime", "LockPersonality", "RestrictAddressFamilies", "SystemCallArchitectures",
+    "SystemCallFilter", "RemoveIPC", "PrivateMounts",
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", UNITS)
+def test_each_unit_is_sandboxed_with_its_own_writable_state_directory(name):
+    unit = Unit(DEPLOY / name)
+    assert unit.keys() <= EMULATED | KERNEL_ONLY, unit.keys() - EMULATED - KERNEL_ONLY
+    assert unit.get("ProtectSystem") == "strict" and unit.get("ProtectHome") == "true"
+    assert unit.get("PrivateTmp") == unit.get("NoNewPrivileges") == "true"
+    assert unit.all("CapabilityBoundingSet") == [""]  # no capability at all
+    assert unit.get("StateDirectory") == "provisioner"
+    env = environment(unit)
+    assert env["PROVISIONER_HOME"] == env["HOME"] == "/var/lib/provisioner"
+    assert not unit.all("ReadWritePaths")  # the state dir is writable by StateDirectory= alone
+
+
+@needs_systemd
+def test_systemd_analyze_verifies_the_units_and_scores_their_exposure_low(tmp_path):
+    """Verified as shipped, then with ExecStart's binary pointing at this venv's console script:
+    `verify` checks the binary exists, and the package is not installed in /usr/local here."""
+    shipped, runnable = tmp_path / "shipped", tmp_path / "runnable"
+    names = [*UNITS, "provisioner-sweep.timer"]
+    for d in (shipped, runnable):
+        d.mkdir()
+        for name in names:
+            text = (DEPLOY / name).read_text()
+            if d is runnable:
+                text = text.replace("/usr/local/bin/provisioner", str(CONSOLE_SCRIPT))
+            (d / name).write_text(text)
+    run = [
+        "systemd-analyze",
+        "verify",
+        "--man=no",
+        *(str(runnable / n) for n in names),
+    ]
+    r = subprocess.run(run, capture_output=True, text=True, env={**os.environ, "TZ": "UTC"})
+    assert r.returncode == 0 and not r.stderr.strip(), r.stderr  # an unknown key only warns
+    r = subprocess.run(
+        [*run[:3], *(str(shipped / n) for n in names)], capture_output=True, text=True
+    )
+    complaints = {line for line in r.stderr.splitlines() if line.strip()}
+    assert complaints == {
+        f"{n}: Command /usr/local/bin/provisioner is not executable: No such file or directory"
+        for n in UNITS
+    }  # as shipped, nothing is wrong but the binary this machine lacks
+    for name in UNITS:
+        r = subprocess.run(
+            ["systemd-analyze", "security", "--offline=yes", "--threshold=20", name],
+            capture_output=True,
+            text=True,
+            cwd=runnable,
+        )
+        score = next(line for line in r.stdout.splitlines() if "Overall exposure" in line)
+        assert r.returncode == 0, score  # 2.0 at most of systemd's 10 ("OK")
+    r = subprocess.run(
+        ["systemd-analyze", "calendar", "--iterations=3", "--base-time=2026-11-02 09:01 UTC"]
+        + Unit(DEPLOY / "provisioner-sweep.timer").all("OnCalendar", "Timer"),
+        capture_output=True,
+        text=True,
+        env={**os.environ, "TZ": "UTC"},
+    )
+    assert [line.split(": ", 1)[1] for line in r.stdout.splitlines() if "UTC" in line] == [
+        "Mon 2026-11-02 09:05:00 UTC",
+        "Mon 2026-11-02 09:10:00 UTC",
+        "Mon 2026-11-02 09:15:00 UTC",
+    ], r.stdout + r.stderr
+
+
+# --- the sandbox -----------------------------------------------------------------------------
+
+
+def bwrap(mounts: list[tuple[str, str, str]], *, hide: tuple[str, ...] = ()) -> list[str]:
+    """``bwrap`` arguments for the host's root read-only with ``mounts`` (destination, kind:
+    bind | ro-bind | tmpfs | dev | proc, source) placed in it. No mount point is ever made on the
+    host: each destination's ancestors become directories of the sandbox's own root, every host
+    entry beside them bound back read-only, and that root is made read-only at the end. ``hide``:
+    empty read-only directories (systemd's ProtectHome=)."""
+    mounts = [*mounts, *((h, "tmpfs", "") for h in hide)]
+    dests = {d for d, _, _ in mounts}
+
+    def inside(p: Path) -> bool:
+        return any(p == Path(d) or Path(d) in p.parents for d in dests)
+
+    expanded = {str(a) for d in dests for a in Path(d).parents if not inside(a)}
+    args: list[str] = []
+
+    def fill(directory: str) -> None:
+        for entry in sorted(os.listdir(directory)):
+            p = os.path.join(directory, entry)
+            if p in dests:
+                continue
+            if p in expanded:
+                args.extend(["--dir", p])
+                fill(p)
+            elif os.path.islink(p):
+                args.extend(["--symlink", os.readlink(p), p])
+            elif os.path.exists(p):
+                args.extend(["--ro-bind", p, p])
+
+    fill("/")
+    made = set(expanded)
+    for dest, kind, src in sorted(mounts, key=lambda m: len(Path(m[0]).parts)):
+        for a in reversed(Path(dest).parents):  # within a tmpfs: traversable, as on the host
+            if str(a) not in made and str(a) not in dests:
+                args.extend(["--perms", "0755", "--dir", str(a)])
+                made.add(str(a))
+        if kind == "tmpfs":
+            args.extend(["--perms", "0755" if dest in hide else "1777", "--tmpfs", dest])
+        elif kind in ("dev", "proc"):
+            args.extend([f"--{kind}", dest])
+        else:
+            args.extend([f"--{kind}", src, dest])
+    args.extend(["--remount-ro", "/"])
+    for h in hide:
+        args.extend(["--remount-ro", h])
+    return ["bwrap", "--die-with-parent", "--new-session", "--chdir", "/", *args]
+
+
+def code_mounts() -> list[tuple[str, str, str]]:
+    """The tree under test, its venv and the interpreter the venv was made from (pyenv's, say,
+    under /root), where they are: ProtectHome= or a private /tmp may hide them otherwise, and
+    their ancestors become traversable by any user. A packaged install lives in /usr instead."""
+    paths = [ROOT, Path(sys.prefix), Path(sys.base_prefix)]
+    paths = [p for p in paths if Path("/usr") not in (p, *p.parents)]
+    return [(str(p), "ro-bind", str(p)) for p in paths if not any(q in p.parents for q in paths)]
+
+
+def as_user(uid: int, gid: int, groups: list[int] | None = None) -> list[str]:
+    """What systemd's User= (and a pod's runAsUser) does once the sandbox is set: the uid and
+    groups, no capability left (CapabilityBoundingSet=), no way back (NoNewPrivileges=)."""
+    if os.getuid() != 0:
+        return []  # bwrap as an unprivileged user: already that user, and no capability
+    return [
+        "setpriv",
+        f"--reuid={uid}",
+        f"--regid={gid}",
+        *([f"--groups={','.join(map(str, groups))}"] if groups else ["--init-groups"]),
+        "--bounding-set=-all",
+        "--inh-caps=-all",
+        "--no-new-privs",
+        "--",
+    ]
+
+
+def system_user(name: str, home: str, shell: str = "/usr/sbin/nologin") -> pwd.struct_passwd:
+    """The user a unit or a crontab runs as: made as the unit's install comment says when the
+    suite runs as root (CI), else the user running it."""
+    if os.getuid() != 0:
+        return pwd.getpwuid(os.getuid())
+    for _ in range(50):  # xdist workers may race on /etc/passwd's lock: the user is made once
+        try:
+            return pwd.getpwnam(name)
+        except KeyError:
+            subprocess.run(
+                ["useradd", "--system", "--user-group", "--no-create-home"]
+                + ["--home-dir", home, "--shell", shell, name],
+                capture_output=True,
+            )
+            time.sleep(0.1)
+    return pwd.getpwnam(name)
+
+
+def environment(unit: Unit, etc: Path | None = None) -> dict[str, str]:
+    """Environment=, then EnvironmentFile= (``-``: optional) read where /etc/provisioner is."""
+    env: dict[str, str] = {}
+    for value in unit.all("Environment"):
+        env.update(item.split("=", 1) for item in shlex.split(value))
+    for value in unit.all("EnvironmentFile"):
+        path = Path(value.removeprefix("-"))
+        if etc is not None and path.parent == Path("/etc/provisioner"):
+            path = etc / path.name
+        if not path.exists() and value.startswith("-"):
+            continue
+        for line in path.read_text().splitlines():
+            if line.strip() and not line.lstrip().startswith("#"):
+                env.update([line.strip().split("=", 1)])
+    return env
+
+
+def settings_yaml(db_url: str | None, **extra: object) -> str:
+    data: dict = {"clouds": {"sandbox": {"latency_seconds": 0}}}
+    data["policies"] = ["/etc/provisioner/nights.yaml"]
+    if db_url:
+        data["state_url"] = db_url
+    data.update(extra)
+    return yaml.safe_dump(data)
+
+
+def etc_dir(tmp_path: Path, db_url: str | None, mode: int = 0o644, **extra: object) -> Path:
+    etc = tmp_path / "etc-provisioner"
+    etc.mkdir()
+    (etc / "settings.yaml").write_text(settings_yaml(db_url, **extra))
+    (etc / "nights.yaml").write_text(NIGHTS)
+    (etc / "exp.yaml").write_text(EXPERIMENT)
+    for f in etc.iterdir():
+        f.chmod(mode)
+    return etc
+
+
+class Service:
+    """A unit's ExecStart (or another command line, as an admin's ``systemd-run`` under the
+    same settings would) in the unit's emulated sandbox; its state dir is ``state``."""
+
+    def __init__(self, name: str, tmp_path: Path, etc: Path) -> None:
+        self.unit = Unit(DEPLOY / name)
+        self.etc = etc
+        home = f"/var/lib/{self.unit.get('StateDirectory')}"
+        self.user = system_user(self.unit.get("User"), home)
+        self.state = tmp_path / "state"
+        self.state.mkdir()
+        if os.getuid() == 0:  # StateDirectory=: made and given to User= before the start
+            os.chown(self.state, self.user.pw_uid, self.user.pw_gid)
+        self.state.chmod(int(self.unit.get("StateDirectoryMode", "0755"), 8))
+        self.argv0 = shlex.split(self.unit.get("ExecStart"))[0]
+
+    def argv(self, command: list[str] | None = None) -> list[str]:
+        u = self.unit
+        mounts = [("/proc", "proc", ""), ("/dev", "dev", "")]  # PrivateDevices=: a minimal /dev
+        mounts.append((f"/var/lib/{u.get('StateDirectory')}", "bind", str(self.state)))
+        mounts.append(("/etc/provisioner", "ro-bind", str(self.etc)))
+        mounts.append((self.argv0, "ro-bind", str(CONSOLE_SCRIPT)))
+        if u.get("PrivateTmp") == "true":
+            mounts += [("/tmp", "tmpfs", ""), ("/var/tmp", "tmpfs", "")]
+        hide = ("/home", "/root", "/run/user") if u.get("ProtectHome") == "true" else ()
+        assert u.get("ProtectSystem") == "strict"  # the only mode emulated: all but these ro
+        box = bwrap([*mounts, *code_mounts()], hide=hide)
+        line = command or shlex.split(u.get("ExecStart"))
+        umask = ["sh", "-c", f'umask {u.get("UMask", "0022")} && exec "$@"', "sh"]
+        return [*box, *as_user(self.user.pw_uid, self.user.pw_gid), *umask, *line]
+
+    def env(self, at: datetime = LATER) -> dict[str, str]:
+        """What systemd gives a system service with User= (systemd.exec(5), "Environment
+        Variables in Spawned Processes"), then the unit's own, then the test's."""
+        env = {
+            "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin",
+            "USER": self.user.pw_name,
+            "LOGNAME": self.user.pw_name,
+            "HOME": self.user.pw_dir,
+            "SHELL": self.user.pw_shell,
+            "INVOCATION_ID": uuid.uuid4().hex,
+            "STATE_DIRECTORY": f"/var/lib/{self.unit.get('StateDirectory')}",
+        }
+        clock = {"PROVISIONER_CLOCK": at.isoformat()}
+        return {**env, **environment(self.unit, self.etc), **TEST_ENV, **clock}
+
+    def run(
+        self, command: list[str] | None = None, at: datetime = LATER
+    ) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            self.argv(command), capture_output=True, text=True, env=self.env(at),
+            timeout=180,
+        )  # fmt: skip
+
+
+def statuses(run, *argv: str) -> dict[str, str]:
+    r = run([*argv, "status", "--output", "json", "--no-refresh"])
+    assert r.returncode == 0, r.stderr
+    return {m["name"]: m["status"] for m in json.loads(r.stdout)}
+
+
+@needs_bwrap
+def test_the_sweep_unit_runs_as_shipped_in_its_sandbox(tmp_path, db_url):
+    svc = Service("provisioner-sweep.service", tmp_path, etc_dir(tmp_path, db_url))
+    up = svc.run([svc.argv0, "up", "/etc/provisioner/exp.yaml"], at=TEST_START)
+    assert up.returncode == 0, up.stderr
+    r = svc.run()  # ExecStart= as written
+    assert r.returncode == 0, r.stderr
+    assert "exp: stop [off-hours-idle]" in r.stdout, r.stdout
+    assert statuses(svc.run, svc.argv0) == {"exp": "stopped"}
+    # its state in the state dir (SQLite) or the database, all it wrote owned by its user
+    made = {p.relative_to(svc.state).as_posix() for p in svc.state.rglob("*")}
+    assert {"sandbox.db", "keys/id_ed25519"} <= made and ("state.db" in made) == (not db_url)
+    for p in svc.state.rglob("*"):
+        assert p.stat().st_uid == svc.user.pw_uid
+        assert p.is_dir() or p.stat().st_mode & 0o077 == 0  # UMask=0077
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@needs_bwrap
+def test_the_scheduler_unit_starts_answers_reloads_and_stops_on_sigterm(tmp_path, db_url):
+    port = free_port()
+    listen = {"scheduler": {"listen": f"127.0.0.1:{port}", "sweep_interval_seconds": 10}}
+    svc = Service("provisioner-scheduler.service", tmp_path, etc_dir(tmp_path, db_url, **listen))
+    assert svc.unit.get("Type") == "exec" and svc.unit.get("Restart") == "always"
+    read, write = os.pipe()
+    argv = svc.argv()
+    proc = subprocess.Popen(
+        [argv[0], "--info-fd", str(write), *argv[1:]],
+        env=svc.env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        pass_fds=(write,),
+    )
+    os.close(write)
+    try:
+        with os.fdopen(read) as info:  # the service's main PID, as systemd would know it
+            main_pid = json.loads(info.read())["child-pid"]
+        for _ in range(600):
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as r:
+                    assert json.loads(r.read()) == {"ok": True}
+                break
+            except OSError:
+                assert proc.poll() is None, proc.communicate()[1].decode()
+                time.sleep(0.1)
+        else:
+            raise AssertionError("the scheduler never answered /healthz")
+        reload = shlex.split(svc.unit.get("ExecReload").replace("$MAINPID", str(main_pid)))
+        assert subprocess.run(reload).returncode == 0  # SIGHUP: settings taken up again
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=10) as r:
+            assert json.loads(r.read()) == {"ok": True}
+    finally:
+        os.kill(main_pid, signal.Signals[svc.unit.get("KillSignal", "SIGTERM")])
+        _, stderr = proc.communicate(timeout=int(svc.unit.get("TimeoutStopSec", "90")))
+    assert proc.returncode == 0, stderr.decode()
+    assert ("state.db" in os.listdir(svc.state)) == (not db_url)
+
+
+# --- the crontab -----------------------------------------------------------------------------
+
+
+def crontab() -> tuple[dict[str, str], str, str]:
+    """(its variables, the schedule, the command) of the crontab's one job line."""
+    variables, jobs = {}, []
+    for line in (DEPLOY / "crontab").read_text().splitlines():
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        name, eq, value = line.partition("=")
+        if eq and name.strip().isidentifier():
+            variables[name.strip()] = value.strip()
+        else:
+            jobs.append(line.split(None, 5))
+    assert len(jobs) == 1
+    *when, command = jobs[0]
+    return variables, " ".join(when), command
+
+
+@needs_bwrap
+def test_the_crontab_line_runs_as_a_user_and_logs_in_their_home(tmp_path, db_url):
+    variables, when, command = crontab()
+    assert when == "*/5 * * * *"
+    assert "%" not in command  # cron would cut the line there (crontab(5))
+    user = system_user("provisioner-cron", "/home/provisioner-cron", shell="/bin/sh")
+    home = tmp_path / "cron-home"
+    (home / ".config" / "provisioner").mkdir(parents=True)
+    (home / ".config" / "provisioner" / "settings.yaml").write_text(
+        settings_yaml(db_url, policies=[f"{user.pw_dir}/nights.yaml"])
+    )
+    (home / "nights.yaml").write_text(NIGHTS)
+    (home / "exp.yaml").write_text(EXPERIMENT)
+    (home / ".local" / "bin").mkdir(parents=True)  # where pipx puts the command
+    (home / ".local" / "bin" / "provisioner").symlink_to(CONSOLE_SCRIPT)
+    if os.getuid() == 0:
+        for p in [home, *home.rglob("*")]:
+            os.lchown(p, user.pw_uid, user.pw_gid)
+    # the user can write their home, nothing else; cron's environment (crontab(5): SHELL=/bin/sh,
+    # PATH=/usr/bin:/bin, HOME and LOGNAME from /etc/passwd), then the crontab's variables
+    box = bwrap(
+        [("/proc", "proc", ""), ("/dev", "dev", ""), ("/tmp", "tmpfs", "")]
+        + [(user.pw_dir, "bind", str(home)), *code_mounts()]
+    )
+    env = {"SHELL": "/bin/sh", "PATH": "/usr/bin:/bin", "HOME": user.pw_dir}
+    env |= {"LOGNAME": user.pw_name, **variables, **TEST_ENV}
+
+    def run(line: str, at) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [*box, *as_user(user.pw_uid, user.pw_gid), "/bin/sh", "-c", line],
+            capture_output=True, text=True, timeout=180,
+            env={**env, "PROVISIONER_CLOCK": at.isoformat()},
+        )  # fmt: skip
+
+    up = run(f'"$HOME/.local/bin/provisioner" up "$HOME/exp.yaml"', TEST_START)
+    assert up.returncode == 0, up.stderr
+    r = run(command, LATER)
+    assert r.returncode == 0 and not r.stdout and not r.stderr, r.stdout + r.stderr
+    log = (home / ".local" / "state" / "provisioner" / "sweep.log").read_text()
+    assert "exp: stop [off-hours-idle]" in log, log
+    assert ("state.db" in os.listdir(home / ".local" / "share" / "provisioner")) == (not db_url)
+    r = run(command, LATER + timedelta(minutes=5))  # the next pass appends
+    assert r.returncode == 0
+    again = (home / ".local" / "state" / "provisioner" / "sweep.log").read_text()
+    assert again.startswith(log) and again.count("sweep: 1 machine checked") == 2, again
+
+
+# --- the CronJob -----------------------------------------------------------------------------
+
+
+def cronjob() -> dict:
+    return yaml.safe_load((DEPLOY / "cronjob.yaml").read_text())
+
+
+@pytest.mark.parametrize("version", ["1.27", "1.37"])  # timeZone is GA from 1.27
+def test_the_cronjob_is_valid_kubernetes(version):
+    import kubernetes_validate
+
+    kubernetes_validate.validate(cronjob(), version, strict=True)
+    typo = cronjob()
+    typo["spec"]["jobTemplate"]["spec"]["template"]["spec"]["securityContext"]["runAsNonroot"] = 1
+    with pytest.raises(kubernetes_validate.ValidationError):  # strict: an unknown field fails
+        kubernetes_validate.validate(typo, version, strict=True)
+
+
+@needs_bwrap
+def test_the_cronjob_pod_runs_its_command_as_written(tmp_path, db_url):
+    """The pod as its spec says: its user and fsGroup, a read-only root, the emptyDirs writable
+    where mounted, the Secret's files read-only there, the container's env and command. The
+    image is stood in for by this machine's root with the package's command on the image's
+    PATH (a python image's: /usr/local/bin first)."""
+    if not db_url:
+        pytest.skip("the CronJob's state is PostgreSQL: a pod's SQLite file dies with it")
+    pod = cronjob()["spec"]["jobTemplate"]["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    ctx = {**pod["securityContext"], **container["securityContext"]}
+    assert ctx["runAsNonRoot"] and ctx["runAsUser"] != 0 and ctx["readOnlyRootFilesystem"]
+    assert not ctx["allowPrivilegeEscalation"] and ctx["capabilities"]["drop"] == ["ALL"]
+    uid, gid, fs_group = ctx["runAsUser"], ctx["runAsGroup"], ctx["fsGroup"]
+    mounts = [("/proc", "proc", ""), ("/dev", "dev", "")]
+    image_path = "/usr/local/bin:/usr/local/sbin:/usr/sbin:/usr/bin:/sbin:/bin"
+    command = [*container.get("command", []), *container.get("args", [])]
+    mounts.append((f"/usr/local/bin/{command[0]}", "ro-bind", str(CONSOLE_SCRIPT)))
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    for m in container["volumeMounts"]:
+        volume, src = volumes[m["name"]], tmp_path / m["name"]
+        if "secret" in volume:  # the Secret's keys as files: root's, group fsGroup, defaultMode
+            assert volume["secret"]["secretName"] == "provisioner-settings" and m["readOnly"]
+            src = etc_dir(tmp_path, db_url, mode=volume["secret"]["defaultMode"])
+            for f in [src, *src.iterdir()]:
+                if os.getuid() == 0:
+                    os.chown(f, 0, fs_group)
+        else:  # an emptyDir: new, writable by the pod's group (fsGroup)
+            assert "emptyDir" in volume
+            src.mkdir()
+            if os.getuid() == 0:
+                os.chown(src, 0, fs_group)
+            src.chmod(0o2777)
+        mounts.append((m["mountPath"], "ro-bind" if m.get("readOnly") else "bind", str(src)))
+    env = {"PATH": image_path, "HOSTNAME": "provisioner-sweep-x1"}
+    env |= {e["name"]: e["value"] for e in container["env"]}
+    argv = [*bwrap([*mounts, *code_mounts()]), *as_user(uid, gid, [fs_group]), *command]
+
+    def run(args: list[str], at) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            args, capture_output=True, text=True, timeout=180,
+            env={**env, **TEST_ENV, "PROVISIONER_CLOCK": at.isoformat()},
+        )  # fmt: skip
+
+    # a machine launched (by someone, on the shared state) before the run; the same pod's home
+    # holds the sandbox cloud here, as a cloud would hold the machine
+    up = run([*argv[: -len(command)], command[0], "up", "/etc/provisioner/exp.yaml"], TEST_START)
+    assert up.returncode == 0, up.stderr
+    r = run(argv, LATER)
+    assert r.returncode == 0, r.stderr
+    assert "exp: stop [off-hours-idle]" in r.stdout, r.stdout
+    status = run(
+        [*argv[: -len(command)], command[0], "status", "--output", "json", "--no-refresh"], LATER
+    )
+    assert {m["name"]: m["status"] for m in json.loads(status.stdout)} == {"exp": "stopped"}
