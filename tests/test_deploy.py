@@ -443,14 +443,17 @@ def test_the_scheduler_unit_starts_answers_reloads_and_stops_on_sigterm(tmp_path
                 time.sleep(0.1)
         else:
             raise AssertionError("the scheduler never answered /healthz")
+        # an edited policy, taken up on `systemctl reload` (ExecReload=, SIGHUP) or its next pass
+        (svc.etc / "nights.yaml").write_text(NIGHTS.replace("idle: true", "idle: false"))
         reload = shlex.split(svc.unit.get("ExecReload").replace("$MAINPID", str(main_pid)))
-        assert subprocess.run(reload).returncode == 0  # SIGHUP: settings taken up again
+        assert subprocess.run(reload).returncode == 0
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=10) as r:
             assert json.loads(r.read()) == {"ok": True}
     finally:
         os.kill(main_pid, signal.Signals[svc.unit.get("KillSignal", "SIGTERM")])
         _, stderr = proc.communicate(timeout=int(svc.unit.get("TimeoutStopSec", "90")))
     assert proc.returncode == 0, stderr.decode()
+    assert "reload (" in stderr.decode() and "failed" not in stderr.decode(), stderr.decode()
     assert ("state.db" in os.listdir(svc.state)) == (not db_url)
 
 
