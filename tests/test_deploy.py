@@ -21,11 +21,9 @@ from __future__ import annotations
 
 import json
 import os
-import pwd
 import shlex
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -38,6 +36,8 @@ import pytest
 import yaml
 
 from tests.conftest import ROOT, TEST_START
+from tests.sshd import NO_SSHD, SSHD, free_port, run_sshd
+from tests.unitbox import Unit, as_user, bwrap, code_mounts, environment, system_user
 
 DEPLOY = ROOT / "configs" / "deploy"
 UNITS = ("provisioner-sweep.service", "provisioner-scheduler.service")
@@ -65,50 +65,6 @@ needs_systemd = pytest.mark.skipif(
 # --- unit files ------------------------------------------------------------------------------
 
 
-class Unit:
-    """A unit file as systemd reads it: sections of (key, value) in order, ``%`` specifiers of a
-    system unit resolved (an unknown one fails: the test must learn what it means)."""
-
-    SPECIFIERS = {"%S": "/var/lib", "%%": "%"}
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.sections: dict[str, list[tuple[str, str]]] = {}
-        section = ""
-        for raw in path.read_text().splitlines():
-            line = raw.strip()
-            if not line or line[0] in "#;":
-                continue
-            if line.startswith("["):
-                section = line.strip("[]")
-                self.sections.setdefault(section, [])
-                continue
-            key, _, value = line.partition("=")
-            self.sections[section].append((key.strip(), self._resolve(value.strip())))
-
-    def _resolve(self, value: str) -> str:
-        out, i = "", 0
-        while i < len(value):
-            if value[i] == "%":
-                spec = value[i : i + 2]
-                assert spec in self.SPECIFIERS, f"{self.path.name}: specifier {spec} not emulated"
-                out, i = out + self.SPECIFIERS[spec], i + 2
-            else:
-                out, i = out + value[i], i + 1
-        return out
-
-    def all(self, key: str, section: str = "Service") -> list[str]:
-        return [v for k, v in self.sections.get(section, []) if k == key]
-
-    def get(self, key: str, default: str = "", section: str = "Service") -> str:
-        values = self.all(key, section)
-        return values[-1] if values else default
-
-    def keys(self, section: str = "Service") -> set[str]:
-        return {k for k, _ in self.sections.get(section, [])}
-
-
-#: [Service] directives the sandbox below reproduces (or that only tell systemd how to supervise)
 EMULATED = {
     "Type", "User", "Group", "StateDirectory", "StateDirectoryMode", "Environment",
     "EnvironmentFile", "ExecStart", "UMask", "ProtectSystem", "ProtectHome", "PrivateTmp",
@@ -192,122 +148,7 @@ def test_systemd_analyze_verifies_the_units_and_scores_their_exposure_low(tmp_pa
     ], r.stdout + r.stderr
 
 
-# --- the sandbox -----------------------------------------------------------------------------
-
-
-def bwrap(
-    mounts: list[tuple[str, str, str]], *, hide: tuple[str, ...] = (), own_pids: bool = True
-) -> list[str]:
-    """``bwrap`` arguments for the host's root read-only with ``mounts`` (destination, kind:
-    bind | ro-bind | tmpfs | dev | proc, source) placed in it. No mount point is ever made on the
-    host: each destination's ancestors become directories of the sandbox's own root, every host
-    entry beside them bound back read-only, and that root is made read-only at the end. ``hide``:
-    empty read-only directories (systemd's ProtectHome=). ``own_pids``: a PID namespace, so
-    whatever the command leaves running ends with it, as when systemd stops a oneshot unit's
-    control group or a pod ends (under cron it is hygiene: the test leaves nothing behind)."""
-    mounts = [*mounts, *((h, "tmpfs", "") for h in hide)]
-    dests = {d for d, _, _ in mounts}
-
-    def inside(p: Path) -> bool:
-        return any(p == Path(d) or Path(d) in p.parents for d in dests)
-
-    expanded = {str(a) for d in dests for a in Path(d).parents if not inside(a)}
-    args: list[str] = []
-
-    def fill(directory: str) -> None:
-        for entry in sorted(os.listdir(directory)):
-            p = os.path.join(directory, entry)
-            if p in dests:
-                continue
-            if p in expanded:
-                args.extend(["--dir", p])
-                fill(p)
-            elif os.path.islink(p):
-                args.extend(["--symlink", os.readlink(p), p])
-            elif os.path.exists(p):
-                args.extend(["--ro-bind", p, p])
-
-    fill("/")
-    made = set(expanded)
-    for dest, kind, src in sorted(mounts, key=lambda m: len(Path(m[0]).parts)):
-        for a in reversed(Path(dest).parents):  # within a tmpfs: traversable, as on the host
-            if str(a) not in made and str(a) not in dests:
-                args.extend(["--perms", "0755", "--dir", str(a)])
-                made.add(str(a))
-        if kind == "tmpfs":
-            args.extend(["--perms", "0755" if dest in hide else "1777", "--tmpfs", dest])
-        elif kind in ("dev", "proc"):
-            args.extend([f"--{kind}", dest])
-        else:
-            args.extend([f"--{kind}", src, dest])
-    args.extend(["--remount-ro", "/"])
-    for h in hide:
-        args.extend(["--remount-ro", h])
-    pids = ["--unshare-pid"] if own_pids else []
-    return ["bwrap", "--die-with-parent", "--new-session", *pids, "--chdir", "/", *args]
-
-
-def code_mounts() -> list[tuple[str, str, str]]:
-    """The tree under test, its venv and the interpreter the venv was made from (pyenv's, say,
-    under /root), where they are: ProtectHome= or a private /tmp may hide them otherwise, and
-    their ancestors become traversable by any user. A packaged install lives in /usr instead."""
-    paths = [ROOT, Path(sys.prefix), Path(sys.base_prefix)]
-    paths = [p for p in paths if Path("/usr") not in (p, *p.parents)]
-    return [(str(p), "ro-bind", str(p)) for p in paths if not any(q in p.parents for q in paths)]
-
-
-def as_user(uid: int, gid: int, groups: list[int] | None = None) -> list[str]:
-    """What systemd's User= (and a pod's runAsUser) does once the sandbox is set: the uid and
-    groups, no capability left (CapabilityBoundingSet=), no way back (NoNewPrivileges=)."""
-    if os.getuid() != 0:
-        return []  # bwrap as an unprivileged user: already that user, and no capability
-    return [
-        "setpriv",
-        f"--reuid={uid}",
-        f"--regid={gid}",
-        *([f"--groups={','.join(map(str, groups))}"] if groups else ["--init-groups"]),
-        "--bounding-set=-all",
-        "--inh-caps=-all",
-        "--no-new-privs",
-        "--",
-    ]
-
-
-def system_user(name: str, home: str, shell: str = "/usr/sbin/nologin") -> pwd.struct_passwd:
-    """The user a unit or a crontab runs as: made as the unit's install comment says when the
-    suite runs as root (CI), else the user running it."""
-    if os.getuid() != 0:
-        return pwd.getpwuid(os.getuid())
-    for _ in range(50):  # xdist workers may race on /etc/passwd's lock: the user is made once
-        try:
-            return pwd.getpwnam(name)
-        except KeyError:
-            subprocess.run(
-                [
-                    *("useradd", "--system", "--user-group", "--no-create-home"),
-                    *("--home-dir", home, "--shell", shell, name),
-                ],
-                capture_output=True,
-            )
-            time.sleep(0.1)
-    return pwd.getpwnam(name)
-
-
-def environment(unit: Unit, etc: Path | None = None) -> dict[str, str]:
-    """Environment=, then EnvironmentFile= (``-``: optional) read where /etc/provisioner is."""
-    env: dict[str, str] = {}
-    for value in unit.all("Environment"):
-        env.update(item.split("=", 1) for item in shlex.split(value))
-    for value in unit.all("EnvironmentFile"):
-        path = Path(value.removeprefix("-"))
-        if etc is not None and path.parent == Path("/etc/provisioner"):
-            path = etc / path.name
-        if not path.exists() and value.startswith("-"):
-            continue
-        for line in path.read_text().splitlines():
-            if line.strip() and not line.lstrip().startswith("#"):
-                env.update([line.strip().split("=", 1)])
-    return env
+# --- the units run --------------------------------------------------------------------------
 
 
 def settings_yaml(db_url: str | None, **extra: object) -> str:
@@ -408,10 +249,35 @@ def test_the_sweep_unit_runs_as_shipped_in_its_sandbox(tmp_path, db_url):
         assert p.is_dir() or p.stat().st_mode & 0o077 == 0  # UMask=0077
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+@needs_bwrap
+@pytest.mark.skipif(SSHD is None, reason=NO_SSHD)
+@pytest.mark.skipif(
+    os.getuid() != 0, reason="the unit's user is made (and the sshd admits) as root"
+)
+def test_ssh_from_the_sweep_unit_keeps_its_files_in_the_state_dir(tmp_path):
+    """The sweep reaches machines over SSH (job ends, the pull) with ssh's options as
+    provisioner.machines.remote gives them: a key and known_hosts in its home. Under the unit's
+    sandbox that home is the state dir, ssh's only writable place; here a real sshd on loopback
+    is the machine."""
+    sshd = run_sshd(tmp_path)
+    port, d = next(sshd)
+    try:
+        svc = Service("provisioner-sweep.service", tmp_path, etc_dir(tmp_path, None))
+        (svc.state / "keys").mkdir()
+        shutil.copy(d / "user", svc.state / "keys" / "id_ed25519")
+        for p in (svc.state / "keys", svc.state / "keys" / "id_ed25519"):
+            os.chown(p, svc.user.pw_uid, svc.user.pw_gid)
+        home = svc.env()["PROVISIONER_HOME"]
+        ssh = ["ssh", "-i", f"{home}/keys/id_ed25519", "-o", "IdentitiesOnly=yes"]
+        ssh += ["-o", f"Port={port}", "-o", "ConnectTimeout=15", "-o", "BatchMode=yes"]
+        ssh += ["-o", f"UserKnownHostsFile={home}/known_hosts", "-o", "HostKeyAlias=pv-m1"]
+        first = svc.run([*ssh, "-o", "StrictHostKeyChecking=accept-new", "root@127.0.0.1", "id"])
+        assert first.returncode == 0 and "uid=0(root)" in first.stdout, first.stderr
+        assert (svc.state / "known_hosts").stat().st_uid == svc.user.pw_uid
+        again = svc.run([*ssh, "-o", "StrictHostKeyChecking=yes", "root@127.0.0.1", "id"])
+        assert again.returncode == 0, again.stderr  # the host key was kept, and is checked
+    finally:
+        sshd.close()
 
 
 @needs_bwrap
