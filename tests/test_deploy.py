@@ -122,6 +122,7 @@ def test_systemd_analyze_verifies_the_units_and_scores_their_exposure_low(tmp_pa
     assert complaints == {
         f"{n}: Command /usr/local/bin/provisioner is not executable: No such file or directory"
         for n in UNITS
+        if not Path("/usr/local/bin/provisioner").exists()
     }  # as shipped, nothing is wrong but the binary this machine lacks
     for name in UNITS:
         r = subprocess.run(
@@ -184,6 +185,9 @@ class Service:
         self.state.mkdir()
         if os.getuid() == 0:  # StateDirectory=: made and given to User= before the start
             os.chown(self.state, self.user.pw_uid, self.user.pw_gid)
+            for f in etc.iterdir():  # installed as the unit's comment says: root's, its group's
+                os.chown(f, 0, self.user.pw_gid)
+                f.chmod(0o640)
         self.state.chmod(int(self.unit.get("StateDirectoryMode", "0755"), 8))
         self.argv0 = shlex.split(self.unit.get("ExecStart"))[0]
 
