@@ -89,6 +89,7 @@ ORDER = [
     "provisioner.views.alerts",  # alert history: notices and their deliveries
     "provisioner.views.summary",  # what burns now, counts, budgets, idle now
     "provisioner.views.fleet",  # the dashboard's fleet and machine pages
+    "provisioner.selftest",  # selftest --cloud C: one small real run checks the guard there
     "provisioner.dashboard.svg",  # the team dashboard: charts, page data, the WSGI app
     "provisioner.dashboard.pages",
     "provisioner.dashboard.web",
@@ -104,6 +105,7 @@ ORDER = [
     "provisioner.cli.scheduler",
     "provisioner.cli.dashboard",
     "provisioner.cli.tokens",  # token create, list, revoke
+    "provisioner.cli.selftest",  # selftest --cloud C
     "provisioner.cli.main",  # the entry point: registers the commands and runs one
     "provisioner.entry",  # the console entry point: `status` without Typer if it can, else cli
     "provisioner.__main__",

@@ -23,6 +23,7 @@ from provisioner.cli import (  # noqa: F401  (commands)
     machines,
     report,
     scheduler,
+    selftest,
     status,
     tokens,
     volumes,
