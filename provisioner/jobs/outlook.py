@@ -86,6 +86,9 @@ def why_not(a: sweep.Assessment, now: datetime) -> str:
             parts.append(f"in hours{until} ({check.source})")
             continue
         rule = check.rule
+        if a.jobs and not rule.gpus_only:
+            parts.append(f"job {', '.join(a.jobs)} running: busy ({check.source})")
+            continue
         parts.append(
             {
                 "busy": f"GPUs busy (not below {rule.gpu_util_below:g}%"
