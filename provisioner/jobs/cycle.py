@@ -24,8 +24,11 @@ from typing import Any
 from provisioner import notify
 from provisioner.app import App
 from provisioner.jobs import enforce, reconcile, recover, scheduled_reports, sweep, waiting
+from provisioner.jobs.lease import HOLDER, leading, not_leader
+from provisioner.jobs.passes import Pass
 from provisioner.settings import SchedulerSettings
 
+CYCLE = "cycle"  # the lease of a whole `sweep`
 HOUSEKEEPING_SECONDS = 60  # budgets, reports and deliveries: every minute under the daemon
 
 
@@ -99,14 +102,23 @@ def _bound(app: App, step: Step) -> Callable[[], Any]:
     return lambda: step.call(app, False)
 
 
-def once(app: App, *, dry_run: bool = False) -> list[tuple[str, Any]]:
+def once(app: App, *, dry_run: bool = False, holder: str = HOLDER) -> list[tuple[str, Any]]:
     """One whole cycle, every step once in order: ``provisioner sweep``. Each step's result
     by name; a dry run leaves out the steps that cannot act on nothing (their result is the
-    reason, a string)."""
+    reason, a string). Under one lease for the whole cycle (each step still takes its own):
+    two cron processes on one state run their cycles one after the other, so one never lists
+    the clouds while the other is halfway through stopping a machine (which would record the
+    stop twice). Another holder's cycle: one not-leader pass named ``cycle``."""
     out: list[tuple[str, Any]] = []
-    for step in STEPS:
-        if dry_run and not step.dry:
-            out.append((step.name, step.why_not_dry))
-            continue
-        out.append((step.name, step.call(app, dry_run)))
+    with leading(app, CYCLE, app.clock.now(), holder, dry_run) as lease:
+        if not lease:
+            return [(CYCLE, not_leader(CYCLE, app, dry_run))]
+        for step in STEPS:
+            if dry_run and not step.dry:
+                out.append((step.name, step.why_not_dry))
+                continue
+            if not lease.renew():
+                out.append((step.name, Pass(step.name, leader=False, note=lease.lost)))
+                continue
+            out.append((step.name, step.call(app, dry_run)))
     return out
