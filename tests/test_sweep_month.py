@@ -126,12 +126,8 @@ def start(app: App, name: str) -> None:
 def launch_all(app: App, policies: Path) -> None:
     machines.up(app, experiment("office", "demo", "T4:1", "reserved"))
     machines.up(app, experiment("train", "demo", "A100:1", "reserved", run="sleep 3600"))
-    machines.up(
-        app, experiment("auto", "lab", "T4:1", "reserved", lifecycle={"autostop": "10m"})
-    )
-    machines.up(
-        app, experiment("spot", "lab", "T4:1", "spot", lifecycle={"max_lifetime": "2h"})
-    )
+    machines.up(app, experiment("auto", "lab", "T4:1", "reserved", lifecycle={"autostop": "10m"}))
+    machines.up(app, experiment("spot", "lab", "T4:1", "spot", lifecycle={"max_lifetime": "2h"}))
     burn = machines.up(app, experiment("burn", "money", "A100:8", "reserved")).machine
     assert burn.rate is not None and burn.disk_rate is not None
     per_h = burn.rate + burn.disk_rate
@@ -321,6 +317,7 @@ def run(tmp_path: Path, name: str, url: str | None, driver: Driver) -> Outcome:
         app.close()
 
 
+@pytest.mark.slow  # some 400 passes on the sandbox (about 25 s a database unloaded): CI runs it
 def test_the_long_weekend_by_cron_sweeps_equals_the_daemon_to_the_decimal(
     tmp_path, two_states, capsys
 ):
