@@ -265,14 +265,18 @@ class OffHours(_Strict):
 
 
 class IdleRule(_Strict):
-    """Idle = every GPU below ``gpu_util_below`` percent for ``for_minutes``. With an off-hours
-    calendar in the same policy the rule acts only out of hours; without one, at any time."""
+    """Idle = every GPU below ``gpu_util_below`` percent for ``for_minutes`` and no job running
+    (``gpus_only: true``: the GPUs alone). With an off-hours calendar in the same policy the
+    rule acts only out of hours; without one, at any time."""
 
     gpu_util_below: float = Field(5.0, ge=0, le=100)
     for_minutes: int = Field(30, ge=1, le=MINUTES_MAX)
     unknown_counts_as_idle: bool = False  # no heartbeat for longer than the grace period
     action: Action = "stop"
     warn_minutes: int = Field(0, ge=0, le=240)  # mail the owner this long before acting; 0: no
+    # false (the default): a machine with a running job is busy whatever its GPUs (as in
+    # SkyPilot); true: only the GPUs count, and a stop ends the job (recorded, owner told)
+    gpus_only: bool = False
 
 
 class MaxLifetime(_Strict):

@@ -44,7 +44,7 @@ CLAIM = timedelta(minutes=5)  # a row being sent is not taken by another schedul
 
 @dataclass
 class Notice:
-    topic: str  # budget-alert | report | stop-warning | preempted | relaunch-refused | …
+    topic: str  # budget-alert | report | stop-warning | job-ended | preempted | …
     key: str  # one notice: the same key is queued once per channel
     texts: Texts
     policy: str | None = None
@@ -442,6 +442,18 @@ TEXTS: dict[str, dict[str, tuple[str, str]]] = {
             "{machine} будет {done_ru} в {when} UTC",
             "{machine} ({where}): {why}.\nЧтобы оставить её работать: provisioner keep "
             "{machine} --until {keep}",
+        ),
+    },
+    "job-ended": {
+        "en": (
+            "{machine}: job {jobs} ended: the machine was {done} ({reason})",
+            "{machine} ({where}) was {done} while job {jobs} ran: {why}.\n"
+            "The job ended with it (no exit code).",
+        ),
+        "ru": (
+            "{machine}: задача {jobs} прервана: машина {done} ({reason})",
+            "{machine} ({where}) {done}, пока шла задача {jobs}: {why}.\n"
+            "Задача завершилась вместе с ней (без кода выхода).",
         ),
     },
     "preempted": {

@@ -68,6 +68,7 @@ ORDER = [
     "provisioner.bill",  # the ledger beside each cloud's own bill
     "provisioner.jobs",
     "provisioner.jobs.passes",
+    "provisioner.jobs.ended",  # a stop that ends a running job: its end recorded, owner told
     "provisioner.jobs.finish",  # lifecycle.on_finish: billing ends with the job
     "provisioner.jobs.lease",
     "provisioner.jobs.notices",
@@ -81,6 +82,7 @@ ORDER = [
     "provisioner.jobs.enforce",
     "provisioner.jobs.scheduled_reports",
     "provisioner.jobs.metrics",
+    "provisioner.jobs.cycle",  # one cycle of every pass: the daemon's jobs, `sweep` once
     "provisioner.jobs.daemon",
     "provisioner.views",  # view models: what the CLI and the dashboard both show, made once
     "provisioner.views.status",

@@ -102,52 +102,60 @@ def sweep(
     dry_run: bool = typer.Option(False, "--dry-run", help="say what would be done, do nothing"),
     output: Output = OUTPUT,
 ) -> None:
-    """One scheduler pass, for cron, systemd timers and Kubernetes CronJobs: stop idle machines
-    out of hours and those past their lifetime, relaunch preempted ones, try intents waiting for
-    capacity (and enforce budgets)."""
+    """The whole scheduler, once, for cron, systemd timers and Kubernetes CronJobs — what
+    `scheduler run` does on its intervals: reconcile with the clouds (jobs that ended and their
+    on_finish), stop idle machines out of hours, on autostop and past their lifetime, relaunch
+    preempted ones, try intents waiting for capacity, enforce budgets, send notices."""
     from provisioner import identity  # as above
-    from provisioner.jobs import daemon, recover  # SQLAlchemy and the policies: not for --help
-    from provisioner.jobs import sweep as sweeping  # as above
-    from provisioner.jobs import waiting as queued  # as above
-    from provisioner.jobs.passes import describe  # as above
+    from provisioner.jobs import cycle  # SQLAlchemy and the policies: not for --help
+    from provisioner.jobs.passes import Pass, describe  # as above
 
     application = get_app(ctx)
     application.actor = identity.SCHEDULER  # what the passes do is the scheduler's doing
-    passes = [
-        sweeping.run(application, dry_run=dry_run),
-        recover.run(application, dry_run=dry_run),
-        queued.run(application, dry_run=dry_run),
-    ]
-    extra = []
-    if not dry_run:
-        for name, call in daemon.housekeeping(application):  # budgets, scheduled reports
-            extra.append((name, call()))
+    results = cycle.once(application, dry_run=dry_run)
+    passes = [r for n, r in results if isinstance(r, Pass) and n != "reconcile"]
+    reconciled = next((r for n, r in results if n == "reconcile" and isinstance(r, Pass)), None)
+    skipped = dict(r for r in results if dry_run and isinstance(r[1], str))  # name → why
+    extra = [(n, r) for n, r in results if not isinstance(r, Pass) and n not in skipped]
+    swept = next((p for p in passes if p.job == "sweep"), None)
     # a dry run also says why the sweep leaves each other machine alone, and until when
-    waiting = _not_due(application, passes[0]) if dry_run and passes[0].leader else {}
+    waiting = _not_due(application, swept) if dry_run and swept and swept.leader else {}
     if output is Output.json:
         print_json(
             {
+                "reconcile": reconciled.as_json() if reconciled else None,
                 "passes": [p.as_json() for p in passes],
                 "not_due": waiting,
                 **({"next": _next_moves(application)} if dry_run else {}),
                 "other": {n: describe(r) for n, r in extra},
+                **({"skipped": skipped} if dry_run else {}),
             }
         )
         return
-    for p in passes:
+    for p in ([reconciled] if reconciled else []) + passes:
         lines = describe(p)
         if p.job == "sweep":
             lines += [f"{n}: {why}" for n, why in waiting.items()]
         head = f"{p.job}: {plural(p.checked, 'machine')} checked" if p.leader else p.job
         out.print(
-            f"[bold]{head}[/]" + (" (dry run)" if dry_run else ""), highlight=False, soft_wrap=True
+            f"[bold]{head}[/]" + (" (dry run)" if dry_run else ""),
+            highlight=False,
+            soft_wrap=True,
         )
         for line in lines or ["nothing to do"]:
             out.print(f"  {line}", highlight=False, markup=False, soft_wrap=True)
     for name, r in extra:
         for line in describe(r):
             out.print(f"{name}: {line}", highlight=False, markup=False, soft_wrap=True)
-    if any(a.error for p in passes for a in p.actions):
+    if skipped:
+        out.print(
+            f"not in a dry run (they record or act): {', '.join(skipped)}",
+            highlight=False,
+            markup=False,
+            soft_wrap=True,
+        )
+    acted = passes + ([reconciled] if reconciled else [])
+    if any(a.error for p in acted for a in p.actions):
         raise typer.Exit(1)
 
 

@@ -12,18 +12,10 @@ from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
-from provisioner import idle, notify, outages
+from provisioner import idle, outages
 from provisioner.app import App
 from provisioner.errors import UserError, database_failure
-from provisioner.jobs import (
-    enforce,
-    reconcile,
-    recover,
-    reload,
-    scheduled_reports,
-    sweep,
-    waiting,
-)
+from provisioner.jobs import cycle, reload
 from provisioner.jobs.lease import HOLDER
 from provisioner.jobs.metrics import Metrics
 from provisioner.jobs.passes import Pass, describe
@@ -37,28 +29,29 @@ Job = tuple[str, Callable[[], Any], int]  # name, call, interval in seconds
 def schedule(
     app: App, watcher: reload.Watcher | None = None, recorder: outages.Recorder | None = None
 ) -> list[Job]:
-    """Every job ``scheduler run`` schedules, with its interval; with a ``watcher``, each pass
-    first takes up edited policy and settings files; with the endpoint's ``recorder``, its
-    outages are written every few seconds and before each sweep (which reads them)."""
-    cfg = app.settings.scheduler
-
-    def sweeping() -> Any:
-        if recorder is not None:
-            recorder.flush()
-        return sweep.run(app)
-
-    jobs: list[Job] = [
-        ("sweep", sweeping, cfg.sweep_interval_seconds),
-        ("recover", lambda: recover.run(app), cfg.recover_interval_seconds),
-        ("wait", lambda: waiting.run(app), cfg.recover_interval_seconds),
-        ("reconcile", lambda: reconcile.run(app), cfg.reconcile_interval_seconds),
-        *((name, call, 60) for name, call in housekeeping(app)),
-    ]
+    """Every job ``scheduler run`` schedules, with its interval: the steps of one cycle
+    (:mod:`provisioner.jobs.cycle`, which ``provisioner sweep`` runs once, in order). With a
+    ``watcher``, each pass first takes up edited policy and settings files; with the
+    endpoint's ``recorder``, its outages are written every few seconds and before each sweep
+    (which reads them)."""
+    jobs: list[Job] = []
+    for name, call, every in cycle.jobs(app):
+        if name == "sweep" and recorder is not None:
+            call = _flushed_first(recorder, call)
+        jobs.append((name, call, every))
     if recorder is not None:
         jobs.append(("endpoint.outages", recorder.flush, outages.FLUSH_SECONDS))
     if watcher is None:
         return jobs
     return [(name, _after_check(watcher, call), every) for name, call, every in jobs]
+
+
+def _flushed_first(recorder: outages.Recorder, call: Callable[[], Any]) -> Callable[[], Any]:
+    def job() -> Any:
+        recorder.flush()
+        return call()
+
+    return job
 
 
 def _after_check(watcher: reload.Watcher, call: Callable[[], Any]) -> Callable[[], Any]:
@@ -67,16 +60,6 @@ def _after_check(watcher: reload.Watcher, call: Callable[[], Any]) -> Callable[[
         return call()
 
     return job
-
-
-def housekeeping(app: App) -> list[tuple[str, Callable[[], Any]]]:
-    """Budget enforcement, scheduled reports and notices' deliveries: every minute under the
-    daemon, and once after its passes in ``provisioner sweep``."""
-    return [
-        ("budget.enforce", lambda: enforce.run(app, app.clock.now())),
-        ("reports.run_scheduled", lambda: scheduled_reports.run(app, app.clock.now())),
-        ("notify.deliver", lambda: notify.deliver(app, app.clock.now())),
-    ]
 
 
 def run(app: App, apps: dict[str, idle.WSGIApp] | None = None, config: str | None = None) -> None:

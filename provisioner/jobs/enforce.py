@@ -12,10 +12,11 @@ from decimal import Decimal
 from sqlalchemy import select
 
 from policies.schema import Policy
-from provisioner import machines, notify, render, reports
+from provisioner import notify, render, reports
 from provisioner.app import App
 from provisioner.budget import Status, status
 from provisioner.errors import OperationFailed
+from provisioner.jobs import ended
 from provisioner.jobs.lease import HOLDER, leading
 from provisioner.jobs.notices import claim, claimed
 from provisioner.models import Machine
@@ -200,6 +201,7 @@ def _stop_in_scope(app: App, policy: Policy, how: str, st: Status) -> list[Actio
             for m in s.scalars(select(Machine).where(Machine.status.in_(statuses)))
             if policy.applies_to.matches(m.project, m.owner)
         ]
-    done = machines.act_many(app, covered, how, reason=REASON)  # in batches, as the sweep
     why = f"budget exhausted: {st.spent} of {st.amount}"
+    # in batches, as the sweep; a job running on one ends with it, recorded, its owner told
+    done = ended.act_many(app, covered, how, reason=REASON, why=f"{why} ({policy.name})")
     return [Action(how, policy.name, why, m.name, error=done[m.id].error) for m in covered]

@@ -13,6 +13,7 @@ from sqlalchemy import select
 from provisioner import machines
 from provisioner.app import App
 from provisioner.errors import ProvisionerError
+from provisioner.jobs import ended
 from provisioner.jobs.passes import Action
 from provisioner.machines import jobs
 from provisioner.models import Event, Machine
@@ -94,13 +95,17 @@ def act(app: App, m: Machine, exit_code: int) -> Action:
     if policy == "keep":
         return action
     detail = {"job": jobs.RUN, "exit_code": exit_code, "why": why}
+    others = ended.running(app, [m.id]).get(m.id, [])  # exec jobs still running end with it
     try:
         if policy == "stop" and machines.can_stop(m):
-            machines.stop(app, m.name, reason=REASON, detail=detail)
+            _, changed = machines.stop(app, m.name, reason=REASON, detail=detail)
         else:  # terminate, or a spot machine its cloud cannot stop
             action.action = "terminate"
-            machines.down(app, m.name, reason=REASON, detail=detail)
+            _, changed = machines.down(app, m.name, reason=REASON, detail=detail)
         action.done = True
     except ProvisionerError as e:
         action.error = str(e)
+        return action
+    if changed:
+        ended.record(app, m, others, how=action.action, reason=REASON, why=why)
     return action

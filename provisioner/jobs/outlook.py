@@ -86,6 +86,9 @@ def why_not(a: sweep.Assessment, now: datetime) -> str:
             parts.append(f"in hours{until} ({check.source})")
             continue
         rule = check.rule
+        if a.jobs and not rule.gpus_only:
+            parts.append(f"job {', '.join(a.jobs)} running: busy ({check.source})")
+            continue
         parts.append(
             {
                 "busy": f"GPUs busy (not below {rule.gpu_util_below:g}%"
@@ -188,6 +191,8 @@ def _swept(a: sweep.Assessment, now: datetime) -> Move:
             how, _ = sweep._stoppable(m, c.rule.action, "")
             below = f"{c.rule.gpu_util_below:g}"
             why = f"{how} if GPUs stay below {below}% for {c.rule.for_minutes} min ({c.source})"
+            if a.jobs and not c.rule.gpus_only:  # a running job keeps it busy
+                why += f" once job {', '.join(a.jobs)} ends"
             params: dict[str, Any] = {"action": how, "minutes": c.rule.for_minutes}
             params |= {"below": below, "policy": c.source}
             if c.calendar is not None and c.calendar.why_off(now) is None:

@@ -19,7 +19,7 @@ from policies.schema import IdleRule, Policy, matching
 from provisioner import idle, machines, mail, notify, outages
 from provisioner.app import App
 from provisioner.errors import ProvisionerError, UserError
-from provisioner.jobs import autostop
+from provisioner.jobs import autostop, ended
 from provisioner.jobs.lease import HOLDER, Held, run_pass
 from provisioner.jobs.passes import Action, Pass
 from provisioner.models import Event, Machine
@@ -88,6 +88,7 @@ class Assessment:
     autostop: autostop.Verdict | None = None  # a running machine with an autostop
     # checks whose window overlaps an outage of the heartbeat endpoint: silence is not idle
     blinded: frozenset[IdleCheck] = frozenset()
+    jobs: tuple[str, ...] = ()  # jobs running (their events): busy unless a rule is gpus_only
 
 
 def assess(
@@ -118,6 +119,7 @@ def assess(
         busy_at = max(c.rule.gpu_util_below for c in checks)
         evidence = idle.evidence(app, list(lookback), now, windows, grace, busy_at)
         since = idle.running_since(app, list(lookback))
+    running = ended.running(app, list(lookback)) if lookback else {}
     spans = outages.overlapping(app, min(lookback.values()), now) if lookback else []
     stops = _autostops(app, now, machines, rules, failed, grace)
     none = idle.Evidence(None, None, None, 0, None)
@@ -145,7 +147,11 @@ def assess(
         except Exception as e:
             failed[m.id] = e
             continue
-        out.append(Assessment(m, r, signals, stops.get(m.id), frozenset(blinded)))
+        out.append(
+            Assessment(
+                m, r, signals, stops.get(m.id), frozenset(blinded), tuple(running.get(m.id, ()))
+            )
+        )
     return out, failed
 
 
@@ -207,6 +213,8 @@ def decide(a: Assessment, now: datetime) -> Action | None:
         off = check.calendar.why_off(now) if check.calendar else None
         if check.calendar and off is None:
             continue
+        if a.jobs and not check.rule.gpus_only:
+            continue  # a running job keeps the machine busy
         if signal == "idle" or (
             signal == "unknown"
             and check.rule.unknown_counts_as_idle
@@ -223,6 +231,8 @@ def decide(a: Assessment, now: datetime) -> Action | None:
         else "no heartbeat (counted as idle)"
     )
     why = f"{off}; {activity} ({check.source})" if off else f"{activity} ({check.source})"
+    if a.jobs:  # a gpus_only rule: the stop ends the job (recorded, the owner told)
+        why += f"; job {', '.join(a.jobs)} running ends with it (gpus_only)"
     since = now - timedelta(minutes=check.rule.for_minutes) if signal == "idle" else None
     warn = max((c.rule.warn_minutes for c, _, _ in fired), default=0)
     was = how
@@ -326,7 +336,7 @@ def _act(app: App, lease: Held, todo: list[tuple[Action, Machine]]) -> None:
     for how, reason, batch in lease.each(batches, lambda b: [a for a, _ in b[2]]):
         details = {m.id: _detail(action) for action, m in batch}
         group = [m for _, m in batch]
-        done = machines.act_many(app, group, how, reason=reason, details=details)
+        done = ended.act_many(app, group, how, reason=reason, details=details)
         for action, m in batch:
             outcome = done[m.id]
             if outcome.error:
