@@ -55,7 +55,9 @@ def counting(app: App) -> list[tuple[str, str]]:
 def preempted_with_a_file(app: App, **spec: Any) -> tuple[Machine, datetime]:
     """A spot machine that wrote a checkpoint to its boot disk, taken back by the cloud after two
     hours and recorded so: (the machine, when the cloud took it)."""
-    m = up(app, "spot", lifecycle={"on_preemption": "relaunch", **spec.pop("lifecycle", {})}, **spec)
+    m = up(
+        app, "spot", lifecycle={"on_preemption": "relaunch", **spec.pop("lifecycle", {})}, **spec
+    )
     work = app.provider("sandbox").machine_dir(m.instance_id) / "workdir"
     work.mkdir(parents=True, exist_ok=True)
     (work / "step-1200.ckpt").write_text("weights after 1200 steps\n")  # what its job wrote

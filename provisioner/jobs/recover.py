@@ -350,7 +350,7 @@ def _keeps_disk(app: App, m: Machine, exp: Experiment, instead: str | None) -> b
         return False
     if instead is not None and instead.startswith(GONE):
         return False
-    return _kept(app, m)
+    return _restartable(m) and _kept(app, m)  # AWS ends a one-time spot instance itself
 
 
 def _release(app: App, m: Machine, exp: Experiment, instead: str | None) -> None:

@@ -106,12 +106,16 @@ def cloud_name(v: Volume) -> str:
 def check_free(app: App, experiment: Experiment) -> None:
     """Before anything is launched: no volume the experiment names may be attached to a live
     machine of another name (the same name is the machine ``up`` replaces after a
-    preemption)."""
+    preemption; a preempted machine kept with its disk until its replacement runs goes by
+    another name meanwhile, its experiment's name is the same)."""
     if not experiment.volumes:
         return
     with app.db.session() as s:
         for v in live(s, experiment.project, [x.name for x in experiment.volumes]):
             m = holder(s, v)
+            replaced = m is not None and m.status == S.PREEMPTED
+            if replaced and m is not None and (m.spec or {}).get("name") == experiment.name:
+                continue
             if m is not None and m.name != experiment.name:
                 raise UserError(
                     f"volume {v.name} of project {v.project} is attached to {m.name} "
