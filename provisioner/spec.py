@@ -238,6 +238,11 @@ class Lifecycle(_Strict):
     idle: IdleRule | None = None
     max_lifetime: timedelta | None = None
     on_preemption: Literal["relaunch", "terminate", "leave"] = "relaunch"
+    #: on a relaunch, what becomes of the preempted machine its cloud kept stopped with its
+    #: boot disk: ``keep`` it (billed for that disk only) until its replacement runs, and start
+    #: it in place if room comes back first; or ``release`` it, terminated with its disk's
+    #: files before the relaunch (nothing bills while the relaunch waits)
+    on_preemption_disk: Literal["keep", "release"] = "keep"
     on_preemption_notice: PreemptionNotice | None = None
     on_no_capacity: OnNoCapacity | None = None
     #: what is done to the machine when its ``run`` exits (None: ``stop`` when the experiment

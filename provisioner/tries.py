@@ -31,6 +31,10 @@ class Tries:
     last: datetime | None = None  # when the latest try failed or was refused
     refusal: Event | None = None  # the standing `relaunch-refused` (no other try since)
     gave_up: Event | None = None
+    # the replacement launched while the preempted machine keeps its disk (a `relaunched` event
+    # with `kept`), until it runs; its status is read by recovery (None: none launched)
+    replaced_by: str | None = None
+    replacement: str | None = None
 
     @property
     def next_try(self) -> datetime | None:
@@ -55,7 +59,11 @@ def tries(events: Sequence[Event]) -> Tries:
             t.refusal = e
         elif e.kind == "relaunch-gave-up":
             t.gave_up = e
-        elif e.kind in ("relaunched", "started") or (  # started: also in place after preemption
+        elif e.kind == "replacement-ended":
+            t.replaced_by = None
+        if e.kind == "relaunched" and d.get("kept"):
+            t.replaced_by = str(d.get("machine"))
+        if e.kind in ("relaunched", "started") or (  # started: also in place after preemption
             e.kind == "terminated" and e.reason not in ("preempted", "relaunch-refused")
         ):
             t.refusal = None  # relaunched, started or ended by hand: nothing is held any more

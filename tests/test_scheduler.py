@@ -23,6 +23,7 @@ from provisioner.jobs import daemon, lease, metrics, reconcile, recover, sweep
 from provisioner.jobs.passes import describe
 from provisioner.models import Event, Heartbeat, Machine, UsageInterval
 from provisioner.spec import Experiment
+from provisioner.state import named_machine
 from tests.conftest import (
     ROOT,
     TEST_START,
@@ -90,10 +91,10 @@ def heartbeats(app: App, m: Machine, util: float, minutes: int, every: int = 5) 
 
 
 def status(app: App, name: str) -> str:
+    """The status `status NAME` shows: the live machine of that name, else the newest."""
     with app.db.session() as s:
-        return s.scalars(
-            select(Machine.status).where(Machine.name == name).order_by(Machine.created_at.desc())
-        ).first()
+        m = named_machine(s, name)
+        return m.status if m is not None else None
 
 
 def events(app: App, name: str) -> list[tuple[str, str | None]]:
@@ -268,7 +269,12 @@ def test_relaunch_stays_within_policy_and_backs_off(sched):
     sandbox.inject(capacity={})
     app.clock.advance(timedelta(seconds=31))
     p = recover.run(app)
-    assert p.actions[0].done and status(app, "spot") == "running"
+    # room again: the preempted machine, kept with its disk, is started in place
+    assert (p.actions[0].action, p.actions[0].done, status(app, "spot")) == (
+        "start",
+        True,
+        "running",
+    )
     assert machines.find(app, "spot").region == "sandbox-us"
 
 

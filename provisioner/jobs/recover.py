@@ -34,6 +34,9 @@ from provisioner.spec import Experiment
 from provisioner.state import machine as machine_row
 from provisioner.tries import MAX_ATTEMPTS, Tries, backoff, events, tries, utc
 
+GONE = "the cloud no longer has it"
+ENDED = (S.TERMINATED.value, S.FAILED.value)
+
 
 def refused_by(error: str) -> str:
     """What refused a relaunch, from the refusal's first words: ``policy for NAME``, ``budget
@@ -88,6 +91,8 @@ def run(
         todo = []
         for m, t in _to_recover(app):
             result.checked += 1
+            if not dry_run and t.replaced_by is not None and t.replacement in ENDED:
+                t = _replacement_ended(app, m, t)
             action = _decide(m, t, when)
             if action is not None:
                 result.actions.append(action)
@@ -98,6 +103,7 @@ def run(
         for action, m, t in lease.each(todo, lambda x: [x[0]]):
             if action.action == "terminate":
                 act(app, action)
+                _restore_name(app, m)  # one kept for its replacement: its name back, ended
                 continue
             if action.action in ("start", "relaunch"):
                 _recover(app, m, action, t, when)
@@ -117,6 +123,14 @@ def _decide(m: Machine, t: Tries, now: datetime) -> Action | None:
         return None
     if mode == "terminate":
         return Action(m.name, "terminate", "preempted", "on_preemption: terminate")
+    if t.replaced_by is not None and t.replacement not in ENDED:
+        if t.replacement == S.RUNNING:  # its replacement runs: now its disk may go
+            why = (
+                f"kept with its disk until its replacement ran: {t.replaced_by} runs; "
+                "terminated now"
+            )
+            return Action(m.name, "terminate", "preempted", why)
+        return None  # its replacement is launching: it keeps its disk until that one runs
     if t.attempts >= MAX_ATTEMPTS:  # the last try's pass ended before it could give up
         return Action(m.name, "give-up", "preempted", f"{t.attempts} tries")
     if t.next_try is not None and now < t.next_try:
@@ -202,6 +216,9 @@ def _to_recover(app: App) -> list[tuple[Machine, Tries]]:
             if t.gave_up is not None or not evs:
                 continue
             if m.status == S.PREEMPTED:
+                if t.replaced_by is not None:
+                    new = s.get(Machine, t.replaced_by)
+                    t.replacement = new.status if new is not None else S.FAILED.value
                 out.append((m, t))
                 continue
             if m.status != S.TERMINATED:
@@ -233,6 +250,10 @@ def _near(m: Machine) -> Callable[[Any], int]:
 def _recover(app: App, m: Machine, action: Action, t: Tries, now: datetime) -> None:
     """Start the machine in place where its cloud kept it (``start``); relaunch it where the
     cloud did not, or no longer has it, or has no room to start it."""
+    if m.status == S.PREEMPTED and m.name != stored_experiment(m).name:
+        _restore_name(app, m)  # set aside by a try that ended before its `up` did anything
+        with app.db.session() as s:
+            m = machine_row(s, m.id)
     instead = None
     if action.action == "start":
         instead = _start_in_place(app, m, action, t, now)
@@ -246,7 +267,7 @@ def _start_in_place(app: App, m: Machine, action: Action, t: Tries, now: datetim
     """Start the preempted machine again where its cloud keeps it, stopped with its disk: the
     same machine, within policy and budget for its own offer at its rate. None: settled here
     (started, held by a refusal, or a failed try); else why a new machine is launched instead."""
-    gone = "the cloud no longer has it"
+    gone = GONE
     try:
         if not _kept(app, m):
             return gone
@@ -285,12 +306,19 @@ def _relaunch(
     except UserError as e:
         _hold(app, m, action, t, e, now)
         return
+    keep = False
     try:
         if m.status == S.PREEMPTED:
-            machines.down(app, m.name, reason="preempted", detail={"relaunching": True})
-            crashpoint("recover-after-down")
+            keep = _keeps_disk(app, m, exp, instead)
+            if keep:  # its name for the replacement; the machine and its disk stay as they are
+                m = _set_aside(app, m)
+            else:
+                _release(app, m, exp, instead)
+                crashpoint("recover-after-down")
         result = machines.up(app, exp, spec_path=m.spec_path, prefer=_near(m))
-    except ProvisionerError as e:
+    except (ProvisionerError, ProviderError) as e:
+        if keep:
+            _restore_name(app, m)
         _failed(app, m, action, attempt, e)
         return
     new = result.machine
@@ -300,11 +328,69 @@ def _relaunch(
     detail: dict[str, Any] = {"machine": new.id, "where": where}
     if instead:
         detail["why"] = instead
+    if keep:
+        detail["kept"] = True
+        detail["until"] = f"kept stopped with its disk until {new.id} runs"
+        action.why += f"; {m.name} keeps its disk until the new machine runs"
     machines.record_event(app, m.id, "relaunched", reason="preempted", detail=detail)
     machines.record_event(
         app, new.id, "recovered", reason="recovered", detail={"replaces": m.id, "lost_zone": m.zone}
     )
     _tell(app, m, "relaunched", f"relaunched:{m.id}:{new.id}", where=where)
+    if keep and new.status == S.RUNNING:  # it runs already: the old machine's disk may go
+        _retire(app, m, new)
+
+
+def _keeps_disk(app: App, m: Machine, exp: Experiment, instead: str | None) -> bool:
+    """Whether the preempted machine is kept, stopped with its disk, until its replacement
+    runs: where its cloud still has it (not when the cloud deleted it, or ended it as AWS
+    ends a one-time spot instance) and its owner did not say ``on_preemption_disk:
+    release``."""
+    if exp.lifecycle.on_preemption_disk == "release":
+        return False
+    if instead is not None and instead.startswith(GONE):
+        return False
+    return _restartable(m) and _kept(app, m)  # AWS ends a one-time spot instance itself
+
+
+def _release(app: App, m: Machine, exp: Experiment, instead: str | None) -> None:
+    """The preempted machine ended before the relaunch: where its cloud no longer has it, only
+    in the state (nothing to call: its disk is gone already); where its owner said
+    ``on_preemption_disk: release``, terminated in its cloud with its disk."""
+    detail: dict[str, Any] = {"relaunching": True}
+    if exp.lifecycle.on_preemption_disk == "release" and (
+        instead is None or not instead.startswith(GONE)
+    ):
+        detail["why"] = "on_preemption_disk: release: terminated with its disk before the relaunch"
+        machines.down(app, m.name, reason="preempted", detail=detail)
+        return
+    detail["why"] = "its cloud no longer has it (nor its disk): nothing to terminate"
+    machines.transition(
+        app, m.id, S.TERMINATED, event="terminated", reason="preempted", detail=detail
+    )
+
+
+def _retire(app: App, m: Machine, new: Machine) -> None:
+    """The replacement runs: the preempted machine kept for it is terminated now, its disk
+    with it; the ledger bills that disk until this moment."""
+    why = f"kept with its disk until its replacement ran: {new.id} runs; terminated now"
+    act(app, Action(m.name, "terminate", "preempted", why))
+    _restore_name(app, m)
+
+
+def _replacement_ended(app: App, m: Machine, t: Tries) -> Tries:
+    """The replacement ended before it ran (failed, or taken down): the preempted machine,
+    still kept with its disk, takes its name back and is tried again."""
+    machines.record_event(
+        app,
+        m.id,
+        "replacement-ended",
+        reason="preempted",
+        detail={"machine": t.replaced_by, "why": "its replacement ended before it ran"},
+    )
+    _restore_name(app, m)
+    with app.db.session() as s:
+        return tries(events(s, m.id))
 
 
 def _tell(app: App, m: Machine, topic: str, key: str, **values: Any) -> None:
@@ -354,3 +440,50 @@ def _failed(
     )
     why = " ".join(str(e).split())
     _tell(app, m, "relaunch-failed", f"relaunch-failed:{m.id}:{attempt}", why=why, attempt=attempt)
+
+
+def aside_name(m: Machine) -> str:
+    """The name a preempted machine kept for its replacement goes by meanwhile (a ``.``, which
+    no experiment's name has, so it never meets one): ``NAME.preempted-ID``."""
+    return f"{stored_experiment(m).name}.preempted-{m.id[:8]}"
+
+
+def _set_aside(app: App, m: Machine) -> Machine:
+    """The preempted machine gives its name to its replacement (one live machine per name) and
+    stays as it is, stopped with its disk, billed for that disk (``preempted``)."""
+    name = aside_name(m)
+    with app.db.session() as s:
+        row = machine_row(s, m.id)
+        if row.name != name:
+            row.name = name
+    machines.record_event(
+        app,
+        m.id,
+        "kept-for-relaunch",
+        reason="preempted",
+        detail={
+            "as": name,
+            "why": "kept stopped with its disk until a replacement runs; its name goes to the "
+            "replacement",
+        },
+    )
+    with app.db.session() as s:
+        return machine_row(s, m.id)
+
+
+def _restore_name(app: App, m: Machine) -> None:
+    """The preempted machine takes its own name back: once it ended (its history under its
+    name, as every relaunched machine's), or while live if no live machine has it meanwhile."""
+    own = stored_experiment(m).name
+    with app.db.session() as s:
+        row = machine_row(s, m.id)
+        if row.name == own:
+            return
+        if not row.is_live:
+            row.name = own
+            return
+        taken = s.scalars(
+            select(Machine.id).where(Machine.name == own, Machine.status.not_in(ACTIVE_EXCLUDED))
+        ).first()
+        if taken is None:
+            row.name = own

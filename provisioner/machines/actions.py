@@ -63,7 +63,10 @@ def start(app: App, name: str, *, reason: str = "user") -> tuple[Machine, bool]:
     start are serialised with other ``up``s and ``start``s (the ``intents`` lock)."""
     m = find(app, name)
     if m.status in (S.RUNNING, S.PENDING):
-        _attach(app, m)  # a volume an earlier attach missed
+        try:
+            _attach(app, m)  # a volume an earlier attach missed
+        except NotFound as e:
+            raise OperationFailed(str(e)) from None
         return m, False
     require_launched(m)
     try:

@@ -286,6 +286,8 @@ def _finish(app: App, m: Machine, experiment: Experiment) -> Machine:
         raise OperationFailed(
             f"{e}; {m.name} runs without it: `provisioner start {m.name}` attaches it again"
         ) from None
+    except NotFound as e:  # gone right after its launch: reconcile records its end
+        raise OperationFailed(str(e)) from None
     jobs.ensure_run(app, m, experiment)  # adopted after a crash: started already, maybe
     return m
 

@@ -106,12 +106,16 @@ def cloud_name(v: Volume) -> str:
 def check_free(app: App, experiment: Experiment) -> None:
     """Before anything is launched: no volume the experiment names may be attached to a live
     machine of another name (the same name is the machine ``up`` replaces after a
-    preemption)."""
+    preemption; a preempted machine kept with its disk until its replacement runs goes by
+    another name meanwhile, its experiment's name is the same)."""
     if not experiment.volumes:
         return
     with app.db.session() as s:
         for v in live(s, experiment.project, [x.name for x in experiment.volumes]):
             m = holder(s, v)
+            replaced = m is not None and m.status == S.PREEMPTED
+            if replaced and m is not None and (m.spec or {}).get("name") == experiment.name:
+                continue
             if m is not None and m.name != experiment.name:
                 raise UserError(
                     f"volume {v.name} of project {v.project} is attached to {m.name} "
@@ -305,8 +309,15 @@ def mounts(app: App, ready: Sequence[Ready]) -> list[tuple[str, str]]:
 def attach(app: App, machine_id: str, experiment: Experiment) -> list[str]:
     """Attach each of the experiment's volumes to the machine (idempotent: one attached there
     already is left). A volume the cloud still shows attached to a machine of ours that is
-    terminated (a cloud detaches after the terminate, not at once) is detached from it first;
-    one attached to any other instance is refused. Returns the volumes attached."""
+    terminated (a cloud detaches after the terminate, not at once), or to the preempted
+    machine this one replaces (kept, stopped with its boot disk, until this one runs), is
+    detached from it first; one attached to any other instance is refused. Returns the
+    volumes attached.
+
+    The cloud's answers keep their kind: the machine gone from its cloud (deleted outside, or
+    taken back for good) is :class:`NotFound` — so recovery launches a new machine with the
+    volumes rather than counting a failed try —, no room is :class:`CapacityError`; only a
+    volume the state cannot attach (gone, held elsewhere) is :class:`OperationFailed`."""
     if not experiment.volumes:
         return []
     with app.db.session() as s:
@@ -314,9 +325,9 @@ def attach(app: App, machine_id: str, experiment: Experiment) -> list[str]:
         assert m is not None
         by_name = {v.name: v for v in live(s, m.project, [x.name for x in experiment.volumes])}
         owners = {
-            iid: (name, status)
-            for iid, name, status in s.execute(
-                select(Machine.instance_id, Machine.name, Machine.status).where(
+            iid: (name, status, (spec or {}).get("name"))
+            for iid, name, status, spec in s.execute(
+                select(Machine.instance_id, Machine.name, Machine.status, Machine.spec).where(
                     Machine.cloud == m.cloud, Machine.instance_id.is_not(None)
                 )
             )
@@ -329,23 +340,56 @@ def attach(app: App, machine_id: str, experiment: Experiment) -> list[str]:
             raise OperationFailed(f"{m.name}: volume {spec.name} does not exist (yet)")
         try:
             cv = provider.get_volume(vref(v))
-            if cv.attached_to and cv.attached_to != m.instance_id:
-                name, status = owners.get(cv.attached_to, (None, None))
-                if name is None:  # not ours to detach
-                    raise OperationFailed(
-                        f"{m.name}: volume {v.name} is attached to {cv.attached_to}, which no "
-                        f"machine of provisioner is: detach it in the cloud's console"
-                    )
-                if status not in (S.TERMINATED, S.FAILED):
-                    raise OperationFailed(
-                        f"{m.name}: volume {v.name} is attached to {name} ({status})"
-                    )
-                stale = InstanceRef(id=cv.attached_to, region=v.region, zone=v.zone)
-                provider.detach_volume(cv.ref, stale)
-            if cv.attached_to != m.instance_id or cv.state is not VolumeState.IN_USE:
-                provider.attach_volume(cv.ref, ref(m), i)
+        except NotFound as e:
+            raise OperationFailed(
+                f"{m.name}: volume {v.name} ({v.volume_id}) is gone from {v.cloud}: {e}"
+            ) from e
         except ProviderError as e:
-            raise OperationFailed(f"{m.name}: volume {v.name} could not be attached: {e}") from e
+            raise OperationFailed(f"{m.name}: volume {v.name} could not be read: {e}") from e
+        if cv.attached_to and cv.attached_to != m.instance_id:
+            name, status, spec_name = owners.get(cv.attached_to, (None, None, None))
+            if name is None:  # not ours to detach
+                raise OperationFailed(
+                    f"{m.name}: volume {v.name} is attached to {cv.attached_to}, which no "
+                    f"machine of provisioner is: detach it in the cloud's console"
+                )
+            replaced = status == S.PREEMPTED and spec_name == experiment.name
+            if status not in (S.TERMINATED, S.FAILED) and not replaced:
+                raise OperationFailed(f"{m.name}: volume {v.name} is attached to {name} ({status})")
+            stale = InstanceRef(id=cv.attached_to, region=v.region, zone=v.zone)
+            try:  # from a stopped or ended instance: one gone already has let it go
+                provider.detach_volume(cv.ref, stale)
+            except NotFound:
+                pass
+            except ProviderError as e:
+                raise OperationFailed(
+                    f"{m.name}: volume {v.name} could not be detached from {name}: {e}"
+                ) from e
+            if replaced:
+                record_event(
+                    app,
+                    m.id,
+                    "volume-moved",
+                    detail={
+                        "volume": v.name,
+                        "from": name,
+                        "why": f"detached from the preempted {name} this machine replaces "
+                        f"(the same zone, {v.zone})",
+                    },
+                )
+        if cv.attached_to != m.instance_id or cv.state is not VolumeState.IN_USE:
+            try:
+                provider.attach_volume(cv.ref, ref(m), i)
+            except NotFound as e:  # the volume was just read: the machine is what is gone
+                raise NotFound(
+                    f"{m.name}: volume {v.name} could not be attached, the machine is gone "
+                    f"from {m.cloud}: {e}",
+                    code=e.code,
+                ) from e
+            except ProviderError as e:
+                raise OperationFailed(
+                    f"{m.name}: volume {v.name} could not be attached: {e}"
+                ) from e
         with app.db.session() as s:
             row = s.get(Volume, v.id)
             assert row is not None
