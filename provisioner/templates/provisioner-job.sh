@@ -9,6 +9,26 @@ set -u
 top="${PV_HOME:-$HOME}"
 d="$top/.provisioner/jobs/${2:-none}"
 boot_id() { cat /proc/sys/kernel/random/boot_id 2>/dev/null || echo unknown; }
+# The machine's volumes, as the startup data's mount script lists them in $PV_STATE: wait while
+# they are being mounted (volumes.pending), then run no job while one is not mounted: the job
+# would write to the boot disk what belongs on the volume. Said in the job's output, exit 97.
+pv_volumes() {
+  s="${PV_STATE:-/var/lib/provisioner}" waited=0 missing=
+  while [ -e "$s/volumes.pending" ] && [ "$waited" -lt "${PV_VOLUME_WAIT:-900}" ]; do
+    sleep 2
+    waited=$((waited + 2))
+  done
+  [ -f "$s/volumes" ] || return 0
+  while IFS= read -r dir; do
+    if [ -n "$dir" ] && ! mountpoint -q "$dir"; then missing="$missing $dir"; fi
+  done < "$s/volumes"
+  [ -z "$missing" ] && return 0
+  echo "provisioner: the job did not run: no volume is mounted at$missing"
+  if [ -f "$s/volumes.failed" ]; then sed 's/^/provisioner: /' "$s/volumes.failed"; fi
+  if [ -e "$s/volumes.pending" ]; then echo "provisioner: still mounting after ${waited}s"; fi
+  echo "provisioner: the mount script's log is in /var/log/cloud-init-output.log"
+  return 1
+}
 case "${1:-}" in
 start)  # start ID: cmd (and env, setup) are in place; run it detached in the workdir
   rm -f "$d/exit" "$d/exit.tmp"
@@ -20,6 +40,7 @@ start)  # start ID: cmd (and env, setup) are in place; run it detached in the wo
   ;;
 run)  # the job itself: env exported, setup once per machine, then cmd; its exit code kept
   if [ -f "$d/env" ]; then . "$d/env"; fi
+  if ! pv_volumes; then echo 97 > "$d/exit.tmp" && mv "$d/exit.tmp" "$d/exit"; exit 0; fi
   if [ -f "$d/setup" ] && [ ! -e "$top/.provisioner/setup.done" ]; then
     sh "$d/setup"
     code=$?

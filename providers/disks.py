@@ -1,0 +1,41 @@
+"""Which disk type a cloud makes a volume of for a machine family, and which families refuse a
+volume that exists already. Tables only (no SDK): the planner asks before anything is
+launched, so ``plan`` can turn a machine down with the reason instead of a machine that bills
+while its disk cannot attach.
+
+- GCP: per machine series (:mod:`providers.gcp.disktypes`: A3 Ultra and A4 take Hyperdisk only;
+  N1, A2, G2 Persistent Disk; A3 High/Mega both).
+- AWS: every family we offer takes gp3 EBS; only the guest's device name differs (Xen/Nitro,
+  :mod:`providers.aws.devices`), which the mount script follows.
+- Azure: data disks are Standard SSD (``StandardSSD_LRS``), which "can be used with any VM
+  size"; only Premium SSD needs a premium-capable ('s') size (Azure docs, "Azure managed disk
+  types"), and every size in our catalog is one anyway.
+- Yandex: ``network-ssd`` attaches to every platform ("Disk types", Compute Cloud docs: no
+  platform restriction is stated for network disks).
+- SberCloud (Huawei ECS): SSD EVS disks attach to the offered P-series flavors (ECS docs,
+  "Attaching an EVS disk": no flavor restriction is stated for them).
+"""
+
+from __future__ import annotations
+
+DEFAULTS = {"gcp": "pd-balanced"}  # what a volume recorded before types were kept was made of
+
+
+def volume_type(cloud: str, machine_type: str) -> str:
+    """The disk type a new volume for ``machine_type`` is made of; "" for the adapter's one."""
+    if cloud == "gcp":
+        from providers.gcp import disktypes
+
+        return disktypes.volume_type(machine_type)
+    return ""
+
+
+def refusal(cloud: str, machine_type: str, disk_type: str) -> str | None:
+    """Why a volume of ``disk_type`` ("" : made before types were kept, the cloud's default
+    then) cannot attach to a ``machine_type`` machine, or None."""
+    disk_type = disk_type or DEFAULTS.get(cloud, "")
+    if cloud == "gcp" and disk_type:
+        from providers.gcp import disktypes
+
+        return disktypes.refusal(machine_type, disk_type)
+    return None
