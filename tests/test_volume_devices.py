@@ -235,8 +235,8 @@ def test_the_gcp_emulator_refuses_a_persistent_disk_on_a3_ultra_as_compute_engin
     """Made of the type the series takes, it attaches; a pd-balanced volume on the same A3
     Ultra machine ends UNSUPPORTED_OPERATION, after the machine is up (what the planner now
     prevents)."""
-    from tests.test_gcp import ZONE, provider, request
     from tests.emulators.gcp import GCPEmulator
+    from tests.test_gcp import ZONE, provider, request
 
     with GCPEmulator() as emu:
         gcp = provider(emu)
@@ -264,3 +264,184 @@ def test_the_gcp_emulator_refuses_a_persistent_disk_on_a3_ultra_as_compute_engin
             gcp.attach_volume(wrong.ref, ref, 1)
         assert "[pd-balanced, a3-ultragpu-8g] features are not compatible" in str(refused.value)
         assert gcp.get_volume(wrong.ref).attached_to is None
+
+
+# --- `up` through the AWS emulator: the script waits where the guest will see the disk ---------
+
+
+def startup_text(wire: dict) -> str:
+    """The user data RunInstances carried, as the machine reads it (base64; gzip; MIME parts)."""
+    import base64
+    import email
+
+    raw = base64.b64decode(wire["UserData"])
+    if raw[:2] == b"\x1f\x8b":
+        raw = gzip.decompress(raw)
+    message = email.message_from_bytes(raw)
+    parts = [p.get_payload(decode=True) for p in message.walk() if not p.is_multipart()]
+    if not message.is_multipart():
+        parts = [raw]
+    texts = [(gzip.decompress(b) if b[:2] == b"\x1f\x8b" else b).decode() for b in parts if b]
+    for text in list(texts):  # a #cloud-config's files, as cloud-init writes them
+        if text.startswith("#cloud-config"):
+            import yaml
+
+            for f in yaml.safe_load(text).get("write_files") or []:
+                body = f.get("content", "").encode()
+                if "b64" in f.get("encoding", "") or "base64" in f.get("encoding", ""):
+                    body = base64.b64decode(body)
+                if "gz" in f.get("encoding", ""):
+                    body = gzip.decompress(body)
+                texts.append(body.decode())
+    return "\n".join(texts)
+
+
+@pytest.mark.parametrize("itype", ["p3.2xlarge", "g4dn.xlarge"])
+def test_up_mounts_the_volume_where_the_guest_of_its_family_sees_it(
+    itype, home, clock, monkeypatch
+):
+    from decimal import Decimal
+
+    from providers.base import Offer
+    from provisioner import catalog, machines
+    from provisioner.app import App
+    from provisioner.spec import Experiment
+    from tests.conftest import make_settings, sandbox_experiment
+    from tests.contract.aws import clean_emulator
+
+    gpu = {"p3.2xlarge": "V100", "g4dn.xlarge": "T4"}[itype]
+    offer = Offer(
+        "aws", "us-east-1", "use1-az6", itype, gpu, 1, 16, 8, Decimal(61),
+        Decimal("3.06"), Decimal("0.9"), "USD", source="test",
+    )  # fmt: skip
+    with clean_emulator(monkeypatch) as emu:
+        options = {"endpoint": emu.endpoint_url, "retry_base_seconds": 0.001}
+        app = App(make_settings(home, clouds={"aws": options}), clock)
+        try:
+            catalog.refresh(app.settings, "aws", [offer])
+            d = sandbox_experiment("train", gpu=f"{gpu}:1", market="spot", clouds=["aws"])
+            d["volumes"] = [{"name": "ckpt", "size_gb": 10, "path": "/data"}]
+            m = machines.up(app, Experiment.model_validate(d)).machine
+        finally:
+            app.close()
+        [guest] = emu.guest_devices(m.instance_id or "").values()
+        [wire] = emu.run_instances_requests
+    if itype.startswith("p3"):  # Xen: no NVMe link would ever appear
+        assert guest == "/dev/xvdf"
+    else:
+        assert guest.startswith("/dev/disk/by-id/nvme-Amazon_Elastic_Block_Store_vol")
+    assert f"pv_mount '{guest}' '/data'" in startup_text(wire)
+
+
+# --- `plan` on GCP: a volume that exists turns down the families that cannot take its type ----
+
+
+def gcp_volume(app, disk_type: str | None, zone: str = "us-central1-b") -> None:
+    """A live volume ``ckpt`` of project demo in ``zone``, recorded as made of ``disk_type``
+    (None: recorded before types were kept)."""
+    from decimal import Decimal
+
+    from provisioner.models import VOLUME_MARKET, Machine, Volume
+    from provisioner.schema import MachineStatus
+
+    now = app.clock.now()
+    spec = {"volume": {"name": "ckpt"}} | ({"disk_type": disk_type} if disk_type else {})
+    with app.db.session() as s:
+        s.add(
+            Machine(
+                id="vol1", name="volume:ckpt", project="demo", owner="ana@example.com",
+                status=MachineStatus.TERMINATED, spec=spec, created_at=now, cloud="gcp",
+                region="us-central1", zone=zone, market=VOLUME_MARKET, currency="USD",
+                disk_gb=100, disk_rate=Decimal("0.01"),
+            )
+        )  # fmt: skip
+        s.flush()
+        s.add(
+            Volume(
+                id="vol1", project="demo", name="ckpt", owner="ana@example.com", cloud="gcp",
+                region="us-central1", zone=zone, size_gb=100, token="pv-vol1",
+                volume_id="ckpt-vol1", status="available", rate=Decimal("0.01"),
+                currency="USD", created_at=now,
+            )
+        )  # fmt: skip
+
+
+def gcp_plan(app, gpu: str):
+    from provisioner.planning import plan
+    from provisioner.spec import Experiment
+    from tests.conftest import sandbox_experiment
+
+    d = sandbox_experiment("exp", gpu=gpu, market="spot", clouds=["gcp"])
+    d["volumes"] = [{"name": "ckpt", "size_gb": 100, "path": "/data"}]
+    return plan(app, Experiment.model_validate(d))
+
+
+@pytest.fixture
+def gcp_app(home, clock):
+    from provisioner.app import App
+    from tests.conftest import make_settings
+
+    app = App(make_settings(home, clouds={"gcp": {"project": "demo-project"}}), clock)
+    yield app
+    app.close()
+
+
+@pytest.mark.parametrize("kind", ["pd-balanced", None])
+def test_plan_refuses_a3_ultra_for_a_pd_balanced_volume_and_says_why(gcp_app, kind):
+    gcp_volume(gcp_app, kind)
+    p = gcp_plan(gcp_app, "H200:8")
+    assert p.candidates == []
+    reason = (
+        "volume ckpt is pd-balanced: a3-ultragpu takes hyperdisk-balanced disks, not "
+        "pd-balanced (Compute Engine docs"
+    )
+    [(why, n)] = [(w, n) for w, n in p.rejected.items() if w.startswith(reason)]
+    assert n >= 1 and p.examples[why] == "gcp/us-central1-b a3-ultragpu-8g"
+
+
+def test_a_hyperdisk_volume_keeps_a3_ultra_and_mega_and_turns_down_a2(gcp_app):
+    gcp_volume(gcp_app, "hyperdisk-balanced")
+    [c] = gcp_plan(gcp_app, "H200:8").candidates
+    assert (c.offer.instance_type, c.offer.zone) == ("a3-ultragpu-8g", "us-central1-b")
+    h100 = {c.offer.instance_type for c in gcp_plan(gcp_app, "H100:8").candidates}
+    assert h100 == {"a3-highgpu-8g", "a3-megagpu-8g"}  # A3 High and Mega take both types
+    a100 = gcp_plan(gcp_app, "A100:1")
+    assert a100.candidates == []
+    assert any(
+        "a2-highgpu takes pd-balanced disks, not hyperdisk-balanced" in w for w in a100.rejected
+    )
+
+
+def test_up_on_a3_ultra_makes_a_hyperdisk_volume_that_attaches(home, clock, monkeypatch, tmp_path):
+    """The volume is made before the machine, in the first candidate's zone, of the type that
+    candidate's series takes: on A3 Ultra it attaches (pd-balanced would end
+    UNSUPPORTED_OPERATION after the machine is up, billing)."""
+    from decimal import Decimal
+
+    from providers.base import Offer
+    from provisioner import catalog, machines
+    from provisioner.app import App
+    from provisioner.spec import Experiment
+    from tests.conftest import make_settings, sandbox_experiment
+    from tests.contract.gcp import make_provider, remove_credentials
+    from tests.emulators.gcp import GCPEmulator
+
+    remove_credentials(monkeypatch, tmp_path)
+    offer = Offer(
+        "gcp", "us-central1", "us-central1-b", "a3-ultragpu-8g", "H200", 8, 141, 224,
+        Decimal(2952), Decimal("84.8"), Decimal("30.5"), "USD", source="test",
+    )  # fmt: skip
+    with GCPEmulator() as emu:
+        options = make_provider(emu).options.model_dump(mode="json", exclude_defaults=True)
+        app = App(make_settings(home, clouds={"gcp": options}), clock)
+        try:
+            catalog.refresh(app.settings, "gcp", [offer])
+            d = sandbox_experiment("big", gpu="H200:8", market="spot", clouds=["gcp"])
+            d["volumes"] = [{"name": "ckpt", "size_gb": 100, "path": "/data"}]
+            m = machines.up(app, Experiment.model_validate(d)).machine
+        finally:
+            app.close()
+        [(zone, _)] = emu.disks
+        [disk] = emu.disks.values()
+    assert (m.instance_type, zone) == ("a3-ultragpu-8g", "us-central1-b")
+    assert disk["type"].endswith("/diskTypes/hyperdisk-balanced") and disk["users"]
