@@ -7,13 +7,18 @@ while its disk cannot attach.
   N1, A2, G2 Persistent Disk; A3 High/Mega both).
 - AWS: every family we offer takes gp3 EBS; only the guest's device name differs (Xen/Nitro,
   :mod:`providers.aws.devices`), which the mount script follows.
-- Azure: data disks are Standard SSD (``StandardSSD_LRS``), which "can be used with any VM
-  size"; only Premium SSD needs a premium-capable ('s') size (Azure docs, "Azure managed disk
-  types"), and every size in our catalog is one anyway.
-- Yandex: ``network-ssd`` attaches to every platform ("Disk types", Compute Cloud docs: no
-  platform restriction is stated for network disks).
-- SberCloud (Huawei ECS): SSD EVS disks attach to the offered P-series flavors (ECS docs,
-  "Attaching an EVS disk": no flavor restriction is stated for them).
+- Azure: volumes are Standard SSD (``StandardSSD_LRS``): "Like standard HDDs, standard SSDs are
+  available on all Azure VMs"; only Premium SSD is limited ("Premium SSDs can only be used with
+  VM series that are premium storage-compatible", the 's' sizes) (Azure docs, "Azure managed
+  disk types"). Every size in our catalog is an 's' size anyway. The device is the LUN link
+  (``/dev/disk/azure/scsi1/lun<N>``) of a SCSI disk controller, the default where a VM does not
+  ask for NVMe (``storageProfile.diskControllerType``; the adapter does not set it).
+- Yandex: volumes are ``network-ssd`` (settings ``disk_type``), seen as
+  ``/dev/disk/by-id/virtio-<disk id>``; the Compute Cloud docs we searched state no platform
+  restriction for network disks on the GPU platforms we offer.
+- SberCloud (Huawei ECS): EVS disks attached as VBD show ``/dev/disk/by-id/virtio-<serial>``
+  on KVM flavors (the P-series we offer); the ECS/EVS docs we searched state no flavor
+  restriction for attaching them.
 """
 
 from __future__ import annotations
