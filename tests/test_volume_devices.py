@@ -165,14 +165,17 @@ def test_a_volume_that_never_appears_is_said_and_recorded_not_silently_skipped(t
 # --- provisioner-job: no job runs while a volume is not mounted ------------------------------
 
 
-def run_job_out(tmp_path: Path, state: Path) -> tuple[str, str]:
+def run_job_out(tmp_path: Path, state: Path, job_env: str = "", **env_: str) -> tuple[str, str]:
+    """``provisioner-job run`` of a job whose env file is ``job_env``: (its exit, its output)."""
     sup = tmp_path / "provisioner-job"
     sup.write_text(startup.supervisor_script())
     home = tmp_path / "home"
     job = home / ".provisioner" / "jobs" / "run"
     job.mkdir(parents=True, exist_ok=True)
     (job / "cmd").write_text("echo the job ran\n")
+    (job / "env").write_text(job_env)
     env = {**os.environ, "PV_HOME": str(home), "PV_STATE": str(state), "PV_VOLUME_WAIT": "4"}
+    env.update(env_)
     r = subprocess.run(
         ["sh", str(sup), "run", "run"], env=env, capture_output=True, text=True, timeout=60
     )
@@ -207,6 +210,33 @@ def test_a_job_waits_out_the_mounting_then_says_it_is_still_mounting(tmp_path):
     (state / "volumes").write_text(f"{tmp_path / 'data'}\n")
     code, out = run_job_out(tmp_path, state)
     assert code == "97" and "still mounting after 4s" in out
+
+
+def test_a_job_started_before_the_mount_script_began_waits_for_its_volume(tmp_path):
+    """SSH answers before cloud-init runs the startup script: the job's env names its volumes
+    (PV_VOLUMES, as `up` writes it), so it waits for them to be mounted, then runs."""
+    import shlex
+    import threading
+
+    bin_ = tmp_path / "bin"
+    bin_.mkdir()
+    mounted = tmp_path / "mounted-now"
+    (bin_ / "mountpoint").write_text(f'#!/bin/sh\n[ -e "{mounted}" ]\n')
+    (bin_ / "mountpoint").chmod(0o755)
+    path = {"PATH": f"{bin_}:{os.environ['PATH']}", "PV_VOLUME_WAIT": "60"}
+    job_env = f"export PV_VOLUMES={shlex.quote('/data' + chr(10) + '/ckpt')}\n"
+    later = threading.Timer(3, mounted.touch)  # the mount script, once cloud-init runs it
+    later.start()
+    try:
+        code, out = run_job_out(tmp_path, tmp_path / "no-state-yet", job_env, **path)
+    finally:
+        later.cancel()
+    assert (code, out) == ("0", "the job ran\n")
+    mounted.unlink()
+    path["PV_VOLUME_WAIT"] = "2"  # never mounted: refused, saying so
+    code, out = run_job_out(tmp_path, tmp_path / "no-state-yet", job_env, **path)
+    assert code == "97"
+    assert "no volume is mounted at /data /ckpt" in out and "mounted nothing in 2s" in out
 
 
 # --- GCP: the disk type each series takes ----------------------------------------------------
@@ -445,3 +475,39 @@ def test_up_on_a3_ultra_makes_a_hyperdisk_volume_that_attaches(home, clock, monk
         [disk] = emu.disks.values()
     assert (m.instance_type, zone) == ("a3-ultragpu-8g", "us-central1-b")
     assert disk["type"].endswith("/diskTypes/hyperdisk-balanced") and disk["users"]
+
+
+def test_a_cloud_job_is_told_its_volumes_and_a_sandbox_job_is_not(home, clock, monkeypatch):
+    """`up` writes the experiment's volume paths into the job's env (PV_VOLUMES), which
+    provisioner-job waits for; the sandbox runs jobs itself and gets none."""
+    from types import SimpleNamespace
+
+    from provisioner.app import App
+    from provisioner.machines import jobs
+    from provisioner.spec import Experiment
+    from tests.conftest import make_settings, sandbox_experiment
+
+    started: list[dict] = []
+
+    class Recorder:
+        def start_job(self, job_id, command, *, env, setup=None):
+            started.append(dict(env))
+
+    monkeypatch.setattr(jobs, "runner", lambda app, m: Recorder())
+    monkeypatch.setattr(jobs, "_answers", lambda app, m: True)
+    monkeypatch.setattr(jobs, "jobs_of", lambda app, m: {"run": None})
+    monkeypatch.setattr(jobs, "record_event", lambda *a, **k: None)
+    app = App(make_settings(home, clouds={"aws": {"retry_base_seconds": 0.001}}), clock)
+    try:
+        d = sandbox_experiment("train", clouds=["aws"]) | {"run": "python train.py"}
+        d["volumes"] = [
+            {"name": "ckpt", "size_gb": 10, "path": "/data"},
+            {"name": "set", "size_gb": 10, "path": "/datasets"},
+        ]
+        d["env"] = {"A": "1"}
+        for cloud in ("aws", "sandbox"):
+            jobs.start_run(app, SimpleNamespace(cloud=cloud, id="m1", name="train"),
+                           Experiment.model_validate(d))  # fmt: skip
+    finally:
+        app.close()
+    assert started == [{"A": "1", "PV_VOLUMES": "/data\n/datasets"}, {"A": "1"}]

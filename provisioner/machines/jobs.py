@@ -183,7 +183,11 @@ def start_run(app: App, m: Machine, experiment: Experiment, progress: Any = None
         if not (experiment.run or experiment.setup):
             return None
         command = experiment.run or "true"  # setup alone: the job is the setup
-        jobs.start_job(RUN, command, env=experiment.env, setup=experiment.setup)
+        env = dict(experiment.env)
+        if experiment.volumes and not app.provider(m.cloud or "").runs_jobs:
+            # provisioner-job waits for these to be mounted, else refuses the job (exit 97)
+            env["PV_VOLUMES"] = "\n".join(v.path for v in experiment.volumes)
+        jobs.start_job(RUN, command, env=env, setup=experiment.setup)
     except ProviderError as e:
         from provisioner.machines.remote import Unreachable
 

@@ -9,23 +9,33 @@ set -u
 top="${PV_HOME:-$HOME}"
 d="$top/.provisioner/jobs/${2:-none}"
 boot_id() { cat /proc/sys/kernel/random/boot_id 2>/dev/null || echo unknown; }
-# The machine's volumes, as the startup data's mount script lists them in $PV_STATE: wait while
-# they are being mounted (volumes.pending), then run no job while one is not mounted: the job
-# would write to the boot disk what belongs on the volume. Said in the job's output, exit 97.
+# The machine's volumes: the paths the job's env names (PV_VOLUMES, one a line, written by
+# provisioner) and those the startup data's mount script lists in $PV_STATE/volumes. Wait until
+# each is mounted (a job may start over SSH before the mount script has even begun), then run no
+# job while one is not: it would write to the boot disk what belongs on the volume. Waiting
+# ends early once the mount script has finished and recorded a failure (volumes.failed without
+# volumes.pending). Said in the job's output, exit 97.
 pv_volumes() {
-  s="${PV_STATE:-/var/lib/provisioner}" waited=0 missing=
-  while [ -e "$s/volumes.pending" ] && [ "$waited" -lt "${PV_VOLUME_WAIT:-900}" ]; do
+  s="${PV_STATE:-/var/lib/provisioner}" waited=0
+  while :; do
+    want=$(printf '%s\n' "${PV_VOLUMES:-}"; cat "$s/volumes" 2>/dev/null)
+    missing=
+    while IFS= read -r dir; do
+      if [ -n "$dir" ] && ! mountpoint -q "$dir"; then missing="$missing $dir"; fi
+    done <<PV_END
+$want
+PV_END
+    [ -z "$missing" ] && return 0
+    if [ -f "$s/volumes.failed" ] && [ ! -e "$s/volumes.pending" ]; then break; fi
+    [ "$waited" -ge "${PV_VOLUME_WAIT:-900}" ] && break
     sleep 2
     waited=$((waited + 2))
   done
-  [ -f "$s/volumes" ] || return 0
-  while IFS= read -r dir; do
-    if [ -n "$dir" ] && ! mountpoint -q "$dir"; then missing="$missing $dir"; fi
-  done < "$s/volumes"
-  [ -z "$missing" ] && return 0
   echo "provisioner: the job did not run: no volume is mounted at$missing"
   if [ -f "$s/volumes.failed" ]; then sed 's/^/provisioner: /' "$s/volumes.failed"; fi
-  if [ -e "$s/volumes.pending" ]; then echo "provisioner: still mounting after ${waited}s"; fi
+  if [ -e "$s/volumes.pending" ]; then echo "provisioner: still mounting after ${waited}s"
+  elif [ ! -f "$s/volumes" ]; then echo "provisioner: the startup data mounted nothing in ${waited}s"
+  fi
   echo "provisioner: the mount script's log is in /var/log/cloud-init-output.log"
   return 1
 }
