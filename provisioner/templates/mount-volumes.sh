@@ -5,12 +5,8 @@
 # over. The fstab line has nofail, so a stop and start mounts it again, and a boot without it
 # still boots. A disk formatted here is given to the login user (when it exists yet), so the
 # user's own files go on it; a disk with data keeps its owners.
-# The device is the path the machine's family shows the disk at (AWS: the NVMe by-id link on
-# Nitro, /dev/xvdf on Xen; providers/*/volumes.py). A disk that is not mounted is never silent:
-# $PV_STATE/volumes lists every mount path, volumes.pending exists while they are mounted, and
-# volumes.failed says which failed and why (stderr goes to cloud-init's log and the console);
-# provisioner-job runs no job until they are mounted (it waits out volumes.pending, then
-# refuses a job whose volume is not mounted, saying why in the job's output).
+# Never silent: $PV_STATE/volumes lists the paths, volumes.pending exists while mounting,
+# volumes.failed says what failed; provisioner-job runs no job until they are mounted.
 PV_STATE=${PV_STATE:-/var/lib/provisioner}
 mkdir -p "$PV_STATE"
 : > "$PV_STATE/volumes.pending"

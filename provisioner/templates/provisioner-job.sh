@@ -9,12 +9,8 @@ set -u
 top="${PV_HOME:-$HOME}"
 d="$top/.provisioner/jobs/${2:-none}"
 boot_id() { cat /proc/sys/kernel/random/boot_id 2>/dev/null || echo unknown; }
-# The machine's volumes: the paths the job's env names (PV_VOLUMES, one a line, written by
-# provisioner) and those the startup data's mount script lists in $PV_STATE/volumes. Wait until
-# each is mounted (a job may start over SSH before the mount script has even begun), then run no
-# job while one is not: it would write to the boot disk what belongs on the volume. Waiting
-# ends early once the mount script has finished and recorded a failure (volumes.failed without
-# volumes.pending). Said in the job's output, exit 97.
+# No job runs before its volumes are mounted (PV_VOLUMES from the job's env, $PV_STATE/volumes
+# from the mount script): wait, then refuse with the reason, exit 97 (machines/jobs.py).
 pv_volumes() {
   s="${PV_STATE:-/var/lib/provisioner}" waited=0
   while :; do
