@@ -222,6 +222,9 @@ class VolumeRequest:
     zone: str
     size_gb: int
     labels: Mapping[str, str] = field(default_factory=dict)  # includes the TAG_* keys
+    # the cloud's disk type, chosen for the machine family it is made for
+    # (:func:`providers.disks.volume_type`); "" is the adapter's default
+    disk_type: str = ""
 
 
 @dataclass(frozen=True)
@@ -436,10 +439,11 @@ class Provider(ABC):
         the cloud (InvalidRequest)."""
         raise NotImplementedError(f"{self.name}: no volumes")
 
-    def volume_device(self, volume: Volume, index: int) -> str:
-        """The stable path the machine sees the ``index``-th attached volume at (a
-        ``/dev/disk/by-id/…`` link named from the volume's id or the device name the adapter
-        gave it), known before the attach so the startup script can wait for it."""
+    def volume_device(self, volume: Volume, index: int, machine_type: str = "") -> str:
+        """The stable path a machine of ``machine_type`` sees the ``index``-th attached volume
+        at (a ``/dev/disk/by-id/…`` link named from the volume's id or the device name the
+        adapter gave it; on AWS Xen types ``/dev/xvd?``), known before the attach so the
+        startup script can wait for it."""
         raise NotImplementedError(f"{self.name}: no volumes")
 
     # --- jobs: the experiment's setup/run and `exec`, detached on the machine ------------------

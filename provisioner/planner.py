@@ -99,6 +99,16 @@ class Plan:
         self.candidates = keep
         self.checks.append(pin)
 
+    def refuse(self, why: Callable[[Candidate], str | None]) -> None:
+        """Drop the candidates ``why`` answers a reason for, each counted under it."""
+        keep = []
+        for c in self.candidates:
+            if reason := why(c):
+                self.reject(reason, c.offer)
+            else:
+                keep.append(c)
+        self.candidates = keep
+
     def summary_reasons(self) -> list[tuple[str, int]]:
         return self.rejected.most_common()
 

@@ -11,6 +11,7 @@ from typing import Any
 import providers
 from policies import evaluate as pe
 from policies.schema import matching
+from providers import disks
 from provisioner import planner
 from provisioner.app import App
 from provisioner.money import Money
@@ -63,7 +64,7 @@ def _volumes(app: App, experiment: Experiment, p: planner.Plan) -> None:
     the first pins the plan to its cloud and zone; the others the budget counts as new."""
     from sqlalchemy import select  # SQLAlchemy (~0.2 s): only for an experiment with volumes
 
-    from provisioner.models import Volume  # as above
+    from provisioner.models import Machine, Volume  # as above
 
     lacking: dict[str, str] = {}
     for cloud in {c.offer.cloud for c in p.candidates}:
@@ -90,11 +91,30 @@ def _volumes(app: App, experiment: Experiment, p: planner.Plan) -> None:
                 )
             )
         }
+        kinds = {v.name: _disk_type(s.get(Machine, v.id)) for v in found.values()}
     p.new_volume_gb = sum(v.size_gb for v in experiment.volumes if v.name not in found)
     for name in names:  # the experiment's order: the first volume found says where
         if (v := found.get(name)) is not None:
             p.pin(planner.VolumePin(v.cloud, v.region, v.zone, v.name))
-            return
+            break
+
+    def unmountable(c: planner.Candidate) -> str | None:
+        """A volume that exists is of one disk type; a family that cannot take it is turned
+        down here, not after its machine bills with the attach refused (GCP: A3 Ultra and A4
+        take Hyperdisk only, N1/A2/G2 no Hyperdisk Balanced)."""
+        o = c.offer
+        for name, v in found.items():
+            kind = kinds[name] or disks.DEFAULTS.get(v.cloud, "")
+            if v.cloud == o.cloud and (why := disks.refusal(o.cloud, o.instance_type, kind)):
+                return f"volume {name} is {kind}: {why}"
+        return None
+
+    p.refuse(unmountable)
+
+
+def _disk_type(row: Any) -> str:
+    """The disk type a volume's ledger row says it was made of ("" before types were kept)."""
+    return str(((row.spec if row is not None else None) or {}).get("disk_type") or "")
 
 
 def _policy(app: App, experiment: Experiment) -> tuple[pe.Decision, planner.PolicyCheck]:

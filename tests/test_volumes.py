@@ -399,6 +399,7 @@ def test_the_mount_script_formats_a_blank_disk_once_and_never_again(tmp_path):
         "PATH": f"{bin_}:/usr/sbin:/sbin:{os.environ['PATH']}",
         "PV_FSTAB": str(fstab),
         "PV_WAIT_SECONDS": "0",
+        "PV_STATE": str(tmp_path / "state"),
     }
 
     def run() -> str:
@@ -444,7 +445,8 @@ def test_the_mounts_go_before_the_users_script_in_every_kind_of_startup_data():
     assert plain.startswith("#!/bin/bash\n") and plain.count("#!") == 1
     assert plain.index("pv_mount '/dev/disk/by-id/virtio-x' '/data'") < plain.index("echo hi")
     shebang = startup.with_mounts("#!/bin/sh\necho hi\n", mounts) or ""
-    assert shebang.startswith("#!/bin/sh\n") and shebang.index("pv_mount") < shebang.index("hi")
+    assert shebang.startswith("#!/bin/sh\n")
+    assert shebang.index("pv_mount") < shebang.index("echo hi")
     config = startup.with_mounts("#cloud-config\nruncmd: [ls]\n", mounts) or ""
     assert config.startswith("Content-Type: multipart/mixed")
     assert config.index("pv_mount") < config.index("#cloud-config")

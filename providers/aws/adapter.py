@@ -289,8 +289,8 @@ class AWSProvider(Provider):
     def delete_volume(self, ref: VolumeRef) -> None:
         self._volumes.delete(ref)
 
-    def volume_device(self, volume: Volume, index: int) -> str:
-        return self._volumes.device(volume)
+    def volume_device(self, volume: Volume, index: int, machine_type: str = "") -> str:
+        return self._volumes.device(volume, index, machine_type)
 
     def unused_network(self, *, remove: bool = False) -> list[str]:
         return self._network.unused(remove)

@@ -17,6 +17,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from providers.aws import devices
+from providers.aws.devices import DEVICE_LETTERS
 from providers.aws.network import tag_list
 from providers.base import (
     TAG_MANAGED_BY,
@@ -38,15 +40,6 @@ if TYPE_CHECKING:
 
 TAG_TOKEN = "provisioner-token"  # the same key the adapter tags instances with
 VOLUME_TYPE = "gp3"
-# "Recommended for EBS volumes ... /dev/sd[f-p]" (EC2 User Guide, "Device names on Linux
-# instances"): the index-th volume gets /dev/sdf, /dev/sdg, …
-DEVICE_LETTERS = "fghijklmnop"
-# On Nitro instances the volume is an NVMe device whose serial is the volume id without its
-# dash ("sn : vol01234567890abcdef  mn : Amazon Elastic Block Store", EC2 User Guide, "Amazon
-# EBS and NVMe"; "NVMe EBS volumes have the EBS volume ID set as the serial number"), and
-# udev's persistent-storage rule links it as disk/by-id/nvme-$attr{model}_$attr{serial} (spaces
-# replaced by "_"), whatever /dev/nvmeXn1 name it got.
-BY_ID = "/dev/disk/by-id/nvme-Amazon_Elastic_Block_Store_"
 _STATES = {
     "creating": VolumeState.CREATING,
     "available": VolumeState.AVAILABLE,
@@ -130,7 +123,7 @@ class EbsVolumes:
             )
         self._await_instance(instance)
         ec2 = self.p._client("ec2", volume.region)
-        device = f"/dev/sd{DEVICE_LETTERS[index]}"
+        device = devices.attach_name(index)
         # EC2 refuses another AZ (InvalidVolume.ZoneMismatch) and a volume attached elsewhere
         # (VolumeInUse): both come back as InvalidRequest through errors.by_code.
         self.p.call(
@@ -166,8 +159,10 @@ class EbsVolumes:
             return
 
     @staticmethod
-    def device(volume: Volume) -> str:
-        return BY_ID + volume.id.replace("-", "")
+    def device(volume: Volume, index: int, machine_type: str = "") -> str:
+        """Where the guest sees it: NVMe by-id link on Nitro, /dev/xvd? on Xen
+        (:mod:`providers.aws.devices`)."""
+        return devices.guest_path(machine_type, volume.id, index)
 
     # --- helpers ----------------------------------------------------------------------------
 

@@ -436,7 +436,7 @@ class AzureProvider(Provider):
     def delete_volume(self, ref: VolumeRef) -> None:
         self._volumes.delete(ref)
 
-    def volume_device(self, volume: Volume, index: int) -> str:
+    def volume_device(self, volume: Volume, index: int, machine_type: str = "") -> str:
         return self._volumes.device(index)
 
     def unused_network(self, *, remove: bool = False) -> list[str]:

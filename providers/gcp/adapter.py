@@ -40,7 +40,7 @@ from providers.base import (
     VolumeRef,
     VolumeRequest,
 )
-from providers.gcp import DEFAULT_IMAGE, SPEC, GCPOptions, errors, prices
+from providers.gcp import DEFAULT_IMAGE, SPEC, GCPOptions, disktypes, errors, prices
 from providers.gcp.network import SSH_TAG, Firewall, last
 from providers.gcp.volumes import PersistentDisks
 from providers.retry import wait_until
@@ -66,10 +66,6 @@ _STATES = {
     "SUSPENDED": MachineState.STOPPED,
     "TERMINATED": MachineState.STOPPED,
 }
-# Boot disk type per machine series. A3 Ultra (H200) boots from Hyperdisk only; N1 and A2 take
-# no Hyperdisk Balanced; pd-balanced suits every other series we launch (A2, A3 High/Mega, G2,
-# N1). Sources: compute/docs/accelerator-optimized-machines and compute/docs/disks/hyperdisks.
-_HYPERDISK_BOOT = ("a3-ultragpu-",)
 
 
 class GCPProvider(Provider):
@@ -259,7 +255,7 @@ class GCPProvider(Provider):
     def delete_volume(self, ref: VolumeRef) -> None:
         self._volumes.delete(ref)
 
-    def volume_device(self, volume: Volume, index: int) -> str:
+    def volume_device(self, volume: Volume, index: int, machine_type: str = "") -> str:
         return self._volumes.device(volume)
 
     def unused_network(self, *, remove: bool = False) -> list[str]:
@@ -576,10 +572,9 @@ def adc_configured() -> bool:
 
 
 def boot_disk_type(instance_type: str) -> str:
-    """The boot disk type a machine series takes (see ``_HYPERDISK_BOOT``)."""
-    if instance_type.startswith(_HYPERDISK_BOOT):
-        return "hyperdisk-balanced"
-    return "pd-balanced"
+    """The boot disk type a machine series takes: Hyperdisk Balanced on the Hyperdisk-only
+    series (A3 Ultra, A4), else pd-balanced (:mod:`providers.gcp.disktypes`, sources there)."""
+    return disktypes.volume_type(instance_type)
 
 
 def _zone_of(ref: InstanceRef) -> str:

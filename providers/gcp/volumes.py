@@ -1,7 +1,9 @@
 """Persistent disks for the GCP adapter: disks.insert/get/aggregatedList/delete and
 instances.attachDisk/detachDisk, awaited as zone operations like every other call.
 
-A volume is a zonal pd-balanced disk named ``request.name``, labelled with our labels; its
+A volume is a zonal disk named ``request.name`` of the type its first machine's series takes
+(``request.disk_type``: pd-balanced, or Hyperdisk Balanced on the Hyperdisk-only A3 Ultra and
+A4, :mod:`providers.gcp.disktypes`), labelled with our labels; its
 insert carries a requestId derived from the intent's token (as launch does), and a 409 on our
 name with our labels is the same intent adopted. It is attached READ_WRITE with
 ``autoDelete: false`` and the volume's name as its device name, so it outlives the instance
@@ -33,13 +35,13 @@ from providers.base import (
     VolumeRequest,
     VolumeState,
 )
-from providers.gcp import prices
+from providers.gcp import disktypes, prices
 from providers.gcp.network import last
 
 if TYPE_CHECKING:
     from providers.gcp.adapter import GCPProvider
 
-DISK_TYPE = "pd-balanced"  # offered in every zone with GPUs; N1, A2, G2, A3 High/Mega take it
+DISK_TYPE = disktypes.PD_BALANCED  # without a request.disk_type: N1, A2, G2, A3 High/Mega
 _NAMESPACE = uuid.UUID("0f6c1f43-8a61-4f2c-9d8e-3b1f7d2a5c90")
 # compute_v1.Disk.status: "CREATING, RESTORING, FAILED, READY, DELETING, UNAVAILABLE"
 _STATES = {
@@ -78,7 +80,7 @@ class PersistentDisks:
             disk_resource=compute_v1.Disk(
                 name=request.name,
                 size_gb=request.size_gb,
-                type_=f"zones/{zone}/diskTypes/{DISK_TYPE}",
+                type_=f"zones/{zone}/diskTypes/{request.disk_type or DISK_TYPE}",
                 labels=labels(request.labels),
             ),
             request_id=volume_request_id(request),

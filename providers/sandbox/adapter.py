@@ -524,7 +524,7 @@ class SandboxProvider(Provider):
 
         self._call(delete)
 
-    def volume_device(self, volume: Volume, index: int) -> str:
+    def volume_device(self, volume: Volume, index: int, machine_type: str = "") -> str:
         """As a virtio disk shows its serial (the volume's id) under /dev/disk/by-id."""
         return f"/dev/disk/by-id/virtio-{volume.id}"
 

@@ -552,7 +552,7 @@ class SberCloudProvider(Provider):
     def delete_volume(self, ref: VolumeRef) -> None:
         self._volumes.delete(ref)
 
-    def volume_device(self, volume: Volume, index: int) -> str:
+    def volume_device(self, volume: Volume, index: int, machine_type: str = "") -> str:
         return self._volumes.device(volume)
 
     # -- our SSH security group ----------------------------------------------------------------

@@ -426,7 +426,7 @@ class YandexProvider(Provider):
     def delete_volume(self, ref: VolumeRef) -> None:
         self._volumes.delete(ref)
 
-    def volume_device(self, volume: Volume, index: int) -> str:
+    def volume_device(self, volume: Volume, index: int, machine_type: str = "") -> str:
         return self._volumes.device(volume)
 
     def fetch_offers(self) -> list[Offer]:

@@ -31,6 +31,10 @@ from provisioner.spec import Experiment
 RUN = "run"
 STARTED, FINISHED, FAILED = "job-started", "job-finished", "job-failed"
 MAX_FILES = 10_000  # a workdir is code and configs; data belongs on a volume
+# provisioner-job's exit when a volume of the machine is not mounted and the job was not run
+# (templates/provisioner-job.sh, pv_volumes): its end is recorded with that reason
+NO_VOLUME_EXIT = 97
+NO_VOLUME = "volume-not-mounted"
 
 
 @dataclass
@@ -57,6 +61,8 @@ class Job:
             return f"running since {at}: {first}"
         if self.exit_code is None:
             return f"killed at {at}"
+        if self.reason == NO_VOLUME:
+            return f"not run at {at}: a volume is not mounted (see its output)"
         return f"exited {self.exit_code} at {at}"
 
     def to_json(self) -> dict[str, Any]:
@@ -177,7 +183,11 @@ def start_run(app: App, m: Machine, experiment: Experiment, progress: Any = None
         if not (experiment.run or experiment.setup):
             return None
         command = experiment.run or "true"  # setup alone: the job is the setup
-        jobs.start_job(RUN, command, env=experiment.env, setup=experiment.setup)
+        env = dict(experiment.env)
+        if experiment.volumes and not app.provider(m.cloud or "").runs_jobs:
+            # provisioner-job waits for these to be mounted, else refuses the job (exit 97)
+            env["PV_VOLUMES"] = "\n".join(v.path for v in experiment.volumes)
+        jobs.start_job(RUN, command, env=env, setup=experiment.setup)
     except ProviderError as e:
         from provisioner.machines.remote import Unreachable
 
@@ -321,6 +331,8 @@ def _check_ended(app: App, m: Machine) -> list[Job]:
         if st.running:
             continue
         reason = "exited" if st.exit_code is not None else "killed"
+        if st.exit_code == NO_VOLUME_EXIT and not app.provider(m.cloud or "").runs_jobs:
+            reason = NO_VOLUME  # provisioner-job did not run it; its output says why
         record_event(
             app, m.id, FINISHED, reason=reason, detail={"job": job.id, "exit_code": st.exit_code}
         )

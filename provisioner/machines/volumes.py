@@ -25,6 +25,7 @@ from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from providers import disks
 from providers.base import (
     TAG_MANAGED_BY,
     TAG_MANAGED_BY_VALUE,
@@ -70,6 +71,7 @@ class Ready:
     cloud: str
     disk: CloudVolume
     created: bool  # new (never attached, so empty): removed if the launch fails
+    machine_type: str = ""  # the candidate's: where its guest sees the disk (AWS Xen/Nitro)
 
 
 # --- reading ------------------------------------------------------------------------------------
@@ -153,6 +155,10 @@ def _ready(
             f"volume {v.name} is in {v.cloud} {v.zone or v.region}, not {cand.where}: run "
             f"`provisioner up` again"
         )
+    if why := disks.refusal(o.cloud, o.instance_type, disk_type(app, v)):
+        raise OperationFailed(  # the planner turns such candidates down: a race, or an old plan
+            f"volume {v.name} cannot attach to {o.instance_type}: {why}"
+        )
     # never attached to a machine, it holds no data: removed again if this launch fails
     empty = v.attached_machine_id is None
     if v.status != "creating":
@@ -164,8 +170,8 @@ def _ready(
                 f"provisioner: `provisioner volume rm {v.name} --project {v.project}` forgets "
                 f"it (its billing ends), then `provisioner up` makes a new, empty one"
             ) from None
-        return Ready(spec, index, v.id, v.cloud, cv, created=empty)
-    return Ready(spec, index, v.id, v.cloud, _create(app, v), created=empty)
+        return Ready(spec, index, v.id, v.cloud, cv, empty, o.instance_type)
+    return Ready(spec, index, v.id, v.cloud, _create(app, v), empty, o.instance_type)
 
 
 def _write_intent(
@@ -187,7 +193,12 @@ def _write_intent(
                     project=e.project,
                     owner=e.owner,
                     status=S.TERMINATED,
-                    spec={"volume": spec.model_dump(mode="json"), "machine": machine.name},
+                    spec={
+                        "volume": spec.model_dump(mode="json"),
+                        "machine": machine.name,
+                        # made for the candidate's family (GCP: Hyperdisk on A3 Ultra/A4)
+                        "disk_type": disks.volume_type(o.cloud, o.instance_type),
+                    },
                     created_at=now,
                     cloud=o.cloud,
                     region=o.region,
@@ -230,6 +241,7 @@ def _create(app: App, v: Volume) -> CloudVolume:
     """Create ``v`` in its cloud by its token (a rerun after a crash gets the same disk), then
     record it and open its usage."""
     request = VolumeRequest(
+        disk_type=disk_type(app, v),
         name=cloud_name(v),
         token=v.token,
         region=v.region,
@@ -262,6 +274,14 @@ def _create(app: App, v: Volume) -> CloudVolume:
                 )
             )
     return cv
+
+
+def disk_type(app: App, v: Volume) -> str:
+    """The disk type ``v`` was made of (or is being made of): chosen for the family of its
+    first machine; "" for a volume recorded before types were kept (the cloud's default)."""
+    with app.db.session() as s:
+        row = s.get(Machine, v.id)
+        return str(((row.spec if row else None) or {}).get("disk_type") or "")
 
 
 def discard(app: App, ready: Sequence[Ready]) -> list[str]:
@@ -299,8 +319,13 @@ def _deleted(app: App, row_id: str) -> None:
 
 
 def mounts(app: App, ready: Sequence[Ready]) -> list[tuple[str, str]]:
-    """(device the machine will see, mount path) of each volume, for the startup data."""
-    return [(app.provider(r.cloud).volume_device(r.disk, r.index), r.spec.path) for r in ready]
+    """(device the machine will see, mount path) of each volume, for the startup data: the
+    device as the candidate's machine family shows it (AWS: NVMe link on Nitro, /dev/xvdf on
+    Xen)."""
+    return [
+        (app.provider(r.cloud).volume_device(r.disk, r.index, r.machine_type), r.spec.path)
+        for r in ready
+    ]
 
 
 # --- after a launch, an adoption or a start ---------------------------------------------------

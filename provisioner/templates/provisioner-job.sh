@@ -9,6 +9,32 @@ set -u
 top="${PV_HOME:-$HOME}"
 d="$top/.provisioner/jobs/${2:-none}"
 boot_id() { cat /proc/sys/kernel/random/boot_id 2>/dev/null || echo unknown; }
+# No job runs before its volumes are mounted (PV_VOLUMES from the job's env, $PV_STATE/volumes
+# from the mount script): wait, then refuse with the reason, exit 97 (machines/jobs.py).
+pv_volumes() {
+  s="${PV_STATE:-/var/lib/provisioner}" waited=0
+  while :; do
+    want=$(printf '%s\n' "${PV_VOLUMES:-}"; cat "$s/volumes" 2>/dev/null)
+    missing=
+    while IFS= read -r dir; do
+      if [ -n "$dir" ] && ! mountpoint -q "$dir"; then missing="$missing $dir"; fi
+    done <<PV_END
+$want
+PV_END
+    [ -z "$missing" ] && return 0
+    if [ -f "$s/volumes.failed" ] && [ ! -e "$s/volumes.pending" ]; then break; fi
+    [ "$waited" -ge "${PV_VOLUME_WAIT:-900}" ] && break
+    sleep 2
+    waited=$((waited + 2))
+  done
+  echo "provisioner: the job did not run: no volume is mounted at$missing"
+  if [ -f "$s/volumes.failed" ]; then sed 's/^/provisioner: /' "$s/volumes.failed"; fi
+  if [ -e "$s/volumes.pending" ]; then echo "provisioner: still mounting after ${waited}s"
+  elif [ ! -f "$s/volumes" ]; then echo "provisioner: the startup data mounted nothing in ${waited}s"
+  fi
+  echo "provisioner: the mount script's log is in /var/log/cloud-init-output.log"
+  return 1
+}
 case "${1:-}" in
 start)  # start ID: cmd (and env, setup) are in place; run it detached in the workdir
   rm -f "$d/exit" "$d/exit.tmp"
@@ -20,6 +46,7 @@ start)  # start ID: cmd (and env, setup) are in place; run it detached in the wo
   ;;
 run)  # the job itself: env exported, setup once per machine, then cmd; its exit code kept
   if [ -f "$d/env" ]; then . "$d/env"; fi
+  if ! pv_volumes; then echo 97 > "$d/exit.tmp" && mv "$d/exit.tmp" "$d/exit"; exit 0; fi
   if [ -f "$d/setup" ] && [ ! -e "$top/.provisioner/setup.done" ]; then
     sh "$d/setup"
     code=$?

@@ -16,7 +16,9 @@ strictly, records it, and forwards it to moto unchanged except where it adds wha
   ``CancelSpotInstanceRequests`` is answered here;
 - the AttachVolume rules moto lacks (:meth:`AwsEmulator._check_attach`): a volume attaches only
   to an instance in its AZ, only to one, and not while the instance is still booting
-  (``Faults.boot_describes``: moto's instances run at once, EC2's are ``pending`` a while);
+  (``Faults.boot_describes``: moto's instances run at once, EC2's are ``pending`` a while),
+  under a valid device name not in use; and where the guest then sees it, NVMe on Nitro and
+  ``/dev/xvdf`` on Xen (:meth:`AwsEmulator.guest_devices`, :mod:`tests.emulators.aws_devices`);
 - preemption of a spot instance (:meth:`AwsEmulator.preempt`): moto stops/terminates it and the
   proxy rewrites its DescribeInstances StateReason to the spot interruption code; an instance
   terminated elsewhere long ago (:meth:`AwsEmulator.forget`) is no longer known;
@@ -48,6 +50,8 @@ from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from xml.sax.saxutils import escape
+
+from tests.emulators import aws_devices
 
 DLAMI_PARAMETER = (
     "/aws/service/deeplearning/ami/x86_64/base-oss-nvidia-driver-gpu-ubuntu-22.04/latest/ami-id"
@@ -498,6 +502,28 @@ class AwsEmulator:
                 f"The volume '{vid}' is not in the same availability zone as instance '{iid}'",
                 400,
             )
+        if refused := aws_devices.refusal(params.get("Device", ""), instance):  # cited there
+            rec.answer = refused[0]
+            raise ec2_error(*refused, 400)
+
+    def guest_devices(self, instance_id: str, region: str = "us-east-1") -> dict[str, str]:
+        """Each data volume's id → the path the instance's guest sees it at: the NVMe link on Nitro,
+        ``/dev/xvdf``… on Xen (:mod:`tests.emulators.aws_devices`, cited there)."""
+        from moto.core import DEFAULT_ACCOUNT_ID
+        from moto.ec2.models import ec2_backends
+
+        backend = ec2_backends[DEFAULT_ACCOUNT_ID][region]
+        for r in list(backend.reservations.values()):
+            for i in r.instances:
+                if i.id == instance_id:
+                    return {
+                        v.id: aws_devices.guest_path(i.instance_type, v.attachment.device, v.id)
+                        for v in backend.volumes.values()
+                        if v.attachment is not None
+                        and v.attachment.instance.id == instance_id
+                        and aws_devices.VALID.fullmatch(v.attachment.device)  # not the root
+                    }
+        return {}
 
     def _state(self, instance_id: str, region: str) -> str:
         raw = self.client("ec2", region).describe_instances(InstanceIds=[instance_id])

@@ -1096,6 +1096,20 @@ class GCPEmulator:
         op = self._new_operation(zone, "attachDisk", instance)
         if request_id:
             self._request_ids[request_id] = (zone, op["name"])
+        # A data disk obeys the same series rule as a boot disk (BOOT_DISK_FORBIDDEN: A3 Ultra
+        # takes no Persistent Disk, N1 and A2 no Hyperdisk). The attach is accepted, then its
+        # operation ends in error: "operation ... failed (UNSUPPORTED_OPERATION): [pd-balanced,
+        # c4-standard-16] features are not compatible for creating instance."
+        # (astronomer/astronomer#2463, a GKE attach of a pd-balanced volume to a Hyperdisk-only
+        # machine; NVIDIA/aicr#2338 the same for a4x-highgpu-4g).
+        machine = instance["machineType"].rsplit("/", 1)[-1]
+        disk_type = disk["type"].rsplit("/", 1)[-1]
+        if disk_type in BOOT_DISK_FORBIDDEN.get(machine_series(machine), frozenset()):
+            unsupported = {
+                "code": "UNSUPPORTED_OPERATION",
+                "message": incompatible(disk_type, machine).message,
+            }
+            return self._schedule(zone, op, lambda: {"errors": [unsupported]})
         mode = body.get("mode", "READ_WRITE")
         if disk.get("users") and (
             mode == "READ_WRITE"
