@@ -17,6 +17,7 @@ from tests.conftest import ROOT
 #: provisioner's modules, lowest first. A module may import only those listed before it.
 ORDER = [
     "provisioner",
+    "provisioner.agent_guard",  # the machine guards itself: the standard library only
     "provisioner.agent",  # runs on the rented machine: the standard library only
     "provisioner.money",
     "provisioner.console",  # what commands write: tables, JSON, rich's console on first use
