@@ -51,6 +51,7 @@ ORDER = [
     "provisioner.planning",  # an experiment's plan: offers, policy decision, budget projection
     "provisioner.web",  # the HTTP server: WSGI apps under path prefixes (waitress)
     "provisioner.outages",  # when the heartbeat endpoint refused or was down: silence not idle
+    "provisioner.guard",  # the rules a machine enforces on itself, and who enforces each
     "provisioner.startup",  # what a machine is given at boot: the agent and its token
     "provisioner.idle",
     "provisioner.keys",  # the SSH key a machine gets and `ssh` uses; the ssh-config
