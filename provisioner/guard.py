@@ -35,7 +35,7 @@ class Rules:
     """What stops a machine of this experiment, from the experiment and the matching policies."""
 
     autostop: timedelta | None
-    autostop_from: str  # "experiment", or the policy whose max_autostop caps or gives it
+    autostop_from: str  # "experiment", or how a policy's max_autostop caps or gives it
     idle_below: float  # percent: every GPU under it is idle
     gpus_only: bool  # the idle rule counts the GPUs only (a running job may idle)
     on_finish: str | None  # "stop" or "terminate" once the run ends; None: kept
@@ -51,8 +51,10 @@ def rules(experiment: Experiment, policies: list[Policy]) -> Rules:
     life = experiment.lifecycle
     own, cap = life.autostop, autostop_cap(policies, experiment.project, experiment.owner)
     autostop, source = own, "experiment"
-    if cap is not None and (own is None or own > cap[0]):
-        autostop, source = cap[0], f"policy {cap[1]}"
+    if cap is not None and own is not None and own > cap[0]:
+        autostop, source = cap[0], f"capped from {short_duration(own)} by policy {cap[1]}"
+    elif cap is not None and own is None:
+        autostop, source = cap[0], f"policy {cap[1]}'s max_autostop"
     idle_rules: list[IdleRule] = [r for p in mine if (r := p.idle_rule) is not None]
     scheduler_idle = [
         f"policy {p.name}" + (" (off hours)" if p.off_hours else "")

@@ -16,6 +16,8 @@ from provisioner import guard, startup
 from provisioner.spec import Experiment
 from tests.conftest import sandbox_experiment
 
+pytest_plugins = ["tests.cli_runner"]  # the `cli` fixture
+
 PULL = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIPullKeyExample team@scheduler"
 LINE = (
     'restrict,command="/usr/local/bin/provisioner-agent --report" '
@@ -136,7 +138,7 @@ def test_the_machine_gets_the_experiments_and_the_policies_rules():
         }
     )
     r = guard.rules(experiment(autostop="2h", max_lifetime="48h", on_finish="terminate"), [cap])
-    assert r.autostop == timedelta(minutes=30) and r.autostop_from == "policy lab"
+    assert r.autostop == timedelta(minutes=30) and r.autostop_from == "capped from 2h by policy lab"
     assert r.lifetime == (timedelta(hours=12), "terminate", "policy lab")
     assert r.idle_below == 3 and r.on_finish == "terminate"
     g = guard.guard_doc(r, "m-1", LAUNCHED, "provisioner")
@@ -157,3 +159,65 @@ def test_the_agent_sources_on_the_machine_are_the_same_program_leaner():
         assert '"""' not in text.split("\n", 2)[1]  # no module docstring
     whole = sum(len(Path(guard.__file__).with_name(n).read_text()) for n in sources)
     assert sum(map(len, sources.values())) < whole * 0.8
+
+
+# --- plan and up say who enforces each rule ----------------------------------------------------
+
+
+def lines(cloud: str, market: str, instance_type: str = "", **lifecycle) -> str:
+    import providers
+
+    r = guard.rules(experiment(**lifecycle), [])
+    return "\n".join(guard.enforcement(r, providers.spec(cloud), market, instance_type))
+
+
+@pytest.mark.parametrize("cloud", ["aws", "gcp", "yandex", "sbercloud", "sandbox"])
+def test_where_a_power_off_ends_the_bill_the_machine_enforces_its_rules(cloud):
+    said = lines(cloud, "reserved", "p3.2xlarge.8", autostop="10m", max_lifetime="48h")
+    assert said.startswith("autostop 10m, on_finish stop, max_lifetime 2d (stop): on the machine")
+    assert "compute billing ends" in said and "provisioner sweep" not in said
+
+
+def test_on_azure_the_scheduler_must_deallocate_and_says_so():
+    said = lines("azure", "spot", autostop="10m")
+    assert "keeps billing until deallocated" in said
+    assert "the scheduler (`provisioner sweep` from cron, or `provisioner scheduler run`)" in said
+    assert "deallocates it — run one" in said and "on the machine (" not in said
+
+
+def test_an_aws_spot_machine_powered_off_is_terminated_and_plan_says_so():
+    said = lines("aws", "spot", on_finish="stop")
+    assert "on_finish stop: on the machine (its agent powers it off; AWS then terminates" in said
+    assert "its boot disk goes, volumes stay" in said
+
+
+def test_huawei_flavors_that_bill_while_stopped_need_the_scheduler():
+    assert "compute billing ends" in lines("sbercloud", "reserved", "pi2.2xlarge.4")
+    said = lines("sbercloud", "reserved", "p2.2xlarge.8")
+    assert "bills flavors with local disks" in said and "(p2.2xlarge.8)" in said
+    assert "the scheduler (`provisioner sweep`" in said
+
+
+def test_terminate_and_idle_rules_are_the_schedulers():
+    said = lines("gcp", "reserved", on_finish="terminate", idle={"gpu_util_below": 5})
+    assert "terminate: the machine only powers off; the scheduler" in said
+    assert "idle rules (lifecycle.idle (30 min)): the scheduler" in said
+
+
+def test_plan_lists_who_enforces_per_cloud_and_market(cli, home, tmp_path):
+    from tests.conftest import write_settings, write_yaml
+
+    data = sandbox_experiment("guarded") | {"run": "python train.py"}
+    data["lifecycle"] = {"autostop": "10m"}
+    spec = write_yaml(tmp_path / "guarded.yaml", data)
+    cfg = write_settings(home)
+    r = cli("--config", str(cfg), "plan", str(spec), "-o", "json")
+    assert r.code == 0, r.err
+    assert json.loads(r.out)["guard"] == [
+        "sandbox spot: autostop 10m, on_finish stop: on the machine (its agent powers it off; "
+        "compute billing ends — Sandbox (simulated)), with no scheduler, endpoint or laptop needed"
+    ]
+    r = cli("--config", str(cfg), "plan", str(spec))
+    assert "enforced by: sandbox spot: autostop 10m, on_finish stop: on the machine" in " ".join(
+        r.out.split()
+    )
