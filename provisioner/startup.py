@@ -8,6 +8,7 @@ import ast
 import base64
 import io
 import json
+import re
 import secrets
 import tokenize
 from collections.abc import Sequence
@@ -96,8 +97,14 @@ def lean(source: str) -> str:
 def pull_line(public_key: str) -> str:
     """The ``authorized_keys`` line of the team's pull key: it may run the agent's report and
     nothing else (no shell, no forwarding, no pty)."""
-    key = " ".join(public_key.split()[:2])  # type and base64: its own comment dropped
-    return f'restrict,command="{AGENT_BIN} --report" {key} {PULL_COMMENT}'
+    kind, _, rest = public_key.strip().partition(" ")
+    body = rest.split(" ", 1)[0]  # type and base64: its own comment dropped
+    if not (
+        re.fullmatch(r"[a-z0-9-]+(@openssh\.com)?", kind)
+        and re.fullmatch(r"[A-Za-z0-9+/]+=*", body)
+    ):
+        raise ValueError("pull key: expected an OpenSSH public key (type base64 [comment])")
+    return f'restrict,command="{AGENT_BIN} --report" {kind} {body} {PULL_COMMENT}'
 
 
 def startup_data(

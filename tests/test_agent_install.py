@@ -221,3 +221,11 @@ def test_plan_lists_who_enforces_per_cloud_and_market(cli, home, tmp_path):
     assert "enforced by: sandbox spot: autostop 10m, on_finish stop: on the machine" in " ".join(
         r.out.split()
     )
+
+
+@pytest.mark.parametrize(
+    "bad", ["", "ssh-ed25519", 'ssh-ed25519 AAAA" x', "ssh-ed25519 AAA\nAAA", "x,y AAAA"]
+)
+def test_a_malformed_pull_key_is_refused_not_written(bad):
+    with pytest.raises(ValueError, match="pull key"):
+        startup.pull_line(bad)
