@@ -51,7 +51,7 @@ MAX_BACKOFF_SECONDS = 300.0
 try:  # in the package; on the machine, agent_guard.py sits beside this file
     from provisioner.agent_guard import GPUReader, count_ssh, ssh_sessions
 except ImportError:  # pragma: no cover (the machine)
-    from agent_guard import GPUReader, count_ssh, ssh_sessions  # type: ignore[no-redef]
+    from agent_guard import GPUReader, count_ssh, ssh_sessions  # type: ignore[no-redef,import-not-found]
 
 __all__ = ["GPUReader", "count_ssh", "ssh_sessions"]  # what the guard samples with, here too
 
