@@ -271,6 +271,21 @@ class Samples:
         return out
 
 
+OVERRIDE = "autostop.json"  # beside the jobs dir: `provisioner autostop NAME 30m` writes it
+
+
+def effective(guard: dict | None):  # -> dict | None
+    """``guard.json`` with the owner's later ``provisioner autostop`` applied: the login user's
+    ``~/.provisioner/autostop.json`` (``{"autostop_s": N or null}``), written over SSH."""
+    if not guard or not guard.get("jobs_dir"):
+        return guard
+    told = load_json(os.path.join(os.path.dirname(str(guard["jobs_dir"])), OVERRIDE))
+    after = (told or {}).get("autostop_s", "absent")
+    if after is None or (isinstance(after, int) and not isinstance(after, bool) and after > 0):
+        return {**guard, "autostop_s": after}
+    return guard
+
+
 # --- the decision ----------------------------------------------------------------------------
 
 
@@ -352,7 +367,7 @@ class Guard:
     def tick(self, gpus: list, gpu_error: str | None, ssh: int | None):  # -> dict | None
         """The sample taken, kept and judged; the stop document when this tick stopped it."""
         now = datetime.fromtimestamp(self.now(), UTC)
-        guard = load_json(self.guard_file) or {}
+        guard = effective(load_json(self.guard_file)) or {}
         boot = self.boot()
         jobs = job_states(guard.get("jobs_dir"), boot, self.alive)
         sample = {
@@ -441,7 +456,7 @@ def report(
 ) -> dict:
     """What ``--report`` prints: the samples after ``since``, each job's state, the guard and
     the last stop."""
-    guard = load_json(guard_file or os.path.join(state_dir, GUARD))
+    guard = effective(load_json(guard_file or os.path.join(state_dir, GUARD)))
     samples = Samples(os.path.join(state_dir, SAMPLES), 1).since(since)
     return {
         "v": 1,

@@ -385,3 +385,24 @@ def test_the_real_agent_stops_its_machine_when_the_job_ends(tmp_path):
         proc.wait()
         sleeper.kill()
         sleeper.wait()
+
+
+def test_the_owners_later_autostop_overrides_the_launch_one(machine):
+    """`provisioner autostop NAME --cancel` writes ~/.provisioner/autostop.json over SSH: a
+    cancelled autostop never stops the machine; a new one applies at the next tick."""
+    state, jobs, clock, shutdowns, _alive, make = machine
+    write_guard(state, jobs, autostop_s=60)
+    told = jobs.parent / "autostop.json"
+    jobs.mkdir(parents=True)
+    told.write_text('{"autostop_s": null}')
+    g = make()
+    for _ in range(5):
+        assert g.tick(IDLE_GPU, None, 0) is None
+        clock.tick(seconds=60)
+    told.write_text('{"autostop_s": 120}')
+    clock.tick(seconds=60)
+    assert g.tick(IDLE_GPU, None, 0)["detail"].endswith("(120 s allowed)")
+    assert shutdowns == ["poweroff-for-test"]
+    for bad in ('{"autostop_s": "1h"}', '{"autostop_s": -5}', "not json"):
+        told.write_text(bad)  # a bad file is no override
+        assert agent_guard.effective({"autostop_s": 60, "jobs_dir": str(jobs)})["autostop_s"] == 60
