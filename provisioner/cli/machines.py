@@ -146,7 +146,7 @@ def _plan_text(v: Any, top: int) -> None:
         )
 
 
-def _autostop_line(application: Any, m: Any) -> None:
+def _guard_lines(application: Any, m: Any) -> None:
     """At ``up``: who enforces each of the machine's rules (its own agent, or the scheduler)."""
     from provisioner.views.plan import machine_guard
 
@@ -275,7 +275,7 @@ def up(
     if experiment.run:
         out.print(f"  job run started: `provisioner logs {m.name} -f`", soft_wrap=True)
     out.print(f"  connect with `provisioner ssh {m.name}`", soft_wrap=True)
-    _autostop_line(application, m)
+    _guard_lines(application, m)
     if not machines.can_stop(m):
         from provisioner.jobs.sweep import UNSTOPPABLE_WARN_MINUTES
 
