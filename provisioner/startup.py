@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import base64
+import functools
 import io
 import json
 import re
@@ -42,6 +43,7 @@ def issue_token(app: App, machine_id: str) -> str:
     return token
 
 
+@functools.cache
 def agent_sources() -> dict[str, str]:
     """The agent's two files as the machine gets them: the same code, without its docstrings
     and comments (the startup data has each cloud's size limit to fit in)."""
@@ -229,11 +231,16 @@ def _render_install(**values: Any) -> str:
 
 
 def _render(name: str, **values: Any) -> str:
+    return _template(name).render(**values)
+
+
+@functools.cache
+def _template(name: str) -> Any:
     from jinja2 import Environment, StrictUndefined  # only when a machine is launched
 
     template = resources.files("provisioner").joinpath(name)
     env = Environment(undefined=StrictUndefined, keep_trailing_newline=True, autoescape=False)
-    return env.from_string(template.read_text(encoding="utf-8")).render(**values)
+    return env.from_string(template.read_text(encoding="utf-8"))
 
 
 def _sh(s: str) -> str:
