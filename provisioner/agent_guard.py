@@ -293,13 +293,19 @@ def is_idle(guard: dict, sample: dict) -> bool:
     """No job running, no SSH session, every GPU below the threshold; with ``gpus_only`` the
     GPUs alone. Not known is not idle: unread SSH, or no GPU reading when only GPUs count."""
     rule = guard.get("idle") or {}
-    below = float(rule.get("gpu_util_below", 5))
+    below = _number(rule.get("gpu_util_below"), 5.0)
     gpus = sample.get("gpus") or []
+    quiet = all(_number(g.get("util"), 100.0) < below for g in gpus)  # unread: busy
     if rule.get("gpus_only"):
-        return bool(gpus) and all(float(g.get("util", 100)) < below for g in gpus)
+        return bool(gpus) and quiet
     if sample.get("jobs_running") or sample.get("ssh") is None or sample.get("ssh", 0) > 0:
         return False
-    return all(float(g.get("util", 100)) < below for g in gpus)  # no GPU: jobs and SSH say
+    return quiet  # no GPU at all: the jobs and SSH say
+
+
+def _number(value: object, default: float) -> float:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    return float(value) if ok else default  # type: ignore[arg-type]
 
 
 def _action(value: object, default: str = "stop") -> str:

@@ -154,6 +154,7 @@ def test_autostop_needs_the_whole_span_idle_and_a_busy_sample_restarts_it(machin
         ("a running job with idle GPUs", IDLE_GPU, 0, True),
         ("a busy GPU", BUSY_GPU, 0, False),
         ("SSH not readable", IDLE_GPU, None, False),
+        ("a GPU read without its utilisation", [{"index": 0, "util": None}], 0, False),
     ],
 )
 def test_a_machine_in_use_is_never_autostopped(machine, what, gpus, ssh, running):
