@@ -104,6 +104,43 @@ class Capabilities:
         return self.why[ability]
 
 
+STOPS, TERMINATES, KEEPS_BILLING = "stops", "terminates", "keeps-billing"
+
+
+@dataclass(frozen=True)
+class GuestShutdown:
+    """What a shutdown from inside the machine's OS (``shutdown -h now``: how the machine's own
+    guard stops it) does to the machine and to its billing, per market, with the source:
+
+    - ``stops``: the cloud stops it; compute billing ends (disks and addresses go on);
+    - ``terminates``: the cloud deletes it (an AWS one-time spot instance), its boot disk too;
+    - ``keeps-billing``: it reads stopped but stays allocated and billed until the API
+      deallocates it (Azure): the scheduler must finish it.
+
+    ``billed_flavors``: a regular expression of instance types that bill while stopped all the
+    same (Huawei ECS local-disk flavors), with ``flavors_why``."""
+
+    on_demand: str
+    spot: str
+    source: str
+    billed_flavors: str = ""
+    flavors_why: str = ""
+
+    def __post_init__(self) -> None:
+        for v in (self.on_demand, self.spot):
+            if v not in (STOPS, TERMINATES, KEEPS_BILLING):
+                raise ValueError(
+                    f"guest_shutdown: {v!r} is not {STOPS}, {TERMINATES} or {KEEPS_BILLING}"
+                )
+
+    def effect(self, market: str, instance_type: str = "") -> str:
+        """What a guest shutdown does to a machine of ``market`` (spot / on-demand) and type."""
+        got = self.spot if market == "spot" else self.on_demand
+        if got == STOPS and self.billed_flavors and re.match(self.billed_flavors, instance_type):
+            return KEEPS_BILLING
+        return got
+
+
 @dataclass(frozen=True)
 class CloudSpec:
     name: str
@@ -125,3 +162,5 @@ class CloudSpec:
     # the cloud's own billing data for `provisioner bill`; None: `billing_why` says why not
     billing: str | None = None
     billing_why: str = ""
+    # what a shutdown from inside the OS does to billing (the machine's guard uses it)
+    guest_shutdown: GuestShutdown = GuestShutdown(STOPS, STOPS, "simulated")

@@ -1,3 +1,4 @@
+#!/usr/bin/env python3
 """The on-machine agent: GPU utilisation heartbeats to the scheduler's endpoint (with the SSH
 sessions open, for autostop), and the cloud's preemption notice passed on to the job and to the
 scheduler.
@@ -15,6 +16,12 @@ older than its window, or not newer than the last on that route) and the body.
 Preemption notices (``--cloud``): each cloud's documented notice is polled on its metadata
 service (see :data:`WATCHERS`); once per notice the job is told (``--on-notice-file``: a signal
 to its processes, or a command) and the notice is posted, signed, to ``/v1/notice``.
+
+The guard (:mod:`provisioner.agent_guard`, installed beside this file): with or without an
+endpoint, every ``--interval`` seconds the agent samples the GPUs, the SSH sessions and the
+supervisor's jobs into its state dir and enforces the machine's own ``guard.json`` (autostop,
+on_finish, max_lifetime) by shutting the machine down itself. ``--report`` prints what it kept,
+for the scheduler's pull over SSH.
 """
 
 from __future__ import annotations
@@ -36,79 +43,17 @@ import time
 import urllib.error
 import urllib.request
 from datetime import datetime, timezone
-from typing import Any
 
 UTC = timezone.utc  # noqa: UP017 (datetime.UTC is 3.11+; the machine may have 3.8)
 
 MAX_BACKOFF_SECONDS = 300.0
 
+try:  # in the package; on the machine, agent_guard.py sits beside this file
+    from provisioner.agent_guard import GPUReader, count_ssh, ssh_sessions
+except ImportError:  # pragma: no cover (the machine)
+    from agent_guard import GPUReader, count_ssh, ssh_sessions  # type: ignore[no-redef,import-not-found]
 
-class GPUReader:
-    """Reads every GPU through NVML; returns ([], reason) when it cannot."""
-
-    def __init__(self) -> None:
-        self._nvml: Any = None  # the pynvml module once loaded
-
-    def read(self):  # -> tuple[list[dict], str | None]
-        try:
-            if self._nvml is None:
-                import pynvml
-
-                pynvml.nvmlInit()
-                self._nvml = pynvml
-            nv = self._nvml
-            gpus = []
-            for i in range(nv.nvmlDeviceGetCount()):
-                h = nv.nvmlDeviceGetHandleByIndex(i)
-                util = nv.nvmlDeviceGetUtilizationRates(h)
-                mem = nv.nvmlDeviceGetMemoryInfo(h)
-                gpus.append(
-                    {
-                        "index": i,
-                        "util": float(util.gpu),
-                        "mem_used_mb": round(mem.used / 2**20),
-                        "mem_total_mb": round(mem.total / 2**20),
-                    }
-                )
-            return gpus, (None if gpus else "no gpu: NVML sees no device")
-        except Exception as e:  # no nvidia-ml-py, no driver, a GPU fell off the bus…
-            self._nvml = None
-            return [], f"no gpu: {type(e).__name__}: {e}"[:200]
-
-
-SSH_PORT = 22
-TCP_ESTABLISHED = "01"  # the kernel's TCP state numbers: include/net/tcp_states.h
-
-
-def ssh_sessions(paths=("/proc/net/tcp", "/proc/net/tcp6")):  # -> int | None
-    """Established TCP connections to local port 22, counted in the kernel's socket tables
-    (``/proc/net/tcp`` and ``tcp6``: local address ``HEX:PORT`` in hex, state ``01``). None
-    when neither table can be read (not Linux)."""
-    count, read = 0, False
-    for path in paths:
-        try:
-            with open(path, encoding="ascii") as f:
-                count += count_ssh(f.read())
-            read = True
-        except OSError:
-            continue
-    return count if read else None
-
-
-def count_ssh(table: str, port: int = SSH_PORT) -> int:
-    """The established connections to local ``port`` in one ``/proc/net/tcp*`` table."""
-    n = 0
-    for line in table.splitlines()[1:]:  # the first line names the columns
-        fields = line.split()
-        if len(fields) < 4 or ":" not in fields[1]:
-            continue
-        try:
-            local_port = int(fields[1].rsplit(":", 1)[1], 16)
-        except ValueError:
-            continue
-        if local_port == port and fields[3] == TCP_ESTABLISHED:
-            n += 1
-    return n
+__all__ = ["GPUReader", "count_ssh", "ssh_sessions"]  # what the guard samples with, here too
 
 
 SCHEME = "PV1-HMAC-SHA256"
@@ -433,6 +378,9 @@ class NoticeWatcher:
         self._send()
 
     def _send(self) -> None:
+        if not self.endpoint:  # no scheduler to tell: the job was told, that is all
+            self.unsent.clear()
+            return
         while self.unsent:
             try:
                 with open(self.token_file, encoding="utf-8") as f:
@@ -521,23 +469,95 @@ def run(
         sleep(wait)
 
 
+def _guard_module():
+    """The guard beside this file: ``provisioner.agent_guard`` in the package, ``agent_guard``
+    on the machine (installed in the same directory; Python puts the script's real directory,
+    symlinks resolved, first on the path)."""
+    try:
+        from provisioner import agent_guard
+    except ImportError:
+        import agent_guard  # type: ignore[no-redef]
+    return agent_guard
+
+
+def guard_loop(guard, interval: float, *, reader=None, sleep=time.sleep, stop=lambda: False):
+    """One guard tick every ``interval`` seconds until ``stop()``; never raises."""
+    reader = reader or GPUReader()
+    while not stop():
+        try:
+            gpus, note = reader.read()
+            guard.tick(gpus, note, ssh_sessions())
+        except Exception as e:  # a full disk, an unreadable file, …: the next tick tries again
+            guard.log(f"provisioner-agent: guard tick failed: {type(e).__name__}: {e}")
+        sleep(interval)
+
+
+def _boot(path, g):
+    """The boot id: the kernel's, or the one in ``path`` (a sandbox machine's own boots)."""
+    if not path:
+        return g.boot_id
+
+    def read() -> str:
+        try:
+            with open(path, encoding="utf-8") as f:
+                return f.read().strip()
+        except OSError:
+            return "unknown"
+
+    return read
+
+
+def _report(a, g) -> int:
+    ok, since = g.since_from_ssh(os.environ.get("SSH_ORIGINAL_COMMAND"))
+    if not ok:
+        print("provisioner-agent: only `--report [--since ISO]` is allowed", file=sys.stderr)
+        return 2
+    since = since or a.since
+    after = g.parse_iso(since) if since else None
+    if since and after is None:
+        print(f"provisioner-agent: --since {since!r}: not a UTC ISO 8601 instant", file=sys.stderr)
+        return 2
+    now, boot = g.clock_from_env(), _boot(a.boot_file, g)
+    doc = g.report(a.state_dir, a.guard_file, after, machine=a.machine or "", now=now, boot=boot)
+    print(json.dumps(doc, sort_keys=True))
+    return 0
+
+
 def main(argv=None) -> None:
-    p = argparse.ArgumentParser(description="GPU heartbeats for the provisioner scheduler")
-    p.add_argument("--endpoint", required=True, help="scheduler URL, e.g. http://10.0.0.5:8787")
-    p.add_argument("--machine", required=True, help="this machine's id in the scheduler")
-    p.add_argument("--token-file", required=True)
+    g = _guard_module()
+    p = argparse.ArgumentParser(
+        prog="provisioner-agent",
+        description="the machine's guard (autostop, on_finish, max_lifetime) and its record; "
+        "GPU heartbeats to the provisioner scheduler when --endpoint is given",
+    )
+    p.add_argument("--endpoint", help="scheduler URL, e.g. http://10.0.0.5:8787 (none: no beats)")
+    p.add_argument("--machine", help="this machine's id (default: guard.json's)")
+    p.add_argument("--token-file", help="the heartbeat token (with --endpoint)")
     p.add_argument("--interval", type=float, default=30.0)
+    p.add_argument("--state-dir", default=g.STATE_DIR)
+    p.add_argument("--guard-file", help="default: STATE_DIR/guard.json")
+    p.add_argument("--shutdown-cmd", default=g.SHUTDOWN_CMD, help="how the guard powers off")
+    p.add_argument("--boot-file", help="read the boot id here (default: the kernel's)")
+    p.add_argument("--report", action="store_true", help="print the report JSON and exit")
+    p.add_argument("--since", help="with --report: only samples after this ISO instant")
     p.add_argument("--cloud", default="", help="the cloud this machine runs on")
     p.add_argument("--metadata-url", help="the cloud's metadata service (default: its own)")
     p.add_argument("--notice-interval", type=float, default=5.0)
     p.add_argument("--on-notice-file", help="JSON: what to do to the job on a notice")
     a = p.parse_args(argv)
+    a.guard_file = a.guard_file or os.path.join(a.state_dir, g.GUARD)
+    if a.report:
+        sys.exit(_report(a, g))
+    if a.endpoint and not (a.machine and a.token_file):
+        p.error("--endpoint needs --machine and --token-file")
+    if a.interval <= 0:
+        p.error("--interval must be more than 0")
     if a.cloud in WATCHERS:
         watcher = NoticeWatcher(
             a.cloud,
-            a.endpoint,
-            a.machine,
-            a.token_file,
+            a.endpoint or "",
+            a.machine or "",
+            a.token_file or "",
             metadata_url=a.metadata_url,
             action=load_action(a.on_notice_file),
         )
@@ -545,8 +565,19 @@ def main(argv=None) -> None:
         threading.Thread(target=watch, args=args, name="notices", daemon=True).start()
     elif a.cloud:
         print(f"provisioner-agent: {a.cloud} documents no preemption notice", file=sys.stderr)
+    if a.endpoint:
+        beats = (a.endpoint, a.machine, a.token_file, a.interval)
+        threading.Thread(target=run, args=beats, name="heartbeats", daemon=True).start()
+    guard = g.Guard(
+        a.state_dir,
+        a.guard_file,
+        a.shutdown_cmd,
+        a.interval,
+        now=g.clock_from_env(),
+        boot=_boot(a.boot_file, g),
+    )
     with contextlib.suppress(KeyboardInterrupt):
-        run(a.endpoint, a.machine, a.token_file, a.interval)
+        guard_loop(guard, a.interval)
 
 
 if __name__ == "__main__":

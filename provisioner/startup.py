@@ -4,9 +4,14 @@ SHA-256 is stored; the token itself travels once, in the startup data."""
 
 from __future__ import annotations
 
+import ast
 import base64
+import functools
+import io
 import json
+import re
 import secrets
+import tokenize
 from collections.abc import Sequence
 from importlib import resources
 from typing import TYPE_CHECKING, Any
@@ -18,8 +23,11 @@ from provisioner.state import machine as machine_row
 if TYPE_CHECKING:
     from provisioner.app import App
 
-AGENT_DIR = "/etc/provisioner"
-AGENT_USER = "provisioner-agent"  # a system user: the token file is its own, mode 0600
+AGENT_DIR = "/etc/provisioner"  # secrets only (the heartbeat token): 0700
+AGENT_LIB = "/usr/local/lib/provisioner"  # agent.py and agent_guard.py, side by side
+AGENT_BIN = "/usr/local/bin/provisioner-agent"  # a link to agent.py (a #!/usr/bin/env python3)
+STATE_DIR = "/var/lib/provisioner/agent"  # guard.json, samples.jsonl, stop.json: 0755, no secrets
+PULL_COMMENT = "provisioner-pull"
 
 
 def token_hash(token: str) -> str:
@@ -35,41 +43,117 @@ def issue_token(app: App, machine_id: str) -> str:
     return token
 
 
+@functools.cache
+def agent_sources() -> dict[str, str]:
+    """The agent's two files as the machine gets them: the same code, without its docstrings
+    and comments (the startup data has each cloud's size limit to fit in)."""
+    out = {}
+    for name in ("agent.py", "agent_guard.py"):
+        text = resources.files("provisioner").joinpath(name).read_text(encoding="utf-8")
+        out[name] = "#!/usr/bin/env python3\n" + lean(text) + "\n"
+    return out
+
+
+def lean(source: str) -> str:
+    """``source`` without its docstrings, comments and blank lines; every other line exactly as
+    written (so it runs on whatever Python the source runs on)."""
+    lines = source.splitlines()
+    drop: set[int] = set()
+    swap: dict[int, str] = {}
+    for node in ast.walk(ast.parse(source)):
+        body = getattr(node, "body", None)
+        if not (
+            isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+            and body
+            and isinstance(body[0], ast.Expr)
+            and isinstance(body[0].value, ast.Constant)
+            and isinstance(body[0].value.value, str)
+        ):
+            continue
+        doc = body[0]
+        span = range(doc.lineno - 1, (doc.end_lineno or doc.lineno))
+        drop.update(span)
+        if len(body) == 1:  # a body of its docstring only: a pass keeps it a body
+            swap[span[0]] = " " * doc.col_offset + "pass"
+    cut: dict[int, int] = {}
+    strings: set[int] = set()  # lines inside a string written over several lines
+    for tok in tokenize.generate_tokens(io.StringIO(source).readline):
+        if tok.type == tokenize.COMMENT:
+            cut[tok.start[0] - 1] = tok.start[1]
+        elif tok.type == tokenize.STRING and tok.end[0] > tok.start[0]:
+            strings.update(range(tok.start[0] - 1, tok.end[0]))
+    out = []
+    for i, line in enumerate(lines):
+        if i in swap:
+            out.append(swap[i])
+            continue
+        if i in drop:
+            continue
+        if i in cut:
+            line = line[: cut[i]].rstrip()
+        if line.strip() or i in strings:
+            out.append(line)
+    return "\n".join(out)
+
+
+def pull_line(public_key: str) -> str:
+    """The ``authorized_keys`` line of the team's pull key: it may run the agent's report and
+    nothing else (no shell, no forwarding, no pty)."""
+    kind, _, rest = public_key.strip().partition(" ")
+    body = rest.split(" ", 1)[0]  # type and base64: its own comment dropped
+    if not (
+        re.fullmatch(r"[a-z0-9-]+(@openssh\.com)?", kind)
+        and re.fullmatch(r"[A-Za-z0-9+/]+=*", body)
+    ):
+        raise ValueError("pull key: expected an OpenSSH public key (type base64 [comment])")
+    return f'restrict,command="{AGENT_BIN} --report" {kind} {body} {PULL_COMMENT}'
+
+
 def startup_data(
     user_script: str | None,
-    endpoint: str,
-    token: str,
+    endpoint: str | None,
+    token: str | None,
     interval: int,
     machine_id: str,
     *,
     cloud: str | None = None,
     on_notice: dict[str, str] | None = None,
+    guard: dict[str, Any] | None = None,
+    pull_key: str | None = None,
+    login_user: str = "",
 ) -> str:
     """The machine's startup script: install the agent as a service (it never blocks or fails
     the boot), then run the user's own script unchanged. A ``#cloud-config`` user script is
     combined as a MIME multipart document, which cloud-init reads.
 
-    ``cloud``: the agent watches that cloud's preemption notice; ``on_notice`` (the
-    experiment's ``lifecycle.on_preemption_notice``) is what it then does to the job. The agent
-    runs as root when there is one, as the job it signals does (the user's script runs as
-    root); else as its own system user."""
-    agent_py = resources.files("provisioner").joinpath("agent.py").read_text(encoding="utf-8")
-    cmd = (
-        f"/usr/bin/env python3 {AGENT_DIR}/agent.py --endpoint {_sh(endpoint)} "
-        f"--machine {_sh(machine_id)} --token-file {AGENT_DIR}/agent-token "
-        f"--interval {int(interval)}"
-    )
+    The agent runs on every machine, as root (it powers the machine off and reads the login
+    user's jobs): ``guard`` is its ``guard.json``; with an ``endpoint`` it also sends signed
+    heartbeats with ``token`` (kept in /etc/provisioner, 0700). ``cloud``: it watches that
+    cloud's preemption notice; ``on_notice`` (``lifecycle.on_preemption_notice``) is what it then
+    does to the job. ``pull_key``: the team's pull public key, put in ``login_user``'s
+    authorized_keys restricted to ``provisioner-agent --report``."""
+    cmd = f"{AGENT_BIN} --state-dir {STATE_DIR} --interval {int(interval)}"
+    if endpoint and token:
+        cmd += (
+            f" --endpoint {_sh(endpoint)} --machine {_sh(machine_id)}"
+            f" --token-file {AGENT_DIR}/agent-token"
+        )
     if cloud:
         cmd += f" --cloud {_sh(cloud)}"
     if on_notice:
         cmd += f" --on-notice-file {AGENT_DIR}/on-notice.json"
     install = _render_install(
         agent_dir=AGENT_DIR,
-        token=token,
-        agent_py=agent_py,
+        lib=AGENT_LIB,
+        bin=AGENT_BIN,
+        state_dir=STATE_DIR,
+        sources=agent_sources(),
+        token=token if endpoint and token else "",
+        guard=json.dumps(guard, sort_keys=True) if guard else "",
         cmd=cmd,
-        user=AGENT_USER,
         on_notice=json.dumps(on_notice) if on_notice else "",
+        user=_sh(login_user) if pull_key and login_user else "",
+        pull=_sh(pull_line(pull_key)) if pull_key and login_user else "",
     )
     if not user_script:
         return install
@@ -142,16 +226,21 @@ def _prepend(data: str | None, script: str) -> str:
     return f"{shebang}\n{body}{rest}"
 
 
-def _render_install(**values: str) -> str:
+def _render_install(**values: Any) -> str:
     return _render("templates/agent-install.sh", **values)
 
 
 def _render(name: str, **values: Any) -> str:
+    return _template(name).render(**values)
+
+
+@functools.cache
+def _template(name: str) -> Any:
     from jinja2 import Environment, StrictUndefined  # only when a machine is launched
 
     template = resources.files("provisioner").joinpath(name)
     env = Environment(undefined=StrictUndefined, keep_trailing_newline=True, autoescape=False)
-    return env.from_string(template.read_text(encoding="utf-8")).render(**values)
+    return env.from_string(template.read_text(encoding="utf-8"))
 
 
 def _sh(s: str) -> str:

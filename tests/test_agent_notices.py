@@ -331,10 +331,8 @@ def test_startup_data_passes_the_cloud_and_the_action(tmp_path):
     path = tmp_path / "on-notice.json"
     path.write_text(written)
     assert agent.load_action(str(path)) == action  # what the agent reads back
-    assert "if false; then" in data  # runs as root, as the job it signals
     plain = startup.startup_data(None, "http://10.0.0.1:8787", "tok", 30, "m-1", cloud="gcp")
     assert "--cloud 'gcp'" in plain and "on-notice.json" not in plain
-    assert "if id -u provisioner-agent" in plain  # its own user when there is nothing to signal
 
 
 def test_spec_field_syntax_and_errors(tmp_path):

@@ -352,7 +352,8 @@ def test_plan_and_up_say_the_policy_caps_the_files_autostop(cli, home, tmp_path)
     assert "policy lab: max_autostop 1h: lifecycle.autostop 4h" in " ".join(r.out.split())
     r = cli("--config", str(cfg), "up", str(spec), "--no-wait")
     assert r.code == 0, r.err
-    assert "autostop: 1h (capped from 4h by policy lab)" in " ".join(r.out.split())
+    said = " ".join(r.out.split())
+    assert "enforced by: autostop 1h (capped from 4h by policy lab): on the machine" in said
     r = cli("--config", str(cfg), "autostop", "capped", "-o", "json")
     shown = json.loads(r.out)
     assert (shown["machine"], shown["autostop"], shown["own"]) == ("capped", "1h", "4h")

@@ -117,9 +117,16 @@ def test_cloud_config_user_data_is_combined_as_multipart(agent_app):
     assert "packages: [htop]" in data
 
 
-def test_no_endpoint_in_settings_means_no_agent(app):
+def test_no_endpoint_in_settings_means_an_agent_without_heartbeats(app):
+    """The agent guards every machine (issue #32); without an endpoint it has no token and
+    sends nothing, and the user's script still runs unchanged after it."""
     m = launch(app)
-    assert user_data(app, m) == "#!/bin/bash\necho hi"
+    data = user_data(app, m)
+    assert "/usr/local/bin/provisioner-agent --state-dir" in data
+    assert "--endpoint" not in data.split("ExecStart=")[1].split("\n")[0]
+    assert "agent-token" not in data
+    assert data.rstrip().endswith("exec /var/lib/provisioner/startup")
+    assert "#!/bin/bash\necho hi\n" in data
     assert m.agent_token_hash is None
 
 

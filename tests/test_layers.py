@@ -17,6 +17,7 @@ from tests.conftest import ROOT
 #: provisioner's modules, lowest first. A module may import only those listed before it.
 ORDER = [
     "provisioner",
+    "provisioner.agent_guard",  # the machine guards itself: the standard library only
     "provisioner.agent",  # runs on the rented machine: the standard library only
     "provisioner.money",
     "provisioner.console",  # what commands write: tables, JSON, rich's console on first use
@@ -50,6 +51,7 @@ ORDER = [
     "provisioner.planning",  # an experiment's plan: offers, policy decision, budget projection
     "provisioner.web",  # the HTTP server: WSGI apps under path prefixes (waitress)
     "provisioner.outages",  # when the heartbeat endpoint refused or was down: silence not idle
+    "provisioner.guard",  # the rules a machine enforces on itself, and who enforces each
     "provisioner.startup",  # what a machine is given at boot: the agent and its token
     "provisioner.idle",
     "provisioner.keys",  # the SSH key a machine gets and `ssh` uses; the ssh-config

@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import getpass
+import json
 import os
 import shutil
 import signal
@@ -395,4 +396,28 @@ def test_the_startup_data_installs_the_supervisor_on_a_cloud(emu, home, tmp_path
     assert target.read_text() == supervisor_script()
     assert target.stat().st_mode & 0o777 == 0o755
     assert subprocess.run(["sh", "-n", str(target)]).returncode == 0
+    app.close()
+
+
+def test_autostop_changed_later_reaches_the_machines_own_guard(
+    emu, sshd, user_key, machine_home, home, tmp_path
+):
+    """`provisioner autostop NAME 30m` / `--cancel` on a running cloud machine: its agent, which
+    enforces the autostop itself (issue #32), reads the new one at its next tick."""
+    from provisioner.agent_guard import effective
+    from provisioner.jobs import autostop as auto
+
+    app, _ = _app(home, emu)
+    spec = _spec(tmp_path, "guarded", market="reserved", lifecycle={"autostop": "10m"})
+    machines.up(app, load_experiment(spec))
+    m = machines.wait_ready(app, "guarded", timeout=60)
+    guard = {"autostop_s": 600, "jobs_dir": str(machine_home / ".provisioner" / "jobs")}
+    m, st = auto.set_autostop(app, "guarded", "30m")
+    assert auto.tell_machine(app, m, st) is None
+    told = machine_home / ".provisioner" / "autostop.json"
+    assert json.loads(told.read_text()) == {"autostop_s": 1800}
+    assert effective(guard)["autostop_s"] == 1800
+    m, st, _had = auto.cancel_autostop(app, "guarded")
+    assert auto.tell_machine(app, m, st) is None
+    assert effective(guard)["autostop_s"] is None  # cancelled: the machine no longer stops
     app.close()

@@ -59,16 +59,15 @@ def test_combine_flattens_nested_multiparts():
     ]
 
 
-def test_agent_install_keeps_the_token_to_the_agents_own_user(tmp_path):
-    """The token file is 0600 in a 0700 directory owned by a system user the agent runs as
-    (root only where that user cannot be made); the script is valid bash."""
+def test_agent_install_keeps_the_token_in_a_root_only_directory(tmp_path):
+    """The agent runs as root (it powers the machine off and reads the login user's jobs); the
+    token file is 0600 in a 0700 directory, apart from the state; the script is valid bash."""
     import subprocess
 
     boot = startup_data(None, "http://10.0.0.1:8787", "tok-secret", 30, "m-1")
     assert "umask 077" in boot and "chmod 0600 /etc/provisioner/agent-token" in boot
     assert "chmod 0700 /etc/provisioner" in boot
-    assert "useradd --system" in boot and "chown -R provisioner-agent:" in boot
-    assert "s/^User=root$/User=$run_as/" in boot
+    assert "useradd" not in boot and "User=" not in boot  # root: the guard shuts it down
     assert "--machine 'm-1'" in boot
     assert boot.count("tok-secret") == 1  # in the heredoc only: not in the unit or a command
     script = tmp_path / "boot.sh"
@@ -120,5 +119,9 @@ def test_every_cloud_but_the_sandbox_gets_the_supervisor_with_a_job(home, clock,
     plain = Experiment.model_validate(sandbox_experiment("exp", clouds=[cloud]))
     with_job = _with_supervisor(app, job, cloud, None, "m-1") or ""
     assert (_install_line() in with_job) is (cloud != "sandbox")  # the sandbox runs jobs itself
-    assert _with_supervisor(app, plain, cloud, None, "m-1") is None
+    alone = _with_supervisor(app, plain, cloud, None, "m-1") or ""
+    assert _install_line() not in alone
+    # the agent, though, on every machine of every cloud, endpoint or not (issue #32)
+    assert "/usr/local/bin/provisioner-agent --state-dir" in alone
+    assert "/var/lib/provisioner/agent/guard.json" in alone
     app.close()

@@ -6,7 +6,19 @@ import re
 
 from pydantic import Field
 
-from providers.spec import Capabilities, CloudSpec, Name, Names, Options, Seconds, Url, Wait
+from providers.spec import (
+    STOPS,
+    TERMINATES,
+    Capabilities,
+    CloudSpec,
+    GuestShutdown,
+    Name,
+    Names,
+    Options,
+    Seconds,
+    Url,
+    Wait,
+)
 
 
 class AWSOptions(Options):
@@ -75,4 +87,17 @@ SPEC = CloudSpec(
     "needs AWS credentials",
     catalog_rows="providers.aws.prices:catalog_rows",
     billing="providers.aws.billing:fetch",
+    # A shutdown inside the OS (how the machine's own guard stops it): the adapter launches with
+    # InstanceInitiatedShutdownBehavior stop (on demand) and terminate (one-time spot).
+    guest_shutdown=GuestShutdown(
+        on_demand=STOPS,
+        spot=TERMINATES,
+        source='EC2 User Guide, "Change instance initiated shutdown behavior": "By default, '
+        "when you initiate a shutdown from an Amazon EBS backed instance (using a command such "
+        'as shutdown or poweroff), the instance stops"; a stopped instance is not billed for '
+        'compute ("Stop and start Amazon EC2 instances"). A one-time Spot Instance cannot be '
+        'stopped ("You can only stop Spot Instances associated with persistent Spot Instance '
+        'requests", UnsupportedOperation): launched with terminate, it is deleted, boot disk '
+        "and all (DeleteOnTermination); attached volumes survive",
+    ),
 )

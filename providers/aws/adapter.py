@@ -487,6 +487,13 @@ class AWSProvider(Provider):
             params["IamInstanceProfile"] = (
                 {"Arn": profile} if str(profile).startswith("arn:") else {"Name": profile}
             )
+        # What `shutdown -h now` inside the machine does (its own guard stops it so): an
+        # on-demand instance stops, compute billing ends; a one-time spot instance cannot be
+        # stopped, so it terminates (SPEC.guest_shutdown). EC2 User Guide, "Change instance
+        # initiated shutdown behavior": "By default, when you initiate a shutdown from an Amazon
+        # EBS backed instance (using a command such as shutdown or poweroff), the instance
+        # stops" — said here, not left to the default.
+        params["InstanceInitiatedShutdownBehavior"] = "terminate" if request.spot else "stop"
         if request.spot:
             # One-time + terminate, as SkyPilot and dstack launch spot. A persistent request
             # (the only kind that may stop on interruption) relaunches its instance after every

@@ -3,7 +3,18 @@
 
 from __future__ import annotations
 
-from providers.spec import Capabilities, CloudSpec, Name, Names, Options, Seconds, Url, Wait
+from providers.spec import (
+    KEEPS_BILLING,
+    Capabilities,
+    CloudSpec,
+    GuestShutdown,
+    Name,
+    Names,
+    Options,
+    Seconds,
+    Url,
+    Wait,
+)
 
 
 class AzureOptions(Options):
@@ -61,4 +72,14 @@ SPEC = CloudSpec(
     prices_from="the Retail Prices API; public, no credentials",
     catalog_rows="providers.azure.prices:catalog_rows",
     billing="providers.azure.billing:fetch",
+    guest_shutdown=GuestShutdown(
+        on_demand=KEEPS_BILLING,
+        spot=KEEPS_BILLING,
+        source='Microsoft Learn, "States and billing status of Azure Virtual Machines": '
+        '"Stopped: the VM is stopped. Virtual machines in the stopped state still incur '
+        'compute charges"; only "Deallocated" ends them. A shutdown from inside the OS leaves '
+        "the VM Stopped, still allocated and billed: the scheduler (provisioner sweep, or "
+        "scheduler run) must deallocate it through the API (virtualMachines/deallocate: "
+        '"You are not billed for the compute resources that this virtual machine uses")',
+    ),
 )

@@ -3,7 +3,17 @@
 
 from __future__ import annotations
 
-from providers.spec import Capabilities, CloudSpec, Name, Names, Options, Seconds, Url
+from providers.spec import (
+    STOPS,
+    Capabilities,
+    CloudSpec,
+    GuestShutdown,
+    Name,
+    Names,
+    Options,
+    Seconds,
+    Url,
+)
 
 # Google's Deep Learning VM image families (cloud.google.com/deep-learning-vm/docs/images, "Choose
 # an image"): the base CUDA 12.8 family on Ubuntu 22.04 with the NVIDIA 570 driver. Families are
@@ -66,4 +76,13 @@ SPEC = CloudSpec(
     prices_from="the Cloud Billing Catalog API; needs an API key in PROVISIONER_GCP_API_KEY",
     catalog_rows="providers.gcp.prices:catalog_rows",
     billing="providers.gcp.billing:fetch",
+    guest_shutdown=GuestShutdown(
+        on_demand=STOPS,
+        spot=STOPS,  # instanceTerminationAction STOP: a spot VM stops like any other
+        source='Compute Engine, "Stop or restart a Compute Engine instance": a compute instance '
+        "stopped from the guest OS (e.g. sudo shutdown) transitions to TERMINATED like one "
+        'stopped through the API; instances.stop: "Stopped instances do not incur VM usage '
+        "charges while they are stopped. However, resources that the VM is using, such as "
+        'persistent disks and static IP addresses, will continue to be charged"',
+    ),
 )

@@ -8,7 +8,17 @@ from pathlib import Path
 
 from pydantic import Field
 
-from providers.spec import Capabilities, CloudSpec, Count, Name, Options, Seconds, Wait
+from providers.spec import (
+    STOPS,
+    Capabilities,
+    CloudSpec,
+    Count,
+    GuestShutdown,
+    Name,
+    Options,
+    Seconds,
+    Wait,
+)
 
 
 class SandboxOptions(Options):
@@ -55,4 +65,6 @@ SPEC = CloudSpec(
     ),
     simulated=True,
     prices_from="its own fixed price list",
+    # the sandbox's machines stop when their agent powers them off (the guard simulated)
+    guest_shutdown=GuestShutdown(STOPS, STOPS, "simulated: the sandbox marks the machine stopped"),
 )

@@ -8,7 +8,18 @@ from typing import Literal
 
 from pydantic import Field
 
-from providers.spec import Capabilities, CloudSpec, Name, Names, Options, Seconds, Url, Wait
+from providers.spec import (
+    STOPS,
+    Capabilities,
+    CloudSpec,
+    GuestShutdown,
+    Name,
+    Names,
+    Options,
+    Seconds,
+    Url,
+    Wait,
+)
 
 
 class SberCloudOptions(Options):
@@ -78,4 +89,20 @@ SPEC = CloudSpec(
     prices_from="its GPU flavors (ECS ListFlavors), unpriced; needs SberCloud AK/SK",
     catalog_rows="providers.sbercloud.flavors:catalog_rows",
     billing="providers.sbercloud.billing:fetch",
+    guest_shutdown=GuestShutdown(
+        on_demand=STOPS,
+        spot=STOPS,
+        source='Huawei Cloud ECS, "How Can I Stop an ECS from Being Billed?" (support.huaweicloud'
+        '.com/intl/en-us/price-ecs/ecs_billing_11106.html): "After a pay-per-use or spot ECS is '
+        "stopped (excluding bare metal ECSs or ECSs with local disks or FPGAs attached), its "
+        'basic resources (vCPUs, memory, image, and GPUs) will no longer be billed"; a shutdown '
+        'inside the OS leaves the ECS Stopped (API status SHUTOFF, ECS user guide "Starting or '
+        'Stopping an ECS")',
+        # "pay-per-use or spot ECSs with local disks attached (such as disk-intensive, ultra-high
+        # I/O, H2, P1, and P2 ECSs), pay-per-use or spot FPGA-based ECSs (such as Fp1 and Fp1c
+        # ECSs) … will continue to be billed after they are stopped" (the same page)
+        billed_flavors=r"(d\d|i\d|ir\d|h2|p1|p2|fp1c?)\.",
+        flavors_why="Huawei ECS bills flavors with local disks or FPGAs (disk-intensive d*, "
+        "ultra-high I/O i*, H2, P1, P2, Fp1) while they are stopped: delete them to stop it",
+    ),
 )

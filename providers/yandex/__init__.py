@@ -65,7 +65,18 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from providers.spec import Capabilities, CloudSpec, File, Name, Names, Options, Seconds, Wait
+from providers.spec import (
+    STOPS,
+    Capabilities,
+    CloudSpec,
+    File,
+    GuestShutdown,
+    Name,
+    Names,
+    Options,
+    Seconds,
+    Wait,
+)
 
 
 class YandexOptions(Options):
@@ -120,4 +131,13 @@ SPEC = CloudSpec(
     prices_from="the billing API (SkuService.List); needs Yandex Cloud credentials",
     catalog_rows="providers.yandex.prices:catalog_rows",
     billing="providers.yandex.billing:fetch",
+    guest_shutdown=GuestShutdown(
+        on_demand=STOPS,
+        spot=STOPS,  # a preemptible VM is stopped, not deleted, when it powers off
+        source='Yandex Cloud docs, Compute Cloud "Pricing policy": computing resources (vCPU, '
+        "RAM, GPU) are charged while the VM runs; a STOPPED VM is charged for its disks and a "
+        'static public IP only. "VM statuses": a VM powered off becomes STOPPED. That a power-'
+        "off from inside the OS leads there is what the KVM guest's ACPI power-off does; the "
+        "pages found do not say it in as many words (not checked on a real account)",
+    ),
 )

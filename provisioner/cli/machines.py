@@ -76,6 +76,7 @@ def _plan_json(v: Any, top: int) -> dict[str, Any]:
         "checks": [getattr(c, "as_json", lambda c=c: c)() for c in p.checks],
         "warnings": v.warnings,
         "addresses": v.addresses,
+        "guard": v.guard,
     }
 
 
@@ -136,6 +137,8 @@ def _plan_text(v: Any, top: int) -> None:
         out.print(f"[yellow]note[/]: {warning}", soft_wrap=True)
     for line in v.addresses:
         out.print(f"[dim]public IPv4[/]: {line}", soft_wrap=True)
+    for line in v.guard:
+        out.print(f"[dim]enforced by[/]: {line}", highlight=False, soft_wrap=True)
     if v.rejects:
         out.print(
             "[bold]turned down[/]: "
@@ -143,18 +146,12 @@ def _plan_text(v: Any, top: int) -> None:
         )
 
 
-def _autostop_line(application: Any, m: Any) -> None:
-    """At ``up``: the autostop that applies, and a policy's cap of it."""
-    from provisioner.jobs import autostop
+def _guard_lines(application: Any, m: Any) -> None:
+    """At ``up``: who enforces each of the machine's rules (its own agent, or the scheduler)."""
+    from provisioner.views.plan import machine_guard
 
-    st = autostop.setting(application.policies, m)
-    if st.duration is not None:
-        out.print(
-            f"  autostop: {st.note}: stopped once idle (GPUs, jobs, SSH) that long, any hour; "
-            f"change it with `provisioner autostop {m.name} 1h` or `--cancel`",
-            highlight=False,
-            soft_wrap=True,
-        )
+    for line in machine_guard(application, m):
+        out.print(f"  enforced by: {line}", highlight=False, soft_wrap=True)
 
 
 @app.command()
@@ -278,7 +275,7 @@ def up(
     if experiment.run:
         out.print(f"  job run started: `provisioner logs {m.name} -f`", soft_wrap=True)
     out.print(f"  connect with `provisioner ssh {m.name}`", soft_wrap=True)
-    _autostop_line(application, m)
+    _guard_lines(application, m)
     if not machines.can_stop(m):
         from provisioner.jobs.sweep import UNSTOPPABLE_WARN_MINUTES
 

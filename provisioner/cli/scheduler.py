@@ -89,6 +89,9 @@ def autostop(
     else:
         m = machines.find(application, name)
         st, said = auto.setting(application.policies, m), m.name
+    if cancel or duration is not None:  # the machine enforces it itself: tell it
+        untold = auto.tell_machine(application, m, st)
+        said += f" ({untold})" if untold else ""
     view = auto.show(application, m, st)
     if output is Output.json:
         print_json({"machine": m.name, **view})

@@ -918,9 +918,12 @@ class Dashboard:
         if do == "unkeep":
             return do if sweep.unkeep(a, name)[1] else "unkeep-same"
         if do == "autostop":
-            autostop.set_autostop(a, name, form.get("duration", "").strip())
+            m, st = autostop.set_autostop(a, name, form.get("duration", "").strip())
+            autostop.tell_machine(a, m, st)
             return do
-        return do if autostop.cancel_autostop(a, name)[2] else "unautostop-same"
+        m, st, had = autostop.cancel_autostop(a, name)
+        autostop.tell_machine(a, m, st)  # the machine's own guard: best effort, as the CLI
+        return do if had else "unautostop-same"
 
     def plan(self, req: Request) -> Response:
         files = pages.experiment_files(self.app, self.app.settings.dashboard.experiments)

@@ -16,6 +16,8 @@ starts no earlier than the last job's end nor the machine's last start.
 
 from __future__ import annotations
 
+import json
+import shlex
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -123,6 +125,31 @@ def cancel_autostop(app: App, name: str) -> tuple[Machine, Setting, bool]:
             at = app.clock.now()
             s.add(Event(machine_id=m.id, at=at, kind="autostop-cancelled", reason="user"))
         return mm, setting(app.policies, mm), had
+
+
+def tell_machine(app: App, m: Machine, st: Setting) -> str | None:
+    """The running machine's own guard told the autostop that now applies (the agent reads
+    ``~/.provisioner/autostop.json`` of the login user each tick, over its ``guard.json``).
+    None when told; else what the owner should know (the machine enforces the old one)."""
+    from providers.base import ProviderError
+    from provisioner.machines.remote import Remote
+
+    if m.status != S.RUNNING or app.provider(m.cloud or "").runs_jobs:
+        return None  # stopped: its guard is idle; the sandbox runs its agent itself
+    seconds = None if st.duration is None else round(st.duration.total_seconds())
+    body = json.dumps({"autostop_s": seconds})
+    path = '"$PV_HOME/.provisioner/autostop.json"'
+    script = (
+        f'mkdir -p "$PV_HOME/.provisioner" && printf "%s\\n" {shlex.quote(body)} > {path}.tmp '
+        f"&& mv {path}.tmp {path}\n"
+    )
+    try:
+        done = Remote(app, m).run(script, timeout=20)
+    except ProviderError as e:
+        return f"its own guard could not be told ({e}): it keeps the autostop it had"
+    if done.returncode != 0:
+        return f"its own guard could not be told (exit {done.returncode}): it keeps the old one"
+    return None
 
 
 # --- the evidence ------------------------------------------------------------------------------

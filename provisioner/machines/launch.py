@@ -47,7 +47,7 @@ from providers.base import (
     QuotaError,
 )
 from providers.retry import call_with_retry
-from provisioner import budget, identity, keys, ledger, planning, startup
+from provisioner import budget, guard, identity, keys, ledger, planning, startup
 from provisioner.app import App
 from provisioner.crashpoints import crashpoint
 from provisioner.errors import OperationFailed, UserError
@@ -438,13 +438,15 @@ def _end_duplicates(app: App, m: Machine, extra: list[Instance]) -> None:
 def _startup_data(
     app: App, machine_id: str, experiment: Experiment, token: str | None, cloud: str
 ) -> str | None:
-    """The user's startup script, with the idle agent added when settings name the endpoint
-    agents report to: its per-machine ``token``, the ``cloud`` whose preemption notice it
-    watches, and what it does on one (``lifecycle.on_preemption_notice``)."""
+    """The user's startup script, with the agent installed first on every machine: its
+    ``guard.json`` (the rules the machine enforces on itself: :mod:`provisioner.guard`), the
+    ``cloud`` whose preemption notice it watches and what it does on one
+    (``lifecycle.on_preemption_notice``); with the scheduler's endpoint, its per-machine
+    ``token`` for heartbeats."""
     sched = app.settings.scheduler
-    if token is None or not sched.endpoint_url:
-        return experiment.startup_script
     notice = experiment.lifecycle.on_preemption_notice
+    user = app.provider(cloud).ssh_user
+    rules = guard.rules(experiment, app.policies)
     return startup.startup_data(
         experiment.startup_script,
         sched.endpoint_url,
@@ -453,6 +455,8 @@ def _startup_data(
         machine_id,
         cloud=cloud,
         on_notice=notice.for_agent() if notice else None,
+        guard=guard.guard_doc(rules, machine_id, app.clock.now(), user),
+        login_user=user,
     )
 
 

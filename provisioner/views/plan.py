@@ -34,6 +34,7 @@ class PlanView:
     rejects: list[Reject]  # most frequent first
     warnings: list[str] = field(default_factory=list)  # what a candidate's cloud will do to it
     addresses: list[str] = field(default_factory=list)  # what a public IPv4 adds, per cloud
+    guard: list[str] = field(default_factory=list)  # who enforces each rule, per cloud/market
 
     @property
     def candidates(self) -> list[Candidate]:
@@ -90,7 +91,38 @@ def plan(app: App, experiment: Experiment) -> PlanView:
         + autostop_cap(app, experiment)
         + catalog.stale([c.offer for c in p.candidates], app.clock.now().date()),
         address_rates(app, p.candidates),
+        guard_lines(app, experiment, p.candidates),
     )
+
+
+def guard_lines(app: App, experiment: Experiment, candidates: list[Candidate]) -> list[str]:
+    """Who enforces autostop, on_finish and max_lifetime on a machine of each candidate cloud
+    and market (its own agent, or the scheduler where a power-off keeps billing), and the idle
+    rules only the scheduler applies: each line once, in the candidates' order."""
+    import providers
+    from provisioner import guard
+
+    r = guard.rules(experiment, app.policies)
+    out: list[str] = []
+    for c in candidates:
+        where = f"{c.offer.cloud} {c.market}"
+        lines = guard.enforcement(r, providers.spec(c.offer.cloud), c.market, c.offer.instance_type)
+        for line in lines:
+            said = line if line.startswith("idle rules") else f"{where}: {line}"
+            if said not in out:
+                out.append(said)
+    return sorted(out, key=lambda x: x.startswith("idle rules"))  # the scheduler's last
+
+
+def machine_guard(app: App, m: Any) -> list[str]:
+    """At ``up``: who enforces each rule on the machine just launched."""
+    import providers
+    from provisioner import guard
+    from provisioner.spec import Experiment
+
+    r = guard.rules(Experiment.model_validate(m.spec), app.policies)
+    spec = providers.spec(m.cloud)
+    return guard.enforcement(r, spec, m.market or "reserved", m.instance_type or "")
 
 
 def address_rates(app: App, candidates: list[Candidate]) -> list[str]:
