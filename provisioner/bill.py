@@ -38,9 +38,10 @@ from provisioner.errors import OperationFailed, UserError
 from provisioner.ledger import Period, midnight
 from provisioner.ledger.periods import SECONDS_PER_HOUR
 from provisioner.models import Machine, UsageInterval
-from provisioner.money import CENT, allocate
+from provisioner.money import CENT, Money, allocate
 
 DRIFT_PCT = Decimal(2)
+UNIT_STEP = Decimal("0.0001")  # unit prices per hour: to 1/100 of a cent
 BY = ("machine", "project", "day")
 REASONS = ("credit", "tax", "unpriced", "drift", "not_billed_yet", "untagged")
 UNTAGGED = "(untagged)"
@@ -79,6 +80,12 @@ class Drift:
     @property
     def pct(self) -> Decimal:
         return (self.billed - self.catalog) / self.catalog * 100
+
+    @property
+    def unit_price(self) -> Money:
+        """The billed price per hour as shown: to 1/100 of a cent, half up (a unit price, not
+        an amount: cents would hide the drift)."""
+        return Money(self.billed.quantize(UNIT_STEP, ROUND_HALF_UP), self.currency)
 
 
 @dataclass
@@ -286,7 +293,7 @@ def _catalog_price(offers: Any, m: Machine, itype: str, currency: str) -> Decima
 def rounded(lines: list[Line]) -> list[dict[str, Any]]:
     """The lines to the cent, per currency, so that the rounded lines add up to the rounded
     total (largest remainder, :func:`provisioner.money.allocate`); each line's reasons add up
-    to its rounded difference where they can."""
+    to its rounded difference where they can. Each amount is a :class:`Money` (whole cents)."""
     out: list[dict[str, Any]] = []
     for cur in sorted({ln.currency for ln in lines}):
         group = [ln for ln in lines if ln.currency == cur]
@@ -299,22 +306,23 @@ def rounded(lines: list[Line]) -> list[dict[str, Any]]:
                 {
                     "key": ln.key,
                     "currency": cur,
-                    "billed": b,
-                    "ledger": led,
-                    "difference": b - led,
-                    "reasons": {r: v for r, v in zip(REASONS, shares, strict=True) if v},
+                    "billed": Money(b, cur),
+                    "ledger": Money(led, cur),
+                    "difference": Money(b - led, cur),
+                    "reasons": {
+                        r: Money(v, cur) for r, v in zip(REASONS, shares, strict=True) if v
+                    },
                 }
             )
     return out
 
 
-def totals(rows: list[dict[str, Any]]) -> dict[str, dict[str, Decimal]]:
+def totals(rows: list[dict[str, Any]]) -> dict[str, dict[str, Money]]:
     """Per currency: the rounded lines' sums (equal to the rounded totals by construction)."""
-    out: dict[str, dict[str, Decimal]] = {}
+    out: dict[str, dict[str, Money]] = {}
     for r in rows:
-        t = out.setdefault(
-            r["currency"], {"billed": Decimal(0), "ledger": Decimal(0), "difference": Decimal(0)}
-        )
+        cur = r["currency"]
+        t = out.setdefault(cur, {k: Money.zero(cur) for k in ("billed", "ledger", "difference")})
         for k in t:
             t[k] += r[k]
     return out
@@ -350,7 +358,8 @@ def _remember(app: App, period: Period, cb: CloudBill) -> None:
         "period": period.label,
         "through": cb.through.isoformat() if cb.through else None,
         "fetched_at": app.clock.now().astimezone(UTC).isoformat(),
-        "totals": {c: {k: str(v) for k, v in t.items()} for c, t in totals(rows).items()},
+        # whole cents, as the spend page shows them ("190.80")
+        "totals": {c: {k: str(v.amount) for k, v in t.items()} for c, t in totals(rows).items()},
     }
     path = _cache(app)
     path.mkdir(parents=True, exist_ok=True)
@@ -387,24 +396,22 @@ def _cloud_json(c: CloudBill) -> dict[str, Any]:
         "lines": [
             {
                 "key": r["key"],
-                "billed": _money(r["billed"], r["currency"]),
-                "ledger": _money(r["ledger"], r["currency"]),
-                "difference": _money(r["difference"], r["currency"]),
-                "reasons": {k: _money(v, r["currency"]) for k, v in r["reasons"].items()},
+                "billed": r["billed"].as_json(),
+                "ledger": r["ledger"].as_json(),
+                "difference": r["difference"].as_json(),
+                "reasons": {k: v.as_json() for k, v in r["reasons"].items()},
             }
             for r in rows
         ],
-        "totals": {
-            cur: {k: _money(v, cur) for k, v in t.items()} for cur, t in totals(rows).items()
-        },
+        "totals": {cur: {k: v.as_json() for k, v in t.items()} for cur, t in totals(rows).items()},
         "drift": [
             {
                 "machine": d.machine,
                 "region": d.region,
                 "instance_type": d.instance_type,
                 "market": d.market,
-                "catalog": _money(d.catalog, d.currency),
-                "billed": _money(d.billed.quantize(Decimal("0.0001")), d.currency),
+                "catalog": Money(d.catalog, d.currency).as_json(),
+                "billed": d.unit_price.as_json(),
                 "pct": str(d.pct.quantize(Decimal("0.1"))),
                 "fix": "provisioner catalog refresh",
             }
@@ -412,10 +419,6 @@ def _cloud_json(c: CloudBill) -> dict[str, Any]:
         ],
         "notes": c.notes,
     }
-
-
-def _money(amount: Decimal, currency: str) -> dict[str, str]:
-    return {"amount": str(amount), "currency": currency}
 
 
 def fetched_on(data: dict[str, Any]) -> datetime:

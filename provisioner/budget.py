@@ -93,21 +93,17 @@ class Status:
         return {
             "policy": self.policy.name,
             "period": self.period.label,
-            "budget": _money_json(self.amount),
-            "spent": _money_json(self.spent),
-            "committed": _money_json(self.committed),
-            "relaunches": _money_json(self.relaunches),
-            "forecast": _money_json(self.forecast),
+            "budget": self.amount.as_json(),
+            "spent": self.spent.as_json(),
+            "committed": self.committed.as_json(),
+            "relaunches": self.relaunches.as_json(),
+            "forecast": self.forecast.as_json(),
             "percent": str(self.pct.quantize(Decimal("0.1"))),
             "forecast_percent": str(self.forecast_pct.quantize(Decimal("0.1"))),
-            "left": _money_json(self.left),
+            "left": self.left.as_json(),
             "on_exhausted": self.policy.budget.on_exhausted,  # type: ignore[union-attr]
             "rates": self.rates,
         }
-
-
-def _money_json(m: Money) -> dict[str, str]:
-    return {"amount": str(m.rounded().amount), "currency": m.currency}
 
 
 def status(
@@ -196,7 +192,7 @@ class Projection:
             "check": "budget",
             **self.status.as_json(),
             "hours": str(self.hours.quantize(Decimal("0.01"))),
-            "projected_cost": _money_json(c[1]) if c else None,
+            "projected_cost": c[1].as_json() if c else None,
             "fits": None if c is None else self.fits(c[1]),
         }
 

@@ -10,8 +10,12 @@ import shutil
 import sys
 from collections.abc import Sequence
 from datetime import date, datetime, timedelta
-from decimal import ROUND_HALF_EVEN, Decimal
+from decimal import Decimal
 from typing import Any
+
+from provisioner.money import Money, amount_text
+
+amount = amount_text  # the one amount → JSON text (provisioner.money)
 
 
 def width() -> int:
@@ -39,15 +43,6 @@ out: Any = _Console()
 err: Any = _Console(stderr=True)
 
 
-def amount(d: Decimal) -> str:
-    """An amount for JSON: plain decimal text, to 9 places at most (a computed spend carries
-    28 digits, no invoice more than 6), trailing zeros dropped, never ``1E+2``."""
-    if d.as_tuple().exponent < -9:  # type: ignore[operator]
-        d = d.quantize(Decimal("1E-9"), ROUND_HALF_EVEN)
-    text = f"{d.normalize():f}"
-    return "0" if text in ("-0", "0") else text
-
-
 def number(d: Decimal | float | int | None) -> int | float | None:
     """A quantity (GB, hours) as a JSON number: an int when whole."""
     if d is None:
@@ -56,14 +51,12 @@ def number(d: Decimal | float | int | None) -> int | float | None:
 
 
 def _json_default(o: Any) -> Any:
-    from provisioner.money import Money  # exact amounts: small, but not for --help
-
     if isinstance(o, datetime | date):
         return o.isoformat()  # ISO 8601, with its T
     if isinstance(o, Decimal):
         return amount(o)
     if isinstance(o, Money):
-        return {"amount": amount(o.amount), "currency": o.currency}
+        return o.as_json()
     if isinstance(o, timedelta):
         return o.total_seconds()
     return str(o)

@@ -18,7 +18,6 @@ from decimal import Decimal
 from typing import Any
 
 from provisioner.console import (
-    amount,
     err,
     no_machines,
     out,
@@ -357,13 +356,11 @@ def machine_json(m: Any) -> dict[str, Any]:
         "market": m.market,
         "instance_id": m.instance_id,
         "public_ip": m.public_ip,
-        "rate_per_hour": {"amount": amount(m.rate), "currency": m.currency}
-        if m.rate is not None
-        else None,
-        "disk_rate_per_hour": {"amount": amount(m.disk_rate), "currency": m.currency}
+        "rate_per_hour": Money(m.rate, m.currency).as_json() if m.rate is not None else None,
+        "disk_rate_per_hour": Money(m.disk_rate, m.currency).as_json()
         if m.disk_rate is not None
         else None,
-        "address_rate_per_hour": {"amount": amount(m.address_rate), "currency": m.currency}
+        "address_rate_per_hour": Money(m.address_rate, m.currency).as_json()
         if m.address_rate is not None
         else None,
         "created_at": m.created_at,
@@ -395,9 +392,7 @@ def show(fleet: Fleet, *, as_json: bool, all_: bool) -> None:
             [
                 {
                     **machine_json(m),
-                    "spent": [
-                        {"amount": amount(v), "currency": c} for c, v in sorted(m.spent.items())
-                    ],
+                    "spent": [Money(v, c).as_json() for c, v in sorted(m.spent.items())],
                     "launches": m.launches,
                     "problem": fleet.warnings.get(m.name),
                     "why": m.why,

@@ -1,5 +1,20 @@
 """Exact money: Decimal amounts that always carry their currency, conversion by set rates, and
-sums of usage kept as integer microseconds per rate until priced once (:class:`Tally`)."""
+sums of usage kept as integer microseconds per rate until priced once (:class:`Tally`).
+
+**The one model and the one rounding rule.** Every amount of money in provisioner — ledger,
+budgets, reports, ``bill`` — is a :class:`Money` (a Decimal with its ISO currency), kept exact.
+It is rounded only where it is shown:
+
+- **to people** (tables, text, mail, pages): half up (``ROUND_HALF_UP``) to the cent, the minor
+  unit of every currency the clouds bill in (USD, EUR, RUB): ``str(Money)``, :meth:`Money.text`;
+  ``0.125 USD`` reads ``0.13 USD`` everywhere, ``bill`` included;
+- **in JSON** (every ``-o json``): exact, through the one function :meth:`Money.as_json` —
+  ``{"amount": "<plain decimal text>", "currency": "USD"}``, the text from :func:`amount_text`
+  (at most 9 places, cut half up; trailing zeros dropped; never ``1E+2``).
+
+Figures that are *shared out* to the cent so that their lines add up to their total (a report's
+lines and days, a bill's lines and reasons: :func:`allocate`) are cents by construction; their
+JSON carries those cents, through the same function."""
 
 from __future__ import annotations
 
@@ -11,6 +26,16 @@ from typing import Any
 
 CENT = Decimal("0.01")
 LIMIT = Decimal(10) ** 12  # no price, budget or cap reaches it; 1e999999 would overflow sums
+
+
+def amount_text(d: Decimal) -> str:
+    """An amount for JSON: plain decimal text, to 9 places at most (a computed spend carries
+    28 digits, no invoice more than 6; the 9th place cut half up), trailing zeros dropped,
+    never ``1E+2``."""
+    if d.as_tuple().exponent < -9:  # type: ignore[operator]
+        d = d.quantize(Decimal("1E-9"), ROUND_HALF_UP)
+    text = f"{d.normalize():f}"
+    return "0" if text in ("-0", "0") else text
 
 
 @dataclass(frozen=True, order=True)
@@ -41,7 +66,20 @@ class Money:
         return Money(self.amount.quantize(CENT, ROUND_HALF_UP), self.currency)
 
     def __str__(self) -> str:
-        return f"{self.amount.quantize(CENT, ROUND_HALF_UP):,} {self.currency}"
+        return self.text()
+
+    def text(self, sign: bool = False, currency: bool = True) -> str:
+        """For people: half up to the cent, with thousands separators (``1,234.57 USD``);
+        ``sign``: a ``+`` before a positive amount (a difference); ``currency``: False in a
+        column whose header names it."""
+        d = self.amount.quantize(CENT, ROUND_HALF_UP)
+        text = f"{d:+,}" if sign else f"{d:,}"
+        return f"{text} {self.currency}" if currency else text
+
+    def as_json(self) -> dict[str, str]:
+        """The one money → JSON of provisioner: the exact amount as :func:`amount_text` writes
+        it, and the currency. Every ``-o json`` writes money through this."""
+        return {"amount": amount_text(self.amount), "currency": self.currency}
 
     @classmethod
     def zero(cls, currency: str) -> Money:

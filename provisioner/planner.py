@@ -20,7 +20,7 @@ from typing import Any, Generic, Literal, TypeVar
 from providers import CLOUDS, gpus
 from providers.base import Offer
 from provisioner import catalog
-from provisioner.console import amount, number
+from provisioner.console import number
 from provisioner.money import Money, Rates
 from provisioner.spec import Experiment
 
@@ -61,14 +61,8 @@ class Candidate:
             "vcpus": o.vcpus,
             "memory_gb": number(o.memory_gb),
             "market": self.market,
-            "price_per_hour": {
-                "amount": amount(self.price.amount),
-                "currency": self.price.currency,
-            },
-            "price_per_hour_base": {
-                "amount": amount(self.price_base.amount),
-                "currency": self.price_base.currency,
-            },
+            "price_per_hour": self.price.as_json(),
+            "price_per_hour_base": self.price_base.as_json(),
             "source": o.source,
         }
 

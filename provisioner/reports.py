@@ -148,9 +148,7 @@ class Report:
 
     def as_json(self) -> dict[str, Any]:
         def money(m: Money | None) -> dict[str, str] | None:
-            return (
-                None if m is None else {"amount": str(m.rounded().amount), "currency": m.currency}
-            )
+            return None if m is None else m.rounded().as_json()  # shown figures: cents
 
         def line(ln: Line) -> dict[str, Any]:
             return {

@@ -21,7 +21,7 @@ from provisioner.app import App
 from provisioner.bill import Line, rounded, totals
 from provisioner.clock import CLOCK_ENV, ManualClock
 from provisioner.models import Machine, UsageInterval
-from provisioner.money import CENT
+from provisioner.money import CENT, Money
 from tests.conftest import make_settings, write_settings
 from tests.contract.aws import clean_emulator
 from tests.emulators.aws import AwsEmulator
@@ -184,7 +184,7 @@ def test_aws_bill_by_machine_names_every_difference(aws_bill) -> None:
     [aws] = json.loads(r.out)["clouds"]
     assert aws["through"] == "2026-11-04"  # the last billed day, and inside the one-day lag
     lines = {ln["key"]: ln for ln in aws["lines"]}
-    usd = lambda a: {"amount": a, "currency": "USD"}  # noqa: E731
+    usd = lambda a: Money(Decimal(a), "USD").as_json()  # noqa: E731  (JSON: exact text)
     a = lines["train-a"]
     # billed: 3 × 12.624 + 3 × 0.12 − 5.00 = 33.232; ledger 72 h × 0.526 = 37.872
     assert (a["billed"], a["ledger"], a["difference"]) == (usd("33.23"), usd("37.87"), usd("-4.64"))
@@ -360,7 +360,7 @@ def test_gcp_bill_from_the_bigquery_export(gcp_bill) -> None:
     assert r.code == 0, r.err
     [gcp] = json.loads(r.out)["clouds"]
     assert gcp["through"] == "2026-11-04"
-    usd = lambda a: {"amount": a, "currency": "USD"}  # noqa: E731
+    usd = lambda a: Money(Decimal(a), "USD").as_json()  # noqa: E731  (JSON: exact text)
     lines = {ln["key"]: ln for ln in gcp["lines"]}
     a = lines["gpu-a"]
     # billed 2 × 88.16136 + 2 × 0.12 − 8.00 = 168.56272; ledger 48 × 3.67339 = 176.32272
@@ -467,7 +467,7 @@ def test_azure_bill_from_cost_management(azure_bill) -> None:
     assert r.code == 0, r.err
     [az] = json.loads(r.out)["clouds"]
     assert az["through"] == "2026-11-04"
-    usd = lambda a: {"amount": a, "currency": "USD"}  # noqa: E731
+    usd = lambda a: Money(Decimal(a), "USD").as_json()  # noqa: E731  (JSON: exact text)
     lines = {ln["key"]: ln for ln in az["lines"]}
     a = lines["vm-a"]
     # billed 2 × 12.624 + 2 × 0.12 − 2.00 = 23.488; ledger 48 × 0.526 = 25.248
@@ -561,10 +561,10 @@ def test_rounded_lines_add_up_and_reasons_add_up_to_each_difference(raw) -> None
     rows = rounded(lines)
     cents = lambda d: d.quantize(CENT, ROUND_HALF_UP)  # noqa: E731
     t = totals(rows)["USD"]
-    assert t["billed"] == cents(sum((ln.billed for ln in lines), Decimal(0)))
-    assert t["ledger"] == cents(sum((ln.ledger for ln in lines), Decimal(0)))
+    assert t["billed"] == Money(cents(sum((ln.billed for ln in lines), Decimal(0))), "USD")
+    assert t["ledger"] == Money(cents(sum((ln.ledger for ln in lines), Decimal(0))), "USD")
     for r in rows:
-        assert sum(r["reasons"].values(), Decimal(0)) == r["difference"]
+        assert sum(r["reasons"].values(), Money.zero("USD")) == r["difference"]
 
 
 # --- Yandex ----------------------------------------------------------------------------------
@@ -603,7 +603,7 @@ def test_yandex_bill_from_the_label_usage_report(home: Path, cli, monkeypatch) -
         asked = [c.request for c in emu.requests if c.method.endswith("GetLabelKeyUsageReport")]
     assert r.code == 0, r.err
     [yc] = json.loads(r.out)["clouds"]
-    rub = lambda a: {"amount": a, "currency": "RUB"}  # noqa: E731
+    rub = lambda a: Money(Decimal(a), "RUB").as_json()  # noqa: E731  (JSON: exact text)
     [line] = yc["lines"]
     assert line["key"] == "yc-a"
     assert (line["billed"], line["ledger"]) == (rub("4750.00"), rub("4800.00"))
@@ -667,7 +667,7 @@ def test_sbercloud_bill_from_the_bss_fee_records(sber_bill, cli) -> None:
     )
     assert r.code == 0, r.err
     [sc] = json.loads(r.out)["clouds"]
-    rub = lambda a: {"amount": a, "currency": "RUB"}  # noqa: E731
+    rub = lambda a: Money(Decimal(a), "RUB").as_json()  # noqa: E731  (JSON: exact text)
     lines = {ln["key"]: ln for ln in sc["lines"]}
     assert set(lines) == {"sb-a", "sb-b", "(untagged)"}
     a, b, untagged = lines["sb-a"], lines["sb-b"], lines["(untagged)"]
@@ -701,8 +701,8 @@ def test_sbercloud_bill_by_day_reads_every_page(sber_bill, cli) -> None:
     )  # fmt: skip
     assert r.code == 0, r.err
     lines = {ln["key"]: ln for ln in json.loads(r.out)["clouds"][0]["lines"]}
-    assert lines["2026-11-04"]["billed"] == {"amount": "120.00", "currency": "RUB"}
-    assert lines["2026-11-04"]["reasons"] == {"untagged": {"amount": "120.00", "currency": "RUB"}}
+    assert lines["2026-11-04"]["billed"] == {"amount": "120", "currency": "RUB"}
+    assert lines["2026-11-04"]["reasons"] == {"untagged": {"amount": "120", "currency": "RUB"}}
     assert "2026-10-31" not in lines
     asked = emu.received("GET", r"^/v2/bills/customer-bills/res-fee-records$")
     assert [q.query["offset"] for q in asked] == ["0", "100"]

@@ -15,6 +15,7 @@ from provisioner.app import App
 from provisioner.errors import OperationFailed, UserError
 from provisioner.jobs import enforce, lease
 from provisioner.models import Event, Machine
+from provisioner.money import Money
 from provisioner.spec import Experiment
 from tests.conftest import make_settings, run_cli, sandbox_experiment, write_settings, write_yaml
 from tests.test_mail import smtp_server  # noqa: F401  (fixture)
@@ -76,7 +77,9 @@ def test_plan_shows_the_projection(bapp, policy_dir):
     assert proj.cheapest[1].rounded().amount == (PER_H * hours).quantize(Decimal("0.01"))
     assert str(proj).startswith("budget demo-budget (2026-11): 200.00 USD; spent 0.00 USD")
     assert "→ fits" in str(proj)
-    assert proj.as_json()["fits"] is True and proj.as_json()["projected_cost"]["amount"] == "107.76"
+    cost = proj.as_json()["projected_cost"]  # exact in JSON, 107.76 USD to people
+    assert proj.as_json()["fits"] is True and cost == {"amount": "107.755479452", "currency": "USD"}
+    assert Money.parse(cost).text() == "107.76 USD"
 
 
 def test_up_refused_over_budget_and_allowed_when_it_fits(bapp, policy_dir):

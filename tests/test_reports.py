@@ -17,6 +17,7 @@ from provisioner import ledger, machines, render, reports
 from provisioner.app import App
 from provisioner.errors import UserError
 from provisioner.jobs import scheduled_reports
+from provisioner.money import Money
 from tests.conftest import make_settings, run_cli, write_settings, write_yaml
 from tests.test_ledger import HAND_RUB, HAND_USD, NOV, cents, month, up
 from tests.test_mail import smtp_server  # noqa: F401  (fixture)
@@ -160,7 +161,7 @@ def test_cli_outputs(home, clock, tmp_path):
     assert cents(converted) == usd
     js = run_cli(*args, "--by", "machine", "-o", "json", now=clock.now())
     data = json.loads(js.stdout)
-    assert data["total"] == {"amount": str(usd), "currency": "USD"}
+    assert data["total"] == Money(usd, "USD").as_json()
     assert [ln["key"] for ln in data["lines"]] == ["ru-res", "us-spot", "us-a100"]
     assert data["savings"] == {"off-hours": {"amount": "41.03", "currency": "USD"}}
     table = run_cli(*args, "--by", "cloud", now=clock.now())

@@ -121,7 +121,8 @@ def test_a_reports_days_add_up_to_its_total_in_the_cli_and_on_the_spend_page(bot
 def test_one_forecast_per_budget_on_a_page_and_in_the_cli(both, query):
     run, page = both
     r = run("report", "--project", "demo")
-    assert r["forecast"] == r["budget"]["forecast"]  # the report's forecast is its budget's
+    # the report's forecast is its budget's: shown to the cent, exact in the budget's JSON
+    assert Decimal(r["forecast"]["amount"]) == cents(r["budget"]["forecast"]["amount"])
     spend = page(f"/spend?{query}")
     card = re.search(r'data-budget="demo-budget">(.*?)</a>', spend, re.S)
     assert card is not None
@@ -168,7 +169,8 @@ def test_report_policy_covers_what_its_budget_covers(both):
     run, page = both
     r = run("report", "--policy", "demo-budget")
     assert [ln["key"] for ln in r["lines"]] == ["demo"]
-    assert r["total"] == r["budget"]["spent"] and r["forecast"] == r["budget"]["forecast"]
+    assert Decimal(r["total"]["amount"]) == cents(r["budget"]["spent"]["amount"])
+    assert Decimal(r["forecast"]["amount"]) == cents(r["budget"]["forecast"]["amount"])
     everything = run("report")
     assert {ln["key"] for ln in everything["lines"]} == {"demo", "vision"}
     spend = page("/spend?budget=demo-budget")
@@ -198,6 +200,20 @@ def test_each_budget_card_adds_up_and_nothing_running_forecasts_what_was_spent(b
     for b in summary["budgets"]:
         parts = sum(Decimal(b[k]["amount"]) for k in ("spent", "committed", "relaunches"))
         assert parts == Decimal(b["forecast"]["amount"]), b["policy"]
+
+
+def test_a_budget_reads_the_same_in_report_and_status_summary(both):
+    """One budget, one money → JSON: `report --policy NAME -o json` and `status --summary -o
+    json` give its amount, spend, commitments and forecast alike, exact (the report's copy was
+    rounded to the cent, the summary's not)."""
+    run, _ = both
+    summary = {b["policy"]: b for b in run("status", "--summary")["budgets"]}
+    assert sorted(summary) == ["demo-budget", "vision-budget"]
+    for name, b in summary.items():
+        r = run("report", "--policy", name)["budget"]
+        assert r["budget"] == b["amount"], name
+        for k in ("spent", "committed", "relaunches", "forecast"):
+            assert r[k] == b[k], (name, k)
 
 
 def test_with_nothing_running_a_budgets_forecast_is_its_spend(home, clock):

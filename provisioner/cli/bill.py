@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from decimal import Decimal
 from enum import StrEnum
 from typing import Any
 
@@ -49,11 +48,6 @@ def bill_command(
     _table(report)
 
 
-def _money(d: Decimal, currency: str, sign: bool = False) -> str:
-    text = f"{d:+,.2f}" if sign else f"{d:,.2f}"
-    return f"{text} {currency}"
-
-
 def _table(report: Any) -> None:
     from provisioner import bill
 
@@ -65,23 +59,20 @@ def _table(report: Any) -> None:
         table = [
             [
                 r["key"],
-                _money(r["billed"], r["currency"]),
-                _money(r["ledger"], r["currency"]),
-                _money(r["difference"], r["currency"], sign=True),
-                "; ".join(
-                    f"{REASON_TEXT[k]} {_money(v, r['currency'], sign=True)}"
-                    for k, v in r["reasons"].items()
-                ),
+                r["billed"].text(),
+                r["ledger"].text(),
+                r["difference"].text(sign=True),
+                "; ".join(f"{REASON_TEXT[k]} {v.text(sign=True)}" for k, v in r["reasons"].items()),
             ]
             for r in rows
         ]
-        for cur, t in bill.totals(rows).items():
+        for t in bill.totals(rows).values():
             table.append(
                 [
                     "total",
-                    _money(t["billed"], cur),
-                    _money(t["ledger"], cur),
-                    _money(t["difference"], cur, sign=True),
+                    t["billed"].text(),
+                    t["ledger"].text(),
+                    t["difference"].text(sign=True),
                     "",
                 ]
             )
@@ -97,7 +88,7 @@ def _table(report: Any) -> None:
             for d in c.drift:
                 write(
                     f"  {d.machine}: {d.instance_type} {d.market} in {d.region}: billed "
-                    f"{d.billed:.4f} {d.currency}/h, catalog {d.catalog} {d.currency}/h "
+                    f"{_unit(d.unit_price)}/h, catalog {d.catalog} {d.currency}/h "
                     f"({d.pct:+.1f} %)"
                 )
         for note in c.notes:
@@ -106,3 +97,8 @@ def _table(report: Any) -> None:
         write(f"\n{cloud}: not supported: {why}")
     if not report.clouds and not report.unsupported:
         write("no cloud that sends a bill is enabled in settings (clouds:)")
+
+
+def _unit(price: Any) -> str:
+    """A unit price per hour to 1/100 of a cent, its places kept (``3.2130 USD``)."""
+    return f"{price.amount:.4f} {price.currency}"

@@ -114,7 +114,7 @@ def _plan_text(v: Any, top: int) -> None:
                 f"{c.offer.memory_gb:g}",
                 c.market,
                 str(c.price),
-                f"{c.price_base.amount:,.2f}",
+                c.price_base.text(currency=False),
             ]
             for i, c in enumerate(shown, 1)
         ]
@@ -122,7 +122,7 @@ def _plan_text(v: Any, top: int) -> None:
     if v.cheapest:
         out.print(
             f"cheapest per cloud ({v.currency}/h): "
-            + ", ".join(f"{cl} {price.amount:,.2f}" for cl, price in v.cheapest),
+            + ", ".join(f"{cl} {price.text(currency=False)}" for cl, price in v.cheapest),
         )
     if v.plan.rates:
         out.print(f"[dim]ranked in {v.currency}; {v.plan.rates}[/]")

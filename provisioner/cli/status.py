@@ -10,7 +10,6 @@ import typer
 from provisioner.cli import (
     OUTPUT,
     Output,
-    amount,
     app,
     err,
     get_app,
@@ -121,7 +120,7 @@ def _detail_json(d: Any) -> dict[str, Any]:
         **machine_json(m),
         "spec": m.spec,
         "spec_path": m.spec_path,
-        "spent": [{"amount": amount(x.amount), "currency": x.currency} for x in d.spent],
+        "spent": [x.as_json() for x in d.spent],
         "launches": d.launches,
         "idle": {"signal": idle.signal, **({"at": idle.at} if idle.at else {}), "text": idle.text},
         "next": d.next,

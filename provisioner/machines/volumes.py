@@ -454,10 +454,8 @@ class Listed:
             "status": self.status,
             "volume_id": v.volume_id,
             "attached_to": self.attached_to,
-            "rate_per_hour": None
-            if v.rate is None
-            else {"amount": str(v.rate), "currency": v.currency},
-            "spent": [{"amount": str(m.amount), "currency": m.currency} for m in self.spent],
+            "rate_per_hour": None if v.rate is None else Money(v.rate, v.currency).as_json(),
+            "spent": [m.as_json() for m in self.spent],
             "created_at": v.created_at.isoformat(),
         }
 

@@ -112,8 +112,8 @@ class Change:
         pct = self.pct
         return {
             "key": self.key,
-            "total": _money(self.before),
-            "change": _money(self.diff),
+            "total": self.before.as_json(),
+            "change": self.diff.as_json(),
             "change_pct": None if pct is None else str(pct.quantize(Decimal("0.1"))),
             "new": self.before.amount == 0 and self.now.amount != 0,
         }
@@ -143,10 +143,6 @@ class Previous:
             **{k: v for k, v in self.total.as_json().items() if k != "key"},
             "lines": [c.as_json() for c in self.lines],
         }
-
-
-def _money(m: Money) -> dict[str, str]:
-    return {"amount": str(m.amount), "currency": m.currency}
 
 
 def previous(app: App, r: reports.Report) -> Previous | None:

@@ -38,8 +38,8 @@ class IdleMachine:
             "project": self.machine.project,
             "owner": self.machine.owner,
             "since": self.since.isoformat(),
-            "rate_per_hour": _money_json(self.rate),
-            "wasted": _money_json(self.wasted),
+            "rate_per_hour": self.rate.as_json(),
+            "wasted": self.wasted.as_json(),
         }
 
 
@@ -70,18 +70,18 @@ class Summary:
     def to_json(self) -> dict[str, Any]:
         return {
             "at": self.at.isoformat(),
-            "burning_per_hour": [_money_json(m) for m in self.burning],
-            "burning_per_hour_total": _money_json(self.burning_total),
+            "burning_per_hour": [m.as_json() for m in self.burning],
+            "burning_per_hour_total": self.burning_total.as_json(),
             "counts": self.counts,
             "budgets": [
                 {
                     "policy": b.policy.name,
                     "period": b.period.label,
-                    "amount": _money_json(b.amount),
-                    "spent": _money_json(b.spent),
-                    "committed": _money_json(b.committed),
-                    "relaunches": _money_json(b.relaunches),
-                    "forecast": _money_json(b.forecast),
+                    "amount": b.amount.as_json(),
+                    "spent": b.spent.as_json(),
+                    "committed": b.committed.as_json(),
+                    "relaunches": b.relaunches.as_json(),
+                    "forecast": b.forecast.as_json(),
                     "spent_pct": str(b.pct),
                     "forecast_pct": str(b.forecast_pct),
                 }
@@ -89,10 +89,6 @@ class Summary:
             ],
             "idle_now": [i.to_json() for i in self.idle],
         }
-
-
-def _money_json(m: Money) -> dict[str, str]:
-    return {"amount": str(m.amount), "currency": m.currency}
 
 
 def summary(
