@@ -16,6 +16,7 @@ from providers.base import Instance, MachineState, NotFound, ProviderError
 from provisioner import ledger, notify
 from provisioner.app import App
 from provisioner.idle import NOTICE_EVENT
+from provisioner.machines import guard_stops
 from provisioner.machines.record import ref
 from provisioner.models import ACTIVE_EXCLUDED, Event, Heartbeat, Machine, UsageInterval
 from provisioner.schema import COMPUTE_BILLED, INTENTS, MachineStatus, observed
@@ -181,7 +182,10 @@ def _record(app: App, m: Machine, inst: Instance | None, now: datetime) -> Obser
     if status == S.PREEMPTED:
         reason = "preempted"
     else:
-        reason = "launched" if booted else "outside-provisioner"
+        reason = "launched" if booted else guard_stops.UNEXPLAINED
+    report, running = None, []
+    if status in (S.STOPPED, S.TERMINATED):  # its own guard, maybe: what the machine says
+        report, running = guard_stops.read_report(app, m), guard_stops.running_jobs(app, m)
     with app.db.session() as s:
         row = s.get(Machine, m.id)
         if row is None or row.status != m.status:
@@ -197,6 +201,11 @@ def _record(app: App, m: Machine, inst: Instance | None, now: datetime) -> Obser
         at = now
         if status in HALTED:
             at, detail["at_source"] = halted_at(s, row, inst.stopped_at if inst else None, now)
+        if status in (S.STOPPED, S.TERMINATED):
+            explained = guard_stops.explain(report, running, _open_since(s, row))
+            reason = explained.reason
+            detail.update(explained.detail)
+            guard_stops.record_jobs(s, row, explained, at)
         changed = ledger.record_transition(
             s, row, status, at, event="booted" if booted else None, reason=reason, detail=detail
         )
@@ -241,6 +250,14 @@ def halted_at(
     if beat is not None and (floor is None or beat >= floor):
         return beat, "heartbeat"
     return now, "noticed"
+
+
+def _open_since(s: Session, m: Machine) -> datetime | None:
+    return s.scalar(
+        select(func.max(UsageInterval.started_at)).where(
+            UsageInterval.machine_id == m.id, UsageInterval.ended_at.is_(None)
+        )
+    )
 
 
 def _announced(s: Session, m: Machine, floor: datetime | None) -> datetime | None:
