@@ -70,8 +70,17 @@ def main() -> int:
         guard = _read(guard_file) or {}
         jobs = _jobs(guard.get("jobs_dir", ""))
         with open(os.path.join(d, "samples.jsonl"), "a") as f:
-            f.write(json.dumps({"at": _now(), "gpus": [], "gpu_error": "no gpu", "ssh": 0,
-                                "jobs_running": [j for j, s in jobs.items() if s == "running"]}))
+            f.write(
+                json.dumps(
+                    {
+                        "at": _now(),
+                        "gpus": [],
+                        "gpu_error": "no gpu",
+                        "ssh": 0,
+                        "jobs_running": [j for j, s in jobs.items() if s == "running"],
+                    }
+                )
+            )
             f.write("\n")
         finish = guard.get("on_finish")
         if finish and jobs.get(finish["job"], "").startswith("exit "):

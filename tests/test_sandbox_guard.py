@@ -13,7 +13,6 @@ from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
-
 from sqlalchemy import select
 
 from providers.base import InstanceRef, MachineState
