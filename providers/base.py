@@ -185,6 +185,10 @@ class Instance:
     # where the API gives no such time. Meaningful only for a machine in one of those states:
     # reconcile closes usage at this instant, not at the moment it noticed.
     stopped_at: datetime | None = None
+    # Halted from inside (its OS shut down) but still allocated, so its compute still bills
+    # (an Azure VM in PowerState/stopped): reported ``stopping`` until a stop through the API
+    # (Azure's deallocate) ends the billing; reconcile makes that stop.
+    halted_billing: bool = False
 
     @property
     def ref(self) -> InstanceRef:

@@ -224,22 +224,21 @@ def report(
     return json.dumps(in_sandbox_time(parsed, shift)).encode()
 
 
-def halt(db_path: Path, machine_id: str, shift: timedelta) -> str | None:
-    """The machine's OS shut down from inside, now (wall time + ``shift``): the state it is in
-    after, or None when it was not running (a second halt, or the API stopped it first)."""
+def halt(db_path: Path, machine_id: str, at: datetime) -> str | None:
+    """The machine's OS shut down from inside at ``at`` (the sandbox's time): the state it is
+    in after, or None when it was not running (a second halt, or the API stopped it first)."""
     machine_dir = db_path.parent / "machines" / machine_id
     action = "stop"
     with contextlib.suppress(OSError, ValueError, AttributeError):
         action = json.loads((state_dir(machine_dir) / "stop.json").read_text()).get("action")
     state = "terminated" if action == "terminate" else "stopped"
-    at = (datetime.now(UTC) + shift).isoformat()
     conn = sqlite3.connect(db_path, timeout=30, isolation_level=None)
     try:
         conn.execute("BEGIN IMMEDIATE")
         done = conn.execute(
             f"UPDATE machines SET state = ?, reason = ?, stopped_at = ? WHERE id = ?"
             f" AND state IN {_HALTABLE}",
-            (state, GUEST_SHUTDOWN, at, machine_id),
+            (state, GUEST_SHUTDOWN, at.astimezone(UTC).isoformat(), machine_id),
         ).rowcount
         if done and state == "terminated":  # a terminated machine's volumes stay, detached
             conn.execute(
@@ -264,7 +263,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--machine", required=True)
     p.add_argument("--shift", type=float, default=0.0, help="sandbox time - wall time, seconds")
     a = p.parse_args(argv)
-    state = halt(a.db, a.machine, timedelta(seconds=a.shift))
+    now = datetime.now(UTC) + timedelta(seconds=a.shift)  # the sandbox's time: see above
+    state = halt(a.db, a.machine, now)
     print(f"{a.machine}: {state or 'not running: nothing to halt'}")
     return 0
 

@@ -12,7 +12,7 @@ from datetime import datetime
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from providers.base import Instance, MachineState, NotFound, ProviderError
+from providers.base import Instance, MachineState, NotFound, Provider, ProviderError
 from provisioner import ledger, notify
 from provisioner.app import App
 from provisioner.idle import NOTICE_EVENT
@@ -166,10 +166,42 @@ def reconcile(
                     continue
             if (seen_now := _record(app, m, inst, now)) is not None:
                 out.append(seen_now)
+                if inst is not None and inst.halted_billing and seen_now.observed == S.STOPPING:
+                    out.append(_end_billing(app, provider, seen_now.machine, inst, now))
     return out
 
 
-def _record(app: App, m: Machine, inst: Instance | None, now: datetime) -> Observation | None:
+#: why reconcile stops a machine that is already halted
+STILL_BILLED = (
+    "its OS shut down, but its cloud keeps it allocated and billed until it is stopped through "
+    "the API (an Azure VM is deallocated): provisioner stopped it so"
+)
+
+
+def _end_billing(
+    app: App, provider: Provider, m: Machine, inst: Instance, now: datetime
+) -> Observation:
+    """A machine halted from inside that its cloud still bills (Azure: PowerState/stopped, still
+    allocated): stopped through the API, which ends the billing; the stop is recorded at the
+    cloud's time of it, with the guard's reason when the machine says one, and why provisioner
+    made it. Usage stays open (``stopping``) when the stop fails: the next pass tries again."""
+    try:
+        provider.stop(inst.ref)
+        after = provider.get(inst.ref)
+    except ProviderError as e:
+        log.warning("reconcile: %s is halted but billed; could not stop it: %s", m.name, e)
+        return Observation(m, S.STOPPING, False, f"halted but billed; could not stop it: {e}")
+    seen = _record(app, m, after, now, note={"ended_billing": STILL_BILLED})
+    return seen or Observation(m, S.STOPPING, False)
+
+
+def _record(
+    app: App,
+    m: Machine,
+    inst: Instance | None,
+    now: datetime,
+    note: dict[str, str] | None = None,
+) -> Observation | None:
     """What the cloud's answer ``inst`` (None: it no longer knows the machine) says of ``m``,
     written if it changed anything; None when the row changed meanwhile (skipped: the next
     reconcile sees anew)."""
@@ -197,6 +229,7 @@ def _record(app: App, m: Machine, inst: Instance | None, now: datetime) -> Obser
         detail = {
             "observed": inst.state.value if inst else "gone",
             "cloud_reason": inst.state_reason if inst else None,
+            **(note or {}),
         }
         at = now
         if status in HALTED:
