@@ -216,7 +216,7 @@ def _record(
     else:
         reason = "launched" if booted else guard_stops.UNEXPLAINED
     report, running = None, []
-    if status in (S.STOPPED, S.TERMINATED):  # its own guard, maybe: what the machine says
+    if status in HALTED:  # its own guard, maybe: what the machine says
         report, running = guard_stops.read_report(app, m), guard_stops.running_jobs(app, m)
     with app.db.session() as s:
         row = s.get(Machine, m.id)
@@ -231,11 +231,17 @@ def _record(
             "cloud_reason": inst.state_reason if inst else None,
             **(note or {}),
         }
+        explained = None
+        if status in HALTED:
+            explained = guard_stops.explain(report, running, _open_since(s, row))
+            if status == S.PREEMPTED and explained.reason != guard_stops.UNEXPLAINED:
+                # a cloud that records no reason (SberCloud) or guesses one (a Yandex VM that
+                # went down without a stop operation) read as preempted what its guard stopped
+                status, detail["read_as"] = S.STOPPED, "preempted"
         at = now
         if status in HALTED:
             at, detail["at_source"] = halted_at(s, row, inst.stopped_at if inst else None, now)
-        if status in (S.STOPPED, S.TERMINATED):
-            explained = guard_stops.explain(report, running, _open_since(s, row))
+        if explained is not None and status != S.PREEMPTED:
             reason = explained.reason
             detail.update(explained.detail)
             guard_stops.record_jobs(s, row, explained, at)

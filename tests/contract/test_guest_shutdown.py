@@ -124,3 +124,18 @@ def test_a_guest_shutdown_is_billed_to_the_clouds_own_stop(cloud: Harness, home:
             assert stopped.detail["at_source"] == "cloud"
     finally:
         app.close()
+
+
+def test_an_aws_one_time_spot_instance_shut_down_from_inside_is_terminated(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    with open_harness("aws", monkeypatch, tmp_path) as cloud:
+        provider = cloud.provider()
+        inst = provider.launch(cloud.launch_request(spot=True))
+        at = datetime.now(UTC).replace(microsecond=0) - timedelta(minutes=5)
+        cloud.guest_shutdown(inst, at)
+        got = provider.get(inst.ref)
+        # terminated, not preempted: no relaunch, and its time is the shutdown's
+        assert got.state is MachineState.TERMINATED and got.stopped_at == at
+        assert "Client.InstanceInitiatedShutdown" in (got.state_reason or "")
+        assert cloud.emu.open_spot_requests() == []  # type: ignore[attr-defined]
