@@ -139,3 +139,39 @@ def test_a_stop_the_cloud_reads_as_a_preemption_is_the_guards_when_it_says_so(
         ).all()
     assert (stopped.reason, stopped.detail["read_as"]) == ("autostop", "preempted")
     assert preempted == []
+
+
+def test_without_a_cloud_time_the_guards_own_time_closes_usage(app, clock, monkeypatch):
+    """A cloud whose API dates no stop (a regular Yandex VM): the guard's ``stop.json`` time
+    closes compute, not the moment reconcile looked."""
+    from tests.test_cloud_time import without_cloud_time
+
+    without_cloud_time(monkeypatch)
+    m = machines.up(app, Experiment.model_validate(sandbox_experiment("undated"))).machine
+    sandbox = app.provider("sandbox")
+    clock.advance(timedelta(minutes=40))
+    halted = clock.now()
+    report = _report({"at": halted.isoformat(), "reason": "autostop", "action": "stop"})
+    monkeypatch.setattr(
+        type(sandbox), "machine_report", lambda self, ref, since=None: json.dumps(report).encode()
+    )
+    guard.halt(sandbox.db_path, m.instance_id, halted)
+    clock.advance(timedelta(hours=3))
+
+    machines.reconcile(app)
+
+    with app.db.session() as s:
+        [stopped] = s.scalars(
+            select(Event).where(Event.machine_id == m.id, Event.kind == "stopped")
+        ).all()
+        [compute] = s.scalars(
+            select(UsageInterval).where(
+                UsageInterval.machine_id == m.id, UsageInterval.kind == "compute"
+            )
+        ).all()
+    assert (stopped.at, stopped.detail["at_source"], stopped.reason) == (
+        halted,
+        "guard",
+        "autostop",
+    )
+    assert compute.ended_at == halted

@@ -41,6 +41,7 @@ class Explained:
     reason: str
     detail: dict[str, Any]
     jobs: dict[str, tuple[str, int | None]] = field(default_factory=dict)
+    at: datetime | None = None  # when the guard shut the machine down, by its clock
 
 
 def _iso(text: Any) -> datetime | None:
@@ -84,7 +85,8 @@ def explain(report: dict[str, Any] | None, running: list[str], since: datetime |
     reason = str(stop["reason"])
     out = Explained(
         reason,
-        {
+        at=at,
+        detail={
             "by": "the machine's guard",
             "guard": {
                 "at": at.isoformat(),

@@ -240,7 +240,9 @@ def _record(
                 status, detail["read_as"] = S.STOPPED, "preempted"
         at = now
         if status in HALTED:
-            at, detail["at_source"] = halted_at(s, row, inst.stopped_at if inst else None, now)
+            cloud_at = inst.stopped_at if inst else None
+            guard_at = explained.at if explained is not None and status != S.PREEMPTED else None
+            at, detail["at_source"] = halted_at(s, row, cloud_at, now, guard_at)
         if explained is not None and status != S.PREEMPTED:
             reason = explained.reason
             detail.update(explained.detail)
@@ -263,10 +265,15 @@ def _record(
 
 
 def halted_at(
-    s: Session, m: Machine, cloud_at: datetime | None, now: datetime
+    s: Session,
+    m: Machine,
+    cloud_at: datetime | None,
+    now: datetime,
+    guard_at: datetime | None = None,
 ) -> tuple[datetime, str]:
     """When ``m``, found stopped, preempted or gone at ``now``, stopped billing, and what says
-    so: the cloud's own time (``"cloud"``), else the time a preemption notice announced
+    so: the cloud's own time (``"cloud"``), else the time the machine's guard shut it down
+    (``"guard"``: its ``stop.json``), else the time a preemption notice announced
     (``"notice"``), else the agent's last heartbeat in the open usage (``"heartbeat"``: it ran
     at least until then), else ``now`` (``"noticed"``). Never before
     the open usage began (a stale time bills nothing twice, and no interval ends before it
@@ -281,6 +288,8 @@ def halted_at(
         return min(max(cloud_at, floor or cloud_at), now), "cloud"
     if m.status not in COMPUTE_BILLED:  # a machine already stopped has no running to bound
         return now, "noticed"
+    if guard_at is not None:
+        return min(max(guard_at, floor or guard_at), now), "guard"
     if (announced := _announced(s, m, floor)) is not None:
         return min(announced, now), "notice"
     beat = s.scalar(
