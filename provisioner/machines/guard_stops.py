@@ -78,8 +78,8 @@ def explain(report: dict[str, Any] | None, running: list[str], since: datetime |
         or (since is not None and at < since - SKEW)
     ):
         return Explained(UNEXPLAINED, {"by": UNKNOWN})
-    ended = stop.get("jobs_ended") if isinstance(stop.get("jobs_ended"), dict) else {}
-    said = {str(k): str(v)[:200] for k, v in ended.items()}
+    ended = stop.get("jobs_ended")
+    said = {str(k): str(v)[:200] for k, v in ended.items()} if isinstance(ended, dict) else {}
     states = (report or {}).get("jobs")
     states = states if isinstance(states, dict) else {}
     reason = str(stop["reason"])
