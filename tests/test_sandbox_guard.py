@@ -5,7 +5,9 @@ machine's own stop."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import sqlite3
 import subprocess
 import sys
 import time
@@ -29,6 +31,7 @@ from tests.conftest import (
     write_settings,
     write_yaml,
 )
+from tests.contract.harness import t4_request
 
 AGENT = ROOT / "provisioner" / "agent.py"
 STANDIN = ROOT / "tests" / "guard_standin.py"
@@ -105,3 +108,39 @@ def test_a_detached_jobs_machine_stops_itself_and_status_says_why(home, tmp_path
         app.close()
     # compute billed from the launch to the guard's instant, not to the look an hour later
     assert [u.ended_at for u in compute] == [halted.stopped_at]
+
+
+def _gone(pid: int) -> bool:
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return True
+    return "\nState:\tZ" in status
+
+
+def _wait_gone(pid: int) -> None:
+    deadline = time.monotonic() + DEADLINE_S
+    while not _gone(pid):
+        assert time.monotonic() < deadline, f"agent {pid} still runs"
+        time.sleep(0.2)
+
+
+def test_a_machine_stopped_or_gone_leaves_no_agent_behind(guarded):
+    """A stop through the API ends the machine's agent with it; a machine that disappears with
+    no hook seeing it (its row deleted) ends its agent within the keeper's poll."""
+    _, provider = guarded
+    guard_request = {"v": 1, "machine": "m-1", "on_finish": None, "autostop_s": None}
+    request = t4_request("1", ("sandbox-us", "sandbox-us-1a"), "sbx-t4-1", False)
+    first = provider.launch(dataclasses.replace(request, guard=guard_request))
+    home = provider.machine_dir(first.id)
+    pid = int((home / "agent.pid").read_text())
+    assert not _gone(pid)
+    provider.stop(first.ref)
+    _wait_gone(pid)
+
+    provider.start(first.ref)  # a new run: a new agent
+    again = int((home / "agent.pid").read_text())
+    assert again != pid and not _gone(again)
+    with sqlite3.connect(provider.db_path) as db:
+        db.execute("DELETE FROM machines WHERE id = ?", (first.id,))
+    _wait_gone(again)

@@ -32,6 +32,7 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import time
 from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -119,9 +120,12 @@ def start(
         "--interval",
         f"{interval:g}",
     ]
+    # its "power": a keeper that runs the agent and ends it once the machine is no longer up
+    keeper = [sys.executable, str(Path(__file__).resolve()), "keep"]
+    keeper += ["--db", str(db_path.resolve()), "--machine", machine_id, "--agent", json.dumps(argv)]
     with (machine_dir / "agent.log").open("ab") as log:
         proc = subprocess.Popen(
-            argv,
+            keeper,
             cwd=machine_dir,
             stdin=subprocess.DEVNULL,
             stdout=log,
@@ -141,9 +145,9 @@ def _ours(pid: int, machine_dir: Path) -> bool:
     return str(state_dir(machine_dir)).encode() in cmdline
 
 
-def stop(machine_dir: Path, *, group: bool = True) -> None:
-    """End the machine's agent, as the machine's halt ends every process on it (``group``:
-    with the processes it started; not from the halt it runs, which ends on its own)."""
+def stop(machine_dir: Path) -> None:
+    """End the machine's agent (its keeper's process group: the agent and whatever it runs, the
+    halt among them), as the machine's halt ends every process on it."""
     pid_file = machine_dir / "agent.pid"
     try:
         pid = int(pid_file.read_text())
@@ -153,10 +157,7 @@ def stop(machine_dir: Path, *, group: bool = True) -> None:
     if not _ours(pid, machine_dir):
         return
     with contextlib.suppress(ProcessLookupError, PermissionError):
-        if group:
-            os.killpg(pid, signal.SIGTERM)
-        else:
-            os.kill(pid, signal.SIGTERM)
+        os.killpg(pid, signal.SIGTERM)
     with contextlib.suppress(ChildProcessError, OSError):
         os.waitpid(pid, os.WNOHANG)  # reaped when this process started it
 
@@ -252,17 +253,51 @@ def halt(db_path: Path, machine_id: str, at: datetime) -> str | None:
     if not done:
         return None
     kill_jobs(machine_dir)
-    stop(machine_dir, group=False)
+    stop(machine_dir)  # last: the halting process is of the agent's group, and ends with it
     return state
+
+
+def _up(db_path: Path, machine_id: str) -> bool:
+    """Whether the machine is still up in the sandbox's table (a look that cannot be made —
+    the file busy — counts as up; a file or row gone does not)."""
+    if not db_path.exists():
+        return False
+    try:
+        conn = sqlite3.connect(f"file:{db_path}?mode=ro", uri=True, timeout=5)
+        try:
+            row = conn.execute("SELECT state FROM machines WHERE id = ?", (machine_id,)).fetchone()
+        finally:
+            conn.close()
+    except sqlite3.Error:
+        return True
+    return row is not None and row[0] in _HALTABLE
+
+
+def keep(db_path: Path, machine_id: str, argv: list[str], poll: float = 5.0) -> int:
+    """Run the agent as long as its machine is up: a machine stopped or deleted in a way no
+    hook saw (its file removed, another process's crash) leaves no agent behind."""
+    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL)
+    while proc.poll() is None:
+        time.sleep(poll)
+        if not _up(db_path, machine_id):
+            proc.terminate()
+            break
+    return proc.wait()
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description="a sandbox machine's OS halting from inside")
-    p.add_argument("what", choices=["halt"])
+    p.add_argument("what", choices=["halt", "keep"])
     p.add_argument("--db", required=True, type=Path)
     p.add_argument("--machine", required=True)
     p.add_argument("--shift", type=float, default=0.0, help="sandbox time - wall time, seconds")
+    p.add_argument("--agent", help="keep: the agent's command line, a JSON list")
     a = p.parse_args(argv)
+    if a.what == "keep":
+        agent = json.loads(a.agent or "[]")
+        if not agent:
+            p.error("keep: give the agent's command line (--agent)")
+        return keep(a.db, a.machine, [str(x) for x in agent])
     now = datetime.now(UTC) + timedelta(seconds=a.shift)  # the sandbox's time: see above
     state = halt(a.db, a.machine, now)
     print(f"{a.machine}: {state or 'not running: nothing to halt'}")
