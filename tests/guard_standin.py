@@ -1,7 +1,7 @@
 """A minimal stand-in for the agent's guard (``provisioner/agent.py --state-dir …``), used by
 tests/test_sandbox_guard.py only while the real agent does not take ``--state-dir`` yet: the
-on_finish rule and ``--report``, in the formats docs/… and the shared brief give. Standard
-library only, run by path as the real agent is."""
+on_finish rule and ``--report``, in the formats of the guard design (guard.json, stop.json,
+the report). Standard library only, run by path as the real agent is."""
 
 from __future__ import annotations
 

@@ -6,7 +6,9 @@ Each machine's directory (``<sandbox db folder>/machines/<id>/``) holds, besides
 - ``guard.request.json``: the guard its launch asked for (``LaunchRequest.guard``), in the
   sandbox's time; kept, as a cloud machine keeps its startup data, so a start runs it again;
 - ``agent/``: the agent's state dir (``guard.json``, ``samples.jsonl``, ``stop.json``);
-- ``agent.pid``, ``agent.log``, ``clock.json``: the agent process of the current run.
+- ``agent.pid``, ``agent.log``, ``clock.json``: the current run's agent, under a keeper (its
+  process group: the keeper, the agent, what the agent runs) that ends it once the machine is
+  no longer up in the sandbox's table, however that happened.
 
 Time: the agent reads the wall clock (it runs as it would on a machine), while the sandbox dates
 its machines by the application's clock (``PROVISIONER_CLOCK``, a test's clock). So each run
@@ -14,9 +16,10 @@ keeps ``shift`` = sandbox time − wall time when it started: the guard's instan
 the agent in wall time, what its report says is read back in sandbox time, and the shutdown
 marks the machine stopped at wall time + shift — the sandbox's own instant.
 
-Run as a script (``python guard.py halt --db D --machine ID --shift S``), standard library only:
-the command the agent runs as ``--shutdown-cmd``. The machine halts as a guest OS halting does
-on a cloud whose guest shutdown stops billing (GCP: TERMINATED): it is ``stopped`` (or
+Run as a script, standard library only: ``python guard.py halt --db D --machine ID --shift S``
+is the command the agent runs as ``--shutdown-cmd``; ``guard.py keep`` is the keeper. The
+machine halts as a guest OS halting does on a cloud whose guest shutdown stops billing (GCP:
+TERMINATED): it is ``stopped`` (or
 ``terminated`` when the guard's stop says so, as EC2's shutdown behaviour ``terminate``), its
 jobs and its agent end at that instant, and the cloud's reason says ``guest-shutdown``.
 """
