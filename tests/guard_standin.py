@@ -46,6 +46,7 @@ def main() -> int:
     p.add_argument("--interval", type=float, default=30.0)
     p.add_argument("--report", action="store_true")
     p.add_argument("--since")
+    p.add_argument("--boot-file")
     a = p.parse_args()
     d = a.state_dir
     guard_file = a.guard_file or os.path.join(d, "guard.json")

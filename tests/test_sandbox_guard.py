@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import sqlite3
 import subprocess
 import sys
@@ -39,7 +40,10 @@ DEADLINE_S = 120  # generous: the guard acts within its interval; nothing here m
 
 
 def agent_path() -> str | None:
-    """None (the real agent) once it keeps a state dir; until then the stand-in."""
+    """None (the real agent) once it keeps a state dir; until then the stand-in
+    ($PROVISIONER_TEST_AGENT: another agent file, e.g. a branch's, to try this against)."""
+    if os.environ.get("PROVISIONER_TEST_AGENT"):
+        return os.environ["PROVISIONER_TEST_AGENT"]
     said = subprocess.run([sys.executable, str(AGENT), "--help"], capture_output=True, text=True)
     return None if "--state-dir" in said.stdout else str(STANDIN)
 

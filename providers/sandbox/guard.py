@@ -6,6 +6,8 @@ Each machine's directory (``<sandbox db folder>/machines/<id>/``) holds, besides
 - ``guard.request.json``: the guard its launch asked for (``LaunchRequest.guard``), in the
   sandbox's time; kept, as a cloud machine keeps its startup data, so a start runs it again;
 - ``agent/``: the agent's state dir (``guard.json``, ``samples.jsonl``, ``stop.json``);
+- ``boot_id``: the current run's boot, which its jobs record (the host's boot is every
+  machine's, so each run gets its own, given to the agent as ``--boot-file``);
 - ``agent.pid``, ``agent.log``, ``clock.json``: the current run's agent, under a keeper (its
   process group: the keeper, the agent, what the agent runs) that ends it once the machine is
   no longer up in the sandbox's table, however that happened.
@@ -36,6 +38,7 @@ import sqlite3
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -93,6 +96,9 @@ def start(
     d.mkdir(parents=True, exist_ok=True)
     if (d / "stop.json").exists():
         (d / "stop.json").replace(d / "stop.previous.json")
+    # each run its own boot (the host's is every machine's): the agent acts once per boot and
+    # tells this run's jobs from an earlier run's by it, as on a machine that booted again
+    (machine_dir / "boot_id").write_text(str(uuid.uuid4()) + "\n")
     guard = json.loads(request.read_text())
     for key in _TIMES:
         guard[key] = _moved(guard.get(key), -shift)
@@ -122,13 +128,18 @@ def start(
         shlex.join(halt),
         "--interval",
         f"{interval:g}",
+        "--boot-file",
+        str(machine_dir / "boot_id"),
     ]
     # its "power": a keeper that runs the agent and ends it once the machine is no longer up
     keeper = [sys.executable, str(Path(__file__).resolve()), "keep"]
     keeper += ["--db", str(db_path.resolve()), "--machine", machine_id, "--agent", json.dumps(argv)]
+    # the wall clock, as on a machine: a clock of the command that launched it
+    # (PROVISIONER_CLOCK) would start over at the agent's start; the shift above is exact
     with (machine_dir / "agent.log").open("ab") as log:
         proc = subprocess.Popen(
             keeper,
+            env=_wall_clock_env(),
             cwd=machine_dir,
             stdin=subprocess.DEVNULL,
             stdout=log,
@@ -137,6 +148,18 @@ def start(
         )
     (machine_dir / "agent.pid").write_text(str(proc.pid))
     return True
+
+
+def _wall_clock_env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if k != "PROVISIONER_CLOCK"}
+
+
+def boot_id(machine_dir: Path) -> str:
+    """The machine's current boot (its run's), else the host's."""
+    for path in (machine_dir / "boot_id", Path("/proc/sys/kernel/random/boot_id")):
+        with contextlib.suppress(OSError):
+            return path.read_text().strip()
+    return "unknown"
 
 
 def _ours(pid: int, machine_dir: Path) -> bool:
@@ -214,7 +237,9 @@ def report(
     if since is not None:
         argv += ["--since", (since - shift).astimezone(UTC).isoformat()]
     try:
-        done = subprocess.run(argv, capture_output=True, timeout=60, stdin=subprocess.DEVNULL)
+        done = subprocess.run(
+            argv, capture_output=True, timeout=60, stdin=subprocess.DEVNULL, env=_wall_clock_env()
+        )
     except (OSError, subprocess.TimeoutExpired):
         return None
     if done.returncode != 0:

@@ -110,7 +110,7 @@ class SandboxJobs:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
-        (job / "boot").write_text(_boot_id())
+        (job / "boot").write_text(guard.boot_id(home) + "\n")
         (job / "pid").write_text(str(proc.pid))
         self._procs[job] = proc
 
@@ -170,14 +170,6 @@ class SandboxJobs:
         """The agent's ``--report`` for the machine's state dir (no SSH: the sandbox's machines
         are directories here), its instants in the sandbox's time."""
         return guard.report(self.machine_dir(ref.id), self._agent(), since)
-
-
-def _boot_id() -> str:
-    """The host's boot (the sandbox's machines share it), as provisioner-job keeps it."""
-    try:
-        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-    except OSError:
-        return "unknown"
 
 
 def _alive(pid: int) -> bool:
