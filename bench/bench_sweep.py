@@ -119,7 +119,7 @@ def run_sandbox(n: int) -> None:
         (home / "policy.yaml").write_text(BERLIN_NIGHTS)
         settings = Settings(
             home=home,
-            clouds={"sandbox": {"latency_seconds": 0, "retry_base_seconds": 0.001}},
+            clouds={"sandbox": {"latency_seconds": 0, "retry_base_seconds": 0.001, "agent": False}},
             policies=[str(home / "policy.yaml")],
         )
         app = App(settings, ManualClock(LAUNCH))

@@ -66,7 +66,7 @@ def main() -> None:
     home = Path(tempfile.mkdtemp(prefix="preempt-month-"))
     settings = Settings(
         home=home,
-        clouds={"sandbox": {"latency_seconds": 0, "retry_base_seconds": 0.001}},
+        clouds={"sandbox": {"latency_seconds": 0, "retry_base_seconds": 0.001, "agent": False}},
     )
     app = App(settings, clock)
     wall = time.perf_counter()

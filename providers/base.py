@@ -152,6 +152,9 @@ class LaunchRequest:
     labels: Mapping[str, str] = field(default_factory=dict)  # includes the TAG_* keys
     max_price: Decimal | None = None  # spot cap per hour; None → pay up to on-demand
     preemption_action: Literal["stop", "terminate"] = "stop"  # what the cloud does on eviction
+    # The machine's own guard (the agent's guard.json: autostop, on_finish, max lifetime), as
+    # the startup data writes it on a cloud machine; the sandbox hands it to its agent process.
+    guard: Mapping[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -182,6 +185,10 @@ class Instance:
     # where the API gives no such time. Meaningful only for a machine in one of those states:
     # reconcile closes usage at this instant, not at the moment it noticed.
     stopped_at: datetime | None = None
+    # Halted from inside (its OS shut down) but still allocated, so its compute still bills
+    # (an Azure VM in PowerState/stopped): reported ``stopping`` until a stop through the API
+    # (Azure's deallocate) ends the billing; reconcile makes that stop.
+    halted_billing: bool = False
 
     @property
     def ref(self) -> InstanceRef:
@@ -480,6 +487,12 @@ class Provider(ABC):
     def job_output(self, ref: InstanceRef, job_id: str, offset: int = 0) -> bytes:
         """The job's output (stdout and stderr) from byte ``offset``."""
         raise NotImplementedError(f"{self.name}: jobs are not supported yet")
+
+    def machine_report(self, ref: InstanceRef) -> bytes | None:
+        """The machine's own record as its agent prints it (``provisioner-agent --report``: its
+        samples, jobs, guard and the guard's stop), read where the cloud keeps it. None: this
+        cloud has no such way, the report is read over SSH."""
+        return None
 
     def unused_network(self, *, remove: bool = False) -> list[str]:
         """Network pieces this adapter created (tagged as ours: a security group, a firewall

@@ -69,7 +69,14 @@ def clock() -> ManualClock:
 
 
 def make_settings(home: Path, **overrides: object) -> Settings:
-    sandbox = {"latency_seconds": 0, "retry_base_seconds": 0.001, "retry_max_seconds": 0.01}
+    # the machines' own agent off: the scheduler's side is tested alone (test_sandbox_guard
+    # turns it on)
+    sandbox = {
+        "latency_seconds": 0,
+        "retry_base_seconds": 0.001,
+        "retry_max_seconds": 0.01,
+        "agent": False,
+    }
     sandbox.update(overrides.pop("sandbox", {}))  # type: ignore[arg-type]
     data: dict = {
         "home": home,

@@ -587,15 +587,19 @@ def test_start_without_capacity_is_a_capacity_error(emulator, provider):
     assert provider.get(inst.ref).state is MachineState.STOPPED
 
 
-def test_a_powered_off_vm_reads_stopped_and_stop_deallocates_it(emulator, provider):
+def test_a_powered_off_vm_reads_still_billed_and_stop_deallocates_it(emulator, provider):
     inst = provider.launch(request())
     compute, _ = provider._clients()
     compute.virtual_machines.begin_power_off("provisioner", "exp-a1b2c3").result()
     got = provider.get(inst.ref)
-    assert got.state is MachineState.STOPPED and "PowerState/stopped" in got.state_reason
+    # powered off but allocated: Azure bills it until deallocated, so it is not yet stopped
+    assert got.state is MachineState.STOPPING and "PowerState/stopped" in got.state_reason
+    assert got.halted_billing and "exp-a1b2c3" in emulator.billed_vms()
 
     provider.stop(inst.ref)
     assert emulator.power_state("exp-a1b2c3") == "deallocated"
+    after = provider.get(inst.ref)
+    assert after.state is MachineState.STOPPED and not after.halted_billing
 
 
 # --- listing ----------------------------------------------------------------------------------

@@ -11,12 +11,12 @@ import re
 import shutil
 import threading
 from collections.abc import Callable, Sequence
-from datetime import UTC, datetime
 from functools import partial
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
-from providers.azure import SPEC, AzureOptions, activity, errors, prices
+from providers.azure import SPEC, AzureOptions, errors, prices
+from providers.azure.instances import to_instance
 from providers.azure.network import Network, ip_name, nic_name
 from providers.azure.volumes import ManagedDisks
 from providers.base import (
@@ -31,7 +31,6 @@ from providers.base import (
     InstanceRef,
     InvalidRequest,
     LaunchRequest,
-    MachineState,
     NotFound,
     Offer,
     Provider,
@@ -50,14 +49,6 @@ ARM_SCOPE = "https://management.azure.com/.default"
 _LOOPBACK = {"127.0.0.1", "localhost", "::1"}
 _NO_ANSWER = "NoAnswer"  # check's probe got no answer in time
 
-_POWER = {
-    "starting": MachineState.PENDING,
-    "running": MachineState.RUNNING,
-    "stopping": MachineState.STOPPING,
-    "deallocating": MachineState.STOPPING,
-    "stopped": MachineState.STOPPED,  # powered off but still allocated (and billed)
-    "deallocated": MachineState.STOPPED,
-}
 _VM_ID = re.compile(
     r"/resourceGroups/([^/]+)/providers/Microsoft\.Compute/virtualMachines/([^/]+)$", re.I
 )
@@ -354,7 +345,7 @@ class AzureProvider(Provider):
             )
         view = self.call(lambda: compute.virtual_machines.instance_view(rg, name))
         private_ip = nic.ip_configurations[0].private_ip_address if nic.ip_configurations else None
-        return self._instance(vm, view.statuses, private_ip, public_ip.ip_address)
+        return to_instance(self, vm, view.statuses, private_ip, public_ip.ip_address)
 
     def get(self, ref: InstanceRef) -> Instance:
         compute, network = self._clients()
@@ -373,7 +364,7 @@ class AzureProvider(Provider):
         except (NotFound, IndexError, TypeError):
             pass  # no NIC (or public IP) any more: the VM's own state still answers
         statuses = vm.instance_view.statuses if vm.instance_view else []
-        return self._instance(vm, statuses, private_ip, public_ip)
+        return to_instance(self, vm, statuses, private_ip, public_ip)
 
     def list_managed(
         self, regions: Sequence[str] | None = None, machine_id: str | None = None
@@ -401,7 +392,7 @@ class AzureProvider(Provider):
                 ips = self.call(lambda: list(network.public_ip_addresses.list(rg)))
                 addresses = {(ip.name or "").lower(): ip.ip_address for ip in ips}
             public_ip = addresses.get(ip_name(vm.name).lower())
-            found.append(self._instance(vm, view.statuses, public_ip=public_ip))
+            found.append(to_instance(self, vm, view.statuses, public_ip=public_ip))
         return found
 
     def stop(self, ref: InstanceRef) -> None:
@@ -551,68 +542,6 @@ class AzureProvider(Provider):
             ),
             **market,
         )
-
-    def _instance(
-        self,
-        vm: Any,
-        statuses: Any,
-        private_ip: str | None = None,
-        public_ip: str | None = None,
-    ) -> Instance:
-        codes = [s.code or "" for s in statuses or []]
-        power = next((c.split("/", 1)[1] for c in codes if c.startswith("PowerState/")), None)
-        spot = str(getattr(vm.priority, "value", vm.priority) or "").lower() == "spot"
-        reason = ", ".join(codes) or None
-        if vm.provisioning_state == "Deleting":
-            state = MachineState.TERMINATED
-        elif power is None:
-            failed = vm.provisioning_state == "Failed"
-            state = MachineState.TERMINATED if failed else MachineState.PENDING
-        else:
-            state = _POWER.get(power, MachineState.PENDING)
-        # When it stopped: a deallocate is a user-initiated operation whose completion the
-        # ProvisioningState/succeeded status dates ("time"; MicrosoftDocs azure-docs, "States
-        # and billing status of Azure VMs": a deallocate "is considered an update"); the
-        # PowerState status has no time. A powered-off VM (PowerState/stopped, possibly from
-        # inside the guest) has no dated record: None. An eviction is not user-initiated, so
-        # for a Spot VM the Activity Log's evictSpotVM (or deallocate) eventTimestamp dates it.
-        stopped_at = None
-        if state is MachineState.STOPPED and power == "deallocated":
-            if spot:
-                evicted, why, stopped_at = activity.evicted(self, vm)
-                if evicted:
-                    state = MachineState.PREEMPTED
-                reason = ", ".join(filter(None, [reason, why]))
-            else:
-                stopped_at = next(
-                    (
-                        st.time
-                        for st in statuses or []
-                        if (st.code or "").lower() == "provisioningstate/succeeded"
-                    ),
-                    None,
-                )
-        return Instance(
-            id=vm.id,
-            name=vm.name,
-            region=vm.location,
-            zone=(vm.zones or [""])[0],
-            instance_type=vm.hardware_profile.vm_size if vm.hardware_profile else "",
-            state=state,
-            spot=spot,
-            labels=dict(vm.tags or {}),
-            public_ip=public_ip,
-            private_ip=private_ip,
-            launched_at=vm.time_created,
-            state_reason=reason,
-            stopped_at=_utc(stopped_at),
-        )
-
-
-def _utc(at: datetime | None) -> datetime | None:
-    if at is None:
-        return None
-    return at.astimezone(UTC) if at.tzinfo else at.replace(tzinfo=UTC)
 
 
 def _network_name(resource_id: str) -> tuple[str | None, str]:

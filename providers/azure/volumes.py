@@ -171,7 +171,7 @@ class ManagedDisks:
         )
 
     def _volume(self, disk: Any) -> Volume:
-        from providers.azure.adapter import _utc
+        from providers.azure.instances import _utc
 
         props = disk.properties
         state_word = _word(getattr(props, "disk_state", None))

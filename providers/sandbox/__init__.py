@@ -37,6 +37,12 @@ class SandboxOptions(Options):
     public_ip: Name | None = None
     ssh_port: int = Field(22, ge=1, le=65535)
     ssh_user: Name | None = None
+    # Each machine runs the agent a cloud machine runs (provisioner/agent.py, as a process):
+    # its guard stops the machine from inside (autostop, on_finish, max lifetime) with no
+    # command run. ``agent_path`` names another agent file (a test's stand-in).
+    agent: bool = True
+    agent_interval_seconds: Seconds = 5.0
+    agent_path: Name | None = None
     retry_base_seconds: Wait = 0.05
     retry_max_seconds: Wait = 0.5
 

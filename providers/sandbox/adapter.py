@@ -14,14 +14,11 @@ import contextlib
 import json
 import os
 import secrets
-import shlex
-import shutil
-import signal
 import sqlite3
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -36,7 +33,6 @@ from providers.base import (
     Instance,
     InstanceRef,
     InvalidRequest,
-    JobState,
     LaunchRequest,
     MachineState,
     NotFound,
@@ -51,6 +47,7 @@ from providers.base import (
     port_open,
 )
 from providers.sandbox import SPEC, SandboxOptions
+from providers.sandbox.jobs import SandboxJobs
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS machines (
@@ -76,7 +73,7 @@ _UPSERT_FAULT = (
 )
 
 
-class SandboxProvider(Provider):
+class SandboxProvider(SandboxJobs, Provider):
     spec = SPEC
     options: SandboxOptions
 
@@ -262,6 +259,8 @@ class SandboxProvider(Provider):
         return "simulated cloud, no credentials needed"
 
     def launch(self, request: LaunchRequest) -> Instance:
+        made: list[str] = []
+
         def create(db: sqlite3.Connection) -> Instance:
             row = db.execute("SELECT * FROM machines WHERE token = ?", (request.token,)).fetchone()
             if row is not None:  # the same intent again: the same machine
@@ -280,6 +279,7 @@ class SandboxProvider(Provider):
                         code="SandboxGpuQuota",
                     )
             iid = "sbx-" + secrets.token_hex(6)
+            made.append(iid)
             # TEST-NET-2, never routable, unless settings point its machines at a real host
             ip = self.options.public_ip or f"198.51.100.{secrets.randbelow(250) + 2}"
             db.execute(
@@ -311,7 +311,10 @@ class SandboxProvider(Provider):
         latency = self.options.latency_seconds
         if latency:
             time.sleep(latency)
-        return self._call(create)
+        instance = self._call(create)
+        if made and request.guard is not None:  # it boots: its agent starts
+            self._start_guard(instance.id, request.guard)
+        return instance
 
     def get(self, ref: InstanceRef) -> Instance:
         return self._call(lambda db: self._instance(db, self._row(db, ref)))
@@ -336,8 +339,10 @@ class SandboxProvider(Provider):
 
         return self._call(query)
 
-    def _set_state(self, ref: InstanceRef, state: str, *, allowed_from: tuple[str, ...]) -> None:
-        def update(db: sqlite3.Connection) -> None:
+    def _set_state(self, ref: InstanceRef, state: str, *, allowed_from: tuple[str, ...]) -> bool:
+        """Whether it moved (False: it was not in a state it moves from)."""
+
+        def update(db: sqlite3.Connection) -> bool:
             row = self._row(db, ref)
             if row["state"] == "terminated" and state != "terminated":
                 raise NotFound(f"sandbox: machine {ref.id} is terminated", code="SandboxNotFound")
@@ -358,8 +363,10 @@ class SandboxProvider(Provider):
                     _release_volumes(db, ref.id)
                 if halted:
                     self._kill_jobs(ref.id)
+                return True
+            return False
 
-        self._call(update)
+        return bool(self._call(update))
 
     def stop(self, ref: InstanceRef) -> None:
         self._set_state(ref, "stopped", allowed_from=("pending", "running", "stopping"))
@@ -405,7 +412,8 @@ class SandboxProvider(Provider):
             return dict.fromkeys(dict.fromkeys(refs), e)
 
     def start(self, ref: InstanceRef) -> None:
-        self._set_state(ref, "running", allowed_from=("stopped",))
+        if self._set_state(ref, "running", allowed_from=("stopped",)):  # it boots again
+            self._start_guard(ref.id)
 
     def terminate(self, ref: InstanceRef) -> None:
         with contextlib.suppress(NotFound):  # already gone: terminate is idempotent
@@ -528,107 +536,6 @@ class SandboxProvider(Provider):
         """As a virtio disk shows its serial (the volume's id) under /dev/disk/by-id."""
         return f"/dev/disk/by-id/virtio-{volume.id}"
 
-    # -- jobs: local processes in the machine's own directory -------------------------------
-    # <sandbox db folder>/machines/<id>/: workdir/ (the copy, where jobs run), setup.sh and
-    # setup.done (setup once per machine), jobs/<job>/{command.sh, output.log, pid, exit_code}.
-    # Each job is a detached process group (its own session: it outlives the `up` that started
-    # it); stopping, terminating or preempting the machine kills its groups.
-
-    def machine_dir(self, machine_id: str) -> Path:
-        return self.db_path.parent / "machines" / machine_id
-
-    def _running_dir(self, ref: InstanceRef) -> Path:
-        def look(db: sqlite3.Connection) -> str:
-            return str(self._instance(db, self._row(db, ref)).state)
-
-        state = self._call(look)
-        if state != MachineState.RUNNING:
-            raise InvalidRequest(
-                f"sandbox: machine {ref.id} is {state}, not running", code="SandboxNotRunning"
-            )
-        return self.machine_dir(ref.id)
-
-    def put_files(self, ref: InstanceRef, source: str, paths: Sequence[str]) -> None:
-        work = self._running_dir(ref) / "workdir"
-        for rel in paths:
-            src, dst = Path(source) / rel, work / rel
-            dst.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(src, dst)
-
-    def start_job(
-        self,
-        ref: InstanceRef,
-        job_id: str,
-        command: str,
-        *,
-        env: Mapping[str, str],
-        setup: str | None = None,
-    ) -> None:
-        home = self._running_dir(ref)
-        job = home / "jobs" / job_id
-        if job.exists():  # a job of that id again (a relaunched `run`): its output starts anew
-            shutil.rmtree(job)
-        job.mkdir(parents=True)
-        (home / "workdir").mkdir(exist_ok=True)
-        (job / "command.sh").write_text(command + "\n")
-        q = shlex.quote
-        lines = []
-        if setup is not None:
-            (home / "setup.sh").write_text(setup + "\n")
-            done = q(str(home / "setup.done"))
-            lines.append(
-                f"if [ ! -e {done} ]; then sh {q(str(home / 'setup.sh'))} || "
-                f"{{ echo $? > {q(str(job / 'exit_code'))}; exit; }}; touch {done}; fi"
-            )
-        tmp, final = q(str(job / "exit_code.tmp")), q(str(job / "exit_code"))
-        lines.append(f"sh {q(str(job / 'command.sh'))}; echo $? > {tmp} && mv {tmp} {final}")
-        with (job / "output.log").open("wb") as log:
-            proc = subprocess.Popen(
-                ["sh", "-c", "\n".join(lines)],
-                cwd=home / "workdir",
-                env={**os.environ, **env},
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        (job / "pid").write_text(str(proc.pid))
-        self._procs[job] = proc
-
-    def _job_dir(self, ref: InstanceRef, job_id: str) -> Path:
-        job = self.machine_dir(ref.id) / "jobs" / job_id
-        if not (job / "pid").exists():
-            raise NotFound(f"sandbox: no job {job_id} on {ref.id}", code="SandboxNoJob")
-        return job
-
-    def job_state(self, ref: InstanceRef, job_id: str) -> JobState:
-        job = self._job_dir(ref, job_id)
-        code = job / "exit_code"
-        if code.exists():
-            return JobState(False, int(code.read_text().strip()))
-        proc = self._procs.get(job)
-        alive = proc.poll() is None if proc is not None else _alive(int((job / "pid").read_text()))
-        if not alive and code.exists():  # it wrote its code between the two looks
-            return JobState(False, int(code.read_text().strip()))
-        return JobState(alive, None)
-
-    def job_output(self, ref: InstanceRef, job_id: str, offset: int = 0) -> bytes:
-        with (self._job_dir(ref, job_id) / "output.log").open("rb") as f:
-            f.seek(offset)
-            return f.read()
-
-    def _kill_jobs(self, machine_id: str) -> None:
-        """Every job of a machine that stops: its process group is killed, as a halt would."""
-        jobs = self.machine_dir(machine_id) / "jobs"
-        for pid_file in jobs.glob("*/pid") if jobs.is_dir() else ():
-            if (pid_file.parent / "exit_code").exists():
-                continue
-            with contextlib.suppress(ProcessLookupError, PermissionError, ValueError):
-                os.killpg(int(pid_file.read_text()), signal.SIGKILL)
-            proc = self._procs.pop(pid_file.parent, None)
-            if proc is not None:
-                proc.wait()
-
     # -- simulation hooks ------------------------------------------------------------------
 
     def preempt(self, ref: InstanceRef) -> None:
@@ -697,19 +604,6 @@ def _volume(row: sqlite3.Row) -> Volume:
         attached_to=row["attached_to"],
         created_at=datetime.fromisoformat(row["created_at"]),
     )
-
-
-def _alive(pid: int) -> bool:
-    """Whether a job started by another process still runs."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    with contextlib.suppress(OSError):  # a zombie has exited
-        return "\nState:\tZ" not in Path(f"/proc/{pid}/status").read_text()
-    return True
 
 
 def _release_volumes(db: sqlite3.Connection, machine_id: str) -> None:

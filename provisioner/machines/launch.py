@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from decimal import ROUND_DOWN, Decimal
 from typing import Any, NoReturn
@@ -227,6 +227,7 @@ def launch_intent(
         request = _launch_request(
             machine, experiment, cand, user_data, app.settings.money_rates, key.public_key
         )
+        request = replace(request, guard=guard_of(app, machine.id, experiment, o.cloud))
         record_event(app, machine.id, "launch-attempt", detail=attempt.to_json())
         crashpoint("before-launch")
         try:
@@ -458,6 +459,28 @@ def _startup_data(
         guard=guard.guard_doc(rules, machine_id, app.clock.now(), user),
         login_user=user,
     )
+
+
+def guard_of(app: App, machine_id: str, experiment: Experiment, cloud: str) -> dict[str, Any]:
+    """The machine's own guard (the agent's ``guard.json``): what it enforces by itself."""
+    life, now = experiment.lifecycle, app.clock.now()
+    on_finish = experiment.on_finish
+    return {
+        "v": 1,
+        "machine": machine_id,
+        "launched_at": now.isoformat(),
+        "autostop_s": _seconds(life.autostop),
+        "idle": {
+            "gpu_util_below": life.idle.gpu_util_below if life.idle else 10,
+            "gpus_only": False,
+        },
+        "on_finish": {"job": jobs.RUN, "action": on_finish}
+        if experiment.run and on_finish in ("stop", "terminate")
+        else None,
+        "max_lifetime_at": (now + life.max_lifetime).isoformat() if life.max_lifetime else None,
+        "max_lifetime_action": "stop",
+        "jobs_dir": f"/home/{app.provider(cloud).ssh_user}/.provisioner/jobs",
+    }
 
 
 def _with_supervisor(

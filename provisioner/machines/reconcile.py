@@ -12,10 +12,11 @@ from datetime import datetime
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from providers.base import Instance, MachineState, NotFound, ProviderError
+from providers.base import Instance, MachineState, NotFound, Provider, ProviderError
 from provisioner import ledger, notify
 from provisioner.app import App
 from provisioner.idle import NOTICE_EVENT
+from provisioner.machines import guard_stops
 from provisioner.machines.record import ref
 from provisioner.models import ACTIVE_EXCLUDED, Event, Heartbeat, Machine, UsageInterval
 from provisioner.schema import COMPUTE_BILLED, INTENTS, MachineStatus, observed
@@ -165,10 +166,42 @@ def reconcile(
                     continue
             if (seen_now := _record(app, m, inst, now)) is not None:
                 out.append(seen_now)
+                if inst is not None and inst.halted_billing and seen_now.observed == S.STOPPING:
+                    out.append(_end_billing(app, provider, seen_now.machine, inst, now))
     return out
 
 
-def _record(app: App, m: Machine, inst: Instance | None, now: datetime) -> Observation | None:
+#: why reconcile stops a machine that is already halted
+STILL_BILLED = (
+    "its OS shut down, but its cloud keeps it allocated and billed until it is stopped through "
+    "the API (an Azure VM is deallocated): provisioner stopped it so"
+)
+
+
+def _end_billing(
+    app: App, provider: Provider, m: Machine, inst: Instance, now: datetime
+) -> Observation:
+    """A machine halted from inside that its cloud still bills (Azure: PowerState/stopped, still
+    allocated): stopped through the API, which ends the billing; the stop is recorded at the
+    cloud's time of it, with the guard's reason when the machine says one, and why provisioner
+    made it. Usage stays open (``stopping``) when the stop fails: the next pass tries again."""
+    try:
+        provider.stop(inst.ref)
+        after = provider.get(inst.ref)
+    except ProviderError as e:
+        log.warning("reconcile: %s is halted but billed; could not stop it: %s", m.name, e)
+        return Observation(m, S.STOPPING, False, f"halted but billed; could not stop it: {e}")
+    seen = _record(app, m, after, now, note={"ended_billing": STILL_BILLED})
+    return seen or Observation(m, S.STOPPING, False)
+
+
+def _record(
+    app: App,
+    m: Machine,
+    inst: Instance | None,
+    now: datetime,
+    note: dict[str, str] | None = None,
+) -> Observation | None:
     """What the cloud's answer ``inst`` (None: it no longer knows the machine) says of ``m``,
     written if it changed anything; None when the row changed meanwhile (skipped: the next
     reconcile sees anew)."""
@@ -181,7 +214,10 @@ def _record(app: App, m: Machine, inst: Instance | None, now: datetime) -> Obser
     if status == S.PREEMPTED:
         reason = "preempted"
     else:
-        reason = "launched" if booted else "outside-provisioner"
+        reason = "launched" if booted else guard_stops.UNEXPLAINED
+    report, running = None, []
+    if status in HALTED:  # its own guard, maybe: what the machine says
+        report, running = guard_stops.read_report(app, m), guard_stops.running_jobs(app, m)
     with app.db.session() as s:
         row = s.get(Machine, m.id)
         if row is None or row.status != m.status:
@@ -193,10 +229,24 @@ def _record(app: App, m: Machine, inst: Instance | None, now: datetime) -> Obser
         detail = {
             "observed": inst.state.value if inst else "gone",
             "cloud_reason": inst.state_reason if inst else None,
+            **(note or {}),
         }
+        explained = None
+        if status in HALTED:
+            explained = guard_stops.explain(report, running, _open_since(s, row))
+            if status == S.PREEMPTED and explained.reason != guard_stops.UNEXPLAINED:
+                # a cloud that records no reason (SberCloud) or guesses one (a Yandex VM that
+                # went down without a stop operation) read as preempted what its guard stopped
+                status, detail["read_as"] = S.STOPPED, "preempted"
         at = now
         if status in HALTED:
-            at, detail["at_source"] = halted_at(s, row, inst.stopped_at if inst else None, now)
+            cloud_at = inst.stopped_at if inst else None
+            guard_at = explained.at if explained is not None and status != S.PREEMPTED else None
+            at, detail["at_source"] = halted_at(s, row, cloud_at, now, guard_at)
+        if explained is not None and status != S.PREEMPTED:
+            reason = explained.reason
+            detail.update(explained.detail)
+            guard_stops.record_jobs(s, row, explained, at)
         changed = ledger.record_transition(
             s, row, status, at, event="booted" if booted else None, reason=reason, detail=detail
         )
@@ -215,10 +265,15 @@ def _record(app: App, m: Machine, inst: Instance | None, now: datetime) -> Obser
 
 
 def halted_at(
-    s: Session, m: Machine, cloud_at: datetime | None, now: datetime
+    s: Session,
+    m: Machine,
+    cloud_at: datetime | None,
+    now: datetime,
+    guard_at: datetime | None = None,
 ) -> tuple[datetime, str]:
     """When ``m``, found stopped, preempted or gone at ``now``, stopped billing, and what says
-    so: the cloud's own time (``"cloud"``), else the time a preemption notice announced
+    so: the cloud's own time (``"cloud"``), else the time the machine's guard shut it down
+    (``"guard"``: its ``stop.json``), else the time a preemption notice announced
     (``"notice"``), else the agent's last heartbeat in the open usage (``"heartbeat"``: it ran
     at least until then), else ``now`` (``"noticed"``). Never before
     the open usage began (a stale time bills nothing twice, and no interval ends before it
@@ -233,6 +288,8 @@ def halted_at(
         return min(max(cloud_at, floor or cloud_at), now), "cloud"
     if m.status not in COMPUTE_BILLED:  # a machine already stopped has no running to bound
         return now, "noticed"
+    if guard_at is not None:
+        return min(max(guard_at, floor or guard_at), now), "guard"
     if (announced := _announced(s, m, floor)) is not None:
         return min(announced, now), "notice"
     beat = s.scalar(
@@ -241,6 +298,14 @@ def halted_at(
     if beat is not None and (floor is None or beat >= floor):
         return beat, "heartbeat"
     return now, "noticed"
+
+
+def _open_since(s: Session, m: Machine) -> datetime | None:
+    return s.scalar(
+        select(func.max(UsageInterval.started_at)).where(
+            UsageInterval.machine_id == m.id, UsageInterval.ended_at.is_(None)
+        )
+    )
 
 
 def _announced(s: Session, m: Machine, floor: datetime | None) -> datetime | None:

@@ -12,6 +12,7 @@ import socket
 import threading
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -144,6 +145,9 @@ class AwsHarness:
 
     def stop_from_outside(self, instance: Instance) -> None:
         self.emu.client("ec2", instance.region).stop_instances(InstanceIds=[instance.id])
+
+    def guest_shutdown(self, instance: Instance, at: datetime) -> None:
+        self.emu.guest_shutdown(instance.id, instance.region, at=at)
 
     def delete_from_outside(self, instance: Instance) -> None:
         self.emu.forget(instance.id, instance.region)

@@ -7,6 +7,7 @@ import os
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -116,6 +117,9 @@ class AzureHarness:
 
     def stop_from_outside(self, instance: Instance) -> None:
         self.emu.console_stop(instance.name)
+
+    def guest_shutdown(self, instance: Instance, at: datetime) -> None:
+        self.emu.guest_shutdown(instance.name)  # Azure dates no power-off from inside
 
     def delete_from_outside(self, instance: Instance) -> None:
         self.emu.console_delete(instance.name)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -105,6 +106,9 @@ class GCPHarness:
 
     def stop_from_outside(self, instance: Instance) -> None:
         self.emu.console_stop(instance.zone, instance.name)
+
+    def guest_shutdown(self, instance: Instance, at: datetime) -> None:
+        self.emu.guest_shutdown(instance.zone, instance.name, at=at)
 
     def delete_from_outside(self, instance: Instance) -> None:
         self.emu.console_delete(instance.zone, instance.name)

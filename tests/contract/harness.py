@@ -16,6 +16,7 @@ long-running operation on AWS RunInstances, no wire on the sandbox) the harness 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from datetime import datetime
 from typing import Any, Protocol, runtime_checkable
 
 from providers.base import (
@@ -141,6 +142,12 @@ class Harness(Protocol):
 
     def delete_from_outside(self, instance: Instance) -> None:
         """Someone deletes the machine elsewhere, and the cloud no longer knows it."""
+
+    def guest_shutdown(self, instance: Instance, at: datetime) -> None:
+        """The machine's OS shuts itself down (the guard's ``shutdown -h now``) at ``at``, and
+        the cloud does what it does with that (its emulator's ``guest_shutdown``, cited
+        there): stopped, terminated, or stopped but still allocated and billed. A cloud that
+        records no time for it ignores ``at``."""
 
     def add_foreign_machine(self, tags: Mapping[str, str] | None = None) -> None:
         """A machine made outside provisioner, with ``tags`` (None: none at all)."""

@@ -7,12 +7,14 @@ from __future__ import annotations
 import sqlite3
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from providers.base import Instance, InstanceRef, LaunchRequest
+from providers.sandbox import guard
 from providers.sandbox.adapter import SandboxProvider
 from provisioner.clock import ManualClock
 from tests.conftest import TEST_START
@@ -90,6 +92,9 @@ class SandboxHarness:
 
     def stop_from_outside(self, instance: Instance) -> None:
         self.provider().stop(instance.ref)  # another process sharing the sandbox: its console
+
+    def guest_shutdown(self, instance: Instance, at: datetime) -> None:
+        guard.halt(self.db_path, instance.id, at)  # what the machine's guard runs
 
     def delete_from_outside(self, instance: Instance) -> None:
         with self._db() as db:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -118,6 +119,9 @@ class SberCloudHarness:
 
     def stop_from_outside(self, instance: Instance) -> None:
         self.emu.console_stop(instance.id)
+
+    def guest_shutdown(self, instance: Instance, at: datetime) -> None:
+        self.emu.guest_shutdown(instance.id, at=at)
 
     def delete_from_outside(self, instance: Instance) -> None:
         self.emu.console_delete(instance.id)

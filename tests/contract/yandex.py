@@ -9,6 +9,7 @@ import tempfile
 import threading
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -131,6 +132,9 @@ class YandexHarness:
 
     def stop_from_outside(self, instance: Instance) -> None:
         self.emu.console_stop(instance.id)
+
+    def guest_shutdown(self, instance: Instance, at: datetime) -> None:
+        self.emu.guest_shutdown(instance.id)  # Yandex dates no power-off from inside
 
     def delete_from_outside(self, instance: Instance) -> None:
         self.emu.console_delete(instance.id)

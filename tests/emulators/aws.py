@@ -286,7 +286,12 @@ class AwsEmulator:
         self._in_flight = 0
         self._tokens: dict[tuple[str, str], tuple[dict[str, str], bytes]] = {}
         self._token_locks: dict[tuple[str, str], threading.Lock] = {}
-        self._preempted: dict[str, tuple[str, str, datetime]] = {}
+        # instance id → (StateReason code, its message, when, who initiated it)
+        self._preempted: dict[str, tuple[str, str, datetime, str]] = {}
+        # RunInstances' InstanceInitiatedShutdownBehavior per instance (botocore's ec2 model:
+        # "Indicates whether an instance stops or terminates when you initiate shutdown from
+        # the instance (using the operating system command for system shutdown). Default: stop")
+        self._shutdown_behavior: dict[str, str] = {}
         self._booting: dict[str, int] = {}  # instance id → DescribeInstances left as pending
         # Test infra, not EC2: every instance's public address (DescribeInstances ipAddress,
         # botocore ec2 model Instance.PublicIpAddress) read as this one, e.g. 127.0.0.1 where
@@ -325,6 +330,7 @@ class AwsEmulator:
             self._tokens.clear()
             self._token_locks.clear()
             self._preempted.clear()
+            self._shutdown_behavior.clear()
             self._booting.clear()
             self.spot_requests.clear()
             self.public_address = None
@@ -405,11 +411,58 @@ class AwsEmulator:
         code, text = SPOT_INTERRUPTION[action]
         with self._lock:
             when = (at or datetime.now(UTC)).astimezone(UTC)
-            self._preempted[instance_id] = (code, f"{code}: {text}", when)
+            self._preempted[instance_id] = (code, f"{code}: {text}", when, "Service initiated")
             request = self._spot_request_of(instance_id)
             if request is not None and request.state not in ("cancelled", "closed"):
                 # persistent: open again, waiting for capacity; one-time: done
                 request.state = "open" if request.kind == "persistent" else "closed"
+
+    def guest_shutdown(
+        self, instance_id: str, region: str = "us-east-1", at: datetime | None = None
+    ) -> str:
+        """The instance's OS shuts itself down (``shutdown -h now``) at ``at`` (default: now),
+        as EC2 answers it; returns the state it is left in.
+
+        - "By default, when you initiate a shutdown from an Amazon EBS backed instance (using a
+          command such as shutdown or poweroff), the instance stops. You can change this
+          behavior so that the instance terminates instead by changing the
+          InstanceInitiatedShutdownBehavior attribute" (EC2 User Guide, "Change instance
+          initiated shutdown behavior",
+          https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/Using_ChangingInstanceInitiatedShutdownBehavior.html).
+        - A one-time Spot Instance cannot be stopped ("You can only stop Spot Instances
+          associated with persistent Spot Instance requests", EC2's own refusal above; EC2 User
+          Guide, "Stop a Spot Instance"): shut down from inside, it is terminated, as
+          /work/shared/reference/clouds.md records.
+        - Its StateReason is ``Client.InstanceInitiatedShutdown`` ("The instance was shut down
+          from the operating system of the instance", botocore's ec2 model, StateReason; its
+          message "Client.InstanceInitiatedShutdown: Instance initiated shutdown" as recorded
+          from EC2 in taskcluster/aws-provisioner's tests), and
+          its StateTransitionReason is dated as any stop or terminate a client started, "User
+          initiated (YYYY-MM-DD HH:MM:SS GMT)".
+        Compute billing ends with the stop (a stopped instance is not charged for usage: EC2
+        User Guide, "Stop and start Amazon EC2 instances")."""
+        ec2 = self.client("ec2", region)
+        request = self._spot_request_of(instance_id)
+        with self._lock:
+            behavior = self._shutdown_behavior.get(instance_id, "stop")
+        if request is not None and request.kind == "one-time":
+            behavior = "terminate"
+        if behavior == "terminate":
+            ec2.terminate_instances(InstanceIds=[instance_id])
+        else:
+            ec2.stop_instances(InstanceIds=[instance_id])
+        code = "Client.InstanceInitiatedShutdown"
+        with self._lock:
+            when = (at or datetime.now(UTC)).astimezone(UTC)
+            self._preempted[instance_id] = (
+                code,
+                f"{code}: Instance initiated shutdown",
+                when,
+                "User initiated",
+            )
+            if request is not None and request.state not in ("cancelled", "closed"):
+                request.state = "closed" if behavior == "terminate" else "disabled"
+        return "terminated" if behavior == "terminate" else "stopped"
 
     def restore_capacity(self) -> list[str]:
         """Capacity is back: EC2 fulfils every open persistent request again — it starts an
@@ -788,6 +841,11 @@ class AwsEmulator:
         rec.answer = "forwarded" if status == 200 else f"moto {status}"
         if status == 200 and params.get("InstanceMarketOptions.MarketType") == "spot":
             self._open_spot_requests(h, region, params, data)
+        if status == 200:
+            behavior = params.get("InstanceInitiatedShutdownBehavior", "stop")
+            with self._lock:
+                for iid in _instance_ids(data):
+                    self._shutdown_behavior[iid] = behavior
         if status == 200 and self.faults.boot_describes:
             with self._lock:
                 for iid in _instance_ids(data):
@@ -920,7 +978,7 @@ class AwsEmulator:
             preempted = dict(self._preempted)
 
         def take(iid: str, item: ET.Element, q: Any) -> None:
-            code, message, when = preempted[iid]
+            code, message, when, initiated = preempted[iid]
             reason = item.find(q("stateReason"))
             if reason is None:
                 reason = ET.SubElement(item, q("stateReason"))
@@ -932,7 +990,7 @@ class AwsEmulator:
             transition = item.find(q("reason"))
             if transition is None:
                 transition = ET.SubElement(item, q("reason"))
-            transition.text = f"Service initiated ({when:%Y-%m-%d %H:%M:%S} GMT)"
+            transition.text = f"{initiated} ({when:%Y-%m-%d %H:%M:%S} GMT)"
 
         return _edit_instances(data, set(preempted), take)
 

@@ -429,6 +429,17 @@ class AzureEmulator:
             vm.power = "deallocated"
             self._event(vm.body["id"], "Microsoft.Compute/virtualMachines/deallocate/action")
 
+    def guest_shutdown(self, name: str, resource_group: str = "provisioner") -> None:
+        """The VM's OS shuts itself down: PowerState/stopped, still allocated, and billed until
+        it is deallocated through the API (learn.microsoft.com/azure/virtual-machines/
+        states-billing, power states: "Stopped" is the VM shut down from within the guest OS or
+        by the PowerOff API, its hardware still allocated and billed; only "Deallocated" stops
+        compute billing — see :meth:`billed_vms`). No ARM operation made it: no Activity Log
+        event, and the instance view's ProvisioningState time (the last user-initiated
+        operation's) is left as it was."""
+        with self._lock:
+            self._get_vm(resource_group, name).power = "stopped"
+
     def console_delete(self, name: str, resource_group: str = "provisioner") -> None:
         """Someone deletes the VM outside provisioner (its NIC and disk go with it per their
         deleteOption): GET answers 404."""

@@ -465,6 +465,22 @@ class GCPEmulator:
             op.update(status="DONE", progress=100, endTime=self._now())
             instance.update(status="TERMINATED", lastStopTimestamp=self._now())
 
+    def guest_shutdown(self, zone: str, name: str, at: datetime | None = None) -> None:
+        """The VM's OS shuts itself down (``shutdown -h now``) at ``at`` (default: the logical
+        clock): it goes TERMINATED, GCP's word for stopped, with ``lastStopTimestamp`` (compute
+        v1 Instance reference: the last stop, RFC 3339), as a stop through the API leaves it; a
+        stopped VM bills no vCPU, memory or GPU, only its disks (Compute Engine docs, "Stop and
+        start a Compute Engine instance" and "Compute Engine instance lifecycle", as the shared
+        reference clouds.md records under "Shutting down from inside the machine"). No API
+        call made it, so no
+        operation of the project records it (Cloud Audit Logs name it a system event,
+        ``compute.instances.guestTerminate``); a spot VM's instanceTerminationAction applies to
+        preemptions only, so it is stopped, not deleted."""
+        with self._lock:
+            instance = self.instances[(zone, name)]
+            when = self._now() if at is None else _pacific(at)
+            instance.update(status="TERMINATED", lastStopTimestamp=when, statusMessage="")
+
     def console_delete(self, zone: str, name: str) -> None:
         """Someone deletes the instance outside provisioner: it is gone (GET answers 404)."""
         with self._lock:

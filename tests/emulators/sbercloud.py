@@ -315,6 +315,20 @@ class EcsEmulator:
         looks exactly like a spot preemption that stopped it (``preempt(how="stop")``)."""
         self.preempt(server_id, how="stop")
 
+    def guest_shutdown(self, server_id: str, at: datetime | None = None) -> None:
+        """The server's OS powers itself off at ``at`` (default: now): ECS shows it SHUTOFF,
+        as after a stop (the OpenStack status of a server whose guest halted; Huawei ECS "ECS
+        Statuses": SHUTOFF, "stopped"), ``updated`` its last change, with no reason recorded.
+        Billing: "After a pay-per-use or spot ECS is stopped (excluding bare metal ECSs or ECSs
+        with local disks or FPGAs attached), its basic resources (vCPUs, memory, image, and
+        GPUs) will no longer be billed"; those others (P1, P2, disk-intensive, FPGA, bare metal)
+        "will continue to be billed after they are stopped" (Huawei Cloud, "How Can I Stop an
+        ECS from Being Billed?", support.huaweicloud.com/intl/en-us/price-ecs/
+        ecs_billing_11106.html). This emulator's flavors are GPU flavors without local disks:
+        stopped, compute billing ends."""
+        with self._lock:
+            _set_status(self.servers[server_id], "SHUTOFF", at)
+
     def console_delete(self, server_id: str) -> None:
         """Someone deleted the server elsewhere and ECS no longer knows it: 404 Ecs.0114."""
         self.preempt(server_id, how="vanish")

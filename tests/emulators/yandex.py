@@ -293,6 +293,18 @@ class YandexEmulator:
             )
             op.pb.done = True
 
+    def guest_shutdown(self, instance_id: str) -> None:
+        """The machine's OS powers itself off: it goes STOPPED (Yandex Compute Cloud, "VM
+        statuses": STOPPED, "VM is stopped", the one halted status), and "The time when the VM
+        is stopped is not charged" for its vCPUs, RAM and GPUs (Compute Cloud pricing policy,
+        as ``billed_instances`` reads it). Its docs say nothing of a power-off from inside
+        besides: no API call made it, so no operation of its history records it and nothing
+        dates it (the Instance message has only ``created_at``)."""
+        with self._lock:
+            inst = self.instances[instance_id]
+            inst.status = instance_pb2.Instance.STOPPED
+            self.release_public_address(inst)
+
     def console_delete(self, instance_id: str) -> None:
         """Someone deletes the machine outside provisioner: Get answers NOT_FOUND."""
         with self._lock:

@@ -1,0 +1,137 @@
+"""A machine that stopped itself: what its guard said, read back by reconcile.
+
+The agent on every machine (``provisioner/agent.py``) enforces ``autostop``, ``on_finish`` and
+``max_lifetime`` by shutting the machine's OS down, having first written ``stop.json`` (its
+report's ``stop``): when, why (``autostop`` / ``on-finish`` / ``max-lifetime``), and the jobs
+the stop ended. When reconcile finds a machine halted that provisioner did not halt, it reads
+the machine's report (the sandbox: :meth:`Provider.machine_report`; a cloud: the report the
+pull reads over SSH) and :func:`explain` turns it into the stop's reason and detail, and the
+jobs' ends; without a readable stop, the event says the machine was stopped from inside or
+outside with no reason known. The ledger still closes at the cloud's own stop time.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy.orm import Session
+
+from providers.base import ProviderError
+from provisioner.app import App
+from provisioner.machines import jobs
+from provisioner.machines.record import ref
+from provisioner.models import Event, Machine
+
+GUARD_REASONS = ("autostop", "on-finish", "max-lifetime")
+#: the reason of a stop neither provisioner nor the machine's guard explains
+UNEXPLAINED = "outside-provisioner"
+UNKNOWN = "stopped from inside the machine or outside provisioner; no reason known"
+#: how far the machine's clock may lag the scheduler's and its stop still count for this run
+SKEW = timedelta(minutes=1)
+
+
+@dataclass
+class Explained:
+    """Why a machine stopped, as recorded: its event's reason and detail, and the ends of the
+    jobs the events still say run (job id → (reason, exit code))."""
+
+    reason: str
+    detail: dict[str, Any]
+    jobs: dict[str, tuple[str, int | None]] = field(default_factory=dict)
+    at: datetime | None = None  # when the guard shut the machine down, by its clock
+
+
+def _iso(text: Any) -> datetime | None:
+    if not isinstance(text, str):
+        return None
+    try:
+        at = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return at if at.tzinfo is not None else None
+
+
+def _exit_code(state: Any) -> int | None:
+    """``"exit N"`` → N; anything else (``lost``, ``running``) → None."""
+    if isinstance(state, str) and state.startswith("exit "):
+        try:
+            return int(state.split()[1])
+        except (IndexError, ValueError):
+            return None
+    return None
+
+
+def explain(report: dict[str, Any] | None, running: list[str], since: datetime | None) -> Explained:
+    """The stop a parsed report (``provisioner-agent --report``) explains: its guard's reason
+    when it holds a well-formed ``stop`` of this run (not before ``since``, the open usage's
+    start), with what it said and each job in ``running`` (the jobs the events say still run)
+    ended as the report tells; else "no reason known"."""
+    stop = (report or {}).get("stop")
+    at = _iso(stop.get("at")) if isinstance(stop, dict) else None
+    if (
+        not isinstance(stop, dict)
+        or stop.get("reason") not in GUARD_REASONS
+        or at is None
+        or (since is not None and at < since - SKEW)
+    ):
+        return Explained(UNEXPLAINED, {"by": UNKNOWN})
+    ended = stop.get("jobs_ended")
+    said = {str(k): str(v)[:200] for k, v in ended.items()} if isinstance(ended, dict) else {}
+    states = (report or {}).get("jobs")
+    states = states if isinstance(states, dict) else {}
+    reason = str(stop["reason"])
+    out = Explained(
+        reason,
+        at=at,
+        detail={
+            "by": "the machine's guard",
+            "guard": {
+                "at": at.isoformat(),
+                "action": str(stop.get("action") or ""),
+                "detail": str(stop.get("detail") or "")[:500],
+                "jobs_ended": said,
+            },
+        },
+    )
+    for job in running:
+        code = _exit_code(states.get(job))
+        if code is not None:  # it exited before the stop: its own end
+            out.jobs[job] = ("exited", code)
+        elif job in said:  # the guard's stop ended it, and said so
+            out.jobs[job] = (reason, None)
+        else:  # ended with its machine
+            out.jobs[job] = ("killed", None)
+    return out
+
+
+def read_report(app: App, m: Machine) -> dict[str, Any] | None:
+    """The machine's report where its cloud keeps it (None: not readable there; the pull
+    reads a cloud machine's over SSH)."""
+    try:
+        raw = app.provider(m.cloud or "").machine_report(ref(m))
+    except (ProviderError, OSError):
+        return None
+    if raw is None:
+        return None
+    try:
+        parsed = json.loads(raw)
+    except ValueError:
+        return None
+    return parsed if isinstance(parsed, dict) else None
+
+
+def record_jobs(s: Session, m: Machine, explained: Explained, at: datetime) -> None:
+    """Each job the stop ended (or that had exited before it), as a ``job-finished`` event at
+    the stop, with the guard's reason when the guard ended it: never a job left running."""
+    for job, (reason, code) in explained.jobs.items():
+        detail: dict[str, Any] = {"job": job, "exit_code": code}
+        if reason in GUARD_REASONS:
+            detail["how"] = explained.detail["guard"]["jobs_ended"].get(job, "")
+        s.add(Event(machine_id=m.id, at=at, kind=jobs.FINISHED, reason=reason, detail=detail))
+
+
+def running_jobs(app: App, m: Machine) -> list[str]:
+    return [j.id for j in jobs.jobs_of(app, m).values() if j.running]
