@@ -447,7 +447,6 @@ def _startup_data(
     sched = app.settings.scheduler
     notice = experiment.lifecycle.on_preemption_notice
     user = app.provider(cloud).ssh_user
-    rules = guard.rules(experiment, app.policies)
     return startup.startup_data(
         experiment.startup_script,
         sched.endpoint_url,
@@ -456,31 +455,16 @@ def _startup_data(
         machine_id,
         cloud=cloud,
         on_notice=notice.for_agent() if notice else None,
-        guard=guard.guard_doc(rules, machine_id, app.clock.now(), user),
+        guard=guard_of(app, machine_id, experiment, cloud),
         login_user=user,
     )
 
 
 def guard_of(app: App, machine_id: str, experiment: Experiment, cloud: str) -> dict[str, Any]:
-    """The machine's own guard (the agent's ``guard.json``): what it enforces by itself."""
-    life, now = experiment.lifecycle, app.clock.now()
-    on_finish = experiment.on_finish
-    return {
-        "v": 1,
-        "machine": machine_id,
-        "launched_at": now.isoformat(),
-        "autostop_s": _seconds(life.autostop),
-        "idle": {
-            "gpu_util_below": life.idle.gpu_util_below if life.idle else 10,
-            "gpus_only": False,
-        },
-        "on_finish": {"job": jobs.RUN, "action": on_finish}
-        if experiment.run and on_finish in ("stop", "terminate")
-        else None,
-        "max_lifetime_at": (now + life.max_lifetime).isoformat() if life.max_lifetime else None,
-        "max_lifetime_action": "stop",
-        "jobs_dir": f"/home/{app.provider(cloud).ssh_user}/.provisioner/jobs",
-    }
+    """The machine's own guard (the agent's ``guard.json``: :mod:`provisioner.guard`), from the
+    experiment and the policies that match it: what the machine enforces by itself."""
+    rules = guard.rules(experiment, app.policies)
+    return guard.guard_doc(rules, machine_id, app.clock.now(), app.provider(cloud).ssh_user)
 
 
 def _with_supervisor(
