@@ -128,6 +128,27 @@ def with_mounts(data: str | None, mounts: Sequence[tuple[str, str]], owner: str 
     return _prepend(data, mount_script(mounts, owner))
 
 
+def pull_key_script(line: str, user: str) -> str:
+    """Shell: the authorized_keys ``line`` of the team's pull key (restricted to the agent's
+    report, :func:`provisioner.keys.pull_authorized_line`) added once for the login ``user``."""
+    q, u = _sh(line), _sh(user)
+    return (
+        "#!/bin/sh\n# the team's pull key: it reads the agent's report, nothing else\n"
+        f'pv_h=$(getent passwd {u} | cut -d: -f6); if [ -n "$pv_h" ]; then '
+        'mkdir -p "$pv_h/.ssh"; touch "$pv_h/.ssh/authorized_keys"; '
+        f'grep -qxF {q} "$pv_h/.ssh/authorized_keys" || echo {q} >> "$pv_h/.ssh/authorized_keys"; '
+        f'chown {u} "$pv_h/.ssh" "$pv_h/.ssh/authorized_keys"; chmod 700 "$pv_h/.ssh"; '
+        'chmod 600 "$pv_h/.ssh/authorized_keys"; fi\n'
+    )
+
+
+def with_pull_key(data: str | None, line: str | None, user: str) -> str | None:
+    """``data`` with the pull key's line installed first (as :func:`with_mounts` does)."""
+    if not line or not user:
+        return data
+    return _prepend(data, pull_key_script(line, user))
+
+
 def _prepend(data: str | None, script: str) -> str:
     """``script`` run before ``data``: inside a shell script, after its first line; beside a
     ``#cloud-config`` or MIME document, as the first part cloud-init runs."""

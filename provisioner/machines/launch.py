@@ -224,6 +224,11 @@ def launch_intent(
             volumes.mounts(app, ready),
             app.provider(o.cloud).ssh_user,
         )
+        user_data = startup.with_pull_key(  # the scheduler reads the agent's report with it
+            user_data,
+            key.pull_key and keys.pull_authorized_line(key.pull_key),
+            app.provider(o.cloud).ssh_user,
+        )
         request = _launch_request(
             machine, experiment, cand, user_data, app.settings.money_rates, key.public_key
         )
@@ -543,6 +548,11 @@ def _record(
                 "instance_id": inst.id,
                 "public_ip": inst.public_ip,
                 **({keys.DETAIL: key.detail()} if key else {}),
+                **(
+                    {keys.PULL_DETAIL: keys.fingerprint(key.pull_key)}
+                    if key and key.pull_key
+                    else {}
+                ),
             },
         )
         return m
