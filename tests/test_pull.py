@@ -266,7 +266,9 @@ def test_a_job_end_in_the_report_is_the_job_event_on_finish_reads(fleet):
     assert result.job_ends == [("box", "run", "exit 3")]
     run = jobs.jobs_of(fleet.app, fleet.m)["run"]
     assert (run.running, run.exit_code, run.reason) == (False, 3, "exited")
-    assert pull.pull_all(fleet.app).job_ends == []  # once
+    fleet.clock(LAUNCH + timedelta(minutes=4))
+    again = pull.pull_all(fleet.app)
+    assert (again.ssh_calls, again.job_ends) == (1, [])  # recorded once
 
 
 def test_a_guard_stop_names_the_job_it_ended(fleet):
@@ -357,49 +359,42 @@ def test_the_pull_key_reads_the_report_and_nothing_else(fleet):
 
 def test_a_malformed_or_huge_report_is_one_line_and_nothing_stored(fleet):
     """(c)"""
-    fleet.clock(NIGHT)
-    for raw, said in [
-        (b"not json{", "report refused: not JSON"),
-        (b" " * (pull.MAX_REPORT_BYTES + 10) + b"{}", "report refused: over 4 MB"),
+
+    def report(at: datetime, **fields: object) -> bytes:
+        doc = {"v": 1, "machine": fleet.m.id, "at": iso(at), "samples": [], "jobs": {}}
+        return json.dumps({**doc, **fields}).encode()
+
+    bad_util = [{"at": iso(NIGHT), "gpus": [{"index": 0, "util": 250}]}]
+    cases = [
+        (lambda at: b"not json{", "not JSON"),
+        (lambda at: b" " * (pull.MAX_REPORT_BYTES + 10) + b"{}", "over 4 MB"),
+        (lambda at: report(at, machine="m-other"), "it answers as another machine ('m-other')"),
+        (lambda at: report(at, samples=bad_util), "a GPU's util must be a number from 0 to 100"),
         (
-            json.dumps(
-                {"v": 1, "machine": "m-other", "at": iso(NIGHT), "samples": [], "jobs": {}}
-            ).encode(),
-            "report refused: it answers as another machine ('m-other')",
+            lambda at: report(at, jobs={"run": "done"}),
+            'a job state must be "running", "exit N" or "lost"',
         ),
         (
-            json.dumps(
-                {
-                    "v": 1,
-                    "machine": fleet.m.id,
-                    "at": iso(NIGHT),
-                    "samples": [{"at": iso(NIGHT), "gpus": [{"index": 0, "util": 250}]}],
-                    "jobs": {},
-                }
-            ).encode(),
-            "report refused: a GPU's util must be a number from 0 to 100",
+            lambda at: report(at + timedelta(hours=2)),
+            "its clock is 7200 s off ours (at most 300 s)",
         ),
         (
-            json.dumps(
-                {
-                    "v": 1,
-                    "machine": fleet.m.id,
-                    "at": iso(NIGHT + timedelta(hours=2)),
-                    "samples": [],
-                    "jobs": {},
-                }
-            ).encode(),
-            "report refused: its clock is 7200 s off ours (at most 300 s)",
+            lambda at: report(at, samples=[{"at": "yesterday", "gpus": []}]),
+            "a sample's at is not an ISO 8601 UTC time",
         ),
-    ]:
-        (fleet.state / "raw").write_bytes(raw)
+    ]
+    at = NIGHT
+    for raw, said in cases:
+        at += pull.fresh_within(fleet.app)  # asked again: a pass later
+        fleet.clock(at)
+        (fleet.state / "raw").write_bytes(raw(at))
         result = pull.pull_all(fleet.app)
-        assert result.lines == [f"box: {said}"], result.lines
+        assert result.lines == [f"box: report refused: {said}"], result.lines
     assert fleet.pulled() == 0
 
     # through the sweep: one line, no traceback, the machine left running (idle not known)
     (fleet.state / "raw").write_bytes(b"[1, 2")
-    r = fleet.sweep(NIGHT)
+    r = fleet.sweep(at)
     assert r.returncode == 0, r.stderr
     assert "Traceback" not in r.stderr + r.stdout
     assert [ln for ln in r.stdout.splitlines() if "report refused" in ln] == [

@@ -107,18 +107,13 @@ def sweep(
     capacity (and enforce budgets)."""
     from provisioner import identity  # as above
     from provisioner.jobs import daemon, recover  # SQLAlchemy and the policies: not for --help
-    from provisioner.jobs import reconcile as reconciling  # as above
     from provisioner.jobs import sweep as sweeping  # as above
     from provisioner.jobs import waiting as queued  # as above
     from provisioner.jobs.passes import describe  # as above
 
     application = get_app(ctx)
     application.actor = identity.SCHEDULER  # what the passes do is the scheduler's doing
-    # the clouds' states and each machine's report (samples, job ends: the pull) first, so
-    # the sweep judges idle on what the machines say now (h-sweep makes this the whole pass)
-    first = [] if dry_run else [reconciling.run(application)]
     passes = [
-        *first,
         sweeping.run(application, dry_run=dry_run),
         recover.run(application, dry_run=dry_run),
         queued.run(application, dry_run=dry_run),

@@ -26,6 +26,7 @@ import re
 import selectors
 import subprocess
 import time
+import weakref
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -385,9 +386,16 @@ def _running(app: App) -> list[Machine]:
         )
 
 
+#: When this process last asked each machine, per app (see :func:`pull_all`).
+_ASKED: weakref.WeakKeyDictionary[App, dict[str, datetime]] = weakref.WeakKeyDictionary()
+
+
 def pull_all(app: App, machines: Iterable[Machine] | None = None) -> PullResult:
     """Read the report of each of ``machines`` (default: every running one) that has a guard
-    and no fresh heartbeat from the endpoint, and record what it says."""
+    and no fresh heartbeat from the endpoint, and record what it says. Called by the reconcile
+    pass and by the sweep pass (which judges idle on the samples: pulled only by a reconcile
+    every 10 minutes, they would be older than the heartbeat grace); a machine asked by this
+    process within :func:`fresh_within` is not asked again."""
     result = PullResult()
     now = app.clock.now()
     try:  # the first pass that finds no pull key published makes it (as `up` does)
@@ -398,10 +406,17 @@ def pull_all(app: App, machines: Iterable[Machine] | None = None) -> PullResult:
     ms = _guarded(app, [m for m in ms if m.public_ip])
     if not ms:
         return result
-    ids = [m.id for m in ms]
+    ids, recent = [m.id for m in ms], fresh_within(app)
     endpoint = _newest(app, ids, endpoint_only=True)
-    todo = [m for m in ms if not (m.id in endpoint and now - endpoint[m.id] <= fresh_within(app))]
+    todo = [m for m in ms if not (m.id in endpoint and now - endpoint[m.id] <= recent)]
     result.fresh = len(ms) - len(todo)
+    # asked already by this process within two agent periods (the sweep after the reconcile
+    # of one `provisioner sweep`): one SSH call per machine per run
+    asked = _ASKED.setdefault(app, {})
+    todo = [m for m in todo if not (m.id in asked and timedelta(0) <= now - asked[m.id] < recent)]
+    if not todo:
+        return result
+    asked.update({m.id: now for m in todo})
     newest = _newest(app, [m.id for m in todo], endpoint_only=False)
     key = keys.pull_private(app)
     if todo and key is None and keys.published_pull_key(app) is not None:
