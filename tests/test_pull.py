@@ -389,7 +389,7 @@ def test_a_malformed_or_huge_report_is_one_line_and_nothing_stored(fleet):
         fleet.clock(at)
         (fleet.state / "raw").write_bytes(raw(at))
         result = pull.pull_all(fleet.app)
-        assert result.lines == [f"box: report refused: {said}"], result.lines
+        assert result.lines == [f"box: pull [refused] — report refused: {said}"], result.lines
     assert fleet.pulled() == 0
 
     # through the sweep: one line, no traceback, the machine left running (idle not known)
@@ -438,7 +438,7 @@ def test_a_host_without_the_private_half_says_so_once_and_goes_on(fleet):
     result = pull.pull_all(fleet.app)
     assert result.ssh_calls == 0
     [line] = result.lines
-    assert line.startswith("pull: this host has no private half of the team's pull key (")
+    assert line.startswith("this host: pull [no key] — no private half of the team's pull key (")
     r = fleet.sweep(NIGHT)
     assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
     assert sum("no private half" in ln for ln in r.stdout.splitlines()) == 1

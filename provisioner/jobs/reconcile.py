@@ -39,8 +39,7 @@ def run(app: App, now: datetime | None = None, *, holder: str = HOLDER) -> Pass:
         # each machine's own report (samples, job ends) read before its jobs are judged: idle
         # and job ends known without a public endpoint
         pulled = pull_all(app)
-        for name, kind, why in pulled.problems:
-            result.actions.append(Action(name, "pull", kind, why, True))
+        result.pulls = pulled.lines
         for name, job, how in pulled.job_ends:
             result.actions.append(Action(name, "record", "job-ended", f"job {job}: {how}", True))
         result.actions += finish.check(app)  # a job that ended: its on_finish

@@ -260,7 +260,7 @@ def run(
         result = Pass("sweep", dry_run=dry_run, checked=len(machines))
         # each machine's own report (samples, job ends), read now: idle known behind NAT
         pulled = pull.pull_all(app, machines)
-        result.actions += [Action(n, "pull", kind, why, True) for n, kind, why in pulled.problems]
+        result.pulls = pulled.lines
         result.actions += [
             Action(n, "record", "job-ended", f"job {j}: {how}", True)
             for n, j, how in pulled.job_ends

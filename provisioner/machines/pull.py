@@ -36,7 +36,7 @@ from typing import Any
 
 from sqlalchemy import func, or_, select
 
-from providers.base import ProviderError
+from providers.base import Provider, ProviderError
 from provisioner import idle, keys
 from provisioner.app import App
 from provisioner.errors import OperationFailed
@@ -101,7 +101,7 @@ class PullResult:
 
     @property
     def lines(self) -> list[str]:
-        return [f"{name}: {why}" for name, _, why in self.problems]
+        return [f"{name}: pull [{kind}] — {why}" for name, kind, why in self.problems]
 
 
 # --- validating an answer ------------------------------------------------------------------
@@ -361,11 +361,14 @@ def _guarded(app: App, ms: list[Machine]) -> list[Machine]:
             )
         ).all()
     with_key = {mid for mid, d in rows if isinstance(d, dict) and d.get(keys.PULL_DETAIL)}
-    return [
-        m
-        for m in ms
-        if m.id in with_key or getattr(app.provider(m.cloud or ""), "machine_report", None)
-    ]
+    return [m for m in ms if m.id in with_key or reads_itself(app.provider(m.cloud or ""))]
+
+
+def reads_itself(provider: Provider) -> bool:
+    """The cloud's adapter reads a machine's report itself (the sandbox: from the machine's
+    folder), overriding ``Provider.machine_report`` (whose default, None, means: over SSH)."""
+    mine = getattr(type(provider), "machine_report", None)
+    return mine is not None and mine is not getattr(Provider, "machine_report", None)
 
 
 def _newest(app: App, ids: list[str], endpoint_only: bool) -> dict[str, datetime]:
@@ -401,7 +404,7 @@ def pull_all(app: App, machines: Iterable[Machine] | None = None) -> PullResult:
     try:  # the first pass that finds no pull key published makes it (as `up` does)
         keys.pull_public_key(app)
     except OperationFailed as e:
-        result.problems.append(("pull", "no key", f"no team pull key: {e}"))
+        result.problems.append(("this host", "no key", f"no team pull key: {e}"))
     ms = [m for m in (_running(app) if machines is None else machines) if m.status == S.RUNNING]
     ms = _guarded(app, [m for m in ms if m.public_ip])
     if not ms:
@@ -423,10 +426,10 @@ def pull_all(app: App, machines: Iterable[Machine] | None = None) -> PullResult:
         path = keys.pull_path(app)
         result.problems.append(
             (
-                "pull",
+                "this host",
                 "no key",
-                f"this host has no private half of the team's pull key ({path}): machines are "
-                "not read over SSH here; copy it from the host that made it (0600)",
+                f"no private half of the team's pull key ({path}): machines are not read "
+                "over SSH here; copy it from the host that made it (0600)",
             )
         )
     up = idle.running_since(app, [m.id for m in todo])  # nothing held: since it came up
