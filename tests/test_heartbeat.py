@@ -119,7 +119,11 @@ def test_cloud_config_user_data_is_combined_as_multipart(agent_app):
 
 def test_no_endpoint_in_settings_means_no_agent(app):
     m = launch(app)
-    assert user_data(app, m) == "#!/bin/bash\necho hi"
+    data = user_data(app, m)
+    # no heartbeat agent nor token; the team's pull key (restricted to the report) comes first
+    assert data.startswith("#!/bin/bash\n# the team's pull key") and data.endswith("\necho hi")
+    assert 'restrict,command="/usr/local/bin/provisioner-agent --report" ssh-ed25519 ' in data
+    assert "agent-token" not in data
     assert m.agent_token_hash is None
 
 
