@@ -377,7 +377,7 @@ def _newest(app: App, ids: list[str], endpoint_only: bool) -> dict[str, datetime
     if endpoint_only:
         q = q.where(or_(h.pulled.is_(None), h.pulled.is_(False)))
     with app.db.session() as s:
-        return dict(s.execute(q.group_by(h.machine_id)).all())  # type: ignore[arg-type]
+        return dict(s.execute(q.group_by(h.machine_id)).all())
 
 
 def _running(app: App) -> list[Machine]:
