@@ -443,3 +443,19 @@ def test_a_host_without_the_private_half_says_so_once_and_goes_on(fleet):
     assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
     assert sum("no private half" in ln for ln in r.stdout.splitlines()) == 1
     assert keys.published_pull_key(fleet.app) is not None  # never replaced by another pair
+
+
+def test_a_reconcile_and_a_sweep_in_one_run_ask_each_machine_once(fleet):
+    """`provisioner sweep` runs reconcile, then the sweep (h-sweep): one SSH call per machine
+    per run, and the sweep judges on the samples the reconcile pulled."""
+    from provisioner.jobs import reconcile, sweep
+
+    fleet.samples(LAUNCH + timedelta(minutes=1), NIGHT, util=3)
+    fleet.clock(NIGHT)
+    reconciled = reconcile.run(fleet.app)
+    assert reconciled.pulls == []
+    swept = sweep.run(fleet.app)
+    assert [(a.machine, a.action, a.reason) for a in swept.actions] == [
+        ("box", "stop", "off-hours-idle")
+    ]
+    assert len((fleet.state / "asked.log").read_text().splitlines()) == 1
