@@ -25,7 +25,7 @@ from sqlalchemy import select
 
 from provisioner.app import App
 from provisioner.errors import OperationFailed
-from provisioner.models import Event, Machine
+from provisioner.models import Event, Machine, TeamKey
 from provisioner.spec import Experiment
 
 #: How long `provisioner ssh` waits for a machine's SSH port before saying what to check;
@@ -47,6 +47,7 @@ class Key:
     source: str  # experiment | user | generated | none
     public_path: Path | None = None
     private_path: Path | None = None  # what `ssh -i` uses, when it is a file we know
+    pull_key: str | None = None  # the team's pull key (:func:`pull_public_key`), restricted
 
     def detail(self) -> dict[str, Any]:
         return {
@@ -79,7 +80,17 @@ def generated_path(app: App) -> Path:
 
 
 def choose(app: App, experiment: Experiment, say: Callable[[str], None]) -> Key:
-    """The key ``up`` launches with, said in one line."""
+    """The key ``up`` launches with, said in one line, with the team's pull key beside it."""
+    key = _choose(app, experiment, say)
+    try:
+        pull = pull_public_key(app)
+    except OperationFailed as e:  # no ssh-keygen: the machine is launched, not pulled
+        say(f"pull key: none ({e}); the scheduler reads this machine's idle only by heartbeats")
+        pull = None
+    return Key(key.public_key, key.source, key.public_path, key.private_path, pull)
+
+
+def _choose(app: App, experiment: Experiment, say: Callable[[str], None]) -> Key:
     if experiment.ssh_public_key:
         say("key: the experiment's ssh_public_key (your agent or ~/.ssh/config picks the key)")
         return Key(experiment.ssh_public_key.strip(), "experiment")
@@ -115,23 +126,29 @@ def _generate(app: App, path: Path) -> bool:
     with app.db.lock("ssh-key"):
         if path.is_file() and path.with_name(path.name + ".pub").is_file():
             return False
-        keygen = shutil.which("ssh-keygen")
-        if keygen is None:
-            raise OperationFailed("no key in ~/.ssh and ssh-keygen is not installed")
-        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        path.parent.chmod(0o700)
-        for stale in (path, path.with_name(path.name + ".pub")):
-            stale.unlink(missing_ok=True)  # half of a pair: ssh-keygen would ask to overwrite
-        done = subprocess.run(
-            [keygen, "-q", "-t", "ed25519", "-N", "", "-C", "provisioner", "-f", str(path)],
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            text=True,
-        )
-        if done.returncode != 0:
-            raise OperationFailed(f"ssh-keygen failed: {done.stderr.strip() or done.returncode}")
-        path.chmod(0o600)
+        _keygen(path, "provisioner")
         return True
+
+
+def _keygen(path: Path, comment: str) -> None:
+    """A fresh ed25519 pair at ``path`` (private 0600, its folder 0700)."""
+    keygen = shutil.which("ssh-keygen")
+    if keygen is None:
+        why = "no key in ~/.ssh and " if comment == "provisioner" else ""
+        raise OperationFailed(f"{why}ssh-keygen is not installed")
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    path.parent.chmod(0o700)
+    for stale in (path, path.with_name(path.name + ".pub")):
+        stale.unlink(missing_ok=True)  # half of a pair: ssh-keygen would ask to overwrite
+    done = subprocess.run(
+        [keygen, "-q", "-t", "ed25519", "-N", "", "-C", comment, "-f", str(path)],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+    )
+    if done.returncode != 0:
+        raise OperationFailed(f"ssh-keygen failed: {done.stderr.strip() or done.returncode}")
+    path.chmod(0o600)
 
 
 def private_key(app: App, m: Machine) -> Path | None:
@@ -146,6 +163,70 @@ def private_key(app: App, m: Machine) -> Path | None:
             p = d[DETAIL].get("private_path")
             return Path(p) if p and Path(p).is_file() else None
     return None
+
+
+# --- the team's pull key -----------------------------------------------------------------------
+
+PULL = "pull"  # its name in the team_keys table
+#: Where the launch event records the pull key's fingerprint: the machine can be pulled.
+PULL_DETAIL = "pull_key"
+#: The line the startup data writes to the login user's authorized_keys: the key can run the
+#: agent's report and nothing else (``restrict``: no pty, no forwarding of any kind).
+
+
+def pull_path(app: App) -> Path:
+    """The pull key's private half, in this host's provisioner home (0600)."""
+    return app.settings.home / "keys" / "pull_ed25519"
+
+
+def published_pull_key(app: App) -> str | None:
+    with app.db.session() as s:
+        row = s.get(TeamKey, PULL)
+        return row.public_key if row is not None else None
+
+
+def pull_public_key(app: App) -> str | None:
+    """The team's pull key as published in the state; the first caller that finds none (an
+    ``up``, a sweep, a scheduler pass, on any host) makes the pair here (the private half in
+    this home) and publishes the public half. Raises :class:`OperationFailed` when it must make
+    one and cannot (no ssh-keygen)."""
+    if (known := published_pull_key(app)) is not None:
+        return known
+    path = pull_path(app)
+    with app.db.lock("pull-key"):
+        if (known := published_pull_key(app)) is not None:
+            return known  # another host published it meanwhile
+        pub = path.with_name(path.name + ".pub")
+        text = _read_key(pub) if path.is_file() else None
+        if text is None:  # a pair left from an earlier state is published again, else made
+            _keygen(path, "provisioner-pull")
+            text = _read_key(pub)
+        if text is None:
+            raise OperationFailed(f"ssh-keygen made no readable key at {pub}")
+        with app.db.session() as s:
+            s.add(
+                TeamKey(
+                    name=PULL,
+                    public_key=text,
+                    fingerprint=fingerprint(text) or "",
+                    created_at=app.clock.now(),
+                    created_by=app.actor,
+                )
+            )
+        return text
+
+
+def pull_private(app: App) -> Path | None:
+    """The private half of the published pull key, when this host holds it (the file exists
+    and its public half is the one published)."""
+    published = published_pull_key(app)
+    path = pull_path(app)
+    if published is None or not path.is_file():
+        return None
+    pub = _read_key(path.with_name(path.name + ".pub"))
+    if pub is not None and pub.split()[:2] != published.split()[:2]:
+        return None  # another pair: the machines hold the published one
+    return path
 
 
 # --- reaching the address -----------------------------------------------------------------------

@@ -14,6 +14,7 @@ from typing import Any
 from sqlalchemy import (
     JSON,
     BigInteger,
+    Boolean,
     DateTime,
     Float,
     ForeignKey,
@@ -243,6 +244,7 @@ class Heartbeat(Base):
     gpus: Mapped[list[dict[str, Any]]] = mapped_column(JSON)
     max_util: Mapped[float | None] = mapped_column(Float)  # None: the agent saw no GPU
     ssh_sessions: Mapped[int | None] = mapped_column(Integer)  # 0007; None: an older agent
+    pulled: Mapped[bool | None] = mapped_column(Boolean)  # 0013; read over SSH, not posted
 
     __table_args__ = (Index("ix_heartbeats_machine_at", "machine_id", "at"),)
 
@@ -306,6 +308,20 @@ class Notice(Base):
 
 
 # --- personal tokens (0008) ------------------------------------------------------------------
+
+
+class TeamKey(Base):
+    """A key the whole team shares, its public half published here for every ``up`` (0013):
+    ``pull``, the key the scheduler reads each machine's agent report with. The private half
+    stays in the scheduler's home, never here."""
+
+    __tablename__ = "team_keys"
+
+    name: Mapped[str] = mapped_column(String(32), primary_key=True)
+    public_key: Mapped[str] = mapped_column(Text)
+    fingerprint: Mapped[str] = mapped_column(String(64))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    created_by: Mapped[str] = mapped_column(String(128))
 
 
 class Token(Base):

@@ -39,7 +39,9 @@ def test_id_rsa_is_used_when_there_is_no_ed25519_key(app, user):
     assert said == ["key: ~/.ssh/id_rsa.pub"]
     assert (key.public_key, key.private_path) == (RSA, user / ".ssh" / "id_rsa")
     assert key.detail()["fingerprint"].startswith("SHA256:")
-    assert not (app.settings.home / "keys").exists()
+    assert not keys.generated_path(app).exists()  # the home holds only the team's pull key
+    made = sorted(p.name for p in (app.settings.home / "keys").iterdir())
+    assert made == ["pull_ed25519", "pull_ed25519.pub"]
 
 
 def test_a_public_key_without_its_private_half_is_sent_but_not_passed_to_ssh(app, user):

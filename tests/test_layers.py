@@ -60,6 +60,7 @@ ORDER = [
     "provisioner.machines.volumes",  # network disks: created, attached, mounted, removed
     "provisioner.machines.remote",  # jobs on a cloud machine over SSH (rsync, supervisor)
     "provisioner.machines.jobs",  # the experiment's job: workdir, setup, run, exec, their ends
+    "provisioner.machines.pull",  # each machine's agent report read over SSH: idle behind NAT
     "provisioner.machines.guard_stops",  # a machine's own guard's stop, read back
     "provisioner.machines.launch",  # up: intent, attempts, adoption
     "provisioner.machines.actions",  # stop, start, down, many at once, wait until ready

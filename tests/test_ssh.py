@@ -164,7 +164,7 @@ def test_an_experiments_own_key_leaves_the_choice_to_ssh(sshd, home, tmp_path, m
     up = run_cli("--config", str(cfg), "up", str(write_yaml(tmp_path / "exp.yaml", exp)))
     assert up.returncode == 0, up.stderr
     assert "key: the experiment's ssh_public_key" in up.stderr
-    assert not (home / "keys").exists()  # nothing generated
+    assert not (home / "keys" / "id_ed25519").exists()  # no key of the user's generated
     # `echo` in place of ssh shows the command line: the port and timeout, no -i
     r = run_cli("--config", str(cfg), "ssh", "box", env={"PROVISIONER_SSH_COMMAND": "echo"})
     assert r.returncode == 0, r.stderr

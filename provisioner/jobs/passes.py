@@ -56,6 +56,9 @@ class Pass:
     checked: int = 0
     orphans: list[dict[str, Any]] = field(default_factory=list)
     note: str = ""
+    #: what the pass's pull of the machines' reports could not read, one line each: seen, not
+    #: acted on (:mod:`provisioner.machines.pull`)
+    pulls: list[str] = field(default_factory=list)
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -66,6 +69,7 @@ class Pass:
             "actions": [a.as_json() for a in self.actions],
             "orphans": self.orphans,
             "note": self.note,
+            "pulls": self.pulls,
         }
 
 
@@ -76,6 +80,7 @@ def describe(result: Any) -> list[str]:
             return [f"skipped: {result.note}"]
         lines = [str(a) for a in result.actions]
         lines += [f"orphan: {o['cloud']} {o['id']} ({o['name']})" for o in result.orphans]
+        lines += result.pulls
         return lines + ([result.note] if result.note else [])  # a lease lost midway
     if isinstance(result, list):
         return [str(x) for x in result]

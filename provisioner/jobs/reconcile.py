@@ -9,6 +9,7 @@ from provisioner.app import App
 from provisioner.jobs import finish
 from provisioner.jobs.lease import HOLDER, Held, run_pass
 from provisioner.jobs.passes import Action, Pass
+from provisioner.machines.pull import pull_all
 
 
 def run(app: App, now: datetime | None = None, *, holder: str = HOLDER) -> Pass:
@@ -35,6 +36,12 @@ def run(app: App, now: datetime | None = None, *, holder: str = HOLDER) -> Pass:
             for o in orphans
             if not o.adoptable_by
         ]
+        # each machine's own report (samples, job ends) read before its jobs are judged: idle
+        # and job ends known without a public endpoint
+        pulled = pull_all(app)
+        result.pulls = pulled.lines
+        for name, job, how in pulled.job_ends:
+            result.actions.append(Action(name, "record", "job-ended", f"job {job}: {how}", True))
         result.actions += finish.check(app)  # a job that ended: its on_finish
         return result
 

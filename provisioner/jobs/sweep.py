@@ -22,6 +22,7 @@ from provisioner.errors import ProvisionerError, UserError
 from provisioner.jobs import autostop, ended
 from provisioner.jobs.lease import HOLDER, Held, run_pass
 from provisioner.jobs.passes import Action, Pass
+from provisioner.machines import pull
 from provisioner.models import Event, Machine
 from provisioner.schema import MachineStatus as S
 from provisioner.state import machine as machine_row
@@ -267,6 +268,13 @@ def run(
         now = pass_now
         machines = _machines(app, now, lease)
         result = Pass("sweep", dry_run=dry_run, checked=len(machines))
+        # each machine's own report (samples, job ends), read now: idle known behind NAT
+        pulled = pull.pull_all(app, machines)
+        result.pulls = pulled.lines
+        result.actions += [
+            Action(n, "record", "job-ended", f"job {j}: {how}", True)
+            for n, j, how in pulled.job_ends
+        ]
         assessed, failed = assess(app, now, machines)
         by_id = {a.machine.id: a for a in assessed}
         todo: list[tuple[Action, Machine]] = []

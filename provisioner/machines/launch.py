@@ -220,7 +220,7 @@ def launch_intent(
             progress(f"  {attempts[-1].outcome}: volume: {err}")
             continue
         user_data = startup.with_mounts(
-            _with_supervisor(app, experiment, o.cloud, token, machine.id),
+            _with_supervisor(app, experiment, o.cloud, token, machine.id, key.pull_key),
             volumes.mounts(app, ready),
             app.provider(o.cloud).ssh_user,
         )
@@ -437,13 +437,18 @@ def _end_duplicates(app: App, m: Machine, extra: list[Instance]) -> None:
 
 
 def _startup_data(
-    app: App, machine_id: str, experiment: Experiment, token: str | None, cloud: str
+    app: App,
+    machine_id: str,
+    experiment: Experiment,
+    token: str | None,
+    cloud: str,
+    pull_key: str | None = None,
 ) -> str | None:
     """The user's startup script, with the agent installed first on every machine: its
     ``guard.json`` (the rules the machine enforces on itself: :mod:`provisioner.guard`), the
     ``cloud`` whose preemption notice it watches and what it does on one
     (``lifecycle.on_preemption_notice``); with the scheduler's endpoint, its per-machine
-    ``token`` for heartbeats."""
+    ``token`` for heartbeats; ``pull_key``: the team's, restricted to the agent's report."""
     sched = app.settings.scheduler
     notice = experiment.lifecycle.on_preemption_notice
     user = app.provider(cloud).ssh_user
@@ -456,6 +461,7 @@ def _startup_data(
         cloud=cloud,
         on_notice=notice.for_agent() if notice else None,
         guard=guard_of(app, machine_id, experiment, cloud),
+        pull_key=pull_key,
         login_user=user,
     )
 
@@ -468,11 +474,16 @@ def guard_of(app: App, machine_id: str, experiment: Experiment, cloud: str) -> d
 
 
 def _with_supervisor(
-    app: App, experiment: Experiment, cloud: str, token: str | None, machine_id: str
+    app: App,
+    experiment: Experiment,
+    cloud: str,
+    token: str | None,
+    machine_id: str,
+    pull_key: str | None = None,
 ) -> str | None:
     """The startup data, with ``provisioner-job`` installed first when the experiment runs a
     job on a cloud that runs it over SSH (the sandbox runs jobs itself)."""
-    data = _startup_data(app, machine_id, experiment, token, cloud)
+    data = _startup_data(app, machine_id, experiment, token, cloud, pull_key)
     wants = experiment.run or experiment.setup or experiment.workdir
     if not wants or app.provider(cloud).runs_jobs:
         return data
@@ -556,6 +567,11 @@ def _record(
                 "instance_id": inst.id,
                 "public_ip": inst.public_ip,
                 **({keys.DETAIL: key.detail()} if key else {}),
+                **(
+                    {keys.PULL_DETAIL: keys.fingerprint(key.pull_key)}
+                    if key and key.pull_key
+                    else {}
+                ),
             },
         )
         return m

@@ -67,9 +67,10 @@ class Remote:
 
     # --- the command lines -----------------------------------------------------------------
 
-    def ssh_argv(self) -> list[str]:
-        """``ssh`` with the options ``provisioner ssh`` gives it, never prompting."""
-        key = keys.private_key(self.app, self.m)
+    def ssh_argv(self, key: Path | None = None) -> list[str]:
+        """``ssh`` with the options ``provisioner ssh`` gives it, never prompting; with ``key``
+        alone when given (the pull key), else the key the machine was launched with."""
+        key = key or keys.private_key(self.app, self.m)
         wait = keys.probe_seconds()
         return [
             *shlex.split(os.environ.get("PROVISIONER_SSH_COMMAND") or "ssh"),
