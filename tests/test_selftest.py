@@ -22,10 +22,13 @@ from tests.conftest import ROOT, TEST_START, make_settings, run_cli, write_setti
 
 pytestmark = pytest.mark.slow  # a real job on the sandbox and its guard, a minute at most
 
+#: the sandbox's machines run their own agent (off in most tests), every second
+GUARDED = {"agent": True, "agent_interval_seconds": 1}
+
 
 def _live(home: Path) -> tuple[list[str], list[str]]:
     """What the sandbox still has: instances that are not terminated, volumes not deleted."""
-    app = App(make_settings(home))
+    app = App(make_settings(home, sandbox=GUARDED))
     try:
         provider = app.provider("sandbox")
         inst = [i.id for i in provider.list_managed() if i.state != "terminated"]
@@ -58,7 +61,7 @@ def _until_said(proc: subprocess.Popen[str], words: str) -> list[str]:
 
 
 def test_selftest_on_the_sandbox_checks_every_step_and_leaves_nothing(home: Path) -> None:
-    settings = write_settings(home)
+    settings = write_settings(home, sandbox=GUARDED)
     r = run_cli(
         "--config", str(settings), "selftest", "--cloud", "sandbox", "--job-seconds", "1",
         "--timeout", "3m", "-o", "json", timeout=300,
@@ -82,7 +85,7 @@ def test_selftest_on_the_sandbox_checks_every_step_and_leaves_nothing(home: Path
 
 
 def test_selftest_interrupted_removes_what_it_made(home: Path) -> None:
-    settings = write_settings(home)
+    settings = write_settings(home, sandbox=GUARDED)
     proc = _popen(settings, "--cloud", "sandbox", "--job-seconds", "300")
     _until_said(proc, "reachable")
     assert _live(home)[0], "the machine runs"
@@ -93,7 +96,7 @@ def test_selftest_interrupted_removes_what_it_made(home: Path) -> None:
 
 
 def test_a_killed_selftest_is_cleaned_by_the_next_one(home: Path) -> None:
-    settings = write_settings(home)
+    settings = write_settings(home, sandbox=GUARDED)
     proc = _popen(settings, "--cloud", "sandbox", "--job-seconds", "300")
     _until_said(proc, "reachable")
     proc.kill()  # no cleanup of its own can run
@@ -111,7 +114,7 @@ def test_a_killed_selftest_is_cleaned_by_the_next_one(home: Path) -> None:
 
 
 def test_selftest_of_a_cloud_not_enabled_is_one_line(home: Path) -> None:
-    settings = write_settings(home)
+    settings = write_settings(home, sandbox=GUARDED)
     r = run_cli("--config", str(settings), "selftest", "--cloud", "nimbus")
     assert r.returncode == 2
     assert r.stderr.strip().splitlines() == [
