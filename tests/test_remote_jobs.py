@@ -25,6 +25,7 @@ import pytest
 import yaml
 from sqlalchemy import select
 
+from providers.userdata import decoded, file_content
 from provisioner import catalog, machines
 from provisioner.app import App
 from provisioner.clock import ManualClock
@@ -378,13 +379,13 @@ def test_the_startup_data_installs_the_supervisor_on_a_cloud(emu, home, tmp_path
     machines.up(app, load_experiment(_spec(tmp_path, "job", run="python train.py")))
     machines.up(app, load_experiment(_spec(tmp_path, "plain")))
     with_job, plain = (
-        base64.b64decode(r["UserData"]).decode() if r.get("UserData") else ""
+        decoded(base64.b64decode(r["UserData"])) if r.get("UserData") else ""
         for r in [c.params for c in emu.calls("RunInstances")]
     )
     assert SUPERVISOR_PATH not in plain
     # cloud-init writes the startup script and runs it (write_files + runcmd)
     config = yaml.safe_load(with_job)
-    [script] = [base64.b64decode(f["content"]).decode() for f in config["write_files"]]
+    [script] = [file_content(f) for f in config["write_files"]]
     assert config["runcmd"] == [[config["write_files"][0]["path"]]]
     # run as it would be, into a folder of the test's instead of /usr/local/bin
     target = tmp_path / "bin" / "provisioner-job"

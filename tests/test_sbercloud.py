@@ -32,6 +32,7 @@ from providers.base import (
 )
 from providers.sbercloud.adapter import STOP_MARKER, SberCloudProvider
 from providers.sbercloud.errors import by_code
+from providers.userdata import decoded, file_content
 from provisioner import catalog, machines, planner
 from provisioner.app import App
 from provisioner.spec import Experiment
@@ -136,13 +137,13 @@ def test_launch_puts_the_whole_intent_on_the_wire(emu, sc, flavor, spot):
     if spot:
         expected_ext |= {"marketType": "spot", "spotPrice": "45.50"}
     assert server["extendparam"] == expected_ext
-    cloud_init = base64.b64decode(server["user_data"]).decode()
+    cloud_init = decoded(base64.b64decode(server["user_data"]))
     assert cloud_init.startswith("#cloud-config\n")
     config = yaml.safe_load(cloud_init)
     assert config["users"][1]["name"] == "provisioner"  # one SSH user everywhere
     assert config["users"][1]["ssh_authorized_keys"] == [SSH_KEY]
     [script] = config["write_files"]
-    assert base64.b64decode(script["content"]).decode() == SCRIPT
+    assert file_content(script) == SCRIPT
     assert config["runcmd"] == [[script["path"]]]
 
     assert inst.state is MachineState.RUNNING
@@ -153,7 +154,7 @@ def test_launch_puts_the_whole_intent_on_the_wire(emu, sc, flavor, spot):
 
 def test_a_cloud_config_startup_script_is_kept_beside_our_key(emu, sc):
     sc.launch(replace(request(), user_data="#cloud-config\npackages: [htop]\n"))
-    doc = base64.b64decode(creates(emu)[0].body["server"]["user_data"]).decode()
+    doc = decoded(base64.b64decode(creates(emu)[0].body["server"]["user_data"]))
     parts = [
         yaml.safe_load(p.get_payload(decode=True))
         for p in email.message_from_string(doc).walk()

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import base64
 import email
 import subprocess
 
 import pytest
 import yaml
 
-from providers.userdata import cloud_init, combine
+from providers.userdata import cloud_init, combine, file_content
 from provisioner.startup import startup_data
 
 KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIExample ana@laptop"
@@ -29,7 +28,7 @@ def test_script_and_key_become_one_cloud_config_that_runs_the_script():
     assert config["users"][1]["name"] == "provisioner"
     assert config["users"][1]["ssh_authorized_keys"] == [KEY]
     (f,) = config["write_files"]
-    assert base64.b64decode(f["content"]).decode() == "#!/bin/sh\necho hi\n"
+    assert f["encoding"] == "gz+b64" and file_content(f) == "#!/bin/sh\necho hi\n"
     assert config["runcmd"] == [[f["path"]]]
 
 

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from providers.limits import Limits
 from providers.spec import Capabilities, CloudSpec, Name, Names, Options, Seconds, Url, Wait
 
 
@@ -31,6 +32,29 @@ class AzureOptions(Options):
     poll_seconds: Wait | None = None  # between polls when ARM sends no Retry-After (SDK: 30)
     timeout_seconds: Seconds = 30  # `check`'s probe and one price page
 
+
+# What one VirtualMachines.CreateOrUpdate may carry (docs/LIMITS.md has the same table).
+LIMITS = Limits(
+    startup_field="osProfile.customData",
+    startup_max=65_535,
+    startup_counts="bytes of the decoded binary array",
+    envelope="gzip",
+    startup_source='Compute REST API, OSProfile.customData: "The base-64 encoded string is '
+    'decoded to a binary array ... The maximum length of the binary array is 65535 bytes"; ARM '
+    'answers InvalidParameter "Custom data in OSProfile must be in Base64 encoding and with a '
+    'maximum length of 87380 characters."',
+    key_in_startup=False,  # the key is osProfile.linuxConfiguration.ssh.publicKeys
+    max_tags=50,
+    tag_key_max=512,
+    tag_value_max=256,
+    tag_rule="a tag name may not contain < > % & \\ ? /",
+    tags_source='Azure Resource Manager, "Use tags to organize your Azure resources", '
+    '"Limitations"',
+    name_max=64,
+    name_rule="Linux computer name and VM name: 1-64 characters",
+    name_source='"Naming rules and restrictions for Azure resources", Microsoft.Compute '
+    "virtualMachines",
+)
 
 SPEC = CloudSpec(
     name="azure",
@@ -61,4 +85,5 @@ SPEC = CloudSpec(
     prices_from="the Retail Prices API; public, no credentials",
     catalog_rows="providers.azure.prices:catalog_rows",
     billing="providers.azure.billing:fetch",
+    limits=LIMITS,
 )

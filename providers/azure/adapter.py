@@ -16,7 +16,7 @@ from functools import partial
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
-from providers.azure import SPEC, AzureOptions, activity, errors, prices
+from providers.azure import LIMITS, SPEC, AzureOptions, activity, errors, prices
 from providers.azure.network import Network, ip_name, nic_name
 from providers.azure.volumes import ManagedDisks
 from providers.base import (
@@ -42,6 +42,7 @@ from providers.base import (
     VolumeRef,
     VolumeRequest,
 )
+from providers.limits import startup_payload
 
 T = TypeVar("T")
 
@@ -520,8 +521,10 @@ class AzureProvider(Provider):
                 ),
             ),
         )
-        if request.user_data:
-            os_profile.custom_data = base64.b64encode(request.user_data.encode()).decode()
+        # gzip-compressed (providers/azure LIMITS: 65,535 bytes decoded); the key is above
+        custom = startup_payload(LIMITS, request.user_data, None, admin)
+        if isinstance(custom, bytes):
+            os_profile.custom_data = base64.b64encode(custom).decode()
         # Flattened keywords as in network.nic_body: accepted at run time by every supported
         # azure-mgmt-compute, missing from the newer SDK's overloads (only ``properties=``).
         return models.VirtualMachine(  # type: ignore[call-overload]
