@@ -58,7 +58,8 @@ def startup_payload(
     if limits.envelope == "script":
         return script or None
     key = ssh_public_key if limits.key_in_startup else None
-    document = cloud_init(script, key, user=user)
+    # compressed whole: the script as a text part of its own (base64 inside would cost a third)
+    document = cloud_init(script, key, user=user, inline=limits.envelope == "gzip")
     if document is None:
         return None
     return gzipped(document) if limits.envelope == "gzip" else document

@@ -19,10 +19,17 @@ SCRIPT_PATH = "/var/lib/provisioner/startup.sh"
 
 
 def cloud_init(
-    script: str | None, ssh_public_key: str | None, *, user: str | None = None
+    script: str | None,
+    ssh_public_key: str | None,
+    *,
+    user: str | None = None,
+    inline: bool = False,
 ) -> str | None:
     """One cloud-init document that authorises the key (for ``user``, created with sudo, or for
-    the image's default user) and runs the script once at first boot."""
+    the image's default user) and runs the script once at first boot. ``inline``: the script
+    is a part of its own, as text, beside the ``#cloud-config`` (a MIME multipart: for a
+    document that is then gzip-compressed whole); else it is a file the config writes (gzip,
+    then base64) and runs, in one ``#cloud-config`` (for a text-only field)."""
     if not ssh_public_key:
         return script or None
     key = ssh_public_key.strip()
@@ -41,7 +48,7 @@ def cloud_init(
         if user
         else {"ssh_authorized_keys": [key]}
     )
-    if script and _kind(script) == "x-shellscript":
+    if script and _kind(script) == "x-shellscript" and not inline:
         config["write_files"] = [
             {
                 "path": SCRIPT_PATH,

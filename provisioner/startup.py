@@ -4,7 +4,6 @@ SHA-256 is stored; the token itself travels once, in the startup data."""
 
 from __future__ import annotations
 
-import base64
 import json
 import secrets
 from collections.abc import Sequence
@@ -13,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from providers.userdata import combine
 from provisioner import agent
+from provisioner.pyshrink import shrink
 from provisioner.state import machine as machine_row
 
 if TYPE_CHECKING:
@@ -53,7 +53,8 @@ def startup_data(
     experiment's ``lifecycle.on_preemption_notice``) is what it then does to the job. The agent
     runs as root when there is one, as the job it signals does (the user's script runs as
     root); else as its own system user."""
-    agent_py = resources.files("provisioner").joinpath("agent.py").read_text(encoding="utf-8")
+    # without comments and docstrings (the same program): 16 KB is all EC2 takes
+    agent_py = shrink(resources.files("provisioner").joinpath("agent.py").read_text("utf-8"))
     cmd = (
         f"/usr/bin/env python3 {AGENT_DIR}/agent.py --endpoint {_sh(endpoint)} "
         f"--machine {_sh(machine_id)} --token-file {AGENT_DIR}/agent-token "
@@ -95,11 +96,13 @@ def supervisor_script() -> str:
 
 def supervisor_install() -> str:
     """The shell script (run as root at boot) that installs ``provisioner-job``."""
-    body = base64.b64encode(supervisor_script().encode()).decode()
+    body = supervisor_script()
+    body = body if body.endswith("\n") else body + "\n"
     path = SUPERVISOR_PATH
-    return (
+    return (  # as text, not base64: the startup data is gzip-compressed (docs/LIMITS.md)
         "#!/bin/sh\n# provisioner-job: the supervisor of provisioner's jobs\n"
-        f"echo {body} | base64 -d > {path}.tmp && chmod 0755 {path}.tmp && mv {path}.tmp {path}\n"
+        f"cat > {path}.tmp <<'PV_JOB_EOF'\n{body}PV_JOB_EOF\n"
+        f"chmod 0755 {path}.tmp && mv {path}.tmp {path}\n"
     )
 
 

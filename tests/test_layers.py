@@ -18,6 +18,7 @@ from tests.conftest import ROOT
 ORDER = [
     "provisioner",
     "provisioner.agent",  # runs on the rented machine: the standard library only
+    "provisioner.pyshrink",  # Python source without comments and docstrings (the agent shipped)
     "provisioner.money",
     "provisioner.console",  # what commands write: tables, JSON, rich's console on first use
     "provisioner.errors",
@@ -58,6 +59,7 @@ ORDER = [
     "provisioner.machines.volumes",  # network disks: created, attached, mounted, removed
     "provisioner.machines.remote",  # jobs on a cloud machine over SSH (rsync, supervisor)
     "provisioner.machines.jobs",  # the experiment's job: workdir, setup, run, exec, their ends
+    "provisioner.machines.fits",  # the startup data against each cloud's limits, before a launch
     "provisioner.machines.launch",  # up: intent, attempts, adoption
     "provisioner.machines.actions",  # stop, start, down, many at once, wait until ready
     "provisioner.machines.waiting",  # an intent queued for capacity: its tries, its end

@@ -79,12 +79,9 @@ def test_agent_install_keeps_the_token_to_the_agents_own_user(tmp_path):
 
 
 def _install_line() -> str:
-    import base64 as b64
-
     from provisioner.startup import SUPERVISOR_PATH, supervisor_script
 
-    body = b64.b64encode(supervisor_script().encode()).decode()
-    return f"echo {body} | base64 -d > {SUPERVISOR_PATH}.tmp"
+    return f"cat > {SUPERVISOR_PATH}.tmp <<'PV_JOB_EOF'\n{supervisor_script()}"
 
 
 def test_the_supervisor_is_installed_first_whatever_the_users_startup_data(tmp_path):

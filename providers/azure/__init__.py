@@ -3,6 +3,9 @@
 
 from __future__ import annotations
 
+import re
+from collections.abc import Mapping
+
 from providers.limits import Limits
 from providers.spec import Capabilities, CloudSpec, Name, Names, Options, Seconds, Url, Wait
 
@@ -55,6 +58,26 @@ LIMITS = Limits(
     name_source='"Naming rules and restrictions for Azure resources", Microsoft.Compute '
     "virtualMachines",
 )
+
+_TAG_NAME_FORBIDDEN = re.compile(r"[<>%&\\?/]")
+_TAG_NAME_RESERVED = ("microsoft", "azure", "windows")
+
+
+def arm_tags(labels: Mapping[str, str]) -> dict[str, str]:
+    """Our labels as ARM tags: a tag name may not contain ``< > % & \\ ? /`` nor begin with
+    microsoft, azure or windows (Azure Resource Manager, "Use tags to organize your Azure
+    resources", "Limitations"; SDK Set-AzTag: "Tag names created by Azure have prefixes of
+    microsoft, azure, or windows. You cannot create tags with one of these prefixes"). Such a
+    character becomes ``_``; such a prefix gets ``x-`` before it. Names ≤ 512 and values ≤ 256
+    hold already (the experiment file allows keys ≤ 128, values ≤ 256)."""
+    out = {}
+    for key, value in labels.items():
+        name = _TAG_NAME_FORBIDDEN.sub("_", key)
+        if name.lower().startswith(_TAG_NAME_RESERVED):
+            name = "x-" + name
+        out[name] = value
+    return out
+
 
 SPEC = CloudSpec(
     name="azure",

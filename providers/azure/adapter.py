@@ -16,7 +16,7 @@ from functools import partial
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
-from providers.azure import LIMITS, SPEC, AzureOptions, activity, errors, prices
+from providers.azure import LIMITS, SPEC, AzureOptions, activity, arm_tags, errors, prices
 from providers.azure.network import Network, ip_name, nic_name
 from providers.azure.volumes import ManagedDisks
 from providers.base import (
@@ -530,7 +530,7 @@ class AzureProvider(Provider):
         return models.VirtualMachine(  # type: ignore[call-overload]
             location=request.region,
             zones=[zone] if zone else None,
-            tags=dict(request.labels),
+            tags=arm_tags(request.labels),
             hardware_profile=models.HardwareProfile(vm_size=request.instance_type),
             storage_profile=models.StorageProfile(
                 image_reference=models.ImageReference(**image),

@@ -29,6 +29,7 @@ from typing import Any, NoReturn
 from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 
+import providers
 from policies.evaluate import Decision
 from providers.base import (
     TAG_MACHINE,
@@ -51,7 +52,7 @@ from provisioner import budget, identity, keys, ledger, planning, startup
 from provisioner.app import App
 from provisioner.crashpoints import crashpoint
 from provisioner.errors import OperationFailed, UserError
-from provisioner.machines import jobs, volumes
+from provisioner.machines import fits, jobs, volumes
 from provisioner.machines.attempts import Blocklist, LaunchAttempt, launch_token
 from provisioner.machines.record import provider_call, record_event, set_rates, transition
 from provisioner.models import Event, Machine, new_id
@@ -96,7 +97,7 @@ def up(
     # The limits (max_machines, budgets) are read and the intent written under one lock:
     # otherwise six concurrent `up`s each count the same machines and all go ahead.
     with app.db.lock("intents"):
-        plan = check(app, experiment)
+        plan = check(app, experiment, spec_path)
         machine, already = _write_intent(app, experiment, spec_path, plan.candidates[0])
     if already:
         return UpResult(machine, already=True, plan=plan)
@@ -113,11 +114,13 @@ def up(
         return launch_intent(app, machine, experiment, plan, progress, on_no_capacity)
 
 
-def check(app: App, experiment: Experiment) -> Plan:
+def check(app: App, experiment: Experiment, spec_path: str | None = None) -> Plan:
     """The plan, refused (exit 2) as ``up`` refuses it: by policy, by budget (with the numbers;
     failover keeps only candidates every budget can afford), or for want of an offer, or
-    when its owner is not who runs it and no policy grants ``act_as``."""
+    when its owner is not who runs it and no policy grants ``act_as``, or when the startup
+    data fits no cloud offered (:func:`provisioner.machines.fits.drop_unfit`)."""
     plan = planning.plan(app, experiment)
+    fits.drop_unfit(app, experiment, plan, spec_path, render=startup_for)
     refuse_by_policy(plan)
     budget.guard(plan)
     volumes.check_free(app, experiment)
@@ -219,10 +222,14 @@ def launch_intent(
             attempts.append(_failed(app, machine, attempt, blocked.add(cand, err), err))
             progress(f"  {attempts[-1].outcome}: volume: {err}")
             continue
-        user_data = startup.with_mounts(
-            _with_supervisor(app, experiment, o.cloud, token, machine.id),
+        user_data = startup_for(
+            app,
+            experiment,
+            o.cloud,
             volumes.mounts(app, ready),
-            app.provider(o.cloud).ssh_user,
+            token=token,
+            machine_id=machine.id,
+            ssh_user=app.provider(o.cloud).ssh_user,
         )
         request = _launch_request(
             machine, experiment, cand, user_data, app.settings.money_rates, key.public_key
@@ -431,6 +438,27 @@ def _end_duplicates(app: App, m: Machine, extra: list[Instance]) -> None:
 
 
 # --- what is sent, and what is recorded ---------------------------------------------------------
+
+
+def startup_for(
+    app: App,
+    experiment: Experiment,
+    cloud: str,
+    mounts: list[tuple[str, str]],
+    *,
+    token: str | None = fits.SAMPLE_TOKEN,
+    machine_id: str | None = None,
+    ssh_user: str | None = None,
+) -> str | None:
+    """The startup data a launch of ``experiment`` on ``cloud`` sends (before the adapter puts
+    it in the cloud's envelope): the user's script with the agent (its ``token``, when settings
+    name an endpoint), the supervisor, and the volumes' ``mounts``. :func:`launch_intent` builds
+    it here; ``plan`` and ``up`` measure it here too, before anything is launched, with a
+    token and a machine id of their real length (the defaults)."""
+    if not app.settings.scheduler.endpoint_url:
+        token = None
+    data = _with_supervisor(app, experiment, cloud, token, machine_id or new_id())
+    return startup.with_mounts(data, mounts, ssh_user or providers.spec(cloud).ssh_user)
 
 
 def _startup_data(

@@ -921,6 +921,8 @@ class EcsEmulator:
                 raw = base64.b64decode(server["user_data"], validate=True)
             except binascii.Error:
                 raise _invalid("user_data is not base64") from None
+            # huaweicloudsdkecs PrePaidServer.user_data: "注入内容（编码之前的内容）最大长度
+            # 32KB" (at most 32 KB before base64); "text, a text file or a gzip file"
             if len(raw) > 32 * 1024:
                 raise _invalid("user_data longer than 32 KB")
         ext = _required(server, "extendparam", dict)

@@ -979,9 +979,16 @@ def _create_problem(emu: YandexEmulator, r: isvc.CreateInstanceRequest) -> str |
             bool(nics) and emu.subnets.get(r.zone_id) == nics[0].subnet_id,
             f"subnet {nics[0].subnet_id if nics else ''!r} is not in zone {r.zone_id}",
         ),
+        # CreateInstanceRequest.metadata (yandexcloud's instance_service.proto): "The total
+        # size of all keys and values must be less than 512 KB. ... The values must be 256 KB
+        # or less." (the wording of Yandex's refusal is not documented)
         (
-            sum(len(k) + len(v) for k, v in r.metadata.items()) <= 256 * 1024,
-            "metadata is over 256 KB",
+            all(len(v.encode()) <= 256 * 1024 for v in r.metadata.values()),
+            "metadata value is over 256 KB",
+        ),
+        (
+            sum(len(k.encode()) + len(v.encode()) for k, v in r.metadata.items()) < 512 * 1024,
+            "metadata is 512 KB or more",
         ),
         (
             all(
