@@ -79,6 +79,12 @@ def decoded(data: bytes | str) -> str:
     return raw.decode()
 
 
+def parts(doc: str) -> list[tuple[str, str]]:
+    """Each part of a cloud-init document, in order: (kind, text), kind one of
+    ``cloud-config``, ``x-shellscript``… (a lone document is one part)."""
+    return _parts(doc)
+
+
 def file_content(entry: dict) -> str:
     """The text of one ``write_files`` entry, as cloud-init writes it (b64 or gz+b64)."""
     content = entry["content"]

@@ -1416,6 +1416,8 @@ def _parse_instance(
         )
     body["machineType"] = f"{zone_url}/machineTypes/{machine}"
     family = machine.split("-", 1)[0]
+    if len(body.get("labels", {})) > 64:  # "No more than 64 labels" (labels requirements)
+        raise invalid("Invalid value for field 'resource.labels': at most 64 labels.")
     for key, value in body.get("labels", {}).items():
         if not LABEL_KEY_RE.match(key) or not LABEL_VALUE_RE.match(value):
             raise invalid(f"Invalid value for field 'resource.labels': '{key}={value}'.")

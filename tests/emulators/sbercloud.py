@@ -893,6 +893,11 @@ class EcsEmulator:
         )
         for key in ("imageRef", "flavorRef", "name", "vpcid"):
             _required(server, key, str)
+        # PrePaidServer.name: letters (Chinese too), digits, _ - . and 1-64 characters
+        # (huaweicloudsdkecs: "只能由中文字符、英文字母、数字及“_”、“-”、“.”组成，
+        # 且长度为[1-64]个字符")
+        if not re.fullmatch(r"[\w.-]{1,64}", server["name"]):
+            raise _invalid(f"name {server['name']!r}: 1-64 letters, digits, _ - .")
         flavor = server["flavorRef"]
         if flavor not in {f["id"] for f in FLAVORS}:
             raise _ecs_error(400, "Ecs.0029", f"Flavor [{flavor}] does not exist.")

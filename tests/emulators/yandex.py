@@ -75,7 +75,9 @@ SHAPES = {
     "standard-v3-t4i": {(1, 4, 16), (1, 8, 32), (1, 16, 64), (1, 32, 128)},
     "standard-v3": {(0, 2, 2), (0, 2, 4)},  # a small CPU VM for machines made "by hand"
 }
-_NAME = re.compile(r"[a-z]([-a-z0-9]{0,61}[a-z0-9])?")
+# CreateInstanceRequest.name: "The value must match the regular expression:
+# `|[a-z]([-_a-z0-9]{0,61}[a-z0-9])?`" (the empty name is taken, we never send one)
+_NAME = re.compile(r"[a-z]([-_a-z0-9]{0,61}[a-z0-9])?")
 _LABEL_KEY = re.compile(r"[a-z][-_./\\@0-9a-z]{0,62}")
 _LABEL_VALUE = re.compile(r"[-_./\\@0-9a-z]{0,63}")
 
