@@ -11,9 +11,7 @@ from importlib import resources
 from typing import TYPE_CHECKING, Any
 
 from providers.userdata import combine
-from provisioner import agent
 from provisioner.pyshrink import shrink
-from provisioner.state import machine as machine_row
 
 if TYPE_CHECKING:
     from provisioner.app import App
@@ -24,11 +22,15 @@ AGENT_USER = "provisioner-agent"  # a system user: the token file is its own, mo
 
 def token_hash(token: str) -> str:
     """What is stored of a token, and the key its heartbeats are signed with."""
+    from provisioner import agent  # its HTTP client: not for `plan`, which measures startups
+
     return agent.signing_key(token)
 
 
 def issue_token(app: App, machine_id: str) -> str:
     """A fresh agent token for ``machine_id``; only its hash is kept."""
+    from provisioner.state import machine as machine_row  # SQLAlchemy: not for `plan`
+
     token = secrets.token_urlsafe(32)
     with app.db.session() as s:
         machine_row(s, machine_id).agent_token_hash = token_hash(token)

@@ -52,6 +52,8 @@ ORDER = [
     "provisioner.web",  # the HTTP server: WSGI apps under path prefixes (waitress)
     "provisioner.outages",  # when the heartbeat endpoint refused or was down: silence not idle
     "provisioner.startup",  # what a machine is given at boot: the agent and its token
+    "provisioner.boot",  # a launch's startup data put together: agent, supervisor, mounts
+    "provisioner.fits",  # the startup data against each cloud's limits, before a launch
     "provisioner.idle",
     "provisioner.keys",  # the SSH key a machine gets and `ssh` uses; the ssh-config
     "provisioner.machines.record",  # a machine's life: events, transitions, its cloud's calls
@@ -59,7 +61,6 @@ ORDER = [
     "provisioner.machines.volumes",  # network disks: created, attached, mounted, removed
     "provisioner.machines.remote",  # jobs on a cloud machine over SSH (rsync, supervisor)
     "provisioner.machines.jobs",  # the experiment's job: workdir, setup, run, exec, their ends
-    "provisioner.machines.fits",  # the startup data against each cloud's limits, before a launch
     "provisioner.machines.launch",  # up: intent, attempts, adoption
     "provisioner.machines.actions",  # stop, start, down, many at once, wait until ready
     "provisioner.machines.waiting",  # an intent queued for capacity: its tries, its end

@@ -107,7 +107,7 @@ def test_the_supervisor_is_installed_first_whatever_the_users_startup_data(tmp_p
 @pytest.mark.parametrize("cloud", ["aws", "gcp", "azure", "yandex", "sbercloud", "sandbox"])
 def test_every_cloud_but_the_sandbox_gets_the_supervisor_with_a_job(home, clock, cloud):
     from provisioner.app import App
-    from provisioner.machines.launch import _with_supervisor
+    from provisioner.boot import with_supervisor as _with_supervisor
     from provisioner.spec import Experiment
     from tests.conftest import make_settings, sandbox_experiment
 

@@ -29,7 +29,6 @@ from typing import Any, NoReturn
 from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 
-import providers
 from policies.evaluate import Decision
 from providers.base import (
     TAG_MACHINE,
@@ -48,11 +47,11 @@ from providers.base import (
     QuotaError,
 )
 from providers.retry import call_with_retry
-from provisioner import budget, identity, keys, ledger, planning, startup
+from provisioner import boot, budget, fits, identity, keys, ledger, planning, startup
 from provisioner.app import App
 from provisioner.crashpoints import crashpoint
 from provisioner.errors import OperationFailed, UserError
-from provisioner.machines import fits, jobs, volumes
+from provisioner.machines import jobs, volumes
 from provisioner.machines.attempts import Blocklist, LaunchAttempt, launch_token
 from provisioner.machines.record import provider_call, record_event, set_rates, transition
 from provisioner.models import Event, Machine, new_id
@@ -118,9 +117,9 @@ def check(app: App, experiment: Experiment, spec_path: str | None = None) -> Pla
     """The plan, refused (exit 2) as ``up`` refuses it: by policy, by budget (with the numbers;
     failover keeps only candidates every budget can afford), or for want of an offer, or
     when its owner is not who runs it and no policy grants ``act_as``, or when the startup
-    data fits no cloud offered (:func:`provisioner.machines.fits.drop_unfit`)."""
+    data fits no cloud offered (:func:`provisioner.fits.drop_unfit`)."""
     plan = planning.plan(app, experiment)
-    fits.drop_unfit(app, experiment, plan, spec_path, render=startup_for)
+    fits.drop_unfit(app, experiment, plan, spec_path)
     refuse_by_policy(plan)
     budget.guard(plan)
     volumes.check_free(app, experiment)
@@ -222,14 +221,16 @@ def launch_intent(
             attempts.append(_failed(app, machine, attempt, blocked.add(cand, err), err))
             progress(f"  {attempts[-1].outcome}: volume: {err}")
             continue
-        user_data = startup_for(
+        provider = app.provider(o.cloud)
+        user_data = boot.startup_for(
             app,
             experiment,
             o.cloud,
             volumes.mounts(app, ready),
             token=token,
             machine_id=machine.id,
-            ssh_user=app.provider(o.cloud).ssh_user,
+            ssh_user=provider.ssh_user,
+            runs_jobs=provider.runs_jobs,
         )
         request = _launch_request(
             machine, experiment, cand, user_data, app.settings.money_rates, key.public_key
@@ -438,60 +439,6 @@ def _end_duplicates(app: App, m: Machine, extra: list[Instance]) -> None:
 
 
 # --- what is sent, and what is recorded ---------------------------------------------------------
-
-
-def startup_for(
-    app: App,
-    experiment: Experiment,
-    cloud: str,
-    mounts: list[tuple[str, str]],
-    *,
-    token: str | None = fits.SAMPLE_TOKEN,
-    machine_id: str | None = None,
-    ssh_user: str | None = None,
-) -> str | None:
-    """The startup data a launch of ``experiment`` on ``cloud`` sends (before the adapter puts
-    it in the cloud's envelope): the user's script with the agent (its ``token``, when settings
-    name an endpoint), the supervisor, and the volumes' ``mounts``. :func:`launch_intent` builds
-    it here; ``plan`` and ``up`` measure it here too, before anything is launched, with a
-    token and a machine id of their real length (the defaults)."""
-    if not app.settings.scheduler.endpoint_url:
-        token = None
-    data = _with_supervisor(app, experiment, cloud, token, machine_id or new_id())
-    return startup.with_mounts(data, mounts, ssh_user or providers.spec(cloud).ssh_user)
-
-
-def _startup_data(
-    app: App, machine_id: str, experiment: Experiment, token: str | None, cloud: str
-) -> str | None:
-    """The user's startup script, with the idle agent added when settings name the endpoint
-    agents report to: its per-machine ``token``, the ``cloud`` whose preemption notice it
-    watches, and what it does on one (``lifecycle.on_preemption_notice``)."""
-    sched = app.settings.scheduler
-    if token is None or not sched.endpoint_url:
-        return experiment.startup_script
-    notice = experiment.lifecycle.on_preemption_notice
-    return startup.startup_data(
-        experiment.startup_script,
-        sched.endpoint_url,
-        token,
-        sched.agent_interval_seconds,
-        machine_id,
-        cloud=cloud,
-        on_notice=notice.for_agent() if notice else None,
-    )
-
-
-def _with_supervisor(
-    app: App, experiment: Experiment, cloud: str, token: str | None, machine_id: str
-) -> str | None:
-    """The startup data, with ``provisioner-job`` installed first when the experiment runs a
-    job on a cloud that runs it over SSH (the sandbox runs jobs itself)."""
-    data = _startup_data(app, machine_id, experiment, token, cloud)
-    wants = experiment.run or experiment.setup or experiment.workdir
-    if not wants or app.provider(cloud).runs_jobs:
-        return data
-    return startup.with_supervisor(data)
 
 
 def _launch_request(

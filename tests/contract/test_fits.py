@@ -2,7 +2,7 @@
 
 The largest startup a cloud can get — the agent with the heartbeat endpoint (so its token is
 in), the job supervisor, eight volumes' mount script, a preemption-notice action, a 16 KB user
-script and the SSH key — is built the way ``up`` builds it (``launch.startup_for``, which
+script and the SSH key — is built the way ``up`` builds it (``boot.startup_for``, which
 ``launch_intent`` itself calls) and launched through every cloud's real SDK against its
 emulator, each of which enforces the cloud's documented limit. What the cloud received decodes
 back (gunzip, base64) to the agent and the user's script. A startup past a cloud's limit is
@@ -29,8 +29,8 @@ import providers
 from providers.base import ProviderError
 from providers.limits import check_startup, startup_size
 from providers.userdata import decoded, file_content
+from provisioner import boot, fits
 from provisioner.app import App
-from provisioner.machines import fits, launch
 from provisioner.pyshrink import shrink
 from provisioner.spec import load_experiment
 from tests.conftest import make_settings, run_cli, write_settings, write_yaml
@@ -225,7 +225,7 @@ def largest(tmp_path: Path, script: str) -> Any:
 
 def render(app: App, experiment: Any, cloud: str) -> str:
     mounts = [(fits.SAMPLE_DEVICE, v.path) for v in experiment.volumes]
-    data = launch.startup_for(app, experiment, cloud, mounts)
+    data = boot.startup_for(app, experiment, cloud, mounts)
     assert data is not None
     return data
 
@@ -287,7 +287,7 @@ def test_the_largest_startup_launches_on_every_cloud(
     size = startup_size(limits, data, KEY, ssh_user)
     # room to spare: a tenth of the limit at least, for what the agent grows by
     assert size <= 0.9 * limits.startup_max, (cloud, size, limits.startup_max)
-    assert fits.too_large(app, experiment, cloud, launch.startup_for) is None
+    assert fits.too_large(app, experiment, cloud) is None
     with open_harness(cloud, monkeypatch, tmp_path) as harness:
         provider = harness.provider()
         inst = provider.launch(harness.launch_request("big", user_data=data, ssh_public_key=KEY))

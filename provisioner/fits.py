@@ -11,27 +11,23 @@ it fits none, ``plan`` and ``up`` refuse with one line (exit 2).
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import providers
 from providers.limits import TooLarge, check_startup
+from provisioner import boot
 from provisioner.app import App
 from provisioner.errors import UserError
 from provisioner.planner import Plan
 from provisioner.spec import Experiment
 
-#: Stand-ins of the real length: a token (``secrets.token_urlsafe(32)``), an ed25519 public key
-#: with a comment, and a volume's device path as long as any cloud names one (an AWS NVMe link).
-SAMPLE_TOKEN = "t" * 43
+#: Stand-ins of the real length: an ed25519 public key with a comment, and a volume's device path
+#: as long as any cloud names one (an AWS NVMe link); the token's is ``boot.SAMPLE_TOKEN``.
+SAMPLE_TOKEN = boot.SAMPLE_TOKEN
 SAMPLE_KEY = "ssh-ed25519 " + "A" * 68 + " someone@a-laptop-with-a-long-name.example.com"
 SAMPLE_DEVICE = "/dev/disk/by-id/nvme-Amazon_Elastic_Block_Store_vol0123456789abcdef0"
 FIELD = "startup_script"
 
-#: Builds the startup data for (app, experiment, cloud, mounts): the launch's own builder.
-Render = Callable[[App, Experiment, str, list[tuple[str, str]]], str | None]
 
-
-def too_large(app: App, experiment: Experiment, cloud: str, render: Render) -> TooLarge | None:
+def too_large(app: App, experiment: Experiment, cloud: str) -> TooLarge | None:
     """What does not fit when ``experiment`` is launched on ``cloud``; None when it fits (or
     the cloud declares no limit)."""
     spec = providers.spec(cloud)
@@ -39,7 +35,7 @@ def too_large(app: App, experiment: Experiment, cloud: str, render: Render) -> T
     if limits is None:
         return None
     mounts = [(SAMPLE_DEVICE, v.path) for v in experiment.volumes]
-    data = render(app, experiment, cloud, mounts)
+    data = boot.startup_for(app, experiment, cloud, mounts)  # as the launch builds it
     key = experiment.ssh_public_key or SAMPLE_KEY
     # the instance's other metadata (GCP, Yandex): its ssh-keys value and the few flags set
     other = len(f"ssh-keys{spec.ssh_user}:{key}") + 128
@@ -51,8 +47,6 @@ def drop_unfit(
     experiment: Experiment,
     plan: Plan,
     source: str | None = None,
-    *,
-    render: Render,
 ) -> dict[str, TooLarge]:
     """Drop the candidates of each cloud the startup data does not fit, each counted in the
     plan's reasons with its numbers. When that leaves none, refuse (exit 2) with one line:
@@ -60,7 +54,7 @@ def drop_unfit(
     where = f"{source or experiment.name}: {FIELD}"
     found: dict[str, TooLarge] = {}
     for cloud in dict.fromkeys(c.offer.cloud for c in plan.candidates):
-        if (big := too_large(app, experiment, cloud, render)) is not None:
+        if (big := too_large(app, experiment, cloud)) is not None:
             found[cloud] = big
     if not found:
         return found
