@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import email
 import gzip
+import hashlib
 import json
 from email.mime.multipart import MIMEMultipart
 from email.mime.text import MIMEText
@@ -99,7 +100,10 @@ def combine(*documents: str | None) -> str | None:
     docs = [d for d in documents if d]
     if len(docs) <= 1:
         return docs[0] if docs else None
-    message = MIMEMultipart()
+    # the boundary from the content: the same documents make the same bytes (a retried launch
+    # sends what the first sent; a measure before the launch is the launch's size)
+    digest = hashlib.sha256("\0".join(docs).encode()).hexdigest()[:32]
+    message = MIMEMultipart(boundary=f"==provisioner-{digest}==")
     for doc in docs:
         for subtype, content in _parts(doc):
             charset = "us-ascii" if content.isascii() else "utf-8"  # readable unless it must not be

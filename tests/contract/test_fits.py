@@ -18,6 +18,7 @@ import json
 import random
 import string
 from collections.abc import Iterator
+from dataclasses import replace
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -389,3 +390,44 @@ def test_plan_keeps_the_clouds_a_startup_fits(home: Path, tmp_path: Path) -> Non
     [reason] = [k for k in plan["rejected"] if "startup_script" in k]
     assert f"{spec}: startup_script: the startup data is" in reason
     assert "on aws" in reason and "16,384" in reason
+
+
+def test_the_same_startup_is_the_same_bytes() -> None:
+    """A retried launch sends what the first one sent; the measure is the launch's size."""
+    from providers.limits import startup_payload
+
+    limits = providers.spec("aws").limits
+    assert limits is not None
+    script = "#cloud-config\npackages: [htop]\n"  # a MIME multipart beside our config
+    first = startup_payload(limits, script, KEY, "provisioner")
+    assert first == startup_payload(limits, script, KEY, "provisioner")
+
+
+@pytest.mark.parametrize(
+    ("cloud", "fold", "label", "refusal"),
+    [
+        ("aws", "providers.aws.network._unreserved", "aws:team", "reserved for internal use"),
+        ("azure", "providers.azure.adapter.arm_tags", "team/ml", "The tag name 'team/ml'"),
+    ],
+)
+def test_a_label_the_cloud_reserves_is_folded_and_the_cloud_refuses_it_raw(
+    cloud: str,
+    fold: str,
+    label: str,
+    refusal: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    with open_harness(cloud, monkeypatch, tmp_path) as harness:
+        request = harness.launch_request("tags")
+        labelled = request.__class__(
+            **{**request.__dict__, "labels": {**request.labels, label: "x"}}
+        )
+        inst = harness.provider().launch(labelled)  # folded: accepted
+        assert inst.id in harness.machines()
+        monkeypatch.setattr(fold, (lambda k: k) if cloud == "aws" else dict)
+        raw = harness.launch_request("raw")
+        raw = replace(raw, labels={**raw.labels, label: "x"})
+        with pytest.raises(ProviderError) as err:
+            harness.provider(retry_attempts=1).launch(raw)
+    assert refusal in str(err.value), str(err.value)
