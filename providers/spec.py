@@ -17,6 +17,8 @@ from typing import Annotated
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints
 
+from providers.limits import Limits
+
 Name = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=256)]
 Names = tuple[Name, ...]  # a YAML list; a bare string is an error, not a list of characters
 Seconds = Annotated[float, Field(gt=0, le=86_400)]  # a timeout
@@ -164,3 +166,6 @@ class CloudSpec:
     billing_why: str = ""
     # what a shutdown from inside the OS does to billing (the machine's guard uses it)
     guest_shutdown: GuestShutdown = GuestShutdown(STOPS, STOPS, "simulated")
+    # what one launch may send (startup data size, tags, names), with sources; None: no limit
+    # applies (the sandbox)
+    limits: Limits | None = None

@@ -4,21 +4,16 @@ SHA-256 is stored; the token itself travels once, in the startup data."""
 
 from __future__ import annotations
 
-import ast
-import base64
 import functools
-import io
 import json
 import re
 import secrets
-import tokenize
 from collections.abc import Sequence
 from importlib import resources
 from typing import TYPE_CHECKING, Any
 
 from providers.userdata import combine
-from provisioner import agent
-from provisioner.state import machine as machine_row
+from provisioner.pyshrink import shrink
 
 if TYPE_CHECKING:
     from provisioner.app import App
@@ -32,11 +27,15 @@ PULL_COMMENT = "provisioner-pull"
 
 def token_hash(token: str) -> str:
     """What is stored of a token, and the key its heartbeats are signed with."""
+    from provisioner import agent  # its HTTP client: not for `plan`, which measures startups
+
     return agent.signing_key(token)
 
 
 def issue_token(app: App, machine_id: str) -> str:
     """A fresh agent token for ``machine_id``; only its hash is kept."""
+    from provisioner.state import machine as machine_row  # SQLAlchemy: not for `plan`
+
     token = secrets.token_urlsafe(32)
     with app.db.session() as s:
         machine_row(s, machine_id).agent_token_hash = token_hash(token)
@@ -50,50 +49,8 @@ def agent_sources() -> dict[str, str]:
     out = {}
     for name in ("agent.py", "agent_guard.py"):
         text = resources.files("provisioner").joinpath(name).read_text(encoding="utf-8")
-        out[name] = "#!/usr/bin/env python3\n" + lean(text) + "\n"
+        out[name] = "#!/usr/bin/env python3\n" + shrink(text) + "\n"
     return out
-
-
-def lean(source: str) -> str:
-    """``source`` without its docstrings, comments and blank lines; every other line exactly as
-    written (so it runs on whatever Python the source runs on)."""
-    lines = source.splitlines()
-    drop: set[int] = set()
-    swap: dict[int, str] = {}
-    for node in ast.walk(ast.parse(source)):
-        body = getattr(node, "body", None)
-        if not (
-            isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
-            and body
-            and isinstance(body[0], ast.Expr)
-            and isinstance(body[0].value, ast.Constant)
-            and isinstance(body[0].value.value, str)
-        ):
-            continue
-        doc = body[0]
-        span = range(doc.lineno - 1, (doc.end_lineno or doc.lineno))
-        drop.update(span)
-        if len(body) == 1:  # a body of its docstring only: a pass keeps it a body
-            swap[span[0]] = " " * doc.col_offset + "pass"
-    cut: dict[int, int] = {}
-    strings: set[int] = set()  # lines inside a string written over several lines
-    for tok in tokenize.generate_tokens(io.StringIO(source).readline):
-        if tok.type == tokenize.COMMENT:
-            cut[tok.start[0] - 1] = tok.start[1]
-        elif tok.type == tokenize.STRING and tok.end[0] > tok.start[0]:
-            strings.update(range(tok.start[0] - 1, tok.end[0]))
-    out = []
-    for i, line in enumerate(lines):
-        if i in swap:
-            out.append(swap[i])
-            continue
-        if i in drop:
-            continue
-        if i in cut:
-            line = line[: cut[i]].rstrip()
-        if line.strip() or i in strings:
-            out.append(line)
-    return "\n".join(out)
 
 
 def pull_line(public_key: str) -> str:
@@ -179,11 +136,13 @@ def supervisor_script() -> str:
 
 def supervisor_install() -> str:
     """The shell script (run as root at boot) that installs ``provisioner-job``."""
-    body = base64.b64encode(supervisor_script().encode()).decode()
+    body = supervisor_script()
+    body = body if body.endswith("\n") else body + "\n"
     path = SUPERVISOR_PATH
-    return (
+    return (  # as text, not base64: the startup data is gzip-compressed (docs/LIMITS.md)
         "#!/bin/sh\n# provisioner-job: the supervisor of provisioner's jobs\n"
-        f"echo {body} | base64 -d > {path}.tmp && chmod 0755 {path}.tmp && mv {path}.tmp {path}\n"
+        f"cat > {path}.tmp <<'PV_JOB_EOF'\n{body}PV_JOB_EOF\n"
+        f"chmod 0755 {path}.tmp && mv {path}.tmp {path}\n"
     )
 
 

@@ -30,6 +30,7 @@ from providers.base import (
     MachineState,
     QuotaError,
 )
+from providers.userdata import decoded, parts
 from provisioner import catalog, machines, planning
 from provisioner.app import App
 from provisioner.spec import Experiment
@@ -158,15 +159,14 @@ def test_launch_sends_market_tags_token_and_user_data(
             spot_options + "InstanceInterruptionBehavior": "terminate",
             spot_options + "MaxPrice": "12.5",
         }
-    config = base64.b64decode(wire["UserData"]).decode()
-    assert config.startswith("#cloud-config\n")
-    config = yaml.safe_load(config)
+    # gzip-compressed cloud-init: our #cloud-config, then the script as a part of its own
+    (kind, text), script = parts(decoded(base64.b64decode(wire["UserData"])))
+    assert kind == "cloud-config" and text.startswith("#cloud-config\n")
+    config = yaml.safe_load(text)
     # the key goes to our one SSH user, which cloud-init makes, not to the image's own
     assert config["users"][1]["name"] == "provisioner"
     assert config["users"][1]["ssh_authorized_keys"] == [KEY]
-    (script,) = config["write_files"]
-    assert base64.b64decode(script["content"]).decode() == SCRIPT
-    assert config["runcmd"] == [[script["path"]]]
+    assert script == ("x-shellscript", SCRIPT)
 
     assert (inst.instance_type, inst.zone, inst.region) == (itype, "use1-az1", "us-east-1")
     assert inst.spot is spot and inst.name == "exp-tok-a"
@@ -188,7 +188,7 @@ def test_user_data_is_the_script_alone_or_the_key_alone(
 ) -> None:
     make(emu).launch(req(user_data=script, ssh_public_key=key))
     [wire] = emu.run_instances_requests
-    sent = base64.b64decode(wire["UserData"]).decode() if "UserData" in wire else None
+    sent = decoded(base64.b64decode(wire["UserData"])) if "UserData" in wire else None
     if key and not script:
         config = yaml.safe_load(sent or "")
         assert config["users"][1]["ssh_authorized_keys"] == [KEY]

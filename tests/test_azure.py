@@ -25,6 +25,7 @@ from providers.base import (
     NotFound,
     QuotaError,
 )
+from providers.userdata import decoded
 from tests.contract.azure import StaticCredential, make_provider
 from tests.emulators.azure import AzureEmulator, price_row
 
@@ -108,7 +109,7 @@ def test_launch_puts_the_vm_the_request_describes(emulator, provider, size, gpu,
     assert props["hardwareProfile"]["vmSize"] == size
     assert props["storageProfile"]["osDisk"]["diskSizeGB"] == 128
     assert props["storageProfile"]["imageReference"]["publisher"] == "microsoft-dsvm"
-    assert base64.b64decode(props["osProfile"]["customData"]).decode() == SCRIPT
+    assert decoded(base64.b64decode(props["osProfile"]["customData"])) == SCRIPT
     assert props["osProfile"]["linuxConfiguration"]["ssh"]["publicKeys"][0]["keyData"] == SSH_KEY
     if spot:
         assert props["priority"] == "Spot"

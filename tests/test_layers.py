@@ -19,6 +19,7 @@ ORDER = [
     "provisioner",
     "provisioner.agent_guard",  # the machine guards itself: the standard library only
     "provisioner.agent",  # runs on the rented machine: the standard library only
+    "provisioner.pyshrink",  # Python source without comments and docstrings (the agent shipped)
     "provisioner.money",
     "provisioner.console",  # what commands write: tables, JSON, rich's console on first use
     "provisioner.errors",
@@ -53,6 +54,8 @@ ORDER = [
     "provisioner.outages",  # when the heartbeat endpoint refused or was down: silence not idle
     "provisioner.guard",  # the rules a machine enforces on itself, and who enforces each
     "provisioner.startup",  # what a machine is given at boot: the agent and its token
+    "provisioner.boot",  # a launch's startup data put together: agent, supervisor, mounts
+    "provisioner.fits",  # the startup data against each cloud's limits, before a launch
     "provisioner.idle",
     "provisioner.keys",  # the SSH key a machine gets and `ssh` uses; the ssh-config
     "provisioner.machines.record",  # a machine's life: events, transitions, its cloud's calls

@@ -32,6 +32,7 @@ from providers.base import (
 )
 from providers.sbercloud.adapter import STOP_MARKER, SberCloudProvider
 from providers.sbercloud.errors import by_code
+from providers.userdata import decoded, parts
 from provisioner import catalog, machines, planner
 from provisioner.app import App
 from provisioner.spec import Experiment
@@ -136,14 +137,13 @@ def test_launch_puts_the_whole_intent_on_the_wire(emu, sc, flavor, spot):
     if spot:
         expected_ext |= {"marketType": "spot", "spotPrice": "45.50"}
     assert server["extendparam"] == expected_ext
-    cloud_init = base64.b64decode(server["user_data"]).decode()
-    assert cloud_init.startswith("#cloud-config\n")
-    config = yaml.safe_load(cloud_init)
+    # gzip-compressed cloud-init: our #cloud-config, then the script as a part of its own
+    (kind, text), script = parts(decoded(base64.b64decode(server["user_data"])))
+    assert kind == "cloud-config" and text.startswith("#cloud-config\n")
+    config = yaml.safe_load(text)
     assert config["users"][1]["name"] == "provisioner"  # one SSH user everywhere
     assert config["users"][1]["ssh_authorized_keys"] == [SSH_KEY]
-    [script] = config["write_files"]
-    assert base64.b64decode(script["content"]).decode() == SCRIPT
-    assert config["runcmd"] == [[script["path"]]]
+    assert script == ("x-shellscript", SCRIPT)
 
     assert inst.state is MachineState.RUNNING
     assert (inst.instance_type, inst.zone, inst.spot) == (flavor, ZONES[1], spot)
@@ -153,7 +153,7 @@ def test_launch_puts_the_whole_intent_on_the_wire(emu, sc, flavor, spot):
 
 def test_a_cloud_config_startup_script_is_kept_beside_our_key(emu, sc):
     sc.launch(replace(request(), user_data="#cloud-config\npackages: [htop]\n"))
-    doc = base64.b64decode(creates(emu)[0].body["server"]["user_data"]).decode()
+    doc = decoded(base64.b64decode(creates(emu)[0].body["server"]["user_data"]))
     parts = [
         yaml.safe_load(p.get_payload(decode=True))
         for p in email.message_from_string(doc).walk()

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import base64
 import email
 import subprocess
 
 import pytest
 import yaml
 
-from providers.userdata import cloud_init, combine
+from providers.userdata import cloud_init, combine, file_content
 from provisioner.startup import startup_data
 
 KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIExample ana@laptop"
@@ -29,7 +28,7 @@ def test_script_and_key_become_one_cloud_config_that_runs_the_script():
     assert config["users"][1]["name"] == "provisioner"
     assert config["users"][1]["ssh_authorized_keys"] == [KEY]
     (f,) = config["write_files"]
-    assert base64.b64decode(f["content"]).decode() == "#!/bin/sh\necho hi\n"
+    assert f["encoding"] == "gz+b64" and file_content(f) == "#!/bin/sh\necho hi\n"
     assert config["runcmd"] == [[f["path"]]]
 
 
@@ -79,12 +78,9 @@ def test_agent_install_keeps_the_token_in_a_root_only_directory(tmp_path):
 
 
 def _install_line() -> str:
-    import base64 as b64
-
     from provisioner.startup import SUPERVISOR_PATH, supervisor_script
 
-    body = b64.b64encode(supervisor_script().encode()).decode()
-    return f"echo {body} | base64 -d > {SUPERVISOR_PATH}.tmp"
+    return f"cat > {SUPERVISOR_PATH}.tmp <<'PV_JOB_EOF'\n{supervisor_script()}"
 
 
 def test_the_supervisor_is_installed_first_whatever_the_users_startup_data(tmp_path):
@@ -110,16 +106,16 @@ def test_the_supervisor_is_installed_first_whatever_the_users_startup_data(tmp_p
 @pytest.mark.parametrize("cloud", ["aws", "gcp", "azure", "yandex", "sbercloud", "sandbox"])
 def test_every_cloud_but_the_sandbox_gets_the_supervisor_with_a_job(home, clock, cloud):
     from provisioner.app import App
-    from provisioner.machines.launch import _with_supervisor
+    from provisioner.boot import startup_for
     from provisioner.spec import Experiment
     from tests.conftest import make_settings, sandbox_experiment
 
     app = App(make_settings(home, clouds={cloud: {}} if cloud != "sandbox" else {}), clock)
     job = Experiment.model_validate(sandbox_experiment("exp", clouds=[cloud]) | {"run": "true"})
     plain = Experiment.model_validate(sandbox_experiment("exp", clouds=[cloud]))
-    with_job = _with_supervisor(app, job, cloud, None, "m-1") or ""
+    with_job = startup_for(app, job, cloud, [], token=None, machine_id="m-1") or ""
     assert (_install_line() in with_job) is (cloud != "sandbox")  # the sandbox runs jobs itself
-    alone = _with_supervisor(app, plain, cloud, None, "m-1") or ""
+    alone = startup_for(app, plain, cloud, [], token=None, machine_id="m-1") or ""
     assert _install_line() not in alone
     # the agent, though, on every machine of every cloud, endpoint or not (issue #32)
     assert "/usr/local/bin/provisioner-agent --state-dir" in alone

@@ -3,7 +3,6 @@ emulator (tests/emulators/yandex.py)."""
 
 from __future__ import annotations
 
-import base64
 import datetime as dt
 import email
 import json
@@ -35,6 +34,7 @@ from providers.base import (
     Throttled,
     VolumeRequest,
 )
+from providers.userdata import file_content
 from providers.yandex.adapter import YandexProvider
 from tests.contract.yandex import make_provider, running_emulator, tls_material, yc_env
 from tests.emulators.yandex import (
@@ -149,7 +149,7 @@ def test_launch_puts_the_whole_intent_on_the_wire(emu, yc, instance_type, zone, 
     cloud_config = yaml.safe_load(wire.metadata["user-data"])
     assert wire.metadata["user-data"].startswith("#cloud-config\n")
     [script] = cloud_config["write_files"]
-    assert "echo training > /tmp/started" in base64.b64decode(script["content"]).decode()
+    assert "echo training > /tmp/started" in file_content(script)
     assert cloud_config["runcmd"] == [[script["path"]]]
     assert cloud_config["users"][1]["ssh_authorized_keys"] == [SSH_KEY]
 

@@ -6,6 +6,7 @@ import re
 
 from pydantic import Field
 
+from providers.limits import Limits
 from providers.spec import (
     STOPS,
     TERMINATES,
@@ -50,6 +51,25 @@ class AWSOptions(Options):
 
 _REGIONAL_AZ = re.compile(r"[a-z]+[0-9]+-az[0-9]+")  # use1-az1; not usw2-lax1-az1
 
+
+# What one RunInstances may carry (docs/LIMITS.md has the same table).
+LIMITS = Limits(
+    startup_field="UserData",
+    startup_max=16_384,
+    startup_counts="bytes before base64",
+    envelope="gzip",  # boto3 base64-encodes the bytes (botocore handlers: UserData)
+    startup_source='EC2 User Guide, "Work with instance user data": "User data is limited to '
+    '16 KB, in raw form, before it is base64-encoded"; EC2 answers InvalidParameterValue '
+    '"User data is limited to 16384 bytes"',
+    max_tags=50,
+    tag_key_max=128,
+    tag_value_max=256,
+    tag_rule="case-sensitive; no key or value may begin with aws: (reserved)",
+    tags_source='EC2 User Guide, "Tag your Amazon EC2 resources", "Tag restrictions"',
+    name_max=256,
+    name_rule="no instance name: the Name tag, a tag value",
+    name_source='EC2 User Guide, "Tag restrictions" (value ≤ 256)',
+)
 
 SPEC = CloudSpec(
     name="aws",
@@ -100,4 +120,5 @@ SPEC = CloudSpec(
         'requests", UnsupportedOperation): launched with terminate, it is deleted, boot disk '
         "and all (DeleteOnTermination); attached volumes survive",
     ),
+    limits=LIMITS,
 )

@@ -19,7 +19,7 @@ from datetime import UTC, datetime
 from functools import partial
 from typing import Any
 
-from providers.aws import SPEC, AWSOptions, errors
+from providers.aws import LIMITS, SPEC, AWSOptions, errors
 from providers.aws.network import SshGroups, tag_list
 from providers.aws.volumes import TAG_TOKEN, EbsVolumes
 from providers.base import (
@@ -41,7 +41,7 @@ from providers.base import (
     VolumeRef,
     VolumeRequest,
 )
-from providers.userdata import cloud_init
+from providers.limits import startup_payload
 
 # Public SSM parameter of the "Deep Learning Base OSS Nvidia Driver GPU AMI (Ubuntu 22.04)".
 DEFAULT_IMAGE_PARAMETER = (
@@ -459,9 +459,10 @@ class AWSProvider(Provider):
             ],
         }
         # the key for our one SSH user, made by cloud-init, not the image's (ubuntu, ec2-user…)
-        user_data = cloud_init(request.user_data, request.ssh_public_key, user=self.ssh_user)
-        if user_data:
-            params["UserData"] = user_data  # botocore base64-encodes it
+        # gzip-compressed cloud-init (providers/aws LIMITS: 16 KB before base64)
+        key = request.ssh_public_key
+        if user_data := startup_payload(LIMITS, request.user_data, key, self.ssh_user):
+            params["UserData"] = user_data  # botocore base64-encodes the bytes
         subnets = self.options.subnet_ids
         subnet = (
             subnets.get(zone)

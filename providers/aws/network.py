@@ -211,4 +211,12 @@ def code(exc: Exception) -> str | None:
 
 
 def tag_list(tags: Mapping[str, str]) -> list[dict[str, str]]:
-    return [{"Key": key, "Value": str(value)} for key, value in tags.items()]
+    """EC2's tag list. A key beginning with ``aws:`` (any case) is reserved ("Tag keys
+    starting with 'aws:' are reserved for internal use", InvalidParameterValue; EC2 User
+    Guide, "Tag restrictions"): a user's label so named is sent as ``aws_…``. Keys ≤ 128 and
+    values ≤ 256 characters are the experiment file's own limits (provisioner.spec)."""
+    return [{"Key": _unreserved(key), "Value": str(value)} for key, value in tags.items()]
+
+
+def _unreserved(key: str) -> str:
+    return "aws_" + key[4:] if key[:4].lower() == "aws:" else key

@@ -3,6 +3,10 @@
 
 from __future__ import annotations
 
+import re
+from collections.abc import Mapping
+
+from providers.limits import Limits
 from providers.spec import (
     KEEPS_BILLING,
     Capabilities,
@@ -41,6 +45,49 @@ class AzureOptions(Options):
     disable_instance_discovery: bool = False
     poll_seconds: Wait | None = None  # between polls when ARM sends no Retry-After (SDK: 30)
     timeout_seconds: Seconds = 30  # `check`'s probe and one price page
+
+
+# What one VirtualMachines.CreateOrUpdate may carry (docs/LIMITS.md has the same table).
+LIMITS = Limits(
+    startup_field="osProfile.customData",
+    startup_max=65_535,
+    startup_counts="bytes of the decoded binary array",
+    envelope="gzip",
+    startup_source='Compute REST API, OSProfile.customData: "The base-64 encoded string is '
+    'decoded to a binary array ... The maximum length of the binary array is 65535 bytes"; ARM '
+    'answers InvalidParameter "Custom data in OSProfile must be in Base64 encoding and with a '
+    'maximum length of 87380 characters."',
+    key_in_startup=False,  # the key is osProfile.linuxConfiguration.ssh.publicKeys
+    max_tags=50,
+    tag_key_max=512,
+    tag_value_max=256,
+    tag_rule="a tag name may not contain < > % & \\ ? /",
+    tags_source='Azure Resource Manager, "Use tags to organize your Azure resources", '
+    '"Limitations"',
+    name_max=64,
+    name_rule="Linux computer name and VM name: 1-64 characters",
+    name_source='"Naming rules and restrictions for Azure resources", Microsoft.Compute '
+    "virtualMachines",
+)
+
+_TAG_NAME_FORBIDDEN = re.compile(r"[<>%&\\?/]")
+_TAG_NAME_RESERVED = ("microsoft", "azure", "windows")
+
+
+def arm_tags(labels: Mapping[str, str]) -> dict[str, str]:
+    """Our labels as ARM tags: a tag name may not contain ``< > % & \\ ? /`` nor begin with
+    microsoft, azure or windows (Azure Resource Manager, "Use tags to organize your Azure
+    resources", "Limitations"; SDK Set-AzTag: "Tag names created by Azure have prefixes of
+    microsoft, azure, or windows. You cannot create tags with one of these prefixes"). Such a
+    character becomes ``_``; such a prefix gets ``x-`` before it. Names ≤ 512 and values ≤ 256
+    hold already (the experiment file allows keys ≤ 128, values ≤ 256)."""
+    out = {}
+    for key, value in labels.items():
+        name = _TAG_NAME_FORBIDDEN.sub("_", key)
+        if name.lower().startswith(_TAG_NAME_RESERVED):
+            name = "x-" + name
+        out[name] = value
+    return out
 
 
 SPEC = CloudSpec(
@@ -82,4 +129,5 @@ SPEC = CloudSpec(
         "scheduler run) must deallocate it through the API (virtualMachines/deallocate: "
         '"You are not billed for the compute resources that this virtual machine uses")',
     ),
+    limits=LIMITS,
 )

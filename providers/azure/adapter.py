@@ -15,7 +15,7 @@ from functools import partial
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
-from providers.azure import SPEC, AzureOptions, errors, prices
+from providers.azure import LIMITS, SPEC, AzureOptions, arm_tags, errors, prices
 from providers.azure.instances import to_instance
 from providers.azure.network import Network, ip_name, nic_name
 from providers.azure.volumes import ManagedDisks
@@ -41,6 +41,7 @@ from providers.base import (
     VolumeRef,
     VolumeRequest,
 )
+from providers.limits import startup_payload
 
 T = TypeVar("T")
 
@@ -511,14 +512,16 @@ class AzureProvider(Provider):
                 ),
             ),
         )
-        if request.user_data:
-            os_profile.custom_data = base64.b64encode(request.user_data.encode()).decode()
+        # gzip-compressed (providers/azure LIMITS: 65,535 bytes decoded); the key is above
+        custom = startup_payload(LIMITS, request.user_data, None, admin)
+        if isinstance(custom, bytes):
+            os_profile.custom_data = base64.b64encode(custom).decode()
         # Flattened keywords as in network.nic_body: accepted at run time by every supported
         # azure-mgmt-compute, missing from the newer SDK's overloads (only ``properties=``).
         return models.VirtualMachine(  # type: ignore[call-overload]
             location=request.region,
             zones=[zone] if zone else None,
-            tags=dict(request.labels),
+            tags=arm_tags(request.labels),
             hardware_profile=models.HardwareProfile(vm_size=request.instance_type),
             storage_profile=models.StorageProfile(
                 image_reference=models.ImageReference(**image),

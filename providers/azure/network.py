@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
+from providers.azure import arm_tags
 from providers.base import (
     TAG_MANAGED_BY,
     TAG_MANAGED_BY_VALUE,
@@ -165,7 +166,7 @@ class Network:
         # region has zones, so it serves a VM in any zone.
         return models.PublicIPAddress(  # type: ignore[call-overload]
             location=request.region,
-            tags=dict(request.labels),
+            tags=arm_tags(request.labels),
             sku=models.PublicIPAddressSku(name="Standard", tier="Regional"),
             public_ip_allocation_method="Static",
             public_ip_address_version="IPv4",
@@ -179,7 +180,7 @@ class Network:
         # although its __init__ still takes them, hence the ignores.
         return models.NetworkInterface(  # type: ignore[call-overload]
             location=request.region,
-            tags=dict(request.labels),
+            tags=arm_tags(request.labels),
             ip_configurations=[
                 models.NetworkInterfaceIPConfiguration(  # type: ignore[call-overload]
                     name="ipconfig1",

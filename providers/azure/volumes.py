@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
+from providers.azure import arm_tags
 from providers.base import (
     TAG_MANAGED_BY,
     TAG_MANAGED_BY_VALUE,
@@ -59,7 +60,7 @@ class ManagedDisks:
         body = models.Disk(
             location=request.region,
             zones=[zone] if zone else None,
-            tags=dict(request.labels),
+            tags=arm_tags(request.labels),
             sku=models.DiskSku(name=DISK_SKU),
             properties=models.DiskProperties(
                 creation_data=models.CreationData(create_option="Empty"),

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from providers.limits import Limits
 from providers.spec import (
     STOPS,
     Capabilities,
@@ -48,6 +49,28 @@ class GCPOptions(Options):
     operation_timeout_seconds: Seconds = 900
 
 
+# What one instances.insert may carry (docs/LIMITS.md has the same table).
+LIMITS = Limits(
+    startup_field="metadata startup-script",
+    startup_max=262_144,
+    startup_counts="bytes (one metadata value)",
+    envelope="script",  # run by the guest environment, not by cloud-init: plain text
+    startup_source='compute_v1 Items.value: "their size must be less than or equal to 262144 '
+    'bytes (256 KiB)"; Metadata.items: "The total size of all keys and values must be less '
+    'than 512 KB"',
+    metadata_total_max=512 * 1024,
+    key_in_startup=False,  # the key is the ssh-keys metadata value
+    max_tags=64,
+    tag_key_max=63,
+    tag_value_max=63,
+    tag_rule="lowercase letters, digits, _ and -; a key starts with a letter",
+    tags_source='Resource Manager, "Requirements for labels" (as the compute labels docstrings '
+    "say: keys [a-z][a-z0-9_-]{0,62}, values [a-z0-9_-]{0,63}, at most 64)",
+    name_max=63,
+    name_rule="RFC 1035: [a-z]([-a-z0-9]*[a-z0-9])?",
+    name_source="compute_v1 Instance.name (RFC 1035, 1-63 characters)",
+)
+
 SPEC = CloudSpec(
     name="gcp",
     title="Google Cloud",
@@ -85,4 +108,5 @@ SPEC = CloudSpec(
         "charges while they are stopped. However, resources that the VM is using, such as "
         'persistent disks and static IP addresses, will continue to be charged"',
     ),
+    limits=LIMITS,
 )

@@ -40,9 +40,10 @@ from providers.base import (
     VolumeRef,
     VolumeRequest,
 )
-from providers.gcp import DEFAULT_IMAGE, SPEC, GCPOptions, disktypes, errors, prices
+from providers.gcp import DEFAULT_IMAGE, LIMITS, SPEC, GCPOptions, disktypes, errors, prices
 from providers.gcp.network import SSH_TAG, Firewall, last
 from providers.gcp.volumes import PersistentDisks
+from providers.limits import startup_payload
 from providers.retry import wait_until
 
 T = TypeVar("T")
@@ -309,8 +310,8 @@ class GCPProvider(Provider):
             compute_v1.Items(key="install-nvidia-driver", value="True"),
             compute_v1.Items(key="enable-oslogin", value="FALSE"),
         ]
-        if request.user_data:
-            items.append(compute_v1.Items(key="startup-script", value=request.user_data))
+        if script := startup_payload(LIMITS, request.user_data, None, None):  # text, ≤ 256 KB
+            items.append(compute_v1.Items(key="startup-script", value=str(script)))
         if request.ssh_public_key:
             items.append(
                 compute_v1.Items(

@@ -8,6 +8,7 @@ from typing import Literal
 
 from pydantic import Field
 
+from providers.limits import Limits
 from providers.spec import (
     STOPS,
     Capabilities,
@@ -57,6 +58,25 @@ class SberCloudOptions(Options):
     operation_timeout_seconds: Seconds = 900  # an ECS job
 
 
+# What one CreateServers may carry (docs/LIMITS.md has the same table).
+LIMITS = Limits(
+    startup_field="server.user_data",
+    startup_max=32 * 1024,
+    startup_counts="bytes before base64",
+    envelope="gzip",  # "支持注入文本、文本文件或gzip文件" (text, a text file or a gzip file)
+    startup_source='huaweicloudsdkecs PrePaidServer.user_data: "注入内容（编码之前的内容）最大长度'
+    '32KB" (at most 32 KB before base64)',
+    max_tags=10,
+    tag_key_max=36,
+    tag_value_max=43,
+    tag_rule="no control characters nor = * < > \\ , | /",
+    tags_source="huaweicloudsdkecs PrePaidServerTag; Huawei ECS API reference, ServerTags "
+    "(providers/sbercloud/tags.py folds labels into them)",
+    name_max=64,
+    name_rule="letters, digits, _ - . (and Chinese characters), 1-64",
+    name_source="huaweicloudsdkecs PrePaidServer.name",
+)
+
 SPEC = CloudSpec(
     name="sbercloud",
     title="SberCloud (cloud.ru Advanced)",
@@ -105,4 +125,5 @@ SPEC = CloudSpec(
         flavors_why="Huawei ECS bills flavors with local disks or FPGAs (disk-intensive d*, "
         "ultra-high I/O i*, H2, P1, P2, Fp1) while they are stopped: delete them to stop it",
     ),
+    limits=LIMITS,
 )

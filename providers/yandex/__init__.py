@@ -65,6 +65,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
+from providers.limits import Limits
 from providers.spec import (
     STOPS,
     Capabilities,
@@ -103,6 +104,25 @@ class YandexOptions(Options):
     operation_timeout_seconds: Seconds = 1800
 
 
+# What one InstanceService.Create may carry (docs/LIMITS.md has the same table).
+LIMITS = Limits(
+    startup_field="metadata user-data",
+    startup_max=256 * 1024,
+    startup_counts="bytes (one metadata value)",
+    envelope="cloud-init",  # a metadata value is a string: no gzip
+    startup_source='yandex.cloud.compute.v1 CreateInstanceRequest.metadata: "The total size of '
+    'all keys and values must be less than 512 KB. ... The values must be 256 KB or less."',
+    metadata_total_max=512 * 1024,
+    max_tags=64,
+    tag_key_max=63,
+    tag_value_max=63,
+    tag_rule="keys [a-z][-_./\\\\@0-9a-z]*, values [-_./\\\\@0-9a-z]*",
+    tags_source="yandex.cloud.compute.v1 CreateInstanceRequest.labels",
+    name_max=63,
+    name_rule="|[a-z]([-_a-z0-9]{0,61}[a-z0-9])?",
+    name_source="yandex.cloud.compute.v1 CreateInstanceRequest.name",
+)
+
 SPEC = CloudSpec(
     name="yandex",
     title="Yandex Cloud",
@@ -140,4 +160,5 @@ SPEC = CloudSpec(
         "off from inside the OS leads there is what the KVM guest's ACPI power-off does; the "
         "pages found do not say it in as many words (not checked on a real account)",
     ),
+    limits=LIMITS,
 )

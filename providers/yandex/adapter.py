@@ -35,9 +35,9 @@ from providers.base import (
     VolumeRequest,
     paginate,
 )
+from providers.limits import startup_payload
 from providers.retry import wait_until
-from providers.userdata import cloud_init
-from providers.yandex import SPEC, YandexOptions, errors
+from providers.yandex import LIMITS, SPEC, YandexOptions, errors
 from providers.yandex.labels import idempotency_key, sanitise_label, sanitise_labels
 from providers.yandex.network import Network
 from providers.yandex.prices import (
@@ -287,8 +287,10 @@ class YandexProvider(Provider):
         shape = parse_instance_type(request.instance_type)
         folder_id = self._require_folder()
         metadata = {}
-        if user_data := cloud_init(request.user_data, request.ssh_public_key, user=SSH_USER):
-            metadata["user-data"] = user_data
+        # cloud-init text: a metadata value is a string (providers/yandex LIMITS)
+        key = request.ssh_public_key
+        if user_data := startup_payload(LIMITS, request.user_data, key, SSH_USER):
+            metadata["user-data"] = str(user_data)
         if request.ssh_public_key:
             metadata["ssh-keys"] = f"{SSH_USER}:{request.ssh_public_key.strip()}"
         create = svc.CreateInstanceRequest(

@@ -41,7 +41,7 @@ def plan(
         spec, application.settings.money_rates.per_base, lambda: application.actor
     )
     application.policies  # noqa: B018  (a bad policy file is reported before the state is opened)
-    v = views.plan(application, experiment)
+    v = views.plan(application, experiment, spec)
     if output is Output.json:
         print_json(_plan_json(v, top))
     else:

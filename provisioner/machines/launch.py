@@ -47,7 +47,7 @@ from providers.base import (
     QuotaError,
 )
 from providers.retry import call_with_retry
-from provisioner import budget, guard, identity, keys, ledger, planning, startup
+from provisioner import boot, budget, fits, identity, keys, ledger, planning, startup
 from provisioner.app import App
 from provisioner.crashpoints import crashpoint
 from provisioner.errors import OperationFailed, UserError
@@ -96,7 +96,7 @@ def up(
     # The limits (max_machines, budgets) are read and the intent written under one lock:
     # otherwise six concurrent `up`s each count the same machines and all go ahead.
     with app.db.lock("intents"):
-        plan = check(app, experiment)
+        plan = check(app, experiment, spec_path)
         machine, already = _write_intent(app, experiment, spec_path, plan.candidates[0])
     if already:
         return UpResult(machine, already=True, plan=plan)
@@ -113,11 +113,13 @@ def up(
         return launch_intent(app, machine, experiment, plan, progress, on_no_capacity)
 
 
-def check(app: App, experiment: Experiment) -> Plan:
+def check(app: App, experiment: Experiment, spec_path: str | None = None) -> Plan:
     """The plan, refused (exit 2) as ``up`` refuses it: by policy, by budget (with the numbers;
     failover keeps only candidates every budget can afford), or for want of an offer, or
-    when its owner is not who runs it and no policy grants ``act_as``."""
+    when its owner is not who runs it and no policy grants ``act_as``, or when the startup
+    data fits no cloud offered (:func:`provisioner.fits.drop_unfit`)."""
     plan = planning.plan(app, experiment)
+    fits.drop_unfit(app, experiment, plan, spec_path)
     refuse_by_policy(plan)
     budget.guard(plan)
     volumes.check_free(app, experiment)
@@ -219,15 +221,24 @@ def launch_intent(
             attempts.append(_failed(app, machine, attempt, blocked.add(cand, err), err))
             progress(f"  {attempts[-1].outcome}: volume: {err}")
             continue
-        user_data = startup.with_mounts(
-            _with_supervisor(app, experiment, o.cloud, token, machine.id, key.pull_key),
+        provider = app.provider(o.cloud)
+        user_data = boot.startup_for(
+            app,
+            experiment,
+            o.cloud,
             volumes.mounts(app, ready),
-            app.provider(o.cloud).ssh_user,
+            token=token,
+            machine_id=machine.id,
+            ssh_user=provider.ssh_user,
+            runs_jobs=provider.runs_jobs,
+            pull_key=key.pull_key,
         )
         request = _launch_request(
             machine, experiment, cand, user_data, app.settings.money_rates, key.public_key
         )
-        request = replace(request, guard=guard_of(app, machine.id, experiment, o.cloud))
+        request = replace(
+            request, guard=boot.guard_of(app, machine.id, experiment, provider.ssh_user)
+        )
         record_event(app, machine.id, "launch-attempt", detail=attempt.to_json())
         crashpoint("before-launch")
         try:
@@ -434,60 +445,6 @@ def _end_duplicates(app: App, m: Machine, extra: list[Instance]) -> None:
 
 
 # --- what is sent, and what is recorded ---------------------------------------------------------
-
-
-def _startup_data(
-    app: App,
-    machine_id: str,
-    experiment: Experiment,
-    token: str | None,
-    cloud: str,
-    pull_key: str | None = None,
-) -> str | None:
-    """The user's startup script, with the agent installed first on every machine: its
-    ``guard.json`` (the rules the machine enforces on itself: :mod:`provisioner.guard`), the
-    ``cloud`` whose preemption notice it watches and what it does on one
-    (``lifecycle.on_preemption_notice``); with the scheduler's endpoint, its per-machine
-    ``token`` for heartbeats; ``pull_key``: the team's, restricted to the agent's report."""
-    sched = app.settings.scheduler
-    notice = experiment.lifecycle.on_preemption_notice
-    user = app.provider(cloud).ssh_user
-    return startup.startup_data(
-        experiment.startup_script,
-        sched.endpoint_url,
-        token,
-        sched.agent_interval_seconds,
-        machine_id,
-        cloud=cloud,
-        on_notice=notice.for_agent() if notice else None,
-        guard=guard_of(app, machine_id, experiment, cloud),
-        pull_key=pull_key,
-        login_user=user,
-    )
-
-
-def guard_of(app: App, machine_id: str, experiment: Experiment, cloud: str) -> dict[str, Any]:
-    """The machine's own guard (the agent's ``guard.json``: :mod:`provisioner.guard`), from the
-    experiment and the policies that match it: what the machine enforces by itself."""
-    rules = guard.rules(experiment, app.policies)
-    return guard.guard_doc(rules, machine_id, app.clock.now(), app.provider(cloud).ssh_user)
-
-
-def _with_supervisor(
-    app: App,
-    experiment: Experiment,
-    cloud: str,
-    token: str | None,
-    machine_id: str,
-    pull_key: str | None = None,
-) -> str | None:
-    """The startup data, with ``provisioner-job`` installed first when the experiment runs a
-    job on a cloud that runs it over SSH (the sandbox runs jobs itself)."""
-    data = _startup_data(app, machine_id, experiment, token, cloud, pull_key)
-    wants = experiment.run or experiment.setup or experiment.workdir
-    if not wants or app.provider(cloud).runs_jobs:
-        return data
-    return startup.with_supervisor(data)
 
 
 def _launch_request(

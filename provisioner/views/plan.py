@@ -71,10 +71,12 @@ class PlanView:
         return [] if self.refused else self.candidates
 
 
-def plan(app: App, experiment: Experiment) -> PlanView:
-    from provisioner import catalog, planning  # policies and the catalog: not for --help
+def plan(app: App, experiment: Experiment, source: str | None = None) -> PlanView:
+    """``source``: the experiment's file, named when its startup data fits no cloud."""
+    from provisioner import catalog, fits, planning  # policies and the catalog: not for --help
 
     p = planning.plan(app, experiment)
+    fits.drop_unfit(app, experiment, p, source)
     best: dict[str, Candidate] = {}
     for c in p.candidates:  # ranked: the first of a cloud is its cheapest
         best.setdefault(c.offer.cloud, c)

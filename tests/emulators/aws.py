@@ -1196,11 +1196,18 @@ def _validate_run_instances(params: dict[str, str]) -> None:
         raise ec2_error("InvalidParameterValue", "ClientToken: at most 64 ASCII characters", 400)
     if "UserData" in params:
         try:
-            base64.b64decode(params["UserData"], validate=True)
+            raw = base64.b64decode(params["UserData"], validate=True)
         except binascii.Error:
             raise ec2_error(
                 "InvalidParameterValue", "Invalid BASE64 encoding of user data", 400
             ) from None
+        # "User data is limited to 16 KB, in raw form, before it is base64-encoded" (EC2 User
+        # Guide, "Work with instance user data"); EC2 answers "InvalidParameterValue: User data
+        # is limited to 16384 bytes" (as reported in dask/dask-cloudprovider#249 and
+        # runs-on/runs-on#9). moto does not check it.
+        if len(raw) > 16_384:
+            raise ec2_error("InvalidParameterValue", "User data is limited to 16384 bytes", 400)
+    _validate_tags(params)
     spot = "InstanceMarketOptions.SpotOptions."
     behaviour = params.get(spot + "InstanceInterruptionBehavior", "terminate")
     if behaviour in ("stop", "hibernate") and params.get(spot + "SpotInstanceType") != "persistent":
@@ -1209,6 +1216,30 @@ def _validate_run_instances(params: dict[str, str]) -> None:
             f"InstanceInterruptionBehavior {behaviour} requires a persistent spot request",
             400,
         )
+
+
+def _validate_tags(params: dict[str, str]) -> None:
+    """EC2 "Tag restrictions" (EC2 User Guide): key ≤ 128, value ≤ 256 characters, no key
+    beginning with ``aws:`` — answered "InvalidParameterValue: Value ( aws:… ) for parameter key
+    is invalid. Tag keys starting with 'aws:' are reserved for internal use" (as reported in
+    kubernetes-sigs/cluster-api-provider-aws#5461). moto counts the 50 tags itself
+    (TagLimitExceeded) but checks none of these; the wording of the length refusals is not
+    documented."""
+    for name, value in params.items():
+        if not name.startswith("TagSpecification."):
+            continue
+        if name.endswith(".Key"):
+            if value[:4].lower() == "aws:":
+                raise ec2_error(
+                    "InvalidParameterValue",
+                    f"Value ( {value} ) for parameter key is invalid. Tag keys starting with "
+                    "'aws:' are reserved for internal use",
+                    400,
+                )
+            if len(value) > 128:
+                raise ec2_error("InvalidParameterValue", f"Tag key too long: {value}", 400)
+        elif name.endswith(".Value") and len(value) > 256:
+            raise ec2_error("InvalidParameterValue", f"Tag value too long: {value}", 400)
 
 
 @contextmanager

@@ -1007,6 +1007,13 @@ class AzureEmulator:
         tags = body.get("tags") or {}
         if len(tags) > 50 or any(len(k) > 512 or len(v) > 256 for k, v in tags.items()):
             raise _bad("Tags exceed ARM limits.", "InvalidTag")
+        # ARM "Limitations": tag names can't contain < > % & \ ? / and can't begin with
+        # microsoft, azure or windows (the wording of the refusal is not documented)
+        for name in tags:
+            if re.search(r"[<>%&\\?/]", name) or name.lower().startswith(
+                ("microsoft", "azure", "windows")
+            ):
+                raise _bad(f"The tag name '{name}' is invalid.", "InvalidTag")
         size = props.get("hardwareProfile", {}).get("vmSize", "")
         if not size.startswith("Standard_"):
             raise _bad(f"The value {size!r} of parameter 'vmSize' is not allowed.")
@@ -1045,12 +1052,22 @@ class AzureEmulator:
                 "enabled in Linux profile."
             )
         if "customData" in os_profile:
+            # OSProfile.customData: "The base-64 encoded string is decoded to a binary array
+            # ... The maximum length of the binary array is 65535 bytes" (Compute REST API);
+            # ARM answers both a bad encoding and a longer one with InvalidParameter, target
+            # customData, "Custom data in OSProfile must be in Base64 encoding and with a
+            # maximum length of 87380 characters." (Azure/aks-engine#1663, Azure/acs-engine
+            # #4149); 87380 is the base64 length of 65535 bytes.
+            too_long = _bad(
+                "Custom data in OSProfile must be in Base64 encoding and with a maximum length "
+                "of 87380 characters."
+            )
             try:
                 decoded = base64.b64decode(os_profile["customData"], validate=True)
             except ValueError:
-                raise _bad("Custom data in OSProfile must be in Base64 encoding.") from None
-            if len(decoded) > 64 * 1024:
-                raise _bad("Custom data exceeds 64 KB.")
+                raise too_long from None
+            if len(os_profile["customData"]) > 87_380 or len(decoded) > 65_535:
+                raise too_long
         priority = (props.get("priority") or "Regular").lower()
         if priority != "spot" and ("evictionPolicy" in props or "billingProfile" in props):
             raise _bad("Eviction policy and billing profile can be set only on Spot VMs.")

@@ -1446,6 +1446,8 @@ def _parse_instance(
         )
     body["machineType"] = f"{zone_url}/machineTypes/{machine}"
     family = machine.split("-", 1)[0]
+    if len(body.get("labels", {})) > 64:  # "No more than 64 labels" (labels requirements)
+        raise invalid("Invalid value for field 'resource.labels': at most 64 labels.")
     for key, value in body.get("labels", {}).items():
         if not LABEL_KEY_RE.match(key) or not LABEL_VALUE_RE.match(value):
             raise invalid(f"Invalid value for field 'resource.labels': '{key}={value}'.")
@@ -1534,9 +1536,28 @@ def _parse_instance(
     for i, tag in enumerate(body.get("tags", {}).get("items", [])):
         if not NAME_RE.match(tag):
             raise invalid(f"Invalid value for field 'resource.tags.items[{i}]': '{tag}'.")
-    keys = [item["key"] for item in body.get("metadata", {}).get("items", [])]
+    items = body.get("metadata", {}).get("items", [])
+    keys = [item["key"] for item in items]
     if len(keys) != len(set(keys)):
         raise invalid("Invalid value for field 'resource.metadata': duplicate keys.")
+    # compute_v1 Items.value: "their size must be less than or equal to 262144 bytes (256
+    # KiB)"; Compute Engine answers a value past it "Value for field '...metadata.items[2].value'
+    # is too large: maximum size 32768 character(s); actual size 33595." (kubernetes/kubernetes
+    # #37180, when the limit was 32 KB). Metadata.items: "The total size of all keys and values
+    # must be less than 512 KB" (the message for that is not documented: worded alike).
+    for i, item in enumerate(items):
+        size = len(item.get("value", "").encode())
+        if size > 262_144:
+            raise invalid(
+                f"Value for field 'resource.metadata.items[{i}].value' is too large: maximum "
+                f"size 262144 character(s); actual size {size}."
+            )
+    total = sum(len(item["key"].encode()) + len(item.get("value", "").encode()) for item in items)
+    if total >= 512 * 1024:
+        raise invalid(
+            f"Value for field 'resource.metadata' is too large: maximum size 524288 "
+            f"character(s); actual size {total}."
+        )
     return body
 
 

@@ -907,6 +907,11 @@ class EcsEmulator:
         )
         for key in ("imageRef", "flavorRef", "name", "vpcid"):
             _required(server, key, str)
+        # PrePaidServer.name: letters (Chinese too), digits, _ - . and 1-64 characters
+        # (huaweicloudsdkecs: "只能由中文字符、英文字母、数字及“_”、“-”、“.”组成，
+        # 且长度为[1-64]个字符")
+        if not re.fullmatch(r"[\w.-]{1,64}", server["name"]):
+            raise _invalid(f"name {server['name']!r}: 1-64 letters, digits, _ - .")
         flavor = server["flavorRef"]
         if flavor not in {f["id"] for f in FLAVORS}:
             raise _ecs_error(400, "Ecs.0029", f"Flavor [{flavor}] does not exist.")
@@ -935,6 +940,8 @@ class EcsEmulator:
                 raw = base64.b64decode(server["user_data"], validate=True)
             except binascii.Error:
                 raise _invalid("user_data is not base64") from None
+            # huaweicloudsdkecs PrePaidServer.user_data: "注入内容（编码之前的内容）最大长度
+            # 32KB" (at most 32 KB before base64); "text, a text file or a gzip file"
             if len(raw) > 32 * 1024:
                 raise _invalid("user_data longer than 32 KB")
         ext = _required(server, "extendparam", dict)

@@ -75,7 +75,9 @@ SHAPES = {
     "standard-v3-t4i": {(1, 4, 16), (1, 8, 32), (1, 16, 64), (1, 32, 128)},
     "standard-v3": {(0, 2, 2), (0, 2, 4)},  # a small CPU VM for machines made "by hand"
 }
-_NAME = re.compile(r"[a-z]([-a-z0-9]{0,61}[a-z0-9])?")
+# CreateInstanceRequest.name: "The value must match the regular expression:
+# `|[a-z]([-_a-z0-9]{0,61}[a-z0-9])?`" (the empty name is taken, we never send one)
+_NAME = re.compile(r"[a-z]([-_a-z0-9]{0,61}[a-z0-9])?")
 _LABEL_KEY = re.compile(r"[a-z][-_./\\@0-9a-z]{0,62}")
 _LABEL_VALUE = re.compile(r"[-_./\\@0-9a-z]{0,63}")
 
@@ -991,9 +993,16 @@ def _create_problem(emu: YandexEmulator, r: isvc.CreateInstanceRequest) -> str |
             bool(nics) and emu.subnets.get(r.zone_id) == nics[0].subnet_id,
             f"subnet {nics[0].subnet_id if nics else ''!r} is not in zone {r.zone_id}",
         ),
+        # CreateInstanceRequest.metadata (yandexcloud's instance_service.proto): "The total
+        # size of all keys and values must be less than 512 KB. ... The values must be 256 KB
+        # or less." (the wording of Yandex's refusal is not documented)
         (
-            sum(len(k) + len(v) for k, v in r.metadata.items()) <= 256 * 1024,
-            "metadata is over 256 KB",
+            all(len(v.encode()) <= 256 * 1024 for v in r.metadata.values()),
+            "metadata value is over 256 KB",
+        ),
+        (
+            sum(len(k.encode()) + len(v.encode()) for k, v in r.metadata.items()) < 512 * 1024,
+            "metadata is 512 KB or more",
         ),
         (
             all(
