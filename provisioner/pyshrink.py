@@ -28,7 +28,8 @@ def _shrink(source: str) -> str:
     # docstrings, last first so earlier positions stay valid
     for line, col, end_line, end_col in sorted(_docstrings(source), reverse=True):
         first, last = lines[line - 1], lines[end_line - 1]
-        lines[line - 1] = first[:col] + '""' + last[end_col:]
+        # ast's columns count UTF-8 bytes, not characters (a "—" in a docstring is three)
+        lines[line - 1] = (first.encode()[:col] + b'""' + last.encode()[end_col:]).decode()
         drop.update(range(line, end_line))  # the docstring's other lines
     text = "".join(ln for i, ln in enumerate(lines) if i not in drop)
     lines = text.splitlines(keepends=True)
