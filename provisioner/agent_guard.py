@@ -185,8 +185,8 @@ def job_states(jobs_dir: str | None, boot: str, alive=pid_alive) -> dict:
     for name in names:
         d = os.path.join(jobs_dir, name)
         pid = _read(os.path.join(d, "pid"))
-        if pid is None:
-            continue  # not started (or not a job)
+        if not pid:
+            continue  # not started (or not a job), or its pid being written this instant
         code = _read(os.path.join(d, "exit"))
         if code is not None:
             out[name] = f"exit {code}"

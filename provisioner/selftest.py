@@ -39,8 +39,9 @@ from providers.base import TAG_MACHINE, TAG_MANAGED_BY
 from provisioner import machines
 from provisioner.app import App
 from provisioner.errors import OperationFailed, ProvisionerError, UserError
-from provisioner.machines import jobs
+from provisioner.machines import jobs, pull
 from provisioner.machines import volumes as volumes_
+from provisioner.machines.guard_stops import GUARD_REASONS
 from provisioner.models import Event, Heartbeat, Machine
 from provisioner.money import Money
 from provisioner.schema import MachineStatus as S
@@ -162,6 +163,8 @@ def _steps(
 
     heard = ended = stopped = False
     while True:
+        if m.status == S.RUNNING:  # what a scheduler pass reads of it: heartbeats or its report
+            pull.pull_all(app, [m])
         machines.reconcile(app)
         m = jobs.named(app, m.name)
         heard = heard or _heard(app, m.id)
@@ -218,8 +221,16 @@ def _experiment(app: App, cloud: str, job_seconds: int) -> Experiment:
 
 
 def _heard(app: App, machine_id: str) -> bool:
+    """A heartbeat or a pulled sample of the machine's, or a stop its agent made and recorded
+    (its ``stop.json``, read back into the stop event's reason)."""
     with app.db.session() as s:
-        return bool(s.scalar(select(func.count()).where(Heartbeat.machine_id == machine_id)))
+        beats = s.scalar(select(func.count()).where(Heartbeat.machine_id == machine_id))
+        stops = s.scalar(
+            select(func.count()).where(
+                Event.machine_id == machine_id, Event.reason.in_(GUARD_REASONS)
+            )
+        )
+    return bool(beats or stops)
 
 
 def _stop_detail(app: App, m: Machine) -> str:

@@ -114,8 +114,8 @@ def start(
         str(db_path.resolve()),
         "--machine",
         machine_id,
-        "--shift",
-        repr(shift.total_seconds()),
+        # one word: a negative shift ("-8.7e-05") would read as an option of its own
+        f"--shift={shift.total_seconds()!r}",
     ]
     argv = [
         sys.executable,
@@ -234,6 +234,7 @@ def report(
         return None
     shift = shift_of(machine_dir)
     argv = [sys.executable, str(agent or AGENT), "--report", "--state-dir", str(d)]
+    argv += ["--boot-file", str(machine_dir / "boot_id")]  # the run's boot, as the agent's own
     if since is not None:
         argv += ["--since", (since - shift).astimezone(UTC).isoformat()]
     try:

@@ -111,7 +111,8 @@ class SandboxJobs:
                 start_new_session=True,
             )
         (job / "boot").write_text(guard.boot_id(home) + "\n")
-        (job / "pid").write_text(str(proc.pid))
+        (job / "pid.tmp").write_text(str(proc.pid))  # whole or not at all: the agent reads it
+        (job / "pid.tmp").replace(job / "pid")
         self._procs[job] = proc
 
     def _job_dir(self, ref: InstanceRef, job_id: str) -> Path:
