@@ -30,6 +30,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import timedelta
+from decimal import Decimal
 from types import FrameType
 from typing import Any
 
@@ -203,7 +204,7 @@ def _experiment(app: App, cloud: str, job_seconds: int) -> Experiment:
     ]
     if not offers:
         raise UserError(f"selftest: the catalog offers no one-GPU machine on {cloud}")
-    cheapest = min(offers, key=lambda o: o.spot_price if o.spot_price is not None else o.price)
+    cheapest = min(offers, key=_cheapest_price)
     name = f"selftest-{secrets.token_hex(3)}"
     data: dict[str, Any] = {
         "name": name,
@@ -218,6 +219,11 @@ def _experiment(app: App, cloud: str, job_seconds: int) -> Experiment:
         "lifecycle": {"on_finish": "stop", "autostop": "10m", "max_lifetime": "30m"},
     }
     return Experiment.model_validate(data, context={"actor": lambda: app.actor})
+
+
+def _cheapest_price(o: Any) -> Decimal:
+    prices = [p for p in (o.spot_price, o.price) if p is not None]
+    return min(prices)
 
 
 def _heard(app: App, machine_id: str) -> bool:
@@ -246,7 +252,7 @@ def _stop_detail(app: App, m: Machine) -> str:
 
 
 def _tagged(app: App, m: Machine) -> tuple[bool, str]:
-    inst = app.provider(m.cloud).get(machines.ref(m))
+    inst = app.provider(m.cloud or "").get(machines.ref(m))
     labels = dict(inst.labels or {}) if inst is not None else {}
     ok = labels.get(TAG_MACHINE) == m.id and TAG_MANAGED_BY in labels
     return ok, f"instance tags {TAG_MACHINE}={labels.get(TAG_MACHINE)}"
