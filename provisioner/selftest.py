@@ -166,6 +166,7 @@ def _steps(
     while True:
         if m.status == S.RUNNING:  # what a scheduler pass reads of it: heartbeats or its report
             pull.pull_all(app, [m])
+            jobs.check_ended(app, m)  # its job's end recorded, not acted on: the guard acts
         machines.reconcile(app)
         m = jobs.named(app, m.name)
         heard = heard or _heard(app, m.id)

@@ -107,6 +107,24 @@ def explain(report: dict[str, Any] | None, running: list[str], since: datetime |
     return out
 
 
+def inferred(app: App, m: Machine) -> Explained | None:
+    """A stop whose report cannot be read (a cloud machine its cloud terminated, or keeps
+    stopped out of reach of SSH), explained by what is recorded: its ``run`` exited (the
+    pull or a look over SSH recorded the code) and its ``on_finish`` stops or terminates it —
+    what its guard does then. None when nothing recorded explains it."""
+    from provisioner.spec import Experiment
+
+    try:
+        on_finish = Experiment.model_validate(m.spec or {}).on_finish
+    except ValueError:
+        return None
+    run = jobs.jobs_of(app, m).get(jobs.RUN)
+    if on_finish not in ("stop", "terminate") or run is None or run.exit_code is None:
+        return None
+    said = f"inferred: its run exited {run.exit_code} and on_finish {on_finish}s it"
+    return Explained("on-finish", {"by": "the machine's guard", "guard": {"detail": said}})
+
+
 def read_report(app: App, m: Machine) -> dict[str, Any] | None:
     """The machine's report where its cloud keeps it (None: not readable there; the pull
     reads a cloud machine's over SSH)."""

@@ -215,9 +215,10 @@ def _record(
         reason = "preempted"
     else:
         reason = "launched" if booted else guard_stops.UNEXPLAINED
-    report, running = None, []
-    if status in HALTED:  # its own guard, maybe: what the machine says
+    report, running, guessed = None, [], None
+    if status in HALTED:  # its own guard, maybe: what the machine says, else what is recorded
         report, running = guard_stops.read_report(app, m), guard_stops.running_jobs(app, m)
+        guessed = guard_stops.inferred(app, m) if report is None else None
     with app.db.session() as s:
         row = s.get(Machine, m.id)
         if row is None or row.status != m.status:
@@ -234,6 +235,8 @@ def _record(
         explained = None
         if status in HALTED:
             explained = guard_stops.explain(report, running, _open_since(s, row))
+            if explained.reason == guard_stops.UNEXPLAINED and guessed is not None:
+                explained = guessed
             if status == S.PREEMPTED and explained.reason != guard_stops.UNEXPLAINED:
                 # a cloud that records no reason (SberCloud) or guesses one (a Yandex VM that
                 # went down without a stop operation) read as preempted what its guard stopped
