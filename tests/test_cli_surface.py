@@ -124,7 +124,8 @@ SAMPLES = {
     "endpoint": None,  # agent and scheduler run are daemons: not run here
     "token_file": None,
 }
-DAEMONS = {("agent",), ("scheduler", "run"), ("ssh",)}  # run until stopped, or exec ssh
+# run until stopped, or exec ssh; selftest runs a machine for minutes (tests/test_selftest.py)
+DAEMONS = {("agent",), ("scheduler", "run"), ("ssh",), ("selftest",)}
 
 
 def argv_for(path: tuple[str, ...], spec: Path) -> list[str]:
