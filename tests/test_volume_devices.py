@@ -212,6 +212,7 @@ def test_a_job_waits_out_the_mounting_then_says_it_is_still_mounting(tmp_path):
     assert code == "97" and "still mounting after 4s" in out
 
 
+@pytest.mark.wallclock  # the supervisor's shell sleeps, under libfaketime's offset, stalled in CI
 def test_a_job_started_before_the_mount_script_began_waits_for_its_volume(tmp_path):
     """SSH answers before cloud-init runs the startup script: the job's env names its volumes
     (PV_VOLUMES, as `up` writes it), so it waits for them to be mounted, then runs."""
