@@ -255,9 +255,11 @@ def received(harness: Harness) -> str:
         body = harness._inserts()[-1].body  # type: ignore[attr-defined]
         items = {i["key"]: i["value"] for i in body["metadata"]["items"]}
         return items["startup-script"]
-    if name == "azure":
-        body = harness._vm_puts()[-1].body  # type: ignore[attr-defined]
-        return decoded(base64.b64decode(body["properties"]["osProfile"]["customData"]))
+    if name == "azure":  # the creating PUT's: a later one (a disk attached) carries none
+        puts = harness._vm_puts()  # type: ignore[attr-defined]
+        profiles = [r.body["properties"].get("osProfile", {}) for r in puts]
+        data = [p["customData"] for p in profiles if "customData" in p][-1]
+        return decoded(base64.b64decode(data))
     if name == "yandex":
         return emu.calls("InstanceService.Create")[-1].request.metadata["user-data"]
     if name == "sbercloud":

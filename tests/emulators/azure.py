@@ -292,6 +292,11 @@ class AzureEmulator:
         self._slow_polls = 0
         self._ip = itertools.count(4)
         self._address = itertools.count(10)
+        # Test infra, not ARM: every public IP address resource's address this emulator
+        # assigns ("The IP address associated with the public IP address resource",
+        # azure-mgmt-network PublicIPAddress.ip_address) is this one, e.g. 127.0.0.1 where a
+        # test's sshd listens; None: its own 20.0.0.x addresses.
+        self.public_address: str | None = None
         # A server's clock is the time of day, as ARM's is: a fixed date here would fall out
         # of the adapter's 90-day activity-log window as the calendar moves on (it did, at a
         # faked 2028-02-29). Strictly increasing from there (see _now).
@@ -1419,7 +1424,7 @@ class AzureEmulator:
         pip["properties"].setdefault("publicIPAllocationMethod", method_)
         if method_.lower() == "static" and "ipAddress" not in pip["properties"]:
             # A static address is assigned when the resource is created (public IP docs).
-            pip["properties"]["ipAddress"] = f"20.0.0.{next(self._address)}"
+            pip["properties"]["ipAddress"] = self.public_address or f"20.0.0.{next(self._address)}"
         pip["sku"] = {"name": sku, "tier": (body.get("sku") or {}).get("tier", "Regional")}
         pip["tags"] = body.get("tags", {})
         if body.get("zones"):

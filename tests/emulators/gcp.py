@@ -238,6 +238,11 @@ class GCPEmulator:
         self.firewalls: dict[str, dict[str, Any]] = {}
         self.requests: list[Recorded] = []
         self.max_page_size = 500  # the real API may return fewer than maxResults
+        # Test infra, not Compute Engine: every external address this emulator assigns (an
+        # accessConfig's natIP, "An external IP address associated with this instance",
+        # compute_v1 AccessConfig.nat_i_p) is this one, e.g. 127.0.0.1 where a test's sshd
+        # listens; None: its own 34.1.x.y addresses.
+        self.public_address: str | None = None
         self.billing_pages: list[dict[str, Any]] = billing_fixture_pages()
         self.billing_api_key = "test-billing-key"
         self.networks: set[str] = {"default"}  # the auto-mode network a new project gets
@@ -872,7 +877,7 @@ class GCPEmulator:
         for nic_index, nic in enumerate(instance.get("networkInterfaces", [])):
             nic.update(name=f"nic{nic_index}", networkIP=f"10.128.0.{number}")
             for access in nic.get("accessConfigs", []):
-                access["natIP"] = f"34.1.{number // 250}.{number % 250}"
+                access["natIP"] = self.public_address or f"34.1.{number // 250}.{number % 250}"
         # The boot disk is made from initializeParams under the instance's name unless it
         # names one (compute_v1.AttachedDiskInitializeParams.disk_name: "If not specified, the
         # default is to use the name of the instance"); the instance links it by URL

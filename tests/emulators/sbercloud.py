@@ -244,6 +244,10 @@ class EcsEmulator:
         self.faults = Faults()
         self.servers: dict[str, dict[str, Any]] = {}
         self.eips: dict[str, dict[str, Any]] = {}  # every EIP here exists and bills
+        # Test infra, not ECS: every EIP this emulator assigns is at this address (a server's
+        # "floating" address, huaweicloudsdkecs ServerAddress.addr with OS-EXT-IPS:type
+        # floating), e.g. 127.0.0.1 where a test's sshd listens; None: its own 203.0.113.x.
+        self.public_address: str | None = None
         self.volumes: dict[str, dict[str, Any]] = {}  # EVS disks: every one here bills
         self._volume_tokens: dict[str, dict[str, Any]] = {}  # X-Client-Token → first answer
         self.security_groups: dict[str, dict[str, Any]] = {
@@ -1055,7 +1059,8 @@ class EcsEmulator:
             eip = self.eips[publicip["id"]]
         else:
             n = len(self.eips) + 10
-            eip = {"id": str(uuid.uuid4()), "address": f"203.0.113.{n}", **publicip["eip"]}
+            address = self.public_address or f"203.0.113.{n}"
+            eip = {"id": str(uuid.uuid4()), "address": address, **publicip["eip"]}
             self.eips[eip["id"]] = eip
         eip.update(
             server_id=server_id,

@@ -172,6 +172,11 @@ class YandexEmulator:
     boot_images: dict[str, str] = field(default_factory=dict)  # instance id → image id
     skus: list[sku_pb2.Sku] = field(default_factory=list)
     page_size_cap: int = 1000
+    # Test infra, not Compute Cloud: every one-to-one NAT address this emulator assigns ("An
+    # external IP address associated with this instance", OneToOneNat.address in
+    # yandex/cloud/compute/v1/instance.proto) is this one, e.g. 127.0.0.1 where a test's sshd
+    # listens; None: its own 51.250.x.y addresses.
+    public_address: str | None = None
     capacity_exhausted: set[str] = field(default_factory=set)  # zones with no stock
     capacity_code: grpc.StatusCode = grpc.StatusCode.RESOURCE_EXHAUSTED  # assumed, see above
     capacity_in_call: bool = False  # refuse Create itself instead of failing its operation
@@ -328,7 +333,7 @@ class YandexEmulator:
         address = inst.network_interfaces[0].primary_v4_address
         if address.HasField("one_to_one_nat"):
             address.one_to_one_nat.address = (
-                f"51.250.{next(self._nat) % 250}.{next(self._nat) % 250}"
+                self.public_address or f"51.250.{next(self._nat) % 250}.{next(self._nat) % 250}"
             )
 
     def release_public_address(self, inst: instance_pb2.Instance) -> None:
