@@ -43,13 +43,34 @@ def issue_token(app: App, machine_id: str) -> str:
 
 
 @functools.cache
-def agent_sources() -> dict[str, str]:
-    """The agent's two files as the machine gets them: the same code, without its docstrings
-    and comments (the startup data has each cloud's size limit to fit in)."""
+def agent_sources(cloud: str | None = None) -> dict[str, str]:
+    """The agent's two files as a machine on ``cloud`` gets them: the same program, shrunk
+    (:mod:`provisioner.pyshrink`: the startup data has each cloud's size limit to fit in),
+    without the preemption-notice watchers of the other clouds (``@watcher("gcp")``…)."""
     out = {}
     for name in ("agent.py", "agent_guard.py"):
         text = resources.files("provisioner").joinpath(name).read_text(encoding="utf-8")
-        out[name] = "#!/usr/bin/env python3\n" + shrink(text) + "\n"
+        body = shrink(text, _other_watchers(text, cloud)).rstrip("\n")
+        out[name] = (body if body.startswith("#!") else "#!/usr/bin/env python3\n" + body) + "\n"
+    return out
+
+
+def _other_watchers(source: str, cloud: str | None) -> set[str]:
+    """The top-level classes registered with ``@watcher(CLOUD)`` for a cloud but ``cloud``."""
+    import ast
+
+    out = set()
+    for node in ast.parse(source).body:
+        if not isinstance(node, ast.ClassDef):
+            continue
+        for d in node.decorator_list:
+            if (
+                isinstance(d, ast.Call)
+                and isinstance(d.func, ast.Name)
+                and d.func.id == "watcher"
+                and [a.value for a in d.args if isinstance(a, ast.Constant)] != [cloud]
+            ):
+                out.add(node.name)
     return out
 
 
@@ -104,7 +125,7 @@ def startup_data(
         lib=AGENT_LIB,
         bin=AGENT_BIN,
         state_dir=STATE_DIR,
-        sources=agent_sources(),
+        sources=agent_sources(cloud),
         token=token if endpoint and token else "",
         guard=json.dumps(guard, sort_keys=True) if guard else "",
         cmd=cmd,

@@ -130,6 +130,37 @@ def test_the_agent_ships_shrunk_even_with_non_ascii_docstrings():
     from provisioner.startup import agent_sources
 
     source = 'def f():\n    """A rule — with a dash."""\n    return 1  # and a comment…\n'
-    assert shrink(source) == 'def f():\n    ""\n    return 1\n'
+    assert shrink(source) == "def f():\n return 1\n"
+    assert shrink('def f():\n    """Only a docstring — here."""\n') == 'def f():\n ""\n'
     for name, text in agent_sources().items():
         assert '"""' not in text and text.isascii(), name
+
+
+def test_the_shrink_keeps_what_runs_and_only_that():
+    """What the machine gets of the agent: no docstring, comment, blank line, annotation of a
+    function (nor of an assignment inside one: a class's, which a dataclass reads, is kept),
+    a level one space, a statement on one line; what ``drop`` names gone; anything it cannot
+    prove the same program is sent as it is."""
+    from provisioner.pyshrink import shrink
+
+    source = (
+        "#!/usr/bin/env python3\n"
+        '"""Module doc."""\n'
+        "import os  # a comment\n\n\n"
+        'def f(a: int, *rest: str, k: "X" = 1) -> dict[str, int]:\n'
+        '    """Doc."""\n'
+        '    out: dict = {\n        "a": a,\n        "k": k,\n    }\n'
+        "    return out if a else 1 .real\n\n\n"
+        '@register("gcp")\nclass Gone:\n    x: int = 1\n'
+    )
+    lean = (
+        "#!/usr/bin/env python3\nimport os\ndef f(a,*rest,k=1):\n"
+        ' out={"a":a,"k":k,}\n return out if a else 1 .real\n'
+    )
+    assert shrink(source, drop={"Gone"}) == lean
+    assert shrink(source) == lean + '@register("gcp")\nclass Gone:\n x:int=1\n'
+    ran: dict = {}
+    exec(compile(lean, "lean", "exec"), ran)
+    assert ran["f"](2) == {"a": 2, "k": 1} and ran["f"](0) == 1
+    odd = "def g() -> (\n    int\n):\n    return 1\n"  # a parenthesised return annotation
+    assert shrink(odd) == odd  # not proven the same program: sent whole
