@@ -146,30 +146,15 @@ def startup_data(
     )
 
 
-SUPERVISOR_PATH = "/usr/local/bin/provisioner-job"  # where the startup data installs it
+#: where startup data once installed the job supervisor; machines launched since get it from the
+#: first SSH call (``machines/remote.py``), which looks here first
+SUPERVISOR_PATH = "/usr/local/bin/provisioner-job"
 
 
 def supervisor_script() -> str:
     """``provisioner-job``: runs a job detached on a cloud machine, keeps its output and exit
     code (see :mod:`provisioner.machines.remote`)."""
     return resources.files("provisioner").joinpath("templates/provisioner-job.sh").read_text()
-
-
-def supervisor_install() -> str:
-    """The shell script (run as root at boot) that installs ``provisioner-job``."""
-    body = supervisor_script()
-    body = body if body.endswith("\n") else body + "\n"
-    path = SUPERVISOR_PATH
-    return (  # as text, not base64: the startup data is gzip-compressed (docs/LIMITS.md)
-        "#!/bin/sh\n# provisioner-job: the supervisor of provisioner's jobs\n"
-        f"cat > {path}.tmp <<'PV_JOB_EOF'\n{body}PV_JOB_EOF\n"
-        f"chmod 0755 {path}.tmp && mv {path}.tmp {path}\n"
-    )
-
-
-def with_supervisor(data: str | None) -> str:
-    """``data`` with ``provisioner-job`` installed first (as :func:`with_mounts` does)."""
-    return _prepend(data, supervisor_install())
 
 
 def mount_script(mounts: Sequence[tuple[str, str]], owner: str = "") -> str:
@@ -189,12 +174,7 @@ def with_mounts(data: str | None, mounts: Sequence[tuple[str, str]], owner: str 
     ``#cloud-config`` or MIME document, as the first part cloud-init runs."""
     if not mounts:
         return data
-    return _prepend(data, mount_script(mounts, owner))
-
-
-def _prepend(data: str | None, script: str) -> str:
-    """``script`` run before ``data``: inside a shell script, after its first line; beside a
-    ``#cloud-config`` or MIME document, as the first part cloud-init runs."""
+    script = mount_script(mounts, owner)
     if not data:
         return script
     if not data.startswith("#!"):
