@@ -1,7 +1,8 @@
 """`provisioner selftest --cloud aws` through the AWS emulator (moto behind the wire-level
 wrapper) and a real machine stood in by this host: its address is a real sshd on loopback, its
-jobs run under the supervisor pushed over SSH, and its agent — the real ``provisioner/agent.py``
-with the ``guard.json`` the startup data carried, read back from the user data EC2 received —
+jobs run under the supervisor pushed over SSH, and its agent — the agent and its guard as the
+startup data shipped them (shrunk), with the ``guard.json`` it carried, all read back from the
+user data EC2 received —
 powers it off by telling the emulator "shut down from inside" (what EC2 then does to a one-time
 spot instance: terminated). The pull reads the agent's report with the team's key, restricted
 to that report in ``authorized_keys`` as the startup data restricts it."""
@@ -45,7 +46,14 @@ pytestmark = [
     pytest.mark.skipif(SSHD is None or shutil.which("rsync") is None, reason=NO_SSHD + "; rsync"),
 ]
 
-AGENT = Path(__file__).resolve().parents[1] / "provisioner" / "agent.py"
+
+def shipped(data: str, lib: Path) -> Path:
+    """The agent's files as the startup data writes them, written to ``lib``: its agent.py."""
+    lib.mkdir(parents=True, exist_ok=True)
+    for name in ("agent.py", "agent_guard.py"):
+        head = f"cat > {startup.AGENT_LIB}/{name} <<'PV_AGENT_EOF'\n"
+        (lib / name).write_text(data.split(head, 1)[1].split("PV_AGENT_EOF\n", 1)[0])
+    return lib / "agent.py"
 
 
 class Machine(threading.Thread):
@@ -74,6 +82,7 @@ class Machine(threading.Thread):
         call = self.emu.calls("RunInstances")[-1]
         data = unwrap(decoded(base64.b64decode(call.params["UserData"])))
         guard = data.split("guard.json <<'PV_GUARD_EOF'\n", 1)[1].split("\nPV_GUARD_EOF", 1)[0]
+        agent = shipped(data, self.state.parent / "lib")
         self.state.mkdir(parents=True, exist_ok=True)
         doc = guard.replace(startup.STATE_DIR, str(self.state))
         (self.state / "guard.json").write_text(
@@ -82,7 +91,7 @@ class Machine(threading.Thread):
         # the pull key's line, as the startup data writes it, its command pointed here
         public = keys.published_pull_key(self.app)
         assert public is not None
-        here = f"{sys.executable} {AGENT} --report --state-dir {self.state}"
+        here = f"{sys.executable} {agent} --report --state-dir {self.state}"
         line = startup.pull_line(public).replace(f"{startup.AGENT_BIN} --report", here)
         with (self.sshd_dir / "authorized_keys").open("a") as f:
             f.write(line + "\n")
@@ -95,7 +104,7 @@ class Machine(threading.Thread):
         self.agent = subprocess.Popen(
             [
                 sys.executable,
-                str(AGENT),
+                str(agent),
                 "--state-dir",
                 str(self.state),
                 "--interval",
