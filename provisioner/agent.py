@@ -48,10 +48,13 @@ UTC = timezone.utc  # noqa: UP017 (datetime.UTC is 3.11+; the machine may have 3
 
 MAX_BACKOFF_SECONDS = 300.0
 
-try:  # in the package; on the machine, agent_guard.py sits beside this file
-    from provisioner.agent_guard import GPUReader, count_ssh, ssh_sessions
+try:  # in the package; on the machine, agent_guard.py sits beside this file (Python puts the
+    # script's real directory, symlinks resolved, first on the path)
+    from provisioner import agent_guard
+    from provisioner.agent_guard import GPUReader, count_ssh, say, ssh_sessions
 except ImportError:  # pragma: no cover (the machine)
-    from agent_guard import GPUReader, count_ssh, ssh_sessions  # type: ignore[no-redef,import-not-found]
+    import agent_guard  # type: ignore[no-redef,import-not-found]
+    from agent_guard import GPUReader, count_ssh, say, ssh_sessions  # type: ignore[no-redef]
 
 __all__ = ["GPUReader", "count_ssh", "ssh_sessions"]  # what the guard samples with, here too
 
@@ -75,25 +78,6 @@ def signature(key: str, machine: str, at_ms: int, body: bytes, route: str = HEAR
 def authorization(key: str, machine: str, at_ms: int, body: bytes, route: str = HEARTBEAT) -> str:
     sig = signature(key, machine, at_ms, body, route)
     return f"{SCHEME} machine={machine}, time={at_ms}, signature={sig}"
-
-
-def parse_authorization(header: str):  # -> tuple[str, int, str] | None
-    """(machine, time, signature) of a well-formed header, else None."""
-    scheme, _, rest = header.strip().partition(" ")
-    if scheme != SCHEME or len(rest) > 512:
-        return None
-    fields = {}
-    for part in rest.split(","):
-        k, _, v = part.strip().partition("=")
-        fields[k] = v
-    machine, at, sig = (
-        fields.get("machine", ""),
-        fields.get("time", ""),
-        fields.get("signature", ""),
-    )
-    if not (0 < len(machine) <= 64 and at.isdigit() and len(at) <= 15 and len(sig) == 64):
-        return None
-    return machine, int(at), sig
 
 
 class Clock:
@@ -190,14 +174,27 @@ def _utc(when: datetime) -> str:
     return when.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def _iso(text: str) -> str | None:
+def _iso(text: object) -> str | None:
     """``2026-11-20T12:00:00Z`` as given, checked; None if it is no time."""
-    try:
-        return _utc(datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC))
-    except (TypeError, ValueError):
-        return None
+    at = agent_guard.parse_iso(text)
+    return _utc(at) if at else None
 
 
+WATCHERS: dict = {}  # cloud: its notice watcher (the others document none)
+
+
+def watcher(cloud: str):  # -> the class decorator
+    """Registers a cloud's notice watcher; the startup data ships the machine's cloud's alone
+    (:func:`provisioner.startup.agent_sources`)."""
+
+    def register(cls):
+        WATCHERS[cloud] = cls
+        return cls
+
+    return register
+
+
+@watcher("aws")
 class AWSWatcher:
     """Spot ``instance-action`` through an IMDSv2 session token (kept until it nears expiry)."""
 
@@ -233,6 +230,7 @@ class AWSWatcher:
         return [{"id": f"aws:{action}:{when}", "action": action, "not_before": when}]
 
 
+@watcher("gcp")
 class GCPWatcher:
     def __init__(self, base: str, timeout: float = 2.0) -> None:
         self.base, self.timeout = base.rstrip("/"), timeout
@@ -248,6 +246,7 @@ class GCPWatcher:
         return [{"id": "gcp:preempted", "action": "preempt", "not_before": None}]
 
 
+@watcher("azure")
 class AzureWatcher:
     # "Scheduled Events is enabled for your service the first time you make a request. You
     # should expect a delayed response in your first call of up to two minutes." (same page)
@@ -275,9 +274,6 @@ class AzureWatcher:
                 }
             )
         return out
-
-
-WATCHERS = {"aws": AWSWatcher, "gcp": GCPWatcher, "azure": AzureWatcher}  # others: none
 
 
 def matching_pids(pattern: str, skip=()):  # -> list[int]
@@ -332,7 +328,7 @@ class NoticeWatcher:
         metadata_url: str | None = None,
         action: dict | None = None,
         now=time.time,
-        log=lambda msg: print(msg, file=sys.stderr, flush=True),
+        log=say,
     ) -> None:
         self.cloud, self.endpoint, self.machine, self.token_file = (
             cloud,
@@ -437,7 +433,7 @@ def run(
     reader: GPUReader | None = None,
     sleep=time.sleep,
     stop=lambda: False,
-    log=lambda msg: print(msg, file=sys.stderr, flush=True),
+    log=say,
     now=time.time,
 ) -> None:
     """Post a heartbeat every ``interval`` seconds until ``stop()``; never raises."""
@@ -469,17 +465,6 @@ def run(
         sleep(wait)
 
 
-def _guard_module():
-    """The guard beside this file: ``provisioner.agent_guard`` in the package, ``agent_guard``
-    on the machine (installed in the same directory; Python puts the script's real directory,
-    symlinks resolved, first on the path)."""
-    try:
-        from provisioner import agent_guard
-    except ImportError:
-        import agent_guard  # type: ignore[no-redef]
-    return agent_guard
-
-
 def guard_loop(guard, interval: float, *, reader=None, sleep=time.sleep, stop=lambda: False):
     """One guard tick every ``interval`` seconds until ``stop()``; never raises."""
     reader = reader or GPUReader()
@@ -496,15 +481,7 @@ def _boot(path, g):
     """The boot id: the kernel's, or the one in ``path`` (a sandbox machine's own boots)."""
     if not path:
         return g.boot_id
-
-    def read() -> str:
-        try:
-            with open(path, encoding="utf-8") as f:
-                return f.read().strip()
-        except OSError:
-            return "unknown"
-
-    return read
+    return lambda: g.read_text(path) or "unknown"
 
 
 def _report(a, g) -> int:
@@ -524,26 +501,23 @@ def _report(a, g) -> int:
 
 
 def main(argv=None) -> None:
-    g = _guard_module()
-    p = argparse.ArgumentParser(
-        prog="provisioner-agent",
-        description="the machine's guard (autostop, on_finish, max_lifetime) and its record; "
-        "GPU heartbeats to the provisioner scheduler when --endpoint is given",
-    )
-    p.add_argument("--endpoint", help="scheduler URL, e.g. http://10.0.0.5:8787 (none: no beats)")
-    p.add_argument("--machine", help="this machine's id (default: guard.json's)")
-    p.add_argument("--token-file", help="the heartbeat token (with --endpoint)")
+    g = agent_guard
+    # the flags' meanings are comments here, not help: the startup data has EC2's 16 KB to fit
+    p = argparse.ArgumentParser(prog="provisioner-agent")  # the machine's guard, its record
+    p.add_argument("--endpoint")  # the scheduler's URL: GPU heartbeats
+    p.add_argument("--machine")  # this machine's id (default: guard.json's)
+    p.add_argument("--token-file")  # the heartbeat token (with --endpoint)
     p.add_argument("--interval", type=float, default=30.0)
     p.add_argument("--state-dir", default=g.STATE_DIR)
-    p.add_argument("--guard-file", help="default: STATE_DIR/guard.json")
-    p.add_argument("--shutdown-cmd", default=g.SHUTDOWN_CMD, help="how the guard powers off")
-    p.add_argument("--boot-file", help="read the boot id here (default: the kernel's)")
-    p.add_argument("--report", action="store_true", help="print the report JSON and exit")
-    p.add_argument("--since", help="with --report: only samples after this ISO instant")
-    p.add_argument("--cloud", default="", help="the cloud this machine runs on")
-    p.add_argument("--metadata-url", help="the cloud's metadata service (default: its own)")
+    p.add_argument("--guard-file")  # default: STATE_DIR/guard.json
+    p.add_argument("--shutdown-cmd", default=g.SHUTDOWN_CMD)  # how the guard powers off
+    p.add_argument("--boot-file")  # read the boot id here (default: the kernel's)
+    p.add_argument("--report", action="store_true")  # print the report JSON and exit
+    p.add_argument("--since")  # with --report: only samples after this ISO instant
+    p.add_argument("--cloud", default="")  # the cloud this machine runs on
+    p.add_argument("--metadata-url")  # the cloud's metadata service (default: its own)
     p.add_argument("--notice-interval", type=float, default=5.0)
-    p.add_argument("--on-notice-file", help="JSON: what to do to the job on a notice")
+    p.add_argument("--on-notice-file")  # JSON: what to do to the job on a notice
     a = p.parse_args(argv)
     a.guard_file = a.guard_file or os.path.join(a.state_dir, g.GUARD)
     if a.report:

@@ -164,7 +164,12 @@ def pid_alive(pid: int) -> bool:
     return True
 
 
-def _read(path: str) -> str | None:
+def say(msg: str) -> None:
+    """The agent's log: its stderr (the service's journal)."""
+    print(msg, file=sys.stderr, flush=True)
+
+
+def read_text(path: str) -> str | None:
     try:
         with open(path, encoding="utf-8") as f:
             return f.read().strip()
@@ -184,13 +189,13 @@ def job_states(jobs_dir: str | None, boot: str, alive=pid_alive) -> dict:
         return out
     for name in names:
         d = os.path.join(jobs_dir, name)
-        pid = _read(os.path.join(d, "pid"))
+        pid = read_text(os.path.join(d, "pid"))
         if not pid:
             continue  # not started (or not a job), or its pid being written this instant
-        code = _read(os.path.join(d, "exit"))
+        code = read_text(os.path.join(d, "exit"))
         if code is not None:
             out[name] = f"exit {code}"
-        elif pid.isdigit() and _read(os.path.join(d, "boot")) == boot and alive(int(pid)):
+        elif pid.isdigit() and read_text(os.path.join(d, "boot")) == boot and alive(int(pid)):
             out[name] = "running"
         else:
             out[name] = "lost"
@@ -203,7 +208,10 @@ def ended_this_boot(jobs_dir: str | None, job: str, boot: str) -> bool:
     if not jobs_dir:
         return False
     d = os.path.join(jobs_dir, job)
-    return _read(os.path.join(d, "exit")) is not None and _read(os.path.join(d, "boot")) == boot
+    return (
+        read_text(os.path.join(d, "exit")) is not None
+        and read_text(os.path.join(d, "boot")) == boot
+    )
 
 
 # --- files -----------------------------------------------------------------------------------
@@ -350,7 +358,7 @@ class Guard:
         boot=boot_id,
         alive=pid_alive,
         run=None,
-        log=lambda msg: print(msg, file=sys.stderr, flush=True),
+        log=say,
     ) -> None:
         self.state_dir = state_dir
         self.guard_file = guard_file or os.path.join(state_dir, GUARD)

@@ -1,8 +1,9 @@
 """What a launch gives a machine at boot, put together once: the user's ``startup_script``,
 with the agent and its guard on every machine (with its token when settings name the endpoint
 agents report to, the cloud whose preemption notice it watches, what it does on one, the team's
-pull key), the job supervisor when the experiment runs a job on a cloud that runs jobs over
-SSH, and the volumes' mount script.
+pull key), and the volumes' mount script. The job supervisor is not in it: jobs are started over
+SSH, and the first SSH call installs it (``machines/remote.py``), which keeps the agent and the
+user's own script inside EC2's 16 KB (docs/LIMITS.md).
 
 ``up`` builds each launch's startup data here (``machines/launch.py``); ``plan`` and ``up``
 measure the same data against each cloud's limit before anything is launched
@@ -36,24 +37,17 @@ def startup_for(
     token: str | None = SAMPLE_TOKEN,
     machine_id: str = SAMPLE_MACHINE,
     ssh_user: str | None = None,
-    runs_jobs: bool | None = None,
     pull_key: str | None = SAMPLE_PULL_KEY,
 ) -> str | None:
     """The startup data a launch of ``experiment`` on ``cloud`` sends, before the adapter puts
     it in the cloud's envelope: the agent and its guard (every machine), its ``token`` (when
-    settings name an endpoint), the team's ``pull_key``, the supervisor, the ``mounts``
-    (device, path). ``ssh_user`` and ``runs_jobs``: the adapter's (default: the cloud's spec;
-    only the simulated sandbox runs jobs itself)."""
+    settings name an endpoint), the team's ``pull_key``, the ``mounts`` (device, path).
+    ``ssh_user``: the adapter's (default: the cloud's spec)."""
     spec = providers.spec(cloud)
     if not app.settings.scheduler.endpoint_url:
         token = None
     user = ssh_user or spec.ssh_user
     data = startup_data(app, machine_id, experiment, token, cloud, user, pull_key)
-    wants = experiment.run or experiment.setup or experiment.workdir
-    if runs_jobs is None:
-        runs_jobs = spec.simulated
-    if wants and not runs_jobs:
-        data = startup.with_supervisor(data)
     return startup.with_mounts(data, mounts, user)
 
 

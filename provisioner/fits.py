@@ -11,6 +11,8 @@ it fits none, ``plan`` and ``up`` refuse with one line (exit 2).
 
 from __future__ import annotations
 
+import hashlib
+
 import providers
 from providers.limits import TooLarge, check_startup
 from provisioner import boot
@@ -20,10 +22,18 @@ from provisioner.planner import Plan
 from provisioner.spec import Experiment
 
 #: Stand-ins of the real length: an ed25519 public key with a comment, and a volume's device path
-#: as long as any cloud names one (an AWS NVMe link); the token's is ``boot.SAMPLE_TOKEN``.
+#: as long as any cloud names one (an AWS NVMe link: ``vol`` and the volume id's 17 hex digits,
+#: each volume its own, as they compress); the token's is ``boot.SAMPLE_TOKEN``.
 SAMPLE_TOKEN = boot.SAMPLE_TOKEN
 SAMPLE_KEY = "ssh-ed25519 " + "A" * 68 + " someone@a-laptop-with-a-long-name.example.com"
-SAMPLE_DEVICE = "/dev/disk/by-id/nvme-Amazon_Elastic_Block_Store_vol0123456789abcdef0"
+
+
+def sample_device(i: int) -> str:
+    """The ``i``-th volume's stand-in device path."""
+    digits = hashlib.sha256(f"volume {i}".encode()).hexdigest()[:17]
+    return f"/dev/disk/by-id/nvme-Amazon_Elastic_Block_Store_vol{digits}"
+
+
 FIELD = "startup_script"
 
 
@@ -34,7 +44,7 @@ def too_large(app: App, experiment: Experiment, cloud: str) -> TooLarge | None:
     limits = spec.limits
     if limits is None:
         return None
-    mounts = [(SAMPLE_DEVICE, v.path) for v in experiment.volumes]
+    mounts = [(sample_device(i), v.path) for i, v in enumerate(experiment.volumes)]
     data = boot.startup_for(app, experiment, cloud, mounts)  # as the launch builds it
     key = experiment.ssh_public_key or SAMPLE_KEY
     # the instance's other metadata (GCP, Yandex): its ssh-keys value and the few flags set

@@ -504,6 +504,21 @@ def _idle_candidates(
 
 # --- the endpoint ----------------------------------------------------------------------------
 
+
+def parse_authorization(header: str) -> tuple[str, int, str] | None:
+    """(machine, time, signature) of a well-formed ``Authorization`` an agent signed
+    (:func:`provisioner.agent.authorization`), else None. The scheduler's side only: the machine
+    is not sent it."""
+    scheme, _, rest = header.strip().partition(" ")
+    if scheme != agent.SCHEME or len(rest) > 512:
+        return None
+    fields = dict(part.strip().partition("=")[::2] for part in rest.split(","))
+    machine, at, sig = (fields.get(k, "") for k in ("machine", "time", "signature"))
+    if not (0 < len(machine) <= 64 and at.isdigit() and len(at) <= 15 and len(sig) == 64):
+        return None
+    return machine, int(at), sig
+
+
 REPLAY_WINDOW = timedelta(minutes=5)  # a heartbeat signed longer ago (or ahead) is refused
 
 
@@ -551,7 +566,7 @@ class HeartbeatApp:
     def _verified(self, environ: dict[str, Any], route: str) -> tuple[int, Any, bytes]:
         """(200, machine id, body) of a request signed by a live machine for ``route``, else
         (status, error, b""): the signature checks of every route an agent posts to."""
-        auth = agent.parse_authorization(environ.get("HTTP_AUTHORIZATION", ""))
+        auth = parse_authorization(environ.get("HTTP_AUTHORIZATION", ""))
         if auth is None:
             return 401, {"error": "unsigned or malformed Authorization"}, b""
         machine_id, at_ms, sig = auth

@@ -43,13 +43,34 @@ def issue_token(app: App, machine_id: str) -> str:
 
 
 @functools.cache
-def agent_sources() -> dict[str, str]:
-    """The agent's two files as the machine gets them: the same code, without its docstrings
-    and comments (the startup data has each cloud's size limit to fit in)."""
+def agent_sources(cloud: str | None = None) -> dict[str, str]:
+    """The agent's two files as a machine on ``cloud`` gets them: the same program, shrunk
+    (:mod:`provisioner.pyshrink`: the startup data has each cloud's size limit to fit in),
+    without the preemption-notice watchers of the other clouds (``@watcher("gcp")``…)."""
     out = {}
     for name in ("agent.py", "agent_guard.py"):
         text = resources.files("provisioner").joinpath(name).read_text(encoding="utf-8")
-        out[name] = "#!/usr/bin/env python3\n" + shrink(text) + "\n"
+        body = shrink(text, _other_watchers(text, cloud)).rstrip("\n")
+        out[name] = (body if body.startswith("#!") else "#!/usr/bin/env python3\n" + body) + "\n"
+    return out
+
+
+def _other_watchers(source: str, cloud: str | None) -> set[str]:
+    """The top-level classes registered with ``@watcher(CLOUD)`` for a cloud but ``cloud``."""
+    import ast
+
+    out = set()
+    for node in ast.parse(source).body:
+        if not isinstance(node, ast.ClassDef):
+            continue
+        for d in node.decorator_list:
+            if (
+                isinstance(d, ast.Call)
+                and isinstance(d.func, ast.Name)
+                and d.func.id == "watcher"
+                and [a.value for a in d.args if isinstance(a, ast.Constant)] != [cloud]
+            ):
+                out.add(node.name)
     return out
 
 
@@ -104,7 +125,7 @@ def startup_data(
         lib=AGENT_LIB,
         bin=AGENT_BIN,
         state_dir=STATE_DIR,
-        sources=agent_sources(),
+        sources=agent_sources(cloud),
         token=token if endpoint and token else "",
         guard=json.dumps(guard, sort_keys=True) if guard else "",
         cmd=cmd,
@@ -125,30 +146,15 @@ def startup_data(
     )
 
 
-SUPERVISOR_PATH = "/usr/local/bin/provisioner-job"  # where the startup data installs it
+#: where startup data once installed the job supervisor; machines launched since get it from the
+#: first SSH call (``machines/remote.py``), which looks here first
+SUPERVISOR_PATH = "/usr/local/bin/provisioner-job"
 
 
 def supervisor_script() -> str:
     """``provisioner-job``: runs a job detached on a cloud machine, keeps its output and exit
     code (see :mod:`provisioner.machines.remote`)."""
     return resources.files("provisioner").joinpath("templates/provisioner-job.sh").read_text()
-
-
-def supervisor_install() -> str:
-    """The shell script (run as root at boot) that installs ``provisioner-job``."""
-    body = supervisor_script()
-    body = body if body.endswith("\n") else body + "\n"
-    path = SUPERVISOR_PATH
-    return (  # as text, not base64: the startup data is gzip-compressed (docs/LIMITS.md)
-        "#!/bin/sh\n# provisioner-job: the supervisor of provisioner's jobs\n"
-        f"cat > {path}.tmp <<'PV_JOB_EOF'\n{body}PV_JOB_EOF\n"
-        f"chmod 0755 {path}.tmp && mv {path}.tmp {path}\n"
-    )
-
-
-def with_supervisor(data: str | None) -> str:
-    """``data`` with ``provisioner-job`` installed first (as :func:`with_mounts` does)."""
-    return _prepend(data, supervisor_install())
 
 
 def mount_script(mounts: Sequence[tuple[str, str]], owner: str = "") -> str:
@@ -168,12 +174,7 @@ def with_mounts(data: str | None, mounts: Sequence[tuple[str, str]], owner: str 
     ``#cloud-config`` or MIME document, as the first part cloud-init runs."""
     if not mounts:
         return data
-    return _prepend(data, mount_script(mounts, owner))
-
-
-def _prepend(data: str | None, script: str) -> str:
-    """``script`` run before ``data``: inside a shell script, after its first line; beside a
-    ``#cloud-config`` or MIME document, as the first part cloud-init runs."""
+    script = mount_script(mounts, owner)
     if not data:
         return script
     if not data.startswith("#!"):

@@ -372,28 +372,16 @@ def test_a_start_the_machine_refuses_is_an_event_and_not_retried_every_pass(
     app.close()
 
 
-def test_the_startup_data_installs_the_supervisor_on_a_cloud(emu, home, tmp_path):
-    """AWS gets the supervisor in its user data (cloud-init runs it as root at first boot);
-    an experiment without a job gets nothing extra."""
+def test_the_supervisor_comes_over_ssh_not_in_the_startup_data(emu, home, tmp_path):
+    """AWS gets the agent in its user data, not the supervisor: the first SSH call pushes it
+    (above), so EC2's 16 KB go to the agent and the user's own script (docs/LIMITS.md)."""
     app, _ = _app(home, emu)
     machines.up(app, load_experiment(_spec(tmp_path, "job", run="python train.py")))
-    machines.up(app, load_experiment(_spec(tmp_path, "plain")))
-    with_job, plain = (
-        decoded(base64.b64decode(r["UserData"])) if r.get("UserData") else ""
-        for r in [c.params for c in emu.calls("RunInstances")]
-    )
-    assert SUPERVISOR_PATH not in plain
-    # cloud-init runs the startup script: the part beside our #cloud-config
-    [script] = [text for kind, text in parts(with_job) if kind == "x-shellscript"]
-    # run as it would be, into a folder of the test's instead of /usr/local/bin
-    target = tmp_path / "bin" / "provisioner-job"
-    target.parent.mkdir()
-    boot = tmp_path / "boot.sh"
-    boot.write_text(script.replace(SUPERVISOR_PATH, str(target)))
-    assert subprocess.run(["sh", str(boot)], capture_output=True).returncode == 0
-    assert target.read_text() == supervisor_script()
-    assert target.stat().st_mode & 0o777 == 0o755
-    assert subprocess.run(["sh", "-n", str(target)]).returncode == 0
+    [params] = [c.params for c in emu.calls("RunInstances")]
+    data = decoded(base64.b64decode(params["UserData"]))
+    [script] = [text for kind, text in parts(data) if kind == "x-shellscript"]
+    assert "/usr/local/bin/provisioner-agent --state-dir" in script
+    assert SUPERVISOR_PATH not in script and supervisor_script() not in script
     app.close()
 
 

@@ -2,7 +2,7 @@
 emulator (the contract suite's harness, tests/contract/<cloud>.py), with this host standing in
 for the one machine the selftest launches. The emulator answers the machine's public address
 as 127.0.0.1 (its ``public_address`` knob), where a real sshd runs; its jobs run under the
-supervisor pushed over SSH; its agent — the real ``provisioner/agent.py`` with the
+supervisor pushed over SSH; its agent — the agent files as the startup data shipped them, with the
 ``guard.json`` the startup data carried, read back from what the cloud received (EC2's
 UserData, GCP's startup-script, Azure's customData, Yandex's and SberCloud's user-data) —
 powers it off, and the harness tells the emulator "shut down from inside" (``guest_shutdown``:
@@ -65,7 +65,17 @@ pytestmark = [
     pytest.mark.skipif(SSHD is None or shutil.which("rsync") is None, reason=NO_SSHD + "; rsync"),
 ]
 
-AGENT = Path(__file__).resolve().parents[1] / "provisioner" / "agent.py"
+
+def shipped(data: str, lib: Path) -> Path:
+    """The agent's files as the startup data writes them (shrunk), written to ``lib``: its
+    agent.py — so the code the cloud received is the code that runs here."""
+    lib.mkdir(parents=True, exist_ok=True)
+    for name in ("agent.py", "agent_guard.py"):
+        head = f"cat > {startup.AGENT_LIB}/{name} <<'PV_AGENT_EOF'\n"
+        (lib / name).write_text(data.split(head, 1)[1].split("PV_AGENT_EOF\n", 1)[0])
+    return lib / "agent.py"
+
+
 CLOUDS = [c for c in providers.REGISTRY if c != "sandbox"]  # the sandbox: tests/test_selftest.py
 
 #: cloud → (what the cloud says of the machine right after its guest shut down, the status the
@@ -101,6 +111,7 @@ class Host(threading.Thread):
         self.jobs_dir = home / ".provisioner" / "jobs"
         self.done = threading.Event()
         self.agent: subprocess.Popen[bytes] | None = None
+        self.agent_py = state.parent / "lib" / "agent.py"
         self.halted: MachineState | None = None  # what the cloud says right after
         self.halted_at: datetime | None = None  # when its OS shut down
         self.mounted = False
@@ -121,7 +132,14 @@ class Host(threading.Thread):
         halt = self.state / "halted"
         self.agent = subprocess.Popen(
             [
-                *(sys.executable, str(AGENT), "--state-dir", str(self.state), "--interval", "1"),
+                *(
+                    sys.executable,
+                    str(self.agent_py),
+                    "--state-dir",
+                    str(self.state),
+                    "--interval",
+                    "1",
+                ),
                 *("--shutdown-cmd", shlex.join(["touch", str(halt)])),
             ],
             stdout=subprocess.DEVNULL,
@@ -144,6 +162,7 @@ class Host(threading.Thread):
     def _install(self, data: str) -> None:
         """What the startup data does here: the guard's config, the pull key, the volume."""
         guard = data.split("guard.json <<'PV_GUARD_EOF'\n", 1)[1].split("\nPV_GUARD_EOF", 1)[0]
+        self.agent_py = shipped(data, self.state.parent / "lib")
         self.state.mkdir(parents=True, exist_ok=True)
         user = providers.spec(self.cloud.name).ssh_user
         doc = guard.replace(startup.STATE_DIR, str(self.state))
@@ -153,7 +172,7 @@ class Host(threading.Thread):
         # the pull key's line, as the startup data writes it, its command pointed here
         public = keys.published_pull_key(self.app)
         assert public is not None
-        here = f"{sys.executable} {AGENT} --report --state-dir {self.state}"
+        here = f"{sys.executable} {self.agent_py} --report --state-dir {self.state}"
         line = startup.pull_line(public).replace(f"{startup.AGENT_BIN} --report", here)
         with (self.sshd_dir / "authorized_keys").open("a") as f:
             f.write(line + "\n")

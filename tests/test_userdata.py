@@ -61,7 +61,6 @@ def test_combine_flattens_nested_multiparts():
 def test_agent_install_keeps_the_token_in_a_root_only_directory(tmp_path):
     """The agent runs as root (it powers the machine off and reads the login user's jobs); the
     token file is 0600 in a 0700 directory, apart from the state; the script is valid bash."""
-    import subprocess
 
     boot = startup_data(None, "http://10.0.0.1:8787", "tok-secret", 30, "m-1")
     assert "umask 077" in boot and "chmod 0600 /etc/provisioner/agent-token" in boot
@@ -74,52 +73,26 @@ def test_agent_install_keeps_the_token_in_a_root_only_directory(tmp_path):
     assert subprocess.run(["bash", "-n", str(script)], capture_output=True).returncode == 0
 
 
-# --- the job supervisor in the startup data (issue #24: jobs on clouds over SSH) ---------------
-
-
-def _install_line() -> str:
-    from provisioner.startup import SUPERVISOR_PATH, supervisor_script
-
-    return f"cat > {SUPERVISOR_PATH}.tmp <<'PV_JOB_EOF'\n{supervisor_script()}"
-
-
-def test_the_supervisor_is_installed_first_whatever_the_users_startup_data(tmp_path):
-    from provisioner.startup import with_supervisor
-
-    alone = with_supervisor(None)
-    assert alone.startswith("#!/bin/sh\n") and _install_line() in alone
-    # inside the user's shell script, before its own lines, its shebang kept
-    mine = with_supervisor("#!/bin/bash\necho mine\n")
-    assert mine.startswith("#!/bin/bash\n") and mine.index(_install_line()) < mine.index("mine")
-    # beside a cloud-config: the first part cloud-init runs
-    doc = with_supervisor("#cloud-config\npackages: [htop]\n")
-    (kind, first), (kind2, _) = parts(doc)
-    assert (kind, kind2) == ("x-shellscript", "cloud-config") and _install_line() in first
-    # and beside the agent install, as every cloud but GCP gets it (GCP: the same script)
-    boot = with_supervisor(startup_data(None, "http://10.0.0.1:8787", "tok", 30, "m-1"))
-    script = tmp_path / "boot.sh"
-    script.write_text(boot)
-    assert subprocess.run(["bash", "-n", str(script)], capture_output=True).returncode == 0
-    assert boot.index(_install_line()) < boot.index("provisioner agent")
+# --- the job supervisor is not in the startup data: the first SSH call installs it -------------
 
 
 @pytest.mark.parametrize("cloud", ["aws", "gcp", "azure", "yandex", "sbercloud", "sandbox"])
-def test_every_cloud_but_the_sandbox_gets_the_supervisor_with_a_job(home, clock, cloud):
+def test_every_cloud_gets_the_agent_at_boot_and_the_supervisor_over_ssh(home, clock, cloud):
     from provisioner.app import App
     from provisioner.boot import startup_for
+    from provisioner.machines.remote import MARK
     from provisioner.spec import Experiment
     from tests.conftest import make_settings, sandbox_experiment
 
     app = App(make_settings(home, clouds={cloud: {}} if cloud != "sandbox" else {}), clock)
     job = Experiment.model_validate(sandbox_experiment("exp", clouds=[cloud]) | {"run": "true"})
-    plain = Experiment.model_validate(sandbox_experiment("exp", clouds=[cloud]))
     with_job = startup_for(app, job, cloud, [], token=None, machine_id="m-1") or ""
-    assert (_install_line() in with_job) is (cloud != "sandbox")  # the sandbox runs jobs itself
-    alone = startup_for(app, plain, cloud, [], token=None, machine_id="m-1") or ""
-    assert _install_line() not in alone
+    # jobs start over SSH, and the first SSH call installs provisioner-job (machines/remote.py):
+    # EC2's 16 KB are kept for the agent and the user's own script (docs/LIMITS.md)
+    assert MARK not in with_job and "PV_JOB_EOF" not in with_job
     # the agent, though, on every machine of every cloud, endpoint or not (issue #32)
-    assert "/usr/local/bin/provisioner-agent --state-dir" in alone
-    assert "/var/lib/provisioner/agent/guard.json" in alone
+    assert "/usr/local/bin/provisioner-agent --state-dir" in with_job
+    assert "/var/lib/provisioner/agent/guard.json" in with_job
     app.close()
 
 
@@ -130,6 +103,37 @@ def test_the_agent_ships_shrunk_even_with_non_ascii_docstrings():
     from provisioner.startup import agent_sources
 
     source = 'def f():\n    """A rule — with a dash."""\n    return 1  # and a comment…\n'
-    assert shrink(source) == 'def f():\n    ""\n    return 1\n'
+    assert shrink(source) == "def f():\n return 1\n"
+    assert shrink('def f():\n    """Only a docstring — here."""\n') == 'def f():\n ""\n'
     for name, text in agent_sources().items():
         assert '"""' not in text and text.isascii(), name
+
+
+def test_the_shrink_keeps_what_runs_and_only_that():
+    """What the machine gets of the agent: no docstring, comment, blank line, annotation of a
+    function (nor of an assignment inside one: a class's, which a dataclass reads, is kept),
+    a level one space, a statement on one line; what ``drop`` names gone; anything it cannot
+    prove the same program is sent as it is."""
+    from provisioner.pyshrink import shrink
+
+    source = (
+        "#!/usr/bin/env python3\n"
+        '"""Module doc."""\n'
+        "import os  # a comment\n\n\n"
+        'def f(a: int, *rest: str, k: "X" = 1) -> dict[str, int]:\n'
+        '    """Doc."""\n'
+        '    out: dict = {\n        "a": a,\n        "k": k,\n    }\n'
+        "    return out if a else 1 .real\n\n\n"
+        '@register("gcp")\nclass Gone:\n    x: int = 1\n'
+    )
+    lean = (
+        "#!/usr/bin/env python3\nimport os\ndef f(a,*rest,k=1):\n"
+        ' out={"a":a,"k":k,}\n return out if a else 1 .real\n'
+    )
+    assert shrink(source, drop={"Gone"}) == lean
+    assert shrink(source) == lean + '@register("gcp")\nclass Gone:\n x:int=1\n'
+    ran: dict = {}
+    exec(compile(lean, "lean", "exec"), ran)
+    assert ran["f"](2) == {"a": 2, "k": 1} and ran["f"](0) == 1
+    odd = "def g() -> (\n    int\n):\n    return 1\n"  # a parenthesised return annotation
+    assert shrink(odd) == odd  # not proven the same program: sent whole

@@ -230,7 +230,6 @@ def launch_intent(
             token=token,
             machine_id=machine.id,
             ssh_user=provider.ssh_user,
-            runs_jobs=provider.runs_jobs,
             pull_key=key.pull_key,
         )
         request = _launch_request(

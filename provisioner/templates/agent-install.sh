@@ -1,9 +1,10 @@
 #!/bin/bash
-# provisioner agent: the machine's own guard (autostop, on_finish, max_lifetime), its record,
-# and GPU heartbeats when the scheduler has an endpoint. Rendered by provisioner.startup
-# (Jinja2); every value is shell-quoted there. It runs as root: it powers the machine off and
-# reads the login user's jobs. Secrets (the heartbeat token) stay in {{ agent_dir }} (0700);
-# its state dir {{ state_dir }} holds none (0755, files 0644).
+{#- provisioner agent: the machine's own guard (autostop, on_finish, max_lifetime), its record,
+and GPU heartbeats when the scheduler has an endpoint. Rendered by provisioner.startup
+(Jinja2); every value is shell-quoted there. It runs as root: it powers the machine off and
+reads the login user's jobs. Secrets (the heartbeat token) stay in agent_dir (0700); its state
+dir holds none (0755, files 0644). Template comments, not shell ones: the machine is not sent
+them (the startup data has EC2's 16 KB to fit in, docs/LIMITS.md). #}
 (
 umask 022
 mkdir -p {{ lib }} {{ state_dir }} "$(dirname {{ bin }})"
@@ -37,7 +38,7 @@ cat > {{ agent_dir }}/on-notice.json <<'PV_NOTICE_EOF'
 PV_NOTICE_EOF
 {% endif -%}
 {% if pull -%}
-# the team's pull key: it may run `provisioner-agent --report` and nothing else
+{#- the team's pull key: it may run `provisioner-agent --report` and nothing else #}
 pv_pull_key() {
   for _ in $(seq 90); do id -u {{ user }} >/dev/null 2>&1 && break; sleep 2; done
   h=$(getent passwd {{ user }} | cut -d: -f6)
@@ -66,7 +67,7 @@ WantedBy=multi-user.target
 PV_UNIT_EOF
   chmod 0644 /etc/systemd/system/provisioner-agent.service
   systemctl daemon-reload && systemctl enable --now provisioner-agent.service
-else  # no systemd running (a container, an image without it): started here, once
+else {#- no systemd running (a container, an image without it): started here, once #}
   nohup {{ cmd }} >/var/log/provisioner-agent.log 2>&1 &
 fi
 ) >/var/log/provisioner-agent-install.log 2>&1 || true

@@ -1,12 +1,13 @@
 #!/bin/bash
-# provisioner volumes: each network disk mounted at its path before the user's script runs.
-# Rendered by provisioner.startup.mount_script (Jinja2); every value is shell-quoted there.
-# A disk gets a filesystem only when blkid finds none on it (exit 2): data is never formatted
-# over. The fstab line has nofail, so a stop and start mounts it again, and a boot without it
-# still boots. A disk formatted here is given to the login user (when it exists yet), so the
-# user's own files go on it; a disk with data keeps its owners.
-# Never silent: $PV_STATE/volumes lists the paths, volumes.pending exists while mounting,
-# volumes.failed says what failed; provisioner-job runs no job until they are mounted.
+{#- provisioner volumes: each network disk mounted at its path before the user's script runs.
+Rendered by provisioner.startup.mount_script (Jinja2); every value is shell-quoted there.
+A disk gets a filesystem only when blkid finds none on it (exit 2): data is never formatted
+over. The fstab line has nofail, so a stop and start mounts it again, and a boot without it
+still boots. A disk formatted here is given to the login user (when it exists yet), so the
+user's own files go on it; a disk with data keeps its owners.
+Never silent: $PV_STATE/volumes lists the paths, volumes.pending exists while mounting,
+volumes.failed says what failed; provisioner-job runs no job until they are mounted.
+Template comments, not shell ones: the machine is not sent them (docs/LIMITS.md). #}
 PV_STATE=${PV_STATE:-/var/lib/provisioner}
 mkdir -p "$PV_STATE"
 : > "$PV_STATE/volumes.pending"
