@@ -19,6 +19,7 @@ import os
 from collections.abc import Callable, Iterator, Sequence
 from datetime import UTC, datetime
 from decimal import Decimal
+from functools import cached_property
 from typing import Any, TypeVar
 
 from providers.base import (
@@ -36,9 +37,6 @@ from providers.base import (
     Provider,
     ProviderError,
     Throttled,
-    Volume,
-    VolumeRef,
-    VolumeRequest,
     paginate,
 )
 from providers.retry import wait_until
@@ -125,7 +123,10 @@ class SberCloudProvider(Provider):
         self._ecs: Any = None
         self._vpc_client: Any = None
         self._network = SshGroup(self)
-        self._volumes = Volumes(self)
+
+    @cached_property
+    def volumes(self) -> Volumes:
+        return Volumes(self)
 
     # -- plumbing -------------------------------------------------------------------------
 
@@ -485,7 +486,7 @@ class SberCloudProvider(Provider):
         s = self._server_or_none(ref.id)
         if s is None or s.status in GONE:
             return
-        self._volumes.keep(s)
+        self.volumes.keep(s)
         if not self._mark_stopped(ref.id):
             return
         body = _delete_body(m, [m.ServerId(id=ref.id)])
@@ -526,34 +527,11 @@ class SberCloudProvider(Provider):
         for ref in dict.fromkeys(refs):
             try:
                 if (s := self._server_or_none(ref.id)) is not None:
-                    self._volumes.keep(s)
+                    self.volumes.keep(s)
             except ProviderError as e:
                 refused[ref] = e
         done = batch.run(self, [r for r in refs if r not in refused], "delete", call)
         return {ref: refused[ref] if ref in refused else done[ref] for ref in dict.fromkeys(refs)}
-
-    # -- volumes: EVS disks (providers/sbercloud/volumes.py says what Huawei allows) -------
-
-    def create_volume(self, request: VolumeRequest) -> Volume:
-        return self._volumes.create(request)
-
-    def get_volume(self, ref: VolumeRef) -> Volume:
-        return self._volumes.get(ref)
-
-    def list_volumes(self, regions: Sequence[str] | None = None) -> list[Volume]:
-        return self._volumes.ours(regions)
-
-    def attach_volume(self, volume: VolumeRef, instance: InstanceRef, index: int) -> None:
-        self._volumes.attach(volume, instance)
-
-    def detach_volume(self, volume: VolumeRef, instance: InstanceRef) -> None:
-        self._volumes.detach(volume, instance)
-
-    def delete_volume(self, ref: VolumeRef) -> None:
-        self._volumes.delete(ref)
-
-    def volume_device(self, volume: Volume, index: int, machine_type: str = "") -> str:
-        return self._volumes.device(volume)
 
     # -- our SSH security group ----------------------------------------------------------------
 
