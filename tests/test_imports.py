@@ -138,6 +138,20 @@ def test_no_module_imports_itself_round_a_circle():
     )
 
 
+def test_a_clouds_helpers_never_import_its_adapter():
+    """The adapter is the top of its folder: it imports its helpers (volumes, network, errors,
+    billing…), none of them imports it back, even inside a function (its type, for checking
+    only, is allowed)."""
+    edges = graph(sources())
+    upward = sorted(
+        f"{m} → {t}"
+        for m, targets in edges.items()
+        for t in targets
+        if t.startswith("providers.") and t.endswith(".adapter") and m != t
+    )
+    assert not upward, "a cloud's module imports an adapter: " + ", ".join(upward)
+
+
 def test_a_function_local_circle_is_found(tmp_path):
     """The detector itself: a circle closed only inside a function is one."""
     edges = {"p.a": {"p.b"}, "p.b": set(), "p.c": set()}

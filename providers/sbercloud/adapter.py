@@ -15,7 +15,6 @@ interruption, so ``request.preemption_action`` cannot be honoured and is ignored
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Iterator, Sequence
 from datetime import UTC, datetime
 from decimal import Decimal
@@ -40,15 +39,24 @@ from providers.base import (
     paginate,
 )
 from providers.retry import wait_until
-from providers.sbercloud import SPEC, SberCloudOptions, batch, errors, flavors, tags, userdata
+from providers.sbercloud import (
+    ENV_AK,
+    ENV_PROJECT,
+    ENV_SK,
+    SPEC,
+    SberCloudOptions,
+    batch,
+    env,
+    errors,
+    flavors,
+    tags,
+    userdata,
+)
 from providers.sbercloud.network import GONE, SshGroup
 from providers.sbercloud.volumes import Volumes
 
 T = TypeVar("T")
 
-ENV_AK = ("SBERCLOUD_ACCESS_KEY", "HUAWEICLOUD_SDK_AK")
-ENV_SK = ("SBERCLOUD_SECRET_KEY", "HUAWEICLOUD_SDK_SK")
-ENV_PROJECT = ("SBERCLOUD_PROJECT_ID", "HUAWEICLOUD_SDK_PROJECT_ID")
 STOP_MARKER = "provisioner_stopped_by"
 SPOT_CHARGING_MODE = "2"
 _STATES = {
@@ -81,10 +89,6 @@ def machine_state(
     if status == "ACTIVE" and task_state == "powering-off":
         return MachineState.STOPPING, None
     return _STATES.get(status, MachineState.PENDING), None
-
-
-def _env(names: Sequence[str]) -> str | None:
-    return next((os.environ[n] for n in names if os.environ.get(n)), None)
 
 
 def _time(value: str | None) -> datetime | None:
@@ -145,7 +149,7 @@ class SberCloudProvider(Provider):
         return self._vpc_client
 
     def _build(self, client_class: Any, endpoint: str) -> Any:
-        ak, sk = _env(ENV_AK), _env(ENV_SK)
+        ak, sk = env(ENV_AK), env(ENV_SK)
         if not ak or not sk:
             raise AuthError(
                 "sbercloud: no credentials: set SBERCLOUD_ACCESS_KEY and SBERCLOUD_SECRET_KEY",
@@ -159,7 +163,7 @@ class SberCloudProvider(Provider):
         config = HttpConfig.get_default_config()
         config.retry_times = 0  # Throttled is retried by Provider.call, with a bound
         config.timeout = (10, 60)
-        project = self.options.project_id or _env(ENV_PROJECT)
+        project = self.options.project_id or env(ENV_PROJECT)
         credentials = BasicCredentials(ak, sk, project)
         builder = client_class.new_builder().with_http_config(config).with_credentials(credentials)
         if project:
@@ -303,7 +307,7 @@ class SberCloudProvider(Provider):
     # -- the contract ---------------------------------------------------------------------
 
     def missing_setup(self) -> str | None:
-        if not _env(ENV_AK) or not _env(ENV_SK):
+        if not env(ENV_AK) or not env(ENV_SK):
             return (
                 "sbercloud: no credentials found (set SBERCLOUD_ACCESS_KEY and "
                 "SBERCLOUD_SECRET_KEY, or HUAWEICLOUD_SDK_AK and HUAWEICLOUD_SDK_SK)"
