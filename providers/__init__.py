@@ -79,6 +79,12 @@ def provider_class(name: str) -> type[Provider]:
     return cls
 
 
+def has_volumes(name: str) -> bool:
+    """Whether the cloud has network disks (:attr:`Provider.volumes`), told from its adapter
+    class without building one: the planner asks it for clouds whose SDK may be missing."""
+    return provider_class(name).volumes is not Provider.volumes
+
+
 def catalog_rows(name: str) -> Callable[[Path], list[dict[str, Any]]] | None:
     """The cloud's builder of its shipped catalog rows from reference price files (the spec's
     ``catalog_rows``), or None when its catalog is kept by hand."""

@@ -1,4 +1,5 @@
-"""The adapter contract: one interface, one error taxonomy, one state vocabulary.
+"""The adapter contract: one interface, one volume seam, one state vocabulary; the error taxonomy
+(:mod:`providers.errors`) named here too.
 
 Every cloud adapter (providers/<cloud>/) implements :class:`Provider`. Adapters import their SDK
 lazily, inside methods, so ``import providers`` and ``provisioner --help`` stay fast.
@@ -14,6 +15,18 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeVar
+
+from providers.errors import (  # noqa: F401 (the taxonomy, named here as before)
+    AuthError,
+    CapacityError,
+    ConfigurationError,
+    InvalidRequest,
+    NotFound,
+    ProviderError,
+    QuotaError,
+    Throttled,
+)
+from providers.retry import call_with_retry
 
 if TYPE_CHECKING:
     from providers.spec import CloudSpec, Options
@@ -39,61 +52,6 @@ class MachineState(enum.StrEnum):
     STOPPED = "stopped"
     TERMINATED = "terminated"
     PREEMPTED = "preempted"
-
-
-# --- error taxonomy -------------------------------------------------------------------------
-
-
-class ProviderError(Exception):
-    """Base of every adapter error. ``code`` keeps the cloud's own error code."""
-
-    retryable: ClassVar[bool] = False
-
-    def __init__(self, message: str, *, code: str | None = None) -> None:
-        super().__init__(message)
-        self.code = code
-
-    def __str__(self) -> str:
-        msg = super().__str__()
-        return f"{msg} [{self.code}]" if self.code and self.code not in msg else msg
-
-
-class CapacityError(ProviderError):
-    """The zone has no stock of this type right now: try another zone."""
-
-
-class QuotaError(ProviderError):
-    """A quota blocks the launch. ``scope`` says how far: the region, or the whole cloud
-    (e.g. GCP GPUS_ALL_REGIONS)."""
-
-    def __init__(
-        self, message: str, *, code: str | None = None, scope: Literal["region", "cloud"] = "region"
-    ) -> None:
-        super().__init__(message, code=code)
-        self.scope = scope
-
-
-class AuthError(ProviderError):
-    """Credentials missing, expired or refused: the whole cloud is out."""
-
-
-class InvalidRequest(ProviderError):
-    """The cloud rejected the request itself (bad image, type not offered here…)."""
-
-
-class ConfigurationError(InvalidRequest):
-    """The cloud's settings lack something every request needs (a folder, a project): the
-    whole cloud is out until they are set, so it is said once, not once per zone."""
-
-
-class Throttled(ProviderError):
-    """Rate limited or a transient server error: retried with backoff by the adapter."""
-
-    retryable = True
-
-
-class NotFound(ProviderError):
-    """The machine does not exist (any more)."""
 
 
 def port_open(host: str, port: int, timeout: float) -> bool:
@@ -261,6 +219,47 @@ class Volume:
         return VolumeRef(id=self.id, region=self.region, zone=self.zone, name=self.name)
 
 
+class VolumeService(ABC):
+    """A cloud's network disks, under the same method names on every cloud. An adapter that
+    has them gives one as :attr:`Provider.volumes`; each cloud's is in its folder
+    (``providers/<cloud>/volumes.py``), built with the adapter and calling only down into it."""
+
+    @abstractmethod
+    def create(self, request: VolumeRequest) -> Volume:
+        """Create the disk (unformatted), idempotently by ``request.token``."""
+
+    @abstractmethod
+    def get(self, ref: VolumeRef) -> Volume:
+        """Raises NotFound when the volume is gone."""
+
+    @abstractmethod
+    def ours(self, regions: Sequence[str] | None = None) -> list[Volume]:
+        """Our volumes (tag ``managed-by=provisioner``) in ``regions`` (None: the configured
+        ones). Paginates fully."""
+
+    @abstractmethod
+    def attach(self, volume: VolumeRef, instance: InstanceRef, index: int) -> None:
+        """Attach to the machine (running or stopped, as the cloud allows) as its ``index``-th
+        volume (0, 1, …). Idempotent when already attached there. The cloud's refusal (another
+        zone, attached elsewhere) is raised as InvalidRequest."""
+
+    @abstractmethod
+    def detach(self, volume: VolumeRef, instance: InstanceRef) -> None:
+        """Idempotent: a volume not attached there is not an error."""
+
+    @abstractmethod
+    def delete(self, ref: VolumeRef) -> None:
+        """Idempotent: a volume already gone is not an error. An attached volume is refused by
+        the cloud (InvalidRequest)."""
+
+    @abstractmethod
+    def device(self, volume: Volume, index: int, machine_type: str = "") -> str:
+        """The stable path a machine of ``machine_type`` sees the ``index``-th attached volume
+        at (a ``/dev/disk/by-id/…`` link named from the volume's id or the device name the
+        adapter gave it; on AWS Xen types ``/dev/xvd?``), known before the attach so the
+        startup script can wait for it."""
+
+
 @dataclass(frozen=True)
 class CheckResult:
     cloud: str
@@ -325,7 +324,6 @@ class Provider(ABC):
         """Run one cloud call: an exception :meth:`map_error` (given ``what`` and ``context``)
         recognises is raised as its taxonomy error; Throttled is retried within the options'
         bound (or ``attempts``)."""
-        from providers.retry import call_with_retry  # it imports this module
 
         def mapped(exc: Exception) -> ProviderError | None:
             return self.map_error(exc, what, **context)
@@ -416,42 +414,13 @@ class Provider(ABC):
         return each(refs, self.terminate, workers=self.parallel_operations)
 
     # --- volumes: network disks that outlive machines ---------------------------------------
-    # A cloud without them leaves these raising NotImplementedError (``Capabilities.volumes``).
 
-    def create_volume(self, request: VolumeRequest) -> Volume:
-        """Create the disk (unformatted), idempotently by ``request.token``."""
-        raise NotImplementedError(f"{self.name}: no volumes")
-
-    def get_volume(self, ref: VolumeRef) -> Volume:
-        """Raises NotFound when the volume is gone."""
-        raise NotImplementedError(f"{self.name}: no volumes")
-
-    def list_volumes(self, regions: Sequence[str] | None = None) -> list[Volume]:
-        """Our volumes (tag ``managed-by=provisioner``) in ``regions`` (None: the configured
-        ones). Paginates fully."""
-        raise NotImplementedError(f"{self.name}: no volumes")
-
-    def attach_volume(self, volume: VolumeRef, instance: InstanceRef, index: int) -> None:
-        """Attach to the machine (running or stopped, as the cloud allows) as its ``index``-th
-        volume (0, 1, …). Idempotent when already attached there. The cloud's refusal (another
-        zone, attached elsewhere) is raised as InvalidRequest."""
-        raise NotImplementedError(f"{self.name}: no volumes")
-
-    def detach_volume(self, volume: VolumeRef, instance: InstanceRef) -> None:
-        """Idempotent: a volume not attached there is not an error."""
-        raise NotImplementedError(f"{self.name}: no volumes")
-
-    def delete_volume(self, ref: VolumeRef) -> None:
-        """Idempotent: a volume already gone is not an error. An attached volume is refused by
-        the cloud (InvalidRequest)."""
-        raise NotImplementedError(f"{self.name}: no volumes")
-
-    def volume_device(self, volume: Volume, index: int, machine_type: str = "") -> str:
-        """The stable path a machine of ``machine_type`` sees the ``index``-th attached volume
-        at (a ``/dev/disk/by-id/…`` link named from the volume's id or the device name the
-        adapter gave it; on AWS Xen types ``/dev/xvd?``), known before the attach so the
-        startup script can wait for it."""
-        raise NotImplementedError(f"{self.name}: no volumes")
+    @property
+    def volumes(self) -> VolumeService | None:
+        """The cloud's network disks, or None: it has none. An adapter with them overrides this
+        (a ``cached_property`` building its helper), so :func:`providers.has_volumes` tells it
+        from the class, before any adapter is built."""
+        return None
 
     # --- jobs: the experiment's setup/run and `exec`, detached on the machine ------------------
     # Only the sandbox runs them so far (as local processes); a real cloud's will run over SSH

@@ -1,5 +1,5 @@
 """The one call helper: map a cloud's exception into the taxonomy, and retry
-:class:`~providers.base.Throttled` with exponential backoff and full jitter, bounded."""
+:class:`~providers.errors.Throttled` with exponential backoff and full jitter, bounded."""
 
 from __future__ import annotations
 
@@ -7,9 +7,7 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
-from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_random_exponential
-
-from providers.base import ProviderError, Throttled
+from providers.errors import ProviderError, Throttled
 from providers.spec import Options
 
 T = TypeVar("T")
@@ -26,6 +24,13 @@ def call_with_retry(
     """Run ``fn``. An exception ``map_error`` recognises is raised as its taxonomy error (the
     original chained); a Throttled one is retried up to ``retry_attempts`` times in all, waiting
     a random 0..min(retry_max_seconds, retry_base_seconds·2ⁿ). The last Throttled is re-raised."""
+    from tenacity import (  # imported on the first call, not with the contract
+        Retrying,
+        retry_if_exception_type,
+        stop_after_attempt,
+        wait_random_exponential,
+    )
+
     opts = options or Options()
 
     def attempt() -> T:

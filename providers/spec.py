@@ -89,8 +89,6 @@ class Capabilities:
     # a preempted spot machine is kept, stopped, with its disk, and can be started again in
     # place (recover starts it before launching anew)
     restart_preempted: bool = True
-    # network disks that outlive machines (create/attach/detach/delete_volume)
-    volumes: bool = True
     why: Mapping[str, str] = field(default_factory=dict, hash=False)  # ability lacked → why
 
     def __post_init__(self) -> None:

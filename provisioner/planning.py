@@ -68,9 +68,8 @@ def _volumes(app: App, experiment: Experiment, p: planner.Plan) -> None:
 
     lacking: dict[str, str] = {}
     for cloud in {c.offer.cloud for c in p.candidates}:
-        caps = providers.spec(cloud).capabilities
-        if not caps.volumes:
-            lacking[cloud] = f"no volumes on {cloud}: {caps.why.get('volumes', 'not supported')}"
+        if not providers.has_volumes(cloud):
+            lacking[cloud] = f"no volumes on {cloud}: its adapter has no volume service"
     if lacking:
         keep: list[planner.Candidate] = []
         for c in p.candidates:

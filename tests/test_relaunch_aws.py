@@ -75,7 +75,7 @@ def test_a_preempted_spot_machine_comes_back_with_its_volume(
         with app.db.session() as s:
             (v,) = volumes.live(s, "demo")
             assert v.attached_machine_id == new.id
-        assert app.provider("aws").get_volume(volumes.vref(v)).attached_to == new.instance_id
+        assert app.provider("aws").volumes.get(volumes.vref(v)).attached_to == new.instance_id
         assert emu.billed_instances(first.region) == [new.instance_id]
         assert recover.run(app).actions == []  # once
     finally:

@@ -319,7 +319,7 @@ def test_a_preempted_machine_the_cloud_deleted_comes_back_with_its_volume(
     with app.db.session() as s:
         (v,) = volumes.live(s, "demo")
         assert v.attached_machine_id == new.id
-    cv = app.provider("sandbox").get_volume(volumes.vref(v))
+    cv = app.provider("sandbox").volumes.get(volumes.vref(v))
     assert cv.attached_to == new.instance_id
     assert row(app, m.id).status == "terminated"
     assert recover.run(app).actions == []  # once

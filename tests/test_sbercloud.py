@@ -811,8 +811,8 @@ def volume_request(name: str = "data", **kw: Any) -> VolumeRequest:
 
 def test_a_volume_is_an_evs_disk_created_once_by_its_client_token(emu, sc):
     labels = {TAG_MANAGED_BY: "provisioner", "provisioner-owner": "ana@example.com"}
-    volume = sc.create_volume(volume_request(labels=labels))
-    sc.create_volume(volume_request(labels=labels))  # a lost answer: same token, same disk
+    volume = sc.volumes.create(volume_request(labels=labels))
+    sc.volumes.create(volume_request(labels=labels))  # a lost answer: same token, same disk
     posts = emu.received("POST", r"/v2\.1/[^/]+/cloudvolumes$")
     assert [p.headers["X-Client-Token"] for p in posts] == ["vol-data", "vol-data"]
     sent = posts[0].body["volume"]
@@ -822,15 +822,15 @@ def test_a_volume_is_an_evs_disk_created_once_by_its_client_token(emu, sc):
     assert list(emu.volumes) == [volume.id]
     assert emu.volumes[volume.id]["status"] == "available"
     # a KVM server sees a VBD disk by its serial, the first 20 characters of its id
-    assert sc.volume_device(volume, 0) == f"/dev/disk/by-id/virtio-{volume.id[:20]}"
+    assert sc.volumes.device(volume, 0) == f"/dev/disk/by-id/virtio-{volume.id[:20]}"
 
 
 def test_down_keeps_our_volume_and_lets_other_data_disks_go_with_the_server(emu, sc):
     machine = sc.launch(request())
-    ours = sc.create_volume(volume_request())
-    theirs = sc.create_volume(volume_request("scratch", labels={"team": "infra"}))
-    sc.attach_volume(ours.ref, machine.ref, 0)
-    sc.attach_volume(theirs.ref, machine.ref, 1)
+    ours = sc.volumes.create(volume_request())
+    theirs = sc.volumes.create(volume_request("scratch", labels={"team": "infra"}))
+    sc.volumes.attach(ours.ref, machine.ref, 0)
+    sc.volumes.attach(theirs.ref, machine.ref, 1)
     sc.terminate(machine.ref)
     [delete] = emu.received("POST", r"/cloudservers/delete$")
     assert delete.body["delete_volume"] is True  # the server's other disks still go with it
@@ -843,31 +843,31 @@ def test_down_keeps_our_volume_and_lets_other_data_disks_go_with_the_server(emu,
 
 def test_a_batch_down_keeps_every_machines_volume(emu, sc):
     machines = [sc.launch(request(f"t-{i}", machine=f"m-{i}")) for i in range(2)]
-    volumes = [sc.create_volume(volume_request(f"data-{i}")) for i in range(2)]
+    volumes = [sc.volumes.create(volume_request(f"data-{i}")) for i in range(2)]
     for volume, machine in zip(volumes, machines, strict=True):
-        sc.attach_volume(volume.ref, machine.ref, 0)
+        sc.volumes.attach(volume.ref, machine.ref, 0)
     assert sc.terminate_many([m.ref for m in machines]) == {m.ref: None for m in machines}
     assert alive(emu) == []
-    assert {v.id: v.state for v in sc.list_volumes()} == {
+    assert {v.id: v.state for v in sc.volumes.ours()} == {
         v.id: VolumeState.AVAILABLE for v in volumes
     }
 
 
 def test_an_attached_volume_is_not_deleted_and_says_evs_s_code(emu, sc):
     machine = sc.launch(request())
-    volume = sc.create_volume(volume_request())
-    sc.attach_volume(volume.ref, machine.ref, 0)
+    volume = sc.volumes.create(volume_request())
+    sc.volumes.attach(volume.ref, machine.ref, 0)
     with pytest.raises(InvalidRequest) as refused:
-        sc.delete_volume(volume.ref)
+        sc.volumes.delete(volume.ref)
     assert refused.value.code == "EVS.1046"
-    assert sc.get_volume(volume.ref).attached_to == machine.id
+    assert sc.volumes.get(volume.ref).attached_to == machine.id
 
 
 def test_list_volumes_pages_by_volume_offset(emu, env):
     sc = SberCloudProvider(options(emu, page_size=2))
-    ours = [sc.create_volume(volume_request(f"data-{i}")).id for i in range(4)]
-    sc.create_volume(volume_request("scratch", labels={}))
-    assert sorted(v.id for v in sc.list_volumes()) == sorted(ours)
+    ours = [sc.volumes.create(volume_request(f"data-{i}")).id for i in range(4)]
+    sc.volumes.create(volume_request("scratch", labels={}))
+    assert sorted(v.id for v in sc.volumes.ours()) == sorted(ours)
     pages = emu.received("GET", r"/cloudvolumes/detail$")
     assert [p.query["offset"] for p in pages] == ["0", "2", "4"]
 
@@ -875,28 +875,28 @@ def test_list_volumes_pages_by_volume_offset(emu, env):
 @pytest.mark.parametrize("how", ["delete", "vanish"])
 def test_a_volume_of_a_spot_server_taken_back_can_be_attached_again(emu, sc, how):
     first = sc.launch(request(spot=True))
-    volume = sc.create_volume(volume_request())
-    sc.attach_volume(volume.ref, first.ref, 0)
+    volume = sc.volumes.create(volume_request())
+    sc.volumes.attach(volume.ref, first.ref, 0)
     emu.preempt(first.id, how=how)
-    assert sc.get_volume(volume.ref).state is VolumeState.AVAILABLE
+    assert sc.volumes.get(volume.ref).state is VolumeState.AVAILABLE
     second = sc.launch(request("pv-token-2", machine="m-2"))
-    sc.attach_volume(volume.ref, second.ref, 0)
-    assert sc.get_volume(volume.ref).attached_to == second.id
+    sc.volumes.attach(volume.ref, second.ref, 0)
+    assert sc.volumes.get(volume.ref).attached_to == second.id
 
 
 def test_an_attach_detach_or_delete_whose_answer_was_lost_is_not_an_error(emu, sc):
     machine = sc.launch(request())
-    volume = sc.create_volume(volume_request())
+    volume = sc.volumes.create(volume_request())
     emu.faults.drop_volume_responses = 1
-    sc.attach_volume(volume.ref, machine.ref, 0)  # the retry is refused: it is attaching
+    sc.volumes.attach(volume.ref, machine.ref, 0)  # the retry is refused: it is attaching
     assert len(emu.received("POST", r"/attachvolume$")) == 2
-    assert sc.get_volume(volume.ref).attached_to == machine.id
+    assert sc.volumes.get(volume.ref).attached_to == machine.id
     emu.faults.drop_volume_responses = 1
-    sc.detach_volume(volume.ref, machine.ref)
+    sc.volumes.detach(volume.ref, machine.ref)
     assert len(emu.received("DELETE", r"/detachvolume/")) == 2
-    assert sc.get_volume(volume.ref).state is VolumeState.AVAILABLE
+    assert sc.volumes.get(volume.ref).state is VolumeState.AVAILABLE
     emu.faults.drop_volume_responses = 1
-    sc.delete_volume(volume.ref)  # the retry is refused: it is deleting
+    sc.volumes.delete(volume.ref)  # the retry is refused: it is deleting
     assert len(emu.received("DELETE", r"/cloudvolumes/")) == 2
     with pytest.raises(NotFound):
-        sc.get_volume(volume.ref)
+        sc.volumes.get(volume.ref)

@@ -32,7 +32,7 @@ def _live(home: Path) -> tuple[list[str], list[str]]:
     try:
         provider = app.provider("sandbox")
         inst = [i.id for i in provider.list_managed() if i.state != "terminated"]
-        vols = [v.id for v in provider.list_volumes()]
+        vols = [v.id for v in provider.volumes.ours()]
         return inst, vols
     finally:
         app.close()

@@ -275,7 +275,7 @@ def test_the_gcp_emulator_refuses_a_persistent_disk_on_a3_ultra_as_compute_engin
         ref = InstanceRef(id=machine.id, region=machine.region, zone=ZONE, name=machine.name)
 
         def volume(name: str, disk_type: str) -> Volume:
-            return gcp.create_volume(
+            return gcp.volumes.create(
                 VolumeRequest(
                     name=name,
                     token=f"pv-{name}",
@@ -287,14 +287,14 @@ def test_the_gcp_emulator_refuses_a_persistent_disk_on_a3_ultra_as_compute_engin
             )
 
         right = volume("hd-1", disks.volume_type("gcp", "a3-ultragpu-8g"))
-        gcp.attach_volume(right.ref, ref, 0)
-        assert gcp.get_volume(right.ref).attached_to == machine.id
+        gcp.volumes.attach(right.ref, ref, 0)
+        assert gcp.volumes.get(right.ref).attached_to == machine.id
         assert emu.disks[(ZONE, "hd-1")]["type"].endswith("/diskTypes/hyperdisk-balanced")
         wrong = volume("pd-1", "pd-balanced")
         with pytest.raises(InvalidRequest) as refused:
-            gcp.attach_volume(wrong.ref, ref, 1)
+            gcp.volumes.attach(wrong.ref, ref, 1)
         assert "[pd-balanced, a3-ultragpu-8g] features are not compatible" in str(refused.value)
-        assert gcp.get_volume(wrong.ref).attached_to is None
+        assert gcp.volumes.get(wrong.ref).attached_to is None
 
 
 # --- `up` through the AWS emulator: the script waits where the guest will see the disk ---------

@@ -139,13 +139,13 @@ def test_a_failed_launch_leaves_no_empty_volume_in_the_zone_it_left(app):
     sandbox = app.provider("sandbox")
     sandbox.inject(capacity={"sandbox-us-1a": 0})  # the launch fails there, after the create
     calls = []
-    real = sandbox.create_volume
+    real = sandbox.volumes.create
 
     def create(request):
         calls.append(request.zone)
         return real(request)
 
-    sandbox.create_volume = create  # type: ignore[method-assign]
+    sandbox.volumes.create = create  # type: ignore[method-assign]
     m = machines.up(app, experiment()).machine
     assert calls[0] == "sandbox-us-1a" and m.zone == calls[-1] == "sandbox-us-1b"
     (cv,) = sandbox_volumes(app)  # the one in 1a was removed again
@@ -326,7 +326,7 @@ def test_start_attaches_a_volume_the_machine_lost(app, clock):
     machines.stop(app, "exp")
     clock.advance(timedelta(hours=1))
     sandbox = app.provider("sandbox")
-    sandbox.detach_volume(volumes.vref(volumes.find(app, "ckpt", "demo")), machines.ref(m))
+    sandbox.volumes.detach(volumes.vref(volumes.find(app, "ckpt", "demo")), machines.ref(m))
     assert sandbox_volumes(app)[0]["attached_to"] is None
     machines.start(app, "exp")
     assert sandbox_volumes(app)[0]["attached_to"] == m.instance_id
@@ -488,26 +488,26 @@ def test_the_sandbox_attaches_in_one_zone_to_one_machine_and_keeps_volumes_past_
     req = VolumeRequest(
         "v", "tok", "sandbox-us", "sandbox-us-1a", 10, {"managed-by": "provisioner"}
     )
-    vol = sandbox.create_volume(req)
-    assert sandbox.create_volume(req).id == vol.id  # the same token: the same volume
+    vol = sandbox.volumes.create(req)
+    assert sandbox.volumes.create(req).id == vol.id  # the same token: the same volume
     with pytest.raises(InvalidRequest, match="same zone"):
-        sandbox.attach_volume(vol.ref, far.ref, 0)
-    sandbox.attach_volume(vol.ref, a.ref, 0)
-    sandbox.attach_volume(vol.ref, a.ref, 0)  # again: nothing to do
+        sandbox.volumes.attach(vol.ref, far.ref, 0)
+    sandbox.volumes.attach(vol.ref, a.ref, 0)
+    sandbox.volumes.attach(vol.ref, a.ref, 0)  # again: nothing to do
     with pytest.raises(InvalidRequest, match="attached to"):
-        sandbox.attach_volume(vol.ref, b.ref, 0)
+        sandbox.volumes.attach(vol.ref, b.ref, 0)
     with pytest.raises(InvalidRequest, match="attached to"):
-        sandbox.delete_volume(vol.ref)
+        sandbox.volumes.delete(vol.ref)
     sandbox.stop(a.ref)
-    assert sandbox.get_volume(vol.ref).attached_to == a.id  # a stop keeps it attached
+    assert sandbox.volumes.get(vol.ref).attached_to == a.id  # a stop keeps it attached
     sandbox.terminate(a.ref)
-    kept = sandbox.get_volume(vol.ref)
+    kept = sandbox.volumes.get(vol.ref)
     assert (kept.state.value, kept.attached_to) == ("available", None)
-    sandbox.attach_volume(vol.ref, b.ref, 0)
-    sandbox.detach_volume(vol.ref, b.ref)
-    sandbox.delete_volume(vol.ref)
-    sandbox.delete_volume(vol.ref)  # gone already: no error
-    assert [v.id for v in sandbox.list_volumes()] == []
+    sandbox.volumes.attach(vol.ref, b.ref, 0)
+    sandbox.volumes.detach(vol.ref, b.ref)
+    sandbox.volumes.delete(vol.ref)
+    sandbox.volumes.delete(vol.ref)  # gone already: no error
+    assert [v.id for v in sandbox.volumes.ours()] == []
 
 
 @pytest.mark.slow
@@ -543,21 +543,16 @@ def test_up_killed_at_each_step_converges_on_one_volume(home, tmp_path, point):
 
 
 def test_a_cloud_without_volumes_is_no_candidate_for_an_experiment_with_one(app, monkeypatch):
-    import dataclasses
+    from providers.base import Provider
+    from providers.sandbox.adapter import SandboxProvider
 
-    import providers
-
-    real = providers.spec("sandbox")
-    caps = dataclasses.replace(
-        real.capabilities,
-        volumes=False,
-        why={**real.capabilities.why, "volumes": "sandbox: none today"},
-    )
-    lacking = dataclasses.replace(real, capabilities=caps)
-    monkeypatch.setattr(providers, "spec", lambda name: lacking if name == "sandbox" else real)
+    # an adapter without a volume service: the base's ``volumes``, None
+    monkeypatch.setattr(SandboxProvider, "volumes", Provider.volumes)
     p = plan(app, experiment())
-    assert p.candidates == [] and p.rejected["no volumes on sandbox: sandbox: none today"] > 0
+    why = "no volumes on sandbox: its adapter has no volume service"
+    assert p.candidates == [] and p.rejected[why] > 0
     assert plan(app, experiment(vols=[])).candidates  # without volumes it still plans
+    assert app.provider("sandbox").volumes is None
 
 
 def test_up_is_refused_when_a_new_volume_would_overrun_the_budget(home, clock, tmp_path, db_url):
@@ -612,7 +607,7 @@ def test_a_volume_deleted_outside_provisioner_is_said_and_forgotten_by_volume_rm
     clock.advance(timedelta(hours=1))
     machines.down(app, "exp")
     sandbox = app.provider("sandbox")
-    sandbox.delete_volume(volumes.vref(volumes.find(app, "ckpt", "demo")))  # from its console
+    sandbox.volumes.delete(volumes.vref(volumes.find(app, "ckpt", "demo")))  # from its console
     with pytest.raises(OperationFailed, match="is gone from sandbox, deleted outside"):
         machines.up(app, experiment("again"))
     machines.down(app, "again")  # the intent the refusal left

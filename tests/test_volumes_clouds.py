@@ -80,11 +80,11 @@ def test_a_lost_create_answer_retried_is_one_volume_under_one_key(
     with open_harness(name, monkeypatch, tmp_path) as cloud:
         emu = cloud.emu  # type: ignore[attr-defined]
         LOSE[name](emu)
-        made = cloud.provider().create_volume(volume_request(cloud))
-        again = cloud.provider().create_volume(volume_request(cloud))  # the intent replayed
+        made = cloud.provider().volumes.create(volume_request(cloud))
+        again = cloud.provider().volumes.create(volume_request(cloud))  # the intent replayed
 
         assert again.id == made.id
-        assert [v.id for v in cloud.provider().list_volumes()] == [made.id]
+        assert [v.id for v in cloud.provider().volumes.ours()] == [made.id]
         keys = KEYS[name](emu)
         # AWS finds the first by its token tag and sends no second CreateVolume
         assert 1 <= len(keys) <= 3 and len(set(keys)) == 1, keys
@@ -106,7 +106,7 @@ def test_aws_attaches_to_a_machine_still_booting_once_it_runs(
     with open_harness("aws", monkeypatch, tmp_path) as cloud:
         emu = cloud.emu  # type: ignore[attr-defined]
         provider = cloud.provider()
-        volume = provider.create_volume(volume_request(cloud))
+        volume = provider.volumes.create(volume_request(cloud))
         emu.faults.boot_describes = 3
         booting = provider.launch(cloud.launch_request("1"))
         region = volume.region
@@ -114,7 +114,7 @@ def test_aws_attaches_to_a_machine_still_booting_once_it_runs(
             provider._client("ec2", region).attach_volume(
                 VolumeId=volume.id, InstanceId=booting.id, Device="/dev/sdf"
             )
-        provider.attach_volume(volume.ref, booting.ref, 0)
-        assert provider.get_volume(volume.ref).attached_to == booting.id
+        provider.volumes.attach(volume.ref, booting.ref, 0)
+        assert provider.volumes.get(volume.ref).attached_to == booting.id
         answers = [c.answer for c in emu.calls("AttachVolume")]
         assert answers == ["IncorrectState", "forwarded"]  # ours: one call, after the boot

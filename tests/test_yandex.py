@@ -825,7 +825,7 @@ def volume_request(name: str = "data", zone: str = "ru-central1-a", **kw) -> Vol
 
 def test_a_volume_is_a_network_disk_in_the_zone_attached_read_write_by_its_id(emu, yc):
     machine = yc.launch(request())
-    volume = yc.create_volume(volume_request())
+    volume = yc.volumes.create(volume_request())
     [create] = emu.calls("DiskService.Create")
     sent = create.request
     assert (sent.folder_id, sent.zone_id, sent.type_id) == (FOLDER, "ru-central1-a", "network-ssd")
@@ -833,8 +833,8 @@ def test_a_volume_is_a_network_disk_in_the_zone_attached_read_write_by_its_id(em
     assert sent.labels[TAG_MANAGED_BY] == "provisioner" and sent.labels[TAG_PROJECT] == "vision"
     assert uuid.UUID(create.metadata["idempotency-key"])
 
-    device = yc.volume_device(volume, 0)
-    yc.attach_volume(volume.ref, machine.ref, 0)
+    device = yc.volumes.device(volume, 0)
+    yc.volumes.attach(volume.ref, machine.ref, 0)
     [attach] = emu.calls("InstanceService.AttachDisk")
     spec = attach.request.attached_disk_spec
     assert (spec.disk_id, spec.auto_delete, spec.mode) == (volume.id, False, spec.READ_WRITE)
@@ -845,9 +845,9 @@ def test_a_volume_is_a_network_disk_in_the_zone_attached_read_write_by_its_id(em
 
 
 def test_a_volume_is_found_by_name_when_the_idempotency_key_is_long_forgotten(emu, yc):
-    first = yc.create_volume(volume_request())
+    first = yc.volumes.create(volume_request())
     emu._by_key.clear()  # Yandex keeps keys for a time it does not document
-    again = yc.create_volume(volume_request())
+    again = yc.volumes.create(volume_request())
     assert again.id == first.id and len(emu.calls("DiskService.Create")) == 1
     [lookup, *_] = emu.calls("DiskService.List")
     assert lookup.request.filter == 'name = "data"'
@@ -857,27 +857,27 @@ def test_a_disk_of_that_name_made_for_something_else_is_never_taken(emu, yc):
     foreign = emu.add_disk(
         name="data", zone="ru-central1-a", size=GIB, type_id="network-hdd", labels={}
     )
-    volume = yc.create_volume(volume_request())
+    volume = yc.volumes.create(volume_request())
     assert volume.id != foreign.id and len(emu.calls("DiskService.Create")) == 1
     assert emu.disks[foreign.id]["pb"].size == GIB  # left as it was
 
 
 def test_list_volumes_reads_every_page_and_keeps_only_ours(emu, yc):
-    ours = [yc.create_volume(volume_request(f"data-{i}")).id for i in range(3)]
+    ours = [yc.volumes.create(volume_request(f"data-{i}")).id for i in range(3)]
     yc.launch(request())  # its boot disk is in the same list, unlabelled
     emu.add_disk(name="scratch", zone="ru-central1-b", size=GIB, type_id="network-hdd", labels={})
     emu.page_size_cap = 2
-    assert sorted(v.id for v in yc.list_volumes()) == sorted(ours)
+    assert sorted(v.id for v in yc.volumes.ours()) == sorted(ours)
     assert len([c for c in emu.calls("DiskService.List") if not c.request.filter]) == 3
-    assert yc.list_volumes(regions=["kz1"]) == []
+    assert yc.volumes.ours(regions=["kz1"]) == []
 
 
 def test_a_volume_kept_through_its_machine_deleted_bills_until_deleted(emu, yc):
     machine = yc.launch(request())
-    volume = yc.create_volume(volume_request())
-    yc.attach_volume(volume.ref, machine.ref, 0)
+    volume = yc.volumes.create(volume_request())
+    yc.volumes.attach(volume.ref, machine.ref, 0)
     yc.terminate(machine.ref)
     assert emu.instances == {} and list(emu.disks) == [volume.id]  # the boot disk went with it
     assert emu.billed() == [volume.id]
-    yc.delete_volume(volume.ref)
+    yc.volumes.delete(volume.ref)
     assert emu.billed() == []

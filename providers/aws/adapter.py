@@ -16,7 +16,7 @@ import re
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
-from functools import partial
+from functools import cached_property, partial
 from typing import Any
 
 from providers.aws import LIMITS, SPEC, AWSOptions, errors
@@ -37,9 +37,6 @@ from providers.base import (
     Provider,
     ProviderError,
     Throttled,
-    Volume,
-    VolumeRef,
-    VolumeRequest,
 )
 from providers.limits import startup_payload
 
@@ -84,7 +81,10 @@ class AWSProvider(Provider):
         self._root_devices: dict[tuple[str, str], str] = {}
         self._zone_ids: dict[str, dict[str, str]] = {}  # region → {AZ name: AZ id}
         self._network = SshGroups(self)
-        self._volumes = EbsVolumes(self)
+
+    @cached_property
+    def volumes(self) -> EbsVolumes:
+        return EbsVolumes(self)
 
     @property
     def regions(self) -> list[str]:
@@ -268,29 +268,6 @@ class AWSProvider(Provider):
                     else ProviderError(f"aws: {verb} {iid}: not in EC2's answer", code="NoResult")
                 )
         return out
-
-    # --- volumes (providers/aws/volumes.py) -------------------------------------------------
-
-    def create_volume(self, request: VolumeRequest) -> Volume:
-        return self._volumes.create(request)
-
-    def get_volume(self, ref: VolumeRef) -> Volume:
-        return self._volumes.get(ref)
-
-    def list_volumes(self, regions: Sequence[str] | None = None) -> list[Volume]:
-        return self._volumes.list(regions or self.regions)
-
-    def attach_volume(self, volume: VolumeRef, instance: InstanceRef, index: int) -> None:
-        self._volumes.attach(volume, instance, index)
-
-    def detach_volume(self, volume: VolumeRef, instance: InstanceRef) -> None:
-        self._volumes.detach(volume, instance)
-
-    def delete_volume(self, ref: VolumeRef) -> None:
-        self._volumes.delete(ref)
-
-    def volume_device(self, volume: Volume, index: int, machine_type: str = "") -> str:
-        return self._volumes.device(volume, index, machine_type)
 
     def unused_network(self, *, remove: bool = False) -> list[str]:
         return self._network.unused(remove)

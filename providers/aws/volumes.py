@@ -31,6 +31,7 @@ from providers.base import (
     Volume,
     VolumeRef,
     VolumeRequest,
+    VolumeService,
     VolumeState,
 )
 from providers.retry import wait_until
@@ -52,7 +53,7 @@ _ATTACHED = ("attaching", "attached", "busy")  # VolumeAttachmentState, botocore
 WAIT_SECONDS = 300  # a volume is available or attached, an instance booted, within minutes
 
 
-class EbsVolumes:
+class EbsVolumes(VolumeService):
     """The volume half of :class:`~providers.aws.adapter.AWSProvider`."""
 
     def __init__(self, provider: AWSProvider) -> None:
@@ -96,13 +97,13 @@ class EbsVolumes:
     def get(self, ref: VolumeRef) -> Volume:
         return self._volume(self._describe(ref.region, ref.id), ref.region)
 
-    def list(self, regions: Sequence[str]) -> list[Volume]:
+    def ours(self, regions: Sequence[str] | None = None) -> list[Volume]:
         filters = [
             {"Name": f"tag:{TAG_MANAGED_BY}", "Values": [TAG_MANAGED_BY_VALUE]},
             {"Name": "tag-key", "Values": [TAG_TOKEN]},
         ]
         found: list[Volume] = []
-        for region in regions:
+        for region in regions or self.p.regions:
             ec2 = self.p._client("ec2", region)
 
             def fetch(ec2: Any = ec2) -> list[dict[str, Any]]:

@@ -11,7 +11,7 @@ import re
 import shutil
 import threading
 from collections.abc import Callable, Sequence
-from functools import partial
+from functools import cached_property, partial
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
@@ -37,9 +37,6 @@ from providers.base import (
     ProviderError,
     QuotaError,
     Throttled,
-    Volume,
-    VolumeRef,
-    VolumeRequest,
 )
 from providers.limits import startup_payload
 
@@ -73,7 +70,10 @@ class AzureProvider(Provider):
         self._sdk: tuple[Any, Any] | None = None
         self._lock = threading.Lock()
         self._network = Network(self)
-        self._volumes = ManagedDisks(self)
+
+    @cached_property
+    def volumes(self) -> ManagedDisks:
+        return ManagedDisks(self)
 
     # --- configuration
 
@@ -407,29 +407,6 @@ class AzureProvider(Provider):
 
     def terminate(self, ref: InstanceRef) -> None:
         self._remove_vm(self._locate(ref)[1])
-
-    # volumes: providers/azure/volumes.py
-
-    def create_volume(self, request: VolumeRequest) -> Volume:
-        return self._volumes.create(request)
-
-    def get_volume(self, ref: VolumeRef) -> Volume:
-        return self._volumes.get(ref)
-
-    def list_volumes(self, regions: Sequence[str] | None = None) -> list[Volume]:
-        return self._volumes.list(regions or self.regions)
-
-    def attach_volume(self, volume: VolumeRef, instance: InstanceRef, index: int) -> None:
-        self._volumes.attach(volume, instance, index)
-
-    def detach_volume(self, volume: VolumeRef, instance: InstanceRef) -> None:
-        self._volumes.detach(volume, instance)
-
-    def delete_volume(self, ref: VolumeRef) -> None:
-        self._volumes.delete(ref)
-
-    def volume_device(self, volume: Volume, index: int, machine_type: str = "") -> str:
-        return self._volumes.device(index)
 
     def unused_network(self, *, remove: bool = False) -> list[str]:
         return self._network.unused(remove)

@@ -32,6 +32,7 @@ from providers.base import (
     Volume,
     VolumeRef,
     VolumeRequest,
+    VolumeService,
     VolumeState,
 )
 
@@ -44,7 +45,7 @@ DISK_SKU = "StandardSSD_LRS"
 _DISK_ID = re.compile(r"/resourceGroups/([^/]+)/providers/Microsoft\.Compute/disks/([^/]+)$", re.I)
 
 
-class ManagedDisks:
+class ManagedDisks(VolumeService):
     """The volume half of :class:`~providers.azure.adapter.AzureProvider`."""
 
     def __init__(self, provider: AzureProvider) -> None:
@@ -93,9 +94,9 @@ class ManagedDisks:
         rg, name = self._locate(ref)
         return self._volume(self.p.call(lambda: compute.disks.get(rg, name)))
 
-    def list(self, regions: Sequence[str]) -> list[Volume]:
+    def ours(self, regions: Sequence[str] | None = None) -> list[Volume]:
         compute, _ = self.p._clients()
-        wanted = set(regions)
+        wanted = set(regions or self.p.regions)
         try:
             # ARM cannot filter disks by tag in this call: the group's disks, filtered here.
             disks = self.p.call(
@@ -153,8 +154,7 @@ class ManagedDisks:
         except NotFound:
             return
 
-    @staticmethod
-    def device(index: int) -> str:
+    def device(self, volume: Volume, index: int, machine_type: str = "") -> str:
         return f"/dev/disk/azure/scsi1/lun{index}"
 
     # --- helpers ----------------------------------------------------------------------------

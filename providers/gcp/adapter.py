@@ -13,8 +13,8 @@ import contextlib
 import os
 import re
 import uuid
-from collections.abc import Callable, Mapping, Sequence
-from datetime import UTC, datetime
+from collections.abc import Callable, Sequence
+from functools import cached_property
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -36,12 +36,10 @@ from providers.base import (
     Provider,
     ProviderError,
     Throttled,
-    Volume,
-    VolumeRef,
-    VolumeRequest,
 )
 from providers.gcp import DEFAULT_IMAGE, LIMITS, SPEC, GCPOptions, disktypes, errors, prices
 from providers.gcp.network import SSH_TAG, Firewall, last
+from providers.gcp.values import label_value, labels, timestamp, utc
 from providers.gcp.volumes import PersistentDisks
 from providers.limits import startup_payload
 from providers.retry import wait_until
@@ -84,7 +82,10 @@ class GCPProvider(Provider):
         self._auth: tuple[Any, str | None] | None = None
         self._clients: dict[str, Any] | None = None
         self._firewall = Firewall(self)
-        self._volumes = PersistentDisks(self)
+
+    @cached_property
+    def volumes(self) -> PersistentDisks:
+        return PersistentDisks(self)
 
     # --- contract --------------------------------------------------------------------------
 
@@ -235,29 +236,6 @@ class GCPProvider(Provider):
             self._mutate(ref, "delete_unary")
         except NotFound:
             return
-
-    # --- volumes (providers/gcp/volumes.py) -------------------------------------------------
-
-    def create_volume(self, request: VolumeRequest) -> Volume:
-        return self._volumes.create(request)
-
-    def get_volume(self, ref: VolumeRef) -> Volume:
-        return self._volumes.get(ref)
-
-    def list_volumes(self, regions: Sequence[str] | None = None) -> list[Volume]:
-        return self._volumes.list(regions if regions is not None else sorted(self._regions()))
-
-    def attach_volume(self, volume: VolumeRef, instance: InstanceRef, index: int) -> None:
-        self._volumes.attach(volume, instance, index)
-
-    def detach_volume(self, volume: VolumeRef, instance: InstanceRef) -> None:
-        self._volumes.detach(volume, instance)
-
-    def delete_volume(self, ref: VolumeRef) -> None:
-        self._volumes.delete(ref)
-
-    def volume_device(self, volume: Volume, index: int, machine_type: str = "") -> str:
-        return self._volumes.device(volume)
 
     def unused_network(self, *, remove: bool = False) -> list[str]:
         return self._firewall.unused(remove)
@@ -428,9 +406,9 @@ class GCPProvider(Provider):
             filter=f'(operationType = "{PREEMPTED}") AND (targetId = {instance.id})',
         )
         operations = self.call(lambda: list(self._operations().list(request=request, retry=None)))
-        started = _timestamp(instance.last_start_timestamp)
+        started = timestamp(instance.last_start_timestamp)
         return any(
-            started is None or (_timestamp(op.insert_time) or started) >= started
+            started is None or (timestamp(op.insert_time) or started) >= started
             for op in operations
         )
 
@@ -454,12 +432,12 @@ class GCPProvider(Provider):
             labels=dict(item.labels),
             public_ip=public or None,
             private_ip=(nic.network_i_p if nic else "") or None,
-            launched_at=_timestamp(item.creation_timestamp),
+            launched_at=timestamp(item.creation_timestamp),
             state_reason=reason,
             # lastStopTimestamp: "Last stop timestamp in RFC3339 text format" (compute v1
             # Instance; google-cloud-compute Instance.last_stop_timestamp), set on a stop and on
             # a preemption that stops (instanceTerminationAction STOP). A deleted VM has none.
-            stopped_at=_utc(_timestamp(item.last_stop_timestamp)),
+            stopped_at=utc(timestamp(item.last_stop_timestamp)),
         )
 
     # --- plumbing --------------------------------------------------------------------------
@@ -538,21 +516,6 @@ def request_id(request: LaunchRequest) -> str:
     return str(uuid.uuid5(_REQUEST_NAMESPACE, f"{request.token}/{request.zone}/{request.name}"))
 
 
-def label_value(text: str) -> str:
-    """GCP label values: lowercase ``[a-z0-9_-]``, at most 63 characters."""
-    return re.sub(r"[^a-z0-9_-]", "-", str(text).lower())[:63]
-
-
-def labels(source: Mapping[str, str]) -> dict[str, str]:
-    out = {}
-    for key, value in source.items():
-        clean = label_value(key)
-        if not clean[:1].isalpha():
-            clean = f"k-{clean}"[:63]
-        out[clean] = label_value(value)
-    return out
-
-
 def adc_configured() -> bool:
     """Would ``google.auth.default`` find something without a slow metadata-server probe?
     Off Google hardware the probe is skipped, so a bare machine answers at once."""
@@ -582,17 +545,3 @@ def _zone_of(ref: InstanceRef) -> str:
     if not ref.zone:
         raise InvalidRequest(f"gcp: instance {ref.name or ref.id} has no zone", code="noZone")
     return ref.zone
-
-
-def _utc(at: datetime | None) -> datetime | None:
-    """GCP writes its times with a Pacific offset (``…-08:00``); the state keeps UTC."""
-    if at is None:
-        return None
-    return at.astimezone(UTC) if at.tzinfo else at.replace(tzinfo=UTC)
-
-
-def _timestamp(text: str) -> datetime | None:
-    try:
-        return datetime.fromisoformat(text) if text else None
-    except ValueError:
-        return None

@@ -33,10 +33,12 @@ from providers.base import (
     Volume,
     VolumeRef,
     VolumeRequest,
+    VolumeService,
     VolumeState,
 )
 from providers.gcp import disktypes, prices
 from providers.gcp.network import last
+from providers.gcp.values import labels, timestamp, utc
 
 if TYPE_CHECKING:
     from providers.gcp.adapter import GCPProvider
@@ -59,7 +61,7 @@ def volume_request_id(request: VolumeRequest) -> str:
     return str(uuid.uuid5(_NAMESPACE, f"{request.token}/{request.zone}/{request.name}"))
 
 
-class PersistentDisks:
+class PersistentDisks(VolumeService):
     """The volume half of :class:`~providers.gcp.adapter.GCPProvider`."""
 
     def __init__(self, provider: GCPProvider) -> None:
@@ -70,8 +72,6 @@ class PersistentDisks:
 
     def create(self, request: VolumeRequest) -> Volume:
         from google.cloud import compute_v1
-
-        from providers.gcp.adapter import labels
 
         zone = request.zone
         insert = compute_v1.InsertDiskRequest(
@@ -104,10 +104,10 @@ class PersistentDisks:
     def get(self, ref: VolumeRef) -> Volume:
         return self._volume(self._raw(ref))
 
-    def list(self, regions: Sequence[str]) -> list[Volume]:
+    def ours(self, regions: Sequence[str] | None = None) -> list[Volume]:
         from google.cloud import compute_v1
 
-        wanted = set(regions)
+        wanted = set(regions) if regions is not None else self.p._regions()
         request = compute_v1.AggregatedListDisksRequest(
             project=self.p._project(),
             filter=f'(labels.{TAG_MANAGED_BY} = "{TAG_MANAGED_BY_VALUE}")',
@@ -175,8 +175,7 @@ class PersistentDisks:
         except NotFound:
             return
 
-    @staticmethod
-    def device(volume: Volume) -> str:
+    def device(self, volume: Volume, index: int, machine_type: str = "") -> str:
         return f"/dev/disk/by-id/google-{volume.name}"
 
     # --- helpers ----------------------------------------------------------------------------
@@ -223,14 +222,12 @@ class PersistentDisks:
         )
 
     def _volume(self, disk: Any) -> Volume:
-        from providers.gcp.adapter import _timestamp, _utc
-
         zone = last(disk.zone)
         attached = self._attached_to(disk) if disk.users else None
         state = _STATES.get(disk.status, VolumeState.CREATING)
         if state is VolumeState.AVAILABLE and attached:
             state = VolumeState.IN_USE
-        labels: Mapping[str, str] = dict(disk.labels)
+        tags: Mapping[str, str] = dict(disk.labels)
         return Volume(
             id=disk.name,
             name=disk.name,
@@ -238,7 +235,7 @@ class PersistentDisks:
             zone=zone,
             size_gb=int(disk.size_gb),
             state=state,
-            labels=labels,
+            labels=tags,
             attached_to=attached,
-            created_at=_utc(_timestamp(disk.creation_timestamp)),
+            created_at=utc(timestamp(disk.creation_timestamp)),
         )

@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime, timedelta
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +33,6 @@ from providers.base import (
     CapacityError,
     Instance,
     InstanceRef,
-    InvalidRequest,
     LaunchRequest,
     MachineState,
     NotFound,
@@ -40,14 +40,13 @@ from providers.base import (
     ProviderError,
     QuotaError,
     Throttled,
-    Volume,
-    VolumeRef,
     VolumeRequest,
-    VolumeState,
     port_open,
 )
 from providers.sandbox import SPEC, SandboxOptions
 from providers.sandbox.jobs import SandboxJobs
+from providers.sandbox.volumes import SandboxVolumes
+from providers.sandbox.volumes import release as release_volumes
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS machines (
@@ -87,6 +86,10 @@ class SandboxProvider(SandboxJobs, Provider):
         with self._db() as db:
             if not db.execute("SELECT 1 FROM calls").fetchone():
                 db.execute("INSERT INTO calls VALUES (0)")
+
+    @cached_property
+    def volumes(self) -> SandboxVolumes:
+        return SandboxVolumes(self)
 
     # -- plumbing --------------------------------------------------------------------------
 
@@ -212,7 +215,7 @@ class SandboxProvider(SandboxJobs, Provider):
             (state, (at or self._now()).isoformat(), row["id"]),
         )
         if state == "terminated":
-            _release_volumes(db, row["id"])
+            release_volumes(db, row["id"])
         self._kill_jobs(row["id"])
         return db.execute("SELECT * FROM machines WHERE id = ?", (row["id"],)).fetchone()
 
@@ -360,7 +363,7 @@ class SandboxProvider(SandboxJobs, Provider):
                     ),
                 )
                 if state == "terminated":
-                    _release_volumes(db, ref.id)
+                    release_volumes(db, ref.id)
                 if halted:
                     self._kill_jobs(ref.id)
                 return True
@@ -401,7 +404,7 @@ class SandboxProvider(SandboxJobs, Provider):
                         (state, self._now().isoformat(), ref.id),
                     )
                     if state == "terminated":
-                        _release_volumes(db, ref.id)
+                        release_volumes(db, ref.id)
                     self._kill_jobs(ref.id)
                 out[ref] = None
             return out
@@ -419,123 +422,6 @@ class SandboxProvider(SandboxJobs, Provider):
         with contextlib.suppress(NotFound):  # already gone: terminate is idempotent
             self._set_state(ref, "terminated", allowed_from=(*_OCCUPYING, "stopped"))
 
-    # -- volumes ---------------------------------------------------------------------------
-    # The sandbox keeps EBS's rules (the default, single-attach volume types), so what passes
-    # here passes on the strictest cloud: AttachVolume, "The volume and instance must be within
-    # the same Availability Zone"; DeleteVolume, "The volume must be in the available state
-    # (not attached to an instance)"
-    # (https://docs.aws.amazon.com/AWSEC2/latest/APIReference/API_AttachVolume.html,
-    # .../API_DeleteVolume.html); a volume not in the available state cannot be attached again
-    # (Multi-Attach is an io1/io2 feature only). Terminating a machine leaves its volumes,
-    # detached (DeleteOnTermination is false for a volume attached after launch).
-
-    def create_volume(self, request: VolumeRequest) -> Volume:
-        def create(db: sqlite3.Connection) -> Volume:
-            row = db.execute("SELECT * FROM volumes WHERE token = ?", (request.token,)).fetchone()
-            if row is None:  # the same token again: the same volume
-                vid = "sbv-" + secrets.token_hex(6)
-                db.execute(
-                    "INSERT INTO volumes VALUES (?,?,?,?,?,?,?,?,?,?,?)",
-                    (
-                        vid,
-                        request.name,
-                        request.token,
-                        request.region,
-                        request.zone,
-                        request.size_gb,
-                        "available",
-                        json.dumps(dict(request.labels)),
-                        None,
-                        None,
-                        self._now().isoformat(),
-                    ),
-                )
-                row = db.execute("SELECT * FROM volumes WHERE id = ?", (vid,)).fetchone()
-            return _volume(row)
-
-        return self._call(create)
-
-    def _volume_row(self, db: sqlite3.Connection, ref: VolumeRef) -> sqlite3.Row:
-        row = db.execute("SELECT * FROM volumes WHERE id = ?", (ref.id,)).fetchone()
-        if row is None:
-            raise NotFound(f"sandbox: no volume {ref.id}", code="SandboxVolumeNotFound")
-        return row
-
-    def get_volume(self, ref: VolumeRef) -> Volume:
-        return self._call(lambda db: _volume(self._volume_row(db, ref)))
-
-    def list_volumes(self, regions: Sequence[str] | None = None) -> list[Volume]:
-        def query(db: sqlite3.Connection) -> list[Volume]:
-            out = []
-            for row in db.execute("SELECT * FROM volumes ORDER BY created_at, id"):
-                if json.loads(row["labels"]).get(TAG_MANAGED_BY) != TAG_MANAGED_BY_VALUE:
-                    continue
-                if regions and row["region"] not in regions:
-                    continue
-                out.append(_volume(row))
-            return out
-
-        return self._call(query)
-
-    def attach_volume(self, volume: VolumeRef, instance: InstanceRef, index: int) -> None:
-        def attach(db: sqlite3.Connection) -> None:
-            vol = self._volume_row(db, volume)
-            machine = self._row(db, instance)
-            if vol["attached_to"] == machine["id"]:
-                return
-            if machine["state"] == "terminated":
-                raise NotFound(
-                    f"sandbox: machine {instance.id} is terminated", code="SandboxNotFound"
-                )
-            if vol["zone"] != machine["zone"]:
-                raise InvalidRequest(
-                    f"sandbox: volume {vol['id']} is in {vol['zone']}, machine "
-                    f"{machine['id']} in {machine['zone']}: they must be in the same zone",
-                    code="SandboxVolumeZoneMismatch",
-                )
-            if vol["attached_to"] is not None:
-                raise InvalidRequest(
-                    f"sandbox: volume {vol['id']} is attached to {vol['attached_to']}",
-                    code="SandboxVolumeInUse",
-                )
-            db.execute(
-                "UPDATE volumes SET state = 'in-use', attached_to = ?, device_index = ?"
-                " WHERE id = ?",
-                (machine["id"], index, vol["id"]),
-            )
-
-        self._call(attach)
-
-    def detach_volume(self, volume: VolumeRef, instance: InstanceRef) -> None:
-        def detach(db: sqlite3.Connection) -> None:
-            vol = self._volume_row(db, volume)
-            if vol["attached_to"] == instance.id:
-                db.execute(
-                    "UPDATE volumes SET state = 'available', attached_to = NULL,"
-                    " device_index = NULL WHERE id = ?",
-                    (vol["id"],),
-                )
-
-        self._call(detach)
-
-    def delete_volume(self, ref: VolumeRef) -> None:
-        def delete(db: sqlite3.Connection) -> None:
-            row = db.execute("SELECT * FROM volumes WHERE id = ?", (ref.id,)).fetchone()
-            if row is None:  # gone already: delete is idempotent
-                return
-            if row["attached_to"] is not None:
-                raise InvalidRequest(
-                    f"sandbox: volume {ref.id} is attached to {row['attached_to']}",
-                    code="SandboxVolumeInUse",
-                )
-            db.execute("DELETE FROM volumes WHERE id = ?", (ref.id,))
-
-        self._call(delete)
-
-    def volume_device(self, volume: Volume, index: int, machine_type: str = "") -> str:
-        """As a virtio disk shows its serial (the volume's id) under /dev/disk/by-id."""
-        return f"/dev/disk/by-id/virtio-{volume.id}"
-
     # -- simulation hooks ------------------------------------------------------------------
 
     def preempt(self, ref: InstanceRef) -> None:
@@ -552,7 +438,7 @@ class SandboxProvider(SandboxJobs, Provider):
 
     def create_unmanaged_volume(self, name: str, zone: str = "sandbox-us-1a") -> str:
         """A volume carrying our tag that no state row knows (for gc tests)."""
-        return self.create_volume(
+        return self.volumes.create(
             VolumeRequest(
                 name=name,
                 token="manual-" + secrets.token_hex(6),
@@ -590,26 +476,3 @@ class SandboxProvider(SandboxJobs, Provider):
                 ),
             )
         return iid
-
-
-def _volume(row: sqlite3.Row) -> Volume:
-    return Volume(
-        id=row["id"],
-        name=row["name"],
-        region=row["region"],
-        zone=row["zone"],
-        size_gb=row["size_gb"],
-        state=VolumeState(row["state"]),
-        labels=json.loads(row["labels"]),
-        attached_to=row["attached_to"],
-        created_at=datetime.fromisoformat(row["created_at"]),
-    )
-
-
-def _release_volumes(db: sqlite3.Connection, machine_id: str) -> None:
-    """A terminated machine's volumes stay, detached."""
-    db.execute(
-        "UPDATE volumes SET state = 'available', attached_to = NULL, device_index = NULL"
-        " WHERE attached_to = ?",
-        (machine_id,),
-    )

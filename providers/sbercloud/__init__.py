@@ -4,6 +4,8 @@ attached by ECS: :mod:`providers.sbercloud.volumes` gives Huawei's rules and the
 
 from __future__ import annotations
 
+import os
+from collections.abc import Sequence
 from typing import Literal
 
 from pydantic import Field
@@ -21,6 +23,16 @@ from providers.spec import (
     Url,
     Wait,
 )
+
+# where credentials and the project come from (the SberCloud name first, then the Huawei SDK's)
+ENV_AK = ("SBERCLOUD_ACCESS_KEY", "HUAWEICLOUD_SDK_AK")
+ENV_SK = ("SBERCLOUD_SECRET_KEY", "HUAWEICLOUD_SDK_SK")
+ENV_PROJECT = ("SBERCLOUD_PROJECT_ID", "HUAWEICLOUD_SDK_PROJECT_ID")
+
+
+def env(names: Sequence[str]) -> str | None:
+    """The first of ``names`` set in the environment (the adapter's and the bill's keys)."""
+    return next((os.environ[n] for n in names if os.environ.get(n)), None)
 
 
 class SberCloudOptions(Options):

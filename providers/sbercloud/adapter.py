@@ -15,10 +15,10 @@ interruption, so ``request.preemption_action`` cannot be honoured and is ignored
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Iterator, Sequence
 from datetime import UTC, datetime
 from decimal import Decimal
+from functools import cached_property
 from typing import Any, TypeVar
 
 from providers.base import (
@@ -36,21 +36,27 @@ from providers.base import (
     Provider,
     ProviderError,
     Throttled,
-    Volume,
-    VolumeRef,
-    VolumeRequest,
     paginate,
 )
 from providers.retry import wait_until
-from providers.sbercloud import SPEC, SberCloudOptions, batch, errors, flavors, tags, userdata
+from providers.sbercloud import (
+    ENV_AK,
+    ENV_PROJECT,
+    ENV_SK,
+    SPEC,
+    SberCloudOptions,
+    batch,
+    env,
+    errors,
+    flavors,
+    tags,
+    userdata,
+)
 from providers.sbercloud.network import GONE, SshGroup
 from providers.sbercloud.volumes import Volumes
 
 T = TypeVar("T")
 
-ENV_AK = ("SBERCLOUD_ACCESS_KEY", "HUAWEICLOUD_SDK_AK")
-ENV_SK = ("SBERCLOUD_SECRET_KEY", "HUAWEICLOUD_SDK_SK")
-ENV_PROJECT = ("SBERCLOUD_PROJECT_ID", "HUAWEICLOUD_SDK_PROJECT_ID")
 STOP_MARKER = "provisioner_stopped_by"
 SPOT_CHARGING_MODE = "2"
 _STATES = {
@@ -83,10 +89,6 @@ def machine_state(
     if status == "ACTIVE" and task_state == "powering-off":
         return MachineState.STOPPING, None
     return _STATES.get(status, MachineState.PENDING), None
-
-
-def _env(names: Sequence[str]) -> str | None:
-    return next((os.environ[n] for n in names if os.environ.get(n)), None)
 
 
 def _time(value: str | None) -> datetime | None:
@@ -125,7 +127,10 @@ class SberCloudProvider(Provider):
         self._ecs: Any = None
         self._vpc_client: Any = None
         self._network = SshGroup(self)
-        self._volumes = Volumes(self)
+
+    @cached_property
+    def volumes(self) -> Volumes:
+        return Volumes(self)
 
     # -- plumbing -------------------------------------------------------------------------
 
@@ -144,7 +149,7 @@ class SberCloudProvider(Provider):
         return self._vpc_client
 
     def _build(self, client_class: Any, endpoint: str) -> Any:
-        ak, sk = _env(ENV_AK), _env(ENV_SK)
+        ak, sk = env(ENV_AK), env(ENV_SK)
         if not ak or not sk:
             raise AuthError(
                 "sbercloud: no credentials: set SBERCLOUD_ACCESS_KEY and SBERCLOUD_SECRET_KEY",
@@ -158,7 +163,7 @@ class SberCloudProvider(Provider):
         config = HttpConfig.get_default_config()
         config.retry_times = 0  # Throttled is retried by Provider.call, with a bound
         config.timeout = (10, 60)
-        project = self.options.project_id or _env(ENV_PROJECT)
+        project = self.options.project_id or env(ENV_PROJECT)
         credentials = BasicCredentials(ak, sk, project)
         builder = client_class.new_builder().with_http_config(config).with_credentials(credentials)
         if project:
@@ -302,7 +307,7 @@ class SberCloudProvider(Provider):
     # -- the contract ---------------------------------------------------------------------
 
     def missing_setup(self) -> str | None:
-        if not _env(ENV_AK) or not _env(ENV_SK):
+        if not env(ENV_AK) or not env(ENV_SK):
             return (
                 "sbercloud: no credentials found (set SBERCLOUD_ACCESS_KEY and "
                 "SBERCLOUD_SECRET_KEY, or HUAWEICLOUD_SDK_AK and HUAWEICLOUD_SDK_SK)"
@@ -485,7 +490,7 @@ class SberCloudProvider(Provider):
         s = self._server_or_none(ref.id)
         if s is None or s.status in GONE:
             return
-        self._volumes.keep(s)
+        self.volumes.keep(s)
         if not self._mark_stopped(ref.id):
             return
         body = _delete_body(m, [m.ServerId(id=ref.id)])
@@ -526,34 +531,11 @@ class SberCloudProvider(Provider):
         for ref in dict.fromkeys(refs):
             try:
                 if (s := self._server_or_none(ref.id)) is not None:
-                    self._volumes.keep(s)
+                    self.volumes.keep(s)
             except ProviderError as e:
                 refused[ref] = e
         done = batch.run(self, [r for r in refs if r not in refused], "delete", call)
         return {ref: refused[ref] if ref in refused else done[ref] for ref in dict.fromkeys(refs)}
-
-    # -- volumes: EVS disks (providers/sbercloud/volumes.py says what Huawei allows) -------
-
-    def create_volume(self, request: VolumeRequest) -> Volume:
-        return self._volumes.create(request)
-
-    def get_volume(self, ref: VolumeRef) -> Volume:
-        return self._volumes.get(ref)
-
-    def list_volumes(self, regions: Sequence[str] | None = None) -> list[Volume]:
-        return self._volumes.ours(regions)
-
-    def attach_volume(self, volume: VolumeRef, instance: InstanceRef, index: int) -> None:
-        self._volumes.attach(volume, instance)
-
-    def detach_volume(self, volume: VolumeRef, instance: InstanceRef) -> None:
-        self._volumes.detach(volume, instance)
-
-    def delete_volume(self, ref: VolumeRef) -> None:
-        self._volumes.delete(ref)
-
-    def volume_device(self, volume: Volume, index: int, machine_type: str = "") -> str:
-        return self._volumes.device(volume)
 
     # -- our SSH security group ----------------------------------------------------------------
 

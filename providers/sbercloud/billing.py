@@ -144,9 +144,9 @@ def _client(provider: Any, endpoint: str) -> Any:
     from huaweicloudsdkcore.region.region import Region
 
     from providers.base import AuthError, Throttled
-    from providers.sbercloud.adapter import ENV_AK, ENV_SK, _env
+    from providers.sbercloud import ENV_AK, ENV_SK, env
 
-    ak, sk = _env(ENV_AK), _env(ENV_SK)
+    ak, sk = env(ENV_AK), env(ENV_SK)
     if not ak or not sk:
         raise AuthError(
             "sbercloud: no credentials: set SBERCLOUD_ACCESS_KEY and SBERCLOUD_SECRET_KEY",

@@ -39,6 +39,7 @@ from providers.base import (
     Volume,
     VolumeRef,
     VolumeRequest,
+    VolumeService,
     VolumeState,
 )
 from providers.retry import wait_until
@@ -62,7 +63,7 @@ _STATES = {
 SERIAL_CHARS = 20  # a VBD disk's serial: the first 20 characters of its id
 
 
-class Volumes:
+class Volumes(VolumeService):
     """The volume calls of one SberCloud adapter (its region's EVS endpoint)."""
 
     def __init__(self, cloud: SberCloudProvider) -> None:
@@ -98,7 +99,7 @@ class Volumes:
     def get(self, ref: VolumeRef) -> Volume:
         return self._to_volume(self._show(ref.id))
 
-    def ours(self, regions: Sequence[str] | None) -> list[Volume]:
+    def ours(self, regions: Sequence[str] | None = None) -> list[Volume]:
         """Every page (``offset`` counts volumes) of the project's volumes, ours kept."""
         if regions is not None and self.cloud.region not in regions:
             return []
@@ -108,7 +109,7 @@ class Volumes:
             if (v.tags or {}).get(TAG_MANAGED_BY) == TAG_MANAGED_BY_VALUE
         ]
 
-    def attach(self, volume: VolumeRef, instance: InstanceRef) -> None:
+    def attach(self, volume: VolumeRef, instance: InstanceRef, index: int = 0) -> None:
         """ECS AttachServerVolume, then its job. Already attached there: nothing to do."""
         from huaweicloudsdkecs.v2 import model as m
 
@@ -179,8 +180,7 @@ class Volumes:
                 f"sbercloud: {where}: job {job.job_id} still running", code="JobTimeout"
             )
 
-    @staticmethod
-    def device(volume: Volume) -> str:
+    def device(self, volume: Volume, index: int, machine_type: str = "") -> str:
         return f"/dev/disk/by-id/virtio-{volume.id[:SERIAL_CHARS]}"
 
     def keep(self, server: Any) -> None:

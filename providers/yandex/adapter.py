@@ -10,6 +10,7 @@ import uuid
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from datetime import UTC, datetime
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -30,9 +31,6 @@ from providers.base import (
     Provider,
     ProviderError,
     Throttled,
-    Volume,
-    VolumeRef,
-    VolumeRequest,
     paginate,
 )
 from providers.limits import startup_payload
@@ -101,8 +99,11 @@ class YandexProvider(Provider):
         super().__init__(options, **kwargs)
         self._sdk_obj: Any = None
         self._network = Network(self)
-        self._volumes = Volumes(self)
         self._image_cache: dict[str, str] = {}
+
+    @cached_property
+    def volumes(self) -> Volumes:
+        return Volumes(self)
 
     # --- configuration -----------------------------------------------------------------------
 
@@ -407,29 +408,6 @@ class YandexProvider(Provider):
                 return
             if state is not MachineState.TERMINATED:
                 raise
-
-    # --- volumes: network disks (providers/yandex/volumes.py says what Yandex allows) ------
-
-    def create_volume(self, request: VolumeRequest) -> Volume:
-        return self._volumes.create(request)
-
-    def get_volume(self, ref: VolumeRef) -> Volume:
-        return self._volumes.get(ref)
-
-    def list_volumes(self, regions: Sequence[str] | None = None) -> list[Volume]:
-        return self._volumes.ours(regions)
-
-    def attach_volume(self, volume: VolumeRef, instance: InstanceRef, index: int) -> None:
-        self._volumes.attach(volume, instance)
-
-    def detach_volume(self, volume: VolumeRef, instance: InstanceRef) -> None:
-        self._volumes.detach(volume, instance)
-
-    def delete_volume(self, ref: VolumeRef) -> None:
-        self._volumes.delete(ref)
-
-    def volume_device(self, volume: Volume, index: int, machine_type: str = "") -> str:
-        return self._volumes.device(volume)
 
     def fetch_offers(self) -> list[Offer]:
         """Billing SkuService.List (all pages, RUB incl. VAT) → the street price in force now

@@ -42,6 +42,7 @@ from providers.base import (
     Volume,
     VolumeRef,
     VolumeRequest,
+    VolumeService,
     VolumeState,
 )
 from providers.yandex.labels import idempotency_key, sanitise_label, sanitise_labels
@@ -62,7 +63,7 @@ _STATES = {
 }
 
 
-class Volumes:
+class Volumes(VolumeService):
     """The volume calls of one Yandex adapter."""
 
     def __init__(self, cloud: YandexProvider) -> None:
@@ -102,7 +103,7 @@ class Volumes:
     def get(self, ref: VolumeRef) -> Volume:
         return self._to_volume(self._get_raw(ref.id))
 
-    def ours(self, regions: Sequence[str] | None) -> list[Volume]:
+    def ours(self, regions: Sequence[str] | None = None) -> list[Volume]:
         """Every page of the folder's disks, ours kept (label ``managed-by=provisioner``): boot
         disks and other people's disks are in the same list."""
         if regions is not None and REGION not in regions:
@@ -114,7 +115,7 @@ class Volumes:
             if d.labels.get(TAG_MANAGED_BY) == TAG_MANAGED_BY_VALUE
         ]
 
-    def attach(self, volume: VolumeRef, instance: InstanceRef) -> None:
+    def attach(self, volume: VolumeRef, instance: InstanceRef, index: int = 0) -> None:
         """AttachDisk READ_WRITE, device name the disk id, kept when the instance is deleted.
         Already attached there: nothing to do. Yandex's refusals (another zone, attached to
         another machine) come back as FAILED_PRECONDITION: InvalidRequest."""
@@ -172,8 +173,7 @@ class Volumes:
         except NotFound:
             return
 
-    @staticmethod
-    def device(volume: Volume) -> str:
+    def device(self, volume: Volume, index: int, machine_type: str = "") -> str:
         return f"/dev/disk/by-id/virtio-{volume.id}"
 
     # --- helpers -------------------------------------------------------------------------

@@ -36,6 +36,7 @@ from providers.base import (
     ProviderError,
     VolumeRef,
     VolumeRequest,
+    VolumeService,
     VolumeState,
 )
 from providers.base import Volume as CloudVolume
@@ -95,6 +96,15 @@ def holder(s: Session, v: Volume) -> Machine | None:
         return None
     m = s.get(Machine, v.attached_machine_id)
     return m if m is not None and m.is_live else None
+
+
+def _service(app: App, cloud: str) -> VolumeService:
+    """The cloud's volume service; a volume or an experiment naming one on a cloud without
+    them (the planner offers no such cloud) is refused in one line."""
+    service = app.provider(cloud).volumes
+    if service is None:
+        raise OperationFailed(f"{cloud} has no volumes")
+    return service
 
 
 def vref(v: Volume) -> VolumeRef:
@@ -163,7 +173,7 @@ def _ready(
     empty = v.attached_machine_id is None
     if v.status != "creating":
         try:
-            cv = app.provider(v.cloud).get_volume(vref(v))
+            cv = _service(app, v.cloud).get(vref(v))
         except NotFound:
             raise OperationFailed(
                 f"volume {v.name} ({v.volume_id}) is gone from {v.cloud}, deleted outside "
@@ -255,7 +265,7 @@ def _create(app: App, v: Volume) -> CloudVolume:
         },
     )
     crashpoint("before-volume-create")
-    cv = app.provider(v.cloud).create_volume(request)
+    cv = _service(app, v.cloud).create(request)
     crashpoint("after-volume-create")
     now = app.clock.now()
     with app.db.session() as s:
@@ -292,7 +302,7 @@ def discard(app: App, ready: Sequence[Ready]) -> list[str]:
         if not r.created:
             continue
         try:
-            app.provider(r.cloud).delete_volume(r.disk.ref)
+            _service(app, r.cloud).delete(r.disk.ref)
         except ProviderError as e:
             left.append(f"volume {r.spec.name} ({r.disk.id} in {r.disk.zone}): {e}")
             continue
@@ -323,8 +333,7 @@ def mounts(app: App, ready: Sequence[Ready]) -> list[tuple[str, str]]:
     device as the candidate's machine family shows it (AWS: NVMe link on Nitro, /dev/xvdf on
     Xen)."""
     return [
-        (app.provider(r.cloud).volume_device(r.disk, r.index, r.machine_type), r.spec.path)
-        for r in ready
+        (_service(app, r.cloud).device(r.disk, r.index, r.machine_type), r.spec.path) for r in ready
     ]
 
 
@@ -357,14 +366,14 @@ def attach(app: App, machine_id: str, experiment: Experiment) -> list[str]:
                 )
             )
         }
-    provider = app.provider(m.cloud or "")
+    service = _service(app, m.cloud or "")
     done = []
     for i, spec in enumerate(experiment.volumes):
         v = by_name.get(spec.name)
         if v is None or not v.volume_id:
             raise OperationFailed(f"{m.name}: volume {spec.name} does not exist (yet)")
         try:
-            cv = provider.get_volume(vref(v))
+            cv = service.get(vref(v))
         except NotFound as e:
             raise OperationFailed(
                 f"{m.name}: volume {v.name} ({v.volume_id}) is gone from {v.cloud}: {e}"
@@ -383,7 +392,7 @@ def attach(app: App, machine_id: str, experiment: Experiment) -> list[str]:
                 raise OperationFailed(f"{m.name}: volume {v.name} is attached to {name} ({status})")
             stale = InstanceRef(id=cv.attached_to, region=v.region, zone=v.zone)
             try:  # from a stopped or ended instance: one gone already has let it go
-                provider.detach_volume(cv.ref, stale)
+                service.detach(cv.ref, stale)
             except NotFound:
                 pass
             except ProviderError as e:
@@ -404,7 +413,7 @@ def attach(app: App, machine_id: str, experiment: Experiment) -> list[str]:
                 )
         if cv.attached_to != m.instance_id or cv.state is not VolumeState.IN_USE:
             try:
-                provider.attach_volume(cv.ref, ref(m), i)
+                service.attach(cv.ref, ref(m), i)
             except NotFound as e:  # the volume was just read: the machine is what is gone
                 raise NotFound(
                     f"{m.name}: volume {v.name} could not be attached, the machine is gone "
@@ -494,10 +503,10 @@ def remove(app: App, v: Volume) -> Volume:
             f"volume {v.name} is attached to {m.name} ({m.status}): "
             f"`provisioner down {m.name}` first (a stopped machine keeps it attached)"
         )
-    provider = app.provider(v.cloud)
+    service = _service(app, v.cloud)
     try:
         for target in _cloud_volumes(app, v):
-            provider.delete_volume(target)
+            service.delete(target)
     except ProviderError as e:
         raise OperationFailed(f"volume {v.name}: delete failed: {e}") from None
     crashpoint("after-volume-delete")
@@ -513,7 +522,7 @@ def _cloud_volumes(app: App, v: Volume) -> list[VolumeRef]:
     carrying its id in our tag."""
     if v.volume_id:
         return [vref(v)]
-    found = app.provider(v.cloud).list_volumes([v.region])
+    found = _service(app, v.cloud).ours([v.region])
     return [cv.ref for cv in found if cv.labels.get(TAG_VOLUME) == v.id]
 
 
@@ -541,8 +550,6 @@ def strays(app: App, clouds: Iterable[str] | None, errors: dict[str, str]) -> li
     """Volumes of ours no state row knows (each asked cloud that can list volumes), and
     volumes in the state that no live machine's experiment names. Only listed: a volume holds
     data, so it is removed only by ``provisioner volume rm``."""
-    import providers
-
     asked = [c for c in (clouds or app.settings.enabled_clouds) if c not in errors]
     with app.db.session() as s:
         rows = live(s)
@@ -556,11 +563,12 @@ def strays(app: App, clouds: Iterable[str] | None, errors: dict[str, str]) -> li
     known = {v.volume_id for v in rows if v.volume_id} | {v.id for v in rows}
     out = []
     for cloud in asked:
-        if not providers.spec(cloud).capabilities.volumes:
+        service = app.provider(cloud).volumes
+        if service is None:  # a cloud without volumes has none to stray
             continue
         try:
-            listed = app.provider(cloud).list_volumes()
-        except (ProviderError, NotImplementedError) as e:
+            listed = service.ours()
+        except ProviderError as e:
             errors[cloud] = str(e)
             continue
         for cv in listed:
