@@ -15,7 +15,13 @@ from sqlalchemy.orm import Session
 from provisioner.ledger.periods import _US, SECONDS_PER_HOUR
 from provisioner.models import Event, Machine, UsageInterval
 from provisioner.money import Money
-from provisioner.schema import ADDRESS_BILLED, COMPUTE_BILLED, DISK_BILLED, MachineStatus
+from provisioner.schema import (
+    ADDRESS_BILLED,
+    COMPUTE_BILLED,
+    DISK_BILLED,
+    EventKind,
+    MachineStatus,
+)
 
 
 def record_transition(
@@ -24,7 +30,7 @@ def record_transition(
     status: MachineStatus,
     at: datetime,
     *,
-    event: str | None = None,
+    event: EventKind | None = None,
     reason: str | None = None,
     detail: dict[str, Any] | None = None,
 ) -> bool:
@@ -37,7 +43,7 @@ def record_transition(
     _bill(s, m, "compute", m.rate, status in COMPUTE_BILLED, at)
     _bill(s, m, "disk", m.disk_rate, status in DISK_BILLED, at)
     _bill(s, m, "address", m.address_rate, _address_billed(m, status), at)
-    if status == "terminated":
+    if status == MachineStatus.TERMINATED:
         m.terminated_at = at
     return True
 
@@ -48,7 +54,7 @@ def record_transitions(
     status: MachineStatus,
     at: datetime,
     *,
-    event: str | None = None,
+    event: EventKind | None = None,
     reason: str | None = None,
     details: dict[str, dict[str, Any]] | None = None,
 ) -> dict[str, bool]:
@@ -82,7 +88,7 @@ def record_transitions(
                 )
             elif not billed and iv is not None:
                 iv.ended_at = max(at, iv.started_at)
-        if status == "terminated":
+        if status == MachineStatus.TERMINATED:
             m.terminated_at = at
     s.flush()
     changed = {m.id for m in moving}
