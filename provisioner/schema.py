@@ -111,6 +111,9 @@ DELIVERY_TRANSITIONS: dict[DeliveryStatus, frozenset[DeliveryStatus]] = {
     D.SENT: frozenset(),
     D.FAILED: frozenset(),
 }
+#: Deliveries still to be tried (at their ``next_at``), and those not delivered (yet).
+DELIVERY_DUE = (D.PENDING, D.RETRYING)
+UNDELIVERED = (D.FAILED, D.RETRYING)
 #: What each vocabulary's rows are born as (None: any of its values).
 _BORN: dict[type[enum.StrEnum], frozenset[Any] | None] = {
     MachineStatus: frozenset({S.REQUESTED}),

@@ -14,12 +14,14 @@ from sqlalchemy import func, select
 
 from provisioner.errors import UserError
 from provisioner.models import Delivery, Notice
+from provisioner.schema import DELIVERY_DUE, UNDELIVERED
+from provisioner.schema import DeliveryStatus as D
 
 if TYPE_CHECKING:
     from provisioner.app import App
 
-STATUSES = ("sent", "retrying", "failed", "pending", "unsent")
-UNDELIVERED = ("failed", "retrying")
+UNSENT = "unsent"  # a filter, not a delivery's status: a notice no channel was given
+STATUSES = (D.SENT, D.RETRYING, D.FAILED, D.PENDING, UNSENT)
 PAGE = 50
 
 
@@ -118,7 +120,7 @@ def alerts(app: App, q: dict[str, str]) -> Alerts:
         raise UserError(f"page: a number from 1 (not {q.get('page', '')[:40]!r})") from None
     wanted = page * PAGE + 1
     rows: list[Alert] = []
-    if status != "unsent":
+    if status != UNSENT:
         with app.db.session() as s:
             dq = select(Delivery)
             if budget:
@@ -140,10 +142,10 @@ def alerts(app: App, q: dict[str, str]) -> Alerts:
                         d.error,
                         d.subject,
                         d.machine,
-                        d.next_at if d.status in ("pending", "retrying") else None,
+                        d.next_at if d.status in DELIVERY_DUE else None,
                     )
                 )
-    if status in (None, "unsent"):
+    if status in (None, UNSENT):
         rows += _unsent(app, budget)
     rows.sort(key=lambda a: a.at, reverse=True)
     filters = {k: v for k, v in (("budget", budget), ("status", status)) if v}
