@@ -20,6 +20,7 @@ from provisioner.errors import UserError
 from provisioner.ledger import Period, Scope
 from provisioner.models import Machine
 from provisioner.money import CENT, US_PER_HOUR, Amounts, Money, Rates, Tally, allocate
+from provisioner.schema import MachineStatus as S
 
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session
@@ -245,7 +246,7 @@ def _add_idle_now(
     from provisioner import idle
 
     with app.db.session() as s:
-        q = select(Machine).where(Machine.status == "running", Machine.rate.is_not(None))
+        q = select(Machine).where(Machine.status == S.RUNNING, Machine.rate.is_not(None))
         admits = scope.admitter()
         running = [m for m in s.scalars(q.where(*scope.clauses())) if admits(m.project, m.owner)]
     if not running:
