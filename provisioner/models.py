@@ -28,6 +28,7 @@ from sqlalchemy import (
     text,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship, validates
+from sqlalchemy.sql import operators
 
 from provisioner.schema import (  # noqa: F401  (re-exported)
     ACTIVE_EXCLUDED,
@@ -75,6 +76,14 @@ class UTCDateTime(TypeDecorator[datetime]):
         return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
 
 
+#: The operators whose right side is a pattern: LIKE and what SQLAlchemy builds on it.
+_PATTERNS = {
+    getattr(operators, f"{neg}{op}_op")
+    for op in ("like", "ilike", "startswith", "endswith", "contains")
+    for neg in ("", "not_")
+}
+
+
 class _Vocabulary(TypeDecorator[Any]):
     """A value of :attr:`vocabulary` (a ``StrEnum`` of :mod:`provisioner.schema`) kept as its
     text: a write of anything else fails (``ValueError``), a read gives the member."""
@@ -88,6 +97,10 @@ class _Vocabulary(TypeDecorator[Any]):
 
     def process_result_value(self, value: Any, dialect: Any) -> Any:
         return None if value is None else self.vocabulary(value)
+
+    def coerce_compared_value(self, op: Any, value: Any) -> Any:
+        """A pattern (``kind LIKE 'launch-%'``) is text, not a value of the vocabulary."""
+        return String() if op in _PATTERNS else self
 
 
 class StatusText(_Vocabulary):
