@@ -36,6 +36,8 @@ from provisioner.schema import (  # noqa: F401  (re-exported)
     DeliveryStatus,
     EventKind,
     MachineStatus,
+    NoticeKind,
+    UsageKind,
     VolumeStatus,
     check_move,
     check_transition,
@@ -115,6 +117,15 @@ class VolumeStatusText(_Vocabulary):
 
 class DeliveryStatusText(_Vocabulary):
     vocabulary = DeliveryStatus
+
+
+class UsageKindText(_Vocabulary):
+    impl = String(8)
+    vocabulary = UsageKind
+
+
+class NoticeKindText(_Vocabulary):
+    vocabulary = NoticeKind
 
 
 class EventKindText(_Vocabulary):
@@ -253,7 +264,7 @@ class UsageInterval(Base):
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     machine_id: Mapped[str] = mapped_column(ForeignKey("machines.id"), index=True)
-    kind: Mapped[str] = mapped_column(String(8))  # compute | disk | address | volume
+    kind: Mapped[UsageKind] = mapped_column(UsageKindText)
     started_at: Mapped[datetime] = mapped_column(UTCDateTime)
     ended_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     rate: Mapped[Decimal] = mapped_column(DecimalText)  # per hour
@@ -354,7 +365,7 @@ class Notice(Base):
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     policy: Mapped[str] = mapped_column(String(128))
-    kind: Mapped[str] = mapped_column(String(16))
+    kind: Mapped[NoticeKind] = mapped_column(NoticeKindText)
     period_start: Mapped[datetime] = mapped_column(UTCDateTime)
     mark: Mapped[str] = mapped_column(String(40))
     at: Mapped[datetime] = mapped_column(UTCDateTime)

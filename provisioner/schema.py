@@ -191,6 +191,26 @@ class EventKind(enum.StrEnum):
     VOLUME_MOVED = "volume-moved"  # a volume taken from a preempted machine it replaced
 
 
+class UsageKind(enum.StrEnum):
+    """What a usage interval bills (``usage_intervals.kind``), each at its own rate."""
+
+    COMPUTE = "compute"  # the instance, at the machine's ``rate``
+    DISK = "disk"  # its boot disk, at ``disk_rate`` (also while stopped)
+    ADDRESS = "address"  # its public IPv4 address, at ``address_rate``
+    VOLUME = "volume"  # a network disk, on the volume's ledger row (``models.Volume``)
+
+
+class NoticeKind(enum.StrEnum):
+    """What a budget notice claims, once per policy, period and mark (``budget_notices.kind``):
+    the claim is how two schedulers agree that one of them tells it."""
+
+    ACTUAL = "actual"  # spending reached a threshold (mark: the percent)
+    FORECAST = "forecast"  # the period's forecast reached a threshold (mark: the percent)
+    EXHAUSTED = "exhausted"  # the budget is spent: launches blocked (mark: 100)
+    REPORT = "report"  # a scheduled report was due (mark: when)
+    POLICY_ERROR = "policy-error"  # a policy file failed to load (mark: its digest)
+
+
 #: Events that say a machine runs from then on (how long it has been running).
 RUNNING_SINCE = (EventKind.LAUNCHED, EventKind.ADOPTED, EventKind.STARTED, EventKind.RUNNING)
 #: Events of a launch: the attempt it was, what it was given.

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select
 
+from providers import billing
 from providers.base import MachineState
 from provisioner import fleet, ledger, machines
 from provisioner.machines import LaunchAttempt, jobs
@@ -31,6 +32,8 @@ from provisioner.schema import (
     EventKind,
     IllegalTransition,
     MachineStatus,
+    NoticeKind,
+    UsageKind,
     VolumeStatus,
     check_move,
     check_transition,
@@ -189,11 +192,10 @@ def test_each_row_checks_its_own_moves_and_values(app):
 
 
 PROVISIONER = Path(__file__).resolve().parents[1] / "provisioner"
-#: ``kind``s of other vocabularies than events' (not typed yet): usage intervals, lines of a
-#: cloud's bill, budget notices, notify channels. Any other string compared to a ``kind`` is
-#: taken for an event's.
-OTHER_KINDS = {"compute", "disk", "address", "volume", "tax", "credit", "discount", "other"}
-OTHER_KINDS |= {"actual", "forecast", "exhausted", "report", "email"}
+#: ``kind``s of vocabularies typed elsewhere: a cloud bill's lines (a ``Literal`` of providers)
+#: and notify channels (policies/channels.py). Any other string compared to a ``kind`` is
+#: taken for a kind of provisioner's own (events, usage, budget notices): a bare one fails.
+OTHER_KINDS = {*typing.get_args(billing.Kind), "email"}
 #: What writes an event's kind: the call and the argument (position, or keyword).
 WRITERS = {"record_event": 2, "Event": "kind", "_record": 4}
 SQL = re.compile(r"\b(status|kind)\s*(=|!=|<>|\bIN\b|\bNOT IN\b)\s*\(?\s*'\w", re.I)
@@ -264,6 +266,7 @@ def bare_vocabulary(source: str) -> list[str]:
     "line",
     [
         'if e.kind == "relaunch-try": pass',
+        'if n.kind == "exhausted": pass',
         'if m.status != "running": pass',
         'q = select(Volume).where(Volume.status.in_(("creating", "available")))',
         'record_event(app, m.id, "relaunch-try", reason="preempted")',
@@ -285,7 +288,7 @@ def test_no_status_or_kind_is_a_bare_string_in_provisioner():
         "if e.kind == EventKind.WAITING and m.status in (S.RUNNING, S.STOPPED): pass",
         "sql.all(f\"SELECT id FROM machines WHERE status = '{S.RUNNING}'\")",
         'sql.all("SELECT id FROM events WHERE kind = ?", [EventKind.RECOVERED.value])',
-        'if iv.kind == "compute": pass',
+        'if item.kind == "tax": pass',  # a line of a cloud's bill
     ]
     assert not bare_vocabulary("\n".join(fine))
     found = [
@@ -298,13 +301,15 @@ def test_no_status_or_kind_is_a_bare_string_in_provisioner():
 
 
 def test_every_event_kind_is_written_somewhere_and_means_something():
-    """A kind nobody writes is noise for every reader; one without its line of meaning is a
-    puzzle. Each machine status is also a kind (a move recorded without a kind of its own)."""
+    """A kind nobody writes is noise for every reader; a value without its line of meaning is
+    a puzzle. Each machine status is also a kind (a move recorded without a kind of its own)."""
     source = (PROVISIONER / "schema.py").read_text(encoding="utf-8")
-    body = source[source.index("class EventKind") : source.index("#: Events that say")]
-    for kind in EventKind:
-        (line,) = [x for x in body.splitlines() if x.strip().startswith(f"{kind.name} = ")]
-        assert "  # " in line, f"{kind.name}: its meaning, beside it"
+    for vocabulary in (EventKind, VolumeStatus, DeliveryStatus, UsageKind, NoticeKind):
+        start = source.index(f"class {vocabulary.__name__}(")
+        body = source[start : source.index("\n\n\n", start)]
+        for member in vocabulary:
+            (line,) = [x for x in body.splitlines() if x.strip().startswith(f"{member.name} = ")]
+            assert "  # " in line, f"{vocabulary.__name__}.{member.name}: its meaning, beside it"
     assert {s.value for s in MachineStatus} <= {k.value for k in EventKind}
     used = " ".join(
         p.read_text(encoding="utf-8") for p in PROVISIONER.rglob("*.py") if p.name != "schema.py"

@@ -18,7 +18,7 @@ from provisioner.ledger.periods import DAY, Period, hours
 from provisioner.ledger.sums import Scope, total
 from provisioner.models import Event, Machine, UsageInterval
 from provisioner.money import Amounts
-from provisioner.schema import EventKind
+from provisioner.schema import EventKind, UsageKind
 from provisioner.schema import MachineStatus as S
 
 # Stops that were not the scheduler's doing, so they count for no savings.
@@ -184,7 +184,7 @@ def savings(
         select(func.min(UsageInterval.started_at))
         .where(
             UsageInterval.machine_id == Event.machine_id,
-            UsageInterval.kind == "compute",
+            UsageInterval.kind == UsageKind.COMPUTE,
             UsageInterval.started_at >= Event.at,
         )
         .scalar_subquery()

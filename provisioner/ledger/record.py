@@ -21,6 +21,7 @@ from provisioner.schema import (
     DISK_BILLED,
     EventKind,
     MachineStatus,
+    UsageKind,
 )
 
 
@@ -40,9 +41,9 @@ def record_transition(
         return False
     m.status = status
     s.add(Event(machine_id=m.id, at=at, kind=event or status, reason=reason, detail=detail or {}))
-    _bill(s, m, "compute", m.rate, status in COMPUTE_BILLED, at)
-    _bill(s, m, "disk", m.disk_rate, status in DISK_BILLED, at)
-    _bill(s, m, "address", m.address_rate, _address_billed(m, status), at)
+    _bill(s, m, UsageKind.COMPUTE, m.rate, status in COMPUTE_BILLED, at)
+    _bill(s, m, UsageKind.DISK, m.disk_rate, status in DISK_BILLED, at)
+    _bill(s, m, UsageKind.ADDRESS, m.address_rate, _address_billed(m, status), at)
     if status == MachineStatus.TERMINATED:
         m.terminated_at = at
     return True
@@ -75,9 +76,9 @@ def record_transitions(
         detail = (details or {}).get(m.id) or {}
         s.add(Event(machine_id=m.id, at=at, kind=event or status, reason=reason, detail=detail))
         for kind, rate, billed in (
-            ("compute", m.rate, status in COMPUTE_BILLED),
-            ("disk", m.disk_rate, status in DISK_BILLED),
-            ("address", m.address_rate, _address_billed(m, status)),
+            (UsageKind.COMPUTE, m.rate, status in COMPUTE_BILLED),
+            (UsageKind.DISK, m.disk_rate, status in DISK_BILLED),
+            (UsageKind.ADDRESS, m.address_rate, _address_billed(m, status)),
         ):
             iv = open_.get((m.id, kind))
             if billed and iv is None and rate is not None:
@@ -100,7 +101,7 @@ def _address_billed(m: Machine, status: MachineStatus) -> bool:
 
 
 def _bill(
-    s: Session, m: Machine, kind: str, rate: Decimal | None, billed: bool, at: datetime
+    s: Session, m: Machine, kind: UsageKind, rate: Decimal | None, billed: bool, at: datetime
 ) -> None:
     open_ = s.scalars(
         select(UsageInterval).where(

@@ -53,12 +53,12 @@ from provisioner.models import (
 )
 from provisioner.money import Money
 from provisioner.planner import Candidate
-from provisioner.schema import EventKind, MachineStatus, VolumeStatus
+from provisioner.schema import EventKind, MachineStatus, UsageKind, VolumeStatus
 from provisioner.spec import Experiment, VolumeSpec
 
 S = MachineStatus
 TAG_VOLUME = "provisioner-volume"  # the state's id of a volume, on the cloud's disk
-KIND = "volume"  # its usage intervals' kind
+KIND = UsageKind.VOLUME  # its usage intervals' kind
 
 
 @dataclass(frozen=True)
