@@ -659,14 +659,14 @@ def _fleet(verb: str, fn_name: str, done: str, same: str, applies: tuple[str, ..
             results.append({"name": name, "changed": changed, "machine": machine_json(m)})
             if output is Output.json:
                 continue
-            if before == "waiting" and m.status == S.FAILED:
+            if before == S.WAITING and m.status == S.FAILED:
                 out.print(
                     f"{m.name} was waiting for capacity and was never launched: the wait is "
                     "cancelled and marked failed; nothing of it bills",
                     highlight=False,
                     soft_wrap=True,
                 )
-            elif before == "requested" and m.status == S.FAILED:
+            elif before == S.REQUESTED and m.status == S.FAILED:
                 out.print(
                     f"{m.name} was never launched (an unfinished `up`): its request is "
                     "cancelled and marked failed; nothing of it bills",
