@@ -39,6 +39,7 @@ from provisioner.ledger import Period, midnight
 from provisioner.ledger.periods import SECONDS_PER_HOUR
 from provisioner.models import Machine, UsageInterval
 from provisioner.money import CENT, Money, allocate
+from provisioner.schema import UsageKind
 
 DRIFT_PCT = Decimal(2)
 UNIT_STEP = Decimal("0.0001")  # unit prices per hour: to 1/100 of a cent
@@ -199,7 +200,7 @@ def reconcile(app: App, period: Period, got: Bill, by: str) -> CloudBill:
             ln.ledger += cost
             if through is not None and day <= through:
                 ln.reasons["drift"] -= cost
-                if iv.kind == "compute":
+                if iv.kind == UsageKind.COMPUTE:
                     billed_hours[m.id] += hours
             else:
                 ln.reasons["not_billed_yet"] -= cost

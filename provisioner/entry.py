@@ -18,6 +18,7 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from provisioner.location import HEARTBEAT_GRACE_SECONDS, plain_database_url
+from provisioner.schema import EventKind as K
 from provisioner.schema import MachineStatus as S
 from provisioner.schema import current_postgres, current_sqlite, holds_none
 
@@ -182,14 +183,15 @@ def _as_recorded(sql: Sql, settings: Callable[[], Settings], now: Callable[[], d
     return True
 
 
-#: provisioner.machines.jobs's event kinds (not imported: it loads SQLAlchemy).
-_STARTED, _FINISHED, _FAILED, _DUE, _RUN = (
-    "job-started",
-    "job-finished",
-    "job-failed",
-    "run-due",
-    "run",
+#: provisioner.machines.jobs's event kinds, and its `run` job's id (not imported: it loads
+#: SQLAlchemy).
+_STARTED, _FINISHED, _FAILED, _DUE = (
+    K.JOB_STARTED.value,
+    K.JOB_FINISHED.value,
+    K.JOB_FAILED.value,
+    K.RUN_DUE.value,
 )
+_RUN = "run"
 
 
 def _jobs_quiet(sql: Sql) -> bool:

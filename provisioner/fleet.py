@@ -28,7 +28,7 @@ from provisioner.console import (
     write,
 )
 from provisioner.money import Money, Tally
-from provisioner.schema import ACTIVE_EXCLUDED, MachineStatus, epoch_us
+from provisioner.schema import ACTIVE_EXCLUDED, EventKind, MachineStatus, epoch_us
 
 #: The columns read of each machine: those :func:`machine_json` and the table show.
 COLUMNS = (
@@ -184,7 +184,9 @@ def launches(sql: Sql, ids: Iterable[str]) -> dict[str, list[str]]:
     recoveries of every machine."""
     replaces = {
         mid: (_json(d) or {}).get("replaces")
-        for mid, d in sql.all("SELECT machine_id, detail FROM events WHERE kind = 'recovered'")
+        for mid, d in sql.all(
+            "SELECT machine_id, detail FROM events WHERE kind = ?", [EventKind.RECOVERED.value]
+        )
     }
     out = {}
     for mid in ids:
@@ -234,7 +236,8 @@ def stopped_notes(sql: Sql) -> dict[str, str]:
     rows = sql.all(
         "SELECT e.machine_id, e.detail FROM events e JOIN (SELECT max(id) AS eid FROM events"
         f" WHERE machine_id IN ({stopped}) GROUP BY machine_id) latest ON latest.eid = e.id"
-        " WHERE e.kind IN ('relaunch-refused', 'relaunch-gave-up')"
+        " WHERE e.kind IN (?, ?)",
+        [EventKind.RELAUNCH_REFUSED.value, EventKind.RELAUNCH_GAVE_UP.value],
     )
     return {
         mid: "preempted and not relaunched, kept stopped with its disk: "
@@ -249,8 +252,9 @@ def waiting_notes(sql: Sql, now: datetime) -> dict[str, str]:
     query; by machine id."""
     rows = sql.all(
         "SELECT e.machine_id, e.detail FROM events e JOIN (SELECT max(id) AS eid FROM events"
-        " WHERE kind = 'waiting' AND machine_id IN (SELECT id FROM machines"
-        f" WHERE status = '{S.WAITING}') GROUP BY machine_id) latest ON latest.eid = e.id"
+        " WHERE kind = ? AND machine_id IN (SELECT id FROM machines"
+        f" WHERE status = '{S.WAITING}') GROUP BY machine_id) latest ON latest.eid = e.id",
+        [EventKind.WAITING.value],
     )
     return {mid: waiting_line(_json(detail) or {}, now) for mid, detail in rows}
 
@@ -299,11 +303,12 @@ def failure(events: Sequence[Any]) -> str | None:
     if not events:
         return None
     last = events[-1]
-    if last.kind == "cancelled":
+    if last.kind == EventKind.CANCELLED:
         return "cancelled by `down` before it was launched"
-    if last.kind in ("wait-gave-up", "wait-refused") and (last.detail or {}).get("why"):
+    gave_up = last.kind in (EventKind.WAIT_GAVE_UP, EventKind.WAIT_REFUSED)
+    if gave_up and (last.detail or {}).get("why"):
         return str(last.detail["why"])
-    tried = [e for e in events if e.kind == "launch-failed"]
+    tried = [e for e in events if e.kind == EventKind.LAUNCH_FAILED]
     if tried:
         outcomes: dict[str, int] = {}
         for e in tried:

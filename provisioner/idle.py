@@ -32,6 +32,7 @@ from provisioner.models import (
     UTCDateTime,
     epoch_us,
 )
+from provisioner.schema import RUNNING_SINCE, EventKind
 from provisioner.web import MAX_BODY, Server, WSGIApp, respond
 
 if TYPE_CHECKING:
@@ -40,7 +41,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("provisioner.idle")
 
 Signal = Literal["idle", "busy", "unknown", "starting"]
-RUNNING_SINCE_EVENTS = ("launched", "adopted", "started", "running")
+RUNNING_SINCE_EVENTS = RUNNING_SINCE
 
 
 class BadHeartbeat(ValueError):
@@ -121,7 +122,7 @@ def record(
         return m
 
 
-NOTICE_EVENT = "preemption-notice"
+NOTICE_EVENT = EventKind.PREEMPTION_NOTICE
 
 
 def parse_notice(raw: bytes) -> dict[str, Any]:

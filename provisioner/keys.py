@@ -26,6 +26,7 @@ from sqlalchemy import select
 from provisioner.app import App
 from provisioner.errors import OperationFailed
 from provisioner.models import Event, Machine, TeamKey
+from provisioner.schema import MachineStatus as S
 from provisioner.spec import Experiment
 
 #: How long `provisioner ssh` waits for a machine's SSH port before saying what to check;
@@ -302,7 +303,7 @@ def ssh_config(app: App) -> str:
     with app.db.session() as s:
         running = s.scalars(
             select(Machine)
-            .where(Machine.status.in_(("pending", "running")), Machine.public_ip.is_not(None))
+            .where(Machine.status.in_((S.PENDING, S.RUNNING)), Machine.public_ip.is_not(None))
             .order_by(Machine.name)
         ).all()
     lines = [

@@ -6,10 +6,11 @@ Amounts are stored as exact decimal text and times as UTC.
 
 from __future__ import annotations
 
+import enum
 import uuid
 from datetime import UTC, datetime
 from decimal import Decimal
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlalchemy import (
     JSON,
@@ -27,11 +28,18 @@ from sqlalchemy import (
     text,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship, validates
+from sqlalchemy.sql import operators
 
 from provisioner.schema import (  # noqa: F401  (re-exported)
     ACTIVE_EXCLUDED,
     EPOCH,
+    DeliveryStatus,
+    EventKind,
     MachineStatus,
+    NoticeKind,
+    UsageKind,
+    VolumeStatus,
+    check_move,
     check_transition,
     epoch_us,
 )
@@ -70,17 +78,79 @@ class UTCDateTime(TypeDecorator[datetime]):
         return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
 
 
-class StatusText(TypeDecorator[MachineStatus]):
-    """A :class:`MachineStatus` kept as its value (the column stays ``VARCHAR(16)``)."""
+#: The operators whose right side is a pattern: LIKE and what SQLAlchemy builds on it.
+_PATTERNS = {
+    getattr(operators, f"{neg}{op}_op")
+    for op in ("like", "ilike", "startswith", "endswith", "contains")
+    for neg in ("", "not_")
+}
+
+
+class _Vocabulary(TypeDecorator[Any]):
+    """A value of :attr:`vocabulary` (a ``StrEnum`` of :mod:`provisioner.schema`) kept as its
+    text: a write of anything else fails (``ValueError``), a read gives the member."""
 
     impl = String(16)
     cache_ok = True
+    vocabulary: type[enum.StrEnum]
 
     def process_bind_param(self, value: Any, dialect: Any) -> str | None:
-        return None if value is None else MachineStatus(value).value
+        return None if value is None else self.vocabulary(value).value
 
-    def process_result_value(self, value: Any, dialect: Any) -> MachineStatus | None:
-        return None if value is None else MachineStatus(value)
+    def process_result_value(self, value: Any, dialect: Any) -> Any:
+        return None if value is None else self.vocabulary(value)
+
+    def coerce_compared_value(self, op: Any, value: Any) -> Any:
+        """A pattern (``kind LIKE 'launch-%'``) is text, not a value of the vocabulary."""
+        return String() if op in _PATTERNS else self
+
+
+class StatusText(_Vocabulary):
+    """A :class:`MachineStatus` kept as its value (the column stays ``VARCHAR(16)``)."""
+
+    vocabulary = MachineStatus
+
+
+class VolumeStatusText(_Vocabulary):
+    vocabulary = VolumeStatus
+
+
+class DeliveryStatusText(_Vocabulary):
+    vocabulary = DeliveryStatus
+
+
+class UsageKindText(_Vocabulary):
+    impl = String(8)
+    vocabulary = UsageKind
+
+
+class NoticeKindText(_Vocabulary):
+    vocabulary = NoticeKind
+
+
+class EventKindText(_Vocabulary):
+    """An :class:`EventKind` (``VARCHAR(32)``). Only members are written; a kind an older
+    version wrote and this one no longer knows reads back as its text, so history still
+    shows."""
+
+    impl = String(32)
+    vocabulary = EventKind
+
+    def process_result_value(self, value: Any, dialect: Any) -> Any:
+        return EventKind(value) if value in EventKind.__members__.values() else value
+
+
+_E = TypeVar("_E", bound=enum.StrEnum)
+
+
+def _moved(row: Base, vocabulary: type[_E], status: str) -> _E:
+    """``row``'s new ``status`` if its transition table allows the move (every writer goes
+    through it); a row being built (no status yet: a new intent, or a test's fixture) may
+    start anywhere."""
+    old = row.__dict__.get("status")
+    if old is None or old == status:  # not a move
+        return vocabulary(status)
+    return check_move(vocabulary, old, status)
 
 
 def new_id() -> str:
@@ -141,8 +211,8 @@ class Machine(Base):
             "uq_machines_live_name",
             "name",
             unique=True,
-            sqlite_where=text("status NOT IN ('terminated', 'failed')"),
-            postgresql_where=text("status NOT IN ('terminated', 'failed')"),
+            sqlite_where=text(f"status NOT IN {ACTIVE_EXCLUDED!r}"),
+            postgresql_where=text(f"status NOT IN {ACTIVE_EXCLUDED!r}"),
         ),
     )
 
@@ -152,12 +222,7 @@ class Machine(Base):
 
     @validates("status")
     def _move(self, _key: str, status: str) -> MachineStatus:
-        """Every writer goes through the transition table; a row being built (no status yet:
-        a new intent, or a test's fixture) may start anywhere."""
-        old = self.__dict__.get("status")
-        if old is None or old == status:  # not a move
-            return MachineStatus(status)
-        return check_transition(old, status)
+        return _moved(self, MachineStatus, status)
 
 
 class Event(Base):
@@ -166,13 +231,17 @@ class Event(Base):
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     machine_id: Mapped[str] = mapped_column(ForeignKey("machines.id"), index=True)
     at: Mapped[datetime] = mapped_column(UTCDateTime, index=True)
-    kind: Mapped[str] = mapped_column(String(32))
+    kind: Mapped[EventKind] = mapped_column(EventKindText)
     reason: Mapped[str | None] = mapped_column(String(64))
     detail: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     # 0008: who caused it, an e-mail or "scheduler" (provisioner.identity); filled on insert
     actor: Mapped[str | None] = mapped_column(String(128))
 
     machine: Mapped[Machine] = relationship(back_populates="events")
+
+    @validates("kind")
+    def _known(self, _key: str, kind: str) -> EventKind:
+        return EventKind(kind)  # a kind no reader knows fails where it is written
 
     __table_args__ = (Index("ix_events_reason_at", "reason", "at"),)  # scheduler stops, budget
 
@@ -195,7 +264,7 @@ class UsageInterval(Base):
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     machine_id: Mapped[str] = mapped_column(ForeignKey("machines.id"), index=True)
-    kind: Mapped[str] = mapped_column(String(8))  # compute | disk | address | volume
+    kind: Mapped[UsageKind] = mapped_column(UsageKindText)
     started_at: Mapped[datetime] = mapped_column(UTCDateTime)
     ended_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     rate: Mapped[Decimal] = mapped_column(DecimalText)  # per hour
@@ -296,7 +365,7 @@ class Notice(Base):
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     policy: Mapped[str] = mapped_column(String(128))
-    kind: Mapped[str] = mapped_column(String(16))
+    kind: Mapped[NoticeKind] = mapped_column(NoticeKindText)
     period_start: Mapped[datetime] = mapped_column(UTCDateTime)
     mark: Mapped[str] = mapped_column(String(40))
     at: Mapped[datetime] = mapped_column(UTCDateTime)
@@ -342,7 +411,6 @@ class Token(Base):
 
 # --- volumes (0006) -------------------------------------------------------------------------
 
-VOLUME_STATUSES = ("creating", "available", "in-use", "deleted")
 #: the ``market`` of a volume's ledger row (see :class:`Volume`)
 VOLUME_MARKET = "volume"
 
@@ -373,7 +441,8 @@ class Volume(Base):
     size_gb: Mapped[int] = mapped_column(Integer)
     token: Mapped[str] = mapped_column(String(64))
     volume_id: Mapped[str | None] = mapped_column(String(128))  # the cloud's
-    status: Mapped[str] = mapped_column(String(16), index=True)  # VOLUME_STATUSES
+    # moves only as schema.VOLUME_TRANSITIONS allows (checked on every assignment)
+    status: Mapped[VolumeStatus] = mapped_column(VolumeStatusText, index=True)
     attached_machine_id: Mapped[str | None] = mapped_column(ForeignKey("machines.id"))
     rate: Mapped[Decimal | None] = mapped_column(DecimalText)  # per hour, fixed at creation
     currency: Mapped[str] = mapped_column(String(3))
@@ -387,10 +456,14 @@ class Volume(Base):
             "project",
             "name",
             unique=True,
-            sqlite_where=text("status != 'deleted'"),
-            postgresql_where=text("status != 'deleted'"),
+            sqlite_where=text(f"status != '{VolumeStatus.DELETED}'"),
+            postgresql_where=text(f"status != '{VolumeStatus.DELETED}'"),
         ),
     )
+
+    @validates("status")
+    def _move(self, _key: str, status: str) -> VolumeStatus:
+        return _moved(self, VolumeStatus, status)
 
 
 # --- notify (0008) --------------------------------------------------------------------------
@@ -415,8 +488,13 @@ class Delivery(Base):
     text: Mapped[str] = mapped_column(Text)
     policy: Mapped[str | None] = mapped_column(String(128))
     machine: Mapped[str | None] = mapped_column(String(128))
-    status: Mapped[str] = mapped_column(String(16), index=True)  # pending|sent|retrying|failed
+    # moves only as schema.DELIVERY_TRANSITIONS allows (checked on every assignment)
+    status: Mapped[DeliveryStatus] = mapped_column(DeliveryStatusText, index=True)
     attempts: Mapped[int] = mapped_column(Integer, default=0)
     next_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     error: Mapped[str | None] = mapped_column(Text)
     done_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+
+    @validates("status")
+    def _move(self, _key: str, status: str) -> DeliveryStatus:
+        return _moved(self, DeliveryStatus, status)

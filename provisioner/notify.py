@@ -32,6 +32,8 @@ from policies.channels import Channel
 from provisioner import mail
 from provisioner.app import App
 from provisioner.models import Delivery
+from provisioner.schema import DELIVERY_DUE
+from provisioner.schema import DeliveryStatus as D
 
 #: what one topic says: (language) → (subject, text)
 Texts = Callable[[str], tuple[str, str]]
@@ -119,7 +121,7 @@ def queue(app: App, notice: Notice, channels: Iterable[tuple[Channel, str]]) -> 
                         text=text,
                         policy=notice.policy,
                         machine=notice.machine,
-                        status="pending",
+                        status=D.PENDING,
                         attempts=0,
                         next_at=now,
                     )
@@ -162,7 +164,7 @@ def record_mail(
     ``supersedes``: a key prefix whose other mails still retrying are given up, this one
     taking their place (a budget's higher threshold)."""
     now = app.clock.now()
-    status = "sent" if error is None else ("retrying" if retried else "failed")
+    status = D.SENT if error is None else (D.RETRYING if retried else D.FAILED)
     key = f"{key}|mail"[:255]
     with app.db.session() as s:
         if supersedes:
@@ -172,9 +174,9 @@ def record_mail(
                     Delivery.key.startswith(supersedes, autoescape=True),
                     Delivery.key != key,
                     Delivery.kind == "email",
-                    Delivery.status == "retrying",
+                    Delivery.status == D.RETRYING,
                 )
-                .values(status="failed", error=Delivery.error + f"; superseded by “{subject}”")
+                .values(status=D.FAILED, error=Delivery.error + f"; superseded by “{subject}”")
             )
         row = s.scalars(select(Delivery).where(Delivery.key == key)).first()
         if row is None:
@@ -194,7 +196,7 @@ def record_mail(
             s.add(row)
         row.attempts = (row.attempts or 0) + 1
         row.status, row.error, row.next_at = status, error, None
-        row.done_at = now if status != "retrying" else None
+        row.done_at = now if status != D.RETRYING else None
 
 
 # --- sending -----------------------------------------------------------------------------------
@@ -208,7 +210,7 @@ def deliver(app: App, now: datetime | None = None) -> list[str]:
         due = list(
             s.scalars(
                 select(Delivery)
-                .where(Delivery.status.in_(("pending", "retrying")), Delivery.next_at <= now)
+                .where(Delivery.status.in_(DELIVERY_DUE), Delivery.next_at <= now)
                 .order_by(Delivery.id)
                 .limit(200)
             )
@@ -224,22 +226,22 @@ def deliver(app: App, now: datetime | None = None) -> list[str]:
         if not took:
             continue
         attempt = d.attempts + 1
-        status, error, next_at = "sent", None, None
+        status, error, next_at = D.SENT, None, None
         try:
             _send(app, d)
         except Refused as e:
-            status, error = "failed", str(e)
+            status, error = D.FAILED, str(e)
         except Retry as e:
             error = str(e)
             if attempt >= cfg.max_attempts:
-                status = "failed"
+                status = D.FAILED
                 error += f" (gave up after {attempt} attempts)"
             else:
-                status = "retrying"
+                status = D.RETRYING
                 wait = min(BACKOFF_FIRST * 2 ** (attempt - 1), BACKOFF_MAX)
                 next_at = now + timedelta(seconds=max(wait, e.after or 0))
         except Exception as e:  # a bug, or a stored channel this version cannot read: say so
-            status, error = "failed", f"{type(e).__name__}: {e}"
+            status, error = D.FAILED, f"{type(e).__name__}: {e}"
         with app.db.session() as s:
             s.execute(
                 update(Delivery)
@@ -249,7 +251,7 @@ def deliver(app: App, now: datetime | None = None) -> list[str]:
                     attempts=attempt,
                     error=error,
                     next_at=next_at,
-                    done_at=None if status == "retrying" else now,
+                    done_at=None if status == D.RETRYING else now,
                 )
             )
         line = f"{d.kind} {d.target}: {d.topic} {status}"

@@ -15,6 +15,7 @@ from providers import disks
 from provisioner import planner
 from provisioner.app import App
 from provisioner.money import Money
+from provisioner.schema import VolumeStatus
 from provisioner.spec import Experiment
 
 
@@ -86,7 +87,7 @@ def _volumes(app: App, experiment: Experiment, p: planner.Plan) -> None:
                 select(Volume).where(
                     Volume.project == experiment.project,
                     Volume.name.in_(names),
-                    Volume.status != "deleted",
+                    Volume.status != VolumeStatus.DELETED,
                 )
             )
         }

@@ -20,6 +20,8 @@ from provisioner.errors import UserError
 from provisioner.ledger import Period, Scope
 from provisioner.models import Machine
 from provisioner.money import CENT, US_PER_HOUR, Amounts, Money, Rates, Tally, allocate
+from provisioner.schema import MachineStatus as S
+from provisioner.schema import UsageKind
 
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session
@@ -245,7 +247,7 @@ def _add_idle_now(
     from provisioner import idle
 
     with app.db.session() as s:
-        q = select(Machine).where(Machine.status == "running", Machine.rate.is_not(None))
+        q = select(Machine).where(Machine.status == S.RUNNING, Machine.rate.is_not(None))
         admits = scope.admitter()
         running = [m for m in s.scalars(q.where(*scope.clauses())) if admits(m.project, m.owner)]
     if not running:
@@ -375,7 +377,7 @@ def _assemble(
         group = team(owner) if team else key[at_by]  # type: ignore[index]
         group_kind.add((group or "—", kind), c, rate, us)
         per_machine.add(name, c, rate, us)
-        if kind == "compute" and gpu:
+        if kind == UsageKind.COMPUTE and gpu:
             gpus.add((gpu, count or 1), c, rate, us)
     lines: dict[str, Line] = {}
     kinds: dict[str, Amounts] = {}
@@ -449,7 +451,7 @@ def _machine_info(usage: Tally, names: set[str]) -> dict[str, dict[str, Any]]:
         owners.add(owner)
         if gpu:
             gpu_names.add(gpu)
-        if kind == "compute":
+        if kind == UsageKind.COMPUTE:
             counts[0] = max(counts[0], count or (1 if gpu else 0))
             counts[1] += us
             machine_rates.add((c, rate))

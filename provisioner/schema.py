@@ -9,7 +9,7 @@ import re
 from datetime import UTC, datetime, timedelta
 from functools import cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:
     import sqlite3
@@ -69,10 +69,152 @@ class IllegalTransition(RuntimeError):
 def check_transition(old: str | None, new: str) -> MachineStatus:
     """``new`` as a :class:`MachineStatus` if a machine may move there from ``old`` (None: a
     new row, which starts ``requested``); else :class:`IllegalTransition`."""
-    to = MachineStatus(new)
-    if to not in (TRANSITIONS[MachineStatus(old)] if old else {S.REQUESTED}):
-        raise IllegalTransition(f"a machine cannot move from {old or 'nothing'} to {to}")
+    return check_move(MachineStatus, old, new)
+
+
+class VolumeStatus(enum.StrEnum):
+    """Where a network disk of a project is (``volumes.status``; ``volume ls`` shows ``in-use``
+    only while a live machine holds it, whatever is stored)."""
+
+    CREATING = "creating"  # the intent, written with its token before the cloud is asked
+    AVAILABLE = "available"  # the cloud made it; attached to no machine yet
+    IN_USE = "in-use"  # attached to a machine (the latest that mounted it)
+    DELETED = "deleted"  # gone from the cloud; its name may be reused
+
+
+V = VolumeStatus
+#: A volume is born ``creating``; an intent whose launch failed is deleted again; nothing comes
+#: back from ``deleted`` (a volume of the same name is a new row).
+VOLUME_TRANSITIONS: dict[VolumeStatus, frozenset[VolumeStatus]] = {
+    V.CREATING: frozenset({V.AVAILABLE, V.DELETED}),
+    V.AVAILABLE: frozenset({V.IN_USE, V.DELETED}),
+    V.IN_USE: frozenset({V.DELETED}),
+    V.DELETED: frozenset(),
+}
+
+
+class DeliveryStatus(enum.StrEnum):
+    """Where one notice to one channel is (``deliveries.status``)."""
+
+    PENDING = "pending"  # queued, not tried yet
+    SENT = "sent"  # the channel took it
+    RETRYING = "retrying"  # a try failed in a way worth another, at ``next_at``
+    FAILED = "failed"  # refused, given up after its tries, or superseded by a later notice
+
+
+D = DeliveryStatus
+#: A notice is queued ``pending``; a mail sent elsewhere is recorded as it went (sent,
+#: retrying or failed). Sent and failed are ends.
+DELIVERY_TRANSITIONS: dict[DeliveryStatus, frozenset[DeliveryStatus]] = {
+    D.PENDING: frozenset({D.SENT, D.RETRYING, D.FAILED}),
+    D.RETRYING: frozenset({D.SENT, D.FAILED}),
+    D.SENT: frozenset(),
+    D.FAILED: frozenset(),
+}
+#: Deliveries still to be tried (at their ``next_at``), and those not delivered (yet).
+DELIVERY_DUE = (D.PENDING, D.RETRYING)
+UNDELIVERED = (D.FAILED, D.RETRYING)
+#: What each vocabulary's rows are born as (None: any of its values).
+_BORN: dict[type[enum.StrEnum], frozenset[Any] | None] = {
+    MachineStatus: frozenset({S.REQUESTED}),
+    VolumeStatus: frozenset({V.CREATING}),
+    DeliveryStatus: None,
+}
+_TABLES: dict[type[enum.StrEnum], dict[Any, frozenset[Any]]] = {
+    MachineStatus: TRANSITIONS,
+    VolumeStatus: VOLUME_TRANSITIONS,
+    DeliveryStatus: DELIVERY_TRANSITIONS,
+}
+
+
+_E = TypeVar("_E", bound=enum.StrEnum)
+
+
+def check_move(vocabulary: type[_E], old: str | None, new: str) -> _E:
+    """``new`` as a member of ``vocabulary`` if a row may move there from ``old`` (None: a new
+    row), by the vocabulary's transition table; else :class:`IllegalTransition`."""
+    to = vocabulary(new)
+    born = _BORN[vocabulary]
+    allowed = _TABLES[vocabulary][vocabulary(old)] if old else (born or frozenset(vocabulary))
+    if to not in allowed:
+        what = vocabulary.__name__.removesuffix("Status").lower()
+        raise IllegalTransition(f"a {what} cannot move from {old or 'nothing'} to {to}")
     return to
+
+
+class EventKind(enum.StrEnum):
+    """What an event of a machine records (``events.kind``): every kind any writer writes.
+    Each :class:`MachineStatus` is also a kind: a move recorded without a kind of its own."""
+
+    REQUESTED = "requested"  # the intent is written (detail: the spec's path)
+    WAITING = "waiting"  # every candidate lacked capacity: waits (detail: since, next_try, until)
+    PENDING = "pending"  # the cloud reports it booting
+    RUNNING = "running"  # the cloud reports it running (reconcile saw it)
+    STOPPING = "stopping"  # the cloud reports it stopping
+    STOPPED = "stopped"  # stopped (by provisioner, the scheduler, or seen stopped)
+    PREEMPTED = "preempted"  # the cloud took the spot machine back
+    TERMINATED = "terminated"  # gone (reason: down, preempted, a policy…)
+    FAILED = "failed"  # an intent that never launched
+    LAUNCHED = "launched"  # a candidate launched (detail: the attempt, instance, key)
+    ADOPTED = "adopted"  # a launch found after a lost answer or a crash, taken as launched
+    LAUNCH_ATTEMPT = "launch-attempt"  # a candidate about to be asked (detail: LaunchAttempt)
+    LAUNCH_FAILED = "launch-failed"  # a candidate refused (reason: the failure class)
+    LAUNCH_UNKNOWN = "launch-unknown"  # a launch with no clear answer the cloud could not settle
+    DUPLICATE = "duplicate"  # a second instance of one launch found (and removed)
+    BOOTED = "booted"  # a pending machine seen running
+    STARTED = "started"  # started again in place (after a stop or a preemption)
+    CANCEL_REQUESTED = "cancel-requested"  # `down` while another process launches it
+    CANCELLED = "cancelled"  # an intent `down` ended before anything launched
+    WAIT_TRY = "wait-try"  # a waiting intent tries its candidates again
+    WAIT_ENDED = "wait-ended"  # a waiting intent launched
+    WAIT_GAVE_UP = "wait-gave-up"  # a wait reached its `until` and failed
+    WAIT_REFUSED = "wait-refused"  # a wait refused (a budget, a policy) and failed
+    JOB_STARTED = "job-started"  # a job started (detail: job, command)
+    JOB_FINISHED = "job-finished"  # a job ended (reason: exited | killed; detail: exit_code)
+    JOB_FAILED = "job-failed"  # the `run` could not be started (detail: error)
+    RUN_DUE = "run-due"  # started again in place: its `run` starts anew
+    AUTOSTOP_SET = "autostop-set"  # `autostop` set by a user
+    AUTOSTOP_CANCELLED = "autostop-cancelled"  # `autostop --cancel`
+    KEPT = "kept"  # `keep` until a time: the scheduler leaves it
+    KEEP_CANCELLED = "keep-cancelled"  # `keep --cancel`
+    STOP_WARNING = "stop-warning"  # its owner was told the scheduler will stop it
+    PREEMPTION_NOTICE = "preemption-notice"  # the cloud announced it will take it back
+    GUARD_STOP = "guard-stop"  # the machine's own guard stopped it (detail: stop.json)
+    RELAUNCHED = "relaunched"  # a preempted machine was replaced (detail: the new machine)
+    RECOVERED = "recovered"  # on the replacement: which machine it replaces
+    RELAUNCH_REFUSED = "relaunch-refused"  # a relaunch refused (a budget, a policy): kept
+    RELAUNCH_GAVE_UP = "relaunch-gave-up"  # relaunching stopped after its tries
+    RECOVER_FAILED = "recover-failed"  # one relaunch try failed (detail: attempt, error)
+    REPLACEMENT_ENDED = "replacement-ended"  # its replacement ended before it ran
+    KEPT_FOR_RELAUNCH = "kept-for-relaunch"  # its disk kept for the replacement
+    VOLUME_ATTACHED = "volume-attached"  # a volume attached (detail: volume, id)
+    VOLUME_MOVED = "volume-moved"  # a volume taken from a preempted machine it replaced
+
+
+class UsageKind(enum.StrEnum):
+    """What a usage interval bills (``usage_intervals.kind``), each at its own rate."""
+
+    COMPUTE = "compute"  # the instance, at the machine's ``rate``
+    DISK = "disk"  # its boot disk, at ``disk_rate`` (also while stopped)
+    ADDRESS = "address"  # its public IPv4 address, at ``address_rate``
+    VOLUME = "volume"  # a network disk, on the volume's ledger row (``models.Volume``)
+
+
+class NoticeKind(enum.StrEnum):
+    """What a budget notice claims, once per policy, period and mark (``budget_notices.kind``):
+    the claim is how two schedulers agree that one of them tells it."""
+
+    ACTUAL = "actual"  # spending reached a threshold (mark: the percent)
+    FORECAST = "forecast"  # the period's forecast reached a threshold (mark: the percent)
+    EXHAUSTED = "exhausted"  # the budget is spent: launches blocked (mark: 100)
+    REPORT = "report"  # a scheduled report was due (mark: when)
+    POLICY_ERROR = "policy-error"  # a policy file failed to load (mark: its digest)
+
+
+#: Events that say a machine runs from then on (how long it has been running).
+RUNNING_SINCE = (EventKind.LAUNCHED, EventKind.ADOPTED, EventKind.STARTED, EventKind.RUNNING)
+#: Events of a launch: the attempt it was, what it was given.
+LAUNCHES = (EventKind.LAUNCHED, EventKind.ADOPTED)
 
 
 class AttemptOutcome(enum.StrEnum):

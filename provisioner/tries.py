@@ -12,6 +12,7 @@ from typing import Any
 from sqlalchemy import select
 
 from provisioner.models import Event
+from provisioner.schema import EventKind as K
 
 BACKOFF = timedelta(minutes=1)  # after the first failed try; doubled per try …
 BACKOFF_MAX = timedelta(hours=1)  # … up to this
@@ -49,22 +50,22 @@ def tries(events: Sequence[Event]) -> Tries:
     t = Tries()
     for e in events:
         d = e.detail or {}
-        if e.kind == "preempted":
+        if e.kind == K.PREEMPTED:
             t = Tries()
-        elif e.kind == "recover-failed":
+        elif e.kind == K.RECOVER_FAILED:
             t.attempts, t.last, t.refusal = t.attempts + 1, utc(e.at), None
-        elif e.kind == "relaunch-refused":
+        elif e.kind == K.RELAUNCH_REFUSED:
             t.attempts += int(d.get("attempts", 1))
             t.last = utc(datetime.fromisoformat(d["last_try"])) if "last_try" in d else utc(e.at)
             t.refusal = e
-        elif e.kind == "relaunch-gave-up":
+        elif e.kind == K.RELAUNCH_GAVE_UP:
             t.gave_up = e
-        elif e.kind == "replacement-ended":
+        elif e.kind == K.REPLACEMENT_ENDED:
             t.replaced_by = None
-        if e.kind == "relaunched" and d.get("kept"):
+        if e.kind == K.RELAUNCHED and d.get("kept"):
             t.replaced_by = str(d.get("machine"))
-        if e.kind in ("relaunched", "started") or (  # started: also in place after preemption
-            e.kind == "terminated" and e.reason not in ("preempted", "relaunch-refused")
+        if e.kind in (K.RELAUNCHED, K.STARTED) or (  # started: also in place after preemption
+            e.kind == K.TERMINATED and e.reason not in ("preempted", "relaunch-refused")
         ):
             t.refusal = None  # relaunched, started or ended by hand: nothing is held any more
     return t

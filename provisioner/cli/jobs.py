@@ -11,6 +11,7 @@ from typing import Any
 import typer
 
 from provisioner.cli import app, err, get_app, out
+from provisioner.schema import MachineStatus as S
 
 POLL_SECONDS = 0.5  # how often a followed job's output is read
 
@@ -36,7 +37,7 @@ def follow(
         # stopped by it keeps its output out of reach)
         ended = jobs.check_ended(application, m)
         job = jobs.jobs_of(application, m).get(job_id)
-        if m.status in ("running", "pending") or application.provider(m.cloud).runs_jobs:
+        if m.status in (S.RUNNING, S.PENDING) or application.provider(m.cloud).runs_jobs:
             chunk = jobs.output(application, m, job_id, offset)
             if chunk:
                 write(chunk)
@@ -86,7 +87,7 @@ def logs(
     known = jobs.jobs_of(application, m)
     if job not in known:
         due = (m.spec or {}).get("run") and jobs.run_due(application, m, after_failure=False)
-        if job == jobs.RUN and m.status in ("pending", "running") and due:
+        if job == jobs.RUN and m.status in (S.PENDING, S.RUNNING) and due:
             raise _user_error(
                 f"{m.name}'s run has not started: it starts once the machine answers SSH "
                 "(the scheduler's reconcile pass starts it)"
@@ -161,11 +162,11 @@ def outcome_line(application: Any, name: str, job: Any) -> str:
         return f"{name}: its job is gone"
     if job.exit_code is None:
         return f"run was killed: {name} is {m.status}"
-    if m.status == "stopped":
+    if m.status == S.STOPPED:
         return (
             f"run exited {job.exit_code}: {name} stopped, compute billing ended "
             f"(its disk bills until `provisioner down {name}`)"
         )
-    if m.status == "terminated":
+    if m.status == S.TERMINATED:
         return f"run exited {job.exit_code}: {name} terminated, billing ended"
     return f"run exited {job.exit_code}: {name} is {m.status} (on_finish: keep)"

@@ -22,6 +22,7 @@ from provisioner.cli import (
 )
 from provisioner.fleet import machine_json
 from provisioner.fleet import money_text as _money
+from provisioner.schema import MachineStatus as S
 
 
 @app.command()
@@ -221,7 +222,7 @@ def up(
         if result.already:  # another `up` of this name won the race
             _already(m, experiment.to_json(), spec, output)
             return
-        if wait and not detach and m.status in ("pending", "running"):
+        if wait and not detach and m.status in (S.PENDING, S.RUNNING):
             with err.status(f"waiting for {m.name}…") if not quiet else nullcontext():
                 m = machines.wait_ready(application, m.name, timeout=wait_timeout, progress=say)
                 _start_due_run(application, m, experiment, say, wait_timeout)
@@ -301,7 +302,7 @@ def _start_due_run(application: Any, m: Any, experiment: Any, say: Any, timeout:
 
     from provisioner.machines import jobs
 
-    if m.status != "running" or not (experiment.run or experiment.setup):
+    if m.status != S.RUNNING or not (experiment.run or experiment.setup):
         return
     deadline = time.monotonic() + timeout
     while jobs.run_due(application, m):
@@ -324,7 +325,7 @@ def _run_resumed(application: Any, m: Any) -> bool:
     from provisioner.spec import Experiment
 
     stored = Experiment.model_validate(m.spec)
-    if m.status != "running" or not stored.run or not jobs.ensure_run(application, m, stored):
+    if m.status != S.RUNNING or not stored.run or not jobs.ensure_run(application, m, stored):
         return False
     out.print(f"{m.name} was launched before; its run had not started: started now")
     _follow_run(application, m.name, stored)
@@ -446,7 +447,7 @@ def _already(m: Any, new_spec: dict[str, Any], path: str, output: Output) -> Non
     """``up`` of a name that exists: nothing launched. The same spec is no error (say how to
     use it); a changed one is (exit 2), with what differs and what to run."""
     diffs = spec_differences(m.spec or {}, new_spec)
-    where = "waiting for capacity" if m.status == "waiting" else f"{m.status} on {m.cloud or '—'}"
+    where = "waiting for capacity" if m.status == S.WAITING else f"{m.status} on {m.cloud or '—'}"
     if output is Output.json:
         print_json({"already": True, "machine": machine_json(m), "differences": diffs})
     elif diffs:
@@ -462,7 +463,7 @@ def _already(m: Any, new_spec: dict[str, Any], path: str, output: Output) -> Non
             f"To launch the new spec: `provisioner down {m.name}` then `provisioner up {path}`"
             + (
                 f" (or `provisioner start {m.name}` to use the old one)"
-                if m.status == "stopped"
+                if m.status == S.STOPPED
                 else ""
             ),
             highlight=False,
@@ -472,10 +473,10 @@ def _already(m: Any, new_spec: dict[str, Any], path: str, output: Output) -> Non
     else:
         hint = (
             f"start it with `provisioner start {m.name}`"
-            if m.status == "stopped"
+            if m.status == S.STOPPED
             else f"follow it with `provisioner up {path} --retry-until-up`, or cancel it with "
             f"`provisioner down {m.name}`"
-            if m.status == "waiting"
+            if m.status == S.WAITING
             else f"see `provisioner status {m.name}`"
         )
         out.print(
@@ -498,7 +499,7 @@ def _interrupted_up(application: Any, name: str, path: str) -> str:
     queued = _queued(application, m)
     if queued is not None:
         return queued
-    if m.status == "requested":
+    if m.status == S.REQUESTED:
         return (
             f"interrupted: {name} is requested (recorded, launch not finished; a machine may "
             f"be starting). Resume with `provisioner up {path}`, or undo with "
@@ -521,12 +522,12 @@ def _queued(application: Any, m: Any) -> str | None:
         m, w = waiting.state(application, m.id)
     except Exception:  # the state itself was mid-write: the plain message
         return None
-    if w is None or m.status not in ("waiting", "requested"):
+    if w is None or m.status not in (S.WAITING, S.REQUESTED):
         return None
     until = at_text(w.until, application.clock.now())
     midway = (
         " (a try was under way: the next one adopts whatever it launched)"
-        if m.status == "requested"
+        if m.status == S.REQUESTED
         else ""
     )
     return (
@@ -556,8 +557,8 @@ def ssh(
 
     application = get_app(ctx)
     m = machines.find(application, name)
-    if m.status != "running" or not m.public_ip:
-        hint = f"`provisioner start {m.name}`" if m.status == "stopped" else "`provisioner status`"
+    if m.status != S.RUNNING or not m.public_ip:
+        hint = f"`provisioner start {m.name}`" if m.status == S.STOPPED else "`provisioner status`"
         raise UserError(f"{m.name} is {m.status} with no address to connect to (see {hint})")
     provider = application.provider(m.cloud)
     with err.status(f"checking that {m.name} answers at {m.public_ip}…"):
@@ -658,14 +659,14 @@ def _fleet(verb: str, fn_name: str, done: str, same: str, applies: tuple[str, ..
             results.append({"name": name, "changed": changed, "machine": machine_json(m)})
             if output is Output.json:
                 continue
-            if before == "waiting" and m.status == "failed":
+            if before == S.WAITING and m.status == S.FAILED:
                 out.print(
                     f"{m.name} was waiting for capacity and was never launched: the wait is "
                     "cancelled and marked failed; nothing of it bills",
                     highlight=False,
                     soft_wrap=True,
                 )
-            elif before == "requested" and m.status == "failed":
+            elif before == S.REQUESTED and m.status == S.FAILED:
                 out.print(
                     f"{m.name} was never launched (an unfinished `up`): its request is "
                     "cancelled and marked failed; nothing of it bills",

@@ -9,6 +9,7 @@ import typer
 
 from policies.duration import format_duration
 from provisioner.cli import OUTPUT, Output, app, err, get_app, out, plural, print_json
+from provisioner.schema import MachineStatus as S
 
 scheduler_app = typer.Typer(help="The scheduler daemon: sweeps, recovery, heartbeats, metrics.")
 app.add_typer(scheduler_app, name="scheduler")
@@ -175,7 +176,7 @@ def _not_due(application: Any, p: Any) -> dict[str, str]:
             m
             for m in s.scalars(
                 select(Machine)
-                .where(Machine.status.in_(("running", "stopped")), Machine.instance_id.is_not(None))
+                .where(Machine.status.in_((S.RUNNING, S.STOPPED)), Machine.instance_id.is_not(None))
                 .order_by(Machine.name)
             )
             if m.name not in acted

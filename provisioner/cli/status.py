@@ -21,6 +21,7 @@ from provisioner.cli import (
 )
 from provisioner.fleet import machine_json, show
 from provisioner.fleet import money_text as _money
+from provisioner.schema import DELIVERY_DUE, UNDELIVERED
 
 
 @app.command()
@@ -296,7 +297,7 @@ def _delivery_json(d: Any) -> dict[str, Any]:
         "machine": d.machine,
         "status": d.status,
         "attempts": d.attempts,
-        "next_try": d.next_at if d.status in ("pending", "retrying") else None,
+        "next_try": d.next_at if d.status in DELIVERY_DUE else None,
         "error": d.error,
     }
 
@@ -340,7 +341,7 @@ def _undelivered(application: Any) -> None:
         counts = dict(
             s.execute(
                 select(Delivery.status, func.count())
-                .where(Delivery.status.in_(("failed", "retrying")))
+                .where(Delivery.status.in_(UNDELIVERED))
                 .group_by(Delivery.status)
             ).all()
         )

@@ -31,10 +31,11 @@ from provisioner import idle, machines, outages
 from provisioner.app import App
 from provisioner.errors import UserError
 from provisioner.models import Event, Heartbeat, Machine
+from provisioner.schema import EventKind as K
 from provisioner.schema import MachineStatus as S
 from provisioner.state import machine as machine_row
 
-JOB_STARTED, JOB_FINISHED = "job-started", "job-finished"
+JOB_STARTED, JOB_FINISHED = K.JOB_STARTED, K.JOB_FINISHED
 
 
 short = short_duration  # 30m, 2h
@@ -109,7 +110,7 @@ def set_autostop(app: App, name: str, duration: str) -> tuple[Machine, Setting]:
         st = setting(app.policies, mm)
         detail = {"seconds": seconds, "applies": st.note}
         at = app.clock.now()
-        s.add(Event(machine_id=m.id, at=at, kind="autostop-set", reason="user", detail=detail))
+        s.add(Event(machine_id=m.id, at=at, kind=K.AUTOSTOP_SET, reason="user", detail=detail))
         return mm, st
 
 
@@ -123,7 +124,7 @@ def cancel_autostop(app: App, name: str) -> tuple[Machine, Setting, bool]:
         if had:
             mm.autostop_seconds = None
             at = app.clock.now()
-            s.add(Event(machine_id=m.id, at=at, kind="autostop-cancelled", reason="user"))
+            s.add(Event(machine_id=m.id, at=at, kind=K.AUTOSTOP_CANCELLED, reason="user"))
         return mm, setting(app.policies, mm), had
 
 

@@ -21,6 +21,7 @@ from provisioner.jobs.lease import HOLDER, leading
 from provisioner.jobs.notices import claim, claimed
 from provisioner.models import Machine
 from provisioner.schema import MachineStatus as S
+from provisioner.schema import NoticeKind
 
 REASON = "budget"
 
@@ -63,8 +64,8 @@ def run(app: App, now: datetime | None = None, *, holder: str = HOLDER) -> list[
         assert b is not None
         done = claimed(app, policy.name, st.period)
         for kind, thresholds, value in (
-            ("actual", b.alerts.actual, st.pct),
-            ("forecast", b.alerts.forecast, st.forecast_pct),
+            (NoticeKind.ACTUAL, b.alerts.actual, st.pct),
+            (NoticeKind.FORECAST, b.alerts.forecast, st.forecast_pct),
         ):
             new = [t for t in thresholds if value >= t and (kind, _mark(t)) not in done]
             if not new:
@@ -73,7 +74,7 @@ def run(app: App, now: datetime | None = None, *, holder: str = HOLDER) -> list[
             a = Action(
                 "alert",
                 policy.name,
-                f"{kind} {st.pct if kind == 'actual' else st.forecast_pct:.0f} % "
+                f"{kind} {st.pct if kind == NoticeKind.ACTUAL else st.forecast_pct:.0f} % "
                 f"(threshold {_shown(top)} %)",
             )
             key = f"budget:{policy.name}:{st.period.start.isoformat()}:{kind}:{_mark(top)}"
@@ -81,7 +82,7 @@ def run(app: App, now: datetime | None = None, *, holder: str = HOLDER) -> list[
             send = None
             if b.recipients:
 
-                def send(st: Status = st, kind: str = kind, top: Decimal = top) -> None:
+                def send(st: Status = st, kind: NoticeKind = kind, top: Decimal = top) -> None:
                     _send_alert(app, st, kind, top, now)
 
                 a.mailed = True
@@ -107,11 +108,11 @@ def run(app: App, now: datetime | None = None, *, holder: str = HOLDER) -> list[
             actions.append(a)
         if not st.exhausted:
             continue
-        if ("exhausted", "100") not in done and claim(
+        if (NoticeKind.EXHAUSTED, "100") not in done and claim(
             app,
             policy.name,
             st.period,
-            [("exhausted", "100")],
+            [(NoticeKind.EXHAUSTED, "100")],
             now,
             None,
             {"spent": str(st.spent.amount), "currency": st.spent.currency},
@@ -159,17 +160,19 @@ def _stop(
     return out
 
 
-def _send_alert(app: App, st: Status, kind: str, threshold: Decimal, now: datetime) -> None:
+def _send_alert(app: App, st: Status, kind: NoticeKind, threshold: Decimal, now: datetime) -> None:
     """A threshold alert: the budget's report in the short template."""
     policy = st.policy
     r = reports.for_budget(app, policy, now, st.period)
     render.email(app, r, policy.budget.recipients, alert=(kind, threshold))  # type: ignore[union-attr]
 
 
-def _alert_notice(st: Status, kind: str, top: Decimal, value: Decimal, key: str) -> notify.Notice:
+def _alert_notice(
+    st: Status, kind: NoticeKind, top: Decimal, value: Decimal, key: str
+) -> notify.Notice:
     what = (
         {"en": "spent", "ru": "потрачено"}
-        if kind == "actual"
+        if kind == NoticeKind.ACTUAL
         else {"en": "forecast", "ru": "прогноз"}
     )
     return notify.Notice(

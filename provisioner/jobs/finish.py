@@ -17,6 +17,7 @@ from provisioner.jobs import ended
 from provisioner.jobs.passes import Action
 from provisioner.machines import jobs
 from provisioner.models import Event, Machine
+from provisioner.schema import MachineStatus as S
 from provisioner.spec import Experiment
 
 REASON = "on-finish"
@@ -27,7 +28,7 @@ def watched(app: App, names: list[str] | None = None) -> list[Machine]:
     the events say still run)."""
     with app.db.session() as s:
         q = select(Machine).where(
-            Machine.status.in_(("running", "pending")),
+            Machine.status.in_((S.RUNNING, S.PENDING)),
             Machine.id.in_(select(Event.machine_id).where(Event.kind == jobs.STARTED)),
         )
         if names is not None:
@@ -39,7 +40,7 @@ def due(app: App, names: list[str] | None = None) -> list[Machine]:
     """Running machines whose experiment's ``run`` is due: a cloud machine launched (or
     started again in place) before it answered SSH."""
     with app.db.session() as s:
-        q = select(Machine).where(Machine.status == "running")
+        q = select(Machine).where(Machine.status == S.RUNNING)
         if names is not None:
             q = q.where(Machine.name.in_(names))
         running = list(s.scalars(q))

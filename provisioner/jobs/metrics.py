@@ -107,12 +107,12 @@ class Metrics:
             labels=["kind", "status"],
         )
         with app.db.session() as s:
-            for kind, outcome, n in s.execute(
+            for channel, outcome, n in s.execute(
                 select(Delivery.kind, Delivery.status, func.count()).group_by(
                     Delivery.kind, Delivery.status
                 )
             ):
-                deliveries.add_metric([kind, outcome], n)
+                deliveries.add_metric([channel, outcome], n)
         yield deliveries
 
 

@@ -15,9 +15,10 @@ from sqlalchemy.exc import IntegrityError
 from provisioner.app import App
 from provisioner.ledger import Period
 from provisioner.models import Notice
+from provisioner.schema import NoticeKind
 
 
-def claimed(app: App, policy: str, period: Period) -> set[tuple[str, str]]:
+def claimed(app: App, policy: str, period: Period) -> set[tuple[NoticeKind, str]]:
     with app.db.session() as s:
         return {
             (n.kind, n.mark)
@@ -31,7 +32,7 @@ def claim(
     app: App,
     policy: str,
     period: Period,
-    marks: list[tuple[str, str]],
+    marks: list[tuple[NoticeKind, str]],
     now: datetime,
     send: Callable[[], None] | None,
     detail: dict[str, Any] | None = None,

@@ -29,6 +29,7 @@ from provisioner.errors import ProvisionerError, UserError
 from provisioner.jobs.lease import HOLDER, Held, run_pass
 from provisioner.jobs.passes import Action, Pass, act
 from provisioner.models import ACTIVE_EXCLUDED, Event, Machine
+from provisioner.schema import EventKind as K
 from provisioner.schema import MachineStatus as S
 from provisioner.spec import Experiment
 from provisioner.state import machine as machine_row
@@ -184,7 +185,7 @@ def _give_up(app: App, m: Machine, action: Action, now: datetime) -> None:
         "error": " ".join(last.split()),
         **({"refused": refused} if refused else {}),
     }
-    machines.record_event(app, m.id, "relaunch-gave-up", reason="preempted", detail=detail)
+    machines.record_event(app, m.id, K.RELAUNCH_GAVE_UP, reason="preempted", detail=detail)
     _tell(app, m, "relaunch-gave-up", f"relaunch-gave-up:{m.id}", why=detail["why"])
     action.why += f"; gave up after {t.attempts} tries"
     action.done = action.done or action.action == "give-up"
@@ -194,7 +195,7 @@ def _to_recover(app: App) -> list[tuple[Machine, Tries]]:
     """Preempted machines, and those lost after a try (terminated to be relaunched, or held
     where the cloud could not keep them) with no machine of that name since; each with its
     tries. Given-up machines are left out: they are no longer retried."""
-    kinds = ("recover-failed", "relaunch-refused")
+    kinds = (K.RECOVER_FAILED, K.RELAUNCH_REFUSED)
     with app.db.session() as s:
         preempted = {
             m.id: m for m in s.scalars(select(Machine).where(Machine.status == S.PREEMPTED))
@@ -204,7 +205,7 @@ def _to_recover(app: App) -> list[tuple[Machine, Tries]]:
         ) | set(
             s.scalars(
                 select(Event.machine_id)
-                .where(Event.kind == "terminated", Event.reason == "preempted")
+                .where(Event.kind == K.TERMINATED, Event.reason == "preempted")
                 .distinct()
             )
         )
@@ -224,15 +225,15 @@ def _to_recover(app: App) -> list[tuple[Machine, Tries]]:
             if m.status != S.TERMINATED:
                 continue
             latest = evs[-1]
-            interrupted = latest.kind == "terminated" and (latest.detail or {}).get("relaunching")
-            held = latest.kind == "terminated" and latest.reason == "relaunch-refused"
+            interrupted = latest.kind == K.TERMINATED and (latest.detail or {}).get("relaunching")
+            held = latest.kind == K.TERMINATED and latest.reason == "relaunch-refused"
             live = s.scalars(
                 select(Machine.status).where(
                     Machine.name == m.name, Machine.status.not_in(ACTIVE_EXCLUDED)
                 )
             ).first()
             # a relaunch killed mid-`up` left its intent "requested": resuming it finishes the job
-            if (latest.kind in kinds or interrupted or held) and live in (None, "requested"):
+            if (latest.kind in kinds or interrupted or held) and live in (None, S.REQUESTED):
                 out.append((m, t))
         return out
 
@@ -332,9 +333,9 @@ def _relaunch(
         detail["kept"] = True
         detail["until"] = f"kept stopped with its disk until {new.id} runs"
         action.why += f"; {m.name} keeps its disk until the new machine runs"
-    machines.record_event(app, m.id, "relaunched", reason="preempted", detail=detail)
+    machines.record_event(app, m.id, K.RELAUNCHED, reason="preempted", detail=detail)
     machines.record_event(
-        app, new.id, "recovered", reason="recovered", detail={"replaces": m.id, "lost_zone": m.zone}
+        app, new.id, K.RECOVERED, reason="recovered", detail={"replaces": m.id, "lost_zone": m.zone}
     )
     _tell(app, m, "relaunched", f"relaunched:{m.id}:{new.id}", where=where)
     if keep and new.status == S.RUNNING:  # it runs already: the old machine's disk may go
@@ -366,7 +367,7 @@ def _release(app: App, m: Machine, exp: Experiment, instead: str | None) -> None
         return
     detail["why"] = "its cloud no longer has it (nor its disk): nothing to terminate"
     machines.transition(
-        app, m.id, S.TERMINATED, event="terminated", reason="preempted", detail=detail
+        app, m.id, S.TERMINATED, event=K.TERMINATED, reason="preempted", detail=detail
     )
 
 
@@ -384,7 +385,7 @@ def _replacement_ended(app: App, m: Machine, t: Tries) -> Tries:
     machines.record_event(
         app,
         m.id,
-        "replacement-ended",
+        K.REPLACEMENT_ENDED,
         reason="preempted",
         detail={"machine": t.replaced_by, "why": "its replacement ended before it ran"},
     )
@@ -434,7 +435,7 @@ def _failed(
     machines.record_event(
         app,
         m.id,
-        "recover-failed",
+        K.RECOVER_FAILED,
         reason="preempted",
         detail={"attempt": attempt, "error": str(e)},
     )
@@ -459,7 +460,7 @@ def _set_aside(app: App, m: Machine) -> Machine:
     machines.record_event(
         app,
         m.id,
-        "kept-for-relaunch",
+        K.KEPT_FOR_RELAUNCH,
         reason="preempted",
         detail={
             "as": name,

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from provisioner.app import App
 from provisioner.errors import ConfigError, ProvisionerError
 from provisioner.location import default_config_path
+from provisioner.schema import NoticeKind
 
 if TYPE_CHECKING:
     from policies.schema import Policy
@@ -30,7 +31,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("provisioner.scheduler")
 
 NOTICE_POLICY = "(policy files)"  # the budget_notices row of a broken set: not a policy's name
-NOTICE_KIND = "policy-error"
+NOTICE_KIND = NoticeKind.POLICY_ERROR
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 #: settings a running scheduler cannot take up: they need a restart
 RESTART = (

@@ -10,6 +10,7 @@ from provisioner import budget, mail, notify, render, reports
 from provisioner.app import App
 from provisioner.jobs.notices import claim, claimed
 from provisioner.ledger import Period
+from provisioner.schema import NoticeKind
 
 GRACE = timedelta(days=1)  # a report due longer ago than this is skipped, not sent late
 
@@ -41,7 +42,7 @@ def run(app: App, now: datetime | None = None) -> list[str]:
         if due is None or period is None:
             continue
         mark = due.astimezone(ZoneInfo("UTC")).isoformat(timespec="minutes")
-        if ("report", mark) in claimed(app, policy.name, period):
+        if (NoticeKind.REPORT, mark) in claimed(app, policy.name, period):
             continue
         key = f"report:{policy.name}:{mark}"
         if policy.notify and (st := budget.status(app, policy, now, period=period)) is not None:
@@ -71,7 +72,12 @@ def run(app: App, now: datetime | None = None) -> list[str]:
         subject = f"report {policy.name} due {mark}"
         try:
             sent = claim(
-                app, policy.name, period, [("report", mark)], now, send if b.recipients else None
+                app,
+                policy.name,
+                period,
+                [(NoticeKind.REPORT, mark)],
+                now,
+                send if b.recipients else None,
             )
             if sent and b.recipients:
                 notify.record_mail(

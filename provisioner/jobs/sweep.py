@@ -24,6 +24,7 @@ from provisioner.jobs.lease import HOLDER, Held, run_pass
 from provisioner.jobs.passes import Action, Pass
 from provisioner.machines import pull
 from provisioner.models import Event, Machine
+from provisioner.schema import EventKind as K
 from provisioner.schema import MachineStatus as S
 from provisioner.state import machine as machine_row
 
@@ -371,11 +372,11 @@ def _warned_first(app: App, m: Machine, action: Action, now: datetime, dry_run: 
         last = s.scalars(
             select(Event)
             .where(
-                Event.machine_id == m.id, Event.kind.in_(("stop-warning", "started", "launched"))
+                Event.machine_id == m.id, Event.kind.in_((K.STOP_WARNING, K.STARTED, K.LAUNCHED))
             )
             .order_by(Event.id.desc())
         ).first()
-    warned = last.at if last is not None and last.kind == "stop-warning" else None
+    warned = last.at if last is not None and last.kind == K.STOP_WARNING else None
     if warned is not None and warned + 2 * wait >= now:
         if now >= warned + wait:
             return action  # warned in time: act
@@ -397,7 +398,7 @@ def _warned_first(app: App, m: Machine, action: Action, now: datetime, dry_run: 
     except ProvisionerError as e:  # a broken mail server must not keep machines running
         detail["mail_error"] = str(e)
         pending.error = str(e)
-    machines.record_event(app, m.id, "stop-warning", reason=action.reason, detail=detail)
+    machines.record_event(app, m.id, K.STOP_WARNING, reason=action.reason, detail=detail)
     key = f"stop-warning:{m.id}:{when.isoformat(timespec='seconds')}"
     done = "stopped" if action.action == "stop" else "terminated"
     subject = f"{m.name} will be {done} at {when:%H:%M} UTC"
@@ -495,7 +496,7 @@ def keep(app: App, name: str, until: str) -> Machine:
             Event(
                 machine_id=m.id,
                 at=now,
-                kind="kept",
+                kind=K.KEPT,
                 reason="user",
                 detail={"until": when.isoformat(), "timezone": str(tz)},
             )
@@ -513,7 +514,7 @@ def unkeep(app: App, name: str) -> tuple[Machine, bool]:
         was = mm.kept_until is not None and mm.kept_until > now
         if mm.kept_until is not None:
             mm.kept_until = None
-            s.add(Event(machine_id=m.id, at=now, kind="keep-cancelled", reason="user"))
+            s.add(Event(machine_id=m.id, at=now, kind=K.KEEP_CANCELLED, reason="user"))
         return mm, was
 
 

@@ -18,6 +18,8 @@ from provisioner.ledger.periods import DAY, Period, hours
 from provisioner.ledger.sums import Scope, total
 from provisioner.models import Event, Machine, UsageInterval
 from provisioner.money import Amounts
+from provisioner.schema import EventKind, UsageKind
+from provisioner.schema import MachineStatus as S
 
 # Stops that were not the scheduler's doing, so they count for no savings.
 NOT_SCHEDULER_STOPS = frozenset({"user", "outside-provisioner", "preempted"})
@@ -94,7 +96,7 @@ def commitments(s: Session, period: Period, now: datetime, scope: Scope = Scope(
             Machine.owner,
             Machine.created_at,
             Machine.spec,
-        ).where(Machine.status == "requested", Machine.rate.is_not(None), *scope.clauses())
+        ).where(Machine.status == S.REQUESTED, Machine.rate.is_not(None), *scope.clauses())
     )
     for rate, disk_rate, address_rate, currency, project, owner, created_at, spec in launching:
         if not admits(project, owner):
@@ -145,7 +147,7 @@ def relaunches(s: Session, period: Period, now: datetime, scope: Scope = Scope()
                 Machine.owner,
                 Machine.launched_at,
                 Machine.spec,
-            ).where(Machine.status == "preempted", Machine.rate.is_not(None), *scope.clauses())
+            ).where(Machine.status == S.PREEMPTED, Machine.rate.is_not(None), *scope.clauses())
         )
         if admits(r.project, r.owner)
         and ((r.spec or {}).get("lifecycle") or {}).get("on_preemption", "relaunch") == "relaunch"
@@ -182,7 +184,7 @@ def savings(
         select(func.min(UsageInterval.started_at))
         .where(
             UsageInterval.machine_id == Event.machine_id,
-            UsageInterval.kind == "compute",
+            UsageInterval.kind == UsageKind.COMPUTE,
             UsageInterval.started_at >= Event.at,
         )
         .scalar_subquery()
@@ -200,7 +202,7 @@ def savings(
         )
         .join(Machine, Machine.id == Event.machine_id)
         .where(
-            Event.kind == "stopped",
+            Event.kind == EventKind.STOPPED,
             Event.reason.is_not(None),
             Event.reason.not_in(NOT_SCHEDULER_STOPS),
             Event.at < to,

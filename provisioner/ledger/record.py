@@ -15,7 +15,14 @@ from sqlalchemy.orm import Session
 from provisioner.ledger.periods import _US, SECONDS_PER_HOUR
 from provisioner.models import Event, Machine, UsageInterval
 from provisioner.money import Money
-from provisioner.schema import ADDRESS_BILLED, COMPUTE_BILLED, DISK_BILLED, MachineStatus
+from provisioner.schema import (
+    ADDRESS_BILLED,
+    COMPUTE_BILLED,
+    DISK_BILLED,
+    EventKind,
+    MachineStatus,
+    UsageKind,
+)
 
 
 def record_transition(
@@ -24,7 +31,7 @@ def record_transition(
     status: MachineStatus,
     at: datetime,
     *,
-    event: str | None = None,
+    event: EventKind | None = None,
     reason: str | None = None,
     detail: dict[str, Any] | None = None,
 ) -> bool:
@@ -34,10 +41,10 @@ def record_transition(
         return False
     m.status = status
     s.add(Event(machine_id=m.id, at=at, kind=event or status, reason=reason, detail=detail or {}))
-    _bill(s, m, "compute", m.rate, status in COMPUTE_BILLED, at)
-    _bill(s, m, "disk", m.disk_rate, status in DISK_BILLED, at)
-    _bill(s, m, "address", m.address_rate, _address_billed(m, status), at)
-    if status == "terminated":
+    _bill(s, m, UsageKind.COMPUTE, m.rate, status in COMPUTE_BILLED, at)
+    _bill(s, m, UsageKind.DISK, m.disk_rate, status in DISK_BILLED, at)
+    _bill(s, m, UsageKind.ADDRESS, m.address_rate, _address_billed(m, status), at)
+    if status == MachineStatus.TERMINATED:
         m.terminated_at = at
     return True
 
@@ -48,7 +55,7 @@ def record_transitions(
     status: MachineStatus,
     at: datetime,
     *,
-    event: str | None = None,
+    event: EventKind | None = None,
     reason: str | None = None,
     details: dict[str, dict[str, Any]] | None = None,
 ) -> dict[str, bool]:
@@ -69,9 +76,9 @@ def record_transitions(
         detail = (details or {}).get(m.id) or {}
         s.add(Event(machine_id=m.id, at=at, kind=event or status, reason=reason, detail=detail))
         for kind, rate, billed in (
-            ("compute", m.rate, status in COMPUTE_BILLED),
-            ("disk", m.disk_rate, status in DISK_BILLED),
-            ("address", m.address_rate, _address_billed(m, status)),
+            (UsageKind.COMPUTE, m.rate, status in COMPUTE_BILLED),
+            (UsageKind.DISK, m.disk_rate, status in DISK_BILLED),
+            (UsageKind.ADDRESS, m.address_rate, _address_billed(m, status)),
         ):
             iv = open_.get((m.id, kind))
             if billed and iv is None and rate is not None:
@@ -82,7 +89,7 @@ def record_transitions(
                 )
             elif not billed and iv is not None:
                 iv.ended_at = max(at, iv.started_at)
-        if status == "terminated":
+        if status == MachineStatus.TERMINATED:
             m.terminated_at = at
     s.flush()
     changed = {m.id for m in moving}
@@ -94,7 +101,7 @@ def _address_billed(m: Machine, status: MachineStatus) -> bool:
 
 
 def _bill(
-    s: Session, m: Machine, kind: str, rate: Decimal | None, billed: bool, at: datetime
+    s: Session, m: Machine, kind: UsageKind, rate: Decimal | None, billed: bool, at: datetime
 ) -> None:
     open_ = s.scalars(
         select(UsageInterval).where(

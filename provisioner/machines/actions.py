@@ -31,7 +31,7 @@ from provisioner.machines.record import (
 from provisioner.models import ACTIVE_EXCLUDED, Event, Machine
 from provisioner.money import Money
 from provisioner.planner import Candidate
-from provisioner.schema import INTENTS, MachineStatus
+from provisioner.schema import INTENTS, EventKind, MachineStatus
 from provisioner.spec import Experiment
 from provisioner.state import LockBusy, named_machine
 from provisioner.state import machine as machine_row
@@ -54,7 +54,7 @@ def stop(
             f"as one-time requests): `provisioner down {m.name}` ends its billing"
         )
     provider_call(app, m, "stop")
-    return transition(app, m.id, S.STOPPED, event="stopped", reason=reason, detail=detail)
+    return transition(app, m.id, S.STOPPED, event=EventKind.STOPPED, reason=reason, detail=detail)
 
 
 def start(app: App, name: str, *, reason: str = "user") -> tuple[Machine, bool]:
@@ -106,7 +106,9 @@ def _start(
         _attach(app, m)  # before the boot, which mounts what fstab names
         app.provider(m.cloud or "").start(ref(m))
         crashpoint("after-start")  # the cloud acted, the state does not know yet
-        return transition(app, m.id, S.RUNNING, event="started", reason=reason, detail=detail)
+        return transition(
+            app, m.id, S.RUNNING, event=EventKind.STARTED, reason=reason, detail=detail
+        )
 
 
 def _attach(app: App, m: Machine) -> None:
@@ -158,7 +160,7 @@ def hold(
     (``event_id``, that event) updates its numbers in place rather than adding a row."""
     detail = {"refused": why, "why": " ".join(why.split()), **(detail or {})}
     if event_id is None:
-        record_event(app, m.id, "relaunch-refused", reason="preempted", detail=detail)
+        record_event(app, m.id, EventKind.RELAUNCH_REFUSED, reason="preempted", detail=detail)
     else:
         with app.db.session() as s:
             e = s.get(Event, event_id)
@@ -189,7 +191,7 @@ def down(
         # an `up` (or a try of a waiting intent) may be launching it right now: it will see
         # this and terminate what it launches; we wait for it on the intent's lock (at once
         # if no `up` runs)
-        record_event(app, m.id, "cancel-requested", reason=reason)
+        record_event(app, m.id, EventKind.CANCEL_REQUESTED, reason=reason)
         try:
             with app.db.lock(f"intent-{m.id}", timeout=DOWN_WAIT_SECONDS):
                 with app.db.session() as s:
@@ -199,11 +201,18 @@ def down(
                 if m.status in INTENTS:
                     adopted = adopt(app, m, lambda _: None)
                     if adopted is None:
-                        return transition(app, m.id, S.FAILED, event="cancelled", reason=reason)
+                        return transition(
+                            app, m.id, S.FAILED, event=EventKind.CANCELLED, reason=reason
+                        )
                     m = adopted
                 provider_call(app, m, "terminate")
                 return transition(
-                    app, m.id, S.TERMINATED, event="terminated", reason=reason, detail=detail
+                    app,
+                    m.id,
+                    S.TERMINATED,
+                    event=EventKind.TERMINATED,
+                    reason=reason,
+                    detail=detail,
                 )
         except LockBusy:
             raise OperationFailed(
@@ -211,7 +220,9 @@ def down(
                 f"terminate what it launches (see `provisioner status --all`)"
             ) from None
     provider_call(app, m, "terminate")
-    return transition(app, m.id, S.TERMINATED, event="terminated", reason=reason, detail=detail)
+    return transition(
+        app, m.id, S.TERMINATED, event=EventKind.TERMINATED, reason=reason, detail=detail
+    )
 
 
 @dataclass
@@ -287,7 +298,9 @@ def act_many(
             out[m.id] = settled
         else:
             by_cloud.setdefault(m.cloud or "", []).append(m)
-    status, event = (S.STOPPED, "stopped") if op == "stop" else (S.TERMINATED, "terminated")
+    status, event = (
+        (S.STOPPED, EventKind.STOPPED) if op == "stop" else (S.TERMINATED, EventKind.TERMINATED)
+    )
     for cloud, ms in by_cloud.items():
         done = []
         for m, err in _batch(app, cloud, ms, op):
@@ -380,7 +393,7 @@ def wait_ready(
             mm = machine_row(s, m.id)
             mm.public_ip = inst.public_ip
             ledger.record_transition(
-                s, mm, S.RUNNING, app.clock.now(), event="booted", reason="launched"
+                s, mm, S.RUNNING, app.clock.now(), event=EventKind.BOOTED, reason="launched"
             )
         progress(f"{m.name} runs at {inst.public_ip}; waiting for SSH…")
         left = max(deadline - time.monotonic(), 0)

@@ -26,10 +26,11 @@ from provisioner.app import App
 from provisioner.errors import OperationFailed, UserError
 from provisioner.machines.record import find, record_event, ref
 from provisioner.models import Event, Machine
+from provisioner.schema import EventKind, MachineStatus
 from provisioner.spec import Experiment
 
 RUN = "run"
-STARTED, FINISHED, FAILED = "job-started", "job-finished", "job-failed"
+STARTED, FINISHED, FAILED = EventKind.JOB_STARTED, EventKind.JOB_FINISHED, EventKind.JOB_FAILED
 MAX_FILES = 10_000  # a workdir is code and configs; data belongs on a volume
 # provisioner-job's exit when a volume of the machine is not mounted and the job was not run
 # (templates/provisioner-job.sh, pv_volumes): its end is recorded with that reason
@@ -205,12 +206,12 @@ def _answers(app: App, m: Machine) -> bool:
     from providers.base import port_open
     from provisioner.machines.remote import ssh_port
 
-    if m.status != "running" or not m.public_ip:
+    if m.status != MachineStatus.RUNNING or not m.public_ip:
         return False
     return port_open(m.public_ip, ssh_port(app.provider(m.cloud or "")), 3)
 
 
-DUE = "run-due"  # the machine was started again in place: its `run` starts anew
+DUE = EventKind.RUN_DUE  # the machine was started again in place: its `run` starts anew
 
 
 def run_due(app: App, m: Machine, *, after_failure: bool = True) -> bool:
@@ -250,7 +251,7 @@ def sync(app: App, name: str) -> tuple[int, str, str]:
     """The experiment's ``workdir`` copied again to its running machine (rsync over SSH on a
     cloud: only what changed travels). (files, how they were chosen, the folder)."""
     m = find(app, name)
-    if m.status != "running":
+    if m.status != MachineStatus.RUNNING:
         raise UserError(f"{m.name} is {m.status}: `sync` needs it running")
     workdir = Experiment.model_validate(m.spec).workdir
     if not workdir:
@@ -266,7 +267,7 @@ def sync(app: App, name: str) -> tuple[int, str, str]:
 def exec_job(app: App, name: str, command: str) -> str:
     """Another detached job on a running machine, with the experiment's env; its id."""
     m = find(app, name)
-    if m.status != "running":
+    if m.status != MachineStatus.RUNNING:
         raise UserError(f"{m.name} is {m.status}: `exec` needs it running")
     env = Experiment.model_validate(m.spec).env
     with app.db.lock(f"jobs-{m.id}"):  # concurrent execs: one id each
@@ -304,7 +305,10 @@ def jobs_of(app: App, m: Machine) -> dict[str, Job]:
 def state(app: App, m: Machine, job_id: str) -> JobState:
     """The job's state, from the machine. A cloud machine that is down killed its jobs; one
     that does not answer raises OperationFailed ("could not ask"), never "ended"."""
-    if m.status not in ("running", "pending") and not app.provider(m.cloud or "").runs_jobs:
+    if (
+        m.status not in (MachineStatus.RUNNING, MachineStatus.PENDING)
+        and not app.provider(m.cloud or "").runs_jobs
+    ):
         return JobState(False, None)
     try:
         return runner(app, m).job_state(job_id)
@@ -343,10 +347,17 @@ def _check_ended(app: App, m: Machine) -> list[Job]:
 
 def output(app: App, m: Machine, job_id: str, offset: int = 0) -> bytes:
     """The job's output from ``offset``, kept on the machine (a cloud machine must be up)."""
-    if m.status not in ("running", "pending") and not app.provider(m.cloud or "").runs_jobs:
+    if (
+        m.status not in (MachineStatus.RUNNING, MachineStatus.PENDING)
+        and not app.provider(m.cloud or "").runs_jobs
+    ):
         raise UserError(
             f"{m.name} is {m.status}: its jobs' output is kept on the machine "
-            + (f"(`provisioner start {m.name}` to read it)" if m.status == "stopped" else "")
+            + (
+                f"(`provisioner start {m.name}` to read it)"
+                if m.status == MachineStatus.STOPPED
+                else ""
+            )
         )
     try:
         return runner(app, m).job_output(job_id, offset)

@@ -57,7 +57,7 @@ from provisioner.machines.record import provider_call, record_event, set_rates, 
 from provisioner.models import Event, Machine, new_id
 from provisioner.money import Rates
 from provisioner.planner import Candidate, Plan
-from provisioner.schema import AttemptOutcome, MachineStatus
+from provisioner.schema import AttemptOutcome, EventKind, MachineStatus
 from provisioner.spec import Experiment
 from provisioner.state import live_machine
 from provisioner.state import machine as machine_row
@@ -169,7 +169,14 @@ def _write_intent(
             set_rates(app, m, first.offer.cloud, first.price.currency)
             s.add(m)
             s.flush()
-            s.add(Event(machine_id=m.id, at=now, kind="requested", detail={"spec_path": spec_path}))
+            s.add(
+                Event(
+                    machine_id=m.id,
+                    at=now,
+                    kind=EventKind.REQUESTED,
+                    detail={"spec_path": spec_path},
+                )
+            )
         return m, False
     except IntegrityError:  # another `up` of this name won the race
         with app.db.session() as s:
@@ -238,7 +245,7 @@ def launch_intent(
         request = replace(
             request, guard=boot.guard_of(app, machine.id, experiment, provider.ssh_user)
         )
-        record_event(app, machine.id, "launch-attempt", detail=attempt.to_json())
+        record_event(app, machine.id, EventKind.LAUNCH_ATTEMPT, detail=attempt.to_json())
         crashpoint("before-launch")
         try:
             instance = app.provider(o.cloud).launch(request)
@@ -246,7 +253,7 @@ def launch_intent(
             found = _launched_after_all(app, machine, cand, err, progress)
             if found:
                 attempts.append(attempt.ended(AttemptOutcome.LAUNCHED))
-                adopted = _record(app, machine.id, found[0], attempt, "adopted", key)
+                adopted = _record(app, machine.id, found[0], attempt, EventKind.ADOPTED, key)
                 _end_duplicates(app, adopted, found[1:])
                 return UpResult(_finish(app, adopted, experiment), attempts=attempts, plan=plan)
             attempts.append(_failed(app, machine, attempt, blocked.add(cand, err), err))
@@ -256,7 +263,7 @@ def launch_intent(
             continue
         crashpoint("after-launch")
         attempts.append(attempt.ended(AttemptOutcome.LAUNCHED))
-        launched = _record(app, machine.id, instance, attempt, "launched", key)
+        launched = _record(app, machine.id, instance, attempt, EventKind.LAUNCHED, key)
         return UpResult(_finish(app, launched, experiment), attempts=attempts, plan=plan)
 
     tried = [a for a in attempts if a.outcome != AttemptOutcome.SKIPPED]
@@ -280,7 +287,7 @@ def _failed(
     record_event(
         app,
         machine.id,
-        "launch-failed",
+        EventKind.LAUNCH_FAILED,
         reason=failed.outcome,
         detail={**failed.to_json(), "error": str(err), "code": getattr(err, "code", None)},
     )
@@ -320,7 +327,7 @@ def cancel_requested(app: App, machine_id: str) -> bool:
         return (
             s.scalars(
                 select(Event.id).where(
-                    Event.machine_id == machine_id, Event.kind == "cancel-requested"
+                    Event.machine_id == machine_id, Event.kind == EventKind.CANCEL_REQUESTED
                 )
             ).first()
             is not None
@@ -329,7 +336,7 @@ def cancel_requested(app: App, machine_id: str) -> bool:
 
 def _unless_cancelled_before(app: App, m: Machine) -> None:
     if cancel_requested(app, m.id):
-        transition(app, m.id, S.FAILED, event="cancelled", reason="down")
+        transition(app, m.id, S.FAILED, event=EventKind.CANCELLED, reason="down")
         raise OperationFailed(f"{m.name}: taken down before it was launched")
 
 
@@ -340,7 +347,12 @@ def _unless_cancelled(app: App, m: Machine) -> Machine:
         return m
     provider_call(app, m, "terminate")
     transition(
-        app, m.id, S.TERMINATED, event="terminated", reason="down", detail={"while": "launching"}
+        app,
+        m.id,
+        S.TERMINATED,
+        event=EventKind.TERMINATED,
+        reason="down",
+        detail={"while": "launching"},
     )
     raise OperationFailed(
         f"{m.name}: taken down while it was launched; {m.instance_id} is terminated"
@@ -370,7 +382,7 @@ def _launched_after_all(
         )
     except ProviderError as e:
         record_event(
-            app, machine.id, "launch-unknown", detail={"where": cand.where, "error": str(e)}
+            app, machine.id, EventKind.LAUNCH_UNKNOWN, detail={"where": cand.where, "error": str(e)}
         )
         raise OperationFailed(
             f"{machine.name}: the launch in {cand.where} got no clear answer ({err}) and the "
@@ -393,7 +405,9 @@ def adopt(
         tried = [
             LaunchAttempt.from_json(e.detail)
             for e in s.scalars(
-                select(Event).where(Event.machine_id == machine.id, Event.kind == "launch-attempt")
+                select(Event).where(
+                    Event.machine_id == machine.id, Event.kind == EventKind.LAUNCH_ATTEMPT
+                )
             )
         ]
     by_cloud: dict[str, set[str]] = {}
@@ -419,7 +433,7 @@ def adopt(
             if attempt is None:
                 continue
             progress(f"found {inst.id} launched by an interrupted run; adopting it")
-            adopted = _record(app, machine.id, inst, attempt, "adopted", key)
+            adopted = _record(app, machine.id, inst, attempt, EventKind.ADOPTED, key)
             _end_duplicates(app, adopted, [i for i in live if i.id != inst.id])
             return adopted
     return None
@@ -437,7 +451,7 @@ def _end_duplicates(app: App, m: Machine, extra: list[Instance]) -> None:
         record_event(
             app,
             m.id,
-            "duplicate",
+            EventKind.DUPLICATE,
             reason="adopted",
             detail={"instance_id": inst.id, "kept": m.instance_id, "still_running": running},
         )
@@ -496,7 +510,7 @@ def _record(
     machine_id: str,
     inst: Instance,
     attempt: LaunchAttempt,
-    event: str,
+    event: EventKind,
     key: keys.Key | None = None,
 ) -> Machine:
     """The machine ``attempt`` launched (``event``: launched, or adopted after a lost answer

@@ -44,6 +44,7 @@ from provisioner.machines import jobs
 from provisioner.machines.record import record_event, ref
 from provisioner.machines.remote import Remote
 from provisioner.models import Event, Heartbeat, Machine
+from provisioner.schema import LAUNCHES, EventKind
 from provisioner.schema import MachineStatus as S
 
 REPORT_SECONDS = 15.0  # one machine's answer, connection included
@@ -55,8 +56,8 @@ MAX_JOBS = 256
 MAX_TEXT = 500
 MAX_SKEW = timedelta(minutes=5)  # the machine's clock against ours (as a signed heartbeat)
 KEEP = timedelta(days=1)  # heartbeats kept (the sweep prunes older): older samples are dropped
-GUARD_STOP = "guard-stop"  # the event of a stop the machine's own guard made (stop.json)
-LAUNCH_EVENTS = ("launched", "adopted")
+GUARD_STOP = EventKind.GUARD_STOP  # the event of a stop the machine's own guard made (stop.json)
+LAUNCH_EVENTS = LAUNCHES
 JOB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 TIME = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d{1,6})?(Z|\+00:00)")
 REASONS = ("autostop", "on-finish", "max-lifetime")

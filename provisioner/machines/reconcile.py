@@ -19,7 +19,7 @@ from provisioner.idle import NOTICE_EVENT
 from provisioner.machines import guard_stops
 from provisioner.machines.record import ref
 from provisioner.models import ACTIVE_EXCLUDED, Event, Heartbeat, Machine, UsageInterval
-from provisioner.schema import COMPUTE_BILLED, INTENTS, MachineStatus, observed
+from provisioner.schema import COMPUTE_BILLED, INTENTS, EventKind, MachineStatus, observed
 
 log = logging.getLogger("provisioner")
 S = MachineStatus
@@ -251,7 +251,13 @@ def _record(
             detail.update(explained.detail)
             guard_stops.record_jobs(s, row, explained, at)
         changed = ledger.record_transition(
-            s, row, status, at, event="booted" if booted else None, reason=reason, detail=detail
+            s,
+            row,
+            status,
+            at,
+            event=EventKind.BOOTED if booted else None,
+            reason=reason,
+            detail=detail,
         )
         who = (row.id, row.name, f"{row.cloud} {row.zone or row.region}", row.project, row.owner)
         seen = Observation(row, status, changed)

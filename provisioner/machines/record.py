@@ -12,7 +12,7 @@ from provisioner import catalog, ledger
 from provisioner.app import App
 from provisioner.crashpoints import crashpoint
 from provisioner.errors import OperationFailed, UserError
-from provisioner.models import Event, Machine, MachineStatus
+from provisioner.models import Event, EventKind, Machine, MachineStatus
 from provisioner.state import live_machine
 from provisioner.state import machine as machine_row
 
@@ -43,7 +43,7 @@ def can_stop(m: Machine) -> bool:
 def record_event(
     app: App,
     machine_id: str,
-    kind: str,
+    kind: EventKind,
     *,
     reason: str | None = None,
     detail: dict[str, Any] | None = None,

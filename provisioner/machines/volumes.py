@@ -54,12 +54,12 @@ from provisioner.models import (
 )
 from provisioner.money import Money
 from provisioner.planner import Candidate
-from provisioner.schema import MachineStatus
+from provisioner.schema import EventKind, MachineStatus, UsageKind, VolumeStatus
 from provisioner.spec import Experiment, VolumeSpec
 
 S = MachineStatus
 TAG_VOLUME = "provisioner-volume"  # the state's id of a volume, on the cloud's disk
-KIND = "volume"  # its usage intervals' kind
+KIND = UsageKind.VOLUME  # its usage intervals' kind
 
 
 @dataclass(frozen=True)
@@ -82,7 +82,7 @@ def live(
     s: Session, project: str | None = None, names: Iterable[str] | None = None
 ) -> list[Volume]:
     """The volumes not deleted, of ``project`` (every project: None) and ``names``."""
-    q = select(Volume).where(Volume.status != "deleted")
+    q = select(Volume).where(Volume.status != VolumeStatus.DELETED)
     if project is not None:
         q = q.where(Volume.project == project)
     if names is not None:
@@ -171,7 +171,7 @@ def _ready(
         )
     # never attached to a machine, it holds no data: removed again if this launch fails
     empty = v.attached_machine_id is None
-    if v.status != "creating":
+    if v.status != VolumeStatus.CREATING:
         try:
             cv = _service(app, v.cloud).get(vref(v))
         except NotFound:
@@ -230,7 +230,7 @@ def _write_intent(
                 zone=o.zone,
                 size_gb=spec.size_gb,
                 token=f"pv-{vid}",
-                status="creating",
+                status=VolumeStatus.CREATING,
                 rate=rate,
                 currency=currency,
                 created_at=now,
@@ -272,7 +272,7 @@ def _create(app: App, v: Volume) -> CloudVolume:
         row = s.get(Volume, v.id)
         assert row is not None
         row.volume_id, row.region, row.zone = cv.id, cv.region, cv.zone or row.zone
-        row.status = "available"
+        row.status = VolumeStatus.AVAILABLE
         if row.rate is not None:
             s.add(
                 UsageInterval(
@@ -316,7 +316,7 @@ def _deleted(app: App, row_id: str) -> None:
     with app.db.session() as s:
         v = s.get(Volume, row_id)
         assert v is not None
-        v.status, v.deleted_at = "deleted", now
+        v.status, v.deleted_at = VolumeStatus.DELETED, now
         m = s.get(Machine, row_id)
         if m is not None:
             m.terminated_at = now
@@ -403,7 +403,7 @@ def attach(app: App, machine_id: str, experiment: Experiment) -> list[str]:
                 record_event(
                     app,
                     m.id,
-                    "volume-moved",
+                    EventKind.VOLUME_MOVED,
                     detail={
                         "volume": v.name,
                         "from": name,
@@ -427,8 +427,10 @@ def attach(app: App, machine_id: str, experiment: Experiment) -> list[str]:
         with app.db.session() as s:
             row = s.get(Volume, v.id)
             assert row is not None
-            row.status, row.attached_machine_id = "in-use", m.id
-        record_event(app, m.id, "volume-attached", detail={"volume": v.name, "id": v.volume_id})
+            row.status, row.attached_machine_id = VolumeStatus.IN_USE, m.id
+        record_event(
+            app, m.id, EventKind.VOLUME_ATTACHED, detail={"volume": v.name, "id": v.volume_id}
+        )
         done.append(v.name)
     return done
 
@@ -445,10 +447,10 @@ class Listed:
     spent: list[Money]
 
     @property
-    def status(self) -> str:
-        if self.volume.status == "creating":
-            return "creating"
-        return "in-use" if self.attached_to else "available"
+    def status(self) -> VolumeStatus:
+        if self.volume.status == VolumeStatus.CREATING:
+            return VolumeStatus.CREATING
+        return VolumeStatus.IN_USE if self.attached_to else VolumeStatus.AVAILABLE
 
     def as_json(self) -> dict[str, Any]:
         v = self.volume

@@ -42,7 +42,7 @@ from provisioner.machines.attempts import LaunchAttempt
 from provisioner.machines.record import provider_call, set_rates, transition
 from provisioner.models import Event, Machine
 from provisioner.planner import Candidate
-from provisioner.schema import INTENTS, AttemptOutcome, MachineStatus
+from provisioner.schema import INTENTS, AttemptOutcome, EventKind, MachineStatus
 from provisioner.spec import Experiment
 from provisioner.state import LockBusy, live_machine
 from provisioner.state import machine as machine_row
@@ -85,7 +85,7 @@ def _utc(at: datetime) -> datetime:
 
 def wait_of(events: list[Event]) -> Wait | None:
     """The wait of an intent with these ``events`` (oldest first); None: it never waited."""
-    latest = next((e for e in reversed(events) if e.kind == "waiting"), None)
+    latest = next((e for e in reversed(events) if e.kind == EventKind.WAITING), None)
     return None if latest is None else _wait(latest.detail or {})
 
 
@@ -116,7 +116,7 @@ def queued(app: App) -> list[tuple[Machine, Wait]]:
     ``waiting`` event: its process died, or still runs — the intent's lock tells), with its
     wait; oldest first."""
     with app.db.session() as s:
-        in_wait = select(Event.machine_id).where(Event.kind == "waiting")
+        in_wait = select(Event.machine_id).where(Event.kind == EventKind.WAITING)
         ids = list(
             s.scalars(
                 select(Machine.id)
@@ -163,7 +163,9 @@ def settle(app: App, wait: timedelta | None) -> launch.NoCapacity:
             f"no capacity in {plural(len(full), 'candidate')} tried ({', '.join(full[:6])}"
             f"{', …' if len(full) > 6 else ''}); {waiting_line(detail, now)}"
         )
-        transition(app, m.id, S.WAITING, event="waiting", reason="no-capacity", detail=detail)
+        transition(
+            app, m.id, S.WAITING, event=EventKind.WAITING, reason="no-capacity", detail=detail
+        )
         raise StillWaiting(f"{m.name}: round {rounds}: {detail['why']}", m.id, _wait(detail))
 
     return no_capacity
@@ -188,7 +190,9 @@ def _give_up(app: App, m: Machine, since: datetime, until: datetime, rounds: int
             + ", perhaps with more clouds, regions or GPU types allowed.\n",
         )
     )
-    transition(app, m.id, S.FAILED, event="wait-gave-up", reason="no-capacity", detail=detail)
+    transition(
+        app, m.id, S.FAILED, event=EventKind.WAIT_GAVE_UP, reason="no-capacity", detail=detail
+    )
     raise OperationFailed(f"{m.name}: {why}; nothing bills")
 
 
@@ -210,7 +214,7 @@ def _refused(app: App, m: Machine, err: UserError) -> NoReturn:
             f"{err}\n\nNothing of it bills.\n",
         )
     )
-    transition(app, m.id, S.FAILED, event="wait-refused", reason=by, detail=detail)
+    transition(app, m.id, S.FAILED, event=EventKind.WAIT_REFUSED, reason=by, detail=detail)
     raise UserError(f"{m.name}: {why}")
 
 
@@ -235,7 +239,11 @@ def _launched(app: App, m: Machine, w: Wait) -> None:
         )
     )
     with app.db.session() as s:
-        s.add(Event(machine_id=m.id, at=now, kind="wait-ended", reason="launched", detail=detail))
+        s.add(
+            Event(
+                machine_id=m.id, at=now, kind=EventKind.WAIT_ENDED, reason="launched", detail=detail
+            )
+        )
     key = f"launched:{m.id}"
     notify.record_mail(
         app, key, "launched", [m.owner], f"{m.name} launched after waiting for capacity",
@@ -328,10 +336,10 @@ def _cancelled(app: App, m: Machine, progress: launch.Progress) -> NoReturn:
     then finds it done."""
     adopted = launch.adopt(app, m, progress) if m.status == S.REQUESTED else None
     if adopted is None:
-        transition(app, m.id, S.FAILED, event="cancelled", reason="down")
+        transition(app, m.id, S.FAILED, event=EventKind.CANCELLED, reason="down")
         raise OperationFailed(f"{m.name}: taken down before it was launched")
     provider_call(app, adopted, "terminate")
-    transition(app, m.id, S.TERMINATED, event="terminated", reason="down")
+    transition(app, m.id, S.TERMINATED, event=EventKind.TERMINATED, reason="down")
     raise OperationFailed(f"{m.name}: taken down; {adopted.instance_id} is terminated")
 
 
@@ -347,7 +355,7 @@ def _requested(app: App, m: Machine, first: Candidate, w: Wait) -> Machine:
             row,
             S.REQUESTED,
             app.clock.now(),
-            event="wait-try",
+            event=EventKind.WAIT_TRY,
             reason="no-capacity",
             detail={"round": w.rounds + 1, "why": f"try {w.rounds + 1} of the wait for capacity"},
         )

@@ -14,12 +14,16 @@ from sqlalchemy import func, select
 
 from provisioner.errors import UserError
 from provisioner.models import Delivery, Notice
+from provisioner.schema import DELIVERY_DUE, UNDELIVERED
+from provisioner.schema import DeliveryStatus as D
+from provisioner.schema import NoticeKind as N
 
 if TYPE_CHECKING:
     from provisioner.app import App
 
-STATUSES = ("sent", "retrying", "failed", "pending", "unsent")
-UNDELIVERED = ("failed", "retrying")
+UNSENT = "unsent"  # a filter, not a delivery's status: a notice no channel was given
+STATUSES = (D.SENT, D.RETRYING, D.FAILED, D.PENDING, UNSENT)
+THRESHOLDS = (N.ACTUAL, N.FORECAST)  # the notices of a threshold reached (their mark: percent)
 PAGE = 50
 
 
@@ -53,12 +57,12 @@ def _what(key: str, topic: str) -> tuple[str, str | None]:
     ``budget:P:START:exhausted|…``, ``report:P:DUE|…``): the notice's kind and threshold."""
     head = key.partition("|")[0]
     if head.startswith("budget:"):
-        if head.endswith(":exhausted"):
-            return "exhausted", None
+        if head.endswith(f":{N.EXHAUSTED}"):
+            return N.EXHAUSTED, None
         _, kind, mark = head.rsplit(":", 2)
-        if kind in ("actual", "forecast"):
+        if kind in THRESHOLDS:
             return kind, _percent(mark)
-    return ("report" if topic == "report" else topic), None
+    return topic, None
 
 
 def _percent(mark: str) -> str | None:
@@ -70,10 +74,10 @@ def _percent(mark: str) -> str | None:
 
 def _notice_key(n: Notice) -> str:
     """The key head of the delivery a budget notice makes (see :mod:`provisioner.jobs`)."""
-    if n.kind == "report":
+    if n.kind == N.REPORT:
         return f"report:{n.policy}:{n.mark}"
     start = n.period_start.isoformat()
-    if n.kind == "exhausted":
+    if n.kind == N.EXHAUSTED:
         return f"budget:{n.policy}:{start}:exhausted"
     return f"budget:{n.policy}:{start}:{n.kind}:{n.mark}"
 
@@ -82,7 +86,7 @@ def _unsent(app: App, budget: str | None) -> list[Alert]:
     """Budget notices no delivery came of: those claimed together (one pass: the same policy,
     kind, period and time) are one alert, told once for its highest threshold."""
     with app.db.session() as s:
-        q = select(Notice).where(Notice.kind.in_(("actual", "forecast", "exhausted", "report")))
+        q = select(Notice).where(Notice.kind.in_((*THRESHOLDS, N.EXHAUSTED, N.REPORT)))
         if budget:
             q = q.where(Notice.policy == budget)
         notices = list(s.scalars(q))
@@ -98,8 +102,8 @@ def _unsent(app: App, budget: str | None) -> list[Alert]:
         if any(_notice_key(n) in told for n in group):
             continue
         marks = [m for n in group if (m := _percent(n.mark)) is not None]
-        top = max(marks, key=Decimal) if kind in ("actual", "forecast") and marks else None
-        out.append(Alert(at, policy, kind, top, None, "", "unsent"))
+        top = max(marks, key=Decimal) if kind in THRESHOLDS and marks else None
+        out.append(Alert(at, policy, kind, top, None, "", UNSENT))
     return out
 
 
@@ -118,7 +122,7 @@ def alerts(app: App, q: dict[str, str]) -> Alerts:
         raise UserError(f"page: a number from 1 (not {q.get('page', '')[:40]!r})") from None
     wanted = page * PAGE + 1
     rows: list[Alert] = []
-    if status != "unsent":
+    if status != UNSENT:
         with app.db.session() as s:
             dq = select(Delivery)
             if budget:
@@ -140,10 +144,10 @@ def alerts(app: App, q: dict[str, str]) -> Alerts:
                         d.error,
                         d.subject,
                         d.machine,
-                        d.next_at if d.status in ("pending", "retrying") else None,
+                        d.next_at if d.status in DELIVERY_DUE else None,
                     )
                 )
-    if status in (None, "unsent"):
+    if status in (None, UNSENT):
         rows += _unsent(app, budget)
     rows.sort(key=lambda a: a.at, reverse=True)
     filters = {k: v for k, v in (("budget", budget), ("status", status)) if v}

@@ -18,6 +18,7 @@ from provisioner.errors import UserError
 from provisioner.jobs import outlook, sweep
 from provisioner.money import Money, Rates
 from provisioner.render import Fmt
+from provisioner.schema import MachineStatus as S
 from provisioner.views.status import MachineDetail, machine_detail, monies, read_fleet
 from provisioner.views.summary import COUNTS, IdleMachine, Summary, burn, summary
 
@@ -202,7 +203,7 @@ def _moves(app: App, now: datetime, f: Fmt, rows: list[Row], listed: Mapping[str
         listed_row = listed.get(m.id)
         row.why = (
             listed_row.why
-            if m.status == "waiting" and listed_row is not None and listed_row.why
+            if m.status == S.WAITING and listed_row is not None and listed_row.why
             else _why_up(a, now, f)
         )
         row.tz = _tz(a)
@@ -372,7 +373,7 @@ def _why_up(a: sweep.Assessment, now: datetime, f: Fmt) -> str:
     m = a.machine
     if m.kept_until is not None and m.kept_until > now:
         return f.t("dash_why_kept", when=when(f, m.kept_until, now, _tz(a)))
-    if m.status != "running":
+    if m.status != S.RUNNING:
         try:
             return f.t(f"dash_state_{m.status}")
         except KeyError:

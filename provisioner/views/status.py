@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING, Any
 
 from provisioner.fleet import Fleet, Row, Sql, costs_of, failure, launches, read, waiting_line
 from provisioner.money import CENT, US_PER_HOUR, Money, allocate
-from provisioner.schema import ACTIVE_EXCLUDED, INTENTS, epoch_us
+from provisioner.schema import ACTIVE_EXCLUDED, INTENTS, EventKind, epoch_us
+from provisioner.schema import MachineStatus as S
 
 if TYPE_CHECKING:
     from provisioner.app import App
@@ -190,7 +191,7 @@ def machine_detail(app: App, key: str, *, by_id: bool = False) -> MachineDetail 
     for per in cost.values():
         for c, a in per.items():
             spent[c] = spent.get(c, Decimal(0)) + a
-    why = failure([e for e in events if e.machine_id == m.id]) if m.status == "failed" else None
+    why = failure([e for e in events if e.machine_id == m.id]) if m.status == S.FAILED else None
     return MachineDetail(
         machine=m,
         spent=monies(spent),
@@ -216,7 +217,7 @@ def _jobs(app: App, m: Machine) -> list[Any]:
 
 def _autostop(app: App, m: Machine) -> dict[str, Any] | None:
     """The machine's autostop and how long it has been idle so far; None when it has none."""
-    if m.status not in ("running", "stopped", "pending"):
+    if m.status not in (S.RUNNING, S.STOPPED, S.PENDING):
         return None
     from provisioner.jobs import autostop  # the policies and the heartbeats: only here
 
@@ -270,7 +271,7 @@ def _parts(ivs: list[Any], spent: Mapping[str, Decimal], now: datetime) -> list[
 def _idle_state(app: App, m: Machine, beat: Any, now: datetime) -> IdleState:
     from policies.duration import format_duration
 
-    if m.status != "running":
+    if m.status != S.RUNNING:
         return IdleState(None, f"{m.status}: no GPU activity expected")
     if beat is None:
         if not app.settings.scheduler.endpoint_url:
@@ -290,7 +291,7 @@ def _idle_state(app: App, m: Machine, beat: Any, now: datetime) -> IdleState:
 
 def _held(m: Machine, events: list[Event], now: datetime) -> str | None:
     """ "held: relaunch refused by …; next try …" for a machine held after a refused relaunch."""
-    if m.status not in ("preempted", "stopped", "terminated"):
+    if m.status not in (S.PREEMPTED, S.STOPPED, S.TERMINATED):
         return None
     from provisioner.jobs import recover  # the scheduler's rules: only here
     from provisioner.tries import tries
@@ -300,16 +301,16 @@ def _held(m: Machine, events: list[Event], now: datetime) -> str | None:
 
 def _waiting(m: Machine, events: list[Event], now: datetime) -> str | None:
     """``waiting for capacity since X, next try Y, gives up at Z`` for a waiting intent."""
-    if m.status != "waiting":
+    if m.status != S.WAITING:
         return None
-    latest = next((e for e in reversed(events) if e.kind == "waiting"), None)
+    latest = next((e for e in reversed(events) if e.kind == EventKind.WAITING), None)
     return waiting_line(latest.detail or {}, now) if latest is not None else None
 
 
 def _next_action(app: App, m: Machine, now: datetime) -> str | None:
-    if m.status not in ("running", "stopped", "preempted", "waiting"):
+    if m.status not in (S.RUNNING, S.STOPPED, S.PREEMPTED, S.WAITING):
         return None
-    if m.status in ("running", "stopped") and not m.instance_id:
+    if m.status in (S.RUNNING, S.STOPPED) and not m.instance_id:
         return None
     from provisioner.jobs import outlook  # the policies and the sweep's rules: only here
 
