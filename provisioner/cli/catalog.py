@@ -140,8 +140,6 @@ def refresh(
 @app.command()
 def check(ctx: typer.Context, output: Output = OUTPUT) -> None:
     """Which clouds have working credentials, and what is missing — one line per cloud."""
-    from rich.markup import escape
-
     from provisioner.errors import OperationFailed
     from provisioner.workflows import catalog as flow  # the SDK specs: not for --help
 
@@ -149,17 +147,23 @@ def check(ctx: typer.Context, output: Output = OUTPUT) -> None:
     if output is Output.json:
         print_json([r.__dict__ for r in results])
     else:
-        for r in results:
-            mark = "[green]ok[/]  " if r.ok else "[red]no[/]  "
-            message = r.message.removeprefix(f"{r.cloud}: ")
-            out.print(f"{mark}{r.cloud:<10} {escape(message)}", highlight=False, soft_wrap=True)
-        if any(r.ok and r.cloud == "aws" for r in results):  # for `provisioner bill`; on
-            from providers.aws.billing import ACTIVATE  # stderr: stdout is one line per cloud
-
-            err.print(f"note: {escape(ACTIVATE)}", highlight=False, soft_wrap=True)
+        _check_text(results)
     if not any(r.ok for r in results):  # nothing can be launched: a script must notice
         raise OperationFailed(
             f"no cloud can be used: all {len(results)} failed the check"
             if results
             else "no cloud is enabled in settings (clouds:)"
         )
+
+
+def _check_text(results: list[Any]) -> None:
+    from rich.markup import escape
+
+    for r in results:
+        mark = "[green]ok[/]  " if r.ok else "[red]no[/]  "
+        message = r.message.removeprefix(f"{r.cloud}: ")
+        out.print(f"{mark}{r.cloud:<10} {escape(message)}", highlight=False, soft_wrap=True)
+    if any(r.ok and r.cloud == "aws" for r in results):  # for `provisioner bill`; on
+        from providers.aws.billing import ACTIVATE  # stderr: stdout is one line per cloud
+
+        err.print(f"note: {escape(ACTIVATE)}", highlight=False, soft_wrap=True)

@@ -101,22 +101,32 @@ def _plan_text(v: Any, top: int) -> None:
     top_n = f" (top {len(shown)})" if len(shown) < len(every) else ""
     out.print(head + top_n, highlight=False, soft_wrap=True)
     if shown:
-        rows = [
-            [
-                str(i),
-                c.offer.cloud,
-                c.offer.zone or c.offer.region,
-                c.offer.instance_type,
-                f"{c.offer.gpu_count}×{c.offer.gpu}",
-                str(c.offer.vcpus),
-                f"{c.offer.memory_gb:g}",
-                c.market,
-                str(c.price),
-                c.price_base.text(currency=False),
-            ]
-            for i, c in enumerate(shown, 1)
+        _plan_table(v, shown)
+    _plan_notes(v)
+
+
+def _plan_table(v: Any, shown: list[Any]) -> None:
+    rows = [
+        [
+            str(i),
+            c.offer.cloud,
+            c.offer.zone or c.offer.region,
+            c.offer.instance_type,
+            f"{c.offer.gpu_count}×{c.offer.gpu}",
+            str(c.offer.vcpus),
+            f"{c.offer.memory_gb:g}",
+            c.market,
+            str(c.price),
+            c.price_base.text(currency=False),
         ]
-        write(text_table([*_PLAN_COLUMNS, (f"in {v.currency}", ">", 2)], rows))
+        for i, c in enumerate(shown, 1)
+    ]
+    write(text_table([*_PLAN_COLUMNS, (f"in {v.currency}", ">", 2)], rows))
+
+
+def _plan_notes(v: Any) -> None:
+    """Below the table: the cheapest per cloud, the rates, what is unpriced, the checks; then
+    the notes, the addresses' rates, who enforces the rules, what was turned down."""
     if v.cheapest:
         out.print(
             f"cheapest per cloud ({v.currency}/h): "
@@ -131,6 +141,10 @@ def _plan_text(v: Any, top: int) -> None:
         )
     for check in v.checks:
         out.print(str(check))
+    _plan_said(v)
+
+
+def _plan_said(v: Any) -> None:
     for warning in v.warnings:
         out.print(f"[yellow]note[/]: {warning}", soft_wrap=True)
     for line in v.addresses:
@@ -428,7 +442,11 @@ def gc(
     found = flow.gc(get_app(ctx), flow.GcRequest(cloud or None, terminate), ask)
     if output is Output.json:
         print_json(_gc_json(found))
-        return
+    else:
+        _gc_text(found)
+
+
+def _gc_text(found: Any) -> None:
     for o in found.orphans:
         terminated = "[red]terminated[/] " if o in found.terminated else ""
         out.print(terminated + str(o), highlight=False, soft_wrap=True)

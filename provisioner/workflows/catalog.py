@@ -53,19 +53,11 @@ def cheapest(app: App, gpu: str | None = None) -> Cheapest:
     best: dict[tuple[str, int, str], dict[Market, tuple[Money, Best]]] = {}
     seen: dict[tuple[str, int, str], Offer] = {}
     for o in app.offers(clouds):
-        if gpu and o.gpu.upper() != gpu.upper() and not o.gpu.upper().startswith(gpu.upper() + "-"):
+        if not _wanted(o, gpu):
             continue
         key = (o.gpu, o.gpu_count, o.cloud)
         seen.setdefault(key, o)
-        row = best.setdefault(key, {})
-        market: Market
-        for market, value in (("reserved", o.price), ("spot", o.spot_price)):
-            if value is None or not rates.can_convert(o.currency):
-                continue
-            price = Money(value, o.currency)
-            base = rates.convert(price)
-            if market not in row or base.amount < row[market][0].amount:
-                row[market] = (base, Best(price, o))
+        _consider(best.setdefault(key, {}), o, rates)
     rows = [Row(*key, {m: b for m, (_, b) in best[key].items()}, seen[key]) for key in sorted(best)]
     shown = [b.offer for r in rows for b in r.best.values()]
     return Cheapest(
@@ -75,6 +67,27 @@ def cheapest(app: App, gpu: str | None = None) -> Cheapest:
         catalog.stale(shown, app.clock.now().date()),
         rates,
     )
+
+
+def _consider(row: dict[Market, tuple[Money, Best]], o: Offer, rates: Any) -> None:
+    """``o`` in ``row`` in each market it is priced in, when cheaper there (in the base
+    currency, kept beside it) than the offer there before."""
+    market: Market
+    for market, value in (("reserved", o.price), ("spot", o.spot_price)):
+        if value is None or not rates.can_convert(o.currency):
+            continue
+        price = Money(value, o.currency)
+        base = rates.convert(price)
+        if market not in row or base.amount < row[market][0].amount:
+            row[market] = (base, Best(price, o))
+
+
+def _wanted(o: Offer, gpu: str | None) -> bool:
+    """``o`` is of GPU type ``gpu`` or one of its variants (``A100-80GB`` of ``A100``)."""
+    if not gpu:
+        return True
+    g, want = o.gpu.upper(), gpu.upper()
+    return g == want or g.startswith(want + "-")
 
 
 def shown_clouds(settings: Any) -> list[str]:

@@ -161,13 +161,8 @@ def up(app: App, request: UpRequest, progress: Progress = lambda _: None) -> Out
     experiment = request.experiment
     capacity = capacity_wait(experiment, request.retry_until_up, request.timeout)
     app.policies  # noqa: B018  (a bad policy file is reported before the state is opened)
-    existing = _existing(app, experiment.name)
-    # "requested": resume it; "waiting" with a wait asked: follow it
-    resume = (S.REQUESTED, S.WAITING) if capacity is not None else (S.REQUESTED,)
-    if existing is not None and existing.status not in resume:
-        if request.follow and (ended := _resume_run(app, existing, progress)) is not None:
-            return ended
-        return _already(existing, experiment)
+    if (settled := _exists(app, request, capacity, progress)) is not None:
+        return settled
     try:
         result, m = _launch(app, request, capacity, progress)
     except KeyboardInterrupt:
@@ -180,6 +175,21 @@ def up(app: App, request: UpRequest, progress: Progress = lambda _: None) -> Out
     if request.follow and launch.run and launch.run_started:
         return _follow_run(app, m.name, experiment, progress)
     return launch
+
+
+def _exists(
+    app: App, request: UpRequest, capacity: timedelta | None, progress: Progress
+) -> Already | RunEnded | None:
+    """A live machine of the name that this ``up`` does not resume (None: there is none, or
+    it is resumed): its run started and followed when it never started, else :class:`Already`.
+    An intent ``requested`` is resumed, one ``waiting`` too when a wait is asked."""
+    m = _existing(app, request.experiment.name)
+    resume = (S.REQUESTED, S.WAITING) if capacity is not None else (S.REQUESTED,)
+    if m is None or m.status in resume:
+        return None
+    if request.follow and (ended := _resume_run(app, m, progress)) is not None:
+        return ended
+    return _already(m, request.experiment)
 
 
 def capacity_wait(
@@ -242,14 +252,7 @@ def _start_due_run(
 
 
 def _report(app: App, m: Machine, result: machines.UpResult, experiment: Experiment) -> Launch:
-    named = {v["name"]: v["path"] for v in (m.spec or {}).get("volumes") or []}
-    used = None
-    pins: list[VolumePin] = []
-    if named:
-        listed = volumes.listing(app, m.project)
-        used = [VolumeUse(v, named[v.volume.name]) for v in listed if v.volume.name in named]
-        checks = result.plan.checks if result.plan else []
-        pins = [c for c in checks if isinstance(c, VolumePin)]
+    used, pins = _volumes(app, m, result)
     return Launch(
         machine=m,
         attempts=result.attempts,
@@ -259,6 +262,22 @@ def _report(app: App, m: Machine, result: machines.UpResult, experiment: Experim
         run=bool(experiment.run),
         run_started=bool(experiment.run) and jobs.RUN in jobs.jobs_of(app, m),
         can_stop=machines.can_stop(m),
+    )
+
+
+def _volumes(
+    app: App, m: Machine, result: machines.UpResult
+) -> tuple[list[VolumeUse] | None, list[VolumePin]]:
+    """The machine's volumes where it mounts them (None: its experiment names none), and the
+    pins that chose its zone."""
+    named = {v["name"]: v["path"] for v in (m.spec or {}).get("volumes") or []}
+    if not named:
+        return None, []
+    listed = volumes.listing(app, m.project)
+    checks = result.plan.checks if result.plan else []
+    return (
+        [VolumeUse(v, named[v.volume.name]) for v in listed if v.volume.name in named],
+        [c for c in checks if isinstance(c, VolumePin)],
     )
 
 
