@@ -57,7 +57,22 @@ class Shown:
             self.status = None
 
 
-def launch_json(launch: flow.Launch) -> dict[str, Any]:
+def outcome(result: flow.Outcome, path: str, output: Output) -> None:
+    """How ``up`` ended: a name that exists, a followed run's end (exit 1 when it failed), or
+    the machine launched (as JSON, or what to do with it next)."""
+    if isinstance(result, flow.Already):
+        _already(result, path, output)
+    elif isinstance(result, flow.RunEnded):
+        out.print(_run_end(result), highlight=False, soft_wrap=True)
+        if result.failed:
+            raise typer.Exit(1)
+    elif output is Output.json:
+        print_json({"already": False, **_launch_json(result)})
+    else:
+        _hints(result)
+
+
+def _launch_json(launch: flow.Launch) -> dict[str, Any]:
     m = launch.machine
     shown = {"machine": machine_json(m), "attempts": [a.to_json() for a in launch.attempts]}
     if launch.volumes is None:
@@ -95,7 +110,7 @@ def _launched_lines(launch: flow.Launch) -> None:
     )
 
 
-def hints(launch: flow.Launch) -> None:
+def _hints(launch: flow.Launch) -> None:
     """What to do with the machine now: its job, connecting, who enforces its rules, how to
     stop or remove it."""
     m = launch.machine
@@ -127,7 +142,7 @@ def hints(launch: flow.Launch) -> None:
     )
 
 
-def run_end(ended: flow.RunEnded) -> str:
+def _run_end(ended: flow.RunEnded) -> str:
     """What `up` says when the followed run ended: the exit code and what on_finish did."""
     name, job, status = ended.name, ended.job, ended.status
     if job is None:
@@ -160,7 +175,7 @@ def _volume_lines(launch: flow.Launch) -> None:
         )
 
 
-def already(already: flow.Already, path: str, output: Output) -> None:
+def _already(already: flow.Already, path: str, output: Output) -> None:
     """``up`` of a name that exists: nothing launched. The same spec is no error (say how to
     use it); a changed one is (exit 2), with what differs and what to run."""
     m, diffs = already.machine, already.differences

@@ -216,16 +216,7 @@ def up(
         raise typer.Exit(130) from None
     finally:
         shown.stop()
-    if isinstance(result, flow.Already):
-        launched.already(result, spec, output)
-    elif isinstance(result, flow.RunEnded):
-        out.print(launched.run_end(result), highlight=False, soft_wrap=True)
-        if result.failed:
-            raise typer.Exit(1)
-    elif quiet:
-        print_json({"already": False, **launched.launch_json(result)})
-    else:
-        launched.hints(result)
+    launched.outcome(result, spec, output)
 
 
 def _timeout(retry: bool, timeout: str | None) -> Any:
