@@ -372,3 +372,13 @@ def refresh(app: App) -> None:
     """Rewrite the installed config (it exists only once ``--install`` made it)."""
     if config_path(app).exists():
         _write(config_path(app), ssh_config(app))
+
+
+def refreshed(app: App) -> str | None:
+    """:func:`refresh` after a machine came, went or moved; when the file cannot be written,
+    why (a warning: the command's own work is done)."""
+    try:
+        refresh(app)
+    except OSError as e:
+        return f"could not rewrite {config_path(app)}: {e}"
+    return None

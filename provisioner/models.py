@@ -108,23 +108,28 @@ class _Vocabulary(TypeDecorator[Any]):
 class StatusText(_Vocabulary):
     """A :class:`MachineStatus` kept as its value (the column stays ``VARCHAR(16)``)."""
 
+    cache_ok = True  # not inherited: SQLAlchemy reads it from each class's own body
     vocabulary = MachineStatus
 
 
 class VolumeStatusText(_Vocabulary):
+    cache_ok = True  # not inherited: SQLAlchemy reads it from each class's own body
     vocabulary = VolumeStatus
 
 
 class DeliveryStatusText(_Vocabulary):
+    cache_ok = True  # not inherited: SQLAlchemy reads it from each class's own body
     vocabulary = DeliveryStatus
 
 
 class UsageKindText(_Vocabulary):
     impl = String(8)
+    cache_ok = True  # not inherited: SQLAlchemy reads it from each class's own body
     vocabulary = UsageKind
 
 
 class NoticeKindText(_Vocabulary):
+    cache_ok = True  # not inherited: SQLAlchemy reads it from each class's own body
     vocabulary = NoticeKind
 
 
@@ -134,6 +139,7 @@ class EventKindText(_Vocabulary):
     shows."""
 
     impl = String(32)
+    cache_ok = True  # not inherited: SQLAlchemy reads it from each class's own body
     vocabulary = EventKind
 
     def process_result_value(self, value: Any, dialect: Any) -> Any:

@@ -98,6 +98,11 @@ ORDER = [
     "provisioner.views.alerts",  # alert history: notices and their deliveries
     "provisioner.views.summary",  # what burns now, counts, budgets, idle now
     "provisioner.views.fleet",  # the dashboard's fleet and machine pages
+    "provisioner.workflows",  # a command end to end: typed request, progress events, result
+    "provisioner.workflows.catalog",  # cheapest offers, price refresh, credentials checked
+    "provisioner.workflows.up",  # up: resume, launch or wait, SSH, the due job, the run followed
+    "provisioner.workflows.many",  # stop, start, down of one machine or many
+    "provisioner.workflows.gc",  # orphans, unused network pieces and volumes
     "provisioner.selftest",  # selftest --cloud C: one small real run checks the guard there
     "provisioner.dashboard.svg",  # the team dashboard: charts, page data, the WSGI app
     "provisioner.dashboard.pages",
@@ -105,7 +110,8 @@ ORDER = [
     "provisioner.dashboard",
     "provisioner.cli",  # the Typer app and what every command shares
     "provisioner.cli.catalog",
-    "provisioner.cli.jobs",  # logs, exec; following a job
+    "provisioner.cli.jobs",  # logs, exec
+    "provisioner.cli.launched",  # what up shows: its steps, the machine, the run's end
     "provisioner.cli.machines",
     "provisioner.cli.volumes",  # volume ls, volume rm
     "provisioner.cli.status",  # status (fleet and detail), events

@@ -47,101 +47,68 @@ def catalog(
     """GPUs and the cheapest offer per cloud (on-demand and spot), like `sky show-gpus`."""
     if ctx.invoked_subcommand:
         return
-    from provisioner import catalog as cat
-    from provisioner.money import Money
+    from provisioner.workflows import catalog as flow  # the catalog, SDK specs: not for --help
 
     if gpu is not None:
         gpu = _known_gpu(gpu)
-    application = get_app(ctx)
-    rates = application.settings.money_rates
-    clouds = shown_clouds(application.settings)
-    # (gpu, count, cloud) → market → (price in the base currency, price, offer); plus any offer
-    best: dict[tuple[str, int, str], dict[str, tuple]] = {}
-    seen: dict[tuple[str, int, str], Any] = {}
-    for o in application.offers(clouds):
-        if gpu and o.gpu.upper() != gpu.upper() and not o.gpu.upper().startswith(gpu.upper() + "-"):
-            continue
-        key = (o.gpu, o.gpu_count, o.cloud)
-        seen.setdefault(key, o)
-        row = best.setdefault(key, {})
-        for market, value in (("reserved", o.price), ("spot", o.spot_price)):
-            if value is None or not rates.can_convert(o.currency):
-                continue
-            price = Money(value, o.currency)
-            base = rates.convert(price)
-            if market not in row or base.amount < row[market][0].amount:
-                row[market] = (base, price, o)
-    keys = sorted(best)
-    shown = [o for row in best.values() for _, _, o in row.values()]
-    stale = cat.stale(shown, application.clock.now().date())
+    c = flow.cheapest(get_app(ctx), gpu)
     if output is Output.json:
-        print_json(
-            [
-                {
-                    "gpu": g,
-                    "gpu_count": n,
-                    "cloud": cl,
-                    **{
-                        m: {
-                            "price": amount(price.amount),
-                            "currency": price.currency,
-                            "instance_type": o.instance_type,
-                            "where": o.zone or o.region,
-                            "as_of": o.as_of,
-                        }
-                        for m, (_, price, o) in best[(g, n, cl)].items()
-                    },
-                }
-                for g, n, cl in keys
-            ]
-        )
-        for line in stale:
+        print_json([_row_json(r) for r in c.rows])
+        for line in c.stale:
             err.print(f"note: {line}", highlight=False, soft_wrap=True)
         return
     out.print(
-        f"GPU offers, cheapest per cloud (prices per hour; ranked in {rates.base})", soft_wrap=True
-    )
-    rows = []
-    for key in keys:
-        row = best[key]
-        cells = []
-        for market, missing in (("reserved", "no public price"), ("spot", "—")):
-            if market in row:
-                _, price, o = row[market]
-                cells += [str(price), f"{o.zone or o.region} {o.instance_type}"]
-            else:
-                cells += [missing, seen[key].instance_type if market == "reserved" else ""]
-        rows.append([key[0], str(key[1]), key[2], *cells])
-    columns = [
-        ("GPU", "<", 0),
-        ("count", ">", 0),
-        ("cloud", "<", 0),
-        ("on-demand", ">", 0),
-        ("where", "<", 2),
-        ("spot", ">", 0),
-        ("where", "<", 1),
-    ]
-    write(text_table(columns, rows))
-    sources = {cl: cat.source_of(application.settings, cl).name for cl in clouds}
-    out.print(
-        f"[dim]{rates.describe()}; data: {', '.join(f'{k}={v}' for k, v in sources.items())}[/]",
+        f"GPU offers, cheapest per cloud (prices per hour; ranked in {c.rates.base})",
         soft_wrap=True,
     )
-    for line in stale:
+    write(text_table(_COLUMNS, [_row_text(r) for r in c.rows]))
+    data = ", ".join(f"{k}={v}" for k, v in c.sources.items())
+    out.print(
+        f"[dim]{c.rates.describe()}; data: {data}[/]",
+        soft_wrap=True,
+    )
+    for line in c.stale:
         out.print(f"[yellow]note[/]: {line}", highlight=False, soft_wrap=True)
 
 
-def shown_clouds(settings: Any) -> list[str]:
-    """The enabled clouds; the simulated sandbox only when settings name it (it is on by
-    default for the quickstart, but its prices are no market's)."""
-    import providers
+_COLUMNS = [
+    ("GPU", "<", 0),
+    ("count", ">", 0),
+    ("cloud", "<", 0),
+    ("on-demand", ">", 0),
+    ("where", "<", 2),
+    ("spot", ">", 0),
+    ("where", "<", 1),
+]
 
-    explicit = "clouds" in settings.model_fields_set
-    return [
-        c
-        for c in settings.enabled_clouds
-        if explicit or not (c in providers.REGISTRY and providers.spec(c).simulated)
-    ]
+
+def _row_json(r: Any) -> dict[str, Any]:
+    return {
+        "gpu": r.gpu,
+        "gpu_count": r.gpu_count,
+        "cloud": r.cloud,
+        **{
+            market: {
+                "price": amount(b.price.amount),
+                "currency": b.price.currency,
+                "instance_type": b.offer.instance_type,
+                "where": b.offer.zone or b.offer.region,
+                "as_of": b.offer.as_of,
+            }
+            for market, b in r.best.items()
+        },
+    }
+
+
+def _row_text(r: Any) -> list[str]:
+    cells = [r.gpu, str(r.gpu_count), r.cloud]
+    for market, missing in (("reserved", "no public price"), ("spot", "—")):
+        if market in r.best:
+            b = r.best[market]
+            cells += [str(b.price), f"{b.offer.zone or b.offer.region} {b.offer.instance_type}"]
+        else:
+            cells += [missing, r.any_offer.instance_type if market == "reserved" else ""]
+    return cells
 
 
 @catalog_app.command("refresh")
@@ -153,40 +120,18 @@ def refresh(
     AWS (Price List API) and Yandex (billing API) need the cloud's credentials, GCP an API key
     in PROVISIONER_GCP_API_KEY, SberCloud its AK/SK (flavors only, no prices); Azure's Retail
     Prices API is public."""
-    import providers
-    from providers.base import AuthError, ProviderError
-    from provisioner import catalog as cat
-    from provisioner import catalog_checks
-    from provisioner.errors import OperationFailed, UserError
+    from provisioner.workflows import catalog as flow  # the catalog, SDK specs: not for --help
 
-    application = get_app(ctx)
-    if cloud not in providers.REGISTRY:
-        raise UserError(
-            f"--cloud {cloud!r}: no such cloud (one of {', '.join(providers.REGISTRY)})"
-        )
-    source = providers.spec(cloud).prices_from
-    err.print(f"{cloud}: reading {source}", highlight=False, soft_wrap=True)
-    try:
-        offers = application.provider(cloud).fetch_offers()
-        today = application.clock.now().date().isoformat()
-        flagged: list[Any] = []
-        path = cat.refresh(application.settings, cloud, offers, as_of=today, findings=flagged)
-    except NotImplementedError:
-        raise UserError(f"{cloud} has no price source to refresh: {source}") from None
-    except AuthError as e:
-        raise OperationFailed(
-            f"{cloud}: price refresh needs credentials ({source}): {e}; the old catalog stays"
-        ) from None
-    except (ProviderError, ValueError, OSError) as e:
-        raise OperationFailed(
-            f"{cloud}: price refresh failed, keeping the old catalog: {e}"
-        ) from None
-    out.print(f"{cloud}: {len(offers):,} offers written to {path}", soft_wrap=True)
-    if flagged:
-        counts = ", ".join(f"{k} {n}" for k, n in catalog_checks.summary(flagged).items())
+    def reading(source: str) -> None:
+        err.print(f"{cloud}: reading {source}", highlight=False, soft_wrap=True)
+
+    done = flow.refresh(get_app(ctx), cloud, reading)
+    out.print(f"{cloud}: {done.offers:,} offers written to {done.path}", soft_wrap=True)
+    if done.flagged:
+        counts = ", ".join(f"{k} {n}" for k, n in done.flagged_counts.items())
         err.print(
-            f"{cloud}: {len(flagged)} prices failed the catalog checks and were emptied "
-            f"({counts}), e.g. {flagged[0]}",
+            f"{cloud}: {len(done.flagged)} prices failed the catalog checks and were emptied "
+            f"({counts}), e.g. {done.flagged[0]}",
             highlight=False,
             soft_wrap=True,
         )
@@ -195,34 +140,30 @@ def refresh(
 @app.command()
 def check(ctx: typer.Context, output: Output = OUTPUT) -> None:
     """Which clouds have working credentials, and what is missing — one line per cloud."""
-    from rich.markup import escape
+    from provisioner.errors import OperationFailed
+    from provisioner.workflows import catalog as flow  # the SDK specs: not for --help
 
-    from providers.base import CheckResult
-    from provisioner.errors import OperationFailed, ProvisionerError
-
-    application = get_app(ctx)
-    results = []
-    for cloud in application.settings.enabled_clouds:
-        try:
-            results.append(application.provider(cloud).check())
-        except ProvisionerError as e:  # its SDK is not installed: the message names the extra
-            results.append(CheckResult(cloud, False, str(e)))
-        except Exception as e:  # a broken SDK install must not hide the other clouds
-            results.append(CheckResult(cloud, False, f"cannot check: {type(e).__name__}: {e}"))
+    results = flow.check(get_app(ctx))
     if output is Output.json:
         print_json([r.__dict__ for r in results])
     else:
-        for r in results:
-            mark = "[green]ok[/]  " if r.ok else "[red]no[/]  "
-            message = r.message.removeprefix(f"{r.cloud}: ")
-            out.print(f"{mark}{r.cloud:<10} {escape(message)}", highlight=False, soft_wrap=True)
-        if any(r.ok and r.cloud == "aws" for r in results):  # for `provisioner bill`; on
-            from providers.aws.billing import ACTIVATE  # stderr: stdout is one line per cloud
-
-            err.print(f"note: {escape(ACTIVATE)}", highlight=False, soft_wrap=True)
+        _check_text(results)
     if not any(r.ok for r in results):  # nothing can be launched: a script must notice
         raise OperationFailed(
             f"no cloud can be used: all {len(results)} failed the check"
             if results
             else "no cloud is enabled in settings (clouds:)"
         )
+
+
+def _check_text(results: list[Any]) -> None:
+    from rich.markup import escape
+
+    for r in results:
+        mark = "[green]ok[/]  " if r.ok else "[red]no[/]  "
+        message = r.message.removeprefix(f"{r.cloud}: ")
+        out.print(f"{mark}{r.cloud:<10} {escape(message)}", highlight=False, soft_wrap=True)
+    if any(r.ok and r.cloud == "aws" for r in results):  # for `provisioner bill`; on
+        from providers.aws.billing import ACTIVATE  # stderr: stdout is one line per cloud
+
+        err.print(f"note: {escape(ACTIVATE)}", highlight=False, soft_wrap=True)

@@ -1,52 +1,15 @@
-"""logs and exec: the job's output, and another job beside it; ``follow`` is what ``up`` shows
-while the experiment's ``run`` runs."""
+"""logs and exec: the job's output (followed with :func:`provisioner.workflows.up.follow`, as
+``up`` follows the experiment's ``run``), and another job beside it."""
 
 from __future__ import annotations
 
 import sys
-import time
-from collections.abc import Callable
 from typing import Any
 
 import typer
 
 from provisioner.cli import app, err, get_app, out
 from provisioner.schema import MachineStatus as S
-
-POLL_SECONDS = 0.5  # how often a followed job's output is read
-
-
-def follow(
-    application: Any,
-    name: str,
-    job_id: str,
-    *,
-    offset: int = 0,
-    write: Callable[[bytes], None] | None = None,
-    sleep: Callable[[float], None] = time.sleep,
-) -> Any:
-    """Write the job's output from ``offset`` as it comes, until the job ends (its end is
-    recorded and, for ``run``, its ``on_finish`` done on the way). Returns the ended Job."""
-    from provisioner.jobs import finish
-    from provisioner.machines import jobs
-
-    write = write or _stdout
-    m = jobs.named(application, name)
-    while True:
-        # the end seen first, then the last output read, then on_finish (a cloud machine
-        # stopped by it keeps its output out of reach)
-        ended = jobs.check_ended(application, m)
-        job = jobs.jobs_of(application, m).get(job_id)
-        if m.status in (S.RUNNING, S.PENDING) or application.provider(m.cloud).runs_jobs:
-            chunk = jobs.output(application, m, job_id, offset)
-            if chunk:
-                write(chunk)
-                offset += len(chunk)
-        finish.on_ended(application, m, ended)
-        if job is None or not job.running:
-            return job
-        sleep(POLL_SECONDS)
-        m = jobs.named(application, name)
 
 
 def _stdout(chunk: bytes) -> None:
@@ -99,7 +62,12 @@ def logs(
     _stdout(tail(data, lines))
     ended = known[job]
     if follow_ and ended.running:
-        ended = follow(application, name, job, offset=len(data))
+        from provisioner.workflows.up import follow  # SQLAlchemy: not for --help
+
+        followed = follow(application, name, job, offset=len(data), write=_stdout)
+        if followed is None:  # gone with its machine: nothing more to say of it
+            return
+        ended = followed
     if not ended.running:
         err.print(f"job {job}: {_end(ended)}", highlight=False, markup=False, soft_wrap=True)
 
@@ -151,22 +119,3 @@ def sync(ctx: typer.Context, name: str = typer.Argument(..., help="machine")) ->
         markup=False,
         soft_wrap=True,  # a path is copied whole, not wrapped at 80 columns
     )
-
-
-def outcome_line(application: Any, name: str, job: Any) -> str:
-    """What `up` says when the followed run ended: the exit code and what on_finish did."""
-    from provisioner.machines import jobs
-
-    m = jobs.named(application, name)
-    if job is None:
-        return f"{name}: its job is gone"
-    if job.exit_code is None:
-        return f"run was killed: {name} is {m.status}"
-    if m.status == S.STOPPED:
-        return (
-            f"run exited {job.exit_code}: {name} stopped, compute billing ended "
-            f"(its disk bills until `provisioner down {name}`)"
-        )
-    if m.status == S.TERMINATED:
-        return f"run exited {job.exit_code}: {name} terminated, billing ended"
-    return f"run exited {job.exit_code}: {name} is {m.status} (on_finish: keep)"

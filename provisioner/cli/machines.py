@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import sys
-from contextlib import nullcontext
 from typing import Any
 
 import typer
@@ -21,7 +20,6 @@ from provisioner.cli import (
     write,
 )
 from provisioner.fleet import machine_json
-from provisioner.fleet import money_text as _money
 from provisioner.schema import MachineStatus as S
 
 
@@ -104,22 +102,32 @@ def _plan_text(v: Any, top: int) -> None:
     top_n = f" (top {len(shown)})" if len(shown) < len(every) else ""
     out.print(head + top_n, highlight=False, soft_wrap=True)
     if shown:
-        rows = [
-            [
-                str(i),
-                c.offer.cloud,
-                c.offer.zone or c.offer.region,
-                c.offer.instance_type,
-                f"{c.offer.gpu_count}×{c.offer.gpu}",
-                str(c.offer.vcpus),
-                f"{c.offer.memory_gb:g}",
-                c.market,
-                str(c.price),
-                c.price_base.text(currency=False),
-            ]
-            for i, c in enumerate(shown, 1)
+        _plan_table(v, shown)
+    _plan_notes(v)
+
+
+def _plan_table(v: Any, shown: list[Any]) -> None:
+    rows = [
+        [
+            str(i),
+            c.offer.cloud,
+            c.offer.zone or c.offer.region,
+            c.offer.instance_type,
+            f"{c.offer.gpu_count}×{c.offer.gpu}",
+            str(c.offer.vcpus),
+            f"{c.offer.memory_gb:g}",
+            c.market,
+            str(c.price),
+            c.price_base.text(currency=False),
         ]
-        write(text_table([*_PLAN_COLUMNS, (f"in {v.currency}", ">", 2)], rows))
+        for i, c in enumerate(shown, 1)
+    ]
+    write(text_table([*_PLAN_COLUMNS, (f"in {v.currency}", ">", 2)], rows))
+
+
+def _plan_notes(v: Any) -> None:
+    """Below the table: the cheapest per cloud, the rates, what is unpriced, the checks; then
+    the notes, the addresses' rates, who enforces the rules, what was turned down."""
     if v.cheapest:
         out.print(
             f"cheapest per cloud ({v.currency}/h): "
@@ -134,6 +142,10 @@ def _plan_text(v: Any, top: int) -> None:
         )
     for check in v.checks:
         out.print(str(check))
+    _plan_said(v)
+
+
+def _plan_said(v: Any) -> None:
     for warning in v.warnings:
         out.print(f"[yellow]note[/]: {warning}", soft_wrap=True)
     for line in v.addresses:
@@ -145,14 +157,6 @@ def _plan_text(v: Any, top: int) -> None:
             "[bold]turned down[/]: "
             + "; ".join(f"{r.reason}: {r.count} (e.g. {r.example})" for r in v.rejects),
         )
-
-
-def _guard_lines(application: Any, m: Any) -> None:
-    """At ``up``: who enforces each of the machine's rules (its own agent, or the scheduler)."""
-    from provisioner.views.plan import machine_guard
-
-    for line in machine_guard(application, m):
-        out.print(f"  enforced by: {line}", highlight=False, soft_wrap=True)
 
 
 @app.command()
@@ -185,231 +189,46 @@ def up(
     """Launch the cheapest allowed offer, failing over across zones, regions and clouds, and
     wait until it is ready to use. With a `run:`, its output follows until it exits and
     lifecycle.on_finish acts (exit 1 when the run failed); --detach returns at once."""
-    from provisioner import machines  # SQLAlchemy: not for --help
-    from provisioner.machines import waiting  # as above
+    from provisioner.cli import launched
     from provisioner.spec import load_experiment  # pydantic: not for --help
+    from provisioner.workflows import up as flow  # SQLAlchemy: not for --help
 
     application = get_app(ctx)
     experiment = load_experiment(
         spec, application.settings.money_rates.per_base, lambda: application.actor
     )
-    capacity_wait = _capacity_wait(experiment, retry_until_up, timeout)
-    application.policies  # noqa: B018  (a bad policy file is reported before the state is opened)
     quiet = output is Output.json
-    existing = _existing(application, experiment.name)
-    # "requested": resume it; "waiting" with a wait asked: follow it
-    resume = ("requested", "waiting") if capacity_wait is not None else ("requested",)
-    if existing is not None and existing.status not in resume:
-        if not quiet and not detach and _run_resumed(application, existing):
-            return
-        _already(existing, experiment.to_json(), spec, output)
-        return
-    say = (
-        (lambda msg: None)
-        if quiet
-        else (lambda msg: err.print(msg, highlight=False, soft_wrap=True))
+    request = flow.UpRequest(
+        experiment,
+        spec,
+        wait=wait and not detach,
+        wait_timeout=wait_timeout,
+        follow=not quiet and not detach,
+        retry_until_up=retry_until_up,
+        timeout=_timeout(retry_until_up, timeout),
     )
+    shown = launched.Shown(quiet)
     try:
-        with err.status(f"launching {experiment.name}…") if not quiet else nullcontext():
-            if capacity_wait is None:
-                result = machines.up(application, experiment, spec_path=spec, progress=say)
-            else:
-                result = waiting.up_until_up(
-                    application, experiment, wait=capacity_wait, spec_path=spec, progress=say
-                )
-        m = result.machine
-        _refresh_ssh_config(application)  # before waiting: a wait that times out leaves it
-        if result.already:  # another `up` of this name won the race
-            _already(m, experiment.to_json(), spec, output)
-            return
-        if wait and not detach and m.status in (S.PENDING, S.RUNNING):
-            with err.status(f"waiting for {m.name}…") if not quiet else nullcontext():
-                m = machines.wait_ready(application, m.name, timeout=wait_timeout, progress=say)
-                _start_due_run(application, m, experiment, say, wait_timeout)
-    except KeyboardInterrupt:
-        said = _interrupted_up(application, experiment.name, spec)
-        err.print(said, highlight=False, markup=False, soft_wrap=True)
+        result = flow.up(application, request, shown)
+    except flow.Interrupted as e:
+        err.print(e.message, highlight=False, markup=False, soft_wrap=True)
         if quiet:
-            print_json({"error": said, "exit_code": 130})
+            print_json({"error": e.message, "exit_code": 130})
         raise typer.Exit(130) from None
-    _refresh_ssh_config(application)
-    if quiet:
-        print_json(
-            {
-                "already": False,
-                "machine": machine_json(m),
-                "attempts": [a.to_json() for a in result.attempts],
-                **_volumes_json(application, m, result),
-            }
-        )
-        return
-    out.print(
-        f"[green]launched[/] {m.name} on {m.cloud} {m.zone or m.region}: {m.instance_type} "
-        f"({m.gpu_count}×{m.gpu}, {m.market}) at {_money(m.rate, m.currency)}/h",
-        soft_wrap=True,
-    )
-    if m.disk_rate is not None:
-        out.print(
-            f"  disk {m.disk_gb} GB: {_money(m.disk_rate, m.currency)}/h while it exists",
-            soft_wrap=True,
-        )
-    if m.address_rate is not None:
-        out.print(
-            f"  public IPv4: {m.address_rate.normalize():f} {m.currency}/h "
-            + ("while it runs" if m.address_billed == "running" else "until it is deleted"),
-            soft_wrap=True,
-        )
-    _volume_lines(application, m, result)
-    out.print(
-        f"  instance {m.instance_id}" + (f", address {m.public_ip}" if m.public_ip else ""),
-        soft_wrap=True,
-    )
-    if experiment.run and not detach and _run_started(application, m):
-        _follow_run(application, m.name, experiment)
-        return
-    if experiment.run and not _run_started(application, m):
-        out.print(
-            f"  job run starts once {m.name} answers SSH (the scheduler's reconcile pass starts "
-            f"it; `provisioner logs {m.name} -f` then)",
-            soft_wrap=True,
-        )
-    if experiment.run:
-        out.print(f"  job run started: `provisioner logs {m.name} -f`", soft_wrap=True)
-    out.print(f"  connect with `provisioner ssh {m.name}`", soft_wrap=True)
-    _guard_lines(application, m)
-    if not machines.can_stop(m):
-        from provisioner.jobs.sweep import UNSTOPPABLE_WARN_MINUTES
-
-        out.print(
-            f"  a spot machine on {m.cloud} cannot be stopped: an out-of-hours idle stop "
-            f"terminates it and its boot disk, not its volumes (the owner is warned "
-            f"{UNSTOPPABLE_WARN_MINUTES} "
-            f"minutes before); remove it with `provisioner down {m.name}`",
-            soft_wrap=True,
-        )
-        return
-    out.print(
-        f"  stop it with `provisioner stop {m.name}`, remove it with `provisioner down {m.name}`",
-        soft_wrap=True,
-    )
+    finally:
+        shown.stop()
+    launched.outcome(result, spec, output)
 
 
-def _start_due_run(application: Any, m: Any, experiment: Any, say: Any, timeout: float) -> None:
-    """A cloud machine's job starts once it answers SSH: now, after the wait; tried again
-    (bounded by ``timeout``) while its SSH port is open but the login is not ready yet
-    (cloud-init still installing the key)."""
-    import time
-
-    from provisioner.machines import jobs
-
-    if m.status != S.RUNNING or not (experiment.run or experiment.setup):
-        return
-    deadline = time.monotonic() + timeout
-    while jobs.run_due(application, m):
-        jobs.ensure_run(application, m, experiment, progress=say)
-        if not jobs.run_due(application, m) or time.monotonic() + 5 > deadline:
-            return
-        time.sleep(5)
-
-
-def _run_started(application: Any, m: Any) -> bool:
-    from provisioner.machines import jobs
-
-    return jobs.RUN in jobs.jobs_of(application, m)
-
-
-def _run_resumed(application: Any, m: Any) -> bool:
-    """A running machine whose stored experiment has a ``run`` that never started (an earlier
-    `up` was interrupted between the launch and the job): started now and followed."""
-    from provisioner.machines import jobs
-    from provisioner.spec import Experiment
-
-    stored = Experiment.model_validate(m.spec)
-    if m.status != S.RUNNING or not stored.run or not jobs.ensure_run(application, m, stored):
-        return False
-    out.print(f"{m.name} was launched before; its run had not started: started now")
-    _follow_run(application, m.name, stored)
-    return True
-
-
-def _follow_run(application: Any, name: str, experiment: Any) -> None:
-    """The run's output as it comes, then what on_finish did; exit 1 when the run failed.
-    Ctrl-C leaves the job running."""
-    from provisioner.cli import jobs
-
-    out.print(
-        f"  job run (on_finish: {experiment.on_finish}); its output follows "
-        f"(Ctrl-C leaves it running: `provisioner logs {name} -f`)",
-        soft_wrap=True,
-    )
-    try:
-        job = jobs.follow(application, name, "run")
-    except KeyboardInterrupt:
-        err.print(
-            f"{name}: the job keeps running; `provisioner logs {name} -f` follows it again",
-            highlight=False,
-            markup=False,
-            soft_wrap=True,
-        )
-        raise typer.Exit(130) from None
-    out.print(jobs.outcome_line(application, name, job), highlight=False, soft_wrap=True)
-    if job is None or job.exit_code != 0:
-        raise typer.Exit(1)
-
-
-def _pins(result: Any) -> list[Any]:
-    from provisioner.planner import VolumePin
-
-    return [c for c in (result.plan.checks if result.plan else []) if isinstance(c, VolumePin)]
-
-
-def _volumes_json(application: Any, m: Any, result: Any) -> dict[str, Any]:
-    if not (m.spec or {}).get("volumes"):
-        return {}
-    from provisioner.machines import volumes
-
-    names = {v["name"]: v["path"] for v in m.spec["volumes"]}
-    listed = [v for v in volumes.listing(application, m.project) if v.volume.name in names]
-    return {
-        "volumes": [{**v.as_json(), "path": names[v.volume.name]} for v in listed],
-        "pinned": [p.as_json() for p in _pins(result)],
-    }
-
-
-def _volume_lines(application: Any, m: Any, result: Any) -> None:
-    """Each volume: where it is mounted, its size and rate; the pin, when one chose the zone."""
-    if not (m.spec or {}).get("volumes"):
-        return
-    from provisioner.machines import volumes
-
-    for pin in _pins(result):
-        out.print(f"  {pin}", highlight=False, soft_wrap=True)
-    names = {v["name"]: v["path"] for v in m.spec["volumes"]}
-    for v in volumes.listing(application, m.project):
-        if v.volume.name in names:
-            out.print(
-                f"  volume {v.volume.name} {v.volume.size_gb} GB at {names[v.volume.name]} "
-                f"({v.status}): {volumes.rate_text(v.volume)} until `provisioner volume rm "
-                f"{v.volume.name}`",
-                highlight=False,
-                soft_wrap=True,
-            )
-
-
-def _capacity_wait(experiment: Any, retry: bool, timeout: str | None) -> Any:
-    """How long ``up`` waits for capacity (a timedelta), or None: fail at once. The flag with
-    its --timeout, else the file's ``lifecycle.on_no_capacity.wait``, else 6 h."""
+def _timeout(retry: bool, timeout: str | None) -> Any:
+    """``--timeout`` as a timedelta (None: not given); only with --retry-until-up."""
     from policies.duration import parse_duration
     from provisioner.errors import UserError
-    from provisioner.machines.waiting import DEFAULT_WAIT
 
-    asked = experiment.lifecycle.on_no_capacity
     if timeout is not None and not retry:
         raise UserError("--timeout is how long --retry-until-up waits: give both, or neither")
-    if not retry:
-        return asked.wait if asked is not None else None
     if timeout is None:
-        return asked.wait if asked is not None else DEFAULT_WAIT
+        return None
     try:
         wait = parse_duration(timeout)
     except ValueError as e:
@@ -417,124 +236,6 @@ def _capacity_wait(experiment: Any, retry: bool, timeout: str | None) -> Any:
     if wait.total_seconds() <= 0:
         raise UserError(f"--timeout {timeout!r}: must be longer than zero")
     return wait
-
-
-def _existing(application: Any, name: str) -> Any:
-    from provisioner.state import live_machine  # SQLAlchemy: not for --help
-
-    with application.db.session() as s:
-        return live_machine(s, name)
-
-
-def spec_differences(old: Any, new: Any, prefix: str = "") -> list[str]:
-    """``field: old → new`` for each leaf that differs between two stored specs."""
-    if isinstance(old, dict) and isinstance(new, dict):
-        diffs: list[str] = []
-        for k in sorted(set(old) | set(new), key=str):
-            diffs += spec_differences(old.get(k), new.get(k), f"{prefix}{k}.")
-        return diffs
-    if old == new:
-        return []
-    return [f"{prefix.rstrip('.')}: {_short(old)} → {_short(new)}"]
-
-
-def _short(v: Any) -> str:
-    text = "—" if v is None or v == {} or v == [] else str(v)
-    return text if len(text) <= 40 else text[:39] + "…"
-
-
-def _already(m: Any, new_spec: dict[str, Any], path: str, output: Output) -> None:
-    """``up`` of a name that exists: nothing launched. The same spec is no error (say how to
-    use it); a changed one is (exit 2), with what differs and what to run."""
-    diffs = spec_differences(m.spec or {}, new_spec)
-    where = "waiting for capacity" if m.status == S.WAITING else f"{m.status} on {m.cloud or '—'}"
-    if output is Output.json:
-        print_json({"already": True, "machine": machine_json(m), "differences": diffs})
-    elif diffs:
-        err.print(
-            f"[red]error:[/] {m.name} already exists ({where}) from a different spec; "
-            f"nothing launched. What differs (recorded → {path}):",
-            highlight=False,
-            soft_wrap=True,
-        )
-        for d in diffs:
-            err.print(f"  {d}", highlight=False, markup=False, soft_wrap=True)
-        err.print(
-            f"To launch the new spec: `provisioner down {m.name}` then `provisioner up {path}`"
-            + (
-                f" (or `provisioner start {m.name}` to use the old one)"
-                if m.status == S.STOPPED
-                else ""
-            ),
-            highlight=False,
-            markup=False,
-            soft_wrap=True,
-        )
-    else:
-        hint = (
-            f"start it with `provisioner start {m.name}`"
-            if m.status == S.STOPPED
-            else f"follow it with `provisioner up {path} --retry-until-up`, or cancel it with "
-            f"`provisioner down {m.name}`"
-            if m.status == S.WAITING
-            else f"see `provisioner status {m.name}`"
-        )
-        out.print(
-            f"{m.name} already exists ({where}); nothing launched — {hint}",
-            highlight=False,
-            soft_wrap=True,
-        )
-    if diffs:
-        raise typer.Exit(2)
-
-
-def _interrupted_up(application: Any, name: str, path: str) -> str:
-    """After Ctrl-C: the state ``up`` left, and the commands that resume or undo it."""
-    try:
-        m = _existing(application, name)
-    except Exception:  # the state itself was mid-write: say what we can
-        m = None
-    if m is None:
-        return f"interrupted: nothing of {name} was written; run `provisioner up {path}`"
-    queued = _queued(application, m)
-    if queued is not None:
-        return queued
-    if m.status == S.REQUESTED:
-        return (
-            f"interrupted: {name} is requested (recorded, launch not finished; a machine may "
-            f"be starting). Resume with `provisioner up {path}`, or undo with "
-            f"`provisioner down {name}`"
-        )
-    return (
-        f"interrupted: {name} is {m.status} on {m.cloud} {m.zone or m.region} "
-        f"({m.instance_id}) and bills. See `provisioner status {name}`, connect with "
-        f"`provisioner ssh {name}` once it answers, or remove it with `provisioner down {name}`"
-    )
-
-
-def _queued(application: Any, m: Any) -> str | None:
-    """The Ctrl-C message of an intent waiting for capacity (None: it is not): it stays
-    queued, the scheduler keeps trying, and how to cancel it."""
-    from provisioner.fleet import at_text
-    from provisioner.machines import waiting
-
-    try:
-        m, w = waiting.state(application, m.id)
-    except Exception:  # the state itself was mid-write: the plain message
-        return None
-    if w is None or m.status not in (S.WAITING, S.REQUESTED):
-        return None
-    until = at_text(w.until, application.clock.now())
-    midway = (
-        " (a try was under way: the next one adopts whatever it launched)"
-        if m.status == S.REQUESTED
-        else ""
-    )
-    return (
-        f"interrupted: {m.name} stays queued (waiting for capacity until {until}){midway}; the "
-        f"scheduler keeps trying (`provisioner scheduler run`, or `provisioner sweep` from "
-        f"cron); cancel with `provisioner down {m.name}`"
-    )
 
 
 @app.command()
@@ -607,22 +308,7 @@ def ssh_config(
         out.print(line, highlight=False, markup=False, soft_wrap=True)
 
 
-def _refresh_ssh_config(application: Any) -> None:
-    """Keep an installed ssh-config current after a machine came, went or moved."""
-    from provisioner import keys
-
-    try:
-        keys.refresh(application)
-    except OSError as e:
-        err.print(
-            f"warning: could not rewrite {keys.config_path(application)}: {e}",
-            highlight=False,
-            markup=False,
-            soft_wrap=True,
-        )
-
-
-def _fleet(verb: str, fn_name: str, done: str, same: str, applies: tuple[str, ...]) -> None:
+def _fleet(verb: str, op: str, done: str, same: str) -> None:
     def command(
         ctx: typer.Context,
         names: list[str] = typer.Argument(None, help="machine names", show_default=False),
@@ -631,84 +317,77 @@ def _fleet(verb: str, fn_name: str, done: str, same: str, applies: tuple[str, ..
         yes: bool = typer.Option(False, "--yes", "-y", help="do not ask before acting on several"),
         output: Output = OUTPUT,
     ) -> None:
-        from provisioner import machines  # SQLAlchemy: not for --help
-        from provisioner.errors import ProvisionerError, UserError
+        from provisioner.errors import UserError
+        from provisioner.workflows import many  # SQLAlchemy: not for --help
 
         if bool(names) == bool(all_ or project):
-            raise UserError(f"name the machines to {fn_name}, or use --all or --project P")
-        application = get_app(ctx)
-        chosen = list(dict.fromkeys(names or [])) or _select(application, project, applies)
-        if not chosen:
+            raise UserError(f"name the machines to {op}, or use --all or --project P")
+        quiet = output is Output.json
+
+        def ask(chosen: list[str]) -> None:
+            if not yes:
+                _confirm(f"{op} {plural(len(chosen), 'machine')}: {', '.join(chosen)}?")
+
+        def shown(r: Any) -> None:
+            if not quiet:
+                _acted_line(r, done, same)
+
+        request = many.ManyRequest(op, list(names or []), project)  # type: ignore[arg-type]
+        result = many.act(get_app(ctx), request, confirm=ask, progress=shown)
+        if not result.chosen:
             scope = f"in project {project!r}" if project else "at all"
-            out.print(f"no machine to {fn_name} {scope}", highlight=False, soft_wrap=True)
+            out.print(f"no machine to {op} {scope}", highlight=False, soft_wrap=True)
             return
-        if (all_ or project or len(chosen) > 1) and not yes:
-            _confirm(f"{fn_name} {plural(len(chosen), 'machine')}: {', '.join(chosen)}?")
-        results: list[dict[str, Any]] = []
-        for name in chosen:
-            try:
-                before = _status_of(application, name) if fn_name == "down" else None
-                m, changed = getattr(machines, fn_name)(application, name)
-            except ProvisionerError as e:
-                results.append({"name": name, "error": str(e), "exit_code": e.exit_code})
-                if output is not Output.json:
-                    err.print(
-                        f"[red]error:[/] {name}: {e}", highlight=False, markup=True, soft_wrap=True
-                    )
-                continue
-            results.append({"name": name, "changed": changed, "machine": machine_json(m)})
-            if output is Output.json:
-                continue
-            if before == S.WAITING and m.status == S.FAILED:
-                out.print(
-                    f"{m.name} was waiting for capacity and was never launched: the wait is "
-                    "cancelled and marked failed; nothing of it bills",
-                    highlight=False,
-                    soft_wrap=True,
-                )
-            elif before == S.REQUESTED and m.status == S.FAILED:
-                out.print(
-                    f"{m.name} was never launched (an unfinished `up`): its request is "
-                    "cancelled and marked failed; nothing of it bills",
-                    highlight=False,
-                    soft_wrap=True,
-                )
-            else:
-                out.print(f"{m.name} {done if changed else same}", highlight=False, soft_wrap=True)
-        _refresh_ssh_config(application)
-        if output is Output.json:
-            one = len(results) == 1 and names
-            print_json(results[0] if one else results)
-        failed = [r["exit_code"] for r in results if "error" in r]
-        if failed:
-            raise typer.Exit(max(failed) if len(failed) == len(results) else 1)
+        _warn(result.warning)
+        if quiet:
+            listed = [_acted_json(r) for r in result.results]
+            print_json(listed[0] if len(listed) == 1 and names else listed)
+        if result.exit_code:
+            raise typer.Exit(result.exit_code)
 
     command.__doc__ = (
         f"{verb} Name one or more machines, or choose them with --all or --project (several "
         "need confirmation, or --yes)."
     )
-    app.command(fn_name)(command)
+    app.command(op)(command)
 
 
-def _select(application: Any, project: str | None, applies: tuple[str, ...]) -> list[str]:
-    from sqlalchemy import select  # not for --help
+def _acted_line(r: Any, done: str, same: str) -> None:
+    from provisioner.workflows.many import Failed
 
-    from provisioner.models import Machine  # as above
+    if isinstance(r, Failed):
+        err.print(f"[red]error:[/] {r.name}: {r.error}", highlight=False, soft_wrap=True)
+    elif r.cancelled == S.WAITING:
+        out.print(
+            f"{r.machine.name} was waiting for capacity and was never launched: the wait is "
+            "cancelled and marked failed; nothing of it bills",
+            highlight=False,
+            soft_wrap=True,
+        )
+    elif r.cancelled == S.REQUESTED:
+        out.print(
+            f"{r.machine.name} was never launched (an unfinished `up`): its request is "
+            "cancelled and marked failed; nothing of it bills",
+            highlight=False,
+            soft_wrap=True,
+        )
+    else:
+        out.print(
+            f"{r.machine.name} {done if r.changed else same}", highlight=False, soft_wrap=True
+        )
 
-    q = (
-        select(Machine.name)
-        .where(Machine.status.in_(applies))
-        .order_by(Machine.created_at, Machine.name)
-    )
-    if project:
-        q = q.where(Machine.project == project)
-    with application.db.session() as s:
-        return list(dict.fromkeys(s.scalars(q)))
+
+def _acted_json(r: Any) -> dict[str, Any]:
+    from provisioner.workflows.many import Failed
+
+    if isinstance(r, Failed):
+        return {"name": r.name, "error": r.error, "exit_code": r.exit_code}
+    return {"name": r.name, "changed": r.changed, "machine": machine_json(r.machine)}
 
 
-def _status_of(application: Any, name: str) -> str | None:
-    m = _existing(application, name)
-    return None if m is None else m.status
+def _warn(warning: str | None) -> None:
+    if warning is not None:
+        err.print(f"warning: {warning}", highlight=False, markup=False, soft_wrap=True)
 
 
 def _confirm(question: str) -> None:
@@ -727,16 +406,9 @@ _fleet(
     "stop",
     "stopped",
     "was already stopped",
-    ("running", "pending"),
 )
-_fleet("Start stopped machines.", "start", "started", "is already running", ("stopped",))
-_fleet(
-    "Terminate machines and everything they bill for.",
-    "down",
-    "terminated",
-    "was already gone",
-    ("requested", "waiting", "pending", "running", "stopping", "stopped", "preempted"),
-)
+_fleet("Start stopped machines.", "start", "started", "is already running")
+_fleet("Terminate machines and everything they bill for.", "down", "terminated", "was already gone")
 
 
 @app.command()
@@ -753,69 +425,66 @@ def gc(
     pieces of ours no machine uses, and volumes of ours no experiment uses. Lists them;
     --terminate removes the machines (after confirmation) and network pieces; a volume is
     removed only by `provisioner volume rm`."""
-    from provisioner import machines  # SQLAlchemy: not for --help
+    from provisioner.workflows import gc as flow  # SQLAlchemy: not for --help
 
-    application = get_app(ctx)
-    found, errors = machines.orphans(application, cloud or None)
-    done: list[Any] = []
-    if terminate and found:
-        doomed = [o for o in found if not o.adoptable_by]
-        if doomed and not yes:
-            _confirm(f"terminate {plural(len(doomed), 'orphaned machine')}?")
-        done = machines.collect(application, found)
-    network = machines.unused_network(application, cloud or None, errors, remove=terminate)
-    from provisioner.machines import volumes
+    def ask(count: int) -> None:
+        if not yes:
+            _confirm(f"terminate {plural(count, 'orphaned machine')}?")
 
-    stray = volumes.strays(application, cloud or None, errors)
+    found = flow.gc(get_app(ctx), flow.GcRequest(cloud or None, terminate), ask)
     if output is Output.json:
-        print_json(
-            {
-                "orphans": [
-                    {
-                        "cloud": o.cloud,
-                        "id": o.instance.id,
-                        "name": o.instance.name,
-                        "region": o.instance.region,
-                        "zone": o.instance.zone,
-                        "state": o.instance.state.value,
-                        "adoptable_by": o.adoptable_by,
-                    }
-                    for o in found
-                ],
-                "terminated": [o.instance.id for o in done],
-                "unused_network": network,
-                "network_removed": terminate,
-                "volumes": [
-                    {
-                        "cloud": v.cloud,
-                        "id": v.id,
-                        "name": v.name,
-                        "zone": v.zone,
-                        "size_gb": v.size_gb,
-                        "why": v.why,
-                    }
-                    for v in stray
-                ],
-                "not_asked": errors,
-            }
-        )
-        return
-    for o in found:
-        out.print(
-            ("[red]terminated[/] " if o in done else "") + str(o), highlight=False, soft_wrap=True
-        )
-    if not found:
+        print_json(_gc_json(found))
+    else:
+        _gc_text(found)
+
+
+def _gc_text(found: Any) -> None:
+    for o in found.orphans:
+        terminated = "[red]terminated[/] " if o in found.terminated else ""
+        out.print(terminated + str(o), highlight=False, soft_wrap=True)
+    if not found.orphans:
         out.print("no orphans", soft_wrap=True)
-    for cl, pieces in network.items():
+    for cl, pieces in found.network.items():
         for piece in pieces:
-            out.print(
-                f"{'[red]removed[/] ' if terminate else 'unused: '}{cl} {piece}", soft_wrap=True
-            )
-    for v in stray:  # listed only, never removed here: a volume holds data
+            how = "[red]removed[/] " if found.removed else "unused: "
+            out.print(f"{how}{cl} {piece}", soft_wrap=True)
+    for v in found.volumes:  # listed only, never removed here: a volume holds data
         out.print(f"unused: {v}", highlight=False, markup=False, soft_wrap=True)
-    for c, why in errors.items():
+    for c, why in found.not_asked.items():
         err.print(
             f"[yellow]{c}[/]: not asked: {why.removeprefix(f'{c}: ')}",
             highlight=False,
             soft_wrap=True,
         )
+
+
+def _gc_json(found: Any) -> dict[str, Any]:
+    return {
+        "orphans": [
+            {
+                "cloud": o.cloud,
+                "id": o.instance.id,
+                "name": o.instance.name,
+                "region": o.instance.region,
+                "zone": o.instance.zone,
+                "state": o.instance.state.value,
+                "adoptable_by": o.adoptable_by,
+            }
+            for o in found.orphans
+        ],
+        "terminated": [o.instance.id for o in found.terminated],
+        "unused_network": found.network,
+        "network_removed": found.removed,
+        "volumes": [
+            {
+                "cloud": v.cloud,
+                "id": v.id,
+                "name": v.name,
+                "zone": v.zone,
+                "size_gb": v.size_gb,
+                "why": v.why,
+            }
+            for v in found.volumes
+        ],
+        "not_asked": found.not_asked,
+    }

@@ -81,109 +81,175 @@ class Fleet:
     first: int = 0  # the rows shown are ``first``-th to ``first + len(rows) - 1``-th (from 1)
 
 
+@dataclass(frozen=True)
+class FleetQuery:
+    """What a fleet page asks for: its filters (``budget``: the machines that policy's budget
+    covers; exact ``project``, ``owner``, ``cloud``; ``state``: one of the summary's counts),
+    its sort (a column of :data:`SORTS`, ``desc``) and its page (from 1; past the last: the
+    last)."""
+
+    filters: Mapping[str, str] = field(default_factory=dict)
+    sort: str = ""
+    desc: bool = False
+    page: int = 1
+
+    @classmethod
+    def parse(cls, query: Mapping[str, str]) -> FleetQuery:
+        """From a page's query string (``sort``, ``dir``, ``page`` and the filters). Bad
+        input: :class:`UserError`."""
+        chosen = {k: query[k] for k in FILTERS if query.get(k)}
+        sort, desc = _sort_of(query)
+        page = _page_of(query)
+        state = chosen.get("state")
+        if state is not None and state not in STATES:
+            raise UserError(f"state {state!r}: one of {', '.join(STATES)}")
+        return cls(chosen, sort, desc, page)
+
+    def admits(self, m: Machine) -> bool:
+        """``m`` has the exact project, owner and cloud asked for."""
+        return all(getattr(m, k) == self.filters[k] for k in EXACT if k in self.filters)
+
+
+EXACT = ("project", "owner", "cloud")  # the filters a machine's own column answers
+
+
 def fleet(
     app: App,
     now: datetime,
     f: Fmt,
-    query: Mapping[str, str],
+    query: FleetQuery | Mapping[str, str],
     paged: bool = True,
     budgets: Callable[[], list[Status]] | None = None,
 ) -> Fleet:
-    """Every live machine, filtered (``budget``: those that policy's budget covers; exact
-    ``project``, ``owner``, ``cloud``; ``state``: one of the summary's counts) and sorted
-    (``sort``, ``dir``), with what it has cost, its GPU utilisation, why it is up and the next
-    thing the scheduler will do to it. ``paged``: only :data:`PER_PAGE` rows (``page``, from
-    1; past the last: the last), the only ones given sparklines and next moves (the costly
-    parts); the totals are over every filtered machine either way. Not paged (the CSV): every
-    row with its next move, without sparklines. ``budgets``: every budget's standing, as other
-    pages share it (default: made anew). Bad input: :class:`UserError`."""
+    """Every live machine, filtered and sorted as ``query`` asks (a :class:`FleetQuery`, or
+    the page's query string it is parsed from), with what it has cost, its GPU utilisation,
+    why it is up and the next thing the scheduler will do to it. ``paged``: only
+    :data:`PER_PAGE` rows, the only ones given sparklines and next moves (the costly parts);
+    the totals are over every filtered machine either way. Not paged (the CSV): every row with
+    its next move, without sparklines. ``budgets``: every budget's standing, as other pages
+    share it (default: made anew). Bad input: :class:`UserError`."""
+    q = query if isinstance(query, FleetQuery) else FleetQuery.parse(query)
+    with_budget = _with_budget(app)
+    listed = {r.id: r for r in read_fleet(app, all_=False).rows}
+    live = _live(app)
+    machines = _filtered(live, q, with_budget)
+    sm = summary(app, now, machines, budgets() if budgets else None)  # of machines in any state
+    if (state := q.filters.get("state")) is not None:
+        machines = [m for m in machines if sm.in_state(m, state)]
+    make = _Making(app, now, f, listed, now - SPARK_SPAN)
+    every = q.sort == "next" or not paged  # every row's next move: the sort needs it, the CSV too
+    rows = make.ordered(make.rows(machines, sm), q, every)
+    spent_total, burn_total = _share(rows), _share_burn(rows)
+    shown, page, pages, first = make.page(rows, q, every) if paged else (rows, 1, 1, 0)
+    return Fleet(
+        shown,
+        *_choices(live),
+        dict(q.filters),
+        len(live),
+        make.start,
+        now,
+        spent_total,
+        sm,
+        burn_total,
+        sorted(with_budget),
+        q.sort,
+        q.desc,
+        len(rows),
+        page,
+        pages,
+        first + 1 if shown else 0,
+    )
+
+
+def _with_budget(app: App) -> dict[str, Any]:
+    """The policies with a budget, by name."""
+    return {p.name: p for p in app.policies if p.budget is not None}
+
+
+def _choices(live: list[Machine]) -> tuple[list[str], list[str], list[str]]:
+    """What the filters offer: the live machines' projects, owners and clouds."""
+    return (
+        sorted({m.project for m in live}),
+        sorted({m.owner for m in live}),
+        sorted({m.cloud for m in live if m.cloud}),
+    )
+
+
+def _filtered(live: list[Machine], q: FleetQuery, with_budget: Mapping[str, Any]) -> list[Machine]:
+    """The machines with the project, owner and cloud asked for, that the budget asked for
+    covers. A policy with no budget: :class:`UserError`, naming those that have one."""
+    name = q.filters.get("budget")
+    if name is not None and name not in with_budget:
+        raise UserError(
+            f"no policy {name!r} with a budget (budgets: "
+            f"{', '.join(sorted(with_budget)) or 'none'})"
+        )
+    covers = with_budget[name].applies_to.matches if name is not None else None
+    return [m for m in live if q.admits(m) and (covers is None or covers(m.project, m.owner))]
+
+
+def _live(app: App) -> list[Machine]:
     from sqlalchemy import select
 
     from provisioner.models import ACTIVE_EXCLUDED, Machine
 
-    chosen = {k: query[k] for k in FILTERS if query.get(k)}
-    sort, desc = _sort_of(query)
-    page = _page_of(query)
-    with_budget = {p.name: p for p in app.policies if p.budget is not None}
-    covers = None
-    if "budget" in chosen:
-        if chosen["budget"] not in with_budget:
-            raise UserError(
-                f"no policy {chosen['budget']!r} with a budget (budgets: "
-                f"{', '.join(sorted(with_budget)) or 'none'})"
-            )
-        covers = with_budget[chosen["budget"]].applies_to.matches
-    state = chosen.get("state")
-    if state is not None and state not in STATES:
-        raise UserError(f"state {state!r}: one of {', '.join(STATES)}")
-    listed = {r.id: r for r in read_fleet(app, all_=False).rows}
     with app.db.session() as s:
-        live = list(
+        return list(
             s.scalars(
                 select(Machine)
                 .where(Machine.status.not_in(ACTIVE_EXCLUDED))
                 .order_by(Machine.project, Machine.name)
             )
         )
-    exact = {k: v for k, v in chosen.items() if k in ("project", "owner", "cloud")}
-    machines = [
-        m
-        for m in live
-        if all(getattr(m, k) == v for k, v in exact.items())
-        and (covers is None or covers(m.project, m.owner))
-    ]
-    sm = summary(app, now, machines, budgets() if budgets else None)  # of machines in any state
-    if state is not None:
-        machines = [m for m in machines if sm.in_state(m, state)]
-    idle_now = {i.machine.id: i for i in sm.idle}
-    rows = []
-    for m in machines:
-        lr = listed.get(m.id)
-        spent = monies(lr.spent) if lr is not None else []
-        rows.append(Row(m, spent, [], "", "", None, None, idle=idle_now.get(m.id), burn=burn(m)))
-    start = now - SPARK_SPAN
-    every = sort == "next" or not paged  # every row's next move: the sort needs it, the CSV too
-    if every:
-        _moves(app, now, f, rows, listed)
-    if sort == "util":
-        utils = latest_util(app, [r.machine.id for r in rows], start, now, SPARK_STEP)
-        for r in rows:
-            r.util = utils.get(r.machine.id)
-    if sort:
-        rows = sort_rows(rows, sort, desc, app.settings.money_rates)
-    spent_total, burn_total = _share(rows), _share_burn(rows)
-    count, pages, first = len(rows), 1, 0
-    if paged:
-        pages = max(1, -(-count // PER_PAGE))
-        page = min(page, pages)
+
+
+@dataclass
+class _Making:
+    """What each step of making a fleet's rows needs."""
+
+    app: App
+    now: datetime
+    f: Fmt
+    listed: Mapping[str, Any]  # the rows ``status`` lists, by machine id: their costs
+    start: datetime  # of the sparklines
+
+    def rows(self, machines: list[Machine], sm: Summary) -> list[Row]:
+        """Each machine's row: its cost as ``status`` lists it, idle now, its burn."""
+        idle_now = {i.machine.id: i for i in sm.idle}
+        rows = []
+        for m in machines:
+            lr = self.listed.get(m.id)
+            spent = monies(lr.spent) if lr is not None else []
+            idle = idle_now.get(m.id)
+            rows.append(Row(m, spent, [], "", "", None, None, idle=idle, burn=burn(m)))
+        return rows
+
+    def ordered(self, rows: list[Row], q: FleetQuery, every: bool) -> list[Row]:
+        """``rows`` sorted as ``q`` asks; ``every``: each with its next move."""
+        if every:
+            _moves(self.app, self.now, self.f, rows, self.listed)
+        if q.sort == "util":
+            ids = [r.machine.id for r in rows]
+            utils = latest_util(self.app, ids, self.start, self.now, SPARK_STEP)
+            for r in rows:
+                r.util = utils.get(r.machine.id)
+        return sort_rows(rows, q.sort, q.desc, self.app.settings.money_rates) if q.sort else rows
+
+    def page(self, rows: list[Row], q: FleetQuery, every: bool) -> tuple[list[Row], int, int, int]:
+        """The page ``q`` asks for (past the last: the last), with the sparklines and (unless
+        ``every`` row has it) the next moves: the page shown, its number, how many there are,
+        the index of its first row."""
+        pages = max(1, -(-len(rows) // PER_PAGE))
+        page = min(q.page, pages)
         first = (page - 1) * PER_PAGE
-        rows = rows[first : first + PER_PAGE]
+        shown = rows[first : first + PER_PAGE]
         if not every:
-            _moves(app, now, f, rows, listed)
-        beats = spark_points(app, [r.machine.id for r in rows], start, SPARK_STEP)
-        for r in rows:
+            _moves(self.app, self.now, self.f, shown, self.listed)
+        beats = spark_points(self.app, [r.machine.id for r in shown], self.start, SPARK_STEP)
+        for r in shown:
             r.beats = beats.get(r.machine.id, [])
             r.util = r.beats[-1][1] if r.beats else None
-    return Fleet(
-        rows,
-        sorted({m.project for m in live}),
-        sorted({m.owner for m in live}),
-        sorted({m.cloud for m in live if m.cloud}),
-        chosen,
-        len(live),
-        start,
-        now,
-        spent_total,
-        sm,
-        burn_total,
-        sorted(with_budget),
-        sort,
-        desc,
-        count,
-        page if paged else 1,
-        pages,
-        first + 1 if rows else 0,
-    )
+        return shown, page, pages, first
 
 
 def _moves(app: App, now: datetime, f: Fmt, rows: list[Row], listed: Mapping[str, Any]) -> None:
