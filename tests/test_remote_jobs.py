@@ -349,6 +349,8 @@ def test_run_starts_again_when_its_machine_is_started_again_in_place(
     machines.restart(app, jobs.named(app, "box"))
     [due] = _events(app, m.id, jobs.DUE)
     assert due.reason == "preempted"
+    # the second start runs detached: its output is there once the machine says it ended
+    _until(lambda: not jobs.state(app, jobs.named(app, "box"), "run").running)
     assert (machine_home / "starts.log").read_text() == "started\nstarted\n"
     assert finish.check(app) == [] or not jobs.run_due(app, m)  # started once, not again
     app.close()
