@@ -38,7 +38,6 @@ from tests.test_remote_jobs import (  # noqa: F401  (fixtures)
 
 pytestmark = [
     pytest.mark.slow,  # moto, a real sshd, the real agent and a real job
-    pytest.mark.wallclock,  # failed once under libfaketime in CI: not yet understood
     pytest.mark.skipif(
         os.geteuid() != 0, reason="the machine's volume is mounted as its startup data would: root"
     ),
