@@ -326,6 +326,8 @@ def test_run_starts_again_after_a_preempted_machine_is_relaunched(
     assert started.action == "start-job"
     second = jobs.named(app, "spot")
     assert second.id != first.id and jobs.jobs_of(app, second)["run"].running
+    # it runs detached (`start` returns at once): what it wrote is there once it wrote it
+    _until(lambda: (machine_home / "starts.log").read_text().count("started") > 1)
     assert (machine_home / "starts.log").read_text() == "started\nstarted\n"
     app.close()
 
