@@ -40,9 +40,8 @@ from providers.base import TAG_MACHINE, TAG_MANAGED_BY
 from provisioner import machines
 from provisioner.app import App
 from provisioner.errors import OperationFailed, ProvisionerError, UserError
-from provisioner.machines import jobs, pull
+from provisioner.machines import guard_stops, jobs, pull
 from provisioner.machines import volumes as volumes_
-from provisioner.machines.guard_stops import GUARD_REASONS
 from provisioner.models import Event, Heartbeat, Machine
 from provisioner.money import Money
 from provisioner.schema import MachineStatus as S
@@ -229,15 +228,16 @@ def _cheapest_price(o: Any) -> Decimal:
 
 def _heard(app: App, machine_id: str) -> bool:
     """A heartbeat or a pulled sample of the machine's, or a stop its agent made and recorded
-    (its ``stop.json``, read back into the stop event's reason)."""
+    (its ``stop.json``, read back into the stop event) — not a stop reconcile inferred from
+    what is recorded (its run exited, on_finish): that is said with every report refused."""
     with app.db.session() as s:
         beats = s.scalar(select(func.count()).where(Heartbeat.machine_id == machine_id))
-        stops = s.scalar(
-            select(func.count()).where(
-                Event.machine_id == machine_id, Event.reason.in_(GUARD_REASONS)
+        stops = s.scalars(
+            select(Event.detail).where(
+                Event.machine_id == machine_id, Event.reason.in_(guard_stops.GUARD_REASONS)
             )
         )
-    return bool(beats or stops)
+        return bool(beats) or any(guard_stops.said_by_guard(d) for d in stops)
 
 
 def _stop_detail(app: App, m: Machine) -> str:

@@ -24,6 +24,19 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _clock_env() -> str:
+    """sshd gives a session an environment of its own making, not the test's: under
+    libfaketime (the suite's edge-instant run, .ci/run) the commands run over SSH — the job
+    supervisor, the agent's ``--report`` — would read the real clock while the test and the
+    processes it starts read the faked one, as far apart as the offset (weeks); the pull
+    refuses a report more than 5 minutes off its own clock. The session gets the test's
+    clock, as NTP keeps a real machine on its scheduler's."""
+    if "FAKETIME" not in os.environ:
+        return ""
+    faked = [k for k in os.environ if k == "LD_PRELOAD" or k.startswith("FAKETIME")]
+    return "SetEnv " + " ".join(f'{k}="{os.environ[k]}"' for k in faked) + "\n"
+
+
 def run_sshd(tmp_path: Path) -> Iterator[tuple[int, Path]]:
     """An sshd on 127.0.0.1 admitting the current user with a key made for the test: yields
     its port and its folder (``user`` the key, ``authorized_keys``). A fixture's body:
@@ -41,7 +54,7 @@ def run_sshd(tmp_path: Path) -> Iterator[tuple[int, Path]]:
         f"AuthorizedKeysFile {d / 'authorized_keys'}\nPidFile {d / 'sshd.pid'}\n"
         "StrictModes no\nUsePAM no\nPasswordAuthentication no\nKbdInteractiveAuthentication no\n"
         "PubkeyAuthentication yes\nPermitRootLogin prohibit-password\n"
-        f"AllowUsers {getpass.getuser()}\n"
+        f"AllowUsers {getpass.getuser()}\n{_clock_env()}"
     )
     if os.geteuid() == 0:
         Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # its privilege-separation directory

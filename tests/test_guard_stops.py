@@ -61,6 +61,23 @@ def test_no_stop_a_stale_stop_or_a_bad_one_is_no_reason_known(clock):
         assert "no reason known" in got.detail["by"]
 
 
+def test_a_stop_the_guard_said_is_told_from_one_inferred_from_what_is_recorded(app, clock):
+    """selftest hears the agent in the first, never in the second: reconcile infers an
+    on-finish stop from a recorded run exit with every report of the machine refused."""
+    exp = Experiment.model_validate({**sandbox_experiment("guarded"), "run": "true"})
+    m = machines.up(app, exp).machine
+    machines.record_event(app, m.id, jobs.STARTED, detail={"job": "run", "command": "true"})
+    machines.record_event(
+        app, m.id, jobs.FINISHED, reason="exited", detail={"job": "run", "exit_code": 0}
+    )
+    guessed = guard_stops.inferred(app, m)
+    assert guessed is not None and guessed.reason == "on-finish"
+    assert not guard_stops.said_by_guard(guessed.detail)
+    stop = {"at": clock.now().isoformat(), "reason": "on-finish", "action": "stop"}
+    said = guard_stops.explain(_report(stop), ["run"], since=None)
+    assert said.reason == "on-finish" and guard_stops.said_by_guard(said.detail)
+
+
 def test_reconcile_records_the_guards_stop_its_ended_job_and_the_clouds_time(
     app, clock, monkeypatch
 ):

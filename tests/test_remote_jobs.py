@@ -168,10 +168,9 @@ def test_a_cloud_machine_runs_the_experiment_over_ssh_and_stops_when_it_ends(
     assert m.public_ip == "127.0.0.1"
     assert jobs.jobs_of(app, m)["run"].running
 
-    # the workdir went over by rsync, less what .gitignore names; setup ran once
+    # the workdir went over by rsync, less what .gitignore names
     copied = machine_home / "workdir"
     assert sorted(p.name for p in copied.iterdir()) == [".gitignore", "train.sh"]
-    assert (machine_home / "setup.log").read_text() == "set-up\n"
     # the supervisor was pushed (the machine had none: the emulator ran no startup data)
     pushed = machine_home / ".provisioner" / "bin" / "provisioner-job"
     assert pushed.read_text() == supervisor_script()
@@ -181,6 +180,7 @@ def test_a_cloud_machine_runs_the_experiment_over_ssh_and_stops_when_it_ends(
     assert os.getsid(pid) == pid
     out = _until(lambda: jobs.output(app, m, "run"))
     assert out == b"greeting=it's me in workdir\n"
+    assert (machine_home / "setup.log").read_text() == "set-up\n"  # once, before the run
 
     # exec: another detached job with the experiment's env; `logs --job` reads it
     assert jobs.exec_job(app, "train", 'echo "exec says $GREETING"') == "exec-1"
@@ -326,6 +326,8 @@ def test_run_starts_again_after_a_preempted_machine_is_relaunched(
     assert started.action == "start-job"
     second = jobs.named(app, "spot")
     assert second.id != first.id and jobs.jobs_of(app, second)["run"].running
+    # it runs detached (`start` returns at once): what it wrote is there once it wrote it
+    _until(lambda: (machine_home / "starts.log").read_text().count("started") > 1)
     assert (machine_home / "starts.log").read_text() == "started\nstarted\n"
     app.close()
 
@@ -349,6 +351,8 @@ def test_run_starts_again_when_its_machine_is_started_again_in_place(
     machines.restart(app, jobs.named(app, "box"))
     [due] = _events(app, m.id, jobs.DUE)
     assert due.reason == "preempted"
+    # the second start runs detached: its output is there once the machine says it ended
+    _until(lambda: not jobs.state(app, jobs.named(app, "box"), "run").running)
     assert (machine_home / "starts.log").read_text() == "started\nstarted\n"
     assert finish.check(app) == [] or not jobs.run_due(app, m)  # started once, not again
     app.close()

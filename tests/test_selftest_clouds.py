@@ -58,7 +58,6 @@ from tests.test_yandex import billing_fixture
 
 pytestmark = [
     pytest.mark.slow,  # an emulator, a real sshd, the real agent and a real job
-    pytest.mark.wallclock,  # failed once under libfaketime in CI: not yet understood
     pytest.mark.skipif(
         os.geteuid() != 0, reason="the machine's volume is mounted as its startup data would: root"
     ),

@@ -212,12 +212,10 @@ def test_a_job_waits_out_the_mounting_then_says_it_is_still_mounting(tmp_path):
     assert code == "97" and "still mounting after 4s" in out
 
 
-@pytest.mark.wallclock  # the supervisor's shell sleeps, under libfaketime's offset, stalled in CI
 def test_a_job_started_before_the_mount_script_began_waits_for_its_volume(tmp_path):
     """SSH answers before cloud-init runs the startup script: the job's env names its volumes
     (PV_VOLUMES, as `up` writes it), so it waits for them to be mounted, then runs."""
     import shlex
-    import threading
 
     bin_ = tmp_path / "bin"
     bin_.mkdir()
@@ -226,12 +224,13 @@ def test_a_job_started_before_the_mount_script_began_waits_for_its_volume(tmp_pa
     (bin_ / "mountpoint").chmod(0o755)
     path = {"PATH": f"{bin_}:{os.environ['PATH']}", "PV_VOLUME_WAIT": "60"}
     job_env = f"export PV_VOLUMES={shlex.quote('/data' + chr(10) + '/ckpt')}\n"
-    later = threading.Timer(3, mounted.touch)  # the mount script, once cloud-init runs it
-    later.start()
+    # the mount script, once cloud-init runs it: a process of its own, as on the machine
+    later = subprocess.Popen(["sh", "-c", f"sleep 3 && touch {shlex.quote(str(mounted))}"])
     try:
         code, out = run_job_out(tmp_path, tmp_path / "no-state-yet", job_env, **path)
     finally:
-        later.cancel()
+        later.kill()
+        later.wait()
     assert (code, out) == ("0", "the job ran\n")
     mounted.unlink()
     path["PV_VOLUME_WAIT"] = "2"  # never mounted: refused, saying so

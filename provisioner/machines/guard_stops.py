@@ -125,6 +125,13 @@ def inferred(app: App, m: Machine) -> Explained | None:
     return Explained("on-finish", {"by": "the machine's guard", "guard": {"detail": said}})
 
 
+def said_by_guard(detail: Any) -> bool:
+    """A stop event's detail as :func:`explain` writes it from the guard's own ``stop`` (with
+    the guard's time), not one :func:`inferred` from what is recorded."""
+    guard = detail.get("guard") if isinstance(detail, dict) else None
+    return isinstance(guard, dict) and _iso(guard.get("at")) is not None
+
+
 def read_report(app: App, m: Machine) -> dict[str, Any] | None:
     """The machine's report where its cloud keeps it (None: not readable there; the pull
     reads a cloud machine's over SSH)."""
