@@ -246,7 +246,7 @@ def test_selftest_checks_every_step_and_leaves_nothing(
     ]  # fmt: skip
     assert "on-finish" in steps["own stop"].detail
     assert result.left == [] and result.cost
-    assert cloud.machines() == [] and cloud.provider().list_volumes() == []
+    assert cloud.machines() == [] and cloud.provider().volumes.ours() == []
 
     cloud_state, status, read = AFTER[cloud.name]
     assert host.halted is cloud_state  # the machine powered itself off; its cloud says so
