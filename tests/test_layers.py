@@ -56,7 +56,9 @@ ORDER = [
     "provisioner.startup",  # what a machine is given at boot: the agent and its token
     "provisioner.boot",  # a launch's startup data put together: agent, supervisor, mounts
     "provisioner.fits",  # the startup data against each cloud's limits, before a launch
-    "provisioner.idle",
+    "provisioner.heartbeats",  # heartbeats and notices: parsed, kept, pruned, the latest read
+    "provisioner.idle",  # the idle signal: evidence, verdict, rules, idle now
+    "provisioner.endpoint",  # the signed heartbeat endpoint: /v1/heartbeat, /v1/notice, /metrics
     "provisioner.keys",  # the SSH key a machine gets and `ssh` uses; the ssh-config
     "provisioner.machines.record",  # a machine's life: events, transitions, its cloud's calls
     "provisioner.machines.attempts",  # the typed launch attempt and what failures block

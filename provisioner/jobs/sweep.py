@@ -16,7 +16,7 @@ from sqlalchemy import select
 from policies.calendar import Calendar
 from policies.duration import format_duration, parse_duration
 from policies.schema import IdleRule, Policy, matching
-from provisioner import idle, machines, mail, notify, outages
+from provisioner import heartbeats, idle, machines, mail, notify, outages
 from provisioner.app import App
 from provisioner.errors import ProvisionerError, UserError
 from provisioner.jobs import autostop, ended
@@ -295,7 +295,7 @@ def run(
                 todo.append((action, m))
         _act(app, lease, todo)
         if not dry_run and lease:
-            idle.prune(app, now - _retention(app, assessed))
+            heartbeats.prune(app, now - _retention(app, assessed))
         return result
 
     return run_pass(app, "sweep", pass_now, body, holder=holder, dry_run=dry_run)

@@ -15,7 +15,7 @@ from sqlalchemy.orm import Session
 from providers.base import Instance, MachineState, NotFound, Provider, ProviderError
 from provisioner import ledger, notify
 from provisioner.app import App
-from provisioner.idle import NOTICE_EVENT
+from provisioner.heartbeats import NOTICE_EVENT
 from provisioner.machines import guard_stops
 from provisioner.machines.record import ref
 from provisioner.models import ACTIVE_EXCLUDED, Event, Heartbeat, Machine, UsageInterval
