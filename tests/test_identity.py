@@ -331,7 +331,7 @@ def test_the_dashboard_knows_a_user_by_a_personal_token(home, clock):
     # the login form takes it too; its cookie names the token and dies with it
     status, headers, _ = call(dash, "/login", "POST", body=f"token={issued.token}")
     assert status == 303
-    from provisioner.dashboard.web import COOKIE
+    from provisioner.dashboard.access import COOKIE
 
     [cookie] = [
         v.split(";")[0] for k, v in headers if k == "Set-Cookie" and v.startswith(COOKIE + "=")

@@ -103,7 +103,10 @@ ORDER = [
     "provisioner.selftest",  # selftest --cloud C: one small real run checks the guard there
     "provisioner.dashboard.svg",  # the team dashboard: charts, page data, the WSGI app
     "provisioner.dashboard.pages",
-    "provisioner.dashboard.web",
+    "provisioner.dashboard.wsgi",  # a request and a response: cookies, forms, headers, static
+    "provisioner.dashboard.site",  # the frame: language, cache, Jinja2 pages
+    "provisioner.dashboard.access",  # login, sessions, tokens, CSRF, the throttle
+    "provisioner.dashboard.web",  # routing and the pages
     "provisioner.dashboard",
     "provisioner.cli",  # the Typer app and what every command shares
     "provisioner.cli.catalog",
