@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 import typer
@@ -48,17 +49,64 @@ def catalog(
     if ctx.invoked_subcommand:
         return
     from provisioner import catalog as cat
-    from provisioner.money import Money
 
     if gpu is not None:
         gpu = _known_gpu(gpu)
     application = get_app(ctx)
     rates = application.settings.money_rates
     clouds = shown_clouds(application.settings)
-    # (gpu, count, cloud) → market → (price in the base currency, price, offer); plus any offer
-    best: dict[tuple[str, int, str], dict[str, tuple]] = {}
+    best, seen = _cheapest(application.offers(clouds), gpu, rates)
+    keys = sorted(best)
+    shown = [o for row in best.values() for _, _, o in row.values()]
+    stale = cat.stale(shown, application.clock.now().date())
+    if output is Output.json:
+        print_json([_offer_json(k, best[k]) for k in keys])
+        for line in stale:
+            err.print(f"note: {line}", highlight=False, soft_wrap=True)
+        return
+    out.print(
+        f"GPU offers, cheapest per cloud (prices per hour; ranked in {rates.base})", soft_wrap=True
+    )
+    rows = [_offer_row(key, best[key], seen[key]) for key in keys]
+    columns = [
+        ("GPU", "<", 0),
+        ("count", ">", 0),
+        ("cloud", "<", 0),
+        ("on-demand", ">", 0),
+        ("where", "<", 2),
+        ("spot", ">", 0),
+        ("where", "<", 1),
+    ]
+    write(text_table(columns, rows))
+    _print_sources(application.settings, clouds, rates, stale)
+
+
+def _print_sources(settings: Any, clouds: list[str], rates: Any, stale: list[str]) -> None:
+    """Under the table: the exchange rates, each cloud's data, and what is stale."""
+    from provisioner import catalog as cat
+
+    sources = {cl: cat.source_of(settings, cl).name for cl in clouds}
+    out.print(
+        f"[dim]{rates.describe()}; data: {', '.join(f'{k}={v}' for k, v in sources.items())}[/]",
+        soft_wrap=True,
+    )
+    for line in stale:
+        out.print(f"[yellow]note[/]: {line}", highlight=False, soft_wrap=True)
+
+
+Cheapest = dict[tuple[str, int, str], dict[str, tuple]]
+
+
+def _cheapest(
+    offers: Iterable[Any], gpu: str | None, rates: Any
+) -> tuple[Cheapest, dict[tuple[str, int, str], Any]]:
+    """(gpu, count, cloud) → market → (price in the base currency, price, offer), of the offers
+    of ``gpu`` (and its variants; None: every GPU); plus any offer of each."""
+    from provisioner.money import Money
+
+    best: Cheapest = {}
     seen: dict[tuple[str, int, str], Any] = {}
-    for o in application.offers(clouds):
+    for o in offers:
         if gpu and o.gpu.upper() != gpu.upper() and not o.gpu.upper().startswith(gpu.upper() + "-"):
             continue
         key = (o.gpu, o.gpu_count, o.cloud)
@@ -71,64 +119,37 @@ def catalog(
             base = rates.convert(price)
             if market not in row or base.amount < row[market][0].amount:
                 row[market] = (base, price, o)
-    keys = sorted(best)
-    shown = [o for row in best.values() for _, _, o in row.values()]
-    stale = cat.stale(shown, application.clock.now().date())
-    if output is Output.json:
-        print_json(
-            [
-                {
-                    "gpu": g,
-                    "gpu_count": n,
-                    "cloud": cl,
-                    **{
-                        m: {
-                            "price": amount(price.amount),
-                            "currency": price.currency,
-                            "instance_type": o.instance_type,
-                            "where": o.zone or o.region,
-                            "as_of": o.as_of,
-                        }
-                        for m, (_, price, o) in best[(g, n, cl)].items()
-                    },
-                }
-                for g, n, cl in keys
-            ]
-        )
-        for line in stale:
-            err.print(f"note: {line}", highlight=False, soft_wrap=True)
-        return
-    out.print(
-        f"GPU offers, cheapest per cloud (prices per hour; ranked in {rates.base})", soft_wrap=True
-    )
-    rows = []
-    for key in keys:
-        row = best[key]
-        cells = []
-        for market, missing in (("reserved", "no public price"), ("spot", "—")):
-            if market in row:
-                _, price, o = row[market]
-                cells += [str(price), f"{o.zone or o.region} {o.instance_type}"]
-            else:
-                cells += [missing, seen[key].instance_type if market == "reserved" else ""]
-        rows.append([key[0], str(key[1]), key[2], *cells])
-    columns = [
-        ("GPU", "<", 0),
-        ("count", ">", 0),
-        ("cloud", "<", 0),
-        ("on-demand", ">", 0),
-        ("where", "<", 2),
-        ("spot", ">", 0),
-        ("where", "<", 1),
-    ]
-    write(text_table(columns, rows))
-    sources = {cl: cat.source_of(application.settings, cl).name for cl in clouds}
-    out.print(
-        f"[dim]{rates.describe()}; data: {', '.join(f'{k}={v}' for k, v in sources.items())}[/]",
-        soft_wrap=True,
-    )
-    for line in stale:
-        out.print(f"[yellow]note[/]: {line}", highlight=False, soft_wrap=True)
+    return best, seen
+
+
+def _offer_json(key: tuple[str, int, str], row: dict[str, tuple]) -> dict[str, Any]:
+    g, n, cl = key
+    return {
+        "gpu": g,
+        "gpu_count": n,
+        "cloud": cl,
+        **{
+            m: {
+                "price": amount(price.amount),
+                "currency": price.currency,
+                "instance_type": o.instance_type,
+                "where": o.zone or o.region,
+                "as_of": o.as_of,
+            }
+            for m, (_, price, o) in row.items()
+        },
+    }
+
+
+def _offer_row(key: tuple[str, int, str], row: dict[str, tuple], any_offer: Any) -> list[str]:
+    cells = []
+    for market, missing in (("reserved", "no public price"), ("spot", "—")):
+        if market in row:
+            _, price, o = row[market]
+            cells += [str(price), f"{o.zone or o.region} {o.instance_type}"]
+        else:
+            cells += [missing, any_offer.instance_type if market == "reserved" else ""]
+    return [key[0], str(key[1]), key[2], *cells]
 
 
 def shown_clouds(settings: Any) -> list[str]:
