@@ -123,16 +123,31 @@ def evidence(
     each machine's beats, the costly part) only of those whose verdict still turns on them.
     ``busy_at``: the highest threshold of any rule; a machine whose busiest GPU reaches it is
     busy whatever its silences, and its ``gap_us`` is left None."""
-    from sqlalchemy import and_, case, literal, type_coerce
-
     wanted, spans = set(machine_ids), sorted(set(windows))
     if not wanted or not spans:
         return {}
-    col, us = _epoch_us(app)
+    with app.db.session() as s:
+        out, silent = _summed(app, s, wanted, now, spans, grace, busy_at)
+        _add_gaps(app, s, out, sorted(silent), now, spans, grace)
+    return out
+
+
+def _summed(
+    app: App,
+    s: Any,
+    wanted: set[str],
+    now: datetime,
+    spans: list[timedelta],
+    grace: timedelta,
+    busy_at: float | None,
+) -> tuple[dict[tuple[str, timedelta], Evidence], set[str]]:
+    """:func:`evidence`'s one query for all machines, without the silences; and the machines
+    whose silences decide some window's verdict."""
+    from sqlalchemy import and_, case, type_coerce
+
     since = now - spans[-1] - grace
     g, now_us = grace // timedelta(microseconds=1), epoch_us(now)
     starts = [now - w for w in spans]
-    bounds = [epoch_us(start - grace) for start in starts]  # the silences: from start - grace
     at, util = Heartbeat.at, Heartbeat.max_util  # compared as stored: no arithmetic per row
     machine = beat_machine(app)
     cols: list[Any] = [machine, func.max(at)]
@@ -144,53 +159,76 @@ def evidence(
         ]
     out: dict[tuple[str, timedelta], Evidence] = {}
     silent: set[str] = set()  # machines whose silences decide some window's verdict
-    with app.db.session() as s:
-        query = select(*cols).where(at >= since).group_by(machine)
-        if len(wanted) <= 500:  # a page of the fleet: by its machines' index, not the whole
-            query = query.where(Heartbeat.machine_id.in_(wanted))
-        for row in s.execute(query):
-            if row[0] not in wanted:
-                continue
-            for i, (w, start) in enumerate(zip(spans, starts, strict=True)):
-                first, top, blind = row[2 + 3 * i : 5 + 3 * i]
-                ev = out[row[0], w] = Evidence(
-                    None if first is None else epoch_us(first),
-                    None if first is None else epoch_us(row[1]),
-                    None if top is None else float(top),
-                    int(blind or 0),
-                    None,
-                )
-                if (
-                    ev.first_us is not None
-                    and ev.last_us is not None
-                    and ev.last_us >= now_us - g
-                    and (busy_at is None or ev.top is None or ev.top < busy_at)
-                    and not ev.blind
-                    and ev.first_us <= epoch_us(start) + g
-                ):
-                    silent.add(row[0])
-        todo = sorted(silent)
-        for k in range(0, len(todo), 500):  # bound the IN list
-            gaps = (
-                select(
-                    Heartbeat.machine_id.label("mid"),
-                    us.label("us"),
-                    func.lag(us)
-                    .over(partition_by=Heartbeat.machine_id, order_by=col)
-                    .label("prev"),
-                )
-                .where(Heartbeat.at >= since, Heartbeat.machine_id.in_(todo[k : k + 500]))
-                .subquery()
+    query = select(*cols).where(at >= since).group_by(machine)
+    if len(wanted) <= 500:  # a page of the fleet: by its machines' index, not the whole
+        query = query.where(Heartbeat.machine_id.in_(wanted))
+    for row in s.execute(query):
+        if row[0] not in wanted:
+            continue
+        for i, (w, start) in enumerate(zip(spans, starts, strict=True)):
+            ev = out[row[0], w] = _from_sums(row[1], *row[2 + 3 * i : 5 + 3 * i])
+            if _turns_on_silence(ev, now_us - g, epoch_us(start) + g, busy_at):
+                silent.add(row[0])
+    return out, silent
+
+
+def _from_sums(last: datetime, first: datetime | None, top: Any, blind: Any) -> Evidence:
+    """A window's :class:`Evidence` from its sums (no beat in it: no first, no last)."""
+    return Evidence(
+        None if first is None else epoch_us(first),
+        None if first is None else epoch_us(last),
+        None if top is None else float(top),
+        int(blind or 0),
+        None,
+    )
+
+
+def _turns_on_silence(ev: Evidence, heard_from: int, first_by: int, busy_at: float | None) -> bool:
+    """Whether ``ev``'s verdict still turns on its silences: heard lately, from early enough,
+    with every GPU seen and none busy for sure."""
+    return (
+        ev.first_us is not None
+        and ev.last_us is not None
+        and ev.last_us >= heard_from
+        and (busy_at is None or ev.top is None or ev.top < busy_at)
+        and not ev.blind
+        and ev.first_us <= first_by
+    )
+
+
+def _add_gaps(
+    app: App,
+    s: Any,
+    out: dict[tuple[str, timedelta], Evidence],
+    todo: list[str],
+    now: datetime,
+    spans: list[timedelta],
+    grace: timedelta,
+) -> None:
+    """The longest silence of each of ``todo`` in each window, into ``out`` (``lag`` over
+    each machine's beats: the costly part)."""
+    from sqlalchemy import case, literal
+
+    col, us = _epoch_us(app)
+    since = now - spans[-1] - grace
+    bounds = [epoch_us(now - w - grace) for w in spans]  # the silences: from start - grace
+    for k in range(0, len(todo), 500):  # bound the IN list
+        gaps = (
+            select(
+                Heartbeat.machine_id.label("mid"),
+                us.label("us"),
+                func.lag(us).over(partition_by=Heartbeat.machine_id, order_by=col).label("prev"),
             )
-            q = [gaps.c.mid] + [
-                func.max(case((gaps.c.prev >= literal(lo), gaps.c.us - gaps.c.prev)))
-                for lo in bounds
-            ]
-            for row in s.execute(select(*q).group_by(gaps.c.mid)):
-                for i, w in enumerate(spans):
-                    if row[1 + i] is not None and (row[0], w) in out:
-                        out[row[0], w] = replace(out[row[0], w], gap_us=int(row[1 + i]))
-    return out
+            .where(Heartbeat.at >= since, Heartbeat.machine_id.in_(todo[k : k + 500]))
+            .subquery()
+        )
+        q = [gaps.c.mid] + [
+            func.max(case((gaps.c.prev >= literal(lo), gaps.c.us - gaps.c.prev))) for lo in bounds
+        ]
+        for row in s.execute(select(*q).group_by(gaps.c.mid)):
+            for i, w in enumerate(spans):
+                if row[1 + i] is not None and (row[0], w) in out:
+                    out[row[0], w] = replace(out[row[0], w], gap_us=int(row[1 + i]))
 
 
 def _epoch_us(app: App) -> tuple[Any, Any]:
