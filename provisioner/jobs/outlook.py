@@ -178,6 +178,27 @@ def _swept(a: sweep.Assessment, now: datetime) -> Move:
         return _now_move(act.action, act.reason, act.why, now)
     timed: list[Move] = []
     anytime: list[Move] = []
+    lived = _lifetime_end(a, now)
+    if lived is not None:
+        timed.append(lived)
+    if m.status == S.RUNNING:
+        for c in a.rules.idle:
+            move = _idle_move(a, c, now)
+            if move is not None:
+                (timed if move.at is not None else anytime).append(move)
+        if a.autostop is not None:
+            move = _autostop_move(a, now)
+            (timed if move.at is not None else anytime).append(move)
+    if timed:
+        return min(timed, key=lambda x: x.at or now)
+    if anytime:
+        return anytime[0]
+    return Move("none", None, "", why_not(a, now))
+
+
+def _lifetime_end(a: sweep.Assessment, now: datetime) -> Move | None:
+    """The stop or terminate at the end of the machine's max lifetime; None: it has none."""
+    m = a.machine
     if a.rules.lifetime and m.launched_at:
         after, how, source = a.rules.lifetime
         if how == "terminate" or m.status == S.RUNNING:
@@ -185,38 +206,42 @@ def _swept(a: sweep.Assessment, now: datetime) -> Move:
             why = f"{how}: max lifetime {format_duration(after)} ({source})"
             at = max(m.launched_at + after, now)
             said = {"action": how, "source": source}
-            timed.append(Move(how, at, "max-lifetime", why, False, "dash_next_lifetime", said))
-    if m.status == S.RUNNING:
-        for c in a.rules.idle:
-            how, _ = sweep._stoppable(m, c.rule.action, "")
-            below = f"{c.rule.gpu_util_below:g}"
-            why = f"{how} if GPUs stay below {below}% for {c.rule.for_minutes} min ({c.source})"
-            if a.jobs and not c.rule.gpus_only:  # a running job keeps it busy
-                why += f" once job {', '.join(a.jobs)} ends"
-            params: dict[str, Any] = {"action": how, "minutes": c.rule.for_minutes}
-            params |= {"below": below, "policy": c.source}
-            if c.calendar is not None and c.calendar.why_off(now) is None:
-                if (start := next_off(c.calendar, now)) is not None:
-                    why += f", out of hours from {_local(c.calendar, start, now)}"
-                    reason = "off-hours-idle"
-                    timed.append(Move(how, start, reason, why, True, "dash_next_idle", params))
-                continue
-            reason = "off-hours-idle" if c.calendar is not None else "idle"
-            anytime.append(Move(how, None, reason, why, True, "dash_next_idle", params))
-        if a.autostop is not None:
-            v = a.autostop
-            how, _ = sweep._stoppable(m, "stop", "")
-            limit = sweep.autostop.short(v.autostop)
-            why = f"{how} after {limit} idle (autostop): {v.text()}"
-            params = {"action": how, "autostop": limit}
-            due = v.idle_since + v.autostop if v.idle_since is not None else None
-            move = Move(how, due, "autostop", why, True, "dash_next_autostop", params)
-            (timed if due is not None else anytime).append(move)
-    if timed:
-        return min(timed, key=lambda x: x.at or now)
-    if anytime:
-        return anytime[0]
-    return Move("none", None, "", why_not(a, now))
+            return Move(how, at, "max-lifetime", why, False, "dash_next_lifetime", said)
+    return None
+
+
+def _idle_move(a: sweep.Assessment, c: sweep.IdleCheck, now: datetime) -> Move | None:
+    """The stop an idle check would make: at the start of off hours (its calendar's), or at
+    any time (no calendar; ``at`` None); None: in off hours now with none to come."""
+    m = a.machine
+    how, _ = sweep._stoppable(m, c.rule.action, "")
+    below = f"{c.rule.gpu_util_below:g}"
+    why = f"{how} if GPUs stay below {below}% for {c.rule.for_minutes} min ({c.source})"
+    if a.jobs and not c.rule.gpus_only:  # a running job keeps it busy
+        why += f" once job {', '.join(a.jobs)} ends"
+    params: dict[str, Any] = {"action": how, "minutes": c.rule.for_minutes}
+    params |= {"below": below, "policy": c.source}
+    if c.calendar is not None and c.calendar.why_off(now) is None:
+        if (start := next_off(c.calendar, now)) is not None:
+            why += f", out of hours from {_local(c.calendar, start, now)}"
+            reason = "off-hours-idle"
+            return Move(how, start, reason, why, True, "dash_next_idle", params)
+        return None
+    reason = "off-hours-idle" if c.calendar is not None else "idle"
+    return Move(how, None, reason, why, True, "dash_next_idle", params)
+
+
+def _autostop_move(a: sweep.Assessment, now: datetime) -> Move:
+    """The stop autostop makes when the machine has been idle for its duration (``at``
+    None: not idle yet)."""
+    v = a.autostop
+    assert v is not None
+    how, _ = sweep._stoppable(a.machine, "stop", "")
+    limit = sweep.autostop.short(v.autostop)
+    why = f"{how} after {limit} idle (autostop): {v.text()}"
+    params = {"action": how, "autostop": limit}
+    due = v.idle_since + v.autostop if v.idle_since is not None else None
+    return Move(how, due, "autostop", why, True, "dash_next_autostop", params)
 
 
 def _recovery(app: App, m: Machine, now: datetime) -> Move:

@@ -200,6 +200,18 @@ def decide(a: Assessment, now: datetime) -> Action | None:
     m = a.machine
     if m.kept_until is not None and m.kept_until > now:
         return Action(m.name, "keep", "kept", f"kept until {m.kept_until:%Y-%m-%d %H:%M} UTC")
+    lived = _lifetime(a, now)
+    if lived is not None:
+        return lived
+    fired = _fired(a, now)
+    if not fired:
+        return _autostop(a)
+    return _idle(a, fired, now)
+
+
+def _lifetime(a: Assessment, now: datetime) -> Action | None:
+    """The stop or terminate of a machine past its max lifetime; None: not past it."""
+    m = a.machine
     if a.rules.lifetime and m.launched_at:
         after, how, source = a.rules.lifetime
         age = now - m.launched_at
@@ -209,6 +221,12 @@ def decide(a: Assessment, now: datetime) -> Action | None:
             how, why = _stoppable(m, how, why)
             warn = _unstoppable_warning(how, was, 0)
             return Action(m.name, how, "max-lifetime", why, warn_minutes=warn)
+    return None
+
+
+def _fired(a: Assessment, now: datetime) -> list[tuple[IdleCheck, str | None, idle.Signal]]:
+    """The idle checks that fire now: each with why its calendar is off (None: no calendar)
+    and its signal."""
     fired = []
     for check, signal in a.signals.items():
         off = check.calendar.why_off(now) if check.calendar else None
@@ -216,14 +234,27 @@ def decide(a: Assessment, now: datetime) -> Action | None:
             continue
         if a.jobs and not check.rule.gpus_only:
             continue  # a running job keeps the machine busy
-        if signal == "idle" or (
-            signal == "unknown"
-            and check.rule.unknown_counts_as_idle
-            and check not in a.blinded  # silence the endpoint caused is not idleness
-        ):
+        if _idleness(a, check, signal):
             fired.append((check, off, signal))
-    if not fired:
-        return _autostop(a)
+    return fired
+
+
+def _idleness(a: Assessment, check: IdleCheck, signal: idle.Signal) -> bool:
+    """Whether ``signal`` counts as idle by ``check``'s rule: silence only when the rule says
+    so, and never silence the endpoint caused."""
+    return signal == "idle" or (
+        signal == "unknown"
+        and check.rule.unknown_counts_as_idle
+        and check not in a.blinded  # silence the endpoint caused is not idleness
+    )
+
+
+def _idle(
+    a: Assessment, fired: list[tuple[IdleCheck, str | None, idle.Signal]], now: datetime
+) -> Action:
+    """The stop (or terminate, if any rule says so) of an idle machine, by the first check
+    that fired."""
+    m = a.machine
     check, off, signal = fired[0]
     how = "terminate" if any(c.rule.action == "terminate" for c, _, _ in fired) else "stop"
     activity = (

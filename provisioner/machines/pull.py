@@ -406,24 +406,58 @@ def pull_all(app: App, machines: Iterable[Machine] | None = None) -> PullResult:
         keys.pull_public_key(app)
     except OperationFailed as e:
         result.problems.append(("this host", "no key", f"no team pull key: {e}"))
-    ms = [m for m in (_running(app) if machines is None else machines) if m.status == S.RUNNING]
-    ms = _guarded(app, [m for m in ms if m.public_ip])
-    if not ms:
-        return result
-    ids, recent = [m.id for m in ms], fresh_within(app)
-    endpoint = _newest(app, ids, endpoint_only=True)
-    todo = [m for m in ms if not (m.id in endpoint and now - endpoint[m.id] <= recent)]
-    result.fresh = len(ms) - len(todo)
-    # asked already by this process within two agent periods (the sweep after the reconcile
-    # of one `provisioner sweep`): one SSH call per machine per run
-    asked = _ASKED.setdefault(app, {})
-    todo = [m for m in todo if not (m.id in asked and timedelta(0) <= now - asked[m.id] < recent)]
+    todo = _to_ask(app, machines, now, result)
     if not todo:
         return result
-    asked.update({m.id: now for m in todo})
     newest = _newest(app, [m.id for m in todo], endpoint_only=False)
+    key = _private_key(app, result)
+    up = idle.running_since(app, [m.id for m in todo])  # nothing held: since it came up
+    since = {m.id: max(newest.get(m.id) or up.get(m.id) or now, now - KEEP) for m in todo}
+    with ThreadPoolExecutor(max_workers=WORKERS) as pool:
+        answers = list(pool.map(lambda m: _ask(app, m, key, since[m.id]), todo))
+    for a in answers:
+        _take(app, a, since[a.m.id], result)
+    return result
+
+
+def _to_ask(
+    app: App, machines: Iterable[Machine] | None, now: datetime, result: PullResult
+) -> list[Machine]:
+    """Of ``machines`` (default: every running one), the running ones with a guard and an
+    address that the endpoint has not heard from lately (counted in ``result.fresh``) and
+    this process has not asked lately; marked as asked now."""
+    ms = _candidates(app, machines)
+    if not ms:
+        return []
+    recent = fresh_within(app)
+    endpoint = _newest(app, [m.id for m in ms], endpoint_only=True)
+    todo = [m for m in ms if not (m.id in endpoint and now - endpoint[m.id] <= recent)]
+    result.fresh = len(ms) - len(todo)
+    return _not_asked(app, todo, now, recent)
+
+
+def _candidates(app: App, machines: Iterable[Machine] | None) -> list[Machine]:
+    """Of ``machines`` (default: every running one), the running ones with an address and a
+    guard."""
+    ms = [m for m in (_running(app) if machines is None else machines) if m.status == S.RUNNING]
+    return _guarded(app, [m for m in ms if m.public_ip])
+
+
+def _not_asked(app: App, ms: list[Machine], now: datetime, recent: timedelta) -> list[Machine]:
+    """Those of ``ms`` not asked already by this process within ``recent`` (two agent periods:
+    the sweep after the reconcile of one `provisioner sweep`), marked as asked now: one SSH
+    call per machine per run."""
+    asked = _ASKED.setdefault(app, {})
+    todo = [m for m in ms if not (m.id in asked and timedelta(0) <= now - asked[m.id] < recent)]
+    asked.update({m.id: now for m in todo})
+    return todo
+
+
+def _private_key(app: App, result: PullResult) -> Path | None:
+    """The private half of the team's pull key; None, said in ``result``, when this host has
+    not got it though one is published."""
     key = keys.pull_private(app)
-    if todo and key is None and keys.published_pull_key(app) is not None:
+    if key is None and keys.published_pull_key(app) is not None:
         path = keys.pull_path(app)
         result.problems.append(
             (
@@ -433,25 +467,24 @@ def pull_all(app: App, machines: Iterable[Machine] | None = None) -> PullResult:
                 "over SSH here; copy it from the host that made it (0600)",
             )
         )
-    up = idle.running_since(app, [m.id for m in todo])  # nothing held: since it came up
-    since = {m.id: max(newest.get(m.id) or up.get(m.id) or now, now - KEEP) for m in todo}
-    with ThreadPoolExecutor(max_workers=WORKERS) as pool:
-        answers = list(pool.map(lambda m: _ask(app, m, key, since[m.id]), todo))
-    for a in answers:
-        result.ssh_calls += a.ssh
-        if a.problem is not None:
-            result.problems.append((a.m.name, *a.problem))
-            continue
-        if a.raw is None:
-            continue
-        result.asked += 1
-        try:
-            report = parse_report(a.raw, a.m.id, app.clock.now())
-        except BadReport as e:
-            result.problems.append((a.m.name, "refused", f"report refused: {e}"))
-            continue
-        _store(app, a.m, report, since[a.m.id], result)
-    return result
+    return key
+
+
+def _take(app: App, a: Any, since: datetime, result: PullResult) -> None:
+    """One machine's answer: its problem, or its report parsed and stored."""
+    result.ssh_calls += a.ssh
+    if a.problem is not None:
+        result.problems.append((a.m.name, *a.problem))
+        return
+    if a.raw is None:
+        return
+    result.asked += 1
+    try:
+        report = parse_report(a.raw, a.m.id, app.clock.now())
+    except BadReport as e:
+        result.problems.append((a.m.name, "refused", f"report refused: {e}"))
+        return
+    _store(app, a.m, report, since, result)
 
 
 # --- recording -------------------------------------------------------------------------------
