@@ -140,13 +140,8 @@ def _detail_lines(d: Any) -> list[tuple[str, str]]:
     m = d.machine
     lines = [(m.name, f"{m.status}  (project {m.project}, owner {m.owner})"), _spec_line(d)]
     if m.cloud:
-        offer = f"{m.cloud} {m.zone or m.region}  {m.instance_type}  {m.gpu_count}×{m.gpu}"
-        lines.append(("offer", f"{offer} {m.market}"))
-        lines.append(("rate", _rate(m) + " (fixed at launch)"))
-    total = " + ".join(str(x) for x in d.spent) or "nothing yet"
-    if d.launches > 1:
-        total += f" across {plural(d.launches, 'launch', 'launches')} (relaunched after preemption)"
-    lines.append(("spent", total))
+        lines += [("offer", _offer(m)), ("rate", _rate(m) + " (fixed at launch)")]
+    lines.append(("spent", _spent(d)))
     if m.instance_id:
         lines.append(("address", f"{m.public_ip or 'none'}, instance {m.instance_id}"))
     lines.append(("idle", d.idle.text))
@@ -156,8 +151,26 @@ def _detail_lines(d: Any) -> list[tuple[str, str]]:
         lines.append(("autostop", d.autostop["text"]))
     extra = (("next", d.next), ("held", d.held), ("waiting", d.waiting), ("failed", d.why))
     lines += [(k, v) for k, v in extra if v]
+    return _padded(lines)
+
+
+def _padded(lines: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """The keys padded to one width."""
     w = max(len(k) for k, _ in lines)
     return [(k.ljust(w), v) for k, v in lines]
+
+
+def _offer(m: Any) -> str:
+    offer = f"{m.cloud} {m.zone or m.region}  {m.instance_type}  {m.gpu_count}×{m.gpu}"
+    return f"{offer} {m.market}"
+
+
+def _spent(d: Any) -> str:
+    """What the machine has cost, over every launch of it."""
+    total = " + ".join(str(x) for x in d.spent) or "nothing yet"
+    if d.launches > 1:
+        total += f" across {plural(d.launches, 'launch', 'launches')} (relaunched after preemption)"
+    return total
 
 
 def _spec_line(d: Any) -> tuple[str, str]:
