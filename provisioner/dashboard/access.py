@@ -169,6 +169,20 @@ class Access(Site):
             req.user = self._session_user(req.cookies.get(COOKIE, ""))
         return self.open or req.user is not None
 
+    def unauthenticated(self, req: Request) -> Response:
+        """A request that may not look: a script's wrong token 401, a page's GET to the login,
+        anything else 401."""
+        if req.bearer is not None:  # RFC 6750 §3.1: a wrong token is 401, not a redirect
+            return Response(
+                "wrong token",
+                401,
+                "text/plain; charset=utf-8",
+                [("WWW-Authenticate", 'Bearer error="invalid_token"')],
+            )
+        if req.method == "GET" and not req.path.endswith(".csv"):
+            return Response(status=303, headers=[("Location", req.url("/login"))])
+        return Response("authentication required", 401, "text/plain; charset=utf-8")
+
     def viewer(self, req: Request) -> Callable[[], str]:
         """Who a plan without ``owner`` is for: the signed-in user, else who serves this."""
         return lambda: req.user if req.user and "@" in req.user else self.app.actor

@@ -39,33 +39,9 @@ def sparkline(
     plot_w, bottom = width - left, height - axis - (7 if scale else 1)
     span = (end - start).total_seconds() or 1.0
     gap = 2 * (step or _median_gap(points)).total_seconds()
-    runs: list[list[str]] = [[]]
-    last: datetime | None = None
-    for at, util in points:
-        if util is None:
-            runs.append([])
-            last = None
-            continue
-        if last is not None and gap and (at - last).total_seconds() > gap:
-            runs.append([])
-        last = at
-        x = left + (at - start).total_seconds() / span * plot_w
-        y = bottom - max(0.0, min(util, 100.0)) / 100 * (bottom - top)
-        runs[-1].append(f"{_n(x)},{_n(y)}")
-    lines = "".join(
-        f'<polyline class="spark" points="{" ".join(r)}"/>' if len(r) > 1 else _dot(r[0])
-        for r in runs
-        if r
-    )
-    grid = ""
-    if scale:
-        for pct in (0, 50, 100):
-            gy = _n(bottom - pct / 100 * (bottom - top))
-            grid += (
-                f'<path class="spark-grid" d="M{left} {gy}H{width}"/>'
-                f'<text class="spark-axis" x="{left - 6}" y="{gy}" text-anchor="end" '
-                f'dominant-baseline="middle">{pct} %</text>'
-            )
+    box = (left, top, plot_w, bottom)
+    lines = _polylines(_runs(points, start, span, gap, box))
+    grid = _spark_grid(box, width, height) if scale else ""
     if times:
         ty = height - 3
         grid += (
@@ -79,6 +55,55 @@ def sparkline(
         f'<path class="spark-base" d="M{left} {bottom}H{width}"/>'
         f"{lines}</svg>"
     )
+
+
+def _runs(
+    points: Sequence[tuple[datetime, float | None]],
+    start: datetime,
+    span: float,
+    gap: float,
+    box: tuple[int, int, int, int],
+) -> list[list[str]]:
+    """The points as runs of ``x,y`` coordinates in ``box`` (left, top, width, bottom): a run
+    ends at a point without GPUs, and at a silence longer than ``gap`` seconds."""
+    left, top, plot_w, bottom = box
+    runs: list[list[str]] = [[]]
+    last: datetime | None = None
+    for at, util in points:
+        if util is None:
+            runs.append([])
+            last = None
+            continue
+        if last is not None and gap and (at - last).total_seconds() > gap:
+            runs.append([])
+        last = at
+        x = left + (at - start).total_seconds() / span * plot_w
+        y = bottom - max(0.0, min(util, 100.0)) / 100 * (bottom - top)
+        runs[-1].append(f"{_n(x)},{_n(y)}")
+    return runs
+
+
+def _polylines(runs: list[list[str]]) -> str:
+    """A line per run of points (a lone point: a dot)."""
+    return "".join(
+        f'<polyline class="spark" points="{" ".join(r)}"/>' if len(r) > 1 else _dot(r[0])
+        for r in runs
+        if r
+    )
+
+
+def _spark_grid(box: tuple[int, int, int, int], width: int, height: int) -> str:
+    """The 0, 50 and 100 % grid lines and their labels."""
+    left, top, _, bottom = box
+    grid = ""
+    for pct in (0, 50, 100):
+        gy = _n(bottom - pct / 100 * (bottom - top))
+        grid += (
+            f'<path class="spark-grid" d="M{left} {gy}H{width}"/>'
+            f'<text class="spark-axis" x="{left - 6}" y="{gy}" text-anchor="end" '
+            f'dominant-baseline="middle">{pct} %</text>'
+        )
+    return grid
 
 
 def _median_gap(points: Sequence[tuple[datetime, float | None]]) -> timedelta:

@@ -91,6 +91,24 @@ class Dashboard(Access):
         return resp(start_response, accepts_gzip(environ.get("HTTP_ACCEPT_ENCODING", "")))
 
     def handle(self, req: Request) -> Response:
+        if (early := self._before_access(req)) is not None:
+            return early
+        if req.method == "POST" and (refused := self._cross_site(req)):
+            return Response(refused, 403, "text/plain; charset=utf-8")
+        if req.path != "/login" and (wait := self._held(req)):
+            return self.too_many(req, wait)
+        if req.path != "/login" and not self.allowed(req):
+            return self.unauthenticated(req)
+        if req.path.startswith("/machine/"):
+            return self.machine(req, req.path.removeprefix("/machine/"))
+        route = self.routes.get(req.path)
+        if route is None:
+            return self.page(req, "error.html", status=404, message=self.t(req, "dash_not_found"))
+        return route(req)
+
+    def _before_access(self, req: Request) -> Response | None:
+        """What is answered before any access check: a host not ours (421), the static files,
+        the favicon and the language switch; None: the rest."""
         host = host_name(req.environ.get("HTTP_HOST") or "")  # every browser sends one
         if host and not host_allowed(host, self.hosts):
             return Response(
@@ -105,27 +123,7 @@ class Dashboard(Access):
             return Response(status=204, headers=[("Cache-Control", "max-age=86400")])
         if req.path == "/lang":
             return self.set_language(req)
-        if req.method == "POST" and (refused := self._cross_site(req)):
-            return Response(refused, 403, "text/plain; charset=utf-8")
-        if req.path != "/login" and (wait := self._held(req)):
-            return self.too_many(req, wait)
-        if req.path != "/login" and not self.allowed(req):
-            if req.bearer is not None:  # RFC 6750 §3.1: a wrong token is 401, not a redirect
-                return Response(
-                    "wrong token",
-                    401,
-                    "text/plain; charset=utf-8",
-                    [("WWW-Authenticate", 'Bearer error="invalid_token"')],
-                )
-            if req.method == "GET" and not req.path.endswith(".csv"):
-                return Response(status=303, headers=[("Location", req.url("/login"))])
-            return Response("authentication required", 401, "text/plain; charset=utf-8")
-        if req.path.startswith("/machine/"):
-            return self.machine(req, req.path.removeprefix("/machine/"))
-        route = self.routes.get(req.path)
-        if route is None:
-            return self.page(req, "error.html", status=404, message=self.t(req, "dash_not_found"))
-        return route(req)
+        return None
 
     def _fleet(self, req: Request, paged: bool = True) -> fleet_view.Fleet:
         now = self.now()
@@ -177,34 +175,7 @@ class Dashboard(Access):
         """The fleet page's rows, filtered and sorted as the page is, over every page: one line
         per machine and currency, amounts as exact numbers (what a spreadsheet sums)."""
         data = self._fleet(req, paged=False)
-        lines = []
-        for r in data.rows:
-            m = r.machine
-            currencies = sorted(
-                {mo.currency for mo in r.spent} | ({r.burn.currency} if r.burn else set())
-            )
-            for c in currencies or [m.currency or ""]:
-                cost = next((mo.amount for mo in r.spent if mo.currency == c), None)
-                per_hour = r.burn.amount if r.burn is not None and r.burn.currency == c else None
-                lines.append(
-                    [
-                        m.name,
-                        m.project,
-                        m.owner,
-                        m.cloud,
-                        m.zone or m.region,
-                        m.gpu,
-                        m.gpu_count if m.gpu else None,
-                        m.market,
-                        m.status,
-                        r.idle.since.isoformat() if r.idle else None,
-                        c,
-                        cost,
-                        per_hour,
-                        r.move.action if r.move else None,
-                        r.next_at.isoformat() if r.next_at else None,
-                    ]
-                )
+        lines = [line for r in data.rows for line in _csv_lines(r)]
         header = [
             "machine", "project", "owner", "cloud", "where", "gpu", "gpu_count", "market",
             "state", "idle_since", "currency", "cost", "per_hour", "next_action", "next_at",
@@ -409,6 +380,35 @@ class Dashboard(Access):
             elif text.strip():
                 result = plan_view.plan_page(self.app, text=text, owner=self.viewer(req))
         return self.page(req, "plan.html", files=files, result=result, text=text, section="plan")
+
+
+def _csv_lines(r: fleet_view.Row) -> list[list[Any]]:
+    """A fleet row's CSV lines: one per currency it cost or burns in (none: its own)."""
+    currencies = sorted({mo.currency for mo in r.spent} | ({r.burn.currency} if r.burn else set()))
+    return [_csv_line(r, c) for c in currencies or [r.machine.currency or ""]]
+
+
+def _csv_line(r: fleet_view.Row, c: str) -> list[Any]:
+    m = r.machine
+    cost = next((mo.amount for mo in r.spent if mo.currency == c), None)
+    per_hour = r.burn.amount if r.burn is not None and r.burn.currency == c else None
+    return [
+        m.name,
+        m.project,
+        m.owner,
+        m.cloud,
+        m.zone or m.region,
+        m.gpu,
+        m.gpu_count if m.gpu else None,
+        m.market,
+        m.status,
+        r.idle.since.isoformat() if r.idle else None,
+        c,
+        cost,
+        per_hour,
+        r.move.action if r.move else None,
+        r.next_at.isoformat() if r.next_at else None,
+    ]
 
 
 def _back(req: Request) -> str | None:

@@ -70,39 +70,45 @@ def _local(cal: Calendar, at: datetime, now: datetime) -> str:
 def why_not(a: sweep.Assessment, now: datetime) -> str:
     """Why the sweep leaves ``a.machine`` alone now, and when that may change."""
     m, r = a.machine, a.rules
-    parts: list[str] = []
-    if r.lifetime and m.launched_at:
-        after, how, source = r.lifetime
-        ends = m.launched_at + after
-        if m.status == S.RUNNING or how == "terminate":
-            parts.append(f"lifetime ends in {format_duration(ends - now)} ({how}, {source})")
+    parts: list[str] = _lifetime_left(a, now)
     if m.status != S.RUNNING:
         parts.insert(0, f"{m.status}: no idle rule applies until it runs")
     for check in r.idle if m.status == S.RUNNING else []:
-        signal = a.signals.get(check)
-        if check.calendar is not None and check.calendar.why_off(now) is None:
-            nxt = next_off(check.calendar, now)
-            until = f" until {_local(check.calendar, nxt, now)}" if nxt else ""
-            parts.append(f"in hours{until} ({check.source})")
-            continue
-        rule = check.rule
-        if a.jobs and not rule.gpus_only:
-            parts.append(f"job {', '.join(a.jobs)} running: busy ({check.source})")
-            continue
-        parts.append(
-            {
-                "busy": f"GPUs busy (not below {rule.gpu_util_below:g}%"
-                f" for {rule.for_minutes} min)",
-                "starting": f"started less than {rule.for_minutes} min ago",
-                "unknown": "no recent heartbeat (not counted as idle)",
-            }.get(signal or "", f"signal {signal}")
-            + f" ({check.source})"
-        )
+        parts.append(_not_idle(a, check, now))
     if a.autostop is not None:
         parts.append(f"autostop {sweep.autostop.short(a.autostop.autostop)}: {a.autostop.text()}")
     if not r.idle and not r.lifetime and a.autostop is None:
         parts.append("no idle rule, lifetime or autostop applies")
     return "; ".join(parts)
+
+
+def _lifetime_left(a: sweep.Assessment, now: datetime) -> list[str]:
+    """When the machine's max lifetime ends (none: it has none, or it is stopped and its
+    lifetime only stops it)."""
+    m = a.machine
+    if a.rules.lifetime and m.launched_at:
+        after, how, source = a.rules.lifetime
+        ends = m.launched_at + after
+        if m.status == S.RUNNING or how == "terminate":
+            return [f"lifetime ends in {format_duration(ends - now)} ({how}, {source})"]
+    return []
+
+
+def _not_idle(a: sweep.Assessment, check: sweep.IdleCheck, now: datetime) -> str:
+    """Why an idle check does not stop the running machine now."""
+    signal = a.signals.get(check)
+    if check.calendar is not None and check.calendar.why_off(now) is None:
+        nxt = next_off(check.calendar, now)
+        until = f" until {_local(check.calendar, nxt, now)}" if nxt else ""
+        return f"in hours{until} ({check.source})"
+    rule = check.rule
+    if a.jobs and not rule.gpus_only:
+        return f"job {', '.join(a.jobs)} running: busy ({check.source})"
+    return {
+        "busy": f"GPUs busy (not below {rule.gpu_util_below:g}% for {rule.for_minutes} min)",
+        "starting": f"started less than {rule.for_minutes} min ago",
+        "unknown": "no recent heartbeat (not counted as idle)",
+    }.get(signal or "", f"signal {signal}") + f" ({check.source})"
 
 
 def outlook(app: App, machines: list[Machine], now: datetime | None = None) -> dict[str, str]:

@@ -102,24 +102,8 @@ def assess(
     book = RuleBook(app.policies)
     grace = timedelta(seconds=app.settings.scheduler.heartbeat_grace_seconds)
     failed: dict[str, Exception] = {}
-    rules: dict[str, Rules] = {}
-    lookback: dict[str, datetime] = {}  # running machines with idle rules: beats since when
-    for m in machines:
-        try:
-            r = rules[m.id] = book.for_machine(m)
-            if m.status == S.RUNNING and r.idle:
-                window = max(timedelta(minutes=c.rule.for_minutes) for c in r.idle)
-                lookback[m.id] = now - window - grace
-        except Exception as e:  # one machine's failure is its own
-            failed[m.id] = e
-    evidence: dict[tuple[str, timedelta], idle.Evidence] = {}
-    since: dict[str, datetime] = {}
-    if lookback:
-        checks = [c for m in lookback for c in rules[m].idle]
-        windows = {timedelta(minutes=c.rule.for_minutes) for c in checks}
-        busy_at = max(c.rule.gpu_util_below for c in checks)
-        evidence = idle.evidence(app, list(lookback), now, windows, grace, busy_at)
-        since = idle.running_since(app, list(lookback))
+    rules, lookback = _rules(book, machines, now - grace, failed)
+    evidence, since = _evidence(app, rules, list(lookback), now, grace)
     running = ended.running(app, list(lookback)) if lookback else {}
     spans = outages.overlapping(app, min(lookback.values()), now) if lookback else []
     stops = _autostops(app, now, machines, rules, failed, grace)
@@ -135,14 +119,8 @@ def assess(
             if m.id in lookback:
                 for c in r.idle:
                     window = timedelta(minutes=c.rule.for_minutes)
-                    signals[c] = idle.judge(
-                        evidence.get((m.id, window), none),
-                        now=now,
-                        running_since=since.get(m.id, m.launched_at),
-                        below=c.rule.gpu_util_below,
-                        window=window,
-                        grace=grace,
-                    )
+                    ev = evidence.get((m.id, window), none)
+                    signals[c] = _judge(ev, c, now, since.get(m.id, m.launched_at), grace)
                     if outages.overlaps(spans, now - window - grace, now):
                         blinded.add(c)
         except Exception as e:
@@ -154,6 +132,53 @@ def assess(
             )
         )
     return out, failed
+
+
+def _rules(
+    book: RuleBook, machines: list[Machine], heard_by: datetime, failed: dict[str, Exception]
+) -> tuple[dict[str, Rules], dict[str, datetime]]:
+    """Each machine's rules, and the running machines with idle rules: their heartbeats since
+    when (their longest window before ``heard_by``, now less the grace). A machine whose rules
+    cannot be read goes into ``failed``."""
+    rules: dict[str, Rules] = {}
+    lookback: dict[str, datetime] = {}  # running machines with idle rules: beats since when
+    for m in machines:
+        try:
+            r = rules[m.id] = book.for_machine(m)
+            if m.status == S.RUNNING and r.idle:
+                window = max(timedelta(minutes=c.rule.for_minutes) for c in r.idle)
+                lookback[m.id] = heard_by - window
+        except Exception as e:  # one machine's failure is its own
+            failed[m.id] = e
+    return rules, lookback
+
+
+def _evidence(
+    app: App, rules: dict[str, Rules], ids: list[str], now: datetime, grace: timedelta
+) -> tuple[dict[tuple[str, timedelta], idle.Evidence], dict[str, datetime]]:
+    """The idle evidence of machines ``ids`` for each of their idle rules' windows, and when
+    each came up: two queries."""
+    if not ids:
+        return {}, {}
+    checks = [c for m in ids for c in rules[m].idle]
+    windows = {timedelta(minutes=c.rule.for_minutes) for c in checks}
+    busy_at = max(c.rule.gpu_util_below for c in checks)
+    evidence = idle.evidence(app, ids, now, windows, grace, busy_at)
+    return evidence, idle.running_since(app, ids)
+
+
+def _judge(
+    ev: idle.Evidence, c: IdleCheck, now: datetime, up: datetime | None, grace: timedelta
+) -> idle.Signal:
+    """An idle check's signal on its window's evidence."""
+    return idle.judge(
+        ev,
+        now=now,
+        running_since=up,
+        below=c.rule.gpu_util_below,
+        window=timedelta(minutes=c.rule.for_minutes),
+        grace=grace,
+    )
 
 
 def _autostops(
