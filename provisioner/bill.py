@@ -125,33 +125,40 @@ def bill(app: App, period_text: str | None, cloud: str | None, by: str) -> BillR
         period = Period.parse(period_text) if period_text else Period.month(now)
     except ValueError as e:
         raise UserError(f"--period: {e}") from None
-    names = [cloud] if cloud else [c for c in app.settings.enabled_clouds if c != "sandbox"]
-    if cloud and cloud not in providers.ALL:
-        raise UserError(f"--cloud: unknown cloud {cloud!r} (one of {', '.join(providers.ALL)})")
+    names = _clouds(app, cloud)
     out, unsupported = [], {}
     for name in names:
-        if providers.spec(name).simulated:
-            unsupported[name] = f"{name}: a simulated cloud sends no bill"
-            continue
         try:
-            fetch = providers.billing_source(name)
+            got = _fetch(app, name, period, now)
         except BillingUnsupported as e:
             unsupported[name] = str(e)
             continue
-        start, end = period.start.date(), min(period.end, now + _DAY).date()
-        try:
-            got: Bill = fetch(app.provider(name), start, max(end, start + _DAY))
-        except BillingUnsupported as e:  # e.g. GCP without its export table named
-            unsupported[name] = str(e)
-            continue
-        except ProviderError as e:
-            raise OperationFailed(f"{name}: reading the bill failed: {e}") from None
         cb = reconcile(app, period, got, by)
         _remember(app, period, cb)
         out.append(cb)
     if cloud and cloud in unsupported:
         raise UserError(unsupported[cloud])
     return BillReport(period, by, out, unsupported)
+
+
+def _clouds(app: App, cloud: str | None) -> list[str]:
+    """``--cloud``'s cloud, else every enabled one but the sandbox."""
+    if cloud and cloud not in providers.ALL:
+        raise UserError(f"--cloud: unknown cloud {cloud!r} (one of {', '.join(providers.ALL)})")
+    return [cloud] if cloud else [c for c in app.settings.enabled_clouds if c != "sandbox"]
+
+
+def _fetch(app: App, name: str, period: Period, now: datetime) -> Bill:
+    """Cloud ``name``'s bill of ``period`` up to tomorrow; BillingUnsupported: it has none to
+    read (a simulated cloud, no source, or none configured)."""
+    if providers.spec(name).simulated:
+        raise BillingUnsupported(f"{name}: a simulated cloud sends no bill")
+    fetch = providers.billing_source(name)
+    start, end = period.start.date(), min(period.end, now + _DAY).date()
+    try:  # BillingUnsupported, e.g. GCP without its export table named: goes up
+        return fetch(app.provider(name), start, max(end, start + _DAY))
+    except ProviderError as e:
+        raise OperationFailed(f"{name}: reading the bill failed: {e}") from None
 
 
 # --- the ledger beside the bill ------------------------------------------------------------
@@ -295,12 +302,7 @@ def _drift(
     for (mid, itype), items in sorted(usage.items()):
         m = machines[mid]
         cost = sum((i.amount for i in items), Decimal(0))
-        given = [i.usage_hours for i in items]
-        hours = (
-            sum((h for h in given if h is not None), Decimal(0))
-            if all(h is not None for h in given)
-            else ledger_hours.get(mid, Decimal(0))
-        )
+        hours = _billed_hours(items, ledger_hours.get(mid, Decimal(0)))
         listed = _catalog_price(offers, m, itype, items[0].currency)
         if not hours or listed is None or not listed:
             continue
@@ -319,6 +321,14 @@ def _drift(
         if abs(d.pct) > DRIFT_PCT:
             out.append(d)
     return out
+
+
+def _billed_hours(items: list[Any], ledger: Decimal) -> Decimal:
+    """The hours the items bill, where the source gives usage for each; else the ledger's."""
+    given = [i.usage_hours for i in items]
+    if all(h is not None for h in given):
+        return sum((h for h in given if h is not None), Decimal(0))
+    return ledger
 
 
 def _catalog_price(offers: Any, m: Machine, itype: str, currency: str) -> Decimal | None:

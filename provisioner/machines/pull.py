@@ -206,18 +206,7 @@ def _stop(d: Any) -> dict[str, Any] | None:
 def parse_report(raw: bytes, machine_id: str, now: datetime) -> Report:
     """The agent's ``--report`` answer of machine ``machine_id``, validated; anything else
     raises :class:`BadReport` saying what was wrong (one line)."""
-    if len(raw) > MAX_REPORT_BYTES:
-        raise BadReport(f"over {MAX_REPORT_BYTES // (1024 * 1024)} MB")
-    try:
-        d = json.loads(raw.decode("utf-8"))
-    except (ValueError, UnicodeDecodeError, RecursionError):
-        raise BadReport("not JSON") from None
-    if not isinstance(d, dict):
-        raise BadReport("not a JSON object")
-    if d.get("v") != 1:
-        raise BadReport(f"version {str(d.get('v'))[:20]!r}, this scheduler reads 1")
-    if d.get("machine") != machine_id:
-        raise BadReport(f"it answers as another machine ({str(d.get('machine'))[:40]!r})")
+    d = _report_object(raw, machine_id)
     at = parse_time(d.get("at"), "its at")
     if abs(at - now) > MAX_SKEW:
         raise BadReport(
@@ -226,12 +215,7 @@ def parse_report(raw: bytes, machine_id: str, now: datetime) -> Report:
         )
     if d.get("boot") is not None:
         _text(d["boot"], "boot", 128)
-    raw_samples = d.get("samples")
-    if not isinstance(raw_samples, list) or len(raw_samples) > MAX_SAMPLES:
-        raise BadReport(f"samples must be a list of at most {MAX_SAMPLES}")
-    samples = sorted((_sample(x) for x in raw_samples), key=lambda x: x.at)
-    if samples and samples[-1].at > at + timedelta(seconds=5):
-        raise BadReport("a sample is newer than the report")
+    samples = _samples(d.get("samples"), at)
     raw_jobs = d.get("jobs")
     if not isinstance(raw_jobs, dict) or len(raw_jobs) > MAX_JOBS:
         raise BadReport(f"jobs must be an object of at most {MAX_JOBS} jobs")
@@ -244,6 +228,33 @@ def parse_report(raw: bytes, machine_id: str, now: datetime) -> Report:
         {_job_id(k): _job_state(v) for k, v in raw_jobs.items()},
         _stop(d.get("stop")),
     )
+
+
+def _samples(raw_samples: Any, at: datetime) -> list[Sample]:
+    """The report's samples, oldest first, none newer than the report (``at``)."""
+    if not isinstance(raw_samples, list) or len(raw_samples) > MAX_SAMPLES:
+        raise BadReport(f"samples must be a list of at most {MAX_SAMPLES}")
+    samples = sorted((_sample(x) for x in raw_samples), key=lambda x: x.at)
+    if samples and samples[-1].at > at + timedelta(seconds=5):
+        raise BadReport("a sample is newer than the report")
+    return samples
+
+
+def _report_object(raw: bytes, machine_id: str) -> dict[str, Any]:
+    """The report's JSON object, of version 1 and of machine ``machine_id``."""
+    if len(raw) > MAX_REPORT_BYTES:
+        raise BadReport(f"over {MAX_REPORT_BYTES // (1024 * 1024)} MB")
+    try:
+        d = json.loads(raw.decode("utf-8"))
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        raise BadReport("not JSON") from None
+    if not isinstance(d, dict):
+        raise BadReport("not a JSON object")
+    if d.get("v") != 1:
+        raise BadReport(f"version {str(d.get('v'))[:20]!r}, this scheduler reads 1")
+    if d.get("machine") != machine_id:
+        raise BadReport(f"it answers as another machine ({str(d.get('machine'))[:40]!r})")
+    return d
 
 
 # --- asking ----------------------------------------------------------------------------------
@@ -493,6 +504,27 @@ def _take(app: App, a: Any, since: datetime, result: PullResult) -> None:
 def _store(app: App, m: Machine, report: Report, since: datetime, result: PullResult) -> None:
     """The report's new samples as pulled heartbeats, its job ends as events (under the
     machine's jobs lock, as :func:`jobs.check_ended`: one of them records an end)."""
+    new = _store_samples(app, m, report, since)
+    result.samples += new
+    result.read[m.name] = new
+    with app.db.lock(f"jobs-{m.id}"):
+        running = {j for j, job in jobs.jobs_of(app, m).items() if job.running}
+        ends: dict[str, tuple[str, int | None, str]] = {}
+        if report.stop is not None and _new_stop(app, m, report.stop):
+            record_event(app, m.id, GUARD_STOP, reason=report.stop["reason"], detail=report.stop)
+            for j, how in report.stop["jobs_ended"].items():
+                ends[j] = ("killed", None, f"the machine's guard ({report.stop['reason']}): {how}")
+        _job_ends(report, ends)
+        for j, (reason, code, how) in ends.items():
+            if j in running:
+                detail = {"job": j, "exit_code": code, "seen": "pulled", "how": how}
+                record_event(app, m.id, jobs.FINISHED, reason=reason, detail=detail)
+                result.job_ends.append((m.name, j, how))
+
+
+def _store_samples(app: App, m: Machine, report: Report, since: datetime) -> int:
+    """The report's samples after ``since`` (and within the day kept) as the machine's
+    heartbeats, marked pulled; how many."""
     new = [x for x in report.samples if since < x.at and x.at >= report.at - KEEP]
     with app.db.session() as s:
         for x in new:
@@ -507,28 +539,19 @@ def _store(app: App, m: Machine, report: Report, since: datetime, result: PullRe
                     pulled=True,
                 )
             )
-    result.samples += len(new)
-    result.read[m.name] = len(new)
-    with app.db.lock(f"jobs-{m.id}"):
-        running = {j for j, job in jobs.jobs_of(app, m).items() if job.running}
-        ends: dict[str, tuple[str, int | None, str]] = {}
-        if report.stop is not None and _new_stop(app, m, report.stop):
-            record_event(app, m.id, GUARD_STOP, reason=report.stop["reason"], detail=report.stop)
-            for j, how in report.stop["jobs_ended"].items():
-                ends[j] = ("killed", None, f"the machine's guard ({report.stop['reason']}): {how}")
-        for j, st in report.jobs.items():
-            if j in ends or st == "running":
-                continue
-            if st == "lost":
-                ends[j] = ("killed", None, "ended with its machine's boot")
-            else:
-                ends[j] = ("exited", int(st[5:]), st)
-        for j, (reason, code, how) in ends.items():
-            if j not in running:
-                continue
-            detail = {"job": j, "exit_code": code, "seen": "pulled", "how": how}
-            record_event(app, m.id, jobs.FINISHED, reason=reason, detail=detail)
-            result.job_ends.append((m.name, j, how))
+    return len(new)
+
+
+def _job_ends(report: Report, ends: dict[str, tuple[str, int | None, str]]) -> None:
+    """The jobs the report says ended (and its guard did not end), into ``ends``: how each
+    ended (killed or exited), its exit code, and the words."""
+    for j, st in report.jobs.items():
+        if j in ends or st == "running":
+            continue
+        if st == "lost":
+            ends[j] = ("killed", None, "ended with its machine's boot")
+        else:
+            ends[j] = ("exited", int(st[5:]), st)
 
 
 def _new_stop(app: App, m: Machine, stop: dict[str, Any]) -> bool:
