@@ -115,6 +115,11 @@ def evaluate(
 
 
 def _request_violations(r: Request, p: Policy) -> list[Violation]:
+    return _allowed(r, p) + _limits(r, p) + _per_owner(r, p)
+
+
+def _allowed(r: Request, p: Policy) -> list[Violation]:
+    """What ``p.allow`` refuses of the request: its GPU, market or clouds."""
     out = []
 
     def v(rule: str, msg: str) -> None:
@@ -130,37 +135,62 @@ def _request_violations(r: Request, p: Policy) -> list[Violation]:
             "allow.clouds",
             f"none of {', '.join(r.clouds)} is allowed (allowed: {', '.join(a.clouds)})",
         )
+    return out
+
+
+def _limits(r: Request, p: Policy) -> list[Violation]:
+    """``max_gpus_per_machine``, and ``max_machines``: the machines already running in the
+    policy's scope."""
+    out = []
     if p.max_gpus_per_machine is not None and r.gpu_count > p.max_gpus_per_machine:
-        v(
-            "max_gpus_per_machine",
-            f"asks for {r.gpu_count} GPUs, at most {p.max_gpus_per_machine} per machine",
+        out.append(
+            Violation(
+                p.name,
+                "max_gpus_per_machine",
+                f"asks for {r.gpu_count} GPUs, at most {p.max_gpus_per_machine} per machine",
+            )
         )
-    if p.max_machines is not None:
-        running = sum(1 for proj, own in r.active if p.applies_to.matches(proj, own))
-        if running + 1 > p.max_machines:
-            v(
+    if p.max_machines is None:
+        return out
+    running = sum(1 for proj, own in r.active if p.applies_to.matches(proj, own))
+    if running + 1 > p.max_machines:
+        out.append(
+            Violation(
+                p.name,
                 "max_machines",
                 f"{running} machines already run in its scope, at most {p.max_machines}",
             )
-    if p.per_owner is not None:
-        mine = [
-            gpus
-            for proj, gpus in r.owned
-            if any(fnmatchcase(proj, g) for g in p.applies_to.projects)
-        ]
-        cap = p.per_owner.max_machines
-        if cap is not None and len(mine) + 1 > cap:
-            v(
+        )
+    return out
+
+
+def _per_owner(r: Request, p: Policy) -> list[Violation]:
+    """``per_owner``: the machines and GPUs the owner already runs in the policy's scope."""
+    if p.per_owner is None:
+        return []
+    out = []
+    mine = [
+        gpus for proj, gpus in r.owned if any(fnmatchcase(proj, g) for g in p.applies_to.projects)
+    ]
+    cap = p.per_owner.max_machines
+    if cap is not None and len(mine) + 1 > cap:
+        out.append(
+            Violation(
+                p.name,
                 "per_owner.max_machines",
                 f"{r.owner} already runs {len(mine)} machines in its scope, at most {cap} each",
             )
-        cap = p.per_owner.max_gpus
-        if cap is not None and sum(mine) + r.gpu_count > cap:
-            v(
+        )
+    cap = p.per_owner.max_gpus
+    if cap is not None and sum(mine) + r.gpu_count > cap:
+        out.append(
+            Violation(
+                p.name,
                 "per_owner.max_gpus",
                 f"{r.owner} already runs {sum(mine)} GPUs in its scope and asks for "
                 f"{r.gpu_count}, at most {cap} each",
             )
+        )
     return out
 
 

@@ -39,7 +39,6 @@ from provisioner.ledger import Period, midnight
 from provisioner.ledger.periods import SECONDS_PER_HOUR
 from provisioner.models import Machine, UsageInterval
 from provisioner.money import CENT, Money, allocate
-from provisioner.schema import UsageKind
 
 DRIFT_PCT = Decimal(2)
 UNIT_STEP = Decimal("0.0001")  # unit prices per hour: to 1/100 of a cent
@@ -126,27 +125,14 @@ def bill(app: App, period_text: str | None, cloud: str | None, by: str) -> BillR
         period = Period.parse(period_text) if period_text else Period.month(now)
     except ValueError as e:
         raise UserError(f"--period: {e}") from None
-    names = [cloud] if cloud else [c for c in app.settings.enabled_clouds if c != "sandbox"]
-    if cloud and cloud not in providers.ALL:
-        raise UserError(f"--cloud: unknown cloud {cloud!r} (one of {', '.join(providers.ALL)})")
+    names = _clouds(app, cloud)
     out, unsupported = [], {}
     for name in names:
-        if providers.spec(name).simulated:
-            unsupported[name] = f"{name}: a simulated cloud sends no bill"
-            continue
         try:
-            fetch = providers.billing_source(name)
+            got = _fetch(app, name, period, now)
         except BillingUnsupported as e:
             unsupported[name] = str(e)
             continue
-        start, end = period.start.date(), min(period.end, now + _DAY).date()
-        try:
-            got: Bill = fetch(app.provider(name), start, max(end, start + _DAY))
-        except BillingUnsupported as e:  # e.g. GCP without its export table named
-            unsupported[name] = str(e)
-            continue
-        except ProviderError as e:
-            raise OperationFailed(f"{name}: reading the bill failed: {e}") from None
         cb = reconcile(app, period, got, by)
         _remember(app, period, cb)
         out.append(cb)
@@ -155,14 +141,58 @@ def bill(app: App, period_text: str | None, cloud: str | None, by: str) -> BillR
     return BillReport(period, by, out, unsupported)
 
 
+def _clouds(app: App, cloud: str | None) -> list[str]:
+    """``--cloud``'s cloud, else every enabled one but the sandbox."""
+    if cloud and cloud not in providers.ALL:
+        raise UserError(f"--cloud: unknown cloud {cloud!r} (one of {', '.join(providers.ALL)})")
+    return [cloud] if cloud else [c for c in app.settings.enabled_clouds if c != "sandbox"]
+
+
+def _fetch(app: App, name: str, period: Period, now: datetime) -> Bill:
+    """Cloud ``name``'s bill of ``period`` up to tomorrow; BillingUnsupported: it has none to
+    read (a simulated cloud, no source, or none configured)."""
+    if providers.spec(name).simulated:
+        raise BillingUnsupported(f"{name}: a simulated cloud sends no bill")
+    fetch = providers.billing_source(name)
+    start, end = period.start.date(), min(period.end, now + _DAY).date()
+    try:  # BillingUnsupported, e.g. GCP without its export table named: goes up
+        return fetch(app.provider(name), start, max(end, start + _DAY))
+    except ProviderError as e:
+        raise OperationFailed(f"{name}: reading the bill failed: {e}") from None
+
+
 # --- the ledger beside the bill ------------------------------------------------------------
 
 
 def reconcile(app: App, period: Period, got: Bill, by: str) -> CloudBill:
     now = app.clock.now()
     through = got.through(now.date())
+    machines, intervals = _ledger_rows(app, period, got.cloud)
+    lines = _Lines(by)
+    # the ledger, per machine and day, up to now
+    billed_hours: dict[str, Decimal] = defaultdict(Decimal)  # machine → compute hours billed
+    for iv in intervals:
+        _ledger(lines, machines[iv.machine_id], iv, period, now, through, billed_hours)
+    # the bill
+    usage: dict[tuple[str, str], list[Any]] = defaultdict(list)  # (machine, type) → items
+    by_instance = {m.instance_id: m for m in machines.values() if m.instance_id}
+    for item in got.items:
+        owner = _owner(machines, by_instance, item)
+        _billed(lines.line(owner, item.machine, item.day, item.currency), item, owner, through)
+        if owner is not None and item.kind == "compute" and _drifts(item, through):
+            usage[(owner.id, item.instance_type or owner.instance_type or "")].append(item)
+    drift = _drift(app, got.cloud, machines, usage, billed_hours)
+    ordered = sorted(lines.lines.values(), key=lambda ln: (ln.currency, ln.key == UNTAGGED, ln.key))
+    return CloudBill(got.cloud, got.source, got.lag, through, ordered, drift, got.notes)
+
+
+def _ledger_rows(
+    app: App, period: Period, cloud: str
+) -> tuple[dict[str, Machine], list[UsageInterval]]:
+    """The cloud's machines by id, and their usage intervals that overlap ``period``: plain
+    objects, out of the session."""
     with app.db.session() as s:
-        machines = {m.id: m for m in s.scalars(select(Machine).where(Machine.cloud == got.cloud))}
+        machines = {m.id: m for m in s.scalars(select(Machine).where(Machine.cloud == cloud))}
         intervals = list(
             s.scalars(
                 select(UsageInterval).where(
@@ -173,63 +203,87 @@ def reconcile(app: App, period: Period, got: Bill, by: str) -> CloudBill:
             )
         )
         s.expunge_all()  # plain objects from here: the session commits (and expires) on exit
-    lines: dict[tuple[str, str], Line] = {}
+    return machines, intervals
 
-    def line(key: str, currency: str) -> Line:
-        return lines.setdefault((key, currency), Line(key, currency))
 
-    def key_of(m: Machine | None, tag: str | None, day: date) -> str:
-        if by == "day":
+class _Lines:
+    """The report's lines by key (``by``: day, machine or project) and currency."""
+
+    def __init__(self, by: str) -> None:
+        self.by = by
+        self.lines: dict[tuple[str, str], Line] = {}
+
+    def line(self, m: Machine | None, tag: str | None, day: date, currency: str) -> Line:
+        key = self.key_of(m, tag, day)
+        return self.lines.setdefault((key, currency), Line(key, currency))
+
+    def key_of(self, m: Machine | None, tag: str | None, day: date) -> str:
+        if self.by == "day":
             return day.isoformat()
         if m is None:
             return UNTAGGED if tag is None else f"{tag} (not in the ledger)"
-        return m.name if by == "machine" else m.project
+        return m.name if self.by == "machine" else m.project
 
-    # the ledger, per machine and day, up to now
-    billed_hours: dict[str, Decimal] = defaultdict(Decimal)  # machine → compute hours billed
-    for iv in intervals:
-        m = machines[iv.machine_id]
-        for day in period.days():
-            lo = max(iv.started_at, midnight(day), period.start)
-            hi = min(iv.ended_at or now, midnight(day + _DAY), period.end, now)
-            if hi <= lo:
-                continue
-            hours = Decimal((hi - lo) // timedelta(microseconds=1)) / 1_000_000 / SECONDS_PER_HOUR
-            cost = iv.rate * hours
-            ln = line(key_of(m, m.id, day), iv.currency)
-            ln.ledger += cost
-            if through is not None and day <= through:
-                ln.reasons["drift"] -= cost
-                if iv.kind == UsageKind.COMPUTE:
-                    billed_hours[m.id] += hours
-            else:
-                ln.reasons["not_billed_yet"] -= cost
-    # the bill
-    usage: dict[tuple[str, str], list[Any]] = defaultdict(list)  # (machine, type) → items
-    by_instance = {m.instance_id: m for m in machines.values() if m.instance_id}
-    for item in got.items:
-        owner = machines.get(item.machine) if item.machine else None
-        if owner is None and item.machine is None and item.resource_id:
-            owner = by_instance.get(item.resource_id)
-        ln = line(key_of(owner, item.machine, item.day), item.currency)
-        ln.billed += item.amount
-        if item.kind in ("tax",):
-            ln.reasons["tax"] += item.amount
-        elif item.kind in ("credit", "discount"):
-            ln.reasons["credit"] += item.amount
-        elif owner is None:
-            ln.reasons["untagged"] += item.amount
-        elif item.kind == "other":
-            ln.reasons["unpriced"] += item.amount
-        elif through is None or item.day > through:  # a day the bill has only in part
-            ln.reasons["not_billed_yet"] += item.amount
+
+def _ledger(
+    lines: _Lines,
+    m: Machine,
+    iv: UsageInterval,
+    period: Period,
+    now: datetime,
+    through: date | None,
+    billed_hours: dict[str, Decimal],
+) -> None:
+    """A usage interval's cost on the lines of each of its days in ``period`` up to ``now``: to
+    be billed (drift when the bill has the day whole), or not billed yet; a compute interval's
+    hours billed into ``billed_hours``."""
+    for day in period.days():
+        lo = max(iv.started_at, midnight(day), period.start)
+        hi = min(iv.ended_at or now, midnight(day + _DAY), period.end, now)
+        if hi <= lo:
+            continue
+        hours = Decimal((hi - lo) // timedelta(microseconds=1)) / 1_000_000 / SECONDS_PER_HOUR
+        cost = iv.rate * hours
+        ln = lines.line(m, m.id, day, iv.currency)
+        ln.ledger += cost
+        if through is not None and day <= through:
+            ln.reasons["drift"] -= cost
+            if iv.kind == UsageKind.COMPUTE:
+                billed_hours[m.id] += hours
         else:
-            ln.reasons["drift"] += item.amount
-            if item.kind == "compute":
-                usage[(owner.id, item.instance_type or owner.instance_type or "")].append(item)
-    drift = _drift(app, got.cloud, machines, usage, billed_hours)
-    ordered = sorted(lines.values(), key=lambda ln: (ln.currency, ln.key == UNTAGGED, ln.key))
-    return CloudBill(got.cloud, got.source, got.lag, through, ordered, drift, got.notes)
+            ln.reasons["not_billed_yet"] -= cost
+
+
+def _owner(
+    machines: dict[str, Machine], by_instance: dict[str, Machine], item: Any
+) -> Machine | None:
+    """The machine a bill's item is of: by its tag, else (untagged) by its resource id."""
+    owner = machines.get(item.machine) if item.machine else None
+    if owner is None and item.machine is None and item.resource_id:
+        owner = by_instance.get(item.resource_id)
+    return owner
+
+
+def _drifts(item: Any, through: date | None) -> bool:
+    """Whether a bill's item is of a day the bill has whole (its difference: drift)."""
+    return through is not None and item.day <= through
+
+
+def _billed(ln: Line, item: Any, owner: Machine | None, through: date | None) -> None:
+    """A bill's item on its line, with the reason it differs from the ledger."""
+    ln.billed += item.amount
+    if item.kind in ("tax",):
+        ln.reasons["tax"] += item.amount
+    elif item.kind in ("credit", "discount"):
+        ln.reasons["credit"] += item.amount
+    elif owner is None:
+        ln.reasons["untagged"] += item.amount
+    elif item.kind == "other":
+        ln.reasons["unpriced"] += item.amount
+    elif not _drifts(item, through):  # a day the bill has only in part
+        ln.reasons["not_billed_yet"] += item.amount
+    else:
+        ln.reasons["drift"] += item.amount
 
 
 def _drift(
@@ -248,12 +302,7 @@ def _drift(
     for (mid, itype), items in sorted(usage.items()):
         m = machines[mid]
         cost = sum((i.amount for i in items), Decimal(0))
-        given = [i.usage_hours for i in items]
-        hours = (
-            sum((h for h in given if h is not None), Decimal(0))
-            if all(h is not None for h in given)
-            else ledger_hours.get(mid, Decimal(0))
-        )
+        hours = _billed_hours(items, ledger_hours.get(mid, Decimal(0)))
         listed = _catalog_price(offers, m, itype, items[0].currency)
         if not hours or listed is None or not listed:
             continue
@@ -272,6 +321,14 @@ def _drift(
         if abs(d.pct) > DRIFT_PCT:
             out.append(d)
     return out
+
+
+def _billed_hours(items: list[Any], ledger: Decimal) -> Decimal:
+    """The hours the items bill, where the source gives usage for each; else the ledger's."""
+    given = [i.usage_hours for i in items]
+    if all(h is not None for h in given):
+        return sum((h for h in given if h is not None), Decimal(0))
+    return ledger
 
 
 def _catalog_price(offers: Any, m: Machine, itype: str, currency: str) -> Decimal | None:

@@ -88,29 +88,45 @@ class Finding:
 def check(rows: list[dict[str, str]], file: str = "") -> list[Finding]:
     """Every finding over ``rows`` (the file's rows in order: row i is on line i + 2). The rows
     are not changed; a price flagged by one check is not used by the ones after it."""
-    findings: list[Finding] = []
-    flagged: set[tuple[int, str]] = set()
+    found = _Findings(rows, file)
+    for each in (_spot_only, _variants, _bands, _outliers, _spot_above):
+        each(found)
+    return sorted(found.findings, key=lambda f: (f.line, f.field))
 
-    def value(i: int, field: str) -> Decimal | None:
-        if (i, field) in flagged or not rows[i].get(field):
+
+class _Findings:
+    """The findings over ``rows`` so far, and the prices they flagged (not used again)."""
+
+    def __init__(self, rows: list[dict[str, str]], file: str) -> None:
+        self.rows, self.file = rows, file
+        self.findings: list[Finding] = []
+        self.flagged: set[tuple[int, str]] = set()
+
+    def value(self, i: int, field: str) -> Decimal | None:
+        if (i, field) in self.flagged or not self.rows[i].get(field):
             return None
         try:
-            return Decimal(rows[i][field])
+            return Decimal(self.rows[i][field])
         except InvalidOperation:
             return None
 
-    def flag(name: str, i: int, field: str, reason: str) -> None:
-        flagged.add((i, field))
-        findings.append(Finding(name, file, i + 2, rows[i], field, reason))
+    def flag(self, name: str, i: int, field: str, reason: str) -> None:
+        self.flagged.add((i, field))
+        self.findings.append(Finding(name, self.file, i + 2, self.rows[i], field, reason))
 
-    for i, r in enumerate(rows):
-        if r["cloud"] == "gcp" and r["instance_type"] in GCP_SPOT_ONLY and value(i, "price"):
-            flag("spot-only", i, "price", "GCP sells this type as Spot/Flex-start only")
-
-    def card(i: int) -> Decimal | None:
-        price, count = value(i, "price"), _count(rows[i])
+    def card(self, i: int) -> Decimal | None:
+        price, count = self.value(i, "price"), _count(self.rows[i])
         return price / count if price is not None and count else None
 
+
+def _spot_only(found: _Findings) -> None:
+    for i, r in enumerate(found.rows):
+        if r["cloud"] == "gcp" and r["instance_type"] in GCP_SPOT_ONLY and found.value(i, "price"):
+            found.flag("spot-only", i, "price", "GCP sells this type as Spot/Flex-start only")
+
+
+def _variants(found: _Findings) -> None:
+    rows, card = found.rows, found.card
     base_card: dict[tuple[str, str, str, str], Decimal] = {}
     for i, r in enumerate(rows):
         c = card(i)
@@ -121,14 +137,16 @@ def check(rows: list[dict[str, str]], file: str = "") -> list[Finding]:
         fam, c = family(r["gpu"]), card(i)
         base = base_card.get((r["cloud"], r["region"], fam, r["currency"]))
         if c is not None and fam != r["gpu"] and base is not None and c < base:
-            flag("variant", i, "price", f"{c:.4f} a card, below the {fam}'s {base:.4f} here")
+            found.flag("variant", i, "price", f"{c:.4f} a card, below the {fam}'s {base:.4f} here")
 
-    for i, r in enumerate(rows):
-        band, c = BANDS.get(r["gpu"]), card(i)
+
+def _bands(found: _Findings) -> None:
+    for i, r in enumerate(found.rows):
+        band, c = BANDS.get(r["gpu"]), found.card(i)
         if band and c is not None and r["currency"] == BAND_CURRENCY:
             low, high = band
             if not low <= c <= high:
-                flag(
+                found.flag(
                     "band",
                     i,
                     "price",
@@ -136,37 +154,43 @@ def check(rows: list[dict[str, str]], file: str = "") -> list[Finding]:
                     + (f"; {BAND_NOTES[r['gpu']]}" if r["gpu"] in BAND_NOTES else ""),
                 )
 
+
+def _shape(r: dict[str, str]) -> tuple[str, ...]:
+    # an n1 host carries T4s or V100s; the sandbox prices one region in RUB
+    return r["cloud"], r["instance_type"], r["gpu"], str(r["gpu_count"]), r["currency"]
+
+
+def _outliers(found: _Findings) -> None:
+    rows, value = found.rows, found.value
     by_shape: dict[tuple[str, ...], dict[str, Decimal]] = {}
-
-    def shape(r: dict[str, str]) -> tuple[str, ...]:
-        # an n1 host carries T4s or V100s; the sandbox prices one region in RUB
-        return r["cloud"], r["instance_type"], r["gpu"], str(r["gpu_count"]), r["currency"]
-
     for i, r in enumerate(rows):
         p = value(i, "price")
         if p is not None:
-            by_shape.setdefault(shape(r), {})[r["region"]] = p
+            by_shape.setdefault(_shape(r), {})[r["region"]] = p
     for i, r in enumerate(rows):
-        regions, p = by_shape.get(shape(r), {}), value(i, "price")
+        regions, p = by_shape.get(_shape(r), {}), value(i, "price")
         if p is None or len(regions) < 3:
             continue
         values = sorted(regions.values())
         median = values[len(values) // 2]
         ratio = p / median
         if not OUTLIER_LOW <= ratio <= OUTLIER_HIGH:
-            flag(
+            found.flag(
                 "outlier",
                 i,
                 "price",
                 f"{ratio:.2f}x the median {median} of its {len(values)} regions",
             )
 
-    for i, r in enumerate(rows):
-        spot, price = value(i, "spot_price"), value(i, "price")
+
+def _spot_above(found: _Findings) -> None:
+    for i, r in enumerate(found.rows):
+        spot, price = found.value(i, "spot_price"), found.value(i, "price")
         if spot is not None and price is not None and spot >= price:
             what = "equal to" if spot == price else "above"
-            flag("spot", i, "spot_price", f"{what} the on-demand price {r['price']}: no discount")
-    return sorted(findings, key=lambda f: (f.line, f.field))
+            found.flag(
+                "spot", i, "spot_price", f"{what} the on-demand price {r['price']}: no discount"
+            )
 
 
 def check_file(path: Path) -> list[Finding]:

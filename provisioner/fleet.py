@@ -158,25 +158,38 @@ def read(sql: Sql, *, all_: bool, now: datetime, seen_since: datetime) -> Fleet:
     ]
     if not rows:
         return Fleet([], {})
+    _add_costs(sql, rows, f"SELECT id FROM machines{where}", now)
+    held = (S.STOPPED, S.PREEMPTED)
+    _add_why(sql, rows, now)
+    warnings = gpus_not_seen(sql, seen_since)
+    warnings.update({m.name: m.why for m in rows if m.why and m.status in held})
+    return Fleet(rows, warnings)
+
+
+def _add_costs(sql: Sql, rows: list[Row], machines: str, now: datetime) -> None:
+    """Each machine's launches (itself and those it replaced after preemptions) and what they
+    all have cost up to ``now``; ``machines``: a SELECT of the shown machines' ids."""
     chains = launches(sql, [m.id for m in rows])
     ids = {m.id for m in rows}
     earlier = sorted({mid for c in chains.values() for mid in c[1:]} - ids)
-    cost = costs(sql, f"SELECT id FROM machines{where}", now)
+    cost = costs(sql, machines, now)
     cost.update(costs_of(sql, earlier, now))
-    held = (S.STOPPED, S.PREEMPTED)
-    notes = stopped_notes(sql) if any(m.status in held for m in rows) else {}
-    failed = _failed_events(sql) if any(m.status == S.FAILED for m in rows) else {}
-    waits = waiting_notes(sql, now) if any(m.status == S.WAITING for m in rows) else {}
     for m in rows:
         for mid in chains[m.id]:
             for c, v in cost.get(mid, {}).items():
                 m.spent[c] = m.spent.get(c, 0) + v
         m.launches = len(chains[m.id])
+
+
+def _add_why(sql: Sql, rows: list[Row], now: datetime) -> None:
+    """Why each machine is stopped, preempted, failed or waiting, when it is news."""
+    held = (S.STOPPED, S.PREEMPTED)
+    notes = stopped_notes(sql) if any(m.status in held for m in rows) else {}
+    failed = _failed_events(sql) if any(m.status == S.FAILED for m in rows) else {}
+    waits = waiting_notes(sql, now) if any(m.status == S.WAITING for m in rows) else {}
+    for m in rows:
         m.why = failure(failed.get(m.id, [])) if m.status == S.FAILED else notes.get(m.id)
         m.why = waits.get(m.id, m.why)
-    warnings = gpus_not_seen(sql, seen_since)
-    warnings.update({m.name: m.why for m in rows if m.why and m.status in held})
-    return Fleet(rows, warnings)
 
 
 def launches(sql: Sql, ids: Iterable[str]) -> dict[str, list[str]]:
@@ -393,43 +406,45 @@ def show(fleet: Fleet, *, as_json: bool, all_: bool) -> None:
     then, on stderr, what the table cannot show."""
     rows = fleet.rows
     if as_json:
-        print_json(
-            [
-                {
-                    **machine_json(m),
-                    "spent": [Money(v, c).as_json() for c, v in sorted(m.spent.items())],
-                    "launches": m.launches,
-                    "problem": fleet.warnings.get(m.name),
-                    "why": m.why,
-                }
-                for m in rows
-            ]
-        )
+        print_json([_json_row(m, fleet) for m in rows])
     elif not rows:
         say(no_machines(all_))
     else:
-        table = [
-            [
-                m.name,
-                m.status,
-                m.cloud or "—",
-                m.zone or m.region or "—",
-                m.instance_type or "—",
-                f"{m.gpu_count}×{m.gpu}" if m.gpu else "—",
-                m.market or "—",
-                money_text(m.rate, m.currency),
-                " + ".join(money_text(v, c) for c, v in sorted(m.spent.items())) or "—",
-                m.public_ip or "—",
-            ]
-            for m in rows
-        ]
-        write(text_table(_TABLE, table))
-        for m in rows:
-            if m.why and m.status == S.FAILED:
-                out.print(
-                    f"{m.name} failed: {m.why}", highlight=False, markup=False, soft_wrap=True
-                )
-            elif m.why and m.status == S.WAITING:
-                out.print(f"{m.name}: {m.why}", highlight=False, markup=False, soft_wrap=True)
+        write(text_table(_TABLE, [_table_row(m) for m in rows]))
+        _say_why(rows)
     for n, problem in fleet.warnings.items():
         err.print(f"[yellow]warning:[/] {n}: {problem}", highlight=False, soft_wrap=True)
+
+
+def _say_why(rows: list[Row]) -> None:
+    """Under the table: why each failed machine failed, and what each waiting one waits for."""
+    for m in rows:
+        if m.why and m.status == S.FAILED:
+            out.print(f"{m.name} failed: {m.why}", highlight=False, markup=False, soft_wrap=True)
+        elif m.why and m.status == S.WAITING:
+            out.print(f"{m.name}: {m.why}", highlight=False, markup=False, soft_wrap=True)
+
+
+def _json_row(m: Row, fleet: Fleet) -> dict[str, Any]:
+    return {
+        **machine_json(m),
+        "spent": [Money(v, c).as_json() for c, v in sorted(m.spent.items())],
+        "launches": m.launches,
+        "problem": fleet.warnings.get(m.name),
+        "why": m.why,
+    }
+
+
+def _table_row(m: Row) -> list[str]:
+    return [
+        m.name,
+        m.status,
+        m.cloud or "—",
+        m.zone or m.region or "—",
+        m.instance_type or "—",
+        f"{m.gpu_count}×{m.gpu}" if m.gpu else "—",
+        m.market or "—",
+        money_text(m.rate, m.currency),
+        " + ".join(money_text(v, c) for c, v in sorted(m.spent.items())) or "—",
+        m.public_ip or "—",
+    ]

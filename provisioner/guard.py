@@ -49,21 +49,8 @@ def rules(experiment: Experiment, policies: list[Policy]) -> Rules:
     jobs.autostop.setting)."""
     mine = matching(policies, experiment.project, experiment.owner)
     life = experiment.lifecycle
-    own, cap = life.autostop, autostop_cap(policies, experiment.project, experiment.owner)
-    autostop, source = own, "experiment"
-    if cap is not None and own is not None and own > cap[0]:
-        autostop, source = cap[0], f"capped from {short_duration(own)} by policy {cap[1]}"
-    elif cap is not None and own is None:
-        autostop, source = cap[0], f"policy {cap[1]}'s max_autostop"
-    idle_rules: list[IdleRule] = [r for p in mine if (r := p.idle_rule) is not None]
-    scheduler_idle = [
-        f"policy {p.name}" + (" (off hours)" if p.off_hours else "")
-        for p in mine
-        if p.idle_rule is not None
-    ]
-    if life.idle is not None:
-        idle_rules.append(IdleRule(**life.idle.model_dump()))
-        scheduler_idle.append(f"lifecycle.idle ({life.idle.for_minutes} min)")
+    autostop, source = _autostop(experiment, policies)
+    idle_rules, scheduler_idle = _idle(experiment, mine)
     below = min((r.gpu_util_below for r in idle_rules), default=IdleRule().gpu_util_below)
     lifetimes = [
         (p.max_lifetime.after, p.max_lifetime.action, f"policy {p.name}")
@@ -83,6 +70,32 @@ def rules(experiment: Experiment, policies: list[Policy]) -> Rules:
         lifetime=lifetime,
         scheduler_idle=scheduler_idle,
     )
+
+
+def _autostop(experiment: Experiment, policies: list[Policy]) -> tuple[timedelta | None, str]:
+    """The experiment's autostop under the policies' ``max_autostop``, and where it is from."""
+    own = experiment.lifecycle.autostop
+    cap = autostop_cap(policies, experiment.project, experiment.owner)
+    if cap is not None and own is not None and own > cap[0]:
+        return cap[0], f"capped from {short_duration(own)} by policy {cap[1]}"
+    if cap is not None and own is None:
+        return cap[0], f"policy {cap[1]}'s max_autostop"
+    return own, "experiment"
+
+
+def _idle(experiment: Experiment, mine: list[Policy]) -> tuple[list[IdleRule], list[str]]:
+    """The idle rules the scheduler holds the machine to, and whose each is."""
+    life = experiment.lifecycle
+    idle_rules: list[IdleRule] = [r for p in mine if (r := p.idle_rule) is not None]
+    scheduler_idle = [
+        f"policy {p.name}" + (" (off hours)" if p.off_hours else "")
+        for p in mine
+        if p.idle_rule is not None
+    ]
+    if life.idle is not None:
+        idle_rules.append(IdleRule(**life.idle.model_dump()))
+        scheduler_idle.append(f"lifecycle.idle ({life.idle.for_minutes} min)")
+    return idle_rules, scheduler_idle
 
 
 def jobs_dir(login_user: str) -> str:

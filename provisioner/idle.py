@@ -1,195 +1,27 @@
-"""The idle signal: heartbeats from the on-machine agent, the endpoint that receives them, and
-whether a machine has been idle for a rule's window.
-
-Agents hold a per-machine token issued at launch; only its SHA-256 is stored, and it is the key
-with which the agent signs each heartbeat (the token itself never travels again). The
-endpoint (:class:`HeartbeatApp`, a WSGI application served by :mod:`provisioner.web`) serves
-``POST /v1/heartbeat``, ``POST /v1/notice`` (a cloud's preemption notice, signed the same way),
-``GET /metrics`` (Prometheus) and ``GET /healthz``.
+"""The idle signal: whether a machine has been idle for a rule's window, from the heartbeats
+:mod:`provisioner.heartbeats` keeps — the evidence summed up by the database for a sweep, the
+verdict, each machine's rules and threshold, and the machines idle now.
 """
 
 from __future__ import annotations
 
-import hmac
 import itertools
-import json
-import logging
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Literal
 
-from sqlalchemy import delete, func, select
+from sqlalchemy import func, select
 
 from policies.schema import IdleRule, Policy, matching
-from provisioner import agent, tokens
-from provisioner.models import (
-    ACTIVE_EXCLUDED,
-    Event,
-    Heartbeat,
-    Machine,
-    SignedMark,
-    UTCDateTime,
-    epoch_us,
-)
-from provisioner.schema import RUNNING_SINCE, EventKind
-from provisioner.web import MAX_BODY, Server, WSGIApp, respond
+from provisioner.models import Event, Heartbeat, Machine, UTCDateTime, epoch_us
+from provisioner.schema import RUNNING_SINCE
 
 if TYPE_CHECKING:
     from provisioner.app import App
 
-log = logging.getLogger("provisioner.idle")
-
 Signal = Literal["idle", "busy", "unknown", "starting"]
 RUNNING_SINCE_EVENTS = RUNNING_SINCE
-
-
-class BadHeartbeat(ValueError):
-    pass
-
-
-def parse_body(raw: bytes) -> list[dict[str, Any]]:
-    """The GPUs of a heartbeat body ``{"gpus": [{"index", "util", "mem_used_mb",
-    "mem_total_mb"}], "note": "..."}``; anything else is refused."""
-    try:
-        body = json.loads(raw or b"null")
-    except (ValueError, UnicodeDecodeError, RecursionError):
-        raise BadHeartbeat("body is not JSON (or nested too deep)") from None
-    if not isinstance(body, dict) or not isinstance(body.get("gpus"), list):
-        raise BadHeartbeat('body must be {"gpus": [...]}')
-    if len(body["gpus"]) > 64:
-        raise BadHeartbeat("more GPUs than a machine has")
-    gpus: list[dict[str, Any]] = []
-    for g in body["gpus"]:
-        if not isinstance(g, dict):
-            raise BadHeartbeat("each GPU is an object")
-        util = g.get("util")
-        if isinstance(util, bool) or not isinstance(util, int | float) or not 0 <= util <= 100:
-            raise BadHeartbeat("util must be a percent")
-        index = g.get("index", len(gpus))
-        if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < 64:
-            raise BadHeartbeat("index must be a GPU number")
-        gpus.append(
-            {
-                "index": index,
-                "util": float(util),
-                "mem_used_mb": _num(g.get("mem_used_mb")),
-                "mem_total_mb": _num(g.get("mem_total_mb")),
-            }
-        )
-    return gpus
-
-
-def parse_heartbeat(raw: bytes) -> dict[str, Any]:
-    """A heartbeat body: its GPUs (:func:`parse_body`) and ``ssh_sessions``, the established
-    SSH connections the agent counted. An older agent sends none: None, which autostop reads
-    as no evidence of a session (it cannot block a stop it never reported)."""
-    gpus = parse_body(raw)
-    sessions = json.loads(raw).get("ssh_sessions")
-    if sessions is not None and (
-        isinstance(sessions, bool) or not isinstance(sessions, int) or not 0 <= sessions < 2**31
-    ):
-        raise BadHeartbeat("ssh_sessions must be a count")
-    return {"gpus": gpus, "ssh_sessions": sessions}
-
-
-def record_heartbeat(app: App, machine_id: str, body: dict[str, Any]) -> Machine | None:
-    """:func:`record` of a parsed :func:`parse_heartbeat` body."""
-    return record(app, machine_id, body["gpus"], ssh_sessions=body["ssh_sessions"])
-
-
-def _num(v: Any) -> float | None:
-    return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
-
-
-def _live(s: Any, machine_id: str) -> Machine | None:
-    return s.scalars(
-        select(Machine).where(Machine.id == machine_id, Machine.status.not_in(ACTIVE_EXCLUDED))
-    ).first()
-
-
-def record(
-    app: App, machine_id: str, gpus: list[dict[str, Any]], ssh_sessions: int | None = None
-) -> Machine | None:
-    """Store one heartbeat of ``machine_id``; None when it is no longer live."""
-    with app.db.session() as s:
-        m = _live(s, machine_id)
-        if m is None:
-            return None
-        top = max((g["util"] for g in gpus), default=None)
-        at = app.clock.now()
-        s.add(Heartbeat(machine_id=m.id, at=at, gpus=gpus, max_util=top, ssh_sessions=ssh_sessions))
-        return m
-
-
-NOTICE_EVENT = EventKind.PREEMPTION_NOTICE
-
-
-def parse_notice(raw: bytes) -> dict[str, Any]:
-    """A notice body ``{"cloud", "event_id", "action", "not_before", "seen_at"}`` (times as
-    ``YYYY-MM-DDTHH:MM:SSZ`` or null); anything else is refused."""
-    try:
-        body = json.loads(raw or b"null")
-    except (ValueError, UnicodeDecodeError, RecursionError):
-        raise BadHeartbeat("body is not JSON (or nested too deep)") from None
-    if not isinstance(body, dict):
-        raise BadHeartbeat("body must be an object")
-    out: dict[str, Any] = {}
-    for field, most in (("cloud", 32), ("event_id", 128), ("action", 32)):
-        v = body.get(field)
-        if not isinstance(v, str) or not 0 < len(v) <= most:
-            raise BadHeartbeat(f"{field} must be a string of at most {most} characters")
-        out[field] = v
-    for field in ("not_before", "seen_at"):
-        v = body.get(field)
-        if v is not None:
-            try:
-                when = datetime.strptime(str(v), "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
-            except ValueError:
-                raise BadHeartbeat(f"{field} must be YYYY-MM-DDTHH:MM:SSZ or null") from None
-            v = when.isoformat()
-        out[field] = v
-    return out
-
-
-def record_notice(app: App, machine_id: str, notice: dict[str, Any]) -> Machine | None:
-    """Record a preemption notice of ``machine_id`` as a ``preemption-notice`` event with the
-    cloud's time (``not_before``, when the cloud gives one), once per notice: the agent posts
-    again after a lost answer. None when the machine is no longer live."""
-    with app.db.session() as s:
-        m = _live(s, machine_id)
-        if m is None:
-            return None
-        known = s.scalars(
-            select(Event.detail).where(Event.machine_id == m.id, Event.kind == NOTICE_EVENT)
-        )
-        if not any(d.get("event_id") == notice["event_id"] for d in known):
-            s.add(
-                Event(
-                    machine_id=m.id,
-                    at=app.clock.now(),
-                    kind=NOTICE_EVENT,
-                    reason=notice["action"],
-                    detail=notice,
-                )
-            )
-            log.warning(
-                "%s: %s preemption notice (%s, not before %s)",
-                m.name,
-                notice["cloud"],
-                notice["action"],
-                notice["not_before"] or "unknown",
-            )
-        return m
-
-
-def prune(app: App, older_than: datetime) -> int:
-    with app.db.session() as s:
-        result = s.execute(delete(Heartbeat).where(Heartbeat.at < older_than))
-        return int(getattr(result, "rowcount", 0) or 0)  # a DML result (CursorResult)
-
-
-# --- the signal ------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -292,16 +124,31 @@ def evidence(
     each machine's beats, the costly part) only of those whose verdict still turns on them.
     ``busy_at``: the highest threshold of any rule; a machine whose busiest GPU reaches it is
     busy whatever its silences, and its ``gap_us`` is left None."""
-    from sqlalchemy import and_, case, literal, type_coerce
-
     wanted, spans = set(machine_ids), sorted(set(windows))
     if not wanted or not spans:
         return {}
-    col, us = _epoch_us(app)
+    with app.db.session() as s:
+        out, silent = _summed(app, s, wanted, now, spans, grace, busy_at)
+        _add_gaps(app, s, out, sorted(silent), now, spans, grace)
+    return out
+
+
+def _summed(
+    app: App,
+    s: Any,
+    wanted: set[str],
+    now: datetime,
+    spans: list[timedelta],
+    grace: timedelta,
+    busy_at: float | None,
+) -> tuple[dict[tuple[str, timedelta], Evidence], set[str]]:
+    """:func:`evidence`'s one query for all machines, without the silences; and the machines
+    whose silences decide some window's verdict."""
+    from sqlalchemy import and_, case, type_coerce
+
     since = now - spans[-1] - grace
     g, now_us = grace // timedelta(microseconds=1), epoch_us(now)
     starts = [now - w for w in spans]
-    bounds = [epoch_us(start - grace) for start in starts]  # the silences: from start - grace
     at, util = Heartbeat.at, Heartbeat.max_util  # compared as stored: no arithmetic per row
     machine = beat_machine(app)
     cols: list[Any] = [machine, func.max(at)]
@@ -313,53 +160,76 @@ def evidence(
         ]
     out: dict[tuple[str, timedelta], Evidence] = {}
     silent: set[str] = set()  # machines whose silences decide some window's verdict
-    with app.db.session() as s:
-        query = select(*cols).where(at >= since).group_by(machine)
-        if len(wanted) <= 500:  # a page of the fleet: by its machines' index, not the whole
-            query = query.where(Heartbeat.machine_id.in_(wanted))
-        for row in s.execute(query):
-            if row[0] not in wanted:
-                continue
-            for i, (w, start) in enumerate(zip(spans, starts, strict=True)):
-                first, top, blind = row[2 + 3 * i : 5 + 3 * i]
-                ev = out[row[0], w] = Evidence(
-                    None if first is None else epoch_us(first),
-                    None if first is None else epoch_us(row[1]),
-                    None if top is None else float(top),
-                    int(blind or 0),
-                    None,
-                )
-                if (
-                    ev.first_us is not None
-                    and ev.last_us is not None
-                    and ev.last_us >= now_us - g
-                    and (busy_at is None or ev.top is None or ev.top < busy_at)
-                    and not ev.blind
-                    and ev.first_us <= epoch_us(start) + g
-                ):
-                    silent.add(row[0])
-        todo = sorted(silent)
-        for k in range(0, len(todo), 500):  # bound the IN list
-            gaps = (
-                select(
-                    Heartbeat.machine_id.label("mid"),
-                    us.label("us"),
-                    func.lag(us)
-                    .over(partition_by=Heartbeat.machine_id, order_by=col)
-                    .label("prev"),
-                )
-                .where(Heartbeat.at >= since, Heartbeat.machine_id.in_(todo[k : k + 500]))
-                .subquery()
+    query = select(*cols).where(at >= since).group_by(machine)
+    if len(wanted) <= 500:  # a page of the fleet: by its machines' index, not the whole
+        query = query.where(Heartbeat.machine_id.in_(wanted))
+    for row in s.execute(query):
+        if row[0] not in wanted:
+            continue
+        for i, (w, start) in enumerate(zip(spans, starts, strict=True)):
+            ev = out[row[0], w] = _from_sums(row[1], *row[2 + 3 * i : 5 + 3 * i])
+            if _turns_on_silence(ev, now_us - g, epoch_us(start) + g, busy_at):
+                silent.add(row[0])
+    return out, silent
+
+
+def _from_sums(last: datetime, first: datetime | None, top: Any, blind: Any) -> Evidence:
+    """A window's :class:`Evidence` from its sums (no beat in it: no first, no last)."""
+    return Evidence(
+        None if first is None else epoch_us(first),
+        None if first is None else epoch_us(last),
+        None if top is None else float(top),
+        int(blind or 0),
+        None,
+    )
+
+
+def _turns_on_silence(ev: Evidence, heard_from: int, first_by: int, busy_at: float | None) -> bool:
+    """Whether ``ev``'s verdict still turns on its silences: heard lately, from early enough,
+    with every GPU seen and none busy for sure."""
+    return (
+        ev.first_us is not None
+        and ev.last_us is not None
+        and ev.last_us >= heard_from
+        and (busy_at is None or ev.top is None or ev.top < busy_at)
+        and not ev.blind
+        and ev.first_us <= first_by
+    )
+
+
+def _add_gaps(
+    app: App,
+    s: Any,
+    out: dict[tuple[str, timedelta], Evidence],
+    todo: list[str],
+    now: datetime,
+    spans: list[timedelta],
+    grace: timedelta,
+) -> None:
+    """The longest silence of each of ``todo`` in each window, into ``out`` (``lag`` over
+    each machine's beats: the costly part)."""
+    from sqlalchemy import case, literal
+
+    col, us = _epoch_us(app)
+    since = now - spans[-1] - grace
+    bounds = [epoch_us(now - w - grace) for w in spans]  # the silences: from start - grace
+    for k in range(0, len(todo), 500):  # bound the IN list
+        gaps = (
+            select(
+                Heartbeat.machine_id.label("mid"),
+                us.label("us"),
+                func.lag(us).over(partition_by=Heartbeat.machine_id, order_by=col).label("prev"),
             )
-            q = [gaps.c.mid] + [
-                func.max(case((gaps.c.prev >= literal(lo), gaps.c.us - gaps.c.prev)))
-                for lo in bounds
-            ]
-            for row in s.execute(select(*q).group_by(gaps.c.mid)):
-                for i, w in enumerate(spans):
-                    if row[1 + i] is not None and (row[0], w) in out:
-                        out[row[0], w] = replace(out[row[0], w], gap_us=int(row[1 + i]))
-    return out
+            .where(Heartbeat.at >= since, Heartbeat.machine_id.in_(todo[k : k + 500]))
+            .subquery()
+        )
+        q = [gaps.c.mid] + [
+            func.max(case((gaps.c.prev >= literal(lo), gaps.c.us - gaps.c.prev))) for lo in bounds
+        ]
+        for row in s.execute(select(*q).group_by(gaps.c.mid)):
+            for i, w in enumerate(spans):
+                if row[1 + i] is not None and (row[0], w) in out:
+                    out[row[0], w] = replace(out[row[0], w], gap_us=int(row[1 + i]))
 
 
 def _epoch_us(app: App) -> tuple[Any, Any]:
@@ -423,11 +293,33 @@ def idle_now(
     query over the last minutes of every machine's heartbeats (:func:`_idle_candidates`), then
     one (two passes) per distinct threshold over the day of the machines still in question,
     summed up by the database."""
-    from sqlalchemy import case, or_
 
     by_below: dict[float, list[str]] = {}
     for mid in _idle_candidates(app, now, thresholds, grace):
         by_below.setdefault(thresholds[mid], []).append(mid)
+    latest, first_idle = _idle_marks(app, by_below)
+    came_up = running_since(app, [m for m in first_idle if m in latest])
+    out: dict[str, IdleNow] = {}
+    for mid, first in first_idle.items():
+        last = latest.get(mid)
+        if last is None or now - last > grace:
+            continue
+        since = first
+        up = came_up.get(mid)
+        if up is not None and up > since:  # beats of an earlier run: from when it came up
+            since = up
+        if now - since >= IDLE_NOW:
+            out[mid] = IdleNow(mid, since, thresholds[mid])
+    return out
+
+
+def _idle_marks(
+    app: App, by_below: dict[float, list[str]]
+) -> tuple[dict[str, datetime], dict[str, datetime]]:
+    """Of the machines by idle threshold, each one's latest heartbeat and its first one after
+    its last busy one (one query, two passes, per threshold and 500 machines)."""
+    from sqlalchemy import case, or_
+
     h = Heartbeat
     latest: dict[str, datetime] = {}
     first_idle: dict[str, datetime] = {}
@@ -457,19 +349,7 @@ def idle_now(
                 )
                 for mid, last, first in rows:
                     latest[mid], first_idle[mid] = last, first
-    came_up = running_since(app, [m for m in first_idle if m in latest])
-    out: dict[str, IdleNow] = {}
-    for mid, first in first_idle.items():
-        last = latest.get(mid)
-        if last is None or now - last > grace:
-            continue
-        since = first
-        up = came_up.get(mid)
-        if up is not None and up > since:  # beats of an earlier run: from when it came up
-            since = up
-        if now - since >= IDLE_NOW:
-            out[mid] = IdleNow(mid, since, thresholds[mid])
-    return out
+    return latest, first_idle
 
 
 def _idle_candidates(
@@ -501,235 +381,3 @@ def _idle_candidates(
             if busy is None or busy < recent:
                 out.append(row[0])
     return out
-
-
-# --- the endpoint ----------------------------------------------------------------------------
-
-
-def parse_authorization(header: str) -> tuple[str, int, str] | None:
-    """(machine, time, signature) of a well-formed ``Authorization`` an agent signed
-    (:func:`provisioner.agent.authorization`), else None. The scheduler's side only: the machine
-    is not sent it."""
-    scheme, _, rest = header.strip().partition(" ")
-    if scheme != agent.SCHEME or len(rest) > 512:
-        return None
-    fields = dict(part.strip().partition("=")[::2] for part in rest.split(","))
-    machine, at, sig = (fields.get(k, "") for k in ("machine", "time", "signature"))
-    if not (0 < len(machine) <= 64 and at.isdigit() and len(at) <= 15 and len(sig) == 64):
-        return None
-    return machine, int(at), sig
-
-
-REPLAY_WINDOW = timedelta(minutes=5)  # a heartbeat signed longer ago (or ahead) is refused
-
-
-class HeartbeatApp:
-    """The WSGI application of ``POST /v1/heartbeat``, ``POST /v1/notice``, ``GET /metrics``
-    and ``GET /healthz`` (mount it at each of those paths, or at ``/``).
-
-    A heartbeat is signed, not carrying its token: ``Authorization: PV1-HMAC-SHA256
-    machine=ID, time=MS, signature=HEX`` (see :func:`provisioner.agent.signature`). It is
-    refused (401) unless the machine is live and ``time`` is within :data:`REPLAY_WINDOW` of
-    now — all before the body is read — and then unless the signature over the body matches;
-    ``time`` must also grow from one request of a machine to the next on the same route (409:
-    a replay). A notice is signed the same way over its own route.
-    ``/metrics`` needs ``Authorization: Bearer <metrics_token>`` (or a personal token) when one
-    is set; without one it is public and names no machine."""
-
-    def __init__(self, app: App, metrics: Any = None, metrics_token: str | None = None) -> None:
-        self.app = app
-        self.metrics = metrics
-        self.metrics_token = metrics_token
-
-    def __call__(self, environ: dict[str, Any], start_response: Any) -> Iterable[bytes]:
-        path = environ.get("SCRIPT_NAME", "") + (environ.get("PATH_INFO") or "")
-        method = environ.get("REQUEST_METHOD", "GET")
-        try:
-            if path == "/v1/heartbeat":
-                if method != "POST":
-                    return respond(start_response, 405, {"error": "POST a heartbeat"})
-                code, data = self._heartbeat(environ)
-                return respond(start_response, code, data)
-            if path == "/v1/notice":
-                if method != "POST":
-                    return respond(start_response, 405, {"error": "POST a notice"})
-                code, data = self._notice(environ)
-                return respond(start_response, code, data)
-            if path == "/healthz":
-                return respond(start_response, 200, {"ok": True})
-            if path == "/metrics" and self.metrics is not None:
-                return self._metrics(environ, start_response)
-        except Exception:  # the state database is down, say: logged, answered, never fatal
-            log.exception("%s %s failed", method, path)
-            return respond(start_response, 500, {"error": "not recorded"})
-        return respond(start_response, 404, {"error": "not found"})
-
-    def _verified(self, environ: dict[str, Any], route: str) -> tuple[int, Any, bytes]:
-        """(200, machine id, body) of a request signed by a live machine for ``route``, else
-        (status, error, b""): the signature checks of every route an agent posts to."""
-        auth = parse_authorization(environ.get("HTTP_AUTHORIZATION", ""))
-        if auth is None:
-            return 401, {"error": "unsigned or malformed Authorization"}, b""
-        machine_id, at_ms, sig = auth
-        now_ms = int(self.app.clock.now().timestamp() * 1000)
-        if abs(now_ms - at_ms) > REPLAY_WINDOW.total_seconds() * 1000:
-            return 401, {"error": "stale or future time: check the machine's clock"}, b""
-        key = self._key(machine_id)
-        if key is None:
-            return 401, {"error": "unknown machine or token"}, b""
-        length = environ.get("CONTENT_LENGTH") or ""
-        if not length.isdigit():
-            return 411, {"error": "a Content-Length is required"}, b""
-        if int(length) > MAX_BODY:  # waitress refuses these first; kept for any other server
-            return 413, {"error": f"the body must be at most {MAX_BODY} bytes"}, b""
-        raw = environ["wsgi.input"].read(int(length))
-        if not hmac.compare_digest(sig, agent.signature(key, machine_id, at_ms, raw, route)):
-            return 401, {"error": "unknown machine or token"}, b""
-        if not self._newer(route, machine_id, at_ms):
-            return 409, {"error": "replayed or out-of-order request"}, b""
-        return 200, machine_id, raw
-
-    def _newer(self, route: str, machine_id: str, at_ms: int) -> bool:
-        """Whether ``at_ms`` is newer than any this route accepted from the machine, recording
-        it if so: in the state database (a restart forgets nothing, and every scheduler process
-        shares it), check and update as one conditional statement, so two copies of one request
-        cannot both pass."""
-        from sqlalchemy import insert, update
-        from sqlalchemy.exc import IntegrityError
-
-        mark = SignedMark
-        for _ in range(2):  # the first of a machine: inserted; a racing insert: updated
-            with self.app.db.session() as s:
-                done = s.execute(
-                    update(mark)
-                    .where(
-                        mark.route == route,
-                        mark.machine_id == machine_id,
-                        mark.at_ms < at_ms,
-                    )
-                    .values(at_ms=at_ms)
-                    .execution_options(synchronize_session=False)
-                )
-                if done.rowcount:  # type: ignore[attr-defined]
-                    return True
-                seen = s.scalar(
-                    select(SignedMark.at_ms).where(
-                        SignedMark.route == route, SignedMark.machine_id == machine_id
-                    )
-                )
-                if seen is not None:
-                    return False  # as old as one accepted, or older: a replay
-            try:
-                with self.app.db.session() as s:
-                    s.execute(insert(mark).values(route=route, machine_id=machine_id, at_ms=at_ms))
-                return True
-            except IntegrityError:
-                continue  # another request of the machine inserted it first: compare with it
-        return False
-
-    def _heartbeat(self, environ: dict[str, Any]) -> tuple[int, Any]:
-        return self._signed(environ, agent.HEARTBEAT, parse_heartbeat, record_heartbeat)
-
-    def _notice(self, environ: dict[str, Any]) -> tuple[int, Any]:
-        return self._signed(environ, agent.NOTICE, parse_notice, record_notice)
-
-    def _signed(
-        self,
-        environ: dict[str, Any],
-        route: str,
-        parse: Callable[[bytes], Any],
-        keep: Callable[[App, str, Any], Machine | None],
-    ) -> tuple[int, Any]:
-        """A signed post on ``route``: verified, its body parsed and kept for the machine."""
-        code, machine_id, raw = self._verified(environ, route)
-        if code != 200:
-            return code, machine_id
-        try:
-            body = parse(raw)
-        except BadHeartbeat as e:
-            return 400, {"error": str(e)}
-        m = keep(self.app, machine_id, body)
-        if m is None:
-            return 401, {"error": "unknown machine or token"}
-        return 200, {"ok": True, "machine": m.name}
-
-    def _key(self, machine_id: str) -> str | None:
-        """The signing key of a live machine: the stored hash of its token."""
-        with self.app.db.session() as s:
-            return s.scalar(
-                select(Machine.agent_token_hash).where(
-                    Machine.id == machine_id, Machine.status.not_in(ACTIVE_EXCLUDED)
-                )
-            )
-
-    def _metrics(self, environ: dict[str, Any], start_response: Any) -> Iterable[bytes]:
-        named = False
-        if self.metrics_token:
-            auth = environ.get("HTTP_AUTHORIZATION", "")
-            given = auth[7:].strip() if auth[:7].lower() == "bearer " else ""
-            if not hmac.compare_digest(given.encode(), self.metrics_token.encode()) and not (
-                given.startswith(tokens.PREFIX) and tokens.verify(self.app, given)
-            ):  # the metrics token, or a member's personal token
-                return respond(start_response, 401, {"error": "a metrics token is required"})
-            named = True
-        body, ctype = self.metrics.render(names=named)
-        start_response("200 OK", [("Content-Type", ctype), ("Content-Length", str(len(body)))])
-        return [body]
-
-
-def endpoint_apps(
-    app: App, metrics: Any = None, metrics_token: str | None = None
-) -> dict[str, WSGIApp]:
-    """The scheduler's own paths, for :func:`provisioner.web.serve` (other apps mount beside)."""
-    hb = HeartbeatApp(app, metrics, metrics_token)
-    return {"/v1/heartbeat": hb, "/v1/notice": hb, "/metrics": hb, "/healthz": hb}
-
-
-class Endpoint(Server):
-    """Heartbeats, metrics and health on one port (``port=0``: a free one), and any other
-    WSGI ``apps`` under their path prefixes."""
-
-    def __init__(
-        self,
-        app: App,
-        host: str = "127.0.0.1",
-        port: int = 8787,
-        metrics: Any = None,
-        *,
-        metrics_token: str | None = None,
-        apps: dict[str, WSGIApp] | None = None,
-        **options: Any,
-    ) -> None:
-        super().__init__(
-            {**(apps or {}), **endpoint_apps(app, metrics, metrics_token)}, host, port, **options
-        )
-        self.app = app
-
-    def __enter__(self) -> Endpoint:
-        self.start()
-        return self
-
-
-def latest_heartbeats(app: App, since: datetime) -> list[tuple[Machine, Heartbeat]]:
-    """Each live machine with its latest heartbeat after ``since``: one query."""
-    with app.db.session() as s:
-        latest = (
-            select(Heartbeat.machine_id, func.max(Heartbeat.id).label("hid"))
-            .where(Heartbeat.at >= since)
-            .group_by(Heartbeat.machine_id)
-            .subquery()
-        )
-        rows = s.execute(
-            select(Machine, Heartbeat)
-            .join(latest, latest.c.machine_id == Machine.id)
-            .join(Heartbeat, Heartbeat.id == latest.c.hid)
-            .where(Machine.status.not_in(ACTIVE_EXCLUDED))
-        )
-        return [(m, hb) for m, hb in rows]
-
-
-def iter_latest_gpus(app: App, since: datetime) -> Iterator[tuple[Machine, dict[str, Any]]]:
-    """Each live machine's GPUs from its latest heartbeat after ``since`` (for /metrics)."""
-    for m, hb in latest_heartbeats(app, since):
-        for g in hb.gpus:
-            yield m, g

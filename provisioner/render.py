@@ -308,6 +308,27 @@ def chart(r: Report) -> Any:
         2, 1, sharex=True, gridspec_kw={"height_ratios": [2, 1], "hspace": 0.08}
     )
     x = list(range(1, len(days) + 1))
+    _spend_panel(top, r, f, x, cumulative)
+    bottom.bar(x, daily, color="#4c72b0")
+    bottom.set_ylabel(f.t("axis_daily", currency=r.currency))
+    bottom.set_xlabel(f.t("axis_day"))
+    bottom.set_xlim(0.3, len(days) + 0.7)
+    bottom.xaxis.set_major_locator(MaxNLocator(integer=True))
+    for ax in (top, bottom):
+        ax.yaxis.set_major_locator(MaxNLocator(nbins=5 if ax is top else 3))
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: _tick(f, v)))
+        ax.grid(axis="y", color="#e4e4e4")
+        ax.set_axisbelow(True)
+    fig.align_ylabels()
+    fig.subplots_adjust(left=0.12, right=0.98, top=0.93, bottom=0.1)
+    return fig
+
+
+def _spend_panel(top: Any, r: Report, f: Fmt, x: list[int], cumulative: list[float | None]) -> None:
+    """The upper panel: cumulative spend up to today, the budget line, the forecast to the
+    period's end."""
+    days = [d for d, _ in r.daily]
+    today = r.now.astimezone(ZoneInfo(r.period.tz)).date()
     top.plot(
         [i for i, c in zip(x, cumulative, strict=True) if c is not None],
         [c for c in cumulative if c is not None],
@@ -342,19 +363,6 @@ def chart(r: Report) -> Any:
     top.set_ylabel(f.t("axis_cumulative", currency=r.currency))
     top.legend(loc="lower right", fontsize=8)  # the spend climbs from the lower left
     top.set_title(f"{r.title} — {r.period.label}")
-    bottom.bar(x, daily, color="#4c72b0")
-    bottom.set_ylabel(f.t("axis_daily", currency=r.currency))
-    bottom.set_xlabel(f.t("axis_day"))
-    bottom.set_xlim(0.3, len(days) + 0.7)
-    bottom.xaxis.set_major_locator(MaxNLocator(integer=True))
-    for ax in (top, bottom):
-        ax.yaxis.set_major_locator(MaxNLocator(nbins=5 if ax is top else 3))
-        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: _tick(f, v)))
-        ax.grid(axis="y", color="#e4e4e4")
-        ax.set_axisbelow(True)
-    fig.align_ylabels()
-    fig.subplots_adjust(left=0.12, right=0.98, top=0.93, bottom=0.1)
-    return fig
 
 
 def _tick(f: Fmt, v: float) -> str:

@@ -368,29 +368,9 @@ def _assemble(
     scope: Scope,
 ) -> Report:
     rates, cur = app.settings.money_rates, currency
-    fields = _fields(by)
-    at_by = fields.index("owner" if by == "team" else by)
-    team = app.settings.team_of() if by == "team" else None
-    group_kind, per_machine, gpus = Tally(), Tally(), Tally()
-    for (key, c, rate), us in sums.usage.items():
-        name, owner, gpu, count, kind = key[:5]  # type: ignore[index]
-        group = team(owner) if team else key[at_by]  # type: ignore[index]
-        group_kind.add((group or "—", kind), c, rate, us)
-        per_machine.add(name, c, rate, us)
-        if kind == UsageKind.COMPUTE and gpu:
-            gpus.add((gpu, count or 1), c, rate, us)
-    lines: dict[str, Line] = {}
-    kinds: dict[str, Amounts] = {}
-    for (key, kind), amounts in group_kind.amounts().items():
-        ln = lines.setdefault(key, Line(key, Amounts(), Money.zero(cur)))
-        ln.by_kind[kind] = amounts
-        ln.amounts.merge(amounts)
-        kinds.setdefault(kind, Amounts()).merge(amounts)
-    for ln in lines.values():
-        ln.total = ln.amounts.total(rates, cur)
+    group_kind, per, gpus = _tallies(app, sums.usage, by)
+    lines, kinds = _lines(group_kind, rates, cur)
     # every machine's total, but lines only for the top ones: a fleet is 20,000 machines
-    per = per_machine.amounts()
-    del per_machine
     order = sorted(
         ((a.total(rates, cur).amount, name) for name, a in per.items()),
         key=lambda tn: (-tn[0], tn[1]),
@@ -435,6 +415,35 @@ def _assemble(
     _round(r)
     _round_machines(r, [amount for amount, _ in order], [per[name] for _, name in order])
     return r
+
+
+def _tallies(app: App, usage: Tally, by: str) -> tuple[Tally, dict[str, Amounts], Tally]:
+    """The usage summed by (group, kind), by machine, and by (GPU, cards) of compute."""
+    at_by = _fields(by).index("owner" if by == "team" else by)
+    team = app.settings.team_of() if by == "team" else None
+    group_kind, per_machine, gpus = Tally(), Tally(), Tally()
+    for (key, c, rate), us in usage.items():
+        name, owner, gpu, count, kind = key[:5]  # type: ignore[index]
+        group = team(owner) if team else key[at_by]  # type: ignore[index]
+        group_kind.add((group or "—", kind), c, rate, us)
+        per_machine.add(name, c, rate, us)
+        if kind == UsageKind.COMPUTE and gpu:
+            gpus.add((gpu, count or 1), c, rate, us)
+    return group_kind, per_machine.amounts(), gpus  # the machines' Tally dropped
+
+
+def _lines(group_kind: Tally, rates: Rates, cur: str) -> tuple[dict[str, Line], dict[str, Amounts]]:
+    """The report's lines by group (kinds, total in ``cur``), and the amounts of each kind."""
+    lines: dict[str, Line] = {}
+    kinds: dict[str, Amounts] = {}
+    for (key, kind), amounts in group_kind.amounts().items():
+        ln = lines.setdefault(key, Line(key, Amounts(), Money.zero(cur)))
+        ln.by_kind[kind] = amounts
+        ln.amounts.merge(amounts)
+        kinds.setdefault(kind, Amounts()).merge(amounts)
+    for ln in lines.values():
+        ln.total = ln.amounts.total(rates, cur)
+    return lines, kinds
 
 
 def _machine_info(usage: Tally, names: set[str]) -> dict[str, dict[str, Any]]:

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 from sqlalchemy import select
 
-from provisioner import agent, idle, startup
+from provisioner import agent, endpoint, startup
 from provisioner.app import App
 from provisioner.clock import Clock
 from provisioner.errors import ConfigError
@@ -143,7 +143,7 @@ def setup(agent_app: Any, tmp_path: Path) -> tuple[Machine, Path]:
 
 
 def watcher(
-    cloud: str, ep: idle.Endpoint, m: Machine, token_file: Path, md: Metadata, **kw: Any
+    cloud: str, ep: endpoint.Endpoint, m: Machine, token_file: Path, md: Metadata, **kw: Any
 ) -> agent.NoticeWatcher:
     logs: list[str] = []
     w = agent.NoticeWatcher(
@@ -182,7 +182,7 @@ def test_a_notice_signals_the_job_once_and_is_recorded_with_the_clouds_time(
 ):
     child, mark = job
     m, token_file = setup(agent_app, tmp_path)
-    with idle.Endpoint(agent_app, port=0) as ep:
+    with endpoint.Endpoint(agent_app, port=0) as ep:
         w = watcher(cloud, ep, m, token_file, metadata, action={"signal": "SIGTERM", "to": mark})
         for _ in range(3):  # before the cloud announces anything: nothing happens
             w.tick()
@@ -204,7 +204,7 @@ def test_a_notice_signals_the_job_once_and_is_recorded_with_the_clouds_time(
 
 def test_aws_asks_for_one_session_token_and_reuses_it(agent_app, tmp_path, metadata):
     m, token_file = setup(agent_app, tmp_path)
-    with idle.Endpoint(agent_app, port=0) as ep:
+    with endpoint.Endpoint(agent_app, port=0) as ep:
         w = watcher("aws", ep, m, token_file, metadata)
         for _ in range(4):
             w.tick()
@@ -222,7 +222,7 @@ def test_a_notice_can_run_a_command_instead(agent_app, tmp_path, metadata):
     out = tmp_path / "told"
     env = "$PROVISIONER_NOTICE_CLOUD $PROVISIONER_NOTICE_NOT_BEFORE"
     command = f"echo {env} >> {out}.part && mv {out}.part {out}"
-    with idle.Endpoint(agent_app, port=0) as ep:
+    with endpoint.Endpoint(agent_app, port=0) as ep:
         w = watcher("azure", ep, m, token_file, metadata, action={"run": command})
         w.tick()
         metadata.notice = True
@@ -238,7 +238,7 @@ def test_a_notice_can_run_a_command_instead(agent_app, tmp_path, metadata):
 
 def test_a_lost_post_is_retried_and_recorded_once(agent_app, tmp_path, metadata):
     m, token_file = setup(agent_app, tmp_path)
-    with idle.Endpoint(agent_app, port=0) as ep:
+    with endpoint.Endpoint(agent_app, port=0) as ep:
         w = watcher("gcp", ep, m, token_file, metadata)
         url = w.endpoint
         w.endpoint = "http://127.0.0.1:9"  # the scheduler cannot be reached
@@ -260,7 +260,9 @@ def test_a_lost_post_is_retried_and_recorded_once(agent_app, tmp_path, metadata)
     assert len(notices(agent_app, m)) == 1
 
 
-def post_notice(ep: idle.Endpoint, m: Machine, token_file: Path, body: Any, plus_ms: int) -> int:
+def post_notice(
+    ep: endpoint.Endpoint, m: Machine, token_file: Path, body: Any, plus_ms: int
+) -> int:
     ms = int(TEST_START.timestamp() * 1000) + plus_ms
     token = token_file.read_text().strip()
     return agent.post(ep.url, m.id, token, body, ms, route=agent.NOTICE)
@@ -277,7 +279,7 @@ def test_notices_are_signed_and_replay_protected_like_heartbeats(agent_app, tmp_
     }
     ms = int(TEST_START.timestamp() * 1000)
     raw = json.dumps(body).encode()
-    with idle.Endpoint(agent_app, port=0) as ep:
+    with endpoint.Endpoint(agent_app, port=0) as ep:
         assert post_notice(ep, m, token_file, body, 0) == 200
         assert post_notice(ep, m, token_file, body, 0) == 409  # the same request again
         wrong = token_file.parent / "wrong"
@@ -368,7 +370,7 @@ def test_spec_field_syntax_and_errors(tmp_path):
 def test_an_unreachable_metadata_service_tells_nobody_and_logs_sparingly(agent_app, tmp_path, job):
     child, mark = job
     m, token_file = setup(agent_app, tmp_path)
-    with idle.Endpoint(agent_app, port=0) as ep:
+    with endpoint.Endpoint(agent_app, port=0) as ep:
         down = Metadata()
         down.server_close()  # its port, closed: every check fails
         w = watcher("gcp", ep, m, token_file, down, action={"signal": "SIGTERM", "to": mark})
@@ -392,7 +394,7 @@ def test_the_agent_command_line_watches_and_tells(home, db_url, tmp_path, metada
         action = tmp_path / "on-notice.json"
         action.write_text(json.dumps({"signal": "SIGTERM", "to": mark}))
         metadata.notice = True
-        with idle.Endpoint(app, port=0) as ep:
+        with endpoint.Endpoint(app, port=0) as ep:
             args = ["--endpoint", ep.url, "--machine", m.id, "--token-file", str(token_file)]
             args += ["--interval", "3600", "--cloud", "aws", "--metadata-url", metadata.url]
             args += ["--notice-interval", "0.05", "--on-notice-file", str(action)]

@@ -12,7 +12,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from sqlalchemy import select
 
-from provisioner import agent, idle, machines
+from provisioner import agent, endpoint, heartbeats, machines
 from provisioner.app import App
 from provisioner.clock import ManualClock
 from provisioner.dashboard import make_app
@@ -328,16 +328,16 @@ def test_the_agent_counts_established_connections_to_port_22(tmp_path):
 def test_the_endpoint_stores_the_ssh_count_and_refuses_a_bad_one(agent_app):
     m = machines.up(agent_app, Experiment.model_validate(sandbox_experiment("e1"))).machine
     body = {"gpus": [{"index": 0, "util": 3.0}], "ssh_sessions": 2}
-    parsed = idle.parse_heartbeat(json.dumps(body).encode())
+    parsed = heartbeats.parse_heartbeat(json.dumps(body).encode())
     assert parsed["ssh_sessions"] == 2
-    idle.record_heartbeat(agent_app, m.id, parsed)
-    old = idle.parse_heartbeat(json.dumps({"gpus": []}).encode())  # an older agent
-    idle.record_heartbeat(agent_app, m.id, old)
+    heartbeats.record_heartbeat(agent_app, m.id, parsed)
+    old = heartbeats.parse_heartbeat(json.dumps({"gpus": []}).encode())  # an older agent
+    heartbeats.record_heartbeat(agent_app, m.id, old)
     with agent_app.db.session() as s:
         assert list(s.scalars(select(Heartbeat.ssh_sessions).order_by(Heartbeat.id))) == [2, None]
     for bad in (-1, "2", True, 1.5):
-        with pytest.raises(idle.BadHeartbeat, match="ssh_sessions"):
-            idle.parse_heartbeat(json.dumps({"gpus": [], "ssh_sessions": bad}).encode())
+        with pytest.raises(heartbeats.BadHeartbeat, match="ssh_sessions"):
+            heartbeats.parse_heartbeat(json.dumps({"gpus": [], "ssh_sessions": bad}).encode())
 
 
 def test_plan_and_up_say_the_policy_caps_the_files_autostop(cli, home, tmp_path):
@@ -383,7 +383,7 @@ def test_the_agent_posts_its_ssh_count_and_the_endpoint_keeps_it(agent_app, tmp_
     real = agent.ssh_sessions
     monkeypatch.setattr(agent, "ssh_sessions", lambda: real(tuple(map(str, tables))))
     sleeps: list[float] = []
-    with idle.Endpoint(agent_app, port=0) as ep:
+    with endpoint.Endpoint(agent_app, port=0) as ep:
         agent.run(
             ep.url,
             m.id,

@@ -143,7 +143,7 @@ def test_without_a_cloud_time_a_forwarded_notice_closes_usage_when_announced(
 ):
     """The agent forwarded the cloud's notice (AWS: the time in spot/instance-action): usage
     closes when the cloud said it would take the machine, ahead of a later heartbeat's bound."""
-    from provisioner import idle
+    from provisioner import heartbeats
 
     without_cloud_time(monkeypatch)
     t0 = clock.now()
@@ -153,7 +153,7 @@ def test_without_a_cloud_time_a_forwarded_notice_closes_usage_when_announced(
     announced = t0 + timedelta(minutes=4)
     notice = {"cloud": "aws", "event_id": "n-1", "action": "terminate"}
     notice["not_before"] = announced.strftime("%Y-%m-%dT%H:%M:%SZ")
-    idle.record_notice(app, m.id, notice)
+    heartbeats.record_notice(app, m.id, notice)
     clock.advance(timedelta(minutes=3))
     app.provider("sandbox").preempt(machines.ref(m))
     clock.advance(timedelta(hours=6))

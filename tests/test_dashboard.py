@@ -24,7 +24,7 @@ from wsgiref.util import setup_testing_defaults
 
 import pytest
 
-from provisioner import idle, machines, startup
+from provisioner import heartbeats, machines, startup
 from provisioner.app import App
 from provisioner.clock import CLOCK_ENV
 from provisioner.dashboard import Dashboard, make_app
@@ -101,7 +101,7 @@ def seed(home: Path, clock, db_url: str | None = None) -> tuple[App, Path]:
     for i in range(24):
         for k, (_, mid) in enumerate(sorted(live.items())):
             util = [80.0 + (i % 5) * 3, 2.0, 40.0 + 20 * ((i // 4) % 2)][k % 3]
-            idle.record(a, mid, [{"index": 0, "util": util, "mem_used_mb": 1000}])
+            heartbeats.record(a, mid, [{"index": 0, "util": util, "mem_used_mb": 1000}])
         clock.advance(timedelta(minutes=5))
     clock.set(NOW)
     for p in POLICIES:

@@ -11,7 +11,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from sqlalchemy import select
 
-from provisioner import idle, startup
+from provisioner import heartbeats, startup
 from provisioner.app import App
 from provisioner.dashboard import make_app, svg
 from provisioner.models import Machine
@@ -29,7 +29,7 @@ def berlin(home, clock):
 
 
 def beat(a: App, mid: str, util: float) -> None:
-    idle.record(a, mid, [{"index": 0, "util": util, "mem_used_mb": 1000}])
+    heartbeats.record(a, mid, [{"index": 0, "util": util, "mem_used_mb": 1000}])
 
 
 def test_times_are_the_teams_with_utc_on_hover(berlin, clock):

@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from provisioner import idle
+from provisioner import endpoint
 from tests.test_heartbeat import count_beats, launch, post, token_in, user_data
 
 FLOOD = "127.0.0.1"
@@ -58,7 +58,7 @@ def test_a_flood_from_one_address_does_not_blind_the_endpoint(agent_app, many_fi
     stop = threading.Event()
     slow: list[socket.socket] = []
     idle_socks: list[socket.socket] = []
-    with idle.Endpoint(agent_app, port=0, on_refuse=refusals.append) as ep:
+    with endpoint.Endpoint(agent_app, port=0, on_refuse=refusals.append) as ep:
 
         def slowloris() -> None:  # a byte a second on each, headers never finished
             while not stop.is_set():

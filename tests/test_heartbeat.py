@@ -20,7 +20,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from sqlalchemy import func, select
 
-from provisioner import agent, idle, machines, startup
+from provisioner import agent, endpoint, idle, machines, startup
 from provisioner.app import App
 from provisioner.jobs.metrics import Metrics
 from provisioner.models import Event, Heartbeat, Machine
@@ -135,7 +135,7 @@ def test_endpoint_records_good_tokens_and_refuses_others(agent_app):
     other = launch(agent_app, "other")
     token = token_in(user_data(agent_app, m))
     ms = int(TEST_START.timestamp() * 1000)
-    with idle.Endpoint(agent_app, port=0) as ep:
+    with endpoint.Endpoint(agent_app, port=0) as ep:
         gpus = [{"index": 0, "util": 42.5, "mem_used_mb": 1000, "mem_total_mb": 16000}]
         assert post(ep.url, m, token, {"gpus": gpus}, ms) == (200, {"ok": True, "machine": "exp"})
         assert post(ep.url, m, "not-a-token", {"gpus": gpus}, ms + 1)[0] == 401
@@ -160,9 +160,9 @@ def test_replayed_stale_and_future_heartbeats_are_refused(agent_app):
     m = launch(agent_app)
     token = token_in(user_data(agent_app, m))
     ms = int(TEST_START.timestamp() * 1000)
-    window = int(idle.REPLAY_WINDOW.total_seconds() * 1000)
+    window = int(endpoint.REPLAY_WINDOW.total_seconds() * 1000)
     body = {"gpus": [{"index": 0, "util": 3.0}]}
-    with idle.Endpoint(agent_app, port=0) as ep:
+    with endpoint.Endpoint(agent_app, port=0) as ep:
         assert post(ep.url, m, token, body, ms)[0] == 200
         assert post(ep.url, m, token, body, ms)[0] == 409  # the same request again
         assert post(ep.url, m, token, body, ms - 1)[0] == 409  # an older one, captured earlier
@@ -179,11 +179,11 @@ def test_a_replay_is_refused_after_the_scheduler_restarts(agent_app):
     token = token_in(user_data(agent_app, m))
     ms = int(TEST_START.timestamp() * 1000)
     body = {"gpus": [{"index": 0, "util": 3.0}]}
-    with idle.Endpoint(agent_app, port=0) as ep:
+    with endpoint.Endpoint(agent_app, port=0) as ep:
         assert post(ep.url, m, token, body, ms)[0] == 200
     restarted = App(agent_app.settings, agent_app.clock)  # another process on the same state
     try:
-        with idle.Endpoint(restarted, port=0) as ep:
+        with endpoint.Endpoint(restarted, port=0) as ep:
             assert post(ep.url, m, token, body, ms)[0] == 409  # captured, sent again
             assert post(ep.url, m, token, body, ms - 1)[0] == 409
             assert post(ep.url, m, token, body, ms + 1)[0] == 200  # the agent's next one
@@ -192,7 +192,7 @@ def test_a_replay_is_refused_after_the_scheduler_restarts(agent_app):
     assert count_beats(agent_app) == 2
 
 
-def raw_request(ep: idle.Endpoint, head: bytes, wait: float = 30) -> bytes:
+def raw_request(ep: endpoint.Endpoint, head: bytes, wait: float = 30) -> bytes:
     """Send ``head`` as it is and read until the server closes (bounded by ``wait``)."""
     import socket
 
@@ -214,7 +214,7 @@ def test_endpoint_refuses_bad_lengths_and_never_waits_forever(agent_app, caplog)
     token = token_in(user_data(agent_app, m))
     ms = int(TEST_START.timestamp() * 1000)
     auth = agent.authorization(agent.signing_key(token), m.id, ms, b"{}")
-    with idle.Endpoint(agent_app, port=0, channel_timeout=1) as ep:
+    with endpoint.Endpoint(agent_app, port=0, channel_timeout=1) as ep:
         head = b"POST /v1/heartbeat HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
         signed = head + f"Authorization: {auth}\r\n".encode()
         # Unsigned, with a body that never comes or is garbage: 401 once the request is in,
@@ -250,7 +250,7 @@ def test_slow_clients_hold_sockets_not_threads(agent_app):
     m = launch(agent_app)
     token = token_in(user_data(agent_app, m))
     body = {"gpus": [{"index": 0, "util": 50.0}]}
-    with idle.Endpoint(agent_app, port=0, channel_timeout=1, connection_limit=50) as ep:
+    with endpoint.Endpoint(agent_app, port=0, channel_timeout=1, connection_limit=50) as ep:
         before = threading.active_count()
         slow = []
         try:
@@ -293,7 +293,7 @@ def test_agent_without_nvml_reports_no_gpu(agent_app, tmp_path):
     gpus, note = agent.GPUReader().read()
     assert gpus == [] and note.startswith("no gpu:")
     sleeps: list[float] = []
-    with idle.Endpoint(agent_app, port=0) as ep:
+    with endpoint.Endpoint(agent_app, port=0) as ep:
         agent.run(
             ep.url,
             m.id,
@@ -419,7 +419,7 @@ def test_metrics_show_machines_utilisation_and_actions(agent_app):
     m = launch(agent_app)
     token = token_in(user_data(agent_app, m))
     metrics = Metrics(agent_app)
-    with idle.Endpoint(agent_app, port=0, metrics=metrics, metrics_token="scrape-me") as ep:
+    with endpoint.Endpoint(agent_app, port=0, metrics=metrics, metrics_token="scrape-me") as ep:
         gpus = [{"index": 0, "util": 77.0}, {"index": 1, "util": 12.0}]
         assert post(ep.url, m, token, {"gpus": gpus})[0] == 200
         assert scrape(ep.url)[0] == 401
@@ -435,7 +435,7 @@ def test_metrics_show_machines_utilisation_and_actions(agent_app):
 def test_metrics_without_a_token_name_no_machine(agent_app):
     m = launch(agent_app)
     token = token_in(user_data(agent_app, m))
-    with idle.Endpoint(agent_app, port=0, metrics=Metrics(agent_app)) as ep:
+    with endpoint.Endpoint(agent_app, port=0, metrics=Metrics(agent_app)) as ep:
         assert post(ep.url, m, token, {"gpus": [{"index": 0, "util": 77.0}]})[0] == 200
         code, text = scrape(ep.url)
     assert code == 200
@@ -453,7 +453,7 @@ def test_other_wsgi_apps_mount_beside_the_endpoint(agent_app):
         start_response("200 OK", [("Content-Type", "text/plain")])
         return [b"hello"]
 
-    with idle.Endpoint(agent_app, port=0, apps={"/": hello, "/dash": hello}) as ep:
+    with endpoint.Endpoint(agent_app, port=0, apps={"/": hello, "/dash": hello}) as ep:
         for path in ("/", "/dash/x", "/v1/other"):
             with urllib.request.urlopen(ep.url + path, timeout=10) as r:
                 assert r.read() == b"hello"
@@ -471,7 +471,7 @@ def test_status_says_when_the_agent_sees_no_gpu(agent_app, clock):
 
     m = launch(agent_app)
     token = token_in(user_data(agent_app, m))
-    with idle.Endpoint(agent_app, port=0) as ep:
+    with endpoint.Endpoint(agent_app, port=0) as ep:
         gpus, note = agent.GPUReader().read()  # no NVML here: no GPU, and why
         assert gpus == [] and note
         assert post(ep.url, m, token, {"gpus": gpus, "note": note})[0] == 200
@@ -606,7 +606,7 @@ def test_a_signature_holds_for_its_own_route_only(agent_app):
     body = {"gpus": [{"index": 0, "util": 7.0}]}
     raw = json.dumps(body).encode()
     as_notice = agent.authorization(agent.signing_key(token), m.id, ms, raw, agent.NOTICE)
-    with idle.Endpoint(agent_app, port=0) as ep:
+    with endpoint.Endpoint(agent_app, port=0) as ep:
         assert post(ep.url, m, None, body, headers={"Authorization": as_notice})[0] == 401
         notice = {"cloud": "aws", "event_id": "e", "action": "stop", "not_before": None}
         assert agent.post(ep.url, m.id, token, notice, ms + 5, route=agent.NOTICE) == 200

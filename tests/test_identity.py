@@ -331,7 +331,7 @@ def test_the_dashboard_knows_a_user_by_a_personal_token(home, clock):
     # the login form takes it too; its cookie names the token and dies with it
     status, headers, _ = call(dash, "/login", "POST", body=f"token={issued.token}")
     assert status == 303
-    from provisioner.dashboard.web import COOKIE
+    from provisioner.dashboard.access import COOKIE
 
     [cookie] = [
         v.split(";")[0] for k, v in headers if k == "Set-Cookie" and v.startswith(COOKIE + "=")
@@ -379,7 +379,7 @@ def test_metrics_take_a_personal_token_beside_the_metrics_token(home, clock):
     import urllib.error
     import urllib.request
 
-    from provisioner import idle
+    from provisioner import endpoint
     from provisioner.jobs.metrics import Metrics
 
     app = App(make_settings(home), clock)
@@ -393,7 +393,7 @@ def test_metrics_take_a_personal_token_beside_the_metrics_token(home, clock):
         except urllib.error.HTTPError as e:
             return e.code
 
-    with idle.Endpoint(app, port=0, metrics=Metrics(app), metrics_token="scrape-me") as ep:
+    with endpoint.Endpoint(app, port=0, metrics=Metrics(app), metrics_token="scrape-me") as ep:
         assert scrape(ep.url, issued.token) == 200
         assert scrape(ep.url, issued.token + "x") == 401
         tokens.revoke(app, issued.id)

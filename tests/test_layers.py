@@ -56,7 +56,9 @@ ORDER = [
     "provisioner.startup",  # what a machine is given at boot: the agent and its token
     "provisioner.boot",  # a launch's startup data put together: agent, supervisor, mounts
     "provisioner.fits",  # the startup data against each cloud's limits, before a launch
-    "provisioner.idle",
+    "provisioner.heartbeats",  # heartbeats and notices: parsed, kept, pruned, the latest read
+    "provisioner.idle",  # the idle signal: evidence, verdict, rules, idle now
+    "provisioner.endpoint",  # the signed heartbeat endpoint: /v1/heartbeat, /v1/notice, /metrics
     "provisioner.keys",  # the SSH key a machine gets and `ssh` uses; the ssh-config
     "provisioner.machines.record",  # a machine's life: events, transitions, its cloud's calls
     "provisioner.machines.attempts",  # the typed launch attempt and what failures block
@@ -106,7 +108,10 @@ ORDER = [
     "provisioner.selftest",  # selftest --cloud C: one small real run checks the guard there
     "provisioner.dashboard.svg",  # the team dashboard: charts, page data, the WSGI app
     "provisioner.dashboard.pages",
-    "provisioner.dashboard.web",
+    "provisioner.dashboard.wsgi",  # a request and a response: cookies, forms, headers, static
+    "provisioner.dashboard.site",  # the frame: language, cache, Jinja2 pages
+    "provisioner.dashboard.access",  # login, sessions, tokens, CSRF, the throttle
+    "provisioner.dashboard.web",  # routing and the pages
     "provisioner.dashboard",
     "provisioner.cli",  # the Typer app and what every command shares
     "provisioner.cli.catalog",

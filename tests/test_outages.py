@@ -11,7 +11,7 @@ from datetime import timedelta
 import pytest
 from sqlalchemy import select
 
-from provisioner import idle, outages
+from provisioner import endpoint, heartbeats, outages
 from provisioner.app import App
 from provisioner.jobs import autostop, sweep
 from provisioner.models import EndpointOutage, Heartbeat, Machine
@@ -53,7 +53,7 @@ def busy_hour(app: App, m: Machine) -> None:
     """An hour of heartbeats at 90 % every 5 minutes, recorded as the endpoint records them."""
     for _ in range(12):
         app.clock.advance(timedelta(minutes=5))
-        idle.record(app, m.id, [{"index": 0, "util": 90.0}])
+        heartbeats.record(app, m.id, [{"index": 0, "util": 90.0}])
 
 
 def test_heartbeats_refused_in_a_flood_do_not_make_a_busy_machine_idle(oapp, clock):
@@ -61,7 +61,7 @@ def test_heartbeats_refused_in_a_flood_do_not_make_a_busy_machine_idle(oapp, clo
     token = token_in(user_data(oapp, m))
     rec = outages.Recorder(oapp, "test")
     assert rec.started() is None  # the first start: nothing was missed before
-    with idle.Endpoint(oapp, port=0, per_address_limit=4, channel_timeout=600) as ep:
+    with endpoint.Endpoint(oapp, port=0, per_address_limit=4, channel_timeout=600) as ep:
         ep.server.limits.on_refuse = rec.refused
 
         def beat() -> int:  # the agent, behind the same address as the flood (one NAT)

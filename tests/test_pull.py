@@ -28,7 +28,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import func, select
 
-from provisioner import catalog, idle, keys, machines, startup
+from provisioner import catalog, heartbeats, keys, machines, startup
 from provisioner.app import App
 from provisioner.clock import ManualClock
 from provisioner.machines import jobs, pull
@@ -419,7 +419,7 @@ def test_a_machine_that_does_not_answer_is_could_not_ask_never_idle(fleet, monke
 
 def test_machines_heard_from_the_endpoint_are_not_pulled(fleet):
     fleet.clock(NIGHT)
-    idle.record(fleet.app, fleet.m.id, [{"index": 0, "util": 50.0}], ssh_sessions=0)
+    heartbeats.record(fleet.app, fleet.m.id, [{"index": 0, "util": 50.0}], ssh_sessions=0)
     result = pull.pull_all(fleet.app)
     assert (result.fresh, result.ssh_calls) == (1, 0)
     assert not (fleet.state / "asked.log").exists()

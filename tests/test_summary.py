@@ -19,14 +19,14 @@ def fresh_beats(a) -> None:
     CLI whose clock runs on from NOW still hears them within the grace."""
     from sqlalchemy import select
 
-    from provisioner import idle
+    from provisioner import heartbeats
     from provisioner.models import Machine
 
     utils = {"eval-ru": 85.0, "seg-1": 2.0, "train-a": 50.0}
     with a.db.session() as s:
         live = {m.name: m.id for m in s.scalars(select(Machine).where(Machine.status == "running"))}
     for name, mid in live.items():
-        idle.record(a, mid, [{"index": 0, "util": utils[name], "mem_used_mb": 1000}])
+        heartbeats.record(a, mid, [{"index": 0, "util": utils[name], "mem_used_mb": 1000}])
 
 
 def summary_json(a, pdir) -> dict:

@@ -112,42 +112,79 @@ def sweep(
     preempted ones, try intents waiting for capacity, enforce budgets, send notices."""
     from provisioner import identity  # as above
     from provisioner.jobs import cycle  # SQLAlchemy and the policies: not for --help
-    from provisioner.jobs.passes import Pass, describe  # as above
 
     application = get_app(ctx)
     application.actor = identity.SCHEDULER  # what the passes do is the scheduler's doing
     results = cycle.once(application, dry_run=dry_run)
-    passes = [r for n, r in results if isinstance(r, Pass) and n != "reconcile"]
-    reconciled = next((r for n, r in results if n == "reconcile" and isinstance(r, Pass)), None)
-    skipped = dict(r for r in results if dry_run and isinstance(r[1], str))  # name → why
-    extra = [(n, r) for n, r in results if not isinstance(r, Pass) and n not in skipped]
-    swept = next((p for p in passes if p.job == "sweep"), None)
+    reconciled, passes, skipped, extra = _split(results, dry_run)
     # a dry run also says why the sweep leaves each other machine alone, and until when
-    waiting = _not_due(application, swept) if dry_run and swept and swept.leader else {}
+    waiting = _not_due(application, passes) if dry_run else {}
+    acted = ([reconciled] if reconciled else []) + passes
     if output is Output.json:
-        print_json(
-            {
-                "reconcile": reconciled.as_json() if reconciled else None,
-                "passes": [p.as_json() for p in passes],
-                "not_due": waiting,
-                **({"next": _next_moves(application)} if dry_run else {}),
-                "other": {n: describe(r) for n, r in extra},
-                **({"skipped": skipped} if dry_run else {}),
-            }
-        )
+        print_json(_sweep_json(application, reconciled, passes, waiting, (extra, skipped), dry_run))
         return
-    for p in ([reconciled] if reconciled else []) + passes:
-        lines = describe(p)
-        if p.job == "sweep":
-            lines += [f"{n}: {why}" for n, why in waiting.items()]
-        head = f"{p.job}: {plural(p.checked, 'machine')} checked" if p.leader else p.job
-        out.print(
-            f"[bold]{head}[/]" + (" (dry run)" if dry_run else ""),
-            highlight=False,
-            soft_wrap=True,
-        )
-        for line in lines or ["nothing to do"]:
-            out.print(f"  {line}", highlight=False, markup=False, soft_wrap=True)
+    _print_sweep(acted, waiting, extra, skipped, dry_run)
+    if any(a.error for p in acted for a in p.actions):
+        raise typer.Exit(1)
+
+
+def _split(
+    results: list[tuple[str, Any]], dry_run: bool
+) -> tuple[Any, list[Any], dict[str, str], list[tuple[str, Any]]]:
+    """A cycle's results sorted out: the reconcile pass (or None), the other passes, the jobs
+    a dry run skipped (name: why) and the other jobs' results."""
+    from provisioner.jobs.passes import Pass  # as above
+
+    reconciled, passes, skipped, extra = None, [], {}, []
+    for n, r in results:
+        if isinstance(r, Pass):
+            if n == "reconcile":
+                reconciled = r
+            else:
+                passes.append(r)
+        elif dry_run and isinstance(r, str):
+            skipped[n] = r  # why
+        else:
+            extra.append((n, r))
+    return reconciled, passes, skipped, extra
+
+
+def _sweep_json(
+    application: Any,
+    reconciled: Any,
+    passes: list[Any],
+    waiting: dict[str, str],
+    others: tuple[list[tuple[str, Any]], dict[str, str]],
+    dry_run: bool,
+) -> dict[str, Any]:
+    """What `sweep --output json` prints: each pass, what is not due, the other jobs'
+    results and (a dry run) each machine's next move and the jobs not run."""
+    from provisioner.jobs.passes import describe  # as above
+
+    extra, skipped = others
+    return {
+        "reconcile": reconciled.as_json() if reconciled else None,
+        "passes": [p.as_json() for p in passes],
+        "not_due": waiting,
+        **({"next": _next_moves(application)} if dry_run else {}),
+        "other": {n: describe(r) for n, r in extra},
+        **({"skipped": skipped} if dry_run else {}),
+    }
+
+
+def _print_sweep(
+    acted: list[Any],
+    waiting: dict[str, str],
+    extra: list[tuple[str, Any]],
+    skipped: dict[str, str],
+    dry_run: bool,
+) -> None:
+    """What `sweep` did, as text: each pass (reconcile first) with its lines, then the other
+    jobs' lines, then what a dry run did not run."""
+    from provisioner.jobs.passes import describe  # as above
+
+    for p in acted:
+        _print_pass(p, waiting if p.job == "sweep" else {}, dry_run)
     for name, r in extra:
         for line in describe(r):
             out.print(f"{name}: {line}", highlight=False, markup=False, soft_wrap=True)
@@ -158,18 +195,34 @@ def sweep(
             markup=False,
             soft_wrap=True,
         )
-    acted = passes + ([reconciled] if reconciled else [])
-    if any(a.error for p in acted for a in p.actions):
-        raise typer.Exit(1)
 
 
-def _not_due(application: Any, p: Any) -> dict[str, str]:
-    """Each machine the sweep checked and left alone: why, and when that may change."""
+def _print_pass(p: Any, waiting: dict[str, str], dry_run: bool) -> None:
+    """A pass: a head (how many machines it checked), then its lines and ``waiting``'s."""
+    from provisioner.jobs.passes import describe  # as above
+
+    lines = describe(p) + [f"{n}: {why}" for n, why in waiting.items()]
+    head = f"{p.job}: {plural(p.checked, 'machine')} checked" if p.leader else p.job
+    out.print(
+        f"[bold]{head}[/]" + (" (dry run)" if dry_run else ""),
+        highlight=False,
+        soft_wrap=True,
+    )
+    for line in lines or ["nothing to do"]:
+        out.print(f"  {line}", highlight=False, markup=False, soft_wrap=True)
+
+
+def _not_due(application: Any, passes: list[Any]) -> dict[str, str]:
+    """Each machine the sweep checked and left alone: why, and when that may change (none when
+    this process did not lead the sweep)."""
     from sqlalchemy import select
 
     from provisioner.jobs import outlook
     from provisioner.models import Machine
 
+    p = next((p for p in passes if p.job == "sweep"), None)
+    if p is None or not p.leader:
+        return {}
     acted = {a.machine for a in p.actions}
     with application.db.session() as s:
         machines = [

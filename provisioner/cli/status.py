@@ -139,48 +139,68 @@ def _detail_json(d: Any) -> dict[str, Any]:
 def _detail_lines(d: Any) -> list[tuple[str, str]]:
     """``key  value`` lines, the keys padded to one width."""
     m = d.machine
-    res = d.spec.get("resources", {})
-    lines = [
-        (m.name, f"{m.status}  (project {m.project}, owner {m.owner})"),
-        (
-            "spec",
-            f"{_gpu(res.get('gpu'))} {res.get('market', '')}, disk {res.get('disk_gb', '?')} GB"
-            + (f", clouds {', '.join(res['clouds'])}" if res.get("clouds") else "")
-            + (f"  ({m.spec_path})" if m.spec_path else ""),
-        ),
-    ]
+    lines = [(m.name, f"{m.status}  (project {m.project}, owner {m.owner})"), _spec_line(d)]
     if m.cloud:
-        offer = f"{m.cloud} {m.zone or m.region}  {m.instance_type}  {m.gpu_count}×{m.gpu}"
-        lines.append(("offer", f"{offer} {m.market}"))
-        rate = f"{_money(m.rate, m.currency)}/h compute"
-        if m.disk_rate is not None:
-            rate += f" + {_money(m.disk_rate, m.currency)}/h disk"
-        if m.address_rate is not None:
-            rate += f" + {m.address_rate.normalize():f} {m.currency}/h public IPv4"
-        lines.append(("rate", rate + " (fixed at launch)"))
-    total = " + ".join(str(x) for x in d.spent) or "nothing yet"
-    if d.launches > 1:
-        total += f" across {plural(d.launches, 'launch', 'launches')} (relaunched after preemption)"
-    lines.append(("spent", total))
+        lines += [("offer", _offer(m)), ("rate", _rate(m) + " (fixed at launch)")]
+    lines.append(("spent", _spent(d)))
     if m.instance_id:
         lines.append(("address", f"{m.public_ip or 'none'}, instance {m.instance_id}"))
     lines.append(("idle", d.idle.text))
-    for path, v in d.volumes:
-        vol = v.volume
-        lines.append(
-            (
-                "volume",
-                f"{vol.name} at {path}: {vol.size_gb} GB in {vol.cloud} {vol.zone or vol.region}, "
-                f"{v.status}" + (f" ({v.attached_to})" if v.attached_to else ""),
-            )
-        )
+    lines += [("volume", _volume_text(path, v)) for path, v in d.volumes]
     lines += [(f"job {j.id}", j.text) for j in d.jobs]
     if d.autostop:
         lines.append(("autostop", d.autostop["text"]))
     extra = (("next", d.next), ("held", d.held), ("waiting", d.waiting), ("failed", d.why))
     lines += [(k, v) for k, v in extra if v]
+    return _padded(lines)
+
+
+def _padded(lines: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """The keys padded to one width."""
     w = max(len(k) for k, _ in lines)
     return [(k.ljust(w), v) for k, v in lines]
+
+
+def _offer(m: Any) -> str:
+    offer = f"{m.cloud} {m.zone or m.region}  {m.instance_type}  {m.gpu_count}×{m.gpu}"
+    return f"{offer} {m.market}"
+
+
+def _spent(d: Any) -> str:
+    """What the machine has cost, over every launch of it."""
+    total = " + ".join(str(x) for x in d.spent) or "nothing yet"
+    if d.launches > 1:
+        total += f" across {plural(d.launches, 'launch', 'launches')} (relaunched after preemption)"
+    return total
+
+
+def _spec_line(d: Any) -> tuple[str, str]:
+    """What the experiment asked for: GPU, market, disk, clouds, and its file."""
+    m, res = d.machine, d.spec.get("resources", {})
+    return (
+        "spec",
+        f"{_gpu(res.get('gpu'))} {res.get('market', '')}, disk {res.get('disk_gb', '?')} GB"
+        + (f", clouds {', '.join(res['clouds'])}" if res.get("clouds") else "")
+        + (f"  ({m.spec_path})" if m.spec_path else ""),
+    )
+
+
+def _rate(m: Any) -> str:
+    """The machine's rates per hour, as fixed at launch: compute, disk, public address."""
+    rate = f"{_money(m.rate, m.currency)}/h compute"
+    if m.disk_rate is not None:
+        rate += f" + {_money(m.disk_rate, m.currency)}/h disk"
+    if m.address_rate is not None:
+        rate += f" + {m.address_rate.normalize():f} {m.currency}/h public IPv4"
+    return rate
+
+
+def _volume_text(path: str, v: Any) -> str:
+    vol = v.volume
+    return (
+        f"{vol.name} at {path}: {vol.size_gb} GB in {vol.cloud} {vol.zone or vol.region}, "
+        f"{v.status}" + (f" ({v.attached_to})" if v.attached_to else "")
+    )
 
 
 def _gpu(g: Any) -> str:

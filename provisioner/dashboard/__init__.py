@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from provisioner.dashboard.web import Dashboard, is_loopback
+from provisioner.dashboard.web import Dashboard
+from provisioner.dashboard.wsgi import is_loopback
 
 if TYPE_CHECKING:
     from provisioner.app import App

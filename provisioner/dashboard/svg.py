@@ -39,33 +39,9 @@ def sparkline(
     plot_w, bottom = width - left, height - axis - (7 if scale else 1)
     span = (end - start).total_seconds() or 1.0
     gap = 2 * (step or _median_gap(points)).total_seconds()
-    runs: list[list[str]] = [[]]
-    last: datetime | None = None
-    for at, util in points:
-        if util is None:
-            runs.append([])
-            last = None
-            continue
-        if last is not None and gap and (at - last).total_seconds() > gap:
-            runs.append([])
-        last = at
-        x = left + (at - start).total_seconds() / span * plot_w
-        y = bottom - max(0.0, min(util, 100.0)) / 100 * (bottom - top)
-        runs[-1].append(f"{_n(x)},{_n(y)}")
-    lines = "".join(
-        f'<polyline class="spark" points="{" ".join(r)}"/>' if len(r) > 1 else _dot(r[0])
-        for r in runs
-        if r
-    )
-    grid = ""
-    if scale:
-        for pct in (0, 50, 100):
-            gy = _n(bottom - pct / 100 * (bottom - top))
-            grid += (
-                f'<path class="spark-grid" d="M{left} {gy}H{width}"/>'
-                f'<text class="spark-axis" x="{left - 6}" y="{gy}" text-anchor="end" '
-                f'dominant-baseline="middle">{pct} %</text>'
-            )
+    box = (left, top, plot_w, bottom)
+    lines = _polylines(_runs(points, start, span, gap, box))
+    grid = _spark_grid(box, width, height) if scale else ""
     if times:
         ty = height - 3
         grid += (
@@ -79,6 +55,55 @@ def sparkline(
         f'<path class="spark-base" d="M{left} {bottom}H{width}"/>'
         f"{lines}</svg>"
     )
+
+
+def _runs(
+    points: Sequence[tuple[datetime, float | None]],
+    start: datetime,
+    span: float,
+    gap: float,
+    box: tuple[int, int, int, int],
+) -> list[list[str]]:
+    """The points as runs of ``x,y`` coordinates in ``box`` (left, top, width, bottom): a run
+    ends at a point without GPUs, and at a silence longer than ``gap`` seconds."""
+    left, top, plot_w, bottom = box
+    runs: list[list[str]] = [[]]
+    last: datetime | None = None
+    for at, util in points:
+        if util is None:
+            runs.append([])
+            last = None
+            continue
+        if last is not None and gap and (at - last).total_seconds() > gap:
+            runs.append([])
+        last = at
+        x = left + (at - start).total_seconds() / span * plot_w
+        y = bottom - max(0.0, min(util, 100.0)) / 100 * (bottom - top)
+        runs[-1].append(f"{_n(x)},{_n(y)}")
+    return runs
+
+
+def _polylines(runs: list[list[str]]) -> str:
+    """A line per run of points (a lone point: a dot)."""
+    return "".join(
+        f'<polyline class="spark" points="{" ".join(r)}"/>' if len(r) > 1 else _dot(r[0])
+        for r in runs
+        if r
+    )
+
+
+def _spark_grid(box: tuple[int, int, int, int], width: int, height: int) -> str:
+    """The 0, 50 and 100 % grid lines and their labels."""
+    left, top, _, bottom = box
+    grid = ""
+    for pct in (0, 50, 100):
+        gy = _n(bottom - pct / 100 * (bottom - top))
+        grid += (
+            f'<path class="spark-grid" d="M{left} {gy}H{width}"/>'
+            f'<text class="spark-axis" x="{left - 6}" y="{gy}" text-anchor="end" '
+            f'dominant-baseline="middle">{pct} %</text>'
+        )
+    return grid
 
 
 def _median_gap(points: Sequence[tuple[datetime, float | None]]) -> timedelta:
@@ -119,31 +144,11 @@ def burndown(
     pw, ph = w - left - right, h - top - bottom
     n = max(len(days), 1)
     daily = [v for _, v in days]
-    cum: list[Decimal] = []
-    run = Decimal(0)
-    for i, v in enumerate(daily):
-        run += v
-        if today is None or i <= today:
-            cum.append(run)
-    top_value = max(
-        [
-            amount or Decimal(0),
-            *(cum or [Decimal(0)]),
-            forecast or Decimal(0),
-            committed_to or Decimal(0),
-        ]
-    )
-    step = nice_step(top_value * Decimal("1.04") / 4)
-    ticks = max(1, math.ceil(top_value * Decimal("1.04") / step))
-    top_value = step * ticks
+    cum = _running(daily, today)
+    step, ticks = _scale(amount, *cum, forecast, committed_to)
+    plot = _Plot(left, top, pw, ph, n, step * ticks)
+    x, y = plot.x, plot.y
     peak_day = max(daily, default=Decimal(0)) or Decimal(1)
-
-    def x(i: float) -> float:
-        return left + (i + 0.5) * pw / n
-
-    def y(v: Decimal) -> float:
-        return top + ph - float(v / top_value) * ph
-
     parts = [
         f'<svg class="burndown" viewBox="0 0 {w} {h}" role="img" '
         f'aria-label="{escape(labels["title"])}">',
@@ -166,37 +171,8 @@ def burndown(
             f'width="{bar_w:.1f}" height="{bh:.1f}"><title>{escape(days[i][0])}</title></rect>'
         )
     if amount is not None:
-        for t in thresholds:  # alert thresholds as dotted lines, labelled on the right
-            if t == 100:
-                continue  # the budget line itself
-            ty = y(amount * t / 100)
-            if ty >= top:
-                parts.append(
-                    f'<line class="threshold" x1="{left}" x2="{left + pw}" y1="{ty:.1f}" '
-                    f'y2="{ty:.1f}"/><text class="axis" x="{left + pw - 4}" y="{ty - 3:.1f}" '
-                    f'text-anchor="end">{t:g} %</text>'
-                )
-        by = y(amount)
-        parts.append(
-            f'<line class="budget" x1="{left}" x2="{left + pw}" y1="{by:.1f}" y2="{by:.1f}"/>'
-            f'<text class="label budget-label" x="{left + 4}" y="{by - 4:.1f}">'
-            f"{escape(labels['budget'])} {escape(money['amount'])}</text>"
-        )
-    if cum:
-        pts = " ".join(f"{x(i):.1f},{y(v):.1f}" for i, v in enumerate(cum))
-        parts.append(f'<polyline class="spent" points="{pts}"/>')
-        last = len(cum) - 1
-        if forecast is not None and last < n - 1:
-            parts.append(
-                f'<line class="forecast" x1="{x(last):.1f}" y1="{y(cum[-1]):.1f}" '
-                f'x2="{x(n - 1):.1f}" y2="{y(forecast):.1f}"/>'
-                f'<circle class="forecast-dot" cx="{x(n - 1):.1f}" cy="{y(forecast):.1f}" r="3"/>'
-            )
-        if committed_to is not None and last < n - 1:
-            parts.append(
-                f'<line class="committed" x1="{x(last):.1f}" y1="{y(cum[-1]):.1f}" '
-                f'x2="{x(n - 1):.1f}" y2="{y(committed_to):.1f}"/>'
-            )
+        parts += _budget_lines(plot, amount, thresholds, labels["budget"], money["amount"])
+    parts += _spent_lines(plot, cum, forecast, committed_to)
     every = max(1, n // 10)
     for i in range(0, n, every):  # x axis: day of the period
         parts.append(
@@ -210,7 +186,95 @@ def burndown(
         *([("forecast", labels["forecast"])] if forecast is not None else []),
         *([("budget", labels["budget"])] if amount is not None else []),
     ]
-    lx = left
+    parts += _legend(legend, left, h)
+    parts.append("</svg>")
+    return Markup("".join(parts))
+
+
+def _scale(*values: Decimal | None) -> tuple[Decimal, int]:
+    """The y axis over ``values`` (None: 0) with 4 % of headroom: its step and how many."""
+    top_value = max([v or Decimal(0) for v in values])
+    step = nice_step(top_value * Decimal("1.04") / 4)
+    return step, max(1, math.ceil(top_value * Decimal("1.04") / step))
+
+
+def _running(daily: list[Decimal], today: int | None) -> list[Decimal]:
+    """The running total of ``daily`` up to ``today`` (None: every day)."""
+    cum: list[Decimal] = []
+    run = Decimal(0)
+    for i, v in enumerate(daily):
+        run += v
+        if today is None or i <= today:
+            cum.append(run)
+    return cum
+
+
+class _Plot:
+    """A chart's plot area: day ``i`` and amount ``v`` to pixels."""
+
+    def __init__(self, left: int, top: int, pw: int, ph: int, n: int, top_value: Decimal) -> None:
+        self.left, self.top, self.pw, self.ph, self.n = left, top, pw, ph, n
+        self.top_value = top_value
+
+    def x(self, i: float) -> float:
+        return self.left + (i + 0.5) * self.pw / self.n
+
+    def y(self, v: Decimal) -> float:
+        return self.top + self.ph - float(v / self.top_value) * self.ph
+
+
+def _budget_lines(
+    plot: _Plot, amount: Decimal, thresholds: Sequence[Decimal], label: str, shown: str
+) -> list[str]:
+    """The budget line, labelled with ``shown``, and a dotted line per alert threshold."""
+    left, pw, parts = plot.left, plot.pw, []
+    for t in thresholds:  # alert thresholds as dotted lines, labelled on the right
+        if t == 100:
+            continue  # the budget line itself
+        ty = plot.y(amount * t / 100)
+        if ty >= plot.top:
+            parts.append(
+                f'<line class="threshold" x1="{left}" x2="{left + pw}" y1="{ty:.1f}" '
+                f'y2="{ty:.1f}"/><text class="axis" x="{left + pw - 4}" y="{ty - 3:.1f}" '
+                f'text-anchor="end">{t:g} %</text>'
+            )
+    by = plot.y(amount)
+    parts.append(
+        f'<line class="budget" x1="{left}" x2="{left + pw}" y1="{by:.1f}" y2="{by:.1f}"/>'
+        f'<text class="label budget-label" x="{left + 4}" y="{by - 4:.1f}">'
+        f"{escape(label)} {escape(shown)}</text>"
+    )
+    return parts
+
+
+def _spent_lines(
+    plot: _Plot, cum: list[Decimal], forecast: Decimal | None, committed_to: Decimal | None
+) -> list[str]:
+    """The running total, then dashed lines from its last day to the forecast and to spent +
+    committed at the period's end."""
+    if not cum:
+        return []
+    x, y, n = plot.x, plot.y, plot.n
+    pts = " ".join(f"{x(i):.1f},{y(v):.1f}" for i, v in enumerate(cum))
+    parts = [f'<polyline class="spent" points="{pts}"/>']
+    last = len(cum) - 1
+    if forecast is not None and last < n - 1:
+        parts.append(
+            f'<line class="forecast" x1="{x(last):.1f}" y1="{y(cum[-1]):.1f}" '
+            f'x2="{x(n - 1):.1f}" y2="{y(forecast):.1f}"/>'
+            f'<circle class="forecast-dot" cx="{x(n - 1):.1f}" cy="{y(forecast):.1f}" r="3"/>'
+        )
+    if committed_to is not None and last < n - 1:
+        parts.append(
+            f'<line class="committed" x1="{x(last):.1f}" y1="{y(cum[-1]):.1f}" '
+            f'x2="{x(n - 1):.1f}" y2="{y(committed_to):.1f}"/>'
+        )
+    return parts
+
+
+def _legend(legend: list[tuple[str, str]], left: int, h: int) -> list[str]:
+    """The legend along the bottom: a mark and its words for each line."""
+    parts, lx = [], left
     for cls, text in legend:
         mark = (
             f'<rect class="day" x="{lx}" y="{h - 13}" width="18" height="9"/>'
@@ -219,8 +283,7 @@ def burndown(
         )
         parts.append(f'{mark}<text class="legend" x="{lx + 22}" y="{h - 4}">{escape(text)}</text>')
         lx += 30 + 7 * len(text)
-    parts.append("</svg>")
-    return Markup("".join(parts))
+    return parts
 
 
 def nice_step(raw: Decimal) -> Decimal:

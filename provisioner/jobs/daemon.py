@@ -12,8 +12,9 @@ from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
-from provisioner import idle, outages
+from provisioner import outages
 from provisioner.app import App
+from provisioner.endpoint import Endpoint, WSGIApp
 from provisioner.errors import UserError, database_failure
 from provisioner.jobs import cycle, reload
 from provisioner.jobs.lease import HOLDER
@@ -62,7 +63,7 @@ def _after_check(watcher: reload.Watcher, call: Callable[[], Any]) -> Callable[[
     return job
 
 
-def run(app: App, apps: dict[str, idle.WSGIApp] | None = None, config: str | None = None) -> None:
+def run(app: App, apps: dict[str, WSGIApp] | None = None, config: str | None = None) -> None:
     """``provisioner scheduler run``: the jobs on their intervals, and the heartbeat and
     metrics endpoint (with other WSGI ``apps`` by path prefix: the dashboard), until SIGTERM
     or Ctrl-C. Edits of the settings file (``config``, as ``--config`` names it) and of the
@@ -93,7 +94,7 @@ def run(app: App, apps: dict[str, idle.WSGIApp] | None = None, config: str | Non
             f"{down.started_at:%Y-%m-%d %H:%M:%S} UTC",
         )
     try:
-        endpoint = idle.Endpoint(
+        endpoint = Endpoint(
             app,
             host,
             port,

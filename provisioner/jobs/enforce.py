@@ -5,6 +5,7 @@ reason ``budget``). Where each budget stands is :mod:`provisioner.budget`'s to s
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
@@ -63,82 +64,120 @@ def run(app: App, now: datetime | None = None, *, holder: str = HOLDER) -> list[
         b = policy.budget
         assert b is not None
         done = claimed(app, policy.name, st.period)
-        for kind, thresholds, value in (
+        for crossed in (
             (NoticeKind.ACTUAL, b.alerts.actual, st.pct),
             (NoticeKind.FORECAST, b.alerts.forecast, st.forecast_pct),
         ):
-            new = [t for t in thresholds if value >= t and (kind, _mark(t)) not in done]
-            if not new:
-                continue
-            top = max(new)
-            a = Action(
-                "alert",
-                policy.name,
-                f"{kind} {st.pct if kind == NoticeKind.ACTUAL else st.forecast_pct:.0f} % "
-                f"(threshold {_shown(top)} %)",
-            )
-            key = f"budget:{policy.name}:{st.period.start.isoformat()}:{kind}:{_mark(top)}"
-            notify.tell_policy(app, _alert_notice(st, kind, top, value, key), policy.name)
-            send = None
-            if b.recipients:
-
-                def send(st: Status = st, kind: NoticeKind = kind, top: Decimal = top) -> None:
-                    _send_alert(app, st, kind, top, now)
-
-                a.mailed = True
-            try:
-                if not claim(
-                    app,
-                    policy.name,
-                    st.period,
-                    [(kind, _mark(t)) for t in new],
-                    now,
-                    send,
-                    {"percent": str(value)},
-                ):
-                    continue
-            except OperationFailed as e:
-                a.mailed, a.error = False, str(e)
-            if send is not None:  # the mail's fate is a delivery too (a failure is tried again)
-                subject = f"budget {policy.name}: {a.detail}"
-                notify.record_mail(
-                    app, key, "budget-alert", b.recipients, subject, a.error, retried=True,
-                    policy=policy.name, supersedes=key.rpartition(":")[0] + ":",
-                )  # fmt: skip
-            actions.append(a)
+            actions += _alert(app, policy, st, crossed, done, now)
         if not st.exhausted:
             continue
-        if (NoticeKind.EXHAUSTED, "100") not in done and claim(
-            app,
-            policy.name,
-            st.period,
-            [(NoticeKind.EXHAUSTED, "100")],
-            now,
-            None,
-            {"spent": str(st.spent.amount), "currency": st.spent.currency},
-        ):
-            actions.append(
-                Action("exhausted", policy.name, f"{st.spent} of {st.amount}; launches blocked")
-            )
-            notice = notify.Notice(
-                "budget-exhausted",
-                f"budget:{policy.name}:{st.period.start.isoformat()}:exhausted",
-                notify.texts(
-                    "budget-exhausted",
-                    policy=policy.name,
-                    spent=st.spent,
-                    amount=st.amount,
-                    period=st.period.label,
-                    action=b.on_exhausted,
-                ),
-                policy=policy.name,
-            )
-            notify.tell_policy(app, notice, policy.name)
+        actions += _exhausted(app, policy, st, done, now)
         if b.on_exhausted in ("stop", "terminate"):
             stops.append((policy, b.on_exhausted, st))
     if stops:
         actions += _stop(app, stops, now, holder)
     return actions
+
+
+def _alert(
+    app: App,
+    policy: Policy,
+    st: Status,
+    crossed: tuple[NoticeKind, list[Decimal], Decimal],
+    done: set[tuple[NoticeKind, str]],
+    now: datetime,
+) -> list[Action]:
+    """The alert of a budget's thresholds of ``kind`` (actual or forecast) that ``value`` has
+    crossed and none has claimed yet this period: told to the policy's channels and mailed to
+    its recipients; none: nothing new, or another process claimed it first."""
+    kind, thresholds, value = crossed
+    b = policy.budget
+    assert b is not None
+    new = _unclaimed(kind, thresholds, value, done)
+    if not new:
+        return []
+    top = max(new)
+    a = Action(
+        "alert",
+        policy.name,
+        f"{kind} {st.pct if kind == NoticeKind.ACTUAL else st.forecast_pct:.0f} % "
+        f"(threshold {_shown(top)} %)",
+    )
+    key = f"budget:{policy.name}:{st.period.start.isoformat()}:{kind}:{_mark(top)}"
+    notify.tell_policy(app, _alert_notice(st, kind, top, value, key), policy.name)
+    send = _mailer(app, st, kind, top, now) if b.recipients else None
+    a.mailed = send is not None
+    try:
+        if not claim(
+            app,
+            policy.name,
+            st.period,
+            [(kind, _mark(t)) for t in new],
+            now,
+            send,
+            {"percent": str(value)},
+        ):
+            return []
+    except OperationFailed as e:
+        a.mailed, a.error = False, str(e)
+    if send is not None:  # the mail's fate is a delivery too (a failure is tried again)
+        subject = f"budget {policy.name}: {a.detail}"
+        notify.record_mail(
+            app, key, "budget-alert", b.recipients, subject, a.error, retried=True,
+            policy=policy.name, supersedes=key.rpartition(":")[0] + ":",
+        )  # fmt: skip
+    return [a]
+
+
+def _unclaimed(
+    kind: NoticeKind, thresholds: list[Decimal], value: Decimal, done: set[tuple[NoticeKind, str]]
+) -> list[Decimal]:
+    """The thresholds of ``kind`` that ``value`` reaches and none has claimed this period."""
+    return [t for t in thresholds if value >= t and (kind, _mark(t)) not in done]
+
+
+def _mailer(
+    app: App, st: Status, kind: NoticeKind, top: Decimal, now: datetime
+) -> Callable[[], None]:
+    """What mails the alert, once its claim is made."""
+
+    def send() -> None:
+        _send_alert(app, st, kind, top, now)
+
+    return send
+
+
+def _exhausted(
+    app: App, policy: Policy, st: Status, done: set[tuple[NoticeKind, str]], now: datetime
+) -> list[Action]:
+    """An exhausted budget, once a period: launches blocked, told to the policy's channels."""
+    b = policy.budget
+    assert b is not None
+    if (NoticeKind.EXHAUSTED, "100") not in done and claim(
+        app,
+        policy.name,
+        st.period,
+        [(NoticeKind.EXHAUSTED, "100")],
+        now,
+        None,
+        {"spent": str(st.spent.amount), "currency": st.spent.currency},
+    ):
+        notice = notify.Notice(
+            "budget-exhausted",
+            f"budget:{policy.name}:{st.period.start.isoformat()}:exhausted",
+            notify.texts(
+                "budget-exhausted",
+                policy=policy.name,
+                spent=st.spent,
+                amount=st.amount,
+                period=st.period.label,
+                action=b.on_exhausted,
+            ),
+            policy=policy.name,
+        )
+        notify.tell_policy(app, notice, policy.name)
+        return [Action("exhausted", policy.name, f"{st.spent} of {st.amount}; launches blocked")]
+    return []
 
 
 def _stop(

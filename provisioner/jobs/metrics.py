@@ -9,7 +9,7 @@ from typing import Any
 
 from sqlalchemy import func, select
 
-from provisioner import budget, idle, ledger
+from provisioner import budget, heartbeats, idle, ledger
 from provisioner.app import App
 from provisioner.errors import ProvisionerError
 from provisioner.jobs.passes import REASONS
@@ -78,7 +78,7 @@ class Metrics:
             labels=["machine", "cloud", "gpu"],
         )
         if self.names:
-            for m, g in idle.iter_latest_gpus(app, now - grace):
+            for m, g in heartbeats.iter_latest_gpus(app, now - grace):
                 util.add_metric([m.name, m.cloud or "", str(g["index"])], g["util"])
             yield util
         signals = GaugeMetricFamily(

@@ -70,39 +70,45 @@ def _local(cal: Calendar, at: datetime, now: datetime) -> str:
 def why_not(a: sweep.Assessment, now: datetime) -> str:
     """Why the sweep leaves ``a.machine`` alone now, and when that may change."""
     m, r = a.machine, a.rules
-    parts: list[str] = []
-    if r.lifetime and m.launched_at:
-        after, how, source = r.lifetime
-        ends = m.launched_at + after
-        if m.status == S.RUNNING or how == "terminate":
-            parts.append(f"lifetime ends in {format_duration(ends - now)} ({how}, {source})")
+    parts: list[str] = _lifetime_left(a, now)
     if m.status != S.RUNNING:
         parts.insert(0, f"{m.status}: no idle rule applies until it runs")
     for check in r.idle if m.status == S.RUNNING else []:
-        signal = a.signals.get(check)
-        if check.calendar is not None and check.calendar.why_off(now) is None:
-            nxt = next_off(check.calendar, now)
-            until = f" until {_local(check.calendar, nxt, now)}" if nxt else ""
-            parts.append(f"in hours{until} ({check.source})")
-            continue
-        rule = check.rule
-        if a.jobs and not rule.gpus_only:
-            parts.append(f"job {', '.join(a.jobs)} running: busy ({check.source})")
-            continue
-        parts.append(
-            {
-                "busy": f"GPUs busy (not below {rule.gpu_util_below:g}%"
-                f" for {rule.for_minutes} min)",
-                "starting": f"started less than {rule.for_minutes} min ago",
-                "unknown": "no recent heartbeat (not counted as idle)",
-            }.get(signal or "", f"signal {signal}")
-            + f" ({check.source})"
-        )
+        parts.append(_not_idle(a, check, now))
     if a.autostop is not None:
         parts.append(f"autostop {sweep.autostop.short(a.autostop.autostop)}: {a.autostop.text()}")
     if not r.idle and not r.lifetime and a.autostop is None:
         parts.append("no idle rule, lifetime or autostop applies")
     return "; ".join(parts)
+
+
+def _lifetime_left(a: sweep.Assessment, now: datetime) -> list[str]:
+    """When the machine's max lifetime ends (none: it has none, or it is stopped and its
+    lifetime only stops it)."""
+    m = a.machine
+    if a.rules.lifetime and m.launched_at:
+        after, how, source = a.rules.lifetime
+        ends = m.launched_at + after
+        if m.status == S.RUNNING or how == "terminate":
+            return [f"lifetime ends in {format_duration(ends - now)} ({how}, {source})"]
+    return []
+
+
+def _not_idle(a: sweep.Assessment, check: sweep.IdleCheck, now: datetime) -> str:
+    """Why an idle check does not stop the running machine now."""
+    signal = a.signals.get(check)
+    if check.calendar is not None and check.calendar.why_off(now) is None:
+        nxt = next_off(check.calendar, now)
+        until = f" until {_local(check.calendar, nxt, now)}" if nxt else ""
+        return f"in hours{until} ({check.source})"
+    rule = check.rule
+    if a.jobs and not rule.gpus_only:
+        return f"job {', '.join(a.jobs)} running: busy ({check.source})"
+    return {
+        "busy": f"GPUs busy (not below {rule.gpu_util_below:g}% for {rule.for_minutes} min)",
+        "starting": f"started less than {rule.for_minutes} min ago",
+        "unknown": "no recent heartbeat (not counted as idle)",
+    }.get(signal or "", f"signal {signal}") + f" ({check.source})"
 
 
 def outlook(app: App, machines: list[Machine], now: datetime | None = None) -> dict[str, str]:
@@ -178,6 +184,27 @@ def _swept(a: sweep.Assessment, now: datetime) -> Move:
         return _now_move(act.action, act.reason, act.why, now)
     timed: list[Move] = []
     anytime: list[Move] = []
+    lived = _lifetime_end(a, now)
+    if lived is not None:
+        timed.append(lived)
+    if m.status == S.RUNNING:
+        for c in a.rules.idle:
+            move = _idle_move(a, c, now)
+            if move is not None:
+                (timed if move.at is not None else anytime).append(move)
+        if a.autostop is not None:
+            move = _autostop_move(a, now)
+            (timed if move.at is not None else anytime).append(move)
+    if timed:
+        return min(timed, key=lambda x: x.at or now)
+    if anytime:
+        return anytime[0]
+    return Move("none", None, "", why_not(a, now))
+
+
+def _lifetime_end(a: sweep.Assessment, now: datetime) -> Move | None:
+    """The stop or terminate at the end of the machine's max lifetime; None: it has none."""
+    m = a.machine
     if a.rules.lifetime and m.launched_at:
         after, how, source = a.rules.lifetime
         if how == "terminate" or m.status == S.RUNNING:
@@ -185,38 +212,42 @@ def _swept(a: sweep.Assessment, now: datetime) -> Move:
             why = f"{how}: max lifetime {format_duration(after)} ({source})"
             at = max(m.launched_at + after, now)
             said = {"action": how, "source": source}
-            timed.append(Move(how, at, "max-lifetime", why, False, "dash_next_lifetime", said))
-    if m.status == S.RUNNING:
-        for c in a.rules.idle:
-            how, _ = sweep._stoppable(m, c.rule.action, "")
-            below = f"{c.rule.gpu_util_below:g}"
-            why = f"{how} if GPUs stay below {below}% for {c.rule.for_minutes} min ({c.source})"
-            if a.jobs and not c.rule.gpus_only:  # a running job keeps it busy
-                why += f" once job {', '.join(a.jobs)} ends"
-            params: dict[str, Any] = {"action": how, "minutes": c.rule.for_minutes}
-            params |= {"below": below, "policy": c.source}
-            if c.calendar is not None and c.calendar.why_off(now) is None:
-                if (start := next_off(c.calendar, now)) is not None:
-                    why += f", out of hours from {_local(c.calendar, start, now)}"
-                    reason = "off-hours-idle"
-                    timed.append(Move(how, start, reason, why, True, "dash_next_idle", params))
-                continue
-            reason = "off-hours-idle" if c.calendar is not None else "idle"
-            anytime.append(Move(how, None, reason, why, True, "dash_next_idle", params))
-        if a.autostop is not None:
-            v = a.autostop
-            how, _ = sweep._stoppable(m, "stop", "")
-            limit = sweep.autostop.short(v.autostop)
-            why = f"{how} after {limit} idle (autostop): {v.text()}"
-            params = {"action": how, "autostop": limit}
-            due = v.idle_since + v.autostop if v.idle_since is not None else None
-            move = Move(how, due, "autostop", why, True, "dash_next_autostop", params)
-            (timed if due is not None else anytime).append(move)
-    if timed:
-        return min(timed, key=lambda x: x.at or now)
-    if anytime:
-        return anytime[0]
-    return Move("none", None, "", why_not(a, now))
+            return Move(how, at, "max-lifetime", why, False, "dash_next_lifetime", said)
+    return None
+
+
+def _idle_move(a: sweep.Assessment, c: sweep.IdleCheck, now: datetime) -> Move | None:
+    """The stop an idle check would make: at the start of off hours (its calendar's), or at
+    any time (no calendar; ``at`` None); None: in off hours now with none to come."""
+    m = a.machine
+    how, _ = sweep._stoppable(m, c.rule.action, "")
+    below = f"{c.rule.gpu_util_below:g}"
+    why = f"{how} if GPUs stay below {below}% for {c.rule.for_minutes} min ({c.source})"
+    if a.jobs and not c.rule.gpus_only:  # a running job keeps it busy
+        why += f" once job {', '.join(a.jobs)} ends"
+    params: dict[str, Any] = {"action": how, "minutes": c.rule.for_minutes}
+    params |= {"below": below, "policy": c.source}
+    if c.calendar is not None and c.calendar.why_off(now) is None:
+        if (start := next_off(c.calendar, now)) is not None:
+            why += f", out of hours from {_local(c.calendar, start, now)}"
+            reason = "off-hours-idle"
+            return Move(how, start, reason, why, True, "dash_next_idle", params)
+        return None
+    reason = "off-hours-idle" if c.calendar is not None else "idle"
+    return Move(how, None, reason, why, True, "dash_next_idle", params)
+
+
+def _autostop_move(a: sweep.Assessment, now: datetime) -> Move:
+    """The stop autostop makes when the machine has been idle for its duration (``at``
+    None: not idle yet)."""
+    v = a.autostop
+    assert v is not None
+    how, _ = sweep._stoppable(a.machine, "stop", "")
+    limit = sweep.autostop.short(v.autostop)
+    why = f"{how} after {limit} idle (autostop): {v.text()}"
+    params = {"action": how, "autostop": limit}
+    due = v.idle_since + v.autostop if v.idle_since is not None else None
+    return Move(how, due, "autostop", why, True, "dash_next_autostop", params)
 
 
 def _recovery(app: App, m: Machine, now: datetime) -> Move:

@@ -16,7 +16,7 @@ from sqlalchemy import select
 from policies.calendar import Calendar
 from policies.duration import format_duration, parse_duration
 from policies.schema import IdleRule, Policy, matching
-from provisioner import idle, machines, mail, notify, outages
+from provisioner import heartbeats, idle, machines, mail, notify, outages
 from provisioner.app import App
 from provisioner.errors import ProvisionerError, UserError
 from provisioner.jobs import autostop, ended
@@ -103,24 +103,8 @@ def assess(
     book = RuleBook(app.policies)
     grace = timedelta(seconds=app.settings.scheduler.heartbeat_grace_seconds)
     failed: dict[str, Exception] = {}
-    rules: dict[str, Rules] = {}
-    lookback: dict[str, datetime] = {}  # running machines with idle rules: beats since when
-    for m in machines:
-        try:
-            r = rules[m.id] = book.for_machine(m)
-            if m.status == S.RUNNING and r.idle:
-                window = max(timedelta(minutes=c.rule.for_minutes) for c in r.idle)
-                lookback[m.id] = now - window - grace
-        except Exception as e:  # one machine's failure is its own
-            failed[m.id] = e
-    evidence: dict[tuple[str, timedelta], idle.Evidence] = {}
-    since: dict[str, datetime] = {}
-    if lookback:
-        checks = [c for m in lookback for c in rules[m].idle]
-        windows = {timedelta(minutes=c.rule.for_minutes) for c in checks}
-        busy_at = max(c.rule.gpu_util_below for c in checks)
-        evidence = idle.evidence(app, list(lookback), now, windows, grace, busy_at)
-        since = idle.running_since(app, list(lookback))
+    rules, lookback = _rules(book, machines, now - grace, failed)
+    evidence, since = _evidence(app, rules, list(lookback), now, grace)
     running = ended.running(app, list(lookback)) if lookback else {}
     spans = outages.overlapping(app, min(lookback.values()), now) if lookback else []
     stops = _autostops(app, now, machines, rules, failed, grace)
@@ -136,14 +120,8 @@ def assess(
             if m.id in lookback:
                 for c in r.idle:
                     window = timedelta(minutes=c.rule.for_minutes)
-                    signals[c] = idle.judge(
-                        evidence.get((m.id, window), none),
-                        now=now,
-                        running_since=since.get(m.id, m.launched_at),
-                        below=c.rule.gpu_util_below,
-                        window=window,
-                        grace=grace,
-                    )
+                    ev = evidence.get((m.id, window), none)
+                    signals[c] = _judge(ev, c, now, since.get(m.id, m.launched_at), grace)
                     if outages.overlaps(spans, now - window - grace, now):
                         blinded.add(c)
         except Exception as e:
@@ -155,6 +133,53 @@ def assess(
             )
         )
     return out, failed
+
+
+def _rules(
+    book: RuleBook, machines: list[Machine], heard_by: datetime, failed: dict[str, Exception]
+) -> tuple[dict[str, Rules], dict[str, datetime]]:
+    """Each machine's rules, and the running machines with idle rules: their heartbeats since
+    when (their longest window before ``heard_by``, now less the grace). A machine whose rules
+    cannot be read goes into ``failed``."""
+    rules: dict[str, Rules] = {}
+    lookback: dict[str, datetime] = {}  # running machines with idle rules: beats since when
+    for m in machines:
+        try:
+            r = rules[m.id] = book.for_machine(m)
+            if m.status == S.RUNNING and r.idle:
+                window = max(timedelta(minutes=c.rule.for_minutes) for c in r.idle)
+                lookback[m.id] = heard_by - window
+        except Exception as e:  # one machine's failure is its own
+            failed[m.id] = e
+    return rules, lookback
+
+
+def _evidence(
+    app: App, rules: dict[str, Rules], ids: list[str], now: datetime, grace: timedelta
+) -> tuple[dict[tuple[str, timedelta], idle.Evidence], dict[str, datetime]]:
+    """The idle evidence of machines ``ids`` for each of their idle rules' windows, and when
+    each came up: two queries."""
+    if not ids:
+        return {}, {}
+    checks = [c for m in ids for c in rules[m].idle]
+    windows = {timedelta(minutes=c.rule.for_minutes) for c in checks}
+    busy_at = max(c.rule.gpu_util_below for c in checks)
+    evidence = idle.evidence(app, ids, now, windows, grace, busy_at)
+    return evidence, idle.running_since(app, ids)
+
+
+def _judge(
+    ev: idle.Evidence, c: IdleCheck, now: datetime, up: datetime | None, grace: timedelta
+) -> idle.Signal:
+    """An idle check's signal on its window's evidence."""
+    return idle.judge(
+        ev,
+        now=now,
+        running_since=up,
+        below=c.rule.gpu_util_below,
+        window=timedelta(minutes=c.rule.for_minutes),
+        grace=grace,
+    )
 
 
 def _autostops(
@@ -201,6 +226,18 @@ def decide(a: Assessment, now: datetime) -> Action | None:
     m = a.machine
     if m.kept_until is not None and m.kept_until > now:
         return Action(m.name, "keep", "kept", f"kept until {m.kept_until:%Y-%m-%d %H:%M} UTC")
+    lived = _lifetime(a, now)
+    if lived is not None:
+        return lived
+    fired = _fired(a, now)
+    if not fired:
+        return _autostop(a)
+    return _idle(a, fired, now)
+
+
+def _lifetime(a: Assessment, now: datetime) -> Action | None:
+    """The stop or terminate of a machine past its max lifetime; None: not past it."""
+    m = a.machine
     if a.rules.lifetime and m.launched_at:
         after, how, source = a.rules.lifetime
         age = now - m.launched_at
@@ -210,6 +247,12 @@ def decide(a: Assessment, now: datetime) -> Action | None:
             how, why = _stoppable(m, how, why)
             warn = _unstoppable_warning(how, was, 0)
             return Action(m.name, how, "max-lifetime", why, warn_minutes=warn)
+    return None
+
+
+def _fired(a: Assessment, now: datetime) -> list[tuple[IdleCheck, str | None, idle.Signal]]:
+    """The idle checks that fire now: each with why its calendar is off (None: no calendar)
+    and its signal."""
     fired = []
     for check, signal in a.signals.items():
         off = check.calendar.why_off(now) if check.calendar else None
@@ -217,14 +260,27 @@ def decide(a: Assessment, now: datetime) -> Action | None:
             continue
         if a.jobs and not check.rule.gpus_only:
             continue  # a running job keeps the machine busy
-        if signal == "idle" or (
-            signal == "unknown"
-            and check.rule.unknown_counts_as_idle
-            and check not in a.blinded  # silence the endpoint caused is not idleness
-        ):
+        if _idleness(a, check, signal):
             fired.append((check, off, signal))
-    if not fired:
-        return _autostop(a)
+    return fired
+
+
+def _idleness(a: Assessment, check: IdleCheck, signal: idle.Signal) -> bool:
+    """Whether ``signal`` counts as idle by ``check``'s rule: silence only when the rule says
+    so, and never silence the endpoint caused."""
+    return signal == "idle" or (
+        signal == "unknown"
+        and check.rule.unknown_counts_as_idle
+        and check not in a.blinded  # silence the endpoint caused is not idleness
+    )
+
+
+def _idle(
+    a: Assessment, fired: list[tuple[IdleCheck, str | None, idle.Signal]], now: datetime
+) -> Action:
+    """The stop (or terminate, if any rule says so) of an idle machine, by the first check
+    that fired."""
+    m = a.machine
     check, off, signal = fired[0]
     how = "terminate" if any(c.rule.action == "terminate" for c, _, _ in fired) else "stop"
     activity = (
@@ -296,7 +352,7 @@ def run(
                 todo.append((action, m))
         _act(app, lease, todo)
         if not dry_run and lease:
-            idle.prune(app, now - _retention(app, assessed))
+            heartbeats.prune(app, now - _retention(app, assessed))
         return result
 
     return run_pass(app, "sweep", pass_now, body, holder=holder, dry_run=dry_run)

@@ -207,18 +207,7 @@ def _stop(d: Any) -> dict[str, Any] | None:
 def parse_report(raw: bytes, machine_id: str, now: datetime) -> Report:
     """The agent's ``--report`` answer of machine ``machine_id``, validated; anything else
     raises :class:`BadReport` saying what was wrong (one line)."""
-    if len(raw) > MAX_REPORT_BYTES:
-        raise BadReport(f"over {MAX_REPORT_BYTES // (1024 * 1024)} MB")
-    try:
-        d = json.loads(raw.decode("utf-8"))
-    except (ValueError, UnicodeDecodeError, RecursionError):
-        raise BadReport("not JSON") from None
-    if not isinstance(d, dict):
-        raise BadReport("not a JSON object")
-    if d.get("v") != 1:
-        raise BadReport(f"version {str(d.get('v'))[:20]!r}, this scheduler reads 1")
-    if d.get("machine") != machine_id:
-        raise BadReport(f"it answers as another machine ({str(d.get('machine'))[:40]!r})")
+    d = _report_object(raw, machine_id)
     at = parse_time(d.get("at"), "its at")
     if abs(at - now) > MAX_SKEW:
         raise BadReport(
@@ -227,12 +216,7 @@ def parse_report(raw: bytes, machine_id: str, now: datetime) -> Report:
         )
     if d.get("boot") is not None:
         _text(d["boot"], "boot", 128)
-    raw_samples = d.get("samples")
-    if not isinstance(raw_samples, list) or len(raw_samples) > MAX_SAMPLES:
-        raise BadReport(f"samples must be a list of at most {MAX_SAMPLES}")
-    samples = sorted((_sample(x) for x in raw_samples), key=lambda x: x.at)
-    if samples and samples[-1].at > at + timedelta(seconds=5):
-        raise BadReport("a sample is newer than the report")
+    samples = _samples(d.get("samples"), at)
     raw_jobs = d.get("jobs")
     if not isinstance(raw_jobs, dict) or len(raw_jobs) > MAX_JOBS:
         raise BadReport(f"jobs must be an object of at most {MAX_JOBS} jobs")
@@ -245,6 +229,33 @@ def parse_report(raw: bytes, machine_id: str, now: datetime) -> Report:
         {_job_id(k): _job_state(v) for k, v in raw_jobs.items()},
         _stop(d.get("stop")),
     )
+
+
+def _samples(raw_samples: Any, at: datetime) -> list[Sample]:
+    """The report's samples, oldest first, none newer than the report (``at``)."""
+    if not isinstance(raw_samples, list) or len(raw_samples) > MAX_SAMPLES:
+        raise BadReport(f"samples must be a list of at most {MAX_SAMPLES}")
+    samples = sorted((_sample(x) for x in raw_samples), key=lambda x: x.at)
+    if samples and samples[-1].at > at + timedelta(seconds=5):
+        raise BadReport("a sample is newer than the report")
+    return samples
+
+
+def _report_object(raw: bytes, machine_id: str) -> dict[str, Any]:
+    """The report's JSON object, of version 1 and of machine ``machine_id``."""
+    if len(raw) > MAX_REPORT_BYTES:
+        raise BadReport(f"over {MAX_REPORT_BYTES // (1024 * 1024)} MB")
+    try:
+        d = json.loads(raw.decode("utf-8"))
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        raise BadReport("not JSON") from None
+    if not isinstance(d, dict):
+        raise BadReport("not a JSON object")
+    if d.get("v") != 1:
+        raise BadReport(f"version {str(d.get('v'))[:20]!r}, this scheduler reads 1")
+    if d.get("machine") != machine_id:
+        raise BadReport(f"it answers as another machine ({str(d.get('machine'))[:40]!r})")
+    return d
 
 
 # --- asking ----------------------------------------------------------------------------------
@@ -407,24 +418,58 @@ def pull_all(app: App, machines: Iterable[Machine] | None = None) -> PullResult:
         keys.pull_public_key(app)
     except OperationFailed as e:
         result.problems.append(("this host", "no key", f"no team pull key: {e}"))
-    ms = [m for m in (_running(app) if machines is None else machines) if m.status == S.RUNNING]
-    ms = _guarded(app, [m for m in ms if m.public_ip])
-    if not ms:
-        return result
-    ids, recent = [m.id for m in ms], fresh_within(app)
-    endpoint = _newest(app, ids, endpoint_only=True)
-    todo = [m for m in ms if not (m.id in endpoint and now - endpoint[m.id] <= recent)]
-    result.fresh = len(ms) - len(todo)
-    # asked already by this process within two agent periods (the sweep after the reconcile
-    # of one `provisioner sweep`): one SSH call per machine per run
-    asked = _ASKED.setdefault(app, {})
-    todo = [m for m in todo if not (m.id in asked and timedelta(0) <= now - asked[m.id] < recent)]
+    todo = _to_ask(app, machines, now, result)
     if not todo:
         return result
-    asked.update({m.id: now for m in todo})
     newest = _newest(app, [m.id for m in todo], endpoint_only=False)
+    key = _private_key(app, result)
+    up = idle.running_since(app, [m.id for m in todo])  # nothing held: since it came up
+    since = {m.id: max(newest.get(m.id) or up.get(m.id) or now, now - KEEP) for m in todo}
+    with ThreadPoolExecutor(max_workers=WORKERS) as pool:
+        answers = list(pool.map(lambda m: _ask(app, m, key, since[m.id]), todo))
+    for a in answers:
+        _take(app, a, since[a.m.id], result)
+    return result
+
+
+def _to_ask(
+    app: App, machines: Iterable[Machine] | None, now: datetime, result: PullResult
+) -> list[Machine]:
+    """Of ``machines`` (default: every running one), the running ones with a guard and an
+    address that the endpoint has not heard from lately (counted in ``result.fresh``) and
+    this process has not asked lately; marked as asked now."""
+    ms = _candidates(app, machines)
+    if not ms:
+        return []
+    recent = fresh_within(app)
+    endpoint = _newest(app, [m.id for m in ms], endpoint_only=True)
+    todo = [m for m in ms if not (m.id in endpoint and now - endpoint[m.id] <= recent)]
+    result.fresh = len(ms) - len(todo)
+    return _not_asked(app, todo, now, recent)
+
+
+def _candidates(app: App, machines: Iterable[Machine] | None) -> list[Machine]:
+    """Of ``machines`` (default: every running one), the running ones with an address and a
+    guard."""
+    ms = [m for m in (_running(app) if machines is None else machines) if m.status == S.RUNNING]
+    return _guarded(app, [m for m in ms if m.public_ip])
+
+
+def _not_asked(app: App, ms: list[Machine], now: datetime, recent: timedelta) -> list[Machine]:
+    """Those of ``ms`` not asked already by this process within ``recent`` (two agent periods:
+    the sweep after the reconcile of one `provisioner sweep`), marked as asked now: one SSH
+    call per machine per run."""
+    asked = _ASKED.setdefault(app, {})
+    todo = [m for m in ms if not (m.id in asked and timedelta(0) <= now - asked[m.id] < recent)]
+    asked.update({m.id: now for m in todo})
+    return todo
+
+
+def _private_key(app: App, result: PullResult) -> Path | None:
+    """The private half of the team's pull key; None, said in ``result``, when this host has
+    not got it though one is published."""
     key = keys.pull_private(app)
-    if todo and key is None and keys.published_pull_key(app) is not None:
+    if key is None and keys.published_pull_key(app) is not None:
         path = keys.pull_path(app)
         result.problems.append(
             (
@@ -434,25 +479,24 @@ def pull_all(app: App, machines: Iterable[Machine] | None = None) -> PullResult:
                 "over SSH here; copy it from the host that made it (0600)",
             )
         )
-    up = idle.running_since(app, [m.id for m in todo])  # nothing held: since it came up
-    since = {m.id: max(newest.get(m.id) or up.get(m.id) or now, now - KEEP) for m in todo}
-    with ThreadPoolExecutor(max_workers=WORKERS) as pool:
-        answers = list(pool.map(lambda m: _ask(app, m, key, since[m.id]), todo))
-    for a in answers:
-        result.ssh_calls += a.ssh
-        if a.problem is not None:
-            result.problems.append((a.m.name, *a.problem))
-            continue
-        if a.raw is None:
-            continue
-        result.asked += 1
-        try:
-            report = parse_report(a.raw, a.m.id, app.clock.now())
-        except BadReport as e:
-            result.problems.append((a.m.name, "refused", f"report refused: {e}"))
-            continue
-        _store(app, a.m, report, since[a.m.id], result)
-    return result
+    return key
+
+
+def _take(app: App, a: Any, since: datetime, result: PullResult) -> None:
+    """One machine's answer: its problem, or its report parsed and stored."""
+    result.ssh_calls += a.ssh
+    if a.problem is not None:
+        result.problems.append((a.m.name, *a.problem))
+        return
+    if a.raw is None:
+        return
+    result.asked += 1
+    try:
+        report = parse_report(a.raw, a.m.id, app.clock.now())
+    except BadReport as e:
+        result.problems.append((a.m.name, "refused", f"report refused: {e}"))
+        return
+    _store(app, a.m, report, since, result)
 
 
 # --- recording -------------------------------------------------------------------------------
@@ -461,6 +505,27 @@ def pull_all(app: App, machines: Iterable[Machine] | None = None) -> PullResult:
 def _store(app: App, m: Machine, report: Report, since: datetime, result: PullResult) -> None:
     """The report's new samples as pulled heartbeats, its job ends as events (under the
     machine's jobs lock, as :func:`jobs.check_ended`: one of them records an end)."""
+    new = _store_samples(app, m, report, since)
+    result.samples += new
+    result.read[m.name] = new
+    with app.db.lock(f"jobs-{m.id}"):
+        running = {j for j, job in jobs.jobs_of(app, m).items() if job.running}
+        ends: dict[str, tuple[str, int | None, str]] = {}
+        if report.stop is not None and _new_stop(app, m, report.stop):
+            record_event(app, m.id, GUARD_STOP, reason=report.stop["reason"], detail=report.stop)
+            for j, how in report.stop["jobs_ended"].items():
+                ends[j] = ("killed", None, f"the machine's guard ({report.stop['reason']}): {how}")
+        _job_ends(report, ends)
+        for j, (reason, code, how) in ends.items():
+            if j in running:
+                detail = {"job": j, "exit_code": code, "seen": "pulled", "how": how}
+                record_event(app, m.id, jobs.FINISHED, reason=reason, detail=detail)
+                result.job_ends.append((m.name, j, how))
+
+
+def _store_samples(app: App, m: Machine, report: Report, since: datetime) -> int:
+    """The report's samples after ``since`` (and within the day kept) as the machine's
+    heartbeats, marked pulled; how many."""
     new = [x for x in report.samples if since < x.at and x.at >= report.at - KEEP]
     with app.db.session() as s:
         for x in new:
@@ -475,28 +540,19 @@ def _store(app: App, m: Machine, report: Report, since: datetime, result: PullRe
                     pulled=True,
                 )
             )
-    result.samples += len(new)
-    result.read[m.name] = len(new)
-    with app.db.lock(f"jobs-{m.id}"):
-        running = {j for j, job in jobs.jobs_of(app, m).items() if job.running}
-        ends: dict[str, tuple[str, int | None, str]] = {}
-        if report.stop is not None and _new_stop(app, m, report.stop):
-            record_event(app, m.id, GUARD_STOP, reason=report.stop["reason"], detail=report.stop)
-            for j, how in report.stop["jobs_ended"].items():
-                ends[j] = ("killed", None, f"the machine's guard ({report.stop['reason']}): {how}")
-        for j, st in report.jobs.items():
-            if j in ends or st == "running":
-                continue
-            if st == "lost":
-                ends[j] = ("killed", None, "ended with its machine's boot")
-            else:
-                ends[j] = ("exited", int(st[5:]), st)
-        for j, (reason, code, how) in ends.items():
-            if j not in running:
-                continue
-            detail = {"job": j, "exit_code": code, "seen": "pulled", "how": how}
-            record_event(app, m.id, jobs.FINISHED, reason=reason, detail=detail)
-            result.job_ends.append((m.name, j, how))
+    return len(new)
+
+
+def _job_ends(report: Report, ends: dict[str, tuple[str, int | None, str]]) -> None:
+    """The jobs the report says ended (and its guard did not end), into ``ends``: how each
+    ended (killed or exited), its exit code, and the words."""
+    for j, st in report.jobs.items():
+        if j in ends or st == "running":
+            continue
+        if st == "lost":
+            ends[j] = ("killed", None, "ended with its machine's boot")
+        else:
+            ends[j] = ("exited", int(st[5:]), st)
 
 
 def _new_stop(app: App, m: Machine, stop: dict[str, Any]) -> bool:

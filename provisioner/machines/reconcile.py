@@ -8,6 +8,7 @@ import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
@@ -15,7 +16,7 @@ from sqlalchemy.orm import Session
 from providers.base import Instance, MachineState, NotFound, Provider, ProviderError
 from provisioner import ledger, notify
 from provisioner.app import App
-from provisioner.idle import NOTICE_EVENT
+from provisioner.heartbeats import NOTICE_EVENT
 from provisioner.machines import guard_stops
 from provisioner.machines.record import ref
 from provisioner.models import ACTIVE_EXCLUDED, Event, Heartbeat, Machine, UsageInterval
@@ -131,22 +132,13 @@ def reconcile(
     before each cloud and each machine (a scheduler keeps its lease): False stops here, with
     what was observed so far."""
     now = now or app.clock.now()
-    with app.db.session() as s:
-        live = s.scalars(
-            select(Machine).where(Machine.status.not_in((S.TERMINATED, S.FAILED, *INTENTS)))
-        )
-        by_cloud: dict[str, list[Machine]] = {}
-        for m in live:
-            by_cloud.setdefault(m.cloud or "", []).append(m)
     out: list[Observation] = []
-    for cloud, ms in by_cloud.items():
+    for cloud, ms in _live_by_cloud(app).items():
         if not keep():
             return out
         try:
             provider = app.provider(cloud)
-            seen = {
-                i.id: i for i in provider.list_managed(sorted({m.region for m in ms if m.region}))
-            }
+            seen = _listed(provider, ms)
         except ProviderError as e:
             out += [Observation(m, None, False, str(e)) for m in ms]
             continue
@@ -155,20 +147,44 @@ def reconcile(
         for m in ms:
             if not keep():
                 return out
-            inst = seen.get(m.instance_id or "")
-            if inst is None:  # not listed: ask directly (terminated machines drop out of lists)
-                try:
-                    inst = provider.get(ref(m))
-                except NotFound:
-                    inst = None
-                except ProviderError as e:
-                    out.append(Observation(m, None, False, str(e)))
-                    continue
-            if (seen_now := _record(app, m, inst, now)) is not None:
-                out.append(seen_now)
-                if inst is not None and inst.halted_billing and seen_now.observed == S.STOPPING:
-                    out.append(_end_billing(app, provider, seen_now.machine, inst, now))
+            out += _observe(app, provider, m, seen.get(m.instance_id or ""), now)
     return out
+
+
+def _listed(provider: Provider, ms: list[Machine]) -> dict[str, Instance]:
+    """The cloud's managed machines in the regions of ``ms``, by id: one list call."""
+    return {i.id: i for i in provider.list_managed(sorted({m.region for m in ms if m.region}))}
+
+
+def _live_by_cloud(app: App) -> dict[str, list[Machine]]:
+    with app.db.session() as s:
+        live = s.scalars(
+            select(Machine).where(Machine.status.not_in((S.TERMINATED, S.FAILED, *INTENTS)))
+        )
+        by_cloud: dict[str, list[Machine]] = {}
+        for m in live:
+            by_cloud.setdefault(m.cloud or "", []).append(m)
+    return by_cloud
+
+
+def _observe(
+    app: App, provider: Provider, m: Machine, inst: Instance | None, now: datetime
+) -> list[Observation]:
+    """What the cloud says of ``m`` (``inst``: as its list showed it), recorded; and the stop of
+    a halted machine its cloud still bills."""
+    if inst is None:  # not listed: ask directly (terminated machines drop out of lists)
+        try:
+            inst = provider.get(ref(m))
+        except NotFound:
+            inst = None
+        except ProviderError as e:
+            return [Observation(m, None, False, str(e))]
+    seen_now = _record(app, m, inst, now)
+    if seen_now is None:
+        return []
+    if inst is not None and inst.halted_billing and seen_now.observed == S.STOPPING:
+        return [seen_now, _end_billing(app, provider, seen_now.machine, inst, now)]
+    return [seen_now]
 
 
 #: why reconcile stops a machine that is already halted
@@ -211,14 +227,8 @@ def _record(
     # A launched machine finishing its boot is no outside change, and its running time started
     # at launch: "booted" is not a running-since event (idle windows).
     booted = m.status == S.PENDING and status == S.RUNNING
-    if status == S.PREEMPTED:
-        reason = "preempted"
-    else:
-        reason = "launched" if booted else guard_stops.UNEXPLAINED
-    report, running, guessed = None, [], None
-    if status in HALTED:  # its own guard, maybe: what the machine says, else what is recorded
-        report, running = guard_stops.read_report(app, m), guard_stops.running_jobs(app, m)
-        guessed = guard_stops.inferred(app, m) if report is None else None
+    reason = _reason(status, booted)
+    said = _guard_said(app, m, status)
     with app.db.session() as s:
         row = s.get(Machine, m.id)
         if row is None or row.status != m.status:
@@ -227,26 +237,10 @@ def _record(
             log.warning("reconcile: %s (%s) changed meanwhile; skipped", m.name, m.id)
             return None
         row.public_ip = address
-        detail = {
-            "observed": inst.state.value if inst else "gone",
-            "cloud_reason": inst.state_reason if inst else None,
-            **(note or {}),
-        }
-        explained = None
-        if status in HALTED:
-            explained = guard_stops.explain(report, running, _open_since(s, row))
-            if explained.reason == guard_stops.UNEXPLAINED and guessed is not None:
-                explained = guessed
-            if status == S.PREEMPTED and explained.reason != guard_stops.UNEXPLAINED:
-                # a cloud that records no reason (SberCloud) or guesses one (a Yandex VM that
-                # went down without a stop operation) read as preempted what its guard stopped
-                status, detail["read_as"] = S.STOPPED, "preempted"
-        at = now
-        if status in HALTED:
-            cloud_at = inst.stopped_at if inst else None
-            guard_at = explained.at if explained is not None and status != S.PREEMPTED else None
-            at, detail["at_source"] = halted_at(s, row, cloud_at, now, guard_at)
-        if explained is not None and status != S.PREEMPTED:
+        detail = _detail(inst, note)
+        status, explained = _explained(s, row, status, said, detail)
+        at = _stopped_at(s, row, status, inst, explained, now, detail)
+        if explained is not None:
             reason = explained.reason
             detail.update(explained.detail)
             guard_stops.record_jobs(s, row, explained, at)
@@ -259,18 +253,93 @@ def _record(
             reason=reason,
             detail=detail,
         )
-        who = (row.id, row.name, f"{row.cloud} {row.zone or row.region}", row.project, row.owner)
+        who = _who(row)
         seen = Observation(row, status, changed)
     if changed and status == S.PREEMPTED:
-        notice = notify.Notice(
-            "preempted",
-            f"preempted:{who[0]}:{at.isoformat()}",
-            notify.texts("preempted", machine=who[1], where=who[2]),
-            machine=who[1],
-            link=f"/machine/{who[1]}",
-        )
-        notify.tell(app, notice, who[3], who[4])
+        _tell_preempted(app, who, at)
     return seen
+
+
+#: what a halted machine's guard says: its report, its running jobs, what is recorded of it
+Said = tuple[dict[str, Any] | None, list[str], guard_stops.Explained | None]
+
+
+def _reason(status: MachineStatus, booted: bool) -> str:
+    """The event reason of a change the cloud shows, before the machine's guard explains it."""
+    if status == S.PREEMPTED:
+        return "preempted"
+    return "launched" if booted else guard_stops.UNEXPLAINED
+
+
+def _guard_said(app: App, m: Machine, status: MachineStatus) -> Said:
+    """A halted machine's own guard, maybe: what the machine says (its report, its running
+    jobs), else what is recorded (guessed only when it says nothing)."""
+    report, running, guessed = None, [], None
+    if status in HALTED:
+        report, running = guard_stops.read_report(app, m), guard_stops.running_jobs(app, m)
+        guessed = guard_stops.inferred(app, m) if report is None else None
+    return report, running, guessed
+
+
+def _detail(inst: Instance | None, note: dict[str, str] | None) -> dict[str, Any]:
+    return {
+        "observed": inst.state.value if inst else "gone",
+        "cloud_reason": inst.state_reason if inst else None,
+        **(note or {}),
+    }
+
+
+def _explained(
+    s: Session, row: Machine, status: MachineStatus, said: Said, detail: dict[str, Any]
+) -> tuple[MachineStatus, guard_stops.Explained | None]:
+    """A halted machine's status and its stop as its guard explains it (None: not halted, or
+    preempted): a preemption its guard explains is a stop (``read_as`` in ``detail``)."""
+    if status not in HALTED:
+        return status, None
+    report, running, guessed = said
+    explained = guard_stops.explain(report, running, _open_since(s, row))
+    if explained.reason == guard_stops.UNEXPLAINED and guessed is not None:
+        explained = guessed
+    if status == S.PREEMPTED and explained.reason != guard_stops.UNEXPLAINED:
+        # a cloud that records no reason (SberCloud) or guesses one (a Yandex VM that
+        # went down without a stop operation) read as preempted what its guard stopped
+        status, detail["read_as"] = S.STOPPED, "preempted"
+    return status, (None if status == S.PREEMPTED else explained)
+
+
+def _stopped_at(
+    s: Session,
+    row: Machine,
+    status: MachineStatus,
+    inst: Instance | None,
+    explained: guard_stops.Explained | None,
+    now: datetime,
+    detail: dict[str, Any],
+) -> datetime:
+    """When a halted machine stopped (:func:`halted_at`, what says so into ``detail``); else
+    ``now``."""
+    if status not in HALTED:
+        return now
+    cloud_at = inst.stopped_at if inst else None
+    guard_at = explained.at if explained is not None else None
+    at, detail["at_source"] = halted_at(s, row, cloud_at, now, guard_at)
+    return at
+
+
+def _who(row: Machine) -> tuple[str, str, str, str, str]:
+    """A machine as a notice names it: id, name, where, project, owner."""
+    return row.id, row.name, f"{row.cloud} {row.zone or row.region}", row.project, row.owner
+
+
+def _tell_preempted(app: App, who: tuple[str, str, str, str, str], at: datetime) -> None:
+    notice = notify.Notice(
+        "preempted",
+        f"preempted:{who[0]}:{at.isoformat()}",
+        notify.texts("preempted", machine=who[1], where=who[2]),
+        machine=who[1],
+        link=f"/machine/{who[1]}",
+    )
+    notify.tell(app, notice, who[3], who[4])
 
 
 def halted_at(

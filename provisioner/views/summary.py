@@ -99,27 +99,53 @@ def summary(
 ) -> Summary:
     """The summary at ``now`` over ``live`` (default: every machine not terminated or failed)
     and ``budgets`` (default: every budget's standing in its running period)."""
-    from provisioner import idle
-    from provisioner.tries import events, tries
     from provisioner.views.spend import standings
 
     machines = list(live) if live is not None else _live(app)
     counts = dict.fromkeys(COUNTS, 0)
-    state_of: dict[str, str] = {}
+    state_of = _states(app, machines)
     burning = Amounts()
+    for m in machines:
+        if (b := burn(m)) is not None:
+            burning.add(b.currency, b.amount)
+    for state in state_of.values():
+        counts[state] += 1
+    idle_list = _idle_now(app, now, machines)
+    counts["idle"] = len(idle_list)
+    rates = app.settings.money_rates
+    return Summary(
+        at=now,
+        burning=burning.monies(),
+        burning_total=burning.total(rates, app.settings.currency),
+        counts=counts,
+        budgets=standings(app, now) if budgets is None else budgets,
+        idle=idle_list,
+        state_of=state_of,
+    )
+
+
+def _states(app: App, machines: list[Machine]) -> dict[str, str]:
+    """Each counted machine's state by id: running, stopped, waiting, or preempted (its relaunch
+    still tried) or held (refused, or given up)."""
+    from provisioner.tries import events, tries
+
+    state_of: dict[str, str] = {}
     for m in machines:
         if m.status in (S.RUNNING, S.STOPPED, S.WAITING):
             state_of[m.id] = m.status
-        if (b := burn(m)) is not None:
-            burning.add(b.currency, b.amount)
     preempted = [m for m in machines if m.status == S.PREEMPTED]
     if preempted:
         with app.db.session() as s:
             for m in preempted:
                 t = tries(events(s, m.id))
                 state_of[m.id] = "held" if (t.refusal or t.gave_up) else "preempted"
-    for state in state_of.values():
-        counts[state] += 1
+    return state_of
+
+
+def _idle_now(app: App, now: datetime, machines: list[Machine]) -> list[IdleMachine]:
+    """The running machines idle now, with what their idleness has cost: the dearest first."""
+    from provisioner import idle
+
     running = [m for m in machines if m.status == S.RUNNING and m.rate is not None]
     thresholds = {m.id: idle.threshold(idle.idle_rules(app.policies, m))[0] for m in running}
     grace = timedelta(seconds=app.settings.scheduler.heartbeat_grace_seconds)
@@ -131,18 +157,8 @@ def summary(
             hours = Decimal((now - since) // timedelta(microseconds=1)) / Decimal(3_600_000_000)
             rate = Money(m.rate, m.currency)
             idle_list.append(IdleMachine(m, since, rate, Money(m.rate * hours, m.currency)))
-    counts["idle"] = len(idle_list)
     idle_list.sort(key=lambda i: (-i.rate.amount, i.machine.name))
-    rates = app.settings.money_rates
-    return Summary(
-        at=now,
-        burning=burning.monies(),
-        burning_total=burning.total(rates, app.settings.currency),
-        counts=counts,
-        budgets=standings(app, now) if budgets is None else budgets,
-        idle=idle_list,
-        state_of=state_of,
-    )
+    return idle_list
 
 
 def burn(m: Machine) -> Money | None:
