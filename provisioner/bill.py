@@ -39,6 +39,7 @@ from provisioner.ledger import Period, midnight
 from provisioner.ledger.periods import SECONDS_PER_HOUR
 from provisioner.models import Machine, UsageInterval
 from provisioner.money import CENT, Money, allocate
+from provisioner.schema import UsageKind
 
 DRIFT_PCT = Decimal(2)
 UNIT_STEP = Decimal("0.0001")  # unit prices per hour: to 1/100 of a cent
