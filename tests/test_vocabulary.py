@@ -300,6 +300,33 @@ def test_no_status_or_kind_is_a_bare_string_in_provisioner():
     assert found == []
 
 
+#: a status or kind compared with a quoted word in a template: ``m.status == 'stopped'``,
+#: ``d.status in ('failed', 'unsent')``
+_TEMPLATE_BARE = re.compile(r"\b(?:status|kind)\s*(?:[=!]=|(?:not\s+)?in)\s*\(?\s*['\"]")
+
+
+def bare_in_templates(text: str) -> list[str]:
+    return [
+        f"{n}: {line.strip()[:80]}"
+        for n, line in enumerate(text.splitlines(), 1)
+        if _TEMPLATE_BARE.search(line)
+    ]
+
+
+def test_no_status_is_a_bare_string_in_the_dashboard_templates():
+    """The pages compare statuses by their members too (``S``, ``D`` in the Jinja globals), so
+    a renamed or new status cannot leave a button on the wrong machines."""
+    assert bare_in_templates("{% if m.status == 'stopped' %}") != []
+    assert bare_in_templates("{% if d.status in ('failed', 'unsent') %}") != []
+    assert bare_in_templates("{% if m.status in (S.RUNNING, S.PENDING) %}") == []
+    found = [
+        f"{path.relative_to(PROVISIONER.parent)}:{hit}"
+        for path in sorted((PROVISIONER / "templates").rglob("*.html"))
+        for hit in bare_in_templates(path.read_text(encoding="utf-8"))
+    ]
+    assert found == []
+
+
 def test_every_event_kind_is_written_somewhere_and_means_something():
     """A kind nobody writes is noise for every reader; a value without its line of meaning is
     a puzzle. Each machine status is also a kind (a move recorded without a kind of its own)."""

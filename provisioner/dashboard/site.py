@@ -214,4 +214,9 @@ def _env() -> Any:
     env.filters["reason"] = _reason
     env.filters["word"] = _word
     env.filters["code"] = _code
+    # the vocabularies, so a template compares a status with its member, as the code does
+    from provisioner.schema import DeliveryStatus, MachineStatus
+    from provisioner.views.alerts import UNSENT
+
+    env.globals.update(S=MachineStatus, D=DeliveryStatus, UNSENT=UNSENT)
     return env
