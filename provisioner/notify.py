@@ -14,22 +14,20 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import http.client
 import json
 import os
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from fnmatch import fnmatchcase
+from http import HTTPStatus
 from typing import Any
 
 from sqlalchemy import select, update
 from sqlalchemy.exc import IntegrityError
 
 from policies.channels import Channel
-from provisioner import mail
+from provisioner import mail, outbound
 from provisioner.app import App
 from provisioner.models import Delivery
 from provisioner.schema import DELIVERY_DUE
@@ -270,7 +268,7 @@ def _send(app: App, d: Delivery) -> None:
         url = f"{app.settings.notify.telegram_api.rstrip('/')}/bot{token}/sendMessage"
         # sendMessage: "Text of the message to be sent, 1-4096 characters"
         text = _text(d)[:TELEGRAM_MAX]
-        _telegram(app, url, {"chat_id": ch.telegram.chat_id, "text": text}, token)
+        _telegram(app, url, {"chat_id": ch.telegram.chat_id, "text": text})
     elif ch.slack:
         url = _secret(ch.slack.webhook_env)
         _slack(app, url, {"text": _text(d)})
@@ -298,19 +296,28 @@ def _secret(name: str) -> str:
 
 
 def _post(
-    app: App, url: str, body: bytes, headers: dict[str, str], secret: str | None
+    app: App, url: str, body: bytes, headers: dict[str, str]
 ) -> tuple[int, bytes, dict[str, str]]:
-    """POST ``body``: (status, response body, headers); a network failure is a :class:`Retry`
-    whose message never holds ``secret``."""
-    req = urllib.request.Request(url, data=body, method="POST", headers=headers)
+    """POST ``body`` where settings let it go (:mod:`provisioner.outbound`): (status, answer,
+    headers); refused by our rules is :class:`Refused`, a network failure a :class:`Retry`,
+    each with a short reason (never the URL nor the answer)."""
+    cfg = app.settings.notify
     try:
-        with urllib.request.urlopen(req, timeout=app.settings.notify.timeout_seconds) as r:
-            return r.status, r.read(), dict(r.headers)
-    except urllib.error.HTTPError as e:
-        return e.code, e.read(), dict(e.headers or {})
-    except (urllib.error.URLError, OSError, ValueError, http.client.HTTPException) as e:
-        msg = str(getattr(e, "reason", e))
-        raise Retry(msg.replace(secret, "***") if secret else msg) from None
+        return outbound.post(url, body, headers, allow=cfg.allow, timeout=cfg.timeout_seconds)
+    except outbound.Unreachable as e:
+        raise (Refused if e.refused else Retry)(str(e)) from None
+
+
+def _why(service: str, code: int) -> str:
+    """A failed answer in a few words: the status and its reason phrase, never its body (the
+    receiver's words are the receiver's: they may hold anything)."""
+    try:
+        phrase = HTTPStatus(code).phrase
+    except ValueError:
+        phrase = "unknown status"
+    if 300 <= code < 400:
+        phrase += ", redirect not followed"
+    return f"{service} {code} ({phrase})"
 
 
 def _json(body: bytes) -> dict[str, Any]:
@@ -321,17 +328,16 @@ def _json(body: bytes) -> dict[str, Any]:
     return v if isinstance(v, dict) else {}
 
 
-def _telegram(app: App, url: str, payload: dict[str, Any], token: str) -> None:
+def _telegram(app: App, url: str, payload: dict[str, Any]) -> None:
     """https://core.telegram.org/bots/api#making-requests: the answer is JSON with ``ok``; on
     failure ``error_code`` and ``description``, and on flood control (429)
     ``parameters.retry_after`` seconds (https://core.telegram.org/bots/api#responseparameters)."""
     body = json.dumps(payload).encode()
-    code, raw, _ = _post(app, url, body, {"Content-Type": "application/json"}, token)
+    code, raw, _ = _post(app, url, body, {"Content-Type": "application/json"})
     ans = _json(raw)
     if 200 <= code < 300 and ans.get("ok") is True:
         return
-    why = f"Telegram {code}: {ans.get('description') or raw[:200].decode(errors='replace')}"
-    why = why.replace(token, "***")
+    why = _why("Telegram", code)
     if code == 429:
         params = ans.get("parameters") or {}
         raise Retry(why, int(params.get("retry_after") or 0) or None)
@@ -345,11 +351,10 @@ def _slack(app: App, url: str, payload: dict[str, Any]) -> None:
     ``invalid_payload``, 403 ``invalid_token``, 404 ``no_service``, 410 ``channel_is_archived``
     are for good; 429 (rate limited, ``Retry-After``) and 5xx may pass."""
     body = json.dumps(payload).encode()
-    code, raw, headers = _post(app, url, body, {"Content-Type": "application/json"}, url)
-    text = raw[:200].decode(errors="replace").strip()
+    code, _, headers = _post(app, url, body, {"Content-Type": "application/json"})
     if code == 200:
         return
-    why = f"Slack {code}: {text or 'no body'}"
+    why = _why("Slack", code)
     if code == 429:
         after = headers.get("Retry-After") or headers.get("retry-after") or ""
         raise Retry(why, int(after) if after.isdigit() else None)
@@ -379,10 +384,10 @@ def _webhook(app: App, url: str, d: Delivery, key: str | None) -> None:
     headers = {"Content-Type": "application/json", "X-Provisioner-Delivery": str(d.id)}
     if key:
         headers["X-Provisioner-Signature"] = signature(key, body)
-    code, raw, _ = _post(app, url, body, headers, key)
+    code, _, _ = _post(app, url, body, headers)
     if 200 <= code < 300:
         return
-    why = f"webhook {code}: {raw[:200].decode(errors='replace').strip() or 'no body'}"
+    why = _why("webhook", code)
     if code in (408, 429) or code >= 500:
         raise Retry(why)
     raise Refused(why)

@@ -9,6 +9,7 @@ its own credentials, and the SMTP password comes from ``$PROVISIONER_SMTP_PASSWO
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import re
 from collections.abc import Callable
@@ -186,6 +187,23 @@ class NotifySettings(BaseModel):
     telegram_api: str = Field("https://api.telegram.org", pattern=r"^https?://\S+$")
     max_attempts: int = Field(6, ge=1, le=50)  # then the delivery is failed
     timeout_seconds: float = Field(10, gt=0, le=120)
+    # hosts (exact names) and networks (CIDRs, or one address) Telegram, Slack and webhooks may
+    # reach though not public: loopback, private, link-local, metadata addresses are refused
+    # after resolution unless listed here, e.g. ["hooks.internal.example", "10.20.0.0/16"]
+    allow: list[str] = Field(default_factory=list)
+
+    @field_validator("allow")
+    @classmethod
+    def _hosts_or_networks(cls, v: list[str]) -> list[str]:
+        for entry in v:
+            try:
+                ipaddress.ip_network(entry, strict=False)
+            except ValueError:
+                if not re.fullmatch(r"[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?", entry):
+                    raise ValueError(
+                        f"write a host name or a network such as 10.0.0.0/8 (got {entry!r})"
+                    ) from None
+        return v
 
 
 class IdentitySettings(BaseModel):

@@ -253,9 +253,8 @@ def alerted(home, clock, db_url, tmp_path, rx, secrets):  # noqa: F811
                                  "budget": budget, "notify": only})  # fmt: skip
     write_yaml(d / "quiet.yaml", {"name": "quiet-budget", "applies_to": {"projects": ["demo"]},
                                   "budget": {**budget, "amount": "1000 USD"}})  # fmt: skip
-    settings = make_settings(
-        home, state_url=db_url, policies=[str(d)], notify={"telegram_api": rx.url}
-    )
+    notify_settings = {"telegram_api": rx.url, "allow": ["127.0.0.1"]}
+    settings = make_settings(home, state_url=db_url, policies=[str(d)], notify=notify_settings)
     app = App(settings, clock)
     rx.flood, rx.retry_after = 1, 300
     launch(app)

@@ -65,7 +65,7 @@ def make_app(home, clock, db_url, tmp_path, rx, pol: dict, **settings) -> App:
     d = tmp_path / "policies"
     d.mkdir(exist_ok=True)
     write_yaml(d / "p.yaml", pol)
-    notify_settings = {"telegram_api": rx.url, **settings.pop("notify", {})}
+    notify_settings = {"telegram_api": rx.url, "allow": ["127.0.0.1"], **settings.pop("notify", {})}
     return App(
         make_settings(
             home, state_url=db_url, policies=[str(d)], notify=notify_settings, **settings
@@ -138,7 +138,7 @@ def test_telegram_flood_control_is_retried_after_retry_after_at_a_later_pass(
     clock.advance(timedelta(hours=1))
     enforce.run(app, clock.now())
     [line] = notify.deliver(app, clock.now())
-    assert "retrying: Telegram 429: Too Many Requests: retry after 300" in line
+    assert "retrying: Telegram 429 (Too Many Requests)" in line
     [d] = rows(app)
     assert d.status == "retrying" and d.attempts == 1
     assert d.next_at == clock.now() + timedelta(seconds=300)  # the longer of 300 s and 60 s
@@ -172,9 +172,9 @@ def test_refusals_fail_for_good_with_the_reason_and_never_the_secret(
     out = notify.deliver(app, clock.now())
     got = {(d.kind, d.target): (d.status, d.error) for d in rows(app)}
     assert got == {
-        ("telegram", "chat -1001"): ("failed", "Telegram 401: Unauthorized"),
-        ("slack", "$SLACK_URL"): ("failed", "Slack 403: invalid_token"),
-        ("webhook", rx.url + "/hook"): ("failed", "webhook 401: bad signature"),
+        ("telegram", "chat -1001"): ("failed", "Telegram 401 (Unauthorized)"),
+        ("slack", "$SLACK_URL"): ("failed", "Slack 403 (Forbidden)"),
+        ("webhook", rx.url + "/hook"): ("failed", "webhook 401 (Unauthorized)"),
         ("telegram", "chat 1"): ("failed", "$NOT_SET is not set"),
     }
     assert "999:wrong-token" not in "\n".join(out) and "revoked" not in "\n".join(out)
@@ -214,7 +214,7 @@ def test_a_webhook_down_is_retried_with_backoff_until_it_answers_or_gives_up(
         clock.advance(timedelta(hours=2))
     d = rows(app)[-1]
     assert (d.status, d.attempts) == ("failed", 3)
-    assert d.error == "webhook 503: busy (gave up after 3 attempts)"
+    assert d.error == "webhook 503 (Service Unavailable) (gave up after 3 attempts)"
     app.close()
 
 
@@ -338,9 +338,15 @@ def test_events_notices_lists_each_delivery(home, clock, db_url, tmp_path, rx, s
     pol = policy(rx, only)
     settings = write_settings(
         home, state_url=db_url, policies=[str(write_yaml(tmp_path / "p.yaml", pol))],
-        notify={"telegram_api": rx.url},
+        notify={"telegram_api": rx.url, "allow": ["127.0.0.1"]},
     )  # fmt: skip
-    app = App(make_settings(home, state_url=db_url, policies=[str(tmp_path / "p.yaml")]), clock)
+    app = App(
+        make_settings(
+            home, state_url=db_url, policies=[str(tmp_path / "p.yaml")],
+            notify={"allow": ["127.0.0.1"]},
+        ),
+        clock,
+    )  # fmt: skip
     launch(app)
     clock.advance(timedelta(hours=1))
     enforce.run(app, clock.now())
@@ -418,7 +424,7 @@ def test_preemption_and_a_refused_relaunch_reach_the_owners_channel(sched, rx, s
     from tests.test_scheduler import preempt, up
 
     owners = {"ana@example.com": [{"telegram": {"chat_id": 9, "token_env": "TG_TOKEN"}}]}
-    settings = {"notify": {"telegram_api": rx.url, "owners": owners}}
+    settings = {"notify": {"telegram_api": rx.url, "allow": ["127.0.0.1"], "owners": owners}}
     first = sched(ANY, **settings)
     up(first, "spot", lifecycle={"on_preemption": "relaunch"})
     preempt(first, "spot")
