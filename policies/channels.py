@@ -33,11 +33,19 @@ class Slack(_Strict):
 
 
 class Webhook(_Strict):
-    """A JSON POST to ``url``, signed with HMAC-SHA256 of the body under the secret in
+    """A JSON POST to ``url`` — or, where the URL holds a token, to the URL in the variable
+    ``url_env``, never stored — signed with HMAC-SHA256 of the body under the secret in
     ``secret_env`` (header ``X-Provisioner-Signature: sha256=<hex>``)."""
 
-    url: str = Field(pattern=r"^https?://[^/\s]+(/\S*)?$")
+    url: str | None = Field(None, pattern=r"^https?://[^/\s]+(/\S*)?$")
+    url_env: str | None = Field(None, pattern=ENV_NAME)
     secret_env: str | None = Field(None, pattern=ENV_NAME)
+
+    @model_validator(mode="after")
+    def _one_url(self) -> Webhook:
+        if (self.url is None) == (self.url_env is None):
+            raise ValueError("give exactly one of url, url_env")
+        return self
 
 
 class Channel(_Strict):
@@ -70,6 +78,14 @@ class Channel(_Strict):
         return next(k for k in ("telegram", "slack", "webhook", "email") if getattr(self, k))
 
     @property
+    def secret_names(self) -> list[str]:
+        """The variables holding this channel's secrets."""
+        t, sl, w = self.telegram, self.slack, self.webhook
+        names = [t.token_env if t else None, sl.webhook_env if sl else None]
+        names += [w.url_env, w.secret_env] if w else []
+        return [n for n in names if n]
+
+    @property
     def target(self) -> str:
         """Where it goes, without any secret: shown in events and on the dashboard."""
         if self.telegram:
@@ -77,5 +93,7 @@ class Channel(_Strict):
         if self.slack:
             return f"${self.slack.webhook_env}"
         if self.webhook:
-            return self.webhook.url.split("?")[0]
+            return (
+                self.webhook.url.split("?")[0] if self.webhook.url else f"${self.webhook.url_env}"
+            )
         return ", ".join(self.email or [])

@@ -15,6 +15,7 @@ from email.message import EmailMessage
 from email.utils import formatdate, make_msgid
 
 from provisioner.errors import OperationFailed
+from provisioner.redact import redact
 from provisioner.settings import SmtpSettings
 
 PASSWORD_ENV = "PROVISIONER_SMTP_PASSWORD"
@@ -79,7 +80,8 @@ def send(smtp: SmtpSettings, msg: EmailMessage) -> None:
             refused = client.send_message(msg)
     except smtplib.SMTPAuthenticationError as e:
         raise MailError(f"mail to {where}: login as {smtp.user} refused ({e.smtp_code})") from None
-    except (smtplib.SMTPException, OSError) as e:
-        raise MailError(f"mail to {where} ({smtp.security}) failed: {e}") from None
+    except (smtplib.SMTPException, OSError) as e:  # a server's reply may quote what it got
+        why = redact(str(e), [password])
+        raise MailError(f"mail to {where} ({smtp.security}) failed: {why}") from None
     if refused:
         raise MailError(f"mail to {where}: recipients refused: {', '.join(sorted(refused))}")

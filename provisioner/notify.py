@@ -27,7 +27,7 @@ from sqlalchemy import select, update
 from sqlalchemy.exc import IntegrityError
 
 from policies.channels import Channel
-from provisioner import mail, outbound
+from provisioner import mail, outbound, redact
 from provisioner.app import App
 from provisioner.models import Delivery
 from provisioner.schema import DELIVERY_DUE
@@ -95,9 +95,10 @@ def queue(app: App, notice: Notice, channels: Iterable[tuple[Channel, str]]) -> 
     were queued."""
     now = app.clock.now()
     base = app.settings.notify.dashboard_url
+    hide = secrets(app)
     n = 0
     for channel, lang in channels:
-        subject, text = notice.texts(lang)
+        subject, text = (redact.redact(t, hide) for t in notice.texts(lang))
         if base:
             text += f"\n\n{base.rstrip('/')}{notice.link or '/'}"
         key = f"{notice.key}|{channel.kind}|{channel.target}"
@@ -163,6 +164,7 @@ def record_mail(
     taking their place (a budget's higher threshold)."""
     now = app.clock.now()
     status = D.SENT if error is None else (D.RETRYING if retried else D.FAILED)
+    error = redact.redact(error, secrets(app)) if error else error
     key = f"{key}|mail"[:255]
     with app.db.session() as s:
         if supersedes:
@@ -213,7 +215,8 @@ def deliver(app: App, now: datetime | None = None) -> list[str]:
                 .limit(200)
             )
         )
-    out = []
+    out: list[str] = []
+    hide = secrets(app) if due else []
     for d in due:
         with app.db.session() as s:  # claimed: another scheduler skips it meanwhile
             took = s.execute(
@@ -240,6 +243,7 @@ def deliver(app: App, now: datetime | None = None) -> list[str]:
                 next_at = now + timedelta(seconds=max(wait, e.after or 0))
         except Exception as e:  # a bug, or a stored channel this version cannot read: say so
             status, error = D.FAILED, f"{type(e).__name__}: {e}"
+        error = redact.redact(error, hide) if error else None
         with app.db.session() as s:
             s.execute(
                 update(Delivery)
@@ -274,7 +278,7 @@ def _send(app: App, d: Delivery) -> None:
         _slack(app, url, {"text": _text(d)})
     elif ch.webhook:
         key = _secret(ch.webhook.secret_env) if ch.webhook.secret_env else None
-        _webhook(app, ch.webhook.url, d, key)
+        _webhook(app, ch.webhook.url or _secret(ch.webhook.url_env or ""), d, key)
     else:
         smtp = app.settings.smtp
         msg = mail.compose(sender=smtp.sender, to=ch.email or [], subject=d.subject, text=d.text)
@@ -289,10 +293,21 @@ def _text(d: Delivery) -> str:
 
 
 def _secret(name: str) -> str:
-    value = os.environ.get(name)
+    """The variable's value without the whitespace around it: a secret made from a file ends
+    in a newline (CRLF from an EnvironmentFile written on Windows) that is no part of it."""
+    value = (os.environ.get(name) or "").strip()
     if not value:
         raise Refused(f"${name} is not set")
     return value
+
+
+def secrets(app: App) -> list[str]:
+    """Every channel secret this process may send with, as the environment holds it (with its
+    newline, if any), and the SMTP password: what no row, line or page may show."""
+    chans = [c for p in app.policies for c in p.notify]
+    chans += [c for cs in app.settings.notify.owners.values() for c in cs]
+    names = {n for c in chans for n in c.secret_names} | {mail.PASSWORD_ENV}
+    return [v for n in sorted(names) if (v := os.environ.get(n))]
 
 
 def _post(

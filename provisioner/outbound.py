@@ -115,7 +115,14 @@ def post(
     conn = kind(host, port, ip, timeout)
     path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
     try:
-        conn.request("POST", path, body=body, headers=headers)
+        try:
+            conn.putrequest("POST", path)
+        except (ValueError, http.client.InvalidURL) as e:  # a control character, non-ASCII
+            why = f"not a URL a request can carry ({type(e).__name__})"
+            raise Unreachable(why, refused=True) from None
+        for k, v in {**headers, "Content-Length": str(len(body))}.items():
+            conn.putheader(k, v)
+        conn.endheaders(body)
         r = conn.getresponse()
         return r.status, r.read(MAX_BODY), dict(r.headers)
     except (OSError, ValueError, http.client.HTTPException) as e:

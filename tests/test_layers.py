@@ -23,6 +23,7 @@ ORDER = [
     "provisioner.money",
     "provisioner.console",  # what commands write: tables, JSON, rich's console on first use
     "provisioner.errors",
+    "provisioner.redact",  # secrets out of text in any form: raw, escaped, encoded, split
     "provisioner.outbound",  # an HTTP POST only to public or allowed addresses, no redirects
     "provisioner.clock",
     "provisioner.crashpoints",

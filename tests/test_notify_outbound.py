@@ -14,9 +14,12 @@ import pytest
 
 from provisioner import notify, outbound
 from provisioner.jobs import enforce
-from tests.test_notify import launch, make_app, policy, rows, rx  # noqa: F401  (fixture)
+from tests import test_notify
+from tests.test_notify import launch, make_app, policy, rows
 
 LEAK = b"db_password=hunter2"
+
+rx = test_notify.rx  # the receivers (a fixture)
 
 
 class Admin:
@@ -64,7 +67,7 @@ def admin():
     a.close()
 
 
-def alert_to(home, clock, db_url, tmp_path, rx, url: str, allow: list[str]):  # noqa: F811
+def alert_to(home, clock, db_url, tmp_path, rx, url: str, allow: list[str]):
     app = make_app(
         home, clock, db_url, tmp_path, rx, policy(rx, [{"webhook": {"url": url}}]),
         notify={"allow": allow},
@@ -81,7 +84,7 @@ def test_a_loopback_webhook_is_refused_unless_settings_allow_it(
     db_url,
     tmp_path,
     rx,
-    admin,  # noqa: F811
+    admin,
 ):
     app, out = alert_to(home, clock, db_url, tmp_path, rx, admin.url + "/admin", [])
     [d] = rows(app)
@@ -100,7 +103,7 @@ def test_an_allowed_receivers_error_answer_is_never_stored_or_shown(
     db_url,
     tmp_path,
     rx,
-    admin,  # noqa: F811
+    admin,
 ):
     app, out = alert_to(home, clock, db_url, tmp_path, rx, admin.url + "/admin", ["127.0.0.0/8"])
     [d] = rows(app)
@@ -111,7 +114,7 @@ def test_an_allowed_receivers_error_answer_is_never_stored_or_shown(
     app.close()
 
 
-def test_a_redirect_is_not_followed(home, clock, db_url, tmp_path, rx, admin):  # noqa: F811
+def test_a_redirect_is_not_followed(home, clock, db_url, tmp_path, rx, admin):
     app, _ = alert_to(home, clock, db_url, tmp_path, rx, admin.url + "/go", ["127.0.0.1"])
     [d] = rows(app)
     assert admin.paths == ["/go"]  # /admin, where it pointed, never asked
