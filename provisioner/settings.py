@@ -206,6 +206,19 @@ class NotifySettings(BaseModel):
         return v
 
 
+class WorkdirSettings(BaseModel):
+    """What an experiment's ``workdir`` may hold: code and configs, copied at each `up` and
+    `sync`; data belongs on a volume. Checked by `plan` and `up` before anything is launched."""
+
+    model_config = ConfigDict(extra="forbid", defer_build=True)
+    max_files: int = Field(10_000, ge=1, le=10_000_000)
+    max_bytes: int = Field(1 << 30, ge=1)  # 1 GiB
+
+    @property
+    def limits(self) -> tuple[int, int]:
+        return self.max_files, self.max_bytes
+
+
 class IdentitySettings(BaseModel):
     """Who runs provisioner, as an e-mail: the database role on PostgreSQL (each member
     connects as their own role), the OS user on SQLite; ``members`` maps either to an e-mail,
@@ -278,6 +291,7 @@ class Settings(BaseSettings):
     dashboard: DashboardSettings = Field(default_factory=DashboardSettings)
     notify: NotifySettings = Field(default_factory=NotifySettings)
     identity: IdentitySettings = Field(default_factory=IdentitySettings)
+    workdir: WorkdirSettings = Field(default_factory=WorkdirSettings)
     home: Path = Field(default_factory=data_dir)  # state, sandbox cloud, refreshed catalog
     # IANA zone of times given without one where no policy calendar applies
     # (`keep --until HH:MM`); never this computer's offset, which DST changes under us

@@ -25,6 +25,7 @@ from policies.duration import autostop_duration, parse_duration
 from policies.schema import MINUTES_MAX
 from providers import gpus
 from providers.gpus import GPUS
+from provisioner import workdir
 from provisioner.money import Money
 
 GPU_TYPES = tuple(GPUS)
@@ -350,6 +351,8 @@ class Experiment(_Strict):
         path = (Path(base) / Path(v).expanduser()).resolve()
         if not path.is_dir():
             raise ValueError(f"no directory {path} (a workdir is relative to the experiment file)")
+        limits = (info.context or {}).get("workdir_limits") or ()
+        workdir.files(str(path), *limits)  # before anything is launched: BadWorkdir is a ValueError
         return str(path)
 
     @model_validator(mode="before")
@@ -437,12 +440,18 @@ def load_experiment(
     path: str | Path,
     currencies: Collection[str] | None = None,
     actor: Callable[[], str] | None = None,
+    workdir_limits: tuple[int, int] | None = None,
 ) -> Experiment:
     """``currencies``: those settings have rates for; an amount in another is an error here,
     with its line, rather than when the plan converts it. ``actor``: who runs provisioner,
-    the owner when the file names none."""
+    the owner when the file names none. ``workdir_limits``: settings' (files, bytes) a workdir
+    may hold (:mod:`provisioner.workdir`'s defaults when None)."""
     data, lines = yamlfile.load_document(path)
-    context: dict[str, Any] = {"base_dir": str(Path(path).parent), "actor": actor}
+    context: dict[str, Any] = {
+        "base_dir": str(Path(path).parent),
+        "actor": actor,
+        "workdir_limits": workdir_limits,
+    }
     if currencies:
         context["currencies"] = set(currencies)
     return yamlfile.validate(

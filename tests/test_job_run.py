@@ -275,7 +275,7 @@ def test_a_git_workdir_is_copied_as_git_ls_files_lists_it(app, tmp_path):
     (work / "untracked.txt").write_text("new\n")
     subprocess.run(["git", "init", "-q", str(work)], check=True)
     subprocess.run(["git", "-C", str(work), "add", "train.sh", ".gitignore"], check=True)
-    files, how = jobs.workdir_files(str(work))
+    files, how = jobs.workdir_files(app, str(work))
     assert how == "git ls-files"
     assert files == [".gitignore", "notes.txt", "train.sh", "untracked.txt"]
     exp = load_experiment(_experiment(tmp_path, workdir="project", run="ls -A"))

@@ -30,6 +30,7 @@ ORDER = [
     "provisioner.acting",  # who acts in this thread (a dashboard request's user)
     "provisioner.location",  # where settings and state live: the standard library only
     "provisioner.settings",
+    "provisioner.workdir",  # an experiment's workdir: its files, checked before a launch
     "provisioner.spec",
     "provisioner.pq",  # libpq through ctypes: status's reads of a PostgreSQL state
     "provisioner.schema",  # the migrations' revisions, without SQLAlchemy

@@ -31,7 +31,7 @@ from provisioner.app import App
 from provisioner.clock import ManualClock
 from provisioner.jobs import finish, recover
 from provisioner.machines import jobs
-from provisioner.models import Event
+from provisioner.models import Event, Machine
 from provisioner.spec import load_experiment
 from provisioner.startup import SUPERVISOR_PATH, supervisor_script
 from tests.conftest import make_settings, run_cli, sandbox_experiment, write_settings, write_yaml
@@ -367,8 +367,14 @@ def test_a_start_the_machine_refuses_is_an_event_and_not_retried_every_pass(
     monkeypatch.setenv("PROVISIONER_REMOTE_HOME", str(blocked))  # nowhere to keep a job
     m = machines.up(app, load_experiment(_spec(tmp_path, "box", run="true"))).machine
     machines.reconcile(app)
-    [failed] = finish.check(app)
-    assert failed.action == "skip" and "could not start its job" in failed.why
+    [failed, ended] = finish.check(app)
+    assert failed.action == "record" and "could not start its job" in failed.why
+    # it would bill with nothing to run: on_finish (stop, with a run) acts as at a run's end —
+    # here a terminate: a spot machine AWS cannot stop
+    assert (ended.action, ended.done) == ("terminate", True), ended
+    assert ended.why == "its run could not start; on_finish: stop"
+    with app.db.session() as s:
+        assert s.get(Machine, m.id).status not in ("running", "pending")
     [event] = _events(app, m.id, "job-failed")
     assert event.detail["job"] == "run"
     assert finish.check(app) == []  # the scheduler leaves it; the event says why

@@ -37,7 +37,10 @@ def plan(
 
     application = get_app(ctx)
     experiment = load_experiment(
-        spec, application.settings.money_rates.per_base, lambda: application.actor
+        spec,
+        application.settings.money_rates.per_base,
+        lambda: application.actor,
+        application.settings.workdir.limits,
     )
     application.policies  # noqa: B018  (a bad policy file is reported before the state is opened)
     v = views.plan(application, experiment, spec)
@@ -195,7 +198,10 @@ def up(
 
     application = get_app(ctx)
     experiment = load_experiment(
-        spec, application.settings.money_rates.per_base, lambda: application.actor
+        spec,
+        application.settings.money_rates.per_base,
+        lambda: application.actor,
+        application.settings.workdir.limits,
     )
     quiet = output is Output.json
     request = flow.UpRequest(

@@ -1,5 +1,6 @@
-"""Billing ends with the job: when a machine's ``run`` exits, ``lifecycle.on_finish`` acts at
-once, at any hour — ``stop`` (the default with a ``run``), ``terminate``, or ``keep``. Its
+"""Billing ends with the job: when a machine's ``run`` exits, or could not start (its workdir
+not copied, its supervisor refusing), ``lifecycle.on_finish`` acts at once, at any hour —
+``stop`` (the default with a ``run``), ``terminate``, or ``keep``. Its
 ``job-finished`` event carries the exit code; the stop or terminate has reason ``on-finish``
 and the exit code in its detail. A job killed with its machine (no exit code) is recorded but
 not acted on: the machine is already down, or was started again by hand.
@@ -60,16 +61,35 @@ def check(app: App, names: list[str] | None = None) -> list[Action]:
         try:
             if jobs.ensure_run(app, m, Experiment.model_validate(m.spec)):
                 out.append(Action(m.name, "start-job", "run-due", "run started", True))
-        except ProvisionerError as e:
-            out.append(Action(m.name, "skip", "error", f"could not start its job: {e}"))
+        except jobs.JobNotStarted as e:  # one line about this machine; on_finish acts
+            out.append(Action(m.name, "record", jobs.FAILED, f"could not start its job: {e.why}"))
+            out.append(act(app, m, None, started=False))
+        except Exception as e:  # one broken machine never breaks the others' pass or status
+            out.append(Action(m.name, "skip", "error", f"could not start its job: {_why(e)}"))
     for m in watched(app, names):
         try:
             ended = jobs.check_ended(app, m)
-        except ProvisionerError as e:
-            out.append(Action(m.name, "skip", "error", f"could not ask about its jobs: {e}"))
+        except Exception as e:  # as above
+            out.append(Action(m.name, "skip", "error", f"could not ask about its jobs: {_why(e)}"))
             continue
         out += on_ended(app, m, ended)
     return out
+
+
+def not_started(app: App, e: jobs.JobNotStarted) -> str:
+    """`up`'s one line for a machine launched whose run could not start, once ``on_finish``
+    acted on it (:func:`act`): it never stays billing unseen."""
+    a = act(app, machines.find(app, e.name), None, started=False)
+    done = {"stop": "stopped", "terminate": "terminated"}.get(a.action) if a.done else None
+    if done:
+        return f"{e}; {e.name} {done} (on_finish), compute billing ended"
+    if a.error:
+        return f"{e}; could not end it: {a.error}"
+    return f"{e}; {e.name} keeps running (on_finish: keep): `provisioner down {e.name}` ends it"
+
+
+def _why(e: Exception) -> str:
+    return str(e) if isinstance(e, ProvisionerError) else f"{type(e).__name__}: {e}"
 
 
 def on_ended(app: App, m: Machine, ended: list[jobs.Job]) -> list[Action]:
@@ -87,9 +107,13 @@ def on_ended(app: App, m: Machine, ended: list[jobs.Job]) -> list[Action]:
     return out
 
 
-def act(app: App, m: Machine, exit_code: int) -> Action:
+def act(app: App, m: Machine, exit_code: int | None, started: bool = True) -> Action:
+    """``on_finish`` done for ``m``'s run that exited ``exit_code`` — or, ``started`` False,
+    that could not start: billing ends as if it had (a job that never started produced
+    nothing a running machine keeps; its disk, stopped, keeps the files and the setup)."""
     policy = Experiment.model_validate(m.spec).on_finish
-    why = f"run exited {exit_code}; on_finish: {policy}"
+    said = f"run exited {exit_code}" if started else "its run could not start"
+    why = f"{said}; on_finish: {policy}"
     action = Action(
         m.name, {"stop": "stop", "terminate": "terminate"}.get(policy, "keep"), REASON, why
     )

@@ -11,12 +11,8 @@ without one — its machine was stopped or taken). The sandbox runs jobs as loca
 
 from __future__ import annotations
 
-import fnmatch
-import os
-import subprocess
 from dataclasses import dataclass
 from datetime import datetime
-from pathlib import Path
 from typing import Any
 
 from sqlalchemy import select
@@ -28,14 +24,24 @@ from provisioner.machines.record import find, record_event, ref
 from provisioner.models import Event, Machine
 from provisioner.schema import EventKind, MachineStatus
 from provisioner.spec import Experiment
+from provisioner.workdir import BadWorkdir
+from provisioner.workdir import files as listed_files
 
 RUN = "run"
 STARTED, FINISHED, FAILED = EventKind.JOB_STARTED, EventKind.JOB_FINISHED, EventKind.JOB_FAILED
-MAX_FILES = 10_000  # a workdir is code and configs; data belongs on a volume
 # provisioner-job's exit when a volume of the machine is not mounted and the job was not run
 # (templates/provisioner-job.sh, pv_volumes): its end is recorded with that reason
 NO_VOLUME_EXIT = 97
 NO_VOLUME = "volume-not-mounted"
+
+
+class JobNotStarted(OperationFailed):
+    """The machine runs but its ``run`` could not start (the workdir not copied, the
+    supervisor refused): recorded as a ``job-failed`` event."""
+
+    def __init__(self, name: str, why: str) -> None:
+        super().__init__(f"{name}: could not start its job: {why}")
+        self.name, self.why = name, why
 
 
 @dataclass
@@ -107,61 +113,14 @@ def runner(app: App, m: Machine) -> _Local | Any:
     return Remote(app, m)
 
 
-def workdir_files(workdir: str) -> tuple[list[str], str]:
-    """The files of ``workdir`` to copy, relative, and how they were chosen: ``git ls-files``
-    (tracked and untracked, less what .gitignore excludes) in a git work tree, else a walk
-    skipping what the top-level .gitignore's simple patterns match (``name``, ``*.ext``,
-    ``dir/``, ``/rooted``; no ``!`` negation) and ``.git``."""
-    root = Path(workdir)
+def workdir_files(app: App, path: str) -> tuple[list[str], str]:
+    """The files of the workdir ``path`` to copy, and how they were chosen
+    (:func:`provisioner.workdir.files`, within settings' limits); a bad one is a
+    :class:`UserError`."""
     try:
-        listed = subprocess.run(
-            ["git", "-C", workdir, "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
-            capture_output=True,
-            check=True,
-            timeout=60,
-        ).stdout
-        files = [f for f in listed.decode().split("\0") if f and (root / f).is_file()]
-        how = "git ls-files"
-    except (OSError, subprocess.SubprocessError):
-        files, how = _walk(root), ".gitignore (simple patterns)"
-    if len(files) > MAX_FILES:
-        raise UserError(
-            f"workdir {workdir} has {len(files)} files to copy ({MAX_FILES} at most): "
-            "keep data on a volume, or list it in .gitignore"
-        )
-    return sorted(files), how
-
-
-def _walk(root: Path) -> list[str]:
-    patterns = []
-    ignore = root / ".gitignore"
-    if ignore.is_file():
-        for line in ignore.read_text().splitlines():
-            line = line.strip()
-            if line and not line.startswith(("#", "!")):
-                patterns.append(line)
-
-    def ignored(rel: str, is_dir: bool) -> bool:
-        name = rel.rsplit("/", 1)[-1]
-        for p in patterns:
-            dir_only = p.endswith("/")
-            p = p.rstrip("/")
-            if dir_only and not is_dir:
-                continue
-            if p.startswith("/") or "/" in p:
-                if fnmatch.fnmatchcase(rel, p.lstrip("/")):
-                    return True
-            elif fnmatch.fnmatchcase(name, p):
-                return True
-        return False
-
-    out: list[str] = []
-    for here, dirs, names in os.walk(root):
-        base = Path(here).relative_to(root).as_posix()
-        prefix = "" if base == "." else base + "/"
-        dirs[:] = sorted(d for d in dirs if d != ".git" and not ignored(prefix + d, True))
-        out += [prefix + n for n in names if not ignored(prefix + n, False)]
-    return out
+        return listed_files(path, *app.settings.workdir.limits)
+    except BadWorkdir as e:
+        raise UserError(f"workdir: {e}") from None
 
 
 def start_run(app: App, m: Machine, experiment: Experiment, progress: Any = None) -> Job | None:
@@ -178,7 +137,7 @@ def start_run(app: App, m: Machine, experiment: Experiment, progress: Any = None
     try:
         jobs = runner(app, m)
         if experiment.workdir:
-            files, how = workdir_files(experiment.workdir)
+            files, how = workdir_files(app, experiment.workdir)
             jobs.put_files(experiment.workdir, files)
             say(f"copied {len(files)} files of {experiment.workdir} ({how})")
         if not (experiment.run or experiment.setup):
@@ -189,14 +148,15 @@ def start_run(app: App, m: Machine, experiment: Experiment, progress: Any = None
             # provisioner-job waits for these to be mounted, else refuses the job (exit 97)
             env["PV_VOLUMES"] = "\n".join(v.path for v in experiment.volumes)
         jobs.start_job(RUN, command, env=env, setup=experiment.setup)
-    except ProviderError as e:
+    except Exception as e:  # anything: one line about this machine, never a traceback
         from provisioner.machines.remote import Unreachable
 
         if isinstance(e, Unreachable):  # booting still, or gone: tried again later
             say(f"{m.name}: its job starts once it answers SSH ({e})")
             return None
-        record_event(app, m.id, FAILED, detail={"job": RUN, "error": str(e)})
-        raise OperationFailed(f"{m.name}: could not start its job: {e}") from None
+        why = str(e) if isinstance(e, ProviderError | UserError) else f"{type(e).__name__}: {e}"
+        record_event(app, m.id, FAILED, detail={"job": RUN, "error": why})
+        raise JobNotStarted(m.name, why) from None
     record_event(app, m.id, STARTED, detail={"job": RUN, "command": command})
     return jobs_of(app, m)[RUN]
 
@@ -256,7 +216,7 @@ def sync(app: App, name: str) -> tuple[int, str, str]:
     workdir = Experiment.model_validate(m.spec).workdir
     if not workdir:
         raise UserError(f"{m.name}'s experiment has no workdir: to sync")
-    files, how = workdir_files(workdir)
+    files, how = workdir_files(app, workdir)
     try:
         runner(app, m).put_files(workdir, files)
     except ProviderError as e:

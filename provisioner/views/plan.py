@@ -215,7 +215,9 @@ def plan_page(
     source = path or "pasted"
     try:
         if path:
-            e = load_experiment(path, app.settings.money_rates.per_base, owner)
+            e = load_experiment(
+                path, app.settings.money_rates.per_base, owner, app.settings.workdir.limits
+            )
         else:
             data, lines = yamlfile.load_document(source, text or "")
             e = yamlfile.validate(

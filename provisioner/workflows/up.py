@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 from provisioner import keys, machines
 from provisioner.app import App
+from provisioner.errors import OperationFailed
 from provisioner.fleet import at_text
 from provisioner.jobs import finish
 from provisioner.machines import jobs, volumes, waiting
@@ -161,12 +162,14 @@ def up(app: App, request: UpRequest, progress: Progress = lambda _: None) -> Out
     experiment = request.experiment
     capacity = capacity_wait(experiment, request.retry_until_up, request.timeout)
     app.policies  # noqa: B018  (a bad policy file is reported before the state is opened)
-    if (settled := _exists(app, request, capacity, progress)) is not None:
-        return settled
     try:
+        if (settled := _exists(app, request, capacity, progress)) is not None:
+            return settled
         result, m = _launch(app, request, capacity, progress)
     except KeyboardInterrupt:
         raise Interrupted(interrupted(app, experiment.name, request.spec_path)) from None
+    except jobs.JobNotStarted as e:  # launched, but its job cannot start: on_finish acts
+        raise OperationFailed(finish.not_started(app, e)) from None
     if result.already:  # another `up` of this name won the race
         return _already(m, experiment)
     _refresh_ssh_config(app, progress)
