@@ -21,6 +21,7 @@ file in the home (:func:`last_fetch`) for the dashboard's spend page.
 from __future__ import annotations
 
 import json
+import re
 from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
@@ -32,7 +33,7 @@ from sqlalchemy import or_, select
 
 import providers
 from providers.base import ProviderError
-from providers.billing import Bill, BillingUnsupported
+from providers.billing import KINDS, Bill, BillingUnsupported
 from provisioner.app import App
 from provisioner.errors import OperationFailed, UserError
 from provisioner.ledger import Period, midnight
@@ -127,18 +128,18 @@ def bill(app: App, period_text: str | None, cloud: str | None, by: str) -> BillR
     except ValueError as e:
         raise UserError(f"--period: {e}") from None
     names = _clouds(app, cloud)
-    out, unsupported = [], {}
+    out, unsupported, fetched = [], {}, []
     for name in names:
         try:
-            got = _fetch(app, name, period, now)
+            fetched.append(_fetch(app, name, period, now))
         except BillingUnsupported as e:
             unsupported[name] = str(e)
-            continue
+    if cloud and cloud in unsupported:
+        raise UserError(unsupported[cloud])
+    for got in fetched:  # every bill checked (_fetch) before anything is stored
         cb = reconcile(app, period, got, by)
         _remember(app, period, cb)
         out.append(cb)
-    if cloud and cloud in unsupported:
-        raise UserError(unsupported[cloud])
     return BillReport(period, by, out, unsupported)
 
 
@@ -156,10 +157,49 @@ def _fetch(app: App, name: str, period: Period, now: datetime) -> Bill:
         raise BillingUnsupported(f"{name}: a simulated cloud sends no bill")
     fetch = providers.billing_source(name)
     start, end = period.start.date(), min(period.end, now + _DAY).date()
+    end = max(end, start + _DAY)
     try:  # BillingUnsupported, e.g. GCP without its export table named: goes up
-        return fetch(app.provider(name), start, max(end, start + _DAY))
+        got = fetch(app.provider(name), start, end)
     except ProviderError as e:
         raise OperationFailed(f"{name}: reading the bill failed: {e}") from None
+    except MALFORMED as e:  # a field missing, not a number, not a date: the reader's
+        raise _malformed(name, f"{type(e).__name__}: {e}") from None
+    check(got, start, end)
+    return got
+
+
+#: what a bill reader raises on an answer it cannot read (a key or a group missing, text
+#: where a number or a date goes, a number Decimal cannot hold)
+MALFORMED = (KeyError, IndexError, TypeError, ValueError, AttributeError, ArithmeticError)
+MAX_AMOUNT = Decimal(10) ** 12  # one day's line of one thing: no bill holds more
+MAX_HOURS = Decimal(10) ** 6
+
+
+def _malformed(cloud: str, why: str) -> OperationFailed:
+    why = " ".join(why.split())
+    why = why if len(why) <= 120 else why[:119] + "…"
+    return OperationFailed(f"{cloud}: the bill's answer is malformed ({why}); nothing was stored")
+
+
+def check(got: Bill, start: date, end: date) -> None:
+    """Every field of every billed line as the ledger needs it, else one line naming the first
+    that is not: a finite amount within reason, a currency code, a day of the period asked
+    [start, end), a known kind, usage hours finite and not negative."""
+    for i in got.items:
+        where = f"the line of {getattr(i, 'day', '?')} {getattr(i, 'what', '')!r}"
+        amount, hours = getattr(i, "amount", None), getattr(i, "usage_hours", None)
+        if not isinstance(amount, Decimal) or not amount.is_finite() or abs(amount) >= MAX_AMOUNT:
+            raise _malformed(got.cloud, f"{where}: amount {amount!s} is not an amount")
+        if not isinstance(i.currency, str) or not re.fullmatch(r"[A-Z]{3}", i.currency):
+            raise _malformed(got.cloud, f"{where}: currency {i.currency!r} is not a code")
+        if not isinstance(i.day, date) or not start <= i.day < end:
+            raise _malformed(got.cloud, f"{where}: day {i.day} is not in {start}…{end}")
+        if i.kind not in KINDS:
+            raise _malformed(got.cloud, f"{where}: kind {i.kind!r} is not one of the ledger's")
+        if hours is not None and (
+            not isinstance(hours, Decimal) or not hours.is_finite() or not 0 <= hours < MAX_HOURS
+        ):
+            raise _malformed(got.cloud, f"{where}: usage hours {hours!s} are not hours")
 
 
 # --- the ledger beside the bill ------------------------------------------------------------
