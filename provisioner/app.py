@@ -29,7 +29,7 @@ class App:
     def db(self) -> Database:
         from provisioner.state import Database  # SQLAlchemy costs ~0.2 s: only when state is used
 
-        db = Database(self.settings.database_url)
+        db = Database(self.settings.database_url, self.settings.database)
         db.migrate()
         if self._actor is None:  # every event records who caused it
             from provisioner import identity

@@ -93,7 +93,8 @@ def _status(argv: list[str]) -> bool:
             return False  # the Typer app reports it, as for any command
         url = settings.database_url
     postgres = not url.startswith("sqlite")
-    conn = current_postgres(url) if postgres else current_sqlite(url)
+    wait = settings.database.connect_timeout_seconds if settings else None
+    conn = current_postgres(url, wait) if postgres else current_sqlite(url)
     if conn is None:
         return False  # a state to migrate, or a server to explain: SQLAlchemy's
     if holds_none(conn, all_):  # one query, and nothing more to load

@@ -38,7 +38,7 @@ class OperationFailed(ProvisionerError):
 
 def database_failure(e: BaseException) -> str | None:
     """One line for the state database failing under a command (its server gone or
-    restarting, the SQLite file locked by another process past the 30 s busy timeout, the
+    restarting, the SQLite file locked by another process past its busy timeout, the
     disk full); None for any other error, a bug to show. SQLAlchemy is not imported for it:
     when it is not loaded, no database error can have been raised."""
     exc = sys.modules.get("sqlalchemy.exc")
@@ -50,7 +50,8 @@ def database_failure(e: BaseException) -> str | None:
     if "database is locked" in reason:
         return (
             "the state database is locked: another provisioner process has been writing to it "
-            "for over 30 s; nothing was changed, try again when it is done"
+            "for longer than database.busy_timeout_seconds (30 s unless settings say); nothing "
+            "was changed, try again when it is done"
         )
     return (
         f"the state database failed: {reason}; check that its server runs and state_url in "

@@ -85,12 +85,21 @@ def _lib() -> Any:
     return None
 
 
-def connect(url: str) -> Connection:
+#: the defaults of settings' database timeouts (:class:`provisioner.settings.DatabaseSettings`):
+#: this fast path reads before settings are
+CONNECT_TIMEOUT = 10
+STATEMENT_TIMEOUT = 60
+
+
+def connect(url: str, connect_timeout: int | None = None) -> Connection:
     """A connection for reading, in one read-only transaction (as a session's reads are),
     with ISO times in UTC and UTF-8 text; :class:`Error` if it cannot be had."""
     lib = _lib()
     if lib is None:
         raise Error("no libpq")
+    if "connect_timeout=" not in url:  # a server that accepts and never answers: not a hang
+        wait = connect_timeout or CONNECT_TIMEOUT
+        url += ("&" if "?" in url else "?") + f"connect_timeout={wait}"
     handle = lib.PQconnectdb(url.encode())
     if not handle:
         raise Error("out of memory")
@@ -101,7 +110,7 @@ def connect(url: str) -> Connection:
     try:
         conn.execute(
             "SET client_encoding TO 'UTF8'; SET DateStyle TO 'ISO'; SET TimeZone TO 'UTC';"
-            " BEGIN READ ONLY"
+            f" SET statement_timeout TO {STATEMENT_TIMEOUT * 1000}; BEGIN READ ONLY"
         )
     except Error:
         conn.close()

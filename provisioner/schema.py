@@ -293,7 +293,7 @@ def current_sqlite(url: str) -> sqlite3.Connection | None:
     return conn
 
 
-def current_postgres(url: str) -> Any | None:
+def current_postgres(url: str, connect_timeout: int | None = None) -> Any | None:
     """A read-only connection (:mod:`provisioner.pq`: libpq, without psycopg's or SQLAlchemy's
     start-up) to a PostgreSQL state at the current schema: the URL as settings give it, which
     libpq reads as SQLAlchemy's psycopg dialect passes it (user, password, host, port,
@@ -306,7 +306,7 @@ def current_postgres(url: str) -> Any | None:
     from provisioner import pq
 
     try:
-        conn = pq.connect(f"postgresql://{rest}")
+        conn = pq.connect(f"postgresql://{rest}", connect_timeout)
     except pq.Error:
         return None
     try:

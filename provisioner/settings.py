@@ -206,6 +206,17 @@ class NotifySettings(BaseModel):
         return v
 
 
+class DatabaseSettings(BaseModel):
+    """How long the state database may keep a command waiting: a server that accepts the
+    connection but never answers, a statement stuck behind a lock, a SQLite file another
+    process holds. Each ends in one line, not a hang."""
+
+    model_config = ConfigDict(extra="forbid", defer_build=True)
+    connect_timeout_seconds: int = Field(10, ge=1, le=600)  # PostgreSQL: libpq connect_timeout
+    statement_timeout_seconds: int = Field(60, ge=1, le=86_400)  # PostgreSQL statement_timeout
+    busy_timeout_seconds: int = Field(30, ge=1, le=3600)  # SQLite: a write lock held elsewhere
+
+
 class WorkdirSettings(BaseModel):
     """What an experiment's ``workdir`` may hold: code and configs, copied at each `up` and
     `sync`; data belongs on a volume. Checked by `plan` and `up` before anything is launched."""
@@ -292,6 +303,7 @@ class Settings(BaseSettings):
     notify: NotifySettings = Field(default_factory=NotifySettings)
     identity: IdentitySettings = Field(default_factory=IdentitySettings)
     workdir: WorkdirSettings = Field(default_factory=WorkdirSettings)
+    database: DatabaseSettings = Field(default_factory=DatabaseSettings)  # its timeouts
     home: Path = Field(default_factory=data_dir)  # state, sandbox cloud, refreshed catalog
     # IANA zone of times given without one where no policy calendar applies
     # (`keep --until HH:MM`); never this computer's offset, which DST changes under us

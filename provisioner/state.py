@@ -26,6 +26,7 @@ from provisioner import acting
 from provisioner.errors import OperationFailed, UserError
 from provisioner.models import ACTIVE_EXCLUDED, Event, Machine
 from provisioner.schema import MIGRATIONS, _revisions, schema_head
+from provisioner.settings import DatabaseSettings
 
 
 class DatabaseUnusable(UserError):
@@ -33,9 +34,9 @@ class DatabaseUnusable(UserError):
 
 
 class Database:
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, timeouts: DatabaseSettings | None = None) -> None:
         self.url = url
-        self.engine = _engine(url)
+        self.engine = _engine(url, timeouts or DatabaseSettings())
         self.sessions = sessionmaker(self.engine, expire_on_commit=False, info={})
         event.listen(self.sessions, "before_flush", _stamp_actor)
 
@@ -240,7 +241,7 @@ def _wait_or_give_up(name: str, deadline: float) -> None:
     time.sleep(0.05)
 
 
-def _engine(url: str) -> Engine:
+def _engine(url: str, timeouts: DatabaseSettings) -> Engine:
     if url.startswith("sqlite"):
         path = url.split("///", 1)[1] if "///" in url else ""
         if path and path != ":memory:":
@@ -259,20 +260,38 @@ def _engine(url: str) -> Engine:
                     f"cannot create the state database {p}: {e.strerror}; set home or "
                     "state_url in settings to a writable place"
                 ) from None
-        engine = create_engine(url, connect_args={"timeout": 30}, json_serializer=_dumps)
+        busy = timeouts.busy_timeout_seconds
+        engine = create_engine(url, connect_args={"timeout": busy}, json_serializer=_dumps)
 
         @event.listens_for(engine, "connect")
         def _pragmas(dbapi_conn: Any, _: Any) -> None:
             cur = dbapi_conn.cursor()
             cur.execute("PRAGMA journal_mode=WAL")
             cur.execute("PRAGMA foreign_keys=ON")
-            cur.execute("PRAGMA busy_timeout=30000")
+            cur.execute(f"PRAGMA busy_timeout={busy * 1000}")
             cur.close()
 
         return engine
     if url.startswith("postgresql://"):
         url = "postgresql+psycopg://" + url.removeprefix("postgresql://")
-    return create_engine(url, pool_pre_ping=True, json_serializer=_dumps)
+    # libpq's connect_timeout bounds the whole connection (a server that accepts it and never
+    # answers included); statement_timeout, set on each new connection (the URL's own
+    # ``options`` stay as they are), bounds each statement on the server
+    engine = create_engine(
+        url,
+        pool_pre_ping=True,
+        json_serializer=_dumps,
+        connect_args={"connect_timeout": timeouts.connect_timeout_seconds},
+    )
+    statement_ms = timeouts.statement_timeout_seconds * 1000
+
+    @event.listens_for(engine, "connect")
+    def _statement_timeout(dbapi_conn: Any, _: Any) -> None:
+        with dbapi_conn.cursor() as cur:
+            cur.execute(f"SET statement_timeout = {statement_ms}")
+        dbapi_conn.commit()
+
+    return engine
 
 
 def _dumps(obj: Any) -> str:

@@ -758,7 +758,6 @@ def test_an_experiment_without_clouds_hears_which_are_enabled(home):
 # ---- the state database failing under a command (issue 26, point 7) ---------------------------
 
 
-@pytest.mark.slow  # waits out SQLite's 30 s busy timeout
 def test_a_locked_sqlite_state_on_up_is_one_line_and_writes_nothing(home, tmp_path, clock):
     import sqlite3
 
@@ -766,7 +765,7 @@ def test_a_locked_sqlite_state_on_up_is_one_line_and_writes_nothing(home, tmp_pa
     from tests.conftest import make_settings, run_cli, write_settings
 
     App(make_settings(home), clock).db.migrate()  # a state at the current schema
-    cfg = write_settings(home)
+    cfg = write_settings(home, database={"busy_timeout_seconds": 2})  # not the default 30 s
     spec = tmp_path / "exp.yaml"
     spec.write_text(QUICKSTART)
     holder = sqlite3.connect(home / "state.db", isolation_level=None)
