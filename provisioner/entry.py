@@ -27,6 +27,9 @@ if TYPE_CHECKING:
     from provisioner.settings import Settings
 
 
+FAST_CONNECT = 3  # seconds
+
+
 def main() -> None:
     if _status(sys.argv[1:]):
         sys.exit(0)
@@ -93,7 +96,11 @@ def _status(argv: list[str]) -> bool:
             return False  # the Typer app reports it, as for any command
         url = settings.database_url
     postgres = not url.startswith("sqlite")
-    wait = settings.database.connect_timeout_seconds if settings else None
+    # a server slow to answer is left to the full way, which waits database.connect_timeout
+    # seconds and says why: here at most FAST_CONNECT seconds, so a mute one costs not twice
+    wait = min(
+        settings.database.connect_timeout_seconds if settings else FAST_CONNECT, FAST_CONNECT
+    )
     conn = current_postgres(url, wait) if postgres else current_sqlite(url)
     if conn is None:
         return False  # a state to migrate, or a server to explain: SQLAlchemy's

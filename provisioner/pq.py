@@ -87,7 +87,7 @@ def _lib() -> Any:
 
 #: the defaults of settings' database timeouts (:class:`provisioner.settings.DatabaseSettings`):
 #: this fast path reads before settings are
-CONNECT_TIMEOUT = 10
+CONNECT_TIMEOUT = 5
 STATEMENT_TIMEOUT = 60
 
 

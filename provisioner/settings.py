@@ -212,7 +212,7 @@ class DatabaseSettings(BaseModel):
     process holds. Each ends in one line, not a hang."""
 
     model_config = ConfigDict(extra="forbid", defer_build=True)
-    connect_timeout_seconds: int = Field(10, ge=1, le=600)  # PostgreSQL: libpq connect_timeout
+    connect_timeout_seconds: int = Field(5, ge=1, le=600)  # PostgreSQL: libpq connect_timeout
     statement_timeout_seconds: int = Field(60, ge=1, le=86_400)  # PostgreSQL statement_timeout
     busy_timeout_seconds: int = Field(30, ge=1, le=3600)  # SQLite: a write lock held elsewhere
 
