@@ -343,19 +343,35 @@ def spend(
     (``budgets``: how to get them, e.g. cached; default :func:`standings`)."""
     v = report(app, Query.of_page(q, language), now)
     r = v.report
-    shown = standings(app, now, r) if budgets is None else budgets(r)
-    if r.budget is not None:  # the report's own budget: its standing, not another reckoning
-        own = r.budget
-        shown = [own if (st.policy, st.period) == (own.policy, own.period) else st for st in shown]
+    shown = _own_standing(r, standings(app, now, r) if budgets is None else budgets(r))
+    today = _today(r, now)
+    default = _period(Query(), v.policy, now) if r.budget is not None else None
+    picks = choices(now, r.period.tz, r.period, default)
+    return Spend(r, v.policy, v.previous, shown, _params(q), today, picks)
+
+
+def _own_standing(r: reports.Report, shown: list[budget.Status]) -> list[budget.Status]:
+    """The standings shown, the report's own budget's replaced by the report's (its
+    standing, not another reckoning)."""
+    own = r.budget
+    if own is None:
+        return shown
+    return [own if (st.policy, st.period) == (own.policy, own.period) else st for st in shown]
+
+
+def _today(r: reports.Report, now: datetime) -> int | None:
+    """Today's index among the report's days while its period runs; -1 before the period
+    starts; None after it (or when today is not among its days)."""
     local_today = now.astimezone(ZoneInfo(r.period.tz)).date()
     days = [d for d, _ in r.daily]
     today = days.index(local_today) if local_today in days and now < r.period.end else None
     if today is None and now < r.period.start:
         today = -1
+    return today
+
+
+def _params(q: dict[str, str]) -> dict[str, str]:
+    """The page's query options that are set (the period as the page reads it)."""
     params = {k: q.get(k, "") for k in ("budget", "by", "project", "owner", "cloud", "gpu")}
     params["period"] = page_period(q) or ""
-    default = _period(Query(), v.policy, now) if r.budget is not None else None
-    picks = choices(now, r.period.tz, r.period, default)
-    return Spend(
-        r, v.policy, v.previous, shown, {k: v for k, v in params.items() if v}, today, picks
-    )
+    return {k: v for k, v in params.items() if v}
