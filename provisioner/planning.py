@@ -67,18 +67,7 @@ def _volumes(app: App, experiment: Experiment, p: planner.Plan) -> None:
 
     from provisioner.models import Machine, Volume  # as above
 
-    lacking: dict[str, str] = {}
-    for cloud in {c.offer.cloud for c in p.candidates}:
-        if not providers.has_volumes(cloud):
-            lacking[cloud] = f"no volumes on {cloud}: its adapter has no volume service"
-    if lacking:
-        keep: list[planner.Candidate] = []
-        for c in p.candidates:
-            if c.offer.cloud in lacking:
-                p.reject(lacking[c.offer.cloud], c.offer)
-            else:
-                keep.append(c)
-        p.candidates = keep
+    _only_clouds_with_volumes(p)
     names = [v.name for v in experiment.volumes]
     with app.db.session() as s:
         found = {
@@ -93,10 +82,7 @@ def _volumes(app: App, experiment: Experiment, p: planner.Plan) -> None:
         }
         kinds = {v.name: _disk_type(s.get(Machine, v.id)) for v in found.values()}
     p.new_volume_gb = sum(v.size_gb for v in experiment.volumes if v.name not in found)
-    for name in names:  # the experiment's order: the first volume found says where
-        if (v := found.get(name)) is not None:
-            p.pin(planner.VolumePin(v.cloud, v.region, v.zone, v.name))
-            break
+    _pin_to_first(p, names, found)
 
     def unmountable(c: planner.Candidate) -> str | None:
         """A volume that exists is of one disk type; a family that cannot take it is turned
@@ -110,6 +96,31 @@ def _volumes(app: App, experiment: Experiment, p: planner.Plan) -> None:
         return None
 
     p.refuse(unmountable)
+
+
+def _only_clouds_with_volumes(p: planner.Plan) -> None:
+    """Turn down the candidates of clouds whose adapter has no volume service."""
+    lacking: dict[str, str] = {}
+    for cloud in {c.offer.cloud for c in p.candidates}:
+        if not providers.has_volumes(cloud):
+            lacking[cloud] = f"no volumes on {cloud}: its adapter has no volume service"
+    if lacking:
+        keep: list[planner.Candidate] = []
+        for c in p.candidates:
+            if c.offer.cloud in lacking:
+                p.reject(lacking[c.offer.cloud], c.offer)
+            else:
+                keep.append(c)
+        p.candidates = keep
+
+
+def _pin_to_first(p: planner.Plan, names: list[str], found: dict[str, Any]) -> None:
+    """Pin the plan to the cloud and zone of the first volume found, in the experiment's
+    order."""
+    for name in names:
+        if (v := found.get(name)) is not None:
+            p.pin(planner.VolumePin(v.cloud, v.region, v.zone, v.name))
+            break
 
 
 def _disk_type(row: Any) -> str:

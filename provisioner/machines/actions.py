@@ -302,14 +302,7 @@ def act_many(
         (S.STOPPED, EventKind.STOPPED) if op == "stop" else (S.TERMINATED, EventKind.TERMINATED)
     )
     for cloud, ms in by_cloud.items():
-        done = []
-        for m, err in _batch(app, cloud, ms, op):
-            if err is None or (op == "terminate" and isinstance(err, NotFound)):
-                done.append(m)
-            elif isinstance(err, NotFound):
-                out[m.id] = Outcome(m, error=f"{m.name}: the cloud no longer has {m.instance_id}")
-            else:
-                out[m.id] = Outcome(m, error=f"{m.name}: {op} failed: {err}")
+        done = _acted(_batch(app, cloud, ms, op), op, out)
         crashpoint(f"after-{op}")  # the cloud acted, the state does not know yet
         if not done:
             continue
@@ -322,6 +315,22 @@ def act_many(
             for row in rows:
                 out[row.id] = Outcome(row, changed[row.id])
     return out
+
+
+def _acted(
+    answers: list[tuple[Machine, ProviderError | None]], op: str, out: dict[str, Outcome]
+) -> list[Machine]:
+    """The machines the cloud stopped or terminated (one gone from it is terminated); each
+    other's failure put in ``out``."""
+    done = []
+    for m, err in answers:
+        if err is None or (op == "terminate" and isinstance(err, NotFound)):
+            done.append(m)
+        elif isinstance(err, NotFound):
+            out[m.id] = Outcome(m, error=f"{m.name}: the cloud no longer has {m.instance_id}")
+        else:
+            out[m.id] = Outcome(m, error=f"{m.name}: {op} failed: {err}")
+    return done
 
 
 def _settled(m: Machine, op: str) -> Outcome | None:
