@@ -137,6 +137,12 @@ def _decide(m: Machine, t: Tries, now: datetime) -> Action | None:
         return Action(m.name, "give-up", "preempted", f"{t.attempts} tries")
     if t.next_try is not None and now < t.next_try:
         return None
+    return _try_again(m, t)
+
+
+def _try_again(m: Machine, t: Tries) -> Action:
+    """The next try of ``on_preemption: relaunch``: start in place where the cloud keeps the
+    machine (a relaunch, near it first, if it has no room), else relaunch near it first."""
     near = m.zone or m.region or "?"
     try_n = f"(try {t.attempts + 1} of {MAX_ATTEMPTS})"
     if _restartable(m):
@@ -336,7 +342,14 @@ def _relaunch(
             _restore_name(app, m)
         _failed(app, m, action, attempt, e)
         return
-    new = result.machine
+    _relaunched(app, m, result.machine, action, instead, keep)
+
+
+def _relaunched(
+    app: App, m: Machine, new: Machine, action: Action, instead: str | None, keep: bool
+) -> None:
+    """Record the relaunch of ``m`` as ``new`` (on both, and in the action's words), tell its
+    owner; a kept machine whose replacement runs already is retired now."""
     where = f"{new.cloud}/{new.zone or new.region}"
     action.done = True
     action.why += f" → relaunched, {where}" if instead else f" → {where}"
