@@ -426,10 +426,15 @@ def _scan(path: Path) -> tuple[list[str], Places, dict[str, list[tuple[int, list
             raise _short(path, rows.line_num, row, header) from None
         except (UnicodeDecodeError, csv.Error) as e:
             raise _unreadable(path, rows.line_num, e) from None
+    return header, _places(counts), by_gpu
+
+
+def _places(counts: dict[tuple[str, str, str], list[Any]]) -> Places:
+    """Per GPU name, each place's rows: (region, zone, rows, first line, example)."""
     places: Places = {}
     for (g, r, z), (n, line, example) in counts.items():
         places.setdefault(g, []).append((r, z, n, line, example))
-    return header, places, by_gpu
+    return places
 
 
 def _write_index(
@@ -550,9 +555,7 @@ def address_price(settings: Settings, cloud: str, currency: str) -> AddressPrice
     """The public IPv4 price of ``cloud`` in ``currency`` (the machine's), from the shipped
     ``addresses.csv`` (each row cites its source) or ``address_prices`` in settings (in the
     cloud's own currency: USD for AWS, RUB for SberCloud…)."""
-    with _shipped("addresses").open(newline="", encoding="utf-8") as f:
-        rows = {(r["cloud"], r["currency"]): r for r in csv.DictReader(f)}
-    row = rows.get((cloud, currency)) or next((r for (c, _), r in rows.items() if c == cloud), {})
+    row = _address_row(cloud, currency)
     billed = row.get("billed") or "running"
     own = providers.spec(cloud).currency if cloud in providers.REGISTRY else currency
     if cloud in settings.address_prices and currency == own:  # set in the cloud's own currency
@@ -561,6 +564,14 @@ def address_price(settings: Settings, cloud: str, currency: str) -> AddressPrice
     if not row.get("price_hour") or row.get("currency") != currency:
         return AddressPrice(None, billed, row.get("source") or "unknown")
     return AddressPrice(Decimal(row["price_hour"]), billed, row["source"])
+
+
+def _address_row(cloud: str, currency: str) -> dict[str, str]:
+    """The shipped ``addresses.csv`` row of ``cloud`` in ``currency``, else its first row in
+    any currency ({}: none)."""
+    with _shipped("addresses").open(newline="", encoding="utf-8") as f:
+        rows = {(r["cloud"], r["currency"]): r for r in csv.DictReader(f)}
+    return rows.get((cloud, currency)) or next((r for (c, _), r in rows.items() if c == cloud), {})
 
 
 def address_rate(settings: Settings, cloud: str, currency: str) -> tuple[Decimal | None, str]:

@@ -137,27 +137,7 @@ def _policy(app: App, experiment: Experiment) -> tuple[pe.Decision, planner.Poli
     owned: tuple[tuple[str, int], ...] = ()
     per_owner = any(p.per_owner is not None for p in applied)
     if per_owner or any(p.max_machines is not None for p in applied):
-        from sqlalchemy import select  # SQLAlchemy (~0.2 s): only when a policy counts machines
-
-        from provisioner.models import ACTIVE_EXCLUDED, Machine  # as above
-
-        # an intent waiting for capacity holds no machine: its own try counts it (requested)
-        idle = (*ACTIVE_EXCLUDED, "waiting")
-        with app.db.session() as s:
-            rows = list(
-                s.execute(
-                    select(Machine.project, Machine.owner, Machine.gpu_count, Machine.spec).where(
-                        Machine.status.not_in(idle), Machine.name != experiment.name
-                    )
-                )
-            )
-        active = tuple((project, owner) for project, owner, _, _ in rows)
-        if per_owner:  # an intent has no GPUs recorded yet: its experiment's count
-            owned = tuple(
-                (project, gpus or _spec_gpus(spec))
-                for project, owner, gpus, spec in rows
-                if owner == experiment.owner
-            )
+        active, owned = _counted(app, experiment, per_owner)
     request = pe.Request(
         project=experiment.project,
         owner=experiment.owner,
@@ -186,6 +166,36 @@ def _policy(app: App, experiment: Experiment) -> tuple[pe.Decision, planner.Poli
         return str(broken[0])
 
     return decision, check
+
+
+def _counted(
+    app: App, experiment: Experiment, per_owner: bool
+) -> tuple[tuple[tuple[str, str], ...], tuple[tuple[str, int], ...]]:
+    """The machines a policy counts, besides the experiment's own: (project, owner) of each
+    active one, and with ``per_owner`` (project, GPUs) of each of its owner's."""
+    from sqlalchemy import select  # SQLAlchemy (~0.2 s): only when a policy counts machines
+
+    from provisioner.models import ACTIVE_EXCLUDED, Machine  # as above
+
+    # an intent waiting for capacity holds no machine: its own try counts it (requested)
+    idle = (*ACTIVE_EXCLUDED, "waiting")
+    with app.db.session() as s:
+        rows = list(
+            s.execute(
+                select(Machine.project, Machine.owner, Machine.gpu_count, Machine.spec).where(
+                    Machine.status.not_in(idle), Machine.name != experiment.name
+                )
+            )
+        )
+    active = tuple((project, owner) for project, owner, _, _ in rows)
+    owned: tuple[tuple[str, int], ...] = ()
+    if per_owner:  # an intent has no GPUs recorded yet: its experiment's count
+        owned = tuple(
+            (project, gpus or _spec_gpus(spec))
+            for project, owner, gpus, spec in rows
+            if owner == experiment.owner
+        )
+    return active, owned
 
 
 def _spec_gpus(spec: dict[str, Any]) -> int:

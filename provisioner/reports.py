@@ -363,16 +363,7 @@ def _assemble(
     rates, cur = app.settings.money_rates, currency
     group_kind, per, gpus = _tallies(app, sums.usage, by)
     lines, kinds = _lines(group_kind, rates, cur)
-    # every machine's total, but lines only for the top ones: a fleet is 20,000 machines
-    order = sorted(
-        ((a.total(rates, cur).amount, name) for name, a in per.items()),
-        key=lambda tn: (-tn[0], tn[1]),
-    )
-    info = _machine_info(sums.usage, {name for _, name in order[:TOP]})
-    top = [
-        MachineLine(name, per[name], Money(amount, cur), **info[name])
-        for amount, name in order[:TOP]
-    ]
+    order, top = _top(sums.usage, per, rates, cur)
     seen = set(sums.native) | set(sums.forecast.total) | {cur}
     if st is not None:
         seen.add(st.amount.currency)
@@ -408,6 +399,23 @@ def _assemble(
     _round(r)
     _round_machines(r, [amount for amount, _ in order], [per[name] for _, name in order])
     return r
+
+
+def _top(
+    usage: Tally, per: dict[str, Amounts], rates: Rates, cur: str
+) -> tuple[list[tuple[Decimal, str]], list[MachineLine]]:
+    """Every machine's total (largest first, then by name), but lines only for the top ones:
+    a fleet is 20,000 machines."""
+    order = sorted(
+        ((a.total(rates, cur).amount, name) for name, a in per.items()),
+        key=lambda tn: (-tn[0], tn[1]),
+    )
+    info = _machine_info(usage, {name for _, name in order[:TOP]})
+    top = [
+        MachineLine(name, per[name], Money(amount, cur), **info[name])
+        for amount, name in order[:TOP]
+    ]
+    return order, top
 
 
 def _tallies(app: App, usage: Tally, by: str) -> tuple[Tally, dict[str, Amounts], Tally]:

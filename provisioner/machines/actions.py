@@ -122,7 +122,17 @@ def check_start(app: App, m: Machine) -> None:
     experiment = Experiment.model_validate(m.spec)
     rate = Money(m.rate or Decimal(0), m.currency or app.settings.currency)
     spot = m.market == "spot"
-    offer = Offer(
+    base = app.settings.money_rates.convert(rate, app.settings.currency)
+    cand = Candidate(_own_offer(m, rate, spot), "spot" if spot else "reserved", rate, base)
+    plan = planning.check_known(app, experiment, cand)
+    refuse_by_policy(plan)
+    budget.guard(plan)
+
+
+def _own_offer(m: Machine, rate: Money, spot: bool) -> Offer:
+    """The offer ``m`` was launched from, as far as its row tells: its place, type and GPUs
+    at ``rate`` (the spot price when ``spot``)."""
+    return Offer(
         cloud=m.cloud or "",
         region=m.region or "",
         zone=m.zone or "",
@@ -136,11 +146,6 @@ def check_start(app: App, m: Machine) -> None:
         spot_price=rate.amount if spot else None,
         currency=rate.currency,
     )
-    base = app.settings.money_rates.convert(rate, app.settings.currency)
-    cand = Candidate(offer, "spot" if spot else "reserved", rate, base)
-    plan = planning.check_known(app, experiment, cand)
-    refuse_by_policy(plan)
-    budget.guard(plan)
 
 
 def hold(
