@@ -13,7 +13,6 @@ import tempfile
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, fields, replace
-from datetime import date, timedelta
 from decimal import Decimal, InvalidOperation
 from importlib import resources
 from pathlib import Path
@@ -28,7 +27,6 @@ from provisioner.money import LIMIT
 from provisioner.settings import Settings
 
 COLUMNS = [f.name for f in fields(Offer)]
-STALE_DAYS = 90  # rows older than this: `plan` and `catalog` say to refresh
 
 
 class CatalogError(UserError):
@@ -307,39 +305,62 @@ def _read_indexed(path: Path, keep: _Keep) -> Iterator[Offer]:
     if not header:
         return
     get = _columns(path, header)
+    wanted = [g for g in places if gpus.family(g) == keep.family]
+    turned = _Turned()
+    turned.other_gpus(places, wanted, keep)
+    kept = _of_count(path, [r for g in wanted for r in rows_of(g)], keep, get, header, turned)
+    turned.tell(keep)
+    for line, row in kept:
+        yield _offer(path, line, row, get)
+
+
+class _Turned(dict[str, tuple[int, int, str]]):
+    """Rows turned down, by reason: how many, and the line and example of the file's first."""
+
+    def skip(self, reason: str, n: int, line: int, example: str) -> None:
+        count, first, e = self.get(reason, (0, line + 1, ""))
+        self[reason] = (count + n, *((line, example) if line < first else (first, e)))
+
+    def other_gpus(self, places: Places, wanted: list[str], keep: _Keep) -> None:
+        """The rows of the GPU names not ``wanted``, in allowed places, from the index."""
+        for g, at_places in places.items():
+            if g in wanted:
+                continue
+            for r, z, n, line, e in at_places:
+                if keep.allowed(r, z):
+                    self.skip(OTHER_GPU, n, line, e)
+
+    def tell(self, keep: _Keep) -> None:
+        """Count the rows turned down on the offers, reason by reason in the file's order."""
+        for reason in sorted(self, key=lambda r: self[r][1:]):  # counted in the file's order
+            keep.skip(reason, self[reason][0], self[reason][2])
+
+
+def _of_count(
+    path: Path,
+    rows: list[tuple[int, list[str]]],
+    keep: _Keep,
+    get: Columns,
+    header: list[str],
+    turned: _Turned,
+) -> list[tuple[int, list[str]]]:
+    """Of ``rows``, in the file's order, those in an allowed place with the GPU count asked
+    (any when none is); the others of an allowed place are ``turned`` down."""
     at = {name: i for i, name in enumerate(header)}
     region, zone, itype, count = at["region"], at["zone"], at["instance_type"], at["gpu_count"]
-    wanted = [g for g in places if gpus.family(g) == keep.family]
-    allowed = keep.allowed
-    first: dict[str, tuple[int, str]] = {}  # reason: the line and example of its first row
-    turned: dict[str, int] = {}  # reason: rows
-
-    def skip(reason: str, n: int, line: int, example: str) -> None:
-        turned[reason] = turned.get(reason, 0) + n
-        if line < first.get(reason, (line + 1,))[0]:
-            first[reason] = (line, example)
-
-    for g, at_places in places.items():
-        if g not in wanted:
-            for r, z, n, line, e in at_places:
-                if allowed(r, z):
-                    skip(OTHER_GPU, n, line, e)
     kept = []
-    for line, row in sorted(r for g in wanted for r in rows_of(g)):
-        if not allowed(row[region], row[zone]):
+    for line, row in sorted(rows):
+        if not keep.allowed(row[region], row[zone]):
             continue
         try:
             other = keep.count is not None and _int(row[count]) != keep.count
         except (InvalidOperation, ValueError):
             raise _bad_value(path, line, row, get) from None
         if other:
-            skip(OTHER_COUNT, 1, line, f"{row[zone] or row[region]} {row[itype]}")
+            turned.skip(OTHER_COUNT, 1, line, f"{row[zone] or row[region]} {row[itype]}")
         else:
             kept.append((line, row))
-    for reason in sorted(first, key=first.__getitem__):  # counted in the file's order
-        keep.skip(reason, turned[reason], first[reason][1])
-    for line, row in kept:
-        yield _offer(path, line, row, get)
+    return kept
 
 
 def _index(
@@ -405,10 +426,15 @@ def _scan(path: Path) -> tuple[list[str], Places, dict[str, list[tuple[int, list
             raise _short(path, rows.line_num, row, header) from None
         except (UnicodeDecodeError, csv.Error) as e:
             raise _unreadable(path, rows.line_num, e) from None
+    return header, _places(counts), by_gpu
+
+
+def _places(counts: dict[tuple[str, str, str], list[Any]]) -> Places:
+    """Per GPU name, each place's rows: (region, zone, rows, first line, example)."""
     places: Places = {}
     for (g, r, z), (n, line, example) in counts.items():
         places.setdefault(g, []).append((r, z, n, line, example))
-    return header, places, by_gpu
+    return places
 
 
 def _write_index(
@@ -500,35 +526,6 @@ def _checked(
     return offers
 
 
-def stale(offers: Iterable[Offer], today: date) -> list[str]:
-    """Per cloud, the priced offers among ``offers`` dated more than :data:`STALE_DAYS` before
-    ``today`` (or not dated), in words naming ``catalog refresh``. Simulated clouds and prices
-    from settings are not dated by a source: never stale."""
-    limit = (today - timedelta(days=STALE_DAYS)).isoformat()
-    per_cloud: dict[str, tuple[int, int, str]] = {}  # cloud: old, undated, oldest
-    for o in offers:
-        if (o.price is None and o.spot_price is None) or "settings" in o.source:
-            continue
-        if o.cloud in providers.REGISTRY and providers.spec(o.cloud).simulated:
-            continue
-        if o.as_of and o.as_of >= limit:
-            continue
-        old, undated, oldest = per_cloud.get(o.cloud, (0, 0, ""))
-        if o.as_of:
-            per_cloud[o.cloud] = (old + 1, undated, min(oldest or o.as_of, o.as_of))
-        else:
-            per_cloud[o.cloud] = (old, undated + 1, oldest)
-    lines = []
-    for cloud, (old, undated, oldest) in sorted(per_cloud.items()):
-        parts = [f"{old} priced as of {oldest}, more than {STALE_DAYS} days ago"] if old else []
-        parts += [f"{undated} with no date"] if undated else []
-        lines.append(
-            f"{cloud}: catalog rows used: {' and '.join(parts)}; prices may have changed: "
-            f"run `provisioner catalog refresh --cloud {cloud}`"
-        )
-    return lines
-
-
 def disk_price(settings: Settings, cloud: str, currency: str) -> tuple[Decimal | None, int, str]:
     """Per GB-month price of the boot disk in ``currency`` (the machine's), the hours a month
     has for that cloud, and its source. ``None`` when unknown."""
@@ -558,9 +555,7 @@ def address_price(settings: Settings, cloud: str, currency: str) -> AddressPrice
     """The public IPv4 price of ``cloud`` in ``currency`` (the machine's), from the shipped
     ``addresses.csv`` (each row cites its source) or ``address_prices`` in settings (in the
     cloud's own currency: USD for AWS, RUB for SberCloud…)."""
-    with _shipped("addresses").open(newline="", encoding="utf-8") as f:
-        rows = {(r["cloud"], r["currency"]): r for r in csv.DictReader(f)}
-    row = rows.get((cloud, currency)) or next((r for (c, _), r in rows.items() if c == cloud), {})
+    row = _address_row(cloud, currency)
     billed = row.get("billed") or "running"
     own = providers.spec(cloud).currency if cloud in providers.REGISTRY else currency
     if cloud in settings.address_prices and currency == own:  # set in the cloud's own currency
@@ -569,6 +564,14 @@ def address_price(settings: Settings, cloud: str, currency: str) -> AddressPrice
     if not row.get("price_hour") or row.get("currency") != currency:
         return AddressPrice(None, billed, row.get("source") or "unknown")
     return AddressPrice(Decimal(row["price_hour"]), billed, row["source"])
+
+
+def _address_row(cloud: str, currency: str) -> dict[str, str]:
+    """The shipped ``addresses.csv`` row of ``cloud`` in ``currency``, else its first row in
+    any currency ({}: none)."""
+    with _shipped("addresses").open(newline="", encoding="utf-8") as f:
+        rows = {(r["cloud"], r["currency"]): r for r in csv.DictReader(f)}
+    return rows.get((cloud, currency)) or next((r for (c, _), r in rows.items() if c == cloud), {})
 
 
 def address_rate(settings: Settings, cloud: str, currency: str) -> tuple[Decimal | None, str]:

@@ -15,6 +15,9 @@ The checks, in the order they run (a price one check flags is not used by the la
   H200 rows are ~42 % below the other 3.
 - ``outlier``: an on-demand price far from the median of its type's regions (at least 3).
 - ``spot``: a spot price not strictly below the on-demand one: preemption risk for no discount.
+
+Apart from these, :func:`stale` names the rows a plan uses whose prices are older than
+:data:`STALE_DAYS` (or not dated), per cloud.
 """
 
 from __future__ import annotations
@@ -22,9 +25,12 @@ from __future__ import annotations
 import csv
 from collections.abc import Iterable
 from dataclasses import dataclass
+from datetime import date, timedelta
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
 
+import providers
+from providers.base import Offer
 from providers.gpus import family
 
 # GCP sells these as Spot / Flex-start only (providers.gcp.prices SHAPES' spot_only; listed here
@@ -211,3 +217,41 @@ def _count(r: dict[str, str]) -> int:
         return int(Decimal(str(r["gpu_count"])))
     except InvalidOperation:
         return 0
+
+
+STALE_DAYS = 90  # rows older than this: `plan` and `catalog` say to refresh
+
+
+def stale(offers: Iterable[Offer], today: date) -> list[str]:
+    """Per cloud, the priced offers among ``offers`` dated more than :data:`STALE_DAYS` before
+    ``today`` (or not dated), in words naming ``catalog refresh``. Simulated clouds and prices
+    from settings are not dated by a source: never stale."""
+    limit = (today - timedelta(days=STALE_DAYS)).isoformat()
+    per_cloud: dict[str, tuple[int, int, str]] = {}  # cloud: old, undated, oldest
+    for o in offers:
+        if not _dated_by_source(o) or (o.as_of and o.as_of >= limit):
+            continue
+        old, undated, oldest = per_cloud.get(o.cloud, (0, 0, ""))
+        if o.as_of:
+            per_cloud[o.cloud] = (old + 1, undated, min(oldest or o.as_of, o.as_of))
+        else:
+            per_cloud[o.cloud] = (old, undated + 1, oldest)
+    return [_stale_line(cloud, *counts) for cloud, counts in sorted(per_cloud.items())]
+
+
+def _dated_by_source(o: Offer) -> bool:
+    """A priced offer of a real cloud, its price not from settings."""
+    if (o.price is None and o.spot_price is None) or "settings" in o.source:
+        return False
+    return not (o.cloud in providers.REGISTRY and providers.spec(o.cloud).simulated)
+
+
+def _stale_line(cloud: str, old: int, undated: int, oldest: str) -> str:
+    """One cloud's stale rows in words: how many are old (and the oldest date), how many have
+    no date."""
+    parts = [f"{old} priced as of {oldest}, more than {STALE_DAYS} days ago"] if old else []
+    parts += [f"{undated} with no date"] if undated else []
+    return (
+        f"{cloud}: catalog rows used: {' and '.join(parts)}; prices may have changed: "
+        f"run `provisioner catalog refresh --cloud {cloud}`"
+    )

@@ -323,13 +323,19 @@ def failure(events: Sequence[Any]) -> str | None:
         return str(last.detail["why"])
     tried = [e for e in events if e.kind == EventKind.LAUNCH_FAILED]
     if tried:
-        outcomes: dict[str, int] = {}
-        for e in tried:
-            outcomes[e.reason or "error"] = outcomes.get(e.reason or "error", 0) + 1
-        kinds = ", ".join(f"{k} {n}" for k, n in outcomes.items())
-        error = (tried[-1].detail or {}).get("error", "")
-        return f"no candidate launched ({plural(len(tried), 'attempt')}: {kinds}); last: {error}"
+        return _launches_failed(tried)
     return f"{last.kind}" + (f" ({last.reason})" if last.reason else "")
+
+
+def _launches_failed(tried: Sequence[Any]) -> str:
+    """Every launch tried (their failure events), counted by how each ended, and the last
+    one's error."""
+    outcomes: dict[str, int] = {}
+    for e in tried:
+        outcomes[e.reason or "error"] = outcomes.get(e.reason or "error", 0) + 1
+    kinds = ", ".join(f"{k} {n}" for k, n in outcomes.items())
+    error = (tried[-1].detail or {}).get("error", "")
+    return f"no candidate launched ({plural(len(tried), 'attempt')}: {kinds}); last: {error}"
 
 
 def gpus_not_seen(sql: Sql, since: datetime) -> dict[str, str]:

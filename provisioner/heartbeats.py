@@ -40,23 +40,26 @@ def parse_body(raw: bytes) -> list[dict[str, Any]]:
         raise BadHeartbeat("more GPUs than a machine has")
     gpus: list[dict[str, Any]] = []
     for g in body["gpus"]:
-        if not isinstance(g, dict):
-            raise BadHeartbeat("each GPU is an object")
-        util = g.get("util")
-        if isinstance(util, bool) or not isinstance(util, int | float) or not 0 <= util <= 100:
-            raise BadHeartbeat("util must be a percent")
-        index = g.get("index", len(gpus))
-        if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < 64:
-            raise BadHeartbeat("index must be a GPU number")
-        gpus.append(
-            {
-                "index": index,
-                "util": float(util),
-                "mem_used_mb": _num(g.get("mem_used_mb")),
-                "mem_total_mb": _num(g.get("mem_total_mb")),
-            }
-        )
+        gpus.append(_gpu(g, len(gpus)))
     return gpus
+
+
+def _gpu(g: Any, position: int) -> dict[str, Any]:
+    """One GPU of a heartbeat body, checked (its index defaults to its ``position``)."""
+    if not isinstance(g, dict):
+        raise BadHeartbeat("each GPU is an object")
+    util = g.get("util")
+    if isinstance(util, bool) or not isinstance(util, int | float) or not 0 <= util <= 100:
+        raise BadHeartbeat("util must be a percent")
+    index = g.get("index", position)
+    if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < 64:
+        raise BadHeartbeat("index must be a GPU number")
+    return {
+        "index": index,
+        "util": float(util),
+        "mem_used_mb": _num(g.get("mem_used_mb")),
+        "mem_total_mb": _num(g.get("mem_total_mb")),
+    }
 
 
 def parse_heartbeat(raw: bytes) -> dict[str, Any]:

@@ -67,18 +67,7 @@ def _volumes(app: App, experiment: Experiment, p: planner.Plan) -> None:
 
     from provisioner.models import Machine, Volume  # as above
 
-    lacking: dict[str, str] = {}
-    for cloud in {c.offer.cloud for c in p.candidates}:
-        if not providers.has_volumes(cloud):
-            lacking[cloud] = f"no volumes on {cloud}: its adapter has no volume service"
-    if lacking:
-        keep: list[planner.Candidate] = []
-        for c in p.candidates:
-            if c.offer.cloud in lacking:
-                p.reject(lacking[c.offer.cloud], c.offer)
-            else:
-                keep.append(c)
-        p.candidates = keep
+    _only_clouds_with_volumes(p)
     names = [v.name for v in experiment.volumes]
     with app.db.session() as s:
         found = {
@@ -93,10 +82,7 @@ def _volumes(app: App, experiment: Experiment, p: planner.Plan) -> None:
         }
         kinds = {v.name: _disk_type(s.get(Machine, v.id)) for v in found.values()}
     p.new_volume_gb = sum(v.size_gb for v in experiment.volumes if v.name not in found)
-    for name in names:  # the experiment's order: the first volume found says where
-        if (v := found.get(name)) is not None:
-            p.pin(planner.VolumePin(v.cloud, v.region, v.zone, v.name))
-            break
+    _pin_to_first(p, names, found)
 
     def unmountable(c: planner.Candidate) -> str | None:
         """A volume that exists is of one disk type; a family that cannot take it is turned
@@ -110,6 +96,31 @@ def _volumes(app: App, experiment: Experiment, p: planner.Plan) -> None:
         return None
 
     p.refuse(unmountable)
+
+
+def _only_clouds_with_volumes(p: planner.Plan) -> None:
+    """Turn down the candidates of clouds whose adapter has no volume service."""
+    lacking: dict[str, str] = {}
+    for cloud in {c.offer.cloud for c in p.candidates}:
+        if not providers.has_volumes(cloud):
+            lacking[cloud] = f"no volumes on {cloud}: its adapter has no volume service"
+    if lacking:
+        keep: list[planner.Candidate] = []
+        for c in p.candidates:
+            if c.offer.cloud in lacking:
+                p.reject(lacking[c.offer.cloud], c.offer)
+            else:
+                keep.append(c)
+        p.candidates = keep
+
+
+def _pin_to_first(p: planner.Plan, names: list[str], found: dict[str, Any]) -> None:
+    """Pin the plan to the cloud and zone of the first volume found, in the experiment's
+    order."""
+    for name in names:
+        if (v := found.get(name)) is not None:
+            p.pin(planner.VolumePin(v.cloud, v.region, v.zone, v.name))
+            break
 
 
 def _disk_type(row: Any) -> str:
@@ -126,27 +137,7 @@ def _policy(app: App, experiment: Experiment) -> tuple[pe.Decision, planner.Poli
     owned: tuple[tuple[str, int], ...] = ()
     per_owner = any(p.per_owner is not None for p in applied)
     if per_owner or any(p.max_machines is not None for p in applied):
-        from sqlalchemy import select  # SQLAlchemy (~0.2 s): only when a policy counts machines
-
-        from provisioner.models import ACTIVE_EXCLUDED, Machine  # as above
-
-        # an intent waiting for capacity holds no machine: its own try counts it (requested)
-        idle = (*ACTIVE_EXCLUDED, "waiting")
-        with app.db.session() as s:
-            rows = list(
-                s.execute(
-                    select(Machine.project, Machine.owner, Machine.gpu_count, Machine.spec).where(
-                        Machine.status.not_in(idle), Machine.name != experiment.name
-                    )
-                )
-            )
-        active = tuple((project, owner) for project, owner, _, _ in rows)
-        if per_owner:  # an intent has no GPUs recorded yet: its experiment's count
-            owned = tuple(
-                (project, gpus or _spec_gpus(spec))
-                for project, owner, gpus, spec in rows
-                if owner == experiment.owner
-            )
+        active, owned = _counted(app, experiment, per_owner)
     request = pe.Request(
         project=experiment.project,
         owner=experiment.owner,
@@ -175,6 +166,36 @@ def _policy(app: App, experiment: Experiment) -> tuple[pe.Decision, planner.Poli
         return str(broken[0])
 
     return decision, check
+
+
+def _counted(
+    app: App, experiment: Experiment, per_owner: bool
+) -> tuple[tuple[tuple[str, str], ...], tuple[tuple[str, int], ...]]:
+    """The machines a policy counts, besides the experiment's own: (project, owner) of each
+    active one, and with ``per_owner`` (project, GPUs) of each of its owner's."""
+    from sqlalchemy import select  # SQLAlchemy (~0.2 s): only when a policy counts machines
+
+    from provisioner.models import ACTIVE_EXCLUDED, Machine  # as above
+
+    # an intent waiting for capacity holds no machine: its own try counts it (requested)
+    idle = (*ACTIVE_EXCLUDED, "waiting")
+    with app.db.session() as s:
+        rows = list(
+            s.execute(
+                select(Machine.project, Machine.owner, Machine.gpu_count, Machine.spec).where(
+                    Machine.status.not_in(idle), Machine.name != experiment.name
+                )
+            )
+        )
+    active = tuple((project, owner) for project, owner, _, _ in rows)
+    owned: tuple[tuple[str, int], ...] = ()
+    if per_owner:  # an intent has no GPUs recorded yet: its experiment's count
+        owned = tuple(
+            (project, gpus or _spec_gpus(spec))
+            for project, owner, gpus, spec in rows
+            if owner == experiment.owner
+        )
+    return active, owned
 
 
 def _spec_gpus(spec: dict[str, Any]) -> int:

@@ -23,7 +23,8 @@ from provisioner import mail
 from provisioner.errors import UserError
 from provisioner.ledger import Period
 from provisioner.money import CENT, Money
-from provisioner.reports import MachineLine, Ownership, Report
+from provisioner.ownership import Ownership
+from provisioner.reports import MachineLine, Report
 
 if TYPE_CHECKING:
     from email.message import EmailMessage
@@ -327,8 +328,6 @@ def chart(r: Report) -> Any:
 def _spend_panel(top: Any, r: Report, f: Fmt, x: list[int], cumulative: list[float | None]) -> None:
     """The upper panel: cumulative spend up to today, the budget line, the forecast to the
     period's end."""
-    days = [d for d, _ in r.daily]
-    today = r.now.astimezone(ZoneInfo(r.period.tz)).date()
     top.plot(
         [i for i, c in zip(x, cumulative, strict=True) if c is not None],
         [c for c in cumulative if c is not None],
@@ -342,7 +341,21 @@ def _spend_panel(top: Any, r: Report, f: Fmt, x: list[int], cumulative: list[flo
             color="#c44e52",
             label=f"{f.t('budget_line')} {f.money(r.budget.amount)}",
         )
-    forecast = r.shown_forecast  # the budget's when it has one: as the text says
+    _forecast_line(top, r, f, x, cumulative)
+    top.set_ylim(0, _highest(r, cumulative) * 1.1 or 1)
+    top.set_ylabel(f.t("axis_cumulative", currency=r.currency))
+    top.legend(loc="lower right", fontsize=8)  # the spend climbs from the lower left
+    top.set_title(f"{r.title} — {r.period.label}")
+
+
+def _forecast_line(
+    top: Any, r: Report, f: Fmt, x: list[int], cumulative: list[float | None]
+) -> None:
+    """The forecast's dashed line from today's spend to the period's end (when today is in
+    the period): the budget's forecast when it has one, as the text says."""
+    days = [d for d, _ in r.daily]
+    today = r.now.astimezone(ZoneInfo(r.period.tz)).date()
+    forecast = r.shown_forecast
     if forecast is not None and today in days:
         i = days.index(today)
         top.plot(
@@ -352,17 +365,17 @@ def _spend_panel(top: Any, r: Report, f: Fmt, x: list[int], cumulative: list[flo
             linestyle="--",
             label=f"{f.t('forecast_line')} {f.money(forecast)}",
         )
-    # room above the highest of spend, budget and forecast: the budget line never on the frame
-    marks = [forecast, r.budget.amount if r.budget else None]
-    highest = max(
+
+
+def _highest(r: Report, cumulative: list[float | None]) -> float:
+    """The highest of spend, budget and forecast (0 for none), to leave room above: the
+    budget line never on the frame."""
+    marks = [r.shown_forecast, r.budget.amount if r.budget else None]
+    return max(
         [c for c in cumulative if c is not None]
         + [float(m.amount) for m in marks if m is not None]
         + [0.0]
     )
-    top.set_ylim(0, highest * 1.1 or 1)
-    top.set_ylabel(f.t("axis_cumulative", currency=r.currency))
-    top.legend(loc="lower right", fontsize=8)  # the spend climbs from the lower left
-    top.set_title(f"{r.title} — {r.period.label}")
 
 
 def _tick(f: Fmt, v: float) -> str:

@@ -6,7 +6,6 @@ rent or buy — with every shown figure rounded so that tables add up.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from datetime import date, datetime
 from decimal import ROUND_HALF_UP, Decimal
@@ -20,6 +19,7 @@ from provisioner.errors import UserError
 from provisioner.ledger import Period, Scope
 from provisioner.models import Machine
 from provisioner.money import CENT, US_PER_HOUR, Amounts, Money, Rates, Tally, allocate
+from provisioner.ownership import Ownership, rent_or_buy
 from provisioner.schema import MachineStatus as S
 from provisioner.schema import UsageKind
 
@@ -29,8 +29,6 @@ if TYPE_CHECKING:
     from policies.schema import Policy
     from provisioner.app import App
 
-HOURS_PER_MONTH = Decimal(730)  # 8760 / 12, the clouds' own convention
-WEEKS_PER_MONTH = Decimal(52) / Decimal(12)
 TOP = 10
 #: The languages a report is written in, each with the title of a report over every project.
 ALL_PROJECTS = {"en": "all projects", "ru": "все проекты"}
@@ -57,34 +55,6 @@ class MachineLine(Line):
     gpu_count: int = 0
     hours: Decimal = Decimal(0)  # compute hours in the period
     rates: list[Money] = field(default_factory=list)  # compute rates per hour, lowest first
-
-
-@dataclass
-class Ownership:
-    """Rent or buy for one GPU type, in the report's currency."""
-
-    gpu: str
-    gpu_hours: Decimal
-    hours_per_week: Decimal
-    cards: int
-    rental_month: Money
-    price_low: Money | None = None
-    price_high: Money | None = None
-    power_month: Money | None = None
-    amortisation_months: int = 0
-    payback_low: Decimal | None = None  # months until owning would have paid for itself
-    payback_high: Decimal | None = None
-    breakeven_low: Decimal | None = None  # hours a week per card above which owning wins
-    breakeven_high: Decimal | None = None
-
-    @property
-    def verdict(self) -> str | None:
-        if self.breakeven_low is None or self.breakeven_high is None:
-            return None if self.price_low is None else "rent"
-        use = self.hours_per_week / self.cards
-        if use >= self.breakeven_high:
-            return "own"
-        return "rent" if use < self.breakeven_low else "close"
 
 
 @dataclass
@@ -297,36 +267,13 @@ def build(
     if language not in ALL_PROJECTS:
         raise UserError(f"unknown language {language!r}; use {', '.join(ALL_PROJECTS)}")
     now = now or app.clock.now()
-    if budget_policy is not None and budget_policy.budget is not None:
-        currency = currency or budget_policy.budget.amount.currency
-    currency = (currency or app.settings.currency).upper()
-    to = period.clip(now)
+    currency = _currency(app, currency, budget_policy)
     with app.db.session() as s:
         if scope.project is not None:
             _known_project(s, app, scope.project)
-        usage = ledger.tally(s, period.start, to, _fields(by), scope)
-        days = ledger.day_tally(s, period.start, to, period.days(), (), scope, tz=period.tz)
-        # the sums over every machine, and per (project, owner), priced once per rate
-        everything, pairs = Tally(), Tally()
-        for (key, c, rate), us in usage.items():
-            everything.add((), c, rate, us)
-            pairs.add((key[5], key[1]), c, rate, us)  # type: ignore[index]
-        native = everything.amounts().get((), Amounts())
-        sums = _Sums(
-            usage,
-            days,
-            native,
-            pairs,
-            ledger.forecast(s, period, now, scope, actual=native),
-            ledger.savings(s, period, now, scope),
-            ledger.idle_waste(s, period, now, scope),
-        )
+        sums = _sums(s, period, now, scope, by)
     _add_idle_now(app, sums.waste, period, now, scope)
-    st = None
-    if budget_policy is not None and budget_policy.budget is not None:
-        own = scope == Scope() and scope.covers == budget_policy.applies_to.matches
-        # over the budget's own scope, the report's sums are the budget's: no second pass
-        st = budget.status(app, budget_policy, now, period=period, actual=native if own else None)
+    st = _own_budget(app, budget_policy, period, now, scope, sums.native)
     try:  # conversion fails on a currency without a rate: say which
         return _assemble(
             app,
@@ -342,6 +289,52 @@ def build(
         )
     except ValueError as e:
         raise UserError(str(e)) from None
+
+
+def _currency(app: App, currency: str | None, budget_policy: Policy | None) -> str:
+    """The report's currency: the one asked, else the budget's, else the settings'."""
+    if budget_policy is not None and budget_policy.budget is not None:
+        currency = currency or budget_policy.budget.amount.currency
+    return (currency or app.settings.currency).upper()
+
+
+def _sums(s: Session, period: Period, now: datetime, scope: Scope, by: str) -> _Sums:
+    """What the database sums for the report up to ``now``: usage by ``by``'s fields and by
+    day, the sums over every machine and per (project, owner) priced once per rate, the
+    forecast, savings and idle waste."""
+    to = period.clip(now)
+    usage = ledger.tally(s, period.start, to, _fields(by), scope)
+    days = ledger.day_tally(s, period.start, to, period.days(), (), scope, tz=period.tz)
+    everything, pairs = Tally(), Tally()
+    for (key, c, rate), us in usage.items():
+        everything.add((), c, rate, us)
+        pairs.add((key[5], key[1]), c, rate, us)  # type: ignore[index]
+    native = everything.amounts().get((), Amounts())
+    return _Sums(
+        usage,
+        days,
+        native,
+        pairs,
+        ledger.forecast(s, period, now, scope, actual=native),
+        ledger.savings(s, period, now, scope),
+        ledger.idle_waste(s, period, now, scope),
+    )
+
+
+def _own_budget(
+    app: App,
+    budget_policy: Policy | None,
+    period: Period,
+    now: datetime,
+    scope: Scope,
+    native: Amounts,
+) -> budget.Status | None:
+    """The standing of ``budget_policy``'s budget, if any; over the budget's own scope the
+    report's sums are the budget's: no second pass."""
+    if budget_policy is None or budget_policy.budget is None:
+        return None
+    own = scope == Scope() and scope.covers == budget_policy.applies_to.matches
+    return budget.status(app, budget_policy, now, period=period, actual=native if own else None)
 
 
 def _known_project(s: Session, app: App, project: str) -> None:
@@ -370,16 +363,7 @@ def _assemble(
     rates, cur = app.settings.money_rates, currency
     group_kind, per, gpus = _tallies(app, sums.usage, by)
     lines, kinds = _lines(group_kind, rates, cur)
-    # every machine's total, but lines only for the top ones: a fleet is 20,000 machines
-    order = sorted(
-        ((a.total(rates, cur).amount, name) for name, a in per.items()),
-        key=lambda tn: (-tn[0], tn[1]),
-    )
-    info = _machine_info(sums.usage, {name for _, name in order[:TOP]})
-    top = [
-        MachineLine(name, per[name], Money(amount, cur), **info[name])
-        for amount, name in order[:TOP]
-    ]
+    order, top = _top(sums.usage, per, rates, cur)
     seen = set(sums.native) | set(sums.forecast.total) | {cur}
     if st is not None:
         seen.add(st.amount.currency)
@@ -403,7 +387,7 @@ def _assemble(
             ((r, a.total(rates, cur)) for r, a in sums.saved.items()),
             key=lambda rm: -rm[1].amount,
         ),
-        rent_or_buy=_rent_or_buy(
+        rent_or_buy=rent_or_buy(
             app, gpus, ledger.hours(period.clip(now) - period.start), rates, cur
         ),
         conversion=rates,
@@ -415,6 +399,23 @@ def _assemble(
     _round(r)
     _round_machines(r, [amount for amount, _ in order], [per[name] for _, name in order])
     return r
+
+
+def _top(
+    usage: Tally, per: dict[str, Amounts], rates: Rates, cur: str
+) -> tuple[list[tuple[Decimal, str]], list[MachineLine]]:
+    """Every machine's total (largest first, then by name), but lines only for the top ones:
+    a fleet is 20,000 machines."""
+    order = sorted(
+        ((a.total(rates, cur).amount, name) for name, a in per.items()),
+        key=lambda tn: (-tn[0], tn[1]),
+    )
+    info = _machine_info(usage, {name for _, name in order[:TOP]})
+    top = [
+        MachineLine(name, per[name], Money(amount, cur), **info[name])
+        for amount, name in order[:TOP]
+    ]
+    return order, top
 
 
 def _tallies(app: App, usage: Tally, by: str) -> tuple[Tally, dict[str, Amounts], Tally]:
@@ -494,6 +495,27 @@ def _round_machines(r: Report, totals: list[Decimal], billed: list[Amounts]) -> 
         r.other_machines = len(totals) - TOP, Money(sum(shown[TOP:], Decimal(0)), r.currency)
 
 
+def _round_line(r: Report, ln: Line, amount: Decimal) -> None:
+    """A line's share of the rounded total (``amount``), shared out among its kinds."""
+    ln.shown = Money(amount, r.currency)
+    kinds = sorted(ln.by_kind)
+    converted = [ln.by_kind[k].total(r.conversion, r.currency).amount for k in kinds]
+    ln.shown_by_kind = {
+        k: Money(a, r.currency) for k, a in zip(kinds, allocate(converted, amount), strict=True)
+    }
+
+
+def _round_billed(r: Report) -> None:
+    """Each currency billed shares out its rounded total among the lines that billed it."""
+    for c, billed in sorted(r.native.items()):
+        parts = [ln.amounts.get(c, Decimal(0)) for ln in r.lines]
+        for ln, a in zip(
+            r.lines, allocate(parts, billed.quantize(CENT, ROUND_HALF_UP)), strict=True
+        ):
+            if c in ln.amounts:
+                ln.shown_billed.append(Money(a, c))
+
+
 def _round(r: Report) -> None:
     """Shown figures to the cent that add up: the lines (and the days) share out the rounded
     total, each currency billed its rounded total; each line's kinds share out the line, and
@@ -502,19 +524,8 @@ def _round(r: Report) -> None:
     for ln, amount in zip(
         r.lines, allocate([ln.total.amount for ln in r.lines], total), strict=True
     ):
-        ln.shown = Money(amount, r.currency)
-        kinds = sorted(ln.by_kind)
-        converted = [ln.by_kind[k].total(r.conversion, r.currency).amount for k in kinds]
-        ln.shown_by_kind = {
-            k: Money(a, r.currency) for k, a in zip(kinds, allocate(converted, amount), strict=True)
-        }
-    for c, billed in sorted(r.native.items()):
-        parts = [ln.amounts.get(c, Decimal(0)) for ln in r.lines]
-        for ln, a in zip(
-            r.lines, allocate(parts, billed.quantize(CENT, ROUND_HALF_UP)), strict=True
-        ):
-            if c in ln.amounts:
-                ln.shown_billed.append(Money(a, c))
+        _round_line(r, ln, amount)
+    _round_billed(r)
     r.shown_by_kind = {
         k: sum(
             (ln.shown_by_kind.get(k, Money.zero(r.currency)) for ln in r.lines),
@@ -523,58 +534,6 @@ def _round(r: Report) -> None:
         for k in r.by_kind
     }
     r.daily_shown = [Money(a, r.currency) for a in allocate([m.amount for _, m in r.daily], total)]
-
-
-def _rent_or_buy(
-    app: App, gpus: Tally, elapsed_h: Decimal, rates: Rates, cur: str
-) -> list[Ownership]:
-    if elapsed_h <= 0:
-        return []
-    own = app.settings.ownership
-    hours: dict[str, Decimal] = {}
-    cost: dict[str, Money] = {}
-    largest: dict[str, int] = {}  # the most cards one machine had
-    amounts = gpus.amounts()
-    for (gpu, count), h in gpus.hours().items():
-        hours[gpu] = hours.get(gpu, Decimal(0)) + h * count
-        cost[gpu] = cost.get(gpu, Money.zero(cur)) + amounts[(gpu, count)].total(rates, cur)
-        largest[gpu] = max(largest.get(gpu, 0), count)
-    out = []
-    for gpu in sorted(hours):
-        gh = hours[gpu]
-        if gh <= 0:
-            continue
-        o = Ownership(
-            gpu=gpu,
-            gpu_hours=gh,
-            hours_per_week=gh / elapsed_h * 168,
-            # owning means owning the biggest machine's cards, at least: 8×H100 is 8 cards
-            cards=max(largest[gpu], math.ceil(gh / elapsed_h)),
-            rental_month=cost[gpu] * (HOURS_PER_MONTH / elapsed_h),
-        )
-        spec = own.gpus.get(gpu)
-        if spec is not None:
-            conv = lambda a: rates.convert(Money(a, own.currency), cur)  # noqa: E731
-            o.price_low, o.price_high = conv(spec.price_low), conv(spec.price_high)
-            o.amortisation_months = own.amortisation_months
-            kw = Decimal(spec.power_watts) / 1000
-            o.power_month = conv(gh / elapsed_h * HOURS_PER_MONTH * kw * own.electricity_per_kwh)
-            net = o.rental_month - o.power_month
-            # a payback longer than the card's useful life is no payback at all
-            if (
-                net.amount > 0
-                and o.price_low.amount * o.cards / net.amount <= own.amortisation_months
-            ):
-                o.payback_low = o.price_low.amount * o.cards / net.amount
-                o.payback_high = o.price_high.amount * o.cards / net.amount
-            per_hour_net = cost[gpu].amount / gh - conv(kw * own.electricity_per_kwh).amount
-            if per_hour_net > 0:
-                o.breakeven_low, o.breakeven_high = (
-                    p.amount / own.amortisation_months / (per_hour_net * WEEKS_PER_MONTH)
-                    for p in (o.price_low, o.price_high)
-                )
-        out.append(o)
-    return out
 
 
 def for_budget(

@@ -154,13 +154,43 @@ def _steps(
     m = machines.wait_ready(
         app, m.name, timeout=max(1.0, deadline - clock.monotonic()), progress=say
     )
+    _start_job(app, m, experiment, say, clock, deadline, poll)
+    check("reachable", m.status == S.RUNNING, f"{m.name} runs at {m.public_ip or 'no address'}")
+    m, heard, ended, stopped = _watch(app, m, clock, deadline, poll)
+    # each said, none ends the run: a team wants to know all that failed
+    check("agent", heard, "heard from the machine's agent" if heard else "never heard", False)
+    job = jobs.jobs_of(app, m).get(jobs.RUN)
+    code = job.exit_code if job else None
+    said = f"run exited {code}" if ended else "never ended"
+    check("job end", ended and code == 0, said, False)
+    check("own stop", stopped, _stop_detail(app, m) if stopped else f"still {m.status}", False)
+    check("billing tag", *_tagged(app, m), False)
+
+
+def _start_job(
+    app: App,
+    m: Machine,
+    experiment: Experiment,
+    say: Say,
+    clock: Clock,
+    deadline: float,
+    poll: float,
+) -> None:
+    """Start the experiment's job on the ready machine, asking again each poll until it is
+    taken (or the deadline passes: :class:`StepFailed`)."""
     while jobs.run_due(app, m):
         jobs.ensure_run(app, m, experiment, progress=say)
         if not jobs.run_due(app, m):
             break
         _wait(clock, deadline, poll, "the machine to take the job")
-    check("reachable", m.status == S.RUNNING, f"{m.name} runs at {m.public_ip or 'no address'}")
 
+
+def _watch(
+    app: App, m: Machine, clock: Clock, deadline: float, poll: float
+) -> tuple[Machine, bool, bool, bool]:
+    """Pass over the machine as the scheduler would until its agent was heard, its job ended
+    and it stopped itself, or the deadline: (the machine as last read, heard, ended,
+    stopped)."""
     heard = ended = stopped = False
     while True:
         if m.status == S.RUNNING:  # what a scheduler pass reads of it: heartbeats or its report
@@ -177,14 +207,7 @@ def _steps(
         if clock.monotonic() >= deadline:
             break
         clock.sleep(poll)
-    # each said, none ends the run: a team wants to know all that failed
-    check("agent", heard, "heard from the machine's agent" if heard else "never heard", False)
-    job = jobs.jobs_of(app, m).get(jobs.RUN)
-    code = job.exit_code if job else None
-    said = f"run exited {code}" if ended else "never ended"
-    check("job end", ended and code == 0, said, False)
-    check("own stop", stopped, _stop_detail(app, m) if stopped else f"still {m.status}", False)
-    check("billing tag", *_tagged(app, m), False)
+    return m, heard, ended, stopped
 
 
 def _wait(clock: Clock, deadline: float, poll: float, what: str) -> None:

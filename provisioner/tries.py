@@ -49,26 +49,44 @@ def tries(events: Sequence[Event]) -> Tries:
     """The tries in one machine's ``events`` (oldest first) since it was last preempted."""
     t = Tries()
     for e in events:
-        d = e.detail or {}
         if e.kind == K.PREEMPTED:
             t = Tries()
-        elif e.kind == K.RECOVER_FAILED:
-            t.attempts, t.last, t.refusal = t.attempts + 1, utc(e.at), None
-        elif e.kind == K.RELAUNCH_REFUSED:
-            t.attempts += int(d.get("attempts", 1))
-            t.last = utc(datetime.fromisoformat(d["last_try"])) if "last_try" in d else utc(e.at)
-            t.refusal = e
-        elif e.kind == K.RELAUNCH_GAVE_UP:
-            t.gave_up = e
-        elif e.kind == K.REPLACEMENT_ENDED:
-            t.replaced_by = None
-        if e.kind == K.RELAUNCHED and d.get("kept"):
-            t.replaced_by = str(d.get("machine"))
-        if e.kind in (K.RELAUNCHED, K.STARTED) or (  # started: also in place after preemption
-            e.kind == K.TERMINATED and e.reason not in ("preempted", "relaunch-refused")
-        ):
+        _count(t, e)
+        _replacement(t, e)
+        if _clears_refusal(e):
             t.refusal = None  # relaunched, started or ended by hand: nothing is held any more
     return t
+
+
+def _count(t: Tries, e: Event) -> None:
+    """A try's end in ``t``: a failed recovery, a refused relaunch (with the tries and the
+    last try it says), giving up."""
+    d = e.detail or {}
+    if e.kind == K.RECOVER_FAILED:
+        t.attempts, t.last, t.refusal = t.attempts + 1, utc(e.at), None
+    elif e.kind == K.RELAUNCH_REFUSED:
+        t.attempts += int(d.get("attempts", 1))
+        t.last = utc(datetime.fromisoformat(d["last_try"])) if "last_try" in d else utc(e.at)
+        t.refusal = e
+    elif e.kind == K.RELAUNCH_GAVE_UP:
+        t.gave_up = e
+
+
+def _replacement(t: Tries, e: Event) -> None:
+    """The machine kept preempted while its replacement runs: that replacement (a relaunch
+    that kept it), or none once the replacement ended."""
+    d = e.detail or {}
+    if e.kind == K.REPLACEMENT_ENDED:
+        t.replaced_by = None
+    elif e.kind == K.RELAUNCHED and d.get("kept"):
+        t.replaced_by = str(d.get("machine"))
+
+
+def _clears_refusal(e: Event) -> bool:
+    """A relaunch, a start (also in place after a preemption) or an end by hand."""
+    return e.kind in (K.RELAUNCHED, K.STARTED) or (
+        e.kind == K.TERMINATED and e.reason not in ("preempted", "relaunch-refused")
+    )
 
 
 def utc(at: datetime) -> datetime:

@@ -149,12 +149,13 @@ def test_yandex_2022_rates_are_rebased_to_22_percent_vat_and_keep_their_old_date
 
 def test_stale_rows_are_named_per_cloud_and_fresh_ones_are_not(settings):
     offers = catalog.load(settings, ["aws", "yandex", "sandbox"])
-    lines = catalog.stale(offers, date(2026, 12, 3))
+    lines = catalog_checks.stale(offers, date(2026, 12, 3))
     assert len(lines) == 1 and lines[0].startswith("yandex: ")
     assert "as of 2022-04-13" in lines[0] and "catalog refresh --cloud yandex" in lines[0]
-    later = catalog.stale(offers, date(2027, 3, 1))  # the AWS rows of 2026-11-30 are 91 days old
+    # the AWS rows of 2026-11-30 are 91 days old
+    later = catalog_checks.stale(offers, date(2027, 3, 1))
     assert [x.split(":")[0] for x in later] == ["aws", "yandex"]
-    assert catalog.stale(offers, date(2027, 2, 28))[0].startswith("yandex")  # 90 days: fresh
+    assert catalog_checks.stale(offers, date(2027, 2, 28))[0].startswith("yandex")  # 90 days: fresh
 
 
 NOW = datetime(2026, 12, 3, 9, 0, tzinfo=UTC)

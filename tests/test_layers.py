@@ -75,6 +75,7 @@ ORDER = [
     "provisioner.machines.waiting",  # an intent queued for capacity: its tries, its end
     "provisioner.machines.reconcile",  # observations, orphans, gc
     "provisioner.machines",
+    "provisioner.ownership",  # rent or buy per GPU type
     "provisioner.reports",  # the report model: numbers
     "provisioner.render",  # the report as text, HTML, chart, CSV and mail
     "provisioner.bill",  # the ledger beside each cloud's own bill

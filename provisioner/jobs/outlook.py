@@ -182,24 +182,33 @@ def _swept(a: sweep.Assessment, now: datetime) -> Move:
         return Move("keep", m.kept_until, "kept", act.why, key="dash_next_keep_ends")
     if act is not None:
         return _now_move(act.action, act.reason, act.why, now)
-    timed: list[Move] = []
-    anytime: list[Move] = []
+    return _next(_coming(a, now), now) or Move("none", None, "", why_not(a, now))
+
+
+def _next(moves: list[Move], now: datetime) -> Move | None:
+    """The earliest of the timed ``moves``, else the first one at any time; None: none."""
+    timed = [x for x in moves if x.at is not None]
+    if timed:
+        return min(timed, key=lambda x: x.at or now)
+    anytime = [x for x in moves if x.at is None]
+    return anytime[0] if anytime else None
+
+
+def _coming(a: sweep.Assessment, now: datetime) -> list[Move]:
+    """The moves to come, in this order: the lifetime's end; while the machine runs, each
+    idle rule's stop and its autostop."""
+    moves: list[Move] = []
     lived = _lifetime_end(a, now)
     if lived is not None:
-        timed.append(lived)
-    if m.status == S.RUNNING:
+        moves.append(lived)
+    if a.machine.status == S.RUNNING:
         for c in a.rules.idle:
             move = _idle_move(a, c, now)
             if move is not None:
-                (timed if move.at is not None else anytime).append(move)
+                moves.append(move)
         if a.autostop is not None:
-            move = _autostop_move(a, now)
-            (timed if move.at is not None else anytime).append(move)
-    if timed:
-        return min(timed, key=lambda x: x.at or now)
-    if anytime:
-        return anytime[0]
-    return Move("none", None, "", why_not(a, now))
+            moves.append(_autostop_move(a, now))
+    return moves
 
 
 def _lifetime_end(a: sweep.Assessment, now: datetime) -> Move | None:

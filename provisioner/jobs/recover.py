@@ -19,6 +19,7 @@ from datetime import datetime
 from typing import Any
 
 from sqlalchemy import select
+from sqlalchemy.orm import Session
 
 import providers
 from providers.base import CapacityError, MachineState, NotFound, ProviderError
@@ -136,6 +137,12 @@ def _decide(m: Machine, t: Tries, now: datetime) -> Action | None:
         return Action(m.name, "give-up", "preempted", f"{t.attempts} tries")
     if t.next_try is not None and now < t.next_try:
         return None
+    return _try_again(m, t)
+
+
+def _try_again(m: Machine, t: Tries) -> Action:
+    """The next try of ``on_preemption: relaunch``: start in place where the cloud keeps the
+    machine (a relaunch, near it first, if it has no room), else relaunch near it first."""
     near = m.zone or m.region or "?"
     try_n = f"(try {t.attempts + 1} of {MAX_ATTEMPTS})"
     if _restartable(m):
@@ -195,47 +202,60 @@ def _to_recover(app: App) -> list[tuple[Machine, Tries]]:
     """Preempted machines, and those lost after a try (terminated to be relaunched, or held
     where the cloud could not keep them) with no machine of that name since; each with its
     tries. Given-up machines are left out: they are no longer retried."""
-    kinds = (K.RECOVER_FAILED, K.RELAUNCH_REFUSED)
     with app.db.session() as s:
         preempted = {
             m.id: m for m in s.scalars(select(Machine).where(Machine.status == S.PREEMPTED))
         }
-        lost = set(
-            s.scalars(select(Event.machine_id).where(Event.kind.in_(kinds)).distinct())
-        ) | set(
-            s.scalars(
-                select(Event.machine_id)
-                .where(Event.kind == K.TERMINATED, Event.reason == "preempted")
-                .distinct()
-            )
-        )
         out: list[tuple[Machine, Tries]] = []
-        for mid in sorted(set(preempted) | lost, key=lambda i: (i not in preempted, i)):
+        for mid in sorted(set(preempted) | _lost(s), key=lambda i: (i not in preempted, i)):
             m = preempted.get(mid) or machine_row(s, mid)
             evs = events(s, mid)
             t = tries(evs)
             if t.gave_up is not None or not evs:
                 continue
             if m.status == S.PREEMPTED:
-                if t.replaced_by is not None:
-                    new = s.get(Machine, t.replaced_by)
-                    t.replacement = new.status if new is not None else S.FAILED.value
+                _note_replacement(s, t)
                 out.append((m, t))
-                continue
-            if m.status != S.TERMINATED:
-                continue
-            latest = evs[-1]
-            interrupted = latest.kind == K.TERMINATED and (latest.detail or {}).get("relaunching")
-            held = latest.kind == K.TERMINATED and latest.reason == "relaunch-refused"
-            live = s.scalars(
-                select(Machine.status).where(
-                    Machine.name == m.name, Machine.status.not_in(ACTIVE_EXCLUDED)
-                )
-            ).first()
-            # a relaunch killed mid-`up` left its intent "requested": resuming it finishes the job
-            if (latest.kind in kinds or interrupted or held) and live in (None, S.REQUESTED):
+            elif m.status == S.TERMINATED and _awaits_relaunch(s, m, evs[-1]):
                 out.append((m, t))
         return out
+
+
+_LOST = (K.RECOVER_FAILED, K.RELAUNCH_REFUSED)  # a try's events that leave a machine lost
+
+
+def _lost(s: Session) -> set[str]:
+    """The ids of machines a try left lost (a failed recovery, a refused relaunch) or that
+    were terminated after a preemption."""
+    return set(s.scalars(select(Event.machine_id).where(Event.kind.in_(_LOST)).distinct())) | set(
+        s.scalars(
+            select(Event.machine_id)
+            .where(Event.kind == K.TERMINATED, Event.reason == "preempted")
+            .distinct()
+        )
+    )
+
+
+def _note_replacement(s: Session, t: Tries) -> None:
+    """Set the status of the machine a try launched to replace a preempted one (failed when
+    its row is gone) on ``t``."""
+    if t.replaced_by is not None:
+        new = s.get(Machine, t.replaced_by)
+        t.replacement = new.status if new is not None else S.FAILED.value
+
+
+def _awaits_relaunch(s: Session, m: Machine, latest: Event) -> bool:
+    """A terminated machine whose last event (``latest``) leaves it to be relaunched — a try
+    lost it, a relaunch was interrupted or refused — with no live machine of its name since
+    (one still "requested" is a relaunch killed mid-`up`: resuming it finishes the job)."""
+    interrupted = latest.kind == K.TERMINATED and (latest.detail or {}).get("relaunching")
+    held = latest.kind == K.TERMINATED and latest.reason == "relaunch-refused"
+    if not (latest.kind in _LOST or interrupted or held):
+        return False
+    live = s.scalars(
+        select(Machine.status).where(Machine.name == m.name, Machine.status.not_in(ACTIVE_EXCLUDED))
+    ).first()
+    return live in (None, S.REQUESTED)
 
 
 def _near(m: Machine) -> Callable[[Any], int]:
@@ -322,7 +342,14 @@ def _relaunch(
             _restore_name(app, m)
         _failed(app, m, action, attempt, e)
         return
-    new = result.machine
+    _relaunched(app, m, result.machine, action, instead, keep)
+
+
+def _relaunched(
+    app: App, m: Machine, new: Machine, action: Action, instead: str | None, keep: bool
+) -> None:
+    """Record the relaunch of ``m`` as ``new`` (on both, and in the action's words), tell its
+    owner; a kept machine whose replacement runs already is retired now."""
     where = f"{new.cloud}/{new.zone or new.region}"
     action.done = True
     action.why += f" → relaunched, {where}" if instead else f" → {where}"

@@ -34,60 +34,89 @@ def run(app: App, now: datetime | None = None) -> list[str]:
     now = now or app.clock.now()
     out = []
     for policy in app.policies:
-        b = policy.budget
-        if b is None or b.report is None or not (b.recipients or policy.notify):
+        due = _due(app, policy, now)
+        if due is None:
             continue
-        due = due_time(b.report.cron, policy.timezone, now)
-        period = budget.period_of(policy, now)
-        if due is None or period is None:
-            continue
-        mark = due.astimezone(ZoneInfo("UTC")).isoformat(timespec="minutes")
-        if (NoticeKind.REPORT, mark) in claimed(app, policy.name, period):
-            continue
+        mark, period = due
         key = f"report:{policy.name}:{mark}"
-        if policy.notify and (st := budget.status(app, policy, now, period=period)) is not None:
-            notice = notify.Notice(
-                "report",
-                key,
-                notify.texts(
-                    "report",
-                    policy=policy.name,
-                    period=period.label,
-                    spent=st.spent.rounded(),
-                    amount=st.amount,
-                    pct=f"{st.pct:.0f}",
-                    committed=st.committed.rounded(),
-                    forecast=st.forecast.rounded(),
-                ),
-                policy=policy.name,
-                extra={"budget": st.as_json()},
-            )
-            if notify.tell_policy(app, notice, policy.name):
-                out.append(f"report {policy.name} due {mark}: queued for its notify channels")
-
-        def send(policy: Policy = policy, period: Period = period) -> None:
-            r = reports.for_budget(app, policy, now, period)
-            render.email(app, r, policy.budget.recipients)  # type: ignore[union-attr]
-
-        subject = f"report {policy.name} due {mark}"
-        try:
-            sent = claim(
-                app,
-                policy.name,
-                period,
-                [(NoticeKind.REPORT, mark)],
-                now,
-                send if b.recipients else None,
-            )
-            if sent and b.recipients:
-                notify.record_mail(
-                    app, key, "report", b.recipients, subject, None, retried=True,
-                    policy=policy.name,
-                )  # fmt: skip
-                out.append(f"{subject}: sent to {', '.join(b.recipients)}")
-        except mail.MailError as e:
-            notify.record_mail(
-                app, key, "report", b.recipients, subject, str(e), retried=True, policy=policy.name
-            )
-            out.append(f"{subject}: not sent: {e}")
+        out += _tell_channels(app, policy, now, period, key, mark)
+        out += _mail(app, policy, now, period, key, mark)
     return out
+
+
+def _due(app: App, policy: Policy, now: datetime) -> tuple[str, Period] | None:
+    """(the due time's mark, its budget period) of ``policy``'s report when one is due and not
+    yet claimed, and someone would receive it; else None."""
+    b = policy.budget
+    if b is None or b.report is None or not (b.recipients or policy.notify):
+        return None
+    due = due_time(b.report.cron, policy.timezone, now)
+    period = budget.period_of(policy, now)
+    if due is None or period is None:
+        return None
+    mark = due.astimezone(ZoneInfo("UTC")).isoformat(timespec="minutes")
+    if (NoticeKind.REPORT, mark) in claimed(app, policy.name, period):
+        return None
+    return mark, period
+
+
+def _tell_channels(
+    app: App, policy: Policy, now: datetime, period: Period, key: str, mark: str
+) -> list[str]:
+    """Queue the report's notice for the policy's notify channels, if it has any."""
+    if policy.notify and (st := budget.status(app, policy, now, period=period)) is not None:
+        notice = notify.Notice(
+            "report",
+            key,
+            notify.texts(
+                "report",
+                policy=policy.name,
+                period=period.label,
+                spent=st.spent.rounded(),
+                amount=st.amount,
+                pct=f"{st.pct:.0f}",
+                committed=st.committed.rounded(),
+                forecast=st.forecast.rounded(),
+            ),
+            policy=policy.name,
+            extra={"budget": st.as_json()},
+        )
+        if notify.tell_policy(app, notice, policy.name):
+            return [f"report {policy.name} due {mark}: queued for its notify channels"]
+    return []
+
+
+def _mail(
+    app: App, policy: Policy, now: datetime, period: Period, key: str, mark: str
+) -> list[str]:
+    """Claim the due time and mail the report to the budget's recipients (the claim alone when
+    it has none), each mail recorded."""
+    b = policy.budget
+    assert b is not None
+
+    def send() -> None:
+        r = reports.for_budget(app, policy, now, period)
+        render.email(app, r, b.recipients)
+
+    subject = f"report {policy.name} due {mark}"
+    try:
+        sent = claim(
+            app,
+            policy.name,
+            period,
+            [(NoticeKind.REPORT, mark)],
+            now,
+            send if b.recipients else None,
+        )
+        if sent and b.recipients:
+            notify.record_mail(
+                app, key, "report", b.recipients, subject, None, retried=True,
+                policy=policy.name,
+            )  # fmt: skip
+            return [f"{subject}: sent to {', '.join(b.recipients)}"]
+    except mail.MailError as e:
+        notify.record_mail(
+            app, key, "report", b.recipients, subject, str(e), retried=True, policy=policy.name
+        )
+        return [f"{subject}: not sent: {e}"]
+    return []

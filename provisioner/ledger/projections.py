@@ -77,10 +77,7 @@ def commitments(s: Session, period: Period, now: datetime, scope: Scope = Scope(
     out = Amounts()
     frm = period.clip(now)
     for _, rate, currency, _, _, launched_at, spec in _open_intervals(s, now, scope):
-        until = period.end
-        ttl = max_lifetime(spec)
-        if ttl is not None and launched_at is not None:
-            until = min(until, launched_at + ttl)
+        until = _until(period.end, spec, launched_at)
         if until > frm:
             out.add(currency, rate * hours(until - frm))
     # intents still launching, at the rate of their plan's first candidate: `up`s
@@ -101,10 +98,7 @@ def commitments(s: Session, period: Period, now: datetime, scope: Scope = Scope(
     for rate, disk_rate, address_rate, currency, project, owner, created_at, spec in launching:
         if not admits(project, owner):
             continue
-        until = period.end
-        ttl = max_lifetime(spec)
-        if ttl is not None:
-            until = min(until, created_at + ttl)
+        until = _until(period.end, spec, created_at)
         if until > frm:
             out.add(currency, (rate + (disk_rate or 0) + (address_rate or 0)) * hours(until - frm))
     return out
@@ -135,8 +129,27 @@ def relaunches(s: Session, period: Period, now: datetime, scope: Scope = Scope()
 
     out = Amounts()
     frm = period.clip(now)
+    rows = _relaunching(s, scope)
+    if not rows:
+        return out
+    evs: dict[str, list[Event]] = {r.id: [] for r in rows}
+    for e in s.scalars(select(Event).where(Event.machine_id.in_(evs)).order_by(Event.id)):
+        evs[e.machine_id].append(e)
+    for r in rows:
+        t = tries(evs[r.id])
+        if t.refusal is not None or t.gave_up is not None:
+            continue  # held: not relaunched until someone acts
+        until = _until(period.end, r.spec, r.launched_at)
+        if until > frm:
+            out.add(r.currency, r.rate * hours(until - frm))
+    return out
+
+
+def _relaunching(s: Session, scope: Scope) -> list[Any]:
+    """The preempted machines in ``scope`` with a rate whose experiment relaunches them on a
+    preemption (the default): id, rate, currency, project, owner, launched_at, spec."""
     admits = scope.admitter()
-    rows = [
+    return [
         r
         for r in s.execute(
             select(
@@ -152,22 +165,15 @@ def relaunches(s: Session, period: Period, now: datetime, scope: Scope = Scope()
         if admits(r.project, r.owner)
         and ((r.spec or {}).get("lifecycle") or {}).get("on_preemption", "relaunch") == "relaunch"
     ]
-    if not rows:
-        return out
-    evs: dict[str, list[Event]] = {r.id: [] for r in rows}
-    for e in s.scalars(select(Event).where(Event.machine_id.in_(evs)).order_by(Event.id)):
-        evs[e.machine_id].append(e)
-    for r in rows:
-        t = tries(evs[r.id])
-        if t.refusal is not None or t.gave_up is not None:
-            continue  # held: not relaunched until someone acts
-        until = period.end
-        ttl = max_lifetime(r.spec)
-        if ttl is not None and r.launched_at is not None:
-            until = min(until, r.launched_at + ttl)
-        if until > frm:
-            out.add(r.currency, r.rate * hours(until - frm))
-    return out
+
+
+def _until(end: datetime, spec: Any, launched_at: datetime | None) -> datetime:
+    """When a relaunched machine stops billing: the period's ``end``, or its max lifetime's
+    end from ``launched_at`` if that comes first."""
+    ttl = max_lifetime(spec)
+    if ttl is not None and launched_at is not None:
+        return min(end, launched_at + ttl)
+    return end
 
 
 def _overlap(lo: datetime, hi: datetime, start: datetime, end: datetime) -> timedelta:

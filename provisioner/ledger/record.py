@@ -41,9 +41,8 @@ def record_transition(
         return False
     m.status = status
     s.add(Event(machine_id=m.id, at=at, kind=event or status, reason=reason, detail=detail or {}))
-    _bill(s, m, UsageKind.COMPUTE, m.rate, status in COMPUTE_BILLED, at)
-    _bill(s, m, UsageKind.DISK, m.disk_rate, status in DISK_BILLED, at)
-    _bill(s, m, UsageKind.ADDRESS, m.address_rate, _address_billed(m, status), at)
+    for kind, rate, billed in _meters(m, status):
+        _bill(s, m, kind, rate, billed, at)
     if status == MachineStatus.TERMINATED:
         m.terminated_at = at
     return True
@@ -62,38 +61,80 @@ def record_transitions(
     """:func:`record_transition` for many machines at once, as a batch stop records them: their
     open intervals read in one query, one flush. Returns machine id → changed."""
     moving = [m for m in machines if m.status != status]
-    open_: dict[tuple[str, str], UsageInterval] = {}
-    for k in range(0, len(moving), 1000):  # bound the statement's parameters
-        ids = [m.id for m in moving[k : k + 1000]]
-        for row in s.scalars(
-            select(UsageInterval).where(
-                UsageInterval.machine_id.in_(ids), UsageInterval.ended_at.is_(None)
-            )
-        ):
-            open_.setdefault((row.machine_id, row.kind), row)
+    open_ = _open_intervals(s, [m.id for m in moving])
     for m in moving:
-        m.status = status
         detail = (details or {}).get(m.id) or {}
-        s.add(Event(machine_id=m.id, at=at, kind=event or status, reason=reason, detail=detail))
-        for kind, rate, billed in (
-            (UsageKind.COMPUTE, m.rate, status in COMPUTE_BILLED),
-            (UsageKind.DISK, m.disk_rate, status in DISK_BILLED),
-            (UsageKind.ADDRESS, m.address_rate, _address_billed(m, status)),
-        ):
-            iv = open_.get((m.id, kind))
-            if billed and iv is None and rate is not None:
-                s.add(
-                    UsageInterval(
-                        machine_id=m.id, kind=kind, started_at=at, rate=rate, currency=m.currency
-                    )
-                )
-            elif not billed and iv is not None:
-                iv.ended_at = max(at, iv.started_at)
-        if status == MachineStatus.TERMINATED:
-            m.terminated_at = at
+        _move(
+            s,
+            m,
+            status,
+            at,
+            Event(machine_id=m.id, at=at, kind=event or status, reason=reason, detail=detail),
+            open_,
+        )
     s.flush()
     changed = {m.id for m in moving}
     return {m.id: m.id in changed for m in machines}
+
+
+def _move(
+    s: Session,
+    m: Machine,
+    status: MachineStatus,
+    at: datetime,
+    event: Event,
+    open_: dict[tuple[str, str], UsageInterval],
+) -> None:
+    """One machine of a batch to ``status`` at ``at``: its event, its intervals opened or
+    closed (``open_``: the batch's open ones), its end when terminated."""
+    m.status = status
+    s.add(event)
+    for kind, rate, billed in _meters(m, status):
+        _meter(s, m, kind, rate, billed, at, open_.get((m.id, kind)))
+    if status == MachineStatus.TERMINATED:
+        m.terminated_at = at
+
+
+def _open_intervals(s: Session, ids: list[str]) -> dict[tuple[str, str], UsageInterval]:
+    """The open usage intervals of the machines ``ids`` by (machine id, kind), read in
+    batches of 1000 (to bound the statement's parameters); the first read of a pair wins."""
+    open_: dict[tuple[str, str], UsageInterval] = {}
+    for k in range(0, len(ids), 1000):
+        for row in s.scalars(
+            select(UsageInterval).where(
+                UsageInterval.machine_id.in_(ids[k : k + 1000]), UsageInterval.ended_at.is_(None)
+            )
+        ):
+            open_.setdefault((row.machine_id, row.kind), row)
+    return open_
+
+
+def _meters(m: Machine, status: MachineStatus) -> list[tuple[UsageKind, Decimal | None, bool]]:
+    """Each kind of usage of ``m``: (kind, its rate, billed in ``status``)."""
+    return [
+        (UsageKind.COMPUTE, m.rate, status in COMPUTE_BILLED),
+        (UsageKind.DISK, m.disk_rate, status in DISK_BILLED),
+        (UsageKind.ADDRESS, m.address_rate, _address_billed(m, status)),
+    ]
+
+
+def _meter(
+    s: Session,
+    m: Machine,
+    kind: UsageKind,
+    rate: Decimal | None,
+    billed: bool,
+    at: datetime,
+    iv: UsageInterval | None,
+) -> None:
+    """Open an interval of ``kind`` at ``at`` when billed and none is open (``iv``) and the
+    rate is known; close the open one at ``at`` (never before its start) when not billed."""
+    if billed and iv is None and rate is not None:
+        s.add(
+            UsageInterval(machine_id=m.id, kind=kind, started_at=at, rate=rate, currency=m.currency)
+        )
+    elif not billed and iv is not None:
+        iv.ended_at = max(at, iv.started_at)
 
 
 def _address_billed(m: Machine, status: MachineStatus) -> bool:
@@ -110,12 +151,7 @@ def _bill(
             UsageInterval.ended_at.is_(None),
         )
     ).first()
-    if billed and open_ is None and rate is not None:
-        s.add(
-            UsageInterval(machine_id=m.id, kind=kind, started_at=at, rate=rate, currency=m.currency)
-        )
-    elif not billed and open_ is not None:
-        open_.ended_at = max(at, open_.started_at)
+    _meter(s, m, kind, rate, billed, at, open_)
     s.flush()
 
 

@@ -3,7 +3,7 @@ day, as exact integer microseconds per (key, currency, rate) priced once at the 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import date, datetime
 from fnmatch import fnmatchcase
@@ -294,14 +294,28 @@ def day_tally(
         rows = _day_edges_by_range(s, start, end, bounds, scope, kinds)
     else:
         rows = _day_edges_grouped(s, start, end, bounds, by, scope, kinds)
-    # per (key, currency, rate) and day index: intervals begun less ended; offsets likewise
-    net: dict[tuple[Any, str, str], tuple[list[int], list[int]]] = {}
+    return _usage_by_day(_net(rows, len(days)), days, lengths)
+
+
+Net = dict[tuple[Any, str, str], tuple[list[int], list[int]]]
+
+
+def _net(rows: Iterable[Edge], n_days: int) -> Net:
+    """Per (key, currency, rate) and day index: the intervals begun less those ended, and
+    their offsets likewise."""
+    net: Net = {}
     for key, cur, rate, day, count, offset in rows:
         if (key, cur, rate) not in net:
-            net[(key, cur, rate)] = ([0] * (len(days) + 1), [0] * (len(days) + 1))
+            net[(key, cur, rate)] = ([0] * (n_days + 1), [0] * (n_days + 1))
         counts, offsets = net[(key, cur, rate)]
         counts[int(day)] += int(count)
         offsets[int(day)] += int(offset or 0)
+    return net
+
+
+def _usage_by_day(net: Net, days: Sequence[date], lengths: list[int]) -> Tally:
+    """The usage of each day k, A·len(k) − o(k), per (key + day, currency, rate): A the
+    intervals begun by day k and not ended before it, o(k) the day's net offsets."""
     out = Tally()
     for (key, cur, rate), (counts, offsets) in net.items():
         active = 0
@@ -374,8 +388,18 @@ def _day_edges_by_range(
     days = [k for k in range(n) if bounds[k] < hi_us]
     if not pairs or not days:
         return
-    # day 0 takes what began before the span; what ends at the span's start has no usage
-    d = _rows(
+    d = _days(bounds, days, lo_us, hi_us)
+    cr = _rows(("cur", "rate"), pairs, "cr")
+    same = [iv.currency == cr.c.cur, rate == cr.c.rate, *where]
+    yield from _begun_and_ended(s, d, cr, same, lo_us)
+    yield from _running_at_end(s, cr, same, bounds, hi_us)
+
+
+def _days(bounds: list[int], days: list[int], lo_us: int, hi_us: int) -> Any:
+    """The days as constant rows: (k, its start, where its begun and ended intervals count
+    from, its end within the span). Day 0 takes what began before the span; what ends at the
+    span's start has no usage."""
+    return _rows(
         ("k", "base", "begun_from", "ended_from", "upto"),
         [
             (
@@ -389,8 +413,12 @@ def _day_edges_by_range(
         ],
         "d",
     )
-    cr = _rows(("cur", "rate"), pairs, "cr")
-    same = [iv.currency == cr.c.cur, rate == cr.c.rate, *where]
+
+
+def _begun_and_ended(s: Session, d: Any, cr: Any, same: list[Any], lo_us: int) -> Iterator[Edge]:
+    """Per (currency, rate) and day: the edges of the intervals begun that day (from the
+    span's start at the earliest) and of those ended that day."""
+    iv = UsageInterval
     begun = and_(iv.start_us >= d.c.begun_from, iv.start_us < d.c.upto, *same)
     ended = and_(iv.end_us >= d.c.ended_from, iv.end_us < d.c.upto, *same)
     q = select(
@@ -407,8 +435,17 @@ def _day_edges_by_range(
             yield (), cur, rt, k, count, offset
         if gone:
             yield (), cur, rt, k, -gone, -gone_offset
+
+
+def _running_at_end(
+    s: Session, cr: Any, same: list[Any], bounds: list[int], hi_us: int
+) -> Iterator[Edge]:
+    """The intervals still running at the span's end (or ending after it) end there: their
+    edges on the day the span ends in, when that day is among ``bounds``'."""
+    iv = UsageInterval
+    n = len(bounds) - 1
     last = next((k for k in range(n) if bounds[k] <= hi_us < bounds[k + 1]), n)
-    if last < n:  # still running at the span's end (or ending after it): they end there
+    if last < n:
         running = and_(or_(iv.end_us.is_(None), iv.end_us >= hi_us), *same)
         for cur, rt, still in s.execute(
             select(cr.c.cur, cr.c.rate, select(func.count()).where(running).scalar_subquery())

@@ -122,7 +122,17 @@ def check_start(app: App, m: Machine) -> None:
     experiment = Experiment.model_validate(m.spec)
     rate = Money(m.rate or Decimal(0), m.currency or app.settings.currency)
     spot = m.market == "spot"
-    offer = Offer(
+    base = app.settings.money_rates.convert(rate, app.settings.currency)
+    cand = Candidate(_own_offer(m, rate, spot), "spot" if spot else "reserved", rate, base)
+    plan = planning.check_known(app, experiment, cand)
+    refuse_by_policy(plan)
+    budget.guard(plan)
+
+
+def _own_offer(m: Machine, rate: Money, spot: bool) -> Offer:
+    """The offer ``m`` was launched from, as far as its row tells: its place, type and GPUs
+    at ``rate`` (the spot price when ``spot``)."""
+    return Offer(
         cloud=m.cloud or "",
         region=m.region or "",
         zone=m.zone or "",
@@ -136,11 +146,6 @@ def check_start(app: App, m: Machine) -> None:
         spot_price=rate.amount if spot else None,
         currency=rate.currency,
     )
-    base = app.settings.money_rates.convert(rate, app.settings.currency)
-    cand = Candidate(offer, "spot" if spot else "reserved", rate, base)
-    plan = planning.check_known(app, experiment, cand)
-    refuse_by_policy(plan)
-    budget.guard(plan)
 
 
 def hold(
@@ -302,14 +307,7 @@ def act_many(
         (S.STOPPED, EventKind.STOPPED) if op == "stop" else (S.TERMINATED, EventKind.TERMINATED)
     )
     for cloud, ms in by_cloud.items():
-        done = []
-        for m, err in _batch(app, cloud, ms, op):
-            if err is None or (op == "terminate" and isinstance(err, NotFound)):
-                done.append(m)
-            elif isinstance(err, NotFound):
-                out[m.id] = Outcome(m, error=f"{m.name}: the cloud no longer has {m.instance_id}")
-            else:
-                out[m.id] = Outcome(m, error=f"{m.name}: {op} failed: {err}")
+        done = _acted(_batch(app, cloud, ms, op), op, out)
         crashpoint(f"after-{op}")  # the cloud acted, the state does not know yet
         if not done:
             continue
@@ -322,6 +320,22 @@ def act_many(
             for row in rows:
                 out[row.id] = Outcome(row, changed[row.id])
     return out
+
+
+def _acted(
+    answers: list[tuple[Machine, ProviderError | None]], op: str, out: dict[str, Outcome]
+) -> list[Machine]:
+    """The machines the cloud stopped or terminated (one gone from it is terminated); each
+    other's failure put in ``out``."""
+    done = []
+    for m, err in answers:
+        if err is None or (op == "terminate" and isinstance(err, NotFound)):
+            done.append(m)
+        elif isinstance(err, NotFound):
+            out[m.id] = Outcome(m, error=f"{m.name}: the cloud no longer has {m.instance_id}")
+        else:
+            out[m.id] = Outcome(m, error=f"{m.name}: {op} failed: {err}")
+    return done
 
 
 def _settled(m: Machine, op: str) -> Outcome | None:

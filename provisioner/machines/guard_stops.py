@@ -69,17 +69,12 @@ def explain(report: dict[str, Any] | None, running: list[str], since: datetime |
     when it holds a well-formed ``stop`` of this run (not before ``since``, the open usage's
     start), with what it said and each job in ``running`` (the jobs the events say still run)
     ended as the report tells; else "no reason known"."""
-    stop = (report or {}).get("stop")
-    at = _iso(stop.get("at")) if isinstance(stop, dict) else None
-    if (
-        not isinstance(stop, dict)
-        or stop.get("reason") not in GUARD_REASONS
-        or at is None
-        or (since is not None and at < since - SKEW)
-    ):
+    stop = _guard_stop((report or {}).get("stop"), since)
+    if stop is None:
         return Explained(UNEXPLAINED, {"by": UNKNOWN})
-    ended = stop.get("jobs_ended")
-    said = {str(k): str(v)[:200] for k, v in ended.items()} if isinstance(ended, dict) else {}
+    at = _iso(stop.get("at"))
+    assert at is not None
+    said = _said(stop.get("jobs_ended"))
     states = (report or {}).get("jobs")
     states = states if isinstance(states, dict) else {}
     reason = str(stop["reason"])
@@ -97,14 +92,38 @@ def explain(report: dict[str, Any] | None, running: list[str], since: datetime |
         },
     )
     for job in running:
-        code = _exit_code(states.get(job))
-        if code is not None:  # it exited before the stop: its own end
-            out.jobs[job] = ("exited", code)
-        elif job in said:  # the guard's stop ended it, and said so
-            out.jobs[job] = (reason, None)
-        else:  # ended with its machine
-            out.jobs[job] = ("killed", None)
+        out.jobs[job] = _job_end(_exit_code(states.get(job)), job in said, reason)
     return out
+
+
+def _said(ended: Any) -> dict[str, str]:
+    """The guard's ``jobs_ended`` (job → what it said), each said cut to 200 characters; {}
+    when not a dict."""
+    return {str(k): str(v)[:200] for k, v in ended.items()} if isinstance(ended, dict) else {}
+
+
+def _guard_stop(stop: Any, since: datetime | None) -> dict[str, Any] | None:
+    """A report's ``stop`` when well formed: a dict with a guard's reason and a time not
+    before ``since`` (less the clocks' skew); else None."""
+    at = _iso(stop.get("at")) if isinstance(stop, dict) else None
+    if (
+        not isinstance(stop, dict)
+        or stop.get("reason") not in GUARD_REASONS
+        or at is None
+        or (since is not None and at < since - SKEW)
+    ):
+        return None
+    return stop
+
+
+def _job_end(code: int | None, said: bool, reason: str) -> tuple[str, int | None]:
+    """How a job running at the stop ended: exited with ``code`` before it (its own end),
+    ended by the guard's stop that ``said`` so, else killed with its machine."""
+    if code is not None:  # it exited before the stop: its own end
+        return ("exited", code)
+    if said:  # the guard's stop ended it, and said so
+        return (reason, None)
+    return ("killed", None)  # ended with its machine
 
 
 def inferred(app: App, m: Machine) -> Explained | None:

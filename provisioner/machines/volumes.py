@@ -125,15 +125,19 @@ def check_free(app: App, experiment: Experiment) -> None:
     with app.db.session() as s:
         for v in live(s, experiment.project, [x.name for x in experiment.volumes]):
             m = holder(s, v)
-            replaced = m is not None and m.status == S.PREEMPTED
-            if replaced and m is not None and (m.spec or {}).get("name") == experiment.name:
+            if m is None or _replaced(m, experiment):
                 continue
-            if m is not None and m.name != experiment.name:
+            if m.name != experiment.name:
                 raise UserError(
                     f"volume {v.name} of project {v.project} is attached to {m.name} "
                     f"({m.status}); a volume is mounted by one machine at a time: "
                     f"`provisioner down {m.name}` first"
                 )
+
+
+def _replaced(m: Machine, experiment: Experiment) -> bool:
+    """``m`` is a preempted machine of ``experiment``, kept until its replacement runs."""
+    return m.status == S.PREEMPTED and (m.spec or {}).get("name") == experiment.name
 
 
 # --- before a launch: the volumes in the candidate's zone ---------------------------------------
@@ -357,82 +361,129 @@ def attach(app: App, machine_id: str, experiment: Experiment) -> list[str]:
     with app.db.session() as s:
         m = s.get(Machine, machine_id)
         assert m is not None
-        by_name = {v.name: v for v in live(s, m.project, [x.name for x in experiment.volumes])}
-        owners = {
-            iid: (name, status, (spec or {}).get("name"))
-            for iid, name, status, spec in s.execute(
-                select(Machine.instance_id, Machine.name, Machine.status, Machine.spec).where(
-                    Machine.cloud == m.cloud, Machine.instance_id.is_not(None)
-                )
-            )
-        }
+        by_name = _by_name(s, m, experiment)
+        owners = _owners(s, m)
     service = _service(app, m.cloud or "")
     done = []
     for i, spec in enumerate(experiment.volumes):
-        v = by_name.get(spec.name)
-        if v is None or not v.volume_id:
-            raise OperationFailed(f"{m.name}: volume {spec.name} does not exist (yet)")
-        try:
-            cv = service.get(vref(v))
-        except NotFound as e:
-            raise OperationFailed(
-                f"{m.name}: volume {v.name} ({v.volume_id}) is gone from {v.cloud}: {e}"
-            ) from e
-        except ProviderError as e:
-            raise OperationFailed(f"{m.name}: volume {v.name} could not be read: {e}") from e
+        v = _created(m, by_name, spec.name)
+        cv = _read(service, m, v)
         if cv.attached_to and cv.attached_to != m.instance_id:
-            name, status, spec_name = owners.get(cv.attached_to, (None, None, None))
-            if name is None:  # not ours to detach
-                raise OperationFailed(
-                    f"{m.name}: volume {v.name} is attached to {cv.attached_to}, which no "
-                    f"machine of provisioner is: detach it in the cloud's console"
-                )
-            replaced = status == S.PREEMPTED and spec_name == experiment.name
-            if status not in (S.TERMINATED, S.FAILED) and not replaced:
-                raise OperationFailed(f"{m.name}: volume {v.name} is attached to {name} ({status})")
-            stale = InstanceRef(id=cv.attached_to, region=v.region, zone=v.zone)
-            try:  # from a stopped or ended instance: one gone already has let it go
-                service.detach(cv.ref, stale)
-            except NotFound:
-                pass
-            except ProviderError as e:
-                raise OperationFailed(
-                    f"{m.name}: volume {v.name} could not be detached from {name}: {e}"
-                ) from e
-            if replaced:
-                record_event(
-                    app,
-                    m.id,
-                    EventKind.VOLUME_MOVED,
-                    detail={
-                        "volume": v.name,
-                        "from": name,
-                        "why": f"detached from the preempted {name} this machine replaces "
-                        f"(the same zone, {v.zone})",
-                    },
-                )
+            _release(app, service, m, v, cv, owners.get(cv.attached_to), experiment.name)
         if cv.attached_to != m.instance_id or cv.state is not VolumeState.IN_USE:
-            try:
-                service.attach(cv.ref, ref(m), i)
-            except NotFound as e:  # the volume was just read: the machine is what is gone
-                raise NotFound(
-                    f"{m.name}: volume {v.name} could not be attached, the machine is gone "
-                    f"from {m.cloud}: {e}",
-                    code=e.code,
-                ) from e
-            except ProviderError as e:
-                raise OperationFailed(
-                    f"{m.name}: volume {v.name} could not be attached: {e}"
-                ) from e
-        with app.db.session() as s:
-            row = s.get(Volume, v.id)
-            assert row is not None
-            row.status, row.attached_machine_id = VolumeStatus.IN_USE, m.id
-        record_event(
-            app, m.id, EventKind.VOLUME_ATTACHED, detail={"volume": v.name, "id": v.volume_id}
-        )
+            _attach_one(service, m, v, cv, i)
+        _mark_attached(app, m, v)
         done.append(v.name)
     return done
+
+
+def _mark_attached(app: App, m: Machine, v: Volume) -> None:
+    """Record ``v`` in use on ``m``: its row and the machine's event."""
+    with app.db.session() as s:
+        row = s.get(Volume, v.id)
+        assert row is not None
+        row.status, row.attached_machine_id = VolumeStatus.IN_USE, m.id
+    record_event(app, m.id, EventKind.VOLUME_ATTACHED, detail={"volume": v.name, "id": v.volume_id})
+
+
+def _by_name(s: Session, m: Machine, experiment: Experiment) -> dict[str, Volume]:
+    """The live volumes of ``m``'s project that ``experiment`` names, by name."""
+    return {v.name: v for v in live(s, m.project, [x.name for x in experiment.volumes])}
+
+
+def _created(m: Machine, by_name: dict[str, Volume], name: str) -> Volume:
+    """The volume ``name`` once the cloud has created it, else :class:`OperationFailed`."""
+    v = by_name.get(name)
+    if v is None or not v.volume_id:
+        raise OperationFailed(f"{m.name}: volume {name} does not exist (yet)")
+    return v
+
+
+Owner = tuple[str, MachineStatus, str | None]  # a machine's name, status, experiment's name
+
+
+def _owners(s: Session, m: Machine) -> dict[str, Owner]:
+    """Every machine of ``m``'s cloud with an instance, by its instance id."""
+    return {
+        iid: (name, status, (spec or {}).get("name"))
+        for iid, name, status, spec in s.execute(
+            select(Machine.instance_id, Machine.name, Machine.status, Machine.spec).where(
+                Machine.cloud == m.cloud, Machine.instance_id.is_not(None)
+            )
+        )
+    }
+
+
+def _read(service: VolumeService, m: Machine, v: Volume) -> CloudVolume:
+    """The cloud's view of ``v``; gone or unreadable is :class:`OperationFailed`."""
+    try:
+        return service.get(vref(v))
+    except NotFound as e:
+        raise OperationFailed(
+            f"{m.name}: volume {v.name} ({v.volume_id}) is gone from {v.cloud}: {e}"
+        ) from e
+    except ProviderError as e:
+        raise OperationFailed(f"{m.name}: volume {v.name} could not be read: {e}") from e
+
+
+def _release(
+    app: App,
+    service: VolumeService,
+    m: Machine,
+    v: Volume,
+    cv: CloudVolume,
+    owner: Owner | None,
+    experiment: str,
+) -> None:
+    """Detach ``cv`` from the other instance holding it, when that one is a machine of ours
+    that ended or the preempted machine of ``experiment`` that ``m`` replaces (recorded as a
+    move); refuse (:class:`OperationFailed`) any other holder."""
+    if owner is None:  # not ours to detach
+        raise OperationFailed(
+            f"{m.name}: volume {v.name} is attached to {cv.attached_to}, which no "
+            f"machine of provisioner is: detach it in the cloud's console"
+        )
+    name, status, spec_name = owner
+    replaced = status == S.PREEMPTED and spec_name == experiment
+    if status not in (S.TERMINATED, S.FAILED) and not replaced:
+        raise OperationFailed(f"{m.name}: volume {v.name} is attached to {name} ({status})")
+    assert cv.attached_to is not None
+    stale = InstanceRef(id=cv.attached_to, region=v.region, zone=v.zone)
+    try:  # from a stopped or ended instance: one gone already has let it go
+        service.detach(cv.ref, stale)
+    except NotFound:
+        pass
+    except ProviderError as e:
+        raise OperationFailed(
+            f"{m.name}: volume {v.name} could not be detached from {name}: {e}"
+        ) from e
+    if replaced:
+        record_event(
+            app,
+            m.id,
+            EventKind.VOLUME_MOVED,
+            detail={
+                "volume": v.name,
+                "from": name,
+                "why": f"detached from the preempted {name} this machine replaces "
+                f"(the same zone, {v.zone})",
+            },
+        )
+
+
+def _attach_one(service: VolumeService, m: Machine, v: Volume, cv: CloudVolume, i: int) -> None:
+    """Attach ``cv`` to ``m`` as its ``i``-th volume: the machine gone is :class:`NotFound`,
+    any other refusal :class:`OperationFailed`."""
+    try:
+        service.attach(cv.ref, ref(m), i)
+    except NotFound as e:  # the volume was just read: the machine is what is gone
+        raise NotFound(
+            f"{m.name}: volume {v.name} could not be attached, the machine is gone "
+            f"from {m.cloud}: {e}",
+            code=e.code,
+        ) from e
+    except ProviderError as e:
+        raise OperationFailed(f"{m.name}: volume {v.name} could not be attached: {e}") from e
 
 
 # --- `provisioner volume ls` and `rm` ---------------------------------------------------------
@@ -526,72 +577,6 @@ def _cloud_volumes(app: App, v: Volume) -> list[VolumeRef]:
         return [vref(v)]
     found = _service(app, v.cloud).ours([v.region])
     return [cv.ref for cv in found if cv.labels.get(TAG_VOLUME) == v.id]
-
-
-# --- gc ---------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Stray:
-    """A volume of ours nobody uses: in the cloud but unknown to the state, or in the state
-    but named by no live machine's experiment."""
-
-    cloud: str
-    id: str
-    name: str
-    zone: str
-    size_gb: int
-    why: str
-
-    def __str__(self) -> str:
-        where = f"{self.cloud}/{self.zone} {self.id}"
-        return f"volume {where} ({self.name}, {self.size_gb} GB): {self.why}"
-
-
-def strays(app: App, clouds: Iterable[str] | None, errors: dict[str, str]) -> list[Stray]:
-    """Volumes of ours no state row knows (each asked cloud that can list volumes), and
-    volumes in the state that no live machine's experiment names. Only listed: a volume holds
-    data, so it is removed only by ``provisioner volume rm``."""
-    asked = [c for c in (clouds or app.settings.enabled_clouds) if c not in errors]
-    with app.db.session() as s:
-        rows = live(s)
-        named = {
-            (m.project, v.get("name"))
-            for m in s.scalars(
-                select(Machine).where(Machine.status.not_in((S.TERMINATED, S.FAILED)))
-            )
-            for v in (m.spec or {}).get("volumes") or []
-        }
-    known = {v.volume_id for v in rows if v.volume_id} | {v.id for v in rows}
-    out = []
-    for cloud in asked:
-        service = app.provider(cloud).volumes
-        if service is None:  # a cloud without volumes has none to stray
-            continue
-        try:
-            listed = service.ours()
-        except ProviderError as e:
-            errors[cloud] = str(e)
-            continue
-        for cv in listed:
-            if cv.id not in known and cv.labels.get(TAG_VOLUME) not in known:
-                out.append(
-                    Stray(cloud, cv.id, cv.name, cv.zone, cv.size_gb, "no state row knows it")
-                )
-    for v in rows:
-        if v.cloud in asked and (v.project, v.name) not in named:
-            out.append(
-                Stray(
-                    v.cloud,
-                    v.volume_id or "-",
-                    f"{v.name} of {v.project}",
-                    v.zone,
-                    v.size_gb,
-                    f"no live machine names it; bills {v.rate} {v.currency}/h: "
-                    f"`provisioner volume rm {v.name} --project {v.project}`",
-                )
-            )
-    return out
 
 
 def rate_text(v: Volume) -> str:

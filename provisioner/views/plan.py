@@ -73,7 +73,11 @@ class PlanView:
 
 def plan(app: App, experiment: Experiment, source: str | None = None) -> PlanView:
     """``source``: the experiment's file, named when its startup data fits no cloud."""
-    from provisioner import catalog, fits, planning  # policies and the catalog: not for --help
+    from provisioner import (  # policies and the catalog: not for --help
+        catalog_checks,
+        fits,
+        planning,
+    )
 
     p = planning.plan(app, experiment)
     fits.drop_unfit(app, experiment, p, source)
@@ -91,7 +95,7 @@ def plan(app: App, experiment: Experiment, source: str | None = None) -> PlanVie
         [Reject(r, n, p.examples.get(r, "")) for r, n in p.summary_reasons()],
         unstoppable_spot(p.candidates)
         + autostop_cap(app, experiment)
-        + catalog.stale([c.offer for c in p.candidates], app.clock.now().date()),
+        + catalog_checks.stale([c.offer for c in p.candidates], app.clock.now().date()),
         address_rates(app, p.candidates),
         guard_lines(app, experiment, p.candidates),
     )

@@ -212,7 +212,13 @@ def choose_policy(app: App, q: Query) -> Policy | None:
         return found
     if not q.project:
         return None
-    covering = [p for p in policies if p.applies_to.matches(q.project, q.owner or "*")]
+    return _covering(policies, q.project, q.owner or "*")
+
+
+def _covering(policies: list[Policy], project: str, owner: str) -> Policy | None:
+    """The first policy that applies to ``project`` and ``owner``, one naming projects more
+    narrowly than '*' first."""
+    covering = [p for p in policies if p.applies_to.matches(project, owner)]
     narrow = [p for p in covering if p.applies_to.projects != ["*"]]
     return next(iter(narrow or covering), None)
 
@@ -227,13 +233,7 @@ def report(app: App, q: Query, now: datetime | None = None) -> ReportView:
     r = reports.build(
         app,
         _period(q, policy, now),
-        ledger.Scope(
-            project=q.project,
-            owner=q.owner,
-            cloud=q.cloud,
-            gpu=q.gpu and q.gpu.upper(),
-            covers=policy.applies_to.matches if policy and q.policy else None,
-        ),
+        _scope(q, policy),
         by=q.by,
         title=policy.name if policy and (q.policy or not q.project) else q.project,
         budget_policy=policy,
@@ -242,6 +242,17 @@ def report(app: App, q: Query, now: datetime | None = None) -> ReportView:
         now=now,
     )
     return ReportView(r, policy, previous(app, r) if q.compare else None)
+
+
+def _scope(q: Query, policy: Policy | None) -> ledger.Scope:
+    """The machines ``q`` asks about; with a policy named, only those its budget covers."""
+    return ledger.Scope(
+        project=q.project,
+        owner=q.owner,
+        cloud=q.cloud,
+        gpu=q.gpu and q.gpu.upper(),
+        covers=policy.applies_to.matches if policy and q.policy else None,
+    )
 
 
 def _period(q: Query, policy: Policy | None, now: datetime) -> ledger.Period:
@@ -320,8 +331,8 @@ def standings(app: App, now: datetime, report: reports.Report | None = None) -> 
         period = budget.period_of(p, now)
         if period is None:
             continue
-        lent = same.budget if same is not None else None
-        if lent is not None and lent.policy is p and lent.period == period:  # its own report
+        lent = _own(same, p, period)
+        if lent is not None:
             out.append(lent)
             continue
         spent = None if same is None else same.spent_by(p, period)
@@ -329,6 +340,13 @@ def standings(app: App, now: datetime, report: reports.Report | None = None) -> 
         if st is not None:
             out.append(st)
     return out
+
+
+def _own(same: reports.Report | None, p: Policy, period: ledger.Period) -> budget.Status | None:
+    """The standing of ``p``'s budget the report shows when it is ``p``'s own report over
+    ``period``; else None."""
+    lent = same.budget if same is not None else None
+    return lent if lent is not None and lent.policy is p and lent.period == period else None
 
 
 def spend(
@@ -343,19 +361,35 @@ def spend(
     (``budgets``: how to get them, e.g. cached; default :func:`standings`)."""
     v = report(app, Query.of_page(q, language), now)
     r = v.report
-    shown = standings(app, now, r) if budgets is None else budgets(r)
-    if r.budget is not None:  # the report's own budget: its standing, not another reckoning
-        own = r.budget
-        shown = [own if (st.policy, st.period) == (own.policy, own.period) else st for st in shown]
+    shown = _own_standing(r, standings(app, now, r) if budgets is None else budgets(r))
+    today = _today(r, now)
+    default = _period(Query(), v.policy, now) if r.budget is not None else None
+    picks = choices(now, r.period.tz, r.period, default)
+    return Spend(r, v.policy, v.previous, shown, _params(q), today, picks)
+
+
+def _own_standing(r: reports.Report, shown: list[budget.Status]) -> list[budget.Status]:
+    """The standings shown, the report's own budget's replaced by the report's (its
+    standing, not another reckoning)."""
+    own = r.budget
+    if own is None:
+        return shown
+    return [own if (st.policy, st.period) == (own.policy, own.period) else st for st in shown]
+
+
+def _today(r: reports.Report, now: datetime) -> int | None:
+    """Today's index among the report's days while its period runs; -1 before the period
+    starts; None after it (or when today is not among its days)."""
     local_today = now.astimezone(ZoneInfo(r.period.tz)).date()
     days = [d for d, _ in r.daily]
     today = days.index(local_today) if local_today in days and now < r.period.end else None
     if today is None and now < r.period.start:
         today = -1
+    return today
+
+
+def _params(q: dict[str, str]) -> dict[str, str]:
+    """The page's query options that are set (the period as the page reads it)."""
     params = {k: q.get(k, "") for k in ("budget", "by", "project", "owner", "cloud", "gpu")}
     params["period"] = page_period(q) or ""
-    default = _period(Query(), v.policy, now) if r.budget is not None else None
-    picks = choices(now, r.period.tz, r.period, default)
-    return Spend(
-        r, v.policy, v.previous, shown, {k: v for k, v in params.items() if v}, today, picks
-    )
+    return {k: v for k, v in params.items() if v}

@@ -64,7 +64,7 @@ def cheapest(app: App, gpu: str | None = None) -> Cheapest:
         rows,
         clouds,
         {cl: catalog.source_of(app.settings, cl).name for cl in clouds},
-        catalog.stale(shown, app.clock.now().date()),
+        catalog_checks.stale(shown, app.clock.now().date()),
         rates,
     )
 
