@@ -91,6 +91,7 @@ def test_help_loads_no_renderer_reader_or_validator(home):
     assert modules_loaded_by("--help", prefixes=("rich", "yaml", "pydantic", "markdown_it")) == []
 
 
+@pytest.mark.slow  # a dozen fresh interpreters, each one's modules read
 def test_status_loads_no_database_code_unless_it_has_something_to_write(home):
     """`status` of a SQLite state is standard-library SQL while the clouds find every machine
     as recorded (bench/bench_status.py times it at 1,000 machines); a state to migrate, or a
@@ -119,6 +120,7 @@ def test_status_loads_no_database_code_unless_it_has_something_to_write(home):
     assert modules_loaded_by("status", prefixes=state) == []
 
 
+@pytest.mark.slow  # fresh interpreters, each one's modules read
 def test_status_of_an_empty_state_loads_no_typer_renderer_or_validator(home):
     """Without a settings file, an empty `status` is the standard library: no Typer or Click,
     no rich (its output is not a terminal), no pydantic or YAML (bench/bench_status.py times

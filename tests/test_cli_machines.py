@@ -182,6 +182,7 @@ def _interrupt_when(args: list[str], marker: str, env: dict[str, str]) -> tuple[
     return code, log.read_text()
 
 
+@pytest.mark.slow  # a real `up` process interrupted
 def test_ctrl_c_during_up_says_what_it_left_and_exits_130(home, tmp_path):
     env = {"PROVISIONER_HOME": str(home)}
     # waiting for SSH: a machine that bills
