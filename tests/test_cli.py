@@ -61,12 +61,14 @@ def modules_loaded_by(*args: str, prefixes: tuple[str, ...] = SDK_PREFIXES) -> l
     return [m for m in line.removeprefix("HEAVY=").split(",") if m]
 
 
+@pytest.mark.slow  # fresh interpreters, each one's modules read
 def test_help_and_plan_load_no_cloud_sdk(home):
     assert modules_loaded_by("--help") == []
     assert modules_loaded_by("plan", str(EXAMPLES / "experiment.yaml")) == []
     assert modules_loaded_by("catalog", "--gpu", "H100") == []
 
 
+@pytest.mark.slow  # fresh interpreters, each one's modules read
 def test_help_and_plan_load_no_database_code(home):
     """SQLAlchemy costs ~0.2 s: only commands that use the state pay it (``plan`` only when a
     budget or a machine-count rule applies)."""
@@ -451,6 +453,7 @@ main()
 """
 
 
+@pytest.mark.slow  # a fresh interpreter without the SDK
 def test_a_cloud_whose_sdk_is_missing_names_the_extra(home, tmp_path):
     cfg = write_settings(home, clouds={"aws": {}})
     spec = tmp_path / "exp.yaml"

@@ -307,6 +307,7 @@ def test_sweep_dry_run_says_when_a_lifetime_ends(cli, home):
     assert "short: stop [max-lifetime] — up 2 h 1 min, max lifetime 2 h (experiment)" in r.out
 
 
+@pytest.mark.slow  # the scheduler as a real process
 def test_scheduler_logs_actions_not_ticks(home):
     cfg = write_settings(home, scheduler={"listen": f"127.0.0.1:{_closed_port()}"})
     log = home.parent / "scheduler.log"

@@ -318,6 +318,7 @@ def test_a_relaunch_after_preemption_runs_the_job_again(app, clock, tmp_path):
     assert not jobs.state(app, new, "run").running  # down kills it
 
 
+@pytest.mark.slow  # two CLI processes
 def test_up_again_starts_a_run_an_interrupted_up_never_started(home, clock, tmp_path, monkeypatch):
     from providers.sandbox.adapter import SandboxProvider
     from provisioner.app import App
