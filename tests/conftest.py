@@ -3,11 +3,14 @@ a manual clock, and a way to run the real CLI."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
+import shutil
 import subprocess
 import sys
 import uuid
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -69,6 +72,12 @@ def clock() -> ManualClock:
 
 
 def make_settings(home: Path, **overrides: object) -> Settings:
+    """Settings with a fast sandbox; a new SQLite state in ``home`` starts as a copy of the
+    worker's migrated one (:func:`migrated_sqlite`)."""
+    return start_state(_settings(home, **overrides))
+
+
+def _settings(home: Path, **overrides: object) -> Settings:
     # the machines' own agent off: the scheduler's side is tested alone (test_sandbox_guard
     # turns it on)
     sandbox = {
@@ -152,6 +161,41 @@ def db_url(request: pytest.FixtureRequest):
             conn.execute(f'DROP SCHEMA "{schema}" CASCADE')
 
 
+#: the worker's SQLite state at the newest schema (set by :func:`migrated_sqlite`; in the
+#: environment, because test files import this module a second time as ``tests.conftest``)
+MIGRATED_ENV = "PROVISIONER_TEST_MIGRATED_STATE"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def migrated_sqlite(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """A SQLite state at the newest schema, migrated once per worker process: a test's new
+    SQLite state (``make_settings``) starts as a copy of it, as the product would have made it
+    (Alembic's upgrade costs ~50 ms of CPU a database). The CLI's settings
+    (``write_settings``) and the migration tests start with none."""
+    from provisioner.state import Database
+
+    path = tmp_path_factory.mktemp("migrated") / "state.db"
+    db = Database(f"sqlite:///{path}")
+    db.migrate()
+    db.dispose()
+    os.environ[MIGRATED_ENV] = str(path)
+    yield path
+    os.environ.pop(MIGRATED_ENV, None)
+
+
+def start_state(settings: Settings) -> Settings:
+    """``settings``' SQLite state, when it has none yet, is a copy of the migrated one (0600, as
+    the product creates it); a PostgreSQL schema is left to be migrated."""
+    url, migrated = settings.database_url, os.environ.get(MIGRATED_ENV)
+    if migrated and url.startswith("sqlite:///"):
+        path = Path(url.removeprefix("sqlite:///"))
+        if not path.exists():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(migrated, path)
+            path.chmod(0o600)
+    return settings
+
+
 @pytest.fixture
 def settings(home: Path, db_url: str | None) -> Settings:
     return make_settings(home, state_url=db_url)
@@ -187,28 +231,97 @@ def sandbox_experiment(name: str = "exp", **resources: object) -> dict:
     return {"name": name, "project": "demo", "owner": "ana@example.com", "resources": res}
 
 
+#: set for a test marked ``slow``: its ``run_cli`` starts a fresh interpreter
+FRESH_CLI_ENV = "PROVISIONER_TEST_FRESH_CLI"
+
+
+@pytest.fixture(autouse=True)
+def _cli_interpreter(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    if request.node.get_closest_marker("slow") is not None:
+        monkeypatch.setenv(FRESH_CLI_ENV, "1")
+
+
 def run_cli(
     *args: str,
     env: dict | None = None,
     cwd: Path | None = None,
     timeout: float = 120,
     now: datetime = TEST_START,
+    fresh: bool | None = None,
 ) -> subprocess.CompletedProcess[str]:
-    """Run the real console entry point in a fresh interpreter, its clock starting at ``now``
-    (never the wall clock: a test must pass on every day of every month)."""
+    """Run the real console entry point, its clock starting at ``now`` (never the wall clock: a
+    test must pass on every day of every month), and give its exit code, stdout and stderr.
+
+    ``fresh``: in a new interpreter (``python -m provisioner``), as a user runs it. By default
+    only the end-to-end tests (marked ``slow``) and runs that must end their process (a
+    crashpoint's SIGKILL, ``ssh``'s exec) do: elsewhere the entry point runs in this process
+    (a fresh interpreter costs ~1 s of CPU), with the same environment, working directory,
+    empty stdin, and an exception printed as the interpreter would (a traceback, exit 1)."""
+    full_env = {**os.environ, CLOCK_ENV: now.isoformat(), **(env or {})}
+    if fresh is None:
+        fresh = any(v in full_env for v in (FRESH_CLI_ENV, "PROVISIONER_CRASH_AT")) or "ssh" in args
+    if not fresh:
+        return _run_here(list(args), full_env, cwd or ROOT)
     return subprocess.run(
         [sys.executable, "-m", "provisioner", *args],
         capture_output=True,
         text=True,
-        env={**os.environ, CLOCK_ENV: now.isoformat(), **(env or {})},
+        env=full_env,
         cwd=cwd or ROOT,
         timeout=timeout,
     )
 
 
+def _run_here(argv: list[str], env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    """``provisioner.entry.main`` in this process, as :func:`run_cli` describes."""
+    import logging
+    import traceback
+    from contextlib import redirect_stderr, redirect_stdout
+
+    from provisioner.entry import main
+
+    saved = (dict(os.environ), sys.argv, sys.stdin, os.getcwd())
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level  # `scheduler run` configures logging
+    out, err = (io.TextIOWrapper(io.BytesIO(), "utf-8", write_through=True) for _ in "12")
+    os.environ.clear()
+    os.environ.update(env)
+    sys.argv, sys.stdin = ["provisioner", *argv], io.StringIO()
+    os.chdir(cwd)
+    try:
+        with redirect_stdout(out), redirect_stderr(err):
+            try:
+                main()
+                code = 0
+            except SystemExit as e:
+                if e.code is None or isinstance(e.code, int):
+                    code = e.code or 0
+                else:  # sys.exit("message"): printed, exit 1
+                    print(e.code, file=sys.stderr)
+                    code = 1
+            except Exception:
+                traceback.print_exc()
+                code = 1
+    finally:
+        os.environ.clear()
+        os.environ.update(saved[0])
+        sys.argv, sys.stdin = saved[1], saved[2]
+        os.chdir(saved[3])
+        root.handlers[:], root.level = handlers, level
+    return subprocess.CompletedProcess(["provisioner", *argv], code, _text(out), _text(err))
+
+
+def _text(stream: io.TextIOWrapper) -> str:
+    """What was written to ``stream`` (text and ``.buffer``), as ``text=True`` reads a pipe."""
+    stream.flush()
+    raw = stream.buffer.getvalue()  # type: ignore[attr-defined]
+    return raw.decode().replace("\r\n", "\n").replace("\r", "\n")
+
+
 def write_settings(home: Path, **overrides: object) -> Path:
-    """A settings file for CLI runs: the same fast sandbox as ``make_settings``."""
-    s = make_settings(home, **overrides)
+    """A settings file for CLI runs: the same fast sandbox as ``make_settings`` (no state yet:
+    the first command makes it)."""
+    s = _settings(home, **overrides)
     data = s.model_dump(mode="json", exclude_defaults=False)
     path = home.parent / "settings.yaml"
     home.mkdir(parents=True, exist_ok=True)

@@ -61,12 +61,14 @@ def modules_loaded_by(*args: str, prefixes: tuple[str, ...] = SDK_PREFIXES) -> l
     return [m for m in line.removeprefix("HEAVY=").split(",") if m]
 
 
+@pytest.mark.slow  # fresh interpreters, each one's modules read
 def test_help_and_plan_load_no_cloud_sdk(home):
     assert modules_loaded_by("--help") == []
     assert modules_loaded_by("plan", str(EXAMPLES / "experiment.yaml")) == []
     assert modules_loaded_by("catalog", "--gpu", "H100") == []
 
 
+@pytest.mark.slow  # fresh interpreters, each one's modules read
 def test_help_and_plan_load_no_database_code(home):
     """SQLAlchemy costs ~0.2 s: only commands that use the state pay it (``plan`` only when a
     budget or a machine-count rule applies)."""
@@ -91,6 +93,7 @@ def test_help_loads_no_renderer_reader_or_validator(home):
     assert modules_loaded_by("--help", prefixes=("rich", "yaml", "pydantic", "markdown_it")) == []
 
 
+@pytest.mark.slow  # a dozen fresh interpreters, each one's modules read
 def test_status_loads_no_database_code_unless_it_has_something_to_write(home):
     """`status` of a SQLite state is standard-library SQL while the clouds find every machine
     as recorded (bench/bench_status.py times it at 1,000 machines); a state to migrate, or a
@@ -119,6 +122,7 @@ def test_status_loads_no_database_code_unless_it_has_something_to_write(home):
     assert modules_loaded_by("status", prefixes=state) == []
 
 
+@pytest.mark.slow  # fresh interpreters, each one's modules read
 def test_status_of_an_empty_state_loads_no_typer_renderer_or_validator(home):
     """Without a settings file, an empty `status` is the standard library: no Typer or Click,
     no rich (its output is not a terminal), no pydantic or YAML (bench/bench_status.py times
@@ -449,6 +453,7 @@ main()
 """
 
 
+@pytest.mark.slow  # a fresh interpreter without the SDK
 def test_a_cloud_whose_sdk_is_missing_names_the_extra(home, tmp_path):
     cfg = write_settings(home, clouds={"aws": {}})
     spec = tmp_path / "exp.yaml"

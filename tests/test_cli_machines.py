@@ -182,6 +182,7 @@ def _interrupt_when(args: list[str], marker: str, env: dict[str, str]) -> tuple[
     return code, log.read_text()
 
 
+@pytest.mark.slow  # a real `up` process interrupted
 def test_ctrl_c_during_up_says_what_it_left_and_exits_130(home, tmp_path):
     env = {"PROVISIONER_HOME": str(home)}
     # waiting for SSH: a machine that bills
@@ -306,6 +307,7 @@ def test_sweep_dry_run_says_when_a_lifetime_ends(cli, home):
     assert "short: stop [max-lifetime] — up 2 h 1 min, max lifetime 2 h (experiment)" in r.out
 
 
+@pytest.mark.slow  # the scheduler as a real process
 def test_scheduler_logs_actions_not_ticks(home):
     cfg = write_settings(home, scheduler={"listen": f"127.0.0.1:{_closed_port()}"})
     log = home.parent / "scheduler.log"

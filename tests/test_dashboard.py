@@ -744,6 +744,7 @@ def test_the_command_refuses_to_listen_wide_without_a_token(home):
     assert not (home / "state.db").exists()  # nothing written
 
 
+@pytest.mark.slow  # the dashboard command as a real process
 def test_the_command_serves_the_dashboard_on_loopback(home):
     cfg = write_settings(home)
     argv = ["--config", str(cfg), "dashboard", "--listen", "127.0.0.1:0"]  # port 0: any free

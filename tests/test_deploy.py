@@ -287,6 +287,7 @@ def test_ssh_from_the_sweep_unit_keeps_its_files_in_the_state_dir(tmp_path):
 
 
 @needs_bwrap
+@pytest.mark.slow  # the scheduler's unit run as a real process
 def test_the_scheduler_unit_starts_answers_reloads_and_stops_on_sigterm(tmp_path, db_url):
     port = free_port()
     listen = {"scheduler": {"listen": f"127.0.0.1:{port}", "sweep_interval_seconds": 10}}

@@ -8,6 +8,8 @@ import html
 from datetime import datetime, timedelta
 from itertools import pairwise
 
+import pytest
+
 from provisioner import machines
 from provisioner.app import App
 from provisioner.dashboard import make_app
@@ -44,6 +46,7 @@ def day_of_passes(app: App, span: timedelta = timedelta(days=1)) -> list[datetim
     return tried
 
 
+@pytest.mark.slow  # a day of sweeps
 def test_a_held_machine_writes_a_handful_of_events_a_day_not_one_per_sweep(sched):  # noqa: F811
     app = held_spot(sched)
     start = app.clock.now()

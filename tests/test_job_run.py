@@ -318,6 +318,7 @@ def test_a_relaunch_after_preemption_runs_the_job_again(app, clock, tmp_path):
     assert not jobs.state(app, new, "run").running  # down kills it
 
 
+@pytest.mark.slow  # two CLI processes
 def test_up_again_starts_a_run_an_interrupted_up_never_started(home, clock, tmp_path, monkeypatch):
     from providers.sandbox.adapter import SandboxProvider
     from provisioner.app import App
@@ -336,11 +337,12 @@ def test_up_again_starts_a_run_an_interrupted_up_never_started(home, clock, tmp_
     assert m.status == "running" and jobs.jobs_of(app, m) == {}
     app.close()
 
-    up = run_cli("--config", str(cfg), "up", str(path))
+    # a new process: the sandbox's start_job is patched in this one
+    up = run_cli("--config", str(cfg), "up", str(path), fresh=True)
     assert up.returncode == 0, up.stderr
     assert "its run had not started: started now" in up.stdout
     assert "the job\n" in up.stdout and "run exited 0: again stopped" in up.stdout
-    again = run_cli("--config", str(cfg), "up", str(path))  # nothing more to start
+    again = run_cli("--config", str(cfg), "up", str(path), fresh=True)  # nothing more to start
     assert again.returncode == 0 and "the job" not in again.stdout
 
 

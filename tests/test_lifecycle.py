@@ -121,6 +121,7 @@ def test_no_candidate_is_a_user_error(app):
         machines.up(app, experiment(gpu="H100:16"))
 
 
+@pytest.mark.slow  # real `up` processes killed at each point
 @pytest.mark.parametrize("point", ["after-intent", "before-launch", "after-launch"])
 def test_crash_then_rerun_gives_one_machine(home, tmp_path, point, db_url):
     cfg = write_settings(home, state_url=db_url)

@@ -435,6 +435,7 @@ def test_deploy_examples_run_the_sweep():
     assert container["args"][-1] == "sweep" or "sweep" in container["args"]
 
 
+@pytest.mark.slow  # the scheduler as a real process
 def test_scheduler_run_serves_health_metrics_and_the_dashboard_and_stops_on_sigterm(home, tmp_path):
     import signal
     import socket

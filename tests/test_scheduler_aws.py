@@ -18,7 +18,8 @@ from provisioner.jobs import sweep
 from provisioner.models import Heartbeat
 from provisioner.spec import Experiment
 from tests.conftest import make_settings, sandbox_experiment
-from tests.emulators.aws import AwsEmulator, aws_emulator
+from tests.contract.aws import clean_emulator
+from tests.emulators.aws import AwsEmulator
 
 POLICY = """
 name: nights
@@ -29,14 +30,8 @@ idle: {gpu_util_below: 5, for_minutes: 30}
 
 @pytest.fixture
 def emu(monkeypatch: pytest.MonkeyPatch) -> Iterator[AwsEmulator]:
-    for var in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL"):
-        monkeypatch.delenv(var, raising=False)
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
-    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
-    monkeypatch.setenv("AWS_CONFIG_FILE", "/nonexistent/aws-config")
-    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent/aws-credentials")
-    with aws_emulator() as e:
+    """The worker's moto + proxy, emptied, with fake credentials (tests/contract/aws.py)."""
+    with clean_emulator(monkeypatch) as e:
         yield e
 
 
