@@ -34,6 +34,50 @@ ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "configs" / "examples"
 
 
+def _loopback_only() -> None:
+    """No test reaches the internet: a connection from the test process to any address off
+    this machine fails at once, naming it (a name other than localhost is refused unresolved,
+    so a stray ``api.telegram.org`` neither waits on DNS nor leaks). Installed once, however
+    often pytest imports this file."""
+    import ipaddress
+    import socket
+
+    if getattr(socket.socket.connect, "loopback_only", False):
+        return
+    plain_connect, plain_connect_ex = socket.socket.connect, socket.socket.connect_ex
+
+    def near(address: object) -> bool:
+        if not isinstance(address, tuple) or not address:
+            return True  # AF_UNIX and the like: this machine
+        host = str(address[0]).split("%", 1)[0]
+        if host in ("localhost", ""):
+            return True
+        try:
+            return ipaddress.ip_address(host).is_loopback
+        except ValueError:
+            return False
+
+    def refused(address: object) -> OSError:
+        return OSError(f"tests reach no address off this machine (asked for {address!r})")
+
+    def connect(self: socket.socket, address: object) -> None:
+        if self.family in (socket.AF_INET, socket.AF_INET6) and not near(address):
+            raise refused(address)
+        plain_connect(self, address)  # type: ignore[arg-type]
+
+    def connect_ex(self: socket.socket, address: object) -> int:
+        if self.family in (socket.AF_INET, socket.AF_INET6) and not near(address):
+            raise refused(address)
+        return plain_connect_ex(self, address)  # type: ignore[arg-type]
+
+    connect.loopback_only = True  # type: ignore[attr-defined]
+    socket.socket.connect = connect  # type: ignore[method-assign]
+    socket.socket.connect_ex = connect_ex  # type: ignore[method-assign]
+
+
+_loopback_only()
+
+
 @pytest.fixture(autouse=True)
 def user_home(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
     """HOME is an empty directory of the test run's, for every test and the CLI processes it
