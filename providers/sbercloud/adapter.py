@@ -128,7 +128,7 @@ def _addresses(s: Any) -> tuple[str | None, str | None]:
     return public, private
 
 
-def _labels(server_tags: list[str] | None) -> dict[str, str]:
+def _labels(server_tags: Any) -> dict[str, str]:
     """A server's ``key=value`` tags as labels (a tag without ``=`` is a key with no value)."""
     return dict(t.split("=", 1) if "=" in t else (t, "") for t in server_tags or [])
 
