@@ -111,11 +111,7 @@ class Network:
             )
         else:
             ours = (group.tags or {}).get(TAG_MANAGED_BY) == TAG_MANAGED_BY_VALUE
-            rule = next((r for r in group.security_rules or [] if r.name == _SSH_RULE), None)
-            admitted = (
-                (rule.source_address_prefixes or [rule.source_address_prefix]) if rule else []
-            )
-            if ours and admitted != list(self.cloud.options.ssh_cidrs):
+            if ours and _admitted(group) != list(self.cloud.options.ssh_cidrs):
                 # The rule alone (Security Rules - Create Or Update): the group's other rules
                 # and its NIC associations stay as they are.
                 self.cloud._wait(
@@ -221,6 +217,14 @@ def ip_name(vm_name: str) -> str:
 
 def nsg_name(region: str) -> str:
     return f"provisioner-ssh-{region}"
+
+
+def _admitted(group: Any) -> list[str]:
+    """The sources our SSH rule in ``group`` admits (none without the rule)."""
+    rule = next((r for r in group.security_rules or [] if r.name == _SSH_RULE), None)
+    if rule is None:
+        return []
+    return rule.source_address_prefixes or [rule.source_address_prefix]
 
 
 def _ip_unused(ip: Any, free_nics: set[str]) -> bool:
