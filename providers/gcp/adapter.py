@@ -119,20 +119,7 @@ class GCPProvider(Provider):
         if m is None:
             return f"image {source} (not checked: not a projects/…/global/images/… path)"
         project, family, name = m.group(1), bool(m.group(2)), m.group(3)
-        images = self._client("images")
-        try:
-            if family:
-                image = self.call(lambda: images.get_from_family(project=project, family=name))
-            else:
-                image = self.call(lambda: images.get(project=project, image=name))
-        except NotFound:
-            what = "image family" if family else "image"
-            raise error(
-                f"gcp: {what} {name} of project {project} does not resolve"
-                + (" (every image in it is deprecated, or it never existed)" if family else "")
-                + f": set clouds.gcp.image to a current one, e.g. {DEFAULT_IMAGE}",
-                code="NoImage",
-            ) from None
+        image = self._image(project, family, name, error)
         state = image.deprecated.state if image.deprecated else ""
         if state in ("OBSOLETE", "DELETED"):
             raise error(
@@ -144,6 +131,22 @@ class GCPProvider(Provider):
             instead = image.deprecated.replacement or DEFAULT_IMAGE
             return f"image {image.name} is DEPRECATED (use {instead})"
         return f"image {name} resolves to {image.name}"
+
+    def _image(self, project: str, family: bool, name: str, error: type[ProviderError]) -> Any:
+        """The image (a family's newest not deprecated); ``error`` when it does not resolve."""
+        images = self._client("images")
+        try:
+            if family:
+                return self.call(lambda: images.get_from_family(project=project, family=name))
+            return self.call(lambda: images.get(project=project, image=name))
+        except NotFound:
+            what = "image family" if family else "image"
+            raise error(
+                f"gcp: {what} {name} of project {project} does not resolve"
+                + (" (every image in it is deprecated, or it never existed)" if family else "")
+                + f": set clouds.gcp.image to a current one, e.g. {DEFAULT_IMAGE}",
+                code="NoImage",
+            ) from None
 
     def refusal(self, exc: ProviderError) -> str:
         if isinstance(exc, InvalidRequest) and exc.code == "NoImage":
