@@ -216,26 +216,30 @@ def check_candidate(
                     p.name, "max_gpus_per_machine", f"more than {p.max_gpus_per_machine} GPUs"
                 )
             )
-        cap = p.max_price_per_hour
-        if cap is not None:
-            price = c.price
-            if c.currency != cap.currency:
-                try:
-                    if convert is None:
-                        raise ValueError
-                    price = convert(c.price, c.currency, cap.currency)
-                except (ValueError, KeyError):
-                    out.append(
-                        Violation(
-                            p.name,
-                            "max_price_per_hour",
-                            f"cannot compare a {c.currency} price with {cap}",
-                        )
-                    )
-                    continue
-            if price > cap.amount:
-                out.append(Violation(p.name, "max_price_per_hour", f"over {cap}/h"))
+        if (price_violation := _over_price(p, c, convert)) is not None:
+            out.append(price_violation)
     return out
+
+
+def _over_price(p: Policy, c: CandidateFacts, convert: Convert | None) -> Violation | None:
+    """``c``'s hourly price over ``p``'s cap (converted to the cap's currency), or not
+    comparable with it."""
+    cap = p.max_price_per_hour
+    if cap is None:
+        return None
+    price = c.price
+    if c.currency != cap.currency:
+        try:
+            if convert is None:
+                raise ValueError
+            price = convert(c.price, c.currency, cap.currency)
+        except (ValueError, KeyError):
+            return Violation(
+                p.name, "max_price_per_hour", f"cannot compare a {c.currency} price with {cap}"
+            )
+    if price > cap.amount:
+        return Violation(p.name, "max_price_per_hour", f"over {cap}/h")
+    return None
 
 
 def _any(value: str, patterns: Sequence[str]) -> bool:

@@ -14,7 +14,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from policies.schema import Policy
-from policies.yamlfile import DocumentError, Problem, load_document, problems_from
+from policies.yamlfile import DocumentError, Lines, Problem, load_document, problems_from
 
 PolicyError = DocumentError  # the name callers know
 
@@ -57,14 +57,11 @@ def _files(paths: Iterable[str | Path], problems: list[Problem]) -> list[Path]:
     return out
 
 
-def _load_file(path: Path, problems: list[Problem]) -> list[tuple[Policy, int | None]]:
-    file = str(path)
-    try:
-        data, lines = load_document(path)
-    except DocumentError as e:
-        problems.extend(e.problems)
-        return []
-    problems.extend(lines.problems)
+def _policy_items(
+    data: Any, lines: Lines, file: str, problems: list[Problem]
+) -> tuple[Any, tuple[str, ...]] | None:
+    """A policy file's policies (a list under 'policies:', or the file itself one) and where
+    they are in it; None, with the problem said, when it is neither."""
     prefix: tuple[str, ...]
     if isinstance(data, dict) and "policies" in data:
         extra = sorted(set(data) - {"policies"})
@@ -80,7 +77,7 @@ def _load_file(path: Path, problems: list[Problem]) -> list[tuple[Policy, int | 
         items, prefix = data["policies"], ("policies",)
         if not isinstance(items, list) or not items:
             problems.append(Problem(file, lines.line_for(prefix), "policies", "must be a list"))
-            return []
+            return None
     elif isinstance(data, dict):
         items, prefix = [data], ()
     else:
@@ -89,7 +86,22 @@ def _load_file(path: Path, problems: list[Problem]) -> list[tuple[Policy, int | 
                 file, 1, None, "a policy file is a mapping (name: …) or a list under 'policies:'"
             )
         )
+        return None
+    return items, prefix
+
+
+def _load_file(path: Path, problems: list[Problem]) -> list[tuple[Policy, int | None]]:
+    file = str(path)
+    try:
+        data, lines = load_document(path)
+    except DocumentError as e:
+        problems.extend(e.problems)
         return []
+    problems.extend(lines.problems)
+    found = _policy_items(data, lines, file, problems)
+    if found is None:
+        return []
+    items, prefix = found
     out = []
     for i, item in enumerate(items):
         loc: tuple[Any, ...] = (*prefix, i) if prefix else ()

@@ -78,19 +78,23 @@ def parse_days(value: Any) -> tuple[str, ...]:
     items = value if isinstance(value, list | tuple) else str(value).split(",")
     out: list[str] = []
     for item in items:
-        text = str(item).strip().lower()
-        lo, sep, hi = text.partition("-")
-        names = [lo[:3], hi[:3]] if sep else [text[:3]]
-        for n in names:
-            if n not in DAYS:
-                raise ValueError(f"unknown day {item!r} (use mon, tue, … sun or mon-fri)")
-        if sep:
-            i, j = DAYS.index(names[0]), DAYS.index(names[1])
-            span = range(i, j + 1) if i <= j else [*range(i, 7), *range(0, j + 1)]
-            out.extend(DAYS[k] for k in span)
-        else:
-            out.append(names[0])
+        out.extend(_days_of(item))
     return tuple(d for d in DAYS if d in out)
+
+
+def _days_of(item: Any) -> list[str]:
+    """One day (``mon``) or span (``fri-mon`` wraps round the week) as day names."""
+    text = str(item).strip().lower()
+    lo, sep, hi = text.partition("-")
+    names = [lo[:3], hi[:3]] if sep else [text[:3]]
+    for n in names:
+        if n not in DAYS:
+            raise ValueError(f"unknown day {item!r} (use mon, tue, … sun or mon-fri)")
+    if not sep:
+        return [names[0]]
+    i, j = DAYS.index(names[0]), DAYS.index(names[1])
+    span = range(i, j + 1) if i <= j else [*range(i, 7), *range(0, j + 1)]
+    return [DAYS[k] for k in span]
 
 
 # ---- who -------------------------------------------------------------------------------

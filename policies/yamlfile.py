@@ -191,10 +191,19 @@ def load_document(path: str | Path, text: str | None = None) -> tuple[Any, Lines
             [Problem(file, None, None, f"larger than {MAX_BYTES >> 20} MiB, the limit for a file")]
         )
     lines = Lines()
+    node, data = _parse(text, file)
+    if node is not None:
+        lines.walk(node, file)
+    return data, lines
+
+
+def _parse(text: str, file: str) -> tuple[Any, Any]:
+    """The node tree of ``text`` and the data built from it (None, None for an empty one);
+    invalid YAML is a DocumentError with its line."""
     loader = _Loader(text)
     try:
         node = loader.get_single_node()
-        data = None if node is None else loader.construct_document(node)
+        return node, None if node is None else loader.construct_document(node)
     except yaml.MarkedYAMLError as e:
         mark = e.problem_mark or e.context_mark
         line = mark.line + 1 if mark else None
@@ -206,9 +215,6 @@ def load_document(path: str | Path, text: str | None = None) -> tuple[Any, Lines
         raise DocumentError([Problem(file, None, None, f"invalid YAML: {reason}")]) from None
     finally:
         loader.dispose()
-    if node is not None:
-        lines.walk(node, file)
-    return data, lines
 
 
 def validate(
@@ -322,20 +328,28 @@ def _fields_at(model: type[BaseModel], loc: Loc) -> list[str]:
 
     types: list[Any] = [model]
     for x in loc:
-        nxt: list[Any] = []
-        for t in _members(types):
-            if isinstance(t, type) and issubclass(t, BaseModel):
-                f = t.model_fields.get(str(x))
-                if f is not None:
-                    nxt.append(f.annotation)
-            elif typing.get_origin(t) in (list, tuple, dict, set, frozenset):
-                nxt.extend(typing.get_args(t)[-1:])
-        types = nxt
+        types = _step(types, x)
     out: list[str] = []
     for t in _members(types):
         if isinstance(t, type) and issubclass(t, BaseModel):
             out.extend(k for k in t.model_fields if k not in out)
     return out
+
+
+def _step(types: list[Any], key: Any) -> list[Any]:
+    """The types of the value at ``key`` in a value of one of ``types``: a model's field, a
+    collection's item (``key`` an index or a dict key)."""
+    from pydantic import BaseModel
+
+    nxt: list[Any] = []
+    for t in _members(types):
+        if isinstance(t, type) and issubclass(t, BaseModel):
+            f = t.model_fields.get(str(key))
+            if f is not None:
+                nxt.append(f.annotation)
+        elif typing.get_origin(t) in (list, tuple, dict, set, frozenset):
+            nxt.extend(typing.get_args(t)[-1:])
+    return nxt
 
 
 def _members(types: list[Any]) -> list[Any]:

@@ -253,20 +253,9 @@ class AWSProvider(Provider):
             try:
                 answer = self.call(partial(call, InstanceIds=ids), what)
             except ProviderError as e:
-                named = [i for i in dict.fromkeys(_INSTANCE_ID.findall(str(e))) if i in left]
-                for iid in named or ids:
-                    gone = verb == "terminate" and isinstance(e, NotFound)
-                    out[left.pop(iid)] = None if gone else e
+                out.update(_refused(e, left, verb))
                 continue
-            key = "StoppingInstances" if verb == "stop" else "TerminatingInstances"
-            answered = {i.get("InstanceId") for i in answer.get(key, [])}
-            for iid in ids:
-                ref = left.pop(iid)
-                out[ref] = (
-                    None
-                    if iid in answered
-                    else ProviderError(f"aws: {verb} {iid}: not in EC2's answer", code="NoResult")
-                )
+            out.update(_answered(answer, left, verb))
         return out
 
     def unused_network(self, *, remove: bool = False) -> list[str]:
@@ -408,6 +397,11 @@ class AWSProvider(Provider):
             self._described[(region, image)] = images[0]
         return self._root_devices[(region, image)]
 
+    def _subnet(self, region: str, zone: str) -> str | None:
+        """The subnet set for ``zone`` (by its name or its zone id), else the one subnet set."""
+        subnets = self.options.subnet_ids
+        return subnets.get(zone) or subnets.get(self._zones(region)[zone]) or self.options.subnet_id
+
     def _run_params(
         self, request: LaunchRequest, zone: str, image: str, root_device: str
     ) -> dict[str, Any]:
@@ -440,12 +434,7 @@ class AWSProvider(Provider):
         key = request.ssh_public_key
         if user_data := startup_payload(LIMITS, request.user_data, key, self.ssh_user):
             params["UserData"] = user_data  # botocore base64-encodes the bytes
-        subnets = self.options.subnet_ids
-        subnet = (
-            subnets.get(zone)
-            or subnets.get(self._zones(request.region)[zone])
-            or self.options.subnet_id
-        )
+        subnet = self._subnet(request.region, zone)
         if subnet:
             params["SubnetId"] = subnet
         params["SecurityGroupIds"] = list(
@@ -460,8 +449,7 @@ class AWSProvider(Provider):
         }
         if self.options.key_name:
             params["KeyName"] = self.options.key_name
-        profile = self.options.iam_instance_profile
-        if profile:
+        if profile := self.options.iam_instance_profile:
             params["IamInstanceProfile"] = (
                 {"Arn": profile} if str(profile).startswith("arn:") else {"Name": profile}
             )
@@ -520,20 +508,42 @@ def _shared_loader() -> Any:
         return _loader
 
 
+def _refused(
+    e: ProviderError, left: dict[str, InstanceRef], verb: str
+) -> dict[InstanceRef, ProviderError | None]:
+    """The ids ``left`` a refusal names (all if none) leave with its error (None: gone)."""
+    named = [i for i in dict.fromkeys(_INSTANCE_ID.findall(str(e))) if i in left]
+    gone = verb == "terminate" and isinstance(e, NotFound)
+    return {left.pop(iid): None if gone else e for iid in named or list(left)}
+
+
+def _answered(
+    answer: Mapping[str, Any], left: dict[str, InstanceRef], verb: str
+) -> dict[InstanceRef, ProviderError | None]:
+    """For every id ``left`` (emptied): None if EC2's answer lists it, else an error."""
+    key = "StoppingInstances" if verb == "stop" else "TerminatingInstances"
+    answered = {i.get("InstanceId") for i in answer.get(key, [])}
+    out: dict[InstanceRef, ProviderError | None] = {
+        ref: None
+        if iid in answered
+        else ProviderError(f"aws: {verb} {iid}: not in EC2's answer", code="NoResult")
+        for iid, ref in left.items()
+    }
+    left.clear()
+    return out
+
+
 def _instances(response: Mapping[str, Any]) -> list[dict[str, Any]]:
     return [raw for res in response.get("Reservations", []) for raw in res.get("Instances", [])]
 
 
 def _instance(raw: Mapping[str, Any], region: str, zone: str) -> Instance:
     tags = {t["Key"]: t["Value"] for t in raw.get("Tags", [])}
-    reason = raw.get("StateReason") or {}
-    code, message = reason.get("Code") or "", reason.get("Message") or ""
     spot = raw.get("InstanceLifecycle") == "spot"
+    code, reason = _state_reason(raw)
     state = _STATES.get(raw["State"]["Name"], MachineState.PENDING)
     if spot and code in PREEMPTION_REASONS and state in _HALTED:
         state = MachineState.PREEMPTED
-    if message and not message.startswith(code):
-        message = f"{code}: {message}" if code else message
     return Instance(
         id=raw["InstanceId"],
         name=tags.get("Name", ""),
@@ -546,9 +556,18 @@ def _instance(raw: Mapping[str, Any], region: str, zone: str) -> Instance:
         public_ip=raw.get("PublicIpAddress"),
         private_ip=raw.get("PrivateIpAddress"),
         launched_at=raw.get("LaunchTime"),
-        state_reason=message or code or raw.get("StateTransitionReason") or None,
+        state_reason=reason,
         stopped_at=_transition_time(raw.get("StateTransitionReason") or ""),
     )
+
+
+def _state_reason(raw: Mapping[str, Any]) -> tuple[str, str | None]:
+    """StateReason's code, and the reason said: it with its message, else the transition's."""
+    reason = raw.get("StateReason") or {}
+    code, message = reason.get("Code") or "", reason.get("Message") or ""
+    if message and not message.startswith(code):
+        message = f"{code}: {message}" if code else message
+    return code, message or code or raw.get("StateTransitionReason") or None
 
 
 # StateTransitionReason ("The reason for the most recent state transition", botocore's ec2

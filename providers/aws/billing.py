@@ -65,16 +65,7 @@ def fetch(provider: Any, start: date, end: date) -> Bill:
     )
     items: list[BilledItem] = []
     for day, keys, metrics in usage:
-        machine, usage_type = _machine(keys[0]), keys[1]
-        kind, itype = usage_kind(usage_type)
-        cost = metrics["UnblendedCost"]
-        quantity = metrics.get("UsageQuantity") or {}
-        hours = Decimal(quantity["Amount"]) if kind == "compute" and quantity else None
-        items.append(
-            BilledItem(
-                day, Decimal(cost["Amount"]), cost["Unit"], kind, machine, usage_type, itype, hours
-            )
-        )
+        items.append(_usage_item(day, keys, metrics))
     for day, keys, metrics in others:
         cost = metrics["UnblendedCost"]
         items.append(
@@ -94,6 +85,18 @@ def fetch(provider: Any, start: date, end: date) -> Bill:
         LAG,
         1,
         [ACTIVATE] if items and all(i.machine is None for i in items) else [],
+    )
+
+
+def _usage_item(day: date, keys: list[str], metrics: dict[str, Any]) -> BilledItem:
+    """One usage group (machine tag, usage type) of one day; a compute one with its hours."""
+    machine, usage_type = _machine(keys[0]), keys[1]
+    kind, itype = usage_kind(usage_type)
+    cost = metrics["UnblendedCost"]
+    quantity = metrics.get("UsageQuantity") or {}
+    hours = Decimal(quantity["Amount"]) if kind == "compute" and quantity else None
+    return BilledItem(
+        day, Decimal(cost["Amount"]), cost["Unit"], kind, machine, usage_type, itype, hours
     )
 
 

@@ -149,12 +149,7 @@ class SshGroups:
         tags = {t.get("Key"): t.get("Value") for t in group.get("Tags") or []}
         if tags.get(TAG_MANAGED_BY) != TAG_MANAGED_BY_VALUE:
             return
-        have = {
-            r["CidrIp"]
-            for p in group.get("IpPermissions") or []
-            if (p.get("IpProtocol"), p.get("FromPort"), p.get("ToPort")) == ("tcp", 22, 22)
-            for r in p.get("IpRanges") or []
-        }
+        have = _admitted(group)
         want = list(dict.fromkeys(self.cloud.options.ssh_cidrs))
         gid = str(group["GroupId"])
         for verb, cidrs, benign in (
@@ -164,21 +159,9 @@ class SshGroups:
             if not cidrs:
                 continue
             call = getattr(ec2, f"{verb}_security_group_ingress")
-            permission = {
-                "IpProtocol": "tcp",
-                "FromPort": 22,
-                "ToPort": 22,
-                "IpRanges": [
-                    {
-                        "CidrIp": c,
-                        **({"Description": "provisioner SSH"} if verb == "authorize" else {}),
-                    }
-                    for c in cidrs
-                ],
-            }
             try:
                 self.cloud.call(
-                    partial(call, GroupId=gid, IpPermissions=[permission]),
+                    partial(call, GroupId=gid, IpPermissions=[_ssh_permission(verb, cidrs)]),
                     f"{verb} SSH from {', '.join(cidrs)} in {gid}",
                 )
             except InvalidRequest as exc:
@@ -202,6 +185,27 @@ class SshGroups:
                 code="NoDefaultVpc",
             )
         return str(vpcs[0]["VpcId"])
+
+
+def _admitted(group: Mapping[str, Any]) -> set[str]:
+    """The CIDRs a security group admits to 22/tcp."""
+    return {
+        r["CidrIp"]
+        for p in group.get("IpPermissions") or []
+        if (p.get("IpProtocol"), p.get("FromPort"), p.get("ToPort")) == ("tcp", 22, 22)
+        for r in p.get("IpRanges") or []
+    }
+
+
+def _ssh_permission(verb: str, cidrs: list[str]) -> dict[str, Any]:
+    """22/tcp from ``cidrs``, to authorize (with our description) or revoke."""
+    described = {"Description": "provisioner SSH"} if verb == "authorize" else {}
+    return {
+        "IpProtocol": "tcp",
+        "FromPort": 22,
+        "ToPort": 22,
+        "IpRanges": [{"CidrIp": c, **described} for c in cidrs],
+    }
 
 
 def code(exc: Exception) -> str | None:

@@ -47,16 +47,7 @@ def evicted(cloud: AzureProvider, vm: Any) -> tuple[bool, str | None, datetime |
     latest: dict[str, datetime] = {}
     try:
         for event in paginate(page, first):
-            operation = (event.get("operationName") or {}).get("value", "").lower()
-            status = (event.get("status") or {}).get("value", "")
-            kind = (
-                "evict"
-                if operation.endswith("/evictspotvm/action")
-                else "stop"
-                if operation.endswith(("/deallocate/action", "/poweroff/action"))
-                else None
-            )
-            if kind and status != "Failed":
+            if kind := _kind(event):
                 at = _parse_time(event["eventTimestamp"])
                 latest[kind] = max(latest.get(kind, at), at)
     except ProviderError as err:
@@ -64,6 +55,19 @@ def evicted(cloud: AzureProvider, vm: Any) -> tuple[bool, str | None, datetime |
     if "evict" in latest and latest["evict"] > latest.get("stop", datetime.min.replace(tzinfo=UTC)):
         return True, "Microsoft.Compute/virtualMachines/evictSpotVM/action", latest["evict"]
     return False, None, latest.get("stop")
+
+
+def _kind(event: dict) -> str | None:
+    """An Activity Log event as "evict" (evictSpotVM) or "stop" (deallocate, powerOff); None
+    for any other operation, or one that failed."""
+    operation = (event.get("operationName") or {}).get("value", "").lower()
+    if (event.get("status") or {}).get("value", "") == "Failed":
+        return None
+    if operation.endswith("/evictspotvm/action"):
+        return "evict"
+    if operation.endswith(("/deallocate/action", "/poweroff/action")):
+        return "stop"
+    return None
 
 
 def _get_json(compute: Any, url: str) -> dict:

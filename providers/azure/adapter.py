@@ -10,7 +10,7 @@ import os
 import re
 import shutil
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from functools import cached_property, partial
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
@@ -98,11 +98,8 @@ class AzureProvider(Provider):
         env = os.environ
         if self._supplied_credential is not None:
             return "supplied credential"
-        if env.get("AZURE_CLIENT_ID") and env.get("AZURE_TENANT_ID"):
-            if env.get("AZURE_CLIENT_SECRET") or env.get("AZURE_CLIENT_CERTIFICATE_PATH"):
-                return "service principal (environment)"
-            if env.get("AZURE_FEDERATED_TOKEN_FILE"):
-                return "workload identity"
+        if found := _environment_credential(env):
+            return found
         if env.get("IDENTITY_ENDPOINT") or env.get("MSI_ENDPOINT") or self.options.managed_identity:
             return "managed identity"
         if shutil.which("az"):
@@ -380,10 +377,7 @@ class AzureProvider(Provider):
         addresses: dict[str, str | None] | None = None
         found = []
         for vm in vms:
-            tags = vm.tags or {}
-            if tags.get(TAG_MANAGED_BY) != TAG_MANAGED_BY_VALUE or vm.location not in wanted:
-                continue
-            if machine_id is not None and tags.get(TAG_MACHINE) != machine_id:
+            if not _listed(vm, wanted, machine_id):
                 continue
             try:
                 view = self.call(partial(compute.virtual_machines.instance_view, rg, vm.name))
@@ -557,3 +551,22 @@ def _plain_http_bearer(credential: Any) -> Any:
             super().on_request(request)
 
     return PlainHttpBearer(credential, ARM_SCOPE)
+
+
+def _listed(vm: Any, regions: set[str], machine_id: str | None) -> bool:
+    """A VM of ours in one of ``regions`` (and of that machine, when one is given)."""
+    tags = vm.tags or {}
+    if tags.get(TAG_MANAGED_BY) != TAG_MANAGED_BY_VALUE or vm.location not in regions:
+        return False
+    return machine_id is None or tags.get(TAG_MACHINE) == machine_id
+
+
+def _environment_credential(env: Mapping[str, str]) -> str | None:
+    """The credential the AZURE_* environment variables name, if they name one."""
+    if not (env.get("AZURE_CLIENT_ID") and env.get("AZURE_TENANT_ID")):
+        return None
+    if env.get("AZURE_CLIENT_SECRET") or env.get("AZURE_CLIENT_CERTIFICATE_PATH"):
+        return "service principal (environment)"
+    if env.get("AZURE_FEDERATED_TOKEN_FILE"):
+        return "workload identity"
+    return None

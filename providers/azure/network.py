@@ -40,35 +40,7 @@ class Network:
         to delete one taken into use meanwhile; it is kept."""
         _, network = self.cloud._clients()
         rg = self.cloud.resource_group
-
-        def ours(resources: Any) -> list[Any]:
-            try:
-                listed = self.cloud.call(lambda: list(resources.list(rg)))
-            except NotFound:  # no resource group: nothing of ours
-                return []
-            return [
-                r
-                for r in listed
-                if (r.tags or {}).get(TAG_MANAGED_BY) == TAG_MANAGED_BY_VALUE
-                and r.location in self.cloud.regions
-            ]
-
-        nics = [n for n in ours(network.network_interfaces) if n.virtual_machine is None]
-        free = {str(n.id).lower() for n in nics}
-
-        def nic_of(config_id: str | None) -> str:
-            return (config_id or "").lower().split("/ipconfigurations/")[0]
-
-        ips = [
-            ip
-            for ip in ours(network.public_ip_addresses)
-            if ip.ip_configuration is None or nic_of(ip.ip_configuration.id) in free
-        ]
-        groups = [
-            g
-            for g in ours(network.network_security_groups)
-            if not g.subnets and all(str(n.id).lower() in free for n in g.network_interfaces or [])
-        ]
+        nics, ips, groups = self._orphans(network)
         out = []
         for kind, items, delete in (
             ("network interface", nics, network.network_interfaces.begin_delete),
@@ -88,6 +60,29 @@ class Network:
             with self._lock:
                 self._groups.clear()
         return out
+
+    def _orphans(self, network: Any) -> tuple[list[Any], list[Any], list[Any]]:
+        """Our NICs attached to no VM, public IPs held by none (or only by such a NIC), NSGs
+        on no subnet with no NIC but such NICs."""
+        nics = [n for n in self._ours(network.network_interfaces) if n.virtual_machine is None]
+        free = {str(n.id).lower() for n in nics}
+        ips = [ip for ip in self._ours(network.public_ip_addresses) if _ip_unused(ip, free)]
+        groups = [g for g in self._ours(network.network_security_groups) if _nsg_unused(g, free)]
+        return nics, ips, groups
+
+    def _ours(self, resources: Any) -> list[Any]:
+        """The resources of one kind in the resource group tagged ours, in our regions."""
+        rg = self.cloud.resource_group
+        try:
+            listed = self.cloud.call(lambda: list(resources.list(rg)))
+        except NotFound:  # no resource group: nothing of ours
+            return []
+        return [
+            r
+            for r in listed
+            if (r.tags or {}).get(TAG_MANAGED_BY) == TAG_MANAGED_BY_VALUE
+            and r.location in self.cloud.regions
+        ]
 
     def ssh_group(self, region: str) -> str:
         """Our network security group in ``region``: found by name, else created with 22/tcp open
@@ -116,11 +111,7 @@ class Network:
             )
         else:
             ours = (group.tags or {}).get(TAG_MANAGED_BY) == TAG_MANAGED_BY_VALUE
-            rule = next((r for r in group.security_rules or [] if r.name == _SSH_RULE), None)
-            admitted = (
-                (rule.source_address_prefixes or [rule.source_address_prefix]) if rule else []
-            )
-            if ours and admitted != list(self.cloud.options.ssh_cidrs):
+            if ours and _admitted(group) != list(self.cloud.options.ssh_cidrs):
                 # The rule alone (Security Rules - Create Or Update): the group's other rules
                 # and its NIC associations stay as they are.
                 self.cloud._wait(
@@ -226,3 +217,25 @@ def ip_name(vm_name: str) -> str:
 
 def nsg_name(region: str) -> str:
     return f"provisioner-ssh-{region}"
+
+
+def _admitted(group: Any) -> list[str]:
+    """The sources our SSH rule in ``group`` admits (none without the rule)."""
+    rule = next((r for r in group.security_rules or [] if r.name == _SSH_RULE), None)
+    if rule is None:
+        return []
+    return rule.source_address_prefixes or [rule.source_address_prefix]
+
+
+def _ip_unused(ip: Any, free_nics: set[str]) -> bool:
+    """A public IP held by no NIC, or only by one of ``free_nics`` (lowercased NIC ids)."""
+    if ip.ip_configuration is None:
+        return True
+    nic = (ip.ip_configuration.id or "").lower().split("/ipconfigurations/")[0]
+    return nic in free_nics
+
+
+def _nsg_unused(group: Any, free_nics: set[str]) -> bool:
+    """An NSG on no subnet, with no NIC but ``free_nics`` (lowercased NIC ids)."""
+    nics = group.network_interfaces or []
+    return not group.subnets and all(str(n.id).lower() in free_nics for n in nics)

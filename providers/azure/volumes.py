@@ -175,26 +175,30 @@ class ManagedDisks(VolumeService):
         from providers.azure.instances import _utc
 
         props = disk.properties
-        state_word = _word(getattr(props, "disk_state", None))
-        if disk.managed_by:
-            state = VolumeState.IN_USE
-        elif _word(getattr(props, "provisioning_state", None)) in ("Creating", "Updating"):
-            state = VolumeState.CREATING
-        elif state_word in ("Unattached", ""):
-            state = VolumeState.AVAILABLE
-        else:
-            state = VolumeState.IN_USE if state_word == "Attached" else VolumeState.ERROR
         return Volume(
             id=disk.id,
             name=disk.name,
             region=disk.location,
             zone=(disk.zones or [""])[0],
             size_gb=int(props.disk_size_gb or 0) if props else 0,
-            state=state,
+            state=_state(disk),
             labels=dict(disk.tags or {}),
             attached_to=disk.managed_by or None,
             created_at=_utc(props.time_created) if props else None,
         )
+
+
+def _state(disk: Any) -> VolumeState:
+    """A disk's state: in use while a VM holds it, else by its provisioning and disk state."""
+    props = disk.properties
+    state_word = _word(getattr(props, "disk_state", None))
+    if disk.managed_by:
+        return VolumeState.IN_USE
+    if _word(getattr(props, "provisioning_state", None)) in ("Creating", "Updating"):
+        return VolumeState.CREATING
+    if state_word in ("Unattached", ""):
+        return VolumeState.AVAILABLE
+    return VolumeState.IN_USE if state_word == "Attached" else VolumeState.ERROR
 
 
 def _word(value: Any) -> str:

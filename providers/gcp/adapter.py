@@ -119,20 +119,7 @@ class GCPProvider(Provider):
         if m is None:
             return f"image {source} (not checked: not a projects/…/global/images/… path)"
         project, family, name = m.group(1), bool(m.group(2)), m.group(3)
-        images = self._client("images")
-        try:
-            if family:
-                image = self.call(lambda: images.get_from_family(project=project, family=name))
-            else:
-                image = self.call(lambda: images.get(project=project, image=name))
-        except NotFound:
-            what = "image family" if family else "image"
-            raise error(
-                f"gcp: {what} {name} of project {project} does not resolve"
-                + (" (every image in it is deprecated, or it never existed)" if family else "")
-                + f": set clouds.gcp.image to a current one, e.g. {DEFAULT_IMAGE}",
-                code="NoImage",
-            ) from None
+        image = self._image(project, family, name, error)
         state = image.deprecated.state if image.deprecated else ""
         if state in ("OBSOLETE", "DELETED"):
             raise error(
@@ -144,6 +131,22 @@ class GCPProvider(Provider):
             instead = image.deprecated.replacement or DEFAULT_IMAGE
             return f"image {image.name} is DEPRECATED (use {instead})"
         return f"image {name} resolves to {image.name}"
+
+    def _image(self, project: str, family: bool, name: str, error: type[ProviderError]) -> Any:
+        """The image (a family's newest not deprecated); ``error`` when it does not resolve."""
+        images = self._client("images")
+        try:
+            if family:
+                return self.call(lambda: images.get_from_family(project=project, family=name))
+            return self.call(lambda: images.get(project=project, image=name))
+        except NotFound:
+            what = "image family" if family else "image"
+            raise error(
+                f"gcp: {what} {name} of project {project} does not resolve"
+                + (" (every image in it is deprecated, or it never existed)" if family else "")
+                + f": set clouds.gcp.image to a current one, e.g. {DEFAULT_IMAGE}",
+                code="NoImage",
+            ) from None
 
     def refusal(self, exc: ProviderError) -> str:
         if isinstance(exc, InvalidRequest) and exc.code == "NoImage":
@@ -249,53 +252,6 @@ class GCPProvider(Provider):
         from google.cloud import compute_v1
 
         zone = request.zone
-        gpu_host = bool(request.gpu_count or request.accelerator)
-        if request.spot:
-            scheduling = compute_v1.Scheduling(
-                provisioning_model="SPOT",
-                instance_termination_action=(
-                    "STOP" if request.preemption_action == "stop" else "DELETE"
-                ),
-                on_host_maintenance="TERMINATE",
-                automatic_restart=False,
-            )
-        else:
-            scheduling = compute_v1.Scheduling(
-                provisioning_model="STANDARD",
-                on_host_maintenance="TERMINATE" if gpu_host else "MIGRATE",
-                automatic_restart=True,
-            )
-        accelerator = request.accelerator
-        if not accelerator and request.instance_type.startswith("n1-"):
-            accelerator = prices.ACCELERATOR.get(request.gpu, "")
-        accelerators = (
-            [
-                compute_v1.AcceleratorConfig(
-                    accelerator_count=request.gpu_count or 1,
-                    accelerator_type=f"zones/{zone}/acceleratorTypes/{accelerator}",
-                )
-            ]
-            if accelerator
-            else []
-        )
-        # DLVM images install the NVIDIA driver on first boot only when asked to. OS Login, when
-        # a project turns it on, makes the guest ignore metadata ssh-keys (compute/docs/instances/
-        # managing-instance-access); the instance's own value overrides the project's (compute/
-        # docs/oslogin), so our key works in such projects too, as Datalab and Packer do it
-        # (googledatalab/datalab#1930, hashicorp/packer-plugin-googlecompute#241). An organization
-        # enforcing compute.requireOsLogin refuses this: see errors._OS_LOGIN_ENFORCED.
-        items = [
-            compute_v1.Items(key="install-nvidia-driver", value="True"),
-            compute_v1.Items(key="enable-oslogin", value="FALSE"),
-        ]
-        if script := startup_payload(LIMITS, request.user_data, None, None):  # text, ≤ 256 KB
-            items.append(compute_v1.Items(key="startup-script", value=str(script)))
-        if request.ssh_public_key:
-            items.append(
-                compute_v1.Items(
-                    key="ssh-keys", value=f"provisioner:{request.ssh_public_key.strip()}"
-                )
-            )
         interface = compute_v1.NetworkInterface(network=self.options.network)
         if request.instance_type.startswith("a3-"):
             interface.nic_type = "GVNIC"  # A3 machines require gVNIC
@@ -310,9 +266,9 @@ class GCPProvider(Provider):
             machine_type=f"zones/{zone}/machineTypes/{request.instance_type}",
             labels=labels(request.labels),
             tags=compute_v1.Tags(items=[SSH_TAG]),  # what our SSH firewall rule applies to
-            scheduling=scheduling,
-            guest_accelerators=accelerators,
-            metadata=compute_v1.Metadata(items=items),
+            scheduling=_scheduling(compute_v1, request),
+            guest_accelerators=_accelerators(compute_v1, request),
+            metadata=compute_v1.Metadata(items=_metadata(compute_v1, request)),
             network_interfaces=[interface],
             disks=[
                 compute_v1.AttachedDisk(
@@ -419,8 +375,7 @@ class GCPProvider(Provider):
         reason = item.status_message or None
         if item.status == "TERMINATED" and spot and self._was_preempted(item, zone):
             state, reason = MachineState.PREEMPTED, PREEMPTED
-        nic = item.network_interfaces[0] if item.network_interfaces else None
-        public = nic.access_configs[0].nat_i_p if nic and nic.access_configs else ""
+        public, private = _addresses(item)
         return Instance(
             id=str(item.id),
             name=item.name,
@@ -430,8 +385,8 @@ class GCPProvider(Provider):
             state=state,
             spot=spot,
             labels=dict(item.labels),
-            public_ip=public or None,
-            private_ip=(nic.network_i_p if nic else "") or None,
+            public_ip=public,
+            private_ip=private,
             launched_at=timestamp(item.creation_timestamp),
             state_reason=reason,
             # lastStopTimestamp: "Last stop timestamp in RFC3339 text format" (compute v1
@@ -545,3 +500,66 @@ def _zone_of(ref: InstanceRef) -> str:
     if not ref.zone:
         raise InvalidRequest(f"gcp: instance {ref.name or ref.id} has no zone", code="noZone")
     return ref.zone
+
+
+def _scheduling(compute_v1: Any, request: LaunchRequest) -> Any:
+    """Spot (stopped or deleted on preemption) or standard; a GPU host cannot live-migrate."""
+    if request.spot:
+        return compute_v1.Scheduling(
+            provisioning_model="SPOT",
+            instance_termination_action=(
+                "STOP" if request.preemption_action == "stop" else "DELETE"
+            ),
+            on_host_maintenance="TERMINATE",
+            automatic_restart=False,
+        )
+    gpu_host = bool(request.gpu_count or request.accelerator)
+    return compute_v1.Scheduling(
+        provisioning_model="STANDARD",
+        on_host_maintenance="TERMINATE" if gpu_host else "MIGRATE",
+        automatic_restart=True,
+    )
+
+
+def _accelerators(compute_v1: Any, request: LaunchRequest) -> list[Any]:
+    """The GPUs attached to the host: the request's accelerator, or on an N1 host the one its
+    GPU model is sold as; none for a machine type that comes with its GPUs."""
+    accelerator = request.accelerator
+    if not accelerator and request.instance_type.startswith("n1-"):
+        accelerator = prices.ACCELERATOR.get(request.gpu, "")
+    if not accelerator:
+        return []
+    return [
+        compute_v1.AcceleratorConfig(
+            accelerator_count=request.gpu_count or 1,
+            accelerator_type=f"zones/{request.zone}/acceleratorTypes/{accelerator}",
+        )
+    ]
+
+
+def _metadata(compute_v1: Any, request: LaunchRequest) -> list[Any]:
+    # DLVM images install the NVIDIA driver on first boot only when asked to. OS Login, when
+    # a project turns it on, makes the guest ignore metadata ssh-keys (compute/docs/instances/
+    # managing-instance-access); the instance's own value overrides the project's (compute/
+    # docs/oslogin), so our key works in such projects too, as Datalab and Packer do it
+    # (googledatalab/datalab#1930, hashicorp/packer-plugin-googlecompute#241). An organization
+    # enforcing compute.requireOsLogin refuses this: see errors._OS_LOGIN_ENFORCED.
+    items = [
+        compute_v1.Items(key="install-nvidia-driver", value="True"),
+        compute_v1.Items(key="enable-oslogin", value="FALSE"),
+    ]
+    if script := startup_payload(LIMITS, request.user_data, None, None):  # text, ≤ 256 KB
+        items.append(compute_v1.Items(key="startup-script", value=str(script)))
+    if request.ssh_public_key:
+        items.append(
+            compute_v1.Items(key="ssh-keys", value=f"provisioner:{request.ssh_public_key.strip()}")
+        )
+    return items
+
+
+def _addresses(item: Any) -> tuple[str | None, str | None]:
+    """An instance's external (first access config's NAT) and internal address, on its first
+    network interface."""
+    nic = item.network_interfaces[0] if item.network_interfaces else None
+    public = nic.access_configs[0].nat_i_p if nic and nic.access_configs else ""
+    return public or None, (nic.network_i_p if nic else "") or None

@@ -90,31 +90,7 @@ def fetch(provider: Any, start: date, end: date) -> Bill:
     rows = _query(provider, project, body)
     items: list[BilledItem] = []
     for raw in rows:
-        r = dict(zip(COLUMNS, (cell.get("v") for cell in raw["f"]), strict=True))
-        d = date.fromisoformat(r["day"])
-        kind = row_kind(r["cost_type"], r["service"] or "", r["sku"] or "")
-        items.append(
-            BilledItem(
-                d,
-                Decimal(r["cost"]),
-                r["currency"],
-                kind,
-                r["machine"] or None,
-                r["sku"] or "",
-                r["machine_spec"] if kind == "compute" else None,
-            )
-        )
-        if r["credits"] and Decimal(r["credits"]):
-            items.append(
-                BilledItem(
-                    d,
-                    Decimal(r["credits"]),
-                    r["currency"],
-                    "credit",
-                    r["machine"] or None,
-                    f"credits on {r['sku']}",
-                )
-            )
+        items.extend(_billed(dict(zip(COLUMNS, (cell.get("v") for cell in raw["f"]), strict=True))))
     return Bill(
         "gcp",
         [i for i in items if i.amount],
@@ -122,6 +98,35 @@ def fetch(provider: Any, start: date, end: date) -> Bill:
         LAG,
         1,
     )
+
+
+def _billed(r: dict[str, Any]) -> list[BilledItem]:
+    """One row of the export (by COLUMNS) as the ledger's items: its cost, and its credits."""
+    d = date.fromisoformat(r["day"])
+    kind = row_kind(r["cost_type"], r["service"] or "", r["sku"] or "")
+    items = [
+        BilledItem(
+            d,
+            Decimal(r["cost"]),
+            r["currency"],
+            kind,
+            r["machine"] or None,
+            r["sku"] or "",
+            r["machine_spec"] if kind == "compute" else None,
+        )
+    ]
+    if r["credits"] and Decimal(r["credits"]):
+        items.append(
+            BilledItem(
+                d,
+                Decimal(r["credits"]),
+                r["currency"],
+                "credit",
+                r["machine"] or None,
+                f"credits on {r['sku']}",
+            )
+        )
+    return items
 
 
 def row_kind(cost_type: str, service: str, sku: str) -> Kind:

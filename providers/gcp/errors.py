@@ -4,7 +4,7 @@ SDK (google-api-core, google-auth, requests) is imported inside :func:`map_error
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, Literal
 
 from providers.base import (
     AuthError,
@@ -60,21 +60,18 @@ _THROTTLED = {
 def by_code(code: str, message: str, status: int | None = None) -> ProviderError:
     """One GCP error (HTTP reason or operation error code) → the taxonomy."""
     text = message if message.startswith("gcp:") else f"gcp: {message}"
-    if _INCOMPATIBLE in message:
-        return InvalidRequest(text, code=code)
-    if _OS_LOGIN_ENFORCED in message:
-        return InvalidRequest(text + OS_LOGIN_HINT, code=code)
-    if _NO_NETWORK in message:
-        hint = " (set `network`/`subnetwork` in the gcp settings to a VPC network of this project)"
-        return InvalidRequest(text + hint, code=code)
-    if code in _CAPACITY or any(c in message for c in _CAPACITY):
-        return CapacityError(text, code=code)
-    if _ACCELERATOR_MISSING.search(message):
+    refused = _refused_as_asked(code, message, text)
+    if refused is not None:
+        return refused
+    if _zone_lacks(code, message):
         return CapacityError(text, code=code)
     if code in _QUOTA:
-        quota = re.search(r"Quota '([A-Z0-9_-]+)'", message)
-        everywhere = "globally" in message or bool(quota and "ALL_REGIONS" in quota.group(1))
-        return QuotaError(text, code=code, scope="cloud" if everywhere else "region")
+        return QuotaError(text, code=code, scope=_quota_scope(message))
+    return _by_status(code, status, text)
+
+
+def _by_status(code: str, status: int | None, text: str) -> ProviderError:
+    """The rest, by the throttling codes and the HTTP status."""
     if code in _THROTTLED or status == 429 or (status or 0) >= 500:
         return Throttled(text, code=code)
     if status in (401, 403):
@@ -82,6 +79,32 @@ def by_code(code: str, message: str, status: int | None = None) -> ProviderError
     if status == 404 or code in ("notFound", "RESOURCE_NOT_FOUND"):
         return NotFound(text, code=code)
     return InvalidRequest(text, code=code)
+
+
+def _refused_as_asked(code: str, message: str, text: str) -> InvalidRequest | None:
+    """A request no zone can fix, by its message (with a hint where the user can fix it)."""
+    if _INCOMPATIBLE in message:
+        return InvalidRequest(text, code=code)
+    if _OS_LOGIN_ENFORCED in message:
+        return InvalidRequest(text + OS_LOGIN_HINT, code=code)
+    if _NO_NETWORK in message:
+        hint = " (set `network`/`subnetwork` in the gcp settings to a VPC network of this project)"
+        return InvalidRequest(text + hint, code=code)
+    return None
+
+
+def _zone_lacks(code: str, message: str) -> bool:
+    """A zone-level failure: out of capacity, or without the accelerator asked for."""
+    if code in _CAPACITY or any(c in message for c in _CAPACITY):
+        return True
+    return bool(_ACCELERATOR_MISSING.search(message))
+
+
+def _quota_scope(message: str) -> Literal["region", "cloud"]:
+    """A quota's scope: the whole cloud for a global or ALL_REGIONS quota, else the region."""
+    quota = re.search(r"Quota '([A-Z0-9_-]+)'", message)
+    everywhere = "globally" in message or bool(quota and "ALL_REGIONS" in quota.group(1))
+    return "cloud" if everywhere else "region"
 
 
 def map_error(exc: Exception, what: str = "") -> ProviderError | None:
@@ -92,10 +115,7 @@ def map_error(exc: Exception, what: str = "") -> ProviderError | None:
     from google.auth import exceptions as auth_exceptions
 
     if isinstance(exc, api_exceptions.GoogleAPICallError):
-        reasons = [e.get("reason", "") for e in exc.errors or () if isinstance(e, dict)]
-        code = next((r for r in reasons if r), None) or exc.reason or type(exc).__name__
-        status = exc.code if isinstance(exc.code, int) else None
-        return by_code(code, exc.message or str(exc), status)
+        return _api_call_error(exc)
     if isinstance(exc, auth_exceptions.GoogleAuthError):
         return AuthError(
             f"gcp: credentials refused ({type(exc).__name__}: {exc})", code=type(exc).__name__
@@ -103,6 +123,15 @@ def map_error(exc: Exception, what: str = "") -> ProviderError | None:
     if isinstance(exc, requests.exceptions.RequestException):
         return Throttled(f"gcp: API unreachable ({type(exc).__name__})", code=type(exc).__name__)
     return None
+
+
+def _api_call_error(exc: Any) -> ProviderError:
+    """A google-api-core error: its first error reason (else its own reason, else its class
+    name) is the code."""
+    reasons = [e.get("reason", "") for e in exc.errors or () if isinstance(e, dict)]
+    code = next((r for r in reasons if r), None) or exc.reason or type(exc).__name__
+    status = exc.code if isinstance(exc.code, int) else None
+    return by_code(code, exc.message or str(exc), status)
 
 
 def operation_error(operation: Any) -> ProviderError:

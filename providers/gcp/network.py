@@ -53,6 +53,23 @@ class Firewall:
         ]
         if not ours:
             return []
+        in_use = self._networks_in_use(project)
+        out = []
+        for rule in ours:
+            network = last(rule.network)
+            if network in in_use:
+                continue
+            if remove:
+                self._delete(project, rule.name)
+            out.append(f"firewall rule {rule.name} (network {network}, tcp:22 to {SSH_TAG})")
+        if remove:
+            self._rules.clear()
+        return out
+
+    def _networks_in_use(self, project: str) -> set[str]:
+        """The networks an instance of ours carrying our tag is on, in any zone of the project."""
+        from google.cloud import compute_v1
+
         instances = compute_v1.AggregatedListInstancesRequest(
             project=project,
             filter=f'(labels.{TAG_MANAGED_BY} = "{TAG_MANAGED_BY_VALUE}")',
@@ -63,34 +80,26 @@ class Firewall:
             pager = self.cloud._instances().aggregated_list(request=instances, retry=None)
             return [item for _, scoped in pager for item in scoped.instances]
 
-        in_use = {
+        return {
             last(nic.network)
             for item in self.cloud.call(every_page)
             if SSH_TAG in item.tags.items
             for nic in item.network_interfaces
         }
-        out = []
-        for rule in ours:
-            network = last(rule.network)
-            if network in in_use:
-                continue
-            if remove:
-                delete = compute_v1.DeleteFirewallRequest(
-                    project=project, firewall=rule.name, request_id=str(uuid.uuid4())
-                )
-                try:
-                    operation = self.cloud.call(
-                        partial(
-                            self.cloud._client("firewalls").delete_unary, request=delete, retry=None
-                        )
-                    )
-                    self.cloud._wait_global(operation, project)
-                except NotFound:
-                    pass  # someone else removed it meanwhile
-            out.append(f"firewall rule {rule.name} (network {network}, tcp:22 to {SSH_TAG})")
-        if remove:
-            self._rules.clear()
-        return out
+
+    def _delete(self, project: str, name: str) -> None:
+        from google.cloud import compute_v1
+
+        delete = compute_v1.DeleteFirewallRequest(
+            project=project, firewall=name, request_id=str(uuid.uuid4())
+        )
+        try:
+            operation = self.cloud.call(
+                partial(self.cloud._client("firewalls").delete_unary, request=delete, retry=None)
+            )
+            self.cloud._wait_global(operation, project)
+        except NotFound:
+            pass  # someone else removed it meanwhile
 
     def ensure(self) -> None:
         """Our firewall rule on the machine's network: found by name, else created (awaited as
@@ -107,41 +116,7 @@ class Firewall:
         name = ssh_rule_name(network_name)
         rule = self._find_rule(project, name)
         if rule is None:
-            firewall = compute_v1.Firewall(
-                name=name,
-                network=network,
-                description="provisioner: SSH to GPU machines",
-                direction="INGRESS",
-                priority=1000,
-                allowed=[compute_v1.Allowed(I_p_protocol="tcp", ports=["22"])],
-                source_ranges=list(self.cloud.options.ssh_cidrs),
-                target_tags=[SSH_TAG],
-            )
-            insert = compute_v1.InsertFirewallRequest(
-                project=project, firewall_resource=firewall, request_id=str(uuid.uuid4())
-            )
-            try:
-                operation = self.cloud.call(
-                    lambda: self.cloud._client("firewalls").insert_unary(request=insert, retry=None)
-                )
-                self.cloud._wait_global(operation, project)
-            except InvalidRequest as exc:
-                if exc.code != "alreadyExists":
-                    raise
-            except NotFound as exc:  # the one resource a firewall insert names is its network
-                raise InvalidRequest(
-                    f"gcp: network {network} was not found in project {project} (set "
-                    "`network`/`subnetwork` in the gcp settings to a VPC network of this project)",
-                    code=exc.code,
-                ) from exc
-
-            def made() -> Any:  # another process's create may still be under way
-                found = self._find_rule(project, name)
-                if found is None:
-                    raise Throttled(f"gcp: firewall rule {name} not there yet", code="notFound")
-                return found
-
-            rule = self.cloud.call(made)
+            rule = self._create(project, name, network)
         if last(rule.network) != network_name:
             raise InvalidRequest(
                 f"gcp: firewall rule {name} belongs to network {last(rule.network)}, "
@@ -164,6 +139,46 @@ class Firewall:
             )
             self.cloud._wait_global(operation, project)
         self._rules.add((project, network))
+
+    def _create(self, project: str, name: str, network: str) -> Any:
+        """Our rule made on ``network`` (awaited), or the one a racing process made (409)."""
+        from google.cloud import compute_v1
+
+        firewall = compute_v1.Firewall(
+            name=name,
+            network=network,
+            description="provisioner: SSH to GPU machines",
+            direction="INGRESS",
+            priority=1000,
+            allowed=[compute_v1.Allowed(I_p_protocol="tcp", ports=["22"])],
+            source_ranges=list(self.cloud.options.ssh_cidrs),
+            target_tags=[SSH_TAG],
+        )
+        insert = compute_v1.InsertFirewallRequest(
+            project=project, firewall_resource=firewall, request_id=str(uuid.uuid4())
+        )
+        try:
+            operation = self.cloud.call(
+                lambda: self.cloud._client("firewalls").insert_unary(request=insert, retry=None)
+            )
+            self.cloud._wait_global(operation, project)
+        except InvalidRequest as exc:
+            if exc.code != "alreadyExists":
+                raise
+        except NotFound as exc:  # the one resource a firewall insert names is its network
+            raise InvalidRequest(
+                f"gcp: network {network} was not found in project {project} (set "
+                "`network`/`subnetwork` in the gcp settings to a VPC network of this project)",
+                code=exc.code,
+            ) from exc
+
+        def made() -> Any:  # another process's create may still be under way
+            found = self._find_rule(project, name)
+            if found is None:
+                raise Throttled(f"gcp: firewall rule {name} not there yet", code="notFound")
+            return found
+
+        return self.cloud.call(made)
 
     def _find_rule(self, project: str, name: str) -> Any | None:
         try:

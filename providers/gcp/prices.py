@@ -329,12 +329,22 @@ def _unit_rates(skus: Iterable[Mapping[str, Any]]) -> _Rates:
 
 def _classify_sku(group: str, description: str) -> tuple[str, str] | None:
     if group == "GPU":
-        for gpu, words in GPU_SKU.items():
-            if words in description:
-                return "gpu", gpu
-        return None
+        return _gpu_sku(description)
     if group not in ("CPU", "RAM", "N1Standard"):
         return None
+    return _series_sku(group, description)
+
+
+def _gpu_sku(description: str) -> tuple[str, str] | None:
+    for gpu, words in GPU_SKU.items():
+        if words in description:
+            return "gpu", gpu
+    return None
+
+
+def _series_sku(group: str, description: str) -> tuple[str, str] | None:
+    """A machine series' core or RAM SKU (N1's are in the N1Standard group, told by "Core" or
+    "Ram" in the description)."""
     for series, words in SERIES_SKU.items():
         if words in description:
             if group == "CPU" or (group == "N1Standard" and "Core" in description):

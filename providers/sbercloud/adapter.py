@@ -112,6 +112,27 @@ def _stopped_at(s: Any, status: str) -> datetime | None:
     return _time(s.updated) if status == "SHUTOFF" else None
 
 
+def _fault(s: Any, status: str) -> str | None:
+    """A server's fault (or its ERROR status) as the reason of its state, when it has one."""
+    fault = s.fault if isinstance(s.fault, dict) else {}
+    if fault.get("message") or status == "ERROR":
+        return f"{status}: {fault.get('message') or 'no fault message'}"
+    return None
+
+
+def _addresses(s: Any) -> tuple[str | None, str | None]:
+    """A server's public (floating) and private addresses: the first of each."""
+    ips = [a for addrs in (s.addresses or {}).values() for a in addrs or []]
+    public = next((a.addr for a in ips if a.os_ext_ip_stype == "floating"), None)
+    private = next((a.addr for a in ips if a.os_ext_ip_stype != "floating"), None)
+    return public, private
+
+
+def _labels(server_tags: Any) -> dict[str, str]:
+    """A server's ``key=value`` tags as labels (a tag without ``=`` is a key with no value)."""
+    return dict(t.split("=", 1) if "=" in t else (t, "") for t in server_tags or [])
+
+
 class SberCloudProvider(Provider):
     spec = SPEC
     options: SberCloudOptions
@@ -283,11 +304,7 @@ class SberCloudProvider(Provider):
             spot=spot,
             stopped_by_us=meta.get(STOP_MARKER) == "user",
         )
-        fault = s.fault if isinstance(s.fault, dict) else {}
-        if reason is None and (fault.get("message") or status == "ERROR"):
-            reason = f"{status}: {fault.get('message') or 'no fault message'}"
-        ips = [a for addrs in (s.addresses or {}).values() for a in addrs or []]
-        labels = dict(t.split("=", 1) if "=" in t else (t, "") for t in s.tags or [])
+        public_ip, private_ip = _addresses(s)
         return Instance(
             id=s.id,
             name=s.name or "",
@@ -296,11 +313,11 @@ class SberCloudProvider(Provider):
             instance_type=(s.flavor.id or s.flavor.name) if s.flavor else "",
             state=state,
             spot=spot,
-            labels=labels,
-            public_ip=next((a.addr for a in ips if a.os_ext_ip_stype == "floating"), None),
-            private_ip=next((a.addr for a in ips if a.os_ext_ip_stype != "floating"), None),
+            labels=_labels(s.tags),
+            public_ip=public_ip,
+            private_ip=private_ip,
             launched_at=_time(s.os_srv_us_glaunched_at) or _time(s.created),
-            state_reason=reason,
+            state_reason=reason or _fault(s, status),
             stopped_at=_stopped_at(s, status),
         )
 
@@ -340,11 +357,9 @@ class SberCloudProvider(Provider):
         verb = "refused" if isinstance(exc, AuthError) else "failed"
         return f"sbercloud: {self.ecs_endpoint} {verb}: {exc}"
 
-    def launch(self, request: LaunchRequest) -> Instance:
-        """One pay-per-use (or spot) server, idempotent by ``X-Client-Token``. Unless
-        ``public_ip`` is off it gets its public address from an EIP made with it and released
-        with it (``delete_on_termination``), so terminating leaves no address billing. Labels are
-        folded into tags ECS accepts (:func:`.tags.server_tags`)."""
+    def _image_and_network(self, request: LaunchRequest) -> str:
+        """The image to launch (the request's, else the options'); InvalidRequest when there
+        is none, or when the network new servers join is not set."""
         image = request.image or self.options.image
         if not image:
             raise InvalidRequest(
@@ -359,6 +374,29 @@ class SberCloudProvider(Provider):
                 "servers join",
                 code="NoNetwork",
             )
+        return image
+
+    def _publicip(self, m: Any) -> Any:
+        """The EIP a server is made with, released with it (``delete_on_termination``)."""
+        # chargemode: absent means by bandwidth; "traffic" by traffic; anything else fails
+        # the create (huaweicloudsdkecs PrePaidServerEipBandwidth)
+        charge = "traffic" if self.options.bandwidth_charge == "traffic" else None
+        return m.PrePaidServerPublicip(
+            eip=m.PrePaidServerEip(
+                iptype=self.options.eip_type,
+                bandwidth=m.PrePaidServerEipBandwidth(
+                    size=self.options.bandwidth_mbit, sharetype="PER", chargemode=charge
+                ),
+            ),
+            delete_on_termination=True,
+        )
+
+    def launch(self, request: LaunchRequest) -> Instance:
+        """One pay-per-use (or spot) server, idempotent by ``X-Client-Token``. Unless
+        ``public_ip`` is off it gets its public address from an EIP made with it and released
+        with it (``delete_on_termination``), so terminating leaves no address billing. Labels are
+        folded into tags ECS accepts (:func:`.tags.server_tags`)."""
+        image = self._image_and_network(request)
         from huaweicloudsdkecs.v2 import model as m
 
         extend = m.PrePaidServerExtendParam(charging_mode="postPaid")
@@ -367,27 +405,13 @@ class SberCloudProvider(Provider):
             if request.max_price is not None:
                 extend.spot_price = format(Decimal(request.max_price), "f")
         group = self.options.security_group_id or self._network.group()
-        publicip = None
-        if self.options.public_ip:
-            # chargemode: absent means by bandwidth; "traffic" by traffic; anything else fails
-            # the create (huaweicloudsdkecs PrePaidServerEipBandwidth)
-            charge = "traffic" if self.options.bandwidth_charge == "traffic" else None
-            publicip = m.PrePaidServerPublicip(
-                eip=m.PrePaidServerEip(
-                    iptype=self.options.eip_type,
-                    bandwidth=m.PrePaidServerEipBandwidth(
-                        size=self.options.bandwidth_mbit, sharetype="PER", chargemode=charge
-                    ),
-                ),
-                delete_on_termination=True,
-            )
         server = m.PrePaidServer(
             image_ref=image,
             flavor_ref=request.instance_type,
             name=request.name,
             vpcid=self.options.vpc_id,
             nics=[m.PrePaidServerNic(subnet_id=self.options.subnet_id)],
-            publicip=publicip,
+            publicip=self._publicip(m) if self.options.public_ip else None,
             security_groups=[m.PrePaidServerSecurityGroup(id=group)],
             root_volume=m.PrePaidServerRootVolume(
                 volumetype=self.options.root_volume_type, size=request.disk_gb

@@ -22,6 +22,7 @@ as the ledger's UTC days, so a record can sit eight hours off the ledger's day e
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Iterator
 from datetime import date, timedelta
 from decimal import Decimal
 from typing import Any
@@ -45,8 +46,6 @@ PAGE = 100  # limit per call; the model gives the default (10), not the largest 
 def fetch(provider: Any, start: date, end: date) -> Bill:
     """The fee records of [start, end), month by month (``bill_date_begin`` and
     ``bill_date_end`` "必须和cycle…在同一个月")."""
-    from huaweicloudsdkbss.v2 import model
-
     endpoint = provider.options.bss_endpoint
     if not endpoint:
         raise BillingUnsupported(
@@ -63,28 +62,10 @@ def fetch(provider: Any, start: date, end: date) -> Bill:
     items: list[BilledItem] = []
     currency = provider.spec.currency
     for first, last in _months(start, end):
-        offset = 0
-        while True:
-            request = model.ListCustomerselfResourceRecordsRequest(
-                cycle=first.strftime("%Y-%m"),
-                bill_date_begin=first.isoformat(),
-                bill_date_end=last.isoformat(),
-                statistic_type=BY_DAY,
-                include_zero_record=False,
-                offset=offset,
-                limit=PAGE,
-            )
-            page = provider.call(
-                lambda r=request: ask(r),
-                "bss:ListCustomerselfResourceRecords",
-            )
+        for page in _pages(provider, ask, first, last):
             currency = page.currency or currency
-            records = page.fee_records or []
-            for rec in records:
+            for rec in page.fee_records or []:
                 items.extend(_items(rec, currency))
-            offset += len(records)
-            if not records or offset >= (page.total_count or 0):
-                break
     return Bill(
         "sbercloud",
         [i for i in items if i.amount],
@@ -118,6 +99,29 @@ def _items(rec: Any, currency: str) -> list[BilledItem]:
             resource_id=rid,
         ),
     ]
+
+
+def _pages(provider: Any, ask: Callable[[Any], Any], first: date, last: date) -> Iterator[Any]:
+    """The pages of one month's fee records (``first`` to ``last``), until a short one."""
+    from huaweicloudsdkbss.v2 import model
+
+    offset = 0
+    while True:
+        request = model.ListCustomerselfResourceRecordsRequest(
+            cycle=first.strftime("%Y-%m"),
+            bill_date_begin=first.isoformat(),
+            bill_date_end=last.isoformat(),
+            statistic_type=BY_DAY,
+            include_zero_record=False,
+            offset=offset,
+            limit=PAGE,
+        )
+        page = provider.call(lambda r=request: ask(r), "bss:ListCustomerselfResourceRecords")
+        yield page
+        records = page.fee_records or []
+        offset += len(records)
+        if not records or offset >= (page.total_count or 0):
+            return
 
 
 def _months(start: date, end: date) -> list[tuple[date, date]]:

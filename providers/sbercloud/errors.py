@@ -48,22 +48,42 @@ def by_code(status: int | None, code: str | None, message: str, *, where: str) -
     text = f"sbercloud: {where}: {message or 'no message'}"
     if code and code not in text:
         text = f"{text} [{code}]"
-    lowered = (message or "").lower()
-    if status == 429 or code == "APIGW.0308" or (status is not None and status >= 500):
-        return Throttled(text, code=code)
+    kind = _kind(status, code, (message or "").lower())
+    if kind is QuotaError:  # ECS quotas are per project, and a project is one region
+        return QuotaError(text, code=code, scope="region")
+    return kind(text, code=code)
+
+
+def _kind(status: int | None, code: str | None, lowered: str) -> type[ProviderError]:
+    """The taxonomy's class for an error: its code first, then its (lowercased) message, then
+    its HTTP status."""
+    if _throttled(status, code):
+        return Throttled
     if code in CAPACITY_CODES:
-        return CapacityError(text, code=code)
+        return CapacityError
     if code in QUOTA_CODES:
-        return QuotaError(text, code=code, scope="region")
+        return QuotaError
     if any(w in lowered for w in _CAPACITY_WORDS):
-        return CapacityError(text, code=code)
+        return CapacityError
     if "quota" in lowered:
-        return QuotaError(text, code=code, scope="region")
-    if status in (401, 403) or code in AUTH_CODES or (code or "").startswith("APIGW.03"):
-        return AuthError(text, code=code)
-    if code in NOT_FOUND_CODES or (status == 404 and not (code or "").startswith("APIGW")):
-        return NotFound(text, code=code)
-    return InvalidRequest(text, code=code)
+        return QuotaError
+    if _refused(status, code):
+        return AuthError
+    if _not_found(status, code):
+        return NotFound
+    return InvalidRequest
+
+
+def _throttled(status: int | None, code: str | None) -> bool:
+    return status == 429 or code == "APIGW.0308" or (status is not None and status >= 500)
+
+
+def _refused(status: int | None, code: str | None) -> bool:
+    return status in (401, 403) or code in AUTH_CODES or (code or "").startswith("APIGW.03")
+
+
+def _not_found(status: int | None, code: str | None) -> bool:
+    return code in NOT_FOUND_CODES or (status == 404 and not (code or "").startswith("APIGW"))
 
 
 def map_error(exc: Exception, where: str) -> ProviderError | None:

@@ -58,15 +58,32 @@ def normalise_gpu(raw: str, memory_gb: int | None = None) -> str:
 
 def gpu_of(name: str, vcpus: int, specs: dict[str, Any]) -> tuple[str, int, int] | None:
     """(normalised GPU, count, GB per GPU) of a flavor, or None when it cannot be told."""
-    if info := specs.get("info:gpus"):
-        try:
-            gpus = json.loads(info)
-            first = gpus[0]
-            mem = int(first.get("memory_mb") or 0) // 1024
-            gpu = normalise_gpu(first["name"], mem)
-            return gpu, sum(int(g.get("count", 1)) for g in gpus), mem or _MEMORY_GB.get(gpu, 0)
-        except (ValueError, KeyError, IndexError, TypeError):
-            pass
+    found = _from_info(specs.get("info:gpus")) or _from_pci(specs)
+    if found:
+        return found
+    family = FAMILIES.get(name.split(".", 1)[0])
+    if family and vcpus >= family[2]:
+        gpu, mem, per_gpu = family
+        return gpu, vcpus // per_gpu, mem
+    return None
+
+
+def _from_info(info: str | None) -> tuple[str, int, int] | None:
+    """From the ``info:gpus`` extra spec (JSON: name, memory_mb and count of each GPU)."""
+    if not info:
+        return None
+    try:
+        gpus = json.loads(info)
+        first = gpus[0]
+        mem = int(first.get("memory_mb") or 0) // 1024
+        gpu = normalise_gpu(first["name"], mem)
+        return gpu, sum(int(g.get("count", 1)) for g in gpus), mem or _MEMORY_GB.get(gpu, 0)
+    except (ValueError, KeyError, IndexError, TypeError):
+        return None
+
+
+def _from_pci(specs: dict[str, Any]) -> tuple[str, int, int] | None:
+    """From a PCI passthrough extra spec (``nvidia-<gpu>:<count>`` or ``<gpu>:…:<count>``)."""
     for key, pattern in (
         ("pci_passthrough:alias", r"(?:nvidia-)?([^:,]+):(\d+)"),
         ("pci_passthrough:gpu_specs", r"([^:,]+):[^:,]+:(\d+)"),
@@ -74,10 +91,6 @@ def gpu_of(name: str, vcpus: int, specs: dict[str, Any]) -> tuple[str, int, int]
         if (value := specs.get(key)) and (m := re.match(pattern, value.strip())):
             gpu = normalise_gpu(m.group(1))
             return gpu, int(m.group(2)), _MEMORY_GB.get(gpu, 0)
-    family = FAMILIES.get(name.split(".", 1)[0])
-    if family and vcpus >= family[2]:
-        gpu, mem, per_gpu = family
-        return gpu, vcpus // per_gpu, mem
     return None
 
 

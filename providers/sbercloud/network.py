@@ -149,41 +149,45 @@ class SshGroup:
 
             self.cloud._call(f"open 22/tcp from {cidr} in group {group.id}", create, service="vpc")
 
-    def unused(self, remove: bool) -> list[str]:
-        """Our SSH security groups no server is in (any server of the project, ours or not);
-        deleted when ``remove``. A group taken into use meanwhile refuses deletion (409
-        VPC.0602) and is kept. Our EIPs need no collecting: each is made with its server and
-        released with it (``delete_on_termination``)."""
-        from huaweicloudsdkvpc.v2 import model as v
-
-        groups = self._our_groups()
-        if not groups:
-            return []
-        in_use = {
+    def _in_use(self) -> set[str]:
+        """The ids of the security groups a live server of the project is in."""
+        return {
             g.id
             for server in self.cloud._servers()
             if (server.status or "").upper() not in GONE
             for g in server.security_groups or []
         }
+
+    def _delete(self, group_id: str) -> bool:
+        """Delete one of our groups: False when it refuses as in use (409 VPC.0602), kept."""
+        from huaweicloudsdkvpc.v2 import model as v
+
+        def delete(c: Any) -> Any:
+            return c.delete_security_group(v.DeleteSecurityGroupRequest(security_group_id=group_id))
+
+        try:
+            self.cloud._call(f"delete security group {group_id}", delete, service="vpc")
+        except InvalidRequest as e:
+            if e.code != SSH_GROUP_IN_USE:
+                raise
+            return False
+        except NotFound:
+            pass
+        return True
+
+    def unused(self, remove: bool) -> list[str]:
+        """Our SSH security groups no server is in (any server of the project, ours or not);
+        deleted when ``remove``. A group taken into use meanwhile refuses deletion (409
+        VPC.0602) and is kept. Our EIPs need no collecting: each is made with its server and
+        released with it (``delete_on_termination``)."""
+        groups = self._our_groups()
+        if not groups:
+            return []
+        in_use = self._in_use()
         out = []
         for group in groups:
-            if group.id in in_use:
+            if group.id in in_use or (remove and not self._delete(group.id)):
                 continue
-            if remove:
-
-                def delete(c: Any, group_id: str = group.id) -> Any:
-                    return c.delete_security_group(
-                        v.DeleteSecurityGroupRequest(security_group_id=group_id)
-                    )
-
-                try:
-                    self.cloud._call(f"delete security group {group.id}", delete, service="vpc")
-                except InvalidRequest as e:
-                    if e.code != SSH_GROUP_IN_USE:
-                        raise
-                    continue
-                except NotFound:
-                    pass
             out.append(f"security group {group.id} ({SSH_GROUP}, {self.cloud.region})")
         if remove:
             self._id = None

@@ -58,19 +58,24 @@ def by_code(
     if _QUOTA_DETAILS.intersection(details):
         return QuotaError(text, code=code, scope="region")
     if code == "RESOURCE_EXHAUSTED":
-        if _ACTIVE_OPERATIONS in low:
-            return Throttled(text, code=code)
-        if _QUOTA_LIMIT.search(low):
-            # Yandex quotas are per cloud, and the cloud has one region
-            return QuotaError(text, code=code, scope="region")
-        # Anything else is what the code is documented to mean, "the request limit exceeded":
-        # retried a bounded number of times, then the candidate fails with this text.
-        return Throttled(text, code=code)
+        return _exhausted(text, code, low)
     if code in ("UNAVAILABLE", "DEADLINE_EXCEEDED", "INTERNAL", "ABORTED"):
         return Throttled(text, code=code)
     if code == "NOT_FOUND":
         return NotFound(text, code=code)
     return InvalidRequest(text, code=code)
+
+
+def _exhausted(text: str, code: str, low: str) -> ProviderError:
+    """RESOURCE_EXHAUSTED, told apart by its (lowercased) text ``low``."""
+    if _ACTIVE_OPERATIONS in low:
+        return Throttled(text, code=code)
+    if _QUOTA_LIMIT.search(low):
+        # Yandex quotas are per cloud, and the cloud has one region
+        return QuotaError(text, code=code, scope="region")
+    # Anything else is what the code is documented to mean, "the request limit exceeded":
+    # retried a bounded number of times, then the candidate fails with this text.
+    return Throttled(text, code=code)
 
 
 def detail_types(status: Any) -> list[str]:

@@ -40,12 +40,7 @@ class Network:
         ]
         if not groups:
             return []
-        used = {
-            group_id
-            for inst in self.cloud._instances_raw(folder_id)
-            for nic in inst.network_interfaces
-            for group_id in nic.security_group_ids
-        }
+        used = self._groups_in_use(folder_id)
         out = []
         for group in groups:
             if group.id in used:
@@ -59,6 +54,15 @@ class Network:
         if remove:
             self._groups.clear()
         return out
+
+    def _groups_in_use(self, folder_id: str) -> set[str]:
+        """The security groups an instance's interface in the folder is in."""
+        return {
+            group_id
+            for inst in self.cloud._instances_raw(folder_id)
+            for nic in inst.network_interfaces
+            for group_id in nic.security_group_ids
+        }
 
     def subnet_id(self, folder_id: str, zone: str) -> str:
         """Option ``subnet_ids[zone]``, else the folder's one subnet in that zone (of option
@@ -143,28 +147,7 @@ class Network:
             group = found[0]
             if group.labels.get(_OURS[0]) != _OURS[1]:
                 return str(group.id)  # the user's group of that name: used as it is
-            rules = [
-                r
-                for r in group.rules
-                if r.direction == sg.SecurityGroupRule.INGRESS
-                and r.protocol_name == "TCP"
-                and (r.ports.from_port, r.ports.to_port) == (22, 22)
-            ]
-            have = {c for r in rules for c in r.cidr_blocks.v4_cidr_blocks}
-            if have != set(cidrs):  # ssh_cidrs changed since: one call swaps the rule
-                what = f"update SSH rule of security group {group.id}"
-                operation = self.cloud._rpc(
-                    SecurityGroupServiceStub,
-                    "UpdateRules",
-                    svc.UpdateSecurityGroupRulesRequest(
-                        security_group_id=group.id,
-                        deletion_rule_ids=[r.id for r in rules],
-                        addition_rule_specs=[ssh],
-                    ),
-                    what,
-                    metadata=[("idempotency-key", str(uuid.uuid4()))],
-                )
-                self.cloud._wait(operation, what)
+            self._follow(group, cidrs, ssh)
             return str(group.id)
         # Egress to anywhere: a group admits only what its rules allow, and the agent must
         # reach its server.
@@ -194,6 +177,35 @@ class Network:
         created = sg.SecurityGroup()
         self.cloud._wait(operation, what).response.Unpack(created)
         return str(created.id)
+
+    def _follow(self, group: Any, cidrs: list[str], ssh: Any) -> None:
+        """Our group's SSH rule made to admit ``cidrs`` (the rule spec ``ssh``) if it does not."""
+        from yandex.cloud.vpc.v1 import security_group_pb2 as sg
+        from yandex.cloud.vpc.v1 import security_group_service_pb2 as svc
+        from yandex.cloud.vpc.v1.security_group_service_pb2_grpc import SecurityGroupServiceStub
+
+        rules = [
+            r
+            for r in group.rules
+            if r.direction == sg.SecurityGroupRule.INGRESS
+            and r.protocol_name == "TCP"
+            and (r.ports.from_port, r.ports.to_port) == (22, 22)
+        ]
+        have = {c for r in rules for c in r.cidr_blocks.v4_cidr_blocks}
+        if have != set(cidrs):  # ssh_cidrs changed since: one call swaps the rule
+            what = f"update SSH rule of security group {group.id}"
+            operation = self.cloud._rpc(
+                SecurityGroupServiceStub,
+                "UpdateRules",
+                svc.UpdateSecurityGroupRulesRequest(
+                    security_group_id=group.id,
+                    deletion_rule_ids=[r.id for r in rules],
+                    addition_rule_specs=[ssh],
+                ),
+                what,
+                metadata=[("idempotency-key", str(uuid.uuid4()))],
+            )
+            self.cloud._wait(operation, what)
 
     def _security_groups_raw(self, folder_id: str) -> Iterator[Any]:
         from yandex.cloud.vpc.v1.security_group_service_pb2 import ListSecurityGroupsRequest

@@ -209,19 +209,27 @@ def current_rates(skus: Iterable[Any], currency: str, now: datetime) -> dict[str
     ``yandex.cloud.billing.v1.Sku`` messages."""
     rates: dict[str, Decimal] = {}
     for sku in skus:
-        versions = [
-            v
-            for v in sku.pricing_versions
-            if v.type == _STREET_PRICE and v.effective_time.ToDatetime(UTC) <= now
-        ]
-        if not versions:
-            continue
-        version = max(versions, key=lambda v: v.effective_time.ToDatetime(UTC))
-        tiers = [r for e in version.pricing_expressions for r in e.rates if r.currency == currency]
-        if tiers:
-            first = min(tiers, key=lambda r: Decimal(r.start_pricing_quantity or "0"))
-            rates[sku.name] = Decimal(first.unit_price)
+        price = _street_price(sku, currency, now)
+        if price is not None:
+            rates[sku.name] = price
     return rates
+
+
+def _street_price(sku: Any, currency: str, now: datetime) -> Decimal | None:
+    """One SKU's first-tier unit price in ``currency``, of its street-price version in force."""
+    versions = [
+        v
+        for v in sku.pricing_versions
+        if v.type == _STREET_PRICE and v.effective_time.ToDatetime(UTC) <= now
+    ]
+    if not versions:
+        return None
+    version = max(versions, key=lambda v: v.effective_time.ToDatetime(UTC))
+    tiers = [r for e in version.pricing_expressions for r in e.rates if r.currency == currency]
+    if not tiers:
+        return None
+    first = min(tiers, key=lambda r: Decimal(r.start_pricing_quantity or "0"))
+    return Decimal(first.unit_price)
 
 
 def build_offers(
