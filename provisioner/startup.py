@@ -5,6 +5,7 @@ SHA-256 is stored; the token itself travels once, in the startup data."""
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import re
 import secrets
@@ -137,8 +138,10 @@ def startup_data(
         return install
     if user_script.lstrip().startswith("#cloud-config") or user_script.startswith("Content-Type:"):
         return combine(install, user_script) or install  # cloud-init runs the parts in order
-    end = "PV_USER_SCRIPT_" + secrets.token_hex(6)
     script = user_script if user_script.startswith("#!") else "#!/bin/bash\n" + user_script
+    # the heredoc's end from the script's own digest (a script cannot hold its own digest), so
+    # the same startup makes the same bytes: what `plan` measured is what the cloud gets
+    end = "PV_USER_SCRIPT_" + hashlib.sha256(script.encode()).hexdigest()[:12]
     return (
         f"{install}mkdir -p /var/lib/provisioner\n"
         f"cat > /var/lib/provisioner/startup <<'{end}'\n{script.rstrip()}\n{end}\n"

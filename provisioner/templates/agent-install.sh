@@ -50,7 +50,6 @@ pv_pull_key() {
 }
 pv_pull_key &
 {% endif -%}
-python3 -c 'import pynvml' 2>/dev/null || pip3 install -q nvidia-ml-py || true
 if command -v systemctl >/dev/null 2>&1 && [ -d /run/systemd/system ]; then
   cat > /etc/systemd/system/provisioner-agent.service <<'PV_UNIT_EOF'
 [Unit]
@@ -70,4 +69,7 @@ PV_UNIT_EOF
 else {#- no systemd running (a container, an image without it): started here, once #}
   nohup {{ cmd }} >/var/log/provisioner-agent.log 2>&1 &
 fi
+{#- NVML for the GPU readings, after the guard is up: a machine without PyPI access must not
+    hold its guard back, nor the startup script; the agent imports it on the first tick it is there #}
+python3 -c 'import pynvml' 2>/dev/null || timeout 600 pip3 install -q nvidia-ml-py &
 ) >/var/log/provisioner-agent-install.log 2>&1 || true

@@ -328,6 +328,7 @@ def test_a_startup_truly_past_ec2s_limit_is_turned_down_with_the_numbers(
     limits = providers.spec("aws").limits
     assert limits is not None
     data = render(app, experiment, "aws")
+    assert render(app, experiment, "aws") == data  # the same startup, the same bytes
     assert big.size == startup_size(limits, data, KEY, providers.spec("aws").ssh_user)
     assert f"{big.size:,} bytes on aws" in str(big) and "at most 16,384" in str(big)
     assert [c for c in CLOUDS if fits.too_large(app, experiment, c) is not None] == ["aws"]
