@@ -33,7 +33,8 @@ FIELDS = (
     "home",
     "timezone",
     "teams",
-    "notify",
+    "database",
+    "workdir",
 )
 
 
