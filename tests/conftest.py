@@ -97,13 +97,35 @@ MEMBERS_ENV = "PROVISIONER_IDENTITY__MEMBERS"
 
 
 @pytest.fixture
-def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A private PROVISIONER_HOME; no user config file leaks in."""
+def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A private PROVISIONER_HOME; no user config file leaks in. What the test left running
+    from its folder (a sandbox machine's job or agent, detached on purpose: it outlives the
+    command that started it) is ended with the test, not left to run on."""
     h = tmp_path / "home"
     monkeypatch.setenv("PROVISIONER_HOME", str(h))
     monkeypatch.delenv("PROVISIONER_CONFIG", raising=False)
     monkeypatch.delenv("PROVISIONER_STATE_URL", raising=False)
-    return h
+    yield h
+    end_processes_of(tmp_path)
+
+
+def end_processes_of(folder: Path) -> list[int]:
+    """Kill every process whose command line names ``folder`` (this one and its parents
+    spared); the pids killed."""
+    import signal
+
+    mark, spared, killed = str(folder).encode(), {os.getpid(), os.getppid()}, []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) in spared:
+            continue
+        try:
+            if mark not in (entry / "cmdline").read_bytes():
+                continue
+            os.kill(int(entry.name), signal.SIGKILL)
+            killed.append(int(entry.name))
+        except (OSError, ProcessLookupError):
+            continue  # gone already, or not ours to read
+    return killed
 
 
 #: Where every test's time starts: a Monday morning early in a month, whatever the wall clock says.
