@@ -32,9 +32,9 @@ def experiment(**lifecycle) -> Experiment:
     return Experiment.model_validate(raw)
 
 
-def doc(**lifecycle) -> dict:
+def doc(launched: datetime = LAUNCHED, **lifecycle) -> dict:
     rules = guard.rules(experiment(**lifecycle), [])
-    return guard.guard_doc(rules, "m-1", LAUNCHED, "root")
+    return guard.guard_doc(rules, "m-1", launched, "root")
 
 
 def run_as_machine(tmp_path: Path, script: str, after: str) -> subprocess.CompletedProcess:
@@ -64,7 +64,10 @@ WAIT_KEY = (
 
 
 def test_without_an_endpoint_the_agent_guards_and_keeps_its_record(tmp_path):
-    g = doc(autostop="10m", max_lifetime="48h")
+    # the agent is a real process on this host's clock (libfaketime's, in CI's second run): its
+    # machine was launched now, so its 48 h are ahead of it whatever the date
+    launched = datetime.now(UTC).replace(microsecond=0)
+    g = doc(launched, autostop="10m", max_lifetime="48h")
     script = startup.startup_data(None, None, None, 30, "m-1", cloud="aws", guard=g)
     (cmd,) = [x for x in script.splitlines() if x.startswith("ExecStart=")]
     assert cmd == (
@@ -83,7 +86,8 @@ def test_without_an_endpoint_the_agent_guards_and_keeps_its_record(tmp_path):
     assert done.returncode == 0, done.stderr
     report = json.loads((tmp_path / "out" / "report.json").read_text())
     assert report["guard"] == g and report["machine"] == "m-1" and report["stop"] is None
-    assert g["autostop_s"] == 600 and g["max_lifetime_at"] == "2026-12-09T10:00:00Z"
+    ends = (launched + timedelta(hours=48)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    assert g["autostop_s"] == 600 and g["max_lifetime_at"] == ends
     assert g["on_finish"] == {"job": "run", "action": "stop"}
     assert g["jobs_dir"] == "/root/.provisioner/jobs"
     assert (tmp_path / "out" / "modes").read_text().split() == ["755", "644", "755"]
