@@ -504,3 +504,47 @@ class Delivery(Base):
     @validates("status")
     def _move(self, _key: str, status: str) -> DeliveryStatus:
         return _moved(self, DeliveryStatus, status)
+
+
+# --- team rules (0014) ----------------------------------------------------------------------
+
+
+class TeamRules(Base):
+    """One version of the team's rules (policies, member map) as an admin applied it: the
+    newest is in force. Append-only: a change is a new version, never an edit."""
+
+    __tablename__ = "team_rules"
+
+    version: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    applied_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    applied_by: Mapped[str] = mapped_column(String(128))
+    role: Mapped[str] = mapped_column(String(128))
+    digest: Mapped[str] = mapped_column(String(64))
+    document: Mapped[str] = mapped_column(Text)
+    note: Mapped[str | None] = mapped_column(Text)
+
+
+class TeamMember(Base):
+    """A database role of the team, as the newest rules map it: its e-mail and its kind
+    (``member``, ``admin``, ``scheduler``)."""
+
+    __tablename__ = "team_members"
+
+    role: Mapped[str] = mapped_column(String(128), primary_key=True)
+    email: Mapped[str] = mapped_column(String(254))
+    kind: Mapped[str] = mapped_column(String(16))
+    version: Mapped[int] = mapped_column(Integer)
+
+
+class TeamGrant(Base):
+    """One ``act_as`` grant of the newest rules, flattened for the database's own checks:
+    whoever matches ``actor_glob`` may act for an owner matching ``owner_glob`` on a project
+    matching ``project_glob`` (fnmatch globs)."""
+
+    __tablename__ = "team_grants"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    version: Mapped[int] = mapped_column(Integer)
+    actor_glob: Mapped[str] = mapped_column(String(254))
+    owner_glob: Mapped[str] = mapped_column(String(254))
+    project_glob: Mapped[str] = mapped_column(String(254))
