@@ -548,3 +548,13 @@ class TeamGrant(Base):
     actor_glob: Mapped[str] = mapped_column(String(254))
     owner_glob: Mapped[str] = mapped_column(String(254))
     project_glob: Mapped[str] = mapped_column(String(254))
+
+
+class StateMeta(Base):
+    """A fact about the state itself, set when it is made: ``clock`` is ``simulated`` for a
+    state made on a shifted clock (tests, what-ifs), whose writes may then use it."""
+
+    __tablename__ = "state_meta"
+
+    key: Mapped[str] = mapped_column(String(64), primary_key=True)
+    value: Mapped[str] = mapped_column(Text)

@@ -1,7 +1,8 @@
 """team rules: the team's policies and member map, applied by an admin to the shared state,
 versioned with who applied what (``team_rules``); the current member map (``team_members``)
 and ``act_as`` grants (``team_grants``) derived from the newest version, for the database's
-own checks (row-level security on PostgreSQL, 0015)
+own checks (row-level security on PostgreSQL, 0015); ``state_meta``: facts about the
+state set when it is made (``clock``: ``simulated`` for a state made on a shifted clock)
 
 Revision ID: 0014
 Revises: 0013
@@ -45,7 +46,15 @@ def upgrade() -> None:
     )
 
 
+    op.create_table(  # facts about the state itself, set when it is made (e.g. its clock)
+        "state_meta",
+        sa.Column("key", sa.String(64), primary_key=True),
+        sa.Column("value", sa.Text, nullable=False),
+    )
+
+
 def downgrade() -> None:
+    op.drop_table("state_meta")
     op.drop_table("team_grants")
     op.drop_table("team_members")
     op.drop_table("team_rules")
