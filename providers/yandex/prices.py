@@ -272,7 +272,15 @@ YC_2022 = (
     "2022-04-13",
     20,
 )
-YC_T4I = ("Yandex Cloud docs ru/_pricing/compute/rub-instance-resources.md @0a247371", "", 20)
+# The T4i rates' page is undated; its prices include 20 % VAT, which ended on 2026-01-01 (425-FZ),
+# so they were in force no later than 2025-12-31: the rows carry that date, the latest it can
+# be, so `plan` calls them stale rather than passing them as fresh.
+YC_T4I = (
+    "Yandex Cloud docs ru/_pricing/compute/rub-instance-resources.md @0a247371 (undated; "
+    "VAT 20%, so in force no later than 2025-12-31)",
+    "2025-12-31",
+    20,
+)
 YC_2026 = (
     "Yandex Cloud docs ru/_pricing/compute/rub-from-23-01-2026.md (VAT 22%)",
     "2026-01-23",
