@@ -28,13 +28,13 @@ from provisioner.console import (
     write,
 )
 from provisioner.money import Money, Tally
-from provisioner.schema import ACTIVE_EXCLUDED, EventKind, MachineStatus, epoch_us
+from provisioner.schema import ACTIVE_EXCLUDED, ADDRESS_BILLED, EventKind, MachineStatus, epoch_us
 
 #: The columns read of each machine: those :func:`machine_json` and the table show.
 COLUMNS = (
     "id", "name", "project", "owner", "status", "cloud", "region", "zone", "instance_type",
     "gpu", "gpu_count", "market", "instance_id", "public_ip", "rate", "currency", "disk_rate",
-    "address_rate", "created_at", "launched_at", "terminated_at",
+    "address_rate", "created_at", "launched_at", "terminated_at", "disk_gb", "address_billed",
 )  # fmt: skip
 S = MachineStatus
 _CHUNK = 500  # ids per IN (…): SQLite before 3.32 takes 999 parameters
@@ -66,6 +66,8 @@ class Row:
     created_at: datetime
     launched_at: datetime | None
     terminated_at: datetime | None
+    disk_gb: int | None
+    address_billed: str | None
     spent: dict[str, Decimal] = field(default_factory=dict)
     launches: int = 1
     why: str | None = None
@@ -390,7 +392,22 @@ def machine_json(m: Any) -> dict[str, Any]:
         "created_at": m.created_at,
         "launched_at": m.launched_at,
         "terminated_at": m.terminated_at,
+        "not_priced": unpriced_pieces(m),
     }
+
+
+def unpriced_pieces(m: Any) -> list[str]:
+    """The pieces of machine ``m`` its cloud bills and the ledger holds at no price (their rate
+    was unknown at launch): ``boot disk`` (a disk size, no disk rate), ``public IPv4`` (an
+    address that bills, :data:`provisioner.schema.ADDRESS_BILLED`, at no known rate)."""
+    if m.cloud is None or m.rate is None:  # never launched: nothing billed
+        return []
+    out = []
+    if m.disk_rate is None and m.disk_gb:
+        out.append("boot disk")
+    if m.address_rate is None and m.address_billed in ADDRESS_BILLED:
+        out.append("public IPv4")
+    return out
 
 
 _TABLE = (

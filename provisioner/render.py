@@ -249,6 +249,7 @@ def _template(name: str, r: Report, alert: Alert | None, **kw: Any) -> str:
             alert=alert,
             subject=subject(r, alert),
             ownership=lambda o: ownership_text(r, o),
+            unpriced_text=unpriced_text,
             **kw,
         )
     )
@@ -418,3 +419,9 @@ def email(app: App, r: Report, to: Iterable[str], alert: Alert | None = None) ->
     if not to:
         raise UserError("no recipients: give --to, or set budget.recipients in the policy")
     mail.send(app.settings.smtp, message(app, r, to, alert))
+
+
+def unpriced_text(f: Any, u: Any) -> str:
+    """One :class:`provisioner.ledger.unpriced.Unpriced` in the report's language."""
+    piece = f.t(f"unpriced_{u.piece}")
+    return f.t("unpriced_line", count=u.count, piece=piece, cloud=u.cloud, setting=u.setting)

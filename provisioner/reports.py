@@ -17,6 +17,7 @@ from sqlalchemy import select
 from provisioner import budget, ledger
 from provisioner.errors import UserError
 from provisioner.ledger import Period, Scope
+from provisioner.ledger.unpriced import Unpriced, unpriced
 from provisioner.models import Machine
 from provisioner.money import CENT, US_PER_HOUR, Amounts, Money, Rates, Tally, allocate
 from provisioner.ownership import Ownership, rent_or_buy
@@ -83,6 +84,8 @@ class Report:
     # how many machines the top list leaves out, and their spend as shown
     other_machines: tuple[int, Money] | None = None
     scope: Scope = field(default_factory=Scope)
+    # what the clouds bill that the ledger holds at no price (no cited rate): said beside totals
+    unpriced: list[Unpriced] = field(default_factory=list)
     # microseconds per ((project, owner), currency, rate): what budgets over the same period
     # spent, without another pass over the ledger (see spent_by)
     pairs: Tally = field(default_factory=Tally, repr=False)
@@ -163,6 +166,7 @@ class Report:
                 for (d, _), m in zip(self.daily, self.daily_shown, strict=True)
             ],
             "idle_waste": money(self.idle_waste),
+            "unpriced": [u.as_json() for u in self.unpriced],
             "savings": {r: money(m) for r, m in self.savings},
             "rent_or_buy": [
                 {
@@ -272,10 +276,11 @@ def build(
         if scope.project is not None:
             _known_project(s, app, scope.project)
         sums = _sums(s, period, now, scope, by)
+        held_free = unpriced(s, period, now, scope)
     _add_idle_now(app, sums.waste, period, now, scope)
     st = _own_budget(app, budget_policy, period, now, scope, sums.native)
     try:  # conversion fails on a currency without a rate: say which
-        return _assemble(
+        r = _assemble(
             app,
             period,
             now,
@@ -289,6 +294,8 @@ def build(
         )
     except ValueError as e:
         raise UserError(str(e)) from None
+    r.unpriced = held_free
+    return r
 
 
 def _currency(app: App, currency: str | None, budget_policy: Policy | None) -> str:

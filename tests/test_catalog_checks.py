@@ -112,7 +112,13 @@ def test_spot_must_be_materially_below_on_demand():
             currency="USD",
         )
         # equal; above; the source's 4-decimal rounding of the same price; 4 % off; 5 % off
-        for r, s in (("a", "19.97951"), ("b", "21"), ("c", "19.9795"), ("d", "19.18"), ("e", "18.98"))
+        for r, s in (
+            ("a", "19.97951"),
+            ("b", "21"),
+            ("c", "19.9795"),
+            ("d", "19.18"),
+            ("e", "18.98"),
+        )
     ]
     found = catalog_checks.check(rows)
     assert [(f.line, f.field) for f in found] == [(i, "spot_price") for i in (2, 3, 4, 5)]

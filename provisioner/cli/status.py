@@ -19,7 +19,7 @@ from provisioner.cli import (
     text_table,
     write,
 )
-from provisioner.fleet import machine_json, show
+from provisioner.fleet import machine_json, show, unpriced_pieces
 from provisioner.fleet import money_text as _money
 from provisioner.schema import DELIVERY_DUE, UNDELIVERED
 
@@ -192,6 +192,8 @@ def _rate(m: Any) -> str:
         rate += f" + {_money(m.disk_rate, m.currency)}/h disk"
     if m.address_rate is not None:
         rate += f" + {m.address_rate.normalize():f} {m.currency}/h public IPv4"
+    for piece in unpriced_pieces(m):  # billed by the cloud at a rate not known here
+        rate += f" + {piece} not priced"
     return rate
 
 

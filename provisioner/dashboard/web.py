@@ -219,6 +219,7 @@ class Dashboard(Access):
             by_choices=pages.BY,
             budget_names=[p.name for p in pages.budget_policies(self.app)],
             ownership=lambda o: render.ownership_text(r, o),
+            unpriced=[render.unpriced_text(f, u) for u in r.unpriced],
             chart=_burndown(data, f),
             billed=bill.last_fetch(self.app, r.period.label),
             notices=alerts_view.recent(self.app, data.params.get("budget")),

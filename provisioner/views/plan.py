@@ -134,8 +134,8 @@ def machine_guard(app: App, m: Any) -> list[str]:
 def address_rates(app: App, candidates: list[Candidate]) -> list[str]:
     """What each candidate cloud's public IPv4 address adds to a machine's rate (the ledger
     counts it apart from compute, at the rate fixed at launch), or that it is billed at a rate
-    not known here."""
-    from provisioner.catalog import address_rate
+    not known here; and a boot disk billed at a rate not known here."""
+    from provisioner.catalog import address_rate, disk_price
 
     out, seen = [], set()
     for c in candidates:
@@ -143,6 +143,11 @@ def address_rates(app: App, candidates: list[Candidate]) -> list[str]:
         if key in seen:
             continue
         seen.add(key)
+        if disk_price(app.settings, *key)[0] is None:
+            out.append(
+                f"{key[0]} boot disk billed while it exists, at a rate not known here: set "
+                f"disk_prices.{key[0]} in settings to count it"
+            )
         rate, billed = address_rate(app.settings, *key)
         if billed in ("none", "free"):
             continue
