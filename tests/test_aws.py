@@ -138,9 +138,15 @@ def test_launch_sends_market_tags_token_and_user_data(
     assert wire["BlockDeviceMapping.1.DeviceName"] == "/dev/sda1"
     assert wire["BlockDeviceMapping.1.Ebs.VolumeSize"] == "200"
     assert wire["BlockDeviceMapping.1.Ebs.VolumeType"] == "gp3"
-    for resource in ("instance", "volume"):
+    for resource in ("instance", "volume", "network-interface"):
         tags = wire_tags(wire, resource)
         assert tags.items() >= {**request.labels, "Name": "exp-tok-a"}.items()
+    # the network interface carries the machine's tag, so Cost Explorer attributes its public
+    # IPv4 address (billed to the ENI) to the machine
+    ec2 = emu.client("ec2", "us-east-1")
+    machine = [{"Name": f"tag:{TAG_MACHINE}", "Values": [request.labels[TAG_MACHINE]]}]
+    enis = ec2.describe_network_interfaces(Filters=machine)["NetworkInterfaces"]
+    assert [e["Attachment"]["InstanceId"] for e in enis] == [inst.ref.id]
     market_options = {k: v for k, v in wire.items() if k.startswith("InstanceMarketOptions.")}
     spot_options = "InstanceMarketOptions.SpotOptions."
     if market == "on-demand":
@@ -607,6 +613,6 @@ def test_response_timestamps_are_the_instants_botocore_reads(value):
     0.11 s of a 1,000-machine sweep's listing); every form gives botocore's instant."""
     from botocore.utils import parse_timestamp
 
-    from providers.aws.adapter import _timestamp
+    from providers.aws.instances import parse_timestamp as ours
 
-    assert _timestamp(value) == parse_timestamp(value)
+    assert ours(value) == parse_timestamp(value)

@@ -753,3 +753,19 @@ def test_sbercloud_asks_month_by_month() -> None:
     assert _months(date(2026, 11, 1), date(2026, 12, 1)) == [
         (date(2026, 11, 1), date(2026, 11, 30))
     ]
+
+
+def test_aws_record_types_are_classed_by_their_documented_meaning() -> None:
+    """RI- and Savings-Plan-covered usage is usage, read per machine with the usage types, not
+    a "discount" because its name holds the word; fees of commitments are not priced here."""
+    from providers.aws.billing import USAGE_RECORD_TYPES, record_kind
+
+    assert {"Usage", "DiscountedUsage", "SavingsPlanCoveredUsage"} == set(USAGE_RECORD_TYPES)
+    assert record_kind("Tax") == "tax"
+    assert record_kind("Credit") == record_kind("Refund") == "credit"
+    for discount in ("SavingsPlanNegation", "BundledDiscount", "EdpDiscount", "Bundled Discount",
+                     "Enterprise Discount Program Discount"):  # fmt: skip
+        assert record_kind(discount) == "discount", discount
+    for other in ("RIFee", "SavingsPlanRecurringFee", "SavingsPlanUpfrontFee", "Fee", "Support",
+                  "Discounted something new"):  # fmt: skip
+        assert record_kind(other) == "other", other

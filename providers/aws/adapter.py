@@ -15,11 +15,11 @@ from __future__ import annotations
 import re
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from datetime import UTC, datetime
 from functools import cached_property, partial
 from typing import Any
 
 from providers.aws import LIMITS, SPEC, AWSOptions, errors
+from providers.aws.instances import STOPPED_OR_GONE, instance_of, instances_of, parse_timestamp
 from providers.aws.network import SshGroups, tag_list
 from providers.aws.volumes import TAG_TOKEN, EbsVolumes
 from providers.base import (
@@ -31,7 +31,6 @@ from providers.base import (
     InstanceRef,
     InvalidRequest,
     LaunchRequest,
-    MachineState,
     NotFound,
     Offer,
     Provider,
@@ -48,17 +47,6 @@ DEFAULT_IMAGE_PARAMETER = (
 # TerminateInstancesRequest.InstanceIds); StopInstances states no limit, and gets the same.
 BATCH_IDS = 1000
 _INSTANCE_ID = re.compile(r"\bi-[0-9a-f]{8,17}\b")
-PREEMPTION_REASONS = frozenset({"Server.SpotInstanceTermination", "Server.SpotInstanceShutdown"})
-_STATES = {
-    "pending": MachineState.PENDING,
-    "running": MachineState.RUNNING,
-    "stopping": MachineState.STOPPING,
-    "stopped": MachineState.STOPPED,
-    "shutting-down": MachineState.TERMINATED,  # cannot come back; billing has ended
-    "terminated": MachineState.TERMINATED,
-}
-_STOPPED_OR_GONE = ("stopping", "stopped", "shutting-down", "terminated")
-_HALTED = (MachineState.STOPPING, MachineState.STOPPED, MachineState.TERMINATED)
 NO_CREDENTIALS = (
     "aws: no credentials found (set AWS_PROFILE, or AWS_ACCESS_KEY_ID and "
     "AWS_SECRET_ACCESS_KEY, or run `aws sso login`)"
@@ -177,14 +165,14 @@ class AWSProvider(Provider):
 
             def fetch(ec2: Any = ec2) -> list[dict[str, Any]]:
                 pages = ec2.get_paginator("describe_instances").paginate(Filters=filters)
-                return [raw for page in pages for raw in _instances(page)]
+                return [raw for page in pages for raw in instances_of(page)]
 
             raws = self.call(fetch, "list instances")
             found.extend(self._instance(raw, region) for raw in raws)
         return found
 
     def stop(self, ref: InstanceRef) -> None:
-        if self._describe(ref)["State"]["Name"] in _STOPPED_OR_GONE:
+        if self._describe(ref)["State"]["Name"] in STOPPED_OR_GONE:
             return  # compute is not billed any more
         ec2 = self._client("ec2", ref.region)
         self.call(lambda: ec2.stop_instances(InstanceIds=[ref.id]), f"stop {ref.id}")
@@ -203,7 +191,9 @@ class AWSProvider(Provider):
     def terminate(self, ref: InstanceRef) -> None:
         ec2 = self._client("ec2", ref.region)
         try:
-            self.call(lambda: ec2.terminate_instances(InstanceIds=[ref.id]), f"terminate {ref.id}")
+            self.call(
+                lambda: ec2.terminate_instances(InstanceIds=[ref.id]), f"terminate {ref.id}"
+            )
         except NotFound:
             return  # already gone
 
@@ -291,7 +281,7 @@ class AWSProvider(Provider):
                 core.set_config_variable("metadata_service_timeout", 1)
                 core.set_config_variable("metadata_service_num_attempts", 1)
                 core.get_component("response_parser_factory").set_parser_defaults(
-                    timestamp_parser=_timestamp
+                    timestamp_parser=parse_timestamp
                 )
                 self._boto_session = boto3.session.Session(botocore_session=core)
             return self._boto_session
@@ -322,7 +312,8 @@ class AWSProvider(Provider):
     def _describe(self, ref: InstanceRef) -> dict[str, Any]:
         ec2 = self._client("ec2", ref.region)
         found = self.call(
-            lambda: _instances(ec2.describe_instances(InstanceIds=[ref.id])), f"describe {ref.id}"
+            lambda: instances_of(ec2.describe_instances(InstanceIds=[ref.id])),
+            f"describe {ref.id}",
         )
         if not found:
             raise NotFound(
@@ -354,7 +345,7 @@ class AWSProvider(Provider):
         placement = raw.get("Placement") or {}
         name = placement.get("AvailabilityZone", "")
         zone = placement.get("AvailabilityZoneId") or self._zones(region).get(name, name)
-        return _instance(raw, region, zone)
+        return instance_of(raw, region, zone)
 
     def _image(self, request: LaunchRequest) -> str:
         return self._image_for(request.region, request.image)
@@ -414,9 +405,12 @@ class AWSProvider(Provider):
             "MaxCount": 1,
             "ClientToken": request.token,
             "Placement": {"AvailabilityZone": zone},
-            "TagSpecifications": [
-                {"ResourceType": "instance", "Tags": tag_list(instance_tags)},
-                {"ResourceType": "volume", "Tags": tag_list(tags)},
+            "TagSpecifications": [  # each piece billed apart: the public IPv4 to the ENI
+                {
+                    "ResourceType": kind,
+                    "Tags": tag_list(instance_tags if kind == "instance" else tags),
+                }
+                for kind in ("instance", "volume", "network-interface")  # RunInstances' doc
             ],
             "BlockDeviceMappings": [
                 {
@@ -480,7 +474,7 @@ class AWSProvider(Provider):
         response = ec2.describe_instances(
             Filters=[{"Name": f"tag:{TAG_TOKEN}", "Values": [request.token]}]
         )
-        for raw in _instances(response):
+        for raw in instances_of(response):
             where = raw.get("Placement", {}).get("AvailabilityZone")
             if raw["InstanceType"] != request.instance_type or where != zone:
                 raise InvalidRequest(
@@ -531,70 +525,3 @@ def _answered(
     }
     left.clear()
     return out
-
-
-def _instances(response: Mapping[str, Any]) -> list[dict[str, Any]]:
-    return [raw for res in response.get("Reservations", []) for raw in res.get("Instances", [])]
-
-
-def _instance(raw: Mapping[str, Any], region: str, zone: str) -> Instance:
-    tags = {t["Key"]: t["Value"] for t in raw.get("Tags", [])}
-    spot = raw.get("InstanceLifecycle") == "spot"
-    code, reason = _state_reason(raw)
-    state = _STATES.get(raw["State"]["Name"], MachineState.PENDING)
-    if spot and code in PREEMPTION_REASONS and state in _HALTED:
-        state = MachineState.PREEMPTED
-    return Instance(
-        id=raw["InstanceId"],
-        name=tags.get("Name", ""),
-        region=region,
-        zone=zone,
-        instance_type=raw["InstanceType"],
-        state=state,
-        spot=spot,
-        labels={k: v for k, v in tags.items() if k not in ("Name", TAG_TOKEN)},
-        public_ip=raw.get("PublicIpAddress"),
-        private_ip=raw.get("PrivateIpAddress"),
-        launched_at=raw.get("LaunchTime"),
-        state_reason=reason,
-        stopped_at=_transition_time(raw.get("StateTransitionReason") or ""),
-    )
-
-
-def _state_reason(raw: Mapping[str, Any]) -> tuple[str, str | None]:
-    """StateReason's code, and the reason said: it with its message, else the transition's."""
-    reason = raw.get("StateReason") or {}
-    code, message = reason.get("Code") or "", reason.get("Message") or ""
-    if message and not message.startswith(code):
-        message = f"{code}: {message}" if code else message
-    return code, message or code or raw.get("StateTransitionReason") or None
-
-
-# StateTransitionReason ("The reason for the most recent state transition", botocore's ec2
-# model, Instance) is text, and EC2 dates a stop or terminate in it: "User initiated
-# (2020-03-05 04:45:19 GMT)" for a user's, "Service initiated (… GMT)" for EC2's own, a spot
-# interruption among them (its code is in StateReason). moto writes "UTC" for "GMT".
-_TRANSITION_TIME = re.compile(r"\((\d{4}-\d\d-\d\d \d\d:\d\d:\d\d) (?:GMT|UTC)\)")
-
-
-def _timestamp(value: Any) -> datetime:
-    """A response's timestamp: ISO 8601 with its zone (what EC2 sends) by the standard
-    library; anything else by botocore's parser (dateutil: ~40 µs each, three per instance, so
-    0.11 s of a 1,000-machine sweep's listing)."""
-    if isinstance(value, str):
-        try:
-            at = datetime.fromisoformat(value)
-        except ValueError:
-            pass
-        else:
-            if at.tzinfo is not None:
-                return at
-    from botocore.utils import parse_timestamp
-
-    return parse_timestamp(value)
-
-
-def _transition_time(reason: str) -> datetime | None:
-    """When the last state transition happened, from StateTransitionReason's text."""
-    m = _TRANSITION_TIME.search(reason)
-    return datetime.fromisoformat(m[1]).replace(tzinfo=UTC) if m else None

@@ -3,7 +3,8 @@ machine tag.
 
 Two calls, because Cost Explorer groups by at most two keys at once ("You can group by up to two
 different dimensions", GetCostAndUsage API reference, GroupBy):
-- usage lines, ``RECORD_TYPE = Usage``, grouped by TAG ``provisioner-machine`` × ``USAGE_TYPE``
+- usage lines, ``RECORD_TYPE`` one of :data:`USAGE_RECORD_TYPES` (usage, and usage a Reserved
+  Instance or Savings Plan covered), grouped by TAG ``provisioner-machine`` × ``USAGE_TYPE``
   with ``UnblendedCost`` and ``UsageQuantity``: the usage type names what was billed
   (``BoxUsage:<type>``/``SpotUsage:<type>`` an instance hour, ``EBS:VolumeUsage.<class>`` a
   volume, anything else — ``PublicIPv4:InUseAddress``, data transfer — a piece the ledger does not
@@ -51,7 +52,7 @@ def fetch(provider: Any, start: date, end: date) -> Bill:
         TimePeriod=period,
         Granularity="DAILY",
         Metrics=["UnblendedCost", "UsageQuantity"],
-        Filter={"Dimensions": {"Key": "RECORD_TYPE", "Values": ["Usage"]}},
+        Filter={"Dimensions": {"Key": "RECORD_TYPE", "Values": list(USAGE_RECORD_TYPES)}},
         GroupBy=[{"Type": "TAG", "Key": TAG_MACHINE}, {"Type": "DIMENSION", "Key": "USAGE_TYPE"}],
     )
     others = _pages(
@@ -60,7 +61,7 @@ def fetch(provider: Any, start: date, end: date) -> Bill:
         TimePeriod=period,
         Granularity="DAILY",
         Metrics=["UnblendedCost"],
-        Filter={"Not": {"Dimensions": {"Key": "RECORD_TYPE", "Values": ["Usage"]}}},
+        Filter={"Not": {"Dimensions": {"Key": "RECORD_TYPE", "Values": list(USAGE_RECORD_TYPES)}}},
         GroupBy=[{"Type": "TAG", "Key": TAG_MACHINE}, {"Type": "DIMENSION", "Key": "RECORD_TYPE"}],
     )
     items: list[BilledItem] = []
@@ -112,18 +113,41 @@ def usage_kind(usage_type: str) -> tuple[Kind, str | None]:
     return "other", None
 
 
+#: Cost Explorer's RECORD_TYPE values (its "charge types"; the CUR's line_item_line_item_type,
+#: https://docs.aws.amazon.com/cur/latest/userguide/Lineitem-columns.html) by what they mean:
+#: - usage: ``Usage``, and the usage a commitment covered: ``DiscountedUsage`` (a Reserved
+#:   Instance's — the CUR's reservation columns apply to "DiscountedUsage line items") and
+#:   ``SavingsPlanCoveredUsage``; read with the usage types, per machine, as any usage is;
+#: - discount: ``SavingsPlanNegation`` (the covered usage's cost taken back) and the discounts
+#:   (``BundledDiscount``, ``EdpDiscount``, ``PrivateRateDiscount``, ``DistributorDiscount``;
+#:   the console's spellings ``Bundled Discount``, ``Enterprise Discount Program Discount``);
+#: - tax, credit (``Credit``, ``Refund``); anything else — the commitments' own fees
+#:   (``RIFee``, ``SavingsPlanRecurringFee``, ``SavingsPlanUpfrontFee``), ``Fee``, ``Support`` —
+#:   is a piece the ledger does not price. Not by substring: "DiscountedUsage" names usage.
+USAGE_RECORD_TYPES = ("Usage", "DiscountedUsage", "SavingsPlanCoveredUsage")
+RECORD_KINDS: dict[str, Kind] = {
+    "Tax": "tax",
+    "Credit": "credit",
+    "Refund": "credit",
+    **dict.fromkeys(
+        (
+            "SavingsPlanNegation",
+            "BundledDiscount",
+            "Bundled Discount",
+            "EdpDiscount",
+            "Enterprise Discount Program Discount",
+            "PrivateRateDiscount",
+            "DistributorDiscount",
+            "Discount",
+        ),
+        "discount",
+    ),
+}
+
+
 def record_kind(record_type: str) -> Kind:
-    """Cost Explorer's RECORD_TYPE values (GetDimensionValues: "the different types of charges
-    such as RI fees, usage costs, tax refunds, and credits"): Tax; Credit and Refund; the
-    discount kinds (``Bundled Discount``, ``Enterprise Discount Program Discount``,
-    ``SavingsPlanNegation``…); anything else (Fee, Support) is a piece the ledger does not price."""
-    if record_type == "Tax":
-        return "tax"
-    if record_type in ("Credit", "Refund"):
-        return "credit"
-    if "Discount" in record_type or "Negation" in record_type:
-        return "discount"
-    return "other"
+    """What one Cost Explorer RECORD_TYPE is (:data:`RECORD_KINDS`; else ``other``)."""
+    return RECORD_KINDS.get(record_type, "other")
 
 
 def _machine(key: str) -> str | None:

@@ -842,6 +842,8 @@ class AwsEmulator:
         if status == 200 and params.get("InstanceMarketOptions.MarketType") == "spot":
             self._open_spot_requests(h, region, params, data)
         if status == 200:
+            self._tag_interfaces(region, params, data)
+        if status == 200:
             behavior = params.get("InstanceInitiatedShutdownBehavior", "stop")
             with self._lock:
                 for iid in _instance_ids(data):
@@ -851,6 +853,27 @@ class AwsEmulator:
                 for iid in _instance_ids(data):
                     self._booting[iid] = self.faults.boot_describes
         return _Reply(status, data, ctype, rec.answer)
+
+    def _tag_interfaces(self, region: str, params: dict[str, str], data: bytes) -> None:
+        """RunInstances' ``network-interface`` TagSpecification on each new instance's network
+        interfaces, as EC2 applies it (botocore ec2 model, RunInstancesRequest.TagSpecifications:
+        "You can specify tags for the following resources only: Instances, Volumes, Spot
+        Instance requests, Network interfaces"); moto applies only the instance and volume
+        ones. EC2 bills a public IPv4 address to its interface, so these tags are what Cost
+        Explorer attributes it by."""
+        tags = _tag_spec(params, "network-interface")
+        if not tags:
+            return
+        ec2 = self.client("ec2", region)
+        for iid in _instance_ids(data):
+            found = ec2.describe_network_interfaces(
+                Filters=[{"Name": "attachment.instance-id", "Values": [iid]}]
+            )["NetworkInterfaces"]
+            ids = [eni["NetworkInterfaceId"] for eni in found]
+            if ids:
+                ec2.create_tags(
+                    Resources=ids, Tags=[{"Key": k, "Value": v} for k, v in tags.items()]
+                )
 
     def _open_spot_requests(
         self, h: _ProxyHandler, region: str, params: dict[str, str], data: bytes
@@ -1218,6 +1241,26 @@ def _validate_run_instances(params: dict[str, str]) -> None:
         )
 
 
+#: the resources RunInstances tags at launch (botocore ec2 model, RunInstancesRequest.
+#: TagSpecifications: "Instances, Volumes, Spot Instance requests, Network interfaces"; its
+#: ResourceType enum spells them so)
+RUN_INSTANCES_TAGGABLE = ("instance", "volume", "spot-instances-request", "network-interface")
+
+
+def _tag_spec(params: dict[str, str], resource: str) -> dict[str, str]:
+    """The tags a RunInstances request's TagSpecification.N gives ``resource``."""
+    out: dict[str, str] = {}
+    for name, value in params.items():
+        typed = name.startswith("TagSpecification.") and name.endswith(".ResourceType")
+        if typed and value == resource:
+            prefix = name.removesuffix("ResourceType") + "Tag."
+            for i in range(1, 51):
+                if f"{prefix}{i}.Key" not in params:
+                    break
+                out[params[f"{prefix}{i}.Key"]] = params.get(f"{prefix}{i}.Value", "")
+    return out
+
+
 def _validate_tags(params: dict[str, str]) -> None:
     """EC2 "Tag restrictions" (EC2 User Guide): key ≤ 128, value ≤ 256 characters, no key
     beginning with ``aws:`` — answered "InvalidParameterValue: Value ( aws:… ) for parameter key
@@ -1228,6 +1271,14 @@ def _validate_tags(params: dict[str, str]) -> None:
     for name, value in params.items():
         if not name.startswith("TagSpecification."):
             continue
+        # EC2's words, as users report meeting them (e.g. "'instance' is not a valid taggable
+        # resource type for this operation" from CreateLaunchTemplate); moto uses the same
+        if name.endswith(".ResourceType") and value not in RUN_INSTANCES_TAGGABLE:
+            raise ec2_error(
+                "InvalidParameterValue",
+                f"'{value}' is not a valid taggable resource type for this operation.",
+                400,
+            )
         if name.endswith(".Key"):
             if value[:4].lower() == "aws:":
                 raise ec2_error(
