@@ -191,9 +191,7 @@ class AWSProvider(Provider):
     def terminate(self, ref: InstanceRef) -> None:
         ec2 = self._client("ec2", ref.region)
         try:
-            self.call(
-                lambda: ec2.terminate_instances(InstanceIds=[ref.id]), f"terminate {ref.id}"
-            )
+            self.call(lambda: ec2.terminate_instances(InstanceIds=[ref.id]), f"terminate {ref.id}")
         except NotFound:
             return  # already gone
 
