@@ -32,7 +32,7 @@ from typing import Any
 from sqlalchemy import or_, select
 
 import providers
-from providers.base import ProviderError
+from providers.base import AuthError, ProviderError
 from providers.billing import KINDS, Bill, BillingUnsupported
 from provisioner.app import App
 from provisioner.errors import OperationFailed, UserError
@@ -107,6 +107,7 @@ class BillReport:
     by: str
     clouds: list[CloudBill]
     unsupported: dict[str, str]  # cloud → why it has no billing source here
+    skipped: dict[str, str] = field(default_factory=dict)  # cloud → its missing credentials
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -114,6 +115,7 @@ class BillReport:
             "by": self.by,
             "clouds": [_cloud_json(c) for c in self.clouds],
             "unsupported": self.unsupported,
+            "skipped": self.skipped,
         }
 
 
@@ -128,19 +130,21 @@ def bill(app: App, period_text: str | None, cloud: str | None, by: str) -> BillR
     except ValueError as e:
         raise UserError(f"--period: {e}") from None
     names = _clouds(app, cloud)
-    out, unsupported, fetched = [], {}, []
+    out, unsupported, skipped, fetched = [], {}, {}, []
     for name in names:
         try:
             fetched.append(_fetch(app, name, period, now))
         except BillingUnsupported as e:
             unsupported[name] = str(e)
-    if cloud and cloud in unsupported:
-        raise UserError(unsupported[cloud])
+        except Uncredentialed as e:  # every enabled cloud: one without credentials is skipped
+            skipped[name] = str(e)
+    if cloud and (cloud in unsupported or cloud in skipped):
+        raise UserError(unsupported.get(cloud) or skipped[cloud])
     for got in fetched:  # every bill checked (_fetch) before anything is stored
         cb = reconcile(app, period, got, by)
         _remember(app, period, cb)
         out.append(cb)
-    return BillReport(period, by, out, unsupported)
+    return BillReport(period, by, out, unsupported, skipped)
 
 
 def _clouds(app: App, cloud: str | None) -> list[str]:
@@ -158,8 +162,13 @@ def _fetch(app: App, name: str, period: Period, now: datetime) -> Bill:
     fetch = providers.billing_source(name)
     start, end = period.start.date(), min(period.end, now + _DAY).date()
     end = max(end, start + _DAY)
+    provider = app.provider(name)
+    if missing := provider.missing_setup():  # judged without a call
+        raise Uncredentialed(missing)
     try:  # BillingUnsupported, e.g. GCP without its export table named: goes up
-        got = fetch(app.provider(name), start, end)
+        got = fetch(provider, start, end)
+    except AuthError as e:
+        raise Uncredentialed(str(e)) from None
     except ProviderError as e:
         raise OperationFailed(f"{name}: reading the bill failed: {e}") from None
     except MALFORMED as e:  # a field missing, not a number, not a date: the reader's
@@ -173,6 +182,10 @@ def _fetch(app: App, name: str, period: Period, now: datetime) -> Bill:
 MALFORMED = (KeyError, IndexError, TypeError, ValueError, AttributeError, ArithmeticError)
 MAX_AMOUNT = Decimal(10) ** 12  # one day's line of one thing: no bill holds more
 MAX_HOURS = Decimal(10) ** 6
+
+
+class Uncredentialed(Exception):
+    """A cloud whose bill cannot be asked for: no credentials, or refused ones."""
 
 
 def _malformed(cloud: str, why: str) -> OperationFailed:

@@ -769,3 +769,30 @@ def test_aws_record_types_are_classed_by_their_documented_meaning() -> None:
     for other in ("RIFee", "SavingsPlanRecurringFee", "SavingsPlanUpfrontFee", "Fee", "Support",
                   "Discounted something new"):  # fmt: skip
         assert record_kind(other) == "other", other
+
+
+def test_bill_of_every_cloud_skips_those_without_credentials_one_line_each(
+    aws_bill, home: Path, cli, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With AWS, Azure and GCP (an export table named) enabled but no credentials for the two,
+    enabled, `bill` reads AWS's and says in one line each why the other two were skipped."""
+    import yaml
+
+    monkeypatch.delenv("GOOGLE_APPLICATION_CREDENTIALS", raising=False)
+    monkeypatch.delenv("AZURE_SUBSCRIPTION_ID", raising=False)
+    monkeypatch.setenv("HOME", str(home))  # no gcloud application-default credentials
+    cfg = home.parent / "settings.yaml"
+    data = yaml.safe_load(cfg.read_text())
+    data["clouds"]["azure"] = {"regions": ["eastus"]}
+    data["clouds"]["gcp"] = {"project": "p", "billing_table": "p.billing.gcp_billing_export_v1_X"}
+    cfg.write_text(yaml.safe_dump(data))
+    r = cli("--config", str(cfg), "bill", "--period", "2026-11")
+    assert r.code == 0, r.err
+    skipped = [ln for ln in r.out.splitlines() if "skipped, no credentials" in ln]
+    assert sorted(ln.split(":")[0] for ln in skipped) == ["azure", "gcp"], r.out
+    assert all("no credentials found" in ln for ln in skipped)
+    assert "train-a" in r.out  # AWS's bill was read and reconciled all the same
+    # named, a cloud without credentials is the user's to fix: one line, exit 2
+    named = cli("--config", str(cfg), "bill", "--period", "2026-11", "--cloud", "azure")
+    assert named.code == 2 and "no credentials found" in named.err, named.err
+    assert len(named.err.strip().splitlines()) == 1

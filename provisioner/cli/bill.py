@@ -95,7 +95,9 @@ def _table(report: Any) -> None:
             write(f"note: {note}")
     for cloud, why in report.unsupported.items():
         write(f"\n{cloud}: not supported: {why}")
-    if not report.clouds and not report.unsupported:
+    for cloud, why in report.skipped.items():
+        write(f"{cloud}: skipped, no credentials: {why}")
+    if not report.clouds and not report.unsupported and not report.skipped:
         write("no cloud that sends a bill is enabled in settings (clouds:)")
 
 
