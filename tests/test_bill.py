@@ -351,7 +351,12 @@ def gcp_bill(home: Path, cli, monkeypatch: pytest.MonkeyPatch):
     app.close()
     monkeypatch.setenv(CLOCK_ENV, NOW.isoformat())
     cfg = write_settings(home, clouds={"gcp": options})
-    yield lambda *args: cli("--config", str(cfg), "bill", "--period", "2026-11", *args)
+
+    def run(*args: str):
+        return cli("--config", str(cfg), "bill", "--period", "2026-11", *args)
+
+    run.emu = emu  # type: ignore[attr-defined]
+    yield run
     emu.stop()
 
 
@@ -796,3 +801,21 @@ def test_bill_of_every_cloud_skips_those_without_credentials_one_line_each(
     named = cli("--config", str(cfg), "bill", "--period", "2026-11", "--cloud", "azure")
     assert named.code == 2 and "no credentials found" in named.err, named.err
     assert len(named.err.strip().splitlines()) == 1
+
+
+def test_gcp_bill_reads_only_the_partitions_from_the_period_on(gcp_bill, home: Path) -> None:
+    """BigQuery bills by the bytes a query reads: the export's older partitions (the year's
+    rows before November) are not read; a correction exported days later still is."""
+    emu = gcp_bill.emu
+    older = [export_row(d, "A2 Instance Core running in Americas", "5", "ga", month=m)
+             for m in range(1, 10) for d in (1, 15)]  # fmt: skip
+    late = export_row(3, "A2 Instance Core running in Americas", "-1.50", "ga")
+    late["export_time"] = datetime(2026, 11, 6, 9, tzinfo=UTC)  # three days after its usage
+    emu.tables[TABLE] = older + emu.tables[TABLE] + [late]
+    before = len(emu.tables[TABLE])
+    r = gcp_bill("-o", "json")
+    assert r.code == 0, r.err
+    read = emu.rows_read[-1]
+    # nothing of January..September was read; the October row (its partition Oct 31, the day
+    # before the period) and the late correction (exported three days on) were
+    assert read == before - len(older)

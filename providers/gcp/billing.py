@@ -51,7 +51,15 @@ COLUMNS = (
 
 
 def query_text(table: str) -> str:
-    """The one query: every row of the period, our label and the machine type pulled out."""
+    """The one query: every row of the period, our label and the machine type pulled out.
+
+    Bounded by partition: the export table is partitioned by day on ``_PARTITIONTIME`` (the day
+    a row was exported), and BigQuery bills a query by the bytes of the partitions it reads
+    (https://cloud.google.com/bigquery/docs/querying-partitioned-tables: "filter on the
+    _PARTITIONTIME pseudocolumn" prunes the rest). A row is exported after its usage, so none of
+    the period's rows is in a partition before its start (one day earlier, for the partition
+    day's own time zone); rows exported late (credits, corrections) are in later partitions, so
+    there is no upper bound: a past month's query reads from its start to today."""
     return f"""SELECT
   (SELECT l.value FROM UNNEST(labels) AS l WHERE l.key = '{TAG_MACHINE}') AS machine,
   FORMAT_DATE('%F', DATE(usage_start_time)) AS day,
@@ -65,7 +73,8 @@ def query_text(table: str) -> str:
   usage.pricing_unit AS pricing_unit,
   (SELECT SUM(c.amount) FROM UNNEST(credits) AS c) AS credits
 FROM `{table}`
-WHERE usage_start_time >= @start AND usage_start_time < @end"""
+WHERE usage_start_time >= @start AND usage_start_time < @end
+  AND _PARTITIONTIME >= TIMESTAMP_SUB(@start, INTERVAL 1 DAY)"""
 
 
 def fetch(provider: Any, start: date, end: date) -> Bill:
