@@ -155,6 +155,8 @@ def test_launch_puts_the_whole_intent_on_the_wire(
     assert "deeplearning-platform-release" in disk["initializeParams"]["sourceImage"]
     boot = "hyperdisk-balanced" if gpu == "H200" else "pd-balanced"
     assert disk["initializeParams"]["diskType"] == f"zones/{ZONE}/diskTypes/{boot}"
+    # the boot disk is billed on its own line, under its own labels: the machine's
+    assert disk["initializeParams"]["labels"] == body["labels"]
 
 
 def test_without_external_ip_the_instance_gets_no_access_config(emu: GCPEmulator) -> None:

@@ -279,6 +279,9 @@ class GCPProvider(Provider):
                         source_image=request.image or self.options.image,
                         disk_size_gb=request.disk_gb,
                         disk_type=f"zones/{zone}/diskTypes/{boot_disk_type(request.instance_type)}",
+                        # the disk is billed apart from the VM, under its own labels
+                        # (AttachedDiskInitializeParams.labels: "Labels to apply to this disk")
+                        labels=labels(request.labels),
                     ),
                 )
             ],

@@ -1508,6 +1508,12 @@ def _parse_instance(
     if len(boot) != 1 or not boot[0].get("initializeParams", {}).get("sourceImage"):
         raise invalid("Exactly one boot disk with initializeParams.sourceImage is required.")
     params = boot[0]["initializeParams"]
+    for key, value in params.get("labels", {}).items():  # the same rules as the instance's
+        if not LABEL_KEY_RE.match(key) or not LABEL_VALUE_RE.match(value):
+            raise invalid(
+                f"Invalid value for field 'resource.disks[0].initializeParams.labels': "
+                f"'{key}={value}'."
+            )
     if int(params.get("diskSizeGb", 10)) < 10:
         raise invalid("Invalid value for field 'resource.disks[0].initializeParams.diskSizeGb'")
     # Without a diskType the series' default applies: pd-standard for N1/N2-era series,
