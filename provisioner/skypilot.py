@@ -151,7 +151,7 @@ def machine_name(name: str) -> str:
     """A SkyPilot task name (letters, digits, ``_.-``) as a machine name: lowercase letters,
     digits and dashes, starting with a letter, at most 40."""
     out = re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
-    if out and not out[0].isalpha():
+    if len(out) < 2 or not out[0].isalpha():
         out = "sky-" + out
     return out[:40].rstrip("-")
 
@@ -241,15 +241,12 @@ class _Translation:
         self._envs(data.get("envs"), env, count)
 
     def _name(self, name: Any) -> None:
-        stem = machine_name(Path(self.file).stem) or "task"
+        stem = machine_name(Path(self.file).stem)
         if name is None:
             self.put(("name",), stem, ())
             self.notes.append(f"no name: the machine is {stem} (the file's name)")
             return
         made = machine_name(str(name))
-        if len(made) < 2:
-            self.refuse(("name",), "cannot make a machine name of it: use letters and digits")
-            return
         if made != name:
             self.notes.append(f"name {name}: the machine is {made}")
         self.put(("name",), made, ("name",))
