@@ -118,7 +118,43 @@ def load(
     if env and isinstance(data, dict):
         own = data.get("env")
         data = {**data, "env": {**(own if isinstance(own, dict) else {}), **env}}
-    return Loaded(spec.validate_experiment(data, lines, path, context), "experiment")
+    try:
+        return Loaded(spec.validate_experiment(data, lines, path, context), "experiment")
+    except DocumentError as e:
+        raise DocumentError([_hinted(p, data) for p in e.problems]) from None
+
+
+#: SkyPilot's names an experiment writes otherwise
+_EXPERIMENT_NAME = {
+    "envs": "env",
+    "accelerators": "gpu",
+    "use_spot": "market",
+    "disk_size": "disk_gb",
+    "cloud": "clouds",
+    "region": "regions",
+    "zone": "zones",
+    "cpus": "min_vcpus",
+    "memory": "min_memory_gb",
+    "image_id": "image",
+    "max_hourly_cost": "max_price_per_hour",
+}
+
+
+def _hinted(p: Problem, data: Any) -> Problem:
+    """An unknown field of an experiment file that is SkyPilot's name: said so, with the
+    experiment's name for it, or why the file was not read as a SkyPilot task."""
+    key = (p.field or "").rpartition(".")[2]
+    if not p.message.startswith("unknown field") or not (
+        key in SKYPILOT_ONLY or key in SKYPILOT_RESOURCES
+    ):
+        return p
+    if key in _EXPERIMENT_NAME:
+        hint = f"{key} is SkyPilot's name; an experiment's is {_EXPERIMENT_NAME[key]}"
+    else:
+        hint = f"{key} is a SkyPilot task field"
+    own = sorted(EXPERIMENT_ONLY & set(data)) if isinstance(data, dict) else []
+    why = f" (read as an experiment: it has {', '.join(own)}" if own else " (read as an experiment"
+    return Problem(p.file, p.line, p.field, f"{hint}{why}; docs/SKYPILOT.md)")
 
 
 def is_skypilot(data: Any) -> bool:

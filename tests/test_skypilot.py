@@ -358,3 +358,18 @@ def test_an_experiment_with_numbers_in_env_runs_them_and_env_overrides(home, cli
     assert "steps=3 debug=False lr=0.1\n" in r.out
     bad = cli("--config", str(cfg), "plan", str(path), "--gpus", "A100:8")
     assert bad.code == 2 and "--gpus and --cloud change a SkyPilot task" in bad.err
+
+
+def test_skypilot_names_in_an_experiment_file_are_said_to_be_so(home, cli, tmp_path):
+    spec = sandbox_experiment("mixed")
+    spec["resources"]["accelerators"] = "A100:8"
+    spec["num_nodes"] = 1
+    path = write_yaml(tmp_path / "mixed.yaml", spec)
+    r = cli("plan", str(path))
+    assert r.code == 2
+    assert (
+        f"{path}:{line_of(path, 'accelerators:')}: resources.accelerators: accelerators is "
+        "SkyPilot's name; an experiment's is gpu (read as an experiment: it has owner, "
+        "project; docs/SKYPILOT.md)"
+    ) in r.err
+    assert "num_nodes: num_nodes is a SkyPilot task field (read as an experiment" in r.err
