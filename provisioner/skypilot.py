@@ -295,7 +295,11 @@ class _Translation:
             return
         # relative to the current directory, as SkyPilot has it (sky/task.py Task._validate:
         # os.path.abspath(os.path.expanduser(workdir))), not to the file as in an experiment
-        self.put(("workdir",), os.path.abspath(os.path.expanduser(str(workdir))), ("workdir",))
+        path = os.path.abspath(os.path.expanduser(str(workdir)))
+        if not os.path.isdir(path):
+            self.refuse(("workdir",), f"no directory {path} (relative to the current directory)")
+            return
+        self.put(("workdir",), path, ("workdir",))
 
     def _num_nodes(self, n: Any) -> None:
         if n is None or n == 1:
@@ -346,6 +350,9 @@ class _Translation:
                 # null (or empty): required, given with --env (SkyPilot docs,
                 # running-jobs/environment-variables: "set it to an empty string or null")
                 self.refuse(("envs", key), f"required: give it with --env {key}=VALUE")
+                continue
+            elif not re.fullmatch(r"[A-Z_][A-Z0-9_]*", str(key)):
+                self.refuse(("envs", key), "provisioner's env names are A-Z, 0-9 and _")
                 continue
             elif isinstance(value, dict | list):
                 self.refuse(("envs", key), "should be a string, number or boolean")

@@ -111,6 +111,8 @@ class Resources:
 
     def _market(self) -> None:
         spot = self.res.get("use_spot", False)
+        # YAML 1.1's words, as SkyPilot's loader reads them (provisioner reads YAML 1.2)
+        spot = {"yes": True, "on": True, "no": False, "off": False}.get(str(spot).lower(), spot)
         if not isinstance(spot, bool):
             self.t.refuse(("resources", "use_spot"), "should be true or false")
             return
@@ -300,32 +302,41 @@ def accelerator_alternatives(value: Any) -> tuple[list[tuple[str, int]], str | N
     ``{A100: 8}``, a set ``{A100:8, H100:8}`` (YAML reads it as keys without values), a list
     ``[A100:8, H100:8]``, or such a set or list in a string (SkyPilot reads it with
     ``ast.literal_eval``, sky/resources.py). The error, if any, as a reason."""
+    items, error = _accelerator_items(value)
+    out: list[tuple[str, int]] = []
+    for name, count in items:
+        one, error = _accelerator(str(name).strip(), count)
+        if error or one is None:
+            return [], error
+        out.append(one)
+    if not out:
+        return [], error or "name one accelerator (A100:8)"
+    return list(dict.fromkeys(out)), None
+
+
+def _accelerator_items(value: Any) -> tuple[list[tuple[Any, Any]], str | None]:
     if isinstance(value, str) and value.strip()[:1] in ("{", "["):
         try:
             value = ast.literal_eval(value.strip())
         except (ValueError, SyntaxError):
             return [], f"cannot read {value!r}: write TYPE:COUNT (A100:8)"
-    items: list[tuple[Any, Any]]
     if isinstance(value, str):
-        items = [(value, None)]
-    elif isinstance(value, dict):
-        items = list(value.items())
-    elif isinstance(value, list | set | tuple):
-        items = [(v, None) for v in value]
-    else:
-        return [], "write TYPE:COUNT (A100:8)"
-    out: list[tuple[str, int]] = []
-    for name, count in items:
-        name = str(name).strip()
-        if count is None and ":" in name:
-            name, _, count = name.rpartition(":")
-        try:
-            n = float(count if count is not None else 1)
-        except (TypeError, ValueError):
-            return [], f"cannot read the count of {name}: {count!r}"
-        if n != int(n) or n < 1:
-            return [], f"{name}:{count}: fractional GPUs are not supported (a whole count)"
-        out.append((name.upper(), int(n)))
-    if not out:
-        return [], "name one accelerator (A100:8)"
-    return out, None
+        return [(value, None)], None
+    if isinstance(value, dict):
+        return list(value.items()), None
+    if isinstance(value, list | set | tuple):
+        return [(v, None) for v in value], None
+    return [], "write TYPE:COUNT (A100:8)"
+
+
+def _accelerator(name: str, count: Any) -> tuple[tuple[str, int] | None, str | None]:
+    """One ``NAME[:COUNT]`` (or NAME with its count beside it) as (NAME, count)."""
+    if count is None and ":" in name:
+        name, _, count = name.rpartition(":")
+    try:
+        n = float(count if count is not None else 1)
+    except (TypeError, ValueError):
+        return None, f"cannot read the count of {name}: {count!r}"
+    if not math.isfinite(n) or n != int(n) or n < 1:
+        return None, f"{name}:{count}: fractional GPUs are not supported (a whole count)"
+    return (name.upper(), int(n)), None

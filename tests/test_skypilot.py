@@ -373,3 +373,47 @@ def test_skypilot_names_in_an_experiment_file_are_said_to_be_so(home, cli, tmp_p
         "project; docs/SKYPILOT.md)"
     ) in r.err
     assert "num_nodes: num_nodes is a SkyPilot task field (read as an experiment" in r.err
+
+
+BAD_TASK = """\
+name: 123
+workdir: no-such-dir
+num_nodes: "2"
+envs:
+  lower_key: 1
+  LIST: [1]
+resources:
+  accelerators: A100:8
+  cpus: many
+  disk_size: true
+  use_spot: maybe
+  image_id: docker:nvcr.io/nvidia/pytorch:24.01-py3
+  cloud: aws
+"""
+
+
+def test_every_bad_value_is_one_error_at_its_line(home, cli, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    path = tmp_path / "bad.yaml"
+    path.write_text(BAD_TASK)
+    r = cli("plan", str(path))
+    assert r.code == 2 and "Traceback" not in r.err
+    assert [e.split(": ", 2)[1] for e in errors(r)] == [
+        "workdir",
+        "num_nodes",
+        "envs.lower_key",
+        "envs.LIST",
+        "resources.cpus",
+        "resources.disk_size",
+        "resources.use_spot",
+        "resources.image_id",
+    ]
+    assert f"no directory {tmp_path / 'no-such-dir'} (relative to the current directory)" in r.err
+    assert "container images (docker:) are not supported" in r.err
+
+
+def test_yaml_1_1_words_for_use_spot_as_skypilot_reads_them(tmp_path):
+    task = {"resources": {"accelerators": "T4", "use_spot": "yes"}}
+    loaded = skypilot.load(write_yaml(tmp_path / "t.yaml", task), actor=lambda: "ana@x.org")
+    assert loaded.experiment.resources.market == "spot"
+    assert loaded.experiment.name == "sky-t" and loaded.notes[0].startswith("no name")
