@@ -417,3 +417,13 @@ def test_yaml_1_1_words_for_use_spot_as_skypilot_reads_them(tmp_path):
     loaded = skypilot.load(write_yaml(tmp_path / "t.yaml", task), actor=lambda: "ana@x.org")
     assert loaded.experiment.resources.market == "spot"
     assert loaded.experiment.name == "sky-t" and loaded.notes[0].startswith("no name")
+
+
+def test_the_dashboard_plans_a_task_file_too(app):
+    from provisioner.views.plan import plan_page
+
+    page = plan_page(app, path=str(DATA / "detectron2_app.yaml"), owner=lambda: "ana@x.org")
+    assert not page.problems and page.view is not None
+    assert str(page.view.experiment.resources.gpu) == "V100:1"
+    refused = plan_page(app, path=str(DATA / "distributed_train.yaml"), owner=lambda: "ana@x.org")
+    assert [p.split(": ", 2)[1] for p in refused.problems] == ["num_nodes"]
