@@ -12,6 +12,7 @@ from typing import Annotated, Any, Literal
 from pydantic import (
     AfterValidator,
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     StringConstraints,
@@ -59,11 +60,22 @@ def _text(v: str) -> str:
     return v
 
 
+def _env_value(v: Any) -> Any:
+    """A number or boolean as the string SkyPilot makes of it (``str(value)``: 1 → "1",
+    0.5 → "0.5", true → "True"): sky/task.py ``Task.from_yaml_config`` converts every ``envs``
+    value with ``str`` before validating; provisioner does the same for ``env``, so one file means
+    the same in both. None (``KEY:`` with no value) stays an error here."""
+    if isinstance(v, bool | int | float | Decimal):
+        return str(v)
+    return v
+
+
 Line = Annotated[str, AfterValidator(_one_line)]
 Text = Annotated[str, AfterValidator(_text)]
 LabelKey = Annotated[Line, StringConstraints(min_length=1, max_length=128)]
 LabelValue = Annotated[Line, StringConstraints(max_length=256)]
 EnvKey = Annotated[str, StringConstraints(pattern=r"^[A-Z_][A-Z0-9_]*$", max_length=128)]
+EnvValue = Annotated[Text, StringConstraints(max_length=32768), BeforeValidator(_env_value)]
 
 # The signals the agent sends (provisioner.agent.SIGNALS, tested equal): importing the standalone
 # agent costs `plan` its HTTP client.
@@ -337,9 +349,7 @@ class Experiment(_Strict):
     workdir: str | None = None
     setup: Text | None = Field(None, min_length=1, max_length=65536)
     run: Text | None = Field(None, min_length=1, max_length=65536)
-    env: dict[EnvKey, Annotated[Text, StringConstraints(max_length=32768)]] = Field(
-        default_factory=dict, max_length=200
-    )
+    env: dict[EnvKey, EnvValue] = Field(default_factory=dict, max_length=200)
 
     @field_validator("workdir")
     @classmethod
@@ -447,6 +457,17 @@ def load_experiment(
     the owner when the file names none. ``workdir_limits``: settings' (files, bytes) a workdir
     may hold (:mod:`provisioner.workdir`'s defaults when None)."""
     data, lines = yamlfile.load_document(path)
+    context = experiment_context(path, currencies, actor, workdir_limits)
+    return validate_experiment(data, lines, path, context)
+
+
+def experiment_context(
+    path: str | Path,
+    currencies: Collection[str] | None = None,
+    actor: Callable[[], str] | None = None,
+    workdir_limits: tuple[int, int] | None = None,
+) -> dict[str, Any]:
+    """What validating an experiment read from ``path`` needs besides its data."""
     context: dict[str, Any] = {
         "base_dir": str(Path(path).parent),
         "actor": actor,
@@ -454,6 +475,13 @@ def load_experiment(
     }
     if currencies:
         context["currencies"] = set(currencies)
+    return context
+
+
+def validate_experiment(
+    data: Any, lines: yamlfile.Lines, path: str | Path, context: dict[str, Any]
+) -> Experiment:
+    """An experiment file's data, already read, validated (errors with file, line, field)."""
     return yamlfile.validate(
         Experiment, data, lines, str(path), what="experiment file", context=context
     )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from enum import StrEnum
 from typing import Any
 
 import typer
@@ -23,25 +24,67 @@ from provisioner.fleet import machine_json
 from provisioner.schema import MachineStatus as S
 
 
-@app.command()
-def plan(
-    ctx: typer.Context,
-    spec: str = typer.Argument(..., help="experiment file"),
-    top: int = typer.Option(10, min=1, help="how many candidates to show"),
-    output: Output = OUTPUT,
-) -> None:
-    """Rank the offers an experiment may use, with why the others were turned down. Needs no
-    credentials and launches nothing."""
-    from provisioner.spec import load_experiment  # pydantic: not for --help
-    from provisioner.views import plan as views  # policies and the catalog: not for --help
+class FileFormat(StrEnum):
+    auto = "auto"
+    experiment = "experiment"
+    skypilot = "skypilot"
+
+
+FORMAT = typer.Option(
+    FileFormat.auto,
+    "--format",
+    help="the file's kind: auto tells a SkyPilot task file by its keys (docs/SKYPILOT.md)",
+)
+ENV = typer.Option(
+    None,
+    "--env",
+    help="KEY=VALUE for the job's environment, over the file's (KEY alone: your own value); "
+    "repeat for more",
+    show_default=False,
+)
+GPUS = typer.Option(
+    None, "--gpus", help="a SkyPilot task's accelerators instead of the file's (A100:8)"
+)
+CLOUD = typer.Option(None, "--cloud", help="a SkyPilot task's cloud instead of the file's")
+
+
+def _load(
+    ctx: typer.Context, spec: str, fmt: FileFormat, env: list[str] | None, gpus: Any, cloud: Any
+) -> tuple[Any, Any]:
+    """The experiment in ``spec`` (an experiment file or a SkyPilot task file), what the
+    translation of a task file noted printed on stderr."""
+    from provisioner import skypilot  # pydantic: not for --help
 
     application = get_app(ctx)
-    experiment = load_experiment(
+    loaded = skypilot.load(
         spec,
         application.settings.money_rates.per_base,
         lambda: application.actor,
         application.settings.workdir.limits,
+        fmt=fmt.value,
+        overrides=skypilot.Overrides(tuple(env or ()), gpus, cloud),
     )
+    for note in loaded.notes:
+        err.print(f"note: {note}", highlight=False, markup=False, soft_wrap=True)
+    return application, loaded.experiment
+
+
+@app.command()
+def plan(
+    ctx: typer.Context,
+    spec: str = typer.Argument(..., help="experiment file, or SkyPilot task file"),
+    top: int = typer.Option(10, min=1, help="how many candidates to show"),
+    fmt: FileFormat = FORMAT,
+    env: list[str] = ENV,
+    gpus: str = GPUS,
+    cloud: str = CLOUD,
+    output: Output = OUTPUT,
+) -> None:
+    """Rank the offers an experiment (or a SkyPilot task) may use, with why the others were
+    turned down. Needs no credentials and launches nothing."""
+    from provisioner.views import plan as views  # policies and the catalog: not for --help
+
+    application, experiment = _load(ctx, spec, fmt, env, gpus, cloud)
     application.policies  # noqa: B018  (a bad policy file is reported before the state is opened)
     v = views.plan(application, experiment, spec)
     if output is Output.json:
@@ -165,7 +208,11 @@ def _plan_said(v: Any) -> None:
 @app.command()
 def up(
     ctx: typer.Context,
-    spec: str = typer.Argument(..., help="experiment file"),
+    spec: str = typer.Argument(..., help="experiment file, or SkyPilot task file"),
+    fmt: FileFormat = FORMAT,
+    env: list[str] = ENV,
+    gpus: str = GPUS,
+    cloud: str = CLOUD,
     wait: bool = typer.Option(True, help="wait until the machine runs and answers SSH"),
     wait_timeout: float = typer.Option(600, min=1, help="seconds to wait at most"),
     detach: bool = typer.Option(
@@ -193,16 +240,9 @@ def up(
     wait until it is ready to use. With a `run:`, its output follows until it exits and
     lifecycle.on_finish acts (exit 1 when the run failed); --detach returns at once."""
     from provisioner.cli import launched
-    from provisioner.spec import load_experiment  # pydantic: not for --help
     from provisioner.workflows import up as flow  # SQLAlchemy: not for --help
 
-    application = get_app(ctx)
-    experiment = load_experiment(
-        spec,
-        application.settings.money_rates.per_base,
-        lambda: application.actor,
-        application.settings.workdir.limits,
-    )
+    application, experiment = _load(ctx, spec, fmt, env, gpus, cloud)
     quiet = output is Output.json
     request = flow.UpRequest(
         experiment,

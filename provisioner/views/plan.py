@@ -218,15 +218,16 @@ def plan_page(
 ) -> PlanPage:
     """``owner``: whose plan it is when the file names no owner (the viewer)."""
     from policies import yamlfile
+    from provisioner import skypilot
     from provisioner.errors import ConfigError, ProvisionerError
-    from provisioner.spec import Experiment, load_experiment
+    from provisioner.spec import Experiment
 
     source = path or "pasted"
     try:
-        if path:
-            e = load_experiment(
+        if path:  # an experiment file, or a SkyPilot task file (docs/SKYPILOT.md)
+            e = skypilot.load(
                 path, app.settings.money_rates.per_base, owner, app.settings.workdir.limits
-            )
+            ).experiment
         else:
             data, lines = yamlfile.load_document(source, text or "")
             e = yamlfile.validate(
