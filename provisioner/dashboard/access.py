@@ -37,7 +37,6 @@ from provisioner import tokens
 from provisioner.app import App
 from provisioner.dashboard.site import Site
 from provisioner.dashboard.wsgi import Request, Response, host_name
-from provisioner.identity import email_of
 from provisioner.models import Token
 
 COOKIE = "provisioner_session"
@@ -210,7 +209,7 @@ class Access(Site):
             return None
         if len(value) > 128 or not value.isprintable() or " " in value:
             return None
-        return value if "@" in value else email_of(self.app.settings, value)
+        return value if "@" in value else self.app.email_of(value)  # the team's member map
 
     def _held(self, req: Request) -> int:
         """Seconds a request offering a token must wait (0: none), when its address has
