@@ -33,6 +33,7 @@ from policies import loader
 from policies.schema import AppliesTo, Policy
 from provisioner import identity
 from provisioner.errors import UserError
+from provisioner.fleet import NOT_APPLIED
 from provisioner.models import TeamGrant, TeamMember, TeamRules
 from provisioner.settings import Settings
 from provisioner.state import Database
@@ -42,7 +43,6 @@ SQLITE = (
     "SQLite: one user's state — the policies stay in your files (settings policies:); team "
     "rules are for a team's PostgreSQL state"
 )
-NOT_APPLIED = "team rules not applied yet: an admin runs provisioner policy apply"
 LOCAL_MARK = " (local)"
 
 
@@ -194,6 +194,11 @@ def newest(db: Database, version: int | None = None) -> Rules | None:
     return rules
 
 
+def hint(db: Database) -> str | None:
+    """What ``status`` says on a team's state before its first rules."""
+    return NOT_APPLIED if team_state(db) and newest_version(db) is None else None
+
+
 def history(db: Database) -> list[TeamRules]:
     with db.session() as s:
         return list(s.scalars(select(TeamRules).order_by(TeamRules.version)))
@@ -208,6 +213,18 @@ def privileged(db: Database) -> bool:
     )
     with db.session() as s:
         return bool(s.scalar(q))
+
+
+def names_others(db: Database) -> bool:
+    """Whether this process may believe an authenticating proxy's user names (a dashboard's
+    ``identity.trusted_proxies``): on SQLite and before a team's first rules, as settings say;
+    after, only as the scheduler's role or an admin's, or the state's owner: a member's own
+    dashboard with a proxy of their choosing names nobody."""
+    rules = newest(db)
+    if rules is None:
+        return True
+    mine = rules.members.get(identity.database_role(db))
+    return (mine is not None and mine.kind in ("admin", "scheduler")) or privileged(db)
 
 
 def not_member(role: str) -> str:

@@ -122,6 +122,7 @@ def crew(home, tmp_path, db_url, cli, monkeypatch):
 @pytest.mark.parametrize("db_url", ["postgresql"], indirect=True)
 def test_an_admin_applies_the_rules_versioned_with_who_and_a_same_apply_changes_nothing(crew, cli):
     cfg = crew.admin_config()
+    assert team.NOT_APPLIED in cli("--config", crew.config("alice"), "status").err
     r = cli("--config", cfg, "policy", "diff")
     assert r.code == 1 and team.NOT_APPLIED in r.err
     assert '+    "max_machines": 1' in r.out
@@ -131,6 +132,7 @@ def test_an_admin_applies_the_rules_versioned_with_who_and_a_same_apply_changes_
     assert "applied version 1: 3 members, 1 act_as grants" in r.out
     r = cli("--config", cfg, "policy", "apply")
     assert (r.code, r.out.strip()) == (0, "unchanged (version 1)")
+    assert "team rules" not in cli("--config", crew.config("alice"), "status").err
     assert cli("--config", cfg, "policy", "diff").code == 0
 
     lead = crew.admin_config("lead", per_owner={"max_machines": 2})
@@ -238,6 +240,40 @@ def test_a_long_running_process_takes_up_new_rules_without_restart(crew, clock):
     assert tokens.create(lead, crew.email("alice")).user == crew.email("alice")
     admin.close()
     lead.close()
+
+
+@pytest.mark.parametrize("db_url", ["postgresql"], indirect=True)
+def test_the_dashboard_signs_in_by_the_states_rules_without_restart(crew, clock):
+    from provisioner.dashboard import Dashboard
+    from provisioner.settings import load_settings
+    from tests.test_dashboard import call
+
+    admin = App(load_settings(crew.admin_config(act_as={})), clock)
+    team.apply(admin.db, admin.settings, clock.now(), admin.actor, None)
+    proxied = {"trusted_proxies": ["10.0.0.5"], "members": {"bob": crew.email("lead")}}
+    bobs = App(load_settings(crew.config("bob", **proxied)), clock)  # bob's own dashboard
+    status, _, _ = call(
+        Dashboard(bobs, token=None, open_access=False),
+        "/",
+        remote="10.0.0.5",
+        X_FORWARDED_USER="bob",
+    )
+    assert status != 200  # his proxy names nobody: he is a member, not the team's service
+    lead = App(load_settings(crew.config("lead", trusted_proxies=["10.0.0.5"])), clock)
+    dash = Dashboard(lead, token=None, open_access=False)
+    status, _, html = call(dash, "/", remote="10.0.0.5", X_FORWARDED_USER=crew.role("alice"))
+    assert status == 200 and f'id="user">{crew.email("alice")}<' in html  # the state's map
+    alices = tokens.create(App(load_settings(crew.config("alice")), clock), crew.email("alice"))
+    assert alices.user == crew.email("alice")
+    with pytest.raises(UserError, match="is not you"):
+        tokens.create(lead, crew.email("bob"))
+    team.apply(admin.db, load_settings(crew.admin_config()), clock.now(), admin.actor, None)
+    call(dash, "/", remote="10.0.0.5", X_FORWARDED_USER=crew.role("alice"))  # a request reads v2
+    assert tokens.create(lead, crew.email("bob")).user == crew.email(
+        "bob"
+    )  # v2: lead acts as anyone
+    for a in (admin, bobs, lead):
+        a.close()
 
 
 # --- SQLite: the files stay the rules -------------------------------------------------------

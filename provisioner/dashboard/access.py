@@ -33,7 +33,7 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from urllib.parse import urlsplit
 
-from provisioner import tokens
+from provisioner import team, tokens
 from provisioner.app import App
 from provisioner.dashboard.site import Site
 from provisioner.dashboard.wsgi import Request, Response, host_name
@@ -208,6 +208,8 @@ class Access(Site):
         ):
             return None
         if len(value) > 128 or not value.isprintable() or " " in value:
+            return None
+        if not team.names_others(self.app.db):  # a team's rules: the team's dashboard only
             return None
         return value if "@" in value else self.app.email_of(value)  # the team's member map
 
