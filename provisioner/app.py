@@ -32,8 +32,9 @@ class App:
 
         db = Database(self.settings.database_url, self.settings.database)
         db.migrate()
+        who = self._identify(db)  # and, on a team's state, whether it may write
         if self._actor is None:  # every event records who caused it
-            self._actor = self._identify(db)
+            self._actor = who
         db.actor = self._actor
         return db
 
@@ -137,10 +138,10 @@ class App:
         if team.newest_version(self.db) == self._rules_version:
             return False
         self.__dict__.pop("policies", None)
+        self.db.refuse_writes(None)
+        who = self._identify(self.db)
         if self._actor != SCHEDULER:  # the scheduler's actor is set, not looked up
-            self.db.refuse_writes(None)
-            self._actor = self._identify(self.db)
-            self.db.actor = self._actor
+            self._actor = self.db.actor = who
         return True
 
     def email_of(self, name: str) -> str:
