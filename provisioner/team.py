@@ -64,9 +64,14 @@ class Rules:
     note: str | None
     document: dict[str, Any]
     policies: list[Policy] = field(default_factory=list)
+    in_force: dict[str, Member] | None = None  # team_members, read with the newest version
 
     @property
     def members(self) -> dict[str, Member]:
+        """The member map: the rows of ``team_members`` for the rules in force (what the
+        database's own checks read), the document's for an older version."""
+        if self.in_force is not None:
+            return self.in_force
         return {r: Member(m["email"], m["kind"]) for r, m in self.document["members"].items()}
 
     @property
@@ -176,6 +181,7 @@ def newest(db: Database, version: int | None = None) -> Rules | None:
         return hit
     with db.session() as s:
         row = s.get(TeamRules, version)
+        rows = s.scalars(select(TeamMember)).all() if asked is None else []
     if row is None:
         raise UserError(f"no version {version} of the team's rules (see provisioner policy log)")
     doc = json.loads(row.document)
@@ -188,6 +194,7 @@ def newest(db: Database, version: int | None = None) -> Rules | None:
         row.note,
         doc,
         [Policy.model_validate(p) for p in doc["policies"]],
+        {m.role: Member(m.email, m.kind) for m in rows} if asked is None else None,
     )
     if asked is None:
         _cache[db.url] = rules
