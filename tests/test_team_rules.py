@@ -276,6 +276,31 @@ def test_the_dashboard_signs_in_by_the_states_rules_without_restart(crew, clock)
         a.close()
 
 
+@pytest.mark.parametrize("db_url", ["postgresql"], indirect=True)
+def test_the_scheduler_role_writes_only_once_the_rules_name_it(crew, clock):
+    from provisioner.models import StateMeta
+    from provisioner.settings import load_settings
+
+    admin = App(load_settings(crew.admin_config()), clock)
+    team.apply(admin.db, admin.settings, clock.now(), admin.actor, None)
+    sched = App(load_settings(crew.config("carol")), clock)
+    sched.actor = "scheduler"  # as `scheduler run` sets it, before the state is opened
+    sched.policies  # noqa: B018  (the rules in force: version 1, carol not in its map)
+    with (
+        pytest.raises(UserError, match=f"{crew.role('carol')} is not a member"),
+        sched.db.session() as s,
+    ):
+        s.add(StateMeta(key="probe", value="1"))
+    named = load_settings(crew.admin_config())
+    ident = named.identity.model_copy(update={"scheduler": crew.role("carol")})
+    team.apply(admin.db, named.model_copy(update={"identity": ident}), clock.now(), "a", None)
+    assert sched.refresh_rules() and sched.actor == "scheduler"  # a pass takes version 2 up
+    with sched.db.session() as s:
+        s.add(StateMeta(key="probe", value="1"))
+    admin.close()
+    sched.close()
+
+
 # --- SQLite: the files stay the rules -------------------------------------------------------
 
 
