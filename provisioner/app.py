@@ -24,6 +24,7 @@ class App:
         self.clock = clock or Clock()
         self._providers: dict[str, Provider] = {}
         self._actor: str | None = None
+        self._rules_version: int | None = None  # of the team's rules app.policies holds
 
     @cached_property
     def db(self) -> Database:
@@ -31,12 +32,27 @@ class App:
 
         db = Database(self.settings.database_url, self.settings.database)
         db.migrate()
+        who = self._identify(db)  # and, on a team's state, whether it may write
         if self._actor is None:  # every event records who caused it
-            from provisioner import identity
-
-            self._actor = identity.actor(self.settings, lambda: db)
+            self._actor = who
         db.actor = self._actor
         return db
+
+    def _identify(self, db: Database) -> str:
+        """Who this process is (:mod:`provisioner.identity`); on a team's PostgreSQL state with
+        rules applied, by the state's member map: a role not in it may read, and every write
+        of this process is refused (its owner or a superuser excepted: it may apply rules)."""
+        from provisioner import identity, team
+
+        if not team.team_state(db):
+            return identity.actor(self.settings, lambda: db)
+        role = identity.database_role(db)
+        rules = team.newest(db)
+        if rules is None:
+            return identity.email_of(self.settings, role)
+        if role not in rules.members and not team.privileged(db):
+            db.refuse_writes(team.not_member(role))
+        return rules.email_of(role)
 
     @property
     def actor(self) -> str:
@@ -46,9 +62,7 @@ class App:
         if (who := acting.current()) is not None:
             return who
         if self._actor is None:
-            from provisioner import identity
-
-            self.actor = identity.actor(self.settings, lambda: self.db)
+            self.db  # noqa: B018  (opening the state identifies who runs this)
         assert self._actor is not None
         return self._actor
 
@@ -87,10 +101,57 @@ class App:
     @cached_property
     def policies(self) -> list[Policy]:
         """The policy files and directories named in settings: all of them, or an error naming
-        every problem's file, line and field (never half of the rules)."""
+        every problem's file, line and field (never half of the rules). On a team's PostgreSQL
+        state with rules applied: the team's policies, the files only narrowing them
+        (:func:`provisioner.team.combine`)."""
         from policies import loader  # pydantic models of the rules (~65 ms): only when read
 
-        return loader.load(self.settings.policies) if self.settings.policies else []
+        local = loader.load(self.settings.policies) if self.settings.policies else []
+        return self.with_team_rules(local)
+
+    def with_team_rules(self, local: list[Policy]) -> list[Policy]:
+        """``local`` (policies from files) as the rules in force: themselves on SQLite and
+        before a team's first rules; else the team's, ``local`` only narrowing them."""
+        if not self.settings.database_url.startswith("postgresql"):
+            return local
+        from provisioner import team
+
+        rules = team.newest(self.db)
+        self._rules_version = rules.version if rules else None
+        if rules is None:
+            return local
+        if self._actor is None:
+            self.db  # noqa: B018  (identifies who runs this)
+        return team.combine(rules, local, self._actor or "")
+
+    def refresh_rules(self) -> bool:
+        """On a team's PostgreSQL state: when an admin applied new rules since they were read,
+        forget them (and who this process is), to be read again on next use; one cheap query.
+        Whether they changed. A long-running process (dashboard, scheduler) asks now and then."""
+        if not self.settings.database_url.startswith("postgresql") or "db" not in self.__dict__:
+            return False
+        from provisioner import team
+        from provisioner.identity import SCHEDULER
+
+        if "policies" not in self.__dict__:  # not read yet: will be read fresh
+            return False
+        if team.newest_version(self.db) == self._rules_version:
+            return False
+        self.__dict__.pop("policies", None)
+        self.db.refuse_writes(None)
+        who = self._identify(self.db)
+        if self._actor != SCHEDULER:  # the scheduler's actor is set, not looked up
+            self._actor = self.db.actor = who
+        return True
+
+    def email_of(self, name: str) -> str:
+        """The e-mail of a role or user name (an authenticating proxy's): the team's member
+        map once rules are applied, else ``identity`` in settings."""
+        from provisioner import identity, team
+
+        postgres = self.settings.database_url.startswith("postgresql")
+        rules = team.newest(self.db) if postgres else None
+        return rules.email_of(name) if rules else identity.email_of(self.settings, name)
 
     def close(self) -> None:
         if "db" in self.__dict__:

@@ -105,6 +105,7 @@ def _status(argv: list[str]) -> bool:
     if conn is None:
         return False  # a state to migrate, or a server to explain: SQLAlchemy's
     if holds_none(conn, all_):  # one query, and nothing more to load
+        hint = postgres and not as_json and _no_team_rules(conn)
         conn.close()
         from provisioner.console import no_machines, print_json, say
 
@@ -112,8 +113,9 @@ def _status(argv: list[str]) -> bool:
             print_json([])
         else:
             say(no_machines(all_))
+        _hint(hint)
         return True
-    from provisioner.fleet import Sql, read, show
+    from provisioner.fleet import Sql, read, show, team_rules_missing
 
     try:
         sql = Sql(conn, postgres=postgres)
@@ -124,6 +126,7 @@ def _status(argv: list[str]) -> bool:
         now = clock.now()
         grace = settings.scheduler.heartbeat_grace_seconds if settings else HEARTBEAT_GRACE_SECONDS
         fleet = read(sql, all_=all_, now=now, seen_since=now - timedelta(seconds=grace))
+        hint = not as_json and team_rules_missing(sql)
     except Exception as e:
         if not _expected(e):
             raise  # a bug: shown, not hidden behind the slow path
@@ -131,7 +134,28 @@ def _status(argv: list[str]) -> bool:
     finally:
         conn.close()
     show(fleet, as_json=as_json, all_=all_)
+    _hint(hint)
     return True
+
+
+def _no_team_rules(conn: Any) -> bool:
+    from provisioner.fleet import Sql, team_rules_missing
+
+    try:
+        return team_rules_missing(Sql(conn, postgres=True))
+    except Exception as e:
+        if not _expected(e):
+            raise
+        return False  # the hint is not worth a failure
+
+
+def _hint(said: bool) -> None:
+    """A team's PostgreSQL state without team rules yet: said, as the full way says it."""
+    if said:
+        from provisioner.console import err
+        from provisioner.fleet import NOT_APPLIED
+
+        err.print(f"[yellow]hint:[/] {NOT_APPLIED}", soft_wrap=True, highlight=False)
 
 
 def _expected(e: Exception) -> bool:

@@ -109,6 +109,15 @@ class Sql:
         return when.astimezone(UTC).replace(tzinfo=None).strftime("%Y-%m-%d %H:%M:%S.%f")
 
 
+#: said by `status` and `policy diff` on a team's PostgreSQL state without team rules yet
+NOT_APPLIED = "team rules not applied yet: an admin runs provisioner policy apply"
+
+
+def team_rules_missing(sql: Sql) -> bool:
+    """Whether a team's PostgreSQL state has no team rules yet (provisioner.team)."""
+    return sql.postgres and not sql.all("SELECT 1 FROM team_rules LIMIT 1")
+
+
 def _time(v: Any) -> datetime | None:
     """A stored time as :class:`provisioner.models.UTCDateTime` reads it: aware, in UTC."""
     if v is None:

@@ -233,11 +233,18 @@ class WorkdirSettings(BaseModel):
 class IdentitySettings(BaseModel):
     """Who runs provisioner, as an e-mail: the database role on PostgreSQL (each member
     connects as their own role), the OS user on SQLite; ``members`` maps either to an e-mail,
-    an unmapped name is ``<name>@<domain>``. The dashboard trusts ``proxy_header`` (a user
-    name or e-mail set by an authenticating proxy) only from ``trusted_proxies``."""
+    an unmapped name is ``<name>@<domain>``. On a team's PostgreSQL state with rules applied
+    (``provisioner policy apply``: :mod:`provisioner.team`) the state's member map and domain
+    are used instead; ``admins`` and ``scheduler`` name kinds of members for that apply. The
+    dashboard trusts ``proxy_header`` (a user name or e-mail set by an authenticating proxy)
+    only from ``trusted_proxies``."""
 
     model_config = ConfigDict(extra="forbid", defer_build=True)
     members: dict[str, str] = Field(default_factory=dict)  # role or OS user → e-mail
+    # the team's rules (`provisioner policy apply`, PostgreSQL): the roles that may apply
+    # them, and the role the scheduler connects as
+    admins: list[str] = Field(default_factory=list)
+    scheduler: str | None = None
     domain: str = Field("localhost", pattern=r"^[A-Za-z0-9.-]+$")
     proxy_header: str = Field("X-Forwarded-User", pattern=r"^[A-Za-z0-9-]+$")
     trusted_proxies: list[str] = Field(default_factory=list)  # addresses or networks (CIDR)

@@ -7,6 +7,7 @@ SQLite in WAL mode by default (file created 0600); any SQLAlchemy URL works, Pos
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import os
@@ -39,6 +40,18 @@ class Database:
         self.engine = _engine(url, timeouts or DatabaseSettings())
         self.sessions = sessionmaker(self.engine, expire_on_commit=False, info={})
         event.listen(self.sessions, "before_flush", _stamp_actor)
+        self._refusal: dict[str, str] = {}  # "writes": why this process may not write
+        event.listen(
+            self.engine, "before_cursor_execute", functools.partial(_refuse_writes, self._refusal)
+        )
+
+    def refuse_writes(self, why: str | None) -> None:
+        """From now on every write (INSERT, UPDATE, DELETE, DDL) of this process is refused
+        with ``why`` (a :class:`UserError`); None: allowed again. Reads stay open."""
+        if why is None:
+            self._refusal.pop("writes", None)
+        else:
+            self._refusal["writes"] = why
 
     @property
     def actor(self) -> str | None:
@@ -178,6 +191,19 @@ class Database:
 
     def dispose(self) -> None:
         self.engine.dispose()
+
+
+_WRITES = ("INSERT", "UPDATE", "DELETE", "CREATE", "ALTER", "DROP", "TRUNCATE", "MERGE")
+
+
+def _refuse_writes(
+    refusal: dict[str, str], _conn: Any, _cursor: Any, statement: str, *_: Any
+) -> None:
+    """A statement that writes, refused when the Database says so (a module function holding
+    the refusal, not the Database: see :func:`_stamp_actor`)."""
+    why = refusal.get("writes")
+    if why is not None and statement.lstrip().split(None, 1)[0].upper() in _WRITES:
+        raise UserError(why)
 
 
 def _stamp_actor(session: Session, _ctx: Any, _instances: Any) -> None:

@@ -40,6 +40,7 @@ ORDER = [
     "provisioner.tries",  # a preempted machine's relaunch tries, from its events
     "provisioner.catalog_checks",  # price checks of catalog rows: GPU facts only
     "provisioner.identity",  # who runs provisioner (OS user, database role), act_as
+    "provisioner.team",  # the team's rules in its state: policies, member map, act_as grants
     "provisioner.catalog",
     "provisioner.planner",  # pure ranking: offers × spec × policy check
     "provisioner.mail",
@@ -129,6 +130,7 @@ ORDER = [
     "provisioner.cli.scheduler",
     "provisioner.cli.dashboard",
     "provisioner.cli.tokens",  # token create, list, revoke
+    "provisioner.cli.policy",  # policy apply, diff, log, show: the team's rules
     "provisioner.cli.selftest",  # selftest --cloud C
     "provisioner.cli.main",  # the entry point: registers the commands and runs one
     "provisioner.entry",  # the console entry point: `status` without Typer if it can, else cli

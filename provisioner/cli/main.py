@@ -21,6 +21,7 @@ from provisioner.cli import (  # noqa: F401  (commands)
     jobs,
     json_requested,
     machines,
+    policy,
     report,
     scheduler,
     selftest,

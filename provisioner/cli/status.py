@@ -52,6 +52,10 @@ def status(
     show(listed.fleet, as_json=output is Output.json, all_=all_)
     for problem in listed.problems:
         err.print(f"[yellow]warning:[/] {problem}", soft_wrap=True)
+    from provisioner import team
+
+    if output is Output.table and (said := team.hint(application.db)):
+        err.print(f"[yellow]hint:[/] {said}", soft_wrap=True, highlight=False)
 
 
 def _fleet_summary(application: Any, refresh: bool, output: Output) -> None:

@@ -33,11 +33,10 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from urllib.parse import urlsplit
 
-from provisioner import tokens
+from provisioner import team, tokens
 from provisioner.app import App
 from provisioner.dashboard.site import Site
 from provisioner.dashboard.wsgi import Request, Response, host_name
-from provisioner.identity import email_of
 from provisioner.models import Token
 
 COOKIE = "provisioner_session"
@@ -210,7 +209,9 @@ class Access(Site):
             return None
         if len(value) > 128 or not value.isprintable() or " " in value:
             return None
-        return value if "@" in value else email_of(self.app.settings, value)
+        if not team.names_others(self.app.db):  # a team's rules: the team's dashboard only
+            return None
+        return value if "@" in value else self.app.email_of(value)  # the team's member map
 
     def _held(self, req: Request) -> int:
         """Seconds a request offering a token must wait (0: none), when its address has

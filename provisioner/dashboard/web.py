@@ -93,6 +93,7 @@ class Dashboard(Access):
     def handle(self, req: Request) -> Response:
         if (early := self._before_access(req)) is not None:
             return early
+        self.app.refresh_rules()  # an admin's new team rules count from the next request
         if req.method == "POST" and (refused := self._cross_site(req)):
             return Response(refused, 403, "text/plain; charset=utf-8")
         if req.path != "/login" and (wait := self._held(req)):

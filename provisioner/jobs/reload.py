@@ -116,6 +116,8 @@ class Watcher:
     def check(self, why: str = "pass") -> Change | None:
         """Reload when the files changed since last read; None when they did not."""
         with self._lock:
+            if self.app.refresh_rules():  # an admin applied new team rules: read on next use
+                log.warning("reload (%s): the team's rules changed in the state", why)
             stats = self._stat_all()
             if stats == self._stats:
                 return None
@@ -147,7 +149,8 @@ class Watcher:
         from provisioner.settings import load_settings
 
         settings = load_settings(self.config) if self.config else self.app.settings
-        return settings, (loader.load(settings.policies) if settings.policies else [])
+        local = loader.load(settings.policies) if settings.policies else []
+        return settings, self.app.with_team_rules(local)  # the team's rules, files narrowing
 
     def _broken_set(self, digest: str, error: str, why: str) -> Change:
         one_line = " | ".join(line.strip() for line in error.splitlines() if line.strip())
