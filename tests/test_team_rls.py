@@ -14,10 +14,11 @@ from fnmatch import fnmatchcase
 from pathlib import Path
 
 import pytest
+import yaml
 
 from provisioner.state import Database
 from provisioner.team_sql import grant_member
-from tests.conftest import MEMBERS_ENV, PG_URL, TEST_START, sandbox_experiment, write_settings
+from tests.conftest import MEMBERS_ENV, PG_URL, sandbox_experiment, write_settings
 from tests.conftest import write_yaml as write_yaml_file
 
 pytest_plugins = ["tests.cli_runner"]  # the `cli` fixture
@@ -110,6 +111,13 @@ def refused(conn: psycopg.Connection, sql: str, params: tuple = ()) -> str:
         conn.execute(sql, params)
     assert e.value.sqlstate == REFUSED, e.value
     return str(e.value)
+
+
+#: an event of a machine (%s) by an actor (%s) at an instant ({})
+EVENT = (
+    "INSERT INTO events (machine_id, at, kind, detail, actor)"
+    " VALUES (%s, {}, 'stopped', '{{}}', %s)"
+)
 
 
 def count(conn: psycopg.Connection, sql: str, params: tuple = ()) -> int:
@@ -236,14 +244,15 @@ def test_nobody_but_the_owner_rewrites_the_ledger(team):
         closed = bob.execute(interval.format("now()", "1"), (mine,)).fetchone()[0]
         open_ = bob.execute(interval.format("NULL", "NULL"), (mine,)).fetchone()[0]
         refused(bob, interval.format("NULL", "NULL"), (hers,))
-        why = refused(bob, "UPDATE usage_intervals SET ended_at = ended_at + interval '1s'"
-                      " WHERE id = %s", (closed,))  # fmt: skip
+        later = "UPDATE usage_intervals SET ended_at = ended_at + interval '1s' WHERE id = %s"
+        why = refused(bob, later, (closed,))
         assert "a closed usage interval is the ledger" in why
         refused(bob, "UPDATE usage_intervals SET rate = '0' WHERE id = %s", (open_,))
         refused(bob, "DELETE FROM usage_intervals WHERE id = %s", (closed,))
-        bob.execute("UPDATE usage_intervals SET ended_at = now(), end_us = 2 WHERE id = %s", (open_,))
+        close = "UPDATE usage_intervals SET ended_at = now(), end_us = 2 WHERE id = %s"
+        bob.execute(close, (open_,))
         refused(bob, "UPDATE usage_intervals SET ended_at = NULL WHERE id = %s", (open_,))
-        event = "INSERT INTO events (machine_id, at, kind, detail, actor) VALUES (%s, now(), 'stopped', '{}', %s)"
+        event = EVENT.format("now()")
         bob.execute(event, (mine, BOB))
         why = refused(bob, event, (mine, ALICE))
         assert f"names {ALICE} as its actor" in why
@@ -270,7 +279,7 @@ def test_a_shifted_client_clock_writes_nothing_unless_the_state_is_simulated(tea
         )
         assert "created_at 2020-01-15" in why
         mine = machine(bob, "mine", BOB)
-        event = "INSERT INTO events (machine_id, at, kind, detail, actor) VALUES (%s, {}, 'stopped', '{{}}', %s)"
+        event = EVENT
         refused(bob, event.format("'2020-01-15 10:00+00'"), (mine, BOB))
         why = refused(bob, event.format("now() + interval '1 day'"), (mine, BOB))
         assert "after the server's clock" in why
@@ -360,7 +369,7 @@ def fleet(team, home: Path, tmp_path: Path, cli, monkeypatch) -> tuple[Path, Pat
     assert r.code == 0, r.err
     widened = write_yaml_file(tmp_path / "mine.yaml", {"name": "mine", "act_as": {BOB: ["*"]}})
     bob_cfg = _settings_for(home, team.url("bob"), "bob.yaml")
-    data = json.loads(json.dumps(__import__("yaml").safe_load(bob_cfg.read_text())))
+    data = yaml.safe_load(bob_cfg.read_text())
     data["policies"] = [str(widened)]
     write_yaml_file(bob_cfg, data)
     return alice_cfg, bob_cfg
@@ -424,4 +433,3 @@ def test_the_cli_of_a_member_runs_their_own_machine_and_status_beside_others(
     with team.sql() as admin:
         actors = {a for (a,) in admin.execute("SELECT DISTINCT actor FROM events")}
     assert actors == {ALICE, BOB}
-    _ = TEST_START

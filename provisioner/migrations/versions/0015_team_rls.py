@@ -484,9 +484,9 @@ def downgrade() -> None:
             {"s": s.strip('"'), "t": t},
         ):
             conn.exec_driver_sql(f"DROP POLICY {_q(name)} ON {s}.{t}")
-    conn.exec_driver_sql(
+    conn.connection.cursor().execute(  # no parameters: the LIKE's '%' stays as written
         "DO $$ DECLARE f regprocedure; BEGIN FOR f IN SELECT p.oid::regprocedure FROM pg_proc p"
-        f" WHERE p.pronamespace = {_lit(s.strip(chr(34)))}::regnamespace"
+        f" WHERE p.pronamespace = {_lit(s)}::regnamespace"
         " AND p.proname LIKE 'prov\\_%' LOOP EXECUTE 'DROP FUNCTION ' || f || ' CASCADE';"
         " END LOOP; END $$"
     )
