@@ -17,7 +17,6 @@ from sqlalchemy import text
 from provisioner.errors import UserError
 
 if TYPE_CHECKING:
-    from provisioner.models import Machine
     from provisioner.state import Database
 
 #: what every kind reads: every table but tokens, which row-level security narrows to one's own
@@ -123,15 +122,15 @@ def refused_machines(conn: Any, ids: list[str]) -> list[tuple[str, str, str]]:
     return [(str(n), str(o), str(p)) for n, o, p in rows]
 
 
-def require_may_act(db: Database, ms: list[Machine]) -> None:
+def require_may_act(db: Database, ids: list[str]) -> None:
     """Refuse (exit 2) before any cloud is asked when the database would refuse the caller's
-    write of one of ``ms`` (PostgreSQL: :func:`refused_machines`; SQLite: one user's file,
-    nothing to ask). The writes after the cloud acts are refused alike: this only makes the
-    refusal come first."""
-    if db.engine.dialect.name != "postgresql" or not ms:
+    write of one of the machines ``ids`` (a volume's ledger row has its id) (PostgreSQL:
+    :func:`refused_machines`; SQLite: one user's file, nothing to ask). The writes after the
+    cloud acts are refused alike: this only makes the refusal come first."""
+    if db.engine.dialect.name != "postgresql" or not ids:
         return
     with db.engine.connect() as conn:
-        refused = refused_machines(conn, [m.id for m in ms])
+        refused = refused_machines(conn, ids)
     if refused:
         name, owner, project = refused[0]
         raise UserError(

@@ -289,6 +289,10 @@ def test_a_shifted_client_clock_writes_nothing_unless_the_state_is_simulated(tea
             " VALUES (%s, 'compute', '2020-01-15 10:00+00', '99', 'USD', 0)",
             (mine,),
         )
+        why = refused(  # nor moves the floor of those checks
+            bob, "UPDATE machines SET created_at = '2020-01-01 00:00+00' WHERE id = %s", (mine,)
+        )
+        assert "when it was made is history" in why
         # a past instant after the machine was made stays possible: a stop observed late
         bob.execute(event.format("now() - interval '5 minutes'"), (mine, BOB))
     with team.sql() as admin:
@@ -433,3 +437,30 @@ def test_the_cli_of_a_member_runs_their_own_machine_and_status_beside_others(
     with team.sql() as admin:
         actors = {a for (a,) in admin.execute("SELECT DISTINCT actor FROM events")}
     assert actors == {ALICE, BOB}
+
+
+def test_the_cli_cannot_remove_someone_elses_volume(team, fleet, cli, tmp_path, home):
+    alice, bob = fleet
+    spec = sandbox_experiment("with-disk")
+    spec["owner"] = ALICE
+    spec["volumes"] = [{"name": "ckpt", "size_gb": 73, "path": "/data"}]
+    r = cli("--config", str(alice), "up", str(write_yaml_file(tmp_path / "v.yaml", spec)), "-d")
+    assert r.code == 0, r.err
+    assert cli("--config", str(alice), "down", "with-disk").code == 0
+    r = cli("--config", str(bob), "volume", "rm", "ckpt", "--yes")
+    assert r.code == 2, (r.out, r.err)
+    assert "the team's state refused" in r.err and f"act for {ALICE}" in r.err
+    r = cli("--config", str(alice), "volume", "ls", "-o", "json")
+    assert [v["status"] for v in json.loads(r.out)["volumes"]] == ["available"]
+    assert _cloud_volumes(home) == 1  # refused before the cloud was asked to delete it
+
+
+def _cloud_volumes(home: Path) -> int:
+    """How many disks the sandbox cloud (its file in the shared home) still has."""
+    import sqlite3
+
+    db = sqlite3.connect(home / "sandbox.db")
+    try:
+        return int(db.execute("SELECT count(*) FROM volumes").fetchone()[0])
+    finally:
+        db.close()

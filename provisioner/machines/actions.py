@@ -103,7 +103,7 @@ def _start(
         if m.status in (S.RUNNING, S.PENDING):  # a concurrent start did it
             return m, False
         check_start(app, m)
-        team_sql.require_may_act(app.db, [m])
+        team_sql.require_may_act(app.db, [m.id])
         _attach(app, m)  # before the boot, which mounts what fstab names
         app.provider(m.cloud or "").start(ref(m))
         crashpoint("after-start")  # the cloud acted, the state does not know yet

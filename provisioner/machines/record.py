@@ -85,7 +85,7 @@ def provider_call(app: App, m: Machine, op: str) -> None:
     """``op`` (stop, start, terminate) on ``m``'s cloud; a machine the cloud no longer has is
     terminated already, and any other failure is an :class:`OperationFailed` naming it. The
     team's state is asked first whether this role may act on ``m`` (refused: exit 2)."""
-    team_sql.require_may_act(app.db, [m])
+    team_sql.require_may_act(app.db, [m.id])
     try:
         getattr(app.provider(m.cloud or ""), op)(ref(m))
     except NotFound:

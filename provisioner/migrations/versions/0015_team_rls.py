@@ -255,6 +255,10 @@ BEGIN
   IF NOT {s}.prov_may_act(NEW.owner, NEW.project) THEN
     PERFORM {s}.prov_refuse_owned(NEW.owner, NEW.project, NEW.name);
   END IF;
+  IF NEW.created_at IS DISTINCT FROM OLD.created_at THEN  -- the clock checks' floor
+    PERFORM {s}.prov_refuse(format('%s %s: when it was made is history', TG_TABLE_NAME,
+      OLD.name));
+  END IF;
   RETURN NEW;
 END
 $$;
