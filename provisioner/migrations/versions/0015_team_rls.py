@@ -101,21 +101,32 @@ def _lit(value: str) -> str:
 def _functions(s: str, owner: str) -> str:
     fixed = "SET search_path = pg_catalog, pg_temp"
     return f"""
-CREATE FUNCTION {s}.prov_me() RETURNS text LANGUAGE sql STABLE {fixed} AS $$
-  SELECT email::text FROM {s}.team_members WHERE role = current_user::text
+CREATE FUNCTION {s}.prov_me() RETURNS text LANGUAGE plpgsql STABLE {fixed} AS $$
+BEGIN
+  RETURN (SELECT email::text FROM {s}.team_members WHERE role = current_user::text);
+END
 $$;
-CREATE FUNCTION {s}.prov_kind() RETURNS text LANGUAGE sql STABLE {fixed} AS $$
-  SELECT kind::text FROM {s}.team_members WHERE role = current_user::text
+CREATE FUNCTION {s}.prov_kind() RETURNS text LANGUAGE plpgsql STABLE {fixed} AS $$
+BEGIN
+  RETURN (SELECT kind::text FROM {s}.team_members WHERE role = current_user::text);
+END
 $$;
-CREATE FUNCTION {s}.prov_is_owner() RETURNS boolean LANGUAGE sql STABLE {fixed} AS $$
-  SELECT pg_has_role(current_user, {_lit(owner)}, 'MEMBER')
-      OR coalesce((SELECT rolsuper FROM pg_roles WHERE rolname = current_user), false)
+CREATE FUNCTION {s}.prov_is_owner() RETURNS boolean LANGUAGE plpgsql STABLE {fixed} AS $$
+BEGIN
+  RETURN (SELECT pg_has_role(current_user, {_lit(owner)}, 'MEMBER')
+      OR coalesce((SELECT rolsuper FROM pg_roles WHERE rolname = current_user), false));
+END
 $$;
-CREATE FUNCTION {s}.prov_is_admin() RETURNS boolean LANGUAGE sql STABLE {fixed} AS $$
-  SELECT {s}.prov_is_owner() OR coalesce({s}.prov_kind() = 'admin', false)
+CREATE FUNCTION {s}.prov_is_admin() RETURNS boolean LANGUAGE plpgsql STABLE {fixed} AS $$
+BEGIN
+  RETURN (SELECT {s}.prov_is_owner() OR coalesce({s}.prov_kind() = 'admin', false));
+END
 $$;
-CREATE FUNCTION {s}.prov_is_staff() RETURNS boolean LANGUAGE sql STABLE {fixed} AS $$
-  SELECT {s}.prov_is_owner() OR coalesce({s}.prov_kind() IN ('admin', 'scheduler'), false)
+CREATE FUNCTION {s}.prov_is_staff() RETURNS boolean LANGUAGE plpgsql STABLE {fixed} AS $$
+BEGIN
+  RETURN {s}.prov_is_owner()
+      OR coalesce({s}.prov_kind() IN ('admin', 'scheduler'), false);
+END
 $$;
 CREATE FUNCTION {s}.prov_glob_regex(glob text) RETURNS text
 LANGUAGE plpgsql IMMUTABLE {fixed} AS $$
@@ -154,8 +165,10 @@ BEGIN
 END
 $$;
 CREATE FUNCTION {s}.prov_glob_char(c text) RETURNS text
-LANGUAGE sql IMMUTABLE {fixed} AS $$
-  SELECT CASE WHEN c ~ '^[!-/:-@\\[-`{{-~]$' THEN '\\' || c ELSE c END
+LANGUAGE plpgsql IMMUTABLE {fixed} AS $$
+BEGIN
+  RETURN (SELECT CASE WHEN c ~ '^[!-/:-@\\[-`{{-~]$' THEN '\\' || c ELSE c END);
+END
 $$;
 CREATE FUNCTION {s}.prov_glob_set(stuff text) RETURNS text
 LANGUAGE plpgsql IMMUTABLE {fixed} AS $$
@@ -190,23 +203,33 @@ BEGIN
 END
 $$;
 CREATE FUNCTION {s}.prov_glob(value text, glob text) RETURNS boolean
-LANGUAGE sql IMMUTABLE {fixed} AS $$
-  SELECT value ~ {s}.prov_glob_regex(glob)
+LANGUAGE plpgsql IMMUTABLE {fixed} AS $$
+BEGIN
+  RETURN (SELECT value ~ {s}.prov_glob_regex(glob));
+END
 $$;
 CREATE FUNCTION {s}.prov_may_act(owner text, project text) RETURNS boolean
-LANGUAGE sql STABLE {fixed} AS $$
-  SELECT {s}.prov_is_staff()
-      OR coalesce(owner = {s}.prov_me(), false)
-      OR EXISTS (
-        SELECT 1 FROM {s}.team_grants g
-        WHERE {s}.prov_glob({s}.prov_me(), g.actor_glob)
-          AND {s}.prov_glob(owner, g.owner_glob)
-          AND {s}.prov_glob(project, g.project_glob))
+LANGUAGE plpgsql STABLE {fixed} AS $$
+DECLARE
+  me text;
+BEGIN
+  IF {s}.prov_is_staff() THEN RETURN true; END IF;
+  me := {s}.prov_me();
+  IF me IS NULL THEN RETURN false; END IF;
+  IF owner = me THEN RETURN true; END IF;
+  RETURN EXISTS (
+    SELECT 1 FROM {s}.team_grants g
+    WHERE {s}.prov_glob(me, g.actor_glob)
+      AND {s}.prov_glob(owner, g.owner_glob)
+      AND {s}.prov_glob(project, g.project_glob));
+END
 $$;
 CREATE FUNCTION {s}.prov_may_act_on(machine text) RETURNS boolean
-LANGUAGE sql STABLE {fixed} AS $$
-  SELECT coalesce((SELECT {s}.prov_may_act(m.owner, m.project)
-                   FROM {s}.machines m WHERE m.id = machine), false)
+LANGUAGE plpgsql STABLE {fixed} AS $$
+BEGIN
+  RETURN (SELECT coalesce((SELECT {s}.prov_may_act(m.owner, m.project)
+                   FROM {s}.machines m WHERE m.id = machine), false));
+END
 $$;
 CREATE FUNCTION {s}.prov_refuse(why text) RETURNS void
 LANGUAGE plpgsql {fixed} AS $$
@@ -214,9 +237,11 @@ BEGIN
   RAISE EXCEPTION USING ERRCODE = 'insufficient_privilege', MESSAGE = 'not allowed: ' || why;
 END
 $$;
-CREATE FUNCTION {s}.prov_clock_checked() RETURNS boolean LANGUAGE sql STABLE {fixed} AS $$
-  SELECT NOT {s}.prov_is_owner() AND NOT EXISTS (
-    SELECT 1 FROM {s}.state_meta WHERE key = 'clock' AND value = 'simulated')
+CREATE FUNCTION {s}.prov_clock_checked() RETURNS boolean LANGUAGE plpgsql STABLE {fixed} AS $$
+BEGIN
+  RETURN (SELECT NOT {s}.prov_is_owner() AND NOT EXISTS (
+    SELECT 1 FROM {s}.state_meta WHERE key = 'clock' AND value = 'simulated'));
+END
 $$;
 CREATE FUNCTION {s}.prov_check_instant(what text, at timestamptz, floor_ timestamptz)
 RETURNS void LANGUAGE plpgsql {fixed} AS $$
@@ -413,11 +438,12 @@ CREATE TRIGGER prov_append_only BEFORE UPDATE OR DELETE ON {s}.team_rules
 
 
 def _policies(s: str) -> list[str]:
-    member = f"{s}.prov_kind() IS NOT NULL"
-    staff, admin = f"{s}.prov_is_staff()", f"{s}.prov_is_admin()"
+    # (SELECT f()): evaluated once per statement (an InitPlan), not once per row
+    member = f"(SELECT {s}.prov_kind()) IS NOT NULL"
+    staff, admin = f"(SELECT {s}.prov_is_staff())", f"(SELECT {s}.prov_is_admin())"
     owned = f"{s}.prov_may_act(owner, project)"
     on_machine = f"{s}.prov_may_act_on(machine_id)"
-    me = f"{s}.prov_me()"
+    me = f"(SELECT {s}.prov_me())"
     out = [f"ALTER TABLE {s}.{t} ENABLE ROW LEVEL SECURITY" for t in (*READ_BY_MEMBERS, "tokens")]
     # the member map is read by the functions every other policy calls: readable by any role
     # granted it, or each check would recurse into itself
