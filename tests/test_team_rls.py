@@ -26,7 +26,7 @@ pytest_plugins = ["tests.cli_runner"]  # the `cli` fixture
 psycopg = pytest.importorskip("psycopg")
 REFUSED = "42501"  # insufficient_privilege: every refusal below
 
-ALICE, BOB, LEAD, SCHED = "alice@lab.org", "bob@lab.org", "lead@lab.org", "scheduler"
+ALICE, BOB, LEAD, SCHED = "alice@lab.org", "bob@lab.org", "lead@lab.org", "sched@lab.org"
 
 
 @dataclass
@@ -464,3 +464,61 @@ def _cloud_volumes(home: Path) -> int:
         return int(db.execute("SELECT count(*) FROM volumes").fetchone()[0])
     finally:
         db.close()
+
+
+def test_the_scheduler_role_sweeps_every_members_machine_with_its_grants(team, home, tmp_path):
+    """The scheduler's own role stops alice's machine past its lifetime: the privileges of its
+    kind cover a sweep's writes (events, the ledger, leases, notices)."""
+    from datetime import timedelta
+
+    from provisioner import identity, machines
+    from provisioner.app import App
+    from provisioner.clock import ManualClock
+    from provisioner.jobs import sweep
+    from provisioner.spec import Experiment
+    from tests.conftest import TEST_START, make_settings
+
+    with team.sql() as admin:
+        admin.execute("INSERT INTO state_meta (key, value) VALUES ('clock', 'simulated')")
+    pol = str(write_yaml_file(tmp_path / "team.yaml", {"name": "team", "max_lifetime": "1h"}))
+    members = {"members": {team.roles["alice"]: ALICE, team.roles["sched"]: SCHED}}
+    clock = ManualClock(TEST_START)
+    alice = App(make_settings(home, state_url=team.url("alice"), identity=members), clock)
+    spec = {**sandbox_experiment("long"), "owner": ALICE}
+    machines.up(alice, Experiment.model_validate(spec))
+    daemon = App(
+        make_settings(home, state_url=team.url("sched"), identity=members, policies=[pol]), clock
+    )
+    daemon.actor = identity.SCHEDULER
+    clock.advance(timedelta(hours=2))
+    result = sweep.run(daemon)
+    assert [a.machine for a in result.actions] == ["long"], result.actions
+    assert _status_of(team, "long") == "stopped"
+    with team.sql() as admin:
+        assert count(admin, "SELECT count(*) FROM events WHERE actor = 'scheduler'") >= 1
+        open_ = "SELECT count(*) FROM usage_intervals WHERE kind = 'compute' AND ended_at IS NULL"
+        assert count(admin, open_) == 0
+    alice.close()
+    daemon.close()
+
+
+def test_the_cli_on_a_shifted_clock_writes_nothing_to_a_team_state(
+    team, home, tmp_path, cli, monkeypatch
+):
+    """The attack of issue 33: `PROVISIONER_CLOCK=2020-… provisioner up` to dodge a budget
+    and date the ledger in 2020. The state is a real one (no ``clock: simulated``)."""
+    from provisioner.clock import CLOCK_ENV
+
+    monkeypatch.setenv(MEMBERS_ENV, json.dumps({team.roles["bob"]: BOB}))
+    admin = _settings_for(home, team.url(), "admin.yaml")
+    assert cli("--config", str(admin), "status").code == 0  # publishes the pull key
+    bob = _settings_for(home, team.url("bob"), "bob.yaml")
+    monkeypatch.setenv(CLOCK_ENV, "2020-01-15T10:00:00+00:00")
+    spec = {**sandbox_experiment("old"), "owner": BOB}
+    r = cli("--config", str(bob), "up", str(write_yaml_file(tmp_path / "o.yaml", spec)), "-d")
+    assert r.code == 2, (r.out, r.err)
+    lines = [line for line in r.err.splitlines() if line.strip()]
+    assert len(lines) == 1 and "the team's state refused: created_at 2020-01-15" in lines[0]
+    with team.sql() as conn:
+        assert count(conn, "SELECT count(*) FROM machines") == 0
+        assert count(conn, "SELECT count(*) FROM events") == 0

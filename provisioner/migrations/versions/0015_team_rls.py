@@ -252,7 +252,8 @@ BEGIN
       'the client''s clock is off', what, at, date_trunc('second', now())));
   END IF;
   IF floor_ IS NOT NULL AND at < floor_ - interval '{SLACK}' THEN
-    PERFORM {s}.prov_refuse(format('%s %s is before %s', what, at, floor_));
+    PERFORM {s}.prov_refuse(format('%s %s is more than {SLACK} before %s: '
+      'is the client''s clock off?', what, at, date_trunc('second', floor_)));
   END IF;
 END
 $$;
