@@ -13,6 +13,7 @@ __all__ = [
     "ProvisionerError",
     "UserError",
     "database_failure",
+    "state_refusal",
 ]
 
 
@@ -57,3 +58,21 @@ def database_failure(e: BaseException) -> str | None:
         f"the state database failed: {reason}; check that its server runs and state_url in "
         "settings, then run the command again"
     )
+
+
+#: SQLSTATE insufficient_privilege: a grant, a row-level security policy or one of the team's
+#: checks (migration 0015) refused the write
+REFUSED = "42501"
+
+
+def state_refusal(e: BaseException) -> str | None:
+    """One line for the team's state refusing what this role asked (PostgreSQL's privileges,
+    row-level security or the team's own checks: SQLSTATE 42501), for exit 2; None for any
+    other error."""
+    exc = sys.modules.get("sqlalchemy.exc")
+    orig = getattr(e, "orig", None) if exc is not None and isinstance(e, exc.DBAPIError) else e
+    if getattr(orig, "sqlstate", None) != REFUSED:
+        return None
+    lines = str(orig).strip().splitlines()
+    reason = (lines[0].strip() if lines else "insufficient privilege").removeprefix("not allowed: ")
+    return f"the team's state refused: {reason}"

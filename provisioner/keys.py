@@ -22,9 +22,10 @@ from pathlib import Path
 from typing import Any
 
 from sqlalchemy import select
+from sqlalchemy.exc import DBAPIError
 
 from provisioner.app import App
-from provisioner.errors import OperationFailed
+from provisioner.errors import OperationFailed, state_refusal
 from provisioner.models import Event, Machine, TeamKey
 from provisioner.schema import MachineStatus as S
 from provisioner.spec import Experiment
@@ -204,16 +205,21 @@ def pull_public_key(app: App) -> str | None:
             text = _read_key(pub)
         if text is None:
             raise OperationFailed(f"ssh-keygen made no readable key at {pub}")
-        with app.db.session() as s:
-            s.add(
-                TeamKey(
-                    name=PULL,
-                    public_key=text,
-                    fingerprint=fingerprint(text) or "",
-                    created_at=app.clock.now(),
-                    created_by=app.actor,
+        try:
+            with app.db.session() as s:
+                s.add(
+                    TeamKey(
+                        name=PULL,
+                        public_key=text,
+                        fingerprint=fingerprint(text) or "",
+                        created_at=app.clock.now(),
+                        created_by=app.actor,
+                    )
                 )
-            )
+        except DBAPIError as e:  # a team's member: its scheduler or an admin publishes it
+            if (refused := state_refusal(e)) is None:
+                raise
+            raise OperationFailed(f"{refused} (the scheduler or an admin publishes it)") from None
         return text
 
 

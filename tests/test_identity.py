@@ -183,11 +183,19 @@ def alice_url(db_url):
 
 
 def _grant(schema: str) -> None:
+    """alice joins the team as a member (its state checks a member's writes: 0015); the
+    tests' clock is not the server's, so the state is marked a simulated one."""
     import psycopg
 
-    with psycopg.connect(PG_URL, autocommit=True) as conn:
-        conn.execute(f'GRANT ALL ON ALL TABLES IN SCHEMA "{schema}" TO alice')
-        conn.execute(f'GRANT ALL ON ALL SEQUENCES IN SCHEMA "{schema}" TO alice')
+    from provisioner.team_sql import grant_member
+
+    with psycopg.connect(PG_URL, autocommit=True, options=f"-csearch_path={schema}") as conn:
+        conn.execute(
+            "INSERT INTO team_members (role, email, kind, version)"
+            " VALUES ('alice', 'alice@example.com', 'member', 1)"
+        )
+        conn.execute("INSERT INTO state_meta (key, value) VALUES ('clock', 'simulated')")
+        grant_member(conn, "alice")
 
 
 @pytest.mark.parametrize("db_url", ["postgresql"], indirect=True)

@@ -29,7 +29,7 @@ from provisioner.cli import (  # noqa: F401  (commands)
     tokens,
     volumes,
 )
-from provisioner.errors import ConfigError, ProvisionerError, database_failure
+from provisioner.errors import ConfigError, ProvisionerError, database_failure, state_refusal
 
 
 def _short_helps(typer_app: typer.Typer) -> None:
@@ -76,6 +76,8 @@ def main() -> None:
     except SystemExit:
         raise
     except Exception as e:  # usage errors arrive here in non-standalone mode
+        if (refused := state_refusal(e)) is not None:
+            fail([refused], 2)  # the team's rules, as its database holds them
         if (lost := database_failure(e)) is not None:
             fail([lost], 1)  # an operation failed: the state database, not the input
         if not _is_click_error(e):

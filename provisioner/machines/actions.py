@@ -13,7 +13,7 @@ from sqlalchemy import select
 
 from providers.base import InstanceRef, MachineState, NotFound, Offer, ProviderError
 from providers.retry import wait_until
-from provisioner import budget, ledger, planning
+from provisioner import budget, ledger, planning, team_sql
 from provisioner.app import App
 from provisioner.crashpoints import crashpoint
 from provisioner.errors import OperationFailed, UserError
@@ -103,6 +103,7 @@ def _start(
         if m.status in (S.RUNNING, S.PENDING):  # a concurrent start did it
             return m, False
         check_start(app, m)
+        team_sql.require_may_act(app.db, [m.id])
         _attach(app, m)  # before the boot, which mounts what fstab names
         app.provider(m.cloud or "").start(ref(m))
         crashpoint("after-start")  # the cloud acted, the state does not know yet

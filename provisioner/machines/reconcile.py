@@ -157,10 +157,14 @@ def _listed(provider: Provider, ms: list[Machine]) -> dict[str, Instance]:
 
 
 def _live_by_cloud(app: App) -> dict[str, list[Machine]]:
+    """The live machines to ask about, by cloud: on a team's PostgreSQL state only those the
+    connected role may act on (the database refuses its writes of the others: their owners
+    and the scheduler observe them)."""
+    q = select(Machine).where(Machine.status.not_in((S.TERMINATED, S.FAILED, *INTENTS)))
+    if app.db.engine.dialect.name == "postgresql":
+        q = q.where(func.prov_may_act(Machine.owner, Machine.project))
     with app.db.session() as s:
-        live = s.scalars(
-            select(Machine).where(Machine.status.not_in((S.TERMINATED, S.FAILED, *INTENTS)))
-        )
+        live = s.scalars(q)
         by_cloud: dict[str, list[Machine]] = {}
         for m in live:
             by_cloud.setdefault(m.cloud or "", []).append(m)

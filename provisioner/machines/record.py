@@ -8,7 +8,7 @@ from typing import Any
 
 import providers
 from providers.base import InstanceRef, NotFound, ProviderError
-from provisioner import catalog, ledger
+from provisioner import catalog, ledger, team_sql
 from provisioner.app import App
 from provisioner.crashpoints import crashpoint
 from provisioner.errors import OperationFailed, UserError
@@ -83,7 +83,9 @@ def require_launched(m: Machine) -> None:
 
 def provider_call(app: App, m: Machine, op: str) -> None:
     """``op`` (stop, start, terminate) on ``m``'s cloud; a machine the cloud no longer has is
-    terminated already, and any other failure is an :class:`OperationFailed` naming it."""
+    terminated already, and any other failure is an :class:`OperationFailed` naming it. The
+    team's state is asked first whether this role may act on ``m`` (refused: exit 2)."""
+    team_sql.require_may_act(app.db, [m.id])
     try:
         getattr(app.provider(m.cloud or ""), op)(ref(m))
     except NotFound:

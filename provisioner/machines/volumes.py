@@ -40,6 +40,7 @@ from providers.base import (
     VolumeState,
 )
 from providers.base import Volume as CloudVolume
+from provisioner import team_sql
 from provisioner.app import App
 from provisioner.crashpoints import crashpoint
 from provisioner.errors import OperationFailed, UserError
@@ -556,6 +557,7 @@ def remove(app: App, v: Volume) -> Volume:
             f"volume {v.name} is attached to {m.name} ({m.status}): "
             f"`provisioner down {m.name}` first (a stopped machine keeps it attached)"
         )
+    team_sql.require_may_act(app.db, [v.id])  # its ledger row: the database's answer first
     service = _service(app, v.cloud)
     try:
         for target in _cloud_volumes(app, v):
