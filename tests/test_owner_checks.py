@@ -113,6 +113,15 @@ def test_a_member_without_act_as_is_refused_on_anothers_machine_and_nothing_is_d
     assert not marker.exists()  # exec ran nothing on her machine
 
 
+def test_up_of_a_file_named_as_anothers_live_machine_is_refused(hers, cli, tmp_path):
+    plain, _ = hers
+    before = seen(plain)
+    spec = write_yaml(tmp_path / "mine.yaml", sandbox_experiment("hers") | {"owner": TEST_OWNER})
+    r = cli("--config", str(plain), "up", str(spec))
+    assert r.code == 2 and r.err == f"error: hers: {WORDS}\n", r
+    assert seen(plain) == before
+
+
 def test_volume_rm_of_anothers_volume_is_refused_before_it_asks(hers, cli):
     plain, _ = hers
     before = seen(plain)
