@@ -77,13 +77,19 @@ def grants(policies: list[Policy], who: str, owner: str) -> bool:
     return False
 
 
-def may_act_as(policies: list[Policy], experiment: Experiment, who: str) -> bool:
-    """Whether ``who`` may launch ``experiment`` for its owner: they are its owner, or a
-    policy that applies to the experiment grants them ``act_as`` that owner."""
-    owner = experiment.owner
+def may_act(policies: list[Policy], who: str, owner: str, project: str) -> bool:
+    """Whether ``who`` may act for ``owner`` in ``project`` — launch for them, or act on their
+    machine or volume: they are the owner, or the scheduler, or a policy that applies to the
+    project and owner grants them ``act_as`` that owner. The one rule of the CLI, the
+    workflows below it and the dashboard (:mod:`provisioner.permits` says the refusal)."""
     if who in (owner, SCHEDULER):
         return True
-    return grants(matching(policies, experiment.project, owner), who, owner)
+    return grants(matching(policies, project, owner), who, owner)
+
+
+def may_act_as(policies: list[Policy], experiment: Experiment, who: str) -> bool:
+    """Whether ``who`` may launch ``experiment`` for its owner (:func:`may_act`)."""
+    return may_act(policies, who, experiment.owner, experiment.project)
 
 
 def check_owner(policies: list[Policy], experiment: Experiment, who: str) -> None:

@@ -24,6 +24,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.exc import DBAPIError
 
+from provisioner import permits
 from provisioner.app import App
 from provisioner.errors import OperationFailed, state_refusal
 from provisioner.models import Event, Machine, TeamKey
@@ -305,17 +306,24 @@ def _quoted(path: Path) -> str:
 
 
 def ssh_config(app: App) -> str:
-    """One ``Host NAME`` block per machine with an address, running or starting."""
+    """One ``Host NAME`` block per machine with an address, running or starting, that who
+    acts may act on (:mod:`provisioner.permits`: logging in is acting); a comment says how
+    many of others' were left out."""
     with app.db.session() as s:
-        running = s.scalars(
-            select(Machine)
-            .where(Machine.status.in_((S.PENDING, S.RUNNING)), Machine.public_ip.is_not(None))
-            .order_by(Machine.name)
-        ).all()
+        running, others = permits.sort_out(
+            app,
+            s.scalars(
+                select(Machine)
+                .where(Machine.status.in_((S.PENDING, S.RUNNING)), Machine.public_ip.is_not(None))
+                .order_by(Machine.name)
+            ).all(),
+        )
     lines = [
         "# Written by provisioner: one Host per running machine. Rewritten by up, start, stop",
         "# and down once `provisioner ssh-config --install` made it; do not edit.",
     ]
+    if (left := permits.left_out(others, "log in to")) is not None:
+        lines.append(f"# {left}")
     for m in running:
         provider = app.provider(m.cloud or "")
         lines += [

@@ -25,6 +25,7 @@ from provisioner.ledger import Period
 from provisioner.money import CENT, Money
 from provisioner.ownership import Ownership
 from provisioner.reports import MachineLine, Report
+from provisioner.words import messages
 
 if TYPE_CHECKING:
     from email.message import EmailMessage
@@ -36,20 +37,6 @@ LOCALES = {"en": "en_US", "ru": "ru_RU"}
 CSV_PLACES = Decimal("0.000001")  # rows keep micro-units so the column sums to the ledger's total
 
 Alert = tuple[str, Decimal]  # (actual | forecast, the threshold crossed)
-
-LOCALE_DIR = Path(__file__).parent / "locale"
-
-
-@cache
-def messages(language: str) -> dict[str, str]:
-    """The report's words in ``language``: a gettext catalog (``locale/<lang>/LC_MESSAGES/
-    provisioner.po``, read with Babel), message ids being keys and ``en`` the source text."""
-    from babel.messages.pofile import read_po
-
-    path = LOCALE_DIR / language / "LC_MESSAGES" / "provisioner.po"
-    with path.open("rb") as f:
-        catalog = read_po(f, locale=language)
-    return {str(m.id): str(m.string) for m in catalog if m.id and m.string}
 
 
 @cache

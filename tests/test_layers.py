@@ -22,6 +22,7 @@ ORDER = [
     "provisioner.pyshrink",  # Python source without comments and docstrings (the agent shipped)
     "provisioner.money",
     "provisioner.console",  # what commands write: tables, JSON, rich's console on first use
+    "provisioner.words",  # the message catalogs of each language (Babel, on first use)
     "provisioner.errors",
     "provisioner.redact",  # secrets out of text in any form: raw, escaped, encoded, split
     "provisioner.outbound",  # an HTTP POST only to public or allowed addresses, no redirects
@@ -45,6 +46,7 @@ ORDER = [
     "provisioner.planner",  # pure ranking: offers × spec × policy check
     "provisioner.mail",
     "provisioner.app",  # the context: settings, clock, database, providers, policies
+    "provisioner.permits",  # who may act on a machine or volume; the refusal's words
     "provisioner.notify",  # notices to Telegram, Slack, webhooks, mail: queued, then delivered
     "provisioner.tokens",  # personal tokens, stored hashed
     "provisioner.ledger.periods",  # the ledger: periods, intervals, sums, projections

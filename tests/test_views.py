@@ -14,7 +14,7 @@ from decimal import ROUND_HALF_UP, Decimal
 
 import pytest
 
-from provisioner import machines
+from provisioner import identity, machines
 from provisioner.app import App
 from provisioner.clock import CLOCK_ENV, ManualClock, ShiftedClock
 from provisioner.dashboard import make_app
@@ -221,6 +221,7 @@ def test_with_nothing_running_a_budgets_forecast_is_its_spend(home, clock):
     from provisioner.views import spend
 
     a, _ = seed(home, clock)
+    a.actor = identity.SCHEDULER  # the team's machines, bob's among them: only it may end all
     for name in ("train-a", "eval-ru", "seg-1", "seg-2"):
         machines.down(a, name)
     (demo,) = [st for st in spend.standings(a, NOW) if st.policy.name == "demo-budget"]

@@ -303,7 +303,7 @@ def ssh(
     from provisioner.errors import UserError
 
     application = get_app(ctx)
-    m = machines.find(application, name)
+    m = machines.find_to_act(application, name)  # logging in is acting: owner or act_as
     if m.status != S.RUNNING or not m.public_ip:
         hint = f"`provisioner start {m.name}`" if m.status == S.STOPPED else "`provisioner status`"
         raise UserError(f"{m.name} is {m.status} with no address to connect to (see {hint})")
@@ -380,6 +380,8 @@ def _fleet(verb: str, op: str, done: str, same: str) -> None:
 
         request = many.ManyRequest(op, list(names or []), project)  # type: ignore[arg-type]
         result = many.act(get_app(ctx), request, confirm=ask, progress=shown)
+        if result.left_out_line is not None:
+            err.print(result.left_out_line, highlight=False, markup=False, soft_wrap=True)
         if not result.chosen:
             scope = f"in project {project!r}" if project else "at all"
             out.print(f"no machine to {op} {scope}", highlight=False, soft_wrap=True)
@@ -399,10 +401,13 @@ def _fleet(verb: str, op: str, done: str, same: str) -> None:
 
 
 def _acted_line(r: Any, done: str, same: str) -> None:
+    from rich.markup import escape
+
     from provisioner.workflows.many import Failed
 
-    if isinstance(r, Failed):
-        err.print(f"[red]error:[/] {r.name}: {r.error}", highlight=False, soft_wrap=True)
+    if isinstance(r, Failed):  # the error names the machine, or is prefixed with its name
+        said = r.error if r.error.startswith(f"{r.name}: ") else f"{r.name}: {r.error}"
+        err.print(f"[red]error:[/] {escape(said)}", highlight=False, soft_wrap=True)
     elif r.cancelled == S.WAITING:
         out.print(
             f"{r.machine.name} was waiting for capacity and was never launched: the wait is "

@@ -70,6 +70,7 @@ def rm(
 
     application = get_app(ctx)
     v = volumes.find(application, name, project)
+    volumes.check_remove(application, v)  # before asking: a refusal is not a question
     if not yes:
         _confirm(
             f"delete volume {v.name} of project {v.project} ({v.size_gb} GB in {v.cloud} "

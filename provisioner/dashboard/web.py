@@ -14,8 +14,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 from zoneinfo import ZoneInfo
 
-from policies.schema import matching
-from provisioner import acting, bill, budget, render, reports
+from provisioner import acting, bill, budget, permits, render, reports
 from provisioner.app import App
 from provisioner.dashboard import pages, svg
 from provisioner.dashboard.access import Access
@@ -33,7 +32,7 @@ from provisioner.dashboard.wsgi import (
     static_file,
 )
 from provisioner.errors import ProvisionerError
-from provisioner.identity import SCHEDULER, grants
+from provisioner.identity import SCHEDULER, may_act
 from provisioner.views import alerts as alerts_view
 from provisioner.views import fleet as fleet_view
 from provisioner.views import plan as plan_view
@@ -295,13 +294,18 @@ class Dashboard(Access):
 
     def may_act(self, req: Request, m: Any) -> bool:
         """The machine's owner may act on it, and whom a policy that applies to it grants
-        ``act_as`` its owner (:func:`provisioner.identity.grants`)."""
+        ``act_as`` its owner: the CLI's own rule (:func:`provisioner.identity.may_act`). A page
+        is a person's: a user named as the scheduler acts as no one."""
         who = self.acting_user(req)
-        if who is None:
+        if who is None or who == SCHEDULER:
             return False
-        if who == m.owner:
-            return True
-        return grants(matching(self.app.policies, m.project, m.owner), who, m.owner)
+        return may_act(self.app.policies, who, m.owner, m.project)
+
+    def forbidden(self, req: Request, m: Any, who: str) -> Response:
+        """403: ``who`` may not act on ``m``, in the CLI's words (:mod:`provisioner.permits`)
+        in the page's language."""
+        words = permits.refusal(who, m.owner, self.language(req))
+        return self.machine(req, m.id, status=403, refused=words)
 
     def act(self, req: Request, m: Any) -> Response:
         """A form's action on machine ``m``, as the signed-in user (every event it writes
@@ -319,14 +323,15 @@ class Dashboard(Access):
         if who is None:
             return self.machine(req, m.id, status=403, refused=self.t(req, "dash_do_sign_in"))
         if not self.may_act(req, m):
-            words = self.t(req, "dash_do_forbidden", who=who, owner=m.owner or "?")
-            return self.machine(req, m.id, status=403, refused=words)
+            return self.forbidden(req, m, who)
         back = _back(req)
         if do in CONFIRM and form.get("confirm") != "yes":
             return self.page(req, "confirm.html", m=m, do=do, section="fleet", back=back)
         try:
             with acting.acting_as(who):
                 done = self._do(do, m.name, form)
+        except permits.NotOwner:  # the rules changed since the check above
+            return self.forbidden(req, m, who)
         except ProvisionerError as e:
             log.info("dashboard: %s %s by %s refused: %s", do, m.name, who, e)
             status = 409 if e.exit_code == 2 else 502

@@ -100,7 +100,7 @@ def set_autostop(app: App, name: str, duration: str) -> tuple[Machine, Setting]:
         d = autostop_duration(duration)
     except ValueError as e:
         raise UserError(f"autostop {duration!r}: {e}") from None
-    m = machines.find(app, name)
+    m = machines.find_to_act(app, name)
     if m.status not in (S.RUNNING, S.PENDING, S.STOPPED):
         raise UserError(f"{m.name} is {m.status}: autostop needs a live machine")
     seconds = round(d.total_seconds())
@@ -117,7 +117,7 @@ def set_autostop(app: App, name: str, duration: str) -> tuple[Machine, Setting]:
 def cancel_autostop(app: App, name: str) -> tuple[Machine, Setting, bool]:
     """``provisioner autostop NAME --cancel`` (event ``autostop-cancelled``); a policy's
     ``max_autostop`` still applies. Returns whether the machine had one of its own."""
-    m = machines.find(app, name)
+    m = machines.find_to_act(app, name)
     with app.db.session() as s:
         mm = machine_row(s, m.id)
         had = mm.autostop_seconds is not None

@@ -526,7 +526,7 @@ def keep(app: App, name: str, until: str) -> Machine:
     calendar, else settings' ``timezone``, UTC by default) or an ISO date-time. Only a
     running machine can be kept running."""
     now = app.clock.now()
-    m = machines.find(app, name)
+    m = machines.find_to_act(app, name)
     if m.status not in (S.RUNNING, S.PENDING):
         raise UserError(
             f"{m.name} is {m.status}: there is nothing to keep running"
@@ -564,7 +564,7 @@ def unkeep(app: App, name: str) -> tuple[Machine, bool]:
     """Cancel ``keep``: the sweep judges the machine again from its next pass. Returns
     (machine, whether it was kept)."""
     now = app.clock.now()
-    m = machines.find(app, name)
+    m = machines.find_to_act(app, name)
     with app.db.session() as s:
         mm = machine_row(s, m.id)
         was = mm.kept_until is not None and mm.kept_until > now

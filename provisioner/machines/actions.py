@@ -13,7 +13,7 @@ from sqlalchemy import select
 
 from providers.base import InstanceRef, MachineState, NotFound, Offer, ProviderError
 from providers.retry import wait_until
-from provisioner import budget, ledger, planning, team_sql
+from provisioner import budget, ledger, permits, planning, team_sql
 from provisioner.app import App
 from provisioner.crashpoints import crashpoint
 from provisioner.errors import OperationFailed, UserError
@@ -22,6 +22,7 @@ from provisioner.machines.launch import adopt, refuse_by_policy
 from provisioner.machines.record import (
     can_stop,
     find,
+    find_to_act,
     provider_call,
     record_event,
     ref,
@@ -43,8 +44,9 @@ DOWN_WAIT_SECONDS = 600  # how long `down` waits for an `up` still launching the
 def stop(
     app: App, name: str, *, reason: str = "user", detail: dict[str, Any] | None = None
 ) -> tuple[Machine, bool]:
-    """Stop so compute billing ends; disks stay. Returns (machine, changed)."""
-    m = find(app, name)
+    """Stop so compute billing ends; disks stay. Returns (machine, changed). Who acts must
+    be allowed to act on it (:mod:`provisioner.permits`; the scheduler is)."""
+    m = find_to_act(app, name)
     if m.status in (S.STOPPED, S.PREEMPTED):
         return m, False
     require_launched(m)
@@ -60,8 +62,9 @@ def stop(
 def start(app: App, name: str, *, reason: str = "user") -> tuple[Machine, bool]:
     """Start a stopped machine, within policy and budget as ``up`` (same refusal, exit 2).
     Concurrent starts of one machine start it once (the intent's lock); the check and the
-    start are serialised with other ``up``s and ``start``s (the ``intents`` lock)."""
-    m = find(app, name)
+    start are serialised with other ``up``s and ``start``s (the ``intents`` lock). Who acts
+    must be allowed to act on it (:mod:`provisioner.permits`)."""
+    m = find_to_act(app, name)
     if m.status in (S.RUNNING, S.PENDING):
         try:
             _attach(app, m)  # a volume an earlier attach missed
@@ -186,11 +189,13 @@ def down(
     app: App, name: str, *, reason: str = "user", detail: dict[str, Any] | None = None
 ) -> tuple[Machine, bool]:
     """Terminate and close every usage interval. An intent that never launched (requested, or
-    waiting for capacity) is closed too."""
+    waiting for capacity) is closed too. Who acts must be allowed to act on it
+    (:mod:`provisioner.permits`)."""
     with app.db.session() as s:
         m = named_machine(s, name)
     if m is None:
         raise UserError(f"no machine named {name!r} (see `provisioner status --all`)")
+    permits.check(app, m, m.name)
     if not m.is_live:
         return m, False
     if m.status in INTENTS:
@@ -277,13 +282,23 @@ def _by_name(
             select(Machine).where(Machine.name.in_(wanted), Machine.status.not_in(ACTIVE_EXCLUDED))
         )
         found = {m.name: m for m in rows}
-    done = act(list(found.values()))
-    return {
-        n: done[found[n].id]
-        if n in found
-        else UserError(f"no machine named {n!r} (see `provisioner status`)")
-        for n in wanted
-    }
+    mine, _ = permits.sort_out(app, found.values())
+    done = act(mine)
+    return {n: _named_outcome(app, n, found.get(n), done) for n in wanted}
+
+
+def _named_outcome(
+    app: App, name: str, m: Machine | None, done: dict[str, Outcome]
+) -> Outcome | UserError:
+    if m is None:
+        return UserError(f"no machine named {name!r} (see `provisioner status`)")
+    if m.id in done:
+        return done[m.id]
+    try:  # left out: who acts may not act on it, in the refusal's words
+        permits.check(app, m, m.name)
+    except permits.NotOwner as e:
+        return e
+    return UserError(f"{name}: not acted on")  # allowed, yet left out: never expected
 
 
 def act_many(
@@ -296,11 +311,12 @@ def act_many(
 ) -> dict[str, Outcome]:
     """Stop (``op="stop"``) or terminate ``machines``: one batch call per cloud (the adapter
     groups by region and splits at its cloud's limit), then every change recorded in one
-    transaction. One machine's failure is its own: machine id → outcome."""
+    transaction. One machine's failure is its own: machine id → outcome. A machine who acts
+    may not act on is refused as its own failure (:mod:`provisioner.permits`)."""
     out: dict[str, Outcome] = {}
     by_cloud: dict[str, list[Machine]] = {}
     for m in machines:
-        if (settled := _settled(m, op)) is not None:
+        if (settled := _settled(m, op) or _refused(app, m)) is not None:
             out[m.id] = settled
         else:
             by_cloud.setdefault(m.cloud or "", []).append(m)
@@ -353,6 +369,15 @@ def _settled(m: Machine, op: str) -> Outcome | None:
             error=f"{m.name} is a spot machine on {m.cloud}, which "
             "cannot stop one: `provisioner down` ends its billing",
         )
+    return None
+
+
+def _refused(app: App, m: Machine) -> Outcome | None:
+    """``m``'s outcome when who acts may not act on it (the refusal's words); None: they may."""
+    try:
+        permits.check(app, m, m.name)
+    except permits.NotOwner as e:
+        return Outcome(m, error=str(e))
     return None
 
 

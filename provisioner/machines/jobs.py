@@ -18,9 +18,10 @@ from typing import Any
 from sqlalchemy import select
 
 from providers.base import JobState, NotFound, ProviderError
+from provisioner import permits
 from provisioner.app import App
 from provisioner.errors import OperationFailed, UserError
-from provisioner.machines.record import find, record_event, ref
+from provisioner.machines.record import find_to_act, record_event, ref
 from provisioner.models import Event, Machine
 from provisioner.schema import EventKind, MachineStatus
 from provisioner.spec import Experiment
@@ -209,8 +210,9 @@ def ensure_run(app: App, m: Machine, experiment: Experiment, progress: Any = Non
 
 def sync(app: App, name: str) -> tuple[int, str, str]:
     """The experiment's ``workdir`` copied again to its running machine (rsync over SSH on a
-    cloud: only what changed travels). (files, how they were chosen, the folder)."""
-    m = find(app, name)
+    cloud: only what changed travels). (files, how they were chosen, the folder). Its owner's
+    doing, or whom a policy lets act as them (:mod:`provisioner.permits`)."""
+    m = find_to_act(app, name)
     if m.status != MachineStatus.RUNNING:
         raise UserError(f"{m.name} is {m.status}: `sync` needs it running")
     workdir = Experiment.model_validate(m.spec).workdir
@@ -225,8 +227,9 @@ def sync(app: App, name: str) -> tuple[int, str, str]:
 
 
 def exec_job(app: App, name: str, command: str) -> str:
-    """Another detached job on a running machine, with the experiment's env; its id."""
-    m = find(app, name)
+    """Another detached job on a running machine, with the experiment's env; its id. Its
+    owner's doing, or whom a policy lets act as them (:mod:`provisioner.permits`)."""
+    m = find_to_act(app, name)
     if m.status != MachineStatus.RUNNING:
         raise UserError(f"{m.name} is {m.status}: `exec` needs it running")
     env = Experiment.model_validate(m.spec).env
@@ -329,11 +332,14 @@ def output(app: App, m: Machine, job_id: str, offset: int = 0) -> bytes:
 
 def named(app: App, name: str) -> Machine:
     """The machine of that name whose jobs are asked about: the live one, else the newest (a
-    machine its ``on_finish`` terminated keeps its output)."""
+    machine its ``on_finish`` terminated keeps its output). Its jobs' output is its owner's to
+    read, and whom a policy lets act as them (:mod:`provisioner.permits`): it may hold what
+    they print, and reading it records their jobs' ends and runs their on_finish."""
     from provisioner.state import named_machine
 
     with app.db.session() as s:
         m = named_machine(s, name)
     if m is None:
         raise UserError(f"no machine named {name!r} (see `provisioner status --all`)")
+    permits.check(app, m, m.name)
     return m

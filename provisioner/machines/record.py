@@ -8,7 +8,7 @@ from typing import Any
 
 import providers
 from providers.base import InstanceRef, NotFound, ProviderError
-from provisioner import catalog, ledger, team_sql
+from provisioner import catalog, ledger, permits, team_sql
 from provisioner.app import App
 from provisioner.crashpoints import crashpoint
 from provisioner.errors import OperationFailed, UserError
@@ -22,6 +22,14 @@ def find(app: App, name: str) -> Machine:
         m = live_machine(s, name)
     if m is None:
         raise UserError(f"no machine named {name!r} (see `provisioner status`)")
+    return m
+
+
+def find_to_act(app: App, name: str) -> Machine:
+    """The live machine ``name``, once who acts may act on it (else :class:`NotOwner`,
+    exit 2: :mod:`provisioner.permits`)."""
+    m = find(app, name)
+    permits.check(app, m, m.name)
     return m
 
 

@@ -40,7 +40,7 @@ from providers.base import (
     VolumeState,
 )
 from providers.base import Volume as CloudVolume
-from provisioner import team_sql
+from provisioner import permits, team_sql
 from provisioner.app import App
 from provisioner.crashpoints import crashpoint
 from provisioner.errors import OperationFailed, UserError
@@ -547,9 +547,17 @@ def find(app: App, name: str, project: str | None) -> Volume:
     return found[0]
 
 
+def check_remove(app: App, v: Volume) -> None:
+    """Refuse (exit 2) unless who acts may remove ``v``: its owner (who launched the
+    experiment that created it), or whom a policy lets act as them (:mod:`provisioner.permits`)."""
+    permits.check(app, v, f"volume {v.name}", permits.VOLUME)
+
+
 def remove(app: App, v: Volume) -> Volume:
-    """Delete ``v`` in its cloud, then in the state (its usage ends now). Refused while it is
-    attached to a live machine; a disk already gone in the cloud is no error."""
+    """Delete ``v`` in its cloud, then in the state (its usage ends now). Refused to whom may
+    not act for its owner, and while it is attached to a live machine; a disk already gone in
+    the cloud is no error."""
+    check_remove(app, v)
     with app.db.session() as s:
         m = holder(s, v)
     if m is not None:

@@ -1,6 +1,10 @@
 """``stop``, ``start`` and ``down`` of one machine or many: named, or every machine the action
 applies to (in one project); several are confirmed once (``confirm``), each is acted on in turn
-and reported as it goes (``progress``); one machine's failure is its own."""
+and reported as it goes (``progress``); one machine's failure is its own.
+
+Who may act on which (:mod:`provisioner.permits`): a named machine of someone else's is that
+name's failure, in the refusal's words (exit 2); machines chosen by what they are are only
+those who acts may act on, and :attr:`Many.left_out` counts the others'."""
 
 from __future__ import annotations
 
@@ -10,7 +14,7 @@ from typing import Literal
 
 from sqlalchemy import select
 
-from provisioner import keys, machines
+from provisioner import keys, machines, permits
 from provisioner.app import App
 from provisioner.errors import ProvisionerError
 from provisioner.models import Machine
@@ -61,6 +65,12 @@ class Many:
     chosen: list[str]  # empty: no machine to act on
     results: list[Acted | Failed] = field(default_factory=list)
     warning: str | None = None  # the ssh-config could not be rewritten
+    left_out: int = 0  # machines of others the selection applied to, left out: not theirs
+
+    @property
+    def left_out_line(self) -> str | None:
+        """One line saying how many machines of others were left out (None: none)."""
+        return permits.left_out(self.left_out)
 
     @property
     def exit_code(self) -> int:
@@ -80,14 +90,15 @@ def act(
 ) -> Many:
     """``request.op`` on each chosen machine in turn. ``confirm`` is asked (it raises to
     refuse) before acting on several or on machines chosen by what they are."""
-    chosen = list(dict.fromkeys(request.names)) or _select(
-        app, request.project, APPLIES[request.op]
-    )
+    left_out = 0
+    chosen = list(dict.fromkeys(request.names))
     if not chosen:
-        return Many([])
+        chosen, left_out = _select(app, request.project, APPLIES[request.op])
+    if not chosen:
+        return Many([], left_out=left_out)
     if not request.names or len(chosen) > 1:
         confirm(chosen)
-    done = Many(chosen)
+    done = Many(chosen, left_out=left_out)
     for name in chosen:
         result = _one(app, request.op, name)
         done.results.append(result)
@@ -106,16 +117,21 @@ def _one(app: App, op: Op, name: str) -> Acted | Failed:
     return Acted(name, m, changed, before)
 
 
-def _select(app: App, project: str | None, applies: tuple[MachineStatus, ...]) -> list[str]:
+def _select(
+    app: App, project: str | None, applies: tuple[MachineStatus, ...]
+) -> tuple[list[str], int]:
+    """The names of the machines ``applies`` to (in ``project``) that who acts may act on,
+    and how many of others' were left out."""
     q = (
-        select(Machine.name)
+        select(Machine)
         .where(Machine.status.in_(applies))
         .order_by(Machine.created_at, Machine.name)
     )
     if project:
         q = q.where(Machine.project == project)
     with app.db.session() as s:
-        return list(dict.fromkeys(s.scalars(q)))
+        mine, others = permits.sort_out(app, s.scalars(q))
+    return list(dict.fromkeys(m.name for m in mine)), others
 
 
 def _status_of(app: App, name: str) -> str | None:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Literal
 
-from provisioner import keys, machines
+from provisioner import keys, machines, permits
 from provisioner.app import App
 from provisioner.errors import OperationFailed
 from provisioner.fleet import at_text
@@ -185,10 +185,15 @@ def _exists(
 ) -> Already | RunEnded | None:
     """A live machine of the name that this ``up`` does not resume (None: there is none, or
     it is resumed): its run started and followed when it never started, else :class:`Already`.
-    An intent ``requested`` is resumed, one ``waiting`` too when a wait is asked."""
+    An intent ``requested`` is resumed, one ``waiting`` too when a wait is asked. Someone
+    else's machine of the name is theirs: resumed, followed or reported only to whom may act on
+    it (:mod:`provisioner.permits`)."""
     m = _existing(app, request.experiment.name)
+    if m is None:
+        return None
+    permits.check(app, m, m.name)
     resume = (S.REQUESTED, S.WAITING) if capacity is not None else (S.REQUESTED,)
-    if m is None or m.status in resume:
+    if m.status in resume:
         return None
     if request.follow and (ended := _resume_run(app, m, progress)) is not None:
         return ended
