@@ -32,7 +32,7 @@ from provisioner.dashboard.wsgi import (
     safe_back,
     static_file,
 )
-from provisioner.errors import ProvisionerError
+from provisioner.errors import ProvisionerError, UserError
 from provisioner.identity import SCHEDULER, grants
 from provisioner.views import alerts as alerts_view
 from provisioner.views import fleet as fleet_view
@@ -91,6 +91,9 @@ class Dashboard(Access):
         return resp(start_response, accepts_gzip(environ.get("HTTP_ACCEPT_ENCODING", "")))
 
     def handle(self, req: Request) -> Response:
+        if any("\x00" in k + v for k, v in req.query.items()):  # no name holds one: the
+            # state refuses it (PostgreSQL text has no NUL), so no query may ask for one
+            raise UserError("a query with a NUL character (%00): nothing is named so")
         if (early := self._before_access(req)) is not None:
             return early
         if req.method == "POST" and (refused := self._cross_site(req)):
