@@ -121,7 +121,7 @@ class Dashboard(Access):
                 "text/plain; charset=utf-8",
             )
         if req.path.startswith("/static/"):
-            return static_file(req.path.removeprefix("/static/"))
+            return static_file(req.path.removeprefix("/static/"), req.query.get("v"))
         if req.path == "/favicon.ico":  # every browser asks; no icon, and nothing secret
             return Response(status=204, headers=[("Cache-Control", "max-age=86400")])
         if req.path == "/lang":
