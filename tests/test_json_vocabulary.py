@@ -32,7 +32,8 @@ VOCABULARY: dict[str, tuple[str, set[str]]] = {
     "the day prices were read": ("as_of", {"asof", "as_at", "dated"}),
 }
 #: keys whose value is money: each {"amount": str, "currency": str}
-MONEY = {"price_per_hour", "rate_per_hour", "spent", "committed", "forecast", "left", "total"}
+MONEY = {"price_per_hour", "rate_per_hour", "spent", "committed", "relaunches", "forecast", "left"}
+MONEY |= {"total", "idle_waste", "price_low", "price_high", "rental_per_month", "power_per_month"}
 
 
 @pytest.fixture
