@@ -17,6 +17,7 @@ from provisioner import notify
 from provisioner.app import App
 from provisioner.dashboard import make_app
 from provisioner.jobs import enforce
+from provisioner.views import alerts as alerts_view
 from tests.conftest import make_settings, write_yaml
 from tests.test_dashboard import call
 from tests.test_notify import launch
@@ -69,6 +70,12 @@ def test_every_page_answers_whatever_the_name_holds(home, clock, db_url, tmp_pat
     clock.advance(timedelta(hours=1))
     assert enforce.run(app, clock.now())
     notify.deliver(app, clock.now())  # refused: the webhook is not allowed; recorded
+    # each row read from its key as the threshold it was, whatever the name holds
+    rows = alerts_view.alerts(app, {"budget": name}).rows
+    assert rows and {(r.what, r.mark, r.policy) for r in rows} <= {
+        ("actual", "0.1", name),
+        ("forecast", "100", name),
+    }, rows
     wsgi = make_app(app, listen="127.0.0.1:8765")
     for path in _pages(name):
         status, _, body = call(wsgi, path)
