@@ -342,6 +342,14 @@ class Policy(_Strict):
             return {k: [o] if isinstance(o, str) else o for k, o in v.items()}
         return v
 
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        """Any character but NUL, which no state can keep (PostgreSQL's text has none)."""
+        if "\x00" in v:
+            raise ValueError("a name without the NUL character (\\0)")
+        return v
+
     @field_validator("max_autostop", mode="before")
     @classmethod
     def _max_autostop(cls, v: Any) -> Any:

@@ -24,7 +24,7 @@ from policies.schema import CustomPeriod, Policy
 from provisioner import catalog, ledger
 from provisioner.errors import UserError
 from provisioner.ledger import Period, Scope
-from provisioner.money import Amounts, Money, Rates
+from provisioner.money import Amounts, Money, Rates, one_place
 
 if TYPE_CHECKING:
     from provisioner.app import App
@@ -93,13 +93,13 @@ class Status:
         return {
             "policy": self.policy.name,
             "period": self.period.label,
-            "budget": self.amount.as_json(),
+            "amount": self.amount.as_json(),
             "spent": self.spent.as_json(),
             "committed": self.committed.as_json(),
             "relaunches": self.relaunches.as_json(),
             "forecast": self.forecast.as_json(),
-            "percent": str(self.pct.quantize(Decimal("0.1"))),
-            "forecast_percent": str(self.forecast_pct.quantize(Decimal("0.1"))),
+            "spent_percent": one_place(self.pct),
+            "forecast_percent": one_place(self.forecast_pct),
             "left": self.left.as_json(),
             "on_exhausted": self.policy.budget.on_exhausted,  # type: ignore[union-attr]
             "rates": self.rates,

@@ -37,9 +37,13 @@ def compose(
 ) -> EmailMessage:
     """multipart/mixed[alternative[text, related[html, images…]], attachments…]. ``images`` maps
     a content id (referenced as ``cid:<id>`` in the HTML) to PNG bytes; ``attachments`` are
-    (filename, bytes, mime type)."""
+    (filename, bytes, mime type).
+
+    The subject is one line (a line break in a policy's name would end the header: RFC 5322
+    §2.2 "A field body MUST NOT include CR and LF except when used in folding"); anything
+    beyond ASCII goes as RFC 2047 encoded words, which the email package writes itself."""
     msg = EmailMessage()
-    msg["Subject"] = subject
+    msg["Subject"] = one_line(subject)
     msg["From"] = sender
     msg["To"] = ", ".join(to)
     msg["Date"] = formatdate(localtime=False)
@@ -49,13 +53,23 @@ def compose(
         msg.add_alternative(html, subtype="html")
         html_part = msg.get_payload()[-1]  # type: ignore[index]  # multipart: a list
         for cid, png in (images or {}).items():
+            # RFC 2387: the HTML's pictures ride in multipart/related, each named by its
+            # Content-ID; shown in place ("inline", RFC 2183 §2.1), never as a file to save
             html_part.add_related(  # type: ignore[union-attr]  # an EmailMessage part
-                png, "image", "png", cid=f"<{cid}>", filename=f"{cid}.png"
+                png, "image", "png", cid=f"<{cid}>", filename=f"{cid}.png", disposition="inline"
             )
+        if images:  # RFC 2387 §3.1: "type" names the root part's type, and is required
+            html_part.set_param("type", "text/html")  # type: ignore[union-attr]
     for filename, data, mime in attachments:
         maintype, _, subtype = mime.partition("/")
         msg.add_attachment(data, maintype=maintype, subtype=subtype, filename=filename)
     return msg
+
+
+def one_line(text: str) -> str:
+    """``text`` with every line break (CR, LF, and the other breaks str.splitlines knows) as a
+    space: what a header may carry."""
+    return " ".join(part.strip() for part in text.splitlines() if part.strip())
 
 
 def send(smtp: SmtpSettings, msg: EmailMessage) -> None:

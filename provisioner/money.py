@@ -227,3 +227,8 @@ class Tally:
         for (key, _, _), us in self._us.items():
             out[key] += us
         return {k: Decimal(us) / US_PER_HOUR for k, us in out.items()}
+
+
+def one_place(pct: Decimal) -> str:
+    """A percent in JSON: a decimal string to one place ("378.4"), in every ``-o json``."""
+    return str(pct.quantize(Decimal("0.1")))

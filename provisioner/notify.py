@@ -270,12 +270,10 @@ def _send(app: App, d: Delivery) -> None:
     if ch.telegram:
         token = _secret(ch.telegram.token_env)
         url = f"{app.settings.notify.telegram_api.rstrip('/')}/bot{token}/sendMessage"
-        # sendMessage: "Text of the message to be sent, 1-4096 characters"
-        text = _text(d)[:TELEGRAM_MAX]
-        _telegram(app, url, {"chat_id": ch.telegram.chat_id, "text": text})
+        _telegram(app, url, telegram_payload(ch.telegram.chat_id, _text(d)))
     elif ch.slack:
         url = _secret(ch.slack.webhook_env)
-        _slack(app, url, {"text": _text(d)})
+        _slack(app, url, slack_payload(_text(d)))
     elif ch.webhook:
         key = _secret(ch.webhook.secret_env) if ch.webhook.secret_env else None
         _webhook(app, ch.webhook.url or _secret(ch.webhook.url_env or ""), d, key)
@@ -290,6 +288,31 @@ def _send(app: App, d: Delivery) -> None:
 
 def _text(d: Delivery) -> str:
     return f"{d.subject}\n\n{d.text}"
+
+
+def telegram_payload(chat_id: int | str, text: str) -> dict[str, Any]:
+    """``sendMessage`` with no ``parse_mode``: Telegram parses entities only in the mode named
+    (https://core.telegram.org/bots/api#formatting-options: "MarkdownV2", "HTML"), so plain
+    text needs no escaping — a name with ``*_[]()~`>#+-=|{}.!`` or ``<b>`` shows as written.
+    "Text of the message to be sent, 1-4096 characters after entities parsing"
+    (https://core.telegram.org/bots/api#sendmessage)."""
+    return {"chat_id": chat_id, "text": text[:TELEGRAM_MAX]}
+
+
+def slack_escape(text: str) -> str:
+    """Slack's control characters as the entities it asks for: "Slack uses &, <, and > as
+    control characters for special parsing in text objects, so they must be converted to HTML
+    entities" and "You shouldn't HTML entity-encode the entire text"
+    (https://api.slack.com/reference/surfaces/formatting#escaping). Without it a budget named
+    ``<!channel>`` pings the whole channel."""
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def slack_payload(text: str) -> dict[str, Any]:
+    """The incoming webhook's body: the text escaped, and ``mrkdwn: false`` ("Disable Slack
+    markup parsing by setting to false", chat.postMessage's ``mrkdwn`` argument, which an
+    incoming webhook's payload takes too) so ``*``, ``_`` and ``~`` in a name stay as written."""
+    return {"text": slack_escape(text), "mrkdwn": False}
 
 
 def _secret(name: str) -> str:

@@ -427,8 +427,8 @@ def test_metrics_show_machines_utilisation_and_actions(agent_app):
         code, text = scrape(ep.url, "scrape-me")
     assert code == 200
     assert 'provisioner_machines{cloud="sandbox",state="running"} 1.0' in text
-    assert 'provisioner_gpu_utilization_percent{cloud="sandbox",gpu="0",machine="exp"} 77.0' in text
-    assert 'provisioner_gpu_utilization_percent{cloud="sandbox",gpu="1",machine="exp"} 12.0' in text
+    assert 'provisioner_gpu_utilization_ratio{cloud="sandbox",gpu="0",machine="exp"} 0.77' in text
+    assert 'provisioner_gpu_utilization_ratio{cloud="sandbox",gpu="1",machine="exp"} 0.12' in text
     assert "provisioner_idle_machines 0.0" in text
 
 

@@ -183,3 +183,40 @@ def test_unreachable_server_is_one_clear_error():
     smtp = SmtpSettings(host="127.0.0.1", port=free_port(), security="none", timeout_seconds=5)
     with pytest.raises(mail.MailError, match=r"mail to 127\.0\.0\.1:\d+ \(none\) failed"):
         mail.send(smtp, sample(["lead@example.com"]))
+
+
+def test_the_chart_is_inline_in_the_html_not_an_attachment(smtp_server):
+    """RFC 2387: the picture the HTML shows rides beside it in multipart/related (whose "type"
+    names the HTML), referenced by ``cid:``, disposition inline — a mail client shows it in
+    place instead of listing chart.png among the files."""
+    mail.send(smtp_server.smtp, sample(["lead@example.com"]))
+    [(_, msg)] = smtp_server.inbox.messages
+    [related] = [p for p in msg.walk() if p.get_content_type() == "multipart/related"]
+    assert related.get_param("type") == "text/html"
+    html, img = related.get_payload()
+    assert html.get_content_type() == "text/html" and img.get_content_type() == "image/png"
+    cid = img["Content-ID"].strip("<>")
+    assert f'src="cid:{cid}"' in html.get_content()
+    assert img.get_content_disposition() == "inline"
+    assert [a.get_filename() for a in msg.iter_attachments()] == ["spend.csv"]
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["<!channel> & <@U123>", "a\r\nBcc: evil@example.com", "Бюджет «ночь» 💸 \"q\" 'q'"],
+)
+def test_a_subject_is_one_header_whatever_the_name_holds(smtp_server, name):
+    """RFC 5322 §2.2: no CR or LF in a field body (a name with a line break cannot add a Bcc);
+    RFC 2047: what is not ASCII goes as encoded words and reads back as written."""
+    msg = mail.compose(
+        sender="provisioner@example.com",
+        to=["lead@example.com"],
+        subject=f"Budget {name}",
+        text="body",
+    )
+    mail.send(smtp_server.smtp, msg)
+    [(rcpt, got)] = smtp_server.inbox.messages
+    assert rcpt == ["lead@example.com"] and got["Bcc"] is None
+    assert got["Subject"] == "Budget " + " ".join(name.split("\r\n"))
+    raw = got.as_bytes()
+    assert raw.isascii() and b"\r\nBcc" not in raw and b"\nBcc" not in raw

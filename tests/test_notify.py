@@ -311,22 +311,24 @@ def test_metrics_carry_each_budget_as_the_budget_code_computes_it(
     [pol] = app.policies
     st = budget.status(app, pol, clock.now())
     assert st is not None
-    labels = 'currency="USD",period="2026-11",policy="demo-budget"'
+    labels = 'period="2026-11",policy="demo-budget"'
     for name, value in (
         ("amount", st.amount.amount),
         ("spent", st.spent.amount),
         ("committed", st.committed.amount),
         ("forecast", st.forecast.amount),
     ):
-        assert f"provisioner_budget_{name}{{{labels}}} {float(value)!r}" in text, name
+        assert f"provisioner_budget_{name}_usd{{{labels}}} {float(value)!r}" in text, name
+    ratio = float(st.spent.amount / st.amount.amount)
+    assert f"provisioner_budget_spent_ratio{{{labels}}} {ratio!r}" in text
     assert float(st.spent.amount) > 100  # 10 h at 11 USD/h: a real figure, not a zero
-    assert "# TYPE provisioner_budget_spent gauge" in text
-    assert "# HELP provisioner_budget_idle_waste " in text
+    assert "# TYPE provisioner_budget_spent_usd gauge" in text
+    assert "# HELP provisioner_budget_idle_waste_usd " in text
     assert 'provisioner_machines{cloud="sandbox",state="running"} 1.0' in text
     from prometheus_client.parser import text_string_to_metric_families
 
     names = {f.name for f in text_string_to_metric_families(text)}  # valid exposition
-    assert {"provisioner_budget_forecast", "provisioner_notify_deliveries"} <= names
+    assert {"provisioner_budget_forecast_usd", "provisioner_notify_deliveries"} <= names
     app.close()
 
 

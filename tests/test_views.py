@@ -211,7 +211,7 @@ def test_a_budget_reads_the_same_in_report_and_status_summary(both):
     assert sorted(summary) == ["demo-budget", "vision-budget"]
     for name, b in summary.items():
         r = run("report", "--policy", name)["budget"]
-        assert r["budget"] == b["amount"], name
+        assert r["amount"] == b["amount"], name
         for k in ("spent", "committed", "relaunches", "forecast"):
             assert r[k] == b[k], (name, k)
 

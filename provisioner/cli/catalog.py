@@ -89,11 +89,10 @@ def _row_json(r: Any) -> dict[str, Any]:
         "cloud": r.cloud,
         **{
             market: {
-                "price": amount(b.price.amount),
-                "currency": b.price.currency,
+                "price_per_hour": {"amount": amount(b.price.amount), "currency": b.price.currency},
                 "instance_type": b.offer.instance_type,
                 "where": b.offer.zone or b.offer.region,
-                "as_of": b.offer.as_of,
+                "as_of": b.offer.as_of or None,  # a row with no date: not known
             }
             for market, b in r.best.items()
         },

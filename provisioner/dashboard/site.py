@@ -18,7 +18,7 @@ from zoneinfo import ZoneInfo
 from provisioner import render
 from provisioner.app import App
 from provisioner.dashboard import pages, svg
-from provisioner.dashboard.wsgi import Request, Response, safe_back
+from provisioner.dashboard.wsgi import Request, Response, safe_back, static_url
 from provisioner.money import Money
 
 TEMPLATES = Path(__file__).resolve().parent.parent / "templates" / "dashboard"
@@ -113,6 +113,7 @@ class Site:
             lang=lang,
             req=req,
             url=req.url,
+            static=lambda name: static_url(req, name),
             here=here,
             csrf=req.csrf,
             auth=not self.open,

@@ -31,7 +31,7 @@ from provisioner.dashboard.wsgi import (
     safe_back,
     static_file,
 )
-from provisioner.errors import ProvisionerError
+from provisioner.errors import ProvisionerError, UserError
 from provisioner.identity import SCHEDULER, may_act
 from provisioner.views import alerts as alerts_view
 from provisioner.views import fleet as fleet_view
@@ -90,6 +90,9 @@ class Dashboard(Access):
         return resp(start_response, accepts_gzip(environ.get("HTTP_ACCEPT_ENCODING", "")))
 
     def handle(self, req: Request) -> Response:
+        if any("\x00" in k + v for k, v in req.query.items()):  # no name holds one: the
+            # state refuses it (PostgreSQL text has no NUL), so no query may ask for one
+            raise UserError("a query with a NUL character (%00): nothing is named so")
         if (early := self._before_access(req)) is not None:
             return early
         self.app.refresh_rules()  # an admin's new team rules count from the next request
@@ -118,7 +121,7 @@ class Dashboard(Access):
                 "text/plain; charset=utf-8",
             )
         if req.path.startswith("/static/"):
-            return static_file(req.path.removeprefix("/static/"))
+            return static_file(req.path.removeprefix("/static/"), req.query.get("v"))
         if req.path == "/favicon.ico":  # every browser asks; no icon, and nothing secret
             return Response(status=204, headers=[("Cache-Control", "max-age=86400")])
         if req.path == "/lang":

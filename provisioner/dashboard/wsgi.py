@@ -5,6 +5,8 @@ files.
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import ipaddress
 import mimetypes
 import re
@@ -177,8 +179,31 @@ class Request:
         return self.root + path + (("?" + urlencode(q)) if q else "")
 
 
-def static_file(name: str) -> Response:
-    """A file of the dashboard's own folder; anything else (``..``, a NUL, a backslash, a
+#: a static file asked for at its current version: the URL changes with the content, so the
+#: browser keeps it a year and never asks again (RFC 9111 §5.2.2.1 max-age; RFC 8246
+#: "immutable"); at any other address (none, an old version) it asks each time (no-cache)
+FOREVER = "public, max-age=31536000, immutable"
+
+
+def static_version(name: str) -> str:
+    """The content's hash that versions a static file's URL (``?v=``): a new release's CSS is
+    a new URL, so no browser keeps last release's for an hour."""
+    path = STATIC / name
+    return _hash(path, path.stat().st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=16)
+def _hash(path: Path, _mtime: int) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
+
+
+def static_url(req: Request, name: str) -> str:
+    return req.url(f"/static/{name}", v=static_version(name))
+
+
+def static_file(name: str, version: str | None = None) -> Response:
+    """A file of the dashboard's own folder, cached for good when asked for at its
+    :func:`static_version`, else revalidated; anything else (``..``, a NUL, a backslash, a
     control character, a folder) is 404, never an error."""
     missing = Response("not found", 404, "text/plain; charset=utf-8")
     if not name or re.search(r"[\x00-\x1f\x7f\\]", name) or ".." in name.split("/"):
@@ -190,4 +215,8 @@ def static_file(name: str) -> Response:
     except (OSError, ValueError):
         return missing
     ctype = mimetypes.guess_type(path.name)[0] or "application/octet-stream"
-    return Response(path.read_bytes(), ctype=ctype, headers=[("Cache-Control", "max-age=3600")])
+    body = path.read_bytes()
+    current = version == _hash(path, path.stat().st_mtime_ns)
+    return Response(
+        body, ctype=ctype, headers=[("Cache-Control", FOREVER if current else "no-cache")]
+    )

@@ -1,4 +1,13 @@
-"""Prometheus metrics for ``/metrics`` on the scheduler's endpoint."""
+"""Prometheus metrics for ``/metrics`` on the scheduler's endpoint.
+
+Names follow Prometheus's "Metric and label naming" (https://prometheus.io/docs/practices/naming/):
+one unit per metric, named by a suffix; a fraction is a ``_ratio`` from 0 to 1, "not 0-100". Money
+has no base unit there and one metric "MUST refer to a single unit", so an amount's currency is
+its unit and its suffix — ISO 4217's code in lower case (``provisioner_budget_spent_usd``) —
+never a label beside amounts that could not be summed. Renamed in 0.x (README, "Metrics"):
+``provisioner_budget_{amount,spent,…}{currency="USD"}`` → ``provisioner_budget_{…}_usd``,
+``provisioner_budget_percent`` → ``provisioner_budget_spent_ratio``,
+``provisioner_gpu_utilization_percent`` → ``provisioner_gpu_utilization_ratio``."""
 
 from __future__ import annotations
 
@@ -73,13 +82,13 @@ class Metrics:
         yield actions
         grace = timedelta(seconds=app.settings.scheduler.heartbeat_grace_seconds)
         util = GaugeMetricFamily(
-            "provisioner_gpu_utilization_percent",
-            "GPU utilisation from each machine's latest heartbeat",
+            "provisioner_gpu_utilization_ratio",
+            "GPU utilisation (0 to 1) from each machine's latest heartbeat",
             labels=["machine", "cloud", "gpu"],
         )
         if self.names:
             for m, g in heartbeats.iter_latest_gpus(app, now - grace):
-                util.add_metric([m.name, m.cloud or "", str(g["index"])], g["util"])
+                util.add_metric([m.name, m.cloud or "", str(g["index"])], g["util"] / 100)
             yield util
         signals = GaugeMetricFamily(
             "provisioner_machine_activity",
@@ -116,24 +125,32 @@ class Metrics:
         yield deliveries
 
 
+#: each budget's amounts: (name, help); the currency's code is the unit and the suffix
+MONEY = (
+    ("amount", "The budget for its period"),
+    ("spent", "Spent in the budget's period so far"),
+    ("committed", "What live machines will cost until the period ends, at their rates"),
+    ("relaunches", "What preempted machines being relaunched will cost to the end"),
+    ("forecast", "Spent + committed + relaunches: the period's end"),
+    ("idle_waste", "What machines cost while idle before they were stopped"),
+)
+
+
 def _budgets(app: App, now: datetime) -> Iterator[Any]:
     """Each budget's standing in its period, as ``provisioner report`` and the budget checks
-    compute it (:func:`provisioner.budget.status`), in the budget's currency."""
+    compute it (:func:`provisioner.budget.status`): its amounts in the budget's currency, one
+    metric per currency, and how much of it is spent as a ratio."""
     from prometheus_client.core import GaugeMetricFamily
 
-    labels = ["policy", "currency", "period"]
-    families = {
-        k: GaugeMetricFamily(f"provisioner_budget_{k}", what, labels=labels)
-        for k, what in (
-            ("amount", "The budget for its period"),
-            ("spent", "Spent in the budget's period so far"),
-            ("committed", "What live machines will cost until the period ends, at their rates"),
-            ("relaunches", "What preempted machines being relaunched will cost to the end"),
-            ("forecast", "Spent + committed + relaunches: the period's end"),
-            ("percent", "Spent as a percent of the budget"),
-            ("idle_waste", "What machines cost while idle before they were stopped"),
-        )
-    }
+    labels = ["policy", "period"]
+    families: dict[str, Any] = {}
+
+    def family(name: str, what: str) -> Any:
+        if name not in families:
+            families[name] = GaugeMetricFamily(name, what, labels=labels)
+        return families[name]
+
+    ratio = family("provisioner_budget_spent_ratio", "Spent as a fraction of the budget (1: all)")
     rates = app.settings.money_rates
     for policy in app.policies:
         try:
@@ -146,17 +163,16 @@ def _budgets(app: App, now: datetime) -> Iterator[Any]:
         except (ProvisionerError, ValueError) as e:  # no rate for a currency: the others count
             log.warning("metrics: budget %s: %s", policy.name, e)
             continue
-        key = [policy.name, cur, st.period.label]
-        for k, m in (
-            ("amount", st.amount),
-            ("spent", st.spent),
-            ("committed", st.committed),
-            ("relaunches", st.relaunches),
-            ("forecast", st.forecast),
-            ("idle_waste", wasted),
-        ):
-            families[k].add_metric(key, float(m.amount))
-        families["percent"].add_metric(key, float(st.pct))
+        key = [policy.name, st.period.label]
+        unit = cur.lower()
+        amounts = (st.amount, st.spent, st.committed, st.relaunches, st.forecast, wasted)
+        if unit.isascii() and unit.isalpha():  # ISO 4217: three letters
+            for (k, what), m in zip(MONEY, amounts, strict=True):
+                family(f"provisioner_budget_{k}_{unit}", f"{what}, in {cur}").add_metric(
+                    key, float(m.amount)
+                )
+        if st.amount.amount:
+            ratio.add_metric(key, float(st.spent.amount / st.amount.amount))
     yield from families.values()
 
 

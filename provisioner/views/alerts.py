@@ -52,23 +52,37 @@ class Alerts:
     budgets: list[str]  # to filter by: the policies named by notices and deliveries
 
 
-def _what(key: str, topic: str) -> tuple[str, str | None]:
-    """What a delivery told, from its key (``budget:P:START:KIND:MARK|…``,
-    ``budget:P:START:exhausted|…``, ``report:P:DUE|…``): the notice's kind and threshold."""
-    head = key.partition("|")[0]
-    if head.startswith("budget:"):
-        if head.endswith(f":{N.EXHAUSTED}"):
-            return N.EXHAUSTED, None
-        _, kind, mark = head.rsplit(":", 2)
-        if kind in THRESHOLDS:
-            return kind, _percent(mark)
+def _head(key: str, kind: str) -> str:
+    """The notice's key a delivery's key starts with (``…|KIND|TARGET``, or ``…|mail`` for a
+    budget's mail): cut at the channel's own separator, the last, since a policy's name may
+    hold ``|`` itself."""
+    if key.endswith("|mail"):
+        return key.removesuffix("|mail")
+    at = key.rfind(f"|{kind}|")
+    return key[:at] if at >= 0 else key
+
+
+def _what(head: str, policy: str | None, topic: str) -> tuple[str, str | None]:
+    """What a delivery told, from its notice's key (``budget:P:START:KIND:MARK``,
+    ``budget:P:START:exhausted``, ``report:P:DUE``) with its policy ``P`` as stored (a name
+    may hold ``:`` and ``|``): the notice's kind and threshold; the topic where the key does
+    not read so (one cut short with a hash, a key of another version)."""
+    prefix = f"budget:{policy}:" if policy is not None else "budget:"
+    if not head.startswith(prefix):
+        return topic, None
+    rest = head.removeprefix(prefix)
+    if rest.endswith(f":{N.EXHAUSTED}"):
+        return N.EXHAUSTED, None
+    parts = rest.rsplit(":", 2)
+    if len(parts) == 3 and parts[1] in THRESHOLDS:
+        return parts[1], _percent(parts[2])
     return topic, None
 
 
 def _percent(mark: str) -> str | None:
     try:
         return format(Decimal(mark).normalize(), "f")  # "8E+1", as a mark is kept: 80
-    except InvalidOperation:
+    except (InvalidOperation, ValueError):
         return None
 
 
@@ -90,10 +104,10 @@ def _unsent(app: App, budget: str | None) -> list[Alert]:
         if budget:
             q = q.where(Notice.policy == budget)
         notices = list(s.scalars(q))
-        dq = select(Delivery.key).where(Delivery.policy.is_not(None))
+        dq = select(Delivery.key, Delivery.kind).where(Delivery.policy.is_not(None))
         if budget:
             dq = dq.where(Delivery.policy == budget)
-        told = {k.partition("|")[0] for k in s.scalars(dq)}
+        told = {_head(k, kind) for k, kind in s.execute(dq)}
     groups: dict[tuple[str, str, datetime, datetime], list[Notice]] = {}
     for n in notices:
         groups.setdefault((n.policy, n.kind, n.period_start, n.at), []).append(n)
@@ -130,7 +144,7 @@ def alerts(app: App, q: dict[str, str]) -> Alerts:
             if status:
                 dq = dq.where(Delivery.status == status)
             for d in s.scalars(dq.order_by(Delivery.at.desc(), Delivery.id.desc()).limit(wanted)):
-                what, mark = _what(d.key, d.topic)
+                what, mark = _what(_head(d.key, d.kind), d.policy, d.topic)
                 rows.append(
                     Alert(
                         d.at,

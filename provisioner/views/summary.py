@@ -10,7 +10,7 @@ from datetime import datetime, timedelta
 from decimal import ROUND_HALF_UP, Decimal
 from typing import TYPE_CHECKING, Any
 
-from provisioner.money import Amounts, Money
+from provisioner.money import Amounts, Money, one_place
 from provisioner.schema import MachineStatus as S
 
 if TYPE_CHECKING:
@@ -82,8 +82,8 @@ class Summary:
                     "committed": b.committed.as_json(),
                     "relaunches": b.relaunches.as_json(),
                     "forecast": b.forecast.as_json(),
-                    "spent_pct": str(b.pct),
-                    "forecast_pct": str(b.forecast_pct),
+                    "spent_percent": one_place(b.pct),
+                    "forecast_percent": one_place(b.forecast_pct),
                 }
                 for b in self.budgets
             ],
