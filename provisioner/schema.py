@@ -211,6 +211,15 @@ class NoticeKind(enum.StrEnum):
     POLICY_ERROR = "policy-error"  # a policy file failed to load (mark: its digest)
 
 
+class MemberKind(enum.StrEnum):
+    """What a database role is in a team's state (``team_members.kind``): what it may do there
+    (docs/TEAM.md, the roles × actions table)."""
+
+    MEMBER = "member"  # acts on its own machines and those its act_as grants name
+    ADMIN = "admin"  # applies the team's rules; acts on every machine
+    SCHEDULER = "scheduler"  # the scheduler's (and the team dashboard's) role: every machine
+
+
 #: Events that say a machine runs from then on (how long it has been running).
 RUNNING_SINCE = (EventKind.LAUNCHED, EventKind.ADOPTED, EventKind.STARTED, EventKind.RUNNING)
 #: Events of a launch: the attempt it was, what it was given.

@@ -35,10 +35,11 @@ from provisioner import identity
 from provisioner.errors import UserError
 from provisioner.fleet import NOT_APPLIED
 from provisioner.models import TeamGrant, TeamMember, TeamRules
+from provisioner.schema import MemberKind
 from provisioner.settings import Settings
 from provisioner.state import Database
 
-KINDS = ("member", "admin", "scheduler")
+KINDS = tuple(MemberKind)
 SQLITE = (
     "SQLite: one user's state — the policies stay in your files (settings policies:); team "
     "rules are for a team's PostgreSQL state"
@@ -102,9 +103,9 @@ def document(settings: Settings) -> dict[str, Any]:
     roles = [*ident.members, *ident.admins, *([ident.scheduler] if ident.scheduler else [])]
     for role in roles:
         kind = (
-            "admin"
+            MemberKind.ADMIN
             if role in ident.admins
-            else ("scheduler" if role == ident.scheduler else "member")
+            else (MemberKind.SCHEDULER if role == ident.scheduler else MemberKind.MEMBER)
         )
         members[role] = {"email": identity.email_of(settings, role), "kind": kind}
     return {
@@ -231,7 +232,9 @@ def names_others(db: Database) -> bool:
     if rules is None:
         return True
     mine = rules.members.get(identity.database_role(db))
-    return (mine is not None and mine.kind in ("admin", "scheduler")) or privileged(db)
+    return (
+        mine is not None and mine.kind in (MemberKind.ADMIN, MemberKind.SCHEDULER)
+    ) or privileged(db)
 
 
 def not_member(role: str) -> str:
@@ -290,12 +293,12 @@ def _may_apply(db: Database, role: str, doc: dict[str, Any]) -> None:
             "tables (who migrated it) does, naming the admins in identity.admins"
         )
     mine = rules.members.get(role)
-    if mine is None or mine.kind != "admin":
+    if mine is None or mine.kind != MemberKind.ADMIN:
         raise UserError(
             f"{role} is not an admin of this team's rules (version {rules.version}): an admin "
             "applies them"
         )
-    if doc["members"].get(role, {}).get("kind") != "admin":
+    if doc["members"].get(role, {}).get("kind") != MemberKind.ADMIN:
         raise UserError(
             f"these rules leave you ({role}) out of identity.admins: you could not apply the "
             "next ones; add yourself, or let the state's owner apply them"

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import text
 
 from provisioner.errors import UserError
+from provisioner.schema import MemberKind
 
 if TYPE_CHECKING:
     from provisioner.state import Database
@@ -54,14 +55,14 @@ _ADMIN = (
     ("INSERT", "team_rules"),
     *(("INSERT, UPDATE, DELETE", t) for t in ("team_members", "team_grants", "state_meta")),
 )
-KINDS = {"member": _MEMBER, "scheduler": _SCHEDULER, "admin": _ADMIN}
+KINDS = {MemberKind.MEMBER: _MEMBER, MemberKind.SCHEDULER: _SCHEDULER, MemberKind.ADMIN: _ADMIN}
 
 
 def _q(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
 
-def grant_statements(schema: str, role: str, kind: str = "member") -> list[str]:
+def grant_statements(schema: str, role: str, kind: str = MemberKind.MEMBER) -> list[str]:
     """The GRANTs :func:`grant_member` runs (``kind``: member, scheduler or admin)."""
     if kind not in KINDS:
         raise ValueError(f"kind {kind!r}: one of {', '.join(KINDS)}")
@@ -71,11 +72,11 @@ def grant_statements(schema: str, role: str, kind: str = "member") -> list[str]:
         f"GRANT SELECT ON {_ALL.format(s=s)} TO {r}",
         f"GRANT USAGE, SELECT ON ALL SEQUENCES IN SCHEMA {s} TO {r}",
     ]
-    out += [f"GRANT {what} ON {s}.{_q(table)} TO {r}" for what, table in KINDS[kind]]
+    out += [f"GRANT {what} ON {s}.{_q(table)} TO {r}" for what, table in KINDS[MemberKind(kind)]]
     return out
 
 
-def grant_member(conn: Any, role: str, kind: str = "member") -> None:
+def grant_member(conn: Any, role: str, kind: str = MemberKind.MEMBER) -> None:
     """Grant ``role`` what a ``kind`` needs on the schema of ``conn`` (its ``search_path``'s
     first: the state's), as the tables' owner or a superuser. ``conn``: a SQLAlchemy
     connection or a psycopg one. Idempotent; a role of another kind before keeps its other

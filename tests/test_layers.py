@@ -33,11 +33,14 @@ ORDER = [
     "provisioner.settings",
     "provisioner.workdir",  # an experiment's workdir: its files, checked before a launch
     "provisioner.spec",
+    "provisioner.skypilot_resources",  # a SkyPilot task's resources as an experiment's
+    "provisioner.skypilot",  # a SkyPilot task file read as an experiment
     "provisioner.pq",  # libpq through ctypes: status's reads of a PostgreSQL state
     "provisioner.schema",  # the migrations' revisions, without SQLAlchemy
     "provisioner.fleet",  # the fleet as `status` lists it: plain SQL, no ORM
     "provisioner.models",  # every table
     "provisioner.state",  # the database: engine, sessions, migrations
+    "provisioner.team_sql",  # a team's roles: privileges granted, the database's refusals
     "provisioner.tries",  # a preempted machine's relaunch tries, from its events
     "provisioner.catalog_checks",  # price checks of catalog rows: GPU facts only
     "provisioner.identity",  # who runs provisioner (OS user, database role), act_as
@@ -53,6 +56,7 @@ ORDER = [
     "provisioner.ledger.record",
     "provisioner.ledger.sums",
     "provisioner.ledger.projections",
+    "provisioner.ledger.unpriced",  # what the clouds bill at a rate not known here
     "provisioner.ledger",
     "provisioner.budget",  # budget rules and standing; no enforcement
     "provisioner.planning",  # an experiment's plan: offers, policy decision, budget projection
