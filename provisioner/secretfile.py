@@ -1,4 +1,5 @@
-"""Secret key files the product makes once and trusts afterwards (the dashboard's session key):
+"""Secret key files the product makes once and trusts afterwards (the dashboard's session key,
+the SSH private keys it generates):
 read only when they are what was written — a regular file (not a symlink, not a FIFO), owned
 by this user, readable by no one else, of the exact length made — else said in one log line
 and replaced with a new random key, never trusted. A key anyone else could read or write, or
@@ -33,8 +34,21 @@ def key(path: Path, size: int = 32) -> bytes:
     return _replace(path, size)
 
 
-def problem(st: os.stat_result, size: int) -> str | None:
-    """Why a key file with this ``stat`` is not to be trusted (None: it may be)."""
+def why_not(path: Path) -> str | None:
+    """Why the secret file ``path`` (of any length: an SSH private key) is not to be trusted;
+    None: it may be. Its own ``stat``, not its target's: a symlink is not trusted."""
+    try:
+        st = path.lstat()
+    except FileNotFoundError:
+        return "missing"
+    except OSError as e:
+        return f"cannot be read ({e.strerror or e})"
+    return problem(st)
+
+
+def problem(st: os.stat_result, size: int | None = None) -> str | None:
+    """Why a key file with this ``stat`` is not to be trusted (None: it may be); ``size``:
+    the exact length written (None: any but empty)."""
     if stat.S_ISLNK(st.st_mode):
         return "a symlink, not the key file made here"
     if not stat.S_ISREG(st.st_mode):
@@ -43,8 +57,10 @@ def problem(st: os.stat_result, size: int) -> str | None:
         return f"owned by uid {st.st_uid}, not by this user (uid {os.getuid()})"
     if st.st_mode & 0o077:
         return f"mode {stat.S_IMODE(st.st_mode):04o}: others may read or write it (0600 expected)"
-    if st.st_size != size:
+    if size is not None and st.st_size != size:
         return f"{st.st_size} bytes, not the {size} of a key made here"
+    if st.st_size == 0:
+        return "0 bytes: empty"
     return None
 
 
