@@ -571,6 +571,25 @@ def stop_server(server, thread: threading.Thread) -> None:
         time.sleep(0.1)
 
 
+def browser_sign_in(drv, base: str, app: App, user: str) -> None:
+    """Sign in on the login page with a new personal token of ``user``: acting needs it, on a
+    loopback dashboard too."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    from provisioner import tokens
+
+    was, app.actor = app.actor, user
+    try:
+        issued = tokens.create(app, user)
+    finally:
+        app.actor = was
+    drv.get(base + "/login")
+    drv.find_element(By.ID, "token").send_keys(issued.token + Keys.ENTER)
+    WebDriverWait(drv, 30).until(lambda d: d.find_elements(By.ID, "user"))
+
+
 def go(drv, element) -> None:
     """Click ``element`` and wait until the page it leads to has replaced this one."""
     from selenium.common.exceptions import WebDriverException

@@ -22,6 +22,7 @@ from tests.conftest import TEST_OWNER, make_settings, run_cli, sandbox_experimen
 from tests.conftest import write_yaml as write_policy
 from tests.test_dashboard import (  # noqa: F401  (browser: a fixture)
     browser,
+    browser_sign_in,
     call,
     sign_in,
     stop_server,
@@ -277,11 +278,7 @@ def test_stop_and_keep_keyboard_only_in_chromium(team, browser):  # noqa: F811
     from selenium.webdriver.support.ui import WebDriverWait
     from waitress.server import create_server
 
-    from provisioner import tokens
-
     app, _, _ = team
-    app.actor = TEST_OWNER
-    issued = tokens.create(app, TEST_OWNER)
     local = Dashboard(app, token=None, open_access=True)
     server = create_server(local, host="127.0.0.1", port=0, threads=2)
     t = threading.Thread(target=server.run, daemon=True)
@@ -289,9 +286,7 @@ def test_stop_and_keep_keyboard_only_in_chromium(team, browser):  # noqa: F811
     drv = browser
     try:
         site = f"http://127.0.0.1:{server.effective_port}"
-        drv.get(f"{site}/login")  # on loopback too, acting needs signing in
-        drv.find_element(By.ID, "token").send_keys(issued.token + Keys.ENTER)
-        WebDriverWait(drv, 30).until(lambda d: d.find_elements(By.ID, "user"))
+        browser_sign_in(drv, site, app, TEST_OWNER)  # on loopback too, acting needs it
         drv.get(f"{site}/machine/{machine(app, 'train').id}")
 
         def tab_to(form_id: str) -> None:
