@@ -13,6 +13,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import ipaddress
+import logging
 import os
 import shutil
 import subprocess
@@ -24,12 +25,14 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.exc import DBAPIError
 
-from provisioner import permits
+from provisioner import permits, secretfile
 from provisioner.app import App
 from provisioner.errors import OperationFailed, state_refusal
 from provisioner.models import Event, Machine, TeamKey
 from provisioner.schema import MachineStatus as S
 from provisioner.spec import Experiment
+
+log = logging.getLogger("provisioner.keys")
 
 #: How long `provisioner ssh` waits for a machine's SSH port before saying what to check;
 #: ``$PROVISIONER_SSH_PROBE_SECONDS`` shortens it (tests).
@@ -125,10 +128,16 @@ def _read_key(path: Path) -> str | None:
 
 def _generate(app: App, path: Path) -> bool:
     """An ed25519 pair at ``path`` (private 0600, its folder 0700), made once; True when made
-    now. Concurrent ``up``s make one: the check and the write are under a lock."""
+    now. Concurrent ``up``s make one: the check and the write are under a lock. A private key
+    that is not as made (empty, a symlink, not a regular file, another user's, readable by
+    others: :func:`provisioner.secretfile.why_not`) is said in one log line and made anew,
+    never used (OpenSSH itself refuses a key others may read)."""
     with app.db.lock("ssh-key"):
-        if path.is_file() and path.with_name(path.name + ".pub").is_file():
+        why = secretfile.why_not(path)
+        if why is None and path.with_name(path.name + ".pub").is_file():
             return False
+        if why not in (None, "missing"):
+            log.warning("%s: %s; replaced with a new key pair", path, why)
         _keygen(path, "provisioner")
         return True
 
@@ -229,7 +238,10 @@ def pull_private(app: App) -> Path | None:
     and its public half is the one published)."""
     published = published_pull_key(app)
     path = pull_path(app)
-    if published is None or not path.is_file():
+    if published is None or not (path.is_file() or path.is_symlink()):
+        return None
+    if (why := secretfile.why_not(path)) is not None:  # the machines hold its public half:
+        log.warning("%s: %s; not used", path, why)  # not replaced here, never trusted
         return None
     pub = _read_key(path.with_name(path.name + ".pub"))
     if pub is not None and pub.split()[:2] != published.split()[:2]:

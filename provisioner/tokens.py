@@ -107,6 +107,16 @@ def verify(app: App, token: str) -> Token | None:
     return t
 
 
+def named(app: App, token: str) -> str | None:
+    """The id a token-shaped string names when the state knows that token (live or not): what
+    the dashboard counts wrong guesses against; None for any other string."""
+    m = re.match(r"^pvt_([0-9a-f]{12})\.", token.strip())
+    if not m:
+        return None
+    with app.db.session() as s:
+        return m.group(1) if s.get(Token, m.group(1)) is not None else None
+
+
 def usable(app: App, t: Token) -> bool:
     return t.revoked_at is None and (t.expires_at is None or app.clock.now() < t.expires_at)
 

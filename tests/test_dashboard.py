@@ -159,6 +159,14 @@ def call(
     return got["status"], got["headers"], out.decode()
 
 
+def sign_in(wsgi, token: str, remote: str = "127.0.0.1", **headers: str) -> str:
+    """The session cookie (``name=value``) the login form gives for ``token``."""
+    status, hdrs, _ = call(wsgi, "/login", "POST", urlencode({"token": token}), remote, **headers)
+    assert status == 303, status
+    [cookie] = [v for k, v in hdrs if k == "Set-Cookie" and v.startswith("provisioner_session=")]
+    return cookie.split(";")[0]
+
+
 def report_json(a: App, pdir: Path, *args: str) -> dict:
     cfg = write_settings(a.settings.home, policies=[str(pdir)], state_url=a.settings.state_url)
     r = run_cli("--config", str(cfg), "report", *args, "-o", "json", now=NOW)
@@ -222,32 +230,38 @@ def test_token_once_on_the_login_form_becomes_a_strict_session_cookie(seeded, mo
     assert call(wsgi, "/spend.csv", authorization="Bearer nope")[0] == 401
 
 
-def test_guessing_the_token_is_slowed_per_address(seeded, clock, monkeypatch):
-    """Five wrong tokens a minute from one address, on the form or as a Bearer header; then
-    that address waits (429, Retry-After) even with the right token, and others do not."""
+def test_guessing_the_token_is_slowed_per_address_and_account(seeded, clock, monkeypatch):
+    """Five wrong tokens within 15 minutes, on the form or as a Bearer header: then that
+    address waits (429, Retry-After) even with the right token, and so does anyone trying the
+    same (shared) token who has not signed in with it before; a browser that has, does not."""
     a, _ = seeded
     token = "s3cret-dashboard-token"
     monkeypatch.setenv("PROVISIONER_DASHBOARD_TOKEN", token)
     wsgi = make_app(a, listen="10.1.2.3:8765")
     right, wrong = urlencode({"token": token}), "token=guess"
-    guesser, colleague = "203.0.113.9", "198.51.100.4"
+    guesser, colleague, stranger = "203.0.113.9", "198.51.100.4", "192.0.2.8"
+    status, headers, _ = call(wsgi, "/login", "POST", right, remote=colleague)
+    [device] = [v.split(";")[0] for k, v in headers if v.startswith("provisioner_device=")]
     for _ in range(4):
         assert call(wsgi, "/login", "POST", wrong, remote=guesser)[0] == 401
         clock.advance(timedelta(seconds=5))
     assert call(wsgi, "/spend.csv", remote=guesser, authorization="Bearer guess")[0] == 401
     status, headers, body = call(wsgi, "/login", "POST", right, remote=guesser)
-    assert status == 429 and dict(headers)["Retry-After"] == "40"  # the first guess + 60 s
-    assert "try again in 40 s" in body
+    assert status == 429 and dict(headers)["Retry-After"] == "880"  # the first guess + 15 min
+    assert "Too many failed sign-ins from this address or with this token" in body
+    assert "try again in 880 s" in body
     ru = call(wsgi, "/login", "POST", right, remote=guesser, cookie="provisioner_lang=ru")
-    assert ru[0] == 429 and "попробуйте снова через 40 с" in ru[2]
+    assert ru[0] == 429 and "попробуйте снова через 880 с" in ru[2]
     status, headers, body = call(
         wsgi, "/spend.csv", remote=guesser, authorization=f"Bearer {token}"
     )
-    assert status == 429 and dict(headers)["Retry-After"] == "40"
-    assert call(wsgi, "/login", "POST", right, remote=colleague)[0] == 303
-    clock.advance(timedelta(seconds=39))
+    assert status == 429 and dict(headers)["Retry-After"] == "880"
+    assert body == "too many failed logins: try again in 880 s"
+    assert call(wsgi, "/login", "POST", right, remote=stranger)[0] == 429  # the account's
+    assert call(wsgi, "/login", "POST", right, remote=colleague, cookie=device)[0] == 303
+    clock.advance(timedelta(seconds=879))
     assert call(wsgi, "/login", "POST", right, remote=guesser)[0] == 429
-    clock.advance(timedelta(seconds=1))  # the first guess is a minute old: one more try
+    clock.advance(timedelta(seconds=1))  # the first guess is 15 minutes old: one more try
     assert call(wsgi, "/login", "POST", wrong, remote=guesser)[0] == 401
     status, headers, _ = call(wsgi, "/login", "POST", right, remote=guesser)
     assert status == 429 and dict(headers)["Retry-After"] == "5"
@@ -488,9 +502,9 @@ def test_a_guesser_behind_the_teams_proxy_does_not_lock_out_a_browser_that_logge
     for _ in range(5):
         assert call(wsgi, "/login", "POST", wrong, remote=proxy, cookie=device)[0] == 401
     assert call(wsgi, "/login", "POST", right, remote=proxy, cookie=device)[0] == 429
-    forged = device[:-4] + "beef"  # a device cookie not signed with the token: the address
-    assert call(wsgi, "/login", "POST", right, remote="192.0.2.1", cookie=forged)[0] == 303
-    clock.advance(timedelta(seconds=61))
+    forged = device[:-4] + "beef"  # a device cookie not signed here is none: the account's
+    assert call(wsgi, "/login", "POST", right, remote="192.0.2.1", cookie=forged)[0] == 429
+    clock.advance(timedelta(minutes=15, seconds=1))
     assert call(wsgi, "/login", "POST", right, remote=proxy)[0] == 303
 
 
@@ -555,6 +569,25 @@ def stop_server(server, thread: threading.Thread) -> None:
         if not thread.is_alive():
             break
         time.sleep(0.1)
+
+
+def browser_sign_in(drv, base: str, app: App, user: str) -> None:
+    """Sign in on the login page with a new personal token of ``user``: acting needs it, on a
+    loopback dashboard too."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    from provisioner import tokens
+
+    was, app.actor = app.actor, user
+    try:
+        issued = tokens.create(app, user)
+    finally:
+        app.actor = was
+    drv.get(base + "/login")
+    drv.find_element(By.ID, "token").send_keys(issued.token + Keys.ENTER)
+    WebDriverWait(drv, 30).until(lambda d: d.find_elements(By.ID, "user"))
 
 
 def go(drv, element) -> None:

@@ -20,7 +20,13 @@ from provisioner.models import Event, Machine
 from provisioner.spec import Experiment
 from tests.conftest import TEST_OWNER, make_settings, run_cli, sandbox_experiment, write_settings
 from tests.conftest import write_yaml as write_policy
-from tests.test_dashboard import browser, call, stop_server  # noqa: F401  (browser: a fixture)
+from tests.test_dashboard import (  # noqa: F401  (browser: a fixture)
+    browser,
+    browser_sign_in,
+    call,
+    sign_in,
+    stop_server,
+)
 
 PROXY = "10.0.0.5"  # the team's authenticating proxy: its X-Forwarded-User names the user
 LEAD = "lead@example.com"  # a policy grants them act_as over ana's machines
@@ -210,17 +216,26 @@ def test_down_needs_its_confirmation(team):
     assert status == 200 and machine(app, "train").status == "running"
 
 
-def test_on_loopback_without_a_credential_the_local_user_acts(team):
+def test_on_loopback_acting_needs_signing_in_and_the_served_user_never_acts(team):
+    """Anyone on the computer may look at a loopback dashboard, not act as who serves it: an
+    anonymous form is refused and the page links to the login; signed in, the owner acts."""
+    from provisioner import tokens
+
     app, _, _ = team
-    local = Dashboard(app, token=None, open_access=True)  # the OS user's own dashboard
+    app.actor = TEST_OWNER  # the dashboard is served by ana herself
+    local = Dashboard(app, token=None, open_access=True)
     page = f"/machine/{machine(app, 'train').id}"
-    status, _, _ = call(local, page, "POST", "do=autostop&duration=1h")
-    assert status == 303 and events(app, "train")[-1] == ("autostop-set", TEST_OWNER)
-    # the scheduler daemon serves the dashboard as itself: no one acts as the scheduler
-    app.actor = SCHEDULER
-    status, _, body = call(local, page, "POST", "do=unautostop")
+    status, _, body = call(local, page)
+    assert status == 200 and 'id="act-stop"' not in body
+    assert "Sign in with your personal token to act on this machine." in body
+    before = events(app, "train")
+    status, _, body = call(local, page, "POST", "do=autostop&duration=1h")
     assert status == 403 and "refused: sign in (a personal token) to act on a machine" in body
-    assert machine(app, "train").autostop_seconds == 3600
+    assert events(app, "train") == before and machine(app, "train").autostop_seconds is None
+    session = sign_in(local, tokens.create(app, TEST_OWNER).token)
+    app.actor = SCHEDULER  # whoever serves it: the event names the signed-in user
+    status, _, _ = call(local, page, "POST", "do=autostop&duration=1h", cookie=session)
+    assert status == 303 and events(app, "train")[-1] == ("autostop-set", TEST_OWNER)
 
 
 def test_russian_words_on_the_page_and_its_confirmation(team):
@@ -270,7 +285,9 @@ def test_stop_and_keep_keyboard_only_in_chromium(team, browser):  # noqa: F811
     t.start()
     drv = browser
     try:
-        drv.get(f"http://127.0.0.1:{server.effective_port}/machine/{machine(app, 'train').id}")
+        site = f"http://127.0.0.1:{server.effective_port}"
+        browser_sign_in(drv, site, app, TEST_OWNER)  # on loopback too, acting needs it
+        drv.get(f"{site}/machine/{machine(app, 'train').id}")
 
         def tab_to(form_id: str) -> None:
             for _ in range(80):
@@ -330,5 +347,5 @@ def test_a_script_acts_with_a_personal_token(team):
     status, _, body = call(
         shared, page, "POST", "do=start", csrf=False, Authorization="Bearer s3cret-shared"
     )
-    assert status == 403 and "dashboard.token is not the owner" in body
+    assert status == 403 and "refused: sign in (a personal token) to act on a machine" in body
     assert machine(app, "train").status == "stopped"

@@ -20,7 +20,15 @@ from provisioner.dashboard import make_app
 from provisioner.money import CENT
 from provisioner.views import fleet as fleet_view
 from tests.conftest import TEST_OWNER, make_settings
-from tests.test_dashboard import browser, call, go, seeded, served, up  # noqa: F401
+from tests.test_dashboard import (  # noqa: F401
+    browser,
+    browser_sign_in,
+    call,
+    go,
+    seeded,
+    served,
+    up,
+)
 from tests.test_dashboard_act import BOB, as_user, events, machine, said, team  # noqa: F401
 
 
@@ -319,6 +327,7 @@ def test_sort_follow_links_and_stop_from_the_fleet_keyboard_only(served, browser
 
     base, a, _ = served
     drv = browser
+    browser_sign_in(drv, base, a, TEST_OWNER)  # acting needs it, on loopback too
     drv.get(base + "/")
 
     def shown() -> list[str]:

@@ -19,7 +19,7 @@ from provisioner.dashboard import make_app
 from provisioner.money import CENT, Money
 from provisioner.views import fleet as fleet_view
 from tests.conftest import TEST_OWNER, make_settings
-from tests.test_dashboard import browser, call, go, stop_server  # noqa: F401
+from tests.test_dashboard import browser, call, go, sign_in, stop_server  # noqa: F401
 from tests.test_dashboard_fleet import monies, rows
 
 N = 250
@@ -202,8 +202,12 @@ def totals(a: App) -> dict[str, Decimal]:
 
 
 def test_page_links_keep_the_filters_and_sort_and_a_new_filter_or_sort_starts_at_page_one(big):
+    from provisioner import tokens
+
     wsgi = make_app(big)
-    _, _, page = call(wsgi, "/?cloud=sandbox&sort=name&dir=desc&page=2")
+    big.actor = TEST_OWNER
+    owner = sign_in(wsgi, tokens.create(big, TEST_OWNER).token)  # their rows' act forms
+    _, _, page = call(wsgi, "/?cloud=sandbox&sort=name&dir=desc&page=2", cookie=owner)
     assert rows(page) == [f"m-{i}" for i in range(149, 49, -1)]
     assert links(page) == {
         "prev": "/?cloud=sandbox&sort=name&dir=desc",

@@ -91,3 +91,50 @@ def test_a_cloud_machine_that_does_not_answer_names_the_firewall_and_ssh_cidrs(
         keys.check_reachable(app, m)  # type: ignore[arg-type]
     assert asked[-1][2] == 0.5
     app.close()
+
+
+def _spoil(path: Path, how: str) -> None:
+    if how == "empty":
+        path.write_bytes(b"")
+    elif how == "readable":
+        path.chmod(0o644)
+    else:  # a symlink to the very key: still not the file made here
+        elsewhere = path.with_name("elsewhere")
+        path.rename(elsewhere)
+        path.symlink_to(elsewhere)
+
+
+@pytest.mark.parametrize(
+    ("how", "why"),
+    [
+        ("empty", "0 bytes: empty"),
+        ("readable", "mode 0644: others may read or write it"),
+        ("symlink", "a symlink, not the key file made here"),
+    ],
+)
+def test_a_generated_key_that_is_not_as_made_is_replaced(app, user, caplog, how, why):
+    first, _ = choose(app)
+    assert first.source == "generated" and first.private_path == keys.generated_path(app)
+    path = keys.generated_path(app)
+    _spoil(path, how)
+    caplog.set_level("INFO", logger="provisioner")
+    again, said = choose(app)
+    assert said[0] == f"key: generated {path} (none in ~/.ssh)"
+    assert again.public_key != first.public_key  # a new pair, never the one others could read
+    lines = [r.getMessage() for r in caplog.records if r.name == "provisioner.keys"]
+    assert len(lines) == 1 and lines[0].startswith(f"{path}: {why}")
+    assert lines[0].endswith("; replaced with a new key pair")
+    st = path.lstat()
+    assert not path.is_symlink() and st.st_size > 0 and st.st_mode & 0o077 == 0
+    kept, said = choose(app)  # a good one is kept
+    assert kept.public_key == again.public_key and said[0].startswith("key: the one generated")
+
+
+def test_a_pull_key_others_may_read_is_not_used(app, user, caplog):
+    keys.pull_public_key(app)
+    assert keys.pull_private(app) == keys.pull_path(app)
+    keys.pull_path(app).chmod(0o640)
+    caplog.set_level("INFO", logger="provisioner")
+    assert keys.pull_private(app) is None
+    [line] = [r.getMessage() for r in caplog.records if r.name == "provisioner.keys"]
+    assert "mode 0640: others may read or write it" in line and "not used" in line

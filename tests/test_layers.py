@@ -27,6 +27,7 @@ ORDER = [
     "provisioner.redact",  # secrets out of text in any form: raw, escaped, encoded, split
     "provisioner.outbound",  # an HTTP POST only to public or allowed addresses, no redirects
     "provisioner.clock",
+    "provisioner.secretfile",  # a key file trusted only as written, else replaced
     "provisioner.crashpoints",
     "provisioner.acting",  # who acts in this thread (a dashboard request's user)
     "provisioner.location",  # where settings and state live: the standard library only

@@ -15,8 +15,9 @@ def dashboard(
     ),
 ) -> None:
     """The fleet, spend against each budget, one machine's history and plans, in a browser.
-    On loopback by default; listening wider needs $PROVISIONER_DASHBOARD_TOKEN (or
-    dashboard.token in settings), asked for once on a login page."""
+    On loopback by default, where anyone on this computer may look; acting on a machine needs
+    signing in with a personal token (`provisioner token create`) everywhere. Listening wider
+    needs $PROVISIONER_DASHBOARD_TOKEN (or dashboard.token in settings) or personal tokens."""
     from provisioner.dashboard import is_loopback, make_app  # SQLAlchemy, Jinja2: not for --help
     from provisioner.errors import UserError
 

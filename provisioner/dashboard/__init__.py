@@ -17,9 +17,10 @@ __all__ = ["Dashboard", "is_loopback", "make_app"]
 
 def make_app(app: App, *, listen: str | None = None, token: str | None = None) -> Dashboard:
     """The dashboard's WSGI callable for ``app``. ``listen`` (``host:port``, default
-    ``dashboard.listen`` in settings) says where it is reachable: on a loopback address it is
-    open; anywhere wider every request needs ``token`` (default: ``dashboard.token`` or
-    ``$PROVISIONER_DASHBOARD_TOKEN``) — with none set, every request is refused."""
+    ``dashboard.listen`` in settings) says where it is reachable: on a loopback address anyone
+    may look (acting needs a signed-in person everywhere); anywhere wider every request needs
+    ``token`` (default: ``dashboard.token`` or ``$PROVISIONER_DASHBOARD_TOKEN``) or a
+    personal one — with none set, every request is refused."""
     cfg = app.settings.dashboard
     host = (listen or cfg.listen).rpartition(":")[0] or "127.0.0.1"
     return Dashboard(app, token=token or cfg.secret, open_access=is_loopback(host), hosts=cfg.hosts)

@@ -263,6 +263,7 @@ class Dashboard(Access):
             d=data,
             section="fleet",
             may_act=self.may_act(req, data.machine),
+            signed_in=self.acting_user(req) is not None,
             budgets=[
                 p.name
                 for p in pages.budget_policies(self.app)
@@ -286,14 +287,11 @@ class Dashboard(Access):
     # --- acting on a machine ----------------------------------------------------------------
 
     def acting_user(self, req: Request) -> str | None:
-        """Who a POST acts as: the signed-in user; on loopback without a credential, who
-        serves this (the OS user or database role, as at the terminal) — not the scheduler
-        daemon's own actor: what a page does is a person's doing."""
-        if req.user is not None:
-            return req.user
-        if not self.open or self.app.actor == SCHEDULER:
-            return None
-        return self.app.actor
+        """Who a POST acts as: the signed-in person (a personal token, its session, or a
+        trusted proxy's user), on every address, loopback included. Never who serves this
+        (the OS user or database role: anyone who can reach a loopback port is not them),
+        nor the shared token (it names no one); None: no one, so nothing is done."""
+        return req.user if req.user is not None and "@" in req.user else None
 
     def may_act(self, req: Request, m: Any) -> bool:
         """The machine's owner may act on it, and whom a policy that applies to it grants
