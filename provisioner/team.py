@@ -250,6 +250,7 @@ class Applied:
     changed: bool
     grants: int = 0
     members: int = 0
+    missing: tuple[str, ...] = ()  # member roles the server has no such login role for
 
 
 def apply(db: Database, settings: Settings, now: datetime, actor: str, note: str | None) -> Applied:
@@ -272,13 +273,46 @@ def apply(db: Database, settings: Settings, now: datetime, actor: str, note: str
         )
         s.add(row)
         s.flush()
-        s.execute(delete(TeamMember))
-        s.execute(delete(TeamGrant))
-        for r, m in doc["members"].items():
-            s.add(TeamMember(role=r, email=m["email"], kind=m["kind"], version=row.version))
+        # in an order the database's own checks (0015) pass at every statement: the admin who
+        # applies stays an admin (_may_apply) until their row is rewritten, last
         for a, o, p in grants:
             s.add(TeamGrant(version=row.version, actor_glob=a, owner_glob=o, project_glob=p))
-        return Applied(row.version, True, len(grants), len(doc["members"]))
+        s.flush()
+        s.execute(delete(TeamGrant).where(TeamGrant.version != row.version))
+        old = {m.role: m for m in s.scalars(select(TeamMember))}
+        s.execute(delete(TeamMember).where(TeamMember.role.not_in(list(doc["members"]))))
+        for r, m in sorted(doc["members"].items(), key=lambda rm: rm[0] == role):
+            if r in old:
+                old[r].email, old[r].kind, old[r].version = m["email"], m["kind"], row.version
+            else:
+                s.add(TeamMember(role=r, email=m["email"], kind=m["kind"], version=row.version))
+            s.flush()
+        version = row.version
+    missing = _grant_privileges(db, doc["members"], set(old) - set(doc["members"]))
+    return Applied(version, True, len(grants), len(doc["members"]), missing)
+
+
+def _grant_privileges(db: Database, members: dict[str, Any], removed: set[str]) -> tuple[str, ...]:
+    """What each member's kind needs on the state's tables (:func:`team_sql.grant_member`),
+    granted by the tables' owner or a superuser (an admin member cannot grant: the owner runs
+    ``policy apply`` again); a removed member's taken back. The roles the server has none of
+    yet: returned, to be made (``CREATE ROLE … LOGIN``) and applied again."""
+    from provisioner import team_sql
+
+    if not privileged(db):
+        return ()
+    missing = []
+    with db.engine.begin() as conn:
+        known = {str(r) for r in conn.execute(text("SELECT rolname FROM pg_roles")).scalars()}
+        for r in sorted(removed & known):
+            team_sql.revoke_member(conn, r)
+        for r, m in sorted(members.items()):
+            if r not in known:
+                missing.append(r)
+                continue
+            team_sql.revoke_member(conn, r)  # a kind changed: nothing of the old one kept
+            team_sql.grant_member(conn, r, m["kind"])
+    return tuple(missing)
 
 
 def _may_apply(db: Database, role: str, doc: dict[str, Any]) -> None:

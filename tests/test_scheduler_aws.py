@@ -366,3 +366,31 @@ def test_a_failed_batch_is_recorded_per_machine_and_retried_next_pass(emu, home:
     assert not any(a.error for a in second.actions)
     assert states(emu, "us-east-1") == dict.fromkeys(east, "stopped")
     assert states(emu, "us-west-2") == dict.fromkeys(west, "stopped")
+
+
+@pytest.mark.slow  # end to end on moto: README command and CI, not the quick loop
+def test_a_page_that_fails_is_asked_again_not_the_whole_listing(emu, home: Path, tmp_path):
+    """The listing's second page is throttled once: that page is asked again, and the first is
+    not read twice (3 pages, 4 DescribeInstances; restarting the listing would make 5)."""
+    emu.reset()
+    app = _fleet_app(emu, home, tmp_path, ["us-east-1"])
+    try:
+        ids = _fleet(app, emu, "us-east-1", reservations=12, size=10)
+        emu.faults.cap_page_size(5)
+        emu.faults.throttle(1, action="DescribeInstances", skip=1)
+        emu.wait_idle()
+        before = len(emu.requests)
+        listed = app.provider("aws").list_managed(["us-east-1"])
+        emu.wait_idle()
+        sent = [r for r in emu.requests[before:] if r.action == "DescribeInstances"]
+    finally:
+        app.close()
+    assert sorted(i.id for i in listed) == sorted(ids)
+    assert [r.answer for r in sent] == [
+        "forwarded",
+        "RequestLimitExceeded",
+        "forwarded",
+        "forwarded",
+    ]
+    tokens = [r.params.get("NextToken") for r in sent]
+    assert tokens[0] is None and tokens[1] == tokens[2] is not None  # the same page again

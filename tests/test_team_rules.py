@@ -220,7 +220,11 @@ def test_a_role_not_in_the_member_map_reads_but_writes_nothing(crew, cli):
     r = cli("--config", carol, "token", "create")
     assert r.code == 2
     assert r.err.count("\n") == 1
-    assert f"{crew.role('carol')} is not a member of this team's state; an admin adds you" in r.err
+    # refused by the CLI, or (row-level security hides the rules from a non-member) by the
+    # database itself: either way one line naming her as no member
+    assert crew.role("carol") in r.err and (
+        "is not a member of this team's state" in r.err or "(not a team member)" in r.err
+    ), r.err
 
 
 @pytest.mark.parametrize("db_url", ["postgresql"], indirect=True)

@@ -162,13 +162,13 @@ class AWSProvider(Provider):
         found: list[Instance] = []
         for region in regions or self.regions:
             ec2 = self._client("ec2", region)
-
-            def fetch(ec2: Any = ec2) -> list[dict[str, Any]]:
-                pages = ec2.get_paginator("describe_instances").paginate(Filters=filters)
-                return [raw for page in pages for raw in instances_of(page)]
-
-            raws = self.call(fetch, "list instances")
-            found.extend(self._instance(raw, region) for raw in raws)
+            token: str | None = None
+            while True:  # page by page: a failed page is asked again, not the listing
+                kw = {"Filters": filters, **({"NextToken": token} if token else {})}
+                page = self.call(partial(ec2.describe_instances, **kw), "list instances")
+                found.extend(self._instance(raw, region) for raw in instances_of(page))
+                if not (token := page.get("NextToken")):
+                    break
         return found
 
     def stop(self, ref: InstanceRef) -> None:

@@ -31,6 +31,12 @@ def apply(
     out.print(
         f"applied version {done.version}: {done.members} members, {done.grants} act_as grants"
     )
+    for role in done.missing:
+        err.print(
+            f"warning: no role {role} on the server: create it (CREATE ROLE {role} LOGIN) and "
+            "apply again to grant it the state's tables",
+            highlight=False,
+        )
 
 
 @policy_app.command("diff")

@@ -89,6 +89,7 @@ class Recorded:
 class _Throttle:
     count: int
     action: str | None
+    skip: int = 0  # matching requests let through first
 
 
 @dataclass
@@ -136,10 +137,11 @@ class Faults:
         with self._lock:
             self.quota[region] = code
 
-    def throttle(self, count: int, action: str | None = None) -> None:
-        """The next ``count`` EC2 requests (of ``action``, or any) get RequestLimitExceeded."""
+    def throttle(self, count: int, action: str | None = None, skip: int = 0) -> None:
+        """The next ``count`` EC2 requests (of ``action``, or any) get RequestLimitExceeded,
+        after ``skip`` of them are let through (e.g. a listing's second page)."""
         with self._lock:
-            self._throttles.append(_Throttle(count, action))
+            self._throttles.append(_Throttle(count, action, skip))
 
     def slow(self, seconds: float, action: str | None = None, count: int = 1) -> None:
         """The next ``count`` requests (of ``action``) wait ``seconds`` before being handled."""
@@ -192,6 +194,9 @@ class Faults:
         with self._lock:
             for t in self._throttles:
                 if t.count > 0 and t.action in (None, action):
+                    if t.skip > 0:
+                        t.skip -= 1
+                        continue
                     t.count -= 1
                     return True
             return False
