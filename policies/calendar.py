@@ -90,6 +90,25 @@ class Calendar:
         shift skips moves on by the shift; an ambiguous fall-back time is its first occurrence."""
         return datetime.combine(day, t).replace(tzinfo=self.tz, fold=0).astimezone(UTC)
 
+    def next_on(self, at: datetime, days: int = 15) -> datetime | None:
+        """The first instant after ``at`` within hours (a window's end or a working day's
+        midnight), within ``days``; None when there is none (``at`` within hours: itself)."""
+        if not self.is_off(at):
+            return at
+        return self._next(at, days, {time(0), *(w.end for w in self.spec.windows)}, off=False)
+
+    def next_off(self, at: datetime, days: int = 15) -> datetime | None:
+        """The first instant after ``at`` out of hours (a window's start or a day off's
+        midnight), within ``days``; None when the calendar has none."""
+        return self._next(at, days, {time(0), *(w.start for w in self.spec.windows)}, off=True)
+
+    def _next(self, at: datetime, days: int, times: set[time], off: bool) -> datetime | None:
+        today = self.local(at).date()
+        starts = sorted(
+            self.to_instant(today + timedelta(days=d), t) for d in range(days) for t in times
+        )
+        return next((s for s in starts if s > at and self.is_off(s) is off), None)
+
     def next_at(self, now: datetime, t: time) -> datetime:
         """The next instant (after ``now``) at local time ``t``: today's, or tomorrow's."""
         today = self.local(now).date()

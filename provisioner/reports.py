@@ -168,6 +168,7 @@ class Report:
             "idle_waste": money(self.idle_waste),
             "unpriced": [u.as_json() for u in self.unpriced],
             "savings": {r: money(m) for r, m in self.savings},
+            "savings_method": ledger.SAVINGS_METHOD,
             "rent_or_buy": [
                 {
                     "gpu": o.gpu,
@@ -275,7 +276,7 @@ def build(
     with app.db.session() as s:
         if scope.project is not None:
             _known_project(s, app, scope.project)
-        sums = _sums(s, period, now, scope, by)
+        sums = _sums(s, period, now, scope, by, _savings_bound(app))
         held_free = unpriced(s, period, now, scope)
     _add_idle_now(app, sums.waste, period, now, scope)
     st = _own_budget(app, budget_policy, period, now, scope, sums.native)
@@ -305,7 +306,32 @@ def _currency(app: App, currency: str | None, budget_policy: Policy | None) -> s
     return (currency or app.settings.currency).upper()
 
 
-def _sums(s: Session, period: Period, now: datetime, scope: Scope, by: str) -> _Sums:
+def _savings_bound(app: App) -> ledger.Bound:
+    """Where a scheduled stop's saving ends (:data:`ledger.SAVINGS_METHOD`), by the policies
+    of the machine's project and owner: an off-hours stop, when working hours begin again; a
+    stop within hours, when off-hours would have stopped it anyway; each at most 12 h on."""
+    from policies.calendar import Calendar
+    from policies.schema import matching
+
+    calendars: dict[tuple[str, str], Calendar | None] = {}
+
+    def bound(project: str, owner: str, at: datetime) -> datetime:
+        if (project, owner) not in calendars:
+            found = (p.off_hours for p in matching(app.policies, project, owner) if p.off_hours)
+            calendars[(project, owner)] = next((Calendar(oh) for oh in found), None)
+        cal, horizon = calendars[(project, owner)], at + ledger.SAVINGS_HORIZON
+        if cal is None:
+            return horizon
+        if cal.is_off(at):  # someone is back when the working hours begin
+            return cal.next_on(at) or horizon
+        return min(horizon, cal.next_off(at) or horizon)
+
+    return bound
+
+
+def _sums(
+    s: Session, period: Period, now: datetime, scope: Scope, by: str, bound: ledger.Bound
+) -> _Sums:
     """What the database sums for the report up to ``now``: usage by ``by``'s fields and by
     day, the sums over every machine and per (project, owner) priced once per rate, the
     forecast, savings and idle waste."""
@@ -323,7 +349,7 @@ def _sums(s: Session, period: Period, now: datetime, scope: Scope, by: str) -> _
         native,
         pairs,
         ledger.forecast(s, period, now, scope, actual=native),
-        ledger.savings(s, period, now, scope),
+        ledger.savings(s, period, now, scope, bound),
         ledger.idle_waste(s, period, now, scope),
     )
 

@@ -145,10 +145,33 @@ def test_groupings_and_days_add_up_to_the_total(app, clock):
 
 def test_savings_count_only_the_schedulers_stops(app, clock):
     month(app, clock)
+    far = lambda _p, _o, at: at + timedelta(days=30)  # noqa: E731  (nothing bounds them but restarts)
     with app.db.session() as s:
-        saved = ledger.savings(s, NOV, clock.now())
-    # holiday 36 h of us-spot, weekend 60 h of ru-res; the preemption gap is no saving
+        saved = ledger.savings(s, NOV, clock.now(), bound=far)
+        by_default = ledger.savings(s, NOV, clock.now())
+    # holiday 36 h of us-spot, weekend 60 h of ru-res (each until it started again); the
+    # preemption gap is no saving
     assert saved == {"off-hours": {"USD": 36 * Decimal("0.15"), "RUB": 60 * Decimal("47.50")}}
+    # with no calendar to say when someone is back, each stop counts 12 h at most
+    assert by_default == {"off-hours": {"USD": 12 * Decimal("0.15"), "RUB": 12 * Decimal("47.50")}}
+
+
+def test_a_stop_never_saves_past_the_machines_max_lifetime(app, clock):
+    """A machine that would have ended at its max lifetime saves nothing after it."""
+    clock.set(T(2, 9))
+    machines.up(
+        app,
+        Experiment.model_validate(
+            {**sandbox_experiment("short"), "lifecycle": {"max_lifetime": "4h"}}
+        ),
+    )
+    clock.set(T(2, 11))
+    machines.stop(app, "short", reason="idle")
+    clock.set(T(4, 0))
+    far = lambda _p, _o, at: at + timedelta(days=30)  # noqa: E731
+    with app.db.session() as s:
+        saved = ledger.savings(s, NOV, clock.now(), bound=far)
+    assert saved == {"idle": {"USD": 2 * Decimal("0.15")}}  # 11:00 → 13:00, its lifetime's end
 
 
 def test_forecast_is_spent_plus_committed_plus_relaunches_and_nothing_extrapolated(app, clock):
@@ -246,3 +269,46 @@ def test_period_in_a_policy_timezone_and_bad_input():
         Period.parse("November")
     with pytest.raises(ValueError, match="before it starts"):
         Period.parse("2026-11-15..2026-11-01")
+
+
+def test_report_savings_end_when_working_hours_begin_not_at_the_periods_end(home, clock, tmp_path):
+    """A machine the off-hours rule stopped on Friday evening and nobody started again: the
+    report counts it until Monday 08:00, when someone is back — not to the month's end; a
+    stop within hours counts until the evening's off-hours would have stopped it anyway. The
+    method is said beside the figure."""
+    import json
+
+    from provisioner import reports
+    from provisioner.app import App
+    from tests.conftest import make_settings, run_cli, write_settings, write_yaml
+
+    policy = write_yaml(
+        tmp_path / "nights.yaml",
+        {
+            "name": "nights",
+            "off_hours": {
+                "timezone": "UTC",
+                "windows": [{"days": "mon-fri", "start": "19:00", "end": "08:00"}],
+            },
+        },
+    )
+    app = App(make_settings(home, policies=[str(policy)]), clock)
+    clock.set(T(2, 9))
+    up(app, "weekend")
+    up(app, "afternoon")
+    clock.set(T(2, 14))
+    machines.stop(app, "afternoon", reason="idle")  # Monday 14:00: off-hours from 19:00
+    clock.set(T(6, 20))
+    machines.stop(app, "weekend", reason="off-hours-idle")  # Friday 20:00
+    clock.set(datetime(2026, 12, 1, 3, tzinfo=UTC))
+    r = reports.build(app, NOV)
+    app.close()
+    saved = {k: v.amount for k, v in r.savings}
+    assert saved == {"off-hours-idle": 60 * Decimal("0.15"), "idle": 5 * Decimal("0.15")}
+    cfg = write_settings(home, policies=[str(policy)])
+    js = run_cli(
+        "--config", str(cfg), "report", "--period", "2026-11", "-o", "json", now=clock.now()
+    )
+    assert "never to the period's end" in json.loads(js.stdout)["savings_method"]
+    text = run_cli("--config", str(cfg), "report", "--period", "2026-11", now=clock.now()).stdout
+    assert "never to the period's end" in " ".join(text.split())

@@ -71,7 +71,7 @@ def test_budget_report_by_mail(rapp, clock, smtp_server):  # noqa: F811
     text = msg.get_body(("plain",)).get_content()
     assert "Spent: $485.39 (billed as RUB30,158.94 + $108.41)" in text
     assert "Rates used: 1 USD = 80 RUB" in text
-    assert "off hours $41.03" in text  # 36 h × 0.15 + 60 h × 47.50 / 80
+    assert "off hours $8.93" in text  # 12 h × 0.15 + 12 h × 47.50 / 80 (no calendar: 12 h)
     html = msg.get_body(("html",)).get_content()
     assert '<img src="cid:chart"' in html and "$485.39" in html
     [img] = [p for p in msg.walk() if p.get_content_type() == "image/png"]
@@ -163,7 +163,9 @@ def test_cli_outputs(home, clock, tmp_path):
     data = json.loads(js.stdout)
     assert data["total"] == Money(usd, "USD").as_json()
     assert [ln["key"] for ln in data["lines"]] == ["ru-res", "us-spot", "us-a100"]
-    assert data["savings"] == {"off-hours": {"amount": "41.03", "currency": "USD"}}
+    # no off-hours calendar says when someone is back: each stop counts 12 h (1.80 USD of
+    # us-spot, 570 RUB of ru-res), not until it started again (41.03 USD)
+    assert data["savings"] == {"off-hours": {"amount": "8.93", "currency": "USD"}}
     table = run_cli(*args, "--by", "cloud", now=clock.now())
     assert table.returncode == 0 and "sandbox" in table.stdout and f"${usd:,}" in table.stdout
     bad = run_cli("--config", str(cfg), "report", "--period", "Nov")

@@ -132,6 +132,8 @@ def _table(r: Any, previous: Any = None) -> None:
     saved = ", ".join(f"{f.reason(reason)} {f.money(m)}" for reason, m in r.savings) or f.t("none")
     out.print(f"{f.t('idle')}: {f.money(r.idle_waste)}", highlight=False)
     out.print(f"{f.t('savings')}: {saved}", highlight=False)
+    if r.savings:
+        out.print(f"  [dim]{f.t('savings_method')}[/]", highlight=False)
     if r.unpriced:
         out.print(f"{f.t('unpriced')}:", highlight=False)
         for u in r.unpriced:

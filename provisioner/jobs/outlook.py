@@ -6,7 +6,7 @@ scheduler's own rules (:func:`provisioner.jobs.sweep.decide`, the recovery's
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import datetime, time, timedelta
+from datetime import datetime
 from functools import lru_cache
 from typing import Any
 
@@ -50,15 +50,9 @@ class Move:
 
 @lru_cache(maxsize=64)  # one answer per policy calendar per pass, not one per machine
 def next_off(cal: Calendar, now: datetime) -> datetime | None:
-    """The first instant after ``now`` that is out of hours (a window's start or a day off's
-    midnight), within two weeks; None when the calendar has none."""
-    today = cal.local(now).date()
-    starts = sorted(
-        cal.to_instant(today + timedelta(days=d), t)
-        for d in range(15)
-        for t in {time(0), *(w.start for w in cal.spec.windows)}
-    )
-    return next((at for at in starts if at > now and cal.is_off(at)), None)
+    """The first instant after ``now`` that is out of hours, within two weeks
+    (:meth:`Calendar.next_off`); None when the calendar has none."""
+    return cal.next_off(now)
 
 
 def _local(cal: Calendar, at: datetime, now: datetime) -> str:

@@ -13,6 +13,9 @@ In four parts, lowest first: ``periods`` (a month, a week, a range of days), ``r
 
 from provisioner.ledger.periods import DAY, SECONDS_PER_HOUR, Period, hours, midnight
 from provisioner.ledger.projections import (
+    SAVINGS_HORIZON,
+    SAVINGS_METHOD,
+    Bound,
     Forecast,
     commitments,
     forecast,
@@ -34,7 +37,10 @@ __all__ = [
     "DAY",
     "FIELDS",
     "LABEL",
+    "SAVINGS_HORIZON",
+    "SAVINGS_METHOD",
     "SECONDS_PER_HOUR",
+    "Bound",
     "Forecast",
     "Period",
     "Scope",

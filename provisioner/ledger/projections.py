@@ -3,6 +3,7 @@ and idle waste."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -180,11 +181,30 @@ def _overlap(lo: datetime, hi: datetime, start: datetime, end: datetime) -> time
     return max(min(hi, end) - max(lo, start), timedelta(0))
 
 
+#: How long a stopped machine is counted as saving when nothing else bounds it: a machine left
+#: running idle would be noticed within a working day. Said beside the figure (SAVINGS_METHOD).
+SAVINGS_HORIZON = timedelta(hours=12)
+SAVINGS_METHOD = (
+    "each scheduled stop counts the machine's compute rate until the earliest of: it started "
+    "again or was deleted, its max lifetime would have ended it, its policy's working hours "
+    "began again (an off-hours stop), or 12 h after the stop — never to the period's end"
+)
+
+#: (project, owner, the stop's instant) → the latest instant the stop may count to
+Bound = Callable[[str, str, datetime], datetime]
+
+
+def _horizon(_project: str, _owner: str, at: datetime) -> datetime:
+    return at + SAVINGS_HORIZON
+
+
 def savings(
-    s: Session, period: Period, now: datetime, scope: Scope = Scope()
+    s: Session, period: Period, now: datetime, scope: Scope = Scope(), bound: Bound = _horizon
 ) -> dict[str, Amounts]:
     """What the scheduler's stops saved in ``period``, by reason: the compute rate times the
-    hours each machine stayed stopped (until it started again, was terminated, or now)."""
+    hours each machine would have run but stayed stopped — until it started again, was
+    terminated, its max lifetime's end, or ``bound`` (:data:`SAVINGS_METHOD`), within the
+    period up to now."""
     to = period.clip(now)
     next_start = (
         select(func.min(UsageInterval.started_at))
@@ -205,6 +225,8 @@ def savings(
             Machine.currency,
             Machine.project,
             Machine.owner,
+            Machine.launched_at,
+            Machine.spec,
         )
         .join(Machine, Machine.id == Event.machine_id)
         .where(
@@ -218,11 +240,24 @@ def savings(
     )
     admits = scope.admitter()
     out: dict[str, Amounts] = {}
-    for at, reason, restarted, terminated, rate, currency, project, owner in s.execute(q):
+    for (
+        at,
+        reason,
+        restarted,
+        terminated,
+        rate,
+        currency,
+        project,
+        owner,
+        launched,
+        spec,
+    ) in s.execute(q):
         if not admits(project, owner):
             continue
-        until = min(t for t in (restarted, terminated, to) if t is not None)
-        gap = _overlap(at, until, period.start, to)
+        ends = [restarted, terminated, to, bound(project, owner, at)]
+        if launched is not None and (ttl := max_lifetime(spec)) is not None:
+            ends.append(launched + ttl)  # it would have ended there anyway
+        gap = _overlap(at, min(t for t in ends if t is not None), period.start, to)
         if gap and reason and currency and rate is not None:
             out.setdefault(reason, Amounts()).add(currency, rate * hours(gap))
     return out
