@@ -129,22 +129,31 @@ def bill(app: App, period_text: str | None, cloud: str | None, by: str) -> BillR
         period = Period.parse(period_text) if period_text else Period.month(now)
     except ValueError as e:
         raise UserError(f"--period: {e}") from None
-    names = _clouds(app, cloud)
-    out, unsupported, skipped, fetched = [], {}, {}, []
-    for name in names:
-        try:
-            fetched.append(_fetch(app, name, period, now))
-        except BillingUnsupported as e:
-            unsupported[name] = str(e)
-        except Uncredentialed as e:  # every enabled cloud: one without credentials is skipped
-            skipped[name] = str(e)
+    fetched, unsupported, skipped = _fetch_all(app, _clouds(app, cloud), period, now)
     if cloud and (cloud in unsupported or cloud in skipped):
         raise UserError(unsupported.get(cloud) or skipped[cloud])
+    out = []
     for got in fetched:  # every bill checked (_fetch) before anything is stored
         cb = reconcile(app, period, got, by)
         _remember(app, period, cb)
         out.append(cb)
     return BillReport(period, by, out, unsupported, skipped)
+
+
+def _fetch_all(
+    app: App, names: list[str], period: Period, now: datetime
+) -> tuple[list[Bill], dict[str, str], dict[str, str]]:
+    """Each cloud's bill; the clouds with no billing source, and those without credentials
+    (skipped: with every cloud enabled, one without credentials stops no other), with why."""
+    fetched, unsupported, skipped = [], {}, {}
+    for name in names:
+        try:
+            fetched.append(_fetch(app, name, period, now))
+        except BillingUnsupported as e:
+            unsupported[name] = str(e)
+        except Uncredentialed as e:
+            skipped[name] = str(e)
+    return fetched, unsupported, skipped
 
 
 def _clouds(app: App, cloud: str | None) -> list[str]:
@@ -199,20 +208,27 @@ def check(got: Bill, start: date, end: date) -> None:
     that is not: a finite amount within reason, a currency code, a day of the period asked
     [start, end), a known kind, usage hours finite and not negative."""
     for i in got.items:
-        where = f"the line of {getattr(i, 'day', '?')} {getattr(i, 'what', '')!r}"
-        amount, hours = getattr(i, "amount", None), getattr(i, "usage_hours", None)
-        if not isinstance(amount, Decimal) or not amount.is_finite() or abs(amount) >= MAX_AMOUNT:
-            raise _malformed(got.cloud, f"{where}: amount {amount!s} is not an amount")
-        if not isinstance(i.currency, str) or not re.fullmatch(r"[A-Z]{3}", i.currency):
-            raise _malformed(got.cloud, f"{where}: currency {i.currency!r} is not a code")
-        if not isinstance(i.day, date) or not start <= i.day < end:
-            raise _malformed(got.cloud, f"{where}: day {i.day} is not in {start}…{end}")
-        if i.kind not in KINDS:
-            raise _malformed(got.cloud, f"{where}: kind {i.kind!r} is not one of the ledger's")
-        if hours is not None and (
-            not isinstance(hours, Decimal) or not hours.is_finite() or not 0 <= hours < MAX_HOURS
-        ):
-            raise _malformed(got.cloud, f"{where}: usage hours {hours!s} are not hours")
+        if why := _bad_field(i, start, end):
+            where = f"the line of {getattr(i, 'day', '?')} {getattr(i, 'what', '')!r}"
+            raise _malformed(got.cloud, f"{where}: {why}")
+
+
+def _bad_field(i: Any, start: date, end: date) -> str | None:
+    """What is wrong with one billed line's fields (None: nothing)."""
+    amount, hours = getattr(i, "amount", None), getattr(i, "usage_hours", None)
+    if not isinstance(amount, Decimal) or not amount.is_finite() or abs(amount) >= MAX_AMOUNT:
+        return f"amount {amount!s} is not an amount"
+    if not isinstance(i.currency, str) or not re.fullmatch(r"[A-Z]{3}", i.currency):
+        return f"currency {i.currency!r} is not a code"
+    if not isinstance(i.day, date) or not start <= i.day < end:
+        return f"day {i.day} is not in {start}…{end}"
+    if i.kind not in KINDS:
+        return f"kind {i.kind!r} is not one of the ledger's"
+    if hours is not None and not (
+        isinstance(hours, Decimal) and hours.is_finite() and 0 <= hours < MAX_HOURS
+    ):
+        return f"usage hours {hours!s} are not hours"
+    return None
 
 
 # --- the ledger beside the bill ------------------------------------------------------------

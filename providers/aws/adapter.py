@@ -394,8 +394,6 @@ class AWSProvider(Provider):
     def _run_params(
         self, request: LaunchRequest, zone: str, image: str, root_device: str
     ) -> dict[str, Any]:
-        tags = {**request.labels, "Name": request.name}
-        instance_tags = {**tags, TAG_TOKEN: request.token}
         params: dict[str, Any] = {
             "ImageId": image,
             "InstanceType": request.instance_type,
@@ -403,13 +401,7 @@ class AWSProvider(Provider):
             "MaxCount": 1,
             "ClientToken": request.token,
             "Placement": {"AvailabilityZone": zone},
-            "TagSpecifications": [  # each piece billed apart: the public IPv4 to the ENI
-                {
-                    "ResourceType": kind,
-                    "Tags": tag_list(instance_tags if kind == "instance" else tags),
-                }
-                for kind in ("instance", "volume", "network-interface")  # RunInstances' doc
-            ],
+            "TagSpecifications": _tag_specs(request),
             "BlockDeviceMappings": [
                 {
                     "DeviceName": root_device,
@@ -523,3 +515,16 @@ def _answered(
     }
     left.clear()
     return out
+
+
+def _tag_specs(request: LaunchRequest) -> list[dict[str, Any]]:
+    """RunInstances' tags for each piece AWS bills apart: the instance (with the launch's
+    token), its root volume, its network interface (where a public IPv4 address is billed);
+    "Instances, Volumes, Spot Instance requests, Network interfaces" (RunInstances'
+    TagSpecifications, botocore's ec2 model)."""
+    tags = {**request.labels, "Name": request.name}
+    return [
+        {"ResourceType": "instance", "Tags": tag_list({**tags, TAG_TOKEN: request.token})},
+        {"ResourceType": "volume", "Tags": tag_list(tags)},
+        {"ResourceType": "network-interface", "Tags": tag_list(tags)},
+    ]

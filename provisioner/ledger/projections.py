@@ -240,27 +240,22 @@ def savings(
     )
     admits = scope.admitter()
     out: dict[str, Amounts] = {}
-    for (
-        at,
-        reason,
-        restarted,
-        terminated,
-        rate,
-        currency,
-        project,
-        owner,
-        launched,
-        spec,
-    ) in s.execute(q):
-        if not admits(project, owner):
+    for row in s.execute(q):
+        if not admits(row.project, row.owner):
             continue
-        ends = [restarted, terminated, to, bound(project, owner, at)]
-        if launched is not None and (ttl := max_lifetime(spec)) is not None:
-            ends.append(launched + ttl)  # it would have ended there anyway
-        gap = _overlap(at, min(t for t in ends if t is not None), period.start, to)
-        if gap and reason and currency and rate is not None:
-            out.setdefault(reason, Amounts()).add(currency, rate * hours(gap))
+        gap = _overlap(row.at, _saved_until(row, to, bound), period.start, to)
+        if gap and row.reason and row.currency and row.rate is not None:
+            out.setdefault(row.reason, Amounts()).add(row.currency, row.rate * hours(gap))
     return out
+
+
+def _saved_until(row: Any, to: datetime, bound: Bound) -> datetime:
+    """Where one stop's saving ends: it started again (``row[2]``), it was terminated, ``to``,
+    the ``bound``, or where its max lifetime would have ended it anyway."""
+    ends = [row[2], row.terminated_at, to, bound(row.project, row.owner, row.at)]
+    if row.launched_at is not None and (ttl := max_lifetime(row.spec)) is not None:
+        ends.append(row.launched_at + ttl)
+    return min(t for t in ends if t is not None)
 
 
 def idle_waste(s: Session, period: Period, now: datetime, scope: Scope = Scope()) -> Amounts:

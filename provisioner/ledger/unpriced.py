@@ -61,17 +61,27 @@ def unpriced(s: Session, period: Period, now: datetime, scope: Scope = Scope()) 
     for m in s.scalars(select(Machine).where(*alive, *scope.clauses())):
         if admits(m.project, m.owner):
             counts.update((piece, str(m.cloud)) for piece in unpriced_pieces(m))
-    if scope.gpu is None and scope.machine is None:  # a volume has no GPU and is no machine
-        vols = select(Volume).where(
-            Volume.rate.is_(None),
-            Volume.created_at < end,
-            or_(Volume.deleted_at.is_(None), Volume.deleted_at > period.start),
-            *([Volume.cloud == scope.cloud] if scope.cloud is not None else []),
-        )
-        for v in s.scalars(vols):
-            if v.volume_id and admits(v.project, v.owner) and _in(scope, v):
-                counts[("volume", v.cloud)] += 1
+    counts.update(("volume", cloud) for cloud in _volumes(s, period, end, scope))
     return [Unpriced(p, c, n) for (p, c), n in sorted(counts.items(), key=lambda kv: kv[0][::-1])]
+
+
+def _volumes(s: Session, period: Period, end: datetime, scope: Scope) -> list[str]:
+    """The cloud of each volume alive in the period that has no price (none in a scope of a
+    GPU or a machine: a volume has no GPU and is no machine)."""
+    if scope.gpu is not None or scope.machine is not None:
+        return []
+    vols = select(Volume).where(
+        Volume.rate.is_(None),
+        Volume.created_at < end,
+        or_(Volume.deleted_at.is_(None), Volume.deleted_at > period.start),
+        *([Volume.cloud == scope.cloud] if scope.cloud is not None else []),
+    )
+    admits = scope.admitter()
+    return [
+        v.cloud
+        for v in s.scalars(vols)
+        if v.volume_id and admits(v.project, v.owner) and _in(scope, v)
+    ]
 
 
 def _in(scope: Scope, v: Volume) -> bool:
