@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from functools import cached_property
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from providers.base import Provider
 from provisioner import acting, catalog
@@ -24,13 +24,19 @@ class App:
         self.clock = clock or Clock()
         self._providers: dict[str, Provider] = {}
         self._actor: str | None = None
+        #: the command this App serves (``up``, ``token create``), for a refusal's words
+        self.command: str | None = None
 
     @cached_property
     def db(self) -> Database:
         from provisioner.state import Database  # SQLAlchemy costs ~0.2 s: only when state is used
 
         db = Database(self.settings.database_url, self.settings.database)
-        db.migrate()
+        db.migrate(simulated=self.clock.simulated)
+        if self.clock.simulated and not db.simulated:  # a real state: look, never write
+            from provisioner import realclock
+
+            realclock.refuse_writes(db, self.command)
         if self._actor is None:  # every event records who caused it
             from provisioner import identity
 
@@ -59,9 +65,16 @@ class App:
             self.db.actor = who
 
     def provider(self, cloud: str) -> Provider:
-        """The adapter for ``cloud``, built once with its options from settings."""
+        """The adapter for ``cloud``, built once with its options from settings; on a simulated
+        clock over a real state, one that may be asked but not act
+        (:class:`provisioner.realclock.LookOnly`)."""
         if cloud not in self._providers:
-            self._providers[cloud] = self.settings.adapter(cloud, self.clock.now)
+            provider = self.settings.adapter(cloud, self.clock.now)
+            if self.clock.simulated and not self.db.simulated:  # a what-if: ask, never act
+                from provisioner import realclock
+
+                provider = cast(Provider, realclock.LookOnly(provider, self.command))
+            self._providers[cloud] = provider
         return self._providers[cloud]
 
     def use_provider(self, cloud: str, provider: Provider) -> None:

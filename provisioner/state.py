@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import create_engine, event, select, text
+from sqlalchemy import create_engine, event, inspect, select, text
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import DBAPIError, InvalidRequestError
 from sqlalchemy.orm import Session, sessionmaker
@@ -25,7 +25,14 @@ from sqlalchemy.orm import Session, sessionmaker
 from provisioner import acting
 from provisioner.errors import OperationFailed, UserError
 from provisioner.models import ACTIVE_EXCLUDED, Event, Machine
-from provisioner.schema import MIGRATIONS, _revisions, schema_head
+from provisioner.schema import (
+    MIGRATIONS,
+    SIMULATED,
+    STATE_CLOCK,
+    STATE_CLOCK_SQL,
+    _revisions,
+    schema_head,
+)
 from provisioner.settings import DatabaseSettings
 
 
@@ -39,6 +46,7 @@ class Database:
         self.engine = _engine(url, timeouts or DatabaseSettings())
         self.sessions = sessionmaker(self.engine, expire_on_commit=False, info={})
         event.listen(self.sessions, "before_flush", _stamp_actor)
+        self._simulated: bool | None = None
 
     @property
     def actor(self) -> str | None:
@@ -50,13 +58,17 @@ class Database:
     def actor(self, who: str | None) -> None:
         self.sessions.kw["info"]["actor"] = who
 
-    def migrate(self) -> None:
+    def migrate(self, *, simulated: bool = False) -> None:
         """Bring the schema to the newest Alembic revision. Idempotent, and safe when several
         processes start at once on a new database: one migrates, the others wait and find it
         done (a file lock beside a SQLite file; an advisory lock on PostgreSQL). A database
         already at :func:`schema_head` costs one query, not Alembic's start-up (~90 ms).
         A database that cannot be read, or one a newer provisioner migrated, is left as it is:
-        :class:`DatabaseUnusable`."""
+        :class:`DatabaseUnusable`.
+
+        ``simulated``: this process runs on a simulated clock; a state this call makes (there
+        was no schema at all) is marked as made on one (:mod:`provisioner.realclock`). A state
+        that exists, at any revision, is never marked."""
         revision = self._revision()
         if revision == schema_head():
             return
@@ -76,7 +88,24 @@ class Database:
             if conn.dialect.name == "postgresql":
                 conn.execute(text("SELECT pg_advisory_xact_lock(7270011)"))
             cfg.attributes["connection"] = conn
+            made = simulated and not inspect(conn).has_table("alembic_version")
             command.upgrade(cfg, "head")
+            if made:  # in the migration's transaction: a state is made marked, or not at all
+                conn.execute(
+                    text("INSERT INTO state_meta (key, value) VALUES (:k, :v)"),
+                    {"k": STATE_CLOCK, "v": SIMULATED},
+                )
+
+    @property
+    def simulated(self) -> bool:
+        """Whether this state was made on a simulated clock (:meth:`migrate`): read once."""
+        if self._simulated is None:
+            try:
+                with self.engine.connect() as conn:
+                    self._simulated = conn.execute(text(STATE_CLOCK_SQL)).scalar() == SIMULATED
+            except DBAPIError:  # not readable (not migrated, not granted): a real state
+                self._simulated = False
+        return self._simulated
 
     def _revision(self) -> str | None:
         """The schema's revision; None for a new database (no version table yet)."""
