@@ -24,8 +24,12 @@ class App:
         self.clock = clock or Clock()
         self._providers: dict[str, Provider] = {}
         self._actor: str | None = None
-        #: the command this App serves (``up``, ``token create``), for a refusal's words
+        #: the command this App serves (``up``, ``token create``), for a refusal's words, and
+        #: whether it writes the state or acts on a cloud: on a simulated clock over a real
+        #: state such a command is refused when it first opens the state or a provider; any
+        #: other only looks, its writes and acts refused (:mod:`provisioner.realclock`)
         self.command: str | None = None
+        self.acts = False
 
     @cached_property
     def db(self) -> Database:
@@ -36,7 +40,11 @@ class App:
         if self.clock.simulated and not db.simulated:  # a real state: look, never write
             from provisioner import realclock
 
-            realclock.refuse_writes(db, self.command)
+            try:
+                realclock.on_real_state(self, db)
+            except BaseException:
+                db.dispose()
+                raise
         if self._actor is None:  # every event records who caused it
             from provisioner import identity
 

@@ -6,16 +6,19 @@ marked later. On a *real* state — every state made on the wall clock, a team's
 whose members cannot write ``state_meta`` — a command on a simulated clock may look (``plan``,
 ``report``, ``status`` as recorded, ``events``…) but writes nothing and acts on no cloud: a
 budget, an event or a ledger row dated in another year would be everyone's. A command that
-writes or acts is refused with one line (exit 2) before it does anything
-(:func:`require_real_clock`, one call; the CLI makes it for every command that is not a
-what-if), and any write a looking command would make is refused the same way at the database
-(:func:`refuse_writes`), so a command nobody listed cannot slip through. On a simulated state
-— the tests', a throwaway what-if's — everything runs on its clock, and ``status`` says so.
+writes or acts (the CLI marks every one not in ``cli.WHAT_IFS``: a new one acts until listed)
+is refused with one line (exit 2) before it reads its input (:func:`refuse_early`) and, in any
+case, when it opens the state (:func:`on_real_state`); :func:`require_real_clock` is the one
+call for anything else. Whatever a looking command would write or do is refused the same way
+at the database (:func:`refuse_writes`) and at the provider (:class:`LookOnly`), so what
+nobody listed cannot slip through. On a simulated state — the tests', a throwaway what-if's —
+everything runs on its clock, and ``status`` says so.
 """
 
 from __future__ import annotations
 
 from datetime import datetime
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from provisioner.clock import CLOCK_ENV
@@ -69,21 +72,58 @@ def what_if(app: App) -> bool:
     return bool(app.clock.simulated) and not app.db.simulated
 
 
-def refusal(command: str | None) -> RealClockOnly:
+ACTS = "writes the state and acts on a cloud"
+
+
+def refusal(command: str | None, does: str = ACTS) -> RealClockOnly:
     """The one line that refuses ``command`` (e.g. ``up``, ``token create``)."""
     what = f"`{command}`" if command else "this command"
     return RealClockOnly(
-        f"{CLOCK_ENV} moves time for plan and report what-ifs only; {what} writes the state"
-        f" and acts on a cloud on the real clock (unset {CLOCK_ENV})"
+        f"{CLOCK_ENV} moves time for plan and report what-ifs only; {what} {does} on the real"
+        f" clock (unset {CLOCK_ENV})"
     )
 
 
-def require_real_clock(app: App, command: str | None = None) -> None:
-    """Refuse (:class:`RealClockOnly`) a command that writes the state or acts on a cloud when
-    ``app`` runs on a simulated clock over a real state: the one call such a command makes
-    before it does anything (the CLI makes it for every command that is not a what-if)."""
+def require_real_clock(app: App, command: str | None = None, does: str = ACTS) -> None:
+    """Refuse (:class:`RealClockOnly`) a command that writes the state or acts on a cloud
+    (or, as ``does`` says, elsewhere) when ``app`` runs on a simulated clock over a real
+    state: the one call such a command makes before it does anything (the CLI makes it for
+    every command that is not a what-if)."""
     if what_if(app):
-        raise refusal(command or app.command)
+        raise refusal(command or app.command, does)
+
+
+def refuse_early(app: App) -> None:
+    """Refuse a command that acts, on a simulated clock, over a real state, before it reads
+    its input; a state not there yet is left to be made (on this clock: a simulated one)."""
+    if app.clock.simulated and app.acts and _state_exists(app.settings.database_url):
+        app.db  # noqa: B018  (opening it refuses: on_real_state)
+
+
+def _state_exists(url: str) -> bool:
+    if url.startswith("sqlite"):
+        path = url.split("///", 1)[1] if "///" in url else ""
+        return (
+            bool(path)
+            and path != ":memory:"
+            and Path(path).is_file()
+            and bool(Path(path).stat().st_size)
+        )
+    from provisioner.state import Database
+
+    db = Database(url)
+    try:
+        return db.revision() is not None
+    finally:
+        db.dispose()
+
+
+def on_real_state(app: App, db: Database) -> None:
+    """``app``, on a simulated clock, opened ``db``, a real state: a command that acts is
+    refused now, before it writes or acts; one that looks may read, never write."""
+    if app.acts:
+        raise refusal(app.command)
+    refuse_writes(db, app.command)
 
 
 def refuse_writes(db: Database, command: str | None) -> None:

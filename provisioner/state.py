@@ -69,7 +69,7 @@ class Database:
         ``simulated``: this process runs on a simulated clock; a state this call makes (there
         was no schema at all) is marked as made on one (:mod:`provisioner.realclock`). A state
         that exists, at any revision, is never marked."""
-        revision = self._revision()
+        revision = self.revision()
         if revision == schema_head():
             return
         if revision is not None and revision not in _revisions()[0]:
@@ -107,7 +107,7 @@ class Database:
                 self._simulated = False
         return self._simulated
 
-    def _revision(self) -> str | None:
+    def revision(self) -> str | None:
         """The schema's revision; None for a new database (no version table yet)."""
         try:  # one query: asking first whether the table exists would be a second
             with self.engine.connect() as conn:

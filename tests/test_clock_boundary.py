@@ -133,6 +133,9 @@ def test_plan_report_status_and_events_are_what_ifs_on_a_real_state(real, home):
         assert "Traceback" not in r.stderr
     assert state_rows(url) == before
     assert cloud_machines(home) == cloud
+    mailed = run_cli("--config", str(cfg), "report", "--to", "cfo@example.com", env=SHIFTED)
+    assert mailed.returncode == 2
+    assert "`report --email` sends the report on the real clock" in mailed.stderr
     st = run_cli("--config", str(cfg), "status", "-o", "json", env=SHIFTED)
     assert "a what-if at 2020-01-15 10:00 UTC: the machines as recorded" in st.stderr
     assert "simulated" not in st.stderr  # a real state: nothing says otherwise

@@ -90,8 +90,8 @@ WHAT_IFS = frozenset(
 
 def get_app(ctx: typer.Context, clock: Any = None) -> Any:
     """The application for this command (settings loaded, database opened lazily). On a
-    simulated clock, a command not in :data:`WHAT_IFS` is refused unless the state is a
-    simulated one (:func:`provisioner.realclock.require_real_clock`)."""
+    simulated clock, a command not in :data:`WHAT_IFS` is refused when it first opens the
+    state or a provider, unless the state is a simulated one (:mod:`provisioner.realclock`)."""
     from provisioner.app import App  # pydantic settings, the provider registry: not for --help
     from provisioner.clock import clock_from_env  # as above
     from provisioner.settings import load_settings  # as above
@@ -100,11 +100,12 @@ def get_app(ctx: typer.Context, clock: Any = None) -> Any:
     config = (root.obj or {}).get("config")
     application = App(load_settings(config), clock or clock_from_env())
     application.command = command_name(ctx)
-    if application.clock.simulated and application.command not in WHAT_IFS:
-        from provisioner.realclock import require_real_clock  # as above
+    application.acts = application.command not in WHAT_IFS
+    if application.clock.simulated:
+        from provisioner.realclock import refuse_early  # as above
 
         try:
-            require_real_clock(application)
+            refuse_early(application)
         except BaseException:
             application.close()
             raise
