@@ -90,8 +90,9 @@ WHAT_IFS = frozenset(
 
 def get_app(ctx: typer.Context, clock: Any = None) -> Any:
     """The application for this command (settings loaded, database opened lazily). On a
-    simulated clock, a command not in :data:`WHAT_IFS` is refused when it first opens the
-    state or a provider, unless the state is a simulated one (:mod:`provisioner.realclock`)."""
+    simulated clock, a command not in :data:`WHAT_IFS` is refused at once over a real state
+    (:mod:`provisioner.realclock`); a state not there yet is made, a simulated one, when the
+    command first opens it."""
     from provisioner.app import App  # pydantic settings, the provider registry: not for --help
     from provisioner.clock import clock_from_env  # as above
     from provisioner.settings import load_settings  # as above
