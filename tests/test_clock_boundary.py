@@ -14,9 +14,10 @@ from alembic import command
 from alembic.config import Config
 from sqlalchemy import inspect, select, text
 
+from providers.base import InstanceRef
 from provisioner.app import App
 from provisioner.clock import CLOCK_ENV, Clock, ShiftedClock
-from provisioner.models import Event
+from provisioner.models import Event, Machine
 from provisioner.realclock import RealClockOnly
 from provisioner.schema import MIGRATIONS, EventKind
 from provisioner.settings import load_settings
@@ -141,23 +142,31 @@ def test_plan_report_status_and_events_are_what_ifs_on_a_real_state(real, home):
     assert "simulated" not in st.stderr  # a real state: nothing says otherwise
 
 
-def test_a_write_nobody_listed_is_refused_at_the_database(real):
-    """The App on a shifted clock over a real state may read, and any write it would make is
-    refused in the same words, before it reaches the database."""
+def test_a_write_or_act_nobody_listed_is_refused_at_the_database_and_the_cloud(real, home):
+    """The App on a shifted clock over a real state may read and ask, and any write or act it
+    would make is refused in the same words, before it reaches the database or the cloud."""
     cfg, url, _ = real
-    before = state_rows(url)
+    before, cloud = state_rows(url), cloud_machines(home)
     app = App(load_settings(str(cfg)), ShiftedClock(TEST_START))
     app.command = "report"
     try:
         with app.db.session() as s:
             first = s.scalars(select(Event)).first()
-            assert first is not None
+            machine = s.get(Machine, first.machine_id) if first else None
+        assert first is not None and machine is not None
         at = app.clock.now()
         with pytest.raises(RealClockOnly, match="`report` writes the state"), app.db.session() as s:
             s.add(Event(machine_id=first.machine_id, at=at, kind=EventKind.STOPPED))
+        sandbox = app.provider("sandbox")
+        ref = InstanceRef(machine.instance_id or "", machine.region or "", machine.zone or "")
+        assert sandbox.get(ref).state == "running"  # asking is looking
+        for act in (sandbox.stop, sandbox.terminate):
+            with pytest.raises(RealClockOnly, match="`report` writes the state"):
+                act(ref)
     finally:
         app.close()
     assert state_rows(url) == before
+    assert cloud_machines(home) == cloud
 
 
 def test_a_state_made_on_a_shifted_clock_is_simulated_and_says_so(home, tmp_path, db_url):
