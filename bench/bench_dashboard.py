@@ -67,12 +67,13 @@ def populate_fleet(home: Path, n: int, state_url: str | None) -> None:
     from sqlalchemy import insert
 
     from provisioner.app import App
+    from provisioner.clock import ManualClock
     from provisioner.models import Event, Heartbeat, Machine, UsageInterval, epoch_us
 
     (home / "policies").mkdir(parents=True, exist_ok=True)
     for p in POLICIES:
         (home / "policies" / f"{p['name']}.yaml").write_text(yaml.safe_dump(p))
-    app = App(settings(home, state_url))
+    app = App(settings(home, state_url), ManualClock(NOW))  # the clock the pages run on
     rnd = random.Random(7)
     t0 = time.perf_counter()
     start = NOW - timedelta(days=3)

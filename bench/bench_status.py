@@ -58,10 +58,13 @@ def populate(home: Path, n: int, url: str | None = None) -> None:
     from sqlalchemy import insert
 
     from provisioner.app import App
+    from provisioner.clock import ManualClock
     from provisioner.models import Event, Machine, UsageInterval, epoch_us
     from provisioner.settings import Settings
 
-    app = App(Settings(home=home, state_url=url))
+    # made on the clock `status` then runs on (PROVISIONER_CLOCK): a simulated-clock state,
+    # which `status` reconciles as a user's real one on the real clock (provisioner.realclock)
+    app = App(Settings(home=home, state_url=url), ManualClock(NOW))
     machines, usage, events, instances = [], [], [], []
     for i in range(n):
         cur, rate = RATES[i % len(RATES)]

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from functools import cached_property
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from providers.base import Provider
 from provisioner import acting, catalog
@@ -25,13 +25,27 @@ class App:
         self._providers: dict[str, Provider] = {}
         self._actor: str | None = None
         self._rules_version: int | None = None  # of the team's rules app.policies holds
+        #: the command this App serves (``up``, ``token create``), for a refusal's words, and
+        #: whether it writes the state or acts on a cloud: on a simulated clock over a real
+        #: state such a command is refused when it first opens the state or a provider; any
+        #: other only looks, its writes and acts refused (:mod:`provisioner.realclock`)
+        self.command: str | None = None
+        self.acts = False
 
     @cached_property
     def db(self) -> Database:
         from provisioner.state import Database  # SQLAlchemy costs ~0.2 s: only when state is used
 
         db = Database(self.settings.database_url, self.settings.database)
-        db.migrate()
+        db.migrate(simulated=self.clock.simulated)
+        if self.clock.simulated and not db.simulated:  # a real state: look, never write
+            from provisioner import realclock
+
+            try:
+                realclock.on_real_state(self, db)
+            except BaseException:
+                db.dispose()
+                raise
         who = self._identify(db)  # and, on a team's state, whether it may write
         if self._actor is None:  # every event records who caused it
             self._actor = who
@@ -73,9 +87,16 @@ class App:
             self.db.actor = who
 
     def provider(self, cloud: str) -> Provider:
-        """The adapter for ``cloud``, built once with its options from settings."""
+        """The adapter for ``cloud``, built once with its options from settings; on a simulated
+        clock over a real state, one that may be asked but not act
+        (:class:`provisioner.realclock.LookOnly`)."""
         if cloud not in self._providers:
-            self._providers[cloud] = self.settings.adapter(cloud, self.clock.now)
+            provider = self.settings.adapter(cloud, self.clock.now)
+            if self.clock.simulated and not self.db.simulated:  # a what-if: ask, never act
+                from provisioner import realclock
+
+                provider = cast(Provider, realclock.LookOnly(provider, self.command))
+            self._providers[cloud] = provider
         return self._providers[cloud]
 
     def use_provider(self, cloud: str, provider: Provider) -> None:

@@ -7,7 +7,8 @@ from datetime import UTC, datetime, timedelta
 
 #: An ISO 8601 instant the command's clock starts at (it ticks from there). For tests and
 #: what-if runs of ``plan``/``report``: the test harness gives the CLI its clock this way, so
-#: no test depends on the day it runs.
+#: no test depends on the day it runs. On a state made on the real clock it may only look:
+#: writing the state or acting on a cloud is refused (:mod:`provisioner.realclock`).
 CLOCK_ENV = "PROVISIONER_CLOCK"
 
 #: The instants a clock, a period or a report may name: [EARLIEST, LATEST). Far enough either
@@ -18,12 +19,18 @@ LATEST = datetime(2200, 1, 1, tzinfo=UTC)
 
 
 class Clock:
+    #: Whether this is not the wall clock: a state made on such a clock is a simulated one,
+    #: and on a real state such a clock may only look (:mod:`provisioner.realclock`).
+    simulated = False
+
     def now(self) -> datetime:
         return datetime.now(UTC)
 
 
 class ManualClock(Clock):
     """A clock that only moves when told to (tests, simulations)."""
+
+    simulated = True
 
     def __init__(self, start: datetime) -> None:
         if start.tzinfo is None:
@@ -43,6 +50,8 @@ class ManualClock(Clock):
 
 class ShiftedClock(Clock):
     """The wall clock moved to start at ``start``: it ticks, so waits and timeouts still end."""
+
+    simulated = True
 
     def __init__(self, start: datetime) -> None:
         if start.tzinfo is None:

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from provisioner.location import HEARTBEAT_GRACE_SECONDS, plain_database_url
 from provisioner.schema import EventKind as K
 from provisioner.schema import MachineStatus as S
-from provisioner.schema import current_postgres, current_sqlite, holds_none
+from provisioner.schema import current_postgres, current_sqlite, holds_none, made_simulated
 
 if TYPE_CHECKING:
     from provisioner.fleet import Sql
@@ -104,10 +104,14 @@ def _status(argv: list[str]) -> bool:
     conn = current_postgres(url, wait) if postgres else current_sqlite(url)
     if conn is None:
         return False  # a state to migrate, or a server to explain: SQLAlchemy's
+    note, may_refresh = _clock_note(conn, clock)
+    refresh = refresh and may_refresh
     if holds_none(conn, all_):  # one query, and nothing more to load
         hint = postgres and not as_json and _no_team_rules(conn)
         conn.close()
         from provisioner.console import no_machines, print_json, say
+
+        _say_note(note)
 
         if as_json:
             print_json([])
@@ -133,6 +137,7 @@ def _status(argv: list[str]) -> bool:
         return False  # the Typer app explains
     finally:
         conn.close()
+    _say_note(note)
     show(fleet, as_json=as_json, all_=all_)
     _hint(hint)
     return True
@@ -156,6 +161,25 @@ def _hint(said: bool) -> None:
         from provisioner.fleet import NOT_APPLIED
 
         err.print(f"[yellow]hint:[/] {NOT_APPLIED}", soft_wrap=True, highlight=False)
+
+
+def _clock_note(conn: Any, clock: Any) -> tuple[str | None, bool]:
+    """What the Typer ``status`` says of its clock (:func:`provisioner.realclock.status_clock`),
+    and whether it may ask the clouds (never on a simulated clock over a real state:
+    reconciling writes)."""
+    simulated = made_simulated(conn)
+    if not (simulated or clock.simulated):
+        return None, True
+    from provisioner import realclock
+
+    if simulated:
+        return realclock.SIMULATED_NOTE, True
+    return realclock.what_if_note(clock.now()), False
+
+
+def _say_note(note: str | None) -> None:
+    if note:
+        sys.stderr.write(f"note: {note}\n")
 
 
 def _expected(e: Exception) -> bool:

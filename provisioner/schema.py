@@ -240,6 +240,11 @@ class AttemptOutcome(enum.StrEnum):
     SKIPPED = "skipped"
 
 
+#: state_meta's row saying a state was made on a simulated clock (provisioner.realclock), and the
+#: query that reads it (also from sqlite3 and libpq, as provisioner.entry's ``status`` does)
+STATE_CLOCK, SIMULATED = "clock", "simulated"
+STATE_CLOCK_SQL = f"SELECT value FROM state_meta WHERE key = '{STATE_CLOCK}'"
+
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
@@ -338,6 +343,23 @@ def known_empty(url: str, all_: bool) -> bool:
         return holds_none(conn, all_)
     finally:
         conn.close()
+
+
+def made_simulated(conn: Any) -> bool:
+    """Whether the state on ``conn`` (sqlite3's, or :func:`current_postgres`'s) was made on a
+    simulated clock (:mod:`provisioner.realclock`); one that cannot say is a real one."""
+    import sqlite3
+
+    errors: tuple[type[Exception], ...] = (sqlite3.Error,)
+    if not isinstance(conn, sqlite3.Connection):
+        from provisioner import pq
+
+        errors = (pq.Error,)
+    try:
+        row = conn.execute(STATE_CLOCK_SQL).fetchone()
+    except errors:
+        return False
+    return row is not None and row[0] == SIMULATED
 
 
 def holds_none(conn: Any, all_: bool) -> bool:

@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import create_engine, event, select, text
+from sqlalchemy import create_engine, event, inspect, select, text
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import DBAPIError, InvalidRequestError
 from sqlalchemy.orm import Session, sessionmaker
@@ -26,7 +26,14 @@ from sqlalchemy.orm import Session, sessionmaker
 from provisioner import acting
 from provisioner.errors import OperationFailed, UserError
 from provisioner.models import ACTIVE_EXCLUDED, Event, Machine
-from provisioner.schema import MIGRATIONS, _revisions, schema_head
+from provisioner.schema import (
+    MIGRATIONS,
+    SIMULATED,
+    STATE_CLOCK,
+    STATE_CLOCK_SQL,
+    _revisions,
+    schema_head,
+)
 from provisioner.settings import DatabaseSettings
 
 
@@ -40,18 +47,21 @@ class Database:
         self.engine = _engine(url, timeouts or DatabaseSettings())
         self.sessions = sessionmaker(self.engine, expire_on_commit=False, info={})
         event.listen(self.sessions, "before_flush", _stamp_actor)
-        self._refusal: dict[str, str] = {}  # "writes": why this process may not write
+        self._refusal: dict[str, UserError] = {}  # why this process may not write, by cause
+        self._simulated: bool | None = None
         event.listen(
             self.engine, "before_cursor_execute", functools.partial(_refuse_writes, self._refusal)
         )
 
-    def refuse_writes(self, why: str | None) -> None:
-        """From now on every write (INSERT, UPDATE, DELETE, DDL) of this process is refused
-        with ``why`` (a :class:`UserError`); None: allowed again. Reads stay open."""
+    def refuse_writes(self, why: str | UserError | None, cause: str = "member") -> None:
+        """From now on every write (INSERT, UPDATE, DELETE, DDL, GRANT…) of this process is
+        refused with ``why`` (a :class:`UserError`, or that error itself) for ``cause`` (a
+        role no team member, a what-if's clock); None: allowed again for that cause. Reads
+        stay open."""
         if why is None:
-            self._refusal.pop("writes", None)
+            self._refusal.pop(cause, None)
         else:
-            self._refusal["writes"] = why
+            self._refusal[cause] = why if isinstance(why, UserError) else UserError(why)
 
     @property
     def actor(self) -> str | None:
@@ -63,14 +73,18 @@ class Database:
     def actor(self, who: str | None) -> None:
         self.sessions.kw["info"]["actor"] = who
 
-    def migrate(self) -> None:
+    def migrate(self, *, simulated: bool = False) -> None:
         """Bring the schema to the newest Alembic revision. Idempotent, and safe when several
         processes start at once on a new database: one migrates, the others wait and find it
         done (a file lock beside a SQLite file; an advisory lock on PostgreSQL). A database
         already at :func:`schema_head` costs one query, not Alembic's start-up (~90 ms).
         A database that cannot be read, or one a newer provisioner migrated, is left as it is:
-        :class:`DatabaseUnusable`."""
-        revision = self._revision()
+        :class:`DatabaseUnusable`.
+
+        ``simulated``: this process runs on a simulated clock; a state this call makes (there
+        was no schema at all) is marked as made on one (:mod:`provisioner.realclock`). A state
+        that exists, at any revision, is never marked."""
+        revision = self.revision()
         if revision == schema_head():
             return
         if revision is not None and revision not in _revisions()[0]:
@@ -89,9 +103,26 @@ class Database:
             if conn.dialect.name == "postgresql":
                 conn.execute(text("SELECT pg_advisory_xact_lock(7270011)"))
             cfg.attributes["connection"] = conn
+            made = simulated and not inspect(conn).has_table("alembic_version")
             command.upgrade(cfg, "head")
+            if made:  # in the migration's transaction: a state is made marked, or not at all
+                conn.execute(
+                    text("INSERT INTO state_meta (key, value) VALUES (:k, :v)"),
+                    {"k": STATE_CLOCK, "v": SIMULATED},
+                )
 
-    def _revision(self) -> str | None:
+    @property
+    def simulated(self) -> bool:
+        """Whether this state was made on a simulated clock (:meth:`migrate`): read once."""
+        if self._simulated is None:
+            try:
+                with self.engine.connect() as conn:
+                    self._simulated = conn.execute(text(STATE_CLOCK_SQL)).scalar() == SIMULATED
+            except DBAPIError:  # not readable (not migrated, not granted): a real state
+                self._simulated = False
+        return self._simulated
+
+    def revision(self) -> str | None:
         """The schema's revision; None for a new database (no version table yet)."""
         try:  # one query: asking first whether the table exists would be a second
             with self.engine.connect() as conn:
@@ -193,17 +224,20 @@ class Database:
         self.engine.dispose()
 
 
-_WRITES = ("INSERT", "UPDATE", "DELETE", "CREATE", "ALTER", "DROP", "TRUNCATE", "MERGE")
+#: the first word of a statement that changes the state (anything else only reads or locks)
+_WRITES = frozenset(
+    {"INSERT", "UPDATE", "DELETE", "REPLACE", "UPSERT", "MERGE", "TRUNCATE"}
+    | {"CREATE", "DROP", "ALTER", "GRANT", "REVOKE", "COPY"}
+)
 
 
 def _refuse_writes(
-    refusal: dict[str, str], _conn: Any, _cursor: Any, statement: str, *_: Any
+    refusal: dict[str, UserError], _conn: Any, _cursor: Any, statement: str, *_: Any
 ) -> None:
     """A statement that writes, refused when the Database says so (a module function holding
     the refusal, not the Database: see :func:`_stamp_actor`)."""
-    why = refusal.get("writes")
-    if why is not None and statement.lstrip().split(None, 1)[0].upper() in _WRITES:
-        raise UserError(why)
+    if refusal and statement.lstrip().split(None, 1)[0].upper() in _WRITES:
+        raise next(iter(refusal.values()))
 
 
 def _stamp_actor(session: Session, _ctx: Any, _instances: Any) -> None:

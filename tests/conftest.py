@@ -236,13 +236,14 @@ MIGRATED_ENV = "PROVISIONER_TEST_MIGRATED_STATE"
 def migrated_sqlite(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """A SQLite state at the newest schema, migrated once per worker process: a test's new
     SQLite state (``make_settings``) starts as a copy of it, as the product would have made it
-    (Alembic's upgrade costs ~50 ms of CPU a database). The CLI's settings
+    on the tests' clock, marked as a simulated-clock state (provisioner.realclock) (Alembic's
+    upgrade costs ~50 ms of CPU a database). The CLI's settings
     (``write_settings``) and the migration tests start with none."""
     from provisioner.state import Database
 
     path = tmp_path_factory.mktemp("migrated") / "state.db"
     db = Database(f"sqlite:///{path}")
-    db.migrate()
+    db.migrate(simulated=True)  # made on the tests' clock: a simulated-clock state
     db.dispose()
     os.environ[MIGRATED_ENV] = str(path)
     yield path

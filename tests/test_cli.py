@@ -4,6 +4,7 @@ offline, catalog, clean errors."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from datetime import timedelta
@@ -11,6 +12,7 @@ from decimal import Decimal
 
 import pytest
 
+from provisioner.clock import CLOCK_ENV
 from tests.conftest import (
     EXAMPLES,
     ROOT,
@@ -50,12 +52,15 @@ print("HEAVY=" + ",".join(heavy))
 
 
 def modules_loaded_by(*args: str, prefixes: tuple[str, ...] = SDK_PREFIXES) -> list[str]:
+    """The modules of ``prefixes`` the command loads, run on the tests' clock as ``run_cli``
+    runs it (a state it makes is a simulated one, where the other commands may write)."""
     r = subprocess.run(
         [sys.executable, "-c", PROBE.format(args=args, prefixes=prefixes)],
         capture_output=True,
         text=True,
         cwd=ROOT,
         timeout=120,
+        env={**os.environ, CLOCK_ENV: TEST_START.isoformat()},
     )
     line = next(ln for ln in r.stdout.splitlines() if ln.startswith("HEAVY="))
     return [m for m in line.removeprefix("HEAVY=").split(",") if m]

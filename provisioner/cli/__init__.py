@@ -78,15 +78,49 @@ def _root(
     ctx.obj = {"config": config}
 
 
+#: The commands a simulated clock (PROVISIONER_CLOCK) may run on a real state: they only look
+#: (``status`` then shows the state as recorded). Every other command writes the state or acts
+#: on a cloud and is refused there in one line (:mod:`provisioner.realclock`): a new command
+#: is refused until it is listed here.
+WHAT_IFS = frozenset(
+    {"plan", "report", "status", "events", "catalog", "check", "ssh-config", "token list"}
+    | {"volume ls"}
+)
+
+
 def get_app(ctx: typer.Context, clock: Any = None) -> Any:
-    """The application for this command (settings loaded, database opened lazily)."""
+    """The application for this command (settings loaded, database opened lazily). On a
+    simulated clock, a command not in :data:`WHAT_IFS` is refused at once over a real state
+    (:mod:`provisioner.realclock`); a state not there yet is made, a simulated one, when the
+    command first opens it."""
     from provisioner.app import App  # pydantic settings, the provider registry: not for --help
     from provisioner.clock import clock_from_env  # as above
     from provisioner.settings import load_settings  # as above
 
     root = ctx.find_root()
     config = (root.obj or {}).get("config")
-    return App(load_settings(config), clock or clock_from_env())
+    application = App(load_settings(config), clock or clock_from_env())
+    application.command = command_name(ctx)
+    application.acts = application.command not in WHAT_IFS
+    if application.clock.simulated:
+        from provisioner.realclock import refuse_early  # as above
+
+        try:
+            refuse_early(application)
+        except BaseException:
+            application.close()
+            raise
+    return application
+
+
+def command_name(ctx: typer.Context) -> str:
+    """The command as typed, without the program: ``up``, ``token create``."""
+    names: list[str] = []
+    at: Any = ctx
+    while at.parent is not None:
+        names.append(at.info_name or "")
+        at = at.parent
+    return " ".join(reversed(names))
 
 
 def json_requested(argv: Sequence[str]) -> bool:

@@ -66,6 +66,10 @@ def report(
     recipients = [_address(a) for a in to or []]
     mail = email or bool(recipients)
     application = get_app(ctx)
+    if mail:  # a what-if is shown, never mailed as the period's report
+        from provisioner.realclock import require_real_clock
+
+        require_real_clock(application, "report --email", "sends the report")
     if compare and output in (ReportOutput.csv, ReportOutput.html):
         raise UserError("--compare: shown in the table and in -o json, not in csv or html")
     q = spend.Query(period, project, owner, cloud, gpu, by, policy, currency, language, compare)

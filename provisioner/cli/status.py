@@ -39,9 +39,14 @@ def status(
     cost so far (compute and disk, at its launch-time rate, across relaunches). With a NAME:
     that machine in detail, with its next scheduled action and its events. With --summary:
     what the dashboard's fleet page opens with."""
+    from provisioner import realclock
     from provisioner.views import status as views  # SQLAlchemy: not for --help
 
     application = get_app(ctx)
+    note, may_refresh = realclock.status_clock(application)
+    refresh = refresh and may_refresh
+    if note:
+        err.print(f"note: {note}", highlight=False, markup=False, soft_wrap=True)
     if summary:
         _fleet_summary(application, refresh, output)
         return
