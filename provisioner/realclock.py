@@ -25,7 +25,6 @@ from provisioner.clock import CLOCK_ENV
 from provisioner.errors import UserError
 
 if TYPE_CHECKING:
-    from provisioner.app import App
     from provisioner.state import Database
 
 #: what ``status`` of a simulated state says, whatever the clock (on stderr: its table and JSON
@@ -45,7 +44,7 @@ def what_if_note(now: datetime) -> str:
     )
 
 
-def status_clock(app: App) -> tuple[str | None, bool]:
+def status_clock(app: Any) -> tuple[str | None, bool]:
     """What ``status`` says of its clock (or None), and whether it may ask the clouds first
     (reconciling writes what they answer)."""
     if app.db.simulated:
@@ -60,7 +59,7 @@ class RealClockOnly(UserError):
     state."""
 
 
-def what_if(app: App) -> bool:
+def what_if(app: Any) -> bool:
     """Whether ``app`` runs on a simulated clock over a real state: it may look, not write or
     act. False on the wall clock without opening the state."""
     return bool(app.clock.simulated) and not app.db.simulated
@@ -78,7 +77,7 @@ def refusal(command: str | None, does: str = ACTS) -> RealClockOnly:
     )
 
 
-def require_real_clock(app: App, command: str | None = None, does: str = ACTS) -> None:
+def require_real_clock(app: Any, command: str | None = None, does: str = ACTS) -> None:
     """Refuse (:class:`RealClockOnly`) a command that writes the state or acts on a cloud
     (or, as ``does`` says, elsewhere) when ``app`` runs on a simulated clock over a real
     state: the one call such a command makes before it does anything (the CLI makes it for
@@ -87,7 +86,7 @@ def require_real_clock(app: App, command: str | None = None, does: str = ACTS) -
         raise refusal(command or app.command, does)
 
 
-def refuse_early(app: App) -> None:
+def refuse_early(app: Any) -> None:
     """Refuse a command that acts, on a simulated clock, over a real state, before it reads
     its input; a state not there yet is left to be made (on this clock: a simulated one)."""
     if app.clock.simulated and app.acts and _state_exists(app.settings.database_url):
@@ -112,7 +111,7 @@ def _state_exists(url: str) -> bool:
         db.dispose()
 
 
-def on_real_state(app: App, db: Database) -> None:
+def on_real_state(app: Any, db: Database) -> None:
     """``app``, on a simulated clock, opened ``db``, a real state: a command that acts is
     refused now, before it writes or acts; one that looks may read, never write."""
     if app.acts:

@@ -36,6 +36,11 @@ from tests.test_dashboard import call
 
 pytest_plugins = ["tests.cli_runner"]  # the `cli` fixture
 
+#: the state marked made for tests (the CLI's clock is the test's, not the server's)
+SIMULATED = (
+    "INSERT INTO state_meta (key, value) VALUES ('clock', 'simulated') ON CONFLICT DO NOTHING"
+)
+
 
 def experiment(name: str, owner: str | None = TEST_OWNER, **res: object) -> Experiment:
     data = sandbox_experiment(name, **res)
@@ -194,7 +199,7 @@ def _grant(schema: str) -> None:
             "INSERT INTO team_members (role, email, kind, version)"
             " VALUES ('alice', 'alice@example.com', 'member', 1)"
         )
-        conn.execute("INSERT INTO state_meta (key, value) VALUES ('clock', 'simulated')")
+        conn.execute(SIMULATED)
         grant_member(conn, "alice")
 
 

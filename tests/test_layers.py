@@ -49,6 +49,7 @@ ORDER = [
     "provisioner.catalog",
     "provisioner.planner",  # pure ranking: offers × spec × policy check
     "provisioner.mail",
+    "provisioner.realclock",  # a shifted clock looks, never writes or acts (but simulated)
     "provisioner.app",  # the context: settings, clock, database, providers, policies
     "provisioner.permits",  # who may act on a machine or volume; the refusal's words
     "provisioner.notify",  # notices to Telegram, Slack, webhooks, mail: queued, then delivered

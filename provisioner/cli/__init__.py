@@ -84,7 +84,7 @@ def _root(
 #: is refused until it is listed here.
 WHAT_IFS = frozenset(
     {"plan", "report", "status", "events", "catalog", "check", "ssh-config", "token list"}
-    | {"volume ls"}
+    | {"volume ls", "policy log", "policy diff", "policy show"}
 )
 
 

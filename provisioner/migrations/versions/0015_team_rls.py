@@ -76,6 +76,9 @@ READ_BY_MEMBERS = (
     "state_meta",
 )
 
+#: tables any role granted them reads, member or not
+OPEN_TO_ANY = ("team_members", "team_rules", "state_meta")
+
 #: tables only the scheduler (and an admin) write
 SCHEDULER_WRITES = (
     "heartbeats",
@@ -446,11 +449,12 @@ def _policies(s: str) -> list[str]:
     on_machine = f"{s}.prov_may_act_on(machine_id)"
     me = f"(SELECT {s}.prov_me())"
     out = [f"ALTER TABLE {s}.{t} ENABLE ROW LEVEL SECURITY" for t in (*READ_BY_MEMBERS, "tokens")]
-    # the member map is read by the functions every other policy calls: readable by any role
-    # granted it, or each check would recurse into itself
+    # readable by any role granted it: the member map (the functions every other policy calls
+    # read it, or each check would recurse into itself), the rules and the state's own facts
+    # (its clock): so a role no member hears why it may not write, not a wrong reason
     out += [
         f"CREATE POLICY read ON {s}.{t} FOR SELECT USING"
-        f" ({'true' if t == 'team_members' else member})"
+        f" ({'true' if t in OPEN_TO_ANY else member})"
         for t in READ_BY_MEMBERS
     ]
     for t in ("machines", "volumes"):  # the trigger names the refusal; these are the floor
