@@ -84,9 +84,10 @@ def restart(app: App, m: Machine, *, detail: dict[str, Any] | None = None) -> Ma
     start it in its zone now; ``NotFound``: gone), so the caller can launch anew instead.
     Compute bills again from now; the disk billed throughout."""
     started, changed = _start(app, m, reason="preempted", detail=detail)
-    if changed:  # `run` starts again (it was killed with the machine); on a cloud once
+    if changed:  # `run` starts again if it was killed with the machine; on a cloud once
         experiment = Experiment.model_validate(started.spec)  # it answers SSH
-        if experiment.run or experiment.setup:
+        ended = jobs.ended_itself(jobs.jobs_of(app, started).get(jobs.RUN))
+        if (experiment.run or experiment.setup) and not ended:  # a run that ended: not again
             record_event(app, started.id, jobs.DUE, reason="preempted", detail={"job": jobs.RUN})
         jobs.ensure_run(app, started, experiment)
     return started

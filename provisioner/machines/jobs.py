@@ -19,7 +19,8 @@ from sqlalchemy import select
 
 from providers.base import JobState, NotFound, ProviderError
 from provisioner.app import App
-from provisioner.errors import OperationFailed, UserError
+from provisioner.errors import OperationFailed, ProvisionerError, UserError
+from provisioner.machines import joblogs
 from provisioner.machines.record import find, record_event, ref
 from provisioner.models import Event, Machine
 from provisioner.schema import EventKind, MachineStatus
@@ -33,6 +34,7 @@ STARTED, FINISHED, FAILED = EventKind.JOB_STARTED, EventKind.JOB_FINISHED, Event
 # (templates/provisioner-job.sh, pv_volumes): its end is recorded with that reason
 NO_VOLUME_EXIT = 97
 NO_VOLUME = "volume-not-mounted"
+CANCELLED = "cancelled"  # `cancel`: TERM, then KILL after a grace (detail: cancelled_by)
 
 
 class JobNotStarted(OperationFailed):
@@ -53,7 +55,8 @@ class Job:
     started_at: datetime
     finished_at: datetime | None = None
     exit_code: int | None = None
-    reason: str | None = None  # exited | killed
+    reason: str | None = None  # exited | killed | cancelled | volume-not-mounted
+    stage: str = "run"  # setup: it ended in its setup, the run never started
 
     @property
     def running(self) -> bool:
@@ -66,11 +69,33 @@ class Job:
         if self.running:
             first = self.command.strip().splitlines()[0] if self.command.strip() else ""
             return f"running since {at}: {first}"
-        if self.exit_code is None:
-            return f"killed at {at}"
         if self.reason == NO_VOLUME:
             return f"not run at {at}: a volume is not mounted (see its output)"
-        return f"exited {self.exit_code} at {at}"
+        return f"{self.end} at {at}"
+
+    @property
+    def end(self) -> str:
+        """How it ended: ``exited 3``, ``setup exited 1``, ``cancelled``, ``killed with its
+        machine``."""
+        if self.reason == CANCELLED:
+            return "cancelled"
+        if self.exit_code is None:
+            return "killed with its machine"
+        return f"{'setup ' if self.stage == 'setup' else ''}exited {self.exit_code}"
+
+    @property
+    def said(self) -> str:
+        """``run exited 3``, ``setup exited 1``, ``run cancelled`` (for ``run``, its setup)."""
+        return self.end if self.end.startswith("setup") else f"run {self.end}"
+
+    @property
+    def code(self) -> int:
+        """The exit code ``logs`` exits with once it ended: the job's own, else 143 (128 +
+        TERM, as a shell reports a job ended by TERM) when cancelled, 137 (128 + KILL) when
+        killed with its machine."""
+        if self.exit_code is not None:
+            return self.exit_code
+        return 143 if self.reason == CANCELLED else 137
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -80,6 +105,7 @@ class Job:
             "started_at": self.started_at.isoformat(),
             "finished_at": self.finished_at.isoformat() if self.finished_at else None,
             "exit_code": self.exit_code,
+            "stage": self.stage,
         }
 
 
@@ -102,6 +128,9 @@ class _Local:
 
     def job_output(self, job_id: str, offset: int = 0) -> bytes:
         return self.provider.job_output(self.ref, job_id, offset)
+
+    def cancel_job(self, job_id: str, grace: float) -> JobState:
+        return self.provider.cancel_job(self.ref, job_id, grace)
 
 
 def runner(app: App, m: Machine) -> _Local | Any:
@@ -179,7 +208,7 @@ def run_due(app: App, m: Machine, *, after_failure: bool = True) -> bool:
     ``after_failure`` False, a start that failed (``job-failed``: not a machine that did not
     answer yet, but rsync or the supervisor refusing) counts as started: the scheduler does
     not retry it every pass; an ``up`` of the experiment does."""
-    kinds = (STARTED, DUE) if after_failure else (STARTED, DUE, FAILED)
+    kinds = (STARTED, DUE, FINISHED) if after_failure else (STARTED, DUE, FAILED, FINISHED)
     with app.db.session() as s:
         events = s.scalars(
             select(Event)
@@ -189,9 +218,39 @@ def run_due(app: App, m: Machine, *, after_failure: bool = True) -> bool:
     for e in events:
         if e.kind == DUE:
             return True
-        if (e.detail or {}).get("job") == RUN:
+        if (e.detail or {}).get("job") != RUN:
+            continue
+        if e.kind != FINISHED or e.reason != "killed":  # started, or ended by itself
             return False
     return True
+
+
+def ended_itself(job: Job | None) -> bool:
+    """A job that ended on its own (an exit code, or cancelled): never run again after a
+    preemption. Killed with its machine: it did not finish."""
+    return job is not None and not job.running and job.reason != "killed"
+
+
+def _settled(app: App, m: Machine, say: Any) -> bool:
+    """Before ``run`` starts again on a machine started again after a preemption: a previous
+    ``run`` the events say still ran is asked about. Ended by itself meanwhile (its exit code
+    on the machine's disk): recorded, and True — it is not run again. Killed: recorded (its
+    output kept as its attempt's log), False."""
+    prior = jobs_of(app, m).get(RUN)
+    if prior is None or not prior.running:
+        return False
+    try:
+        st = state(app, m, RUN)
+    except OperationFailed:
+        return False
+    if st.running:
+        return True  # it runs (the machine was never down): nothing to start
+    reason = "exited" if st.exit_code is not None else "killed"
+    _record_end(app, m, prior, st, reason)
+    if st.exit_code is not None:
+        say(f"{m.name}: its run had {prior.end} before the machine went down: not run again")
+        return True
+    return False
 
 
 def ensure_run(app: App, m: Machine, experiment: Experiment, progress: Any = None) -> Job | None:
@@ -202,7 +261,7 @@ def ensure_run(app: App, m: Machine, experiment: Experiment, progress: Any = Non
     if not (experiment.run or experiment.setup or experiment.workdir):
         return None
     with app.db.lock(f"jobs-{m.id}"):
-        if not run_due(app, m):
+        if not run_due(app, m) or _settled(app, m, progress or (lambda _: None)):
             return None
         return start_run(app, m, experiment, progress)
 
@@ -259,6 +318,7 @@ def jobs_of(app: App, m: Machine) -> dict[str, Job]:
         elif jid in jobs and jobs[jid].running:
             j = jobs[jid]
             j.finished_at, j.exit_code, j.reason = e.at, d.get("exit_code"), e.reason
+            j.stage = str(d.get("stage") or "run")
     return jobs
 
 
@@ -297,12 +357,57 @@ def _check_ended(app: App, m: Machine) -> list[Job]:
         reason = "exited" if st.exit_code is not None else "killed"
         if st.exit_code == NO_VOLUME_EXIT and not app.provider(m.cloud or "").runs_jobs:
             reason = NO_VOLUME  # provisioner-job did not run it; its output says why
-        record_event(
-            app, m.id, FINISHED, reason=reason, detail={"job": job.id, "exit_code": st.exit_code}
-        )
-        job.finished_at, job.exit_code, job.reason = app.clock.now(), st.exit_code, reason
-        ended.append(job)
+        ended.append(_record_end(app, m, job, st, reason))
     return ended
+
+
+def _record_end(app: App, m: Machine, job: Job, st: JobState, reason: str, **more: Any) -> Job:
+    """The job's end: its ``job-finished`` event (``stage`` in its detail when its setup
+    failed), and its output kept with the state (:mod:`provisioner.machines.joblogs`)."""
+    detail: dict[str, Any] = {"job": job.id, "exit_code": st.exit_code, **more}
+    if st.stage == "setup" and st.exit_code is not None:
+        detail["stage"] = "setup"
+    record_event(app, m.id, FINISHED, reason=reason, detail=detail)
+    job.finished_at, job.exit_code, job.reason = app.clock.now(), st.exit_code, reason
+    job.stage = str(detail.get("stage") or "run")
+    keep_log(app, m, job)
+    return job
+
+
+def keep_log(app: App, m: Machine, job: Job) -> None:
+    """The ended ``job``'s output kept with the state, whatever could be read of it."""
+    try:
+        data: bytes | None = output(app, m, job.id)
+    except ProvisionerError:
+        data = None  # a cloud machine down: what it kept is out of reach
+    joblogs.keep(
+        app, m, job.id, data, reason=job.reason or "", exit_code=job.exit_code, stage=job.stage
+    )
+
+
+def cancel(app: App, m: Machine, job_ids: list[str] | None, grace: float) -> list[Job]:
+    """The jobs ``job_ids`` of ``m`` (None: all that run) ended: TERM, KILL after ``grace``
+    seconds; each recorded ``cancelled`` (by ``app.actor``) with its output kept. A job that
+    had ended already is recorded as it ended and not in the list. Under the jobs lock."""
+    with app.db.lock(f"jobs-{m.id}"):
+        _check_ended(app, m)
+        known = jobs_of(app, m)
+        if job_ids is not None:
+            missing = [j for j in job_ids if j not in known]
+            if missing:
+                have = ", ".join(known) or "none"
+                raise UserError(f"{m.name} has no job {missing[0]!r} (its jobs: {have})")
+        targets = [known[j] for j in (job_ids or list(known)) if known[j].running]
+        done = []
+        for job in targets:
+            try:
+                st = runner(app, m).cancel_job(job.id, grace)
+            except NotFound:
+                st = JobState(False, None)
+            except ProviderError as e:
+                raise OperationFailed(f"{m.name}: could not cancel {job.id}: {e}") from None
+            done.append(_record_end(app, m, job, st, CANCELLED, cancelled_by=app.actor))
+        return done
 
 
 def output(app: App, m: Machine, job_id: str, offset: int = 0) -> bytes:
