@@ -142,11 +142,15 @@ class SandboxJobs:
         pgid = int((job / "pid").read_text())
         _signal(pgid, signal.SIGTERM)
         deadline = time.monotonic() + grace
-        while self.job_state(ref, job_id).running and time.monotonic() < deadline:
+        proc = self._procs.get(job)
+        while time.monotonic() < deadline:  # until no process of its group is left
+            if proc is not None:
+                proc.poll()  # our own child reaped once it ended
+            if not _group_alive(pgid):
+                break
             time.sleep(0.05)
-        if self.job_state(ref, job_id).running:
-            _signal(pgid, signal.SIGKILL)
-        proc = self._procs.pop(job, None)
+        _signal(pgid, signal.SIGKILL)  # what ignored the TERM (none left: nothing)
+        self._procs.pop(job, None)
         if proc is not None:
             proc.wait()
         return self.job_state(ref, job_id)
@@ -201,6 +205,22 @@ def _ended(job: Path) -> JobState:
 def _signal(pgid: int, sig: signal.Signals) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, sig)
+
+
+def _group_alive(pgid: int) -> bool:
+    """Whether a process of the group still runs (a zombie no one reaps counts as ended)."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            if int(fields[2]) == pgid and fields[0] != "Z":
+                return True
+    return False
 
 
 def _alive(pid: int) -> bool:

@@ -71,7 +71,9 @@ cancel)  # cancel ID GRACE: TERM to the job's process group (its session), KILL 
   pid=$(cat "$d/pid") waited=0
   [ "$(boot_id)" = "$(cat "$d/boot" 2>/dev/null)" ] || exit 0  # ended with an earlier boot
   kill -TERM -- "-$pid" 2>/dev/null
-  while kill -0 "$pid" 2>/dev/null && [ "$waited" -lt "${3:-10}" ]; do sleep 1; waited=$((waited + 1)); done
+  while kill -0 -- "-$pid" 2>/dev/null && [ "$waited" -lt "${3:-10}" ]; do
+    sleep 1; waited=$((waited + 1))
+  done
   kill -KILL -- "-$pid" 2>/dev/null
   exit 0
   ;;
