@@ -8,6 +8,7 @@ from __future__ import annotations
 import shutil
 import time
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 
@@ -127,3 +128,89 @@ def test_a_run_that_ended_unseen_before_a_preemption_is_not_run_again(app, clock
     assert ended.reason == "exited" and ended.detail == {"job": "run", "exit_code": 0}
     assert not jobs.run_due(app, jobs.named(app, "job"))
     assert job_control.read(app, "job", "run").data == b"done once\n"
+
+
+def test_the_workdir_taken_at_up_is_what_a_restart_and_a_relaunch_restore(app, clock, tmp_path):
+    from provisioner.jobs import reconcile as reconcile_job
+    from provisioner.jobs import recover
+
+    work = tmp_path / "project"
+    work.mkdir()
+    (work / "msg").write_text("as at up\n")
+    exp = _experiment(
+        tmp_path,
+        workdir="project",
+        run="cat msg; sleep 600",
+        lifecycle={"on_preemption": "relaunch"},
+    )
+    old = machines.up(app, load_experiment(exp)).machine
+    _wait_output(app, old, "run", "as at up")
+    (work / "msg").write_text("edited on the laptop since\n")
+    sandbox = app.provider("sandbox")
+
+    clock.advance(timedelta(hours=1))
+    sandbox.preempt(machines.ref(old))
+    sandbox.inject(capacity={old.zone: 0})  # no room in place: a new machine
+    clock.advance(timedelta(minutes=5))
+    reconcile_job.run(app)
+    [done] = recover.run(app).actions
+    assert (done.action, done.done) == ("relaunch", True), done
+    new = jobs.named(app, "job")
+    assert new.id != old.id
+    _wait_output(app, new, "run", "\n")
+    assert jobs.output(app, new, "run") == b"as at up\n"  # not the folder as it is now
+    # the first machine's attempt is kept, and read from its replacement's name
+    first = job_control.read(app, "job", "run", attempt=1)
+    assert first.data == b"as at up\n" and first.end.startswith("killed with its machine")
+    assert job_control.read(app, "job", "run").data == b"as at up\n"
+    machines.down(app, "job")
+
+
+def test_sync_takes_the_workdir_again(app, tmp_path):
+    from provisioner.machines import workdirs
+
+    work = tmp_path / "project"
+    work.mkdir()
+    (work / "msg").write_text("one\n")
+    exp = _experiment(tmp_path, workdir="project", run="sleep 600", lifecycle={"on_finish": "keep"})
+    m = machines.up(app, load_experiment(exp)).machine
+    kept = workdirs.kept(app, m)
+    assert kept is not None and (kept.files, kept.source) == (1, str(work))
+    (work / "two").write_text("two\n")
+    assert jobs.sync(app, "job")[0] == 2
+    again = workdirs.kept(app, m)
+    assert again is not None and again.files == 2
+    with workdirs.restored(again) as (folder, files):
+        assert files == ["msg", "two"] and (Path(folder) / "two").read_text() == "two\n"
+    machines.down(app, "job")
+
+
+def test_a_run_that_ended_is_not_run_again_on_the_machine_that_replaces_its_own(
+    app, clock, tmp_path
+):
+    from provisioner.jobs import reconcile as reconcile_job
+    from provisioner.jobs import recover
+
+    exp = _experiment(
+        tmp_path,
+        run="echo finished",
+        lifecycle={"on_finish": "keep", "on_preemption": "relaunch"},
+    )
+    old = machines.up(app, load_experiment(exp)).machine
+    assert _wait_ended(app, "job").exit_code == 0
+    sandbox = app.provider("sandbox")
+    clock.advance(timedelta(hours=1))
+    sandbox.preempt(machines.ref(old))
+    sandbox.inject(capacity={old.zone: 0})  # no room in place: a new machine
+    clock.advance(timedelta(minutes=5))
+    reconcile_job.run(app)
+    [done] = recover.run(app).actions
+    assert (done.action, done.done) == ("relaunch", True), done
+    new = jobs.named(app, "job")
+    assert new.id != old.id and _events(app, new.id, "job-started") == []  # not run again
+    [ended] = _events(app, new.id, "job-finished")
+    assert ended.detail == {"job": "run", "exit_code": 0, "ended_on": old.id}
+    assert not jobs.run_due(app, new)
+    read = job_control.read(app, "job", "run")
+    assert (read.data, read.code) == (b"finished\n", 0) and read.end.startswith("exited 0")
+    machines.down(app, "job")

@@ -20,7 +20,7 @@ from sqlalchemy import select
 from providers.base import JobState, NotFound, ProviderError
 from provisioner.app import App
 from provisioner.errors import OperationFailed, ProvisionerError, UserError
-from provisioner.machines import joblogs
+from provisioner.machines import joblogs, workdirs
 from provisioner.machines.record import find, record_event, ref
 from provisioner.models import Event, Machine
 from provisioner.schema import EventKind, MachineStatus
@@ -166,9 +166,7 @@ def start_run(app: App, m: Machine, experiment: Experiment, progress: Any = None
     try:
         jobs = runner(app, m)
         if experiment.workdir:
-            files, how = workdir_files(app, experiment.workdir)
-            jobs.put_files(experiment.workdir, files)
-            say(f"copied {len(files)} files of {experiment.workdir} ({how})")
+            _copy_workdir(app, m, jobs, experiment.workdir, say)
         if not (experiment.run or experiment.setup):
             return None
         command = experiment.run or "true"  # setup alone: the job is the setup
@@ -188,6 +186,21 @@ def start_run(app: App, m: Machine, experiment: Experiment, progress: Any = None
         raise JobNotStarted(m.name, why) from None
     record_event(app, m.id, STARTED, detail={"job": RUN, "command": command})
     return jobs_of(app, m)[RUN]
+
+
+def _copy_workdir(app: App, m: Machine, jobs: Any, workdir: str, say: Any) -> None:
+    """The workdir copied to the machine as ``up`` took it (kept with the state,
+    :mod:`provisioner.machines.workdirs`); a machine from before it was kept: the folder."""
+    row = workdirs.kept(app, m)
+    if row is None:
+        files, how = workdir_files(app, workdir)
+        jobs.put_files(workdir, files)
+        say(f"copied {len(files)} files of {workdir} ({how})")
+        return
+    with workdirs.restored(row) as (folder, files):
+        jobs.put_files(folder, files)
+    at = row.taken_at.strftime("%Y-%m-%d %H:%M:%S UTC")
+    say(f"copied {len(files)} files of {workdir} (as `up` took them at {at})")
 
 
 def _answers(app: App, m: Machine) -> bool:
@@ -237,7 +250,9 @@ def _settled(app: App, m: Machine, say: Any) -> bool:
     on the machine's disk): recorded, and True — it is not run again. Killed: recorded (its
     output kept as its attempt's log), False."""
     prior = jobs_of(app, m).get(RUN)
-    if prior is None or not prior.running:
+    if prior is None:
+        return _ended_before(app, m, say)
+    if not prior.running:
         return False
     try:
         st = state(app, m, RUN)
@@ -251,6 +266,35 @@ def _settled(app: App, m: Machine, say: Any) -> bool:
         say(f"{m.name}: its run had {prior.end} before the machine went down: not run again")
         return True
     return False
+
+
+def _ended_before(app: App, m: Machine, say: Any) -> bool:
+    """A replacement's first start (:mod:`provisioner.jobs.recover`): the ``run`` of the
+    machine it replaces, if the events say it still ran, gets its end (killed with its
+    machine, its output kept as that attempt's log where it can still be read). One that had
+    ended by itself is not run again: its end is recorded on ``m`` too (``ended_on``), so
+    ``run`` is no longer due there."""
+    lineage = joblogs.lineage(app, m)
+    replaced = workdirs.replacing() or (lineage[-2] if len(lineage) > 1 else None)
+    with app.db.session() as s:
+        old = s.get(Machine, replaced) if replaced else None
+    prior = jobs_of(app, old).get(RUN) if old is not None else None
+    if old is None or prior is None:
+        return False
+    if prior.running:
+        try:
+            st = state(app, old, RUN)
+        except OperationFailed:
+            st = JobState(False, None)
+        if st.running:  # a machine taken back runs nothing
+            st = JobState(False, None)
+        prior = _record_end(app, old, prior, st, "exited" if st.exit_code is not None else "killed")
+    if not ended_itself(prior):
+        return False
+    detail = {"job": RUN, "exit_code": prior.exit_code, "ended_on": old.id}
+    record_event(app, m.id, FINISHED, reason=prior.reason, detail=detail)
+    say(f"{m.name}: its run had {prior.end} on the machine it replaces: not run again")
+    return True
 
 
 def ensure_run(app: App, m: Machine, experiment: Experiment, progress: Any = None) -> Job | None:
@@ -276,6 +320,7 @@ def sync(app: App, name: str) -> tuple[int, str, str]:
     if not workdir:
         raise UserError(f"{m.name}'s experiment has no workdir: to sync")
     files, how = workdir_files(app, workdir)
+    workdirs.take(app, m, workdir, files)  # a relaunch restores the folder as it is now
     try:
         runner(app, m).put_files(workdir, files)
     except ProviderError as e:

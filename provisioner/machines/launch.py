@@ -51,7 +51,7 @@ from provisioner import boot, budget, fits, identity, keys, ledger, planning, st
 from provisioner.app import App
 from provisioner.crashpoints import crashpoint
 from provisioner.errors import OperationFailed, UserError
-from provisioner.machines import jobs, volumes
+from provisioner.machines import jobs, volumes, workdirs
 from provisioner.machines.attempts import Blocklist, LaunchAttempt, launch_token
 from provisioner.machines.record import provider_call, record_event, set_rates, transition
 from provisioner.models import Event, Machine, new_id
@@ -100,6 +100,10 @@ def up(
         machine, already = _write_intent(app, experiment, spec_path, plan.candidates[0])
     if already:
         return UpResult(machine, already=True, plan=plan)
+    if experiment.workdir:  # taken now, kept with the state: every later copy restores it
+        replacing = workdirs.replacing()
+        files = None if replacing else jobs.workdir_files(app, experiment.workdir)[0]
+        workdirs.at_up(app, machine, experiment.workdir, files)
     if prefer is not None:
         plan.candidates.sort(key=prefer)
     # one launching process per intent; a second `up` of it waits here, then finds it done
