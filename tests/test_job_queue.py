@@ -5,6 +5,7 @@ and the ``run`` cancelled gets its ``on_finish`` as any end of it."""
 from __future__ import annotations
 
 import contextlib
+import json
 import time
 from pathlib import Path
 
@@ -15,7 +16,7 @@ from provisioner.errors import UserError
 from provisioner.machines import joblogs, jobs
 from provisioner.spec import load_experiment
 from provisioner.workflows import job_control
-from tests.conftest import run_cli, write_settings
+from tests.conftest import run_cli, sandbox_experiment, write_settings, write_yaml
 from tests.test_job_run import _events, _experiment
 
 
@@ -119,3 +120,96 @@ def test_cancel_on_the_command_line(home, tmp_path):
 def test_cancel_names_a_machine_that_exists(app):
     with pytest.raises(UserError, match="no machine named 'nope'"):
         job_control.cancel(app, "nope", None)
+
+
+# --- the queue: jobs ask for GPUs and wait their turn ----------------------------------------
+
+
+def _devices(app, m, job: str) -> str:
+    _wait_output(app, m, job, "gpus=")
+    return jobs.output(app, m, job).decode().split("gpus=", 1)[1].split()[0]
+
+
+def _four(tmp_path, name: str = "job", **fields: object):
+    """An experiment on a sandbox machine with 4 GPUs."""
+    spec = sandbox_experiment(name, gpu="T4:4") | fields
+    return write_yaml(tmp_path / f"{name}.yaml", spec)
+
+
+SHOW = 'echo "gpus=${CUDA_VISIBLE_DEVICES:-none}"; sleep 600'
+
+
+def test_jobs_wait_for_the_gpus_they_ask_first_come_first_served(app, tmp_path):
+    from provisioner.machines import gpuqueue
+
+    exp = load_experiment(_four(tmp_path))  # no run: the GPUs are free
+    m = machines.up(app, exp).machine
+    assert gpuqueue.total(m) == 4
+    assert gpuqueue.submit(app, "job", SHOW, 2) == ("exec-1", True)
+    assert gpuqueue.submit(app, "job", SHOW, 3) == ("exec-2", False)  # 2 free: it waits
+    assert gpuqueue.submit(app, "job", SHOW, 1) == ("exec-3", False)  # behind exec-2
+    assert gpuqueue.submit(app, "job", SHOW, 0) == ("exec-4", True)  # asks none: never waits
+    assert _devices(app, m, "exec-1") == "0,1" and _devices(app, m, "exec-4") == "none"
+    [queued] = _events(app, m.id, "job-queued")[:1]
+    assert queued.detail == {"job": "exec-2", "command": SHOW, "gpus": 3}
+    assert [(r.job, r.state, r.gpus) for r in gpuqueue.listing(app, "job")] == [
+        ("exec-1", "running", "0,1"),
+        ("exec-4", "running", "-"),
+        ("exec-2", "queued", "3 (asked)"),
+        ("exec-3", "queued", "1 (asked)"),
+    ]
+    with pytest.raises(UserError, match="job has 4 GPUs: a job cannot ask for 5"):
+        gpuqueue.submit(app, "job", SHOW, 5)
+
+    # exec-1's end frees its GPUs: exec-2 then exec-3 start, in their order
+    done = job_control.cancel(app, "job", ["exec-1"], grace=5)
+    assert [a.why for a in done.actions if a.reason == "queued"] == [
+        "job exec-2 started: its GPUs are free",
+        "job exec-3 started: its GPUs are free",
+    ]
+    assert _devices(app, m, "exec-2") == "0,1,2" and _devices(app, m, "exec-3") == "3"
+    assert gpuqueue.queued(app, m) == []
+    machines.down(app, "job")
+
+
+def test_the_run_holds_every_gpu_and_a_queued_job_starts_when_it_ends(app, tmp_path):
+    from provisioner.machines import gpuqueue
+
+    exp = _four(tmp_path, run="sleep 600", lifecycle={"on_finish": "keep"})
+    m = machines.up(app, load_experiment(exp)).machine
+    assert gpuqueue.submit(app, "job", SHOW, 1) == ("exec-1", False)
+    assert gpuqueue.listing(app, "job")[0].gpus == "all"
+    dropped = gpuqueue.submit(app, "job", SHOW, 4)[0]
+    assert job_control.cancel(app, "job", [dropped]).dropped == [dropped]  # never started
+    job_control.cancel(app, "job", ["run"], grace=5)  # on_finish: keep; the GPUs are free
+    assert _devices(app, m, "exec-1") == "0"
+    assert [e.detail["job"] for e in _events(app, m.id, "job-started")] == ["run", "exec-1"]
+    machines.down(app, "job")
+
+
+def test_queue_and_exec_gpus_on_the_command_line(home, tmp_path):
+    cfg = write_settings(home)
+    path = _four(tmp_path, "gq")
+    assert run_cli("--config", str(cfg), "up", str(path), "--detach").returncode == 0
+    first = run_cli("--config", str(cfg), "exec", "gq", "--gpus", "4", "--", "sleep 600")
+    assert first.returncode == 0 and first.stdout == "exec-1\n"
+    second = run_cli("--config", str(cfg), "exec", "gq", "--gpus", "2", "--", "sleep 1")
+    assert second.returncode == 0 and second.stdout == "exec-2\n"
+    assert "queued exec-2 on gq: it starts when 2 GPUs are free" in second.stderr
+    listed = run_cli("--config", str(cfg), "queue", "gq")
+    assert listed.returncode == 0
+    assert [line.split()[:3] for line in listed.stdout.splitlines()] == [
+        ["JOB", "STATE", "GPUS"],
+        ["exec-1", "running", "0,1,2,3"],
+        ["exec-2", "queued", "2"],
+    ], listed.stdout
+    as_json = run_cli("--config", str(cfg), "queue", "gq", "-o", "json")
+    assert [j["state"] for j in json.loads(as_json.stdout)["jobs"]] == ["running", "queued"]
+    too_many = run_cli("--config", str(cfg), "exec", "gq", "--gpus", "8", "--", "true")
+    assert too_many.returncode == 2 and "gq has 4 GPUs" in too_many.stderr
+    every = run_cli("--config", str(cfg), "cancel", "gq", "--all", "--grace", "1")
+    assert every.stdout.splitlines() == [
+        "gq: job exec-2 cancelled (it was queued)",
+        "gq: job exec-1 cancelled",
+    ]
+    assert run_cli("--config", str(cfg), "down", "gq").returncode == 0

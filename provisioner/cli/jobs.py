@@ -7,7 +7,7 @@ import sys
 
 import typer
 
-from provisioner.cli import app, err, get_app, out
+from provisioner.cli import OUTPUT, Output, app, err, get_app, out, print_json, text_table, write
 
 
 def _stdout(chunk: bytes) -> None:
@@ -83,8 +83,10 @@ def cancel(
     if bool(job_ids) == all_:
         raise UserError("name the jobs to cancel, or --all (not both)")
     done = job_control.cancel(get_app(ctx), name, None if all_ else job_ids, grace)
-    if not done.jobs:
+    if not done.jobs and not done.dropped:
         out.print(f"{name}: no job was running", highlight=False, markup=False)
+    for jid in done.dropped:
+        out.print(f"{name}: job {jid} cancelled (it was queued)", highlight=False, markup=False)
     for j in done.jobs:
         out.print(f"{name}: job {j.id} {j.end}", highlight=False, markup=False, soft_wrap=True)
     for a in done.actions:
@@ -98,23 +100,45 @@ def exec_(
     ctx: typer.Context,
     name: str = typer.Argument(..., help="machine"),
     command: list[str] = typer.Argument(..., help="the command, after --"),
+    gpus: int = typer.Option(
+        0, "--gpus", min=0, help="GPUs it needs: it waits until they are free (the run: all)"
+    ),
 ) -> None:
     """Start another job on the machine, detached, with the experiment's env; prints its id
-    (`provisioner logs NAME --job ID` shows its output)."""
+    (`provisioner logs NAME --job ID` shows its output). With --gpus N it waits its turn until
+    N GPUs are free (CUDA_VISIBLE_DEVICES set to them): `provisioner queue NAME` lists it."""
     import shlex
 
-    from provisioner.machines import jobs
+    from provisioner.machines import gpuqueue
 
     application = get_app(ctx)
     text = command[0] if len(command) == 1 else shlex.join(command)
-    job_id = jobs.exec_job(application, name, text)
+    job_id, started = gpuqueue.submit(application, name, text, gpus)
     out.print(job_id, highlight=False, markup=False)
-    err.print(
-        f"started {job_id} on {name}: `provisioner logs {name} --job {job_id} -f`",
-        highlight=False,
-        markup=False,
-        soft_wrap=True,
+    said = (
+        f"started {job_id} on {name}: `provisioner logs {name} --job {job_id} -f`"
+        if started
+        else f"queued {job_id} on {name}: it starts when {gpus} GPUs are free "
+        f"(`provisioner queue {name}`)"
     )
+    err.print(said, highlight=False, markup=False, soft_wrap=True)
+
+
+@app.command()
+def queue(
+    ctx: typer.Context,
+    name: str = typer.Argument(..., help="machine"),
+    output: Output = OUTPUT,
+) -> None:
+    """The machine's jobs: running, ended (with their exit code) and queued for GPUs."""
+    from provisioner.machines import gpuqueue
+
+    rows = gpuqueue.listing(get_app(ctx), name)
+    if output is Output.json:
+        print_json({"jobs": [r.to_json() for r in rows]})
+        return
+    columns = [("job", "<", 0), ("state", "<", 0), ("gpus", "<", 1), ("command", "<", 2)]
+    write(text_table(columns, [[r.job, r.state, r.gpus, r.command] for r in rows]))
 
 
 @app.command()

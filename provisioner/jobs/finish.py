@@ -16,7 +16,7 @@ from provisioner.app import App
 from provisioner.errors import ProvisionerError
 from provisioner.jobs import ended
 from provisioner.jobs.passes import Action
-from provisioner.machines import jobs
+from provisioner.machines import gpuqueue, jobs
 from provisioner.models import Event, Machine
 from provisioner.schema import MachineStatus as S
 from provisioner.spec import Experiment
@@ -107,6 +107,13 @@ def on_ended(app: App, m: Machine, ended: list[jobs.Job]) -> list[Action]:
             out.append(Action(m.name, "record", "job-finished", why, True))
             continue
         out.append(act(app, m, job.exit_code, said=job.said))
+    if ended:  # GPUs freed: the jobs queued for them start, on a machine still running
+        with app.db.session() as s:
+            fresh = s.get(Machine, m.id)
+        out += [
+            Action(m.name, "start-job", "queued", f"job {jid} started: its GPUs are free", True)
+            for jid in (gpuqueue.dispatch(app, fresh) if fresh is not None else [])
+        ]
     return out
 
 

@@ -30,6 +30,7 @@ from provisioner.workdir import files as listed_files
 
 RUN = "run"
 STARTED, FINISHED, FAILED = EventKind.JOB_STARTED, EventKind.JOB_FINISHED, EventKind.JOB_FAILED
+QUEUED = EventKind.JOB_QUEUED  # waits for the GPUs it asks (:mod:`provisioner.machines.gpuqueue`)
 # provisioner-job's exit when a volume of the machine is not mounted and the job was not run
 # (templates/provisioner-job.sh, pv_volumes): its end is recorded with that reason
 NO_VOLUME_EXIT = 97
@@ -57,6 +58,7 @@ class Job:
     exit_code: int | None = None
     reason: str | None = None  # exited | killed | cancelled | volume-not-mounted
     stage: str = "run"  # setup: it ended in its setup, the run never started
+    gpus: list[int] | None = None  # the GPUs it was given (`exec --gpus`); `run`: all
 
     @property
     def running(self) -> bool:
@@ -329,19 +331,52 @@ def sync(app: App, name: str) -> tuple[int, str, str]:
 
 
 def exec_job(app: App, name: str, command: str) -> str:
-    """Another detached job on a running machine, with the experiment's env; its id."""
+    """Another detached job on a running machine, with the experiment's env; its id. (Asking
+    for GPUs, and waiting for them: :mod:`provisioner.machines.gpuqueue`.)"""
+    m = running(app, name)
+    with app.db.lock(f"jobs-{m.id}"):  # concurrent execs: one id each
+        job_id = next_exec_id(app, m)
+        start_exec(app, m, job_id, command)
+    return job_id
+
+
+def running(app: App, name: str) -> Machine:
+    """The machine ``name``, which `exec` needs running."""
     m = find(app, name)
     if m.status != MachineStatus.RUNNING:
         raise UserError(f"{m.name} is {m.status}: `exec` needs it running")
-    env = Experiment.model_validate(m.spec).env
-    with app.db.lock(f"jobs-{m.id}"):  # concurrent execs: one id each
-        job_id = f"exec-{sum(j.startswith('exec-') for j in jobs_of(app, m)) + 1}"
-        try:
-            runner(app, m).start_job(job_id, command, env=env)
-        except ProviderError as e:
-            raise OperationFailed(f"{m.name}: could not start {job_id}: {e}") from None
-        record_event(app, m.id, STARTED, detail={"job": job_id, "command": command})
-    return job_id
+    return m
+
+
+def next_exec_id(app: App, m: Machine) -> str:
+    """``exec-N``: one more than the machine's exec jobs started or queued (under its lock)."""
+    with app.db.session() as s:
+        ids = {
+            str((d or {}).get("job"))
+            for d in s.scalars(
+                select(Event.detail).where(
+                    Event.machine_id == m.id, Event.kind.in_((STARTED, QUEUED))
+                )
+            )
+        }
+    return f"exec-{sum(j.startswith('exec-') for j in ids) + 1}"
+
+
+def start_exec(
+    app: App, m: Machine, job_id: str, command: str, gpus: list[int] | None = None
+) -> None:
+    """``job_id`` started now with the experiment's env (and ``CUDA_VISIBLE_DEVICES``, the
+    ``gpus`` it was given); its ``job-started`` event (``gpus`` in its detail when given)."""
+    env = dict(Experiment.model_validate(m.spec).env)
+    detail: dict[str, Any] = {"job": job_id, "command": command}
+    if gpus:
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, gpus))
+        detail["gpus"] = gpus
+    try:
+        runner(app, m).start_job(job_id, command, env=env)
+    except ProviderError as e:
+        raise OperationFailed(f"{m.name}: could not start {job_id}: {e}") from None
+    record_event(app, m.id, STARTED, detail=detail)
 
 
 def jobs_of(app: App, m: Machine) -> dict[str, Job]:
@@ -359,7 +394,7 @@ def jobs_of(app: App, m: Machine) -> dict[str, Job]:
         d = e.detail or {}
         jid = str(d.get("job"))
         if e.kind == STARTED:
-            jobs[jid] = Job(jid, str(d.get("command", "")), e.at)
+            jobs[jid] = Job(jid, str(d.get("command", "")), e.at, gpus=d.get("gpus"))
         elif jid in jobs and jobs[jid].running:
             j = jobs[jid]
             j.finished_at, j.exit_code, j.reason = e.at, d.get("exit_code"), e.reason

@@ -11,7 +11,7 @@ from provisioner.app import App
 from provisioner.errors import ProvisionerError, UserError
 from provisioner.jobs import finish
 from provisioner.jobs.passes import Action
-from provisioner.machines import joblogs, jobs
+from provisioner.machines import gpuqueue, joblogs, jobs
 from provisioner.models import JobLog, Machine
 from provisioner.schema import MachineStatus as S
 
@@ -23,6 +23,7 @@ class Cancelled:
     name: str
     jobs: list[jobs.Job]
     actions: list[Action] = field(default_factory=list)
+    dropped: list[str] = field(default_factory=list)  # queued jobs ended before they started
 
 
 def cancel(app: App, name: str, job_ids: list[str] | None, grace: float | None = None) -> Cancelled:
@@ -34,8 +35,10 @@ def cancel(app: App, name: str, job_ids: list[str] | None, grace: float | None =
     if m.status not in (S.RUNNING, S.PENDING):
         raise UserError(f"{m.name} is {m.status}: its jobs ended with it (`provisioner queue`)")
     wait = app.settings.jobs.cancel_grace_seconds if grace is None else grace
-    done = jobs.cancel(app, m, job_ids, wait)
-    return Cancelled(m.name, done, finish.on_ended(app, m, done) if done else [])
+    dropped = gpuqueue.drop(app, m, job_ids)  # first: no end below starts them meanwhile
+    rest = None if job_ids is None else [j for j in job_ids if j not in dropped]
+    done = jobs.cancel(app, m, rest, wait) if rest is None or rest else []
+    return Cancelled(m.name, done, finish.on_ended(app, m, done) if done else [], dropped)
 
 
 @dataclass
