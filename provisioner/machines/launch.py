@@ -93,6 +93,10 @@ def up(
 ) -> UpResult:
     """``prefer`` reorders the candidates (stable): recovery tries the lost machine's zone and
     region first. ``on_no_capacity``: see :data:`NoCapacity` (None: such an intent fails)."""
+    taken = None  # the workdir taken now, before anything is written (a bad one: UserError)
+    if experiment.workdir and workdirs.replacing() is None:
+        files = jobs.workdir_files(app, experiment.workdir)[0]
+        taken = (experiment.workdir, len(files), workdirs.pack(experiment.workdir, files))
     # The limits (max_machines, budgets) are read and the intent written under one lock:
     # otherwise six concurrent `up`s each count the same machines and all go ahead.
     with app.db.lock("intents"):
@@ -100,10 +104,7 @@ def up(
         machine, already = _write_intent(app, experiment, spec_path, plan.candidates[0])
     if already:
         return UpResult(machine, already=True, plan=plan)
-    if experiment.workdir:  # taken now, kept with the state: every later copy restores it
-        replacing = workdirs.replacing()
-        files = None if replacing else jobs.workdir_files(app, experiment.workdir)[0]
-        workdirs.at_up(app, machine, experiment.workdir, files)
+    workdirs.at_up(app, machine, taken)  # kept with the state: every later copy restores it
     if prefer is not None:
         plan.candidates.sort(key=prefer)
     # one launching process per intent; a second `up` of it waits here, then finds it done

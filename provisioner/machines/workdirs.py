@@ -22,6 +22,7 @@ from pathlib import Path
 from sqlalchemy import select
 
 from provisioner.app import App
+from provisioner.errors import UserError
 from provisioner.machines import joblogs
 from provisioner.models import Machine, WorkdirCopy
 
@@ -43,23 +44,34 @@ def replacing() -> str | None:
     return _REPLACING.get()
 
 
+def pack(source: str, files: list[str]) -> bytes:
+    """``files`` of the folder ``source`` as a gzipped tar (an unreadable one: UserError)."""
+    buf = io.BytesIO()
+    try:
+        with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+            for rel in files:
+                tar.add(str(Path(source) / rel), arcname=rel, recursive=False)
+    except OSError as e:
+        raise UserError(f"workdir: cannot read {e.filename}: {e.strerror}") from None
+    return buf.getvalue()
+
+
 def take(app: App, m: Machine, source: str, files: list[str]) -> int:
     """``files`` of the folder ``source`` kept as ``m``'s workdir (replacing any); its bytes."""
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
-        for rel in files:
-            tar.add(str(Path(source) / rel), arcname=rel, recursive=False)
-    data = buf.getvalue()
+    return keep(app, m, source, len(files), pack(source, files))
+
+
+def keep(app: App, m: Machine, source: str, files: int, archive: bytes) -> int:
     with app.db.session() as s:
         row = s.get(WorkdirCopy, m.id) or WorkdirCopy(machine_id=m.id)
-        row.taken_at, row.source, row.files, row.archive = app.clock.now(), source, len(files), data
+        row.taken_at, row.source, row.files, row.archive = app.clock.now(), source, files, archive
         s.add(row)
-    return len(data)
+    return len(archive)
 
 
-def at_up(app: App, m: Machine, source: str | None, files: list[str] | None) -> None:
-    """At ``up`` of the new machine ``m``: the workdir taken from ``source`` — or, for a
-    relaunch (:func:`relaunching`), the replaced machine's copy kept as ``m``'s."""
+def at_up(app: App, m: Machine, taken: tuple[str, int, bytes] | None) -> None:
+    """At ``up`` of the new machine ``m``: the workdir ``taken`` (folder, files, archive) kept —
+    or, for a relaunch (:func:`relaunching`), the replaced machine's copy kept as ``m``'s."""
     replaced = _REPLACING.get()
     if replaced is not None:
         with app.db.session() as s:
@@ -75,8 +87,8 @@ def at_up(app: App, m: Machine, source: str | None, files: list[str] | None) -> 
                     )
                 )
                 return
-    if source and files is not None:
-        take(app, m, source, files)
+    if taken is not None:
+        keep(app, m, *taken)
 
 
 def kept(app: App, m: Machine) -> WorkdirCopy | None:
