@@ -214,3 +214,15 @@ def test_a_run_that_ended_is_not_run_again_on_the_machine_that_replaces_its_own(
     read = job_control.read(app, "job", "run")
     assert (read.data, read.code) == (b"finished\n", 0) and read.end.startswith("exited 0")
     machines.down(app, "job")
+
+
+def test_a_stop_keeps_the_output_of_jobs_still_running(app, tmp_path):
+    exp = _experiment(tmp_path, run="echo working; sleep 600", lifecycle={"on_finish": "keep"})
+    m = machines.up(app, load_experiment(exp)).machine
+    _wait_output(app, m, "run", "working")
+    machines.stop(app, "job")
+    [kept] = joblogs.kept(app, m, "run")
+    assert (kept.attempt, kept.reason, kept.text) == (1, "killed", b"working\n")
+    shutil.rmtree(app.provider("sandbox").machine_dir(m.instance_id))  # its disk out of reach
+    read = job_control.read(app, "job", "run")
+    assert (read.data, read.code) == (b"working\n", 137)

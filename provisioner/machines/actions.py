@@ -53,6 +53,7 @@ def stop(
             f"{m.name} is a spot machine on {m.cloud}, which cannot stop one (it launches spot "
             f"as one-time requests): `provisioner down {m.name}` ends its billing"
         )
+    jobs.keep_before_down(app, m)
     provider_call(app, m, "stop")
     return transition(app, m.id, S.STOPPED, event=EventKind.STOPPED, reason=reason, detail=detail)
 
@@ -225,6 +226,7 @@ def down(
                 f"{name}: an `up` is still launching it after {DOWN_WAIT_SECONDS} s; it will "
                 f"terminate what it launches (see `provisioner status --all`)"
             ) from None
+    jobs.keep_before_down(app, m)
     provider_call(app, m, "terminate")
     return transition(
         app, m.id, S.TERMINATED, event=EventKind.TERMINATED, reason=reason, detail=detail

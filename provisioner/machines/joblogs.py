@@ -66,9 +66,12 @@ def keep(
     stage: str = "run",
 ) -> int:
     """The ended job's output (None: it could not be read) kept as its latest attempt's row;
-    an attempt kept already is replaced (a second look at the same end)."""
+    an attempt kept already is replaced (its end seen after a stop kept what it had written:
+    unread now, that output stays)."""
     attempt = attempt_of(app, m, job_id)
-    data = data or b""
+    before = [r for r in kept(app, m, job_id) if r.attempt == attempt] if data is None else []
+    text = before[-1].text if before else (data or b"")[-KEEP_BYTES:]
+    size = before[-1].size if before else len(data or b"")
     row = JobLog(
         machine_id=m.id,
         job=job_id,
@@ -77,9 +80,9 @@ def keep(
         exit_code=exit_code,
         reason=reason,
         ended_at=app.clock.now(),
-        size=len(data),
-        text=data[-KEEP_BYTES:],
-        truncated=len(data) > KEEP_BYTES,
+        size=size,
+        text=text,
+        truncated=size > len(text),
     )
     with app.db.session() as s:
         for old in s.scalars(

@@ -465,6 +465,22 @@ def keep_log(app: App, m: Machine, job: Job) -> None:
     )
 
 
+def keep_before_down(app: App, m: Machine) -> None:
+    """Before ``m`` is stopped or terminated: the output of each job still running kept as its
+    attempt's log (``killed``; replaced if its end is seen after all) — on a cloud the
+    machine's own copy is out of reach once it is down. Never in the way of the stop."""
+    if m.status not in (MachineStatus.RUNNING, MachineStatus.PENDING):
+        return
+    for job in jobs_of(app, m).values():
+        if not job.running:
+            continue
+        try:
+            data = output(app, m, job.id)
+        except Exception:  # unreachable, gone: the stop goes on
+            continue
+        joblogs.keep(app, m, job.id, data, reason="killed", exit_code=None)
+
+
 def cancel(app: App, m: Machine, job_ids: list[str] | None, grace: float) -> list[Job]:
     """The jobs ``job_ids`` of ``m`` (None: all that run) ended: TERM, KILL after ``grace``
     seconds; each recorded ``cancelled`` (by ``app.actor``) with its output kept. A job that
