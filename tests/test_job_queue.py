@@ -196,6 +196,8 @@ def test_queue_and_exec_gpus_on_the_command_line(home, tmp_path):
     second = run_cli("--config", str(cfg), "exec", "gq", "--gpus", "2", "--", "sleep 1")
     assert second.returncode == 0 and second.stdout == "exec-2\n"
     assert "queued exec-2 on gq: it starts when 2 GPUs are free" in second.stderr
+    waits = run_cli("--config", str(cfg), "logs", "gq", "--job", "exec-2")
+    assert waits.returncode == 2 and "job exec-2 is queued: it starts when 2 GPUs" in waits.stderr
     listed = run_cli("--config", str(cfg), "queue", "gq")
     assert listed.returncode == 0
     assert [line.split()[:3] for line in listed.stdout.splitlines()] == [

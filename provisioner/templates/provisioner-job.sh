@@ -10,6 +10,7 @@ set -u
 top="${PV_HOME:-$HOME}"
 d="$top/.provisioner/jobs/${2:-none}"
 boot_id() { cat /proc/sys/kernel/random/boot_id 2>/dev/null || echo unknown; }
+alive() { kill -0 "$1" 2>/dev/null && ! grep -qs '^State:.*Z' "/proc/$1/status"; }  # no zombie
 # No job runs before its volumes are mounted (PV_VOLUMES from the job's env, $PV_STATE/volumes
 # from the mount script): wait, then refuse with the reason, exit 97 (machines/jobs.py).
 pv_volumes() {
@@ -62,7 +63,7 @@ run)  # the job itself: env exported, setup once per machine, then cmd; its exit
 state)  # state ID: "exit CODE", "running", "lost" (ended without a code: the machine stopped)
   if [ ! -f "$d/pid" ]; then echo none
   elif [ -f "$d/exit" ]; then echo "exit $(cat "$d/exit") $(cat "$d/stage" 2>/dev/null || echo run)"
-  elif [ "$(boot_id)" = "$(cat "$d/boot" 2>/dev/null)" ] && kill -0 "$(cat "$d/pid")" 2>/dev/null; then echo running
+  elif [ "$(boot_id)" = "$(cat "$d/boot" 2>/dev/null)" ] && alive "$(cat "$d/pid")"; then echo running
   else echo lost
   fi
   ;;

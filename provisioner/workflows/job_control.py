@@ -115,5 +115,11 @@ def _no_such_job(app: App, m: Machine, job_id: str, known: dict[str, jobs.Job]) 
             f"{m.name}'s run has not started: it starts once the machine answers SSH "
             "(the scheduler's reconcile pass starts it)"
         )
+    waiting = next((q for q in gpuqueue.queued(app, m) if q.id == job_id), None)
+    if waiting is not None:
+        raise UserError(
+            f"{m.name}'s job {job_id} is queued: it starts when {waiting.gpus} GPUs are free "
+            f"(`provisioner queue {m.name}`)"
+        )
     have = ", ".join(known) or "none"
     raise UserError(f"{m.name} has no job {job_id!r} (its jobs: {have})")
