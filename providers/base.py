@@ -164,6 +164,7 @@ class JobState:
 
     running: bool
     exit_code: int | None = None
+    stage: str = "run"  # "setup": the job ended in its setup (the run never started)
 
 
 class VolumeState(enum.StrEnum):
@@ -455,6 +456,11 @@ class Provider(ABC):
 
     def job_output(self, ref: InstanceRef, job_id: str, offset: int = 0) -> bytes:
         """The job's output (stdout and stderr) from byte ``offset``."""
+        raise NotImplementedError(f"{self.name}: jobs are not supported yet")
+
+    def cancel_job(self, ref: InstanceRef, job_id: str, grace: float) -> JobState:
+        """End the job: TERM to its process group, KILL after ``grace`` seconds if it still
+        runs. Its state after (an exit code when it exited by itself meanwhile)."""
         raise NotImplementedError(f"{self.name}: jobs are not supported yet")
 
     def machine_report(self, ref: InstanceRef) -> bytes | None:

@@ -252,23 +252,27 @@ _RUN = "run"
 
 def _jobs_quiet(sql: Sql) -> bool:
     """Whether :func:`provisioner.jobs.finish.check`, which the full way runs after reconciling,
-    would find nothing to do: no live machine with a job its events say still runs (more
-    starts than ends), and no running machine whose experiment's ``run`` is due (the rule of
-    :func:`provisioner.machines.jobs.run_due`: its latest ``run-due``, or no start or failure
-    of its ``run`` since)."""
+    would find nothing to do: no live machine with a job its events say still runs (started,
+    no end of that job since), and no running machine whose experiment's ``run`` is due (the
+    rule of :func:`provisioner.machines.jobs.run_due`: its latest ``run-due``, or no start,
+    failure or end by itself of its ``run`` since)."""
     live = f"SELECT id FROM machines WHERE status IN ('{S.RUNNING}', '{S.PENDING}')"
-    runs: dict[str, int] = {}
+    runs: dict[str, set[str]] = {}  # each machine's jobs started and not ended since
     mark: dict[str, str] = {}  # each machine's latest event that decides whether its run is due
-    for mid, kind, detail in sql.all(
-        "SELECT machine_id, kind, detail FROM events WHERE kind IN (?, ?, ?, ?)"
+    for mid, kind, reason, detail in sql.all(
+        "SELECT machine_id, kind, reason, detail FROM events WHERE kind IN (?, ?, ?, ?)"
         f" AND machine_id IN ({live}) ORDER BY id",
         [_STARTED, _FINISHED, _FAILED, _DUE],
     ):
-        runs[mid] = runs.get(mid, 0) + {_STARTED: 1, _FINISHED: -1}.get(kind, 0)
         job = (json.loads(detail) if isinstance(detail, str | bytes) else detail or {}).get("job")
-        if kind == _DUE or (kind in (_STARTED, _FAILED) and job == _RUN):
+        if kind == _STARTED:
+            runs.setdefault(mid, set()).add(str(job))
+        elif kind == _FINISHED:  # also of a job that never started (queued, then cancelled)
+            runs.get(mid, set()).discard(str(job))
+        ended_itself = kind == _FINISHED and reason != "killed"
+        if kind == _DUE or (job == _RUN and (kind in (_STARTED, _FAILED) or ended_itself)):
             mark[mid] = kind
-    if any(n > 0 for n in runs.values()):
+    if any(runs.values()):
         return False
     key = "spec->>'{}'" if sql.postgres else "json_extract(spec, '$.{}')"
     with_run = sql.all(

@@ -35,6 +35,7 @@ FIELDS = (
     "teams",
     "database",
     "workdir",
+    "jobs",
 )
 
 

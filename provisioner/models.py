@@ -21,6 +21,7 @@ from sqlalchemy import (
     ForeignKey,
     Index,
     Integer,
+    LargeBinary,
     String,
     Text,
     TypeDecorator,
@@ -558,3 +559,36 @@ class StateMeta(Base):
 
     key: Mapped[str] = mapped_column(String(64), primary_key=True)
     value: Mapped[str] = mapped_column(Text)
+
+
+class JobLog(Base):
+    """A job's output kept with the state when it ended (0016): its last ``size`` bytes at most
+    :data:`provisioner.machines.joblogs.KEEP_BYTES`, one row per attempt (a ``run`` started
+    again after a preemption, on the machine or its replacement)."""
+
+    __tablename__ = "job_logs"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    machine_id: Mapped[str] = mapped_column(String(64), index=True)
+    job: Mapped[str] = mapped_column(String(64))
+    attempt: Mapped[int] = mapped_column(Integer)
+    stage: Mapped[str] = mapped_column(String(16))  # run | setup (the setup failed)
+    exit_code: Mapped[int | None] = mapped_column(Integer)
+    reason: Mapped[str] = mapped_column(String(32))  # exited | killed | cancelled | …
+    ended_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    size: Mapped[int] = mapped_column(BigInteger)  # the whole output's bytes
+    text: Mapped[bytes] = mapped_column(LargeBinary)  # its last bytes, within the bound
+    truncated: Mapped[bool] = mapped_column(Boolean)
+
+
+class WorkdirCopy(Base):
+    """The workdir as ``up`` took it (0016): a gzipped tar of the files copied, within the
+    workdir limits, so a relaunch (by any scheduler, on any host) restores the same files."""
+
+    __tablename__ = "workdirs"
+
+    machine_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    taken_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    source: Mapped[str] = mapped_column(Text)  # the folder it was taken from
+    files: Mapped[int] = mapped_column(Integer)
+    archive: Mapped[bytes] = mapped_column(LargeBinary)

@@ -170,7 +170,8 @@ class EventKind(enum.StrEnum):
     WAIT_GAVE_UP = "wait-gave-up"  # a wait reached its `until` and failed
     WAIT_REFUSED = "wait-refused"  # a wait refused (a budget, a policy) and failed
     JOB_STARTED = "job-started"  # a job started (detail: job, command)
-    JOB_FINISHED = "job-finished"  # a job ended (reason: exited | killed; detail: exit_code)
+    JOB_FINISHED = "job-finished"  # a job ended (reason: exited | killed | cancelled…)
+    JOB_QUEUED = "job-queued"  # a job waits for the GPUs it asks (detail: job, command, gpus)
     JOB_FAILED = "job-failed"  # the `run` could not be started (detail: error)
     RUN_DUE = "run-due"  # started again in place: its `run` starts anew
     AUTOSTOP_SET = "autostop-set"  # `autostop` set by a user

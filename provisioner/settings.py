@@ -230,6 +230,14 @@ class WorkdirSettings(BaseModel):
         return self.max_files, self.max_bytes
 
 
+class JobsSettings(BaseModel):
+    """How jobs on a machine end: ``cancel`` sends TERM to a job's process group, then KILL
+    after ``cancel_grace_seconds`` if it still runs (``cancel --grace`` for one call)."""
+
+    model_config = ConfigDict(extra="forbid", defer_build=True)
+    cancel_grace_seconds: float = Field(10.0, ge=0, le=3600)
+
+
 class IdentitySettings(BaseModel):
     """Who runs provisioner, as an e-mail: the database role on PostgreSQL (each member
     connects as their own role), the OS user on SQLite; ``members`` maps either to an e-mail,
@@ -310,6 +318,7 @@ class Settings(BaseSettings):
     notify: NotifySettings = Field(default_factory=NotifySettings)
     identity: IdentitySettings = Field(default_factory=IdentitySettings)
     workdir: WorkdirSettings = Field(default_factory=WorkdirSettings)
+    jobs: JobsSettings = Field(default_factory=JobsSettings)  # cancel's grace
     database: DatabaseSettings = Field(default_factory=DatabaseSettings)  # its timeouts
     home: Path = Field(default_factory=data_dir)  # state, sandbox cloud, refreshed catalog
     # IANA zone of times given without one where no policy calendar applies

@@ -33,6 +33,8 @@ _MEMBER = (
     ("INSERT", "tokens"),
     ("UPDATE (revoked_at)", "tokens"),
     ("INSERT", "deliveries"),
+    ("INSERT, UPDATE", "job_logs"),  # a job's output kept when it ends (0016)
+    ("INSERT, UPDATE", "workdirs"),  # the workdir as `up` took it (0016)
 )
 _SCHEDULER = (
     *_MEMBER,

@@ -123,6 +123,7 @@ SAMPLES = {
     "command": None,  # ssh's trailing command: optional
     "endpoint": None,  # agent and scheduler run are daemons: not run here
     "token_file": None,
+    "job_ids": None,  # cancel NAME [JOB]... (or --all)
 }
 # run until stopped, or exec ssh; selftest runs a machine for minutes (tests/test_selftest.py)
 DAEMONS = {("agent",), ("scheduler", "run"), ("ssh",), ("selftest",)}

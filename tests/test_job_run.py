@@ -146,8 +146,10 @@ def test_keep_a_failing_run_then_exec_and_a_restart_after_preemption(app, clock,
     machines.reconcile(app)
     clock.advance(timedelta(minutes=5))
     machines.restart(app, jobs.named(app, "job"))
-    assert len(_events(app, m.id, "job-started")) == 4  # run, exec-1, exec-2, run again
-    assert _wait_ended(app, "job").exit_code == 3
+    # the run had ended (exit 3) before the preemption: it is not run again (issue #34, 5)
+    assert len(_events(app, m.id, "job-started")) == 3  # run, exec-1, exec-2
+    assert not _events(app, m.id, "run-due") and not jobs.run_due(app, jobs.named(app, "job"))
+    assert jobs.jobs_of(app, jobs.named(app, "job"))["run"].exit_code == 3
     setup_ran = Path(sandbox.machine_dir(m.instance_id)) / "setup-ran"
     assert setup_ran.read_text() == "once\n"  # setup once per machine
 
@@ -202,7 +204,7 @@ def test_up_follows_the_run_logs_exec_and_status(home, tmp_path):
     assert "run exited 3: cli is running (on_finish: keep)" in up.stdout
 
     logs = run_cli("--config", str(cfg), "logs", "cli", "--tail", "1")
-    assert logs.returncode == 0 and logs.stdout == "failing\n"
+    assert logs.returncode == 3 and logs.stdout == "failing\n"  # the job's own exit code
     assert "job run: exited 3" in logs.stderr
 
     ex = run_cli("--config", str(cfg), "exec", "cli", "--", "sh", "-c", "echo lr is $LR")

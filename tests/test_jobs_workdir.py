@@ -13,10 +13,9 @@ import pytest
 from sqlalchemy import select
 
 from provisioner import machines
-from provisioner.errors import OperationFailed
+from provisioner.errors import UserError
 from provisioner.jobs import finish
-from provisioner.machines import jobs
-from provisioner.models import Event
+from provisioner.models import Machine
 from provisioner.spec import load_experiment
 from provisioner.workflows import up as flow
 from tests.conftest import run_cli, sandbox_experiment, write_settings, write_yaml
@@ -95,30 +94,26 @@ def test_file_count_and_size_limits_come_from_settings(home, tmp_path):
     assert r.returncode == 0, r.stdout + r.stderr
 
 
-def test_a_job_that_cannot_start_after_the_launch_stops_its_machine_and_status_goes_on(
+def test_a_workdir_that_turns_bad_after_the_check_is_refused_before_anything_launches(
     app, home, tmp_path
 ):
+    """`up` takes the workdir (kept with the state, issue #34) before it writes the intent: a
+    named pipe that appeared after the check refuses the `up` (exit 2), nothing launched."""
     machines.up(app, load_experiment(experiment(tmp_path, "fine", run=None)))
     work = workdir(tmp_path)
     exp = load_experiment(experiment(tmp_path, workdir="code"))  # checked: fine
     os.mkfifo(work / "pipe")  # then a named pipe appears before the copy
-    with pytest.raises(OperationFailed) as e:  # `up`'s workflow: one line, exit 1
+    with pytest.raises(UserError) as e:  # `up`'s workflow: one line, exit 2
         flow.up(app, flow.UpRequest(exp, "wd.yaml", follow=False))
-    assert e.value.exit_code == 1
+    assert e.value.exit_code == 2
     assert str(e.value) == (
-        f"wd: could not start its job: workdir: {work / 'pipe'} is a named pipe: a workdir holds "
-        "regular files only; wd stopped (on_finish), compute billing ended"
+        f"workdir: {work / 'pipe'} is a named pipe: a workdir holds regular files only"
     )
-    m = jobs.named(app, "wd")
-    assert m.status == "stopped"
     with app.db.session() as s:
-        [failed] = s.scalars(
-            select(Event).where(Event.machine_id == m.id, Event.kind == jobs.FAILED)
-        ).all()
-    assert "is a named pipe" in failed.detail["error"]
-    # the others' status is unharmed; the broken one is one line
+        assert [m.name for m in s.scalars(select(Machine))] == ["fine"]  # no intent left
+    # the others' status is unharmed
     assert finish.check(app) == []
     cfg = write_settings(home, state_url=app.settings.state_url)
     r = run_cli("status", env={"PROVISIONER_CONFIG": str(cfg)})
     assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
-    assert "fine" in r.stdout and "wd" in r.stdout
+    assert "fine" in r.stdout

@@ -76,7 +76,10 @@ ORDER = [
     "provisioner.machines.attempts",  # the typed launch attempt and what failures block
     "provisioner.machines.volumes",  # network disks: created, attached, mounted, removed
     "provisioner.machines.remote",  # jobs on a cloud machine over SSH (rsync, supervisor)
+    "provisioner.machines.joblogs",  # each job's output kept with the state when it ends
+    "provisioner.machines.workdirs",  # the workdir as `up` took it, kept with the state
     "provisioner.machines.jobs",  # the experiment's job: workdir, setup, run, exec, their ends
+    "provisioner.machines.gpuqueue",  # jobs wait their turn for the machine's GPUs
     "provisioner.machines.pull",  # each machine's agent report read over SSH: idle behind NAT
     "provisioner.machines.guard_stops",  # a machine's own guard's stop, read back
     "provisioner.machines.launch",  # up: intent, attempts, adoption
@@ -116,6 +119,7 @@ ORDER = [
     "provisioner.workflows",  # a command end to end: typed request, progress events, result
     "provisioner.workflows.catalog",  # cheapest offers, price refresh, credentials checked
     "provisioner.workflows.up",  # up: resume, launch or wait, SSH, the due job, the run followed
+    "provisioner.workflows.job_control",  # cancel, and logs read from the machine or the state
     "provisioner.workflows.many",  # stop, start, down of one machine or many
     "provisioner.workflows.gc",  # orphans, unused network pieces and volumes
     "provisioner.selftest",  # selftest --cloud C: one small real run checks the guard there

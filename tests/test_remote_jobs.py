@@ -224,7 +224,7 @@ def test_a_cloud_machine_runs_the_experiment_over_ssh_and_stops_when_it_ends(
     (copied / "go").touch()
     rest, stderr = follow.communicate(timeout=120)
     stdout = first + rest
-    assert follow.returncode == 0, stderr
+    assert follow.returncode == 3, stderr  # the job's own exit code
     assert stdout == "greeting=it's me in workdir\ndone\n"
     assert "job run: exited 3" in stderr
     m = jobs.named(app, "train")
@@ -235,10 +235,10 @@ def test_a_cloud_machine_runs_the_experiment_over_ssh_and_stops_when_it_ends(
     assert state["Reservations"][0]["Instances"][0]["State"]["Name"] == "stopped"
     assert (machine_home / "setup.log").read_text() == "set-up\n"  # once
 
-    # output is kept on the machine: a stopped cloud machine says so
+    # its output was kept with the state when it ended: read with the machine stopped
     r = run_cli("--config", str(cfg), "logs", "train")
-    assert r.returncode == 2 and "provisioner start train" in r.stderr
-    assert "Traceback" not in r.stderr
+    assert r.returncode == 3 and r.stdout == "greeting=it's me in workdir\ndone\n", r.stderr
+    assert "job run: exited 3 (attempt 1, ended" in r.stderr
     app.close()
 
 
@@ -335,26 +335,41 @@ def test_run_starts_again_after_a_preempted_machine_is_relaunched(
 def test_run_starts_again_when_its_machine_is_started_again_in_place(
     emu, sshd, user_key, machine_home, home, tmp_path
 ):
-    """The restart a preempted machine gets where its cloud kept it (GCP, Azure, Yandex):
-    ``run`` is due again, and starts once the machine answers SSH."""
+    """The restart a preempted machine gets where its cloud kept it (GCP, Azure, Yandex): a
+    ``run`` killed with the machine is due again, and starts once the machine answers SSH; one
+    that ended (here: cancelled, through provisioner-job's TERM) is not run again."""
     app, _ = _app(home, emu)
-    spec = _spec(tmp_path, "box", market="reserved", run="echo started >> ../starts.log")
+    spec = _spec(tmp_path, "box", market="reserved", run="echo started >> ../starts.log; sleep 300")
     m = machines.up(app, load_experiment(spec)).machine
     machines.reconcile(app)
     finish.check(app)
-    _until(lambda: not jobs.state(app, jobs.named(app, "box"), "run").running)
-    assert (machine_home / "starts.log").read_text() == "started\n"
+    _until(lambda: (machine_home / "starts.log").exists())
     app.clock.advance(timedelta(minutes=5))
     machines.stop(app, "box")
+    job = machine_home / ".provisioner" / "jobs" / "run"
+    os.killpg(int((job / "pid").read_text()), signal.SIGKILL)  # as the halt would: the
+    (job / "boot").write_text("an earlier boot\n")  # emulated machine is this host, not rebooted
 
     app.clock.advance(timedelta(minutes=5))
     machines.restart(app, jobs.named(app, "box"))
     [due] = _events(app, m.id, jobs.DUE)
     assert due.reason == "preempted"
-    # the second start runs detached: its output is there once the machine says it ended
-    _until(lambda: not jobs.state(app, jobs.named(app, "box"), "run").running)
+    # the second start runs detached: its output is there once it wrote it
+    _until(lambda: (machine_home / "starts.log").read_text().count("started") > 1)
     assert (machine_home / "starts.log").read_text() == "started\nstarted\n"
+    [killed] = _events(app, m.id, "job-finished")  # the first attempt, seen before the second
+    assert killed.reason == "killed"
     assert finish.check(app) == [] or not jobs.run_due(app, m)  # started once, not again
+
+    from provisioner.workflows import job_control
+
+    done = job_control.cancel(app, "box", ["run"], grace=1)
+    assert [(j.id, j.reason) for j in done.jobs] == [("run", "cancelled")]
+    assert jobs.named(app, "box").status == "stopped"  # on_finish: stop, as for any end
+    app.clock.advance(timedelta(minutes=5))
+    machines.restart(app, jobs.named(app, "box"))
+    assert len(_events(app, m.id, jobs.DUE)) == 1 and not jobs.run_due(app, m)
+    assert (machine_home / "starts.log").read_text() == "started\nstarted\n"  # not again
     app.close()
 
 

@@ -10,8 +10,10 @@ import contextlib
 import os
 import shlex
 import shutil
+import signal
 import sqlite3
 import subprocess
+import time
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
@@ -87,9 +89,10 @@ class SandboxJobs:
         if setup is not None:
             (home / "setup.sh").write_text(setup + "\n")
             done = q(str(home / "setup.done"))
-            lines.append(
+            lines.append(  # a failing setup: its code, and ``stage`` saying it was setup's
                 f"if [ ! -e {done} ]; then sh {q(str(home / 'setup.sh'))} || "
-                f"{{ echo $? > {q(str(job / 'exit_code'))}; exit; }}; touch {done}; fi"
+                f"{{ code=$?; echo setup > {q(str(job / 'stage'))}; "
+                f"echo $code > {q(str(job / 'exit_code'))}; exit; }}; touch {done}; fi"
             )
         # the exit code kept twice: ``exit_code`` (the sandbox's own) and ``exit``, beside
         # ``pid`` and ``boot``, as provisioner-job keeps a job on a cloud machine, which the
@@ -125,12 +128,32 @@ class SandboxJobs:
         job = self._job_dir(ref, job_id)
         code = job / "exit_code"
         if code.exists():
-            return JobState(False, int(code.read_text().strip()))
+            return _ended(job)
         proc = self._procs.get(job)
         alive = proc.poll() is None if proc is not None else _alive(int((job / "pid").read_text()))
         if not alive and code.exists():  # it wrote its code between the two looks
-            return JobState(False, int(code.read_text().strip()))
+            return _ended(job)
         return JobState(alive, None)
+
+    def cancel_job(self, ref: InstanceRef, job_id: str, grace: float) -> JobState:
+        """TERM to the job's process group, KILL after ``grace`` seconds (real ones: the job
+        is a real process)."""
+        job = self._job_dir(ref, job_id)
+        pgid = int((job / "pid").read_text())
+        _signal(pgid, signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        proc = self._procs.get(job)
+        while time.monotonic() < deadline:  # until no process of its group is left
+            if proc is not None:
+                proc.poll()  # our own child reaped once it ended
+            if not _group_alive(pgid):
+                break
+            time.sleep(0.05)
+        _signal(pgid, signal.SIGKILL)  # what ignored the TERM (none left: nothing)
+        self._procs.pop(job, None)
+        if proc is not None:
+            proc.wait()
+        return self.job_state(ref, job_id)
 
     def job_output(self, ref: InstanceRef, job_id: str, offset: int = 0) -> bytes:
         with (self._job_dir(ref, job_id) / "output.log").open("rb") as f:
@@ -171,6 +194,33 @@ class SandboxJobs:
         """The agent's ``--report`` for the machine's state dir (no SSH: the sandbox's machines
         are directories here), its instants in the sandbox's time."""
         return guard.report(self.machine_dir(ref.id), self._agent(), since)
+
+
+def _ended(job: Path) -> JobState:
+    stage = job / "stage"
+    said = stage.read_text().strip() if stage.exists() else "run"
+    return JobState(False, int((job / "exit_code").read_text().strip()), said or "run")
+
+
+def _signal(pgid: int, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
+
+
+def _group_alive(pgid: int) -> bool:
+    """Whether a process of the group still runs (a zombie no one reaps counts as ended)."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            if int(fields[2]) == pgid and fields[0] != "Z":
+                return True
+    return False
 
 
 def _alive(pid: int) -> bool:

@@ -148,16 +148,16 @@ def _run_end(ended: flow.RunEnded) -> str:
     name, job, status = ended.name, ended.job, ended.status
     if job is None:
         return f"{name}: its job is gone"
-    if job.exit_code is None:
+    if job.exit_code is None and job.reason != "cancelled":
         return f"run was killed: {name} is {status}"
     if status == S.STOPPED:
         return (
-            f"run exited {job.exit_code}: {name} stopped, compute billing ended "
+            f"{job.said}: {name} stopped, compute billing ended "
             f"(its disk bills until `provisioner down {name}`)"
         )
     if status == S.TERMINATED:
-        return f"run exited {job.exit_code}: {name} terminated, billing ended"
-    return f"run exited {job.exit_code}: {name} is {status} (on_finish: keep)"
+        return f"{job.said}: {name} terminated, billing ended"
+    return f"{job.said}: {name} is {status} (on_finish: keep)"
 
 
 def _volume_lines(launch: flow.Launch) -> None:

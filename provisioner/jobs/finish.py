@@ -16,7 +16,7 @@ from provisioner.app import App
 from provisioner.errors import ProvisionerError
 from provisioner.jobs import ended
 from provisioner.jobs.passes import Action
-from provisioner.machines import jobs
+from provisioner.machines import gpuqueue, jobs
 from provisioner.models import Event, Machine
 from provisioner.schema import MachineStatus as S
 from provisioner.spec import Experiment
@@ -97,22 +97,35 @@ def on_ended(app: App, m: Machine, ended: list[jobs.Job]) -> list[Action]:
     that exited gets its ``on_finish``; the others are recorded only."""
     out: list[Action] = []
     for job in ended:
-        if job.id != jobs.RUN or job.exit_code is None:
+        cancelled = job.reason == jobs.CANCELLED
+        if job.id != jobs.RUN or (job.exit_code is None and not cancelled):
             why = f"job {job.id} " + (
                 f"exited {job.exit_code}" if job.exit_code is not None else "was killed"
             )
+            if cancelled:
+                why = f"job {job.id} cancelled"
             out.append(Action(m.name, "record", "job-finished", why, True))
             continue
-        out.append(act(app, m, job.exit_code))
+        out.append(act(app, m, job.exit_code, said=job.said))
+    if ended:  # GPUs freed: the jobs queued for them start, on a machine still running
+        with app.db.session() as s:
+            fresh = s.get(Machine, m.id)
+        out += [
+            Action(m.name, "start-job", "queued", f"job {jid} started: its GPUs are free", True)
+            for jid in (gpuqueue.dispatch(app, fresh) if fresh is not None else [])
+        ]
     return out
 
 
-def act(app: App, m: Machine, exit_code: int | None, started: bool = True) -> Action:
-    """``on_finish`` done for ``m``'s run that exited ``exit_code`` — or, ``started`` False,
-    that could not start: billing ends as if it had (a job that never started produced
-    nothing a running machine keeps; its disk, stopped, keeps the files and the setup)."""
+def act(
+    app: App, m: Machine, exit_code: int | None, started: bool = True, said: str | None = None
+) -> Action:
+    """``on_finish`` done for ``m``'s run that exited ``exit_code`` (``said``: how it ended, when
+    not that: its setup failed, it was cancelled) — or, ``started`` False, that could not
+    start: billing ends as if it had (a job that never started produced nothing a running
+    machine keeps; its disk, stopped, keeps the files and the setup)."""
     policy = Experiment.model_validate(m.spec).on_finish
-    said = f"run exited {exit_code}" if started else "its run could not start"
+    said = said or (f"run exited {exit_code}" if started else "its run could not start")
     why = f"{said}; on_finish: {policy}"
     action = Action(
         m.name, {"stop": "stop", "terminate": "terminate"}.get(policy, "keep"), REASON, why

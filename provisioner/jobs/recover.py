@@ -29,6 +29,7 @@ from provisioner.crashpoints import crashpoint
 from provisioner.errors import ProvisionerError, UserError
 from provisioner.jobs.lease import HOLDER, Held, run_pass
 from provisioner.jobs.passes import Action, Pass, act
+from provisioner.machines import workdirs
 from provisioner.models import ACTIVE_EXCLUDED, Event, Machine
 from provisioner.schema import EventKind as K
 from provisioner.schema import MachineStatus as S
@@ -336,7 +337,8 @@ def _relaunch(
             else:
                 _release(app, m, exp, instead)
                 crashpoint("recover-after-down")
-        result = machines.up(app, exp, spec_path=m.spec_path, prefer=_near(m))
+        with workdirs.relaunching(m.id):  # the workdir as `up` took it, not as it is now
+            result = machines.up(app, exp, spec_path=m.spec_path, prefer=_near(m))
     except (ProvisionerError, ProviderError) as e:
         if keep:
             _restore_name(app, m)

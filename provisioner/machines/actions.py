@@ -55,6 +55,7 @@ def stop(
             f"{m.name} is a spot machine on {m.cloud}, which cannot stop one (it launches spot "
             f"as one-time requests): `provisioner down {m.name}` ends its billing"
         )
+    jobs.keep_before_down(app, m)
     provider_call(app, m, "stop")
     return transition(app, m.id, S.STOPPED, event=EventKind.STOPPED, reason=reason, detail=detail)
 
@@ -87,9 +88,10 @@ def restart(app: App, m: Machine, *, detail: dict[str, Any] | None = None) -> Ma
     start it in its zone now; ``NotFound``: gone), so the caller can launch anew instead.
     Compute bills again from now; the disk billed throughout."""
     started, changed = _start(app, m, reason="preempted", detail=detail)
-    if changed:  # `run` starts again (it was killed with the machine); on a cloud once
+    if changed:  # `run` starts again if it was killed with the machine; on a cloud once
         experiment = Experiment.model_validate(started.spec)  # it answers SSH
-        if experiment.run or experiment.setup:
+        ended = jobs.ended_itself(jobs.jobs_of(app, started).get(jobs.RUN))
+        if (experiment.run or experiment.setup) and not ended:  # a run that ended: not again
             record_event(app, started.id, jobs.DUE, reason="preempted", detail={"job": jobs.RUN})
         jobs.ensure_run(app, started, experiment)
     return started
@@ -230,6 +232,7 @@ def down(
                 f"{name}: an `up` is still launching it after {DOWN_WAIT_SECONDS} s; it will "
                 f"terminate what it launches (see `provisioner status --all`)"
             ) from None
+    jobs.keep_before_down(app, m)
     provider_call(app, m, "terminate")
     return transition(
         app, m.id, S.TERMINATED, event=EventKind.TERMINATED, reason=reason, detail=detail

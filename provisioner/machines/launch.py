@@ -51,7 +51,7 @@ from provisioner import boot, budget, fits, identity, keys, ledger, planning, st
 from provisioner.app import App
 from provisioner.crashpoints import crashpoint
 from provisioner.errors import OperationFailed, UserError
-from provisioner.machines import jobs, volumes
+from provisioner.machines import jobs, volumes, workdirs
 from provisioner.machines.attempts import Blocklist, LaunchAttempt, launch_token
 from provisioner.machines.record import provider_call, record_event, set_rates, transition
 from provisioner.models import Event, Machine, new_id
@@ -93,6 +93,10 @@ def up(
 ) -> UpResult:
     """``prefer`` reorders the candidates (stable): recovery tries the lost machine's zone and
     region first. ``on_no_capacity``: see :data:`NoCapacity` (None: such an intent fails)."""
+    taken = None  # the workdir taken now, before anything is written (a bad one: UserError)
+    if experiment.workdir and workdirs.replacing() is None:
+        files = jobs.workdir_files(app, experiment.workdir)[0]
+        taken = (experiment.workdir, len(files), workdirs.pack(experiment.workdir, files))
     # The limits (max_machines, budgets) are read and the intent written under one lock:
     # otherwise six concurrent `up`s each count the same machines and all go ahead.
     with app.db.lock("intents"):
@@ -100,6 +104,7 @@ def up(
         machine, already = _write_intent(app, experiment, spec_path, plan.candidates[0])
     if already:
         return UpResult(machine, already=True, plan=plan)
+    workdirs.at_up(app, machine, taken)  # kept with the state: every later copy restores it
     if prefer is not None:
         plan.candidates.sort(key=prefer)
     # one launching process per intent; a second `up` of it waits here, then finds it done

@@ -1,6 +1,6 @@
-"""Jobs on a cloud machine over SSH: the same four calls the sandbox's adapter makes locally
-(``put_files``, ``start_job``, ``job_state``, ``job_output``), made with OpenSSH and rsync at the
-machine's address, as its cloud's user, with the key ``up`` launched it with.
+"""Jobs on a cloud machine over SSH: the same calls the sandbox's adapter makes locally
+(``put_files``, ``start_job``, ``job_state``, ``job_output``, ``cancel_job``), made with OpenSSH
+and rsync at the machine's address, as its cloud's user, with the key ``up`` launched it with.
 
 On the machine a small supervisor, ``provisioner-job`` (``templates/provisioner-job.sh``), runs
 each job as its own session (``setsid nohup``), so it survives the SSH connection, and keeps its
@@ -32,7 +32,7 @@ from provisioner.models import Machine
 from provisioner.startup import SUPERVISOR_PATH as SYSTEM_COPY
 from provisioner.startup import supervisor_script as supervisor
 
-MARK = "provisioner-job v1"  # the supervisor's version line; another version is replaced
+MARK = "provisioner-job v2"  # the supervisor's version line; another version is replaced
 CALL_SECONDS = 60.0  # one short call (state, output, start)
 SYNC_SECONDS = 600.0  # one rsync of a workdir
 
@@ -176,12 +176,25 @@ class Remote:
             raise NotFound(f"{self.m.name}: no job {job_id}", code="NoJob")
         if said == "running":
             return JobState(True)
-        if said.startswith("exit "):
+        if said.startswith("exit "):  # "exit CODE STAGE" (v1 said "exit CODE")
+            words = said.split()
             try:
-                return JobState(False, int(said.split()[1]))
+                return JobState(False, int(words[1]), words[2] if len(words) > 2 else "run")
             except (IndexError, ValueError):
                 return JobState(False, None)
         return JobState(False, None)  # lost: ended with its machine's boot, no exit code
+
+    def cancel_job(self, job_id: str, grace: float) -> JobState:
+        """``provisioner-job cancel``: TERM, then KILL after ``grace`` seconds; its state after."""
+        seconds = max(0, int(grace + 0.999))
+        done = self.run(
+            f'"$sup" cancel {shlex.quote(job_id)} {seconds}', timeout=CALL_SECONDS + seconds
+        )
+        if done.returncode == 3:
+            raise NotFound(f"{self.m.name}: no job {job_id}", code="NoJob")
+        if done.returncode != 0:
+            raise ProviderError(f"{self.m.name}: could not cancel {job_id}: {_said(done)}")
+        return self.job_state(job_id)
 
     def job_output(self, job_id: str, offset: int = 0) -> bytes:
         done = self.run(f'"$sup" output {shlex.quote(job_id)} {int(offset)}')

@@ -1,14 +1,16 @@
 #!/bin/sh
-# provisioner-job v1: the supervisor of provisioner's jobs on a cloud machine.
+# provisioner-job v2: the supervisor of provisioner's jobs on a cloud machine.
 # Installed by the startup data (/usr/local/bin) or pushed over SSH (~/.provisioner/bin).
 # Each job lives in ~/.provisioner/jobs/<id>/: cmd, env, setup (written by provisioner), out
-# (stdout and stderr), pid, boot (the boot it ran in), exit (written when the job ends).
+# (stdout and stderr), pid, boot (the boot it ran in), exit (written when the job ends), stage
+# ("setup" when its setup failed: the run never started).
 # A job is its own session (setsid nohup): it outlives the SSH connection that started it.
 # PV_HOME replaces the login home (where the jobs and the workdir are).
 set -u
 top="${PV_HOME:-$HOME}"
 d="$top/.provisioner/jobs/${2:-none}"
 boot_id() { cat /proc/sys/kernel/random/boot_id 2>/dev/null || echo unknown; }
+alive() { kill -0 "$1" 2>/dev/null && ! grep -qs '^State:.*Z' "/proc/$1/status"; }  # no zombie
 # No job runs before its volumes are mounted (PV_VOLUMES from the job's env, $PV_STATE/volumes
 # from the mount script): wait, then refuse with the reason, exit 97 (machines/jobs.py).
 pv_volumes() {
@@ -50,7 +52,9 @@ run)  # the job itself: env exported, setup once per machine, then cmd; its exit
   if [ -f "$d/setup" ] && [ ! -e "$top/.provisioner/setup.done" ]; then
     sh "$d/setup"
     code=$?
-    if [ "$code" -ne 0 ]; then echo "$code" > "$d/exit.tmp" && mv "$d/exit.tmp" "$d/exit"; exit 0; fi
+    if [ "$code" -ne 0 ]; then
+      echo setup > "$d/stage"; echo "$code" > "$d/exit.tmp" && mv "$d/exit.tmp" "$d/exit"; exit 0
+    fi
     touch "$top/.provisioner/setup.done"
   fi
   sh "$d/cmd"
@@ -58,17 +62,28 @@ run)  # the job itself: env exported, setup once per machine, then cmd; its exit
   ;;
 state)  # state ID: "exit CODE", "running", "lost" (ended without a code: the machine stopped)
   if [ ! -f "$d/pid" ]; then echo none
-  elif [ -f "$d/exit" ]; then echo "exit $(cat "$d/exit")"
-  elif [ "$(boot_id)" = "$(cat "$d/boot" 2>/dev/null)" ] && kill -0 "$(cat "$d/pid")" 2>/dev/null; then echo running
+  elif [ -f "$d/exit" ]; then echo "exit $(cat "$d/exit") $(cat "$d/stage" 2>/dev/null || echo run)"
+  elif [ "$(boot_id)" = "$(cat "$d/boot" 2>/dev/null)" ] && alive "$(cat "$d/pid")"; then echo running
   else echo lost
   fi
+  ;;
+cancel)  # cancel ID GRACE: TERM to the job's process group (its session), KILL after GRACE s
+  if [ ! -f "$d/pid" ]; then echo "no job ${2:-}" >&2; exit 3; fi
+  pid=$(cat "$d/pid") waited=0
+  [ "$(boot_id)" = "$(cat "$d/boot" 2>/dev/null)" ] || exit 0  # ended with an earlier boot
+  kill -TERM -- "-$pid" 2>/dev/null
+  while kill -0 -- "-$pid" 2>/dev/null && [ "$waited" -lt "${3:-10}" ]; do
+    sleep 1; waited=$((waited + 1))
+  done
+  kill -KILL -- "-$pid" 2>/dev/null
+  exit 0
   ;;
 output)  # output ID OFFSET: the job's output from byte OFFSET
   if [ ! -f "$d/out" ]; then echo "no job ${2:-}" >&2; exit 3; fi
   tail -c +"$(( ${3:-0} + 1 ))" "$d/out"
   ;;
 *)
-  echo "usage: provisioner-job start|run|state|output ID [OFFSET]" >&2
+  echo "usage: provisioner-job start|run|state|output|cancel ID [OFFSET|GRACE]" >&2
   exit 2
   ;;
 esac
