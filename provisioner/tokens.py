@@ -49,7 +49,7 @@ def create(app: App, user: str, expires: timedelta | None = None) -> Issued:
     _may_manage(app, user)
     now = app.clock.now()
     token_id, secret, salt = secrets.token_hex(6), secrets.token_urlsafe(32), secrets.token_hex(16)
-    expires_at = now + expires if expires else None
+    expires_at = None if expires is None else now + expires
     with app.db.session() as s:
         s.add(
             Token(

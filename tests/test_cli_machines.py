@@ -277,6 +277,9 @@ def test_keep_answers_in_the_policy_zone_cancels_and_refuses_a_stopped_machine(c
     policy.write_text(BERLIN)
     cfg = write_settings(home, policies=[str(policy)])
     launch(cfg, "exp").close()
+    # kept for good is no keep: a date years ahead is refused, the machine left as it was
+    r = cli("--config", str(cfg), "keep", "exp", "--until", "9999-12-31")
+    assert r.code == 2 and "at most 31 days ahead" in r.err and r.err.count("\n") == 1
     r = cli("--config", str(cfg), "keep", "exp", "--until", "23:00")
     assert r.code == 0, r.err
     # 23:00 in Berlin (CET) is 22:00 UTC; the answer is in the zone it was asked in

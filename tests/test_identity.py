@@ -326,6 +326,15 @@ def test_tokens_verify_expire_and_revoke(home, clock):
     assert t.hash != issued.token and len(t.salt) == 32
 
 
+def test_a_token_of_no_lifetime_is_refused_not_made_forever(cli, home):
+    """`--expires 0s` once made a token with no expiry (a zero read as "none")."""
+    cfg = write_settings(home)
+    for life in ("0s", "30s"):
+        r = cli("--config", str(cfg), "token", "create", "--expires", life)
+        assert r.code == 2 and "a minute or more" in r.err and r.err.count("\n") == 1, r.err
+    assert cli("--config", str(cfg), "token", "list", "-o", "json").out.strip() == "[]"
+
+
 # --- the dashboard --------------------------------------------------------------------------
 
 

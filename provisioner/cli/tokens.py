@@ -30,6 +30,8 @@ def create(
         life = parse_duration(expires) if expires is not None else None
     except ValueError as e:
         raise UserError(f"--expires: {e}") from None
+    if life is not None and life.total_seconds() < 60:  # 0s would read as "never"
+        raise UserError(f"--expires {expires!r}: give a lifetime of a minute or more (e.g. 90d)")
     issued = tokens.create(application, user or application.actor, life)
     if output is Output.json:
         print_json(

@@ -521,6 +521,10 @@ def keep_timezone(app: App, m: Machine) -> Any:
     return cal.tz if cal else ZoneInfo(app.settings.timezone)
 
 
+#: the longest a `keep` may last: an evening, a weekend, a conference deadline — not for good
+MAX_KEEP = timedelta(days=31)
+
+
 def keep(app: App, name: str, until: str) -> Machine:
     """Leave ``name`` alone until ``until``: ``HH:MM`` (next such time in the machine's policy
     calendar, else settings' ``timezone``, UTC by default) or an ISO date-time. Only a
@@ -545,6 +549,11 @@ def keep(app: App, name: str, until: str) -> Machine:
         raise UserError(f"--until {until!r}: write HH:MM or an ISO date-time") from None
     if when <= now:
         raise UserError(f"--until {until!r} is in the past")
+    if when > now + MAX_KEEP:
+        raise UserError(
+            f"--until {until!r}: at most {MAX_KEEP.days} days ahead (a machine kept for good "
+            "belongs in a policy, where the team sees it)"
+        )
     with app.db.session() as s:
         mm = machine_row(s, m.id)
         mm.kept_until = when
