@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import time
 from pathlib import Path
 
 import pytest
@@ -17,15 +16,8 @@ from provisioner.machines import joblogs, jobs
 from provisioner.spec import load_experiment
 from provisioner.workflows import job_control
 from tests.conftest import run_cli, sandbox_experiment, write_settings, write_yaml
+from tests.test_job_logs import _wait_output
 from tests.test_job_run import _events, _experiment
-
-
-def _wait_output(app, m, job: str, text: str) -> None:
-    for _ in range(600):
-        if text in jobs.output(app, m, job).decode():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"{job} never wrote {text!r}")
 
 
 def _pid(app, m, job: str) -> int:
