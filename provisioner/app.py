@@ -75,8 +75,12 @@ class App:
         own actions. Within :func:`provisioner.acting.acting_as`, that thread's actor."""
         if (who := acting.current()) is not None:
             return who
+        if self._actor is None and not self.settings.database_url.startswith("postgresql"):
+            from provisioner import identity  # one user's file: the OS user, no state opened
+
+            self._actor = identity.actor(self.settings, lambda: self.db)
         if self._actor is None:
-            self.db  # noqa: B018  (opening the state identifies who runs this)
+            self.db  # noqa: B018  (opening a team's state identifies who runs this)
         assert self._actor is not None
         return self._actor
 

@@ -282,8 +282,11 @@ def test_the_dashboard_signs_in_by_the_states_rules_without_restart(crew, clock)
 
 @pytest.mark.parametrize("db_url", ["postgresql"], indirect=True)
 def test_the_scheduler_role_writes_only_once_the_rules_name_it(crew, clock):
-    from provisioner.models import StateMeta
+    from provisioner.models import Lease
     from provisioner.settings import load_settings
+
+    def probe() -> Lease:  # a row only the scheduler (and an admin) writes: its lease
+        return Lease(name="probe", holder="carol", expires_at=clock.now())
 
     admin = App(load_settings(crew.admin_config()), clock)
     team.apply(admin.db, admin.settings, clock.now(), admin.actor, None)
@@ -294,13 +297,13 @@ def test_the_scheduler_role_writes_only_once_the_rules_name_it(crew, clock):
         pytest.raises(UserError, match=f"{crew.role('carol')} is not a member"),
         sched.db.session() as s,
     ):
-        s.add(StateMeta(key="probe", value="1"))
+        s.add(probe())
     named = load_settings(crew.admin_config())
     ident = named.identity.model_copy(update={"scheduler": crew.role("carol")})
     team.apply(admin.db, named.model_copy(update={"identity": ident}), clock.now(), "a", None)
     assert sched.refresh_rules() and sched.actor == "scheduler"  # a pass takes version 2 up
     with sched.db.session() as s:
-        s.add(StateMeta(key="probe", value="1"))
+        s.add(probe())
     admin.close()
     sched.close()
 

@@ -9,7 +9,6 @@ import typer
 from provisioner.cli import (
     OUTPUT,
     Output,
-    amount,
     app,
     err,
     get_app,
@@ -89,7 +88,7 @@ def _row_json(r: Any) -> dict[str, Any]:
         "cloud": r.cloud,
         **{
             market: {
-                "price_per_hour": {"amount": amount(b.price.amount), "currency": b.price.currency},
+                "price_per_hour": b.price.as_json(),
                 "instance_type": b.offer.instance_type,
                 "where": b.offer.zone or b.offer.region,
                 "as_of": b.offer.as_of or None,  # a row with no date: not known
