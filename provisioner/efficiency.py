@@ -88,6 +88,7 @@ class Efficiency:
     owners: dict[str, GpuTime] = field(default_factory=dict)
     projects: dict[str, GpuTime] = field(default_factory=dict)
     budgets: dict[str, GpuTime] = field(default_factory=dict)
+    pairs: dict[tuple[str, str], GpuTime] = field(default_factory=dict)  # (project, owner)
     method: str = EFFICIENCY_METHOD
 
     def as_json(self) -> dict[str, Any]:
@@ -216,6 +217,7 @@ def _add(out: Efficiency, app: App, m: Machine, t: GpuTime) -> None:
     out.total.add(t)
     for d, key in ((out.machines, m.name), (out.owners, m.owner), (out.projects, m.project)):
         d.setdefault(key, GpuTime()).add(t)
+    out.pairs.setdefault((m.project, m.owner), GpuTime()).add(t)
     for policy in app.policies:
         if policy.budget is not None and policy.applies_to.matches(m.project, m.owner):
             out.budgets.setdefault(policy.name, GpuTime()).add(t)
@@ -298,8 +300,8 @@ def _judge(
         values = [per_day.get(d, Decimal(0)) for d in days]
         mid, mad, limit, flagged = verdict(values[-1], values[:-1])
         if flagged or not only:
-            money = [Money(x, cur) for x in (values[-1], mid, mad, limit)]
-            yield Unusual(by, key or "—", days[-1], *money, flagged)
+            spent, mid_m, mad_m, limit_m = (Money(x, cur) for x in (values[-1], mid, mad, limit))
+            yield Unusual(by, key or "—", days[-1], spent, mid_m, mad_m, limit_m, flagged)
 
 
 @dataclass

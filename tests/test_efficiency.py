@@ -112,13 +112,16 @@ def test_the_report_says_it_in_json_text_and_html(fleet):
 def test_metrics_say_busy_paid_and_the_ratio_per_project_and_owner(fleet):
     from provisioner.jobs.metrics import Metrics
 
-    text = Metrics(fleet).render()[0].decode()
+    text = Metrics(fleet).render()[0].decode()  # the last hour: T0 to T0 + 1 h
     fam = {f.name: f for f in text_string_to_metric_families(text)}
     ratio = {
         (s.labels["project"], s.labels["owner"]): s.value
         for s in fam["provisioner_gpu_busy_ratio"].samples
     }
-    assert ratio == {("demo", "ana@example.com"): pytest.approx(1 / 6), ("vision", "bob@example.com"): 0.5}
+    assert ratio == {
+        ("demo", "ana@example.com"): pytest.approx(1 / 6),
+        ("vision", "bob@example.com"): 0.5,
+    }
     paid = {s.labels["project"]: s.value for s in fam["provisioner_gpu_paid_seconds"].samples}
     busy = {s.labels["project"]: s.value for s in fam["provisioner_gpu_busy_seconds"].samples}
     assert paid == {"demo": 3600.0, "vision": 14400.0} and busy == {"demo": 600.0, "vision": 7200.0}
