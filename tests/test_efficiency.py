@@ -166,3 +166,43 @@ def test_a_spike_is_flagged_a_steady_series_is_not(home, clock, db_url):
     ]
     assert "median" in r["unusual_method"]
     app.close()
+
+
+def test_the_spend_page_shows_efficiency_per_project_and_owner(fleet):
+    from provisioner.dashboard import make_app
+    from tests.test_dashboard import call
+
+    status, _, html = call(make_app(fleet), "/spend")
+    assert status == 200
+    row = html.split('id="efficiency-owner"')[1].split('data-key="bob@example.com">')[1]
+    cells = row.split("</tr>")[0]
+    assert '"ratio">50.0 %<' in cells and '"busy">2.00<' in cells and '"paid">4.00<' in cells
+    assert 'id="efficiency-project"' in html and 'data-key="vision"' in html
+    assert "busy GPU-hours ÷ paid GPU-hours" in html  # the method beside the figure
+    assert 'id="unusual-spend"' in html and "median + 3 × MAD" in html
+
+
+def test_my_machines_are_a_signed_in_users_default_view(fleet):
+    from provisioner import tokens
+    from provisioner.dashboard import make_app
+    from tests.test_dashboard import call, sign_in
+
+    fleet.actor = "bob@example.com"
+    bob = tokens.create(fleet, "bob@example.com").token
+    dash = make_app(fleet, listen="127.0.0.1:8765")
+
+    def names(body: str) -> set[str]:
+        return {n for n in ("train", "seg") if f'data-machine="{n}"' in body}
+
+    anonymous = call(dash, "/")[2]
+    assert names(anonymous) == {"train", "seg"} and 'id="everyones"' not in anonymous
+    as_bob = sign_in(dash, bob)
+    mine = call(dash, "/", cookie=as_bob)[2]
+    assert names(mine) == {"seg"} and 'id="everyones"' in mine
+    link = mine.split('id="everyones"')[0].rsplit('href="', 1)[1].split('"')[0]
+    assert link == "/?owner=%2A"
+    everyone = call(dash, link, cookie=as_bob)[2]
+    assert names(everyone) == {"train", "seg"} and 'id="mine"' in everyone
+    # the owner filter's "all" is everyone's too; another owner asked is that owner's
+    assert names(call(dash, "/?owner=", cookie=as_bob)[2]) == {"train", "seg"}
+    assert names(call(dash, "/?owner=ana%40example.com", cookie=as_bob)[2]) == {"train"}

@@ -107,7 +107,26 @@ class FleetQuery:
 
     def admits(self, m: Machine) -> bool:
         """``m`` has the exact project, owner and cloud asked for."""
-        return all(getattr(m, k) == self.filters[k] for k in EXACT if k in self.filters)
+        return all(
+            getattr(m, k) == v for k in EXACT if (v := self.filters.get(k, EVERYONE)) != EVERYONE
+        )
+
+
+#: ``owner=*``: every owner's machines, chosen over a signed-in user's own (:func:`mine_first`).
+EVERYONE = "*"
+
+
+def mine_first(query: Mapping[str, str], user: str | None) -> dict[str, str]:
+    """The fleet page's query with "my machines" the signed-in ``user``'s default: no owner
+    asked means theirs; the owner filter's "all" (``owner=``) means everyone's, kept as
+    ``owner=*`` in every link of the page. Anonymous viewers see every machine."""
+    q = dict(query)
+    if user is not None:
+        if "owner" not in q:
+            q["owner"] = user
+        elif not q["owner"]:
+            q["owner"] = EVERYONE
+    return q
 
 
 EXACT = ("project", "owner", "cloud")  # the filters a machine's own column answers
