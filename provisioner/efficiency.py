@@ -5,14 +5,16 @@ against its own recent days (:func:`unusual_spend`). Both are said with their me
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from datetime import date, datetime, timedelta
+from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
+from functools import lru_cache
 from statistics import median
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import func, select
+from sqlalchemy import String, func, select, type_coerce
 
 from provisioner import idle, ledger
 from provisioner.ledger import Period, Scope
@@ -120,7 +122,7 @@ def gpu_efficiency(app: App, start: datetime, end: datetime, scope: Scope = Scop
     out = Efficiency()
     with app.db.session() as s:
         paid = _paid(s, lo, hi, scope)
-        samples = _samples(s, list(paid), lo - cap, hi)
+        samples = _samples(app, s, list(paid), lo - cap, hi)
         for mid, p in paid.items():
             below = idle.threshold(idle.idle_rules(app.policies, p.machine))[0]
             t = _machine_time(p, samples.get(mid, []), below, cap, hi)
@@ -154,48 +156,63 @@ def _paid(s: Any, lo: int, hi: int, scope: Scope) -> dict[str, _Paid]:
     return out
 
 
-def _samples(
-    s: Any, ids: list[str], lo: int, hi: int
-) -> dict[str, list[tuple[int, list[float] | None]]]:
-    """Each machine's heartbeats in [lo, hi): (microseconds, its GPUs' utilisation), in order."""
-    out: dict[str, list[tuple[int, list[float] | None]]] = {}
+Sample = tuple[int, float | None, str]  # microseconds, the busiest GPU's %, the GPUs as JSON
+
+
+def _samples(app: App, s: Any, ids: list[str], lo: int, hi: int) -> dict[str, list[Sample]]:
+    """Each machine's heartbeats in [lo, hi), in order: times as integer microseconds by the
+    database, the GPUs as their JSON text (parsed only when the busiest GPU alone cannot say
+    how many are busy), through the connection: no ORM objects, the report's hot loop."""
+    out: dict[str, list[Sample]] = {}
+    col, us = idle.epoch_us_sql(app)
     since, until = _at(lo), _at(hi)
+    gpus = type_coerce(Heartbeat.gpus, String)
     for i in range(0, len(ids), _CHUNK):
         q = (
-            select(Heartbeat.machine_id, Heartbeat.at, Heartbeat.gpus)
-            .where(
-                Heartbeat.machine_id.in_(ids[i : i + _CHUNK]),
-                Heartbeat.at >= since,
-                Heartbeat.at < until,
-            )
-            .order_by(Heartbeat.machine_id, Heartbeat.at)
+            select(Heartbeat.machine_id, us, Heartbeat.max_util, gpus)
+            .where(Heartbeat.machine_id.in_(ids[i : i + _CHUNK]), col >= since, col < until)
+            .order_by(Heartbeat.machine_id, col)
         )
-        for mid, at, gpus in s.execute(q):
-            utils = [float(g["util"]) for g in gpus or []] or None  # None: the agent saw no GPU
-            out.setdefault(mid, []).append((epoch_us(at), utils))
+        for mid, at, top, text in s.connection().execute(q):
+            out.setdefault(mid, []).append((int(at), top, text))
     return out
 
 
-def _at(us: int) -> datetime:
-    from datetime import UTC
+def _busy(sample: Sample, below: float, cards: int) -> int | None:
+    """How many of the machine's ``cards`` a heartbeat shows at or above ``below`` %; None
+    when it saw no GPU."""
+    _, top, text = sample
+    if top is None:
+        return None
+    if top < below:
+        return 0
+    return 1 if cards == 1 else _count(text, below, cards)
 
+
+@lru_cache(maxsize=4096)
+def _count(text: str, below: float, cards: int) -> int:
+    """The GPUs of a heartbeat's JSON at or above ``below`` %, ``cards`` at most: agents
+    repeat the same whole percents, so most texts were counted before."""
+    return min(cards, sum(float(g["util"]) >= below for g in json.loads(text)))
+
+
+def _at(us: int) -> datetime:
     return datetime(1970, 1, 1, tzinfo=UTC) + timedelta(microseconds=us)
 
 
 def _segments(
-    samples: list[tuple[int, list[float] | None]], below: float, cards: int, cap: int, hi: int
+    samples: list[Sample], below: float, cards: int, cap: int, hi: int
 ) -> Iterator[tuple[int, int, int]]:
     """(from, to, busy GPUs) that each heartbeat speaks for: until the next, ``cap`` at most;
     a heartbeat without GPUs speaks for nothing."""
-    for i, (at, utils) in enumerate(samples):
+    for i, sample in enumerate(samples):
+        at = sample[0]
         nxt = samples[i + 1][0] if i + 1 < len(samples) else hi
-        if utils is not None:
-            yield at, min(nxt, at + cap, hi), min(cards, sum(u >= below for u in utils))
+        if (n := _busy(sample, below, cards)) is not None:
+            yield at, min(nxt, at + cap, hi), n
 
 
-def _machine_time(
-    p: _Paid, samples: list[tuple[int, list[float] | None]], below: float, cap: int, hi: int
-) -> GpuTime:
+def _machine_time(p: _Paid, samples: list[Sample], below: float, cap: int, hi: int) -> GpuTime:
     """The machine's paid, busy and unknown GPU time: its heartbeats' segments laid over its
     compute spans (both in order and without overlaps, so one merge)."""
     paid = sum(b - a for a, b in p.spans) * p.cards
