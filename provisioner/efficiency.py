@@ -14,7 +14,7 @@ from functools import lru_cache
 from statistics import median
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import String, func, select, type_coerce
+from sqlalchemy import Text, cast, func, select
 
 from provisioner import idle, ledger
 from provisioner.ledger import Period, Scope
@@ -166,7 +166,7 @@ def _samples(app: App, s: Any, ids: list[str], lo: int, hi: int) -> dict[str, li
     out: dict[str, list[Sample]] = {}
     col, us = idle.epoch_us_sql(app)
     since, until = _at(lo), _at(hi)
-    gpus = type_coerce(Heartbeat.gpus, String)
+    gpus = cast(Heartbeat.gpus, Text)  # the text: PostgreSQL's driver would parse JSON
     for i in range(0, len(ids), _CHUNK):
         q = (
             select(Heartbeat.machine_id, us, Heartbeat.max_util, gpus)

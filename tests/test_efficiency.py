@@ -206,3 +206,15 @@ def test_my_machines_are_a_signed_in_users_default_view(fleet):
     # the owner filter's "all" is everyone's too; another owner asked is that owner's
     assert names(call(dash, "/?owner=", cookie=as_bob)[2]) == {"train", "seg"}
     assert names(call(dash, "/?owner=ana%40example.com", cookie=as_bob)[2]) == {"train"}
+
+
+def test_a_filter_asked_shows_everyones_machines_in_it(fleet):
+    from provisioner import tokens
+    from provisioner.dashboard import make_app
+    from tests.test_dashboard import call, sign_in
+
+    fleet.actor = "bob@example.com"
+    dash = make_app(fleet, listen="127.0.0.1:8765")
+    as_bob = sign_in(dash, tokens.create(fleet, "bob@example.com").token)
+    body = call(dash, "/?cloud=sandbox", cookie=as_bob)[2]  # a budget's or a cloud's machines
+    assert 'data-machine="train"' in body and 'data-machine="seg"' in body

@@ -117,14 +117,15 @@ EVERYONE = "*"
 
 
 def mine_first(query: Mapping[str, str], user: str | None) -> dict[str, str]:
-    """The fleet page's query with "my machines" the signed-in ``user``'s default: no owner
-    asked means theirs; the owner filter's "all" (``owner=``) means everyone's, kept as
-    ``owner=*`` in every link of the page. Anonymous viewers see every machine."""
+    """The fleet page's query with "my machines" the signed-in ``user``'s default: the page
+    opened with no filter shows theirs (kept as ``owner=<them>`` in its links); a filter asked
+    (a budget's, a project's machines…) is everyone's in it; the owner filter's "all"
+    (``owner=``) is everyone's, kept as ``owner=*``. Anonymous viewers see every machine."""
     q = dict(query)
     if user is not None:
-        if "owner" not in q:
+        if "owner" not in q and not any(q.get(k) for k in FILTERS):
             q["owner"] = user
-        elif not q["owner"]:
+        elif "owner" in q and not q["owner"]:
             q["owner"] = EVERYONE
     return q
 
