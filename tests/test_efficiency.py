@@ -105,6 +105,7 @@ def test_the_report_says_it_in_json_text_and_html(fleet):
     assert [b["key"] for b in j["by_budget"]] == ["demo-budget"]
     text = render.text(r)
     assert "GPU efficiency" in text and "43.3 %" in text and "busy GPU-hours ÷ paid" in text
+    assert "; busy 16.7 %" in text.split("train —")[1].split("\n")[0]  # per machine
     html = render.html_page(r)
     assert "bob@example.com" in html and "50.0 %" in html
 
@@ -180,6 +181,8 @@ def test_the_spend_page_shows_efficiency_per_project_and_owner(fleet):
     assert 'id="efficiency-project"' in html and 'data-key="vision"' in html
     assert "busy GPU-hours ÷ paid GPU-hours" in html  # the method beside the figure
     assert 'id="unusual-spend"' in html and "median + 3 × MAD" in html
+    top = html.split('id="top"')[1].split('data-key="train">')[1].split("</tr>")[0]
+    assert '"busy-ratio">16.7 %<' in top  # per machine, beside its spend
 
 
 def test_my_machines_are_a_signed_in_users_default_view(fleet):

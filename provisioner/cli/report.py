@@ -209,8 +209,11 @@ def _top(r: Any, f: Any) -> Any:
     top.add_column(f.t("gpu"))
     top.add_column(f.t("hours"), justify="right")
     top.add_column(f.t("rate"), justify="right")
+    top.add_column(f.t("busy_share"), justify="right")  # GPU efficiency: busy ÷ paid
     top.add_column(f.t("total"), justify="right", footer=f.money(r.shown_total))
+    gpu_time = r.answers.efficiency.machines if r.answers else {}
     for i, m in enumerate(r.top_machines, 1):
+        t = gpu_time.get(m.key)
         top.add_row(
             str(i),
             _plain(m.key),
@@ -218,11 +221,12 @@ def _top(r: Any, f: Any) -> Any:
             f.machine_gpu(m),
             f.num(m.hours, 1),
             ", ".join(f.rate(x) for x in m.rates) or "—",
+            f.ratio(t.ratio if t else None),
             f.money(m.shown),
         )
     if r.other_machines:
         n, rest = r.other_machines
-        top.add_row("", f.t("others", n=n), "", "", "", "", f.money(rest))
+        top.add_row("", f.t("others", n=n), "", "", "", "", "", f.money(rest))
     return top
 
 
