@@ -435,7 +435,7 @@ def unusual_text(f: Any, u: Any) -> str:
     """One :class:`provisioner.efficiency.Unusual` in the report's language."""
     return f.t(
         "unusual_line",
-        key=u.key,
+        name=u.key,
         by=f.t(u.by).lower(),
         day=f.date(u.day),
         spent=f.money(u.spent),

@@ -141,6 +141,8 @@ def test_the_rule_of_unusual_spend():
 
 
 def test_a_spike_is_flagged_a_steady_series_is_not(home, clock, db_url):
+    from provisioner import render
+
     app = App(make_settings(home, state_url=db_url), clock)
     start = datetime(2026, 11, 1, tzinfo=T0.tzinfo)
     clock.set(start)
@@ -160,12 +162,22 @@ def test_a_spike_is_flagged_a_steady_series_is_not(home, clock, db_url):
     assert u.spent.amount >= 2 * u.median.amount > 29 * 24 * 2  # days to the cent
     every = efficiency.unusual_spend(app, now, currency="USD", rates=rates, flagged_only=False)
     assert ("project", "demo", False) in {(u.by, u.key, u.flagged) for u in every}
-    r = reports.build(app, Period.between(last.date(), last.date()), now=now).as_json()
+    report = reports.build(app, Period.between(last.date(), last.date()), now=now)
+    text = render.text(report)
+    said = text.split("Unusual spend:")[1]
+    assert f"vision (project), Nov 16, 2026: ${u.spent.amount:,}" in said and "median" in said
+    r = report.as_json()
     assert [(x["by"], x["key"]) for x in r["unusual_spend"]] == [
         ("owner", "bob@example.com"),
         ("project", "vision"),
     ]
     assert "median" in r["unusual_method"]
+    from provisioner.dashboard import make_app
+    from tests.test_dashboard import call
+
+    page = call(make_app(app), "/spend")[2]
+    flags = page.split('id="unusual-spend"')[1].split("</ul>")[0]
+    assert 'data-by="project" data-key="vision"' in flags and "demo" not in flags
     app.close()
 
 
