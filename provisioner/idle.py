@@ -210,7 +210,7 @@ def _add_gaps(
     each machine's beats: the costly part)."""
     from sqlalchemy import case, literal
 
-    col, us = _epoch_us(app)
+    col, us = epoch_us_sql(app)
     since = now - spans[-1] - grace
     bounds = [epoch_us(now - w - grace) for w in spans]  # the silences: from start - grace
     for k in range(0, len(todo), 500):  # bound the IN list
@@ -232,7 +232,7 @@ def _add_gaps(
                     out[row[0], w] = replace(out[row[0], w], gap_us=int(row[1 + i]))
 
 
-def _epoch_us(app: App) -> tuple[Any, Any]:
+def epoch_us_sql(app: App) -> tuple[Any, Any]:
     """The heartbeat time column and it as exact integer microseconds since 1970 in SQL."""
     from sqlalchemy import BigInteger, Integer, cast
 

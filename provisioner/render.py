@@ -102,6 +102,10 @@ class Fmt:
         pattern = "#,##0" + ("." + "0" * places if places else "")
         return format_decimal(d, pattern, locale=self.locale)
 
+    def ratio(self, d: Decimal | None) -> str:
+        """A ratio from 0 to 1 as a percent to one place (0.4333 → 43.3 %); None: "—"."""
+        return "—" if d is None else f"{self.num((d * 100).quantize(Decimal('0.1')), 1)} %"
+
     def pct(self, d: Decimal) -> str:
         return f"{self.num(d.quantize(Decimal(1), ROUND_HALF_UP))} %"
 
@@ -237,6 +241,8 @@ def _template(name: str, r: Report, alert: Alert | None, **kw: Any) -> str:
             subject=subject(r, alert),
             ownership=lambda o: ownership_text(r, o),
             unpriced_text=unpriced_text,
+            efficiency_text=efficiency_text,
+            unusual_text=unusual_text,
             **kw,
         )
     )
@@ -412,3 +418,27 @@ def unpriced_text(f: Any, u: Any) -> str:
     """One :class:`provisioner.ledger.unpriced.Unpriced` in the report's language."""
     piece = f.t(f"unpriced_{u.piece}")
     return f.t("unpriced_line", count=u.count, piece=piece, cloud=u.cloud, setting=u.setting)
+
+
+def efficiency_text(f: Any, t: Any) -> str:
+    """One :class:`provisioner.efficiency.GpuTime` in the report's language."""
+    return f.t(
+        "gpu_efficiency_line",
+        ratio=f.ratio(t.ratio),
+        busy=f.num(t.hours(t.busy_us), 2),
+        paid=f.num(t.hours(t.paid_us), 2),
+        unknown=f.num(t.hours(t.unknown_us), 2),
+    )
+
+
+def unusual_text(f: Any, u: Any) -> str:
+    """One :class:`provisioner.efficiency.Unusual` in the report's language."""
+    return f.t(
+        "unusual_line",
+        name=u.key,
+        by=f.t(u.by).lower(),
+        day=f.date(u.day),
+        spent=f.money(u.spent),
+        median=f.money(u.median),
+        limit=f.money(u.limit),
+    )

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import select
 
-from provisioner import budget, ledger
+from provisioner import budget, efficiency, ledger
 from provisioner.errors import UserError
 from provisioner.ledger import Period, Scope
 from provisioner.ledger.unpriced import Unpriced, unpriced
@@ -89,6 +89,7 @@ class Report:
     # microseconds per ((project, owner), currency, rate): what budgets over the same period
     # spent, without another pass over the ledger (see spent_by)
     pairs: Tally = field(default_factory=Tally, repr=False)
+    answers: efficiency.Answers | None = None  # GPU efficiency, unusual spend (build sets it)
 
     def spent_by(self, policy: Policy, period: Period) -> Amounts | None:
         """What ``policy``'s budget spent in ``period`` up to this report's ``now``, from this
@@ -169,6 +170,7 @@ class Report:
             "unpriced": [u.as_json() for u in self.unpriced],
             "savings": {r: money(m) for r, m in self.savings},
             "savings_method": ledger.SAVINGS_METHOD,
+            **(self.answers.as_json() if self.answers else {}),
             "rent_or_buy": [
                 {
                     "gpu": o.gpu,
@@ -296,6 +298,7 @@ def build(
     except ValueError as e:
         raise UserError(str(e)) from None
     r.unpriced = held_free
+    r.answers = efficiency.answers(app, period, now, scope, currency)
     return r
 
 

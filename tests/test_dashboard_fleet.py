@@ -328,7 +328,7 @@ def test_sort_follow_links_and_stop_from_the_fleet_keyboard_only(served, browser
     base, a, _ = served
     drv = browser
     browser_sign_in(drv, base, a, TEST_OWNER)  # acting needs it, on loopback too
-    drv.get(base + "/")
+    drv.get(base + "/?owner=")  # everyone's machines, not only the signed-in user's
 
     def shown() -> list[str]:
         trs = drv.find_elements(By.CSS_SELECTOR, "#fleet tbody tr")

@@ -88,6 +88,7 @@ ORDER = [
     "provisioner.machines.reconcile",  # observations, orphans, gc
     "provisioner.machines",
     "provisioner.ownership",  # rent or buy per GPU type
+    "provisioner.efficiency",  # busy GPU-hours ÷ paid; spend unusual against its own days
     "provisioner.reports",  # the report model: numbers
     "provisioner.render",  # the report as text, HTML, chart, CSV and mail
     "provisioner.bill",  # the ledger beside each cloud's own bill

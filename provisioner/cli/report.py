@@ -142,6 +142,8 @@ def _table(r: Any, previous: Any = None) -> None:
         out.print(f"{f.t('unpriced')}:", highlight=False)
         for u in r.unpriced:
             out.print("  " + render.unpriced_text(f, u), highlight=False)
+    if r.answers is not None:
+        _answers(r.answers, f)
     if r.rent_or_buy:
         out.print(f"[bold]{f.t('rent')}[/]")
         for o in r.rent_or_buy:
@@ -211,8 +213,11 @@ def _top(r: Any, f: Any) -> Any:
     top.add_column(f.t("gpu"))
     top.add_column(f.t("hours"), justify="right")
     top.add_column(f.t("rate"), justify="right")
+    top.add_column(f.t("busy_share"), justify="right")  # GPU efficiency: busy ÷ paid
     top.add_column(f.t("total"), justify="right", footer=f.money(r.shown_total))
+    gpu_time = r.answers.efficiency.machines if r.answers else {}
     for i, m in enumerate(r.top_machines, 1):
+        t = gpu_time.get(m.key)
         top.add_row(
             str(i),
             _plain(m.key),
@@ -220,9 +225,29 @@ def _top(r: Any, f: Any) -> Any:
             f.machine_gpu(m),
             f.num(m.hours, 1),
             ", ".join(f.rate(x) for x in m.rates) or "—",
+            f.ratio(t.ratio if t else None),
             f.money(m.shown),
         )
     if r.other_machines:
         n, rest = r.other_machines
-        top.add_row("", f.t("others", n=n), "", "", "", "", f.money(rest))
+        top.add_row("", f.t("others", n=n), "", "", "", "", "", f.money(rest))
     return top
+
+
+def _answers(a: Any, f: Any) -> None:
+    """GPU efficiency (the whole, per project and owner) and unusual spend, each with its rule."""
+    from rich.markup import escape
+
+    from provisioner import render
+
+    e = a.efficiency
+    out.print(f"{f.t('gpu_efficiency')}: {render.efficiency_text(f, e.total)}", highlight=False)
+    for title, rows in (("project", e.projects), ("owner", e.owners), ("budget", e.budgets)):
+        for key, t in sorted(rows.items()):
+            line = f"{f.t(title)} {escape(_plain(key))}: {render.efficiency_text(f, t)}"
+            out.print("  " + line, highlight=False)
+    out.print(f"  [dim]{f.t('gpu_efficiency_method')}[/]", highlight=False)
+    out.print(f"{f.t('unusual_spend')}: {'' if a.unusual else f.t('none')}", highlight=False)
+    for u in a.unusual:
+        out.print("  [yellow]" + escape(_plain(render.unusual_text(f, u))) + "[/]", highlight=False)
+    out.print(f"  [dim]{f.t('unusual_method')}[/]", highlight=False)

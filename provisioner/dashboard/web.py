@@ -131,11 +131,12 @@ class Dashboard(Access):
     def _fleet(self, req: Request, paged: bool = True) -> fleet_view.Fleet:
         now = self.now()
         f = render.Fmt(self.language(req))
-        key = ("fleet", f.language, paged, tuple(sorted(req.query.items())))
+        query = fleet_view.mine_first(req.query, self.acting_user(req))
+        key = ("fleet", f.language, paged, tuple(sorted(query.items())))
         return self.cached(
             key,
             FLEET_SECONDS,
-            lambda: fleet_view.fleet(self.app, now, f, req.query, paged, self._standings),
+            lambda: fleet_view.fleet(self.app, now, f, query, paged, self._standings),
         )
 
     def _standings(self) -> list[budget.Status]:
@@ -160,6 +161,8 @@ class Dashboard(Access):
             section="fleet",
             states=fleet_view.STATES,
             may_act=lambda m: self.may_act(req, m),
+            me=self.acting_user(req),
+            everyone=fleet_view.EVERYONE,
             done=flash,
             undelivered=alerts_view.undelivered(self.app),
         )
@@ -223,6 +226,8 @@ class Dashboard(Access):
             budget_names=[p.name for p in pages.budget_policies(self.app)],
             ownership=lambda o: render.ownership_text(r, o),
             unpriced=[render.unpriced_text(f, u) for u in r.unpriced],
+            efficiency_text=render.efficiency_text,
+            unusual_text=render.unusual_text,
             chart=_burndown(data, f),
             billed=bill.last_fetch(self.app, r.period.label),
             notices=alerts_view.recent(self.app, data.params.get("budget")),

@@ -18,7 +18,7 @@ from typing import Any
 
 from sqlalchemy import func, select
 
-from provisioner import budget, heartbeats, idle, ledger
+from provisioner import budget, efficiency, heartbeats, idle, ledger
 from provisioner.app import App
 from provisioner.errors import ProvisionerError
 from provisioner.jobs.passes import REASONS
@@ -41,6 +41,7 @@ class Metrics:
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(self)
         self._anonymous: Metrics | None = None
+        self._gpu_time: tuple[datetime, efficiency.Efficiency] | None = None
 
     def render(self, names: bool = True) -> tuple[bytes, str]:
         """The exposition; ``names=False``: without the per-machine series (machine names are
@@ -109,6 +110,7 @@ class Metrics:
             value=counts["idle"],
         )
         yield from _budgets(app, now)
+        yield from self._efficiency(now)
         deliveries = GaugeMetricFamily(
             "provisioner_notify_deliveries",
             "Notices to notify channels and mail by channel kind and status (sent, pending, "
@@ -123,6 +125,65 @@ class Metrics:
             ):
                 deliveries.add_metric([channel, outcome], n)
         yield deliveries
+
+    def _efficiency(self, now: datetime) -> Iterator[Any]:
+        """GPU time paid, busy and unknown in the last hour per project (and owner, for those
+        holding the token), and busy ÷ paid: see :func:`efficiency_families`. Computed at most
+        once per :data:`GPU_TIME_EVERY`: a scrape every 15 s would read each hour's heartbeats
+        again each time."""
+        cached = self._gpu_time
+        if cached is None or now - cached[0] >= GPU_TIME_EVERY or now < cached[0]:
+            found = efficiency.gpu_efficiency(self.app, now - GPU_TIME_WINDOW, now)
+            self._gpu_time = cached = now, found
+        yield from efficiency_families(cached[1], owners=self.names)
+
+
+#: The window GPU time is reported over, and how often it is computed again.
+GPU_TIME_WINDOW = timedelta(hours=1)
+GPU_TIME_EVERY = timedelta(minutes=1)
+
+
+def efficiency_families(e: efficiency.Efficiency, *, owners: bool) -> Iterator[Any]:
+    """Gauges of GPU-seconds (Prometheus's base unit of time is the second) paid, busy and
+    unknown over the last hour, and busy ÷ paid as a ``_ratio`` (0 to 1). Gauges, not
+    ``_total`` counters: a sliding window goes down as well as up, and heartbeats are pruned
+    after a day, so no count since the start could be read back from the state."""
+    from prometheus_client.core import GaugeMetricFamily
+
+    labels = ["project", "owner"] if owners else ["project"]
+    what = "GPU-seconds {} in the last hour (compute seconds × GPUs{})"
+    families = {
+        "paid": GaugeMetricFamily(
+            "provisioner_gpu_paid_seconds", what.format("paid for", ""), labels=labels
+        ),
+        "busy": GaugeMetricFamily(
+            "provisioner_gpu_busy_seconds",
+            what.format("busy", " at or above the idle threshold"),
+            labels=labels,
+        ),
+        "unknown": GaugeMetricFamily(
+            "provisioner_gpu_unknown_seconds",
+            what.format("paid for without a heartbeat", ""),
+            labels=labels,
+        ),
+    }
+    ratio = GaugeMetricFamily(
+        "provisioner_gpu_busy_ratio",
+        "Busy GPU-seconds ÷ paid GPU-seconds in the last hour (0 to 1)",
+        labels=labels,
+    )
+    rows: list[tuple[list[str], efficiency.GpuTime]] = (
+        [([p, o], t) for (p, o), t in e.pairs.items()]
+        if owners
+        else [([p], t) for p, t in e.projects.items()]
+    )
+    for values, t in sorted(rows, key=lambda vt: vt[0]):
+        for k, us in (("paid", t.paid_us), ("busy", t.busy_us), ("unknown", t.unknown_us)):
+            families[k].add_metric(values, us / 1_000_000)
+        if t.ratio is not None:
+            ratio.add_metric(values, float(t.ratio))
+    yield from families.values()
+    yield ratio
 
 
 #: each budget's amounts: (name, help); the currency's code is the unit and the suffix

@@ -107,7 +107,27 @@ class FleetQuery:
 
     def admits(self, m: Machine) -> bool:
         """``m`` has the exact project, owner and cloud asked for."""
-        return all(getattr(m, k) == self.filters[k] for k in EXACT if k in self.filters)
+        return all(
+            getattr(m, k) == v for k in EXACT if (v := self.filters.get(k, EVERYONE)) != EVERYONE
+        )
+
+
+#: ``owner=*``: every owner's machines, chosen over a signed-in user's own (:func:`mine_first`).
+EVERYONE = "*"
+
+
+def mine_first(query: Mapping[str, str], user: str | None) -> dict[str, str]:
+    """The fleet page's query with "my machines" the signed-in ``user``'s default: the page
+    opened with no filter shows theirs (kept as ``owner=<them>`` in its links); a filter asked
+    (a budget's, a project's machines…) is everyone's in it; the owner filter's "all"
+    (``owner=``) is everyone's, kept as ``owner=*``. Anonymous viewers see every machine."""
+    q = dict(query)
+    if user is not None:
+        if "owner" not in q and not any(q.get(k) for k in FILTERS):
+            q["owner"] = user
+        elif "owner" in q and not q["owner"]:
+            q["owner"] = EVERYONE
+    return q
 
 
 EXACT = ("project", "owner", "cloud")  # the filters a machine's own column answers
