@@ -407,7 +407,7 @@ def test_cli_keep_and_sweep_dry_run(home, tmp_path):
     up(app, "a1")
     up(app, "a2")
     app.close()
-    r = run_cli("--config", str(cfg), "keep", "a2", "--until", "2099-01-01T00:00")
+    r = run_cli("--config", str(cfg), "keep", "a2", "--until", "2026-11-20T00:00")
     assert r.returncode == 0, r.stderr
     r = run_cli("--config", str(cfg), "sweep", "--dry-run")
     assert r.returncode == 0, r.stderr
