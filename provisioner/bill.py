@@ -216,19 +216,23 @@ def check(got: Bill, start: date, end: date) -> None:
 def _bad_field(i: Any, start: date, end: date) -> str | None:
     """What is wrong with one billed line's fields (None: nothing)."""
     amount, hours = getattr(i, "amount", None), getattr(i, "usage_hours", None)
-    if not isinstance(amount, Decimal) or not amount.is_finite() or abs(amount) >= MAX_AMOUNT:
-        return f"amount {amount!s} is not an amount"
-    if not isinstance(i.currency, str) or not re.fullmatch(r"[A-Z]{3}", i.currency):
-        return f"currency {i.currency!r} is not a code"
-    if not isinstance(i.day, date) or not start <= i.day < end:
-        return f"day {i.day} is not in {start}…{end}"
-    if i.kind not in KINDS:
-        return f"kind {i.kind!r} is not one of the ledger's"
-    if hours is not None and not (
-        isinstance(hours, Decimal) and hours.is_finite() and 0 <= hours < MAX_HOURS
-    ):
-        return f"usage hours {hours!s} are not hours"
-    return None
+    checks = (
+        (_finite(amount, MAX_AMOUNT, signed=True), f"amount {amount!s} is not an amount"),
+        (isinstance(i.currency, str) and re.fullmatch(r"[A-Z]{3}", i.currency) is not None,
+         f"currency {i.currency!r} is not a code"),
+        (isinstance(i.day, date) and start <= i.day < end, f"day {i.day} is not in {start}…{end}"),
+        (i.kind in KINDS, f"kind {i.kind!r} is not one of the ledger's"),
+        (hours is None or _finite(hours, MAX_HOURS, signed=False),
+         f"usage hours {hours!s} are not hours"),
+    )  # fmt: skip
+    return next((why for ok, why in checks if not ok), None)
+
+
+def _finite(value: Any, bound: Decimal, *, signed: bool) -> bool:
+    """A Decimal, finite, below ``bound`` in size (and not negative unless ``signed``)."""
+    if not isinstance(value, Decimal) or not value.is_finite():
+        return False
+    return abs(value) < bound if signed else 0 <= value < bound
 
 
 # --- the ledger beside the bill ------------------------------------------------------------

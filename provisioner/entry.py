@@ -82,51 +82,30 @@ def _status(argv: list[str]) -> bool:
         return False
     config, all_, as_json, refresh = options
     from provisioner.clock import clock_from_env
-    from provisioner.errors import ConfigError, ProvisionerError
+    from provisioner.errors import ProvisionerError
 
     try:
         clock = clock_from_env()
     except ProvisionerError:  # the Typer app says what is wrong with it
         return False
-    url, settings = plain_database_url(config), None
-    if url is None:  # a file or variable to validate
-        try:
-            settings = _settings(config)
-        except (ConfigError, ProvisionerError, OSError):
-            return False  # the Typer app reports it, as for any command
-        url = settings.database_url
-    postgres = not url.startswith("sqlite")
-    # a server slow to answer is left to the full way, which waits database.connect_timeout
-    # seconds and says why: here at most FAST_CONNECT seconds, so a mute one costs not twice
-    wait = min(
-        settings.database.connect_timeout_seconds if settings else FAST_CONNECT, FAST_CONNECT
-    )
-    conn = current_postgres(url, wait) if postgres else current_sqlite(url)
-    if conn is None:
-        return False  # a state to migrate, or a server to explain: SQLAlchemy's
+    opened = _open_state(config)
+    if opened is None:
+        return False  # settings to report, a state to migrate, a server to explain
+    conn, postgres, settings = opened
     note, may_refresh = _clock_note(conn, clock)
-    refresh = refresh and may_refresh
     if holds_none(conn, all_):  # one query, and nothing more to load
         hint = postgres and not as_json and _no_team_rules(conn)
         conn.close()
-        from provisioner.console import no_machines, print_json, say
-
         _say_note(note)
-
-        if as_json:
-            print_json([])
-        else:
-            say(no_machines(all_))
+        _show_none(as_json, all_)
         _hint(hint)
         return True
     from provisioner.fleet import Sql, read, show, team_rules_missing
 
     try:
         sql = Sql(conn, postgres=postgres)
-        if refresh and not _as_recorded(sql, lambda: settings or _settings(config), clock.now):
-            return False  # the clouds moved something: reconciling writes it (SQLAlchemy)
-        if refresh and not _jobs_quiet(sql):
-            return False  # a job to ask about or a run to start: the full way does both
+        if refresh and may_refresh and not _quiet(sql, settings, config, clock):
+            return False  # the clouds or a job moved something: the full way writes it
         now = clock.now()
         grace = settings.scheduler.heartbeat_grace_seconds if settings else HEARTBEAT_GRACE_SECONDS
         fleet = read(sql, all_=all_, now=now, seen_since=now - timedelta(seconds=grace))
@@ -141,6 +120,43 @@ def _status(argv: list[str]) -> bool:
     show(fleet, as_json=as_json, all_=all_)
     _hint(hint)
     return True
+
+
+def _open_state(config: str | None) -> tuple[Any, bool, Any] | None:
+    """The state's connection as the fast path reads it (libpq or sqlite3), whether it is
+    PostgreSQL, and the settings when they had to be read; None: leave it to the full way."""
+    from provisioner.errors import ConfigError, ProvisionerError
+
+    url, settings = plain_database_url(config), None
+    if url is None:  # a file or variable to validate
+        try:
+            settings = _settings(config)
+        except (ConfigError, ProvisionerError, OSError):
+            return None  # the Typer app reports it, as for any command
+        url = settings.database_url
+    postgres = not url.startswith("sqlite")
+    # a server slow to answer is left to the full way, which waits database.connect_timeout
+    # seconds and says why: here at most FAST_CONNECT seconds, so a mute one costs not twice
+    wait = min(
+        settings.database.connect_timeout_seconds if settings else FAST_CONNECT, FAST_CONNECT
+    )
+    conn = current_postgres(url, wait) if postgres else current_sqlite(url)
+    return None if conn is None else (conn, postgres, settings)
+
+
+def _quiet(sql: Any, settings: Any, config: str | None, clock: Any) -> bool:
+    """Whether nothing moved that the full way must write: the clouds agree with the state
+    (reconciling writes), and no job is to be asked about or a run to be started."""
+    return _as_recorded(sql, lambda: settings or _settings(config), clock.now) and _jobs_quiet(sql)
+
+
+def _show_none(as_json: bool, all_: bool) -> None:
+    from provisioner.console import no_machines, print_json, say
+
+    if as_json:
+        print_json([])
+    else:
+        say(no_machines(all_))
 
 
 def _no_team_rules(conn: Any) -> bool:
