@@ -65,8 +65,7 @@ def test_every_page_at_every_size_in_both_languages_is_accessible(served, browse
             )
             assert cut == [], (lang, size, cut)
             wide = drv.execute_script(
-                "return document.documentElement.scrollWidth"
-                " - document.documentElement.clientWidth"
+                "return document.documentElement.scrollWidth - document.documentElement.clientWidth"
             )
             assert wide <= 0, (lang, size, "the page scrolls sideways", wide)
             heading = drv.find_element(By.ID, "shown").text
