@@ -11,6 +11,7 @@ import pytest
 from tests.test_dashboard import (  # noqa: F401  (fixtures)
     axe_problems,
     browser,
+    screens,
     seeded,
     served,
     window,
@@ -37,7 +38,7 @@ SCROLLERS = (
 
 
 @pytest.mark.slow  # a real browser: 7 pages × 3 sizes × 2 languages
-def test_every_page_at_every_size_in_both_languages_is_accessible(served, browser):  # noqa: F811
+def test_every_page_at_every_size_in_both_languages_is_accessible(served, browser, screens):  # noqa: F811
     from selenium.webdriver.common.by import By
 
     base, _, _ = served
@@ -57,6 +58,9 @@ def test_every_page_at_every_size_in_both_languages_is_accessible(served, browse
                     problems[f"{lang} {size} {path}"] = found
             # the fleet: the columns that matter on screen, nothing cut at the window's edge
             drv.get(base + "/")
+            drv.save_screenshot(str(screens / f"fleet-{lang}-{size}.png"))  # for people to see
+            drv.execute_script("document.getElementById('fleet').scrollIntoView()")
+            drv.save_screenshot(str(screens / f"fleet-{lang}-{size}-table.png"))
             cut = drv.execute_script(
                 "const view = document.documentElement.clientWidth;"
                 "return [...document.querySelectorAll('#fleet td.next, #fleet td .cost,"
