@@ -296,7 +296,7 @@ def test_a_row_stops_its_machine_after_the_confirmation_and_returns_to_the_list(
     status, headers, _ = as_user(
         dash, TEST_OWNER, f"/machine/{m.id}", "POST", "do=start&back=%2F%2Fevil.example"
     )
-    assert status == 303 and dict(headers)["Location"] == "/"
+    assert status == 303 and dict(headers)["Location"] == f"/#row-{m.id}"  # this site's list
 
 
 def test_a_row_offers_nothing_to_a_colleague_and_refuses_them_in_the_clis_words(team):  # noqa: F811
