@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from functools import cached_property
 from typing import TYPE_CHECKING, cast
+from zoneinfo import ZoneInfo
 
 from providers.base import Provider
 from provisioner import acting, catalog
@@ -133,6 +134,19 @@ class App:
 
         local = loader.load(self.settings.policies) if self.settings.policies else []
         return self.with_team_rules(local)
+
+    @property
+    def zone(self) -> ZoneInfo:
+        """The team's time zone (:func:`provisioner.clock.team_zone`): every time the
+        dashboard and ``status`` show is in it, UTC on hover. Rules that cannot be read: the
+        settings' zone (the pages say what is wrong with them)."""
+        from provisioner.clock import team_zone
+        from provisioner.errors import ProvisionerError
+
+        try:
+            return team_zone(self.settings, self.policies)
+        except (ProvisionerError, ValueError):
+            return team_zone(self.settings)
 
     def with_team_rules(self, local: list[Policy]) -> list[Policy]:
         """``local`` (policies from files) as the rules in force: themselves on SQLite and

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from datetime import UTC, datetime, timedelta
+from typing import Any
+from zoneinfo import ZoneInfo
 
 #: An ISO 8601 instant the command's clock starts at (it ticks from there). For tests and
 #: what-if runs of ``plan``/``report``: the test harness gives the CLI its clock this way, so
@@ -85,3 +88,21 @@ def clock_from_env() -> Clock:
             f"{CLOCK_ENV}: {raw!r} is outside {EARLIEST:%Y-%m-%d}..{LATEST - timedelta(1):%Y-%m-%d}"
         )
     return ShiftedClock(start)
+
+
+def team_zone(settings: Any, policies: Iterable[Any] = ()) -> ZoneInfo:
+    """The one time zone a team reads its times in (the dashboard, ``status``): ``timezone``
+    in settings when set; left unset, the zone the team's policy calendars share (all of
+    them in Europe/Berlin: Berlin, as their working hours read); else UTC."""
+    if "timezone" in settings.model_fields_set:
+        return ZoneInfo(settings.timezone)
+    zones = {p.off_hours.timezone for p in policies if getattr(p, "off_hours", None)}
+    return ZoneInfo(zones.pop()) if len(zones) == 1 else ZoneInfo("UTC")
+
+
+def zoned(at: datetime, now: datetime, zone: ZoneInfo) -> str:
+    """``19:20 Europe/Berlin`` today (in ``zone``), ``2026-11-03 19:20 Europe/Berlin``
+    another day: an instant as the CLI says it, in the team's zone."""
+    local, today = at.astimezone(zone), now.astimezone(zone).date()
+    shown = f"{local:%H:%M}" if local.date() == today else f"{local:%Y-%m-%d %H:%M}"
+    return f"{shown} {zone.key}"

@@ -16,7 +16,9 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
+from zoneinfo import ZoneInfo
 
+from provisioner.clock import zoned
 from provisioner.console import (
     err,
     no_machines,
@@ -283,25 +285,24 @@ def waiting_notes(sql: Sql, now: datetime) -> dict[str, str]:
     return {mid: waiting_line(_json(detail) or {}, now) for mid, detail in rows}
 
 
-def waiting_line(detail: dict[str, Any], now: datetime) -> str:
+def waiting_line(detail: dict[str, Any], now: datetime, zone: ZoneInfo | None = None) -> str:
     """``waiting for capacity since X, next try Y, gives up at Z``, from a ``waiting`` event's
-    detail (:mod:`provisioner.machines.waiting` writes it)."""
+    detail (:mod:`provisioner.machines.waiting` writes it); times in ``zone`` (UTC)."""
     since, nxt, until = (_time(detail.get(k)) for k in ("since", "next_try", "until"))
     text = "waiting for capacity"
     if since is not None:
-        text += f" since {at_text(since, now)}"
+        text += f" since {at_text(since, now, zone)}"
     if nxt is not None:
-        text += f", next try {at_text(nxt, now)}"
+        text += f", next try {at_text(nxt, now, zone)}"
     if until is not None:
-        text += f", gives up at {at_text(until, now)}"
+        text += f", gives up at {at_text(until, now, zone)}"
     return text
 
 
-def at_text(at: datetime, now: datetime) -> str:
-    """``14:05 UTC`` on ``now``'s day, else with the date."""
-    at = at.astimezone(UTC)
-    same = at.date() == now.astimezone(UTC).date()
-    return f"{at:%H:%M} UTC" if same else f"{at:%Y-%m-%d %H:%M} UTC"
+def at_text(at: datetime, now: datetime, zone: ZoneInfo | None = None) -> str:
+    """``14:05 UTC`` on ``now``'s day, else with the date; in ``zone`` (the team's,
+    :attr:`provisioner.app.App.zone`) when given."""
+    return zoned(at, now, zone or ZoneInfo("UTC"))
 
 
 @dataclass

@@ -649,9 +649,11 @@ def test_each_page_in_chromium_matches_the_report(served, browser, home, screens
     ]
     train = drv.find_element(By.CSS_SELECTOR, 'tr[data-machine="train-a"]')
     assert train.find_elements(By.CSS_SELECTOR, "svg.sparkline polyline")
-    # Thursday 11:00 in Berlin: in hours; the idle rule acts from 19:20 Berlin time
-    assert "in working hours (demo-budget)" in train.text
-    assert "19:20 Europe/Berlin" in train.text
+    # Thursday 11:00 in Berlin: in hours; the idle rule acts from 19:20 Berlin time, said in
+    # one short line (the rule in full, and why it is up, on the machine's page)
+    nxt = train.find_element(By.CSS_SELECTOR, "td.next").text
+    assert nxt == "stop if idle, from 19:20 Europe/Berlin"
+    assert "in working hours" not in train.text
     # cost so far, by hand: 577 h (Nov 2 09:00 → Nov 26 10:00) at 0.15 USD/h, plus the
     # 50 GB disk at 0.10 USD per GB-month: 86.55 + 3.95 USD
     assert train.find_element(By.CSS_SELECTOR, ".cost").text == "$90.50"
@@ -677,6 +679,10 @@ def test_each_page_in_chromium_matches_the_report(served, browser, home, screens
     first = beats[0].find_element(By.TAG_NAME, "time")
     assert first.get_attribute("title") == "2026-11-26 09:55 UTC"
     assert drv.find_elements(By.CSS_SELECTOR, "svg.sparkline polyline")
+    assert drv.find_element(By.ID, "machine-next").text == (
+        "stop if GPUs stay below 5 % for 30 min (demo-budget) 19:20 Europe/Berlin"
+    )
+    assert drv.find_element(By.ID, "machine-why").text == "in working hours (demo-budget)"
     shoot(drv, screens, "machine-running")
 
     # Spend: the budget's numbers, to the cent, as `provisioner report` gives them
@@ -729,11 +735,19 @@ def test_each_page_in_chromium_matches_the_report(served, browser, home, screens
             "  clouds: [sandbox]",
         ]
     )
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    def box() -> str:
+        return drv.find_element(By.ID, "plan-text").get_attribute("value") or ""
+
     Select(drv.find_element(By.ID, "plan-file")).select_by_index(1)  # experiments/a100.yaml
+    WebDriverWait(drv, 30).until(lambda _: "name: try-a100" in box())  # the picker fills it
     go(drv, drv.find_element(By.ID, "plan-go"))
     assert "try-a100: A100:1 reserved" in drv.find_element(By.CSS_SELECTOR, "#plan-result h2").text
-    Select(drv.find_element(By.ID, "plan-file")).select_by_index(0)
-    drv.find_element(By.ID, "plan-text").send_keys(text)
+    assert "name: try-a100" in box()  # what was planned stays in the box
+    drv.find_element(By.ID, "plan-text").clear()
+    drv.find_element(By.ID, "plan-text").send_keys(text)  # typed: the text is planned, not the file
+    assert Select(drv.find_element(By.ID, "plan-file")).first_selected_option.text == "—"
     go(drv, drv.find_element(By.ID, "plan-go"))
     first = drv.find_element(By.CSS_SELECTOR, "#candidates tbody tr").text
     assert "sandbox" in first and "T4" in first
@@ -879,8 +893,9 @@ def test_the_fleet_fits_1280_and_150_percent_stays_put_and_axe_finds_nothing_ser
     drv.get(base + "/?project=demo")
     assert not drv.find_elements(By.CSS_SELECTOR, 'meta[http-equiv="refresh"]')
     assert drv.find_element(By.ID, "refresh").get_attribute("href").endswith("/?project=demo")
-    assert "as of 10:00 UTC" in drv.find_element(By.ID, "updated").text
-    # the team's time zone (the policy calendar's), the same instant in UTC on hover
+    # one time zone on the page: the team's (settings leave it unset; its policy calendar's)
+    assert "as of 11:00 Europe/Berlin" in drv.find_element(By.ID, "updated").text
+    # the same instant in UTC on hover
     nxt = drv.find_element(By.CSS_SELECTOR, 'tr[data-machine="train-a"] td.next time')
     assert nxt.text == "19:20 Europe/Berlin"
     assert nxt.get_attribute("title") == "2026-11-26 18:20 UTC"
@@ -916,7 +931,7 @@ def test_the_fleet_updates_in_place_keeping_scroll_and_focus(served, browser, cl
     window(drv, 1280, 400, 1.0)  # a short window: the reader scrolls down to the table
     drv.get(base + "/")
     updated = drv.find_element(By.ID, "updated").text
-    assert "10:00 UTC" in updated
+    assert "11:00 Europe/Berlin" in updated
     drv.execute_script("window.scrollTo(0, 200)")
     y = drv.execute_script("return window.scrollY")
     assert y == 200
@@ -929,7 +944,7 @@ def test_the_fleet_updates_in_place_keeping_scroll_and_focus(served, browser, cl
     assert drv.find_element(By.ID, "updated").text == updated
     drv.execute_script("document.activeElement.blur(); window.scrollTo(0, arguments[0])", y)
     assert drv.execute_async_script("window.provisionerRefresh().then(arguments[0])") is True
-    assert "10:01 UTC" in drv.find_element(By.ID, "updated").text
+    assert "11:01 Europe/Berlin" in drv.find_element(By.ID, "updated").text
     # still where the reader was: the table where it was on the screen, though what is above
     # it changed (seg-1 is no longer idle now, its agent's last beat over a minute old; the
     # browser's scroll anchoring moves the scroll by what left, not to the top)
@@ -938,11 +953,11 @@ def test_the_fleet_updates_in_place_keeping_scroll_and_focus(served, browser, cl
     assert len(drv.find_elements(By.CSS_SELECTOR, "#fleet tbody tr")) == 4
     # the spend page too: its figures and its time, the reader's place kept
     drv.get(base + "/spend?budget=demo-budget")
-    assert "10:01 UTC" in drv.find_element(By.ID, "spend-asof").text
+    assert "11:01 Europe/Berlin" in drv.find_element(By.ID, "spend-asof").text
     drv.execute_script("window.scrollTo(0, 300)")
     clock.advance(timedelta(minutes=10))  # past the spend page's five-minute cache
     assert drv.execute_async_script("window.provisionerRefresh().then(arguments[0])") is True
-    assert "10:11 UTC" in drv.find_element(By.ID, "spend-asof").text
+    assert "11:11 Europe/Berlin" in drv.find_element(By.ID, "spend-asof").text
     assert drv.execute_script("return window.scrollY") == 300
     assert drv.find_element(By.ID, "total").text.startswith("$")
     drv.execute_cdp_cmd("Emulation.clearDeviceMetricsOverride", {})

@@ -311,6 +311,9 @@ def test_stop_and_keep_keyboard_only_in_chromium(team, browser):  # noqa: F811
         assert "train is kept" in drv.find_element(By.ID, "flash").text
         tab_to("act-stop")
         enter_and_wait()
+        # the safe choice focused; Tab to the one that stops it
+        assert drv.switch_to.active_element.get_attribute("id") == "confirm-no"
+        ActionChains(drv).send_keys(Keys.TAB).perform()
         assert drv.switch_to.active_element.get_attribute("id") == "confirm-yes"
         enter_and_wait()
         assert drv.find_element(By.ID, "flash").text == "train stopped"

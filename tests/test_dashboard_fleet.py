@@ -276,12 +276,16 @@ def test_a_row_stops_its_machine_after_the_confirmation_and_returns_to_the_list(
     status, _, page = as_user(dash, TEST_OWNER, f"/machine/{m.id}", "POST", body)
     assert status == 200 and "Stop train? Compute billing ends" in page
     assert f'name="back" value="{back.replace("&", "&amp;")}"' in page
-    assert f'href="{back.replace("&", "&amp;")}" id="confirm-no"' in page
+    # the safe choice has the focus: back to the row, nothing done
+    row_back = f"{back}#row-{m.id}".replace("&", "&amp;")
+    assert f'href="{row_back}" id="confirm-no" class="button" autofocus>' in page
+    assert 'id="confirm-yes">' in page and "autofocus" not in page.split('id="confirm-yes"')[1]
     assert machine(app, "train").status == "running"
     status, headers, _ = as_user(
         dash, TEST_OWNER, f"/machine/{m.id}", "POST", body + "&confirm=yes"
     )
-    assert status == 303 and dict(headers)["Location"] == back
+    # back at the row acted on: the list with its filters, the row's link (live.js focuses it)
+    assert status == 303 and dict(headers)["Location"] == f"{back}#row-{m.id}"
     assert machine(app, "train").status == "stopped"
     assert events(app, "train")[-1] == ("stopped", TEST_OWNER)
     _, _, page = as_user(dash, TEST_OWNER, back, cookie=said(headers))
@@ -292,7 +296,7 @@ def test_a_row_stops_its_machine_after_the_confirmation_and_returns_to_the_list(
     status, headers, _ = as_user(
         dash, TEST_OWNER, f"/machine/{m.id}", "POST", "do=start&back=%2F%2Fevil.example"
     )
-    assert status == 303 and dict(headers)["Location"] == "/"
+    assert status == 303 and dict(headers)["Location"] == f"/#row-{m.id}"  # this site's list
 
 
 def test_a_row_offers_nothing_to_a_colleague_and_refuses_them_in_the_clis_words(team):  # noqa: F811
@@ -380,11 +384,16 @@ def test_sort_follow_links_and_stop_from_the_fleet_keyboard_only(served, browser
     ActionChains(drv).send_keys(Keys.TAB).perform()
     assert focused() == "train-a:BUTTON:Stop train-a"
     enter_and_wait()
-    assert drv.switch_to.active_element.get_attribute("id") == "confirm-yes"
+    # the confirmation focuses the safe choice: Enter now would do nothing
+    assert drv.switch_to.active_element.get_attribute("id") == "confirm-no"
     assert "Stop train-a?" in drv.find_element(By.ID, "confirm-question").text
+    ActionChains(drv).send_keys(Keys.TAB).perform()
+    assert drv.switch_to.active_element.get_attribute("id") == "confirm-yes"
     enter_and_wait()
-    assert drv.current_url == base + "/?budget=demo-budget"  # back to the list it was on
+    a_id = machine(a, "train-a").id
+    assert drv.current_url == f"{base}/?budget=demo-budget#row-{a_id}"  # the list it was on
     assert drv.find_element(By.ID, "flash").text == "train-a stopped"
+    assert focused() == "train-a:A:row-" + a_id  # the keyboard goes on from the row acted on
     row = drv.find_element(By.CSS_SELECTOR, 'tr[data-machine="train-a"]')
     assert "stopped" in row.find_element(By.CSS_SELECTOR, ".state").text
     stops = [e for e in events(a, "train-a") if e[0] == "stopped"]

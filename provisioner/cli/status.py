@@ -64,6 +64,7 @@ def status(
 
 
 def _fleet_summary(application: Any, refresh: bool, output: Output) -> None:
+    from provisioner.clock import zoned
     from provisioner.views import status as views
     from provisioner.views.summary import summary
 
@@ -79,6 +80,7 @@ def _fleet_summary(application: Any, refresh: bool, output: Output) -> None:
     if len(sm.burning) > 1:
         per_hour += f" (≈ {_money(sm.burning_total.amount, sm.burning_total.currency)}/h)"
     c = sm.counts
+    zone = application.zone  # the team's, as the dashboard shows its times
     lines = [
         f"burning now: {per_hour}",
         f"machines: {c['running']} running ({c['idle']} idle now), {c['stopped']} stopped, "
@@ -94,7 +96,7 @@ def _fleet_summary(application: Any, refresh: bool, output: Output) -> None:
         )
     for i in sm.idle:
         lines.append(
-            f"idle now: {i.machine.name} since {i.since:%Y-%m-%d %H:%M} UTC, "
+            f"idle now: {i.machine.name} since {zoned(i.since, now, zone)}, "
             f"wasting {_money(i.rate.amount, i.rate.currency)}/h, "
             f"{_money(i.wasted.amount, i.wasted.currency)} so far"
         )

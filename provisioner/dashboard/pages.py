@@ -32,3 +32,17 @@ def experiment_files(app: App, dirs: list[str]) -> list[str]:
             if sp and Path(sp).is_file():
                 found.add(str(Path(sp).resolve()))
     return sorted(found)
+
+
+def file_text(path: str) -> str:
+    """An offered experiment file's text (:func:`experiment_files`), for the Plan page's box;
+    "" when it cannot be read."""
+    from pathlib import Path
+
+    try:
+        return Path(path).read_text(encoding="utf-8", errors="replace")[:FILE_CHARS]
+    except OSError:
+        return ""
+
+
+FILE_CHARS = 256 * 1024  # the form takes as much (wsgi.MAX_FORM)

@@ -97,17 +97,17 @@ class Site:
     def page(
         self, req: Request, name: str, status: int = 200, tz: ZoneInfo | None = None, **kw: Any
     ) -> Response:
-        """``name`` rendered; its times in ``tz`` (a machine's policy calendar), else the
-        team's (``timezone`` in settings)."""
+        """``name`` rendered; its times in ``tz``, else the team's (:attr:`App.zone`)."""
         lang = self.language(req)
         f = render.Fmt(lang)
         here = req.path + (
             ("?" + req.environ["QUERY_STRING"]) if req.environ.get("QUERY_STRING") else ""
         )
-        zone = tz or ZoneInfo(self.app.settings.timezone)
+        zone = tz or self.app.zone
         html = self.env.get_template(name).render(
             f=f,
             rate=lambda amount, currency: rate_text(f, amount, currency),
+            hourly=lambda mo: f.t("per_hour", amount=f.money(mo)),  # an amount: `status`'s cents
             percent=lambda util: _percent(int(util), lang),
             t=f.t,
             lang=lang,

@@ -259,13 +259,15 @@ class Dashboard(Access):
         # what the action just done did: from a cookie only this site sets (a link to
         # ?done=… from elsewhere could otherwise claim a stop that never happened)
         mid, _, done = req.cookies.get(FLASH_COOKIE, "").partition(".")
-        zone = _calendar_zone(self.app, data.machine)
         resp = self.page(
             req,
             "machine.html",
             status=status,
             m=data.machine,
             d=data,
+            row=fleet_view.row_of(
+                self.app, self.now(), render.Fmt(self.language(req)), data.machine
+            ),
             section="fleet",
             may_act=self.may_act(req, data.machine),
             signed_in=self.acting_user(req) is not None,
@@ -277,7 +279,6 @@ class Dashboard(Access):
             back=_back(req),
             done=done if done in DONE and mid == data.machine.id else None,
             refused=refused,
-            tz=zone,
         )
         if FLASH_COOKIE in req.cookies:  # said once
             resp.headers.append(("Set-Cookie", self._flash(req, "", 0)))
@@ -348,7 +349,7 @@ class Dashboard(Access):
         return Response(
             status=303,
             headers=[
-                ("Location", req.root + back if back else req.url(f"/machine/{m.id}")),
+                ("Location", _back_to_row(req, back, m.id)),
                 ("Set-Cookie", self._flash(req, f"{m.id}.{done}", 60)),
             ],
         )
@@ -380,6 +381,9 @@ class Dashboard(Access):
         files = pages.experiment_files(self.app, self.app.settings.dashboard.experiments)
         result = None
         text = ""
+        shown = req.query.get("file", "")  # a file picked: its text in the box, to edit
+        if req.method == "GET" and shown in files:
+            text = pages.file_text(shown)
         if req.method == "POST":
             form = req.form()
             text = form.get("text", "")
@@ -390,9 +394,13 @@ class Dashboard(Access):
                 )
             elif picked:
                 result = plan_view.plan_page(self.app, path=picked, owner=self.viewer(req))
+                text = pages.file_text(picked)  # what was planned, in the box
             elif text.strip():
                 result = plan_view.plan_page(self.app, text=text, owner=self.viewer(req))
-        return self.page(req, "plan.html", files=files, result=result, text=text, section="plan")
+        chosen = req.form().get("file", "") if req.method == "POST" else shown
+        return self.page(
+            req, "plan.html", files=files, result=result, text=text, picked=chosen, section="plan"
+        )
 
 
 def _csv_lines(r: fleet_view.Row) -> list[list[Any]]:
@@ -422,6 +430,14 @@ def _csv_line(r: fleet_view.Row, c: str) -> list[Any]:
         r.move.action if r.move else None,
         r.next_at.isoformat() if r.next_at else None,
     ]
+
+
+def _back_to_row(req: Request, back: str | None, mid: str) -> str:
+    """Where a done action leads: the page its form was on, at the row acted on (live.js
+    focuses it: the keyboard goes on from there, not from the top), else the machine's page."""
+    if not back:
+        return req.url(f"/machine/{mid}")
+    return f"{req.root}{back.partition('#')[0]}#row-{mid}"
 
 
 def _back(req: Request) -> str | None:
@@ -455,15 +471,3 @@ def _burndown(data: spend_view.Spend, f: render.Fmt) -> Any:
         money={"amount": f.money(b.amount) if b is not None else "", "top": r.currency},
         num=lambda v: f.num(v),
     )
-
-
-def _calendar_zone(app: App, m: Any) -> ZoneInfo | None:
-    """The time zone of the policy calendar a machine's idle rules follow, as on the fleet
-    (None: none, or rules that cannot be read; the fleet says why)."""
-    from provisioner.jobs.sweep import RuleBook
-
-    try:
-        rules = RuleBook(app.policies).for_machine(m)
-    except (ProvisionerError, ValueError):
-        return None
-    return next((c.calendar.tz for c in rules.idle if c.calendar is not None), None)

@@ -261,7 +261,7 @@ def _recovery(app: App, m: Machine, now: datetime) -> Move:
     act = recover._decide(m, t, now)
     if act is not None and act.action != "give-up":
         return _now_move(act.action, "preempted", act.why, now)
-    held = recover.held_line(t, now)
+    held = recover.held_line(t, now, app.zone)
     mode = recover.stored_experiment(m).lifecycle.on_preemption
     if mode == "leave":
         return Move("none", None, "preempted", "on_preemption: leave", key="dash_next_left")
@@ -279,5 +279,5 @@ def _waiting(app: App, m: Machine, now: datetime) -> Move:
     _, w = waiting.state(app, m.id)
     if w is None:
         return Move("none", None, "waiting", "waiting for capacity")
-    why = waiting_line(w.detail, now)
+    why = waiting_line(w.detail, now, app.zone)
     return Move("try", max(min(w.next_try, w.until), now), "waiting", why, key="dash_next_try")

@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from datetime import datetime
 from typing import Any
+from zoneinfo import ZoneInfo
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -49,13 +50,14 @@ def refused_by(error: str) -> str:
     return head.removeprefix("refused by ").strip() or error
 
 
-def held_line(t: Tries, now: datetime) -> str | None:
+def held_line(t: Tries, now: datetime, zone: ZoneInfo | None = None) -> str | None:
     """``status NAME``'s and the dashboard's "held" line for a machine held after a refused
-    relaunch (None: not held): what refused it, the numbers, and the next try or the give-up."""
+    relaunch (None: not held): what refused it, the numbers, and the next try or the give-up;
+    times in ``zone`` (UTC)."""
     if t.refusal is None:
         if t.gave_up is None:
             return None
-        return f"relaunch gave up after {_times(t.attempts)} at {_at(t.gave_up.at, now)}"
+        return f"relaunch gave up after {_times(t.attempts)} at {_at(t.gave_up.at, now, zone)}"
     d = t.refusal.detail or {}
     error = " ".join(str(d.get("refused", "")).split())
     numbers = error.partition(":")[2]
@@ -63,19 +65,20 @@ def held_line(t: Tries, now: datetime) -> str | None:
     if numbers.strip():
         text += f": {numbers.strip()}"
     if t.gave_up is not None:
-        return f"{text}; gave up after {_times(t.attempts)} at {_at(t.gave_up.at, now)}"
+        return f"{text}; gave up after {_times(t.attempts)} at {_at(t.gave_up.at, now, zone)}"
     text += f"; {t.attempts} of {MAX_ATTEMPTS} tries"
     nxt = t.next_try
-    return text + (f", next try {_at(nxt, now)}" if nxt is not None else "")
+    return text + (f", next try {_at(nxt, now, zone)}" if nxt is not None else "")
 
 
 def _times(n: int) -> str:
     return "1 try" if n == 1 else f"{n} tries"
 
 
-def _at(at: datetime, now: datetime) -> str:
-    at = utc(at)
-    return f"{at:%H:%M} UTC" if at.date() == now.date() else f"{at:%Y-%m-%d %H:%M} UTC"
+def _at(at: datetime, now: datetime, zone: ZoneInfo | None = None) -> str:
+    from provisioner.clock import zoned
+
+    return zoned(utc(at), now, zone or ZoneInfo("UTC"))
 
 
 def stored_experiment(m: Machine) -> Experiment:

@@ -40,7 +40,7 @@ class Row:
     why: str
     next_action: str
     next_at: datetime | None
-    tz: ZoneInfo | None  # the policy calendar's: times are shown in it
+    tz: ZoneInfo | None  # the team's (:attr:`App.zone`): times are shown in it
     move: outlook.Move | None = None  # the decision behind ``next_action``
     idle: IdleMachine | None = None  # idle now: since when, what it has wasted
     burn: Money | None = None  # per hour now (:func:`provisioner.views.summary.burn`)
@@ -49,6 +49,10 @@ class Row:
     burn_shown: Money | None = None
     #: the highest GPU utilisation in its latest sparkline step (the figure shown beside it)
     util: float | None = None
+    #: the summary's count it is in (``held``: preempted, its relaunch refused or given up)
+    state: str = ""
+    #: ``next_action`` in one short line, for the table (the whole of it on the machine page)
+    next_short: str = ""
 
 
 #: ``state=``: the summary's counts (``idle``: running and idle now)
@@ -241,7 +245,9 @@ class _Making:
             lr = self.listed.get(m.id)
             spent = monies(lr.spent) if lr is not None else []
             idle = idle_now.get(m.id)
-            rows.append(Row(m, spent, [], "", "", None, None, idle=idle, burn=burn(m)))
+            row = Row(m, spent, [], "", "", None, None, idle=idle, burn=burn(m))
+            row.state = sm.state_of.get(m.id, m.status)
+            rows.append(row)
         return rows
 
     def ordered(self, rows: list[Row], q: FleetQuery, every: bool) -> list[Row]:
@@ -280,19 +286,33 @@ def _moves(app: App, now: datetime, f: Fmt, rows: list[Row], listed: Mapping[str
     by_id = {r.machine.id: r for r in rows}
     assessed, failed = sweep.assess(app, now, [r.machine for r in rows])
     decided = outlook.moves(app, now, assessed)
+    zone = app.zone  # one time zone on every row: the team's
     for mid, e in failed.items():  # shown, with why the scheduler cannot judge it
         by_id[mid].why = f"rules cannot be evaluated: {e}"
     for a in assessed:
         m, row = a.machine, by_id[a.machine.id]
         row.move = decided[m.id]
         row.next_action, row.next_at = _next(row.move, now, f)
+        row.next_short = _short(row.move, now, f)
         listed_row = listed.get(m.id)
         row.why = (
             listed_row.why
             if m.status == S.WAITING and listed_row is not None and listed_row.why
-            else _why_up(a, now, f)
+            else _why_up(a, now, f, zone)
         )
-        row.tz = _tz(a)
+        row.tz = zone
+
+
+def row_of(app: App, now: datetime, f: Fmt, m: Machine) -> Row:
+    """One machine's row as the fleet makes it, for its own page: idle now, its next move in
+    full (the fleet shows it in one short line) and why it is up."""
+    from provisioner.views.summary import idle_of
+
+    row = Row(m, [], [], "", "", None, None, idle=idle_of(app, now, m), burn=burn(m))
+    if m.status in (S.RUNNING, S.PENDING, S.STOPPED, S.PREEMPTED, S.WAITING):
+        listed = {r.id: r for r in read_fleet(app, all_=False).rows if r.id == m.id}
+        _moves(app, now, f, [row], listed)
+    return row
 
 
 def _page_of(query: Mapping[str, str]) -> int:
@@ -361,7 +381,7 @@ def _share_burn(rows: list[Row]) -> list[Money]:
     totals: dict[str, Decimal] = {}
     for r in rows:
         if r.burn is not None:
-            r.burn_shown = r.burn  # to 1/100 of a cent already (:func:`burn`)
+            r.burn_shown = r.burn  # to the cent already (:func:`burn`)
             c = r.burn.currency
             totals[c] = totals.get(c, Decimal(0)) + r.burn_shown.amount
     return [Money(a, c) for c, a in sorted(totals.items())]
@@ -455,10 +475,10 @@ def _strftime_s(col: Any) -> Any:
     return func.strftime("%s", col)
 
 
-def _why_up(a: sweep.Assessment, now: datetime, f: Fmt) -> str:
+def _why_up(a: sweep.Assessment, now: datetime, f: Fmt, zone: ZoneInfo) -> str:
     m = a.machine
     if m.kept_until is not None and m.kept_until > now:
-        return f.t("dash_why_kept", when=when(f, m.kept_until, now, _tz(a)))
+        return f.t("dash_why_kept", when=when(f, m.kept_until, now, zone))
     if m.status != S.RUNNING:
         try:
             return f.t(f"dash_state_{m.status}")
@@ -477,13 +497,6 @@ def _why_up(a: sweep.Assessment, now: datetime, f: Fmt) -> str:
     return "; ".join(dict.fromkeys(reasons))
 
 
-def _tz(a: sweep.Assessment) -> ZoneInfo | None:
-    for c in a.rules.idle:
-        if c.calendar is not None:
-            return c.calendar.tz
-    return None
-
-
 def _next(move: outlook.Move, now: datetime, f: Fmt) -> tuple[str, datetime | None]:
     """The scheduler's next move in the page's words, and when
     (:func:`provisioner.jobs.outlook.moves`: the decision ``sweep --dry-run`` prints)."""
@@ -494,6 +507,21 @@ def _next(move: outlook.Move, now: datetime, f: Fmt) -> tuple[str, datetime | No
         action = f.t(f"dash_act_{move.action}")
         return f.t("dash_next_now", action=action, why=move.why), now
     return f.t(move.key, **params), move.at
+
+
+def _short(move: outlook.Move, now: datetime, f: Fmt) -> str:
+    """The next move in one short line (``stop if idle after`` 19:20 …): the rule, its policy
+    and why are on the machine page."""
+    if move.due(now):
+        return f.t("dash_short_now", action=f.t(f"dash_act_{move.action}"))
+    params = dict(move.params)
+    if "action" in params:
+        params["action"] = f.t(f"dash_act_{params['action']}")
+    key = "dash_next_idle_at" if move.key == "dash_next_idle" and move.at else move.key
+    try:
+        return f.t(key + "_short", **params)
+    except KeyError:
+        return f.t(move.key, **params)
 
 
 def when(f: Fmt, at: datetime, now: datetime, tz: ZoneInfo | None = None) -> str:

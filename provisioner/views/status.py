@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from decimal import ROUND_HALF_UP, Decimal
 from typing import TYPE_CHECKING, Any
+from zoneinfo import ZoneInfo
 
 from provisioner.fleet import Fleet, Row, Sql, costs_of, failure, launches, read, waiting_line
 from provisioner.money import CENT, US_PER_HOUR, Money, allocate
@@ -201,9 +202,9 @@ def machine_detail(app: App, key: str, *, by_id: bool = False) -> MachineDetail 
         idle=_idle_state(app, m, beat, now),
         next=_next_action(app, m, now),
         why=why,
-        held=_held(m, [e for e in events if e.machine_id == m.id], now),
+        held=_held(m, [e for e in events if e.machine_id == m.id], now, app.zone),
         volumes=_volumes(app, m, now),
-        waiting=_waiting(m, events, now),
+        waiting=_waiting(m, events, now, app.zone),
         jobs=_jobs(app, m),
         autostop=_autostop(app, m),
     )
@@ -289,22 +290,22 @@ def _idle_state(app: App, m: Machine, beat: Any, now: datetime) -> IdleState:
     return IdleState(util, text, beat.at)
 
 
-def _held(m: Machine, events: list[Event], now: datetime) -> str | None:
+def _held(m: Machine, events: list[Event], now: datetime, zone: ZoneInfo) -> str | None:
     """ "held: relaunch refused by …; next try …" for a machine held after a refused relaunch."""
     if m.status not in (S.PREEMPTED, S.STOPPED, S.TERMINATED):
         return None
     from provisioner.jobs import recover  # the scheduler's rules: only here
     from provisioner.tries import tries
 
-    return recover.held_line(tries(events), now)
+    return recover.held_line(tries(events), now, zone)
 
 
-def _waiting(m: Machine, events: list[Event], now: datetime) -> str | None:
+def _waiting(m: Machine, events: list[Event], now: datetime, zone: ZoneInfo) -> str | None:
     """``waiting for capacity since X, next try Y, gives up at Z`` for a waiting intent."""
     if m.status != S.WAITING:
         return None
     latest = next((e for e in reversed(events) if e.kind == EventKind.WAITING), None)
-    return waiting_line(latest.detail or {}, now) if latest is not None else None
+    return waiting_line(latest.detail or {}, now, zone) if latest is not None else None
 
 
 def _next_action(app: App, m: Machine, now: datetime) -> str | None:

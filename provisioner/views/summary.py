@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 #: whose relaunch was refused or given up (the rest of the preempted are being relaunched).
 COUNTS = ("running", "idle", "stopped", "preempted", "held", "waiting")
 HOUR = timedelta(hours=1)
-RATE_STEP = Decimal("0.0001")  # rates per hour are shown to 1/100 of a cent
+RATE_STEP = Decimal("0.01")  # what burns per hour: to the cent, as `status --summary` says it
 
 
 @dataclass
@@ -142,6 +142,12 @@ def _states(app: App, machines: list[Machine]) -> dict[str, str]:
     return state_of
 
 
+def idle_of(app: App, now: datetime, m: Machine) -> IdleMachine | None:
+    """``m`` idle now (its page's flag: the fleet's verdict), else None."""
+    found = _idle_now(app, now, [m])
+    return found[0] if found else None
+
+
 def _idle_now(app: App, now: datetime, machines: list[Machine]) -> list[IdleMachine]:
     """The running machines idle now, with what their idleness has cost: the dearest first."""
     from provisioner import idle
@@ -163,8 +169,8 @@ def _idle_now(app: App, now: datetime, machines: list[Machine]) -> list[IdleMach
 
 def burn(m: Machine) -> Money | None:
     """What ``m`` costs per hour now: its compute while running or starting, its disk while
-    that bills (None: nothing, or no rate known), to 1/100 of a cent as shown — so "burning
-    now" is the sum of the fleet's rows as they show it."""
+    that bills (None: nothing, or no rate known), to the cent as shown — so "burning now" is
+    the sum of the fleet's rows as they show it, and what `status --summary` says."""
     if not m.currency:
         return None
     amount = Decimal(0)
