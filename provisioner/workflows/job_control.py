@@ -90,14 +90,7 @@ def read(app: App, name: str, job_id: str, attempt: int | None = None) -> LogRea
         _no_such_job(app, m, job_id, known)
     current = joblogs.attempt_of(app, m, job_id) if job is not None else None
     if attempt is not None and attempt != current:
-        row = next((r for r in rows if r.attempt == attempt), None)
-        if row is None:
-            have = ", ".join(str(r.attempt) for r in rows) or "none"
-            raise UserError(
-                f"{m.name}'s job {job_id} has no attempt {attempt} kept (kept: {have}"
-                + (f"; the current one is {current})" if current else ")")
-            )
-        return _kept(row, seen)
+        return _kept(_attempt(m, job_id, rows, attempt, current), seen)
     mine = [r for r in rows if r.machine_id == m.id and r.attempt == current]
     if job is None or (not job.running and mine and m.status not in (S.RUNNING, S.PENDING)):
         return _kept((mine or rows)[-1], seen)
@@ -107,6 +100,20 @@ def read(app: App, name: str, job_id: str, attempt: int | None = None) -> LogRea
         if not mine:
             raise
         return _kept(mine[-1], seen)
+
+
+def _attempt(
+    m: Machine, job_id: str, rows: list[JobLog], attempt: int, current: int | None
+) -> JobLog:
+    """The kept row of an earlier ``attempt`` of ``job_id``, or why there is none."""
+    row = next((r for r in rows if r.attempt == attempt), None)
+    if row is None:
+        have = ", ".join(str(r.attempt) for r in rows) or "none"
+        raise UserError(
+            f"{m.name}'s job {job_id} has no attempt {attempt} kept (kept: {have}"
+            + (f"; the current one is {current})" if current else ")")
+        )
+    return row
 
 
 def _no_such_job(app: App, m: Machine, job_id: str, known: dict[str, jobs.Job]) -> None:
