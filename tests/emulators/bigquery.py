@@ -70,7 +70,10 @@ class BadQuery(Exception):
 
 def _partition(row: dict[str, Any]) -> date:
     """The day partition a row is in: the day it was exported (``export_time``; a row given
-    none was exported six hours after its usage began)."""
+    none was exported six hours after its usage began). BigQuery prunes partitions on a
+    ``_PARTITIONTIME`` filter and bills by the bytes of the partitions read
+    (https://cloud.google.com/bigquery/docs/querying-partitioned-tables); the standard usage
+    export has ``export_time`` (billing docs, export-data-bigquery-tables/standard-usage)."""
     exported = row.get("export_time") or row["usage_start_time"] + timedelta(hours=6)
     return exported.date()
 
